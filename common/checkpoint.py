@@ -1,0 +1,102 @@
+"""Checkpoints: an HF model dir (loadable by `from_pretrained` and vLLM) plus the trainer state.
+
+Layout of <output_dir>/checkpoint-<step>/: model + tokenizer files, `trainer_state.pt` (optimizer,
+scheduler, step, sampler position, the method's own state such as replay buffers) and `rng_rank<r>.pt`
+(every process's RNG states). A checkpoint is written to a temporary dir and renamed when complete, so
+an interrupted save never leaves a half-written checkpoint that `--resume auto` would pick.
+"""
+from __future__ import annotations
+
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+_NAME = re.compile(r"^checkpoint-(\d+)$")
+
+
+def rng_state() -> dict:
+    s = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        s["cuda"] = torch.cuda.get_rng_state_all()
+    return s
+
+
+def set_rng_state(s: dict) -> None:
+    random.setstate(s["python"])
+    np.random.set_state(s["numpy"])
+    torch.set_rng_state(s["torch"])
+    if "cuda" in s and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def list_checkpoints(output_dir: str) -> list[Path]:
+    d = Path(output_dir)
+    if not d.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in d.iterdir() if p.is_dir() and (m := _NAME.match(p.name))
+             and (p / "trainer_state.pt").exists()]
+    return [p for _, p in sorted(found)]
+
+
+def resolve_resume(resume: str | None, output_dir: str) -> Path | None:
+    if not resume:
+        return None
+    if resume == "auto":
+        ckpts = list_checkpoints(output_dir)
+        return ckpts[-1] if ckpts else None  # nothing yet: start fresh
+    p = Path(resume)
+    if not (p / "trainer_state.pt").exists():
+        raise SystemExit(f"--resume {resume}: not a checkpoint dir (no trainer_state.pt)")
+    return p
+
+
+def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, optimizer, scheduler,
+                    state: dict, keep: int = 2) -> Path:
+    final = Path(output_dir) / f"checkpoint-{step}"
+    tmp = Path(output_dir) / f".tmp-checkpoint-{step}"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    accelerator.wait_for_everyone()
+    torch.save(rng_state(), tmp / f"rng_rank{accelerator.process_index}.pt")
+    if accelerator.is_main_process:
+        accelerator.unwrap_model(model).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                    "state": state, "world_size": accelerator.num_processes}, tmp / "trainer_state.pt")
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        for old in list_checkpoints(output_dir)[:-keep] if keep > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tuple[int, dict]:
+    """Restore weights, optimizer, scheduler and this rank's RNG; returns (step, method state)."""
+    from safetensors.torch import load_file
+
+    ts = torch.load(path / "trainer_state.pt", weights_only=False)
+    if ts["world_size"] != accelerator.num_processes:
+        raise SystemExit(f"--resume {path}: saved with {ts['world_size']} processes, now {accelerator.num_processes}")
+    weights = load_file(str(path / "model.safetensors"))
+    unwrapped = accelerator.unwrap_model(model)
+    missing, unexpected = unwrapped.load_state_dict(weights, strict=False)
+    missing = [k for k in missing if k not in _tied_keys(unwrapped)]
+    if missing or unexpected:
+        raise SystemExit(f"--resume {path}: weights do not match the model (missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]})")
+    optimizer.load_state_dict(ts["optimizer"])
+    scheduler.load_state_dict(ts["scheduler"])
+    set_rng_state(torch.load(path / f"rng_rank{accelerator.process_index}.pt", weights_only=False))
+    return ts["step"], ts["state"]
+
+
+def _tied_keys(model) -> set[str]:
+    return {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()

@@ -1,0 +1,73 @@
+"""Command line from an `Args` dataclass: every field is a `--flag`, its docstring is the help text.
+
+CleanRL documents each field with a string literal right under it; we read those with `ast`, so the
+dataclass stays the single place where a flag, its default and its meaning are written.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import textwrap
+import typing
+
+
+def field_docs(cls) -> dict[str, str]:
+    """{field: docstring} for a dataclass and its bases (a subclass's docstring wins)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is object:
+            continue
+        try:
+            src = textwrap.dedent(inspect.getsource(klass))
+        except (OSError, TypeError):
+            continue
+        body = ast.parse(src).body[0].body
+        for node, nxt in zip(body, body[1:] + [None]):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant)
+                    and isinstance(nxt.value.value, str)):
+                docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _str2bool(v: str) -> bool:
+    if v.lower() in ("1", "true", "yes", "y", "on"):
+        return True
+    if v.lower() in ("0", "false", "no", "n", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, got {v!r}")
+
+
+def build_parser(cls, description: str = "") -> argparse.ArgumentParser:
+    docs = field_docs(cls)
+    parser = argparse.ArgumentParser(description=description,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        origin, targs = typing.get_origin(hint), typing.get_args(hint)
+        optional = origin is typing.Union and type(None) in targs
+        if optional:
+            hint = next(a for a in targs if a is not type(None))
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        kw: dict = {"default": default, "help": docs.get(f.name, "")}
+        if hint is bool:
+            kw.update(type=_str2bool, nargs="?", const=True, metavar="BOOL")
+        elif typing.get_origin(hint) is typing.Literal:
+            kw.update(choices=list(typing.get_args(hint)), type=type(typing.get_args(hint)[0]))
+        elif typing.get_origin(hint) is list:
+            kw.update(nargs="*", type=typing.get_args(hint)[0])
+        else:
+            kw.update(type=hint)
+        parser.add_argument(f"--{f.name}", **kw)
+    return parser
+
+
+def parse_args(cls, argv: list[str] | None = None, description: str = ""):
+    ns = build_parser(cls, description).parse_args(argv)
+    args = cls(**vars(ns))
+    if hasattr(args, "validate"):
+        args.validate()
+    return args

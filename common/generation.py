@@ -1,0 +1,111 @@
+"""Generation backends with one output format.
+
+Both backends take prompts as token-id lists and return, for every prompt, `n` samples laid out
+prompt-major (prompt 0's n samples first).  Every sample carries its generated token ids, the per-token
+log-probability of each sampled token under the *sampling* distribution (logits / temperature), and a
+finish reason ("stop" when a stop token ended it, "length" when max_new_tokens did).
+
+- `HFGenerator`: `model.generate` on the training model itself (CPU or GPU). Default.
+- `VLLMGenerator` (common/vllm_backend.py): a colocated in-process `vllm.LLM`; weights are pushed
+  into it after each optimizer step with `sync_weights`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from common.logprobs import score_completions
+
+
+@dataclass
+class SamplingConfig:
+    max_new_tokens: int = 32
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    stop_token_ids: list[int] = field(default_factory=list)  # besides EOS
+
+
+@dataclass
+class Generations:
+    prompt_ids: list[list[int]]  # len P (one per prompt)
+    completion_ids: list[list[int]]  # len P*n, prompt-major; includes the stop token if one ended it
+    logprobs: list[list[float]]  # len P*n, one float per completion token
+    finish_reasons: list[str]  # len P*n, "stop" | "length"
+    n: int
+
+    def prompt_index(self, i: int) -> int:
+        return i // self.n
+
+
+class HFGenerator:
+    """Sampling with `transformers` generate, batched, left-padded."""
+
+    def __init__(self, model, tokenizer, batch_size: int = 256):
+        self.model = model  # the (unwrapped) training model: always current, nothing to sync
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+
+    def sync_weights(self, model) -> None:
+        self.model = model
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig) -> Generations:
+        tok = self.tokenizer
+        stop_ids = [tok.eos_token_id] + [t for t in cfg.stop_token_ids if t != tok.eos_token_id]
+        was_training = self.model.training
+        self.model.eval()
+        device = next(self.model.parameters()).device
+        flat = [p for p in prompt_ids for _ in range(n)]
+        out_ids, out_reasons = [], []
+        for s in range(0, len(flat), self.batch_size):
+            chunk = flat[s : s + self.batch_size]
+            width = max(len(p) for p in chunk)
+            ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
+            att = torch.zeros((len(chunk), width), dtype=torch.long)
+            for r, p in enumerate(chunk):  # left padding so every row ends at the same position
+                ids[r, width - len(p) :] = torch.tensor(p)
+                att[r, width - len(p) :] = 1
+            gen = self.model.generate(
+                input_ids=ids.to(device),
+                attention_mask=att.to(device),
+                do_sample=cfg.temperature > 0,
+                temperature=cfg.temperature if cfg.temperature > 0 else None,
+                top_p=cfg.top_p if cfg.temperature > 0 else None,
+                top_k=cfg.top_k if cfg.temperature > 0 else None,
+                max_new_tokens=cfg.max_new_tokens,
+                eos_token_id=stop_ids,
+                pad_token_id=tok.pad_token_id,
+            )[:, width:].tolist()
+            for row in gen:
+                cut = next((j for j, t in enumerate(row) if t in stop_ids), None)
+                if cut is None:
+                    out_ids.append(row)
+                    out_reasons.append("length")
+                else:
+                    out_ids.append(row[: cut + 1])
+                    out_reasons.append("stop")
+        logps = self._score(flat, out_ids, cfg.temperature, device)
+        self.model.train(was_training)
+        return Generations(prompt_ids=[list(p) for p in prompt_ids], completion_ids=out_ids,
+                           logprobs=logps, finish_reasons=out_reasons, n=n)
+
+    def _score(self, prompts, completions, temperature, device) -> list[list[float]]:
+        """Log-probs of the sampled tokens under logits/T, by one extra forward pass.
+
+        Recomputing (rather than keeping `generate`'s scores) avoids holding a [B, V] tensor per step.
+        """
+        return score_completions(self.model, prompts, completions, self.tokenizer.pad_token_id,
+                                 self.batch_size, device, temperature if temperature > 0 else 1.0)
+
+
+def build_generator(args, model, tokenizer, model_path: str, accelerator=None):
+    """Pick the backend from `--use_vllm`; `model_path` is the policy's local/hub path (vLLM loads it)."""
+    if args.use_vllm:
+        from common.vllm_backend import VLLMGenerator
+
+        return VLLMGenerator(model_path, model, tokenizer, seed=args.seed, dtype=args.dtype,
+                             max_model_len=args.vllm_max_model_len,
+                             gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
+    return HFGenerator(model, tokenizer, batch_size=args.gen_batch_size)

@@ -1,0 +1,51 @@
+"""Per-token log-probs and entropies of the completion region, in chunks.
+
+The model returns logits only for the completion region (`logits_to_keep`); log p(token) is then
+`logit[token] - logsumexp(logits)`, computed a chunk of positions at a time so that no float32 copy
+or log-softmax of the whole [B, R, V] tensor is ever made. Entropy comes from the same chunks, without
+gradient (it is a metric and a selection signal, never a loss term here).
+"""
+from __future__ import annotations
+
+import torch
+
+from common.masking import Batch, pad_sequences, unpad_completion
+
+
+def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
+                         chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [B, R, V], targets [B, R] -> (log p(target) [B, R], entropy [B, R]); chunked over R."""
+    lps, ents = [], []
+    for s in range(0, logits.shape[1], chunk_size):
+        x = logits[:, s:s + chunk_size].float() / temperature
+        lse = torch.logsumexp(x, dim=-1)
+        lps.append(x.gather(-1, targets[:, s:s + chunk_size, None]).squeeze(-1) - lse)
+        with torch.no_grad():
+            p = torch.softmax(x.detach(), dim=-1)
+            ents.append(lse.detach() - (p * x.detach()).sum(-1))
+    return torch.cat(lps, 1), torch.cat(ents, 1)
+
+
+def token_logprobs(model, batch: Batch, temperature: float = 1.0, chunk_size: int = 64):
+    """(log p, entropy) of every token in the completion region, shape [B, R] each.
+
+    Column j of the result scores input column T - R + j. Gradient flows through log p when enabled.
+    """
+    r = batch.completion_width
+    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids, logits_to_keep=r + 1, use_cache=False)
+    logits = out.logits[:, :-1]  # position t predicts token t+1
+    targets = batch.input_ids[:, -r:]
+    return logprobs_from_logits(logits, targets, temperature, chunk_size)
+
+
+@torch.no_grad()
+def score_completions(model, prompts: list[list[int]], completions: list[list[int]], pad_id: int,
+                      batch_size: int, device, temperature: float = 1.0) -> list[list[float]]:
+    """Per-token log-probs (one list per completion) under `model`, without gradient."""
+    out: list[list[float]] = []
+    for s in range(0, len(prompts), batch_size):
+        batch = pad_sequences(prompts[s:s + batch_size], completions[s:s + batch_size], pad_id).to(device)
+        lp, _ = token_logprobs(model, batch, temperature)
+        out.extend(unpad_completion(lp, batch.completion_lens))
+    return out
