@@ -31,7 +31,7 @@ from common.args import BaseArgs
 from common.cli import parse_args
 from common.data import PromptSampler, load_task
 from common.generation import SamplingConfig, build_generator
-from common.logprobs import score_completions
+from common.logprobs import score_completions, token_logprobs
 from common.metrics import MetricsLogger, evaluate
 from common.policy import load_policy
 from common.runtime import accumulate_gradients, frozen_copy, log_main, make_optimizer, my_slice, reduce_sums, setup
@@ -79,6 +79,32 @@ def seed_buffers(task, model, tokenizer, encode, args, device) -> dict[int, dequ
     return buffers
 
 
+def splice_replays(prompt_ids: list[int], completions: list[list[int]], rewards: torch.Tensor,
+                   fresh_success: torch.Tensor, buffers: dict[int, deque], mode: str, rng) -> torch.Tensor:
+    """[RA-RLOO] Replace the last rollout of each group that needs it by a stored success, in place.
+
+    A group needs it when `mode` is "always", or ("on_demand") when none of its fresh rollouts succeeded
+    and its prompt's buffer is non-empty. The spliced slot gets reward 1. Returns log pi_old(y|x) of the
+    spliced responses as a [groups, K] tensor, NaN where nothing was spliced.
+    """
+    k = rewards.shape[1]
+    lp_old = torch.full(rewards.shape, float("nan"))
+    for g, pid in enumerate(prompt_ids):
+        need = mode == "always" or not bool(fresh_success[g].any())
+        if need and buffers.get(pid):
+            y, lp = rng.choice(buffers[pid])
+            slot = k - 1  # rollouts are i.i.d., so which slot is replaced does not matter
+            completions[g * k + slot] = list(y)
+            rewards[g, slot] = 1.0  # a stored success scores full reward (paper: "set its reward to 1")
+            lp_old[g, slot] = lp
+    return lp_old
+
+
+def replay_weights(seq_logp: torch.Tensor, lp_old: torch.Tensor, w_max: float) -> torch.Tensor:
+    """[RA-RLOO] w = min(exp(log pi_theta(y|x) - log pi_old(y|x)), w_max); sequence-level IS, no gradient."""
+    return torch.exp(seq_logp.detach() - lp_old).clamp(max=w_max)
+
+
 def main(args: Args) -> dict:
     acc = setup(args, "ra_rloo")
     log = log_main(acc)
@@ -124,14 +150,13 @@ def main(args: Args) -> dict:
         row = {"step": 0, **run_eval(0)}
         logger.log(row)
         log(f"step 0 (base policy): {row}")
-    per_rank = args.prompts_per_step
     bar = tqdm(range(start + 1, args.max_steps + 1), initial=start, total=args.max_steps, desc="ra_rloo",
                disable=not acc.is_main_process)
     state = {}
     for step in bar:
         t0 = time.time()
         # ---- sample: K rollouts for each of this rank's prompts ----
-        ids = my_slice(sampler.next_ids(per_rank), acc)
+        ids = my_slice(sampler.next_ids(args.prompts_per_step), acc)
         examples = [task.train[i] for i in ids]
         prompts = [encode(ex.prompt) for ex in examples]
         gens = generator.generate(prompts, args.k, sampling)
@@ -147,18 +172,11 @@ def main(args: Args) -> dict:
 
         # ---- [RA-RLOO] splice one stored success into groups that need it (paper Section 3.1) ----
         replay_lp_old = torch.full((len(examples), args.k), float("nan"))
-        fired = torch.zeros(len(examples), dtype=torch.bool)
         if args.replay != "none":
-            for g, ex in enumerate(examples):
-                need = args.replay == "always" or not bool(fresh_success[g].any())
-                if need and buffers.get(ex.id):
-                    y, lp_old = random.choice(buffers[ex.id])
-                    slot = args.k - 1  # rollouts are i.i.d., so which slot is replaced does not matter
-                    completions[g * args.k + slot] = list(y)
-                    rewards[g, slot] = 1.0  # a stored success scores full reward (paper: "set its reward to 1")
-                    replay_lp_old[g, slot] = lp_old
-                    fired[g] = True
+            replay_lp_old = splice_replays([ex.id for ex in examples], completions, rewards, fresh_success,
+                                           buffers, args.replay, random)
         is_replay = ~torch.isnan(replay_lp_old)
+        fired = is_replay.any(-1)
 
         # ---- advantages: leave-one-out baseline on the (possibly mixed) group, eq. (1) ----
         adv = rloo_advantages(rewards)
@@ -169,8 +187,6 @@ def main(args: Args) -> dict:
         # ---- update: REINFORCE with LOO baseline + KL to the reference ----
         t1 = time.time()
         flat_prompts = [p for p in prompts for _ in range(args.k)]
-        ref_lp = (score_completions(ref, flat_prompts, completions, tokenizer.pad_token_id, args.micro_batch_size,
-                                    acc.device) if ref is not None else None)
         n_seqs = len(completions)
         n_tokens = sum(len(c) for c in completions)
         norm = max(1, n_seqs) * args.max_new_tokens  # constant length normaliser: unbiased, no length bias
@@ -180,19 +196,16 @@ def main(args: Args) -> dict:
             seq_lp = (logp * mask).sum(-1)
             a = flat_adv[rows]
             # [RA-RLOO] scale the replayed slot's advantage by w = min(pi_theta/pi_old, w_max), no gradient through w
-            w = torch.exp(seq_lp.detach() - flat_lp_old[rows]).clamp(max=args.w_max)
             rep = flat_replay[rows]
+            w = replay_weights(seq_lp.detach(), flat_lp_old[rows], args.w_max)
             a = torch.where(rep, a * w, a)
             loss = -(a * seq_lp).sum() / norm
             m = {"pg_loss": loss.item() * norm, "ent_sum": (ent * mask).sum().item(), "tok": mask.sum().item(),
                  "w_sum": torch.where(rep, w, torch.zeros_like(w)).sum().item(), "w_n": rep.sum().item()}
             if ref is not None:
-                r_lp = torch.zeros_like(logp)
-                for j, row in enumerate(rows):
-                    n = len(ref_lp[row])
-                    if n:
-                        r_lp[j, -n:] = torch.tensor(ref_lp[row], device=logp.device)
-                d = (r_lp - logp) * mask
+                with torch.no_grad():
+                    ref_lp, _ = token_logprobs(ref, batch)
+                d = (ref_lp - logp) * mask
                 kl = (torch.exp(d) - d - 1) * mask  # k3 estimator, >= 0, unbiased for KL(pi || ref)
                 loss = loss + args.beta * kl.sum() / max(1, n_tokens)
                 m["kl_sum"] = kl.sum().item()

@@ -5,17 +5,24 @@ gold answer. Every failure mode (no box, unparsable answer, math-verify exceptio
 sample can never crash the trainer.
 
 Threads: math-verify bounds parse/verify time with signal.alarm, which only works in the main thread
-(elsewhere it raises ValueError). Off the main thread we pass timeout=None instead and rely on the input
-caps below (last 10k characters searched, boxed answers at most 1,000 characters) to keep work bounded.
+(elsewhere it raises ValueError). Off the main thread we pass timeout=None instead. Without a timeout a
+single answer like \\boxed{9^{9^{9}}} or \\boxed{99!!!} makes sympy build an astronomically large integer
+in C code that holds the GIL, hanging the whole process, so answers are pre-screened by `_too_costly`
+(a best-effort syntactic filter for power towers, huge exponents, chained or big factorials, and huge
+binomials) and capped in length. The screen applies in every thread so a score never depends on which
+thread computed it.
 """
 from __future__ import annotations
 
+import math
+import re
 import threading
 
 from math_verify import parse, verify
 
 MAX_SEARCH_CHARS = 10_000  # only the tail of a completion is searched for a box
 MAX_ANSWER_CHARS = 1_000  # longer "answers" are not sent to sympy (unbounded parse time off-main-thread)
+MAX_EXPONENT = 10_000  # product of the integer literals in all exponents: 2^{10000} fine, 9^{99999} not
 TIMEOUT_S = 5  # math-verify's own default, used only where signal.alarm is allowed
 
 _BOX = "\\boxed{"
@@ -48,6 +55,49 @@ def extract_boxed(text: str) -> str | None:
     return None  # the last box never closes (e.g. truncated generation): no answer
 
 
+def _exponents(s: str):
+    """(exponent text, next char) for every '^' in s: a braced group, a \\command, or a single char."""
+    i = s.find("^")
+    while i >= 0:
+        j = i + 1
+        if s.startswith("{", j):  # balanced group; an unclosed group runs to the end
+            depth = 0
+            while j < len(s):
+                depth += {"{": 1, "}": -1}.get(s[j], 0)
+                j += 1
+                if depth == 0:
+                    break
+        elif s.startswith("\\", j):
+            j += 1
+            while j < len(s) and s[j].isalpha():
+                j += 1
+        else:
+            j += 1
+        yield s[i + 1:j], s[j:j + 1]
+        i = s.find("^", i + 1)
+
+
+def _too_costly(answer: str) -> bool:
+    """True for answers whose evaluation may build gigantic integers (see module docstring)."""
+    s = re.sub(r"\s+", "", answer.replace("\\!", ""))  # '\!' is a LaTeX thin space ('10,\!000')
+    if "**" in s or "!!" in s:
+        return True
+    if "!" in re.sub(r"(?<![0-9])[0-9]{1,3}!", "", s):  # factorials of literals up to 999 only
+        return True
+    product = 1
+    for exp, after in _exponents(s):
+        if "^" in exp or after == "^" or "!" in exp:  # towers: a^{b^c}, a^b^c
+            return True
+        product *= math.prod(max(1, int(d)) for d in re.findall(r"[0-9]{1,6}", exp))
+        if product > MAX_EXPONENT or re.search(r"[0-9]{7}", exp):
+            return True
+    if "^" in s and re.search(r"[0-9]{31}", s):  # huge base raised to a power
+        return True
+    if re.search(r"binom|choose|Gamma|prod", s) and ("^" in s or re.search(r"[0-9]{5}", s)):
+        return True
+    return False
+
+
 def gsm8k_gold(answer_field: str) -> str:
     """GSM8K 'answer' field ('... #### 1,234') -> '1234'."""
     return answer_field.split("####")[-1].strip().replace(",", "")
@@ -59,16 +109,22 @@ def _timeout() -> int | None:
 
 
 def _parse_gold(gold: str, parsing_timeout):
-    parsed = parse(gold, parsing_timeout=parsing_timeout)
-    # Bare LaTeX ("\frac{1}{2}") may be found only inside math delimiters.
-    return parsed or parse(f"${gold}$", parsing_timeout=parsing_timeout)
+    """Parse a gold answer; a bare one ("72", "0.5", "2^{10}") is tried inside $...$ first.
+
+    Wrapping first matters: bare, math-verify's plain-expression extractor reads "2^{10}" as 2 and
+    "x=3" as 3, so \\boxed{2} would match gold 2^{10}. The bare parse is only a fallback.
+    """
+    # Already delimited: an unescaped $ (in "\$5" it is a dollar sign), \boxed, \( or \[.
+    delimited = re.search(r"(?<!\\)\$|\\boxed|\\\(|\\\[", gold) is not None
+    parsed = [] if delimited else parse(f"${gold}$", parsing_timeout=parsing_timeout)
+    return parsed or parse(gold, parsing_timeout=parsing_timeout)
 
 
 def math_reward(text: str, gold: str) -> float:
     """1.0 if the last boxed answer in `text` equals `gold` according to math-verify, else 0.0."""
     try:
         answer = extract_boxed(text)
-        if answer is None or not answer.strip() or len(answer) > MAX_ANSWER_CHARS:
+        if answer is None or not answer.strip() or len(answer) > MAX_ANSWER_CHARS or _too_costly(answer):
             return 0.0
         timeout = _timeout()
         gold_parsed = _parse_gold(gold, timeout)

@@ -1,0 +1,332 @@
+"""Tests for the shared building blocks in common/ (each fails if its logic is wrong)."""
+import json
+import math
+import random
+from dataclasses import dataclass
+from itertools import combinations
+from typing import Literal, Optional
+
+import numpy as np
+import pytest
+import torch
+
+from common.advantages import grpo_advantages, rloo_advantages, zero_variance
+from common.cli import build_parser, field_docs, parse_args
+from common.logprobs import logprobs_from_logits, score_completions, token_logprobs
+from common.masking import pad_sequences, unpad_completion
+from common.metrics import pass_at_k
+
+
+# ---------------- masking ----------------
+def test_pad_sequences_left_pads_and_masks():
+    b = pad_sequences([[5, 6], [7]], [[1, 2, 3], [4]], pad_id=0, completion_masks=[[1, 0, 1], [1]])
+    assert b.input_ids.tolist() == [[5, 6, 1, 2, 3], [0, 0, 0, 7, 4]]
+    assert b.attention_mask.tolist() == [[1, 1, 1, 1, 1], [0, 0, 0, 1, 1]]
+    assert b.position_ids.tolist() == [[0, 1, 2, 3, 4], [0, 0, 0, 0, 1]]
+    assert b.completion_width == 3
+    assert b.loss_mask.tolist() == [[1, 0, 1], [0, 0, 1]]
+    assert unpad_completion(torch.tensor([[1.0, 2, 3], [4, 5, 6]]), [3, 1]) == [[1, 2, 3], [6]]
+
+
+def test_pad_sequences_rejects_bad_masks():
+    with pytest.raises(ValueError, match="completion 0"):
+        pad_sequences([[1]], [[2, 3]], 0, completion_masks=[[1]])
+    with pytest.raises(ValueError, match="2 prompts but 1"):
+        pad_sequences([[1], [2]], [[3]], 0)
+
+
+# ---------------- log-probs ----------------
+@pytest.mark.parametrize("chunk", [1, 3, 64])
+def test_chunked_logprobs_match_log_softmax(chunk):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 7, 11, generator=g) * 3
+    targets = torch.randint(0, 11, (3, 7), generator=g)
+    lp, ent = logprobs_from_logits(logits, targets, temperature=0.7, chunk_size=chunk)
+    ref = torch.log_softmax(logits / 0.7, -1)
+    assert torch.allclose(lp, ref.gather(-1, targets[..., None]).squeeze(-1), atol=1e-5)
+    assert torch.allclose(ent, -(ref.exp() * ref).sum(-1), atol=1e-5)
+
+
+def test_token_logprobs_padded_equals_unpadded(random_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(random_model_dir).eval()
+    prompts, comps = [[4, 5, 6, 7, 8], [9, 10]], [[11, 12], [13, 14, 15, 16]]
+    lp = score_completions(model, prompts, comps, 0, batch_size=8, device="cpu")
+    for p, c, got in zip(prompts, comps, lp):  # one sequence at a time, no padding at all
+        ids = torch.tensor([p + c])
+        ref = torch.log_softmax(model(ids).logits[0, :-1], -1)
+        want = [ref[len(p) - 1 + j, t].item() for j, t in enumerate(c)]
+        assert np.allclose(got, want, atol=1e-5)
+
+
+def test_token_logprobs_gradient_only_through_unmasked_tokens(random_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(random_model_dir)
+    b = pad_sequences([[4, 5]], [[6, 7, 8]], 0, completion_masks=[[0, 1, 0]])
+    lp, _ = token_logprobs(model, b)
+    lp.retain_grad()
+    (lp * b.loss_mask).sum().backward()
+    assert lp.grad[0].tolist() == [0.0, 1.0, 0.0]  # masked (replayed/observation) tokens get exactly zero
+
+
+# ---------------- advantages ----------------
+def test_rloo_worked_example_from_paper():
+    # RA-RLOO Section 3.1: replay (1.0) + three fails (0.1) -> +0.9 for the replay, -0.3 for each fail
+    a = rloo_advantages(torch.tensor([[1.0, 0.1, 0.1, 0.1]]))
+    assert torch.allclose(a, torch.tensor([[0.9, -0.3, -0.3, -0.3]]), atol=1e-6)
+
+
+def test_rloo_equals_scaled_centering_and_zero_for_constant_groups():
+    r = torch.rand(5, 4)
+    assert torch.allclose(rloo_advantages(r), 4 / 3 * (r - r.mean(-1, keepdim=True)), atol=1e-6)
+    assert torch.all(rloo_advantages(torch.full((2, 4), 0.1)) == 0)
+    with pytest.raises(ValueError):
+        rloo_advantages(torch.ones(2, 1))
+
+
+def test_grpo_and_zero_variance():
+    r = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    a = grpo_advantages(r)
+    assert torch.allclose(a[0], torch.tensor([0.75, -0.25, -0.25, -0.25]) / math.sqrt(3 / 16), atol=1e-4)
+    assert torch.all(a[1] == 0)
+    assert torch.allclose(grpo_advantages(r, scale=False)[0], torch.tensor([0.75, -0.25, -0.25, -0.25]))
+    assert zero_variance(r).tolist() == [False, True]
+
+
+# ---------------- metrics ----------------
+def test_pass_at_k_matches_brute_force():
+    for n, c, k in [(8, 0, 1), (8, 3, 1), (8, 3, 4), (5, 4, 2), (6, 6, 3), (10, 1, 10)]:
+        outcomes = [1] * c + [0] * (n - c)
+        brute = np.mean([any(outcomes[i] for i in s) for s in combinations(range(n), k)])
+        assert pass_at_k(n, c, k) == pytest.approx(brute)
+    with pytest.raises(ValueError):
+        pass_at_k(2, 1, 3)
+
+
+def test_metrics_logger_truncates_rows_after_resume_step(tmp_path):
+    from accelerate import Accelerator
+
+    from common.metrics import MetricsLogger
+
+    acc = Accelerator(cpu=True)
+    lg = MetricsLogger(str(tmp_path), acc)
+    for s in range(5):
+        lg.log({"step": s, "x": np.float32(s)})
+    MetricsLogger(str(tmp_path), acc, resume_step=2).log({"step": 3, "x": 30.0})
+    rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["x"]) for r in rows] == [(0, 0), (1, 1), (2, 2), (3, 30)]
+    MetricsLogger(str(tmp_path), acc)  # a fresh (non-resumed) run starts a new file
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+# ---------------- cli ----------------
+@dataclass
+class _Base:
+    a: int = 1
+    """the a"""
+
+
+@dataclass
+class _Args(_Base):
+    b: bool = False
+    """switch b"""
+    mode: Literal["x", "y"] = "x"
+    """the mode"""
+    name: Optional[str] = None
+    """optional name"""
+    xs: list = None
+
+
+def test_cli_reads_docstrings_and_types():
+    assert field_docs(_Args) == {"a": "the a", "b": "switch b", "mode": "the mode", "name": "optional name"}
+    a = parse_args(_Args, ["--a", "3", "--b", "--mode", "y", "--name", "n"])
+    assert (a.a, a.b, a.mode, a.name) == (3, True, "y", "n")
+    assert parse_args(_Args, ["--b", "false"]).b is False
+    with pytest.raises(SystemExit):
+        parse_args(_Args, ["--mode", "z"])
+    assert "switch b" in build_parser(_Args).format_help()
+
+
+# ---------------- data ----------------
+def test_prompt_sampler_epochs_and_exact_resume():
+    from common.data import PromptSampler
+
+    s = PromptSampler(10, seed=3)
+    first = s.next_ids(10)
+    assert sorted(first) == list(range(10))
+    s.next_ids(4)
+    saved = s.state_dict()
+    cont = s.next_ids(12)  # crosses an epoch boundary
+    s2 = PromptSampler(10, seed=3)
+    s2.load_state_dict(saved)
+    assert s2.next_ids(12) == cont
+    assert PromptSampler(10, seed=4).next_ids(10) != first
+    with pytest.raises(SystemExit, match="10 prompts"):
+        PromptSampler(11, seed=3).load_state_dict(saved)
+
+
+def _hf_args(path, **kw):
+    from common.args import BaseArgs
+
+    return BaseArgs(dataset=str(path), **kw)
+
+
+def test_hf_task_from_local_jsonl(tmp_path, random_model_dir):
+    from transformers import AutoTokenizer
+
+    from common.data import load_task
+
+    rows = [{"question": f"What is {i}+{i}?", "answer": f"Double it. #### {2 * i:,}"} for i in range(600, 650)]
+    p = tmp_path / "gsm.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tok = AutoTokenizer.from_pretrained(random_model_dir)
+    task = load_task(_hf_args(p, eval_prompts=5), tok)
+    assert len(task.eval) == 5 and len(task.train) == 45  # held out of training, not shared
+    assert task.train[0].answer == "1200" and task.train[0].prompt.startswith("What is 600+600?")
+    assert task.reward_fn("so \\boxed{1200}", task.train[0]) == 1.0
+    assert task.reward_fn("so \\boxed{1201}", task.train[0]) == 0.0
+    tok.chat_template = "{% for m in messages %}<s>user: {{ m['content'] }}\n{% endfor %}assistant:"
+    chat = load_task(_hf_args(p, eval_prompts=5), tok)
+    assert chat.train[0].prompt.startswith("<s>user: What is 600+600?") and chat.train[0].prompt.endswith("assistant:")
+
+
+def test_hf_task_errors_name_the_input(tmp_path, random_model_dir):
+    from transformers import AutoTokenizer
+
+    from common.data import load_task
+
+    tok = AutoTokenizer.from_pretrained(random_model_dir)
+    p = tmp_path / "d.jsonl"
+    p.write_text(json.dumps({"q": "x", "answer": "1"}) + "\n")
+    with pytest.raises(SystemExit, match="'question' not in"):
+        load_task(_hf_args(p), tok)
+    p.write_text(json.dumps({"question": "ok", "answer": "1"}) + "\n" + json.dumps({"question": 5, "answer": "1"}) + "\n")
+    with pytest.raises(SystemExit, match="row 1"):
+        load_task(_hf_args(p), tok)
+    with pytest.raises(SystemExit, match="file not found"):
+        load_task(_hf_args(tmp_path / "missing.jsonl"), tok)
+    with pytest.raises(SystemExit, match="Countdown task only"):
+        load_task(_hf_args(p, reward="shaped"), tok)
+
+
+def test_countdown_task_and_prompt_pool():
+    from common.args import BaseArgs
+    from common.data import load_task
+
+    task = load_task(BaseArgs(prompt_pool=64, eval_prompts=32), tokenizer=None)
+    assert len(task.train) == 64 and len(task.eval) == 32
+    assert [e.id for e in task.train] == list(range(64))
+    held = {e.prompt for e in task.eval}
+    assert not held & {e.prompt for e in task.train}
+    ex = task.train[0]
+    from common import countdown
+
+    sol = countdown.solution_text(countdown.solutions(ex.answer)[0])
+    assert task.reward_fn(sol, ex) == 1.0 and task.eval_reward_fn("1+1=2\n", ex) == 0.0
+
+
+# ---------------- policy / tokenizer ----------------
+def test_char_tokenizer_round_trips_after_reload(random_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(random_model_dir)
+    s = "14 1 10 t5\n14-10=4\n4+1=5\n =5 | 5 7 target 19"
+    ids = tok(s, add_special_tokens=False).input_ids
+    assert len(ids) == len(s)  # one token per character: spaces and newlines survive
+    assert tok.decode(ids) == s
+    assert tok.decode(ids + [tok.eos_token_id], skip_special_tokens=True) == s
+
+
+def test_load_policy_sets_pad_and_rejects_bad_path(random_model_dir, tmp_path):
+    from common.policy import load_policy
+
+    model, tok, path = load_policy(random_model_dir)
+    assert tok.pad_token_id is not None and path == random_model_dir
+    with pytest.raises(SystemExit, match="--model_name_or_path"):
+        load_policy(str(tmp_path / "nope"))
+
+
+# ---------------- generation ----------------
+def test_hf_generator_format_and_logprobs(random_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from common.generation import HFGenerator, SamplingConfig
+
+    tok = AutoTokenizer.from_pretrained(random_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(random_model_dir)
+    torch.manual_seed(0)
+    nl = tok("\n", add_special_tokens=False).input_ids[0]
+    prompts = [tok("1 2 3 t6\n", add_special_tokens=False).input_ids, tok("4 t4\n", add_special_tokens=False).input_ids]
+    g = HFGenerator(model, tok, batch_size=3).generate(prompts, 4, SamplingConfig(max_new_tokens=12, stop_token_ids=[nl]))
+    assert len(g.completion_ids) == 8 and g.n == 4 and g.prompt_index(5) == 1
+    stops = {tok.eos_token_id, nl}
+    for c, lp, why in zip(g.completion_ids, g.logprobs, g.finish_reasons):
+        assert len(c) == len(lp) and all(x <= 0 for x in lp)
+        inner = [t for t in c[:-1] if t in stops]
+        assert not inner  # generation stops at the first stop token
+        assert (why == "stop") == (c[-1] in stops) and (why == "stop" or len(c) == 12)
+    flat = [p for p in prompts for _ in range(4)]
+    again = score_completions(model, flat, g.completion_ids, tok.pad_token_id, 8, "cpu")
+    assert all(np.allclose(a, b, atol=1e-5) for a, b in zip(again, g.logprobs))
+
+
+# ---------------- checkpoint ----------------
+def test_checkpoint_round_trip_and_auto_resume(tmp_path, random_model_dir):
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from common import checkpoint as ck
+
+    acc = Accelerator(cpu=True)
+    tok = AutoTokenizer.from_pretrained(random_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(random_model_dir)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5)
+    model(torch.tensor([[4, 5, 6]])).logits.sum().backward()
+    opt.step(); sched.step()
+    (tmp_path / ".tmp-checkpoint-9").mkdir()  # an interrupted save is never picked
+    for step in (1, 2, 3):
+        ck.save_checkpoint(str(tmp_path), step, acc, model, tok, opt, sched, {"buf": {7: [[1, 2]]}, "s": step}, keep=2)
+    assert [p.name for p in ck.list_checkpoints(str(tmp_path))] == ["checkpoint-2", "checkpoint-3"]
+    latest = ck.resolve_resume("auto", str(tmp_path))
+    assert latest.name == "checkpoint-3"
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    r_before = torch.rand(3)
+    m2 = AutoModelForCausalLM.from_pretrained(random_model_dir)
+    o2 = torch.optim.AdamW(m2.parameters(), lr=1e-3)
+    s2 = torch.optim.lr_scheduler.LambdaLR(o2, lambda s: 0.5)
+    torch.manual_seed(123)
+    step, state = ck.load_checkpoint(latest, acc, m2, o2, s2)
+    assert step == 3 and state == {"buf": {7: [[1, 2]]}, "s": 3}
+    assert all(torch.equal(want[k], v) for k, v in m2.state_dict().items())
+    assert torch.equal(o2.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+    assert torch.equal(torch.rand(3), r_before)  # RNG restored to its state at save time
+    assert AutoModelForCausalLM.from_pretrained(latest) is not None  # plain HF dir
+    assert ck.resolve_resume("auto", str(tmp_path / "empty")) is None
+    with pytest.raises(SystemExit, match="not a checkpoint"):
+        ck.resolve_resume(str(tmp_path), str(tmp_path))
+
+
+# ---------------- runtime ----------------
+def test_accumulate_gradients_equals_full_batch(random_model_dir):
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM
+
+    from common.runtime import accumulate_gradients, my_slice
+
+    acc = Accelerator(cpu=True)
+    prompts = [[4, 5], [6], [7, 8, 9], [10]]
+    comps = [[11, 12], [13, 14, 15], [16], [17, 18]]
+    adv = torch.tensor([1.0, -0.5, 0.3, 2.0])
+
+    def grads(mbs):
+        model = AutoModelForCausalLM.from_pretrained(random_model_dir)
+        loss_fn = lambda b, lp, ent, rows: (-(adv[rows] * (lp * b.loss_mask).sum(-1)).sum() / 4, {"n": len(rows)})
+        sums = accumulate_gradients(model, acc, prompts, comps, 0, mbs, loss_fn)
+        assert sums == {"n": 4}
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    assert torch.allclose(grads(4), grads(1), atol=1e-6)
+    assert sum((my_slice(list(range(10)), type("A", (), {"num_processes": 3, "process_index": r})) for r in range(3)), []) == list(range(10))

@@ -1,0 +1,110 @@
+"""RA-RLOO: the splice, the importance weight, and the script end to end (resume, 2 processes)."""
+import json
+import random
+from collections import deque
+
+import pytest
+import torch
+
+from common.advantages import rloo_advantages
+from conftest import run_script
+from ra_rloo import Args, replay_weights, splice_replays
+
+
+def _setup():
+    comps = [[1], [2], [3], [4], [5], [6], [7], [8], [9], [10], [11], [12]]
+    rewards = torch.tensor([[0.1, 0.1, 0.1, 0.1], [1.0, 0.1, 0.0, 0.1], [0.0, 0.0, 0.0, 0.0]])
+    buffers = {10: deque([([99, 98], -3.0)]), 11: deque([([97], -1.0)])}  # prompt 12 has an empty buffer
+    return comps, rewards, buffers
+
+
+def test_on_demand_splices_only_groups_without_a_success():
+    comps, rewards, buffers = _setup()
+    lp_old = splice_replays([10, 11, 12], comps, rewards, rewards >= 1.0, buffers, "on_demand", random.Random(0))
+    assert comps[3] == [99, 98] and rewards[0].tolist() == pytest.approx([0.1, 0.1, 0.1, 1.0])
+    assert lp_old[0].tolist()[3] == -3.0 and torch.isnan(lp_old[0, :3]).all()
+    assert comps[4:8] == [[5], [6], [7], [8]] and torch.isnan(lp_old[1]).all()  # had a fresh success
+    assert comps[8:] == [[9], [10], [11], [12]] and torch.isnan(lp_old[2]).all()  # nothing stored
+    # the paper's worked example on the spliced group: +0.9 replay, -0.3 each fail
+    assert rloo_advantages(rewards[:1]).tolist()[0] == pytest.approx([-0.3, -0.3, -0.3, 0.9])
+
+
+def test_always_mode_splices_every_group_with_a_buffer():
+    comps, rewards, buffers = _setup()
+    lp_old = splice_replays([10, 11, 12], comps, rewards, rewards >= 1.0, buffers, "always", random.Random(0))
+    assert comps[7] == [97] and lp_old[1, 3] == -1.0 and rewards[1, 3] == 1.0
+    assert torch.isnan(lp_old[2]).all()
+
+
+def test_replay_weight_is_clipped_ratio():
+    w = replay_weights(torch.tensor([-1.0, -2.0, 0.0]), torch.tensor([-2.0, -1.0, -10.0]), w_max=5.0)
+    assert w.tolist() == pytest.approx([2.718281, 0.367879, 5.0], rel=1e-5)
+
+
+def test_every_flag_is_documented():
+    from common.cli import field_docs
+    from dataclasses import fields
+
+    docs = field_docs(Args)
+    missing = [f.name for f in fields(Args) if not docs.get(f.name)]
+    assert not missing, f"flags without help: {missing}"
+    out = run_script(["ra_rloo.py", "--help"]).stdout
+    for f in fields(Args):
+        assert f"--{f.name}" in out
+
+
+def _rows(path):
+    return [json.loads(l) for l in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+COMMON = ["--prompt_pool", "48", "--prompts_per_step", "8", "--eval_prompts", "8", "--eval_samples", "4",
+          "--max_new_tokens", "20", "--num_threads", "1"]
+
+
+def test_replay_removes_zero_variance_groups_and_vanilla_does_not(tiny_base, tmp_path):
+    run_script(["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(tmp_path / "ra"),
+                "--max_steps", "3", "--eval_every", "3", *COMMON])
+    run_script(["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(tmp_path / "van"),
+                "--max_steps", "3", "--eval_every", "3", "--replay", "none", *COMMON])
+    ra, van = _rows(tmp_path / "ra")[1:], _rows(tmp_path / "van")[1:]
+    core = {"step", "rollouts", "gen_tokens", "reward_mean", "pass_rate", "frac_zero_var_groups", "loss", "kl",
+            "entropy", "lr", "time_step_s", "time_gen_s", "time_train_s", "ra_zero_var_frac_post",
+            "ra_replay_fired_frac", "ra_is_weight_mean", "ra_buffer_prompts"}
+    assert core <= set(ra[0]) and "eval_pass@1" in ra[-1] and "eval_pass@4" in ra[-1]
+    assert ra[-1]["rollouts"] == 3 * 8 * 4
+    # seeded buffers: every group without a fresh success gets a replay, so no zero-variance group survives
+    assert all(r["ra_zero_var_frac_post"] == 0.0 for r in ra)
+    assert any(r["frac_zero_var_groups"] > 0 for r in ra) and all(r["ra_replay_fired_frac"] > 0 for r in ra)
+    assert all(0 < r["ra_is_weight_mean"] <= 5.0 for r in ra) and ra[0]["ra_buffer_prompts"] == 48
+    assert all(r["ra_replay_fired_frac"] == 0 and r["ra_zero_var_frac_post"] == r["frac_zero_var_groups"] for r in van)
+    assert all(r["ra_buffer_prompts"] == 0 for r in van)
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
+
+
+def test_resume_reproduces_an_uninterrupted_run(tiny_base, tmp_path):
+    full, part = tmp_path / "full", tmp_path / "part"
+    base = ["ra_rloo.py", "--model_name_or_path", tiny_base, "--eval_every", "2", "--save_every", "2",
+            "--prompt_pool", "6", *COMMON[2:]]
+    run_script([*base, "--output_dir", str(full), "--max_steps", "4"])
+    run_script([*base, "--output_dir", str(part), "--max_steps", "2"])  # "killed" after step 2
+    (part / "metrics.jsonl").open("a").write(json.dumps({"step": 3, "junk": 1}) + "\n")  # a row past the checkpoint
+    run_script([*base, "--output_dir", str(part), "--max_steps", "4", "--resume", "auto"])
+    a, b = _strip(_rows(full)), _strip(_rows(part))
+    assert [r["step"] for r in b] == [0, 1, 2, 3, 4]
+    assert a == b  # same rewards, losses, KL, IS weights and eval: buffers and replay RNG were restored
+    assert all(r["ra_replay_fired_frac"] > 0 for r in b[3:])  # replays after the resume drew from restored buffers
+
+
+def test_two_processes_on_cpu(tiny_base, tmp_path):
+    out = tmp_path / "ddp"
+    run_script(["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+                "--mixed_precision", "no", "--dynamo_backend", "no", "ra_rloo.py", "--model_name_or_path", tiny_base,
+                "--output_dir", str(out), "--max_steps", "2", "--eval_every", "2", *COMMON], timeout=900)
+    rows = _rows(out)
+    assert [r["step"] for r in rows] == [0, 1, 2]  # one writer, no duplicated rows
+    assert rows[-1]["rollouts"] == 2 * 8 * 4  # both ranks' rollouts are counted
+    state = torch.load(out / "checkpoint-2" / "trainer_state.pt", weights_only=False)
+    assert state["world_size"] == 2 and len(state["state"]["buffers"]) == 48

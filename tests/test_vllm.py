@@ -1,0 +1,151 @@
+"""The vLLM backend against the HF model it mirrors (needs vLLM: `bash .ci/vllm.sh` makes a venv and runs this).
+
+One engine for the whole module (starting one takes ~5-25 s on CPU). Everything runs in float32: vLLM's CPU
+kernels then agree with `transformers` to ~1e-5 in log-prob; bf16 would not (~0.07).
+"""
+import copy
+import importlib.util
+
+import pytest
+import torch
+
+# Checked without importing vllm: the backend sets vLLM's env vars before the first import.
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip("vLLM not installed (pip install -r requirements-vllm.txt, or bash .ci/vllm.sh)",
+                allow_module_level=True)
+
+from common.generation import Generations, HFGenerator, SamplingConfig  # noqa: E402
+from common.logprobs import token_logprobs  # noqa: E402
+from common.masking import pad_sequences, unpad_completion  # noqa: E402
+from common.policy import BaseRecipe, build_char_tokenizer, build_tiny_model  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+TOL = 1e-4
+PROMPTS = ["12+3=", "7*8=", "(1+2)*3=", "abc", "Using 3 5 7 make 22:"]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from common.vllm_backend import VLLMGenerator
+
+    tok = build_char_tokenizer()
+    model = build_tiny_model(BaseRecipe(), len(tok))
+    with torch.no_grad():
+        # The default init (std 0.02) gives near-uniform next-token distributions, where a wrong log-prob
+        # would hide. 3x the tied embedding/head makes them peaked but not deterministic (mean log p ~ -2).
+        model.model.embed_tokens.weight.mul_(3.0)
+    model.eval()
+    path = tmp_path_factory.mktemp("policy")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    gen = VLLMGenerator(str(path), model, tok, seed=0, dtype="float32", max_model_len=256)
+    prompts = [tok(s, add_special_tokens=False).input_ids for s in PROMPTS]
+    return gen, model, tok, prompts
+
+
+@torch.no_grad()
+def hf_logprobs(model, tok, g: Generations, temperature: float) -> list[list[float]]:
+    """The HF model's log-probs (under logits / T) of the tokens vLLM sampled."""
+    flat = [g.prompt_ids[g.prompt_index(i)] for i in range(len(g.completion_ids))]
+    batch = pad_sequences(flat, g.completion_ids, tok.pad_token_id)
+    lp, _ = token_logprobs(model, batch, temperature=temperature)
+    return unpad_completion(lp, batch.completion_lens)
+
+
+def max_abs_diff(a: list[list[float]], b: list[list[float]]) -> float:
+    assert [len(x) for x in a] == [len(x) for x in b]
+    return max(abs(x - y) for xs, ys in zip(a, b) for x, y in zip(xs, ys))
+
+
+def check_format(g: Generations, prompts, n: int, cfg: SamplingConfig, stop_ids: set[int]):
+    assert g.n == n and g.prompt_ids == prompts
+    assert len(g.completion_ids) == len(g.logprobs) == len(g.finish_reasons) == len(prompts) * n
+    for ids, lps, why in zip(g.completion_ids, g.logprobs, g.finish_reasons):
+        assert len(ids) == len(lps) and all(isinstance(t, int) for t in ids)
+        assert all(isinstance(x, float) and x <= 0 for x in lps)
+        assert not any(t in stop_ids for t in ids[:-1])  # nothing generated past a stop token
+        if why == "stop":  # the stop token is kept, as HFGenerator does
+            assert ids[-1] in stop_ids and len(ids) <= cfg.max_new_tokens
+        else:
+            assert why == "length" and len(ids) == cfg.max_new_tokens and ids[-1] not in stop_ids
+
+
+def test_sampled_logprobs_match_hf_and_format_matches_hfgenerator(setup):
+    gen, model, tok, prompts = setup
+    n = 4
+    cfg = SamplingConfig(max_new_tokens=24, temperature=0.8, stop_token_ids=tok.convert_tokens_to_ids(["0", ";"]))
+    stop_ids = {tok.eos_token_id, *cfg.stop_token_ids}
+    g = gen.generate(prompts, n, cfg)
+    check_format(g, prompts, n, cfg, stop_ids)
+    assert {"stop", "length"} <= set(g.finish_reasons)  # both endings are exercised
+    d = max_abs_diff(g.logprobs, hf_logprobs(model, tok, g, cfg.temperature))
+    print(f"max |logprob vLLM - HF| (T={cfg.temperature}, {sum(map(len, g.logprobs))} tokens): {d:.2e}")
+    assert d < TOL
+
+    ref = HFGenerator(model, tok).generate(prompts, n, cfg)  # same fields, same layout rules
+    assert type(ref) is type(g) and ref.n == g.n and ref.prompt_ids == g.prompt_ids
+    check_format(ref, prompts, n, cfg, stop_ids)
+
+    # Samples of equal prompts at different positions must not repeat each other (per-request seeds differ).
+    twin = gen.generate([prompts[3], prompts[3]], n, cfg)
+    assert twin.completion_ids[:n] != twin.completion_ids[n:]
+
+
+def test_greedy_follows_pushed_weights(setup):
+    gen, model, tok, prompts = setup
+    cfg = SamplingConfig(max_new_tokens=16, temperature=0.0)
+    hf = HFGenerator(model, tok)
+    original = copy.deepcopy(model.state_dict())
+    before = gen.generate(prompts, 1, cfg)
+    assert before.completion_ids == hf.generate(prompts, 1, cfg).completion_ids
+    try:
+        # A few Adam steps towards one answer for every prompt: moves every tensor, the tied
+        # embedding/head included, and changes the greedy continuation (noise alone leaves it as it was).
+        target = tok("42;", add_special_tokens=False).input_ids + [tok.eos_token_id]
+        batch = pad_sequences(prompts, [target] * len(prompts), tok.pad_token_id)
+        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+        for _ in range(15):
+            lp, _ = token_logprobs(model, batch)
+            opt.zero_grad()
+            (-lp.mean()).backward()
+            opt.step()
+        gen.sync_weights(model)
+        after = gen.generate(prompts, 1, cfg)
+        ref = hf.generate(prompts, 1, cfg)
+        assert after.completion_ids == ref.completion_ids  # vLLM's greedy path == HF's after the push
+        assert after.completion_ids != before.completion_ids  # ... and the push changed it
+        d = max(max_abs_diff(after.logprobs, ref.logprobs),
+                max_abs_diff(after.logprobs, hf_logprobs(model, tok, after, 1.0)))
+        print(f"max |logprob vLLM - HF| after the weight push (greedy): {d:.2e}")
+        assert d < TOL
+    finally:  # the other tests share the engine and the model
+        model.load_state_dict(original)
+        gen.sync_weights(model)
+    restored = gen.generate(prompts, 1, cfg)
+    assert restored.completion_ids == before.completion_ids
+    assert max_abs_diff(restored.logprobs, before.logprobs) < TOL
+
+
+def test_same_seed_and_call_reproduces_samples(setup):
+    # vLLM draws a seeded request's samples from its own torch.Generator (seed + sample index), so they do
+    # not depend on what else is batched with it. The backend derives those seeds from (seed, rank, call
+    # counter, prompt index): rewinding the counter must give the same samples, the next call new ones.
+    gen, model, tok, prompts = setup
+    cfg = SamplingConfig(max_new_tokens=24, temperature=1.0)
+    start = gen.calls
+    a = gen.generate(prompts, 3, cfg)
+    gen.calls = start
+    b = gen.generate(prompts, 3, cfg)
+    c = gen.generate(prompts, 3, cfg)
+    assert a.completion_ids == b.completion_ids and a.finish_reasons == b.finish_reasons
+    assert max_abs_diff(a.logprobs, b.logprobs) < TOL
+    assert a.completion_ids != c.completion_ids
+
+
+def test_missing_vllm_message(monkeypatch):
+    from common import vllm_backend
+
+    monkeypatch.setattr(vllm_backend.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(SystemExit, match="--use_vllm needs vLLM: pip install -r requirements-vllm.txt"):
+        vllm_backend._import_vllm(on_cpu=True)
