@@ -23,18 +23,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-from tqdm.auto import tqdm
+from accelerate.utils import gather_object
 
-from common import checkpoint as ckpt
 from common.advantages import rloo_advantages, zero_variance
 from common.args import BaseArgs
 from common.cli import parse_args
-from common.data import PromptSampler, load_task
-from common.generation import SamplingConfig, build_generator
 from common.logprobs import score_completions, token_logprobs
-from common.metrics import MetricsLogger, evaluate
-from common.policy import load_policy
-from common.runtime import accumulate_gradients, frozen_copy, log_main, make_optimizer, my_slice, reduce_sums, setup
+from common.losses import kl_k3
+from common.runtime import accumulate_gradients, core_metrics, finish_step, my_slice, optimizer_step, start_run
 
 
 @dataclass
@@ -105,173 +101,95 @@ def replay_weights(seq_logp: torch.Tensor, lp_old: torch.Tensor, w_max: float) -
     return torch.exp(seq_logp.detach() - lp_old).clamp(max=w_max)
 
 
-def main(args: Args) -> dict:
-    acc = setup(args, "ra_rloo")
-    log = log_main(acc)
-    model, tokenizer, model_path = load_policy(args.model_name_or_path, args.dtype, acc, log)
-    model.to(acc.device)
-    task = load_task(args, tokenizer, log)
-    encode_cache: dict[str, list[int]] = {}
+def main(args: Args) -> None:
+    run = start_run(args, "ra_rloo", need_ref=args.beta > 0)
+    acc, tokenizer, task, k = run.acc, run.tokenizer, run.task, args.k
+    # [RA-RLOO] prompt id -> FIFO of (response ids, log pi_old(y|x)); identical on every rank
+    buffers = {pid: deque(items, maxlen=args.buffer_capacity) for pid, items in run.method_state.get("buffers", {}).items()}
+    if run.start_step == 0 and args.replay != "none" and args.seed_buffer:
+        buffers = seed_buffers(task, run.policy, tokenizer, run.encode, args, acc.device)
+        run.log(f"[RA-RLOO] seeded {len(buffers)} prompt buffers with demonstrations")
 
-    def encode(text: str) -> list[int]:
-        if text not in encode_cache:
-            encode_cache[text] = tokenizer(text, add_special_tokens=task.name != "countdown").input_ids
-        return encode_cache[text]
-
-    ref = frozen_copy(model) if args.beta > 0 else None
-    opt, sched = make_optimizer(args, model)
-    model, opt = acc.prepare(model, opt)
-    policy = acc.unwrap_model(model)
-    generator = build_generator(args, policy, tokenizer, model_path, acc)
-    sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
-    sampler = PromptSampler(len(task.train), args.seed)
-    buffers: dict[int, deque] = {}  # [RA-RLOO] prompt id -> deque of (response ids, log pi_old(y|x))
-    counters = {"rollouts": 0, "gen_tokens": 0}
-
-    start = 0
-    resume_from = ckpt.resolve_resume(args.resume, args.output_dir)
-    if resume_from is not None:
-        start, state = ckpt.load_checkpoint(resume_from, acc, model, opt, sched)
-        sampler.load_state_dict(state["sampler"])
-        buffers = {pid: deque(items, maxlen=args.buffer_capacity) for pid, items in state["buffers"].items()}
-        counters = state["counters"]
-        generator.sync_weights(policy)
-        log(f"resumed from {resume_from} at step {start}")
-    elif args.replay != "none" and args.seed_buffer:
-        buffers = seed_buffers(task, policy, tokenizer, encode, args, acc.device)
-        log(f"[RA-RLOO] seeded {len(buffers)} prompt buffers with demonstrations")
-    logger = MetricsLogger(args.output_dir, acc, args.report_to, vars(args), resume_step=start if resume_from else None)
-
-    def run_eval(step: int) -> dict:
-        return evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, sampling,
-                        args.eval_samples, acc, ks=(1, args.eval_samples))
-
-    if start == 0:
-        row = {"step": 0, **run_eval(0)}
-        logger.log(row)
-        log(f"step 0 (base policy): {row}")
-    bar = tqdm(range(start + 1, args.max_steps + 1), initial=start, total=args.max_steps, desc="ra_rloo",
-               disable=not acc.is_main_process)
-    state = {}
-    for step in bar:
+    for step in range(run.start_step + 1, args.max_steps + 1):
         t0 = time.time()
         # ---- sample: K rollouts for each of this rank's prompts ----
-        ids = my_slice(sampler.next_ids(args.prompts_per_step), acc)
-        examples = [task.train[i] for i in ids]
-        prompts = [encode(ex.prompt) for ex in examples]
-        gens = generator.generate(prompts, args.k, sampling)
+        examples = [task.train[i] for i in my_slice(run.sampler.next_ids(args.prompts_per_step), acc)]
+        prompts = [run.encode(ex.prompt) for ex in examples]
+        gens = run.generator.generate(prompts, k, run.sampling)
         t_gen = time.time() - t0
         completions = [list(c) for c in gens.completion_ids]
 
         # ---- verify ----
         texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
-        rewards = torch.tensor([task.reward_fn(t, examples[i // args.k]) for i, t in enumerate(texts)],
-                               dtype=torch.float32).view(len(examples), args.k)
+        rewards = torch.tensor([task.reward_fn(t, examples[i // k]) for i, t in enumerate(texts)]).view(-1, k).float()
         fresh_success = rewards >= args.success_reward
-        zero_var_pre = zero_variance(rewards)
+        fresh_rewards = rewards.clone()
 
         # ---- [RA-RLOO] splice one stored success into groups that need it (paper Section 3.1) ----
-        replay_lp_old = torch.full((len(examples), args.k), float("nan"))
+        replay_lp_old = torch.full(rewards.shape, float("nan"))
         if args.replay != "none":
             replay_lp_old = splice_replays([ex.id for ex in examples], completions, rewards, fresh_success,
                                            buffers, args.replay, random)
         is_replay = ~torch.isnan(replay_lp_old)
-        fired = is_replay.any(-1)
 
         # ---- advantages: leave-one-out baseline on the (possibly mixed) group, eq. (1) ----
-        adv = rloo_advantages(rewards)
-        flat_adv = adv.flatten().to(acc.device)
-        flat_lp_old = replay_lp_old.flatten().to(acc.device)
-        flat_replay = is_replay.flatten().to(acc.device)
+        adv = rloo_advantages(rewards).flatten().to(acc.device)
+        lp_old = replay_lp_old.flatten().to(acc.device)
+        replayed = is_replay.flatten().to(acc.device)
 
-        # ---- update: REINFORCE with LOO baseline + KL to the reference ----
+        # ---- update: REINFORCE with the LOO baseline + KL to the reference policy ----
         t1 = time.time()
-        flat_prompts = [p for p in prompts for _ in range(args.k)]
-        n_seqs = len(completions)
+        flat_prompts = [p for p in prompts for _ in range(k)]
         n_tokens = sum(len(c) for c in completions)
-        norm = max(1, n_seqs) * args.max_new_tokens  # constant length normaliser: unbiased, no length bias
+        norm = max(1, len(completions)) * args.max_new_tokens  # constant length normaliser: no length bias
 
         def loss_fn(batch, logp, ent, rows):
             mask = batch.loss_mask
             seq_lp = (logp * mask).sum(-1)
-            a = flat_adv[rows]
+            a, rep = adv[rows], replayed[rows]
             # [RA-RLOO] scale the replayed slot's advantage by w = min(pi_theta/pi_old, w_max), no gradient through w
-            rep = flat_replay[rows]
-            w = replay_weights(seq_lp.detach(), flat_lp_old[rows], args.w_max)
+            w = replay_weights(seq_lp, lp_old[rows], args.w_max)
             a = torch.where(rep, a * w, a)
             loss = -(a * seq_lp).sum() / norm
-            m = {"pg_loss": loss.item() * norm, "ent_sum": (ent * mask).sum().item(), "tok": mask.sum().item(),
+            m = {"loss_sum": loss.item() * norm, "ent_sum": (ent * mask).sum().item(), "tok": mask.sum().item(),
                  "w_sum": torch.where(rep, w, torch.zeros_like(w)).sum().item(), "w_n": rep.sum().item()}
-            if ref is not None:
+            if run.ref is not None:
                 with torch.no_grad():
-                    ref_lp, _ = token_logprobs(ref, batch)
-                d = (ref_lp - logp) * mask
-                kl = (torch.exp(d) - d - 1) * mask  # k3 estimator, >= 0, unbiased for KL(pi || ref)
+                    ref_lp, _ = token_logprobs(run.ref, batch)
+                kl = kl_k3(logp, ref_lp) * mask
                 loss = loss + args.beta * kl.sum() / max(1, n_tokens)
                 m["kl_sum"] = kl.sum().item()
             return loss, m
 
-        sums = accumulate_gradients(model, acc, flat_prompts, completions, tokenizer.pad_token_id,
+        sums = accumulate_gradients(run.model, acc, flat_prompts, completions, tokenizer.pad_token_id,
                                     args.micro_batch_size, loss_fn)
-        acc.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        generator.sync_weights(policy)
+        optimizer_step(run)
         t_train = time.time() - t1
 
-        # ---- [RA-RLOO] append every fresh success to its prompt's FIFO (all ranks keep the same buffers) ----
-        new = []
-        if args.replay != "none":
-            for i, c in enumerate(gens.completion_ids):
-                g = i // args.k
-                if fresh_success.view(-1)[i]:
-                    new.append((examples[g].id, list(c), float(sum(gens.logprobs[i]))))
+        # ---- [RA-RLOO] append every fresh success to its prompt's FIFO (gathered: all ranks keep the same buffers) ----
+        new = [(examples[i // k].id, list(c), float(sum(gens.logprobs[i])))
+               for i, c in enumerate(gens.completion_ids) if args.replay != "none" and fresh_success.view(-1)[i]]
         if acc.num_processes > 1:
-            from accelerate.utils import gather_object
-
             new = gather_object(new)
         for pid, y, lp in new:
             buffers.setdefault(pid, deque(maxlen=args.buffer_capacity)).append((y, lp))
 
         # ---- log ----
-        gen_tokens = sum(len(c) for c in gens.completion_ids)
-        s = reduce_sums(acc, {
-            "groups": len(examples), "rollouts": len(gens.completion_ids), "gen_tokens": gen_tokens,
-            "reward_sum": float(rewards.masked_fill(is_replay, 0).sum()),  # fresh rollouts only
-            "success": float(fresh_success.sum()), "zero_var_pre": float(zero_var_pre.sum()),
-            "zero_var_post": float(zero_variance(rewards).sum()), "fired": float(fired.sum()),
-            "pg_loss": sums.get("pg_loss", 0.0), "seqs": n_seqs, "kl_sum": sums.get("kl_sum", 0.0),
-            "ent_sum": sums.get("ent_sum", 0.0), "tok": sums.get("tok", 0.0), "w_sum": sums.get("w_sum", 0.0),
-            "w_n": sums.get("w_n", 0.0), "t_gen": t_gen, "t_train": t_train})
-        counters["rollouts"] += int(s["rollouts"])
-        counters["gen_tokens"] += int(s["gen_tokens"])
-        world = acc.num_processes
-        row = {
-            "step": step, "rollouts": counters["rollouts"], "gen_tokens": counters["gen_tokens"],
-            "reward_mean": s["reward_sum"] / max(1, s["rollouts"]), "pass_rate": s["success"] / max(1, s["rollouts"]),
-            "frac_zero_var_groups": s["zero_var_pre"] / max(1, s["groups"]),
-            "loss": s["pg_loss"] / max(1, s["seqs"]), "kl": s["kl_sum"] / max(1, s["tok"]),
-            "entropy": s["ent_sum"] / max(1, s["tok"]), "lr": sched.get_last_lr()[0],
-            "time_gen_s": s["t_gen"] / world, "time_train_s": s["t_train"] / world,
-            # [RA-RLOO] mechanism metrics
-            "ra_zero_var_frac_post": s["zero_var_post"] / max(1, s["groups"]),
-            "ra_replay_fired_frac": s["fired"] / max(1, s["groups"]),
-            "ra_is_weight_mean": s["w_sum"] / s["w_n"] if s["w_n"] else None,
+        row, x = core_metrics(run, step, {
+            "groups": len(examples), "rollouts": len(completions), "gen_tokens": sum(map(len, gens.completion_ids)),
+            "reward_sum": float(fresh_rewards.sum()), "rewarded": fresh_rewards.numel(),
+            "success": float(fresh_success.sum()), "zero_var": float(zero_variance(fresh_rewards).sum()),
+            "loss_sum": sums.get("loss_sum", 0.0), "seqs": len(completions), "kl_sum": sums.get("kl_sum", 0.0),
+            "ent_sum": sums.get("ent_sum", 0.0), "tok": sums.get("tok", 0.0), "t_gen": t_gen, "t_train": t_train,
+        }, extra={"zero_var_post": float(zero_variance(rewards).sum()), "fired": float(is_replay.any(-1).sum()),
+                  "w_sum": sums.get("w_sum", 0.0), "w_n": sums.get("w_n", 0.0)})
+        row.update({  # [RA-RLOO] mechanism metrics
+            "ra_zero_var_frac_post": x["zero_var_post"] / max(1, x["groups"]),
+            "ra_replay_fired_frac": x["fired"] / max(1, x["groups"]),
+            "ra_is_weight_mean": x["w_sum"] / x["w_n"] if x["w_n"] else None,
             "ra_buffer_prompts": sum(1 for b in buffers.values() if b),
-        }
-        if step % max(1, args.eval_every) == 0 or step == args.max_steps:
-            row.update(run_eval(step))
-        row["time_step_s"] = time.time() - t0
-        logger.log(row)
-        bar.set_postfix(reward=f"{row['reward_mean']:.3f}", zv=f"{row['frac_zero_var_groups']:.2f}",
-                        **({"eval": f"{row['eval_pass@1']:.3f}"} if "eval_pass@1" in row else {}))
-        state = {"sampler": sampler.state_dict(), "counters": counters,
-                 "buffers": {pid: list(b) for pid, b in buffers.items()}}
-        if (args.save_every and step % args.save_every == 0) or step == args.max_steps:
-            ckpt.save_checkpoint(args.output_dir, step, acc, model, tokenizer, opt, sched, state, args.keep_checkpoints)
-    logger.close()
-    return state
+        })
+        finish_step(run, step, row, t0, {"buffers": {pid: list(b) for pid, b in buffers.items()}})
 
 
 if __name__ == "__main__":

@@ -110,6 +110,27 @@ def sft_base_policy(model, tokenizer, recipe: BaseRecipe, log=print) -> dict:
     return {"sft_final_loss": float(np.mean(losses[-50:]))}
 
 
+@torch.no_grad()
+def evaluate_base(model, tokenizer, n_samples: int = 8) -> dict:
+    """Held-out greedy and sampled pass@1, and how groups of n_samples split (the regime RL sees)."""
+    from common import countdown
+    from common.generation import HFGenerator, SamplingConfig
+
+    _, held = countdown.make_splits()
+    gen = HFGenerator(model, tokenizer)
+    prompts = [tokenizer(countdown.prompt_text(p), add_special_tokens=False).input_ids for p in held]
+
+    def correct(g, n):
+        texts = tokenizer.batch_decode(g.completion_ids, skip_special_tokens=True)
+        return np.array([countdown.reward_binary(t, held[i // n]) for i, t in enumerate(texts)]).reshape(-1, n)
+
+    greedy = correct(gen.generate(prompts, 1, SamplingConfig(max_new_tokens=32, temperature=0.0)), 1)
+    k = correct(gen.generate(prompts, n_samples, SamplingConfig(max_new_tokens=32)), n_samples).sum(1)
+    return {"heldout_greedy_pass@1": float(greedy.mean()), "heldout_sampled_pass@1": float(k.mean() / n_samples),
+            f"groups_of_{n_samples}_all_fail": float((k == 0).mean()), f"groups_of_{n_samples}_all_pass": float((k == n_samples).mean()),
+            f"groups_of_{n_samples}_balanced_3_to_5": float(((k >= 3) & (k <= 5)).mean())}
+
+
 def ensure_embedded_base(recipe: BaseRecipe | None = None, log=print) -> Path:
     """Path of the cached embedded base policy, building it first if needed (atomic: tmp dir + rename)."""
     recipe = recipe or BaseRecipe()
@@ -122,6 +143,8 @@ def ensure_embedded_base(recipe: BaseRecipe | None = None, log=print) -> Path:
     tokenizer = build_char_tokenizer()
     model = build_tiny_model(recipe, len(tokenizer))
     info = sft_base_policy(model, tokenizer, recipe, log)
+    info.update(evaluate_base(model, tokenizer))
+    log(f"base policy held-out: {info}")
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

@@ -31,12 +31,17 @@ def _import_vllm(on_cpu: bool):
         raise SystemExit(INSTALL_HINT)
     if on_cpu:
         # Read by vLLM at import/engine start, so they must be set first. In-process engine core: the weight
-        # push hands tensors to the worker by reference. One OpenMP thread: the engine and the trainer share
-        # the cores, and with more threads each call was measured at 8-10 s instead of well under 1 s.
-        # 1 GiB of KV cache is plenty for the small CPU models this runs.
+        # push hands tensors to the worker by reference. 1 GiB of KV cache is plenty for the small CPU models
+        # this runs.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        if "OMP_NUM_THREADS" not in os.environ:
+            # One intra-op thread, for the trainer in this process too: on the shared 2-core machines spinning
+            # OpenMP workers made generation calls take seconds (8-10 s seen) instead of ~0.1 s, and a
+            # generate+train step was 1.5-2x faster with 1 thread. torch is already imported, so the env var
+            # alone would not reach it; and vLLM's CPU worker disables torch.set_num_threads once it starts.
+            os.environ["OMP_NUM_THREADS"] = "1"
+            torch.set_num_threads(1)
     else:
         # In-process on GPU too: collective_rpc then passes the CUDA weight tensors without pickling them.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -100,7 +105,7 @@ class VLLMGenerator:
             # holds the whole model and generates only its own prompts.
             kwargs["distributed_executor_backend"] = "external_launcher"
             kwargs["tensor_parallel_size"] = 1
-            self._ensure_process_group(world)
+            self._prepare_distributed(self.rank, local_rank, world, self.on_cpu)
 
         # vLLM seeds the global RNGs with `seed` while it starts; in-process those are the trainer's RNGs, so
         # keep the trainer's streams as they were.
@@ -112,14 +117,20 @@ class VLLMGenerator:
 
         self.sleep_enabled = sleep and not self.on_cpu
         self._asleep: set[str] = set()  # memory tags currently offloaded/freed ("weights", "kv_cache")
-        self._sleep()  # the trainer's first step usually comes before any generation: free the memory now
 
     @staticmethod
-    def _ensure_process_group(world: int) -> None:
-        # external_launcher reuses torch.distributed's default group; accelerate has made it, a bare torchrun
-        # has not. With a single process vLLM can make it itself from the env vars.
+    def _prepare_distributed(rank: int, local_rank: int, world: int, on_cpu: bool) -> None:
+        # external_launcher takes this process's rank from RANK/LOCAL_RANK (launchers set them; an accelerator
+        # passed in is the source of truth) and its GPU from LOCAL_RANK.
+        os.environ.setdefault("RANK", str(rank))
+        os.environ.setdefault("LOCAL_RANK", str(local_rank))
+        os.environ.setdefault("WORLD_SIZE", str(world))
+        if not on_cpu:
+            torch.cuda.set_device(local_rank)  # else every rank would first touch (and allocate on) GPU 0
+        # It also reuses torch.distributed's default group: accelerate has made one, a bare torchrun has not.
+        # With a single process vLLM makes it itself from the env vars.
         if world > 1 and not torch.distributed.is_initialized():
-            torch.distributed.init_process_group(backend="gloo" if not torch.cuda.is_available() else "nccl")
+            torch.distributed.init_process_group(backend="gloo" if on_cpu else "nccl")
 
     # ---- sleep mode (GPU only) ----
     def _sleep(self) -> None:

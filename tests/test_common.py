@@ -1,7 +1,6 @@
 """Tests for the shared building blocks in common/ (each fails if its logic is wrong)."""
 import json
 import math
-import random
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Literal, Optional
@@ -330,3 +329,30 @@ def test_accumulate_gradients_equals_full_batch(random_model_dir):
 
     assert torch.allclose(grads(4), grads(1), atol=1e-6)
     assert sum((my_slice(list(range(10)), type("A", (), {"num_processes": 3, "process_index": r})) for r in range(3)), []) == list(range(10))
+
+
+# ---------------- losses ----------------
+def test_kl_k3_is_zero_at_equality_and_positive_otherwise():
+    from common.losses import kl_k3
+
+    lp = torch.log(torch.tensor([0.2, 0.5, 0.9]))
+    assert torch.allclose(kl_k3(lp, lp), torch.zeros(3))
+    assert torch.all(kl_k3(lp, lp - 0.3) > 0)
+    # expectation under pi of k3 equals KL(pi||ref) for a categorical
+    p, q = torch.tensor([0.1, 0.6, 0.3]), torch.tensor([0.3, 0.3, 0.4])
+    assert torch.isclose((p * kl_k3(p.log(), q.log())).sum(), (p * (p / q).log()).sum(), atol=1e-6)
+
+
+def test_clipped_surrogate_clips_asymmetrically():
+    from common.losses import clipped_surrogate
+
+    old = torch.zeros(4)
+    logp = torch.log(torch.tensor([1.5, 1.5, 0.5, 1.1]))
+    adv = torch.tensor([1.0, -1.0, -1.0, 1.0])
+    loss, clipped = clipped_surrogate(logp, old, adv, eps_low=0.2, eps_high=0.28)
+    assert torch.allclose(loss, torch.tensor([-1.28, 1.5, 0.8, -1.1]), atol=1e-6)
+    assert clipped.tolist() == [1.0, 0.0, 1.0, 0.0]
+    logp.requires_grad_(True)
+    l, _ = clipped_surrogate(logp, old, adv)
+    l.sum().backward()
+    assert logp.grad[0] == 0 and logp.grad[2] == 0 and logp.grad[1] != 0  # no gradient once clipped

@@ -107,4 +107,4 @@ def test_two_processes_on_cpu(tiny_base, tmp_path):
     assert [r["step"] for r in rows] == [0, 1, 2]  # one writer, no duplicated rows
     assert rows[-1]["rollouts"] == 2 * 8 * 4  # both ranks' rollouts are counted
     state = torch.load(out / "checkpoint-2" / "trainer_state.pt", weights_only=False)
-    assert state["world_size"] == 2 and len(state["state"]["buffers"]) == 48
+    assert state["world_size"] == 2 and len(state["state"]["method"]["buffers"]) == 48

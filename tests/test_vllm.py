@@ -5,6 +5,11 @@ kernels then agree with `transformers` to ~1e-5 in log-prob; bf16 would not (~0.
 """
 import copy
 import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -26,20 +31,28 @@ PROMPTS = ["12+3=", "7*8=", "(1+2)*3=", "abc", "Using 3 5 7 make 22:"]
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-    from common.vllm_backend import VLLMGenerator
-
+def policy_dir(tmp_path_factory) -> Path:
     tok = build_char_tokenizer()
     model = build_tiny_model(BaseRecipe(), len(tok))
     with torch.no_grad():
         # The default init (std 0.02) gives near-uniform next-token distributions, where a wrong log-prob
         # would hide. 3x the tied embedding/head makes them peaked but not deterministic (mean log p ~ -2).
         model.model.embed_tokens.weight.mul_(3.0)
-    model.eval()
     path = tmp_path_factory.mktemp("policy")
     model.save_pretrained(path)
     tok.save_pretrained(path)
-    gen = VLLMGenerator(str(path), model, tok, seed=0, dtype="float32", max_model_len=256)
+    return path
+
+
+@pytest.fixture(scope="module")
+def setup(policy_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from common.vllm_backend import VLLMGenerator
+
+    tok = AutoTokenizer.from_pretrained(policy_dir)
+    model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).eval()
+    gen = VLLMGenerator(str(policy_dir), model, tok, seed=0, dtype="float32", max_model_len=256)
     prompts = [tok(s, add_special_tokens=False).input_ids for s in PROMPTS]
     return gen, model, tok, prompts
 
@@ -149,3 +162,42 @@ def test_missing_vllm_message(monkeypatch):
     monkeypatch.setattr(vllm_backend.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(SystemExit, match="--use_vllm needs vLLM: pip install -r requirements-vllm.txt"):
         vllm_backend._import_vllm(on_cpu=True)
+
+
+WORKER = """
+import os, sys, torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from common.generation import HFGenerator, SamplingConfig
+from common.vllm_backend import VLLMGenerator
+
+path = sys.argv[1]
+tok = AutoTokenizer.from_pretrained(path)
+model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+gen = VLLMGenerator(path, model, tok, seed=0, max_model_len=256)  # same seed on every rank, as a trainer would
+rank = int(os.environ["RANK"])
+prompts = [tok(f"{i}+{i}=", add_special_tokens=False).input_ids for i in range(3)]  # the same on every rank
+sampled = gen.generate(prompts, 2, SamplingConfig(max_new_tokens=12))
+with torch.no_grad():
+    model.model.embed_tokens.weight.mul_(1.3)
+gen.sync_weights(model)
+greedy = SamplingConfig(max_new_tokens=12, temperature=0.0)
+assert gen.generate(prompts, 1, greedy).completion_ids == HFGenerator(model, tok).generate(prompts, 1, greedy).completion_ids
+print(f"RANK {rank}/{torch.distributed.get_world_size()} OK", sampled.completion_ids, flush=True)
+"""
+
+
+def test_one_engine_per_rank_under_torchrun(policy_dir, tmp_path):
+    # Two ranks, each with its own in-process engine (external_launcher) and its own weight push.
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent(WORKER))
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(script), str(policy_dir)], cwd=root, env=env, capture_output=True, text=True,
+                          timeout=300)
+    ok = sorted(line for line in proc.stdout.splitlines() if line.startswith("RANK "))
+    assert proc.returncode == 0 and len(ok) == 2, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert ok[0].startswith("RANK 0/2 OK") and ok[1].startswith("RANK 1/2 OK")
+    assert ok[0].split("OK")[1] != ok[1].split("OK")[1]  # same prompts and seed, yet the rank enters the seeds

