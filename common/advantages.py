@@ -24,3 +24,25 @@ def grpo_advantages(rewards: torch.Tensor, scale: bool = True, eps: float = 1e-6
 def zero_variance(rewards: torch.Tensor, tol: float = 1e-9) -> torch.Tensor:
     """[num_groups] bool: every sample of the group got the same reward (so every advantage is 0)."""
     return (rewards.max(-1).values - rewards.min(-1).values) <= tol
+
+
+def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+                   lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-level GAE (Schulman et al., 2016) over [B, R] tensors: (advantages, returns = advantages + values).
+
+    δ_t = r_t + γ V_{t+1} - V_t,  A_t = δ_t + γλ A_{t+1}; the state after a row's last valid token is terminal
+    (V = 0). Positions with mask 0 (padding, masked tokens) are skipped: they are not actions, carry nothing
+    through, and get A = R = 0. Put rewards on valid positions (outcome reward: the last valid token).
+    """
+    b, r = rewards.shape
+    adv = torch.zeros_like(rewards)
+    last_adv = rewards.new_zeros(b)
+    next_value = rewards.new_zeros(b)
+    for t in reversed(range(r)):
+        valid = mask[:, t] > 0
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        a = delta + gamma * lam * last_adv
+        adv[:, t] = torch.where(valid, a, torch.zeros_like(a))
+        last_adv = torch.where(valid, a, last_adv)
+        next_value = torch.where(valid, values[:, t], next_value)
+    return adv, (adv + values) * (mask > 0)

@@ -25,6 +25,7 @@ class SamplingConfig:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     stop_token_ids: list[int] = field(default_factory=list)  # besides EOS
+    logprobs: bool = True  # False: skip them (evaluation), Generations.logprobs is then empty lists
 
 
 @dataclass
@@ -86,7 +87,7 @@ class HFGenerator:
                 else:
                     out_ids.append(row[: cut + 1])
                     out_reasons.append("stop")
-        logps = self._score(flat, out_ids, cfg.temperature, device)
+        logps = self._score(flat, out_ids, cfg.temperature, device) if cfg.logprobs else [[] for _ in out_ids]
         self.model.train(was_training)
         return Generations(prompt_ids=[list(p) for p in prompt_ids], completion_ids=out_ids,
                            logprobs=logps, finish_reasons=out_reasons, n=n)

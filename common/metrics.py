@@ -55,8 +55,11 @@ class MetricsLogger:
 def evaluate(generator, tokenizer, examples, encode, reward_fn, sampling, n_samples: int, accelerator,
              ks=(1, 4)) -> dict:
     """Held-out pass@1 (mean over n_samples) and unbiased pass@k; prompts are split across ranks."""
+    from dataclasses import replace
+
     from accelerate.utils import gather_object
 
+    sampling = replace(sampling, logprobs=False)
     mine = examples[accelerator.process_index::accelerator.num_processes]
     counts = []
     if mine:

@@ -106,7 +106,7 @@ def sft_base_policy(model, tokenizer, recipe: BaseRecipe, log=print) -> dict:
         opt.step()
         sched.step()
         losses.append(loss.item())
-        bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}")
+        bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}", refresh=False)
     return {"sft_final_loss": float(np.mean(losses[-50:]))}
 
 

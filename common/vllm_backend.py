@@ -178,7 +178,7 @@ class VLLMGenerator:
                 top_k=cfg.top_k if (cfg.top_k > 0 and not greedy) else -1,  # vLLM's "off" is -1
                 max_tokens=cfg.max_new_tokens,
                 stop_token_ids=stop_ids,
-                logprobs=0,  # only the sampled token's log-prob
+                logprobs=0 if cfg.logprobs else None,  # only the sampled token's log-prob
                 seed=self._request_seed(i),
                 detokenize=False,  # token ids are all we return; no stop strings to match
             )
@@ -199,7 +199,7 @@ class VLLMGenerator:
                 if c.finish_reason not in ("stop", "length"):
                     raise RuntimeError(f"vLLM request {out.request_id} ended with {c.finish_reason!r}")
                 completion_ids.append(ids)
-                logprobs.append([step[t].logprob for t, step in zip(ids, c.logprobs)])
+                logprobs.append([step[t].logprob for t, step in zip(ids, c.logprobs)] if cfg.logprobs else [])
                 reasons.append(c.finish_reason)
         return Generations(prompt_ids=[list(p) for p in prompt_ids], completion_ids=completion_ids,
                            logprobs=logprobs, finish_reasons=reasons, n=n)

@@ -1,0 +1,210 @@
+"""Multi-turn Countdown: a tool-using environment whose state can be restored by replaying actions.
+
+The single-turn task (common/countdown.py) asks for the whole solution in one completion. Here the
+agent acts one arithmetic step per turn and the environment applies it, answering with an observation:
+
+    14 1 10 t5          <- reset(): the task, in the single-turn prompt format
+    14-10=4             <- action 1 (the policy; the line the single-turn policy would write)
+    1 4 t5              <- observation 1 (the environment: the numbers still available, then the target)
+    4+1=5               <- action 2
+    solved              <- observation 2 (terminal)
+
+Actions keep the single-turn step format (`a op b=c`, the agent also states the result, the environment
+checks it), and observations restate the remaining numbers in the single-turn *prompt* format, so a policy
+trained on the text form reads every observation as "a (smaller) Countdown problem" -- its habits transfer.
+An episode ends when one number is left (reward 1 if it is the target), on an invalid action (unparsable,
+wrong arithmetic, a number that is not available; reward 0, or an error observation and another try with
+`invalid="retry"`), when the agent stops (an empty action, or an action ended by EOS before the last
+number), or after `max_turns` turns.
+
+The environment is pure and deterministic, so resetting a fresh one and re-executing a stored trajectory's
+first K actions (`replay`) restores the same state *and* the same conversation token for token: the
+prefix-replay primitive of Prefix Sampling. `Episode` is the token-level record a trainer needs: the
+interleaved completion, its loss mask (1 only on tokens the current policy generated) and the sampling
+log-probs.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Callable
+
+from common import countdown
+from common.countdown import Problem
+
+MAX_ACTION_CHARS = 32  # a longer action is invalid before any regex runs (bounds hostile input)
+
+
+@dataclass
+class StepResult:
+    observation: str
+    done: bool
+    reward: float
+    status: str  # "ok" | "solved" | "wrong" | "invalid" | "stopped" | "out_of_turns"
+
+
+def state_text(numbers: list[int], target: int) -> str:
+    """'1 4 t5\\n': available numbers (in order of appearance), then the target -- the prompt format."""
+    return " ".join(map(str, numbers)) + f" t{target}\n"
+
+
+class CountdownEnv:
+    """One episode of multi-turn Countdown. `reset()` then `step(action)` until `done`."""
+
+    def __init__(self, problem: Problem, max_turns: int = 4, invalid: str = "end"):
+        if invalid not in ("end", "retry"):
+            raise ValueError(f"invalid must be 'end' or 'retry', got {invalid!r}")
+        self.problem, self.max_turns, self.invalid = problem, max_turns, invalid
+        self.reset()
+
+    def reset(self) -> str:
+        self.numbers: list[int] = list(self.problem.nums)  # display order; a result is appended at the end
+        self.turns: list[tuple[str, str]] = []  # (action, observation)
+        self.done, self.reward, self.status = False, 0.0, "ok"
+        return countdown.prompt_text(self.problem)
+
+    @property
+    def state(self) -> tuple:
+        """Everything that determines the future of the episode (compared by the replay test)."""
+        return tuple(self.numbers), self.problem.target, len(self.turns), self.done, self.reward, self.status
+
+    def _parse(self, action: str):
+        """(a, op, b, c) if `action` is one valid, available step, else None. Never evaluates the text."""
+        if len(action) > MAX_ACTION_CHARS:
+            return None
+        m = countdown._STEP_RE.fullmatch(action)
+        if m is None:
+            return None
+        a, op, b, c = int(m[1]), m[2], int(m[3]), int(m[4])
+        if not countdown._step_arithmetic_ok(a, op, b, c):
+            return None
+        avail = list(self.numbers)
+        for x in (a, b):
+            if x not in avail:
+                return None
+            avail.remove(x)
+        return a, op, b, c
+
+    def step(self, action: str, final: bool = False) -> StepResult:
+        """Apply one action (its text without the newline/EOS that ended it). `final`: the agent ended its
+        turn with EOS, i.e. it considers itself finished after this action."""
+        if self.done:
+            raise RuntimeError("step() on a finished episode")
+        action = action[:-1] if action.endswith("\n") else action
+        parsed = None if not action else self._parse(action)
+        if not action:  # the agent stops (an empty turn): no answer
+            obs, self.done, self.status = "stopped\n", True, "stopped"
+        elif parsed is None:
+            self.status = "invalid"
+            self.done = self.invalid == "end" or final
+            obs = "invalid\n" if self.done else "invalid\n" + state_text(self.numbers, self.problem.target)
+        else:
+            a, _, b, c = parsed
+            self.numbers.remove(a)
+            self.numbers.remove(b)
+            self.numbers.append(c)
+            if len(self.numbers) == 1:
+                self.done = True
+                self.status = "solved" if c == self.problem.target else "wrong"
+                self.reward = 1.0 if self.status == "solved" else 0.0
+                obs = self.status + "\n"
+            elif final:
+                obs, self.done, self.status = "stopped\n", True, "stopped"
+            else:
+                obs, self.status = state_text(self.numbers, self.problem.target), "ok"
+        self.turns.append((action, obs))
+        if not self.done and len(self.turns) >= self.max_turns:
+            self.done, self.status = True, "out_of_turns"
+        return StepResult(obs, self.done, self.reward, self.status)
+
+
+def replay(problem: Problem, actions: list[str], max_turns: int = 4, invalid: str = "end") -> CountdownEnv:
+    """Reset a fresh environment and re-execute stored actions: the same state and the same observations
+    as when they were first taken (the environment is deterministic)."""
+    env = CountdownEnv(problem, max_turns, invalid)
+    for a in actions:
+        env.step(a)
+    return env
+
+
+# ----------------------------------------------------------------------------------------------------
+# Token-level episode record
+# ----------------------------------------------------------------------------------------------------
+
+@dataclass
+class Episode:
+    """One rollout as the trainer sees it: prompt + interleaved (action, observation) turns.
+
+    `ids` is the completion (every turn's action tokens then its observation tokens), `mask` is 1 only on
+    action tokens the current policy generated (observations and replayed actions are context, mask 0),
+    `old_logp` the sampling log-prob of each generated token (0 where masked). `steps` keeps each turn's
+    (action ids, observation ids): a prefix of K steps is `steps[:K]`.
+    """
+    group: int  # index of the task this rollout belongs to
+    ids: list[int] = field(default_factory=list)
+    mask: list[int] = field(default_factory=list)
+    old_logp: list[float] = field(default_factory=list)
+    steps: list[tuple[list[int], list[int]]] = field(default_factory=list)
+    replayed_steps: int = 0
+    reward: float = 0.0
+    env: CountdownEnv | None = None
+
+    def add_turn(self, action_ids: list[int], obs_ids: list[int], logps: list[float] | None = None) -> None:
+        """Append a turn; `logps` None means the action was replayed, not generated (mask 0)."""
+        replayed = logps is None
+        self.ids += list(action_ids) + list(obs_ids)
+        self.mask += [0 if replayed else 1] * len(action_ids) + [0] * len(obs_ids)
+        self.old_logp += ([0.0] * len(action_ids) if replayed else list(logps)) + [0.0] * len(obs_ids)
+        self.steps.append((list(action_ids), list(obs_ids)))
+        self.replayed_steps += replayed
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(self.mask)
+
+    @property
+    def replayed_tokens(self) -> int:
+        """Action tokens taken from a stored trajectory instead of being generated."""
+        return sum(len(a) for a, _ in self.steps[:self.replayed_steps])
+
+
+def replay_episode(problem: Problem, prefix: list[tuple[list[int], list[int]]], group: int,
+                   decode: Callable[[list[int]], str], encode: Callable[[str], list[int]],
+                   max_turns: int = 4, invalid: str = "end") -> Episode:
+    """[Prefix replay] A fresh environment re-executes the stored actions of `prefix`; the episode's context
+    is rebuilt turn by turn from the environment's own observations, and checked against the stored ones."""
+    ep = Episode(group, env=CountdownEnv(problem, max_turns, invalid))
+    for action_ids, stored_obs in prefix:
+        obs_ids = encode(ep.env.step(decode(action_ids)).observation)
+        if obs_ids != list(stored_obs):
+            raise RuntimeError("replay diverged from the stored trajectory (the environment must be deterministic)")
+        ep.add_turn(action_ids, obs_ids)  # no log-probs: replayed, mask 0
+    if ep.env.done:
+        raise ValueError("a replayed prefix must leave the episode unfinished")
+    return ep
+
+
+# ----------------------------------------------------------------------------------------------------
+# Tasks and reference episodes
+# ----------------------------------------------------------------------------------------------------
+
+def make_env_splits(n_numbers: int = 3, max_number: int = 20, seed: int = 0, n_eval: int = 256):
+    """(train, eval) problems for the environment; 3 numbers in 1..20 is exactly the single-turn task."""
+    return countdown.make_splits(seed=seed, n_eval=n_eval, n_numbers=n_numbers, hi=max_number)
+
+
+def solver_actions(problem: Problem, rng: random.Random) -> list[str]:
+    """A random correct action sequence (one per turn) from the exhaustive solver."""
+    return rng.choice(countdown.solutions(problem))
+
+
+def make_env_task(n_numbers: int = 3, max_number: int = 20, eval_prompts: int = 256, prompt_pool: int = 0):
+    """(train, eval) lists of `Example`s for the environment (the prompt is the reset observation).
+
+    With 3 numbers in 1..20 these are exactly the single-turn task's examples (same ids, same problems)."""
+    from common.data import Example
+
+    train_p, eval_p = make_env_splits(n_numbers, max_number)
+    train = [Example(i, countdown.prompt_text(p), p) for i, p in enumerate(train_p)]
+    evals = [Example(i, countdown.prompt_text(p), p) for i, p in enumerate(eval_p[:eval_prompts])]
+    return (train[:prompt_pool] if prompt_pool > 0 else train), evals

@@ -1,0 +1,120 @@
+"""Pólya-Gamma draws and the Gibbs sampler of PROS's two-layer logit-normal pass-rate model.
+
+Model (PROS Section 4): the pass rate of a query is θ = σ(ψ), with
+    ψ_root ~ N(μ0, τ0²),    ψ_child | ψ_root ~ N(ψ_root, σ²),    rewards ~ Bernoulli(θ),
+observed as s successes out of n trials per node. With exponential forgetting the counts are real numbers
+(`update_counts`), which the sampler accepts as they are.
+
+Pólya-Gamma augmentation (Polson, Scott & Windle 2013): with ω ~ PG(n, ψ) and κ = s - n/2 the likelihood
+σ(ψ)^s (1-σ(ψ))^(n-s) becomes Gaussian in ψ given ω, so every conditional below is Gaussian
+(PROS Propositions 4.1/4.2):
+    ω_i | ψ_i ~ PG(n_i, ψ_i)
+    ψ_child | ψ_root, ω:  V = 1/(1/σ² + ω),  m = V (ψ_root/σ² + κ)
+    ψ_root | children, ω: V0 = 1/(1/τ0² + C/σ² + ω_root),  m0 = V0 (μ0/τ0² + Σ_children ψ_child/σ² + κ_root)
+A sweep draws all ω, then all children given their roots, then all roots given their children, each block
+vectorised over the whole tree (numpy; one sweep at 10k nodes takes a few milliseconds).
+
+PG(b, c) sampler (`sample_pg`), for any real b >= 0: PG(b, c) has the exact series representation
+    ω = 1/(2π²) Σ_{k>=1} g_k / ((k - 1/2)² + c²/(4π²)),   g_k ~ Gamma(b, 1) i.i.d.
+We draw the first `terms` Gamma variables exactly and replace the remainder Σ_{k>terms} by one Gamma variable
+whose mean and variance equal the remainder's (b·S1 and b·S2 with S1 = Σ_{k>terms} 1/d_k, S2 = Σ 1/d_k²; both
+tail sums are exact: closed-form totals minus the first `terms` terms). Hence the mean b·tanh(c/2)/(2c) and the
+variance b·(sinh c - c)/(4c³cosh²(c/2)) of every draw are exact (to floating point); only the shape of the
+small remainder is approximated. At terms=10 the remainder carries at most 2% of the mean and < 3e-5 of the
+variance (at c=0; less for larger |c|), so higher moments are off by well under 1%. b = 0 gives ω = 0.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+_PI2 = np.pi ** 2
+
+
+def pg_moment_sums(c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(Σ_k 1/d_k, Σ_k 1/d_k²) over all k >= 1, d_k = (k-1/2)² + c²/(4π²); so E PG(b,c) = b·S1/(2π²), Var = b·S2/(4π⁴).
+
+    S1 = π² tanh(c/2)/c and S2 = π⁴ (2 tanh(c/2) - c sech²(c/2)) / c³; series near c = 0 avoid cancellation.
+    """
+    c = np.abs(np.asarray(c, dtype=np.float64))
+    small = c < 1e-2
+    cs = np.where(small, 1.0, c)  # placeholder where the series is used
+    s1 = np.where(small, _PI2 * (0.5 - c ** 2 / 24 + c ** 4 / 240), _PI2 * np.tanh(cs / 2) / cs)
+    sech2 = 1.0 / np.cosh(np.minimum(cs / 2, 350.0)) ** 2  # underflows gracefully to 0 for large c
+    s2 = np.where(small, _PI2 ** 2 * (1 / 6 - c ** 2 / 30 + 17 * c ** 4 / 3360),
+                  _PI2 ** 2 * (2 * np.tanh(cs / 2) - cs * sech2) / cs ** 3)
+    return s1, s2
+
+
+def pg_mean(b, c) -> np.ndarray:
+    """E PG(b, c) = b tanh(c/2) / (2c), b/4 at c = 0."""
+    return np.asarray(b, dtype=np.float64) * pg_moment_sums(c)[0] / (2 * _PI2)
+
+
+def pg_var(b, c) -> np.ndarray:
+    """Var PG(b, c) = b (sinh c - c) / (4 c³ cosh²(c/2)), b/24 at c = 0."""
+    return np.asarray(b, dtype=np.float64) * pg_moment_sums(c)[1] / (4 * _PI2 ** 2)
+
+
+def sample_pg(b, c, rng: np.random.Generator, terms: int = 10) -> np.ndarray:
+    """ω ~ PG(b, c) elementwise (b >= 0 real, c real), truncated series + moment-matched Gamma remainder (module doc)."""
+    b = np.asarray(b, dtype=np.float64)
+    c = np.asarray(c, dtype=np.float64)
+    b, c = np.broadcast_arrays(b, c)
+    if np.any(b < 0):
+        raise ValueError("PG(b, c) needs b >= 0")
+    if terms < 1:
+        raise ValueError("terms must be >= 1")
+    k = np.arange(1, terms + 1, dtype=np.float64)
+    d = (k - 0.5) ** 2 + (c[..., None] / (2 * np.pi)) ** 2  # [..., terms]
+    g = rng.standard_gamma(np.broadcast_to(b[..., None], d.shape))  # Gamma(0) = 0 exactly
+    head = (g / d).sum(-1)
+    s1, s2 = pg_moment_sums(c)
+    t1 = np.maximum(s1 - (1 / d).sum(-1), 1e-300)  # remainder sums Σ_{k>terms}
+    t2 = np.maximum(s2 - (1 / d ** 2).sum(-1), 1e-300)
+    shape = b * t1 * t1 / t2  # Gamma(shape, scale) with mean b·t1 and variance b·t2
+    tail = rng.standard_gamma(shape) * (t2 / t1)
+    return np.where(b > 0, (head + tail) / (2 * _PI2), 0.0)
+
+
+def update_counts(s: np.ndarray, n: np.ndarray, nodes, succ, trials, forget: float) -> tuple[np.ndarray, np.ndarray]:
+    """Exponential forgetting (PROS Section 4): every count is multiplied by λ = `forget`, then this step's
+    observations (successes `succ` of `trials` at `nodes`, repeats allowed) are added. Returns new arrays."""
+    if not 0 < forget <= 1:
+        raise ValueError("forget must be in (0, 1]")
+    s, n = s * forget, n * forget
+    np.add.at(s, np.asarray(nodes, dtype=np.int64), np.asarray(succ, dtype=np.float64))
+    np.add.at(n, np.asarray(nodes, dtype=np.int64), np.asarray(trials, dtype=np.float64))
+    return s, n
+
+
+def gibbs_sweeps(psi: np.ndarray, parent: np.ndarray, s: np.ndarray, n: np.ndarray, mu0: float, tau0: float,
+                 sigma: float, sweeps: int, rng: np.random.Generator, terms: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """Run `sweeps` Gibbs sweeps of the two-layer model from state `psi` (module doc for the conditionals).
+
+    parent[i] = -1 for a root, else the index of i's root (two layers: a root's parent is always -1).
+    Returns (the final state ψ, the mean of σ(ψ) over the sweeps: a Monte Carlo posterior-mean estimate θ̂).
+    """
+    psi = np.array(psi, dtype=np.float64, copy=True)
+    parent = np.asarray(parent, dtype=np.int64)
+    s, n = np.asarray(s, dtype=np.float64), np.asarray(n, dtype=np.float64)
+    num = len(psi)
+    ch = np.flatnonzero(parent >= 0)
+    rt = np.flatnonzero(parent < 0)
+    par = parent[ch]
+    if len(ch) and np.any(parent[par] >= 0):
+        raise ValueError("gibbs_sweeps: a child's parent must be a root (two-layer tree)")
+    n_child = np.bincount(par, minlength=num)[rt].astype(np.float64)
+    kappa = s - n / 2
+    inv_s2, inv_t2 = 1.0 / sigma ** 2, 1.0 / tau0 ** 2
+    theta_sum = np.zeros(num)
+    for _ in range(sweeps):
+        omega = sample_pg(n, psi, rng, terms)
+        # children | root, ω   (Prop. 4.1)
+        v = 1.0 / (inv_s2 + omega[ch])
+        psi[ch] = v * (psi[par] * inv_s2 + kappa[ch]) + np.sqrt(v) * rng.standard_normal(len(ch))
+        # roots | children, ω  (Prop. 4.2)
+        child_sum = np.bincount(par, weights=psi[ch], minlength=num)[rt]
+        v0 = 1.0 / (inv_t2 + n_child * inv_s2 + omega[rt])
+        psi[rt] = v0 * (mu0 * inv_t2 + child_sum * inv_s2 + kappa[rt]) + np.sqrt(v0) * rng.standard_normal(len(rt))
+        theta_sum += 1.0 / (1.0 + np.exp(-psi))
+    return psi, theta_sum / max(1, sweeps)

@@ -1,0 +1,110 @@
+"""Reinforce-Ada-Est: the discounted Beta estimator, the budget allocation, the weighted advantage,
+and the script end to end (recurring prompts, estimator state across an exact resume)."""
+import json
+import math
+import random
+
+import pytest
+
+from ada_est import Args, allocate_budget, allocation_weights, est_advantages, estimate, update_counts
+from conftest import run_script
+
+
+def test_estimator_worked_example():
+    assert estimate(None, 1.0, 16.0) == pytest.approx(1 / 17)  # unseen prompt: the prior mean
+    c = update_counts(None, 8, 2, lam=0.9)  # first visit: 2 of 8 right
+    assert c == (8.0, 2.0) and estimate(c, 1.0, 16.0) == pytest.approx(3 / 25)
+    c = update_counts(c, 4, 0, lam=0.9)  # second visit: 0 of 4; old counts decay by lambda
+    assert c == pytest.approx((0.9 * 8 + 4, 0.9 * 2)) and estimate(c, 1.0, 16.0) == pytest.approx(2.8 / 28.2)
+    assert estimate(update_counts(None, 4, 0, 0.9), 1.0, 16.0) > 0  # zero successes never give p_hat = 0
+
+
+def test_allocation_weights_favour_hard_prompts():
+    hyb = allocation_weights([0.01, 0.25, 0.99], "hybrid", 0.0)
+    imp = allocation_weights([0.01, 0.25, 0.99], "implicit", 0.0)
+    assert hyb == pytest.approx([10.0, 2.0, 1 / math.sqrt(0.99)])
+    assert imp == pytest.approx([100.0, 4.0, 1 / 0.99])
+
+
+def test_allocation_proportional_bounded_and_exact():
+    assert allocate_budget([1, 2, 3, 4], 20, 1, 32) == [2, 4, 6, 8]  # no bound binds: exactly proportional
+    # the heavy prompt hits n_max; the rest share what is left (8/3 each), remainders to the earlier prompts
+    assert allocate_budget([1, 1, 1, 100], 16, 2, 8) == [3, 3, 2, 8]
+    assert allocate_budget([1, 1000], 10, 2, 32) == [2, 8]  # the light prompt is held at n_min
+    rng = random.Random(0)
+    for _ in range(300):
+        k = rng.randint(1, 40)
+        n_min = rng.randint(1, 4)
+        n_max = rng.randint(n_min, 40)
+        total = rng.randint(n_min * k, n_max * k)
+        w = [rng.choice([rng.uniform(0.5, 2.0), rng.uniform(1.0, 50.0)]) for _ in range(k)]
+        a = allocate_budget(w, total, n_min, n_max)
+        assert sum(a) == total and all(n_min <= x <= n_max for x in a)
+        assert all(a[i] >= a[j] for i in range(k) for j in range(k) if w[i] > w[j])  # harder never gets fewer
+    with pytest.raises(ValueError):
+        allocate_budget([1, 1], 100, 2, 32)
+
+
+def test_advantage_worked_example():
+    adv, alpha = est_advantages([1.0, 0.0, 0.0, 0.0], "hybrid", 0.01)
+    assert alpha == pytest.approx(1 / math.sqrt(0.26))
+    assert adv == pytest.approx([0.75 * alpha, -0.25 * alpha, -0.25 * alpha, -0.25 * alpha])
+    adv, alpha = est_advantages([1.0, 0.0, 0.0, 0.0], "implicit", 0.01)
+    assert alpha == 1.0 and adv == pytest.approx([0.75, -0.25, -0.25, -0.25])
+    # an easy prompt's advantages are scaled down relative to a hard one's
+    assert est_advantages([1.0, 1.0, 1.0, 0.0], "hybrid", 0.01)[1] < est_advantages([1.0, 0, 0, 0], "hybrid", 0.01)[1]
+    assert est_advantages([0.0, 0.0], "hybrid", 0.01)[0] == [0.0, 0.0]
+
+
+def test_args_validation():
+    assert Args().budget() == 8 * 32 and Args().prompt_pool > 0  # the default task makes prompts recur
+    with pytest.raises(SystemExit):
+        Args(total_budget=32 * 40).validate()  # more than n_max per prompt
+    with pytest.raises(SystemExit):
+        Args(lam=0.0).validate()
+
+
+def test_every_flag_is_documented():
+    from dataclasses import fields
+
+    from common.cli import field_docs
+
+    docs = field_docs(Args)
+    assert not [f.name for f in fields(Args) if not docs.get(f.name)]
+    out = run_script(["ada_est.py", "--help"]).stdout
+    assert all(f"--{f.name}" in out for f in fields(Args))
+
+
+def _rows(path):
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
+
+
+def test_recurring_prompts_and_exact_resume(tiny_base, tmp_path):
+    full, part = tmp_path / "full", tmp_path / "part"
+    # 8 prompts, 8 per step: every prompt recurs every step. Shaped reward with a low threshold, so that
+    # the barely trained test policy has some "positives" and the estimates differ between prompts.
+    base = ["ada_est.py", "--model_name_or_path", tiny_base, "--eval_every", "2", "--save_every", "2",
+            "--prompt_pool", "8", "--prompts_per_step", "8", "--total_budget", "40", "--n_min", "2", "--n_max", "10",
+            "--reward", "shaped", "--positive_threshold", "0.01", "--eval_prompts", "8", "--eval_samples", "4",
+            "--max_new_tokens", "20", "--num_threads", "1"]
+    run_script([*base, "--output_dir", str(full), "--max_steps", "4"])
+    run_script([*base, "--output_dir", str(part), "--max_steps", "2"])  # "killed" after step 2
+    run_script([*base, "--output_dir", str(part), "--max_steps", "4", "--resume", "auto"])
+    a, b = _strip(_rows(full)), _strip(_rows(part))
+    assert [r["step"] for r in b] == [0, 1, 2, 3, 4]
+    assert a == b  # the per-prompt counts were restored: same estimates, allocations and losses
+    rows = a[1:]
+    # step 1: no history, every prompt at the prior mean, so the allocation is uniform
+    assert rows[0]["est_frac_prompts_with_history"] == 0.0 and rows[0]["est_calibration_error"] is None
+    assert rows[0]["est_p_hat_mean"] == pytest.approx(1 / 17) and rows[0]["est_alloc_min"] == rows[0]["est_alloc_max"] == 5
+    for i, r in enumerate(rows[1:], start=2):
+        assert r["est_frac_prompts_with_history"] == 1.0 and r["est_calibration_error"] is not None
+        assert r["est_prompts_tracked"] == 8
+    for i, r in enumerate(rows, start=1):
+        assert r["est_samples_step"] == 40 and r["rollouts"] == 40 * i  # every generated sample is counted
+        assert 2 <= r["est_alloc_min"] <= r["est_alloc_mean"] == 5 <= r["est_alloc_max"] <= 10
+    assert any(r["est_alloc_max"] > r["est_alloc_min"] for r in rows[1:])  # history made the allocation uneven

@@ -1,0 +1,240 @@
+"""Reinforce-Ada-Seq: exit rules, multi-round sampling, downsampling, global-statistics advantages,
+Appendix D's Bernoulli cost simulation, and the script end to end (GRPO-n mode, exact resume)."""
+import json
+import math
+import random
+
+import pytest
+import torch
+
+from ada_seq import (Args, downsample, exit_reached, global_advantages, multi_round_sampling, seq_metrics)
+from common.advantages import grpo_advantages
+from conftest import run_script
+
+THR = 0.7
+
+
+# ---------------------------------------------------------------- exit rules and phase 1
+
+
+def test_exit_rules():
+    assert exit_reached([1, 1, 0], "positive", 2, 2, THR)
+    assert not exit_reached([1, 0, 0, 0], "positive", 2, 2, THR)
+    assert not exit_reached([1, 1, 1, 1], "balanced", 2, 2, THR)  # all positive: no negatives yet
+    assert not exit_reached([0.7] * 8, "balanced", 1, 1, THR)  # 0.7 is not > 0.7: all negative
+    assert exit_reached([1, 0, 0.5, 1], "balanced", 2, 2, THR)  # shaped 0.5 counts as negative
+
+
+def _scripted(outcomes):
+    """sample_round stand-in: prompt i's r-th draw is outcomes[i][r % len]; records every call."""
+    calls, drawn = [], {}
+
+    def sample_round(active, m):
+        calls.append(list(active))
+        out = []
+        for i in active:
+            k = drawn.get(i, 0)
+            out.append([outcomes[i][(k + j) % len(outcomes[i])] for j in range(m)])
+            drawn[i] = k + m
+        return out
+    return sample_round, calls
+
+
+def test_multi_round_sampling_retires_prompts_and_caps_rounds():
+    # prompt 0 always passes, 1 always fails, 2 is mixed, 3 passes one time in 8 (first success in round 2)
+    outcomes = [[1.0], [0.0], [1.0, 0.0], [0.0] * 7 + [1.0]]
+    sr, calls = _scripted(outcomes)
+    done = lambda rs: exit_reached(rs, "balanced", 1, 1, THR)  # noqa: E731
+    pools, exits = multi_round_sampling(4, sr, done, max_rounds=3, m=4)
+    assert exits == [None, None, 1, 2]
+    assert calls == [[0, 1, 2, 3], [0, 1, 3], [0, 1]]  # only active prompts are sampled again
+    assert [len(p) for p in pools] == [12, 12, 4, 8]
+    sr, calls = _scripted(outcomes)
+    pools, exits = multi_round_sampling(4, sr, lambda rs: exit_reached(rs, "positive", 1, 0, THR), 3, 4)
+    assert exits == [1, None, 1, 2] and calls == [[0, 1, 2, 3], [1, 3], [1]]
+    # one round of n: nothing adaptive (GRPO-n)
+    sr, calls = _scripted(outcomes)
+    pools, exits = multi_round_sampling(4, sr, done, 1, 4)
+    assert calls == [[0, 1, 2, 3]] and [len(p) for p in pools] == [4] * 4
+
+
+# ---------------------------------------------------------------- phase 2: downsampling
+
+
+@pytest.mark.parametrize("pool,n,expect_pos", [
+    ([0.0] * 8, 4, 0),  # all negative (unfinished prompt): n negatives
+    ([1.0] * 8, 4, 4),  # all positive: n positives
+    ([1.0] + [0.0] * 7, 4, 1),  # positives short: negatives top up
+    ([1.0] * 7 + [0.0], 4, 3),  # negatives short: positives top up
+    ([1.0] * 3 + [0.0] * 13, 4, 2),  # both plentiful: n//2 positives
+    ([1.0] * 3 + [0.0] * 13, 5, 2),  # odd n: n//2 positives, the rest negatives
+    ([0.1, 1.0, 0.5, 0.0], 4, 1),  # pool of exactly n: everything kept
+])
+def test_downsample_counts(pool, n, expect_pos):
+    keep = downsample(pool, n, THR, random.Random(0))
+    assert len(keep) == n == len(set(keep)) and keep == sorted(keep)
+    assert sum(pool[j] > THR for j in keep) == expect_pos
+
+
+def test_downsample_is_a_seeded_random_choice():
+    pool = [1.0] * 6 + [0.0] * 10
+    picks = {tuple(downsample(pool, 4, THR, random.Random(s))) for s in range(20)}
+    assert len(picks) > 1  # not simply the first ones generated
+    assert downsample(pool, 4, THR, random.Random(3)) == downsample(pool, 4, THR, random.Random(3))
+    with pytest.raises(ValueError):
+        downsample([1.0, 0.0], 4, THR, random.Random(0))
+
+
+# ---------------------------------------------------------------- global-statistics advantages
+
+
+def test_global_advantages_worked_example():
+    pool = [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0] * 2  # 16 responses, 2 positive: p_hat = 1/8
+    kept = [1.0, 1.0, 0.0, 0.0]  # the balanced downsample
+    adv = global_advantages(kept, pool, THR, std_norm=False, weight="none")
+    assert adv == pytest.approx([0.875, 0.875, -0.125, -0.125])  # baseline 1/8, not the kept mean 1/2
+    assert adv != pytest.approx(grpo_advantages(torch.tensor([kept]), scale=False)[0].tolist())
+    assert global_advantages(kept, pool, THR, False, "inv_p") == pytest.approx([7.0, 7.0, -1.0, -1.0])
+    assert global_advantages(kept, pool, THR, False, "inv_sqrt_p") == pytest.approx(
+        [0.875 * math.sqrt(8), 0.875 * math.sqrt(8), -0.125 * math.sqrt(8), -0.125 * math.sqrt(8)])
+    std = math.sqrt(0.125 * 0.875)
+    assert global_advantages(kept, pool, THR, True, "none") == pytest.approx(
+        [0.875 / std, 0.875 / std, -0.125 / std, -0.125 / std], rel=1e-4)
+    # all-fail pool: zero advantages, and the 1/p_hat weight stays finite (p_hat floored at 1/N)
+    assert global_advantages([0.0] * 4, [0.0] * 32, THR, True, "inv_p") == [0.0] * 4
+
+
+def test_one_round_of_n_is_grpo():
+    rewards = [1.0, 0.0, 0.0, 1.0]
+    keep = downsample(rewards, 4, THR, random.Random(0))
+    adv = global_advantages([rewards[j] for j in keep], rewards, THR, False, "none")
+    assert keep == [0, 1, 2, 3]
+    assert adv == pytest.approx(grpo_advantages(torch.tensor([rewards]), scale=False)[0].tolist())
+    assert global_advantages(rewards, rewards, THR, True, "none") == pytest.approx(
+        grpo_advantages(torch.tensor([rewards]))[0].tolist(), rel=1e-4)
+
+
+def test_seq_metrics():
+    m = seq_metrics([8, 16, 32, 32], [1, 2, None, 4], [False, False, True, False], n=4, max_rounds=4)
+    assert m["ada_samples_step"] == 88 and m["ada_samples_per_prompt_mean"] == 22
+    assert m["ada_samples_per_prompt_max"] == 32 and m["ada_inference_cost_rel"] == 88 / 16
+    assert m["ada_rounds_used"] == 4 and m["ada_frac_unfinished"] == 0.25
+    assert [m[f"ada_active_after_round_{r}"] for r in (1, 2, 3, 4)] == [0.75, 0.5, 0.5, 0.25]
+    assert m["ada_frac_zero_var_groups_post"] == 0.25
+
+
+# ---------------------------------------------------------------- Appendix D: Bernoulli(p) simulator
+
+
+def _cost(p, rule, k, m, max_rounds, sims, seed):
+    """Mean responses generated per prompt by phase 1 when every response is a Bernoulli(p) success."""
+    rng = random.Random(seed)
+    sample_round = lambda active, mm: [[float(rng.random() < p) for _ in range(mm)] for _ in active]  # noqa: E731
+    done = lambda rs: exit_reached(rs, rule, k, k, THR)  # noqa: E731
+    pools, _ = multi_round_sampling(sims, sample_round, done, max_rounds, m)
+    return sum(map(len, pools)) / sims
+
+
+def _capped_negbin_mean(p, k, cap):
+    """E[min(T, cap)] for T = draws until the k-th success: sum_{t < cap} P(fewer than k successes in t draws)."""
+    return sum(sum(math.comb(t, j) * p ** j * (1 - p) ** (t - j) for j in range(k)) for t in range(cap))
+
+
+@pytest.mark.parametrize("p,k", [(0.5, 1), (0.2, 1), (0.25, 4), (0.1, 2)])
+def test_positive_rule_costs_k_over_p(p, k):
+    # one response per round and a budget that never binds: E[N] = K/p (Sec. 3.2)
+    assert _cost(p, "positive", k, 1, 2000, 3000, seed=1) == pytest.approx(k / p, rel=0.06)
+
+
+@pytest.mark.parametrize("p,k,m,n_max", [(0.02, 1, 1, 32), (0.05, 2, 1, 32), (0.04, 2, 4, 32)])
+def test_positive_rule_is_capped_by_the_budget(p, k, m, n_max):
+    cost = _cost(p, "positive", k, m, n_max // m, 3000, seed=2)
+    assert cost <= n_max and cost < k / p  # the cap binds
+    if m == 1:
+        assert cost == pytest.approx(_capped_negbin_mean(p, k, n_max), rel=0.03)
+
+
+def test_balanced_cost_is_u_shaped_in_p():
+    # App. D / Fig. 10 setting: N_max = 64, rounds of k_batch = N_max/8 = 8
+    ps = [0.03, 0.1, 0.2, 0.35, 0.5, 0.65, 0.8, 0.9, 0.97]
+    cost = {p: _cost(p, "balanced", 2, 8, 8, 1500, seed=3) for p in ps}
+    low = min(cost, key=cost.get)
+    assert 0.2 <= low <= 0.8  # cheapest in the middle ...
+    assert cost[0.03] > 2 * cost[0.5] and cost[0.97] > 2 * cost[0.5]  # ... dearest at both ends
+    assert all(cost[a] >= cost[b] - 0.5 for a, b in zip(ps, ps[1:]) if b <= 0.35)  # falls towards the middle
+    assert all(cost[a] - 0.5 <= cost[b] for a, b in zip(ps, ps[1:]) if a >= 0.65)  # and rises after it
+    assert cost[0.1] == pytest.approx(cost[0.9], rel=0.1)  # K_pos = K_neg: symmetric in p <-> 1 - p
+    # the positive rule has no right arm: its cost only falls as p grows
+    pos = [_cost(p, "positive", 2, 8, 8, 1500, seed=4) for p in ps]
+    assert pos[-1] == 8 and pos[0] > pos[4] >= pos[-1]
+
+
+# ---------------------------------------------------------------- flags
+
+
+def test_args_validation_and_defaults():
+    a = Args()
+    assert a.quotas() == (2, 2) and Args(final_keep_per_prompt=5).quotas() == (2, 3)
+    with pytest.raises(SystemExit):
+        Args(round_repeat=2).validate()  # M < n
+    with pytest.raises(SystemExit):
+        Args(max_rounds=0).validate()
+
+
+def test_every_flag_is_documented():
+    from dataclasses import fields
+
+    from common.cli import field_docs
+
+    docs = field_docs(Args)
+    assert not [f.name for f in fields(Args) if not docs.get(f.name)]
+    out = run_script(["ada_seq.py", "--help"]).stdout
+    assert all(f"--{f.name}" in out for f in fields(Args))
+
+
+# ---------------------------------------------------------------- end to end
+
+
+COMMON = ["--prompts_per_step", "8", "--eval_prompts", "8", "--eval_samples", "4", "--max_new_tokens", "20",
+          "--num_threads", "1"]
+
+
+def _rows(path):
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
+
+
+def test_grpo_n_mode_generates_exactly_n(tiny_base, tmp_path):
+    run_script(["ada_seq.py", "--model_name_or_path", tiny_base, "--output_dir", str(tmp_path), "--max_steps", "2",
+                "--eval_every", "0", "--prompt_pool", "48", "--max_rounds", "1", "--round_repeat", "4", *COMMON])
+    rows = _rows(tmp_path)[1:]
+    assert [r["rollouts"] for r in rows] == [32, 64]
+    assert all(r["ada_inference_cost_rel"] == 1.0 and r["ada_rounds_used"] == 1 for r in rows)
+    assert all(r["ada_frac_zero_var_groups_post"] == r["frac_zero_var_groups"] for r in rows)
+
+
+def test_balanced_run_and_exact_resume(tiny_base, tmp_path):
+    full, part = tmp_path / "full", tmp_path / "part"
+    base = ["ada_seq.py", "--model_name_or_path", tiny_base, "--eval_every", "2", "--save_every", "2",
+            "--prompt_pool", "16", "--round_repeat", "4", "--max_rounds", "3", *COMMON]
+    run_script([*base, "--output_dir", str(full), "--max_steps", "4"])
+    run_script([*base, "--output_dir", str(part), "--max_steps", "2"])  # "killed" after step 2
+    run_script([*base, "--output_dir", str(part), "--max_steps", "4", "--resume", "auto"])
+    a, b = _strip(_rows(full)), _strip(_rows(part))
+    assert [r["step"] for r in b] == [0, 1, 2, 3, 4]
+    assert a == b  # same rounds, downsampling draws, losses and eval after the resume
+    rows = a[1:]
+    keys = {"ada_samples_per_prompt_mean", "ada_samples_per_prompt_max", "ada_rounds_used", "ada_frac_unfinished",
+            "ada_frac_zero_var_groups_post", "ada_inference_cost_rel", "ada_active_after_round_1",
+            "ada_active_after_round_3", "eval_pass@1", "frac_zero_var_groups", "loss", "entropy"}
+    assert keys <= set(rows[-1])
+    assert rows[-1]["rollouts"] == sum(r["ada_samples_step"] for r in rows)  # every round's samples are counted
+    for r in rows:
+        assert 1.0 <= r["ada_inference_cost_rel"] <= 3.0 and r["ada_samples_per_prompt_max"] <= 12
+        # a prompt whose first n responses disagree keeps both kinds: downsampling never adds zero variance
+        assert r["ada_frac_zero_var_groups_post"] <= r["frac_zero_var_groups"]
+        assert r["ada_active_after_round_1"] >= r["ada_active_after_round_2"] >= r["ada_frac_unfinished"]
+    assert any(r["ada_rounds_used"] > 1 for r in rows)  # some prompts needed more rounds
