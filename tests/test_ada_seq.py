@@ -216,6 +216,18 @@ def test_grpo_n_mode_generates_exactly_n(tiny_base, tmp_path):
     assert all(r["ada_frac_zero_var_groups_post"] == r["frac_zero_var_groups"] for r in rows)
 
 
+def test_exit_condition_stops_sampling(tiny_base, tmp_path):
+    # threshold -1: every response is "positive", so SEQ-POS retires every prompt after round 1, while
+    # SEQ-BALANCE (in the resume test below) never finds a negative and runs all rounds
+    run_script(["ada_seq.py", "--model_name_or_path", tiny_base, "--output_dir", str(tmp_path), "--max_steps", "2",
+                "--eval_every", "0", "--prompt_pool", "48", "--exit_condition", "positive", "--positive_threshold",
+                "-1", "--round_repeat", "8", "--max_rounds", "3", *COMMON])
+    rows = _rows(tmp_path)[1:]
+    assert [r["rollouts"] for r in rows] == [64, 128] and all(r["pass_rate"] == 1.0 for r in rows)
+    assert all(r["ada_rounds_used"] == 1 and r["ada_active_after_round_1"] == 0.0 for r in rows)
+    assert all(r["ada_inference_cost_rel"] == 2.0 and r["ada_frac_unfinished"] == 0.0 for r in rows)
+
+
 def test_balanced_run_and_exact_resume(tiny_base, tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
     base = ["ada_seq.py", "--model_name_or_path", tiny_base, "--eval_every", "2", "--save_every", "2",
@@ -238,3 +250,5 @@ def test_balanced_run_and_exact_resume(tiny_base, tmp_path):
         assert r["ada_frac_zero_var_groups_post"] <= r["frac_zero_var_groups"]
         assert r["ada_active_after_round_1"] >= r["ada_active_after_round_2"] >= r["ada_frac_unfinished"]
     assert any(r["ada_rounds_used"] > 1 for r in rows)  # some prompts needed more rounds
+    if all(r["pass_rate"] == 0 for r in rows):  # the test policy fails everything: nothing ever exits
+        assert all(r["ada_frac_unfinished"] == 1.0 and r["ada_inference_cost_rel"] == 3.0 for r in rows)

@@ -201,3 +201,18 @@ def test_one_engine_per_rank_under_torchrun(policy_dir, tmp_path):
     assert proc.returncode == 0 and len(ok) == 2, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert ok[0].startswith("RANK 0/2 OK") and ok[1].startswith("RANK 1/2 OK")
     assert ok[0].split("OK")[1] != ok[1].split("OK")[1]  # same prompts and seed, yet the rank enters the seeds
+
+
+def test_ra_rloo_end_to_end_with_vllm(tiny_base, tmp_path):
+    """The whole script on the vLLM backend: generation, weight push each step, eval, checkpoint."""
+    import json
+
+    from conftest import run_script
+
+    out = tmp_path / "ra_vllm"
+    run_script(["ra_rloo.py", "--use_vllm", "--model_name_or_path", tiny_base, "--output_dir", str(out),
+                "--max_steps", "3", "--eval_every", "3", "--prompt_pool", "24", "--prompts_per_step", "8",
+                "--eval_prompts", "8", "--eval_samples", "4", "--max_new_tokens", "20"])
+    rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3] and rows[-1]["rollouts"] == 3 * 8 * 4
+    assert "eval_pass@1" in rows[-1] and (out / "checkpoint-3" / "model.safetensors").exists()
