@@ -14,6 +14,13 @@ realisation puts 1/sqrt(p) into the sampling budget and the other 1/sqrt(p) into
 The estimator only helps when prompts recur, so the default trains on a fixed pool of `prompt_pool`
 prompts for many epochs. Lines marked [EST] are what the paper adds to plain GRPO.
 
+Choices made here: the allocation is computed for the whole global batch on every rank (the estimator
+state is identical everywhere), then each rank samples its slice; integer budgets come from bisection on
+the proportionality constant plus largest-remainder rounding (see `allocate_budget`). Token losses are
+summed over ALL responses and divided by a constant (total_budget x max_new_tokens), so a prompt's weight
+in the update grows with its N_x (the sampling half of the weight). k_t counts responses with reward >
+positive_threshold. pi_old is the sampling policy; one optimizer step per batch by default.
+
     python ada_est.py                                  # hybrid 1/sqrt(p) on 256 recurring Countdown prompts
     python ada_est.py --weighting implicit             # N_x ∝ 1/p, no residual weight (App. C.2 ablation)
     accelerate launch ada_est.py --model_name_or_path Qwen/Qwen2.5-Math-1.5B --dataset openai/gsm8k \
@@ -39,10 +46,8 @@ from common.runtime import accumulate_gradients, core_metrics, finish_step, my_s
 
 @dataclass
 class Args(BaseArgs):
-    max_steps: int = 60
-    """number of policy updates (one batch of prompts each); 60 x 32 prompts = 7.5 epochs over the default pool, under 10 minutes on 2 CPU cores"""
     prompt_pool: int = 256
-    """[EST] train on only the first N prompts so that they recur and the per-prompt estimate has history (0 = all)"""
+    """[EST] train on only the first N prompts so that they recur and the estimates have history (0 = all); 256 with 32 prompts per step: every prompt is revisited every 8 steps, ~19 epochs in the default 150 steps"""
     total_budget: int = 0
     """[EST] responses per step over the whole batch, N_total of Alg. 1 (0 = 8 x prompts_per_step, the paper's setting, comparable with GRPO-n8)"""
     n_min: int = 2

@@ -15,6 +15,22 @@ GRPO with a small group (n = 4) often sees a prompt's rollouts all fail (or all 
 The update is a GRPO-style clipped policy gradient on n responses per prompt, so the backward cost is
 that of GRPO-n; only inference grows. Lines marked [ADA] are what the paper adds to plain GRPO.
 
+Choices made here (the paper leaves them open):
+- Downsampling draws the kept positives/negatives uniformly with Python's global `random` (seeded per
+  rank, saved in every checkpoint, so a resumed run draws the same).
+- The baseline is the pool's mean reward (Alg. 2 line 17), which is p_hat = N_pos/N for 0/1 rewards; with
+  shaped rewards it stays the unbiased baseline, and N_pos/N (reward > positive_threshold) is used only
+  for the optional weight.
+- `--prompt_weight none` is the default, as in the authors' public code: its advantage is r - mean(pool)
+  with no 1/p_hat factor. `inv_p` re-introduces the Sec. 3.2 weight, which can scale a hard prompt's
+  gradient by up to N_max (the learning rate may need lowering).
+- pi_old is the sampling policy (the generator's log-probs); one optimizer step per batch by default, so
+  the clipped surrogate equals the policy gradient unless `--ppo_epochs` > 1 or the backends disagree.
+  Token losses are summed and divided by a constant (kept responses x max_new_tokens): no length bias.
+- Metrics: `rollouts` / `gen_tokens` count every generated response of every round (inference cost);
+  `frac_zero_var_groups` is measured on each prompt's first n responses (what GRPO-n would have trained
+  on), `ada_frac_zero_var_groups_post` on the kept groups; `ada_active_after_round_r` is a fraction.
+
     python ada_seq.py                                         # SEQ-BALANCE on the embedded Countdown task
     python ada_seq.py --exit_condition positive               # SEQ-POS
     python ada_seq.py --max_rounds 1 --round_repeat 4         # GRPO-n4 (one round of n: nothing adaptive)
@@ -44,8 +60,6 @@ from common.runtime import accumulate_gradients, core_metrics, finish_step, my_s
 
 @dataclass
 class Args(BaseArgs):
-    max_steps: int = 60
-    """number of policy updates (one batch of prompts each); 60 keeps the default run under 10 minutes on 2 CPU cores, since a step generates up to max_rounds * round_repeat responses per prompt"""
     final_keep_per_prompt: int = 4
     """[ADA] update group size n: each prompt's pool is downsampled to exactly n responses (backward cost = GRPO-n)"""
     round_repeat: int = 8

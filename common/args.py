@@ -37,11 +37,11 @@ class BaseArgs:
     """where metrics.jsonl and checkpoints go (default: runs/<script>-seed<seed>)"""
     seed: int = 0
     """random seed (data order, sampling, replay choices)"""
-    max_steps: int = 150
+    max_steps: int = 300
     """number of policy updates (one batch of prompts each)"""
     prompts_per_step: int = 32
     """prompts per step across all processes (split evenly between ranks)"""
-    eval_every: int = 25
+    eval_every: int = 50
     """evaluate on the held-out set every N steps (0 = only at the start and end)"""
     eval_prompts: int = 256
     """held-out prompts used for evaluation"""
@@ -71,8 +71,8 @@ class BaseArgs:
     gen_batch_size: int = 256
     """sequences per HF generate call"""
     # --- optimisation ---
-    learning_rate: float = 2e-4
-    """AdamW learning rate (the embedded model is tiny; use ~1e-6 for a real 0.5B-7B model)"""
+    learning_rate: float = 5e-5
+    """AdamW learning rate (embedded model: 2e-4 was measured to stall, 5e-5 learns; ~1e-6 for a real 0.5B-7B model)"""
     warmup_steps: int = 5
     """linear warm-up steps, then constant"""
     weight_decay: float = 0.0

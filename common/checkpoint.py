@@ -85,7 +85,15 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tup
     ts = torch.load(path / "trainer_state.pt", weights_only=False)
     if ts["world_size"] != accelerator.num_processes:
         raise SystemExit(f"--resume {path}: saved with {ts['world_size']} processes, now {accelerator.num_processes}")
-    weights = load_file(str(path / "model.safetensors"))
+    index = path / "model.safetensors.index.json"
+    if index.exists():  # large models are saved in shards
+        import json
+
+        weights = {}
+        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+            weights.update(load_file(str(path / shard)))
+    else:
+        weights = load_file(str(path / "model.safetensors"))
     unwrapped = accelerator.unwrap_model(model)
     missing, unexpected = unwrapped.load_state_dict(weights, strict=False)
     missing = [k for k in missing if k not in _tied_keys(unwrapped)]

@@ -25,6 +25,12 @@ def setup(args, script: str):
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
     log_with = None if args.report_to == "none" else args.report_to
+    if log_with:
+        import importlib.util
+
+        need = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}[log_with]
+        if not any(importlib.util.find_spec(m) for m in need):
+            raise SystemExit(f"--report_to {log_with}: install it first (pip install {need[0]})")
     if not args.output_dir:
         args.output_dir = f"runs/{script}-seed{args.seed}"
     acc = Accelerator(cpu=not torch.cuda.is_available(), log_with=log_with, project_dir=args.output_dir)
@@ -138,6 +144,7 @@ class Run:
     method_state: dict  # the script's own state restored from a checkpoint ({} on a fresh start)
     counters: dict = field(default_factory=lambda: {"rollouts": 0, "gen_tokens": 0})
     bar: object = None
+    stop_requested: bool = False  # set by SIGINT/SIGTERM: checkpoint at the end of this step, then exit
     _encoded: dict = field(default_factory=dict)
 
     def encode(self, text: str) -> list[int]:
@@ -191,11 +198,26 @@ def start_run(args, script: str, need_ref: bool, stop_token_ids: list[int] | Non
         row = {"step": 0, **run.evaluate()}
         run.logger.log(row)
         log(f"step 0 (starting policy): {row}")
+    _install_stop_handler(run)
     from tqdm.auto import tqdm
 
     run.bar = tqdm(range(run.start_step + 1, args.max_steps + 1), initial=run.start_step, total=args.max_steps,
                    desc=script, disable=not acc.is_main_process)
     return run
+
+
+def _install_stop_handler(run: Run) -> None:
+    """First Ctrl-C / SIGTERM: finish the current step, save a checkpoint, exit 0. Second: stop at once."""
+    import signal
+
+    def handler(signum, frame):
+        if run.stop_requested:
+            raise KeyboardInterrupt
+        run.stop_requested = True
+        run.log(f"\nsignal {signum}: saving a checkpoint after this step, then stopping (again to abort)")
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
 
 
 def optimizer_step(run: Run) -> float:
@@ -252,10 +274,16 @@ def finish_step(run: Run, step: int, row: dict, t_start: float, method_state: di
     if "eval_pass@1" in row:
         post["eval"] = f"{row['eval_pass@1']:.3f}"
     run.bar.set_postfix(post)
-    if (args.save_every and step % args.save_every == 0) or step == args.max_steps:
+    # every rank must agree on stopping, or the next collective would hang
+    stop = reduce_sums(run.acc, {"stop": float(run.stop_requested)})["stop"] > 0
+    if (args.save_every and step % args.save_every == 0) or step == args.max_steps or stop:
         state = {"sampler": run.sampler.state_dict(), "counters": run.counters, "method": method_state}
-        ckpt.save_checkpoint(args.output_dir, step, run.acc, run.model, run.tokenizer, run.opt, run.sched, state,
-                             args.keep_checkpoints)
-    if step == args.max_steps:
+        path = ckpt.save_checkpoint(args.output_dir, step, run.acc, run.model, run.tokenizer, run.opt, run.sched,
+                                    state, args.keep_checkpoints)
+        if stop:
+            run.log(f"stopped at step {step}; continue with --resume auto (checkpoint {path})")
+    if step == args.max_steps or stop:
         run.bar.close()
         run.logger.close()
+        if stop:
+            raise SystemExit(0)

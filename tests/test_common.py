@@ -356,3 +356,38 @@ def test_clipped_surrogate_clips_asymmetrically():
     l, _ = clipped_surrogate(logp, old, adv)
     l.sum().backward()
     assert logp.grad[0] == 0 and logp.grad[2] == 0 and logp.grad[1] != 0  # no gradient once clipped
+
+
+def test_checkpoint_loads_sharded_weights(tmp_path, random_model_dir):
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from common import checkpoint as ck
+
+    acc = Accelerator(cpu=True)
+    model = AutoModelForCausalLM.from_pretrained(random_model_dir)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01)
+    opt = torch.optim.AdamW(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    path = ck.save_checkpoint(str(tmp_path), 1, acc, model, AutoTokenizer.from_pretrained(random_model_dir), opt,
+                              sched, {}, keep=1)
+    (path / "model.safetensors").unlink()
+    model.save_pretrained(path, max_shard_size="300KB")  # how big models are saved
+    assert (path / "model.safetensors.index.json").exists()
+    m2 = AutoModelForCausalLM.from_pretrained(random_model_dir)
+    ck.load_checkpoint(path, acc, m2, torch.optim.AdamW(m2.parameters()), sched)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), m2.state_dict().values()))
+
+
+def test_report_to_without_the_package_is_a_clear_error(monkeypatch, tmp_path):
+    import importlib.util
+
+    from common.args import BaseArgs
+    from common.runtime import setup
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n.startswith(("tensorboard", "wandb")) else real(n, *a))
+    with pytest.raises(SystemExit, match="--report_to wandb: install it first"):
+        setup(BaseArgs(report_to="wandb", output_dir=str(tmp_path)), "x")

@@ -108,3 +108,49 @@ def test_two_processes_on_cpu(tiny_base, tmp_path):
     assert rows[-1]["rollouts"] == 2 * 8 * 4  # both ranks' rollouts are counted
     state = torch.load(out / "checkpoint-2" / "trainer_state.pt", weights_only=False)
     assert state["world_size"] == 2 and len(state["state"]["method"]["buffers"]) == 48
+
+
+def test_sigint_saves_a_checkpoint_and_resume_continues(tiny_base, tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import ROOT
+
+    out = tmp_path / "sig"
+    cmd = [sys.executable, "ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out),
+           "--max_steps", "200", "--eval_every", "0", "--save_every", "0", *COMMON]
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    deadline = time.time() + 300
+    while time.time() < deadline and len(_rows_if(out)) < 2:  # step 0 eval + one training step
+        time.sleep(0.5)
+    p.send_signal(signal.SIGINT)
+    log, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, log[-2000:]
+    steps = [r["step"] for r in _rows(out)]
+    last = steps[-1]
+    assert 1 <= last < 200 and (out / f"checkpoint-{last}" / "trainer_state.pt").exists()
+    assert "--resume auto" in log
+    run_script(["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps",
+                str(last + 1), "--eval_every", "0", "--resume", "auto", *COMMON])
+    assert [r["step"] for r in _rows(out)] == steps + [last + 1]
+
+
+def _rows_if(path):
+    return _rows(path) if (path / "metrics.jsonl").exists() else []
+
+
+def test_real_dataset_path_with_a_local_jsonl(random_model_dir, tmp_path):
+    data = tmp_path / "gsm.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i} plus {i}?", "answer": f"#### {2 * i}"}) + "\n"
+                            for i in range(40)))
+    out = tmp_path / "real"
+    run_script(["ra_rloo.py", "--model_name_or_path", random_model_dir, "--dataset", str(data), "--output_dir",
+                str(out), "--max_steps", "2", "--eval_every", "2", "--prompts_per_step", "4", "--eval_prompts", "4",
+                "--eval_samples", "2", "--max_new_tokens", "8", "--num_threads", "1"])
+    rows = _rows(out)
+    assert [r["step"] for r in rows] == [0, 1, 2] and rows[-1]["rollouts"] == 2 * 4 * 4
+    assert rows[-1]["ra_buffer_prompts"] == 0  # real datasets: lazy buffers, nothing to seed from
