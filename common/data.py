@@ -111,12 +111,6 @@ def load_task(args, tokenizer, log=print) -> Task:
     return task
 
 
-def encode_prompt(tokenizer, text: str) -> list[int]:
-    # chat-templated text already carries its special tokens; plain text gets the tokenizer's defaults
-    special = not (tokenizer.chat_template and tokenizer.bos_token and text.startswith(tokenizer.bos_token))
-    return tokenizer(text, add_special_tokens=special).input_ids
-
-
 class PromptSampler:
     """Epoch-wise seeded shuffles of the training set; its state is (epoch, position) for exact resume."""
 

@@ -391,3 +391,45 @@ def test_report_to_without_the_package_is_a_clear_error(monkeypatch, tmp_path):
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n.startswith(("tensorboard", "wandb")) else real(n, *a))
     with pytest.raises(SystemExit, match="--report_to wandb: install it first"):
         setup(BaseArgs(report_to="wandb", output_dir=str(tmp_path)), "x")
+
+
+# ---------------- runtime / policy ----------------
+def test_optimizer_warmup_frozen_copy_and_core_metrics(random_model_dir):
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM
+
+    from common.args import BaseArgs
+    from common.runtime import core_metrics, frozen_copy, make_optimizer
+
+    model = AutoModelForCausalLM.from_pretrained(random_model_dir)
+    opt, sched = make_optimizer(BaseArgs(learning_rate=1e-3, warmup_steps=4), model)
+    lrs = []
+    for _ in range(6):
+        lrs.append(sched.get_last_lr()[0])
+        opt.step(); sched.step()
+    assert lrs == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+    ref = frozen_copy(model)
+    assert not any(p.requires_grad for p in ref.parameters()) and not ref.training
+    assert all(torch.equal(a, b) for a, b in zip(ref.state_dict().values(), model.state_dict().values()))
+
+    run = SimpleNamespace(acc=Accelerator(cpu=True), counters={"rollouts": 10, "gen_tokens": 100}, sched=sched)
+    sums = dict(groups=4, rollouts=16, gen_tokens=50, reward_sum=4.0, rewarded=16, success=4, zero_var=1,
+                loss_sum=2.0, seqs=16, kl_sum=0.5, ent_sum=5.0, tok=50, t_gen=1.0, t_train=2.0)
+    row, red = core_metrics(run, 3, sums, extra={"fired": 2.0})
+    assert row["rollouts"] == 26 and row["gen_tokens"] == 150 and row["pass_rate"] == 0.25
+    assert row["frac_zero_var_groups"] == 0.25 and row["kl"] == 0.01 and row["entropy"] == 0.1
+    assert red["fired"] == 2.0 and red["groups"] == 4
+    with pytest.raises(KeyError, match="zero_var"):
+        core_metrics(run, 3, {k: v for k, v in sums.items() if k != "zero_var"})
+
+
+def test_embedded_base_build_records_its_quality(tiny_base):
+    from pathlib import Path
+
+    info = json.loads((Path(tiny_base) / "build_info.json").read_text())
+    for k in ("heldout_greedy_pass@1", "heldout_sampled_pass@1", "groups_of_8_all_fail", "recipe", "params"):
+        assert k in info
+    assert 0.0 <= info["heldout_sampled_pass@1"] <= 1.0 and info["recipe"]["sft_steps"] == 30
+    assert 900_000 < info["params"] < 1_100_000  # hidden 128, 4 layers: ~1M parameters
