@@ -1,0 +1,525 @@
+"""Run every method and its baseline on one harness: same base policy, prompts, step budget, seeds.
+
+Each (config, seed) is one subprocess of the method's own script writing to
+`<runs_dir>/<config>/seed<k>/` (metrics.jsonl, log.txt, bench.json). A run is finished when its
+metrics.jsonl holds the final step's row with eval metrics: finished runs are skipped, unfinished ones are
+continued with `--resume auto`, so re-running the same command completes a half-finished sweep. A config
+whose script or flags do not exist (yet) is reported as "missing" and skipped.
+
+    python benchmarks/run.py                            # the full sweep: 12 configs x seeds 0 1 2
+    python benchmarks/run.py --quick                    # smoke check: 1 seed, fewer/smaller steps
+    python benchmarks/run.py --only rloo,ra_rloo --seeds 0 --dry_run
+    python benchmarks/run.py --lock /tmp/cpu.lock       # take a lock file around each run (shared machine)
+    python benchmarks/report.py                         # then: table + plots in benchmarks/results/
+"""
+from __future__ import annotations
+
+import ast
+import fcntl
+import json
+import os
+import platform
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from common.cli import parse_args  # noqa: E402  (light: no torch import)
+
+# ----------------------------------------------------------------------------------------------------
+# The configs: one method or baseline each, as flags of the method's own script
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    script: str
+    flags: tuple[str, ...]  # method flags; the shared budget flags are added by `build_command`
+    label: str
+    baseline: Optional[str] = None  # the config whose final pass@1 this one is measured against
+    mechanism: tuple[str, ...] = ()  # the method's own metric names in metrics.jsonl (the table shows them)
+    note: str = ""
+
+
+CONFIGS: tuple[Config, ...] = (
+    Config("grpo_n4", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "4", "--final_keep_per_prompt", "4"),
+           "GRPO-n4", None, ("frac_zero_var_groups",),
+           "Reinforce-Ada's baseline: one round of 4 samples, nothing adaptive"),
+    Config("grpo_n8", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "8", "--final_keep_per_prompt", "8"),
+           "GRPO-n8", "grpo_n4", ("frac_zero_var_groups",), "twice the samples of GRPO-n4, all trained on"),
+    Config("rloo", "ra_rloo.py", ("--replay", "none"), "RLOO", None,
+           ("frac_zero_var_groups", "ra_zero_var_frac_post"), "RA-RLOO's baseline (K=4)"),
+    Config("ra_rloo", "ra_rloo.py", ("--replay", "on_demand"), "RA-RLOO", "rloo",
+           ("ra_zero_var_frac_post", "ra_replay_fired_frac", "ra_is_weight_mean"),
+           "stored successes spliced into groups without a fresh success"),
+    Config("ps_off", "ps_grpo.py", ("--mode", "text", "--prefix_sampling", "false"), "GRPO-n8 + rejection",
+           None, ("ps_trained_groups", "ps_solve_partial"),
+           "Prefix Sampling's baseline (the paper's DeepSWE recipe: drop all-fail / all-pass groups)"),
+    Config("ps_fixed", "ps_grpo.py", ("--mode", "text", "--prefix_sampling", "true", "--adaptive", "false"),
+           "PS (fixed)", "ps_off",
+           ("ps_prefix_pass_rate", "ps_trained_groups", "ps_solve_partial", "ps_prefix_tasks"),
+           "single-turn text mode (a step = a line), so the base policy and evaluation are the shared ones"),
+    Config("ps_adaptive", "ps_grpo.py", ("--mode", "text", "--prefix_sampling", "true", "--adaptive", "true"),
+           "PS (adaptive)", "ps_off",
+           ("ps_prefix_pass_rate", "ps_trained_groups", "ps_solve_partial", "ps_ratio_hard", "ps_ratio_easy"),
+           "EMA controller steering prefix tasks to a 50% pass rate"),
+    Config("seq_pos", "ada_seq.py", ("--exit_condition", "positive"), "SEQ-POS", "grpo_n4",
+           ("ada_samples_per_prompt_mean", "ada_samples_per_prompt_max", "ada_frac_zero_var_groups_post",
+            "ada_inference_cost_rel"), "n=4 trained per prompt, up to 4 rounds of 8 samples"),
+    Config("seq_balance", "ada_seq.py", ("--exit_condition", "balanced"), "SEQ-BALANCE", "grpo_n4",
+           ("ada_samples_per_prompt_mean", "ada_samples_per_prompt_max", "ada_frac_zero_var_groups_post",
+            "ada_inference_cost_rel"), "n=4 trained per prompt, up to 4 rounds of 8 samples"),
+    Config("est", "ada_est.py", (), "EST", "grpo_n8",
+           ("est_calibration_error", "est_alloc_min", "est_alloc_max", "est_p_hat_mean"),
+           "8 x prompts samples per step, allocated by the pass-rate estimate (compare GRPO-n8)"),
+    Config("ppo", "pros_ppo.py", ("--pros", "off"), "PPO", None, ("frac_zero_var_groups",),
+           "PROS's baseline: PPO with a critic (GAE), K=4"),
+    Config("ppo_pros", "pros_ppo.py", ("--pros", "bayes"), "PPO+PROS", "ppo",
+           ("pros_calib_error", "pros_frac_children_in_batch", "pros_prefix_len_mean"),
+           "augmented prefix queries picked by the Polya-Gamma Gibbs pass-rate model"),
+)
+BY_NAME = {c.name: c for c in CONFIGS}
+
+# Budgets of the two settings (a flag given on the command line wins).
+FULL = {"seeds": [0, 1, 2], "max_steps": 200, "prompts_per_step": 32, "eval_every": 25, "eval_prompts": 256,
+        "eval_samples": 8}
+QUICK = {"seeds": [0], "max_steps": 50, "prompts_per_step": 16, "eval_every": 10, "eval_prompts": 64,
+         "eval_samples": 4}
+
+
+@dataclass
+class Args:
+    only: str = ""
+    """comma-separated config names to run (default: all); `--only list` prints the configs and exits"""
+    seeds: Optional[list[int]] = None
+    """seeds to run (default 0 1 2; --quick: 0)"""
+    quick: bool = False
+    """smoke-check setting: 1 seed, 50 steps of 16 prompts, small evaluations (estimated 10-15 min for all 12 configs on 2 quiet cores); its runs go to benchmarks/runs-quick"""
+    dry_run: bool = False
+    """print each run's state and command, run nothing"""
+    runs_dir: str = ""
+    """where runs go (default benchmarks/runs, or benchmarks/runs-quick with --quick)"""
+    max_steps: Optional[int] = None
+    """policy updates per run, the same for every config (default 200; --quick: 50)"""
+    prompts_per_step: Optional[int] = None
+    """prompts per step, the same for every config (default 32; --quick: 16)"""
+    eval_every: Optional[int] = None
+    """held-out evaluation every N steps, plus step 0 and the last (default 25; --quick: 10)"""
+    eval_prompts: Optional[int] = None
+    """held-out prompts per evaluation (default 256; --quick: 64)"""
+    eval_samples: Optional[int] = None
+    """samples per held-out prompt (default 8; --quick: 4)"""
+    max_new_tokens: int = 32
+    """completion length cap, the same for every config"""
+    prompt_pool: int = 256
+    """every config trains on the same first N training prompts, so prompts recur (EST's estimates, RA-RLOO's buffers and PROS's pool need recurrence; 256 is EST's default); 0 = the whole training set"""
+    learning_rate: float = 5e-5
+    """learning rate passed to every run (the project's measured default for the embedded model); 0 = each script's own default"""
+    model_name_or_path: str = "embedded"
+    """base policy of every run (`embedded`: the cached tiny Countdown model)"""
+    num_threads: int = 2
+    """torch CPU threads per run (OMP_NUM_THREADS is set to the same)"""
+    extra: str = ""
+    """extra flags appended to every run, space-separated (they become part of each run's recorded command)"""
+    lock: str = ""
+    """a lock file taken (flock) around each run, so other heavy jobs on a shared machine interleave; empty = no lock (do not also wrap the runner itself in flock on the same file: it would wait for itself)"""
+    keep_checkpoints: bool = False
+    """keep the final checkpoint of finished runs (default: deleted once finished; only metrics.jsonl is needed)"""
+    progress_every: float = 60.0
+    """seconds between progress lines of a running run (0 = only start and end)"""
+    python: str = sys.executable
+    """interpreter for the runs"""
+
+    def validate(self) -> None:
+        unknown = [n for n in self.only_names() if n not in BY_NAME]
+        if unknown and self.only != "list":
+            raise SystemExit(f"--only: unknown config(s) {unknown}; known: {', '.join(BY_NAME)}")
+        if self.seeds is not None and not self.seeds:
+            raise SystemExit("--seeds: give at least one seed")
+
+    def only_names(self) -> list[str]:
+        return [n.strip() for n in self.only.split(",") if n.strip()] if self.only and self.only != "list" else []
+
+
+@dataclass
+class Settings:
+    """The resolved budget every run of this invocation shares."""
+    seeds: list[int]
+    max_steps: int
+    prompts_per_step: int
+    eval_every: int
+    eval_prompts: int
+    eval_samples: int
+    max_new_tokens: int = 32
+    prompt_pool: int = 256
+    learning_rate: float = 5e-5
+    model_name_or_path: str = "embedded"
+    num_threads: int = 2
+    extra: list[str] = field(default_factory=list)
+
+
+def resolve(args: Args) -> tuple[Settings, Path]:
+    base = QUICK if args.quick else FULL
+    pick = lambda name: getattr(args, name) if getattr(args, name) is not None else base[name]  # noqa: E731
+    s = Settings(seeds=list(pick("seeds")), max_steps=pick("max_steps"), prompts_per_step=pick("prompts_per_step"),
+                 eval_every=pick("eval_every"), eval_prompts=pick("eval_prompts"), eval_samples=pick("eval_samples"),
+                 max_new_tokens=args.max_new_tokens, prompt_pool=args.prompt_pool, learning_rate=args.learning_rate,
+                 model_name_or_path=args.model_name_or_path, num_threads=args.num_threads, extra=args.extra.split())
+    runs_dir = Path(args.runs_dir) if args.runs_dir else ROOT / "benchmarks" / ("runs-quick" if args.quick else "runs")
+    return s, runs_dir
+
+
+# ----------------------------------------------------------------------------------------------------
+# Checking a config against its script (read from the source: nothing is imported or run)
+# ----------------------------------------------------------------------------------------------------
+
+
+def _class_fields(cls: ast.ClassDef) -> dict[str, Optional[list]]:
+    """{field: Literal choices or None} of a dataclass body."""
+    out: dict[str, Optional[list]] = {}
+    for node in cls.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            ann, choices = node.annotation, None
+            if isinstance(ann, ast.Subscript) and getattr(ann.value, "id", getattr(ann.value, "attr", "")) == "Literal":
+                elts = ann.slice.elts if isinstance(ann.slice, ast.Tuple) else [ann.slice]
+                choices = [e.value for e in elts if isinstance(e, ast.Constant)]
+            out[node.target.id] = choices
+    return out
+
+
+def script_flags(script: Path) -> Optional[dict[str, Optional[list]]]:
+    """Every `--flag` of a script's `Args` (its own fields and, if it subclasses BaseArgs, the shared ones)
+    with its Literal choices; None when the script has no `Args` class."""
+    tree = ast.parse(script.read_text())
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+    if "Args" not in classes:
+        return None
+    fields: dict[str, Optional[list]] = {}
+    if any(getattr(b, "id", "") == "BaseArgs" for b in classes["Args"].bases):
+        base = {n.name: n for n in ast.parse((ROOT / "common" / "args.py").read_text()).body
+                if isinstance(n, ast.ClassDef)}
+        fields.update(_class_fields(base["BaseArgs"]))
+    fields.update(_class_fields(classes["Args"]))
+    return fields
+
+
+def check_config(cfg: Config, root: Path = ROOT) -> Optional[str]:
+    """None when the config can run, else why not ("missing: ...")."""
+    path = root / cfg.script
+    if not path.exists():
+        return f"missing: {cfg.script} does not exist yet"
+    try:
+        flags = script_flags(path)
+    except SyntaxError as e:
+        return f"missing: {cfg.script} does not parse ({e.msg}, line {e.lineno})"
+    if flags is None:
+        return f"missing: {cfg.script} has no Args dataclass"
+    toks = list(cfg.flags)
+    for i, t in enumerate(toks):
+        if not t.startswith("--"):
+            continue
+        name = t[2:]
+        if name not in flags:
+            return f"missing: {cfg.script} has no --{name}"
+        value = toks[i + 1] if i + 1 < len(toks) and not toks[i + 1].startswith("--") else None
+        if flags[name] is not None and value is not None and value not in [str(c) for c in flags[name]]:
+            return f"missing: {cfg.script} --{name} has no choice {value!r} (choices: {flags[name]})"
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------
+# Commands and run state
+# ----------------------------------------------------------------------------------------------------
+
+
+def shared_flags(s: Settings, seed: int, out_dir: Path) -> list[str]:
+    flags = ["--seed", str(seed), "--max_steps", str(s.max_steps), "--prompts_per_step", str(s.prompts_per_step),
+             "--eval_every", str(s.eval_every), "--eval_prompts", str(s.eval_prompts),
+             "--eval_samples", str(s.eval_samples), "--max_new_tokens", str(s.max_new_tokens),
+             "--prompt_pool", str(s.prompt_pool), "--model_name_or_path", s.model_name_or_path,
+             "--num_threads", str(s.num_threads),
+             # checkpoints at every evaluation make an interrupted run resumable; keep only the latest
+             "--save_every", str(s.eval_every or s.max_steps), "--keep_checkpoints", "1",
+             "--output_dir", str(out_dir)]
+    if s.learning_rate > 0:
+        flags += ["--learning_rate", repr(s.learning_rate)]
+    return flags + list(s.extra)
+
+
+def build_command(cfg: Config, s: Settings, seed: int, out_dir: Path) -> list[str]:
+    """The run's command without interpreter and without `--resume` (this is what bench.json records)."""
+    return [cfg.script, *cfg.flags, *shared_flags(s, seed, out_dir)]
+
+
+def read_rows(run_dir: Path) -> list[dict]:
+    """metrics.jsonl rows; a torn last line (a run killed mid-write) is ignored."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def is_finished(rows: list[dict], max_steps: int) -> bool:
+    """Finished = the final step's row is there and carries the final evaluation."""
+    return any(r.get("step") == max_steps and r.get("eval_pass@1") is not None for r in rows)
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    return any((p / "trainer_state.pt").exists() for p in Path(run_dir).glob("checkpoint-*"))
+
+
+def run_state(run_dir: Path, cmd: list[str], max_steps: int) -> str:
+    """new | done | resume | restart | conflict.
+
+    resume: unfinished with a checkpoint; restart: unfinished without one (`--resume auto` then starts
+    fresh); conflict: the directory holds a run of a different command (changed flags or budget), which
+    is neither skipped nor overwritten.
+    """
+    run_dir = Path(run_dir)
+    meta_path = run_dir / "bench.json"
+    rows = read_rows(run_dir)
+    if not meta_path.exists():
+        return "new" if not rows and not has_checkpoint(run_dir) else "conflict"
+    meta = json.loads(meta_path.read_text())
+    if meta.get("cmd") != cmd:
+        return "conflict"
+    if is_finished(rows, max_steps):
+        return "done"
+    return "resume" if has_checkpoint(run_dir) else ("restart" if rows or meta.get("attempts") else "new")
+
+
+def conflict_diff(run_dir: Path, cmd: list[str]) -> str:
+    path = Path(run_dir) / "bench.json"
+    if not path.exists():
+        return "the directory holds files but no bench.json (not written by this runner)"
+    old = json.loads(path.read_text()).get("cmd", [])
+    a, b = " ".join(old), " ".join(cmd)
+    return f"recorded: {a}\n        wanted:   {b}" if a != b else ""
+
+
+def clean_checkpoints(run_dir: Path) -> None:
+    for p in list(Path(run_dir).glob("checkpoint-*")) + list(Path(run_dir).glob(".tmp-checkpoint-*")):
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def machine_info() -> dict:
+    info = {"platform": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count()}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        from importlib.metadata import version
+
+        info["torch"] = version("torch")
+        info["transformers"] = version("transformers")
+    except Exception:  # noqa: BLE001 (informational only)
+        pass
+    return info
+
+
+# ----------------------------------------------------------------------------------------------------
+# Running
+# ----------------------------------------------------------------------------------------------------
+
+
+class FileLock:
+    """flock on a file around one run; prints when it has to wait."""
+
+    def __init__(self, path: str):
+        self.path, self.fd = path, None
+
+    def __enter__(self):
+        if not self.path:
+            return self
+        self.fd = open(self.path, "a")
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"    waiting for the lock {self.path} ...", flush=True)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            self.fd.close()
+            self.fd = None
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM to the runner: stop its run gracefully, like Ctrl-C
+
+
+def _eval_summary(rows: list[dict]) -> str:
+    ev = [r for r in rows if r.get("eval_pass@1") is not None]
+    if not ev:
+        return "no evaluation yet"
+    return f"eval_pass@1 {ev[0]['eval_pass@1']:.3f} (step {ev[0]['step']}) -> {ev[-1]['eval_pass@1']:.3f} (step {ev[-1]['step']})"
+
+
+def execute(cfg: Config, s: Settings, seed: int, run_dir: Path, cmd: list[str], state: str, args: Args) -> str:
+    """Run (or continue) one run as a subprocess; returns done | failed | interrupted | incomplete."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    meta_path = run_dir / "bench.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {
+        "config": cfg.name, "script": cfg.script, "seed": seed, "cmd": cmd, "attempts": 0, "wall_s": 0.0}
+    meta["attempts"] += 1
+    meta["settings"] = asdict(s)
+    meta_path.write_text(json.dumps(meta, indent=2))
+    full = [args.python, *cmd] + (["--resume", "auto"] if state in ("resume", "restart") else [])
+    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, s.num_threads)), TOKENIZERS_PARALLELISM="false")
+    rc, t0 = None, time.time()
+    with FileLock(args.lock), open(run_dir / "log.txt", "a") as log:
+        log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(full)}\n")
+        log.flush()
+        t0 = time.time()
+        # its own session: a terminal Ctrl-C reaches only this runner, which forwards it exactly once
+        proc = subprocess.Popen(full, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+        try:
+            while rc is None:
+                try:
+                    rc = proc.wait(timeout=args.progress_every if args.progress_every > 0 else None)
+                except subprocess.TimeoutExpired:
+                    rows = read_rows(run_dir)
+                    last = rows[-1]["step"] if rows else 0
+                    print(f"    ... step {last}/{s.max_steps}, {time.time() - t0:.0f} s, {_eval_summary(rows)}",
+                          flush=True)
+        except KeyboardInterrupt:
+            # the scripts' first SIGINT means: finish this step, checkpoint, exit 0; a second one aborts
+            proc.send_signal(signal.SIGINT)
+            print("    interrupted: the run saves a checkpoint after its current step (Ctrl-C again aborts it)",
+                  flush=True)
+            try:
+                proc.wait()
+            except KeyboardInterrupt:
+                proc.kill()
+                proc.wait()
+            rc = "interrupted"
+        finally:
+            signal.signal(signal.SIGTERM, old_term)
+    wall = time.time() - t0
+    meta["wall_s"] = meta.get("wall_s", 0.0) + wall
+    rows = read_rows(run_dir)
+    finished = is_finished(rows, s.max_steps)
+    meta["finished"] = finished
+    meta_path.write_text(json.dumps(meta, indent=2))
+    if rc == "interrupted":
+        return "interrupted"
+    if finished:
+        if not args.keep_checkpoints:
+            clean_checkpoints(run_dir)
+        print(f"    done in {wall:.0f} s ({wall / max(1, s.max_steps):.2f} s/step incl. start-up and evals): {_eval_summary(rows)}",
+              flush=True)
+        return "done"
+    tail = (run_dir / "log.txt").read_text().splitlines()[-15:]
+    print(f"    FAILED (exit code {rc}) after {wall:.0f} s; last lines of {run_dir / 'log.txt'}:", flush=True)
+    for line in tail:
+        print(f"      | {line}", flush=True)
+    return "failed" if rc != 0 else "incomplete"
+
+
+def _portable(path: Path) -> Path:
+    """A run directory as the recorded command names it: relative to the repo root when inside it."""
+    try:
+        return path.resolve().relative_to(ROOT)
+    except ValueError:
+        return path
+
+
+def plan(args: Args, s: Settings, runs_dir: Path) -> list[dict]:
+    """Every (config, seed) with its directory, command and state; seed-major, so that a partly finished
+    sweep already has every config at seed 0."""
+    names = args.only_names() or [c.name for c in CONFIGS]
+    missing = {n: check_config(BY_NAME[n]) for n in names}
+    items = []
+    for seed in s.seeds:
+        for n in names:
+            cfg = BY_NAME[n]
+            run_dir = runs_dir / n / f"seed{seed}"
+            cmd = build_command(cfg, s, seed, _portable(run_dir))
+            state = missing[n] or run_state(run_dir, cmd, s.max_steps)
+            items.append({"cfg": cfg, "seed": seed, "dir": run_dir, "cmd": cmd, "state": state})
+    return items
+
+
+def record_invocation(runs_dir: Path, s: Settings, argv: list[str]) -> None:
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    path = runs_dir / "sweep.json"
+    data = json.loads(path.read_text()) if path.exists() else {"invocations": []}
+    data["settings"] = asdict(s)
+    data["machine"] = machine_info()
+    data["invocations"].append({"time": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                "command": shlex.join(["python", "benchmarks/run.py", *argv])})
+    path.write_text(json.dumps(data, indent=2))
+
+
+def main(args: Args, argv: list[str]) -> int:
+    if args.only == "list":
+        for c in CONFIGS:
+            print(f"{c.name:12s} {c.label:20s} {c.script} {' '.join(c.flags)}   (baseline: {c.baseline or '-'})")
+        return 0
+    s, runs_dir = resolve(args)
+    items = plan(args, s, runs_dir)
+    print(f"benchmark: {len(items)} runs in {runs_dir} (steps {s.max_steps}, prompts/step {s.prompts_per_step}, "
+          f"eval every {s.eval_every} on {s.eval_prompts}x{s.eval_samples}, seeds {s.seeds})", flush=True)
+    if not args.dry_run:
+        record_invocation(runs_dir, s, argv)
+    results: dict[str, int] = {}
+    for i, it in enumerate(items, 1):
+        cfg, seed, state = it["cfg"], it["seed"], it["state"]
+        head = f"[{i}/{len(items)}] {cfg.name} seed{seed}"
+        if state.startswith("missing"):
+            print(f"{head}: {state}", flush=True)
+            results["missing"] = results.get("missing", 0) + 1
+            continue
+        if state == "done":
+            print(f"{head}: finished, skipped ({_eval_summary(read_rows(it['dir']))})", flush=True)
+            results["skipped (finished)"] = results.get("skipped (finished)", 0) + 1
+            continue
+        if state == "conflict":
+            print(f"{head}: CONFLICT, skipped: {it['dir']} holds a run of another command; delete it or use "
+                  f"another --runs_dir\n        {conflict_diff(it['dir'], it['cmd'])}", flush=True)
+            results["conflict"] = results.get("conflict", 0) + 1
+            continue
+        resume = state in ("resume", "restart")
+        full = [args.python, *it["cmd"]] + (["--resume", "auto"] if resume else [])
+        if args.dry_run:
+            print(f"{head}: {state}\n    OMP_NUM_THREADS={s.num_threads} {' '.join(full)}", flush=True)
+            results[f"would run ({state})"] = results.get(f"would run ({state})", 0) + 1
+            continue
+        rows = read_rows(it["dir"])
+        where = f" from step {rows[-1]['step']}" if resume and rows else ""
+        print(f"{head}: {state}{where} -> {it['dir']}", flush=True)
+        out = execute(cfg, s, seed, it["dir"], it["cmd"], state, args)
+        results[out] = results.get(out, 0) + 1
+        if out == "interrupted":
+            print("sweep interrupted; run the same command again to continue", flush=True)
+            break
+    print("summary: " + ", ".join(f"{k} {v}" for k, v in results.items()), flush=True)
+    return 1 if results.get("failed") or results.get("incomplete") else 0
+
+
+if __name__ == "__main__":
+    argv = sys.argv[1:]
+    raise SystemExit(main(parse_args(Args, argv, description=__doc__.split("\n\n")[0]), argv))

@@ -1,0 +1,353 @@
+"""The benchmark harness without training: config/flag checks, skip/resume on fake run dirs (a fake method
+script stands in for the real ones), the report's table and 'tokens to reach the baseline' on hand-made
+metrics.jsonl files, the plots (when matplotlib is installed), and the floor's breakdown arithmetic."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from benchmarks import floor, report, run
+
+
+def _write_rows(d: Path, rows: list[dict]) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _settings(**kw) -> run.Settings:
+    base = dict(seeds=[0], max_steps=4, prompts_per_step=2, eval_every=2, eval_prompts=2, eval_samples=2)
+    base.update(kw)
+    return run.Settings(**base)
+
+
+# ----------------------------------------------------------------------------------------------------
+# configs and flags
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_every_config_flag_exists_in_its_script():
+    # a renamed flag in a method script must show up here (the runner would report the config "missing")
+    problems = {c.name: run.check_config(c) for c in run.CONFIGS if run.check_config(c)}
+    assert not problems, problems
+    names = [c.name for c in run.CONFIGS]
+    assert len(names) == len(set(names)) == 12
+    for c in run.CONFIGS:
+        assert c.baseline is None or c.baseline in run.BY_NAME
+
+
+def test_check_config_reports_missing_script_flag_and_choice(tmp_path):
+    (tmp_path / "m.py").write_text(textwrap.dedent('''
+        from typing import Literal
+        from dataclasses import dataclass
+        from common.args import BaseArgs
+        @dataclass
+        class Args(BaseArgs):
+            mode: Literal["a", "b"] = "a"
+            """doc"""
+    '''))
+    ok = run.Config("x", "m.py", ("--mode", "b", "--max_steps", "3"), "x")
+    assert run.check_config(ok, root=tmp_path) is None  # own field + a BaseArgs field
+    assert "no --nope" in run.check_config(run.Config("x", "m.py", ("--nope", "1"), "x"), root=tmp_path)
+    assert "no choice 'c'" in run.check_config(run.Config("x", "m.py", ("--mode", "c"), "x"), root=tmp_path)
+    assert "does not exist" in run.check_config(run.Config("x", "gone.py", (), "x"), root=tmp_path)
+    (tmp_path / "bad.py").write_text("def f(:\n")
+    assert run.check_config(run.Config("x", "bad.py", (), "x"), root=tmp_path).startswith("missing:")
+
+
+def test_budget_flags_are_shared_and_quick_overrides():
+    full, _ = run.resolve(run.Args())
+    quick, qdir = run.resolve(run.Args(quick=True))
+    assert full.seeds == [0, 1, 2] and quick.seeds == [0] and quick.max_steps < full.max_steps
+    assert qdir.name == "runs-quick"
+    mine, _ = run.resolve(run.Args(quick=True, max_steps=7, seeds=[3, 4]))
+    assert mine.max_steps == 7 and mine.seeds == [3, 4] and mine.eval_prompts == quick.eval_prompts
+    a = run.build_command(run.BY_NAME["rloo"], full, 1, Path("d"))
+    b = run.build_command(run.BY_NAME["ps_fixed"], full, 1, Path("d"))
+    tail = run.shared_flags(full, 1, Path("d"))
+    assert a[-len(tail):] == b[-len(tail):] == tail  # every config gets the same budget flags
+    assert "--resume" not in a and a[a.index("--max_steps") + 1] == str(full.max_steps)
+
+
+def test_every_runner_and_report_flag_is_documented():
+    from common.cli import field_docs
+
+    for cls in (run.Args, report.Args, floor.Args):
+        docs = field_docs(cls)
+        assert not [f.name for f in fields(cls) if not docs.get(f.name)], cls
+
+
+# ----------------------------------------------------------------------------------------------------
+# run state: skip / resume / conflict on fake run dirs
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_run_state_on_fake_dirs(tmp_path):
+    cmd = ["ra_rloo.py", "--max_steps", "4"]
+    d = tmp_path / "r"
+    assert run.run_state(d, cmd, 4) == "new"
+    d.mkdir()
+    (d / "bench.json").write_text(json.dumps({"cmd": cmd, "attempts": 1}))
+    assert run.run_state(d, cmd, 4) == "restart"  # tried, nothing to resume from
+    _write_rows(d, [{"step": 0, "eval_pass@1": 0.1}, {"step": 1}, {"step": 2, "eval_pass@1": 0.2}])
+    assert run.run_state(d, cmd, 4) == "restart"
+    (d / "checkpoint-2").mkdir()
+    assert run.run_state(d, cmd, 4) == "restart"  # an interrupted save has no trainer_state.pt
+    (d / "checkpoint-2" / "trainer_state.pt").write_text("x")
+    assert run.run_state(d, cmd, 4) == "resume"
+    _write_rows(d, [{"step": 0, "eval_pass@1": 0.1}, {"step": 4}])
+    assert run.run_state(d, cmd, 4) == "resume"  # last step without its evaluation is not finished
+    with (d / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"step": 4, "eval_pass@1": 0.3}) + "\n" + '{"step": 5, "tru')  # torn last line
+    assert run.run_state(d, cmd, 4) == "done"
+    assert run.run_state(d, cmd + ["--seed", "1"], 4) == "conflict"  # another command's run: never overwritten
+    stray = tmp_path / "stray"
+    _write_rows(stray, [{"step": 0}])
+    assert run.run_state(stray, cmd, 4) == "conflict"  # files without bench.json: not ours
+
+
+FAKE = '''
+"""A stand-in method script: one metrics row and one checkpoint per step; SIGINT = stop after this step."""
+import argparse, json, signal, sys, time
+from pathlib import Path
+from dataclasses import dataclass
+BaseArgs = object  # the runner reads `class Args(BaseArgs)` from the source; nothing is imported
+
+@dataclass
+class Args(BaseArgs):
+    knob: int = 0
+    """a method flag"""
+
+stop_requested = []
+signal.signal(signal.SIGINT, lambda *_: stop_requested.append(1))
+p = argparse.ArgumentParser()
+for name in ("--seed", "--max_steps", "--eval_every", "--output_dir", "--resume", "--knob", "--stop_at", "--sleep"):
+    p.add_argument(name)
+a, _ = p.parse_known_args()
+out = Path(a.output_dir)
+out.mkdir(parents=True, exist_ok=True)
+ckpts = sorted(out.glob("checkpoint-*"), key=lambda q: int(q.name.split("-")[1]))
+start = int(ckpts[-1].name.split("-")[1]) if a.resume == "auto" and ckpts else 0
+with open(out / "calls.txt", "a") as f:
+    f.write(f"resume={a.resume} start={start}\\n")
+rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()] if start else []
+rows = [r for r in rows if r["step"] <= start] or [{"step": 0, "eval_pass@1": 0.1, "gen_tokens": 0}]
+stop = int(a.stop_at or 10**9)
+for s in range(start + 1, int(a.max_steps) + 1):
+    time.sleep(float(a.sleep or 0))
+    r = {"step": s, "gen_tokens": 10 * s, "rollouts": s, "time_step_s": 0.01, "time_gen_s": 0.005}
+    if s % int(a.eval_every) == 0 or s == int(a.max_steps):
+        r["eval_pass@1"] = 0.1 + 0.01 * s
+    rows.append(r)
+    (out / f"checkpoint-{s}").mkdir(exist_ok=True)
+    (out / f"checkpoint-{s}" / "trainer_state.pt").write_text("x")
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in rows))
+    if s == stop:
+        sys.exit(3)  # a crash
+    if stop_requested:
+        sys.exit(0)  # graceful stop, like the real scripts
+'''
+
+
+def _fake_sweep(tmp_path, monkeypatch, extra=""):
+    script = tmp_path / "fake_method.py"
+    script.write_text(FAKE)
+    cfgs = (run.Config("fake_a", str(script), ("--knob", "1"), "A"),
+            run.Config("fake_b", str(script), ("--knob", "2"), "B", baseline="fake_a"),
+            run.Config("fake_missing", str(script), ("--no_such_flag", "1"), "M"))
+    monkeypatch.setattr(run, "CONFIGS", cfgs)
+    monkeypatch.setattr(run, "BY_NAME", {c.name: c for c in cfgs})
+    argv = ["--runs_dir", str(tmp_path / "runs"), "--seeds", "0", "--max_steps", "4", "--eval_every", "2",
+            "--progress_every", "0", *extra.split()]
+    return argv, tmp_path / "runs"
+
+
+def test_runner_ctrl_c_stops_gracefully_and_the_same_command_continues(tmp_path, monkeypatch, capsys):
+    argv, runs = _fake_sweep(tmp_path, monkeypatch, "--only fake_a --max_steps 40 --extra=--sleep=0.05")
+    d = runs / "fake_a" / "seed0"
+
+    def interrupt_once_running():  # Ctrl-C once the run has written its first step
+        for _ in range(400):
+            if len(run.read_rows(d)) >= 2:
+                break
+            time.sleep(0.025)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt_once_running, daemon=True).start()
+    assert run.main(run.parse_args(run.Args, argv), argv) == 0
+    out = capsys.readouterr().out
+    assert "interrupted" in out and "sweep interrupted" in out
+    stopped_at = run.read_rows(d)[-1]["step"]
+    assert 1 <= stopped_at < 40 and run.run_state(d, json.loads((d / "bench.json").read_text())["cmd"], 40) == "resume"
+    assert run.main(run.parse_args(run.Args, argv), argv) == 0
+    assert _calls(d)[-1] == f"resume=auto start={stopped_at}"
+    assert [r["step"] for r in run.read_rows(d)] == list(range(41))
+
+
+def _calls(d: Path) -> list[str]:
+    return (d / "calls.txt").read_text().splitlines()
+
+
+def test_runner_runs_skips_finished_and_resumes_unfinished(tmp_path, monkeypatch, capsys):
+    argv, runs = _fake_sweep(tmp_path, monkeypatch)
+    args = run.parse_args(run.Args, argv)
+    assert run.main(args, argv) == 0
+    out = capsys.readouterr().out
+    assert "fake_missing seed0: missing: " in out and "no --no_such_flag" in out
+    a, b = runs / "fake_a" / "seed0", runs / "fake_b" / "seed0"
+    assert run.is_finished(run.read_rows(a), 4) and run.is_finished(run.read_rows(b), 4)
+    assert not list(a.glob("checkpoint-*"))  # finished: checkpoints removed (only metrics are needed)
+    assert json.loads((a / "bench.json").read_text())["finished"]
+    assert json.loads((runs / "sweep.json").read_text())["invocations"][0]["command"].startswith("python benchmarks/run.py")
+
+    # second invocation: both finished -> skipped, the fake script is not called again
+    assert run.main(args, argv) == 0
+    assert "finished, skipped" in capsys.readouterr().out
+    assert len(_calls(a)) == 1
+
+    # make fake_b unfinished with a checkpoint at step 2: the runner continues it with --resume auto
+    _write_rows(b, run.read_rows(b)[:3])
+    (b / "checkpoint-2").mkdir()
+    (b / "checkpoint-2" / "trainer_state.pt").write_text("x")
+    assert run.run_state(b, json.loads((b / "bench.json").read_text())["cmd"], 4) == "resume"
+    assert run.main(args, argv) == 0
+    assert "fake_b seed0: resume from step 2" in capsys.readouterr().out
+    assert _calls(b)[-1] == "resume=auto start=2" and len(_calls(a)) == 1
+    assert [r["step"] for r in run.read_rows(b)] == [0, 1, 2, 3, 4]
+
+    # changed budget -> conflict, nothing overwritten
+    argv2 = [x if x != "4" else "6" for x in argv]
+    assert run.main(run.parse_args(run.Args, argv2), argv2) == 0
+    assert capsys.readouterr().out.count("CONFLICT") == 2 and len(_calls(a)) == 1
+
+
+def test_runner_dry_run_and_failure(tmp_path, monkeypatch, capsys):
+    argv, runs = _fake_sweep(tmp_path, monkeypatch, "--dry_run --only fake_a")
+    assert run.main(run.parse_args(run.Args, argv), argv) == 0
+    out = capsys.readouterr().out
+    assert "fake_a seed0: new" in out and "--knob 1" in out and not runs.exists()
+    # a run that crashes after step 2: reported as failed (sweep exit code 1), resumable afterwards
+    argv, runs = _fake_sweep(tmp_path, monkeypatch, "--only fake_a --extra=--stop_at=2")
+    assert run.main(run.parse_args(run.Args, argv), argv) == 1
+    d = runs / "fake_a" / "seed0"
+    out = capsys.readouterr().out
+    assert "FAILED (exit code 3)" in out and "summary: failed 1" in out
+    assert run.run_state(d, json.loads((d / "bench.json").read_text())["cmd"], 4) == "resume"
+
+
+# ----------------------------------------------------------------------------------------------------
+# report: table, tokens to reach the baseline, plots
+# ----------------------------------------------------------------------------------------------------
+
+
+def _fake_run(runs: Path, cfg: str, seed: int, evals: dict[int, float], tok_per_step: int, max_steps: int = 4,
+              extra: dict | None = None, finished: bool = True):
+    rows = [{"step": 0, "eval_pass@1": evals[0], "eval_pass@8": 0.5}]
+    for s in range(1, max_steps + 1):
+        r = {"step": s, "gen_tokens": tok_per_step * s, "rollouts": 4 * s, "time_step_s": 1.0 + (s == 2) * 50,
+             "time_gen_s": 0.6, "time_train_s": 0.3, "frac_zero_var_groups": 0.4}
+        if s in evals:
+            r.update({"eval_pass@1": evals[s], "eval_pass@8": 0.6})
+        r.update((extra or {}).get(s, {}))
+        rows.append(r)
+    if not finished:
+        rows = rows[:-1]
+    d = runs / cfg / f"seed{seed}"
+    _write_rows(d, rows)
+    (d / "bench.json").write_text(json.dumps({"cmd": [f"{cfg}.py", "--max_steps", str(max_steps)]}))
+
+
+def _fake_results(tmp_path) -> Path:
+    runs = tmp_path / "runs"
+    # baseline RLOO: final pass@1 mean over seeds = (0.30 + 0.34) / 2 = 0.32
+    _fake_run(runs, "rloo", 0, {0: 0.2, 2: 0.25, 4: 0.30}, 100)
+    _fake_run(runs, "rloo", 1, {0: 0.2, 2: 0.27, 4: 0.34}, 100)
+    # RA-RLOO: seed mean 0.33 at step 2 (>= 0.32) with 2x the tokens per step of RLOO
+    post = {s: {"ra_zero_var_frac_post": v} for s, v in zip(range(1, 5), (0.4, 0.2, 0.1, 0.0))}
+    _fake_run(runs, "ra_rloo", 0, {0: 0.2, 2: 0.32, 4: 0.36}, 200, extra=post)
+    _fake_run(runs, "ra_rloo", 1, {0: 0.2, 2: 0.34, 4: 0.40}, 200, extra=post)
+    _fake_run(runs, "ra_rloo", 2, {0: 0.2, 2: 0.30}, 200, finished=False)  # unfinished: listed, not counted
+    # PPO+PROS never reaches PPO's final
+    _fake_run(runs, "ppo", 0, {0: 0.2, 4: 0.5}, 50)
+    _fake_run(runs, "ppo_pros", 0, {0: 0.2, 4: 0.4}, 50)
+    return runs
+
+
+def test_report_numbers_on_hand_made_runs(tmp_path):
+    runs = _fake_results(tmp_path)
+    order, aggs = report.build_aggs(report.load_runs(runs))
+    assert order == ["rloo", "ra_rloo", "ppo", "ppo_pros"]  # the harness's config order
+    ra, rl = aggs["ra_rloo"], aggs["rloo"]
+    assert len(ra.finished) == 2 and len(ra.unfinished) == 1
+    assert ra.final[0] == pytest.approx(0.38) and ra.final[1] == pytest.approx(0.02828, abs=1e-4)
+    assert rl.final[0] == pytest.approx(0.32) and ra.start == pytest.approx(0.2)
+    # RA-RLOO's seed-mean pass@1 is 0.33 at step 2: the first evaluation at or above RLOO's final 0.32
+    hit = report.reach(ra.curve, rl.final[0])
+    assert hit["step"] == 2 and hit["gen_tokens"] == 400 and hit["rollouts"] == 8
+    assert report.reach(rl.curve, rl.final[0])["step"] == 4  # RLOO itself gets there at the end: 400 tokens
+    tgt, tok, smp = report.reach_cells(ra, aggs)
+    assert tgt.startswith("0.320 (rloo)") and tok == "400 (1.00x) @ step 2" and smp.startswith("8 (0.50x)")
+    assert report.reach_cells(aggs["ppo_pros"], aggs)[1] == "not reached"
+    # wall time: step 2 evaluates, so its 51 s (evaluation included) is replaced by gen + train + book-keeping
+    walls = report.step_walls(run.read_rows(runs / "rloo" / "seed0"))
+    assert walls[2] == pytest.approx(0.6 + 0.3 + 0.1) and walls[1] == 1.0
+    assert ra.step_s == pytest.approx(1.0)
+    m = ra.mechanism["ra_zero_var_frac_post"]
+    assert m["early"] == pytest.approx(0.4) and m["late"] == pytest.approx(0.0) and m["mean"] == pytest.approx(0.175)
+    assert ra.mechanism["ra_replay_fired_frac"] is None  # not in these rows: shown as "not logged"
+    table = report.results_table(order, aggs)
+    assert "**0.380** ± 0.028" in table and "**0.400** (1 seed)" in table and "not reached" in table and "`ra_replay_fired_frac` not logged" in table
+    assert "2 (+1 unfinished)" in table
+
+
+def test_report_page_without_plots(tmp_path):
+    runs = _fake_results(tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "commentary.md").write_text("Hand-written note.\n")
+    page = report.write_report(runs, tmp_path / "out", plots=False).read_text()
+    assert "| RA-RLOO (`ra_rloo`)" in page and "Hand-written note." in page
+    assert "`ra_rloo` seed 2: at step 3/4" in page and not list((tmp_path / "out").glob("*.png"))
+
+
+def test_report_writes_the_plots(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is an optional benchmark dependency "
+                                             "(benchmarks/requirements.txt); the plots are not tested without it")
+    runs = _fake_results(tmp_path)
+    page = report.write_report(runs, tmp_path / "out", plots=True).read_text()
+    for name in ("pass1_vs_tokens.png", "pass1_vs_wall.png", "zero_var.png", "mechanisms.png"):
+        png = tmp_path / "out" / name
+        assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+        assert f"]({name})" in page
+
+
+def test_modules_do_not_import_matplotlib_or_torch_at_import_time():
+    code = ("import sys; import benchmarks.run, benchmarks.report, benchmarks.floor; "
+            "bad = [m for m in ('matplotlib', 'torch') if m in sys.modules]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+# ----------------------------------------------------------------------------------------------------
+# floor: the breakdown arithmetic
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_floor_breakdown_parts_sum_to_the_script_step():
+    res = {"floor": {"gen": 0.5, "update": 0.1, "tokens": 100},
+           "ours": {"gen": 0.6, "score": 0.1, "verify": 0.1, "update": 0.2, "tokens": 100},
+           "script": {"step": 1.5, "gen": 1.0, "train": 0.3}}
+    bd = floor.breakdown(res)
+    assert bd["floor_total"] == pytest.approx(0.6) and bd["script_ratio"] == pytest.approx(2.5)
+    parts = bd["script_parts"]
+    assert sum(parts.values()) == pytest.approx(1.5)
+    assert parts["generation"] == pytest.approx(0.75) and parts["log-prob passes"] == pytest.approx(0.125)
+    assert parts["bookkeeping"] == pytest.approx(0.2 + 0.125) and parts["update"] == pytest.approx(0.3)
+    md = floor.render(floor.Args(), {**res, "params": 1e6}, bd)
+    assert "2.50x floor" in md
