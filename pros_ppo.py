@@ -52,8 +52,8 @@ from common.value import accumulate_value_gradients, build_value_model
 
 @dataclass
 class Args(BaseArgs):
-    max_steps: int = 100
-    """number of iterations (each: one batch of queries, then ppo_epochs x num_minibatches updates)"""
+    max_steps: int = 200
+    """number of iterations (each: one batch of queries, then ppo_epochs x num_minibatches updates; 200 keeps the default run under 10 minutes on 2 cores)"""
     k: int = 4
     """rollouts per query (group size; GRPO's baseline and PROS's per-node pass-rate observations need >= 2)"""
     adv: Literal["gae", "grpo"] = "gae"
@@ -98,8 +98,8 @@ class Args(BaseArgs):
     """[PROS] σ: std of a child's log-odds around its root's, ψ_child ~ N(ψ_root, σ²)"""
     gibbs_sweeps: int = 10
     """[PROS] Gibbs sweeps per iteration (warm-started from the previous iteration's state)"""
-    pg_terms: int = 10
-    """[PROS] exact Gamma terms in each Pólya-Gamma draw (the remainder is one moment-matched Gamma)"""
+    pg_terms: int = 4
+    """[PROS] exact Gamma terms in each Pólya-Gamma draw; the remainder is one Gamma with its exact mean and variance"""
     pool_capacity: int = 10000
     """[PROS] maximum number of nodes (roots + children) in the pool; least recently observed are evicted"""
 
@@ -167,7 +167,7 @@ def child_candidates(prefix: tuple, continuations: list[list[int]], correct: lis
         full = list(prefix) + list(cont)
         length = len(full) - (1 if full and full[-1] in stop_ids else 0)
         t = choose_cut(entropies[i], None if values is None else values[i], len(prefix), length, value_top_frac)
-        if t is not None:
+        if t is not None and t > len(prefix):  # a cut at the inherited length would reproduce the node itself
             scored.append((-float(entropies[i][t - len(prefix)]), i, tuple(full[:t])))
     out: list[tuple[int, ...]] = []
     for _, _, p in sorted(scored):
@@ -456,7 +456,7 @@ def main(args: Args) -> None:
         # ---- [PROS] per-query outcomes and child candidates (Sec. 3), gathered so every rank updates the same tree ----
         recs = []
         for gi, j in enumerate(mine):
-            pid, prefix, node = items[j]
+            prefix = items[j][1]
             cands = []
             if pros and bool(correct[gi].any()):
                 rows = range(gi * k, (gi + 1) * k)

@@ -17,6 +17,20 @@ Default task: multi-turn Countdown (common/countdown_env.py), one arithmetic ste
 answers with the remaining numbers; observation tokens are context with loss mask 0. Real math datasets use
 the single-turn text mode, where a step is a line of the response and a prefix is its first K lines.
 
+Design choices the paper leaves open (each is a flag or documented at its function):
+- Batch: constant size --prompts_per_step; the previous step's prefix tasks come first, at most
+  --max_prefix_frac of the batch, the rest are fresh tasks. Prefix tasks over the cap are dropped, never
+  carried over (dynamic on-policy: only the current step's trajectories), and prefix tasks are never routed
+  to Prefix & Mask again. A too-hard/too-easy task contributes one trajectory (chosen at random).
+- Prefix length K is clamped to [1, T-1] (`prefix_steps`): 0 steps is the fresh task again, T steps leaves
+  nothing to generate; a 1-step trajectory gives no prefix task.
+- The core metrics reward_mean / pass_rate / frac_zero_var_groups are over fresh tasks only (the paper's
+  training score on no-prefix tasks); ps_* metrics cover prefix tasks.
+- Adaptive control restarts its EMA after every adjustment (`PrefixController`, --ema_reset).
+- The default task has 3 numbers, so trajectories have T <= 2 steps and K is always 1: the ratios (and the
+  adaptive controller) cannot change the prefix length there. --env_numbers 4 gives T = 3 (K in {1, 2}).
+- The embedded policy gets a short multi-turn warm-up before RL (--mt_sft_steps, see countdown_env.py).
+
     python ps_grpo.py                                   # PS (fixed ratios), multi-turn Countdown, CPU
     python ps_grpo.py --adaptive                        # PS with adaptive prefix control
     python ps_grpo.py --prefix_sampling false           # GRPO + rejection sampling baseline
@@ -42,8 +56,7 @@ from common.data import PromptSampler
 from common.generation import SamplingConfig
 from common.losses import clipped_surrogate
 from common.metrics import pass_at_k
-from common.runtime import (Run, accumulate_gradients, core_metrics, finish_step, my_slice, optimizer_step,
-                            reduce_sums, start_run)
+from common.runtime import Run, accumulate_gradients, core_metrics, finish_step, my_slice, optimizer_step, start_run
 
 CATEGORIES = ("hard", "easy")
 
@@ -70,6 +83,8 @@ class Args(BaseArgs):
     """[multiturn] an invalid action ends the episode (reward 0), or is answered with an error and the state, and the agent tries again"""
     max_action_tokens: int = 16
     """[multiturn] token cap of one action (a turn ends at a newline or EOS); --max_new_tokens caps text-mode completions"""
+    mt_sft_steps: int = 150
+    """[multiturn] with the embedded model: SFT steps on solver-built episodes of the environment before RL (built once, cached next to the base); the base was only SFT-ed on the single-turn text and cannot act in the environment. 0 = the base as is"""
     prefix_sampling: bool = True
     """[PS] route skewed tasks to Prefix & Mask and inject prefix tasks into the next batch; false = the baseline"""
     low: float = 0.3
@@ -87,7 +102,7 @@ class Args(BaseArgs):
     max_prefix_frac: float = 0.5
     """[PS] at most this fraction of the batch's tasks are prefix tasks; the rest are fresh; prefix tasks over the cap are dropped"""
     adaptive: bool = False
-    """[PS] adaptive prefix control: move each category's ratio so that its prefix tasks pass ~50% of the time"""
+    """[PS] adaptive prefix control: move each category's ratio toward a prefix-task pass rate of 0.5"""
     ema_alpha: float = 0.05
     """[PS] adaptive: EMA coefficient of the per-category prefix-task pass rate"""
     deadzone_low: float = 0.47
@@ -104,17 +119,6 @@ class Args(BaseArgs):
     """[PS] adaptive: upper clamp of both ratios"""
     ema_reset: bool = True
     """[PS] adaptive: restart the (bias-corrected) EMA after each adjustment, so it measures the new ratio only (false: one EMA throughout, which lags and overshoots)"""
-    # defaults sized for the embedded task on 2 CPU cores (<= 10 minutes)
-    max_steps: int = 60
-    """number of policy updates (one batch of tasks each)"""
-    prompts_per_step: int = 16
-    """tasks per step (fresh + prefix tasks), across all processes"""
-    eval_every: int = 10
-    """evaluate on the held-out set every N steps (0 = only at the start and end)"""
-    eval_prompts: int = 128
-    """held-out problems used for evaluation"""
-    learning_rate: float = 5e-4
-    """AdamW learning rate (the embedded model is tiny; use ~1e-6 for a real 0.5B-7B model)"""
 
     def validate(self) -> None:
         if self.n < 2:
@@ -233,8 +237,8 @@ def rollout_multiturn(generator, tokenizer, prompts: list[list[int]], problems: 
     stored actions (restoring the numbers, the turn count and the conversation); those tokens are context
     with mask 0 and cost no generation. Observations are context with mask 0 too.
     """
-    encode = lambda s: tokenizer(s, add_special_tokens=False).input_ids  # noqa: E731
-    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    encode = lambda s: tokenizer(s, add_special_tokens=False).input_ids
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
     eos = tokenizer.eos_token_id
     episodes = [replay_episode(problems[g], prefixes[g], g, decode, encode, max_turns, invalid)
                 for g in range(len(prompts)) for _ in range(n)]
@@ -282,15 +286,21 @@ def rollout_text(generator, tokenizer, prompts: list[list[int]], prefixes: list[
     return episodes
 
 
-def evaluate_episodes(run: Run, examples: list, cfg: SamplingConfig, args: Args) -> dict:
+def turn_config(tokenizer, args: Args) -> SamplingConfig:
+    """Sampling for one turn: an action ends at the end of its line (or EOS), at most max_action_tokens."""
+    nl = tokenizer("\n", add_special_tokens=False).input_ids[-1]
+    return SamplingConfig(max_new_tokens=args.max_action_tokens, temperature=args.temperature, stop_token_ids=[nl])
+
+
+def evaluate_episodes(run: Run, examples: list, args: Args) -> dict:
     """Held-out pass@1 / pass@k of whole episodes in the environment (prompts split across ranks)."""
     acc, k_max = run.acc, args.eval_samples
     mine = examples[acc.process_index::acc.num_processes]
     counts = []
     if mine:
         eps = rollout_multiturn(run.generator, run.tokenizer, [run.encode(e.prompt) for e in mine],
-                                [e.answer for e in mine], [[] for _ in mine], k_max, cfg, args.max_turns,
-                                args.env_invalid)
+                                [e.answer for e in mine], [[] for _ in mine], k_max, turn_config(run.tokenizer, args),
+                                args.max_turns, args.env_invalid)
         counts = [sum(e.reward >= 1.0 for e in eps[i * k_max:(i + 1) * k_max]) for i in range(len(mine))]
     counts = gather_object(counts) if acc.num_processes > 1 else counts
     return {f"eval_pass@{k}": float(np.mean([pass_at_k(k_max, c, k) for c in counts])) for k in sorted({1, k_max})}
@@ -314,16 +324,21 @@ def right_align(rows: list[list[float]], width: int) -> torch.Tensor:
 
 
 def main(args: Args) -> None:
-    from common.countdown_env import make_env_task
+    from common.countdown_env import MultiTurnRecipe, ensure_multiturn_policy, make_env_task
+    from common.policy import EMBEDDED, ensure_embedded_base
 
+    if args.num_threads > 0:
+        torch.set_num_threads(args.num_threads)
+    if args.multiturn and args.model_name_or_path == EMBEDDED and args.mt_sft_steps > 0:
+        # the embedded base, warmed up on episodes of the environment (deterministic, so ranks agree on it)
+        recipe = MultiTurnRecipe(args.env_numbers, args.env_max_number, args.mt_sft_steps)
+        args.model_name_or_path = str(ensure_multiturn_policy(str(ensure_embedded_base()), recipe))
     if args.multiturn:
         env_train, env_eval = make_env_task(args.env_numbers, args.env_max_number, args.eval_prompts, args.prompt_pool)
-        env_cfg = SamplingConfig(max_new_tokens=args.max_action_tokens, temperature=args.temperature)
         # held-out evaluation plays whole episodes; set on the class so start_run's step-0 evaluation does too
-        Run.evaluate = lambda self: evaluate_episodes(self, env_eval, env_cfg, args)
+        Run.evaluate = lambda self: evaluate_episodes(self, env_eval, args)
     run = start_run(args, "ps_grpo", need_ref=False)
-    acc, tokenizer, n, eos = run.acc, run.tokenizer, args.n, run.tokenizer.eos_token_id
-    nl = tokenizer("\n", add_special_tokens=False).input_ids[-1]
+    acc, tokenizer, n = run.acc, run.tokenizer, args.n
     breaks: dict[int, bool] = {}
 
     def is_break(t: int) -> bool:  # text mode: does this token end a line?
@@ -332,7 +347,7 @@ def main(args: Args) -> None:
         return breaks[t]
 
     if args.multiturn:
-        env_cfg.stop_token_ids = [nl]  # a turn ends at the end of its line
+        env_cfg = turn_config(tokenizer, args)
         train, sampler = env_train, PromptSampler(len(env_train), args.seed)
         if "sampler" in run.method_state:
             sampler.load_state_dict(run.method_state["sampler"])
@@ -342,7 +357,7 @@ def main(args: Args) -> None:
     queue: list[dict] = run.method_state.get("queue", [])
     init = {"hard": args.remaining_ratio, "easy": args.prefix_ratio}
     ctrl = {c: PrefixController(**run.method_state["ctrl"][c]) if "ctrl" in run.method_state
-            else PrefixController(init[c]) for c in CATEGORIES}
+            else PrefixController(init[c], wait=args.cooldown) for c in CATEGORIES}  # first move after `cooldown` observations
 
     for step in range(run.start_step + 1, args.max_steps + 1):
         t0 = time.time()

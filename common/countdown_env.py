@@ -28,7 +28,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from common import countdown
 from common.countdown import Problem
@@ -91,7 +91,7 @@ class CountdownEnv:
         turn with EOS, i.e. it considers itself finished after this action."""
         if self.done:
             raise RuntimeError("step() on a finished episode")
-        action = action[:-1] if action.endswith("\n") else action
+        action = action.removesuffix("\n")
         parsed = None if not action else self._parse(action)
         if not action:  # the agent stops (an empty turn): no answer
             obs, self.done, self.status = "stopped\n", True, "stopped"
@@ -255,7 +255,7 @@ def sft_multiturn(model, tokenizer, recipe: MultiTurnRecipe, log=print) -> dict:
     rng = random.Random(recipe.seed)
     torch.manual_seed(recipe.seed)
     train, _ = make_env_splits(recipe.n_numbers, recipe.max_number)
-    encode = lambda s: tokenizer(s, add_special_tokens=False).input_ids  # noqa: E731
+    encode = lambda s: tokenizer(s, add_special_tokens=False).input_ids
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.0)
     warm = max(1, recipe.sft_steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm))

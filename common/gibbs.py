@@ -12,7 +12,7 @@ Pólya-Gamma augmentation (Polson, Scott & Windle 2013): with ω ~ PG(n, ψ) and
     ψ_child | ψ_root, ω:  V = 1/(1/σ² + ω),  m = V (ψ_root/σ² + κ)
     ψ_root | children, ω: V0 = 1/(1/τ0² + C/σ² + ω_root),  m0 = V0 (μ0/τ0² + Σ_children ψ_child/σ² + κ_root)
 A sweep draws all ω, then all children given their roots, then all roots given their children, each block
-vectorised over the whole tree (numpy; one sweep at 10k nodes takes a few milliseconds).
+vectorised over the whole tree (numpy; one sweep at 10k nodes takes ~4 ms on one CPU core).
 
 PG(b, c) sampler (`sample_pg`), for any real b >= 0: PG(b, c) has the exact series representation
     ω = 1/(2π²) Σ_{k>=1} g_k / ((k - 1/2)² + c²/(4π²)),   g_k ~ Gamma(b, 1) i.i.d.
@@ -20,8 +20,10 @@ We draw the first `terms` Gamma variables exactly and replace the remainder Σ_{
 whose mean and variance equal the remainder's (b·S1 and b·S2 with S1 = Σ_{k>terms} 1/d_k, S2 = Σ 1/d_k²; both
 tail sums are exact: closed-form totals minus the first `terms` terms). Hence the mean b·tanh(c/2)/(2c) and the
 variance b·(sinh c - c)/(4c³cosh²(c/2)) of every draw are exact (to floating point); only the shape of the
-small remainder is approximated. At terms=10 the remainder carries at most 2% of the mean and < 3e-5 of the
-variance (at c=0; less for larger |c|), so higher moments are off by well under 1%. b = 0 gives ω = 0.
+small remainder is approximated. At the default terms=4 the remainder carries at most 5% of the mean and
+3e-4 of the variance (at c = 0; less for larger |c|); measured against a 400-term series (100k draws), the
+5%..99% quantiles agree within ~1-2% for b in {0.3, 1.7, 8}, the 1% quantile within 4% for b = 0.3 (1.6% for
+b = 1.7). terms=10 tightens that further at ~3x the cost. b = 0 gives ω = 0.
 """
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ def pg_var(b, c) -> np.ndarray:
     return np.asarray(b, dtype=np.float64) * pg_moment_sums(c)[1] / (4 * _PI2 ** 2)
 
 
-def sample_pg(b, c, rng: np.random.Generator, terms: int = 10) -> np.ndarray:
+def sample_pg(b, c, rng: np.random.Generator, terms: int = 4) -> np.ndarray:
     """ω ~ PG(b, c) elementwise (b >= 0 real, c real), truncated series + moment-matched Gamma remainder (module doc)."""
     b = np.asarray(b, dtype=np.float64)
     c = np.asarray(c, dtype=np.float64)
@@ -65,12 +67,12 @@ def sample_pg(b, c, rng: np.random.Generator, terms: int = 10) -> np.ndarray:
     if terms < 1:
         raise ValueError("terms must be >= 1")
     k = np.arange(1, terms + 1, dtype=np.float64)
-    d = (k - 0.5) ** 2 + (c[..., None] / (2 * np.pi)) ** 2  # [..., terms]
-    g = rng.standard_gamma(np.broadcast_to(b[..., None], d.shape))  # Gamma(0) = 0 exactly
-    head = (g / d).sum(-1)
+    inv_d = 1.0 / ((k - 0.5) ** 2 + (c[..., None] / (2 * np.pi)) ** 2)  # 1/d_k, [..., terms]
+    g = rng.standard_gamma(np.broadcast_to(b[..., None], inv_d.shape))  # Gamma(0) = 0 exactly
+    head = (g * inv_d).sum(-1)
     s1, s2 = pg_moment_sums(c)
-    t1 = np.maximum(s1 - (1 / d).sum(-1), 1e-300)  # remainder sums Σ_{k>terms}
-    t2 = np.maximum(s2 - (1 / d ** 2).sum(-1), 1e-300)
+    t1 = np.maximum(s1 - inv_d.sum(-1), 1e-300)  # remainder sums Σ_{k>terms}
+    t2 = np.maximum(s2 - (inv_d * inv_d).sum(-1), 1e-300)
     shape = b * t1 * t1 / t2  # Gamma(shape, scale) with mean b·t1 and variance b·t2
     tail = rng.standard_gamma(shape) * (t2 / t1)
     return np.where(b > 0, (head + tail) / (2 * _PI2), 0.0)
@@ -88,7 +90,7 @@ def update_counts(s: np.ndarray, n: np.ndarray, nodes, succ, trials, forget: flo
 
 
 def gibbs_sweeps(psi: np.ndarray, parent: np.ndarray, s: np.ndarray, n: np.ndarray, mu0: float, tau0: float,
-                 sigma: float, sweeps: int, rng: np.random.Generator, terms: int = 10) -> tuple[np.ndarray, np.ndarray]:
+                 sigma: float, sweeps: int, rng: np.random.Generator, terms: int = 4) -> tuple[np.ndarray, np.ndarray]:
     """Run `sweeps` Gibbs sweeps of the two-layer model from state `psi` (module doc for the conditionals).
 
     parent[i] = -1 for a root, else the index of i's root (two layers: a root's parent is always -1).

@@ -1,0 +1,200 @@
+"""PROS on PPO: cut selection, the query tree, selection, GAE, prefix masking, and the script end to end."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from common.advantages import gae_advantages
+from conftest import run_script
+from pros_ppo import Args, QueryTree, child_candidates, choose_cut, select_nodes, value_loss
+
+
+# ---------------------------------------------------------------- t* (Section 3)
+
+def test_cut_is_the_entropy_argmax_inside_the_window():
+    ent = np.array([9.0, 0.1, 0.2, 0.3, 0.9, 0.4, 0.5, 0.6, 0.7, 0.8, 5.0, 8.0])  # T = 12: window [3, 9)
+    t = choose_cut(ent, None, inherited=0, length=12)
+    assert t == 4  # the global maxima at 0, 10, 11 lie outside [⌊T/4⌋, ⌊3T/4⌋)
+    # an inherited prefix raises the lower bound: entries start at position `inherited`
+    t = choose_cut(ent[5:], None, inherited=5, length=12)
+    assert 5 <= t < 9 and t == 8  # window [5, 9): max of positions 5..8 (entropies 0.4 0.5 0.6 0.7)
+    assert choose_cut(ent[9:], None, inherited=9, length=12) is None  # window empty: no child
+    assert choose_cut(np.ones(1), None, inherited=0, length=1) is None  # too short: [0, 0)
+
+
+def test_with_a_critic_only_the_top_value_positions_compete():
+    ent = np.zeros(40)
+    ent[12] = 5.0  # highest entropy in the window [10, 30)
+    ent[25] = 1.0
+    val = np.zeros(40)
+    val[[25, 27]] = 1.0  # top 10% of 20 window positions = 2 positions: 25 and 27
+    assert choose_cut(ent, None, 0, 40) == 12
+    assert choose_cut(ent, val, 0, 40, value_top_frac=0.1) == 25
+
+
+def test_child_candidates_come_from_correct_rollouts_and_extend_the_prefix():
+    stop = {2}
+    prefix = (7, 7)
+    conts = [[5, 5, 5, 5, 5, 5, 2], [6, 6, 6, 6, 6, 6, 2]]  # full responses have T = 8 tokens + stop
+    # entry j is position 2 + j; window [max(2, ⌊8/4⌋), ⌊3·8/4⌋) = [2, 6)
+    ents = [np.array([0, 0, 0, 9.0, 20.0, 0, 0]), np.array([0, 3.0, 0, 0, 0, 0, 0])]
+    c = child_candidates(prefix, conts, [False, True], ents, None, stop, 0.1)
+    assert c == [(7, 7, 6)]  # only the correct rollout; cut at its entropy argmax (position 3)
+    c = child_candidates(prefix, conts, [True, True], ents, None, stop, 0.1)
+    assert c == [(7, 7, 5, 5, 5), (7, 7, 6)]  # position 6 (entropy 20) is outside the window; best first
+    flat = [np.zeros(7)]  # all ties: t* = 2 = the inherited length, which would reproduce the node itself
+    assert child_candidates(prefix, conts[:1], [True], flat, None, stop, 0.1) == []
+
+
+# ---------------------------------------------------------------- the tree and selection (Section 4)
+
+def test_tree_children_attach_to_the_root_and_state_round_trips():
+    tree = QueryTree()
+    r = tree.add(3, (), 1, 0.0)
+    c1 = tree.add(3, (1, 2), 1, 0.0)
+    c2 = tree.add(3, (1, 2, 3), 2, 0.0)  # a child of a child: still the root's child
+    assert tree.parent.tolist() == [-1, r, r] and tree.add(3, (1, 2), 5, 0.0) == c1  # no duplicates
+    tree.observe([r, c2, c2], [1.0, 2.0, 0.0], [4.0, 4.0, 4.0], 0.5, 3)
+    assert tree.n.tolist() == [4.0, 0.0, 8.0] and tree.s.tolist() == [1.0, 0.0, 2.0]
+    tree.gibbs(Args(), np.random.default_rng(0))
+    t2 = QueryTree(tree.state_dict())
+    assert t2.index == tree.index and np.array_equal(t2.psi, tree.psi) and t2.prefix == tree.prefix
+
+
+def test_eviction_is_bounded_and_drops_the_least_recent_first():
+    tree = QueryTree()
+    for pid in range(6):
+        tree.add(pid, (), pid, 0.0)  # root pid was last observed at step pid
+    tree.add(0, (9,), 10, 0.0)  # root 0 has a recent child: it counts as recent
+    gone = tree.evict(4)
+    assert gone == 3 and len(tree) == 4
+    assert sorted(set(tree.pid.tolist())) == [0, 4, 5]  # roots 1, 2, 3 (oldest) went
+    assert tree.parent[tree.index[(0, (9,))]] == tree.index[(0, ())]  # parent ids re-mapped
+    tree.add(7, (), 11, 0.0)
+    assert tree.evict(2) == 3  # roots 4, 5, then the child (children go before their root on ties)
+    assert sorted(tree.pid.tolist()) == [0, 7] and (tree.parent < 0).all()
+    assert tree.index == {(0, ()): 0, (7, ()): 1}
+
+
+def test_selection_prefers_pass_rates_near_half_one_node_per_root():
+    theta = np.array([0.5, 0.52, 0.9, 0.45, 0.1, 0.6])
+    pid = np.array([0, 0, 1, 1, 2, 3])
+    sel = select_nodes(theta, pid, 3, set(), "bayes", np.random.default_rng(0))
+    assert sel == [0, 3, 5]  # root 0's best, root 1's best (0.45), then 0.6; node 1 shares root 0
+    assert select_nodes(theta, pid, 3, {0}, "bayes", np.random.default_rng(0)) == [3, 5, 4]
+    rnd = select_nodes(theta, pid, 4, set(), "random", np.random.default_rng(1))
+    assert len(rnd) == 4 and len(set(pid[rnd].tolist())) == 4
+
+
+# ---------------------------------------------------------------- PPO pieces
+
+def test_gae_reduces_to_monte_carlo_and_td_and_ignores_padding():
+    v = torch.tensor([[0.0, 0.0, 0.2, 0.5, 0.1]])
+    mask = torch.tensor([[0.0, 0.0, 1.0, 1.0, 1.0]])  # two pad columns (left), three tokens
+    r = torch.tensor([[0.0, 0.0, 0.0, 0.0, 1.0]])
+    adv, ret = gae_advantages(r, v, mask, gamma=1.0, lam=1.0)
+    assert adv[0].tolist() == pytest.approx([0, 0, 0.8, 0.5, 0.9])  # R - V_t
+    assert ret[0].tolist() == pytest.approx([0, 0, 1.0, 1.0, 1.0])
+    adv0, _ = gae_advantages(r, v, mask, gamma=1.0, lam=0.0)
+    assert adv0[0].tolist() == pytest.approx([0, 0, 0.5 - 0.2, 0.1 - 0.5, 1.0 - 0.1])  # TD residuals
+    advp, _ = gae_advantages(r[:, 2:], v[:, 2:], mask[:, 2:], 1.0, 0.9)
+    adv9, _ = gae_advantages(r, v, mask, 1.0, 0.9)
+    assert adv9[0, 2:].tolist() == pytest.approx(advp[0].tolist())
+
+
+def test_value_loss_is_clipped_around_the_old_value():
+    v, old, ret = torch.tensor([1.0]), torch.tensor([0.0]), torch.tensor([1.0])
+    assert value_loss(v, old, ret, 0.2).item() == pytest.approx(0.5 * 0.8 ** 2)  # max(unclipped 0, clipped)
+
+
+def test_prefix_tokens_get_zero_gradient(random_model_dir):
+    """A child's prefix sits in the prompt: the loss has gradient only at positions that predict continuation
+    tokens (checked on the full logits, so a prefix wrongly trained as completion would show up)."""
+    from transformers import AutoModelForCausalLM
+
+    from common.logprobs import token_logprobs
+    from common.losses import clipped_surrogate
+    from common.masking import pad_sequences
+
+    model = AutoModelForCausalLM.from_pretrained(random_model_dir)
+    root, prefix, cont = [5, 6, 7, 8], [9, 10, 11], [12, 13, 2]
+    batch = pad_sequences([root + prefix], [cont], 0)
+    kept = {}
+
+    class Spy(torch.nn.Module):  # full logits with retained grad, then the slice token_logprobs expects
+        def forward(self, logits_to_keep, **kw):
+            out = model(**kw)
+            kept["logits"] = out.logits
+            out.logits.retain_grad()
+            out.logits = out.logits[:, -logits_to_keep:]
+            return out
+
+    logp, _ = token_logprobs(Spy(), batch)
+    loss, _ = clipped_surrogate(logp, logp.detach(), torch.ones_like(logp))
+    (loss * batch.loss_mask).sum().backward()
+    g = kept["logits"].grad[0].abs().sum(-1)  # position t predicts token t+1
+    n_ctx = len(root) + len(prefix)
+    assert batch.loss_mask.tolist() == [[1.0, 1.0, 1.0]]
+    assert torch.all(g[:n_ctx - 1] == 0)  # positions predicting prompt and prefix tokens: no gradient
+    assert torch.all(g[n_ctx - 1:n_ctx - 1 + len(cont)] > 0)  # continuation tokens: gradient
+
+
+# ---------------------------------------------------------------- the script
+
+def test_every_flag_is_documented():
+    from dataclasses import fields
+
+    from common.cli import field_docs
+
+    docs = field_docs(Args)
+    missing = [f.name for f in fields(Args) if not docs.get(f.name)]
+    assert not missing, f"flags without help: {missing}"
+    out = run_script(["pros_ppo.py", "--help"]).stdout
+    for f in fields(Args):
+        assert f"--{f.name}" in out
+
+
+def _rows(path):
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items() if not k.startswith(("time_", "pros_gibbs_s"))} for r in rows]
+
+
+# --success_reward 0: the 30-step test base almost never answers correctly, so every rollout counts as a
+# success (a prefix source) here, to make the tree grow children within a few steps
+COMMON = ["--prompt_pool", "48", "--prompts_per_step", "8", "--eval_prompts", "8", "--eval_samples", "4",
+          "--max_new_tokens", "20", "--num_threads", "1", "--reward", "tinyzero", "--success_reward", "0",
+          "--pool_capacity", "20"]
+
+
+def test_pros_ppo_runs_resumes_exactly_and_grows_the_tree(tiny_base, tmp_path):
+    full, part = tmp_path / "full", tmp_path / "part"
+    base = ["pros_ppo.py", "--model_name_or_path", tiny_base, "--eval_every", "2", "--save_every", "2", *COMMON]
+    run_script([*base, "--output_dir", str(full), "--max_steps", "4"])
+    run_script([*base, "--output_dir", str(part), "--max_steps", "2"])
+    run_script([*base, "--output_dir", str(part), "--max_steps", "4", "--resume", "auto"])
+    a, b = _rows(full), _rows(part)
+    assert _strip(a) == _strip(b)  # tree, counts, Gibbs RNG, critic and its optimizer were restored
+    rows = a[1:]
+    keys = {"pros_pool_size", "pros_frac_children_in_batch", "pros_prefix_len_mean", "pros_calib_error",
+            "pros_gibbs_s", "pros_saved_prompt_tokens", "ppo_value_loss", "ppo_clip_frac", "time_step_s"}
+    assert keys <= set(rows[0]) and "eval_pass@1" in rows[-1]
+    assert rows[0]["pros_children_created"] > 0 and rows[0]["pros_frac_children_in_batch"] == 0
+    assert any(r["pros_frac_children_in_batch"] > 0 for r in rows[1:])  # children are selected and trained
+    assert any(r["pros_saved_prompt_tokens"] > 0 for r in rows[1:])
+    assert all(r["pros_pool_size"] <= 20 for r in rows)  # bounded pool
+    assert rows[-1]["rollouts"] == 4 * 8 * 4
+    state = torch.load(full / "checkpoint-4" / "trainer_state.pt", weights_only=False)["state"]["method"]
+    assert len(state["tree"]["prefix"]) == rows[-1]["pros_pool_size"] and "critic" in state
+
+
+def test_vanilla_grpo_has_no_prefix_reuse(tiny_base, tmp_path):
+    out = tmp_path / "van"
+    run_script(["pros_ppo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "2",
+                "--eval_every", "2", "--pros", "off", "--adv", "grpo", *COMMON])
+    rows = _rows(out)[1:]
+    assert all(not any(k.startswith("pros_") for k in r) for r in rows)
+    assert "ppo_value_loss" not in rows[0] and rows[-1]["rollouts"] == 2 * 8 * 4

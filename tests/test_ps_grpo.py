@@ -1,0 +1,296 @@
+"""Prefix Sampling: routing, prefix selection, replayed rollouts, prefix masking, the adaptive controller,
+and the script end to end (mechanism on/off, exact resume of queue and controller)."""
+import json
+import os
+import random
+from itertools import pairwise
+
+import pytest
+import torch
+
+from common import countdown
+from common.countdown import Problem
+from common.countdown_env import Episode, solver_episode
+from common.generation import Generations, SamplingConfig
+from common.policy import build_char_tokenizer
+from conftest import run_script
+from ps_grpo import (Args, PrefixController, prefix_steps, ps_loss, right_align, rollout_multiturn, rollout_text,
+                     route, split_lines)
+
+TOK = build_char_tokenizer()
+ENC = lambda s: TOK(s, add_special_tokens=False).input_ids
+NL = ENC("\n")[0]
+
+
+# ---------------- routing and prefix selection ----------------
+def test_route_five_paths():
+    got = [route(k, 8, 0.3, 0.7) for k in range(9)]
+    assert got == ["all_fail", "too_hard", "too_hard", "normal", "normal", "normal", "too_easy", "too_easy", "all_pass"]
+    assert route(3, 10, 0.3, 0.7) == "normal" and route(7, 10, 0.3, 0.7) == "normal"  # [low, high] is closed
+
+
+def test_prefix_steps_paper_examples_caps_and_clamps():
+    assert prefix_steps(20, "remaining", 0.25, 1000) == 15  # "a 20-step trajectory replays 15 steps"
+    assert prefix_steps(20, "prefix", 0.25, 1000) == 5  # "replays the first 5 steps of a failing trajectory"
+    assert prefix_steps(20, "remaining", 0.25, 3) == 17 and prefix_steps(20, "prefix", 0.25, 2) == 2  # caps
+    assert prefix_steps(3, "remaining", 0.7, 1000) == 1  # remaining int(2.1) = 2
+    # K = T (nothing left to generate) and K = 0 (the fresh task again) are clamped into [1, T - 1]
+    assert prefix_steps(2, "remaining", 0.25, 1000) == 1 and prefix_steps(2, "prefix", 0.25, 1000) == 1
+    assert prefix_steps(4, "prefix", 1.0, 1000) == 3 and prefix_steps(4, "remaining", 1.0, 1000) == 1
+    assert prefix_steps(1, "prefix", 0.5, 1000) is None  # a 1-step trajectory has no proper prefix
+    with pytest.raises(ValueError):
+        prefix_steps(5, "middle", 0.5, 9)
+
+
+# ---------------- adaptive prefix control ----------------
+CTRL = {"alpha": 0.05, "lo": 0.47, "hi": 0.53, "step": 0.05, "cooldown": 5, "rmin": 0.05, "rmax": 0.95}
+
+
+def _drive(ratio0, curve, steps=300, noise=0.03, reset=True, seed=0):
+    """Feed the controller pass rates from a synthetic pass-rate-vs-ratio curve (+ uniform noise)."""
+    rng = random.Random(seed)
+    c, ratios, emas = PrefixController(ratio0, wait=CTRL["cooldown"]), [ratio0], [None]
+    for _ in range(steps):
+        c.update(curve(c.ratio) + rng.uniform(-noise, noise), **CTRL, reset=reset)
+        ratios.append(c.ratio)
+        emas.append(c.ema(CTRL["alpha"]))
+    return c, ratios, emas
+
+
+def curve(r):
+    return 0.9 - 0.8 * r  # more remaining steps / more failing prefix -> harder; 0.5 at r = 0.5
+
+
+@pytest.mark.parametrize("ratio0", [0.25, 0.8])
+def test_controller_settles_in_the_deadzone_without_oscillating(ratio0):
+    _, ratios, emas = _drive(ratio0, curve)
+    assert ratios[-1] == pytest.approx(0.5) and 0.47 <= curve(ratios[-1]) <= 0.53
+    assert 0.47 <= emas[-1] <= 0.53
+    moves = [b - a for a, b in pairwise(ratios) if b != a]
+    assert len(moves) == round(abs(0.5 - ratio0) / 0.05)  # straight there: one-way steps, no overshoot
+    assert all(m > 0 for m in moves) if ratio0 < 0.5 else all(m < 0 for m in moves)
+    assert set(ratios[150:]) == {ratios[-1]}  # and it stays
+    changes = [i for i in range(1, len(ratios)) if ratios[i] != ratios[i - 1]]
+    assert all(b - a >= 6 for a, b in pairwise(changes))  # cooldown: 5 observations between moves
+
+
+def test_a_never_restarted_ema_lags_and_overshoots():
+    _, ratios, _ = _drive(0.25, curve, noise=0.0, reset=False)
+    assert max(ratios) >= 0.6  # pushed past 0.5 while the EMA still reported the old, easier ratios
+    assert any(b < a for a, b in pairwise(ratios))  # and had to come back: oscillation
+
+
+def test_controller_ignores_steps_without_prefix_tasks_and_clamps():
+    c = PrefixController(0.25)
+    assert c.update(None, **CTRL) == 0 and c.n == 0 and c.ema(0.05) is None
+    c = PrefixController(0.93)
+    assert c.update(1.0, **CTRL) == pytest.approx(0.02) and c.ratio == 0.95  # clamped to ratio_max
+    for _ in range(20):
+        c.update(1.0, **CTRL)
+    assert c.ratio == 0.95
+
+
+# ---------------- rollouts with a scripted policy ----------------
+class ScriptedGenerator:
+    """Plays the first solver step for the state in its context's last line; records every call."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompts, n, cfg):
+        self.calls.append((len(prompts), n, list(cfg.stop_token_ids)))
+        outs = []
+        for p in prompts:
+            *nums, t = TOK.decode(p).strip("\n").split("\n")[-1].split()
+            step = countdown.solutions(Problem(tuple(map(int, nums)), int(t[1:])))[0][0]
+            outs += [ENC(step + "\n")] * n
+        return Generations([list(p) for p in prompts], outs, [[-0.1] * len(o) for o in outs], ["stop"] * len(outs), n)
+
+
+def test_multiturn_rollouts_batch_turns_and_replay_prefixes():
+    probs = [Problem((14, 1, 10), 5), Problem((3, 4, 5, 6), 9)]
+    prompts = [ENC(countdown.prompt_text(p)) for p in probs]
+    stored = solver_episode(probs[1], countdown.solutions(probs[1])[-1], ENC, max_turns=4)  # another route
+    prefixes = [[], stored.steps[:2]]  # task 1 replays 2 of its 3 steps
+    gen = ScriptedGenerator()
+    cfg = SamplingConfig(max_new_tokens=16, stop_token_ids=[NL])
+    eps = rollout_multiturn(gen, TOK, prompts, probs, prefixes, 3, cfg, max_turns=4, invalid="end")
+    # one generate call per turn over all live episodes: turn 1 has all 6, turn 2 only task 0's 3
+    assert [c[:2] for c in gen.calls] == [(6, 1), (3, 1)] and gen.calls[0][2] == [NL]
+    assert all(e.reward == 1.0 for e in eps) and [e.group for e in eps] == [0, 0, 0, 1, 1, 1]
+    e = eps[3]
+    cut = sum(len(a) + len(o) for a, o in stored.steps[:2])
+    assert e.ids[:cut] == stored.ids[:cut] and e.mask[:cut] == [0] * cut  # restored conversation, no gradient
+    assert e.replayed_steps == 2 and e.replayed_tokens == sum(len(a) for a, _ in stored.steps[:2])
+    assert e.generated_tokens == len(e.steps[2][0]) and e.env.status == "solved"
+    assert e.old_logp[cut:cut + len(e.steps[2][0])] == [-0.1] * len(e.steps[2][0])
+    assert eps[0].replayed_tokens == 0 and len(eps[0].steps) == 2
+    assert eps[0].generated_tokens == sum(len(a) for a, _ in eps[0].steps) < len(eps[0].ids)  # observations: mask 0
+
+
+def test_right_align_matches_the_completion_region():
+    assert right_align([[1.0, 2.0], [3.0], []], 3).tolist() == [[0, 1, 2], [0, 0, 3], [0, 0, 0]]
+
+
+def test_text_mode_steps_are_lines_and_prefix_lines_are_replayed():
+    class Gen:
+        def generate(self, prompts, n, cfg):
+            self.ctx = prompts
+            out = [ENC("b\nc\nd")] * (len(prompts) * n)
+            return Generations(prompts, out, [[-1.0] * 5] * len(out), ["length"] * len(out), n)
+
+    assert split_lines(ENC("ab\nc\n\nd"), lambda t: t == NL) == [ENC("ab\n"), ENC("c\n"), ENC("\n"), ENC("d")]
+    g = Gen()
+    prefix = [(ENC("x\n"), []), (ENC("y\n"), [])]
+    eps = rollout_text(g, TOK, [ENC("Q:"), ENC("R:")], [[], prefix], 2, SamplingConfig(max_new_tokens=8),
+                       lambda text, ex: float(text.startswith("x")), [None, None], lambda t: t == NL)
+    assert g.ctx == [ENC("Q:"), ENC("R:x\ny\n")]  # the prefix is context, not generated
+    assert [e.reward for e in eps] == [0.0, 0.0, 1.0, 1.0]  # the reward reads prefix + continuation
+    assert TOK.decode(eps[2].ids) == "x\ny\nb\nc\n"  # continuation cut to the remaining budget 8 - 4
+    assert eps[2].mask == [0] * 4 + [1] * 4 and eps[2].replayed_tokens == 4 and len(eps[2].steps) == 4
+    assert len(eps[0].steps) == 3 and eps[0].mask == [1] * 5
+
+
+# ---------------- prefix masking: exactly zero gradient on replayed tokens ----------------
+def test_prefix_tokens_get_exactly_zero_gradient(random_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from common.logprobs import token_logprobs
+    from common.masking import pad_sequences
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(random_model_dir)
+    p = Problem((14, 1, 10), 5)
+    prompt = ENC(countdown.prompt_text(p))
+    full = solver_episode(p, ["14-10=4", "4+1=5"], ENC)
+    ep = Episode(0)
+    ep.add_turn(*full.steps[0])  # replayed first turn
+    ep.add_turn(full.steps[1][0], full.steps[1][1], [-0.3] * len(full.steps[1][0]))
+    other = solver_episode(p, ["14+1=15", "15-10=5"], ENC)
+    prompts, comps, masks = [prompt, prompt], [ep.ids, other.ids], [ep.mask, other.mask]
+    adv = torch.tensor([1.0, -1.0])
+
+    def grads(batch):
+        model.zero_grad()
+        logp, _ = token_logprobs(model, batch)
+        logp.retain_grad()
+        old = logp.detach()  # on-policy: ratio 1, nothing clipped
+        loss, _ = ps_loss(logp, old, adv, batch.loss_mask, int(batch.loss_mask.sum()), 0.2, 0.28)
+        loss.backward()
+        return logp.grad, {n: q.grad.clone() for n, q in model.named_parameters()}
+
+    batch = pad_sequences(prompts, comps, TOK.pad_token_id, masks)
+    g_tok, g_par = grads(batch)
+    lm = batch.loss_mask.bool()
+    assert (g_tok[~lm] == 0).all()  # replayed prefix and observations: exactly zero
+    assert (g_tok[lm] != 0).all()  # generated tokens: gradient
+    r = batch.completion_width
+    assert lm[0, r - len(ep.ids):r - len(ep.ids) + len(full.steps[0][0])].sum() == 0  # the replayed action itself
+    # the same update as training on the continuation with the replayed prefix moved into the prompt
+    cut = len(full.steps[0][0]) + len(full.steps[0][1])
+    batch2 = pad_sequences([prompt + ep.ids[:cut], prompt], [ep.ids[cut:], other.ids], TOK.pad_token_id,
+                           [ep.mask[cut:], other.mask])
+    _, g_par2 = grads(batch2)
+    assert all(torch.allclose(g_par[n], g_par2[n], atol=1e-6) for n in g_par)
+
+
+# ---------------- the script ----------------
+def test_every_flag_is_documented():
+    from dataclasses import fields
+
+    from common.cli import field_docs
+
+    docs = field_docs(Args)
+    assert not [f.name for f in fields(Args) if not docs.get(f.name)]
+    out = run_script(["ps_grpo.py", "--help"]).stdout
+    assert all(f"--{f.name}" in out for f in fields(Args))
+
+
+def test_bad_flags_exit_with_a_message():
+    from common.cli import parse_args
+
+    for argv, msg in [(["--n", "1"], "--n 1"), (["--low", "0.8", "--high", "0.7"], "--low"),
+                      (["--dataset", "openai/gsm8k", "--mode", "multiturn"], "--mode multiturn"),
+                      (["--reward", "shaped"], "--reward shaped"), (["--prefix_ratio", "1.5"], "--prefix_ratio")]:
+        with pytest.raises(SystemExit, match=msg):
+            parse_args(Args, argv)
+
+
+@pytest.fixture(scope="module")
+def mt_base(tiny_base, tmp_path_factory) -> str:
+    """tiny_base after a short multi-turn warm-up on a tiny problem space (numbers 1..3): mixed outcomes."""
+    from common.countdown_env import MultiTurnRecipe, ensure_multiturn_policy
+
+    old = os.environ.get("RLVR_CACHE")
+    os.environ["RLVR_CACHE"] = str(tmp_path_factory.mktemp("mtcache"))
+    try:
+        return str(ensure_multiturn_policy(tiny_base, MultiTurnRecipe(max_number=SMALL, sft_steps=MT_STEPS, lr=3e-3,
+                                                                      batch_size=32), log=lambda *_: None))
+    finally:
+        if old is None:
+            os.environ.pop("RLVR_CACHE")
+        else:
+            os.environ["RLVR_CACHE"] = old
+
+
+SMALL, MT_STEPS = 3, 100
+COMMON = ["--env_max_number", str(SMALL), "--prompt_pool", "48", "--prompts_per_step", "8", "--eval_prompts", "8",
+          "--eval_samples", "4", "--num_threads", "1"]
+
+
+def _rows(path):
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def _strip(rows):
+    return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
+
+
+def test_prefix_sampling_on_and_off(mt_base, tmp_path):
+    run_script(["ps_grpo.py", "--model_name_or_path", mt_base, "--output_dir", str(tmp_path / "ps"), "--max_steps", "3",
+                "--eval_every", "3", *COMMON])
+    run_script(["ps_grpo.py", "--model_name_or_path", mt_base, "--output_dir", str(tmp_path / "base"), "--max_steps",
+                "3", "--eval_every", "3", "--prefix_sampling", "false", *COMMON])
+    ps, base = _rows(tmp_path / "ps"), _rows(tmp_path / "base")
+    assert "eval_pass@1" in ps[0] and "eval_pass@4" in ps[-1] and ps[0]["step"] == 0
+    keys = {"ps_solve_partial", "ps_prefix_tasks", "ps_prefix_pass_rate_hard", "ps_prefix_pass_rate_easy",
+            "ps_ratio_hard", "ps_ratio_easy", "ps_ema_hard", "ps_ema_easy", "ps_replayed_tokens",
+            "ps_generated_tokens", "ps_fresh_pass_rate", "pass_rate", "frac_zero_var_groups", "loss", "entropy"}
+    assert keys <= set(ps[1]) and keys <= set(base[1])
+    ps, base = ps[1:], base[1:]
+    # skewed fresh tasks were sent to Prefix & Mask and came back as prefix tasks in the next batch
+    assert any(r["ps_queued"] > 0 for r in ps[:-1])
+    for prev, r in pairwise(ps):
+        assert r["ps_prefix_tasks"] == min(prev["ps_queued"], 4)  # capped at max_prefix_frac * 8
+    for r in ps:  # replayed tokens exactly when prefix tasks ran; fresh + prefix tasks = 8 per step
+        assert (r["ps_replayed_tokens"] > 0) == (r["ps_prefix_tasks"] > 0)
+        assert (r["ps_prefix_pass_rate"] is None) == (r["ps_prefix_tasks"] == 0)
+        assert sum(r[f"ps_route_{c}"] for c in ("all_fail", "all_pass", "normal", "too_hard", "too_easy")) \
+            == 8 - r["ps_prefix_tasks"]
+    assert ps[-1]["rollouts"] == base[-1]["rollouts"] == 3 * 8 * 8
+    assert all(r["ps_prefix_tasks"] == r["ps_queued"] == r["ps_replayed_tokens"] == 0 for r in base)
+
+
+def test_resume_restores_queue_and_controller(mt_base, tmp_path):
+    full, part = tmp_path / "full", tmp_path / "part"
+    base = ["ps_grpo.py", "--model_name_or_path", mt_base, "--eval_every", "2", "--save_every", "2", "--adaptive",
+            "--cooldown", "0", *COMMON]
+    run_script([*base, "--output_dir", str(full), "--max_steps", "4"])
+    run_script([*base, "--output_dir", str(part), "--max_steps", "2"])  # "killed" after step 2
+    state = torch.load(part / "checkpoint-2" / "trainer_state.pt", weights_only=False)["state"]["method"]
+    assert set(state) == {"queue", "ctrl", "sampler"} and set(state["ctrl"]) == {"hard", "easy"}
+    run_script([*base, "--output_dir", str(part), "--max_steps", "4", "--resume", "auto"])
+    a, b = _strip(_rows(full)), _strip(_rows(part))
+    assert [r["step"] for r in b] == [0, 1, 2, 3, 4] and a == b
+    assert state["queue"] and b[3]["ps_prefix_tasks"] > 0  # step 3 ran the prefix tasks queued before the "kill"
+    moved = [r for r in b[1:] if (r["ps_ratio_hard"], r["ps_ratio_easy"]) != (0.25, 0.25)]
+    assert moved  # the controller acted, and its ratios/EMAs continued identically after the resume
+
+
+def test_text_mode_runs(mt_base, tmp_path):
+    """The single-turn path (used for real datasets), here on the Countdown text form."""
+    run_script(["ps_grpo.py", "--model_name_or_path", mt_base, "--mode", "text", "--output_dir", str(tmp_path),
+                "--max_steps", "1", "--max_new_tokens", "16", *COMMON[2:]])  # (--env_max_number: multiturn only)
+    rows = _rows(tmp_path)
+    assert [r["step"] for r in rows] == [0, 1] and "eval_pass@1" in rows[1] and rows[1]["rollouts"] == 8 * 8
+    assert rows[1]["ps_generated_tokens"] > 0 and rows[1]["ps_replayed_tokens"] == 0
