@@ -84,6 +84,8 @@ class Args(BaseArgs):
     """a rollout is correct (a PROS success and a prefix source) when its training reward >= this"""
     pros: Literal["bayes", "random", "off"] = "bayes"
     """[PROS] bayes: prefix reuse + hierarchical Bayesian selection (paper); random: prefix reuse + uniform selection from the pool (ablation); off: vanilla PPO/GRPO"""
+    select_by: Literal["draw", "mean"] = "draw"
+    """[PROS] the θ̃ ranked by |θ̃ - 0.5|: the current Gibbs draw σ(ψ) (Thompson-style; the issue's reading) or θ̂, the mean of σ(ψ) over the last iteration's sweeps"""
     fresh_frac: float = 0.5
     """[PROS] fraction of each batch drawn from the data stream (never-seen prompts enter this way); the rest is selected from the pool"""
     value_top_frac: float = 0.1
@@ -361,8 +363,8 @@ def main(args: Args) -> None:
         n_stream = math.ceil(args.fresh_frac * P) if pros else P
         stream = run.sampler.next_ids(n_stream)
         picked: list[int] = []
-        if pros:  # [PROS] Sec. 4: the rest of the batch from the pool, by |θ̃ - 0.5| (θ̃ = σ(current Gibbs ψ))
-            theta_tilde = 1 / (1 + np.exp(-tree.psi))
+        if pros:  # [PROS] Sec. 4: the rest of the batch from the pool, by |θ̃ - 0.5| (θ̃ = σ(current Gibbs ψ) by default)
+            theta_tilde = 1 / (1 + np.exp(-tree.psi)) if args.select_by == "draw" else tree.theta_hat
             picked = select_nodes(theta_tilde, tree.pid, P - n_stream, set(stream), args.pros, rng)
             used, tries = set(stream) | {int(tree.pid[i]) for i in picked}, 0
             while len(stream) + len(picked) < P:  # pool too small (early on): top up from the stream
