@@ -351,3 +351,18 @@ def test_floor_breakdown_parts_sum_to_the_script_step():
     assert parts["bookkeeping"] == pytest.approx(0.2 + 0.125) and parts["update"] == pytest.approx(0.3)
     md = floor.render(floor.Args(), {**res, "params": 1e6}, bd)
     assert "2.50x floor" in md
+
+
+def test_gibbs_speed_reports_the_fraction_of_a_step(tmp_path, capsys):
+    from benchmarks import gibbs_speed
+
+    parent, s, n = gibbs_speed.synthetic_pool(50, 4, __import__("numpy").random.default_rng(0))
+    assert len(parent) == 50 and (parent[:10] == -1).all() and (parent[10:] >= 0).all() and (parent[10:] < 10).all()
+    assert ((s >= 0) & (s <= n)).all()
+    _write_rows(tmp_path, [{"step": 1, "time_step_s": 2.0}, {"step": 2, "time_step_s": 4.0},
+                           {"step": 3, "time_step_s": 3.0}])
+    out = gibbs_speed.main(gibbs_speed.Args(nodes=50, repeats=3, metrics=str(tmp_path / "metrics.jsonl")))
+    assert out["step_s"] == 3.0 and out["fraction"] == pytest.approx(out["gibbs_update_s"] / 3.0)
+    assert "% of a step" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--metrics"):
+        gibbs_speed.main(gibbs_speed.Args(nodes=50, repeats=1, metrics=str(tmp_path / "nope.jsonl")))
