@@ -49,13 +49,16 @@ from typing import Callable, Literal, Optional
 import torch
 from accelerate.utils import gather_object
 
-from common.ada import count_positive, right_align, surrogate_sum
+from common.ada import clipped_update, count_positive
 from common.advantages import zero_variance
 from common.args import BaseArgs
 from common.cli import parse_args
-from common.logprobs import token_logprobs
-from common.losses import kl_k3
-from common.runtime import accumulate_gradients, core_metrics, finish_step, my_slice, optimizer_step, start_run
+from common.runtime import (
+    core_metrics,
+    finish_step,
+    my_slice,
+    start_run,
+)
 
 
 @dataclass
@@ -248,29 +251,7 @@ def main(args: Args) -> None:
 
         # ---- update: GRPO-style clipped surrogate on the kept responses; pi_old = the sampling policy ----
         t1 = time.time()
-        n_tokens = sum(len(c) for c in completions)
-
-        def loss_fn(batch, logp, ent, rows):
-            mask = batch.loss_mask
-            old = right_align([old_lps[r] for r in rows], batch.completion_width).to(logp.device)
-            loss_sum, clipped = surrogate_sum(logp, old, adv[rows], mask, args.eps_low, args.eps_high)
-            loss = loss_sum / norm
-            metrics = {"loss_sum": loss_sum.item() / args.max_new_tokens, "ent_sum": (ent * mask).sum().item(),
-                       "tok": mask.sum().item(), "clip_sum": clipped.item()}
-            if run.ref is not None:
-                with torch.no_grad():
-                    ref_lp, _ = token_logprobs(run.ref, batch, temperature)
-                kl = kl_k3(logp, ref_lp) * mask
-                loss = loss + args.beta * kl.sum() / max(1, n_tokens)
-                metrics["kl_sum"] = kl.sum().item()
-            return loss, metrics
-
-        for epoch in range(args.ppo_epochs):
-            s = accumulate_gradients(run.model, acc, flat_prompts, completions, tokenizer.pad_token_id,
-                                     args.micro_batch_size, loss_fn, temperature=temperature)
-            optimizer_step(run)
-            if epoch == 0:
-                sums = s  # metrics of the first (on-policy) pass
+        sums = clipped_update(run, flat_prompts, completions, old_lps, adv, norm, temperature)
         t_train = time.time() - t1
 
         # ---- log ----

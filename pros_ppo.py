@@ -284,15 +284,6 @@ def select_nodes(theta: np.ndarray, pid: np.ndarray, count: int, exclude: set[in
 # PPO pieces
 # ----------------------------------------------------------------------------------------------------
 
-def right_align(rows: list[torch.Tensor], width: int) -> torch.Tensor:
-    """Stack 1-D tensors into [N, width], each row at the right edge (the completion region's layout)."""
-    out = torch.zeros(len(rows), width)
-    for i, r in enumerate(rows):
-        if len(r):
-            out[i, width - len(r):] = r
-    return out
-
-
 def value_loss(v: torch.Tensor, v_old: torch.Tensor, returns: torch.Tensor, clip: float) -> torch.Tensor:
     """Per-token clipped value loss 0.5·max((V - R)², (V_old + clip(V - V_old, ±c) - R)²) (PPO)."""
     v_clipped = v_old + (v - v_old).clamp(-clip, clip)

@@ -55,6 +55,7 @@ from common.countdown_env import Episode, replay_episode
 from common.data import PromptSampler
 from common.generation import SamplingConfig
 from common.losses import clipped_surrogate
+from common.masking import right_align
 from common.metrics import pass_at_k
 from common.runtime import Run, accumulate_gradients, core_metrics, finish_step, my_slice, optimizer_step, start_run
 
@@ -134,8 +135,10 @@ class Args(BaseArgs):
             raise SystemExit("--ema_alpha must be in (0, 1] and --deadzone_low <= --deadzone_high")
         if self.remaining_cap < 0 or self.prefix_cap < 0 or self.cooldown < 0:
             raise SystemExit("--remaining_cap, --prefix_cap and --cooldown must be >= 0")
-        if self.env_numbers < 2 or self.max_turns < 1 or self.max_action_tokens < 1:
-            raise SystemExit("--env_numbers must be >= 2, --max_turns and --max_action_tokens >= 1")
+        if self.env_numbers < 2 or self.max_action_tokens < 1:
+            raise SystemExit("--env_numbers must be >= 2 and --max_action_tokens >= 1")
+        if self.max_turns < self.env_numbers - 1:
+            raise SystemExit(f"--max_turns {self.max_turns}: {self.env_numbers} numbers need {self.env_numbers - 1} turns")
         if self.multiturn:
             if self.dataset != "countdown":
                 raise SystemExit(f"--mode multiturn: the environment is Countdown; --dataset {self.dataset} needs --mode text")
@@ -314,15 +317,6 @@ def ps_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask:
     return (per_tok * mask).sum() / max(1, n_tok), (clipped * mask).sum()
 
 
-def right_align(rows: list[list[float]], width: int) -> torch.Tensor:
-    """[B, width] tensor with each list at the right edge (the completion region of a left-padded batch)."""
-    out = torch.zeros(len(rows), width)
-    for i, r in enumerate(rows):
-        if r:
-            out[i, width - len(r):] = torch.tensor(r, dtype=torch.float32)
-    return out
-
-
 def main(args: Args) -> None:
     from common.countdown_env import MultiTurnRecipe, ensure_multiturn_policy, make_env_task
     from common.policy import EMBEDDED, ensure_embedded_base
@@ -399,7 +393,8 @@ def main(args: Args) -> None:
         if acc.num_processes > 1:
             new_tasks = gather_object(new_tasks)  # every rank keeps the same queue
 
-        # ---- advantages; rejection sampling drops groups whose rollouts all fail or all pass ----
+        # ---- GRPO advantages (A = (r - mean) / std; the paper's appendix, Perspective 2 uses r - mean);
+        #      rejection sampling drops groups whose rollouts all fail or all pass (DeepSWE baseline) ----
         keep = ~zero_variance(rewards)
         adv = grpo_advantages(rewards, scale=args.scale_advantages)
         rows = [i for i in range(len(episodes)) if keep[i // n]]

@@ -1,5 +1,5 @@
-"""Pieces both Reinforce-Ada scripts share (ada_seq.py, ada_est.py): counting positives, and the
-sequence-level clipped surrogate over ragged per-sample sampling log-probs.
+"""Pieces both Reinforce-Ada scripts share (ada_seq.py, ada_est.py): counting positives, the
+sequence-level clipped surrogate over ragged per-sample sampling log-probs, and the update built on it.
 
 Both scripts train on groups of varying size with the GRPO-style clipped objective, where the "old"
 policy is the one that sampled (its per-token log-probs come from the generator, `Generations.logprobs`).
@@ -8,26 +8,15 @@ from __future__ import annotations
 
 import torch
 
-from common.losses import clipped_surrogate
+from common.logprobs import token_logprobs
+from common.losses import clipped_surrogate, kl_k3
+from common.masking import right_align
+from common.runtime import accumulate_gradients, optimizer_step
 
 
 def count_positive(rewards: list[float], threshold: float) -> int:
     """Responses counting as positive: reward > threshold (strict, so shaped partial credit can stay negative)."""
     return sum(1 for r in rewards if r > threshold)
-
-
-def right_align(rows: list[list[float]], width: int) -> torch.Tensor:
-    """[B, width] tensor with row i's values in its last len(rows[i]) columns, zeros elsewhere.
-
-    Matches `common.masking.pad_sequences`: completions sit at the right edge of the completion region.
-    """
-    out = torch.zeros(len(rows), width)
-    for i, r in enumerate(rows):
-        if len(r) > width:
-            raise ValueError(f"row {i} has {len(r)} values, wider than {width}")
-        if r:
-            out[i, width - len(r):] = torch.tensor(r, dtype=torch.float32)
-    return out
 
 
 def surrogate_sum(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor,
@@ -39,3 +28,40 @@ def surrogate_sum(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
     """
     per_tok, clipped = clipped_surrogate(logp, old_logp, adv[:, None], eps_low, eps_high)
     return (per_tok * mask).sum(), (clipped * mask).sum()
+
+
+def clipped_update(run, prompts: list[list[int]], completions: list[list[int]], old_logps: list[list[float]],
+                   adv: torch.Tensor, norm: float, temperature: float) -> dict:
+    """`ppo_epochs` optimizer steps of the clipped surrogate on every (prompt, completion), pi_old = the sampler.
+
+    Loss = sum over responses and tokens / `norm` (the caller's constant: global samples / world x max length,
+    so a prompt with more responses weighs more), plus beta x the k3 KL to `run.ref` per token (when a
+    reference model is loaded). Returns the summed metrics of the first (on-policy) epoch: loss_sum (per
+    max_new_tokens), ent_sum, tok, clip_sum, kl_sum.
+    """
+    args = run.args
+    n_tokens = sum(len(c) for c in completions)
+
+    def loss_fn(batch, logp, ent, rows):
+        mask = batch.loss_mask
+        old = right_align([old_logps[r] for r in rows], batch.completion_width).to(logp.device)
+        loss_sum, clipped = surrogate_sum(logp, old, adv[rows], mask, args.eps_low, args.eps_high)
+        loss = loss_sum / norm
+        metrics = {"loss_sum": loss_sum.item() / args.max_new_tokens, "ent_sum": (ent * mask).sum().item(),
+                   "tok": mask.sum().item(), "clip_sum": clipped.item()}
+        if run.ref is not None:
+            with torch.no_grad():
+                ref_lp, _ = token_logprobs(run.ref, batch, temperature)
+            kl = kl_k3(logp, ref_lp) * mask
+            loss = loss + args.beta * kl.sum() / max(1, n_tokens)
+            metrics["kl_sum"] = kl.sum().item()
+        return loss, metrics
+
+    sums: dict = {}
+    for epoch in range(args.ppo_epochs):
+        s = accumulate_gradients(run.model, run.acc, prompts, completions, run.tokenizer.pad_token_id,
+                                 args.micro_batch_size, loss_fn, temperature=temperature)
+        optimizer_step(run)
+        if epoch == 0:
+            sums = s
+    return sums

@@ -56,3 +56,15 @@ def unpad_completion(values: torch.Tensor, lens: list[int]) -> list[list[float]]
     """Per-row lists from a [B, R] completion-region tensor (row i keeps its last lens[i] columns)."""
     r = values.shape[1]
     return [values[i, r - n:].tolist() if n else [] for i, n in enumerate(lens)]
+
+
+def right_align(rows, width: int) -> torch.Tensor:
+    """[B, width] float tensor with row i's values (a list or 1-D tensor) in its last len(rows[i]) columns,
+    zeros elsewhere: the layout of a completion region built by `pad_sequences` (completions end at the right)."""
+    out = torch.zeros(len(rows), width)
+    for i, r in enumerate(rows):
+        if len(r) > width:
+            raise ValueError(f"row {i} has {len(r)} values, wider than {width}")
+        if len(r):
+            out[i, width - len(r):] = torch.as_tensor(r, dtype=torch.float32)
+    return out

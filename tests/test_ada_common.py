@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from common.ada import count_positive, right_align, surrogate_sum
+from common.ada import count_positive, surrogate_sum
+from common.masking import right_align
 from common.masking import pad_sequences
 
 

@@ -14,7 +14,7 @@ from common.countdown_env import Episode, solver_episode
 from common.generation import Generations, SamplingConfig
 from common.policy import build_char_tokenizer
 from conftest import run_script
-from ps_grpo import (Args, PrefixController, prefix_steps, ps_loss, right_align, rollout_multiturn, rollout_text,
+from ps_grpo import (Args, PrefixController, prefix_steps, ps_loss, rollout_multiturn, rollout_text,
                      route, split_lines)
 
 TOK = build_char_tokenizer()
@@ -129,6 +129,8 @@ def test_multiturn_rollouts_batch_turns_and_replay_prefixes():
 
 
 def test_right_align_matches_the_completion_region():
+    from common.masking import right_align
+
     assert right_align([[1.0, 2.0], [3.0], []], 3).tolist() == [[0, 1, 2], [0, 0, 3], [0, 0, 0]]
 
 
@@ -211,7 +213,8 @@ def test_bad_flags_exit_with_a_message():
 
     for argv, msg in [(["--n", "1"], "--n 1"), (["--low", "0.8", "--high", "0.7"], "--low"),
                       (["--dataset", "openai/gsm8k", "--mode", "multiturn"], "--mode multiturn"),
-                      (["--reward", "shaped"], "--reward shaped"), (["--prefix_ratio", "1.5"], "--prefix_ratio")]:
+                      (["--reward", "shaped"], "--reward shaped"), (["--prefix_ratio", "1.5"], "--prefix_ratio"),
+                      (["--env_numbers", "4", "--max_turns", "2"], "--max_turns 2")]:
         with pytest.raises(SystemExit, match=msg):
             parse_args(Args, argv)
 
