@@ -87,6 +87,14 @@ CONFIGS: tuple[Config, ...] = (
     Config("ppo_pros", "pros_ppo.py", ("--pros", "bayes"), "PPO+PROS", "ppo",
            ("pros_calib_error", "pros_frac_children_in_batch", "pros_prefix_len_mean"),
            "augmented prefix queries picked by the Polya-Gamma Gibbs pass-rate model"),
+    Config("ppo_pros_random", "pros_ppo.py", ("--pros", "random"), "PPO+PROS (random selection)", "ppo",
+           ("pros_calib_error", "pros_frac_children_in_batch", "pros_prefix_len_mean"),
+           "PROS's ablation: the same prefix queries, picked uniformly from the pool"),
+    Config("grpo_k4", "pros_ppo.py", ("--adv", "grpo", "--pros", "off"), "GRPO (pros_ppo.py)", None,
+           ("frac_zero_var_groups",), "critic-free GRPO advantage in pros_ppo.py's PPO loop (2 epochs x 2 minibatches)"),
+    Config("grpo_pros", "pros_ppo.py", ("--adv", "grpo", "--pros", "bayes"), "GRPO+PROS", "grpo_k4",
+           ("pros_calib_error", "pros_frac_children_in_batch", "pros_prefix_len_mean"),
+           "PROS on the critic-free GRPO advantage (the paper runs it on both)"),
 )
 BY_NAME = {c.name: c for c in CONFIGS}
 

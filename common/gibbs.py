@@ -109,8 +109,10 @@ def gibbs_sweeps(psi: np.ndarray, parent: np.ndarray, s: np.ndarray, n: np.ndarr
     kappa = s - n / 2
     inv_s2, inv_t2 = 1.0 / sigma ** 2, 1.0 / tau0 ** 2
     theta_sum = np.zeros(num)
+    seen = np.flatnonzero(n > 0)  # PG(0, c) = 0 exactly: never-observed nodes (new children) need no draw
+    omega = np.zeros(num)
     for _ in range(sweeps):
-        omega = sample_pg(n, psi, rng, terms)
+        omega[seen] = sample_pg(n[seen], psi[seen], rng, terms)
         # children | root, ω   (Prop. 4.1)
         v = 1.0 / (inv_s2 + omega[ch])
         psi[ch] = v * (psi[par] * inv_s2 + kappa[ch]) + np.sqrt(v) * rng.standard_normal(len(ch))

@@ -39,7 +39,11 @@ def test_every_config_flag_exists_in_its_script():
     problems = {c.name: run.check_config(c) for c in run.CONFIGS if run.check_config(c)}
     assert not problems, problems
     names = [c.name for c in run.CONFIGS]
-    assert len(names) == len(set(names)) == 12
+    assert len(names) == len(set(names))
+    # the 12 (GRPO-n4/n8, RLOO, RA-RLOO, PS off/fixed/adaptive, SEQ-POS/BALANCE, EST, PPO, PPO+PROS)
+    # plus PROS's random-selection ablation and GRPO / GRPO+PROS
+    assert {"grpo_n4", "grpo_n8", "rloo", "ra_rloo", "ps_off", "ps_fixed", "ps_adaptive", "seq_pos", "seq_balance",
+            "est", "ppo", "ppo_pros", "ppo_pros_random", "grpo_k4", "grpo_pros"} == set(names)
     for c in run.CONFIGS:
         assert c.baseline is None or c.baseline in run.BY_NAME
 
