@@ -27,9 +27,10 @@ Design choices the paper leaves open (each is a flag or documented at its functi
 - The core metrics reward_mean / pass_rate / frac_zero_var_groups are over fresh tasks only (the paper's
   training score on no-prefix tasks); ps_* metrics cover prefix tasks.
 - Adaptive control restarts its EMA after every adjustment (`PrefixController`, --ema_reset).
-- The default task has 3 numbers, so trajectories have T <= 2 steps and K is always 1: the ratios (and the
-  adaptive controller) cannot change the prefix length there. --env_numbers 4 gives T = 3 (K in {1, 2}).
-- The embedded policy gets a short multi-turn warm-up before RL (--mt_sft_steps, see countdown_env.py).
+- The default task has 4 numbers in 1..10, so a full trajectory has T = 3 steps and K is 1 or 2. With 3
+  numbers (T = 2) every prefix is 1 step and the ratios (and the adaptive controller) could not change it.
+- The embedded policy gets a multi-turn warm-up before RL (--mt_sft_steps, see countdown_env.py; about
+  2 minutes once, then cached).
 
     python ps_grpo.py                                   # PS (fixed ratios), multi-turn Countdown, CPU
     python ps_grpo.py --adaptive                        # PS with adaptive prefix control
@@ -64,6 +65,8 @@ CATEGORIES = ("hard", "easy")
 
 @dataclass
 class Args(BaseArgs):
+    max_steps: int = 150
+    """number of training steps (150: about 6 minutes of RL on 2 CPU cores with the multi-turn default; the closing comparison used 150)"""
     n: int = 8
     """rollouts per task (N); the group for GRPO advantages and for the pass rate k/N"""
     eps_low: float = 0.2
@@ -74,17 +77,17 @@ class Args(BaseArgs):
     """GRPO advantages (R - mean) / std; false = R - mean (Dr. GRPO)"""
     mode: Literal["auto", "multiturn", "text"] = "auto"
     """`multiturn`: the Countdown environment, one step per turn; `text`: single-turn completions, a step is a line; `auto`: multiturn for --dataset countdown, text otherwise"""
-    env_numbers: int = 3
-    """[multiturn] numbers per Countdown problem (3: 2-step episodes; 4: 3 steps, more prefix lengths to choose from)"""
-    env_max_number: int = 20
-    """[multiturn] problem numbers are drawn from 1..env_max_number (use 10 with --env_numbers 4: a smaller space, enumerated in a second)"""
+    env_numbers: int = 4
+    """[multiturn] numbers per Countdown problem: 4 gives 3-step episodes, so a prefix can be 1 or 2 steps (3 gives 2-step episodes, where every prefix is 1 step and the ratios cannot change it)"""
+    env_max_number: int = 10
+    """[multiturn] problem numbers are drawn from 1..env_max_number (10 with 4 numbers: a space enumerated in about a second; 20 with 3 numbers is the single-turn default's space)"""
     max_turns: int = 4
     """[multiturn] turn budget of an episode (it also ends when one number is left, on an invalid action, or when the agent stops)"""
     env_invalid: Literal["end", "retry"] = "end"
     """[multiturn] an invalid action ends the episode (reward 0), or is answered with an error and the state, and the agent tries again"""
     max_action_tokens: int = 16
     """[multiturn] token cap of one action (a turn ends at a newline or EOS); --max_new_tokens caps text-mode completions"""
-    mt_sft_steps: int = 150
+    mt_sft_steps: int = 400
     """[multiturn] with the embedded model: SFT steps on solver-built episodes of the environment before RL (built once, cached next to the base); the base was only SFT-ed on the single-turn text and cannot act in the environment. 0 = the base as is"""
     prefix_sampling: bool = True
     """[PS] route skewed tasks to Prefix & Mask and inject prefix tasks into the next batch; false = the baseline"""
@@ -144,7 +147,7 @@ class Args(BaseArgs):
                 raise SystemExit(f"--mode multiturn: the environment is Countdown; --dataset {self.dataset} needs --mode text")
             if self.reward != "binary":
                 raise SystemExit(f"--reward {self.reward}: the multi-turn environment's reward is binary")
-        elif self.env_numbers != 3 or self.env_max_number != 20:
+        elif (self.env_numbers, self.env_max_number) != (4, 10):  # changed from the defaults
             raise SystemExit("--env_numbers/--env_max_number apply to --mode multiturn only")
 
     @property
