@@ -128,12 +128,6 @@ def test_multiturn_rollouts_batch_turns_and_replay_prefixes():
     assert eps[0].generated_tokens == sum(len(a) for a, _ in eps[0].steps) < len(eps[0].ids)  # observations: mask 0
 
 
-def test_right_align_matches_the_completion_region():
-    from common.masking import right_align
-
-    assert right_align([[1.0, 2.0], [3.0], []], 3).tolist() == [[0, 1, 2], [0, 0, 3], [0, 0, 0]]
-
-
 def test_text_mode_steps_are_lines_and_prefix_lines_are_replayed():
     class Gen:
         def generate(self, prompts, n, cfg):
