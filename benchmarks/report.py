@@ -240,6 +240,8 @@ def reach_cells(a: Agg, aggs: dict[str, Agg]) -> tuple[str, str, str]:
         return label, "-", "-"
     if hit is None:
         return label, "not reached", "not reached"
+    if hit["step"] == 0:  # the target is at or below the starting policy: "reaching" it says nothing
+        return label, "target <= step 0", "-"
     tok, smp = _si(hit["gen_tokens"]), _si(hit["rollouts"])
     if not own:
         ref_hit = reach(ref.curve, target)

@@ -6,7 +6,7 @@ metrics.jsonl holds the final step's row with eval metrics: finished runs are sk
 continued with `--resume auto`, so re-running the same command completes a half-finished sweep. A config
 whose script or flags do not exist (yet) is reported as "missing" and skipped.
 
-    python benchmarks/run.py                            # the full sweep: 12 configs x seeds 0 1 2
+    python benchmarks/run.py                            # the full sweep: 15 configs x seeds 0 1 2
     python benchmarks/run.py --quick                    # smoke check: 1 seed, fewer/smaller steps
     python benchmarks/run.py --only rloo,ra_rloo --seeds 0 --dry_run
     python benchmarks/run.py --lock /tmp/cpu.lock       # take a lock file around each run (shared machine)
@@ -112,7 +112,7 @@ class Args:
     seeds: Optional[list[int]] = None
     """seeds to run (default 0 1 2; --quick: 0)"""
     quick: bool = False
-    """smoke-check setting: 1 seed, 50 steps of 16 prompts, small evaluations (estimated 10-15 min for all 12 configs on 2 quiet cores); its runs go to benchmarks/runs-quick"""
+    """smoke-check setting: 1 seed, 50 steps of 16 prompts, small evaluations (estimated 10-15 min for all 15 configs on 2 quiet cores, not measured); its runs go to benchmarks/runs-quick"""
     dry_run: bool = False
     """print each run's state and command, run nothing"""
     runs_dir: str = ""

@@ -300,6 +300,11 @@ def test_report_numbers_on_hand_made_runs(tmp_path):
     tgt, tok, smp = report.reach_cells(ra, aggs)
     assert tgt.startswith("0.320 (rloo)") and tok == "400 (1.00x) @ step 2" and smp.startswith("8 (0.50x)")
     assert report.reach_cells(aggs["ppo_pros"], aggs)[1] == "not reached"
+    # a baseline that ends below its start: "reaching" its final pass@1 at step 0 is reported as such
+    _fake_run(tmp_path / "down", "ppo", 0, {0: 0.3, 4: 0.25}, 50)
+    _fake_run(tmp_path / "down", "ppo_pros", 0, {0: 0.3, 4: 0.2}, 50)
+    _, down = report.build_aggs(report.load_runs(tmp_path / "down"))
+    assert report.reach_cells(down["ppo_pros"], down)[1:] == ("target <= step 0", "-")
     # wall time: step 2 evaluates, so its 51 s (evaluation included) is replaced by gen + train + book-keeping
     walls = report.step_walls(run.read_rows(runs / "rloo" / "seed0"))
     assert walls[2] == pytest.approx(0.6 + 0.3 + 0.1) and walls[1] == 1.0
