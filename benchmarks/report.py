@@ -488,6 +488,11 @@ def _rel(path: Path) -> str:
         return str(path)
 
 
+def _seeds_seen(runs_dir: Path) -> list[int]:
+    """Seeds with a run directory (sweep.json's settings hold only the last invocation's --seeds)."""
+    return sorted({int(d.name[4:]) for d in runs_dir.glob("*/seed*") if d.is_dir() and d.name[4:].isdigit()})
+
+
 def write_report(runs_dir: Path, out_dir: Path, plots: bool = True) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = load_runs(runs_dir)
@@ -511,7 +516,7 @@ def write_report(runs_dir: Path, out_dir: Path, plots: bool = True) -> Path:
         md.append(f"**Setting** (every config): {st['max_steps']} steps x {st['prompts_per_step']} prompts from a pool of "
                   f"{st['prompt_pool'] or 'all'} training prompts, completions <= {st['max_new_tokens']} tokens, "
                   f"lr {st['learning_rate'] or 'script default'}, base policy `{st['model_name_or_path']}`, seeds "
-                  f"{st['seeds']}; held-out evaluation every {st['eval_every']} steps on {st['eval_prompts']} prompts x "
+                  f"{_seeds_seen(runs_dir)} (per config: the table's `seeds` column); held-out evaluation every {st['eval_every']} steps on {st['eval_prompts']} prompts x "
                   f"{st['eval_samples']} samples (temperature 1), {st['num_threads']} torch threads per run.\n")
     if sweep.get("invocations"):
         cmds = list(dict.fromkeys(i["command"] for i in sweep["invocations"]))
