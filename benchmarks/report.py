@@ -339,6 +339,7 @@ STYLE = {  # colour by family; baselines dashed
     "ra_rloo": ("#1f77b4", "-"), "ps_off": ("#2ca02c", "--"), "ps_fixed": ("#2ca02c", "-"),
     "ps_adaptive": ("#98df8a", "-"), "seq_pos": ("#ff7f0e", "-"), "seq_balance": ("#d62728", "-"),
     "est": ("#9467bd", "-"), "ppo": ("#8c564b", "--"), "ppo_pros": ("#e377c2", "-"),
+    "ppo_pros_random": ("#e377c2", ":"), "grpo_k4": ("#17becf", "--"), "grpo_pros": ("#17becf", "-"),
 }
 
 
