@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
 import torch
 from accelerate.utils import gather_object
 
-from common.ada import clipped_update, count_positive
+from common.ada import clipped_update, count_positive, sampler_logprobs_needed
 from common.args import BaseArgs
 from common.cli import parse_args
 from common.runtime import (
@@ -163,6 +163,8 @@ def est_advantages(rewards: list[float], mode: str, eps: float) -> tuple[list[fl
 
 def main(args: Args) -> None:
     run = start_run(args, "ada_est", need_ref=args.beta > 0)
+    # pi_old: the sampler's log-probs only when they differ from the update's own pass (common/ada.py)
+    sampling = replace(run.sampling, logprobs=sampler_logprobs_needed(args))
     acc, tokenizer, task = run.acc, run.tokenizer, run.task
     thr, total = args.positive_threshold, args.budget()
     temperature = args.temperature if args.temperature > 0 else 1.0  # the generator scores greedy samples at T=1
@@ -185,7 +187,7 @@ def main(args: Args) -> None:
         # ---- sample N_x responses per prompt (one generate call: each prompt repeated N_x times) ----
         flat_prompts = [p for p, k in zip(prompts, sizes) for _ in range(k)]
         owner = [i for i, k in enumerate(sizes) for _ in range(k)]
-        gens = run.generator.generate(flat_prompts, 1, run.sampling)
+        gens = run.generator.generate(flat_prompts, 1, sampling)
         t_gen = time.time() - t0
         completions = [list(c) for c in gens.completion_ids]
         texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
@@ -203,7 +205,8 @@ def main(args: Args) -> None:
 
         # ---- update: GRPO-style clipped surrogate on ALL responses; pi_old = the sampling policy ----
         t1 = time.time()
-        sums = clipped_update(run, flat_prompts, completions, gens.logprobs, adv, norm, temperature)
+        sums = clipped_update(run, flat_prompts, completions, gens.logprobs if sampling.logprobs else None, adv,
+                              norm, temperature)
         t_train = time.time() - t1
 
         # ---- [EST] update the estimator with this step's counts (Alg. 1 line 19), gathered over ranks ----

@@ -24,8 +24,10 @@ Choices made here (the paper leaves them open):
 - `--prompt_weight none` is the default, as in the authors' public code: its advantage is r - mean(pool)
   with no 1/p_hat factor. `inv_p` re-introduces the Sec. 3.2 weight, which can scale a hard prompt's
   gradient by up to N_max (the learning rate may need lowering).
-- pi_old is the sampling policy (the generator's log-probs); one optimizer step per batch by default, so
-  the clipped surrogate equals the policy gradient unless `--ppo_epochs` > 1 or the backends disagree.
+- pi_old is the sampling policy; one optimizer step per batch by default, so the clipped surrogate equals
+  the policy gradient unless `--ppo_epochs` > 1 or the backends disagree. With the HF backend and one epoch
+  pi_old's log-probs are read from the update's own forward pass (no extra scoring pass after sampling);
+  with vLLM or more epochs they are the sampler's (`common/ada.py: sampler_logprobs_needed`).
   Token losses are summed and divided by a constant (kept responses x max_new_tokens): no length bias.
 - Metrics: `rollouts` / `gen_tokens` count every generated response of every round (inference cost);
   `frac_zero_var_groups` is measured on each prompt's first n responses (what GRPO-n would have trained
@@ -43,13 +45,13 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Literal, Optional
 
 import torch
 from accelerate.utils import gather_object
 
-from common.ada import clipped_update, count_positive
+from common.ada import clipped_update, count_positive, sampler_logprobs_needed
 from common.advantages import zero_variance
 from common.args import BaseArgs
 from common.cli import parse_args
@@ -203,6 +205,8 @@ def seq_metrics(n_samples: list[int], exit_rounds: list[Optional[int]], kept_zer
 
 def main(args: Args) -> None:
     run = start_run(args, "ada_seq", need_ref=args.beta > 0)
+    # pi_old: the sampler's log-probs only when they differ from the update's own pass (common/ada.py)
+    sampling = replace(run.sampling, logprobs=sampler_logprobs_needed(args))
     acc, tokenizer, task = run.acc, run.tokenizer, run.task
     n, m, thr = args.final_keep_per_prompt, args.round_repeat, args.positive_threshold
     k_pos, k_neg = args.quotas()
@@ -219,7 +223,7 @@ def main(args: Args) -> None:
         responses: list[list[tuple[list[int], list[float]]]] = [[] for _ in examples]  # (ids, sampling logprobs)
 
         def sample_round(active: list[int], k: int) -> list[list[float]]:
-            gens = run.generator.generate([prompts[i] for i in active], k, run.sampling)
+            gens = run.generator.generate([prompts[i] for i in active], k, sampling)
             texts = tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
             out = []
             for j, i in enumerate(active):
@@ -251,7 +255,8 @@ def main(args: Args) -> None:
 
         # ---- update: GRPO-style clipped surrogate on the kept responses; pi_old = the sampling policy ----
         t1 = time.time()
-        sums = clipped_update(run, flat_prompts, completions, old_lps, adv, norm, temperature)
+        sums = clipped_update(run, flat_prompts, completions, old_lps if sampling.logprobs else None, adv, norm,
+                              temperature)
         t_train = time.time() - t1
 
         # ---- log ----

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
 import numpy as np
@@ -374,7 +374,7 @@ def main(args: Args) -> None:
         # ---- sample: K continuations of each of this rank's queries (q + prefix: the prefix is prompt) ----
         mine = my_slice(list(range(len(items))), acc)
         queries = [run.encode(task.train[items[j][0]].prompt) + list(items[j][1]) for j in mine]
-        gens = run.generator.generate(queries, k, run.sampling)
+        gens = run.generator.generate(queries, k, replace(run.sampling, logprobs=False))  # old log-probs: score_rollouts
         t_gen = time.time() - t0
         completions = [list(c) for c in gens.completion_ids]
         prompts = [q for q in queries for _ in range(k)]

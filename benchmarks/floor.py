@@ -212,7 +212,10 @@ def script_run(args: Args) -> dict:
     if not rows:
         return {"error": f"no usable steps: use --script_steps >= 3 (got {args.script_steps})"}
     med = lambda k: _median([x[k] for x in rows])  # noqa: E731
+    # ada_seq.py (HF backend, one epoch) reads pi_old from its update's forward pass: no scoring pass after
+    # sampling (common/ada.py sampler_logprobs_needed); ra_rloo.py needs the sampler's log-probs (IS weights)
     return {"script": cfg.script, "flags": " ".join(cfg.flags), "steps": [x["step"] for x in rows],
+            "scores": cfg.script != "ada_seq.py",
             "step": med("time_step_s"), "gen": med("time_gen_s"), "train": med("time_train_s"),
             "tokens": _median([x["gen_tokens"] - p["gen_tokens"] for p, x in zip(rows, rows[1:])]) if len(rows) > 1
             else None}
@@ -222,11 +225,14 @@ def breakdown(res: dict) -> dict:
     """Floor total, our script's step split into parts, and the ratios."""
     f, o, s = res["floor"], res["ours"], res.get("script") or {}
     floor_total = f["gen"] + f["update"]
-    out = {"floor_total": floor_total, "components_total": o["gen"] + o["score"] + o["verify"] + o["update"]}
+    scores = s.get("scores", True)  # does the script run the sampling log-prob pass?
+    score = o["score"] if scores else 0.0
+    out = {"floor_total": floor_total, "components_total": o["gen"] + score + o["verify"] + o["update"]}
     out["components_ratio"] = out["components_total"] / floor_total
     if "step" in s:
-        g = o["gen"] + o["score"] + o["verify"]
-        share = {k: o[k] / g for k in ("gen", "score", "verify")} if g > 0 else {"gen": 1.0, "score": 0.0, "verify": 0.0}
+        g = o["gen"] + score + o["verify"]
+        share = {k: v / g for k, v in (("gen", o["gen"]), ("score", score), ("verify", o["verify"]))} if g > 0 \
+            else {"gen": 1.0, "score": 0.0, "verify": 0.0}
         other = max(0.0, s["step"] - s["gen"] - s["train"])
         out["script_parts"] = {"generation": s["gen"] * share["gen"], "log-prob passes": s["gen"] * share["score"],
                                "update": s["train"], "bookkeeping": other + s["gen"] * share["verify"]}
@@ -248,8 +254,9 @@ def render(args: Args, res: dict, bd: dict) -> str:
     sp = bd.get("script_parts", {})
     cell = lambda x: "-" if x is None else f"{x:.3f} s"  # noqa: E731
     lines.append(f"| generation | {cell(f['gen'])} | {cell(o['gen'])} | {cell(sp.get('generation'))} |")
-    lines.append(f"| log-prob passes (sampling log-probs) | 0 (the update's forward gives them) | {cell(o['score'])} | "
-                 f"{cell(sp.get('log-prob passes'))} |")
+    skipped = "" if s.get("scores", True) else " (skipped by the script)"
+    lines.append(f"| log-prob passes (sampling log-probs) | 0 (the update's forward gives them) | {cell(o['score'])}"
+                 f"{skipped} | {cell(sp.get('log-prob passes'))} |")
     lines.append(f"| update (forward/backward + AdamW) | {cell(f['update'])} | {cell(o['update'])} | "
                  f"{cell(sp.get('update'))} |")
     lines.append(f"| bookkeeping (decode + verifier, advantages, logging) | 0 | {cell(o['verify'])} (verifier only) | "

@@ -30,9 +30,23 @@ def surrogate_sum(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor,
     return (per_tok * mask).sum(), (clipped * mask).sum()
 
 
-def clipped_update(run, prompts: list[list[int]], completions: list[list[int]], old_logps: list[list[float]],
+def sampler_logprobs_needed(args) -> bool:
+    """Whether pi_old must come from the sampler (`SamplingConfig.logprobs`).
+
+    With the HF backend and one optimizer step per batch, the weights that sampled are the weights the update
+    starts from, so pi_old's log-probs equal the update's own forward pass (detached): the generator's extra
+    scoring pass (~15% of a GRPO step here, benchmarks/results/floor.md) can be skipped. vLLM returns them at
+    no cost and its numerics differ from the trainer's, and a second epoch needs the pre-update values.
+    """
+    return bool(args.use_vllm) or args.ppo_epochs > 1
+
+
+def clipped_update(run, prompts: list[list[int]], completions: list[list[int]], old_logps: list[list[float]] | None,
                    adv: torch.Tensor, norm: float, temperature: float) -> dict:
     """`ppo_epochs` optimizer steps of the clipped surrogate on every (prompt, completion), pi_old = the sampler.
+
+    old_logps=None (allowed with one epoch only, see `sampler_logprobs_needed`): pi_old = the current policy,
+    read from the update's own forward pass without gradient (ratio 1, the plain policy gradient).
 
     Loss = sum over responses and tokens / `norm` (the caller's constant: global samples / world x max length,
     so a prompt with more responses weighs more), plus beta x the k3 KL to `run.ref` per token (when a
@@ -40,11 +54,14 @@ def clipped_update(run, prompts: list[list[int]], completions: list[list[int]], 
     max_new_tokens), ent_sum, tok, clip_sum, kl_sum.
     """
     args = run.args
+    if old_logps is None and args.ppo_epochs > 1:
+        raise ValueError("clipped_update: old_logps=None needs ppo_epochs == 1 (later epochs need pi_old's values)")
     n_tokens = sum(len(c) for c in completions)
 
     def loss_fn(batch, logp, ent, rows):
         mask = batch.loss_mask
-        old = right_align([old_logps[r] for r in rows], batch.completion_width).to(logp.device)
+        old = logp.detach() if old_logps is None else \
+            right_align([old_logps[r] for r in rows], batch.completion_width).to(logp.device)
         loss_sum, clipped = surrogate_sum(logp, old, adv[rows], mask, args.eps_low, args.eps_high)
         loss = loss_sum / norm
         metrics = {"loss_sum": loss_sum.item() / args.max_new_tokens, "ent_sum": (ent * mask).sum().item(),

@@ -360,6 +360,13 @@ def test_floor_breakdown_parts_sum_to_the_script_step():
     assert parts["bookkeeping"] == pytest.approx(0.2 + 0.125) and parts["update"] == pytest.approx(0.3)
     md = floor.render(floor.Args(), {**res, "params": 1e6}, bd)
     assert "2.50x floor" in md
+    # a script that skips the sampling log-prob pass: none of its step is attributed to it
+    res["script"]["scores"] = False
+    bd = floor.breakdown(res)
+    assert bd["script_parts"]["log-prob passes"] == 0.0 and sum(bd["script_parts"].values()) == pytest.approx(1.5)
+    assert bd["script_parts"]["generation"] == pytest.approx(1.0 * 0.6 / 0.7)
+    assert bd["components_total"] == pytest.approx(0.9)
+    assert "skipped by the script" in floor.render(floor.Args(), {**res, "params": 1e6}, bd)
 
 
 def test_gibbs_speed_reports_the_fraction_of_a_step(tmp_path, capsys):
