@@ -283,8 +283,13 @@ def rollout_text(generator, tokenizer, prompts: list[list[int]], prefixes: list[
             e.add_turn(a, [])  # replayed line, mask 0
         budget = max(0, cfg.max_new_tokens - len(e.ids))
         ids, lps = ids[:budget], lps[:budget]
+        lines = split_lines(ids, is_break)
+        if len(lines) > 1 and not tokenizer.decode(lines[-1], skip_special_tokens=True).strip():
+            # a tail with no text (the stop token after the last newline) is not a step of its own: otherwise
+            # "all but the last step" would replay the whole answer and leave only the stop token to generate
+            lines[-2:] = [lines[-2] + lines[-1]]
         pos = 0
-        for line in split_lines(ids, is_break):
+        for line in lines:
             e.add_turn(line, [], lps[pos:pos + len(line)])
             pos += len(line)
         e.reward = reward_fn(tokenizer.decode(e.ids, skip_special_tokens=True), examples[g])

@@ -146,6 +146,15 @@ def test_text_mode_steps_are_lines_and_prefix_lines_are_replayed():
     assert eps[2].mask == [0] * 4 + [1] * 4 and eps[2].replayed_tokens == 4 and len(eps[2].steps) == 4
     assert len(eps[0].steps) == 3 and eps[0].mask == [1] * 5
 
+    class GenEos(Gen):  # an answer of two lines then the stop token: two steps, the stop token ends the second
+        def generate(self, prompts, n, cfg):
+            out = [ENC("b\nc\n") + [TOK.eos_token_id]] * (len(prompts) * n)
+            return Generations(prompts, out, [[-1.0] * 5] * len(out), ["stop"] * len(out), n)
+
+    eps = rollout_text(GenEos(), TOK, [ENC("Q:")], [[]], 1, SamplingConfig(max_new_tokens=8), lambda t, e: 1.0, [None],
+                       lambda t: t == NL)
+    assert [a for a, _ in eps[0].steps] == [ENC("b\n"), ENC("c\n") + [TOK.eos_token_id]]
+
 
 # ---------------- prefix masking: exactly zero gradient on replayed tokens ----------------
 def test_prefix_tokens_get_exactly_zero_gradient(random_model_dir):
