@@ -19,7 +19,8 @@ state is identical everywhere), then each rank samples its slice; integer budget
 the proportionality constant plus largest-remainder rounding (see `allocate_budget`). Token losses are
 summed over ALL responses and divided by a constant (total_budget x max_new_tokens), so a prompt's weight
 in the update grows with its N_x (the sampling half of the weight). k_t counts responses with reward >
-positive_threshold. pi_old is the sampling policy; one optimizer step per batch by default.
+positive_threshold. pi_old is the sampling policy; one optimizer step per batch by default. Logged `loss`: that
+surrogate divided by (responses x max_new_tokens), as optimised (the KL term is logged separately as `kl`).
 
     python ada_est.py                                  # hybrid 1/sqrt(p) on 2048 recurring Countdown prompts
     python ada_est.py --weighting implicit             # N_x ∝ 1/p, no residual weight (App. C.2 ablation)
@@ -28,37 +29,49 @@ positive_threshold. pi_old is the sampling policy; one optimizer step per batch 
 """
 from __future__ import annotations
 
+import copy
+import json
 import math
+import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Literal, Optional
 
+import numpy as np
 import torch
-from accelerate.utils import gather_object
+from accelerate import Accelerator
+from tqdm.auto import tqdm
 
-from common.ada import clipped_update, count_positive, sampler_logprobs_needed
+from common import checkpoint
 from common.args import BaseArgs
 from common.cli import parse_args
-from common.runtime import (
-    core_metrics,
-    finish_step,
-    my_slice,
-    start_run,
-)
+from common.data import PromptEncoder, PromptSampler, load_task
+from common.distributed import GracefulStop, gather_list, micro_batches, my_slice, reduce_sums
+from common.generation import HFGenerator, SamplingConfig
+from common.logprobs import token_logprobs
+from common.losses import clipped_surrogate, kl_k3
+from common.masking import pad_sequences, right_align
+from common.metrics import MetricsLogger, check_tracker, evaluate
+from common.policy import load_policy
 
 
 @dataclass
 class Args(BaseArgs):
     prompt_pool: int = 2048
-    """[EST] train on only the first N prompts so that they recur and the estimates have history (0 = all); 2048 at 32 prompts per step: a prompt returns every 64 steps, ~4.7 epochs in the default 300 steps (256 prompts were memorised: train reward 0.94, held-out pass@1 flat)"""
+    """[EST] train on only the first N prompts so that they recur and the estimates have history (0 = all); 2048 at 32
+    prompts per step: a prompt returns every 64 steps, ~4.7 epochs in the default 300 steps (256 prompts were
+    memorised: train reward 0.94, held-out pass@1 flat)"""
     total_budget: int = 0
-    """[EST] responses per step over the whole batch, N_total of Alg. 1 (0 = 8 x prompts_per_step, the paper's setting, comparable with GRPO-n8)"""
+    """[EST] responses per step over the whole batch, N_total of Alg. 1 (0 = 8 x prompts_per_step, the paper's setting,
+    comparable with GRPO-n8)"""
     n_min: int = 2
     """[EST] fewest responses any prompt gets (2: a single response has no group baseline)"""
     n_max: int = 32
     """[EST] most responses any prompt gets (the paper's N_max for its sequential variant)"""
     weighting: Literal["hybrid", "implicit"] = "hybrid"
-    """[EST] `hybrid`: N_x ∝ 1/sqrt(p_hat+eps) and residual weight 1/sqrt(mean_x+eps) (the paper's main choice); `implicit`: N_x ∝ 1/(p_hat+eps), no residual weight"""
+    """[EST] `hybrid`: N_x ∝ 1/sqrt(p_hat+eps) and residual weight 1/sqrt(mean_x+eps) (the paper's main choice);
+    `implicit`: N_x ∝ 1/(p_hat+eps), no residual weight"""
     lam: float = 0.9
     """[EST] discount lambda of the per-prompt counts at every visit (the public code's 0.9)"""
     prior_alpha: float = 1.0
@@ -78,6 +91,11 @@ class Args(BaseArgs):
     beta: float = 0.0
     """KL coefficient to the reference (initial) policy, per-token k3 estimator; the paper uses none"""
 
+    old_logprobs: Literal["auto", "sampler"] = "auto"
+    """where pi_old's log-probs come from: `auto` = the update's own first forward pass when that is exact (HF
+    backend, one epoch: the weights that sampled are the weights being updated), else the sampler; `sampler` =
+    always the generator's log-probs (an extra scoring pass with the HF backend)"""
+
     def budget(self) -> int:
         return self.total_budget or 8 * self.prompts_per_step
 
@@ -93,9 +111,15 @@ class Args(BaseArgs):
         if self.prior_alpha <= 0 or self.prior_beta < 0 or self.eps <= 0:
             raise SystemExit("--prior_alpha and --eps must be > 0, --prior_beta >= 0")
         if not 0 <= self.eps_low < 1 or self.eps_high < 0:
-            raise SystemExit(f"--eps_low {self.eps_low} / --eps_high {self.eps_high}: need 0 <= eps_low < 1, eps_high >= 0")
+            raise SystemExit(f"--eps_low {self.eps_low} / --eps_high {self.eps_high}: "
+                             "need 0 <= eps_low < 1, eps_high >= 0")
         if self.ppo_epochs < 1 or self.beta < 0:
             raise SystemExit(f"--ppo_epochs {self.ppo_epochs} / --beta {self.beta}: need ppo_epochs >= 1, beta >= 0")
+
+
+def count_positive(rewards: list[float], threshold: float) -> int:
+    """[ADA] Responses counting as positive: reward > threshold (strict, so shaped partial credit can stay negative)."""
+    return sum(1 for reward in rewards if reward > threshold)
 
 
 def estimate(counts: Optional[tuple[float, float]], alpha: float, beta: float) -> float:
@@ -162,82 +186,230 @@ def est_advantages(rewards: list[float], mode: str, eps: float) -> tuple[list[fl
 
 
 def main(args: Args) -> None:
-    run = start_run(args, "ada_est", need_ref=args.beta > 0)
-    # pi_old: the sampler's log-probs only when they differ from the update's own pass (common/ada.py)
-    sampling = replace(run.sampling, logprobs=sampler_logprobs_needed(args))
-    acc, tokenizer, task = run.acc, run.tokenizer, run.task
-    thr, total = args.positive_threshold, args.budget()
+    # ---------------- set-up: accelerator, seeds, output dir ----------------
+    if args.num_threads > 0:
+        torch.set_num_threads(args.num_threads)
+    check_tracker(args.report_to)
+    args.output_dir = args.output_dir or f"runs/ada_est-seed{args.seed}"
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), project_dir=args.output_dir,
+                              log_with=None if args.report_to == "none" else args.report_to)
+    device, world = accelerator.device, accelerator.num_processes
+    log = lambda msg: accelerator.print(msg, flush=True)  # noqa: E731  (main process only)
+    rank_seed = args.seed + accelerator.process_index  # ranks sample different rollouts
+    random.seed(rank_seed)
+    np.random.seed(rank_seed)
+    torch.manual_seed(rank_seed)
+    if accelerator.is_main_process:
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.output_dir) / "args.json").write_text(json.dumps(asdict(args), indent=2))
+
+    # ---------------- policy, frozen reference, optimizer ----------------
+    model_path = args.model_name_or_path
+    if model_path == "embedded":  # the tiny Countdown model: rank 0 builds it once, the others find it cached
+        from common.tiny_model import ensure_embedded_base
+
+        with accelerator.main_process_first():
+            model_path = str(ensure_embedded_base(log=log))
+    policy, tokenizer = load_policy(model_path, args.dtype)
+    policy.to(device)
+    task = load_task(args, tokenizer, log)
+    ref_model = None
+    if args.beta > 0:  # the KL reference: the initial weights, frozen
+        ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
+                                  weight_decay=args.weight_decay)
+    warmup = max(1, args.warmup_steps)  # linear warm-up, then constant
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    model, optimizer = accelerator.prepare(policy, optimizer)  # `model`: DDP-wrapped for the backward pass
+
+    # ---------------- data and generator ----------------
+    encode = PromptEncoder(tokenizer, task.templated)
+    sampler = PromptSampler(len(task.train), args.seed)
+    if args.use_vllm:
+        from common.vllm_backend import VLLMGenerator
+
+        generator = VLLMGenerator(model_path, policy, tokenizer, seed=args.seed, dtype=args.dtype,
+                                  max_model_len=args.vllm_max_model_len,
+                                  gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
+    else:
+        generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size)
+    # pi_old from the sampler only where it differs from the update's own first pass (`--old_logprobs`)
+    sampler_logprobs = args.old_logprobs == "sampler" or args.use_vllm or args.ppo_epochs > 1
+    sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                              logprobs=sampler_logprobs)
+    eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, logprobs=False)
     temperature = args.temperature if args.temperature > 0 else 1.0  # the generator scores greedy samples at T=1
+
+    def run_eval() -> dict:
+        return evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, eval_sampling,
+                        args.eval_samples, accelerator, ks=(1, args.eval_samples))
+
+    # ---------------- resume ----------------
+    start_step, counters, method_state = 0, {"rollouts": 0, "gen_tokens": 0}, {}
+    resume_from = checkpoint.resolve_resume(args.resume, args.output_dir)
+    if resume_from is not None:
+        start_step, state = checkpoint.load_checkpoint(resume_from, accelerator, model, optimizer, scheduler)
+        sampler.load_state_dict(state["sampler"])
+        counters, method_state = state["counters"], state["method"]
+        generator.sync_weights(policy)
+        log(f"resumed from {resume_from} at step {start_step}")
     # [EST] prompt id (Example.id) -> discounted (N_total, N_pos); identical on every rank, checkpointed
-    counts: dict[int, tuple[float, float]] = {pid: tuple(v) for pid, v in run.method_state.get("counts", {}).items()}
-    norm = total / acc.num_processes * args.max_new_tokens  # global sample count / world (DDP averages) x max length
+    counts: dict[int, tuple[float, float]] = {prompt_id: tuple(value)
+                                              for prompt_id, value in method_state.get("counts", {}).items()}
 
-    for step in range(run.start_step + 1, args.max_steps + 1):
-        t0 = time.time()
-        ids = run.sampler.next_ids(args.prompts_per_step)  # the global batch: every rank allocates all of it
+    # ---------------- logging, step-0 evaluation, graceful stop ----------------
+    logger = MetricsLogger(args.output_dir, accelerator, args.report_to, vars(args),
+                           resume_step=start_step if resume_from is not None else None)
+    if start_step == 0:
+        row = {"step": 0, **run_eval()}
+        logger.log(row)
+        log(f"step 0 (starting policy): {row}")
+    stop = GracefulStop(log)
+    progress = tqdm(range(start_step + 1, args.max_steps + 1), initial=start_step, total=args.max_steps,
+                    desc="ada_est", disable=not accelerator.is_main_process)
+    threshold, total_budget = args.positive_threshold, args.budget()
+    # constant normaliser: the global sample count / world (DDP averages), times max length
+    normaliser = total_budget / world * args.max_new_tokens
 
-        # ---- [EST] allocate the budget from the estimates made before this step (Alg. 1 lines 4-5) ----
-        p_hats = [estimate(counts.get(pid), args.prior_alpha, args.prior_beta) for pid in ids]
-        alloc = allocate_budget(allocation_weights(p_hats, args.weighting, args.eps), total, args.n_min, args.n_max)
-        mine = my_slice(list(range(len(ids))), acc)
-        examples = [task.train[ids[j]] for j in mine]
-        sizes = [alloc[j] for j in mine]
-        prompts = [run.encode(ex.prompt) for ex in examples]
+    for step in range(start_step + 1, args.max_steps + 1):
+        t_start = time.time()
+        batch_ids = sampler.next_ids(args.prompts_per_step)  # the global batch: every rank allocates all of it
 
-        # ---- sample N_x responses per prompt (one generate call: each prompt repeated N_x times) ----
-        flat_prompts = [p for p, k in zip(prompts, sizes) for _ in range(k)]
-        owner = [i for i, k in enumerate(sizes) for _ in range(k)]
-        gens = run.generator.generate(flat_prompts, 1, sampling)
-        t_gen = time.time() - t0
+        # ================ [EST] allocate the budget from the estimates made before this step (Alg. 1 l. 4-5) ======
+        p_hats = [estimate(counts.get(prompt_id), args.prior_alpha, args.prior_beta) for prompt_id in batch_ids]
+        allocation = allocate_budget(allocation_weights(p_hats, args.weighting, args.eps), total_budget,
+                                     args.n_min, args.n_max)
+        mine = my_slice(list(range(len(batch_ids))), accelerator)
+        examples = [task.train[batch_ids[j]] for j in mine]
+        sizes = [allocation[j] for j in mine]
+        prompts = [encode(example.prompt) for example in examples]
+
+        # ================ sample N_x responses per prompt (one generate call: prompt x repeated N_x times) =======
+        flat_prompts = [p for p, size in zip(prompts, sizes) for _ in range(size)]
+        owner = [i for i, size in enumerate(sizes) for _ in range(size)]
+        gens = generator.generate(flat_prompts, 1, sampling)
+        t_gen = time.time() - t_start
         completions = [list(c) for c in gens.completion_ids]
+
+        # ================ verify ================
         texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
-        rewards = [task.reward_fn(t, examples[owner[g]]) for g, t in enumerate(texts)]
+        rewards = [task.reward_fn(text, examples[owner[g]]) for g, text in enumerate(texts)]
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
-        groups = [rewards[s:s + k] for s, k in zip(starts, sizes)]
+        groups = [rewards[start:start + size] for start, size in zip(starts, sizes)]
 
-        # ---- [EST] advantages from each prompt's own step mean, times the residual weight alpha_x ----
+        # ================ [EST] advantages from each prompt's own step mean, x the residual weight alpha_x ======
         adv_list, alphas = [], []
-        for g in groups:
-            a, alpha = est_advantages(g, args.weighting, args.eps)
-            adv_list += a
+        for group_rewards in groups:
+            group_adv, alpha = est_advantages(group_rewards, args.weighting, args.eps)
+            adv_list += group_adv
             alphas.append(alpha)
-        adv = torch.tensor(adv_list, dtype=torch.float32, device=acc.device)
+        advantages = torch.tensor(adv_list, dtype=torch.float32, device=device)
+        old_logps = gens.logprobs
 
-        # ---- update: GRPO-style clipped surrogate on ALL responses; pi_old = the sampling policy ----
-        t1 = time.time()
-        sums = clipped_update(run, flat_prompts, completions, gens.logprobs if sampling.logprobs else None, adv,
-                              norm, temperature)
-        t_train = time.time() - t1
+        # ================ update: GRPO-style clipped surrogate on ALL responses; pi_old = the sampler ===========
+        t_train_start = time.time()
+        n_tokens = sum(len(c) for c in completions)
+        sums = {"loss_sum": 0.0, "kl_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "clip_sum": 0.0}
+        grad_norms = []
+        for epoch in range(args.ppo_epochs):
+            for rows in micro_batches(len(completions), args.micro_batch_size, accelerator, model):
+                batch = pad_sequences([flat_prompts[r] for r in rows], [completions[r] for r in rows],
+                                      tokenizer.pad_token_id).to(device)
+                logp, entropy = token_logprobs(model, batch, temperature)
+                mask = batch.loss_mask
+                # without sampler log-probs pi_old is this very pass (one epoch, HF weights: exact, ratio 1)
+                old_logp = right_align([old_logps[r] for r in rows], batch.completion_width).to(device) \
+                    if sampler_logprobs else logp.detach()
+                per_token, clipped = clipped_surrogate(logp, old_logp, advantages[rows, None], args.eps_low,
+                                                       args.eps_high)
+                surrogate_sum = (per_token * mask).sum()
+                loss = surrogate_sum / normaliser
+                if ref_model is not None:
+                    with torch.no_grad():
+                        ref_logp, _ = token_logprobs(ref_model, batch, temperature)
+                    kl = kl_k3(logp, ref_logp) * mask
+                    loss = loss + args.beta * kl.sum() / max(1, n_tokens)
+                accelerator.backward(loss)
+                if epoch == 0:  # the on-policy epoch's numbers are the ones logged
+                    sums["loss_sum"] += surrogate_sum.item() / args.max_new_tokens
+                    sums["ent_sum"] += (entropy * mask).sum().item()
+                    sums["tok"] += mask.sum().item()
+                    sums["clip_sum"] += (clipped * mask).sum().item()
+                    if ref_model is not None:
+                        sums["kl_sum"] += kl.sum().item()
+            grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+        t_train = time.time() - t_train_start
 
-        # ---- [EST] update the estimator with this step's counts (Alg. 1 line 19), gathered over ranks ----
-        records = [(ex.id, len(g), count_positive(g, thr)) for ex, g in zip(examples, groups)]
-        if acc.num_processes > 1:
-            records = gather_object(records)
-        had_history = [pid in counts for pid in ids]
-        calib = [abs(p - k_t / n_t) for (_, n_t, k_t), p, h in zip(records, p_hats, had_history) if h]
-        for pid, n_t, k_t in records:  # in global batch order, so every rank applies the same updates
-            counts[pid] = update_counts(counts.get(pid), n_t, k_t, args.lam)
+        # ================ push the new weights to the generator, once per update phase (no-op for HF) ============
+        generator.sync_weights(policy)
 
-        # ---- log ----
-        zero_var = sum(max(g) - min(g) <= 1e-9 for g in groups)
-        row, x = core_metrics(run, step, {
+        # ================ [EST] update the estimator with this step's counts (Alg. 1 line 19), all ranks ========
+        records = gather_list(accelerator, [(example.id, len(group_rewards), count_positive(group_rewards, threshold))
+                                            for example, group_rewards in zip(examples, groups)])
+        had_history = [prompt_id in counts for prompt_id in batch_ids]
+        calibration = [abs(p_hat - k_t / n_t) for (_, n_t, k_t), p_hat, seen in zip(records, p_hats, had_history)
+                       if seen]
+        for prompt_id, n_t, k_t in records:  # in global batch order, so every rank applies the same updates
+            counts[prompt_id] = update_counts(counts.get(prompt_id), n_t, k_t, args.lam)
+
+        # ================ metrics: one reduce of named sums over ranks, each ratio next to its name ================
+        totals = reduce_sums(accelerator, {
             "groups": len(groups), "rollouts": len(completions), "gen_tokens": sum(map(len, completions)),
-            "reward_sum": float(sum(rewards)), "rewarded": len(rewards),
-            "success": float(count_positive(rewards, thr)), "zero_var": float(zero_var),
-            "loss_sum": sums.get("loss_sum", 0.0), "seqs": len(completions), "kl_sum": sums.get("kl_sum", 0.0),
-            "ent_sum": sums.get("ent_sum", 0.0), "tok": sums.get("tok", 0.0), "t_gen": t_gen, "t_train": t_train,
-        }, extra={"clip_sum": sums.get("clip_sum", 0.0), "alpha_sum": sum(alphas)})
-        row.update({  # [EST] mechanism metrics (alloc, p_hat, history: the global batch, same on every rank)
-            "est_p_hat_mean": sum(p_hats) / len(p_hats),
-            "est_calibration_error": sum(calib) / len(calib) if calib else None,
-            "est_frac_prompts_with_history": sum(had_history) / len(ids),
-            "est_alloc_min": min(alloc), "est_alloc_mean": sum(alloc) / len(alloc), "est_alloc_max": max(alloc),
-            "est_samples_step": sum(alloc),
-            "est_residual_weight_mean": x["alpha_sum"] / max(1, x["groups"]),
-            "est_prompts_tracked": len(counts),
-            "est_clip_frac": x["clip_sum"] / max(1.0, x["tok"]),
+            "reward_sum": float(sum(rewards)), "reward_sq_sum": float(sum(r * r for r in rewards)),
+            "success": count_positive(rewards, threshold),
+            "zero_var": sum(max(g) - min(g) <= 1e-9 for g in groups),
+            "truncated": sum(reason == "length" for reason in gens.finish_reasons), "seqs": len(completions),
+            **sums, "alpha_sum": sum(alphas), "t_gen": t_gen, "t_train": t_train,
         })
-        finish_step(run, step, row, t0, {"counts": dict(counts)})
+        counters["rollouts"] += int(totals["rollouts"])
+        counters["gen_tokens"] += int(totals["gen_tokens"])
+        samples, tokens = max(1.0, totals["rollouts"]), max(1.0, totals["tok"])
+        reward_mean = totals["reward_sum"] / samples
+        row = {
+            "step": step, "rollouts": counters["rollouts"], "gen_tokens": counters["gen_tokens"],
+            "reward_mean": reward_mean,
+            "reward_std": math.sqrt(max(0.0, totals["reward_sq_sum"] / samples - reward_mean ** 2)),
+            "pass_rate": totals["success"] / samples,
+            "frac_zero_var_groups": totals["zero_var"] / max(1.0, totals["groups"]),
+            "completion_len_mean": totals["gen_tokens"] / samples,
+            "clipped_ratio": totals["truncated"] / samples,  # responses cut by max_new_tokens
+            "loss": totals["loss_sum"] / max(1.0, totals["seqs"]),  # surrogate / (responses x max_new_tokens)
+            "kl": totals["kl_sum"] / tokens, "entropy": totals["ent_sum"] / tokens,
+            "grad_norm": float(np.mean(grad_norms)), "lr": scheduler.get_last_lr()[0],
+            "time_gen_s": totals["t_gen"] / world, "time_train_s": totals["t_train"] / world,
+            # [EST] mechanism metrics (allocation, p_hat, history: the global batch, the same on every rank)
+            "est_p_hat_mean": sum(p_hats) / len(p_hats),
+            "est_calibration_error": sum(calibration) / len(calibration) if calibration else None,
+            "est_frac_prompts_with_history": sum(had_history) / len(batch_ids),
+            "est_alloc_min": min(allocation), "est_alloc_mean": sum(allocation) / len(allocation),
+            "est_alloc_max": max(allocation), "est_samples_step": sum(allocation),
+            "est_residual_weight_mean": totals["alpha_sum"] / max(1.0, totals["groups"]),
+            "est_prompts_tracked": len(counts),
+            "est_clip_frac": totals["clip_sum"] / tokens,
+        }
+
+        # ================ evaluate / log / checkpoint / stop ================
+        if (args.eval_every and step % args.eval_every == 0) or step == args.max_steps:
+            row.update(run_eval())
+        row["time_step_s"] = time.time() - t_start
+        logger.log(row)
+        progress.update(1)
+        progress.set_postfix({"reward": f"{row['reward_mean']:.3f}", "zero_var": f"{row['frac_zero_var_groups']:.2f}",
+                              **({"eval": f"{row['eval_pass@1']:.3f}"} if "eval_pass@1" in row else {})})
+        stopping = stop.agreed(accelerator)
+        if (args.save_every and step % args.save_every == 0) or step == args.max_steps or stopping:
+            state = {"sampler": sampler.state_dict(), "counters": counters,
+                     "method": {"counts": dict(counts)}}
+            path = checkpoint.save_checkpoint(args.output_dir, step, accelerator, model, tokenizer, optimizer,
+                                              scheduler, state, args.keep_checkpoints)
+            if stopping:
+                log(f"stopped at step {step}; continue with --resume auto (checkpoint {path})")
+                break
+    progress.close()
+    logger.close()
 
 
 if __name__ == "__main__":

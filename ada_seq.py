@@ -27,8 +27,9 @@ Choices made here (the paper leaves them open):
 - pi_old is the sampling policy; one optimizer step per batch by default, so the clipped surrogate equals
   the policy gradient unless `--ppo_epochs` > 1 or the backends disagree. With the HF backend and one epoch
   pi_old's log-probs are read from the update's own forward pass (no extra scoring pass after sampling);
-  with vLLM or more epochs they are the sampler's (`common/ada.py: sampler_logprobs_needed`).
-  Token losses are summed and divided by a constant (kept responses x max_new_tokens): no length bias.
+  with vLLM or more epochs they are the sampler's (`--old_logprobs`).
+- Logged `loss`: the clipped surrogate summed over tokens and divided by (kept responses x max_new_tokens),
+  the constant the optimised loss uses too (no length bias; the KL term is logged separately as `kl`).
 - Metrics: `rollouts` / `gen_tokens` count every generated response of every round (inference cost);
   `frac_zero_var_groups` is measured on each prompt's first n responses (what GRPO-n would have trained
   on), `ada_frac_zero_var_groups_post` on the kept groups; `ada_active_after_round_r` is a fraction.
@@ -42,25 +43,32 @@ Choices made here (the paper leaves them open):
 """
 from __future__ import annotations
 
+import copy
+import json
 import math
 import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable, Literal, Optional
 
+import numpy as np
 import torch
-from accelerate.utils import gather_object
+from accelerate import Accelerator
+from tqdm.auto import tqdm
 
-from common.ada import clipped_update, count_positive, sampler_logprobs_needed
+from common import checkpoint
 from common.advantages import zero_variance
 from common.args import BaseArgs
 from common.cli import parse_args
-from common.runtime import (
-    core_metrics,
-    finish_step,
-    my_slice,
-    start_run,
-)
+from common.data import PromptEncoder, PromptSampler, load_task
+from common.distributed import GracefulStop, gather_list, micro_batches, my_slice, reduce_sums
+from common.generation import HFGenerator, SamplingConfig
+from common.logprobs import token_logprobs
+from common.losses import clipped_surrogate, kl_k3
+from common.masking import pad_sequences, right_align
+from common.metrics import MetricsLogger, check_tracker, evaluate
+from common.policy import load_policy
 
 
 @dataclass
@@ -70,9 +78,11 @@ class Args(BaseArgs):
     round_repeat: int = 8
     """[ADA] M, responses drawn per active prompt in each round (Alg. 2 requires M >= n)"""
     max_rounds: int = 4
-    """[ADA] maximum sampling rounds; N_max = max_rounds * round_repeat responses per prompt. `--max_rounds 1 --round_repeat n` is GRPO-n"""
+    """[ADA] maximum sampling rounds; N_max = max_rounds * round_repeat responses per prompt. `--max_rounds 1
+    --round_repeat n` is GRPO-n"""
     exit_condition: Literal["balanced", "positive"] = "balanced"
-    """[ADA] when a prompt leaves the active set: `positive` (SEQ-POS: >= k_pos positives) or `balanced` (SEQ-BALANCE: >= k_pos positives and >= k_neg negatives)"""
+    """[ADA] when a prompt leaves the active set: `positive` (SEQ-POS: >= k_pos positives) or `balanced` (SEQ-BALANCE:
+    >= k_pos positives and >= k_neg negatives)"""
     k_pos: Optional[int] = None
     """[ADA] K_pos, positives needed to exit (default n//2)"""
     k_neg: Optional[int] = None
@@ -80,17 +90,24 @@ class Args(BaseArgs):
     positive_threshold: float = 0.7
     """[ADA] a response is positive when its training reward > this (rewards may be shaped)"""
     adv_std_norm: bool = False
-    """[ADA] divide advantages by the std of the prompt's full pool (GRPO-style scaling with global statistics); off as in Alg. 2"""
+    """[ADA] divide advantages by the std of the prompt's full pool (GRPO-style scaling with global statistics); off as
+    in Alg. 2"""
     prompt_weight: Literal["none", "inv_p", "inv_sqrt_p"] = "none"
-    """[ADA] explicit per-prompt gradient weight w(p_hat), p_hat = N_pos/N of the full pool: `none` (the public code's default), `inv_p` (the re-introduced 1/p_hat of Sec. 3.2), `inv_sqrt_p`"""
+    """[ADA] explicit per-prompt gradient weight w(p_hat), p_hat = N_pos/N of the full pool: `none` (the public code's
+    default), `inv_p` (the re-introduced 1/p_hat of Sec. 3.2), `inv_sqrt_p`"""
     eps_low: float = 0.2
     """lower clip range of the ratio pi_theta/pi_old (clip-higher setup of the paper: [0.2, 0.28])"""
     eps_high: float = 0.28
     """upper clip range of the ratio pi_theta/pi_old"""
     ppo_epochs: int = 1
-    """optimizer steps per batch (each a full pass over the kept responses); with 1 the ratio is 1 and clipping is inactive"""
+    """optimizer steps per batch (each a full pass over the kept responses); with 1 the ratio is 1 and clipping is
+    inactive"""
     beta: float = 0.0
     """KL coefficient to the reference (initial) policy, per-token k3 estimator; the paper uses none"""
+    old_logprobs: Literal["auto", "sampler"] = "auto"
+    """where pi_old's log-probs come from: `auto` = the update's own first forward pass when that is exact (HF
+    backend, one epoch: the weights that sampled are the weights being updated), else the sampler; `sampler` =
+    always the generator's log-probs (an extra scoring pass with the HF backend)"""
 
     def quotas(self) -> tuple[int, int]:
         """(K_pos, K_neg) with the n-derived defaults filled in."""
@@ -102,16 +119,23 @@ class Args(BaseArgs):
         if n < 2:
             raise SystemExit(f"--final_keep_per_prompt {n}: a group needs at least 2 responses")
         if self.round_repeat < n:
-            raise SystemExit(f"--round_repeat {self.round_repeat}: must be >= --final_keep_per_prompt {n} (Alg. 2: M >= n)")
+            raise SystemExit(f"--round_repeat {self.round_repeat}: must be >= --final_keep_per_prompt {n} "
+                             "(Alg. 2: M >= n)")
         if self.max_rounds < 1:
             raise SystemExit(f"--max_rounds {self.max_rounds}: must be >= 1")
         k_pos, k_neg = self.quotas()
         if k_pos < 0 or k_neg < 0:
             raise SystemExit(f"--k_pos {k_pos} / --k_neg {k_neg}: must be >= 0")
         if not 0 <= self.eps_low < 1 or self.eps_high < 0:
-            raise SystemExit(f"--eps_low {self.eps_low} / --eps_high {self.eps_high}: need 0 <= eps_low < 1, eps_high >= 0")
+            raise SystemExit(f"--eps_low {self.eps_low} / --eps_high {self.eps_high}: "
+                             "need 0 <= eps_low < 1, eps_high >= 0")
         if self.ppo_epochs < 1 or self.beta < 0:
             raise SystemExit(f"--ppo_epochs {self.ppo_epochs} / --beta {self.beta}: need ppo_epochs >= 1, beta >= 0")
+
+
+def count_positive(rewards: list[float], threshold: float) -> int:
+    """[ADA] Responses counting as positive: reward > threshold (strict, so shaped partial credit can stay negative)."""
+    return sum(1 for reward in rewards if reward > threshold)
 
 
 def exit_reached(rewards: list[float], rule: str, k_pos: int, k_neg: int, threshold: float) -> bool:
@@ -204,78 +228,219 @@ def seq_metrics(n_samples: list[int], exit_rounds: list[Optional[int]], kept_zer
 
 
 def main(args: Args) -> None:
-    run = start_run(args, "ada_seq", need_ref=args.beta > 0)
-    # pi_old: the sampler's log-probs only when they differ from the update's own pass (common/ada.py)
-    sampling = replace(run.sampling, logprobs=sampler_logprobs_needed(args))
-    acc, tokenizer, task = run.acc, run.tokenizer, run.task
-    n, m, thr = args.final_keep_per_prompt, args.round_repeat, args.positive_threshold
-    k_pos, k_neg = args.quotas()
+    # ---------------- set-up: accelerator, seeds, output dir ----------------
+    if args.num_threads > 0:
+        torch.set_num_threads(args.num_threads)
+    check_tracker(args.report_to)
+    args.output_dir = args.output_dir or f"runs/ada_seq-seed{args.seed}"
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), project_dir=args.output_dir,
+                              log_with=None if args.report_to == "none" else args.report_to)
+    device, world = accelerator.device, accelerator.num_processes
+    log = lambda msg: accelerator.print(msg, flush=True)  # noqa: E731  (main process only)
+    rank_seed = args.seed + accelerator.process_index  # ranks sample different rollouts
+    random.seed(rank_seed)
+    np.random.seed(rank_seed)
+    torch.manual_seed(rank_seed)
+    if accelerator.is_main_process:
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.output_dir) / "args.json").write_text(json.dumps(asdict(args), indent=2))
+
+    # ---------------- policy, frozen reference, optimizer ----------------
+    model_path = args.model_name_or_path
+    if model_path == "embedded":  # the tiny Countdown model: rank 0 builds it once, the others find it cached
+        from common.tiny_model import ensure_embedded_base
+
+        with accelerator.main_process_first():
+            model_path = str(ensure_embedded_base(log=log))
+    policy, tokenizer = load_policy(model_path, args.dtype)
+    policy.to(device)
+    task = load_task(args, tokenizer, log)
+    ref_model = None
+    if args.beta > 0:  # the KL reference: the initial weights, frozen
+        ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
+                                  weight_decay=args.weight_decay)
+    warmup = max(1, args.warmup_steps)  # linear warm-up, then constant
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    model, optimizer = accelerator.prepare(policy, optimizer)  # `model`: DDP-wrapped for the backward pass
+
+    # ---------------- data and generator ----------------
+    encode = PromptEncoder(tokenizer, task.templated)
+    sampler = PromptSampler(len(task.train), args.seed)
+    if args.use_vllm:
+        from common.vllm_backend import VLLMGenerator
+
+        generator = VLLMGenerator(model_path, policy, tokenizer, seed=args.seed, dtype=args.dtype,
+                                  max_model_len=args.vllm_max_model_len,
+                                  gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
+    else:
+        generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size)
+    # pi_old from the sampler only where it differs from the update's own first pass (`--old_logprobs`)
+    sampler_logprobs = args.old_logprobs == "sampler" or args.use_vllm or args.ppo_epochs > 1
+    sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                              logprobs=sampler_logprobs)
+    eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, logprobs=False)
     temperature = args.temperature if args.temperature > 0 else 1.0  # the generator scores greedy samples at T=1
+
+    def run_eval() -> dict:
+        return evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, eval_sampling,
+                        args.eval_samples, accelerator, ks=(1, args.eval_samples))
+
+    # ---------------- resume ----------------
+    start_step, counters = 0, {"rollouts": 0, "gen_tokens": 0}
+    resume_from = checkpoint.resolve_resume(args.resume, args.output_dir)
+    if resume_from is not None:  # all sampling state is in the checkpointed RNGs and the prompt sampler
+        start_step, state = checkpoint.load_checkpoint(resume_from, accelerator, model, optimizer, scheduler)
+        sampler.load_state_dict(state["sampler"])
+        counters = state["counters"]
+        generator.sync_weights(policy)
+        log(f"resumed from {resume_from} at step {start_step}")
+
+    # ---------------- logging, step-0 evaluation, graceful stop ----------------
+    logger = MetricsLogger(args.output_dir, accelerator, args.report_to, vars(args),
+                           resume_step=start_step if resume_from is not None else None)
+    if start_step == 0:
+        row = {"step": 0, **run_eval()}
+        logger.log(row)
+        log(f"step 0 (starting policy): {row}")
+    stop = GracefulStop(log)
+    progress = tqdm(range(start_step + 1, args.max_steps + 1), initial=start_step, total=args.max_steps,
+                    desc="ada_seq", disable=not accelerator.is_main_process)
+    n, threshold = args.final_keep_per_prompt, args.positive_threshold
+    k_pos, k_neg = args.quotas()
     # constant normaliser: every rank divides by the global kept count / world (DDP averages), times max length
-    norm = args.prompts_per_step * n / acc.num_processes * args.max_new_tokens
+    normaliser = args.prompts_per_step * n / world * args.max_new_tokens
 
-    for step in range(run.start_step + 1, args.max_steps + 1):
-        t0 = time.time()
-        examples = [task.train[i] for i in my_slice(run.sampler.next_ids(args.prompts_per_step), acc)]
-        prompts = [run.encode(ex.prompt) for ex in examples]
+    for step in range(start_step + 1, args.max_steps + 1):
+        t_start = time.time()
+        examples = [task.train[i] for i in my_slice(sampler.next_ids(args.prompts_per_step), accelerator)]
+        prompts = [encode(example.prompt) for example in examples]
 
-        # ---- [ADA] phase 1: rounds of M samples for the prompts still active (Alg. 2 lines 3-12) ----
-        responses: list[list[tuple[list[int], list[float]]]] = [[] for _ in examples]  # (ids, sampling logprobs)
+        # ================ sample + verify: [ADA] rounds of M for the still-active prompts (Alg. 2 lines 3-12) ====
+        responses: list[list[tuple]] = [[] for _ in examples]  # per prompt: (ids, sampling logprobs, truncated)
 
-        def sample_round(active: list[int], k: int) -> list[list[float]]:
-            gens = run.generator.generate([prompts[i] for i in active], k, sampling)
+        def sample_round(active: list[int], m: int) -> list[list[float]]:
+            gens = generator.generate([prompts[i] for i in active], m, sampling)
             texts = tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
             out = []
             for j, i in enumerate(active):
-                rows = range(j * k, (j + 1) * k)
-                responses[i].extend((list(gens.completion_ids[g]), list(gens.logprobs[g])) for g in rows)
+                rows = range(j * m, (j + 1) * m)
+                responses[i].extend((list(gens.completion_ids[g]), list(gens.logprobs[g]),
+                                     gens.finish_reasons[g] == "length") for g in rows)
                 out.append([task.reward_fn(texts[g], examples[i]) for g in rows])
             return out
 
         pools, exit_rounds = multi_round_sampling(
-            len(examples), sample_round, lambda rs: exit_reached(rs, args.exit_condition, k_pos, k_neg, thr),
-            args.max_rounds, m)
-        t_gen = time.time() - t0
+            len(examples), sample_round, lambda rs: exit_reached(rs, args.exit_condition, k_pos, k_neg, threshold),
+            args.max_rounds, args.round_repeat)
+        t_gen = time.time() - t_start
 
-        # ---- [ADA] phase 2: downsample every pool to n, advantages from the whole pool (Alg. 2 lines 14-20) ----
-        flat_prompts, completions, old_lps, adv_list, kept_rewards = [], [], [], [], []
+        # ================ [ADA] downsample every pool to n; advantages from the whole pool (Alg. 2 l. 14-20) =======
+        flat_prompts, completions, old_logps, adv_list, kept_rewards = [], [], [], [], []
         for i, pool in enumerate(pools):
-            keep = downsample(pool, n, thr, random)
+            keep = downsample(pool, n, threshold, random)
             kept = [pool[j] for j in keep]
-            adv_list += global_advantages(kept, pool, thr, args.adv_std_norm, args.prompt_weight)
+            adv_list += global_advantages(kept, pool, threshold, args.adv_std_norm, args.prompt_weight)
             kept_rewards.append(kept)
             for j in keep:
                 flat_prompts.append(prompts[i])
                 completions.append(responses[i][j][0])
-                old_lps.append(responses[i][j][1])
-        adv = torch.tensor(adv_list, dtype=torch.float32, device=acc.device)
+                old_logps.append(responses[i][j][1])
+        advantages = torch.tensor(adv_list, dtype=torch.float32, device=device)
         kept_zero_var = zero_variance(torch.tensor(kept_rewards).view(-1, n)).tolist() if kept_rewards else []
         # the GRPO-n counterfactual: would the first n responses alone have had any signal?
         first_n = torch.tensor([pool[:n] for pool in pools]).view(-1, n)
 
-        # ---- update: GRPO-style clipped surrogate on the kept responses; pi_old = the sampling policy ----
-        t1 = time.time()
-        sums = clipped_update(run, flat_prompts, completions, old_lps if sampling.logprobs else None, adv, norm,
-                              temperature)
-        t_train = time.time() - t1
+        # ================ update: GRPO-style clipped surrogate on the kept responses; pi_old = the sampler ========
+        t_train_start = time.time()
+        n_tokens = sum(len(c) for c in completions)
+        sums = {"loss_sum": 0.0, "kl_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "clip_sum": 0.0}
+        grad_norms = []
+        for epoch in range(args.ppo_epochs):
+            for rows in micro_batches(len(completions), args.micro_batch_size, accelerator, model):
+                batch = pad_sequences([flat_prompts[r] for r in rows], [completions[r] for r in rows],
+                                      tokenizer.pad_token_id).to(device)
+                logp, entropy = token_logprobs(model, batch, temperature)
+                mask = batch.loss_mask
+                # without sampler log-probs pi_old is this very pass (one epoch, HF weights: exact, ratio 1)
+                old_logp = right_align([old_logps[r] for r in rows], batch.completion_width).to(device) \
+                    if sampler_logprobs else logp.detach()
+                per_token, clipped = clipped_surrogate(logp, old_logp, advantages[rows, None], args.eps_low,
+                                                       args.eps_high)
+                surrogate_sum = (per_token * mask).sum()
+                loss = surrogate_sum / normaliser
+                if ref_model is not None:
+                    with torch.no_grad():
+                        ref_logp, _ = token_logprobs(ref_model, batch, temperature)
+                    kl = kl_k3(logp, ref_logp) * mask
+                    loss = loss + args.beta * kl.sum() / max(1, n_tokens)
+                accelerator.backward(loss)
+                if epoch == 0:  # the on-policy epoch's numbers are the ones logged
+                    sums["loss_sum"] += surrogate_sum.item() / args.max_new_tokens
+                    sums["ent_sum"] += (entropy * mask).sum().item()
+                    sums["tok"] += mask.sum().item()
+                    sums["clip_sum"] += (clipped * mask).sum().item()
+                    if ref_model is not None:
+                        sums["kl_sum"] += kl.sum().item()
+            grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+        t_train = time.time() - t_train_start
 
-        # ---- log ----
+        # ================ push the new weights to the generator, once per update phase (no-op for HF) ============
+        generator.sync_weights(policy)
+
+        # ================ metrics: one reduce of named sums over ranks, each ratio next to its name ================
         all_rewards = [r for pool in pools for r in pool]
-        row, x = core_metrics(run, step, {
+        totals = reduce_sums(accelerator, {
             "groups": len(examples), "rollouts": len(all_rewards),
-            "gen_tokens": sum(len(ids) for rs in responses for ids, _ in rs),
-            "reward_sum": float(sum(all_rewards)), "rewarded": len(all_rewards),
-            "success": float(count_positive(all_rewards, thr)), "zero_var": float(zero_variance(first_n).sum()),
-            "loss_sum": sums.get("loss_sum", 0.0), "seqs": len(completions), "kl_sum": sums.get("kl_sum", 0.0),
-            "ent_sum": sums.get("ent_sum", 0.0), "tok": sums.get("tok", 0.0), "t_gen": t_gen, "t_train": t_train,
-        }, extra={"clip_sum": sums.get("clip_sum", 0.0)})
-        records = [(len(pool), e, z) for pool, e, z in zip(pools, exit_rounds, kept_zero_var)]
-        if acc.num_processes > 1:
-            records = gather_object(records)
+            "gen_tokens": sum(len(ids) for rs in responses for ids, _, _ in rs),
+            "reward_sum": float(sum(all_rewards)), "reward_sq_sum": float(sum(r * r for r in all_rewards)),
+            "success": count_positive(all_rewards, threshold), "zero_var": zero_variance(first_n).sum().item(),
+            "truncated": sum(cut for rs in responses for _, _, cut in rs), "seqs": len(completions), **sums,
+            "t_gen": t_gen, "t_train": t_train,
+        })
+        counters["rollouts"] += int(totals["rollouts"])
+        counters["gen_tokens"] += int(totals["gen_tokens"])
+        samples, tokens = max(1.0, totals["rollouts"]), max(1.0, totals["tok"])
+        reward_mean = totals["reward_sum"] / samples
+        row = {
+            "step": step, "rollouts": counters["rollouts"], "gen_tokens": counters["gen_tokens"],
+            "reward_mean": reward_mean,  # every generated response of every round
+            "reward_std": math.sqrt(max(0.0, totals["reward_sq_sum"] / samples - reward_mean ** 2)),
+            "pass_rate": totals["success"] / samples,
+            "frac_zero_var_groups": totals["zero_var"] / max(1.0, totals["groups"]),  # first n of each pool
+            "completion_len_mean": totals["gen_tokens"] / samples,
+            "clipped_ratio": totals["truncated"] / samples,  # responses cut by max_new_tokens
+            "loss": totals["loss_sum"] / max(1.0, totals["seqs"]),  # surrogate / (kept x max_new_tokens)
+            "kl": totals["kl_sum"] / tokens, "entropy": totals["ent_sum"] / tokens,
+            "grad_norm": float(np.mean(grad_norms)), "lr": scheduler.get_last_lr()[0],
+            "time_gen_s": totals["t_gen"] / world, "time_train_s": totals["t_train"] / world,
+            "ada_clip_frac": totals["clip_sum"] / tokens,
+        }
+        records = gather_list(accelerator, [(len(pool), e, z) for pool, e, z in zip(pools, exit_rounds, kept_zero_var)])
         row.update(seq_metrics([r[0] for r in records], [r[1] for r in records], [r[2] for r in records],
-                               n, args.max_rounds))
-        row["ada_clip_frac"] = x["clip_sum"] / max(1.0, x["tok"])
-        finish_step(run, step, row, t0, {})  # all sampling state is the checkpointed RNGs and prompt sampler
+                               n, args.max_rounds))  # [ADA] sampling dynamics
+
+        # ================ evaluate / log / checkpoint / stop ================
+        if (args.eval_every and step % args.eval_every == 0) or step == args.max_steps:
+            row.update(run_eval())
+        row["time_step_s"] = time.time() - t_start
+        logger.log(row)
+        progress.update(1)
+        progress.set_postfix({"reward": f"{row['reward_mean']:.3f}", "zero_var": f"{row['frac_zero_var_groups']:.2f}",
+                              **({"eval": f"{row['eval_pass@1']:.3f}"} if "eval_pass@1" in row else {})})
+        stopping = stop.agreed(accelerator)
+        if (args.save_every and step % args.save_every == 0) or step == args.max_steps or stopping:
+            state = {"sampler": sampler.state_dict(), "counters": counters, "method": {}}
+            path = checkpoint.save_checkpoint(args.output_dir, step, accelerator, model, tokenizer, optimizer,
+                                              scheduler, state, args.keep_checkpoints)
+            if stopping:
+                log(f"stopped at step {step}; continue with --resume auto (checkpoint {path})")
+                break
+    progress.close()
+    logger.close()
 
 
 if __name__ == "__main__":

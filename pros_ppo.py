@@ -23,6 +23,12 @@ few eligible roots (early on) the stream fills the rest. The pool is bounded by 
 least recently observed nodes are evicted (a root counts as recent as its most recent child; children go first
 on ties; evicting a root evicts its children; an evicted prompt can re-enter from the stream as a fresh root).
 
+Logged `loss`: each minibatch step's clipped surrogate as a per-token mean (summed over the minibatch's completion
+tokens, divided by their count: the optimised normaliser too), averaged over the iteration's ppo_epochs x
+num_minibatches steps; the KL term is excluded (logged as `kl`, per token, first epoch). `ppo_clip_frac` and
+`ppo_value_loss` are averaged over the same steps; `grad_norm` is the policy's pre-clip norm, same average.
+The generator receives the new weights once per iteration, after all epochs.
+
     python pros_ppo.py                         # PPO + PROS on the embedded Countdown default (CPU, minutes)
     python pros_ppo.py --pros off              # vanilla PPO
     python pros_ppo.py --adv grpo              # GRPO + PROS   (--pros off: vanilla GRPO)
@@ -30,30 +36,40 @@ on ties; evicting a root evicts its children; an evicted prompt can re-enter fro
 """
 from __future__ import annotations
 
+import copy
+import json
 import math
+import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Literal, Optional
 
 import numpy as np
 import torch
-from accelerate.utils import gather_object
+from accelerate import Accelerator
+from tqdm.auto import tqdm
 
+from common import checkpoint
 from common.advantages import gae_advantages, grpo_advantages, zero_variance
 from common.args import BaseArgs
 from common.cli import parse_args
+from common.data import PromptEncoder, PromptSampler, load_task
+from common.distributed import GracefulStop, gather_list, micro_batches, my_slice, reduce_sums
+from common.generation import HFGenerator, SamplingConfig
 from common.gibbs import gibbs_sweeps, update_counts
 from common.logprobs import token_logprobs
 from common.losses import clipped_surrogate, kl_k3
 from common.masking import pad_sequences
-from common.runtime import accumulate_gradients, core_metrics, finish_step, my_slice, optimizer_step, start_run
-from common.value import accumulate_value_gradients, build_value_model
+from common.metrics import MetricsLogger, check_tracker, evaluate
+from common.policy import load_policy
+from common.value import build_value_model
 
 
 @dataclass
 class Args(BaseArgs):
     max_steps: int = 200
-    """number of iterations (each: one batch of queries, then ppo_epochs x num_minibatches updates; 200 keeps the default run under 10 minutes on 2 cores)"""
+    """number of iterations (each: one batch of queries, then ppo_epochs x num_minibatches updates)"""
     k: int = 4
     """rollouts per query (group size; GRPO's baseline and PROS's per-node pass-rate observations need >= 2)"""
     adv: Literal["gae", "grpo"] = "gae"
@@ -83,15 +99,20 @@ class Args(BaseArgs):
     success_reward: float = 1.0
     """a rollout is correct (a PROS success and a prefix source) when its training reward >= this"""
     pros: Literal["bayes", "random", "off"] = "bayes"
-    """[PROS] bayes: prefix reuse + hierarchical Bayesian selection (paper); random: prefix reuse + uniform selection from the pool (ablation); off: vanilla PPO/GRPO"""
+    """[PROS] bayes: prefix reuse + hierarchical Bayesian selection (paper); random: prefix reuse + uniform selection
+    from the pool (ablation); off: vanilla PPO/GRPO"""
     select_by: Literal["draw", "mean"] = "draw"
-    """[PROS] the θ̃ ranked by |θ̃ - 0.5|: the current Gibbs draw σ(ψ) (Thompson-style; the issue's reading) or θ̂, the mean of σ(ψ) over the last iteration's sweeps"""
+    """[PROS] the θ̃ ranked by |θ̃ - 0.5|: the current Gibbs draw σ(ψ) (Thompson-style) or θ̂, the mean of σ(ψ)
+    over the last iteration's sweeps"""
     fresh_frac: float = 0.5
-    """[PROS] fraction of each batch drawn from the data stream (never-seen prompts enter this way); the rest is selected from the pool"""
+    """[PROS] fraction of each batch drawn from the data stream (never-seen prompts enter this way); the rest is
+    selected from the pool"""
     value_top_frac: float = 0.1
-    """[PROS] with a critic, t* is the entropy argmax among the top ⌈this·|window|⌉ window positions by predicted value"""
+    """[PROS] with a critic, t* is the entropy argmax among the top ⌈this·|window|⌉ window positions by predicted
+    value"""
     forget: float = 0.95
-    """[PROS] exponential forgetting λ: all counts s, n are multiplied by λ each iteration before new observations are added"""
+    """[PROS] exponential forgetting λ: all counts s, n are multiplied by λ each iteration before new observations are
+    added"""
     prior_mu: float = 0.0
     """[PROS] μ0: prior mean of a root's log-odds ψ_root"""
     prior_tau: float = 2.0
@@ -141,17 +162,17 @@ def choose_cut(entropy: np.ndarray, values: np.ndarray | None, inherited: int, l
     [max(inherited, ⌊T/4⌋), ⌊3T/4⌋); with values, only its top ⌈value_top_frac·|window|⌉ positions by V(s_t);
     t* = the entropy argmax among them (first on ties). None when the window is empty (no child).
     """
-    lo, hi = max(inherited, length // 4), (3 * length) // 4
-    if hi <= lo:
+    low, high = max(inherited, length // 4), (3 * length) // 4
+    if high <= low:
         return None
-    cand = np.arange(lo, hi)
-    ent = np.asarray(entropy, dtype=np.float64)[cand - inherited]
+    positions = np.arange(low, high)
+    window_entropy = np.asarray(entropy, dtype=np.float64)[positions - inherited]
     if values is not None:
-        keep = max(1, math.ceil(value_top_frac * len(cand)))
-        top = np.argsort(-np.asarray(values, dtype=np.float64)[cand - inherited], kind="stable")[:keep]
+        keep = max(1, math.ceil(value_top_frac * len(positions)))
+        top = np.argsort(-np.asarray(values, dtype=np.float64)[positions - inherited], kind="stable")[:keep]
         top.sort()
-        cand, ent = cand[top], ent[top]
-    return int(cand[int(np.argmax(ent))])
+        positions, window_entropy = positions[top], window_entropy[top]
+    return int(positions[int(np.argmax(window_entropy))])
 
 
 def child_candidates(prefix: tuple, continuations: list[list[int]], correct: list[bool], entropies: list,
@@ -163,23 +184,23 @@ def child_candidates(prefix: tuple, continuations: list[list[int]], correct: lis
     already in the pool: one child per group per iteration.
     """
     scored = []
-    for i, cont in enumerate(continuations):
+    for i, continuation in enumerate(continuations):
         if not correct[i]:
             continue
-        full = list(prefix) + list(cont)
+        full = list(prefix) + list(continuation)
         length = len(full) - (1 if full and full[-1] in stop_ids else 0)
-        t = choose_cut(entropies[i], None if values is None else values[i], len(prefix), length, value_top_frac)
-        if t is not None and t > len(prefix):  # a cut at the inherited length would reproduce the node itself
-            scored.append((-float(entropies[i][t - len(prefix)]), i, tuple(full[:t])))
-    out: list[tuple[int, ...]] = []
-    for _, _, p in sorted(scored):
-        if p not in out:
-            out.append(p)
-    return out
+        cut = choose_cut(entropies[i], None if values is None else values[i], len(prefix), length, value_top_frac)
+        if cut is not None and cut > len(prefix):  # a cut at the inherited length would reproduce the node itself
+            scored.append((-float(entropies[i][cut - len(prefix)]), i, tuple(full[:cut])))
+    candidates: list[tuple[int, ...]] = []
+    for _, _, child_prefix in sorted(scored):
+        if child_prefix not in candidates:
+            candidates.append(child_prefix)
+    return candidates
 
 
 # ----------------------------------------------------------------------------------------------------
-# [PROS] The two-layer query tree with its pass-rate model (Section 4)
+# [PROS] The two-layer query tree with its pass-rate model, and selection (Section 4)
 # ----------------------------------------------------------------------------------------------------
 
 class QueryTree:
@@ -205,7 +226,7 @@ class QueryTree:
         return len(self.prefix)
 
     def state_dict(self) -> dict:
-        return {**{a: getattr(self, a).copy() for a in self.ARRAYS}, "prefix": list(self.prefix)}
+        return {**{name: getattr(self, name).copy() for name in self.ARRAYS}, "prefix": list(self.prefix)}
 
     def add(self, pid: int, prefix: tuple, step: int, mu0: float) -> int:
         """Node id of (pid, prefix), created if new: a root starts at ψ = μ0, a child at its root's ψ."""
@@ -236,8 +257,8 @@ class QueryTree:
             return 0
         is_root = self.parent < 0
         recency = self.last.copy()
-        ch = np.flatnonzero(~is_root)
-        np.maximum.at(recency, self.parent[ch], self.last[ch])  # a root is as recent as its latest child
+        children = np.flatnonzero(~is_root)
+        np.maximum.at(recency, self.parent[children], self.last[children])  # a root is as recent as its latest child
         order = np.lexsort((np.arange(num), is_root, recency))  # oldest first; children first on ties
         gone = np.zeros(num, dtype=bool)
         left = num
@@ -253,10 +274,10 @@ class QueryTree:
         keep = ~gone
         new_id = np.cumsum(keep) - 1
         parent = np.where(self.parent[keep] >= 0, new_id[np.maximum(self.parent[keep], 0)], -1)
-        for a in self.ARRAYS:
-            setattr(self, a, getattr(self, a)[keep])
+        for name in self.ARRAYS:
+            setattr(self, name, getattr(self, name)[keep])
         self.parent = parent
-        self.prefix = [p for p, k in zip(self.prefix, keep) if k]
+        self.prefix = [p for p, kept in zip(self.prefix, keep) if kept]
         self.index = {(int(p), q): i for i, (p, q) in enumerate(zip(self.pid, self.prefix))}
         return int(gone.sum())
 
@@ -280,6 +301,27 @@ def select_nodes(theta: np.ndarray, pid: np.ndarray, count: int, exclude: set[in
     return [int(i) for i in best if int(pid[i]) not in exclude][:count]
 
 
+def choose_batch(tree: QueryTree, sampler: PromptSampler, args: Args, step: int, rng: np.random.Generator,
+                 num_train: int) -> tuple[list[tuple[int, tuple, int]], int]:
+    """[PROS] The iteration's queries as (prompt id, prefix, tree node), the same on every rank, and how many
+    came from the stream (they come first). ⌈fresh_frac·P⌉ from the stream, the rest from the pool by
+    |θ̃ - 0.5|; while the pool is short the stream tops up (skipping prompts already in the batch unless the
+    whole training set was tried). Stream prompts become roots of the tree (no-op if already there)."""
+    num_queries = args.prompts_per_step
+    stream = sampler.next_ids(math.ceil(args.fresh_frac * num_queries))
+    theta_tilde = 1 / (1 + np.exp(-tree.psi)) if args.select_by == "draw" else tree.theta_hat
+    picked = select_nodes(theta_tilde, tree.pid, num_queries - len(stream), set(stream), args.pros, rng)
+    used, tries = set(stream) | {int(tree.pid[node]) for node in picked}, 0
+    while len(stream) + len(picked) < num_queries:
+        prompt_id = sampler.next_ids(1)[0]
+        tries += 1
+        if prompt_id not in used or tries > num_train:
+            stream.append(prompt_id)
+            used.add(prompt_id)
+    queries = [(prompt_id, (), tree.add(prompt_id, (), step, args.prior_mu)) for prompt_id in stream]
+    return queries + [(int(tree.pid[node]), tree.prefix[node], node) for node in picked], len(stream)
+
+
 # ----------------------------------------------------------------------------------------------------
 # PPO pieces
 # ----------------------------------------------------------------------------------------------------
@@ -290,223 +332,328 @@ def value_loss(v: torch.Tensor, v_old: torch.Tensor, returns: torch.Tensor, clip
     return 0.5 * torch.max((v - returns) ** 2, (v_clipped - returns) ** 2)
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    n = mask.sum().clamp(min=1)
-    mean = (x * mask).sum() / n
-    var = (((x - mean) * mask) ** 2).sum() / n
-    return (x - mean) / (var.sqrt() + eps) * mask
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Zero mean, unit std over the masked entries; masked-out entries become 0."""
+    count = mask.sum().clamp(min=1)
+    mean = (values * mask).sum() / count
+    var = (((values - mean) * mask) ** 2).sum() / count
+    return (values - mean) / (var.sqrt() + eps) * mask
 
 
 @torch.no_grad()
-def score_rollouts(run, critic, prompts, completions, temperature: float) -> dict[str, torch.Tensor]:
-    """One no-grad pass: old log-probs and entropies (policy), values (critic), reference log-probs (KL), all
-    as right-aligned [N, Rmax] tensors with the completion mask. PROS reads t* from these same entropies."""
-    args, dev = run.args, run.acc.device
-    n, rmax = len(prompts), max([1] + [len(c) for c in completions])
-    names = ["logp", "ent", "mask"] + (["value"] if critic is not None else []) + (["ref"] if run.ref is not None else [])
-    out = {k: torch.zeros(n, rmax) for k in names}
-    for s in range(0, n, args.micro_batch_size):
-        rows = slice(s, min(n, s + args.micro_batch_size))
-        batch = pad_sequences(prompts[rows], completions[rows], run.tokenizer.pad_token_id).to(dev)
-        r = batch.completion_width
-        lp, ent = token_logprobs(run.policy, batch, temperature)
-        out["logp"][rows, rmax - r:], out["ent"][rows, rmax - r:] = lp.cpu(), ent.cpu()
-        out["mask"][rows, rmax - r:] = batch.loss_mask.cpu()
+def score_rollouts(policy, critic, ref_model, tokenizer, prompts: list[list[int]], completions: list[list[int]],
+                   micro_batch_size: int, temperature: float, device) -> dict[str, torch.Tensor]:
+    """One no-grad pass: old log-probs `logp` and entropies `ent` (policy), `value` (critic, if any), `ref`
+    log-probs (reference, if any), all as right-aligned [N, Rmax] CPU tensors zeroed outside `mask`, the
+    completion mask. PROS reads t* from these same entropies."""
+    num, width = len(prompts), max([1] + [len(c) for c in completions])
+    names = ["logp", "ent", "mask"] + ["value"] * (critic is not None) + ["ref"] * (ref_model is not None)
+    out = {name: torch.zeros(num, width) for name in names}
+    for start in range(0, num, micro_batch_size):
+        rows = slice(start, min(num, start + micro_batch_size))
+        batch = pad_sequences(prompts[rows], completions[rows], tokenizer.pad_token_id).to(device)
+        cols = slice(width - batch.completion_width, width)
+        logp, entropy = token_logprobs(policy, batch, temperature)
+        out["logp"][rows, cols], out["ent"][rows, cols] = logp.cpu(), entropy.cpu()
+        out["mask"][rows, cols] = batch.loss_mask.cpu()
         if critic is not None:
-            out["value"][rows, rmax - r:] = critic(batch).cpu()
-        if run.ref is not None:
-            out["ref"][rows, rmax - r:] = token_logprobs(run.ref, batch, temperature)[0].cpu()
-    for k in names:
-        if k != "mask":
-            out[k] *= out["mask"]
+            out["value"][rows, cols] = critic(batch).cpu()
+        if ref_model is not None:
+            out["ref"][rows, cols] = token_logprobs(ref_model, batch, temperature)[0].cpu()
+    for name in names:
+        if name != "mask":
+            out[name] *= out["mask"]
     return out
 
 
 def main(args: Args) -> None:
-    run = start_run(args, "pros_ppo", need_ref=args.kl_coef > 0)
-    acc, tokenizer, task, k, dev = run.acc, run.tokenizer, run.task, args.k, run.acc.device
-    temp = args.temperature if args.temperature > 0 else 1.0
-    stop_ids = {tokenizer.eos_token_id}
-    ms = run.method_state
+    # ---------------- set-up: accelerator, seeds, output dir ----------------
+    if args.num_threads > 0:
+        torch.set_num_threads(args.num_threads)
+    check_tracker(args.report_to)
+    args.output_dir = args.output_dir or f"runs/pros_ppo-seed{args.seed}"
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), project_dir=args.output_dir,
+                              log_with=None if args.report_to == "none" else args.report_to)
+    device, world = accelerator.device, accelerator.num_processes
+    log = lambda msg: accelerator.print(msg, flush=True)  # noqa: E731  (main process only)
+    rank_seed = args.seed + accelerator.process_index  # ranks sample different rollouts
+    random.seed(rank_seed)
+    np.random.seed(rank_seed)
+    torch.manual_seed(rank_seed)
+    if accelerator.is_main_process:
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.output_dir) / "args.json").write_text(json.dumps(asdict(args), indent=2))
 
-    # Critic (PPO only): a copy of the policy's backbone + scalar head, its own optimizer; state in method_state
-    critic = critic_opt = None
-    if args.adv == "gae":
-        critic = build_value_model(run.policy, args.critic_model_name_or_path).to(dev)
-        critic_opt = torch.optim.AdamW(critic.parameters(), lr=args.critic_lr, weight_decay=0.0)
-        if "critic" in ms:
-            critic.load_state_dict(ms["critic"])
-            critic_opt.load_state_dict(ms["critic_opt"])
-        critic, critic_opt = acc.prepare(critic, critic_opt)
-    critic_u = acc.unwrap_model(critic) if critic is not None else None
+    # ---------------- policy, frozen reference, critic, optimizers ----------------
+    model_path = args.model_name_or_path
+    if model_path == "embedded":  # the tiny Countdown model: rank 0 builds it once, the others find it cached
+        from common.tiny_model import ensure_embedded_base
 
+        with accelerator.main_process_first():
+            model_path = str(ensure_embedded_base(log=log))
+    policy, tokenizer = load_policy(model_path, args.dtype)
+    policy.to(device)
+    task = load_task(args, tokenizer, log)
+    ref_model = None
+    if args.kl_coef > 0:  # the KL reference: the initial weights, frozen
+        ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
+                                  weight_decay=args.weight_decay)
+    warmup = max(1, args.warmup_steps)  # linear warm-up, then constant
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    model, optimizer = accelerator.prepare(policy, optimizer)  # `model`: DDP-wrapped for the backward pass
+    critic = critic_model = critic_optimizer = None
+    if args.adv == "gae":  # PPO's critic: the policy's backbone copied + a zero scalar head; constant-lr AdamW
+        critic = build_value_model(policy, args.critic_model_name_or_path).to(device)
+        critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=args.critic_lr, weight_decay=0.0)
+        critic_model, critic_optimizer = accelerator.prepare(critic, critic_optimizer)  # `critic` stays unwrapped
+
+    # ---------------- data and generator ----------------
+    encode = PromptEncoder(tokenizer, task.templated)
+    sampler = PromptSampler(len(task.train), args.seed)
+    if args.use_vllm:
+        from common.vllm_backend import VLLMGenerator
+
+        generator = VLLMGenerator(model_path, policy, tokenizer, seed=args.seed, dtype=args.dtype,
+                                  max_model_len=args.vllm_max_model_len,
+                                  gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
+    else:
+        generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size)
+    # no sampler log-probs: pi_old's come from score_rollouts, with the entropies PROS needs
+    sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, logprobs=False)
+    temperature = args.temperature if args.temperature > 0 else 1.0  # greedy samples are scored at T=1
+    k, stop_ids, pros = args.k, {tokenizer.eos_token_id}, args.pros != "off"
+
+    def run_eval() -> dict:
+        return evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, sampling,
+                        args.eval_samples, accelerator, ks=(1, args.eval_samples))
+
+    # ---------------- resume ----------------
+    start_step, counters, method_state = 0, {"rollouts": 0, "gen_tokens": 0}, {}
+    resume_from = checkpoint.resolve_resume(args.resume, args.output_dir)
+    if resume_from is not None:
+        start_step, state = checkpoint.load_checkpoint(resume_from, accelerator, model, optimizer, scheduler)
+        sampler.load_state_dict(state["sampler"])
+        counters, method_state = state["counters"], state["method"]
+        if critic is not None and "critic" in method_state:
+            critic.load_state_dict(method_state["critic"])
+            critic_optimizer.load_state_dict(method_state["critic_opt"])
+        generator.sync_weights(policy)
+        log(f"resumed from {resume_from} at step {start_step}")
     # [PROS] the query tree and the Gibbs/selection RNG (same seed on every rank: identical pools)
-    pros = args.pros != "off"
-    tree = QueryTree(ms.get("tree"))
-    rng = np.random.default_rng(args.seed)
-    if "rng" in ms:
-        rng.bit_generator.state = ms["rng"]
+    tree = QueryTree(method_state.get("tree"))
+    pros_rng = np.random.default_rng(args.seed)
+    if "rng" in method_state:
+        pros_rng.bit_generator.state = method_state["rng"]
 
-    for step in range(run.start_step + 1, args.max_steps + 1):
-        t0 = time.time()
-        P = args.prompts_per_step
-        # ---- choose the batch: (pid, prefix, node) per query, identical on every rank ----
-        n_stream = math.ceil(args.fresh_frac * P) if pros else P
-        stream = run.sampler.next_ids(n_stream)
-        picked: list[int] = []
-        if pros:  # [PROS] Sec. 4: the rest of the batch from the pool, by |θ̃ - 0.5| (θ̃ = σ(current Gibbs ψ) by default)
-            theta_tilde = 1 / (1 + np.exp(-tree.psi)) if args.select_by == "draw" else tree.theta_hat
-            picked = select_nodes(theta_tilde, tree.pid, P - n_stream, set(stream), args.pros, rng)
-            used, tries = set(stream) | {int(tree.pid[i]) for i in picked}, 0
-            while len(stream) + len(picked) < P:  # pool too small (early on): top up from the stream
-                pid = run.sampler.next_ids(1)[0]
-                tries += 1
-                if pid not in used or tries > len(task.train):
-                    stream.append(pid)
-                    used.add(pid)
-        items = [(pid, (), -1) for pid in stream] + [(int(tree.pid[i]), tree.prefix[i], i) for i in picked]
-        if pros:  # [PROS] stream prompts become roots of the tree (no-op if already there)
-            items = [(pid, pre, tree.add(pid, pre, step, args.prior_mu) if node < 0 else node)
-                     for pid, pre, node in items]
-        theta_sel = [float(tree.theta_hat[node]) if pros else float("nan") for _, _, node in items]
-        from_pool = [j >= len(stream) for j in range(len(items))]
+    # ---------------- logging, step-0 evaluation, graceful stop ----------------
+    logger = MetricsLogger(args.output_dir, accelerator, args.report_to, vars(args),
+                           resume_step=start_step if resume_from is not None else None)
+    if start_step == 0:
+        row = {"step": 0, **run_eval()}
+        logger.log(row)
+        log(f"step 0 (starting policy): {row}")
+    stop = GracefulStop(log)
+    progress = tqdm(range(start_step + 1, args.max_steps + 1), initial=start_step, total=args.max_steps,
+                    desc="pros_ppo", disable=not accelerator.is_main_process)
 
-        # ---- sample: K continuations of each of this rank's queries (q + prefix: the prefix is prompt) ----
-        mine = my_slice(list(range(len(items))), acc)
-        queries = [run.encode(task.train[items[j][0]].prompt) + list(items[j][1]) for j in mine]
-        gens = run.generator.generate(queries, k, replace(run.sampling, logprobs=False))  # old log-probs: score_rollouts
-        t_gen = time.time() - t0
+    for step in range(start_step + 1, args.max_steps + 1):
+        t_start = time.time()
+        # ================ the batch: (prompt id, prefix, tree node) per query, the same on every rank ================
+        if pros:  # [PROS] Sec. 4: part data stream, the rest from the pool by |θ̃ - 0.5|
+            queries, num_stream = choose_batch(tree, sampler, args, step, pros_rng, len(task.train))
+            selected_theta = [float(tree.theta_hat[node]) for _, _, node in queries]  # θ̂ at selection time
+        else:
+            queries = [(prompt_id, (), -1) for prompt_id in sampler.next_ids(args.prompts_per_step)]
+
+        # ================ sample: K continuations of each of this rank's queries (q + prefix is the prompt) ========
+        my_queries = my_slice(list(range(len(queries))), accelerator)  # indices into `queries`
+        examples = [task.train[queries[j][0]] for j in my_queries]
+        prefixes = [list(queries[j][1]) for j in my_queries]
+        query_ids = [encode(example.prompt) + prefix for example, prefix in zip(examples, prefixes)]
+        gens = generator.generate(query_ids, k, sampling)
+        t_gen = time.time() - t_start
         completions = [list(c) for c in gens.completion_ids]
-        prompts = [q for q in queries for _ in range(k)]
+        prompts = [ids for ids in query_ids for _ in range(k)]
+        num_rollouts = len(completions)
 
-        # ---- verify: the reward reads prefix + continuation (PROS Sec. 3) ----
-        texts = tokenizer.batch_decode([list(items[mine[i // k]][1]) + c for i, c in enumerate(completions)],
+        # ================ verify: the reward reads prefix + continuation (PROS Sec. 3) ================
+        texts = tokenizer.batch_decode([prefixes[i // k] + c for i, c in enumerate(completions)],
                                        skip_special_tokens=True)
-        rewards = torch.tensor([task.reward_fn(t, task.train[items[mine[i // k]][0]]) for i, t in enumerate(texts)],
+        rewards = torch.tensor([task.reward_fn(text, examples[i // k]) for i, text in enumerate(texts)],
                                dtype=torch.float32).view(-1, k)
         correct = rewards >= args.success_reward
 
-        # ---- old log-probs, entropies, values: one no-grad pass; then advantages ----
-        t1 = time.time()
-        sc = score_rollouts(run, critic_u, prompts, completions, temp)
-        mask = sc["mask"]
-        if args.adv == "gae":  # outcome reward on the last token (right-aligned: the last column), token-level GAE
-            tok_rewards = torch.zeros_like(mask)
-            tok_rewards[:, -1] = rewards.flatten()
-            adv, returns = gae_advantages(tok_rewards, sc["value"], mask, args.gamma, args.gae_lambda)
-            if args.whiten_advantages:
-                adv = masked_whiten(adv, mask)
-        else:  # GRPO: group-normalised outcome advantage on every token of the rollout
-            adv = grpo_advantages(rewards).flatten()[:, None] * mask
-            returns = None
+        # ================ pi_old's log-probs, entropies, values (and reference log-probs): one no-grad pass ========
+        t_score_start = time.time()
+        scores = score_rollouts(policy, critic, ref_model, tokenizer, prompts, completions, args.micro_batch_size,
+                                temperature, device)
+        mask = scores["mask"]
+        t_score = time.time() - t_score_start
 
-        # ---- update: ppo_epochs x num_minibatches clipped steps (policy; critic alongside) ----
-        n_roll = len(completions)
-        stats = {"pol_loss": [], "clip_frac": [], "v_loss": [], "kl_sum": 0.0}
-        for epoch in range(args.ppo_epochs):
-            perm = torch.randperm(n_roll).tolist()
-            for m in range(args.num_minibatches):
-                ids = perm[m * n_roll // args.num_minibatches:(m + 1) * n_roll // args.num_minibatches]
-                mb_tok = max(1.0, float(mask[ids].sum()))
-
-                def pol_loss_fn(batch, logp, ent, rows):
-                    g, r = [ids[x] for x in rows], batch.completion_width
-                    msk = batch.loss_mask
-                    old, a = sc["logp"][g, -r:].to(dev), adv[g, -r:].to(dev)
-                    per_tok, clipped = clipped_surrogate(logp, old, a, args.clip_low, args.clip_high)
-                    loss = (per_tok * msk).sum() / mb_tok
-                    mt = {"loss": loss.item(), "clipped": (clipped * msk).sum().item()}
-                    if run.ref is not None:
-                        kl = kl_k3(logp, sc["ref"][g, -r:].to(dev)) * msk
-                        loss = loss + args.kl_coef * kl.sum() / mb_tok
-                        mt["kl_sum"] = kl.sum().item()
-                    return loss, mt
-
-                sums = accumulate_gradients(run.model, acc, [prompts[i] for i in ids], [completions[i] for i in ids],
-                                            tokenizer.pad_token_id, args.micro_batch_size, pol_loss_fn,
-                                            temperature=temp)
-                optimizer_step(run)
-                stats["pol_loss"].append(sums.get("loss", 0.0))
-                stats["clip_frac"].append(sums.get("clipped", 0.0) / mb_tok)
-                if epoch == 0:
-                    stats["kl_sum"] += sums.get("kl_sum", 0.0)
-                if critic is not None:
-                    def val_loss_fn(batch, v, rows):
-                        g, r = [ids[x] for x in rows], batch.completion_width
-                        vl = value_loss(v, sc["value"][g, -r:].to(dev), returns[g, -r:].to(dev), args.vf_clip)
-                        loss = (vl * batch.loss_mask).sum() / mb_tok
-                        return loss, {"loss": loss.item()}
-
-                    vs = accumulate_value_gradients(critic, acc, [prompts[i] for i in ids],
-                                                    [completions[i] for i in ids], tokenizer.pad_token_id,
-                                                    args.micro_batch_size, val_loss_fn)
-                    acc.clip_grad_norm_(critic.parameters(), args.max_grad_norm)
-                    critic_opt.step()
-                    critic_opt.zero_grad(set_to_none=True)
-                    stats["v_loss"].append(vs.get("loss", 0.0))
-        t_train = time.time() - t1
-
-        # ---- [PROS] per-query outcomes and child candidates (Sec. 3), gathered so every rank updates the same tree ----
-        recs = []
-        for gi, j in enumerate(mine):
-            prefix = items[j][1]
-            cands = []
-            if pros and bool(correct[gi].any()):
-                rows = range(gi * k, (gi + 1) * k)
-                ents = [sc["ent"][i, mask.shape[1] - len(completions[i]):].numpy() for i in rows]
-                vals = None if critic is None else [sc["value"][i, mask.shape[1] - len(completions[i]):].numpy()
-                                                    for i in rows]
-                cands = child_candidates(prefix, [completions[i] for i in rows], correct[gi].tolist(), ents, vals,
-                                         stop_ids, args.value_top_frac)
-            recs.append((j, float(correct[gi].sum()), cands))
-        if acc.num_processes > 1:
-            recs = gather_object(recs)
-        recs.sort()
-
-        # ---- [PROS] update the tree: forget + observe (Sec. 4), add one child per group (Sec. 3), evict, Gibbs ----
-        created = 0
-        t_g = 0.0
+        # ================ [PROS] the tree: child candidates (Sec. 3); forget + observe, add, evict, Gibbs (Sec. 4) ===
+        # (from every rank's gathered outcomes, so the tree stays the same on every rank; one new child per group)
+        children_created, gibbs_seconds = 0, 0.0
         if pros:
-            tree.observe([items[j][2] for j, _, _ in recs], [s for _, s, _ in recs], [k] * len(recs),
+            outcomes = []  # per group: (query index, successes, candidate child prefixes)
+            for group, j in enumerate(my_queries):
+                candidates = []
+                if bool(correct[group].any()):
+                    rows = range(group * k, (group + 1) * k)
+                    starts = [mask.shape[1] - len(completions[i]) for i in rows]  # right-aligned continuations
+                    entropies = [scores["ent"][i, s:].numpy() for i, s in zip(rows, starts)]
+                    values = None if critic is None else [scores["value"][i, s:].numpy() for i, s in zip(rows, starts)]
+                    candidates = child_candidates(queries[j][1], [completions[i] for i in rows],
+                                                  correct[group].tolist(), entropies, values, stop_ids,
+                                                  args.value_top_frac)
+                outcomes.append((j, float(correct[group].sum()), candidates))
+            outcomes = sorted(gather_list(accelerator, outcomes))
+            tree.observe([queries[j][2] for j, _, _ in outcomes], [s for _, s, _ in outcomes], [k] * len(outcomes),
                          args.forget, step)
-            for j, _, cands in recs:
-                new = next((c for c in cands if (items[j][0], c) not in tree.index), None)
-                if new is not None:
-                    tree.add(items[j][0], new, step, args.prior_mu)
-                    created += 1
+            for j, _, candidates in outcomes:
+                prompt_id = queries[j][0]
+                new_prefix = next((c for c in candidates if (prompt_id, c) not in tree.index), None)
+                if new_prefix is not None:
+                    tree.add(prompt_id, new_prefix, step, args.prior_mu)
+                    children_created += 1
             tree.evict(args.pool_capacity)
-            t_g0 = time.time()
-            tree.gibbs(args, rng)
-            t_g = time.time() - t_g0
+            gibbs_start = time.time()
+            tree.gibbs(args, pros_rng)
+            gibbs_seconds = time.time() - gibbs_start
 
-        # ---- log ----
-        row, x = core_metrics(run, step, {
-            "groups": len(mine), "rollouts": n_roll, "gen_tokens": sum(map(len, completions)),
-            "reward_sum": float(rewards.sum()), "rewarded": rewards.numel(), "success": float(correct.sum()),
-            "zero_var": float(zero_variance(rewards).sum()),
-            "loss_sum": float(np.mean(stats["pol_loss"])) * n_roll, "seqs": n_roll, "kl_sum": stats["kl_sum"],
-            "ent_sum": float((sc["ent"] * mask).sum()), "tok": float(mask.sum()), "t_gen": t_gen, "t_train": t_train,
-        }, extra={"clip_frac": float(np.mean(stats["clip_frac"])) * n_roll,
-                  "v_loss": float(np.mean(stats["v_loss"])) * n_roll if stats["v_loss"] else 0.0})
-        row["ppo_clip_frac"] = x["clip_frac"] / max(1, x["rollouts"])
+        # ================ advantages ================
+        if args.adv == "gae":  # outcome reward on the last token (right-aligned: the last column), token-level GAE
+            token_rewards = torch.zeros_like(mask)
+            token_rewards[:, -1] = rewards.flatten()
+            advantages, returns = gae_advantages(token_rewards, scores["value"], mask, args.gamma, args.gae_lambda)
+            if args.whiten_advantages:
+                advantages = masked_whiten(advantages, mask)
+        else:  # GRPO: the group-normalised outcome advantage on every token of the rollout
+            advantages = grpo_advantages(rewards).flatten()[:, None] * mask
+
+        # ================ update: ppo_epochs x num_minibatches clipped steps of the policy, the critic alongside ====
+        t_update_start = time.time()
+        policy_losses, clip_fracs, grad_norms, value_losses, kl_sum = [], [], [], [], 0.0
+        for epoch in range(args.ppo_epochs):
+            order, parts = torch.randperm(num_rollouts).tolist(), args.num_minibatches
+            for m in range(parts):
+                minibatch = order[m * num_rollouts // parts:(m + 1) * num_rollouts // parts]
+                minibatch_tokens = max(1.0, float(mask[minibatch].sum()))  # both losses: per-token means
+                surrogate_sum, clipped_sum, minibatch_kl = 0.0, 0.0, 0.0
+                for rows in micro_batches(len(minibatch), args.micro_batch_size, accelerator, model):
+                    ids = [minibatch[r] for r in rows]
+                    batch = pad_sequences([prompts[i] for i in ids], [completions[i] for i in ids],
+                                          tokenizer.pad_token_id).to(device)
+                    cols, token_mask = slice(-batch.completion_width, None), batch.loss_mask
+                    logp, _ = token_logprobs(model, batch, temperature)
+                    per_token, clipped = clipped_surrogate(logp, scores["logp"][ids, cols].to(device),
+                                                           advantages[ids, cols].to(device), args.clip_low,
+                                                           args.clip_high)
+                    loss = (per_token * token_mask).sum() / minibatch_tokens
+                    surrogate_sum += loss.item()
+                    clipped_sum += (clipped * token_mask).sum().item()
+                    if ref_model is not None:
+                        kl = kl_k3(logp, scores["ref"][ids, cols].to(device)) * token_mask
+                        loss = loss + args.kl_coef * kl.sum() / minibatch_tokens
+                        minibatch_kl += kl.sum().item()
+                    accelerator.backward(loss)
+                grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
+                policy_losses.append(surrogate_sum)
+                clip_fracs.append(clipped_sum / minibatch_tokens)
+                if epoch == 0:  # the on-policy epoch's KL is the one logged
+                    kl_sum += minibatch_kl
+                if critic is not None:  # the critic: clipped value loss against the GAE returns, its own step
+                    value_loss_sum = 0.0
+                    for rows in micro_batches(len(minibatch), args.micro_batch_size, accelerator, critic_model):
+                        ids = [minibatch[r] for r in rows]
+                        batch = pad_sequences([prompts[i] for i in ids], [completions[i] for i in ids],
+                                              tokenizer.pad_token_id).to(device)
+                        cols = slice(-batch.completion_width, None)
+                        per_token = value_loss(critic_model(batch), scores["value"][ids, cols].to(device),
+                                               returns[ids, cols].to(device), args.vf_clip)
+                        loss = (per_token * batch.loss_mask).sum() / minibatch_tokens
+                        accelerator.backward(loss)
+                        value_loss_sum += loss.item()
+                    accelerator.clip_grad_norm_(critic_model.parameters(), args.max_grad_norm)
+                    critic_optimizer.step()
+                    critic_optimizer.zero_grad(set_to_none=True)
+                    value_losses.append(value_loss_sum)
+        t_train = t_score + time.time() - t_update_start
+
+        # ================ push the new weights to the generator, once per iteration (a no-op for HF generate) ======
+        generator.sync_weights(policy)
+
+        # ================ metrics: one reduce of named sums over ranks, each ratio next to its name ================
+        totals = reduce_sums(accelerator, {
+            "groups": len(my_queries), "rollouts": num_rollouts, "gen_tokens": sum(map(len, completions)),
+            "reward_sum": float(rewards.sum()), "reward_sq_sum": float((rewards ** 2).sum()),
+            "success": float(correct.sum()), "zero_var": float(zero_variance(rewards).sum()),
+            "truncated": sum(reason == "length" for reason in gens.finish_reasons),
+            # per-step means weighted by this rank's rollouts: the ratios below are rollout-weighted over ranks
+            "loss_sum": float(np.mean(policy_losses)) * num_rollouts,
+            "clip_sum": float(np.mean(clip_fracs)) * num_rollouts,
+            "value_loss_sum": float(np.mean(value_losses)) * num_rollouts if value_losses else 0.0,
+            "kl_sum": kl_sum, "ent_sum": float((scores["ent"] * mask).sum()), "tok": float(mask.sum()),
+            "t_gen": t_gen, "t_train": t_train,
+        })
+        counters["rollouts"] += int(totals["rollouts"])
+        counters["gen_tokens"] += int(totals["gen_tokens"])
+        samples, tokens = max(1.0, totals["rollouts"]), max(1.0, totals["tok"])
+        reward_mean = totals["reward_sum"] / samples
+        row = {
+            "step": step, "rollouts": counters["rollouts"], "gen_tokens": counters["gen_tokens"],
+            "reward_mean": reward_mean,  # scored on prefix + continuation
+            "reward_std": math.sqrt(max(0.0, totals["reward_sq_sum"] / samples - reward_mean ** 2)),
+            "pass_rate": totals["success"] / samples,  # reward >= success_reward
+            "frac_zero_var_groups": totals["zero_var"] / max(1.0, totals["groups"]),
+            "completion_len_mean": totals["gen_tokens"] / samples,  # generated tokens (a child's prefix excluded)
+            "clipped_ratio": totals["truncated"] / samples,  # completions cut by max_new_tokens
+            "loss": totals["loss_sum"] / samples,  # per-token clipped surrogate, mean over steps (module doc)
+            "kl": totals["kl_sum"] / tokens, "entropy": totals["ent_sum"] / tokens,  # per completion token
+            "grad_norm": float(np.mean(grad_norms)), "lr": scheduler.get_last_lr()[0],
+            "time_gen_s": totals["t_gen"] / world, "time_train_s": totals["t_train"] / world,
+            "ppo_clip_frac": totals["clip_sum"] / samples,  # clipped tokens / tokens, mean over steps
+        }
         if critic is not None:
-            row["ppo_value_loss"] = x["v_loss"] / max(1, x["rollouts"])
-        if pros:  # [PROS] mechanism metrics (from gathered records: the same on every rank)
-            child_lens = [len(items[j][1]) for j in range(len(items)) if items[j][1]]
-            calib = [abs(theta_sel[j] - s / k) for j, s, _ in recs if from_pool[j]]
+            row["ppo_value_loss"] = totals["value_loss_sum"] / samples  # per-token value loss, mean over steps
+        if pros:  # [PROS] mechanism metrics (from the gathered outcomes: the same on every rank)
+            child_lens = [len(prefix) for _, prefix, _ in queries if prefix]
+            calibration = [abs(selected_theta[j] - successes / k) for j, successes, _ in outcomes if j >= num_stream]
             row.update({
                 "pros_pool_size": len(tree), "pros_pool_children": int((tree.parent >= 0).sum()),
-                "pros_frac_children_in_batch": len(child_lens) / max(1, len(items)),
+                "pros_frac_children_in_batch": len(child_lens) / max(1, len(queries)),
                 "pros_prefix_len_mean": float(np.mean(child_lens)) if child_lens else None,
                 "pros_saved_prompt_tokens": int(sum(child_lens) * k),  # prefix tokens not regenerated
-                "pros_children_created": created,
-                "pros_calib_error": float(np.mean(calib)) if calib else None,  # |θ̂ - observed pass rate|, pool picks
-                "pros_gibbs_s": t_g,
+                "pros_children_created": children_created,
+                # |θ̂ at selection - observed pass rate| over the pool's picks
+                "pros_calib_error": float(np.mean(calibration)) if calibration else None,
+                "pros_gibbs_s": gibbs_seconds,
             })
-        state = {"tree": tree.state_dict(), "rng": rng.bit_generator.state}
-        if critic is not None:
-            state.update(critic=critic_u.state_dict(), critic_opt=critic_opt.state_dict())
-        finish_step(run, step, row, t0, state)
+
+        # ================ evaluate / log / checkpoint / stop ================
+        if (args.eval_every and step % args.eval_every == 0) or step == args.max_steps:
+            row.update(run_eval())
+        row["time_step_s"] = time.time() - t_start
+        logger.log(row)
+        progress.update(1)
+        progress.set_postfix({"reward": f"{row['reward_mean']:.3f}", "zero_var": f"{row['frac_zero_var_groups']:.2f}",
+                              **({"eval": f"{row['eval_pass@1']:.3f}"} if "eval_pass@1" in row else {})})
+        stopping = stop.agreed(accelerator)
+        if (args.save_every and step % args.save_every == 0) or step == args.max_steps or stopping:
+            method_state = {"tree": tree.state_dict(), "rng": pros_rng.bit_generator.state}
+            if critic is not None:
+                method_state.update(critic=critic.state_dict(), critic_opt=critic_optimizer.state_dict())
+            state = {"sampler": sampler.state_dict(), "counters": counters, "method": method_state}
+            path = checkpoint.save_checkpoint(args.output_dir, step, accelerator, model, tokenizer, optimizer,
+                                              scheduler, state, args.keep_checkpoints)
+            if stopping:
+                log(f"stopped at step {step}; continue with --resume auto (checkpoint {path})")
+                break
+    progress.close()
+    logger.close()
 
 
 if __name__ == "__main__":

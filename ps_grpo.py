@@ -24,13 +24,25 @@ Design choices the paper leaves open (each is a flag or documented at its functi
   to Prefix & Mask again. A too-hard/too-easy task contributes one trajectory (chosen at random).
 - Prefix length K is clamped to [1, T-1] (`prefix_steps`): 0 steps is the fresh task again, T steps leaves
   nothing to generate; a 1-step trajectory gives no prefix task.
-- The core metrics reward_mean / pass_rate / frac_zero_var_groups are over fresh tasks only (the paper's
-  training score on no-prefix tasks); ps_* metrics cover prefix tasks.
-- Adaptive control restarts its EMA after every adjustment (`PrefixController`, --ema_reset).
-- The default task has 4 numbers in 1..10, so a full trajectory has T = 3 steps and K is 1 or 2. With 3
-  numbers (T = 2) every prefix is 1 step and the ratios (and the adaptive controller) could not change it.
-- The embedded policy gets a multi-turn warm-up before RL (--mt_sft_steps, see countdown_env.py; about
-  2 minutes once, then cached).
+- Adaptive control restarts its EMA after every adjustment (`PrefixController`, --ema_reset); a single EMA
+  kept throughout lags behind the ratio it measures and the controller overshoots (see the tests).
+- Loss: the token-level clipped surrogate on generated tokens only (replayed prefix and observations: mask 0),
+  DAPO token mean: each rank divides its sum by its own trained-token count (DDP then averages the ranks).
+  No KL term (`kl` is logged as 0). Logged `loss`: the clipped surrogate per trained token (its sum over all
+  ranks / their trained tokens); rejected (all-fail / all-pass) groups are not trained and not counted.
+- Metrics: reward_mean / reward_std / pass_rate / frac_zero_var_groups are over fresh tasks only (the paper's
+  training score on no-prefix tasks); ps_* metrics cover prefix tasks. rollouts, gen_tokens,
+  completion_len_mean (generated tokens per rollout; replayed ones excluded) and clipped_ratio (rollouts cut
+  by a length limit: text mode --max_new_tokens, multi-turn any action cut by --max_action_tokens) cover all.
+
+Notes on the defaults (measurements of the embedded setting):
+- The default task has 4 numbers in 1..10 (a space enumerated in about a second), so a full trajectory has
+  T = 3 steps and K is 1 or 2. With 3 numbers (T = 2) every prefix is 1 step and the ratios (and the adaptive
+  controller) could not change it; 3 numbers in 1..20 is the single-turn default's problem space.
+- The embedded base was only SFT-ed on the single-turn text and cannot act in the environment, so it gets a
+  multi-turn warm-up before RL (--mt_sft_steps, see countdown_env.py; about 2 minutes once, then cached).
+- --max_steps 150 is about 6 minutes of RL on 2 CPU cores with the multi-turn default (the closing
+  comparison used 150).
 
     python ps_grpo.py                                   # PS (fixed ratios), multi-turn Countdown, CPU
     python ps_grpo.py --adaptive                        # PS with adaptive prefix control
@@ -40,33 +52,43 @@ Design choices the paper leaves open (each is a flag or documented at its functi
 """
 from __future__ import annotations
 
+import json
+import math
 import random
 import time
 from dataclasses import asdict, dataclass
-from typing import Literal
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
-from accelerate.utils import gather_object
+from accelerate import Accelerator
+from tqdm.auto import tqdm
 
+from common import checkpoint
 from common.advantages import grpo_advantages, zero_variance
 from common.args import BaseArgs
 from common.cli import parse_args
-from common.countdown_env import Episode, replay_episode
-from common.data import PromptSampler
-from common.generation import SamplingConfig
+from common.data import PromptEncoder, PromptSampler, load_task
+from common.distributed import GracefulStop, gather_list, micro_batches, my_slice, reduce_sums
+from common.generation import HFGenerator, SamplingConfig
+from common.logprobs import token_logprobs
 from common.losses import clipped_surrogate
-from common.masking import right_align
-from common.metrics import pass_at_k
-from common.runtime import Run, accumulate_gradients, core_metrics, finish_step, my_slice, optimizer_step, start_run
+from common.masking import pad_sequences, right_align
+from common.metrics import MetricsLogger, check_tracker, evaluate, pass_at_k
+from common.policy import load_policy
 
-CATEGORIES = ("hard", "easy")
+if TYPE_CHECKING:
+    from common.countdown_env import Episode
+
+CATEGORIES = ("hard", "easy")  # [PS] too-hard tasks replay a success, too-easy tasks a failure
+ROUTES = ("all_fail", "all_pass", "normal", "too_hard", "too_easy")
 
 
 @dataclass
 class Args(BaseArgs):
     max_steps: int = 150
-    """number of training steps (150: about 6 minutes of RL on 2 CPU cores with the multi-turn default; the closing comparison used 150)"""
+    """number of policy updates (one batch of tasks each)"""
     n: int = 8
     """rollouts per task (N); the group for GRPO advantages and for the pass rate k/N"""
     eps_low: float = 0.2
@@ -76,19 +98,24 @@ class Args(BaseArgs):
     scale_advantages: bool = True
     """GRPO advantages (R - mean) / std; false = R - mean (Dr. GRPO)"""
     mode: Literal["auto", "multiturn", "text"] = "auto"
-    """`multiturn`: the Countdown environment, one step per turn; `text`: single-turn completions, a step is a line; `auto`: multiturn for --dataset countdown, text otherwise"""
+    """`multiturn`: the Countdown environment, one step per turn; `text`: single-turn completions, a step is a line;
+    `auto`: multiturn for --dataset countdown, text otherwise"""
     env_numbers: int = 4
-    """[multiturn] numbers per Countdown problem: 4 gives 3-step episodes, so a prefix can be 1 or 2 steps (3 gives 2-step episodes, where every prefix is 1 step and the ratios cannot change it)"""
+    """[multiturn] numbers per Countdown problem; a full episode takes env_numbers - 1 steps"""
     env_max_number: int = 10
-    """[multiturn] problem numbers are drawn from 1..env_max_number (10 with 4 numbers: a space enumerated in about a second; 20 with 3 numbers is the single-turn default's space)"""
+    """[multiturn] problem numbers are drawn from 1..env_max_number"""
     max_turns: int = 4
-    """[multiturn] turn budget of an episode (it also ends when one number is left, on an invalid action, or when the agent stops)"""
+    """[multiturn] turn budget of an episode (it also ends when one number is left, on an invalid action, or when the
+    agent stops)"""
     env_invalid: Literal["end", "retry"] = "end"
-    """[multiturn] an invalid action ends the episode (reward 0), or is answered with an error and the state, and the agent tries again"""
+    """[multiturn] an invalid action ends the episode (reward 0), or is answered with an error and the state, and the
+    agent tries again"""
     max_action_tokens: int = 16
-    """[multiturn] token cap of one action (a turn ends at a newline or EOS); --max_new_tokens caps text-mode completions"""
+    """[multiturn] token cap of one action (a turn ends at a newline or EOS); --max_new_tokens caps text-mode
+    completions"""
     mt_sft_steps: int = 400
-    """[multiturn] with the embedded model: SFT steps on solver-built episodes of the environment before RL (built once, cached next to the base); the base was only SFT-ed on the single-turn text and cannot act in the environment. 0 = the base as is"""
+    """[multiturn] with the embedded model: SFT steps on solver-built episodes of the environment before RL (built
+    once, cached next to the base). 0 = the base as is"""
     prefix_sampling: bool = True
     """[PS] route skewed tasks to Prefix & Mask and inject prefix tasks into the next batch; false = the baseline"""
     low: float = 0.3
@@ -96,15 +123,18 @@ class Args(BaseArgs):
     high: float = 0.7
     """[PS] pass rate above this (with at least one failure) is too-easy"""
     remaining_ratio: float = 0.25
-    """[PS] too-hard, remaining mode: remaining = min(int(T * remaining_ratio), remaining_cap), prefix = T - remaining steps of a success (initial value under --adaptive)"""
+    """[PS] too-hard, remaining mode: remaining = min(int(T * remaining_ratio), remaining_cap), prefix = T - remaining
+    steps of a success (initial value under --adaptive)"""
     remaining_cap: int = 1000
     """[PS] cap on the remaining steps of a too-hard prefix task"""
     prefix_ratio: float = 0.25
-    """[PS] too-easy, prefix mode: prefix = min(int(T * prefix_ratio), prefix_cap) steps of a failure (initial value under --adaptive)"""
+    """[PS] too-easy, prefix mode: prefix = min(int(T * prefix_ratio), prefix_cap) steps of a failure (initial value
+    under --adaptive)"""
     prefix_cap: int = 1000
     """[PS] cap on the replayed steps of a too-easy prefix task"""
     max_prefix_frac: float = 0.5
-    """[PS] at most this fraction of the batch's tasks are prefix tasks; the rest are fresh; prefix tasks over the cap are dropped"""
+    """[PS] at most this fraction of the batch's tasks are prefix tasks; the rest are fresh; prefix tasks over the cap
+    are dropped"""
     adaptive: bool = False
     """[PS] adaptive prefix control: move each category's ratio toward a prefix-task pass rate of 0.5"""
     ema_alpha: float = 0.05
@@ -122,7 +152,8 @@ class Args(BaseArgs):
     ratio_max: float = 0.95
     """[PS] adaptive: upper clamp of both ratios"""
     ema_reset: bool = True
-    """[PS] adaptive: restart the (bias-corrected) EMA after each adjustment, so it measures the new ratio only (false: one EMA throughout, which lags and overshoots)"""
+    """[PS] adaptive: restart the (bias-corrected) EMA after each adjustment, so it measures the new ratio only (false:
+    one EMA throughout)"""
 
     def validate(self) -> None:
         if self.n < 2:
@@ -141,10 +172,12 @@ class Args(BaseArgs):
         if self.env_numbers < 2 or self.max_action_tokens < 1:
             raise SystemExit("--env_numbers must be >= 2 and --max_action_tokens >= 1")
         if self.max_turns < self.env_numbers - 1:
-            raise SystemExit(f"--max_turns {self.max_turns}: {self.env_numbers} numbers need {self.env_numbers - 1} turns")
+            raise SystemExit(f"--max_turns {self.max_turns}: {self.env_numbers} numbers need "
+                             f"{self.env_numbers - 1} turns")
         if self.multiturn:
             if self.dataset != "countdown":
-                raise SystemExit(f"--mode multiturn: the environment is Countdown; --dataset {self.dataset} needs --mode text")
+                raise SystemExit(f"--mode multiturn: the environment is Countdown; --dataset {self.dataset} "
+                                 "needs --mode text")
             if self.reward != "binary":
                 raise SystemExit(f"--reward {self.reward}: the multi-turn environment's reward is binary")
         elif (self.env_numbers, self.env_max_number) != (4, 10):  # changed from the defaults
@@ -236,244 +269,379 @@ class PrefixController:
 # ----------------------------------------------------------------------------------------------------
 
 def rollout_multiturn(generator, tokenizer, prompts: list[list[int]], problems: list, prefixes: list[list], n: int,
-                      cfg: SamplingConfig, max_turns: int, invalid: str) -> list[Episode]:
+                      cfg: SamplingConfig, max_turns: int, invalid: str) -> tuple[list[Episode], list[bool]]:
     """n episodes per task, played turn by turn; one generate call per turn for every live episode.
 
     [PS] Prefix replay: each episode of a prefix task starts from a fresh environment that re-executes the
     stored actions (restoring the numbers, the turn count and the conversation); those tokens are context
     with mask 0 and cost no generation. Observations are context with mask 0 too.
+    Returns (episodes, clipped): clipped[i] is True when an action of episode i hit cfg.max_new_tokens.
     """
-    encode = lambda s: tokenizer(s, add_special_tokens=False).input_ids
-    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
+    from common.countdown_env import replay_episode
+
+    encode = lambda text: tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     eos = tokenizer.eos_token_id
-    episodes = [replay_episode(problems[g], prefixes[g], g, decode, encode, max_turns, invalid)
-                for g in range(len(prompts)) for _ in range(n)]
-    while live := [e for e in episodes if not e.env.done]:
-        gens = generator.generate([prompts[e.group] + e.ids for e in live], 1, cfg)
-        for e, ids, lps in zip(live, gens.completion_ids, gens.logprobs):
-            res = e.env.step(decode(ids), final=bool(ids) and ids[-1] == eos)
-            e.add_turn(ids, encode(res.observation), lps)  # action: mask 1; observation: mask 0
-    for e in episodes:
-        e.reward = e.env.reward
-    return episodes
+    episodes = [replay_episode(problems[group], prefixes[group], group, decode, encode, max_turns, invalid)
+                for group in range(len(prompts)) for _ in range(n)]
+    clipped = [False] * len(episodes)
+    while live := [i for i, episode in enumerate(episodes) if not episode.env.done]:
+        gens = generator.generate([prompts[episodes[i].group] + episodes[i].ids for i in live], 1, cfg)
+        for i, ids, logprobs, reason in zip(live, gens.completion_ids, gens.logprobs, gens.finish_reasons):
+            result = episodes[i].env.step(decode(ids), final=bool(ids) and ids[-1] == eos)
+            episodes[i].add_turn(ids, encode(result.observation), logprobs)  # action: mask 1; observation: mask 0
+            clipped[i] = clipped[i] or reason == "length"
+    for episode in episodes:
+        episode.reward = episode.env.reward
+    return episodes, clipped
 
 
 def split_lines(ids: list[int], is_break) -> list[list[int]]:
     """Token ids cut into lines: a line ends after a token whose text holds a newline (text-mode steps)."""
-    lines, cur = [], []
-    for t in ids:
-        cur.append(t)
-        if is_break(t):
-            lines.append(cur)
-            cur = []
-    return lines + ([cur] if cur else [])
+    lines, current = [], []
+    for token in ids:
+        current.append(token)
+        if is_break(token):
+            lines.append(current)
+            current = []
+    return lines + ([current] if current else [])
 
 
 def rollout_text(generator, tokenizer, prompts: list[list[int]], prefixes: list[list], n: int, cfg: SamplingConfig,
-                 reward_fn, examples: list, is_break) -> list[Episode]:
+                 reward_fn, examples: list, is_break) -> tuple[list[Episode], list[bool]]:
     """n single-turn completions per task. [PS] A prefix task's context is prompt + its first K lines
-    (mask 0); the continuation gets the rest of the max_new_tokens budget; the reward scores the whole text."""
-    contexts = [p + [t for a, _ in pre for t in a] for p, pre in zip(prompts, prefixes)]
+    (mask 0); the continuation gets the rest of the max_new_tokens budget; the reward scores the whole text.
+    Returns (episodes, clipped): clipped[i] is True when completion i was cut by max_new_tokens or the budget."""
+    from common.countdown_env import Episode  # the token-level record; it imports the Countdown env (for now)
+
+    contexts = [prompt + [token for action, _ in prefix for token in action]
+                for prompt, prefix in zip(prompts, prefixes)]
     gens = generator.generate(contexts, n, cfg)
-    episodes = []
-    for i, (ids, lps) in enumerate(zip(gens.completion_ids, gens.logprobs)):
-        g = i // n
-        e = Episode(g)
-        for a, _ in prefixes[g]:
-            e.add_turn(a, [])  # replayed line, mask 0
-        budget = max(0, cfg.max_new_tokens - len(e.ids))
-        ids, lps = ids[:budget], lps[:budget]
+    episodes, clipped = [], []
+    for i, (ids, logprobs) in enumerate(zip(gens.completion_ids, gens.logprobs)):
+        group = i // n
+        episode = Episode(group)
+        for action, _ in prefixes[group]:
+            episode.add_turn(action, [])  # [PS] replayed line, mask 0
+        budget = max(0, cfg.max_new_tokens - len(episode.ids))
+        clipped.append(gens.finish_reasons[i] == "length" or len(ids) > budget)
+        ids, logprobs = ids[:budget], logprobs[:budget]
         lines = split_lines(ids, is_break)
         if len(lines) > 1 and not tokenizer.decode(lines[-1], skip_special_tokens=True).strip():
             # a tail with no text (the stop token after the last newline) is not a step of its own: otherwise
             # "all but the last step" would replay the whole answer and leave only the stop token to generate
             lines[-2:] = [lines[-2] + lines[-1]]
-        pos = 0
+        position = 0
         for line in lines:
-            e.add_turn(line, [], lps[pos:pos + len(line)])
-            pos += len(line)
-        e.reward = reward_fn(tokenizer.decode(e.ids, skip_special_tokens=True), examples[g])
-        episodes.append(e)
-    return episodes
+            episode.add_turn(line, [], logprobs[position:position + len(line)])
+            position += len(line)
+        episode.reward = reward_fn(tokenizer.decode(episode.ids, skip_special_tokens=True), examples[group])
+        episodes.append(episode)
+    return episodes, clipped
 
 
 def turn_config(tokenizer, args: Args) -> SamplingConfig:
     """Sampling for one turn: an action ends at the end of its line (or EOS), at most max_action_tokens."""
-    nl = tokenizer("\n", add_special_tokens=False).input_ids[-1]
-    return SamplingConfig(max_new_tokens=args.max_action_tokens, temperature=args.temperature, stop_token_ids=[nl])
+    newline = tokenizer("\n", add_special_tokens=False).input_ids[-1]
+    return SamplingConfig(max_new_tokens=args.max_action_tokens, temperature=args.temperature,
+                          stop_token_ids=[newline])
 
 
-def evaluate_episodes(run: Run, examples: list, args: Args) -> dict:
+def evaluate_episodes(generator, tokenizer, encode, examples: list, args: Args, accelerator) -> dict:
     """Held-out pass@1 / pass@k of whole episodes in the environment (prompts split across ranks)."""
-    acc, k_max = run.acc, args.eval_samples
-    mine = examples[acc.process_index::acc.num_processes]
+    samples = args.eval_samples
+    mine = examples[accelerator.process_index::accelerator.num_processes]
     counts = []
     if mine:
-        eps = rollout_multiturn(run.generator, run.tokenizer, [run.encode(e.prompt) for e in mine],
-                                [e.answer for e in mine], [[] for _ in mine], k_max, turn_config(run.tokenizer, args),
-                                args.max_turns, args.env_invalid)
-        counts = [sum(e.reward >= 1.0 for e in eps[i * k_max:(i + 1) * k_max]) for i in range(len(mine))]
-    counts = gather_object(counts) if acc.num_processes > 1 else counts
-    return {f"eval_pass@{k}": float(np.mean([pass_at_k(k_max, c, k) for c in counts])) for k in sorted({1, k_max})}
+        episodes, _ = rollout_multiturn(generator, tokenizer, [encode(example.prompt) for example in mine],
+                                        [example.answer for example in mine], [[] for _ in mine], samples,
+                                        turn_config(tokenizer, args), args.max_turns, args.env_invalid)
+        counts = [sum(episode.reward >= 1.0 for episode in episodes[i * samples:(i + 1) * samples])
+                  for i in range(len(mine))]
+    counts = gather_list(accelerator, counts)
+    return {f"eval_pass@{k}": float(np.mean([pass_at_k(samples, c, k) for c in counts])) for k in sorted({1, samples})}
 
 
 def ps_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, n_tok: int,
             eps_low: float, eps_high: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-level GRPO clipped surrogate over tokens with mask 1 (DAPO token mean over the batch's n_tok).
-    [PS] Prefix masking: replayed prefix tokens (and observations) have mask 0, so they get no gradient."""
-    per_tok, clipped = clipped_surrogate(logp, old_logp, adv[:, None], eps_low, eps_high)
-    return (per_tok * mask).sum() / max(1, n_tok), (clipped * mask).sum()
+    """Token-level GRPO clipped surrogate over tokens with mask 1 (DAPO token mean over the batch's n_tok),
+    and the number of clipped tokens. [PS] Prefix masking: replayed prefix tokens (and observations) have
+    mask 0, so they get no gradient."""
+    per_token, clipped = clipped_surrogate(logp, old_logp, adv[:, None], eps_low, eps_high)
+    return (per_token * mask).sum() / max(1, n_tok), (clipped * mask).sum()
 
 
 def main(args: Args) -> None:
-    from common.countdown_env import MultiTurnRecipe, ensure_multiturn_policy, make_env_task
-    from common.policy import EMBEDDED, ensure_embedded_base
-
+    # ---------------- set-up: accelerator, seeds, output dir ----------------
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
-    if args.multiturn and args.model_name_or_path == EMBEDDED and args.mt_sft_steps > 0:
-        # the embedded base, warmed up on episodes of the environment (deterministic, so ranks agree on it)
-        recipe = MultiTurnRecipe(args.env_numbers, args.env_max_number, args.mt_sft_steps)
-        args.model_name_or_path = str(ensure_multiturn_policy(str(ensure_embedded_base()), recipe))
-    if args.multiturn:
-        env_train, env_eval = make_env_task(args.env_numbers, args.env_max_number, args.eval_prompts, args.prompt_pool)
-        # held-out evaluation plays whole episodes; set on the class so start_run's step-0 evaluation does too
-        Run.evaluate = lambda self: evaluate_episodes(self, env_eval, args)
-    run = start_run(args, "ps_grpo", need_ref=False)
-    acc, tokenizer, n = run.acc, run.tokenizer, args.n
-    breaks: dict[int, bool] = {}
+    check_tracker(args.report_to)
+    args.output_dir = args.output_dir or f"runs/ps_grpo-seed{args.seed}"
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), project_dir=args.output_dir,
+                              log_with=None if args.report_to == "none" else args.report_to)
+    device, world = accelerator.device, accelerator.num_processes
+    log = lambda msg: accelerator.print(msg, flush=True)  # noqa: E731  (main process only)
+    rank_seed = args.seed + accelerator.process_index  # ranks sample different rollouts
+    random.seed(rank_seed)
+    np.random.seed(rank_seed)
+    torch.manual_seed(rank_seed)
+    if accelerator.is_main_process:
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.output_dir) / "args.json").write_text(json.dumps(asdict(args), indent=2))
 
-    def is_break(t: int) -> bool:  # text mode: does this token end a line?
-        if t not in breaks:
-            breaks[t] = "\n" in tokenizer.decode([t])
-        return breaks[t]
+    # ---------------- policy, optimizer (no reference model: no KL term) ----------------
+    model_path = args.model_name_or_path
+    if model_path == "embedded":  # the tiny Countdown model: rank 0 builds it once, the others find it cached
+        from common.tiny_model import ensure_embedded_base
 
+        # a build reseeds torch: fork the RNG so that a first run draws exactly what a cached run draws
+        rng_devices = [device] if device.type == "cuda" else []
+        with accelerator.main_process_first(), torch.random.fork_rng(devices=rng_devices):
+            model_path = str(ensure_embedded_base(log=log))
+            if args.multiturn and args.mt_sft_steps > 0:  # warmed up on solver episodes of the environment
+                from common.countdown_env import MultiTurnRecipe, ensure_multiturn_policy
+
+                recipe = MultiTurnRecipe(args.env_numbers, args.env_max_number, args.mt_sft_steps)
+                model_path = str(ensure_multiturn_policy(model_path, recipe, log=log))
+    policy, tokenizer = load_policy(model_path, args.dtype)
+    policy.to(device)
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
+                                  weight_decay=args.weight_decay)
+    warmup = max(1, args.warmup_steps)  # linear warm-up, then constant
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    model, optimizer = accelerator.prepare(policy, optimizer)  # `model`: DDP-wrapped for the backward pass
+
+    # ---------------- data (multi-turn: the environment's problems; text: the dataset) and generator ----------------
     if args.multiturn:
-        env_cfg = turn_config(tokenizer, args)
-        train, sampler = env_train, PromptSampler(len(env_train), args.seed)
-        if "sampler" in run.method_state:
-            sampler.load_state_dict(run.method_state["sampler"])
+        from common.countdown_env import make_env_task
+
+        train, held_out = make_env_task(args.env_numbers, args.env_max_number, args.eval_prompts, args.prompt_pool)
+        text_task, encode = None, PromptEncoder(tokenizer, templated=False)  # prompts: the reset observations
     else:
-        train, sampler = run.task.train, run.sampler
-    # [PS] prefix tasks for the next batch (identical on every rank), and one controller per category
-    queue: list[dict] = run.method_state.get("queue", [])
-    init = {"hard": args.remaining_ratio, "easy": args.prefix_ratio}
-    ctrl = {c: PrefixController(**run.method_state["ctrl"][c]) if "ctrl" in run.method_state
-            else PrefixController(init[c], wait=args.cooldown) for c in CATEGORIES}  # first move after `cooldown` observations
+        text_task = load_task(args, tokenizer, log)
+        train, held_out, encode = text_task.train, text_task.eval, PromptEncoder(tokenizer, text_task.templated)
+    sampler = PromptSampler(len(train), args.seed)
+    if args.use_vllm:
+        from common.vllm_backend import VLLMGenerator
 
-    for step in range(run.start_step + 1, args.max_steps + 1):
-        t0 = time.time()
-        # ---- [PS] the batch: queued prefix tasks (at most max_prefix_frac of it), then fresh tasks ----
+        generator = VLLMGenerator(model_path, policy, tokenizer, seed=args.seed, dtype=args.dtype,
+                                  max_model_len=args.vllm_max_model_len,
+                                  gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
+    else:
+        generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size)
+    sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)  # text mode
+    turn_sampling = turn_config(tokenizer, args)  # multi-turn: one action per generate call
+    eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, logprobs=False)
+    temperature = args.temperature if args.temperature > 0 else 1.0  # the generator scores greedy samples at T=1
+    line_ends: dict[int, bool] = {}
+
+    def is_break(token: int) -> bool:  # text mode: does this token end a line (a step)?
+        if token not in line_ends:
+            line_ends[token] = "\n" in tokenizer.decode([token])
+        return line_ends[token]
+
+    def run_eval() -> dict:
+        if args.multiturn:  # whole episodes in the environment
+            return evaluate_episodes(generator, tokenizer, encode, held_out, args, accelerator)
+        return evaluate(generator, tokenizer, held_out, encode, text_task.eval_reward_fn, eval_sampling,
+                        args.eval_samples, accelerator, ks=(1, args.eval_samples))
+
+    # ---------------- resume ----------------
+    start_step, counters, method_state = 0, {"rollouts": 0, "gen_tokens": 0}, {}
+    resume_from = checkpoint.resolve_resume(args.resume, args.output_dir)
+    if resume_from is not None:
+        start_step, state = checkpoint.load_checkpoint(resume_from, accelerator, model, optimizer, scheduler)
+        counters, method_state = state["counters"], state["method"]
+        # multi-turn checkpoints hold the environment's sampler under "method" (older ones an unused one on top)
+        sampler.load_state_dict(method_state.get("sampler", state["sampler"]))
+        generator.sync_weights(policy)
+        log(f"resumed from {resume_from} at step {start_step}")
+    # [PS] prefix tasks for the next batch (identical on every rank), and one controller per category
+    queue: list[dict] = method_state.get("queue", [])
+    initial_ratio = {"hard": args.remaining_ratio, "easy": args.prefix_ratio}
+    controllers = {category: PrefixController(**method_state["ctrl"][category]) if "ctrl" in method_state
+                   else PrefixController(initial_ratio[category], wait=args.cooldown)  # first move after `cooldown`
+                   for category in CATEGORIES}
+
+    # ---------------- logging, step-0 evaluation, graceful stop ----------------
+    logger = MetricsLogger(args.output_dir, accelerator, args.report_to, vars(args),
+                           resume_step=start_step if resume_from is not None else None)
+    if start_step == 0:
+        row = {"step": 0, **run_eval()}
+        logger.log(row)
+        log(f"step 0 (starting policy): {row}")
+    stop = GracefulStop(log)
+    progress = tqdm(range(start_step + 1, args.max_steps + 1), initial=start_step, total=args.max_steps,
+                    desc="ps_grpo", disable=not accelerator.is_main_process)
+    n = args.n
+
+    for step in range(start_step + 1, args.max_steps + 1):
+        t_start = time.time()
+        # ================ [PS] the batch: queued prefix tasks (at most max_prefix_frac of it), then fresh tasks =====
         n_prefix = min(len(queue), int(args.max_prefix_frac * args.prompts_per_step))
-        dropped = len(queue) - n_prefix  # dynamic on-policy: prefix tasks are never carried over
+        dropped = len(queue) - n_prefix  # [PS] dynamic on-policy: prefix tasks are never carried over
         tasks = queue[:n_prefix] + [{"id": i, "cat": None, "steps": []}
                                     for i in sampler.next_ids(args.prompts_per_step - n_prefix)]
-        tasks = my_slice(tasks, acc)
-        examples = [train[t["id"]] for t in tasks]
-        prompts = [run.encode(ex.prompt) for ex in examples]
-        prefixes = [t["steps"] for t in tasks]
+        tasks = my_slice(tasks, accelerator)
+        examples = [train[task["id"]] for task in tasks]
+        prompts = [encode(example.prompt) for example in examples]
+        prefixes = [task["steps"] for task in tasks]
 
-        # ---- sample N rollouts per task (prefix tasks: [PS] replay the prefix, generate the rest) ----
+        # ================ sample: N rollouts per task ([PS] a prefix task replays its prefix, generates the rest) ===
         if args.multiturn:
-            episodes = rollout_multiturn(run.generator, tokenizer, prompts, [ex.answer for ex in examples], prefixes,
-                                         n, env_cfg, args.max_turns, args.env_invalid)
+            problems = [example.answer for example in examples]
+            episodes, clipped = rollout_multiturn(generator, tokenizer, prompts, problems, prefixes, n, turn_sampling,
+                                                  args.max_turns, args.env_invalid)
         else:
-            episodes = rollout_text(run.generator, tokenizer, prompts, prefixes, n, run.sampling, run.task.reward_fn,
-                                    examples, is_break)
-        t_gen = time.time() - t0
-        rewards = torch.tensor([e.reward for e in episodes]).view(-1, n).float()
+            episodes, clipped = rollout_text(generator, tokenizer, prompts, prefixes, n, sampling, text_task.reward_fn,
+                                             examples, is_break)
+        t_gen = time.time() - t_start
+
+        # ================ verify: the environment's / the verifier's reward, set on each episode by its rollout =====
+        rewards = torch.tensor([episode.reward for episode in episodes]).view(-1, n).float()
         success = rewards >= 1.0
-        k_pass = success.sum(-1).tolist()
-        fresh = torch.tensor([t["cat"] is None for t in tasks], dtype=torch.bool)
+        passes = success.sum(-1).tolist()  # k of N, per task
+        fresh = [group for group, task in enumerate(tasks) if task["cat"] is None]
+        prefix_groups = {category: [group for group, task in enumerate(tasks) if task["cat"] == category]
+                         for category in CATEGORIES}
 
-        # ---- [PS] route fresh tasks; too-hard / too-easy send one trajectory to Prefix & Mask ----
-        routes = [route(k, n, args.low, args.high) for k in k_pass]
+        # ================ [PS] route fresh tasks; too-hard / too-easy send one trajectory to Prefix & Mask ==========
+        routes = [route(k, n, args.low, args.high) for k in passes]
         new_tasks = []
-        for g, (t, r) in enumerate(zip(tasks, routes)):
-            if not args.prefix_sampling or t["cat"] is not None or r not in ("too_hard", "too_easy"):
+        for group, (task, task_route) in enumerate(zip(tasks, routes)):
+            if not args.prefix_sampling or task["cat"] is not None or task_route not in ("too_hard", "too_easy"):
                 continue  # prefix tasks are not recycled again
-            cat, want, mode = ("hard", True, "remaining") if r == "too_hard" else ("easy", False, "prefix")
-            src = random.choice([e for e in episodes[g * n:(g + 1) * n] if bool(e.reward >= 1.0) == want])
-            cap = args.remaining_cap if cat == "hard" else args.prefix_cap
-            k = prefix_steps(len(src.steps), mode, ctrl[cat].ratio, cap)
-            if k is not None:
-                new_tasks.append({"id": t["id"], "cat": cat, "steps": src.steps[:k], "T": len(src.steps)})
-        if acc.num_processes > 1:
-            new_tasks = gather_object(new_tasks)  # every rank keeps the same queue
+            category, want_success, mode = (("hard", True, "remaining") if task_route == "too_hard"
+                                            else ("easy", False, "prefix"))
+            source = random.choice([episode for episode in episodes[group * n:(group + 1) * n]
+                                    if bool(episode.reward >= 1.0) == want_success])
+            cap = args.remaining_cap if category == "hard" else args.prefix_cap
+            steps = prefix_steps(len(source.steps), mode, controllers[category].ratio, cap)
+            if steps is not None:
+                new_tasks.append({"id": task["id"], "cat": category, "steps": source.steps[:steps],
+                                  "T": len(source.steps)})
+        new_tasks = gather_list(accelerator, new_tasks)  # every rank keeps the same queue
 
-        # ---- GRPO advantages (A = (r - mean) / std; the paper's appendix, Perspective 2 uses r - mean);
-        #      rejection sampling drops groups whose rollouts all fail or all pass (DeepSWE baseline) ----
+        # ================ advantages: GRPO (r - mean) / std (the paper's appendix, Perspective 2: r - mean);
+        #                  rejection sampling drops groups whose rollouts all fail or all pass (DeepSWE baseline) ====
         keep = ~zero_variance(rewards)
-        adv = grpo_advantages(rewards, scale=args.scale_advantages)
+        advantages = grpo_advantages(rewards, scale=args.scale_advantages)
         rows = [i for i in range(len(episodes)) if keep[i // n]]
-        adv_rows = adv.flatten()[rows].to(acc.device)
-        train_eps = [episodes[i] for i in rows]
-        n_tok = sum(e.generated_tokens for e in train_eps)
+        trained_advantages = advantages.flatten()[rows].to(device)
+        trained = [episodes[i] for i in rows]
+        n_tokens = sum(episode.generated_tokens for episode in trained)
 
-        # ---- update: clipped surrogate on generated tokens only ([PS] replayed prefix: mask 0) ----
-        t1 = time.time()
-
-        def loss_fn(batch, logp, ent, idx):
+        # ================ update: clipped surrogate on generated tokens only ([PS] replayed prefix: mask 0) =========
+        t_train_start = time.time()
+        sums = {"loss_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "clip_sum": 0.0}
+        for batch_rows in micro_batches(len(trained), args.micro_batch_size, accelerator, model):
+            batch = pad_sequences([prompts[trained[i].group] for i in batch_rows], [trained[i].ids for i in batch_rows],
+                                  tokenizer.pad_token_id, [trained[i].mask for i in batch_rows]).to(device)
+            logp, entropy = token_logprobs(model, batch, temperature)
             mask = batch.loss_mask
-            old = right_align([train_eps[i].old_logp for i in idx], batch.completion_width).to(logp.device)
-            loss, clipped = ps_loss(logp, old, adv_rows[idx], mask, n_tok, args.eps_low, args.eps_high)
-            return loss, {"loss_sum": loss.item() * max(1, n_tok), "ent_sum": (ent * mask).sum().item(),
-                          "tok": mask.sum().item(), "clip_sum": clipped.item()}
+            old_logp = right_align([trained[i].old_logp for i in batch_rows], batch.completion_width).to(device)
+            loss, clipped_tokens = ps_loss(logp, old_logp, trained_advantages[batch_rows], mask, n_tokens,
+                                           args.eps_low, args.eps_high)
+            accelerator.backward(loss)
+            sums["loss_sum"] += loss.item() * max(1, n_tokens)  # back to a sum: normalised over ranks below
+            sums["ent_sum"] += (entropy * mask).sum().item()
+            sums["tok"] += mask.sum().item()
+            sums["clip_sum"] += clipped_tokens.item()
+        grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        t_train = time.time() - t_train_start
 
-        sums = accumulate_gradients(run.model, acc, [prompts[e.group] for e in train_eps], [e.ids for e in train_eps],
-                                    tokenizer.pad_token_id, args.micro_batch_size, loss_fn,
-                                    masks=[e.mask for e in train_eps], temperature=args.temperature)
-        optimizer_step(run)
-        t_train = time.time() - t1
+        # ================ push the new weights to the generator, once per update phase (no-op for HF) ============
+        generator.sync_weights(policy)
 
-        # ---- log (core metrics: fresh tasks only, the paper's "training score on no-prefix tasks") ----
-        fr = fresh.nonzero().flatten().tolist()
-        pre = {c: [g for g, t in enumerate(tasks) if t["cat"] == c] for c in CATEGORIES}
-        extra = {
-            "solve_partial": float(sum(0 < k < n for k in k_pass)), "prefix_tasks": float(len(tasks) - len(fr)),
-            "gen_step": float(sum(e.generated_tokens for e in episodes)),
-            "replayed": float(sum(e.replayed_tokens for e in episodes)),
-            "kept": float(keep.sum()), "clip_sum": sums.get("clip_sum", 0.0),
-            **{f"route_{r}": float(sum(routes[g] == r for g in fr))
-               for r in ("all_fail", "all_pass", "normal", "too_hard", "too_easy")},
-            **{f"pre_{c}_succ": float(success[pre[c]].sum()) for c in CATEGORIES},
-            **{f"pre_{c}_n": float(len(pre[c]) * n) for c in CATEGORIES},
-            **{f"pre_{c}_k": float(sum(len(tasks[g]["steps"]) for g in pre[c])) for c in CATEGORIES},
+        # ================ metrics: one reduce of named sums over ranks, each ratio next to its name ================
+        fresh_rewards = rewards[fresh]
+        totals = reduce_sums(accelerator, {
+            "groups": len(fresh), "fresh_rollouts": fresh_rewards.numel(), "rollouts": len(episodes),
+            "gen_tokens": sum(episode.generated_tokens for episode in episodes),
+            "replayed_tokens": sum(episode.replayed_tokens for episode in episodes),
+            "reward_sum": float(fresh_rewards.sum()), "reward_sq_sum": float((fresh_rewards ** 2).sum()),
+            "success": float(success[fresh].sum()), "zero_var": float(zero_variance(fresh_rewards).sum()),
+            "truncated": sum(clipped), "trained_groups": float(keep.sum()), **sums,
+            "solve_partial": sum(0 < k < n for k in passes),  # [PS] every task of the batch, prefix tasks too
+            **{f"route_{name}": sum(routes[group] == name for group in fresh) for name in ROUTES},
+            **{f"prefix_{category}_tasks": len(prefix_groups[category]) for category in CATEGORIES},
+            **{f"prefix_{category}_success": float(success[prefix_groups[category]].sum()) for category in CATEGORIES},
+            **{f"prefix_{category}_steps": sum(len(tasks[group]["steps"]) for group in prefix_groups[category])
+               for category in CATEGORIES},
+            "t_gen": t_gen, "t_train": t_train,
+        })
+        counters["rollouts"] += int(totals["rollouts"])
+        counters["gen_tokens"] += int(totals["gen_tokens"])
+        fresh_samples, samples, tokens = (max(1.0, totals["fresh_rollouts"]), max(1.0, totals["rollouts"]),
+                                          max(1.0, totals["tok"]))
+        reward_mean = totals["reward_sum"] / fresh_samples
+        row = {
+            "step": step, "rollouts": counters["rollouts"], "gen_tokens": counters["gen_tokens"],
+            "reward_mean": reward_mean,  # fresh tasks only: the paper's training score on no-prefix tasks
+            "reward_std": math.sqrt(max(0.0, totals["reward_sq_sum"] / fresh_samples - reward_mean ** 2)),
+            "pass_rate": totals["success"] / fresh_samples,
+            "frac_zero_var_groups": totals["zero_var"] / max(1.0, totals["groups"]),  # fresh tasks only
+            "completion_len_mean": totals["gen_tokens"] / samples,  # generated tokens per rollout (no replayed ones)
+            "clipped_ratio": totals["truncated"] / samples,  # rollouts cut by a length limit
+            "loss": totals["loss_sum"] / tokens,  # clipped surrogate per trained token
+            "kl": 0.0,  # no KL term
+            "entropy": totals["ent_sum"] / tokens,
+            "grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0],
+            "time_gen_s": totals["t_gen"] / world, "time_train_s": totals["t_train"] / world,
         }
-        row, x = core_metrics(run, step, {
-            "groups": len(fr), "rollouts": len(episodes), "gen_tokens": extra["gen_step"],
-            "reward_sum": float(rewards[fr].sum()), "rewarded": float(rewards[fr].numel()),
-            "success": float(success[fr].sum()), "zero_var": float(zero_variance(rewards[fr]).sum()) if fr else 0.0,
-            "loss_sum": sums.get("loss_sum", 0.0), "seqs": max(1, n_tok), "kl_sum": 0.0,  # loss: per trained token
-            "ent_sum": sums.get("ent_sum", 0.0), "tok": sums.get("tok", 0.0), "t_gen": t_gen, "t_train": t_train,
-        }, extra=extra)
 
-        # ---- [PS] adaptive prefix control on this step's prefix-task pass rates (identical on all ranks) ----
-        rates = {c: x[f"pre_{c}_succ"] / x[f"pre_{c}_n"] if x[f"pre_{c}_n"] else None for c in CATEGORIES}
+        # ================ [PS] adaptive prefix control on this step's prefix-task pass rates (same on all ranks) ===
+        prefix_rollouts = {category: totals[f"prefix_{category}_tasks"] * n for category in CATEGORIES}
+        prefix_pass_rates = {category: totals[f"prefix_{category}_success"] / prefix_rollouts[category]
+                             if prefix_rollouts[category] else None for category in CATEGORIES}
         if args.prefix_sampling and args.adaptive:
-            for c in CATEGORIES:
-                ctrl[c].update(rates[c], args.ema_alpha, args.deadzone_low, args.deadzone_high, args.ratio_step,
-                               args.cooldown, args.ratio_min, args.ratio_max, args.ema_reset)
-        n_pre_rollouts = x["pre_hard_n"] + x["pre_easy_n"]
+            for category in CATEGORIES:
+                controllers[category].update(prefix_pass_rates[category], args.ema_alpha, args.deadzone_low,
+                                             args.deadzone_high, args.ratio_step, args.cooldown, args.ratio_min,
+                                             args.ratio_max, args.ema_reset)
+        all_prefix_rollouts = prefix_rollouts["hard"] + prefix_rollouts["easy"]
         row.update({  # [PS] mechanism metrics
-            "ps_solve_partial": x["solve_partial"], "ps_prefix_tasks": x["prefix_tasks"],
-            "ps_prefix_pass_rate": (x["pre_hard_succ"] + x["pre_easy_succ"]) / n_pre_rollouts if n_pre_rollouts else None,
-            **{f"ps_prefix_pass_rate_{c}": rates[c] for c in CATEGORIES},
-            **{f"ps_prefix_steps_{c}": x[f"pre_{c}_k"] * n / x[f"pre_{c}_n"] if x[f"pre_{c}_n"] else None
-               for c in CATEGORIES},
-            "ps_ratio_hard": ctrl["hard"].ratio, "ps_ratio_easy": ctrl["easy"].ratio,
-            **{f"ps_ema_{c}": ctrl[c].ema(args.ema_alpha) for c in CATEGORIES},
-            "ps_replayed_tokens": x["replayed"], "ps_generated_tokens": x["gen_step"],
-            "ps_fresh_pass_rate": row["pass_rate"], "ps_trained_groups": x["kept"],
-            "ps_clip_frac": x["clip_sum"] / max(1.0, x["tok"]),
+            "ps_solve_partial": totals["solve_partial"],
+            "ps_prefix_tasks": totals["prefix_hard_tasks"] + totals["prefix_easy_tasks"],
+            "ps_prefix_pass_rate": (totals["prefix_hard_success"] + totals["prefix_easy_success"]) / all_prefix_rollouts
+            if all_prefix_rollouts else None,
+            **{f"ps_prefix_pass_rate_{category}": prefix_pass_rates[category] for category in CATEGORIES},
+            **{f"ps_prefix_steps_{category}": totals[f"prefix_{category}_steps"] / totals[f"prefix_{category}_tasks"]
+               if totals[f"prefix_{category}_tasks"] else None for category in CATEGORIES},  # mean K
+            "ps_ratio_hard": controllers["hard"].ratio, "ps_ratio_easy": controllers["easy"].ratio,
+            **{f"ps_ema_{category}": controllers[category].ema(args.ema_alpha) for category in CATEGORIES},
+            "ps_replayed_tokens": totals["replayed_tokens"], "ps_generated_tokens": totals["gen_tokens"],
+            "ps_fresh_pass_rate": row["pass_rate"], "ps_trained_groups": totals["trained_groups"],
+            "ps_clip_frac": totals["clip_sum"] / tokens,
             "ps_queued": len(new_tasks), "ps_dropped": dropped,
-            **{f"ps_route_{r}": x[f"route_{r}"] for r in ("all_fail", "all_pass", "normal", "too_hard", "too_easy")},
+            **{f"ps_route_{name}": totals[f"route_{name}"] for name in ROUTES},  # fresh tasks
         })
         queue = new_tasks  # [PS] injected into the next batch
-        state = {"queue": queue, "ctrl": {c: asdict(ctrl[c]) for c in CATEGORIES}}
-        if args.multiturn:
-            state["sampler"] = sampler.state_dict()
-        finish_step(run, step, row, t0, state)
+
+        # ================ evaluate / log / checkpoint / stop ================
+        if (args.eval_every and step % args.eval_every == 0) or step == args.max_steps:
+            row.update(run_eval())
+        row["time_step_s"] = time.time() - t_start
+        logger.log(row)
+        progress.update(1)
+        progress.set_postfix({"reward": f"{row['reward_mean']:.3f}", "zero_var": f"{row['frac_zero_var_groups']:.2f}",
+                              **({"eval": f"{row['eval_pass@1']:.3f}"} if "eval_pass@1" in row else {})})
+        stopping = stop.agreed(accelerator)
+        if (args.save_every and step % args.save_every == 0) or step == args.max_steps or stopping:
+            method = {"queue": queue, "ctrl": {category: asdict(controllers[category]) for category in CATEGORIES}}
+            if args.multiturn:  # where older checkpoints kept the environment's sampler
+                method["sampler"] = sampler.state_dict()
+            state = {"sampler": sampler.state_dict(), "counters": counters, "method": method}
+            path = checkpoint.save_checkpoint(args.output_dir, step, accelerator, model, tokenizer, optimizer,
+                                              scheduler, state, args.keep_checkpoints)
+            if stopping:
+                log(f"stopped at step {step}; continue with --resume auto (checkpoint {path})")
+                break
+    progress.close()
+    logger.close()
 
 
 if __name__ == "__main__":

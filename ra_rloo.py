@@ -9,6 +9,10 @@ small per-prompt FIFO buffer of past successes and, *on demand* (only in groups 
 replaces one rollout by a stored success, importance-weighted by w = min(pi_theta / pi_old, w_max).
 Lines marked [RA-RLOO] are what the paper adds to RLOO; `--replay none` switches them all off.
 
+Logged `loss`: the policy-gradient term per sequence, -mean_i A_i log pi(y_i|x) over the step's samples (the
+KL term is logged separately as `kl`, per completion token). The optimised loss divides the same sum by
+samples x max_new_tokens (a constant length normaliser: no length bias).
+
     python ra_rloo.py                                   # embedded Countdown default, CPU, minutes
     python ra_rloo.py --replay none                     # vanilla RLOO baseline
     accelerate launch ra_rloo.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \
@@ -16,21 +20,33 @@ Lines marked [RA-RLOO] are what the paper adds to RLOO; `--replay none` switches
 """
 from __future__ import annotations
 
+import copy
+import json
+import math
 import random
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import torch
-from accelerate.utils import gather_object
+from accelerate import Accelerator
+from tqdm.auto import tqdm
 
+from common import checkpoint
 from common.advantages import rloo_advantages, zero_variance
 from common.args import BaseArgs
 from common.cli import parse_args
+from common.data import PromptEncoder, PromptSampler, load_task
+from common.distributed import GracefulStop, gather_list, micro_batches, my_slice, reduce_sums
+from common.generation import HFGenerator, SamplingConfig
 from common.logprobs import score_completions, token_logprobs
 from common.losses import kl_k3
-from common.runtime import accumulate_gradients, core_metrics, finish_step, my_slice, optimizer_step, start_run
+from common.masking import pad_sequences
+from common.metrics import MetricsLogger, check_tracker, evaluate
+from common.policy import load_policy
 
 
 @dataclass
@@ -40,13 +56,15 @@ class Args(BaseArgs):
     beta: float = 0.05
     """KL coefficient to the reference (initial) policy; per-token k3 estimator exp(r)-r-1, r = log ref - log pi"""
     replay: Literal["on_demand", "always", "none"] = "on_demand"
-    """[RA-RLOO] when to splice a stored success: only into groups with no fresh success (paper), every group (ablation E3), or never (vanilla RLOO)"""
+    """[RA-RLOO] when to splice a stored success: only into groups with no fresh success (paper), into every
+    group (ablation E3), or never (vanilla RLOO)"""
     buffer_capacity: int = 16
     """[RA-RLOO] per-prompt FIFO capacity C"""
     w_max: float = 5.0
     """[RA-RLOO] clip of the replay's importance weight w = min(exp(log pi_theta(y|x) - log pi_old(y|x)), w_max)"""
     seed_buffer: bool = True
-    """[RA-RLOO] seed buffers at start with demonstrations scored under the initial policy (Countdown: solver solutions; the paper's IPO seed); false = lazy buffer"""
+    """[RA-RLOO] seed the buffers at the start with demonstrations scored under the initial policy (Countdown:
+    solver solutions; the paper's IPO seed); false = lazy buffers"""
     success_reward: float = 1.0
     """a rollout is a success (buffered, and 'passes') when its training reward >= this"""
 
@@ -59,19 +77,19 @@ class Args(BaseArgs):
 
 def seed_buffers(task, model, tokenizer, encode, args, device) -> dict[int, deque]:
     """[RA-RLOO] One solver solution per training prompt, with its log-prob under the initial policy."""
-    from common import countdown
-
     buffers: dict[int, deque] = {}
     if task.name != "countdown":
         return buffers  # real datasets: lazy buffers (no verified demonstrations to seed from)
+    from common import countdown
+
     rng = random.Random(args.seed)
     eos = tokenizer.eos_token_id
-    prompts = [encode(ex.prompt) for ex in task.train]
-    demos = [tokenizer(countdown.solution_text(rng.choice(countdown.solutions(ex.answer))),
-                       add_special_tokens=False).input_ids + [eos] for ex in task.train]
-    lps = score_completions(model, prompts, demos, tokenizer.pad_token_id, 512, device)
-    for ex, y, lp in zip(task.train, demos, lps):
-        buffers[ex.id] = deque([(y, sum(lp))], maxlen=args.buffer_capacity)
+    prompts = [encode(example.prompt) for example in task.train]
+    demos = [tokenizer(countdown.solution_text(rng.choice(countdown.solutions(example.answer))),
+                       add_special_tokens=False).input_ids + [eos] for example in task.train]
+    logprobs = score_completions(model, prompts, demos, tokenizer.pad_token_id, 512, device)
+    for example, demo, token_lps in zip(task.train, demos, logprobs):
+        buffers[example.id] = deque([(demo, sum(token_lps))], maxlen=args.buffer_capacity)
     return buffers
 
 
@@ -84,112 +102,230 @@ def splice_replays(prompt_ids: list[int], completions: list[list[int]], rewards:
     spliced responses as a [groups, K] tensor, NaN where nothing was spliced.
     """
     k = rewards.shape[1]
-    lp_old = torch.full(rewards.shape, float("nan"))
-    for g, pid in enumerate(prompt_ids):
-        need = mode == "always" or not bool(fresh_success[g].any())
-        if need and buffers.get(pid):
-            y, lp = rng.choice(buffers[pid])
+    replay_logp_old = torch.full(rewards.shape, float("nan"))
+    for group, prompt_id in enumerate(prompt_ids):
+        needed = mode == "always" or not bool(fresh_success[group].any())
+        if needed and buffers.get(prompt_id):
+            response, logp_old = rng.choice(buffers[prompt_id])
             slot = k - 1  # rollouts are i.i.d., so which slot is replaced does not matter
-            completions[g * k + slot] = list(y)
-            rewards[g, slot] = 1.0  # a stored success scores full reward (paper: "set its reward to 1")
-            lp_old[g, slot] = lp
-    return lp_old
+            completions[group * k + slot] = list(response)
+            rewards[group, slot] = 1.0  # a stored success scores full reward (paper: "set its reward to 1")
+            replay_logp_old[group, slot] = logp_old
+    return replay_logp_old
 
 
-def replay_weights(seq_logp: torch.Tensor, lp_old: torch.Tensor, w_max: float) -> torch.Tensor:
+def replay_weights(seq_logp: torch.Tensor, logp_old: torch.Tensor, w_max: float) -> torch.Tensor:
     """[RA-RLOO] w = min(exp(log pi_theta(y|x) - log pi_old(y|x)), w_max); sequence-level IS, no gradient."""
-    return torch.exp(seq_logp.detach() - lp_old).clamp(max=w_max)
+    return torch.exp(seq_logp.detach() - logp_old).clamp(max=w_max)
 
 
 def main(args: Args) -> None:
-    run = start_run(args, "ra_rloo", need_ref=args.beta > 0)
-    acc, tokenizer, task, k = run.acc, run.tokenizer, run.task, args.k
-    # [RA-RLOO] prompt id -> FIFO of (response ids, log pi_old(y|x)); identical on every rank
-    buffers = {pid: deque(items, maxlen=args.buffer_capacity) for pid, items in run.method_state.get("buffers", {}).items()}
-    if run.start_step == 0 and args.replay != "none" and args.seed_buffer:
-        buffers = seed_buffers(task, run.policy, tokenizer, run.encode, args, acc.device)
-        run.log(f"[RA-RLOO] seeded {len(buffers)} prompt buffers with demonstrations")
+    # ---------------- set-up: accelerator, seeds, output dir ----------------
+    if args.num_threads > 0:
+        torch.set_num_threads(args.num_threads)
+    check_tracker(args.report_to)
+    args.output_dir = args.output_dir or f"runs/ra_rloo-seed{args.seed}"
+    accelerator = Accelerator(cpu=not torch.cuda.is_available(), project_dir=args.output_dir,
+                              log_with=None if args.report_to == "none" else args.report_to)
+    device, world = accelerator.device, accelerator.num_processes
+    log = lambda msg: accelerator.print(msg, flush=True)  # noqa: E731  (main process only)
+    rank_seed = args.seed + accelerator.process_index  # ranks sample different rollouts
+    random.seed(rank_seed)
+    np.random.seed(rank_seed)
+    torch.manual_seed(rank_seed)
+    if accelerator.is_main_process:
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.output_dir) / "args.json").write_text(json.dumps(asdict(args), indent=2))
 
-    for step in range(run.start_step + 1, args.max_steps + 1):
-        t0 = time.time()
-        # ---- sample: K rollouts for each of this rank's prompts ----
-        examples = [task.train[i] for i in my_slice(run.sampler.next_ids(args.prompts_per_step), acc)]
-        prompts = [run.encode(ex.prompt) for ex in examples]
-        gens = run.generator.generate(prompts, k, run.sampling)
-        t_gen = time.time() - t0
+    # ---------------- policy, frozen reference, optimizer ----------------
+    model_path = args.model_name_or_path
+    if model_path == "embedded":  # the tiny Countdown model: rank 0 builds it once, the others find it cached
+        from common.tiny_model import ensure_embedded_base
+
+        with accelerator.main_process_first():
+            model_path = str(ensure_embedded_base(log=log))
+    policy, tokenizer = load_policy(model_path, args.dtype)
+    policy.to(device)
+    task = load_task(args, tokenizer, log)
+    ref_model = None
+    if args.beta > 0:  # the KL reference: the initial weights, frozen
+        ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
+                                  weight_decay=args.weight_decay)
+    warmup = max(1, args.warmup_steps)  # linear warm-up, then constant
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    model, optimizer = accelerator.prepare(policy, optimizer)  # `model`: DDP-wrapped for the backward pass
+
+    # ---------------- data and generator ----------------
+    encode = PromptEncoder(tokenizer, task.templated)
+    sampler = PromptSampler(len(task.train), args.seed)
+    if args.use_vllm:
+        from common.vllm_backend import VLLMGenerator
+
+        generator = VLLMGenerator(model_path, policy, tokenizer, seed=args.seed, dtype=args.dtype,
+                                  max_model_len=args.vllm_max_model_len,
+                                  gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
+    else:
+        generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size)
+    sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, logprobs=False)
+
+    def run_eval() -> dict:
+        return evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, eval_sampling,
+                        args.eval_samples, accelerator, ks=(1, args.eval_samples))
+
+    # ---------------- resume ----------------
+    start_step, counters, method_state = 0, {"rollouts": 0, "gen_tokens": 0}, {}
+    resume_from = checkpoint.resolve_resume(args.resume, args.output_dir)
+    if resume_from is not None:
+        start_step, state = checkpoint.load_checkpoint(resume_from, accelerator, model, optimizer, scheduler)
+        sampler.load_state_dict(state["sampler"])
+        counters, method_state = state["counters"], state["method"]
+        generator.sync_weights(policy)
+        log(f"resumed from {resume_from} at step {start_step}")
+    # [RA-RLOO] prompt id -> FIFO of (response ids, log pi_old(y|x)); identical on every rank
+    buffers = {prompt_id: deque(items, maxlen=args.buffer_capacity)
+               for prompt_id, items in method_state.get("buffers", {}).items()}
+    if start_step == 0 and args.replay != "none" and args.seed_buffer:
+        buffers = seed_buffers(task, policy, tokenizer, encode, args, device)
+        log(f"[RA-RLOO] seeded {len(buffers)} prompt buffers with demonstrations")
+
+    # ---------------- logging, step-0 evaluation, graceful stop ----------------
+    logger = MetricsLogger(args.output_dir, accelerator, args.report_to, vars(args),
+                           resume_step=start_step if resume_from is not None else None)
+    if start_step == 0:
+        row = {"step": 0, **run_eval()}
+        logger.log(row)
+        log(f"step 0 (starting policy): {row}")
+    stop = GracefulStop(log)
+    progress = tqdm(range(start_step + 1, args.max_steps + 1), initial=start_step, total=args.max_steps,
+                    desc="ra_rloo", disable=not accelerator.is_main_process)
+
+    for step in range(start_step + 1, args.max_steps + 1):
+        t_start = time.time()
+        # ================ sample: K rollouts for each of this rank's prompts ================
+        examples = [task.train[i] for i in my_slice(sampler.next_ids(args.prompts_per_step), accelerator)]
+        prompts = [encode(example.prompt) for example in examples]
+        gens = generator.generate(prompts, args.k, sampling)
+        t_gen = time.time() - t_start
         completions = [list(c) for c in gens.completion_ids]
 
-        # ---- verify ----
+        # ================ verify ================
         texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
-        rewards = torch.tensor([task.reward_fn(t, examples[i // k]) for i, t in enumerate(texts)]).view(-1, k).float()
+        rewards = torch.tensor([task.reward_fn(text, examples[i // args.k]) for i, text in enumerate(texts)])
+        rewards = rewards.view(-1, args.k).float()
         fresh_success = rewards >= args.success_reward
         fresh_rewards = rewards.clone()
 
-        # ---- [RA-RLOO] splice one stored success into groups that need it (paper Section 3.1) ----
-        replay_lp_old = torch.full(rewards.shape, float("nan"))
+        # ================ [RA-RLOO] splice one stored success into groups that need it (Section 3.1) ================
+        replay_logp_old = torch.full(rewards.shape, float("nan"))
         if args.replay != "none":
-            replay_lp_old = splice_replays([ex.id for ex in examples], completions, rewards, fresh_success,
-                                           buffers, args.replay, random)
-        is_replay = ~torch.isnan(replay_lp_old)
+            replay_logp_old = splice_replays([example.id for example in examples], completions, rewards,
+                                             fresh_success, buffers, args.replay, random)
+        is_replay = ~torch.isnan(replay_logp_old)
 
-        # ---- advantages: leave-one-out baseline on the (possibly mixed) group, eq. (1) ----
-        adv = rloo_advantages(rewards).flatten().to(acc.device)
-        lp_old = replay_lp_old.flatten().to(acc.device)
-        replayed = is_replay.flatten().to(acc.device)
+        # ================ advantages: leave-one-out baseline on the (possibly mixed) group, eq. (1) ================
+        advantages = rloo_advantages(rewards).flatten().to(device)
+        replay_logp_old = replay_logp_old.flatten().to(device)
+        replayed = is_replay.flatten().to(device)
 
-        # ---- update: REINFORCE with the LOO baseline + KL to the reference policy ----
-        t1 = time.time()
-        flat_prompts = [p for p in prompts for _ in range(k)]
+        # ================ update: REINFORCE with the LOO baseline + k3 KL to the reference ================
+        t_train_start = time.time()
+        flat_prompts = [p for p in prompts for _ in range(args.k)]
         n_tokens = sum(len(c) for c in completions)
-        norm = max(1, len(completions)) * args.max_new_tokens  # constant length normaliser: no length bias
-
-        def loss_fn(batch, logp, ent, rows):
+        normaliser = max(1, len(completions)) * args.max_new_tokens  # constant: no length bias
+        sums = {"loss_sum": 0.0, "kl_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "w_sum": 0.0, "w_n": 0.0}
+        for rows in micro_batches(len(completions), args.micro_batch_size, accelerator, model):
+            batch = pad_sequences([flat_prompts[r] for r in rows], [completions[r] for r in rows],
+                                  tokenizer.pad_token_id).to(device)
+            logp, entropy = token_logprobs(model, batch)
             mask = batch.loss_mask
-            seq_lp = (logp * mask).sum(-1)
-            a, rep = adv[rows], replayed[rows]
-            # [RA-RLOO] scale the replayed slot's advantage by w = min(pi_theta/pi_old, w_max), no gradient through w
-            w = replay_weights(seq_lp, lp_old[rows], args.w_max)
-            a = torch.where(rep, a * w, a)
-            loss = -(a * seq_lp).sum() / norm
-            m = {"loss_sum": loss.item() * norm, "ent_sum": (ent * mask).sum().item(), "tok": mask.sum().item(),
-                 "w_sum": torch.where(rep, w, torch.zeros_like(w)).sum().item(), "w_n": rep.sum().item()}
-            if run.ref is not None:
+            seq_logp = (logp * mask).sum(-1)
+            adv, rep = advantages[rows], replayed[rows]
+            # [RA-RLOO] the replayed slot's advantage x w = min(pi_theta/pi_old, w_max), no gradient through w
+            weight = replay_weights(seq_logp, replay_logp_old[rows], args.w_max)
+            adv = torch.where(rep, adv * weight, adv)
+            pg_sum = -(adv * seq_logp).sum()
+            loss = pg_sum / normaliser
+            if ref_model is not None:
                 with torch.no_grad():
-                    ref_lp, _ = token_logprobs(run.ref, batch)
-                kl = kl_k3(logp, ref_lp) * mask
+                    ref_logp, _ = token_logprobs(ref_model, batch)
+                kl = kl_k3(logp, ref_logp) * mask
                 loss = loss + args.beta * kl.sum() / max(1, n_tokens)
-                m["kl_sum"] = kl.sum().item()
-            return loss, m
+                sums["kl_sum"] += kl.sum().item()
+            accelerator.backward(loss)
+            sums["loss_sum"] += pg_sum.item()
+            sums["ent_sum"] += (entropy * mask).sum().item()
+            sums["tok"] += mask.sum().item()
+            sums["w_sum"] += torch.where(rep, weight, torch.zeros_like(weight)).sum().item()
+            sums["w_n"] += rep.sum().item()
+        grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        t_train = time.time() - t_train_start
 
-        sums = accumulate_gradients(run.model, acc, flat_prompts, completions, tokenizer.pad_token_id,
-                                    args.micro_batch_size, loss_fn)
-        optimizer_step(run)
-        t_train = time.time() - t1
+        # ================ push the new weights to the generator (a no-op for HF generate) ================
+        generator.sync_weights(policy)
 
-        # ---- [RA-RLOO] append every fresh success to its prompt's FIFO (gathered: all ranks keep the same buffers) ----
-        new = [(examples[i // k].id, list(c), float(sum(gens.logprobs[i])))
-               for i, c in enumerate(gens.completion_ids) if args.replay != "none" and fresh_success.view(-1)[i]]
-        if acc.num_processes > 1:
-            new = gather_object(new)
-        for pid, y, lp in new:
-            buffers.setdefault(pid, deque(maxlen=args.buffer_capacity)).append((y, lp))
+        # ================ [RA-RLOO] append every fresh success to its prompt's FIFO (all ranks: same buffers) ====
+        new_successes = [(examples[i // args.k].id, list(c), float(sum(gens.logprobs[i])))
+                         for i, c in enumerate(gens.completion_ids)
+                         if args.replay != "none" and fresh_success.view(-1)[i]]
+        for prompt_id, response, logp_old in gather_list(accelerator, new_successes):
+            buffers.setdefault(prompt_id, deque(maxlen=args.buffer_capacity)).append((response, logp_old))
 
-        # ---- log ----
-        row, x = core_metrics(run, step, {
+        # ================ metrics: one reduce of named sums over ranks, each ratio next to its name ================
+        totals = reduce_sums(accelerator, {
             "groups": len(examples), "rollouts": len(completions), "gen_tokens": sum(map(len, gens.completion_ids)),
-            "reward_sum": float(fresh_rewards.sum()), "rewarded": fresh_rewards.numel(),
-            "success": float(fresh_success.sum()), "zero_var": float(zero_variance(fresh_rewards).sum()),
-            "loss_sum": sums.get("loss_sum", 0.0), "seqs": len(completions), "kl_sum": sums.get("kl_sum", 0.0),
-            "ent_sum": sums.get("ent_sum", 0.0), "tok": sums.get("tok", 0.0), "t_gen": t_gen, "t_train": t_train,
-        }, extra={"zero_var_post": float(zero_variance(rewards).sum()), "fired": float(is_replay.any(-1).sum()),
-                  "w_sum": sums.get("w_sum", 0.0), "w_n": sums.get("w_n", 0.0)})
-        row.update({  # [RA-RLOO] mechanism metrics
-            "ra_zero_var_frac_post": x["zero_var_post"] / max(1, x["groups"]),
-            "ra_replay_fired_frac": x["fired"] / max(1, x["groups"]),
-            "ra_is_weight_mean": x["w_sum"] / x["w_n"] if x["w_n"] else None,
-            "ra_buffer_prompts": sum(1 for b in buffers.values() if b),
+            "reward_sum": fresh_rewards.sum().item(), "reward_sq_sum": (fresh_rewards ** 2).sum().item(),
+            "success": fresh_success.sum().item(), "zero_var": zero_variance(fresh_rewards).sum().item(),
+            "truncated": sum(reason == "length" for reason in gens.finish_reasons),
+            "zero_var_post": zero_variance(rewards).sum().item(), "fired": is_replay.any(-1).sum().item(), **sums,
+            "t_gen": t_gen, "t_train": t_train,
         })
-        finish_step(run, step, row, t0, {"buffers": {pid: list(b) for pid, b in buffers.items()}})
+        counters["rollouts"] += int(totals["rollouts"])
+        counters["gen_tokens"] += int(totals["gen_tokens"])
+        samples, groups = max(1.0, totals["rollouts"]), max(1.0, totals["groups"])
+        reward_mean = totals["reward_sum"] / samples
+        row = {
+            "step": step, "rollouts": counters["rollouts"], "gen_tokens": counters["gen_tokens"],
+            "reward_mean": reward_mean,  # fresh rollouts, before the splice
+            "reward_std": math.sqrt(max(0.0, totals["reward_sq_sum"] / samples - reward_mean ** 2)),
+            "pass_rate": totals["success"] / samples,
+            "frac_zero_var_groups": totals["zero_var"] / groups,  # before the splice
+            "completion_len_mean": totals["gen_tokens"] / samples,
+            "clipped_ratio": totals["truncated"] / samples,  # completions cut by max_new_tokens
+            "loss": totals["loss_sum"] / samples,  # -A log pi(y|x) per sequence, KL excluded
+            "kl": totals["kl_sum"] / max(1.0, totals["tok"]), "entropy": totals["ent_sum"] / max(1.0, totals["tok"]),
+            "grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0],
+            "time_gen_s": totals["t_gen"] / world, "time_train_s": totals["t_train"] / world,
+            # [RA-RLOO] mechanism metrics
+            "ra_zero_var_frac_post": totals["zero_var_post"] / groups,
+            "ra_replay_fired_frac": totals["fired"] / groups,
+            "ra_is_weight_mean": totals["w_sum"] / totals["w_n"] if totals["w_n"] else None,
+            "ra_buffer_prompts": sum(1 for buffer in buffers.values() if buffer),
+        }
+
+        # ================ evaluate / log / checkpoint / stop ================
+        if (args.eval_every and step % args.eval_every == 0) or step == args.max_steps:
+            row.update(run_eval())
+        row["time_step_s"] = time.time() - t_start
+        logger.log(row)
+        progress.update(1)
+        progress.set_postfix({"reward": f"{row['reward_mean']:.3f}", "zero_var": f"{row['frac_zero_var_groups']:.2f}",
+                              **({"eval": f"{row['eval_pass@1']:.3f}"} if "eval_pass@1" in row else {})})
+        stopping = stop.agreed(accelerator)
+        if (args.save_every and step % args.save_every == 0) or step == args.max_steps or stopping:
+            state = {"sampler": sampler.state_dict(), "counters": counters,
+                     "method": {"buffers": {prompt_id: list(b) for prompt_id, b in buffers.items()}}}
+            path = checkpoint.save_checkpoint(args.output_dir, step, accelerator, model, tokenizer, optimizer,
+                                              scheduler, state, args.keep_checkpoints)
+            if stopping:
+                log(f"stopped at step {step}; continue with --resume auto (checkpoint {path})")
+                break
+    progress.close()
+    logger.close()
 
 
 if __name__ == "__main__":

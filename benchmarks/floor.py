@@ -89,14 +89,17 @@ def in_process(args: Args) -> dict:
     from common.data import countdown_task
     from common.generation import HFGenerator, SamplingConfig
     from common.logprobs import score_completions
+    from common.distributed import micro_batches
+    from common.logprobs import token_logprobs
+    from common.masking import pad_sequences
     from common.policy import load_policy
-    from common.runtime import accumulate_gradients
 
     torch.set_num_threads(args.num_threads)
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    model, tok, path = load_policy(args.model_name_or_path, "float32", None, log=lambda *_: None)
+    path = args.model_name_or_path
+    model, tok = load_policy(path, "float32")
     task = countdown_task("binary", 8)
     order = np.random.default_rng(args.seed).permutation(len(task.train))[: args.prompts]
     examples = [task.train[i] for i in order]
@@ -160,12 +163,11 @@ def in_process(args: Args) -> dict:
         adv = ((r - r.mean(1, keepdim=True))).flatten()
         norm = len(comps) * args.max_new_tokens
 
-        def loss_fn(batch, logp, ent, rows):
-            loss = -(adv[rows][:, None] * logp * batch.loss_mask).sum() / norm
-            return loss, {"loss_sum": loss.item()}
-
-        def update():
-            accumulate_gradients(ours, acc, flat, comps, pad, args.micro_batch_size, loss_fn)
+        def update():  # the scripts' update: micro-batches, loss, backward, clip, step
+            for rows in micro_batches(len(comps), args.micro_batch_size, acc, ours):
+                batch = pad_sequences([flat[r] for r in rows], [comps[r] for r in rows], pad).to(acc.device)
+                logp, _ = token_logprobs(ours, batch)
+                acc.backward(-(adv[rows][:, None] * logp * batch.loss_mask).sum() / norm)
             acc.clip_grad_norm_(ours.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -213,7 +215,7 @@ def script_run(args: Args) -> dict:
         return {"error": f"no usable steps: use --script_steps >= 3 (got {args.script_steps})"}
     med = lambda k: _median([x[k] for x in rows])  # noqa: E731
     # ada_seq.py (HF backend, one epoch) reads pi_old from its update's forward pass: no scoring pass after
-    # sampling (common/ada.py sampler_logprobs_needed); ra_rloo.py needs the sampler's log-probs (IS weights)
+    # sampling (ada_seq.py --old_logprobs auto); ra_rloo.py needs the sampler's log-probs (IS weights)
     return {"script": cfg.script, "flags": " ".join(cfg.flags), "steps": [x["step"] for x in rows],
             "scores": cfg.script != "ada_seq.py",
             "step": med("time_step_s"), "gen": med("time_gen_s"), "train": med("time_train_s"),

@@ -12,7 +12,7 @@ Definition check (`--check`, also part of the full run): on a fixed batch (2 pro
 length, fixed rewards, fixed old log-probs with some ratios outside the clip range) it runs TRL's own code --
 `_generate_and_score_completions` (advantages) fed by a `rollout_func` that returns the fixed completions, and
 `compute_loss` -- and compares advantages, loss and gradient with ours (`ada_seq.global_advantages`,
-`common.ada.surrogate_sum` / (responses x max_new_tokens)).
+ada_seq.py's summed clipped surrogate / (responses x max_new_tokens)).
 
     pip install trl                                              # (a separate venv is fine)
     flock /tmp/cpu.lock python benchmarks/trl_peer.py --steps 20  # check + throughput -> results/trl_peer.md
@@ -101,13 +101,14 @@ def load_base():
     `load_policy` is what every script uses; the round trip guards against a tokenizer reloaded as a class
     that drops the char vocabulary (spaces, newlines), which would silently change every prompt.
     """
-    from common.policy import BaseRecipe, cache_root, load_policy
+    from common.policy import load_policy
+    from common.tiny_model import BaseRecipe, cache_root
 
     path = cache_root() / f"countdown-base-{BaseRecipe().key()}"
     if not (path / "build_info.json").exists():
         raise SystemExit(f"no embedded base policy at {path}: build it first with "
-                         "python -c 'from common.policy import ensure_embedded_base; ensure_embedded_base()'")
-    model, tokenizer, _ = load_policy(str(path), log=lambda *_: None)
+                         "python -c 'from common.tiny_model import ensure_embedded_base; ensure_embedded_base()'")
+    model, tokenizer = load_policy(str(path))
     probe = "14 1 10 t5\n14-10=4\n"
     if tokenizer.decode(tokenizer(probe).input_ids, skip_special_tokens=True) != probe:
         raise SystemExit(f"{path}: the tokenizer ({type(tokenizer).__name__}) does not round-trip Countdown text")
@@ -314,8 +315,8 @@ def definition_check(args: Args) -> dict:
     from trl.trainer import utils as trl_utils
 
     import ada_seq
-    from common.ada import surrogate_sum
     from common.logprobs import token_logprobs
+    from common.losses import clipped_surrogate
     from common.masking import pad_sequences, right_align
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is flagged experimental
@@ -326,7 +327,7 @@ def definition_check(args: Args) -> dict:
     trl_model, _, _ = load_base()  # TRL patches its model's forward; keep ours untouched
     examples, reward_fn = countdown_examples(args.prompt_pool)
     rows, completions = fixed_batch(examples, tokenizer, L)
-    prompt_ids = [tokenizer(ex.prompt).input_ids for ex in rows]  # as Run.encode (Countdown: no chat template)
+    prompt_ids = [tokenizer(ex.prompt).input_ids for ex in rows]  # as PromptEncoder (Countdown: no chat template)
     rewards = [float(reward_fn(tokenizer.decode(c, skip_special_tokens=True), ex)) for ex, c in zip(rows, completions)]
     # fixed old log-probs: the current ones shifted by a fixed +-0.3 pattern, so some ratios leave [0.8, 1.28]
     with torch.no_grad():
@@ -344,7 +345,9 @@ def definition_check(args: Args) -> dict:
         adv_ours_std += ada_seq.global_advantages(rewards[g:g + n], rewards[g:g + n], 0.7, True, "none")
     logp, _ = token_logprobs(ours_model, batch)
     old_t = right_align(old, batch.completion_width)
-    loss_sum, clipped = surrogate_sum(logp, old_t, torch.tensor(adv_ours), batch.loss_mask, 0.2, 0.28)
+    per_token, clipped_tok = clipped_surrogate(logp, old_t, torch.tensor(adv_ours)[:, None], 0.2, 0.28)
+    loss_sum = (per_token * batch.loss_mask).sum()  # as ada_seq.py's update
+    clipped = (clipped_tok * batch.loss_mask).sum()
     loss_ours = loss_sum / (len(completions) * L)  # ada_seq: norm = prompts_per_step * n / world * max_new_tokens
     loss_ours.backward()
 

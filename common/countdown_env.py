@@ -289,7 +289,7 @@ def ensure_multiturn_policy(base_path: str, recipe: MultiTurnRecipe | None = Non
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from common.policy import cache_root
+    from common.tiny_model import cache_root
 
     recipe = recipe or MultiTurnRecipe()
     base = Path(base_path)

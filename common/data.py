@@ -26,6 +26,7 @@ class Task:
     reward_fn: Callable[[str, Example], float]  # training reward
     eval_reward_fn: Callable[[str, Example], float]  # binary correctness
     name: str
+    templated: bool = False  # prompts went through the chat template (which already holds the special tokens)
 
 
 def countdown_task(reward: str, eval_prompts: int) -> Task:
@@ -101,7 +102,7 @@ def hf_task(args, tokenizer, log=print) -> Task:
     if not train:
         raise SystemExit(f"--dataset {args.dataset}: no usable training prompts")
     fn = lambda text, ex: math_reward(text, ex.answer)  # noqa: E731
-    return Task(train, evals, fn, fn, args.dataset)
+    return Task(train, evals, fn, fn, args.dataset, templated=bool(chat))
 
 
 def load_task(args, tokenizer, log=print) -> Task:
@@ -109,6 +110,19 @@ def load_task(args, tokenizer, log=print) -> Task:
     if args.prompt_pool > 0:
         task.train = task.train[: args.prompt_pool]
     return task
+
+
+class PromptEncoder:
+    """Token ids of a prompt text, cached (prompts recur across epochs). Special tokens (BOS) are added
+    unless the chat template already put them in the text."""
+
+    def __init__(self, tokenizer, templated: bool):
+        self.tokenizer, self.templated, self.cache = tokenizer, templated, {}
+
+    def __call__(self, text: str) -> list[int]:
+        if text not in self.cache:
+            self.cache[text] = self.tokenizer(text, add_special_tokens=not self.templated).input_ids
+        return list(self.cache[text])
 
 
 class PromptSampler:

@@ -6,8 +6,8 @@ log-probability of each sampled token under the *sampling* distribution (logits 
 finish reason ("stop" when a stop token ended it, "length" when max_new_tokens did).
 
 - `HFGenerator`: `model.generate` on the training model itself (CPU or GPU). Default.
-- `VLLMGenerator` (common/vllm_backend.py): a colocated in-process `vllm.LLM`; weights are pushed
-  into it after each optimizer step with `sync_weights`.
+- `VLLMGenerator` (common/vllm_backend.py): a colocated in-process `vllm.LLM`; the scripts push the
+  weights into it once per update phase with `sync_weights`. (That module imports this one, not the reverse.)
 """
 from __future__ import annotations
 
@@ -99,14 +99,3 @@ class HFGenerator:
         """
         return score_completions(self.model, prompts, completions, self.tokenizer.pad_token_id,
                                  self.batch_size, device, temperature if temperature > 0 else 1.0)
-
-
-def build_generator(args, model, tokenizer, model_path: str, accelerator=None):
-    """Pick the backend from `--use_vllm`; `model_path` is the policy's local/hub path (vLLM loads it)."""
-    if args.use_vllm:
-        from common.vllm_backend import VLLMGenerator
-
-        return VLLMGenerator(model_path, model, tokenizer, seed=args.seed, dtype=args.dtype,
-                             max_model_len=args.vllm_max_model_len,
-                             gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
-    return HFGenerator(model, tokenizer, batch_size=args.gen_batch_size)

@@ -1,7 +1,8 @@
 """One JSON object per step in <output_dir>/metrics.jsonl (main process), plus optional trackers.
 
-Core names every script logs: step, rollouts, gen_tokens, reward_mean, pass_rate, frac_zero_var_groups,
-loss, kl, entropy, lr, time_step_s, time_gen_s, time_train_s; eval_pass@1 / eval_pass@k when evaluating.
+Core names every script logs (each script computes them where it logs them): step, rollouts, gen_tokens,
+reward_mean, reward_std, pass_rate, frac_zero_var_groups, completion_len_mean, clipped_ratio, loss, kl, entropy,
+grad_norm, lr, time_step_s, time_gen_s, time_train_s; eval_pass@1 / eval_pass@k when evaluating.
 """
 from __future__ import annotations
 
@@ -19,6 +20,15 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
+
+
+def check_tracker(report_to: str) -> None:
+    """A clear error before anything starts when `--report_to` names a tracker that is not installed."""
+    import importlib.util
+
+    need = {"none": (), "tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}[report_to]
+    if need and not any(importlib.util.find_spec(module) for module in need):
+        raise SystemExit(f"--report_to {report_to}: install it first (pip install {need[0]})")
 
 
 class MetricsLogger:

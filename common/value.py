@@ -1,4 +1,4 @@
-"""The critic for PPO: a transformers backbone with a scalar head, and its micro-batched backward pass.
+"""The critic for PPO: a transformers backbone with a scalar head (its loss and update are in pros_ppo.py).
 
 `build_value_model` initialises the critic from the policy (a deep copy of its backbone, the LM head dropped)
 plus a zero-initialised linear head, so V ≡ 0 at the start and the backbone starts from features that already
@@ -10,13 +10,11 @@ completion token j (the hidden state one position earlier), so V[:, j] and log p
 """
 from __future__ import annotations
 
-import contextlib
 import copy
-from typing import Callable
 
 import torch
 
-from common.masking import Batch, pad_sequences
+from common.masking import Batch
 
 
 class ValueModel(torch.nn.Module):
@@ -55,25 +53,3 @@ def build_value_model(policy, path: str | None = None) -> ValueModel:
         p.requires_grad_(True)
     backbone.train()
     return ValueModel(backbone, backbone.config.hidden_size)
-
-
-def accumulate_value_gradients(critic, acc, prompts: list[list[int]], completions: list[list[int]], pad_id: int,
-                               micro_batch_size: int, loss_fn: Callable) -> dict[str, float]:
-    """Same contract as `runtime.accumulate_gradients`, for the critic: loss_fn(batch, values, rows) -> (loss, sums)."""
-    n = len(prompts)
-    sums: dict[str, float] = {}
-    starts = list(range(0, n, micro_batch_size)) or [0]
-    for i, s in enumerate(starts):
-        rows = list(range(s, min(n, s + micro_batch_size)))
-        last = i == len(starts) - 1
-        ctx = contextlib.nullcontext() if last or acc.num_processes == 1 else acc.no_sync(critic)
-        with ctx:
-            if not rows:  # a rank with no data still joins the gradient all-reduce
-                acc.backward(sum(p.sum() * 0.0 for p in critic.parameters() if p.requires_grad))
-                continue
-            batch = pad_sequences([prompts[r] for r in rows], [completions[r] for r in rows], pad_id).to(acc.device)
-            loss, metrics = loss_fn(batch, critic(batch), rows)
-            acc.backward(loss)
-        for k, v in metrics.items():
-            sums[k] = sums.get(k, 0.0) + float(v)
-    return sums

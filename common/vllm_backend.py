@@ -5,8 +5,9 @@ and the same `Generations` (prompt-major, stop token kept, log-probs under logit
 
 - One engine per process. Under accelerate/torchrun every rank builds its own engine
   (`distributed_executor_backend="external_launcher"`, tensor_parallel_size=1) and samples its own prompts.
-- After every optimizer step `sync_weights` pushes the training weights into the engine
-  (`reload_weights` through `collective_rpc`) and drops the prefix cache, whose KV came from old weights.
+- Once per update phase (after all of a step's optimizer steps) the script calls `sync_weights`, which pushes
+  the training weights into the engine (`reload_weights` through `collective_rpc`) and drops the prefix
+  cache, whose KV came from old weights.
 - On a GPU the engine sleeps (level 1: weights to host memory, KV cache freed) while the trainer trains.
   On a CPU sleep mode does not exist, so it is skipped.
 """
@@ -148,8 +149,12 @@ class VLLMGenerator:
     # ---- weights ----
     @torch.no_grad()
     def sync_weights(self, model) -> None:
-        """Push the (unwrapped, unsharded) training model's current weights into the engine."""
-        self._wake_up(("weights",))  # loading into offloaded weights would write to unmapped memory
+        """Push the (unwrapped, unsharded) training model's current weights into the engine. The scripts call
+        this once per update phase. A sleeping engine is woken for the push and put back to sleep after it."""
+        was_asleep = bool(self._asleep)
+        # loading into offloaded weights would write to unmapped memory; and vLLM's sleep() releases every
+        # tag, so the KV cache must be mapped again too before the engine can go back to sleep
+        self._wake_up(("weights", "kv_cache"))
         # state_dict, not named_parameters: with tied embeddings the latter omits lm_head.weight, and a model
         # whose vLLM head is separate would silently keep the old head. The tensors are views of the live
         # parameters (no copy); vLLM's loaders copy them into their own layout.
@@ -158,6 +163,8 @@ class VLLMGenerator:
         # Measured on CPU (0.04-0.3 s for the tiny model); same call on GPU, where it should be re-checked.
         self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=iter(weights)))
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        if was_asleep:
+            self._sleep()  # the trainer gets its GPU memory back until the next generate()
 
     # ---- sampling ----
     def _request_seed(self, prompt_index: int) -> int:

@@ -12,7 +12,7 @@ sys.path.insert(0, str(ROOT))
 @pytest.fixture(scope="session")
 def tiny_base(tmp_path_factory) -> str:
     """A briefly SFT-ed embedded base policy (30 steps): enough structure for mechanics tests."""
-    from common.policy import BaseRecipe, ensure_embedded_base
+    from common.tiny_model import BaseRecipe, ensure_embedded_base
 
     cache = tmp_path_factory.mktemp("cache")
     old = os.environ.get("RLVR_CACHE")
@@ -30,7 +30,7 @@ def tiny_base(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def random_model_dir(tmp_path_factory) -> str:
     """An untrained tiny Llama + char tokenizer saved as an HF dir."""
-    from common.policy import BaseRecipe, build_char_tokenizer, build_tiny_model
+    from common.tiny_model import BaseRecipe, build_char_tokenizer, build_tiny_model
 
     d = tmp_path_factory.mktemp("random_model")
     tok = build_char_tokenizer()

@@ -1,16 +1,29 @@
-"""common/ada.py: positives, right-aligned old log-probs, and the summed clipped surrogate."""
+"""Pieces both Reinforce-Ada scripts use: positives, right-aligned old log-probs, the summed clipped surrogate,
+and pi_old read from the update's own pass."""
+import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
-from common.ada import count_positive, surrogate_sum
+import ada_est
+from ada_seq import count_positive
+from common.losses import clipped_surrogate
 from common.masking import pad_sequences, right_align
+from conftest import run_script
+
+
+def surrogate_sum(logp, old_logp, adv, mask, eps_low, eps_high):
+    """The update's summed surrogate, as ada_seq.py / ada_est.py write it inline."""
+    per_token, clipped = clipped_surrogate(logp, old_logp, adv[:, None], eps_low, eps_high)
+    return (per_token * mask).sum(), (clipped * mask).sum()
 
 
 def test_positive_is_strictly_above_the_threshold():
     assert count_positive([0.7, 0.71, 1.0, 0.1, 0.0], 0.7) == 2
     assert count_positive([], 0.5) == 0
+    assert ada_est.count_positive([0.7, 0.71, 1.0, 0.1, 0.0], 0.7) == 2
 
 
 def test_right_align_matches_the_loss_mask_of_pad_sequences():
@@ -38,54 +51,29 @@ def test_surrogate_sum_clips_and_masks():
     assert neg.item() == pytest.approx(1.0 + 1.5 + 0.8) and n_clip.item() == 1.0
 
 
-def _fake_run(seed: int = 0, ppo_epochs: int = 1):
-    """Just enough of common.runtime.Run for clipped_update: a tiny random policy, SGD(lr=1) so that the
-    parameter change after one step is minus the (clipped-norm) gradient."""
-    from types import SimpleNamespace
+def _weights(path):
+    from safetensors.torch import load_file
 
-    from accelerate import Accelerator
-
-    from common.policy import BaseRecipe, build_char_tokenizer, build_tiny_model
-
-    torch.manual_seed(seed)
-    tok = build_char_tokenizer()
-    model = build_tiny_model(BaseRecipe(), len(tok))
-    opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    args = SimpleNamespace(eps_low=0.2, eps_high=0.28, max_new_tokens=8, beta=0.0, ppo_epochs=ppo_epochs,
-                           micro_batch_size=2, max_grad_norm=1e9, use_vllm=False)
-    return SimpleNamespace(args=args, model=model, policy=model, acc=Accelerator(cpu=True), tokenizer=tok, ref=None,
-                           opt=opt, sched=torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0),
-                           generator=SimpleNamespace(sync_weights=lambda m: None))
+    return load_file(str(path / "model.safetensors"))
 
 
-def test_clipped_update_without_sampler_logprobs_equals_the_scored_pi_old():
-    # one epoch, HF weights: pi_old read from the update's own pass == the generator's extra scoring pass
-    from common.ada import clipped_update, sampler_logprobs_needed
-    from common.logprobs import score_completions
-
-    prompts = [[3, 4, 5], [3, 4, 5], [6, 7], [6, 7]]
-    comps = [[8, 9, 10, 2], [11, 12], [13, 14, 15], [9]]
-    adv = torch.tensor([0.5, -0.5, 1.0, -1.0])
-    after = []
-    for scored in (True, False):
-        run = _fake_run()
-        before = [p.detach().clone() for p in run.model.parameters()]
-        old = score_completions(run.model, prompts, comps, run.tokenizer.pad_token_id, 4, "cpu", 1.0) if scored else None
-        sums = clipped_update(run, prompts, comps, old, adv, 32.0, 1.0)
-        after.append(([(p.detach() - b) for p, b in zip(run.model.parameters(), before)], sums))
-    (d1, s1), (d2, s2) = after
-    assert any(d.abs().max() > 1e-4 for d in d1)  # the step did move the weights
-    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(d1, d2))
-    assert s1["loss_sum"] == pytest.approx(s2["loss_sum"], abs=1e-5) and s2["clip_sum"] == 0.0
-    # a wrong pi_old would change the update: the equality above is not vacuous
-    run = _fake_run()
-    before = [p.detach().clone() for p in run.model.parameters()]
-    clipped_update(run, prompts, comps, [[-5.0] * len(c) for c in comps], adv, 32.0, 1.0)
-    assert not all(torch.allclose(p.detach() - b, d, atol=1e-6) for p, b, d in zip(run.model.parameters(), before, d1))
-    # the skip is only taken where it is exact
-    from types import SimpleNamespace
-    assert not sampler_logprobs_needed(SimpleNamespace(use_vllm=False, ppo_epochs=1))
-    assert sampler_logprobs_needed(SimpleNamespace(use_vllm=True, ppo_epochs=1))
-    assert sampler_logprobs_needed(SimpleNamespace(use_vllm=False, ppo_epochs=2))
-    with pytest.raises(ValueError, match="ppo_epochs"):
-        clipped_update(_fake_run(ppo_epochs=2), prompts, comps, None, adv, 32.0, 1.0)
+def test_pi_old_from_the_update_pass_equals_the_scored_sampler_logprobs(tiny_base, tmp_path):
+    # one epoch, HF weights: pi_old read from the update's own pass (`--old_logprobs auto`) gives the same update
+    # as the generator's extra scoring pass (`--old_logprobs sampler`), in both Reinforce-Ada scripts
+    for script in ("ada_seq.py", "ada_est.py"):
+        rows = {}
+        for mode in ("auto", "sampler"):
+            out = tmp_path / f"{script}-{mode}"
+            run_script([script, "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "2",
+                        "--eval_every", "0", "--eval_prompts", "4", "--eval_samples", "2", "--prompts_per_step", "4",
+                        "--prompt_pool", "16", "--max_new_tokens", "16", "--num_threads", "1", "--old_logprobs", mode])
+            rows[mode] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1:]
+        for auto, sampler in zip(rows["auto"], rows["sampler"]):
+            assert auto["reward_mean"] == sampler["reward_mean"]  # same samples
+            for key in ("loss", "grad_norm", "entropy"):
+                assert auto[key] == pytest.approx(sampler[key], rel=1e-5, abs=1e-7), (script, key)
+        auto_w = _weights(tmp_path / f"{script}-auto" / "checkpoint-2")
+        sampler_w = _weights(tmp_path / f"{script}-sampler" / "checkpoint-2")
+        base_w = _weights(Path(tiny_base))
+        assert all(torch.allclose(auto_w[k], sampler_w[k], atol=1e-6) for k in auto_w)
+        assert any((auto_w[k] - base_w[k]).abs().max() > 1e-4 for k in auto_w)  # the steps did move the weights

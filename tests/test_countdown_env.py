@@ -7,7 +7,7 @@ from common import countdown
 from common.countdown import Problem
 from common.countdown_env import (CountdownEnv, Episode, make_env_task, replay, replay_episode, solver_episode,
                                   state_text)
-from common.policy import build_char_tokenizer
+from common.tiny_model import build_char_tokenizer
 
 P = Problem((14, 1, 10), 5)
 TOK = build_char_tokenizer()

@@ -12,7 +12,7 @@ from common import countdown
 from common.countdown import Problem
 from common.countdown_env import Episode, solver_episode
 from common.generation import Generations, SamplingConfig
-from common.policy import build_char_tokenizer
+from common.tiny_model import build_char_tokenizer
 from conftest import run_script
 from ps_grpo import (Args, PrefixController, prefix_steps, ps_loss, rollout_multiturn, rollout_text,
                      route, split_lines)
@@ -114,7 +114,8 @@ def test_multiturn_rollouts_batch_turns_and_replay_prefixes():
     prefixes = [[], stored.steps[:2]]  # task 1 replays 2 of its 3 steps
     gen = ScriptedGenerator()
     cfg = SamplingConfig(max_new_tokens=16, stop_token_ids=[NL])
-    eps = rollout_multiturn(gen, TOK, prompts, probs, prefixes, 3, cfg, max_turns=4, invalid="end")
+    eps, clipped = rollout_multiturn(gen, TOK, prompts, probs, prefixes, 3, cfg, max_turns=4, invalid="end")
+    assert clipped == [False] * 6  # every action ended at its newline
     # one generate call per turn over all live episodes: turn 1 has all 6, turn 2 only task 0's 3
     assert [c[:2] for c in gen.calls] == [(6, 1), (3, 1)] and gen.calls[0][2] == [NL]
     assert all(e.reward == 1.0 for e in eps) and [e.group for e in eps] == [0, 0, 0, 1, 1, 1]
@@ -138,8 +139,9 @@ def test_text_mode_steps_are_lines_and_prefix_lines_are_replayed():
     assert split_lines(ENC("ab\nc\n\nd"), lambda t: t == NL) == [ENC("ab\n"), ENC("c\n"), ENC("\n"), ENC("d")]
     g = Gen()
     prefix = [(ENC("x\n"), []), (ENC("y\n"), [])]
-    eps = rollout_text(g, TOK, [ENC("Q:"), ENC("R:")], [[], prefix], 2, SamplingConfig(max_new_tokens=8),
-                       lambda text, ex: float(text.startswith("x")), [None, None], lambda t: t == NL)
+    eps, clipped = rollout_text(g, TOK, [ENC("Q:"), ENC("R:")], [[], prefix], 2, SamplingConfig(max_new_tokens=8),
+                                lambda text, ex: float(text.startswith("x")), [None, None], lambda t: t == NL)
+    assert clipped == [True] * 4  # finish reason "length" (and the prefix task's continuation: cut by the budget)
     assert g.ctx == [ENC("Q:"), ENC("R:x\ny\n")]  # the prefix is context, not generated
     assert [e.reward for e in eps] == [0.0, 0.0, 1.0, 1.0]  # the reward reads prefix + continuation
     assert TOK.decode(eps[2].ids) == "x\ny\nb\nc\n"  # continuation cut to the remaining budget 8 - 4
@@ -151,9 +153,13 @@ def test_text_mode_steps_are_lines_and_prefix_lines_are_replayed():
             out = [ENC("b\nc\n") + [TOK.eos_token_id]] * (len(prompts) * n)
             return Generations(prompts, out, [[-1.0] * 5] * len(out), ["stop"] * len(out), n)
 
-    eps = rollout_text(GenEos(), TOK, [ENC("Q:")], [[]], 1, SamplingConfig(max_new_tokens=8), lambda t, e: 1.0, [None],
-                       lambda t: t == NL)
+    eps, clipped = rollout_text(GenEos(), TOK, [ENC("Q:")], [[]], 1, SamplingConfig(max_new_tokens=8),
+                                lambda t, e: 1.0, [None], lambda t: t == NL)
+    assert clipped == [False]  # stopped within the budget
     assert [a for a, _ in eps[0].steps] == [ENC("b\n"), ENC("c\n") + [TOK.eos_token_id]]
+    _, clipped = rollout_text(GenEos(), TOK, [ENC("Q:")], [prefix], 1, SamplingConfig(max_new_tokens=8),
+                              lambda t, e: 1.0, [None], lambda t: t == NL)
+    assert clipped == [True]  # stopped, but 5 tokens do not fit the 8 - 4 left after the prefix
 
 
 # ---------------- prefix masking: exactly zero gradient on replayed tokens ----------------

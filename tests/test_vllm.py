@@ -22,7 +22,7 @@ if importlib.util.find_spec("vllm") is None:
 from common.generation import Generations, HFGenerator, SamplingConfig  # noqa: E402
 from common.logprobs import token_logprobs  # noqa: E402
 from common.masking import pad_sequences, unpad_completion  # noqa: E402
-from common.policy import BaseRecipe, build_char_tokenizer, build_tiny_model  # noqa: E402
+from common.tiny_model import BaseRecipe, build_char_tokenizer, build_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

@@ -1,0 +1,72 @@
+"""Multi-process helpers: this rank's share of a batch, sums and lists over ranks, micro-batches whose
+gradient all-reduce happens once, and a graceful stop on SIGINT / SIGTERM that every rank agrees on."""
+from __future__ import annotations
+
+import contextlib
+import signal
+
+import torch
+
+
+def my_slice(items: list, accelerator) -> list:
+    """This rank's contiguous share of a global list (shares differ by at most one item)."""
+    num, world, rank = len(items), accelerator.num_processes, accelerator.process_index
+    return items[rank * num // world:(rank + 1) * num // world]
+
+
+def reduce_sums(accelerator, sums: dict[str, float]) -> dict[str, float]:
+    """Sum named scalars over ranks (every rank passes the same keys in the same order)."""
+    if accelerator.num_processes == 1:
+        return {key: float(value) for key, value in sums.items()}
+    keys = list(sums)
+    packed = torch.tensor([float(sums[key]) for key in keys], dtype=torch.float64, device=accelerator.device)
+    return dict(zip(keys, accelerator.reduce(packed, reduction="sum").tolist()))
+
+
+def gather_list(accelerator, items: list) -> list:
+    """Every rank's list, concatenated in rank order (the same result on every rank)."""
+    if accelerator.num_processes == 1:
+        return list(items)
+    from accelerate.utils import gather_object
+
+    return gather_object(list(items))
+
+
+def micro_batches(num_rows: int, size: int, accelerator, model):
+    """Yield the row indices of each micro-batch; the loop body runs the forward and `backward`.
+
+    Under DDP the gradient all-reduce is skipped (`no_sync`) on every micro-batch but the last, so gradients
+    are summed locally and synchronised once. With no rows nothing is yielded and a zero loss is
+    back-propagated here instead, so that the rank still joins that all-reduce (and, as on every rank, the
+    optimizer then steps on zero gradients: Adam's momentum carries on).
+    """
+    starts = list(range(0, num_rows, size))
+    if not starts:
+        accelerator.backward(sum(p.sum() * 0.0 for p in model.parameters() if p.requires_grad))
+        return
+    for i, start in enumerate(starts):
+        last = i == len(starts) - 1
+        sync = contextlib.nullcontext() if last or accelerator.num_processes == 1 else accelerator.no_sync(model)
+        with sync:
+            yield list(range(start, min(num_rows, start + size)))
+
+
+class GracefulStop:
+    """First Ctrl-C / SIGTERM: finish the current step, then stop (the script saves a checkpoint).
+    A second signal raises KeyboardInterrupt at once."""
+
+    def __init__(self, log=print):
+        self.requested = False
+        self.log = log
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.log(f"\nsignal {signum}: saving a checkpoint after this step, then stopping (again to abort)")
+
+    def agreed(self, accelerator) -> bool:
+        """True on every rank when any rank was signalled (all must stop together, or a collective hangs)."""
+        return reduce_sums(accelerator, {"stop": float(self.requested)})["stop"] > 0
