@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 from common import checkpoint
 from common.args import BaseArgs
 from common.cli import parse_args
-from common.data import PromptEncoder, PromptSampler, load_task
+from common.data import PromptEncoder, PromptSampler, hf_task
 from common.distributed import GracefulStop, gather_list, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig
 from common.logprobs import token_logprobs
@@ -59,9 +59,8 @@ from common.policy import load_policy
 @dataclass
 class Args(BaseArgs):
     prompt_pool: int = 2048
-    """[EST] train on only the first N prompts so that they recur and the estimates have history (0 = all); 2048 at 32
-    prompts per step: a prompt returns every 64 steps, ~4.7 epochs in the default 300 steps (256 prompts were
-    memorised: train reward 0.94, held-out pass@1 flat)"""
+    """[EST] train on only the first N prompts so that they recur and the estimates have history (0 = all; at 32
+    prompts per step a prompt of the 2048 returns every 64 steps)"""
     total_budget: int = 0
     """[EST] responses per step over the whole batch, N_total of Alg. 1 (0 = 8 x prompts_per_step, the paper's setting,
     comparable with GRPO-n8)"""
@@ -79,7 +78,8 @@ class Args(BaseArgs):
     prior_beta: float = 16.0
     """[EST] Beta prior beta (public code: 16; an unseen prompt starts at p_hat = 1/17, i.e. treated as hard)"""
     eps: float = 0.01
-    """[EST] epsilon in w(p_hat) and in the residual weight 1/sqrt(mean_x + eps) (bounds the weight of all-fail groups)"""
+    """[EST] epsilon in w(p_hat) and in the residual weight 1/sqrt(mean_x + eps) (bounds the weight of all-fail
+    groups)"""
     positive_threshold: float = 0.7
     """[EST] a response counts as a success k_t for the estimator when its training reward > this"""
     eps_low: float = 0.2
@@ -87,7 +87,8 @@ class Args(BaseArgs):
     eps_high: float = 0.28
     """upper clip range of the ratio pi_theta/pi_old"""
     ppo_epochs: int = 1
-    """optimizer steps per batch (each a full pass over all responses); with 1 the ratio is 1 and clipping is inactive"""
+    """optimizer steps per batch (each a full pass over all responses); with 1 the ratio is 1 and clipping is
+    inactive"""
     beta: float = 0.0
     """KL coefficient to the reference (initial) policy, per-token k3 estimator; the paper uses none"""
 
@@ -212,7 +213,12 @@ def main(args: Args) -> None:
             model_path = str(ensure_embedded_base(log=log))
     policy, tokenizer = load_policy(model_path, args.dtype)
     policy.to(device)
-    task = load_task(args, tokenizer, log)
+    if args.dataset == "countdown":  # the embedded demo task, imported only here
+        from common.countdown import countdown_task
+
+        task = countdown_task(args.reward, args.eval_prompts, args.prompt_pool)
+    else:
+        task = hf_task(args, tokenizer, log)
     ref_model = None
     if args.beta > 0:  # the KL reference: the initial weights, frozen
         ref_model = copy.deepcopy(policy).eval().requires_grad_(False)

@@ -61,7 +61,7 @@ from common import checkpoint
 from common.advantages import zero_variance
 from common.args import BaseArgs
 from common.cli import parse_args
-from common.data import PromptEncoder, PromptSampler, load_task
+from common.data import PromptEncoder, PromptSampler, hf_task
 from common.distributed import GracefulStop, gather_list, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig
 from common.logprobs import token_logprobs
@@ -254,7 +254,12 @@ def main(args: Args) -> None:
             model_path = str(ensure_embedded_base(log=log))
     policy, tokenizer = load_policy(model_path, args.dtype)
     policy.to(device)
-    task = load_task(args, tokenizer, log)
+    if args.dataset == "countdown":  # the embedded demo task, imported only here
+        from common.countdown import countdown_task
+
+        task = countdown_task(args.reward, args.eval_prompts, args.prompt_pool)
+    else:
+        task = hf_task(args, tokenizer, log)
     ref_model = None
     if args.beta > 0:  # the KL reference: the initial weights, frozen
         ref_model = copy.deepcopy(policy).eval().requires_grad_(False)

@@ -3,7 +3,7 @@
 Paper: "PROS: Towards Compute-Efficient RLVR via Rollout Prefix Reuse" (ICLR 2026,
 ../shared/papers/001_1760c67a1330819a.txt).
 
-The base is PPO for LLMs: a critic (the policy's backbone copied, plus a scalar head: common/value.py),
+The base is PPO for LLMs: a critic (the policy's backbone copied, plus a scalar head: `ValueModel`),
 token-level GAE with the outcome reward on the last token, clipped policy and value losses, several epochs over
 minibatches. PROS is a plug-in that changes only *which queries* are trained on:
   1. Augmented queries (Sec. 3): in every group with a correct rollout, cut a correct response y at
@@ -16,18 +16,16 @@ minibatches. PROS is a plug-in that changes only *which queries* are trained on:
      current Gibbs draw θ̃ is nearest 0.5, at most one node per root.
 Lines marked [PROS] are the plug-in; `--pros off` removes every one of them (vanilla PPO / GRPO).
 
-Batch composition with PROS: ⌈fresh_frac·P⌉ queries come from the data stream (the same epoch-wise shuffle
-the vanilla run reads), so never-seen prompts keep entering (there is no data to rank them by); the other slots
-go to the pool, ranked by |θ̃ - 0.5| (`--pros random`: uniformly, the paper's ablation). While the pool has too
-few eligible roots (early on) the stream fills the rest. The pool is bounded by --pool_capacity: beyond it the
-least recently observed nodes are evicted (a root counts as recent as its most recent child; children go first
-on ties; evicting a root evicts its children; an evicted prompt can re-enter from the stream as a fresh root).
+Batch composition with PROS: ⌈fresh_frac·P⌉ queries come from the data stream (the vanilla run's epoch-wise
+shuffle), so never-seen prompts keep entering; the other slots go to the pool, ranked by |θ̃ - 0.5| (`--pros
+random`: uniformly, the paper's ablation); while the pool is too small the stream fills them. Beyond
+--pool_capacity nodes the least recently observed are evicted (a root is as recent as its latest child; children
+first on ties; a root takes its children along and may re-enter from the stream).
 
-Logged `loss`: each minibatch step's clipped surrogate as a per-token mean (summed over the minibatch's completion
-tokens, divided by their count: the optimised normaliser too), averaged over the iteration's ppo_epochs x
-num_minibatches steps; the KL term is excluded (logged as `kl`, per token, first epoch). `ppo_clip_frac` and
-`ppo_value_loss` are averaged over the same steps; `grad_norm` is the policy's pre-clip norm, same average.
-The generator receives the new weights once per iteration, after all epochs.
+Logged `loss`: each optimizer step's clipped surrogate as a per-token mean over its minibatch (the optimised
+normaliser), averaged over the ppo_epochs x num_minibatches steps, KL excluded (`kl`: per token, first epoch);
+`ppo_clip_frac`, `ppo_value_loss` and `grad_norm` (pre-clip) are averaged over the same steps. The generator
+gets the new weights once per iteration, after all epochs.
 
     python pros_ppo.py                         # PPO + PROS on the embedded Countdown default (CPU, minutes)
     python pros_ppo.py --pros off              # vanilla PPO
@@ -54,7 +52,7 @@ from common import checkpoint
 from common.advantages import gae_advantages, grpo_advantages, zero_variance
 from common.args import BaseArgs
 from common.cli import parse_args
-from common.data import PromptEncoder, PromptSampler, load_task
+from common.data import PromptEncoder, PromptSampler, hf_task
 from common.distributed import GracefulStop, gather_list, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig
 from common.gibbs import gibbs_sweeps, update_counts
@@ -63,7 +61,6 @@ from common.losses import clipped_surrogate, kl_k3
 from common.masking import pad_sequences
 from common.metrics import MetricsLogger, check_tracker, evaluate
 from common.policy import load_policy
-from common.value import build_value_model
 
 
 @dataclass
@@ -149,9 +146,7 @@ class Args(BaseArgs):
             raise SystemExit(f"--pool_capacity {self.pool_capacity}: must be >= 2 x --prompts_per_step")
 
 
-# ----------------------------------------------------------------------------------------------------
-# [PROS] Augmented query construction (Section 3)
-# ----------------------------------------------------------------------------------------------------
+# ---------------- [PROS] Augmented query construction (Section 3) ----------------
 
 def choose_cut(entropy: np.ndarray, values: np.ndarray | None, inherited: int, length: int,
                value_top_frac: float = 0.1) -> int | None:
@@ -199,9 +194,7 @@ def child_candidates(prefix: tuple, continuations: list[list[int]], correct: lis
     return candidates
 
 
-# ----------------------------------------------------------------------------------------------------
-# [PROS] The two-layer query tree with its pass-rate model, and selection (Section 4)
-# ----------------------------------------------------------------------------------------------------
+# ---------------- [PROS] The two-layer query tree with its pass-rate model, and selection (Section 4) ----------------
 
 class QueryTree:
     """[PROS] Roots are original prompts (prefix ()), children are augmented queries (pid, prefix) whose
@@ -322,9 +315,46 @@ def choose_batch(tree: QueryTree, sampler: PromptSampler, args: Args, step: int,
     return queries + [(int(tree.pid[node]), tree.prefix[node], node) for node in picked], len(stream)
 
 
-# ----------------------------------------------------------------------------------------------------
-# PPO pieces
-# ----------------------------------------------------------------------------------------------------
+# ---------------- PPO pieces ----------------
+
+class ValueModel(torch.nn.Module):
+    """PPO's critic: a transformers backbone + a scalar head. Column j of the [B, R] output is V(s) of the state
+    that predicts completion token j (the hidden state one position earlier), aligned with `token_logprobs`."""
+
+    def __init__(self, backbone: torch.nn.Module, hidden_size: int):
+        super().__init__()
+        self.backbone = backbone
+        # skip_init: no draw from the global RNG (resume must replay the same random stream), then V ≡ 0
+        self.head = torch.nn.utils.skip_init(torch.nn.Linear, hidden_size, 1, dtype=next(backbone.parameters()).dtype)
+        torch.nn.init.zeros_(self.head.weight)
+        torch.nn.init.zeros_(self.head.bias)
+
+    def forward(self, batch) -> torch.Tensor:
+        width = batch.completion_width
+        hidden = self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                               position_ids=batch.position_ids, use_cache=False).last_hidden_state
+        return self.head(hidden[:, -(width + 1):-1]).squeeze(-1).float()
+
+
+def build_value_model(policy, path: str | None = None) -> ValueModel:
+    """Critic = a copy of the policy's backbone (or the backbone at `path`, which must share the policy's
+    tokenizer: a real model's critic then needs no second copy of the policy) + a zero-initialised head."""
+    if path:
+        from transformers import AutoModel
+
+        try:
+            with torch.random.fork_rng(devices=[]):  # loading must not consume the global RNG (exact resume)
+                backbone = AutoModel.from_pretrained(path, dtype=next(policy.parameters()).dtype)
+        except OSError as e:
+            raise SystemExit(f"--critic_model_name_or_path {path!r}: cannot load ({e})")
+        if backbone.config.vocab_size != policy.config.vocab_size:
+            raise SystemExit(f"--critic_model_name_or_path {path!r}: vocab size {backbone.config.vocab_size} "
+                             f"differs from the policy's {policy.config.vocab_size} (the critic reads policy tokens)")
+    else:
+        backbone = copy.deepcopy(policy.base_model)
+    backbone.requires_grad_(True).train()
+    return ValueModel(backbone, backbone.config.hidden_size)
+
 
 def value_loss(v: torch.Tensor, v_old: torch.Tensor, returns: torch.Tensor, clip: float) -> torch.Tensor:
     """Per-token clipped value loss 0.5·max((V - R)², (V_old + clip(V - V_old, ±c) - R)²) (PPO)."""
@@ -393,7 +423,12 @@ def main(args: Args) -> None:
             model_path = str(ensure_embedded_base(log=log))
     policy, tokenizer = load_policy(model_path, args.dtype)
     policy.to(device)
-    task = load_task(args, tokenizer, log)
+    if args.dataset == "countdown":  # the embedded demo task, imported only here
+        from common.countdown import countdown_task
+
+        task = countdown_task(args.reward, args.eval_prompts, args.prompt_pool)
+    else:
+        task = hf_task(args, tokenizer, log)
     ref_model = None
     if args.kl_coef > 0:  # the KL reference: the initial weights, frozen
         ref_model = copy.deepcopy(policy).eval().requires_grad_(False)

@@ -58,7 +58,7 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -69,17 +69,15 @@ from common import checkpoint
 from common.advantages import grpo_advantages, zero_variance
 from common.args import BaseArgs
 from common.cli import parse_args
-from common.data import PromptEncoder, PromptSampler, load_task
+from common.data import PromptEncoder, PromptSampler, hf_task
 from common.distributed import GracefulStop, gather_list, micro_batches, my_slice, reduce_sums
+from common.episode import Episode
 from common.generation import HFGenerator, SamplingConfig
 from common.logprobs import token_logprobs
 from common.losses import clipped_surrogate
 from common.masking import pad_sequences, right_align
 from common.metrics import MetricsLogger, check_tracker, evaluate, pass_at_k
 from common.policy import load_policy
-
-if TYPE_CHECKING:
-    from common.countdown_env import Episode
 
 CATEGORIES = ("hard", "easy")  # [PS] too-hard tasks replay a success, too-easy tasks a failure
 ROUTES = ("all_fail", "all_pass", "normal", "too_hard", "too_easy")
@@ -312,7 +310,6 @@ def rollout_text(generator, tokenizer, prompts: list[list[int]], prefixes: list[
     """n single-turn completions per task. [PS] A prefix task's context is prompt + its first K lines
     (mask 0); the continuation gets the rest of the max_new_tokens budget; the reward scores the whole text.
     Returns (episodes, clipped): clipped[i] is True when completion i was cut by max_new_tokens or the budget."""
-    from common.countdown_env import Episode  # the token-level record; it imports the Countdown env (for now)
 
     contexts = [prompt + [token for action, _ in prefix for token in action]
                 for prompt, prefix in zip(prompts, prefixes)]
@@ -394,9 +391,7 @@ def main(args: Args) -> None:
     if model_path == "embedded":  # the tiny Countdown model: rank 0 builds it once, the others find it cached
         from common.tiny_model import ensure_embedded_base
 
-        # a build reseeds torch: fork the RNG so that a first run draws exactly what a cached run draws
-        rng_devices = [device] if device.type == "cuda" else []
-        with accelerator.main_process_first(), torch.random.fork_rng(devices=rng_devices):
+        with accelerator.main_process_first():
             model_path = str(ensure_embedded_base(log=log))
             if args.multiturn and args.mt_sft_steps > 0:  # warmed up on solver episodes of the environment
                 from common.countdown_env import MultiTurnRecipe, ensure_multiturn_policy
@@ -417,8 +412,13 @@ def main(args: Args) -> None:
 
         train, held_out = make_env_task(args.env_numbers, args.env_max_number, args.eval_prompts, args.prompt_pool)
         text_task, encode = None, PromptEncoder(tokenizer, templated=False)  # prompts: the reset observations
+    elif args.dataset == "countdown":  # the single-turn text form of the embedded task
+        from common.countdown import countdown_task
+
+        text_task = countdown_task(args.reward, args.eval_prompts, args.prompt_pool)
     else:
-        text_task = load_task(args, tokenizer, log)
+        text_task = hf_task(args, tokenizer, log)
+    if text_task is not None:
         train, held_out, encode = text_task.train, text_task.eval, PromptEncoder(tokenizer, text_task.templated)
     sampler = PromptSampler(len(train), args.seed)
     if args.use_vllm:

@@ -36,10 +36,10 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from common import checkpoint
-from common.advantages import rloo_advantages, zero_variance
+from common.advantages import zero_variance
 from common.args import BaseArgs
 from common.cli import parse_args
-from common.data import PromptEncoder, PromptSampler, load_task
+from common.data import PromptEncoder, PromptSampler, hf_task
 from common.distributed import GracefulStop, gather_list, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig
 from common.logprobs import score_completions, token_logprobs
@@ -73,6 +73,15 @@ class Args(BaseArgs):
             raise SystemExit(f"--k {self.k}: RLOO needs at least 2 rollouts per prompt")
         if self.w_max <= 0 or self.buffer_capacity < 1:
             raise SystemExit("--w_max must be > 0 and --buffer_capacity >= 1")
+
+
+def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """A_i = R_i - mean_{j != i} R_j  (leave-one-out baseline; = K/(K-1) (R_i - mean R), RA-RLOO eq. 1)."""
+    k = rewards.shape[-1]
+    if k < 2:
+        raise ValueError("RLOO needs at least 2 samples per group")
+    others = (rewards.sum(-1, keepdim=True) - rewards) / (k - 1)
+    return rewards - others
 
 
 def seed_buffers(task, model, tokenizer, encode, args, device) -> dict[int, deque]:
@@ -146,7 +155,12 @@ def main(args: Args) -> None:
             model_path = str(ensure_embedded_base(log=log))
     policy, tokenizer = load_policy(model_path, args.dtype)
     policy.to(device)
-    task = load_task(args, tokenizer, log)
+    if args.dataset == "countdown":  # the embedded demo task, imported only here
+        from common.countdown import countdown_task
+
+        task = countdown_task(args.reward, args.eval_prompts, args.prompt_pool)
+    else:
+        task = hf_task(args, tokenizer, log)
     ref_model = None
     if args.beta > 0:  # the KL reference: the initial weights, frozen
         ref_model = copy.deepcopy(policy).eval().requires_grad_(False)

@@ -86,7 +86,7 @@ def in_process(args: Args) -> dict:
     import torch
     from accelerate import Accelerator
 
-    from common.data import countdown_task
+    from common.countdown import countdown_task
     from common.generation import HFGenerator, SamplingConfig
     from common.logprobs import score_completions
     from common.distributed import micro_batches

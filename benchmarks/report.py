@@ -302,7 +302,8 @@ def claims(aggs: dict[str, Agg]) -> str:
     if "ps_fixed" in aggs or "ps_adaptive" in aggs:
         out.append(f"- **PS: prefix-task pass rate near 0.5, more valid tasks per batch.** `ps_prefix_pass_rate`: "
                    f"fixed {g('ps_fixed', 'ps_prefix_pass_rate')} (first → last quarter "
-                   f"{g('ps_fixed', 'ps_prefix_pass_rate', 'early')} → {g('ps_fixed', 'ps_prefix_pass_rate', 'late')}), "
+                   f"{g('ps_fixed', 'ps_prefix_pass_rate', 'early')} → "
+                   f"{g('ps_fixed', 'ps_prefix_pass_rate', 'late')}), "
                    f"adaptive {g('ps_adaptive', 'ps_prefix_pass_rate')} "
                    f"({g('ps_adaptive', 'ps_prefix_pass_rate', 'early')} → "
                    f"{g('ps_adaptive', 'ps_prefix_pass_rate', 'late')}). Groups with signal trained per step "
@@ -312,7 +313,8 @@ def claims(aggs: dict[str, Agg]) -> str:
         if c in aggs:
             out.append(f"- **{aggs[c].cfg.label}: more samples for hard prompts.** Samples per prompt "
                        f"(`ada_samples_per_prompt_mean`) {g(c, 'ada_samples_per_prompt_mean')} (first → last quarter "
-                       f"{g(c, 'ada_samples_per_prompt_mean', 'early')} → {g(c, 'ada_samples_per_prompt_mean', 'late')}), "
+                       f"{g(c, 'ada_samples_per_prompt_mean', 'early')} → "
+                       f"{g(c, 'ada_samples_per_prompt_mean', 'late')}), "
                        f"per-step max {g(c, 'ada_samples_per_prompt_max')}; zero-variance groups in the update "
                        f"{g(c, 'ada_frac_zero_var_groups_post')} vs {g(c, 'frac_zero_var_groups')} for the first n "
                        f"samples (what GRPO-n would train on). The logs hold per-step aggregates, not per-prompt "
@@ -514,10 +516,12 @@ def write_report(runs_dir: Path, out_dir: Path, plots: bool = True) -> Path:
            f"{time.strftime('%Y-%m-%d %H:%M')}. Only finished runs are counted.\n")]
     st = sweep.get("settings")
     if st:
-        md.append(f"**Setting** (every config): {st['max_steps']} steps x {st['prompts_per_step']} prompts from a pool of "
+        md.append(f"**Setting** (every config): {st['max_steps']} steps x {st['prompts_per_step']} prompts "
+                  "from a pool of "
                   f"{st['prompt_pool'] or 'all'} training prompts, completions <= {st['max_new_tokens']} tokens, "
                   f"lr {st['learning_rate'] or 'script default'}, base policy `{st['model_name_or_path']}`, seeds "
-                  f"{_seeds_seen(runs_dir)} (per config: the table's `seeds` column); held-out evaluation every {st['eval_every']} steps on {st['eval_prompts']} prompts x "
+                  f"{_seeds_seen(runs_dir)} (per config: the table's `seeds` column); held-out evaluation every "
+                  f"{st['eval_every']} steps on {st['eval_prompts']} prompts x "
                   f"{st['eval_samples']} samples (temperature 1), {st['num_threads']} torch threads per run.\n")
     if sweep.get("invocations"):
         cmds = list(dict.fromkeys(i["command"] for i in sweep["invocations"]))
@@ -537,7 +541,8 @@ def write_report(runs_dir: Path, out_dir: Path, plots: bool = True) -> Path:
     for n in order:
         c = aggs[n].cfg
         md.append(f"- `{n}` ({c.label}): `{c.script} {' '.join(c.flags)}`"
-                  + (f", baseline `{c.baseline}`" if c.baseline else ", a baseline") + (f"; {c.note}" if c.note else ""))
+                  + (f", baseline `{c.baseline}`" if c.baseline else ", a baseline")
+                  + (f"; {c.note}" if c.note else ""))
     md.append("")
     md.append("## The papers' mechanism claims, measured\n")
     md.append(claims(aggs))

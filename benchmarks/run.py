@@ -91,7 +91,8 @@ CONFIGS: tuple[Config, ...] = (
            ("pros_calib_error", "pros_frac_children_in_batch", "pros_prefix_len_mean"),
            "PROS's ablation: the same prefix queries, picked uniformly from the pool"),
     Config("grpo_k4", "pros_ppo.py", ("--adv", "grpo", "--pros", "off"), "GRPO (pros_ppo.py)", None,
-           ("frac_zero_var_groups",), "critic-free GRPO advantage in pros_ppo.py's PPO loop (2 epochs x 2 minibatches)"),
+           ("frac_zero_var_groups",),
+           "critic-free GRPO advantage in pros_ppo.py's PPO loop (2 epochs x 2 minibatches)"),
     Config("grpo_pros", "pros_ppo.py", ("--adv", "grpo", "--pros", "bayes"), "GRPO+PROS", "grpo_k4",
            ("pros_calib_error", "pros_frac_children_in_batch", "pros_prefix_len_mean"),
            "PROS on the critic-free GRPO advantage (the paper runs it on both)"),
@@ -112,7 +113,8 @@ class Args:
     seeds: Optional[list[int]] = None
     """seeds to run (default 0 1 2; --quick: 0)"""
     quick: bool = False
-    """smoke-check setting: 1 seed, 50 steps of 16 prompts, small evaluations (measured: 7.7 min for all 15 configs on 2 quiet cores); its runs go to benchmarks/runs-quick"""
+    """smoke-check setting: 1 seed, 50 steps of 16 prompts, small evaluations (measured: 7.7 min for all 15
+    configs on 2 quiet cores); its runs go to benchmarks/runs-quick"""
     dry_run: bool = False
     """print each run's state and command, run nothing"""
     runs_dir: str = ""
@@ -130,9 +132,11 @@ class Args:
     max_new_tokens: int = 32
     """completion length cap, the same for every config"""
     prompt_pool: int = 256
-    """every config trains on the same first N training prompts, so prompts recur (EST's estimates, RA-RLOO's buffers and PROS's pool need recurrence; 256 is EST's default); 0 = the whole training set"""
+    """every config trains on the same first N training prompts, so prompts recur (EST's estimates, RA-RLOO's
+    buffers and PROS's pool need recurrence; 256 is EST's default); 0 = the whole training set"""
     learning_rate: float = 5e-5
-    """learning rate passed to every run (the project's measured default for the embedded model); 0 = each script's own default"""
+    """learning rate passed to every run (the project's measured default for the embedded model); 0 = each
+    script's own default"""
     model_name_or_path: str = "embedded"
     """base policy of every run (`embedded`: the cached tiny Countdown model)"""
     num_threads: int = 2
@@ -140,7 +144,8 @@ class Args:
     extra: str = ""
     """extra flags appended to every run, space-separated (they become part of each run's recorded command)"""
     lock: str = ""
-    """a lock file taken (flock) around each run, so other heavy jobs on a shared machine interleave; empty = no lock (do not also wrap the runner itself in flock on the same file: it would wait for itself)"""
+    """a lock file taken (flock) around each run, so other heavy jobs on a shared machine interleave; empty = no
+    lock (do not also wrap the runner itself in flock on the same file: it would wait for itself)"""
     keep_checkpoints: bool = False
     """keep the final checkpoint of finished runs (default: deleted once finished; only metrics.jsonl is needed)"""
     progress_every: float = 60.0
@@ -382,7 +387,8 @@ def _eval_summary(rows: list[dict]) -> str:
     ev = [r for r in rows if r.get("eval_pass@1") is not None]
     if not ev:
         return "no evaluation yet"
-    return f"eval_pass@1 {ev[0]['eval_pass@1']:.3f} (step {ev[0]['step']}) -> {ev[-1]['eval_pass@1']:.3f} (step {ev[-1]['step']})"
+    return (f"eval_pass@1 {ev[0]['eval_pass@1']:.3f} (step {ev[0]['step']}) -> "
+            f"{ev[-1]['eval_pass@1']:.3f} (step {ev[-1]['step']})")
 
 
 def execute(cfg: Config, s: Settings, seed: int, run_dir: Path, cmd: list[str], state: str, args: Args) -> str:
@@ -437,7 +443,8 @@ def execute(cfg: Config, s: Settings, seed: int, run_dir: Path, cmd: list[str], 
     if finished:
         if not args.keep_checkpoints:
             clean_checkpoints(run_dir)
-        print(f"    done in {wall:.0f} s ({wall / max(1, s.max_steps):.2f} s/step incl. start-up and evals): {_eval_summary(rows)}",
+        print(f"    done in {wall:.0f} s ({wall / max(1, s.max_steps):.2f} s/step incl. start-up and evals): "
+              f"{_eval_summary(rows)}",
               flush=True)
         return "done"
     tail = (run_dir / "log.txt").read_text().splitlines()[-15:]

@@ -116,8 +116,8 @@ def load_base():
 
 
 def countdown_examples(prompt_pool: int):
-    """The training prompts our scripts see with `--prompt_pool N` (common/data.py load_task)."""
-    from common.data import countdown_task
+    """The training prompts our scripts see with `--prompt_pool N` (common/countdown.py countdown_task)."""
+    from common.countdown import countdown_task
 
     task = countdown_task("binary", eval_prompts=1)
     return task.train[:prompt_pool] if prompt_pool > 0 else task.train, task.reward_fn
@@ -423,7 +423,8 @@ def render_check(c: dict) -> str:
     lines = [
         f"Fixed batch: 2 prompts x 4 completions, lengths {c['lengths']} (tokens incl. the stop token; two ran to "
         f"max_new_tokens), rewards {c['rewards']} (repo binary verifier); fixed old log-probs = current +-0.3, so "
-        f"{c['clipped_tokens']} of {c['tokens']} tokens are clipped. TRL's numbers come from TRL {c['trl']}'s own code: "
+        f"{c['clipped_tokens']} of {c['tokens']} tokens are clipped. TRL's numbers come from TRL {c['trl']}'s "
+        "own code: "
         "`GRPOTrainer._generate_and_score_completions` (fed the fixed completions through `rollout_func`) and "
         "`GRPOTrainer.compute_loss`, on a second copy of the same model.",
         "",
@@ -433,7 +434,8 @@ def render_check(c: dict) -> str:
         f"| loss | {c['loss_ours']:.8f} | {c['loss_trl']:.8f} | {c['loss_diff']:.1e} |",
         f"| gradient (all parameters) | | | {c['grad_max_diff']:.1e} (largest entry {c['grad_max_abs']:.1e}) |",
         "",
-        f"**{'Agree' if c['agree'] else 'DO NOT agree'}** (advantages and loss to 1e-6; gradient to 1e-4 of its largest entry, fp32 sums in different orders). "
+        f"**{'Agree' if c['agree'] else 'DO NOT agree'}** (advantages and loss to 1e-6; gradient to 1e-4 of its "
+        "largest entry, fp32 sums in different orders). "
         "Ours (GRPO-n4 = `ada_seq.py --max_rounds 1 --round_repeat 4`, default `--adv_std_norm false`, "
         "`--prompt_weight none`) corresponds to TRL `loss_type='dr_grpo'`, `scale_rewards='none'`, `beta=0`, "
         "`epsilon=0.2`, `epsilon_high=0.28`.",
@@ -476,15 +478,17 @@ def per_round(res: dict) -> str:
     for k, (a, b, r) in enumerate(zip(res["raw"]["trl"], res["raw"]["ours"], res["rounds"])):
         first = "TRL" if k % 2 == 0 else "ours"
         out.append(f"| {k + 1} ({first}) | {statistics.median(a['step_times'][1:-1]):.3f} | "
-                   f"{statistics.median(b['step_times'][1:-1]):.3f} | {r['steps_per_s']:.2f}x | {r['tokens_per_s']:.2f}x |")
+                   f"{statistics.median(b['step_times'][1:-1]):.3f} | {r['steps_per_s']:.2f}x | "
+                   f"{r['tokens_per_s']:.2f}x |")
     return "\n".join(out)
 
 
 def render_md(res: dict) -> str:
     """The results page from the measured figures (pure: tests feed it hand-made numbers)."""
     t, o, r, v = res["trl"], res["ours"], res["ratio"], res["versions"]
-    row = lambda name, x: (f"| {name} | {x['step_s']:.3f} | {x['steps_per_s']:.3f} | {x['tokens_per_step']:.0f} | "  # noqa: E731
-                           f"{x['tokens_per_s']:.0f} | {x['step_s_min']:.3f} - {x['step_s_max']:.3f} |")
+    row = lambda name, x: (  # noqa: E731
+        f"| {name} | {x['step_s']:.3f} | {x['steps_per_s']:.3f} | {x['tokens_per_step']:.0f} | "
+        f"{x['tokens_per_s']:.0f} | {x['step_s_min']:.3f} - {x['step_s_max']:.3f} |")
     a, b = t["steps"]
     lines = [
         "# TRL GRPOTrainer as a throughput peer of our GRPO-n4",
@@ -506,7 +510,8 @@ def render_md(res: dict) -> str:
         row(f"TRL {v['trl']} `GRPOTrainer`", t),
         row("ours (`ada_seq.py` GRPO-n4)", o),
         "",
-        f"**Ours / TRL: {r['steps_per_s']:.2f}x steps/s, {r['tokens_per_s']:.2f}x generated tokens/s** (> 1: ours faster).",
+        f"**Ours / TRL: {r['steps_per_s']:.2f}x steps/s, {r['tokens_per_s']:.2f}x generated tokens/s** "
+        "(> 1: ours faster).",
         "",
         *([per_round(res), ""] if res.get("raw") else []),
         "Not identical work per step: the two policies sample different completions (different RNG streams), so "
@@ -514,7 +519,8 @@ def render_md(res: dict) -> str:
         "log-probs it uses as pi_old), which TRL skips on-policy (its old log-probs are the current ones, detached). "
         "TRL's `constant_with_warmup` starts at lr 0 on its first step, ours at lr/5 (the same ramp, one step later).",
         "",
-        f"Versions: trl {v['trl']}, torch {v['torch']}, transformers {v['transformers']}, Python {res['machine']['python']}. "
+        f"Versions: trl {v['trl']}, torch {v['torch']}, transformers {v['transformers']}, "
+        f"Python {res['machine']['python']}. "
         f"Machine: {res['machine']['nproc']} CPUs (`nproc`), {res['machine']['cpu']}.",
         "",
         "Commands:",

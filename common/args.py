@@ -72,7 +72,7 @@ class BaseArgs:
     """sequences per HF generate call"""
     # --- optimisation ---
     learning_rate: float = 5e-5
-    """AdamW learning rate (embedded model: 2e-4 was measured to stall, 5e-5 learns; ~1e-6 for a real 0.5B-7B model)"""
+    """AdamW learning rate (see the README for values measured on the embedded model and used for real ones)"""
     warmup_steps: int = 5
     """linear warm-up steps, then constant"""
     weight_decay: float = 0.0

@@ -1,9 +1,7 @@
-"""Checkpoints: an HF model dir (loadable by `from_pretrained` and vLLM) plus the trainer state.
-
-Layout of <output_dir>/checkpoint-<step>/: model + tokenizer files, `trainer_state.pt` (optimizer,
-scheduler, step, sampler position, the method's own state such as replay buffers) and `rng_rank<r>.pt`
-(every process's RNG states). A checkpoint is written to a temporary dir and renamed when complete, so
-an interrupted save never leaves a half-written checkpoint that `--resume auto` would pick.
+"""Checkpoints: <output_dir>/checkpoint-<step>/ holds an HF model dir (model + tokenizer, loadable by
+`from_pretrained` and vLLM), `trainer_state.pt` (optimizer, scheduler, step, sampler position, the method's state
+such as replay buffers) and `rng_rank<r>.pt` (each process's RNGs). It is written to a temporary dir and renamed
+when complete, so an interrupted save never leaves a half-written checkpoint for `--resume auto` to pick.
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""Command line from an `Args` dataclass: every field is a `--flag`, its docstring is the help text.
-
-CleanRL documents each field with a string literal right under it; we read those with `ast`, so the
-dataclass stays the single place where a flag, its default and its meaning are written.
+"""Command line from an `Args` dataclass: every field is a `--flag` and the string literal under it (CleanRL's
+convention, read with `ast`) its help, so a flag, its default and its meaning are written in one place.
 """
 from __future__ import annotations
 

@@ -296,3 +296,16 @@ def reward_shaped(text: str, p: Problem) -> float:
 
 
 REWARDS = {"binary": reward_binary, "tinyzero": reward_tinyzero, "shaped": reward_shaped}
+
+
+def countdown_task(reward: str, eval_prompts: int, prompt_pool: int = 0):
+    """The embedded task as `common.data.Task`: training problems (the first `prompt_pool` if > 0), held-out ones,
+    the training reward named by `reward` and the binary evaluation reward."""
+    from common.data import Example, Task
+
+    train_problems, eval_problems = make_splits()
+    train = [Example(i, prompt_text(p), p) for i, p in enumerate(train_problems)]
+    evals = [Example(i, prompt_text(p), p) for i, p in enumerate(eval_problems[:eval_prompts])]
+    fn = REWARDS[reward]
+    return Task(train[:prompt_pool] if prompt_pool > 0 else train, evals, lambda text, ex: fn(text, ex.answer),
+                lambda text, ex: reward_binary(text, ex.answer), "countdown")

@@ -26,12 +26,13 @@ log-probs.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable
 
 from common import countdown
 from common.countdown import Problem
+from common.episode import Episode  # noqa: F401  (the record replay_episode fills)
 
 MAX_ACTION_CHARS = 32  # a longer action is invalid before any regex runs (bounds hostile input)
 
@@ -126,47 +127,6 @@ def replay(problem: Problem, actions: list[str], max_turns: int = 4, invalid: st
     for a in actions:
         env.step(a)
     return env
-
-
-# ----------------------------------------------------------------------------------------------------
-# Token-level episode record
-# ----------------------------------------------------------------------------------------------------
-
-@dataclass
-class Episode:
-    """One rollout as the trainer sees it: prompt + interleaved (action, observation) turns.
-
-    `ids` is the completion (every turn's action tokens then its observation tokens), `mask` is 1 only on
-    action tokens the current policy generated (observations and replayed actions are context, mask 0),
-    `old_logp` the sampling log-prob of each generated token (0 where masked). `steps` keeps each turn's
-    (action ids, observation ids): a prefix of K steps is `steps[:K]`.
-    """
-    group: int  # index of the task this rollout belongs to
-    ids: list[int] = field(default_factory=list)
-    mask: list[int] = field(default_factory=list)
-    old_logp: list[float] = field(default_factory=list)
-    steps: list[tuple[list[int], list[int]]] = field(default_factory=list)
-    replayed_steps: int = 0
-    reward: float = 0.0
-    env: CountdownEnv | None = None
-
-    def add_turn(self, action_ids: list[int], obs_ids: list[int], logps: list[float] | None = None) -> None:
-        """Append a turn; `logps` None means the action was replayed, not generated (mask 0)."""
-        replayed = logps is None
-        self.ids += list(action_ids) + list(obs_ids)
-        self.mask += [0 if replayed else 1] * len(action_ids) + [0] * len(obs_ids)
-        self.old_logp += ([0.0] * len(action_ids) if replayed else list(logps)) + [0.0] * len(obs_ids)
-        self.steps.append((list(action_ids), list(obs_ids)))
-        self.replayed_steps += replayed
-
-    @property
-    def generated_tokens(self) -> int:
-        return sum(self.mask)
-
-    @property
-    def replayed_tokens(self) -> int:
-        """Action tokens taken from a stored trajectory instead of being generated."""
-        return sum(len(a) for a, _ in self.steps[:self.replayed_steps])
 
 
 def replay_episode(problem: Problem, prefix: list[tuple[list[int], list[int]]], group: int,
@@ -287,6 +247,7 @@ def ensure_multiturn_policy(base_path: str, recipe: MultiTurnRecipe | None = Non
     import time
     from dataclasses import asdict
 
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from common.tiny_model import cache_root
@@ -301,7 +262,8 @@ def ensure_multiturn_policy(base_path: str, recipe: MultiTurnRecipe | None = Non
     t0 = time.time()
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base)
-    info = sft_multiturn(model, tokenizer, recipe, log)
+    with torch.random.fork_rng(devices=[]):  # the warm-up seeds torch; the caller's random stream stays as it was
+        info = sft_multiturn(model, tokenizer, recipe, log)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

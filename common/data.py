@@ -1,7 +1,6 @@
-"""Prompts and rewards: the embedded Countdown task or a real dataset through `datasets`.
-
-Every prompt is an `Example` with a stable integer `id` (its index in the training list), so that
-per-prompt state (replay buffers, pass-rate estimates) survives across steps, epochs and resumes.
+"""Prompts and rewards of a real dataset through `datasets` (the embedded Countdown task: common/countdown.py).
+Every prompt is an `Example` with a stable integer `id` (its index in the training list), so that per-prompt
+state (replay buffers, pass-rate estimates) survives across steps, epochs and resumes.
 """
 from __future__ import annotations
 
@@ -27,17 +26,6 @@ class Task:
     eval_reward_fn: Callable[[str, Example], float]  # binary correctness
     name: str
     templated: bool = False  # prompts went through the chat template (which already holds the special tokens)
-
-
-def countdown_task(reward: str, eval_prompts: int) -> Task:
-    from common import countdown
-
-    train_p, eval_p = countdown.make_splits()
-    train = [Example(i, countdown.prompt_text(p), p) for i, p in enumerate(train_p)]
-    evals = [Example(i, countdown.prompt_text(p), p) for i, p in enumerate(eval_p[:eval_prompts])]
-    fn = countdown.REWARDS[reward]
-    return Task(train, evals, lambda text, ex: fn(text, ex.answer),
-                lambda text, ex: countdown.reward_binary(text, ex.answer), "countdown")
 
 
 def _load_split(args, split: str):
@@ -101,15 +89,10 @@ def hf_task(args, tokenizer, log=print) -> Task:
         train = train[:-n_hold]
     if not train:
         raise SystemExit(f"--dataset {args.dataset}: no usable training prompts")
+    if args.prompt_pool > 0:
+        train = train[:args.prompt_pool]
     fn = lambda text, ex: math_reward(text, ex.answer)  # noqa: E731
     return Task(train, evals, fn, fn, args.dataset, templated=bool(chat))
-
-
-def load_task(args, tokenizer, log=print) -> Task:
-    task = countdown_task(args.reward, args.eval_prompts) if args.dataset == "countdown" else hf_task(args, tokenizer, log)
-    if args.prompt_pool > 0:
-        task.train = task.train[: args.prompt_pool]
-    return task
 
 
 class PromptEncoder:

@@ -33,13 +33,10 @@ def gather_list(accelerator, items: list) -> list:
 
 
 def micro_batches(num_rows: int, size: int, accelerator, model):
-    """Yield the row indices of each micro-batch; the loop body runs the forward and `backward`.
-
-    Under DDP the gradient all-reduce is skipped (`no_sync`) on every micro-batch but the last, so gradients
-    are summed locally and synchronised once. With no rows nothing is yielded and a zero loss is
-    back-propagated here instead, so that the rank still joins that all-reduce (and, as on every rank, the
-    optimizer then steps on zero gradients: Adam's momentum carries on).
-    """
+    """Yield the row indices of each micro-batch; the loop body runs the forward and `backward`. Under DDP the
+    all-reduce is skipped (`no_sync`) on all but the last, so gradients are summed locally and synced once. With
+    no rows nothing is yielded and a zero loss is back-propagated here, so the rank still joins that all-reduce
+    (the optimizer then steps on zero gradients, as on every rank: Adam's momentum carries on)."""
     starts = list(range(0, num_rows, size))
     if not starts:
         accelerator.backward(sum(p.sum() * 0.0 for p in model.parameters() if p.requires_grad))

@@ -1,13 +1,9 @@
-"""Generation backends with one output format.
-
-Both backends take prompts as token-id lists and return, for every prompt, `n` samples laid out
-prompt-major (prompt 0's n samples first).  Every sample carries its generated token ids, the per-token
-log-probability of each sampled token under the *sampling* distribution (logits / temperature), and a
-finish reason ("stop" when a stop token ended it, "length" when max_new_tokens did).
-
-- `HFGenerator`: `model.generate` on the training model itself (CPU or GPU). Default.
-- `VLLMGenerator` (common/vllm_backend.py): a colocated in-process `vllm.LLM`; the scripts push the
-  weights into it once per update phase with `sync_weights`. (That module imports this one, not the reverse.)
+"""Generation backends with one output format: prompts as token-id lists in, `n` samples per prompt out,
+prompt-major, each with its token ids, the log-prob of each sampled token under the *sampling* distribution
+(logits / temperature) and a finish reason ("stop": a stop token ended it, "length": max_new_tokens did).
+`HFGenerator` (default) runs `model.generate` on the training model itself; `VLLMGenerator`
+(common/vllm_backend.py, which imports this module) is a colocated in-process vLLM engine, to which the scripts
+push the weights once per update phase (`sync_weights`).
 """
 from __future__ import annotations
 

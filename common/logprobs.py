@@ -1,9 +1,7 @@
-"""Per-token log-probs and entropies of the completion region, in chunks.
-
-The model returns logits only for the completion region (`logits_to_keep`); log p(token) is then
-`logit[token] - logsumexp(logits)`, computed a chunk of positions at a time so that no float32 copy
-or log-softmax of the whole [B, R, V] tensor is ever made. Entropy comes from the same chunks, without
-gradient (it is a metric and a selection signal, never a loss term here).
+"""Per-token log-probs and entropies of the completion region: the model returns logits only there
+(`logits_to_keep`), and log p(token) = logit[token] - logsumexp(logits) is computed a chunk of positions at a
+time, so no float32 copy of the whole [B, R, V] tensor is made. Entropy (a metric and a selection signal, never
+a loss term here) comes from the same chunks, without gradient.
 """
 from __future__ import annotations
 

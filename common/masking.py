@@ -1,9 +1,7 @@
-"""Packing (prompt, completion) pairs into one left-padded batch with a loss mask.
-
-Left padding puts every completion at the right edge, so the trainable region is the last
-`completion_width` columns for every row and the model only has to produce logits there
-(`logits_to_keep`). Tokens that are in the context but must not get gradient (environment
-observations, replayed prefixes) are marked 0 in a per-completion mask.
+"""(prompt, completion) pairs as one left-padded batch with a loss mask. Left padding puts every completion at
+the right edge: the trainable region is the last `completion_width` columns of every row, the only place the
+model produces logits (`logits_to_keep`). Context that gets no gradient (environment observations, replayed
+prefixes) is marked 0 in a per-completion mask.
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""One JSON object per step in <output_dir>/metrics.jsonl (main process), plus optional trackers.
-
-Core names every script logs (each script computes them where it logs them): step, rollouts, gen_tokens,
+"""One JSON object per step in <output_dir>/metrics.jsonl (main process), plus optional trackers. Core names
+every script logs (each script computes them where it logs them): step, rollouts, gen_tokens,
 reward_mean, reward_std, pass_rate, frac_zero_var_groups, completion_len_mean, clipped_ratio, loss, kl, entropy,
 grad_norm, lr, time_step_s, time_gen_s, time_train_s; eval_pass@1 / eval_pass@k when evaluating.
 """
@@ -41,7 +40,8 @@ class MetricsLogger:
             return
         if resume_step is not None and self.path.exists():
             # drop rows written after the checkpoint, so the file reads as one uninterrupted run
-            kept = [ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= resume_step]
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= resume_step]
             self.path.write_text("".join(ln + "\n" for ln in kept))
         elif resume_step is None and self.path.exists():
             self.path.unlink()

@@ -127,7 +127,8 @@ def evaluate_base(model, tokenizer, n_samples: int = 8) -> dict:
     greedy = correct(gen.generate(prompts, 1, SamplingConfig(max_new_tokens=32, temperature=0.0)), 1)
     k = correct(gen.generate(prompts, n_samples, SamplingConfig(max_new_tokens=32)), n_samples).sum(1)
     return {"heldout_greedy_pass@1": float(greedy.mean()), "heldout_sampled_pass@1": float(k.mean() / n_samples),
-            f"groups_of_{n_samples}_all_fail": float((k == 0).mean()), f"groups_of_{n_samples}_all_pass": float((k == n_samples).mean()),
+            f"groups_of_{n_samples}_all_fail": float((k == 0).mean()),
+            f"groups_of_{n_samples}_all_pass": float((k == n_samples).mean()),
             f"groups_of_{n_samples}_balanced_3_to_5": float(((k >= 3) & (k <= 5)).mean())}
 
 
@@ -141,9 +142,10 @@ def ensure_embedded_base(recipe: BaseRecipe | None = None, log=print) -> Path:
     t0 = time.time()
     torch_threads = torch.get_num_threads()
     tokenizer = build_char_tokenizer()
-    model = build_tiny_model(recipe, len(tokenizer))
-    info = sft_base_policy(model, tokenizer, recipe, log)
-    info.update(evaluate_base(model, tokenizer))
+    with torch.random.fork_rng(devices=[]):  # the build seeds torch; the caller's random stream stays as it was
+        model = build_tiny_model(recipe, len(tokenizer))
+        info = sft_base_policy(model, tokenizer, recipe, log)
+        info.update(evaluate_base(model, tokenizer))
     log(f"base policy held-out: {info}")
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -1,16 +1,11 @@
 """Answer checking for math datasets (MATH-style \\boxed{} answers, GSM8K golds) with math-verify.
 
-The model's answer is the content of its last \\boxed{...}; math-verify decides whether it equals the
-gold answer. Every failure mode (no box, unparsable answer, math-verify exception) scores 0.0 so a bad
-sample can never crash the trainer.
-
-Threads: math-verify bounds parse/verify time with signal.alarm, which only works in the main thread
-(elsewhere it raises ValueError). Off the main thread we pass timeout=None instead. Without a timeout a
-single answer like \\boxed{9^{9^{9}}} or \\boxed{99!!!} makes sympy build an astronomically large integer
-in C code that holds the GIL, hanging the whole process, so answers are pre-screened by `_too_costly`
-(a best-effort syntactic filter for power towers, huge exponents, chained or big factorials, and huge
-binomials) and capped in length. The screen applies in every thread so a score never depends on which
-thread computed it.
+The answer is the content of the last \\boxed{...}; every failure (no box, unparsable, math-verify error) scores
+0.0, so a bad sample never crashes the trainer. math-verify's timeouts use signal.alarm, which raises off the
+main thread, where we pass timeout=None; then one answer like \\boxed{9^{9^{9}}} or \\boxed{99!!!} would make
+sympy build an astronomically large integer in C code holding the GIL. So answers are capped in length and
+pre-screened by `_too_costly` (power towers, huge exponents, big or chained factorials, huge binomials), in
+every thread, so that a score never depends on the thread that computed it.
 """
 from __future__ import annotations
 

@@ -210,7 +210,8 @@ def test_runner_runs_skips_finished_and_resumes_unfinished(tmp_path, monkeypatch
     assert run.is_finished(run.read_rows(a), 4) and run.is_finished(run.read_rows(b), 4)
     assert not list(a.glob("checkpoint-*"))  # finished: checkpoints removed (only metrics are needed)
     assert json.loads((a / "bench.json").read_text())["finished"]
-    assert json.loads((runs / "sweep.json").read_text())["invocations"][0]["command"].startswith("python benchmarks/run.py")
+    assert json.loads((runs / "sweep.json").read_text())["invocations"][0]["command"].startswith(
+        "python benchmarks/run.py")
 
     # second invocation: both finished -> skipped, the fake script is not called again
     assert run.main(args, argv) == 0
@@ -313,7 +314,8 @@ def test_report_numbers_on_hand_made_runs(tmp_path):
     assert m["early"] == pytest.approx(0.4) and m["late"] == pytest.approx(0.0) and m["mean"] == pytest.approx(0.175)
     assert ra.mechanism["ra_replay_fired_frac"] is None  # not in these rows: shown as "not logged"
     table = report.results_table(order, aggs)
-    assert "**0.380** ± 0.028" in table and "**0.400** (1 seed)" in table and "not reached" in table and "`ra_replay_fired_frac` not logged" in table
+    assert ("**0.380** ± 0.028" in table and "**0.400** (1 seed)" in table and "not reached" in table
+            and "`ra_replay_fired_frac` not logged" in table)
     assert "2 (+1 unfinished)" in table
 
 

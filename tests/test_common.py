@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from common.advantages import grpo_advantages, rloo_advantages, zero_variance
+from common.advantages import grpo_advantages, zero_variance
+from ra_rloo import rloo_advantages
 from common.cli import build_parser, field_docs, parse_args
 from common.logprobs import logprobs_from_logits, score_completions, token_logprobs
 from common.masking import pad_sequences, unpad_completion
@@ -175,46 +176,47 @@ def _hf_args(path, **kw):
 def test_hf_task_from_local_jsonl(tmp_path, random_model_dir):
     from transformers import AutoTokenizer
 
-    from common.data import load_task
+    from common.data import hf_task
 
     rows = [{"question": f"What is {i}+{i}?", "answer": f"Double it. #### {2 * i:,}"} for i in range(600, 650)]
     p = tmp_path / "gsm.jsonl"
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tok = AutoTokenizer.from_pretrained(random_model_dir)
-    task = load_task(_hf_args(p, eval_prompts=5), tok)
+    task = hf_task(_hf_args(p, eval_prompts=5), tok)
     assert len(task.eval) == 5 and len(task.train) == 45  # held out of training, not shared
     assert task.train[0].answer == "1200" and task.train[0].prompt.startswith("What is 600+600?")
     assert task.reward_fn("so \\boxed{1200}", task.train[0]) == 1.0
     assert task.reward_fn("so \\boxed{1201}", task.train[0]) == 0.0
     tok.chat_template = "{% for m in messages %}<s>user: {{ m['content'] }}\n{% endfor %}assistant:"
-    chat = load_task(_hf_args(p, eval_prompts=5), tok)
+    chat = hf_task(_hf_args(p, eval_prompts=5), tok)
     assert chat.train[0].prompt.startswith("<s>user: What is 600+600?") and chat.train[0].prompt.endswith("assistant:")
 
 
 def test_hf_task_errors_name_the_input(tmp_path, random_model_dir):
     from transformers import AutoTokenizer
 
-    from common.data import load_task
+    from common.data import hf_task
 
     tok = AutoTokenizer.from_pretrained(random_model_dir)
     p = tmp_path / "d.jsonl"
     p.write_text(json.dumps({"q": "x", "answer": "1"}) + "\n")
     with pytest.raises(SystemExit, match="'question' not in"):
-        load_task(_hf_args(p), tok)
+        hf_task(_hf_args(p), tok)
     p.write_text(json.dumps({"question": "ok", "answer": "1"}) + "\n" + json.dumps({"question": 5, "answer": "1"}) + "\n")
     with pytest.raises(SystemExit, match="row 1"):
-        load_task(_hf_args(p), tok)
+        hf_task(_hf_args(p), tok)
     with pytest.raises(SystemExit, match="file not found"):
-        load_task(_hf_args(tmp_path / "missing.jsonl"), tok)
+        hf_task(_hf_args(tmp_path / "missing.jsonl"), tok)
     with pytest.raises(SystemExit, match="Countdown task only"):
-        load_task(_hf_args(p, reward="shaped"), tok)
+        hf_task(_hf_args(p, reward="shaped"), tok)
 
 
 def test_countdown_task_and_prompt_pool():
     from common.args import BaseArgs
-    from common.data import load_task
+    from common.countdown import countdown_task
 
-    task = load_task(BaseArgs(prompt_pool=64, eval_prompts=32), tokenizer=None)
+    args = BaseArgs(prompt_pool=64, eval_prompts=32)
+    task = countdown_task(args.reward, args.eval_prompts, args.prompt_pool)
     assert len(task.train) == 64 and len(task.eval) == 32
     assert [e.id for e in task.train] == list(range(64))
     held = {e.prompt for e in task.eval}
@@ -411,3 +413,39 @@ def test_embedded_base_build_records_its_quality(tiny_base):
         assert k in info
     assert 0.0 <= info["heldout_sampled_pass@1"] <= 1.0 and info["recipe"]["sft_steps"] == 30
     assert 900_000 < info["params"] < 1_100_000  # hidden 128, 4 layers: ~1M parameters
+
+
+# ---------------- vLLM weight push and sleep mode (engine faked: sleep mode exists only on GPU) ----------------
+def test_vllm_push_wakes_a_sleeping_engine_and_puts_it_back_to_sleep(random_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from common.vllm_backend import VLLMGenerator
+
+    calls = []
+
+    class FakeLLM:
+        def sleep(self, level):
+            calls.append(("sleep", level))
+
+        def wake_up(self, tags):
+            calls.append(("wake_up", tuple(tags)))
+
+        def collective_rpc(self, method, kwargs):
+            calls.append((method, len(list(kwargs["weights_iterator"]))))
+
+        def reset_prefix_cache(self):
+            calls.append(("reset_prefix_cache",))
+
+    model = AutoModelForCausalLM.from_pretrained(random_model_dir)
+    gen = VLLMGenerator.__new__(VLLMGenerator)  # no engine start: only the push / sleep bookkeeping is tested
+    gen.llm, gen.sleep_enabled, gen._asleep = FakeLLM(), True, {"weights", "kv_cache"}  # asleep, as after generate()
+    gen.sync_weights(model)
+    n_tensors = len(model.state_dict())  # lm_head.weight included (tied embeddings)
+    assert calls == [("wake_up", ("kv_cache", "weights")), ("reload_weights", n_tensors), ("reset_prefix_cache",),
+                     ("sleep", 1)]
+    assert gen._asleep == {"weights", "kv_cache"}  # back to sleep, exactly as before the push
+    calls.clear()
+    gen._asleep = set()  # an awake engine (CPU, or sleep disabled) is pushed to and stays awake
+    gen.sleep_enabled = False
+    gen.sync_weights(model)
+    assert [c[0] for c in calls] == ["reload_weights", "reset_prefix_cache"] and gen._asleep == set()

@@ -144,7 +144,7 @@ def test_episode_masks_and_token_counts():
 
 def test_state_text_and_task_match_the_single_turn_task():
     assert state_text([1, 4], 5) == "1 4 t5\n"
-    from common.data import countdown_task
+    from common.countdown import countdown_task
 
     train, evals = make_env_task(eval_prompts=16)
     ref = countdown_task("binary", 16)

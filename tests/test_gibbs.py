@@ -2,7 +2,17 @@
 import numpy as np
 import pytest
 
-from common.gibbs import gibbs_sweeps, pg_mean, pg_var, sample_pg, update_counts
+from common.gibbs import _PI2, gibbs_sweeps, pg_moment_sums, sample_pg, update_counts
+
+
+def pg_mean(b, c) -> np.ndarray:
+    """E PG(b, c) = b tanh(c/2) / (2c), b/4 at c = 0."""
+    return np.asarray(b, dtype=np.float64) * pg_moment_sums(c)[0] / (2 * _PI2)
+
+
+def pg_var(b, c) -> np.ndarray:
+    """Var PG(b, c) = b (sinh c - c) / (4 c³ cosh²(c/2)), b/24 at c = 0."""
+    return np.asarray(b, dtype=np.float64) * pg_moment_sums(c)[1] / (4 * _PI2 ** 2)
 
 
 @pytest.mark.parametrize("b,c", [(1.0, 0.0), (0.5, 1.3), (2.7, -3.0), (10.0, 0.2), (0.1, 5.0), (35.5, 2.0),

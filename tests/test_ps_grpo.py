@@ -246,8 +246,8 @@ def mt_base(tiny_base, tmp_path_factory) -> str:
 
 
 SMALL, MT_STEPS = 3, 100
-COMMON = ["--env_max_number", str(SMALL), "--env_numbers", "3", "--prompt_pool", "48", "--prompts_per_step", "8", "--eval_prompts", "8",
-          "--eval_samples", "4", "--num_threads", "1"]
+COMMON = ["--env_max_number", str(SMALL), "--env_numbers", "3", "--prompt_pool", "48", "--prompts_per_step", "8",
+          "--eval_prompts", "8", "--eval_samples", "4", "--num_threads", "1"]
 
 
 def _rows(path):
@@ -302,7 +302,8 @@ def test_resume_restores_queue_and_controller(mt_base, tmp_path):
 def test_text_mode_runs(mt_base, tmp_path):
     """The single-turn path (used for real datasets), here on the Countdown text form."""
     run_script(["ps_grpo.py", "--model_name_or_path", mt_base, "--mode", "text", "--output_dir", str(tmp_path),
-                "--max_steps", "1", "--max_new_tokens", "16", *COMMON[4:]])  # (--env_max_number/--env_numbers: multiturn only)
+                "--max_steps", "1", "--max_new_tokens", "16",
+                *COMMON[4:]])  # (--env_max_number/--env_numbers: multiturn only)
     rows = _rows(tmp_path)
     assert [r["step"] for r in rows] == [0, 1] and "eval_pass@1" in rows[1] and rows[1]["rollouts"] == 8 * 8
     assert rows[1]["ps_generated_tokens"] > 0 and rows[1]["ps_replayed_tokens"] == 0

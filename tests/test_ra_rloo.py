@@ -6,9 +6,8 @@ from collections import deque
 import pytest
 import torch
 
-from common.advantages import rloo_advantages
 from conftest import run_script
-from ra_rloo import Args, replay_weights, splice_replays
+from ra_rloo import Args, replay_weights, rloo_advantages, splice_replays
 
 
 def _setup():

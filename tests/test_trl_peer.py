@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks import trl_peer
 from common import countdown
-from common.data import countdown_task
+from common.countdown import countdown_task
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,8 +29,8 @@ def test_dataset_holds_the_training_prompts_in_order_and_the_reward_scores_them(
     right = countdown.solution_text(countdown.solutions(p)[0])
     wrong = countdown.solution_text(countdown.solutions(p)[0][:1])  # first step only: numbers left unused
     other = countdown.solution_text(countdown.solutions(examples[5].answer)[0])  # another problem's answer
-    got = reward(prompts=[ds["prompt"][3]] * 3, completions=[right, wrong, other], completion_ids=[[1] * 5, [1] * 3, [1]],
-                 problem_id=[3, 3, 3], trainer_state=None)
+    got = reward(prompts=[ds["prompt"][3]] * 3, completions=[right, wrong, other],
+                 completion_ids=[[1] * 5, [1] * 3, [1]], problem_id=[3, 3, 3], trainer_state=None)
     assert got == [1.0, 0.0, 0.0]
     assert reward.tokens_per_call == [9]  # the generated tokens of that call (one call = one TRL step)
     assert reward.__name__ == "countdown_binary"

@@ -181,7 +181,8 @@ with torch.no_grad():
     model.model.embed_tokens.weight.mul_(1.3)
 gen.sync_weights(model)
 greedy = SamplingConfig(max_new_tokens=12, temperature=0.0)
-assert gen.generate(prompts, 1, greedy).completion_ids == HFGenerator(model, tok).generate(prompts, 1, greedy).completion_ids
+assert gen.generate(prompts, 1, greedy).completion_ids == \
+HFGenerator(model, tok).generate(prompts, 1, greedy).completion_ids
 print(f"RANK {rank}/{torch.distributed.get_world_size()} OK", sampled.completion_ids, flush=True)
 """
 
