@@ -103,7 +103,8 @@ def main(args: Args) -> int:
         if args.markdown:
             print(f"| `{script}` | {own} | {names} | {total} |")
         else:
-            print(f"{script}: {own} lines; common/: {total} lines in {len(modules)} files{' DEMO: ' + str(demo) if demo else ''}")
+            flag = f" DEMO: {demo}" if demo else ""
+            print(f"{script}: {own} lines; common/: {total} lines in {len(modules)} files{flag}")
             print(f"    {names}")
     return 1 if worst > args.max_lines else 0
 

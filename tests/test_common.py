@@ -202,7 +202,8 @@ def test_hf_task_errors_name_the_input(tmp_path, random_model_dir):
     p.write_text(json.dumps({"q": "x", "answer": "1"}) + "\n")
     with pytest.raises(SystemExit, match="'question' not in"):
         hf_task(_hf_args(p), tok)
-    p.write_text(json.dumps({"question": "ok", "answer": "1"}) + "\n" + json.dumps({"question": 5, "answer": "1"}) + "\n")
+    p.write_text(json.dumps({"question": "ok", "answer": "1"}) + "\n"
+                 + json.dumps({"question": 5, "answer": "1"}) + "\n")
     with pytest.raises(SystemExit, match="row 1"):
         hf_task(_hf_args(p), tok)
     with pytest.raises(SystemExit, match="file not found"):
@@ -260,7 +261,8 @@ def test_hf_generator_format_and_logprobs(random_model_dir):
     torch.manual_seed(0)
     nl = tok("\n", add_special_tokens=False).input_ids[0]
     prompts = [tok("1 2 3 t6\n", add_special_tokens=False).input_ids, tok("4 t4\n", add_special_tokens=False).input_ids]
-    g = HFGenerator(model, tok, batch_size=3).generate(prompts, 4, SamplingConfig(max_new_tokens=12, stop_token_ids=[nl]))
+    g = HFGenerator(model, tok, batch_size=3).generate(prompts, 4,
+                                                       SamplingConfig(max_new_tokens=12, stop_token_ids=[nl]))
     assert len(g.completion_ids) == 8 and g.n == 4 and g.prompt_index(5) == 1
     stops = {tok.eos_token_id, nl}
     for c, lp, why in zip(g.completion_ids, g.logprobs, g.finish_reasons):
@@ -339,7 +341,8 @@ def test_micro_batches_sum_to_the_full_batch_gradient(random_model_dir):
     model = AutoModelForCausalLM.from_pretrained(random_model_dir)
     assert list(micro_batches(0, 4, acc, model)) == []
     assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
-    assert sum((my_slice(list(range(10)), type("A", (), {"num_processes": 3, "process_index": r})) for r in range(3)), []) == list(range(10))
+    ranks = [type("A", (), {"num_processes": 3, "process_index": r}) for r in range(3)]
+    assert sum((my_slice(list(range(10)), rank) for rank in ranks), []) == list(range(10))
 
 
 # ---------------- losses ----------------
@@ -398,7 +401,8 @@ def test_report_to_without_the_package_is_a_clear_error(monkeypatch, tmp_path):
     from common.metrics import check_tracker
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n.startswith(("tensorboard", "wandb")) else real(n, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda n, *a: None if n.startswith(("tensorboard", "wandb")) else real(n, *a))
     with pytest.raises(SystemExit, match="--report_to wandb: install it first"):
         check_tracker("wandb")
     check_tracker("none")  # nothing to check

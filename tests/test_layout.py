@@ -62,3 +62,11 @@ def test_real_data_path_loads_no_demo_and_at_most_1100_lines_of_common(tmp_path)
         assert not set(import_footprint.DEMO_MODULES) & set(modules), (script, sorted(modules))
         assert "common.verifiers" in modules  # it did take the real-data path (math-verify rewards)
         assert sum(modules.values()) <= 1100, (script, sum(modules.values()))
+
+
+def test_no_line_over_120_characters():
+    files = [*SCRIPTS, *(str(p.relative_to(ROOT)) for folder in ("common", "benchmarks", "tests")
+                         for p in (ROOT / folder).glob("*.py"))]
+    long = [f"{name}:{i}" for name in files for i, line in enumerate((ROOT / name).read_text().splitlines(), 1)
+            if len(line) > 120]
+    assert not long, long
