@@ -689,6 +689,7 @@ def main(args: Args) -> None:
                 break
     progress.close()
     logger.close()
+    stop.close()
 
 
 if __name__ == "__main__":

@@ -642,6 +642,7 @@ def main(args: Args) -> None:
                 break
     progress.close()
     logger.close()
+    stop.close()
 
 
 if __name__ == "__main__":

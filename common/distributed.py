@@ -55,8 +55,12 @@ class GracefulStop:
     def __init__(self, log=print):
         self.requested = False
         self.log = log
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, self._handle)
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def close(self) -> None:
+        """Give the signals back to their previous handlers (a script's main() may run inside another program)."""
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
     def _handle(self, signum, frame) -> None:
         if self.requested:

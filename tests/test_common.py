@@ -453,3 +453,19 @@ def test_vllm_push_wakes_a_sleeping_engine_and_puts_it_back_to_sleep(random_mode
     gen.sleep_enabled = False
     gen.sync_weights(model)
     assert [c[0] for c in calls] == ["reload_weights", "reset_prefix_cache"] and gen._asleep == set()
+
+
+def test_graceful_stop_flags_the_first_signal_and_gives_the_handlers_back():
+    import os
+    import signal
+
+    from common.distributed import GracefulStop
+
+    before = signal.getsignal(signal.SIGINT)
+    stop = GracefulStop(log=lambda *_: None)
+    os.kill(os.getpid(), signal.SIGINT)  # the first one only asks for a stop
+    assert stop.requested
+    with pytest.raises(KeyboardInterrupt):  # the second one aborts
+        os.kill(os.getpid(), signal.SIGINT)
+    stop.close()
+    assert signal.getsignal(signal.SIGINT) is before
