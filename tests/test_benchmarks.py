@@ -177,6 +177,8 @@ def _fake_sweep(tmp_path, monkeypatch, extra=""):
 def test_runner_ctrl_c_stops_gracefully_and_the_same_command_continues(tmp_path, monkeypatch, capsys):
     # 40 steps of 0.2 s: room for the interrupt to land mid-run on a loaded machine
     argv, runs = _fake_sweep(tmp_path, monkeypatch, "--only fake_a --max_steps 40 --extra=--sleep=0.2")
+    # the runner turns Ctrl-C into KeyboardInterrupt: make sure no earlier in-process code left another handler
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     d = runs / "fake_a" / "seed0"
 
     def interrupt_once_running():  # Ctrl-C once the run has written its first step
