@@ -8,7 +8,7 @@ per batch. Three measurements, each the median over `--repeats` (after one warm-
    REINFORCE loss, one gradient clip and one AdamW step: no sampling log-prob pass, no micro-batching;
 2. our components, in this process, on the same prompts: `HFGenerator.generate` without log-probs, the
    extra log-prob pass that fills `Generations.logprobs` (`score_completions`), decode + verifier, and
-   `accumulate_gradients` (micro-batched, chunked log-probs) + clip + AdamW step;
+   the scripts' update (micro-batches, chunked log-probs) + clip + AdamW step;
 3. our script end to end: a short run of `ada_seq.py --max_rounds 1 --round_repeat n` (GRPO-n; falls
    back to `ra_rloo.py --replay none --beta 0` when ada_seq is missing), median `time_step_s`,
    `time_gen_s`, `time_train_s` of its steps (the first and the last, which evaluates, left out).
@@ -56,7 +56,7 @@ class Args:
     num_threads: int = 1
     """torch threads, here and in the script run"""
     micro_batch_size: int = 64
-    """our accumulate_gradients micro-batch (the scripts' default)"""
+    """the micro-batch size of our update (the scripts' default)"""
     model_name_or_path: str = "embedded"
     """the policy (`embedded`: the cached tiny Countdown model)"""
     learning_rate: float = 5e-5
