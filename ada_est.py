@@ -20,7 +20,11 @@ the proportionality constant plus largest-remainder rounding (see `allocate_budg
 summed over ALL responses and divided by a constant (total_budget x max_new_tokens), so a prompt's weight
 in the update grows with its N_x (the sampling half of the weight). k_t counts responses with reward >
 positive_threshold. pi_old is the sampling policy; one optimizer step per batch by default. Logged `loss`: that
-surrogate divided by (responses x max_new_tokens), as optimised (the KL term is logged separately as `kl`).
+surrogate divided by (responses x max_new_tokens), as optimised; the optimised loss also subtracts the entropy
+bonus (entropy_coef x summed token entropy over the same constant; the paper's set-up uses 1e-4, the authors' run
+script 0) and adds the KL term (logged separately as `kl`). The advantage is Alg. 1 line 16's (r - mean_x) x
+alpha_x, with no std division (the residual weight alpha_x is the prompt's scale); its baseline is GRPO-n8
+(`ada_seq.py --max_rounds 1 --round_repeat 8 --final_keep_per_prompt 8`, eq. 2), the same inference budget.
 
     python ada_est.py                                  # hybrid 1/sqrt(p) on 2048 recurring Countdown prompts
     python ada_est.py --weighting implicit             # N_x ∝ 1/p, no residual weight (App. C.2 ablation)
@@ -91,7 +95,8 @@ class Args(BaseArgs):
     inactive"""
     beta: float = 0.0
     """KL coefficient to the reference (initial) policy, per-token k3 estimator; the paper uses none"""
-
+    entropy_coef: float = 1e-4
+    """entropy bonus: entropy_coef x token entropy is subtracted from the loss (the paper's set-up: 1e-4; 0 = off)"""
     old_logprobs: Literal["auto", "sampler"] = "auto"
     """where pi_old's log-probs come from: `auto` = the update's own first forward pass when that is exact (HF
     backend, one epoch: the weights that sampled are the weights being updated), else the sampler; `sampler` =
@@ -114,8 +119,9 @@ class Args(BaseArgs):
         if not 0 <= self.eps_low < 1 or self.eps_high < 0:
             raise SystemExit(f"--eps_low {self.eps_low} / --eps_high {self.eps_high}: "
                              "need 0 <= eps_low < 1, eps_high >= 0")
-        if self.ppo_epochs < 1 or self.beta < 0:
-            raise SystemExit(f"--ppo_epochs {self.ppo_epochs} / --beta {self.beta}: need ppo_epochs >= 1, beta >= 0")
+        if self.ppo_epochs < 1 or self.beta < 0 or self.entropy_coef < 0:
+            raise SystemExit(f"--ppo_epochs {self.ppo_epochs} / --beta {self.beta} / --entropy_coef "
+                             f"{self.entropy_coef}: need ppo_epochs >= 1, beta >= 0, entropy_coef >= 0")
 
 
 def count_positive(rewards: list[float], threshold: float) -> int:
@@ -321,7 +327,7 @@ def main(args: Args) -> None:
             for rows in micro_batches(len(completions), args.micro_batch_size, accelerator, model):
                 batch = pad_sequences([flat_prompts[r] for r in rows], [completions[r] for r in rows],
                                       tokenizer.pad_token_id).to(device)
-                logp, entropy = token_logprobs(model, batch, temperature)
+                logp, entropy = token_logprobs(model, batch, temperature, entropy_grad=args.entropy_coef > 0)
                 mask = batch.loss_mask
                 # without sampler log-probs pi_old is this very pass (one epoch, HF weights: exact, ratio 1)
                 old_logp = right_align([old_logps[r] for r in rows], batch.completion_width).to(device) \
@@ -329,7 +335,8 @@ def main(args: Args) -> None:
                 per_token, clipped = clipped_surrogate(logp, old_logp, advantages[rows, None], args.eps_low,
                                                        args.eps_high)
                 surrogate_sum = (per_token * mask).sum()
-                loss = surrogate_sum / normaliser
+                entropy_sum = (entropy * mask).sum()
+                loss = (surrogate_sum - args.entropy_coef * entropy_sum) / normaliser  # entropy bonus (Sec. 4 set-up)
                 if ref_model is not None:
                     with torch.no_grad():
                         ref_logp, _ = token_logprobs(ref_model, batch, temperature)
@@ -338,7 +345,7 @@ def main(args: Args) -> None:
                 accelerator.backward(loss)
                 if epoch == 0:  # the on-policy epoch's numbers are the ones logged
                     sums["loss_sum"] += surrogate_sum.item() / args.max_new_tokens
-                    sums["ent_sum"] += (entropy * mask).sum().item()
+                    sums["ent_sum"] += entropy_sum.item()
                     sums["tok"] += mask.sum().item()
                     sums["clip_sum"] += (clipped * mask).sum().item()
                     if ref_model is not None:

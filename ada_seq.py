@@ -11,16 +11,33 @@ GRPO with a small group (n = 4) often sees a prompt's rollouts all fail (or all 
            at most `max_rounds` rounds (N_max = M * max_rounds responses per prompt).
   phase 2: each pool is downsampled to exactly n responses (up to n//2 positives, the rest negatives,
            topping up from the other side), and advantages use the *whole pool's* statistics:
-           A_i = r_i - mean(pool) (Alg. 2 lines 17-19), optionally / std(pool), optionally x w(p_hat).
-The update is a GRPO-style clipped policy gradient on n responses per prompt, so the backward cost is
-that of GRPO-n; only inference grows. Lines marked [ADA] are what the paper adds to plain GRPO.
+           A_i = (r_i - mean(pool)) / std(pool) (eq. 2 with the pool's statistics), optionally x w(p_hat).
+The update is a GRPO-style clipped policy gradient on n responses per prompt (plus the paper's entropy bonus),
+so the backward cost is that of GRPO-n; only inference grows. Lines marked [ADA] are what the paper adds to GRPO.
+
+The baseline, GRPO-n, is this file with one round of n (`--max_rounds 1 --round_repeat n`): the pool is the
+group, and the advantage is the paper's eq. (2), (r - mean) / std over the group. `--adv_std_norm false` turns
+either into its Dr. GRPO variant, A = r - mean (named "Dr. GRPO-n" in the README and benchmark tables).
+
+Where this file follows the authors' public code rather than the paper's text (both are flags):
+- Std normalisation of the global advantage: Alg. 2 line 19 writes A = r - mean(pool); the authors' verl code
+  (GRPO estimator with global statistics) divides by the pool's std as well, and so does GRPO-n's eq. (2), so the
+  default keeps the two comparable (App. B, Remark 1: for 0/1 rewards (r - p)/sqrt(p(1-p)) is the
+  log-objective's own advantage). `--adv_std_norm false` is the literal Alg. 2.
+- Exit quotas: `positive` exits after K_pos = 1 positive (the public code); the text's example is K_pos = 16 at
+  N_max = 128 (`--k_pos 16`). `balanced` needs n//2 positives and n - n//2 negatives in both.
+- Entropy bonus: the paper's set-up (Sec. 4) uses coefficient 1e-4, the default here; the public run script sets
+  0 (`--entropy_coef 0`).
+- Unfinished prompts (no exit after the last round) are downsampled with the same balanced rule (Alg. 2 line
+  18); the public code's positive-focused fallback keeps the pool's pass ratio instead (`--unfinished_downsample
+  pass_ratio`).
 
 Choices made here (the paper leaves them open):
 - Downsampling draws the kept positives/negatives uniformly with Python's global `random` (seeded per
   rank, saved in every checkpoint, so a resumed run draws the same).
 - The baseline is the pool's mean reward (Alg. 2 line 17), which is p_hat = N_pos/N for 0/1 rewards; with
   shaped rewards it stays the unbiased baseline, and N_pos/N (reward > positive_threshold) is used only
-  for the optional weight.
+  for the optional weight. The std is the population std of the pool's rewards (eq. 2 leaves it open).
 - `--prompt_weight none` is the default, as in the authors' public code: its advantage is r - mean(pool)
   with no 1/p_hat factor. `inv_p` re-introduces the Sec. 3.2 weight, which can scale a hard prompt's
   gradient by up to N_max (the learning rate may need lowering).
@@ -29,7 +46,9 @@ Choices made here (the paper leaves them open):
   pi_old's log-probs are read from the update's own forward pass (no extra scoring pass after sampling);
   with vLLM or more epochs they are the sampler's (`--old_logprobs`).
 - Logged `loss`: the clipped surrogate summed over tokens and divided by (kept responses x max_new_tokens),
-  the constant the optimised loss uses too (no length bias; the KL term is logged separately as `kl`).
+  the constant the optimised loss uses too (no length bias). The entropy bonus, entropy_coef x the token
+  entropies summed and divided by the same constant, is subtracted in the optimised loss but not in `loss`;
+  the KL term is logged separately as `kl`.
 - Metrics: `rollouts` / `gen_tokens` count every generated response of every round (inference cost);
   `frac_zero_var_groups` is measured on each prompt's first n responses (what GRPO-n would have trained
   on), `ada_frac_zero_var_groups_post` on the kept groups; `ada_active_after_round_r` is a fraction.
@@ -37,6 +56,7 @@ Choices made here (the paper leaves them open):
     python ada_seq.py                                         # SEQ-BALANCE on the embedded Countdown task
     python ada_seq.py --exit_condition positive               # SEQ-POS
     python ada_seq.py --max_rounds 1 --round_repeat 4         # GRPO-n4 (one round of n: nothing adaptive)
+    python ada_seq.py --max_rounds 1 --round_repeat 4 --adv_std_norm false   # Dr. GRPO-n4 (A = r - mean)
     python ada_seq.py --max_rounds 1 --round_repeat 8 --final_keep_per_prompt 8   # GRPO-n8 (n16 likewise)
     accelerate launch ada_seq.py --model_name_or_path Qwen/Qwen2.5-Math-1.5B --dataset openai/gsm8k \
         --dataset_config main --use_vllm --dtype bfloat16 --learning_rate 1e-6
@@ -84,14 +104,18 @@ class Args(BaseArgs):
     """[ADA] when a prompt leaves the active set: `positive` (SEQ-POS: >= k_pos positives) or `balanced` (SEQ-BALANCE:
     >= k_pos positives and >= k_neg negatives)"""
     k_pos: Optional[int] = None
-    """[ADA] K_pos, positives needed to exit (default n//2)"""
+    """[ADA] K_pos, positives needed to exit (default: 1 under `positive`, as the authors' code; n//2 under
+    `balanced`)"""
     k_neg: Optional[int] = None
     """[ADA] K_neg, negatives needed to exit under `balanced` (default n - n//2)"""
     positive_threshold: float = 0.7
     """[ADA] a response is positive when its training reward > this (rewards may be shaped)"""
-    adv_std_norm: bool = False
-    """[ADA] divide advantages by the std of the prompt's full pool (GRPO-style scaling with global statistics); off as
-    in Alg. 2"""
+    adv_std_norm: bool = True
+    """divide advantages by the std of the prompt's full pool: GRPO's eq. (2) (with one round: GRPO-n) and the authors'
+    code; false = A = r - mean (Alg. 2 line 19; with one round: Dr. GRPO-n)"""
+    unfinished_downsample: Literal["balanced", "pass_ratio"] = "balanced"
+    """[ADA] prompts still active after the last round: the balanced rule of Alg. 2 line 18 (as finished ones), or
+    `pass_ratio`: about n x the pool's pass ratio positives (at least 1 if any), the public code's fallback"""
     prompt_weight: Literal["none", "inv_p", "inv_sqrt_p"] = "none"
     """[ADA] explicit per-prompt gradient weight w(p_hat), p_hat = N_pos/N of the full pool: `none` (the public code's
     default), `inv_p` (the re-introduced 1/p_hat of Sec. 3.2), `inv_sqrt_p`"""
@@ -104,6 +128,8 @@ class Args(BaseArgs):
     inactive"""
     beta: float = 0.0
     """KL coefficient to the reference (initial) policy, per-token k3 estimator; the paper uses none"""
+    entropy_coef: float = 1e-4
+    """entropy bonus: entropy_coef x token entropy is subtracted from the loss (the paper's set-up: 1e-4; 0 = off)"""
     old_logprobs: Literal["auto", "sampler"] = "auto"
     """where pi_old's log-probs come from: `auto` = the update's own first forward pass when that is exact (HF
     backend, one epoch: the weights that sampled are the weights being updated), else the sampler; `sampler` =
@@ -112,7 +138,8 @@ class Args(BaseArgs):
     def quotas(self) -> tuple[int, int]:
         """(K_pos, K_neg) with the n-derived defaults filled in."""
         n = self.final_keep_per_prompt
-        return (n // 2 if self.k_pos is None else self.k_pos), (n - n // 2 if self.k_neg is None else self.k_neg)
+        default_pos = 1 if self.exit_condition == "positive" else n // 2
+        return (default_pos if self.k_pos is None else self.k_pos), (n - n // 2 if self.k_neg is None else self.k_neg)
 
     def validate(self) -> None:
         n = self.final_keep_per_prompt
@@ -129,8 +156,9 @@ class Args(BaseArgs):
         if not 0 <= self.eps_low < 1 or self.eps_high < 0:
             raise SystemExit(f"--eps_low {self.eps_low} / --eps_high {self.eps_high}: "
                              "need 0 <= eps_low < 1, eps_high >= 0")
-        if self.ppo_epochs < 1 or self.beta < 0:
-            raise SystemExit(f"--ppo_epochs {self.ppo_epochs} / --beta {self.beta}: need ppo_epochs >= 1, beta >= 0")
+        if self.ppo_epochs < 1 or self.beta < 0 or self.entropy_coef < 0:
+            raise SystemExit(f"--ppo_epochs {self.ppo_epochs} / --beta {self.beta} / --entropy_coef "
+                             f"{self.entropy_coef}: need ppo_epochs >= 1, beta >= 0, entropy_coef >= 0")
 
 
 def count_positive(rewards: list[float], threshold: float) -> int:
@@ -172,19 +200,21 @@ def multi_round_sampling(num_prompts: int, sample_round: Callable[[list[int], in
     return pools, exit_rounds
 
 
-def downsample(rewards: list[float], n: int, threshold: float, rng) -> list[int]:
+def downsample(rewards: list[float], n: int, threshold: float, rng, rule: str = "balanced") -> list[int]:
     """[ADA] Alg. 2 line 18: indices (ascending) of the n pool responses kept for the update.
 
-    Up to n//2 positives, the rest negatives; when one side runs short the other tops up. Which positives
-    (negatives) are kept is a uniform draw with `rng` (the script passes the global `random`, checkpointed
-    per rank). Unfinished prompts use the same rule. Responses of one prompt are i.i.d. given their reward,
-    so the draw only guards against backends that return samples in a non-random order.
+    `balanced`: up to n//2 positives, the rest negatives; when one side runs short the other tops up.
+    `pass_ratio` (the public code's fallback for unfinished prompts): floor(n x N_pos/N) positives, at least 1
+    when the pool has one, the rest negatives (topped up the same way). Which positives (negatives) are kept is a
+    uniform draw with `rng` (the script passes the global `random`, checkpointed per rank). Responses of one
+    prompt are i.i.d. given their reward, so the draw only guards against backends returning a non-random order.
     """
     if len(rewards) < n:
         raise ValueError(f"pool of {len(rewards)} responses cannot be downsampled to {n}")
     pos = [j for j, r in enumerate(rewards) if r > threshold]
     neg = [j for j, r in enumerate(rewards) if r <= threshold]
-    n_pos = min(len(pos), n // 2)
+    want_pos = n // 2 if rule == "balanced" else max(1, len(pos) * n // len(rewards))
+    n_pos = min(len(pos), want_pos)
     n_neg = min(len(neg), n - n_pos)
     n_pos = min(len(pos), n - n_neg)  # negatives ran short: top up with positives
     return sorted(rng.sample(pos, n_pos) + rng.sample(neg, n_neg))
@@ -195,7 +225,8 @@ def global_advantages(kept: list[float], pool: list[float], threshold: float, st
     """[ADA] Advantages of the kept responses against the whole pool's statistics (Sec. 3.2).
 
     A_i = r_i - mean(pool) (Alg. 2 lines 17-19; for 0/1 rewards mean(pool) = p_hat = N_pos/N);
-    optionally / (std(pool) + eps); optionally x w(p_hat) with p_hat = N_pos/N floored at 1/N
+    with `std_norm` / (std(pool) + eps) (eq. 2 on the pool, the script's default); optionally x w(p_hat)
+    with p_hat = N_pos/N floored at 1/N
     (`inv_p`: the re-introduced explicit weight 1/p_hat of the Sec. 3.2 estimator; `inv_sqrt_p`: 1/sqrt(p_hat)).
     """
     mean = sum(pool) / len(pool)
@@ -343,7 +374,8 @@ def main(args: Args) -> None:
         # ================ [ADA] downsample every pool to n; advantages from the whole pool (Alg. 2 l. 14-20) =======
         flat_prompts, completions, old_logps, adv_list, kept_rewards = [], [], [], [], []
         for i, pool in enumerate(pools):
-            keep = downsample(pool, n, threshold, random)
+            rule = "balanced" if exit_rounds[i] is not None else args.unfinished_downsample
+            keep = downsample(pool, n, threshold, random, rule)
             kept = [pool[j] for j in keep]
             adv_list += global_advantages(kept, pool, threshold, args.adv_std_norm, args.prompt_weight)
             kept_rewards.append(kept)
@@ -365,7 +397,7 @@ def main(args: Args) -> None:
             for rows in micro_batches(len(completions), args.micro_batch_size, accelerator, model):
                 batch = pad_sequences([flat_prompts[r] for r in rows], [completions[r] for r in rows],
                                       tokenizer.pad_token_id).to(device)
-                logp, entropy = token_logprobs(model, batch, temperature)
+                logp, entropy = token_logprobs(model, batch, temperature, entropy_grad=args.entropy_coef > 0)
                 mask = batch.loss_mask
                 # without sampler log-probs pi_old is this very pass (one epoch, HF weights: exact, ratio 1)
                 old_logp = right_align([old_logps[r] for r in rows], batch.completion_width).to(device) \
@@ -373,7 +405,8 @@ def main(args: Args) -> None:
                 per_token, clipped = clipped_surrogate(logp, old_logp, advantages[rows, None], args.eps_low,
                                                        args.eps_high)
                 surrogate_sum = (per_token * mask).sum()
-                loss = surrogate_sum / normaliser
+                entropy_sum = (entropy * mask).sum()
+                loss = (surrogate_sum - args.entropy_coef * entropy_sum) / normaliser  # entropy bonus (Sec. 4 set-up)
                 if ref_model is not None:
                     with torch.no_grad():
                         ref_logp, _ = token_logprobs(ref_model, batch, temperature)
@@ -382,7 +415,7 @@ def main(args: Args) -> None:
                 accelerator.backward(loss)
                 if epoch == 0:  # the on-policy epoch's numbers are the ones logged
                     sums["loss_sum"] += surrogate_sum.item() / args.max_new_tokens
-                    sums["ent_sum"] += (entropy * mask).sum().item()
+                    sums["ent_sum"] += entropy_sum.item()
                     sums["tok"] += mask.sum().item()
                     sums["clip_sum"] += (clipped * mask).sum().item()
                     if ref_model is not None:

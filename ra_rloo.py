@@ -13,6 +13,18 @@ Logged `loss`: the policy-gradient term per sequence, -mean_i A_i log pi(y_i|x) 
 KL term is logged separately as `kl`, per completion token). The optimised loss divides the same sum by
 samples x max_new_tokens (a constant length normaliser: no length bias).
 
+As in the paper (Sec. 4): the Countdown training reward is {0 no parse, 0.1 well-formed but wrong, 1 exact}
+(`--reward tinyzero`, the default here) while evaluation is binary, and besides the periodic eval_pass@1 /
+eval_pass@8 at the training temperature the paper's own report is logged: eval_paper_pass@4 (and @1) from 8
+samples per held-out prompt at T = 0.6, top-p 0.95, top-k 20 (`--paper_eval_*`). Every log-prob (the stored
+log pi_old of fresh and seeded buffer entries, the weight's numerator, the gradient and the KL) is taken under
+the sampling distribution logits / T, so an unchanged policy gives w = 1 at any temperature.
+
+Where this file departs from the paper: the seed is one solver-written solution per training prompt (the paper
+seeds from its IPO pipeline's successes), scored under the initial policy; the default run is 300 steps of 32
+prompts on the embedded model (the paper: 600 steps of 2 prompts, Qwen SFT, LR 1e-6), and training samples at the
+full distribution (T = --temperature, no top-p/top-k: the paper does not say what it trains at).
+
     python ra_rloo.py                                   # embedded Countdown default, CPU, minutes
     python ra_rloo.py --replay none                     # vanilla RLOO baseline
     accelerate launch ra_rloo.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \
@@ -67,12 +79,28 @@ class Args(BaseArgs):
     solver solutions; the paper's IPO seed); false = lazy buffers"""
     success_reward: float = 1.0
     """a rollout is a success (buffered, and 'passes') when its training reward >= this"""
+    reward: Literal["auto", "binary", "tinyzero", "shaped"] = "auto"
+    """training reward: `auto` = the paper's {0, 0.1, 1} (`tinyzero`) on Countdown, `binary` on real datasets (their
+    verifier has no format reward); evaluation is always binary"""
+    paper_eval_samples: int = 8
+    """[RA-RLOO] the paper's evaluation, logged as eval_paper_pass@1/@4 at each evaluation: samples per held-out
+    prompt (0 = off)"""
+    paper_eval_temperature: float = 0.6
+    """[RA-RLOO] sampling temperature of the paper's evaluation"""
+    paper_eval_top_p: float = 0.95
+    """[RA-RLOO] top-p of the paper's evaluation"""
+    paper_eval_top_k: int = 20
+    """[RA-RLOO] top-k of the paper's evaluation (0 = off)"""
 
     def validate(self) -> None:
         if self.k < 2:
             raise SystemExit(f"--k {self.k}: RLOO needs at least 2 rollouts per prompt")
         if self.w_max <= 0 or self.buffer_capacity < 1:
             raise SystemExit("--w_max must be > 0 and --buffer_capacity >= 1")
+        if self.paper_eval_samples < 0 or self.paper_eval_top_k < 0 or not 0 < self.paper_eval_top_p <= 1:
+            raise SystemExit(f"--paper_eval_samples {self.paper_eval_samples} / --paper_eval_top_k "
+                             f"{self.paper_eval_top_k} / --paper_eval_top_p {self.paper_eval_top_p}: "
+                             "need samples >= 0, top_k >= 0, 0 < top_p <= 1")
 
 
 def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
@@ -84,8 +112,9 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     return rewards - others
 
 
-def seed_buffers(task, model, tokenizer, encode, args, device) -> dict[int, deque]:
-    """[RA-RLOO] One solver solution per training prompt, with its log-prob under the initial policy."""
+def seed_buffers(task, model, tokenizer, encode, args, device, temperature: float) -> dict[int, deque]:
+    """[RA-RLOO] One solver solution per training prompt, with its log-prob under the initial policy's sampling
+    distribution (logits / temperature, as fresh entries store theirs)."""
     buffers: dict[int, deque] = {}
     if task.name != "countdown":
         return buffers  # real datasets: lazy buffers (no verified demonstrations to seed from)
@@ -96,7 +125,7 @@ def seed_buffers(task, model, tokenizer, encode, args, device) -> dict[int, dequ
     prompts = [encode(example.prompt) for example in task.train]
     demos = [tokenizer(countdown.solution_text(rng.choice(countdown.solutions(example.answer))),
                        add_special_tokens=False).input_ids + [eos] for example in task.train]
-    logprobs = score_completions(model, prompts, demos, tokenizer.pad_token_id, 512, device)
+    logprobs = score_completions(model, prompts, demos, tokenizer.pad_token_id, 512, device, temperature)
     for example, demo, token_lps in zip(task.train, demos, logprobs):
         buffers[example.id] = deque([(demo, sum(token_lps))], maxlen=args.buffer_capacity)
     return buffers
@@ -134,6 +163,8 @@ def main(args: Args) -> None:
         torch.set_num_threads(args.num_threads)
     check_tracker(args.report_to)
     args.output_dir = args.output_dir or f"runs/ra_rloo-seed{args.seed}"
+    if args.reward == "auto":  # [RA-RLOO] the paper trains on {0, 0.1, 1}; real datasets have a binary verifier
+        args.reward = "tinyzero" if args.dataset == "countdown" else "binary"
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), project_dir=args.output_dir,
                               log_with=None if args.report_to == "none" else args.report_to)
     device, world = accelerator.device, accelerator.num_processes
@@ -182,11 +213,19 @@ def main(args: Args) -> None:
     else:
         generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size)
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    temperature = args.temperature if args.temperature > 0 else 1.0  # the generator scores greedy samples at T=1
     eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, logprobs=False)
+    paper_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.paper_eval_temperature,
+                                    top_p=args.paper_eval_top_p, top_k=args.paper_eval_top_k, logprobs=False)
 
     def run_eval() -> dict:
-        return evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, eval_sampling,
-                        args.eval_samples, accelerator, ks=(1, args.eval_samples))
+        out = evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, eval_sampling,
+                       args.eval_samples, accelerator, ks=(1, args.eval_samples))
+        if args.paper_eval_samples:  # [RA-RLOO] the paper's report: pass@4 of n = 8 at T 0.6, top-p 0.95, top-k 20
+            paper = evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, paper_sampling,
+                             args.paper_eval_samples, accelerator, ks=(1, 4))
+            out.update({name.replace("eval_", "eval_paper_"): value for name, value in paper.items()})
+        return out
 
     # ---------------- resume ----------------
     start_step, counters, method_state = 0, {"rollouts": 0, "gen_tokens": 0}, {}
@@ -201,7 +240,7 @@ def main(args: Args) -> None:
     buffers = {prompt_id: deque(items, maxlen=args.buffer_capacity)
                for prompt_id, items in method_state.get("buffers", {}).items()}
     if start_step == 0 and args.replay != "none" and args.seed_buffer:
-        buffers = seed_buffers(task, policy, tokenizer, encode, args, device)
+        buffers = seed_buffers(task, policy, tokenizer, encode, args, device, temperature)
         log(f"[RA-RLOO] seeded {len(buffers)} prompt buffers with demonstrations")
 
     # ---------------- logging, step-0 evaluation, graceful stop ----------------
@@ -252,7 +291,7 @@ def main(args: Args) -> None:
         for rows in micro_batches(len(completions), args.micro_batch_size, accelerator, model):
             batch = pad_sequences([flat_prompts[r] for r in rows], [completions[r] for r in rows],
                                   tokenizer.pad_token_id).to(device)
-            logp, entropy = token_logprobs(model, batch)
+            logp, entropy = token_logprobs(model, batch, temperature)  # the sampled distribution: logits / T
             mask = batch.loss_mask
             seq_logp = (logp * mask).sum(-1)
             adv, rep = advantages[rows], replayed[rows]
@@ -263,7 +302,7 @@ def main(args: Args) -> None:
             loss = pg_sum / normaliser
             if ref_model is not None:
                 with torch.no_grad():
-                    ref_logp, _ = token_logprobs(ref_model, batch)
+                    ref_logp, _ = token_logprobs(ref_model, batch, temperature)
                 kl = kl_k3(logp, ref_logp) * mask
                 loss = loss + args.beta * kl.sum() / max(1, n_tokens)
                 sums["kl_sum"] += kl.sum().item()

@@ -36,7 +36,7 @@ class Args:
     """children of each root (the rest of the nodes are roots)"""
     sweeps: int = 10
     """Gibbs sweeps per update (pros_ppo.py's --gibbs_sweeps)"""
-    pg_terms: int = 4
+    pg_terms: int = 8
     """exact Gamma terms per Pólya-Gamma draw (pros_ppo.py's --pg_terms)"""
     repeats: int = 20
     """timed updates; the median is reported"""

@@ -50,6 +50,9 @@ class HFGenerator:
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig) -> Generations:
         tok = self.tokenizer
+        if cfg.logprobs and cfg.temperature > 0 and (cfg.top_p < 1 or cfg.top_k > 0):  # scoring ignores truncation
+            raise ValueError(f"HFGenerator: log-probs with top_p={cfg.top_p} / top_k={cfg.top_k} would not be those of "
+                             "the sampled distribution (pi_old); top-p / top-k are for evaluation (logprobs=False)")
         stop_ids = [tok.eos_token_id] + [t for t in cfg.stop_token_ids if t != tok.eos_token_id]
         was_training = self.model.training
         self.model.eval()

@@ -1,7 +1,7 @@
 """Per-token log-probs and entropies of the completion region: the model returns logits only there
 (`logits_to_keep`), and log p(token) = logit[token] - logsumexp(logits) is computed a chunk of positions at a
-time, so no float32 copy of the whole [B, R, V] tensor is made. Entropy (a metric and a selection signal, never
-a loss term here) comes from the same chunks, without gradient.
+time, so no float32 copy of the whole [B, R, V] tensor is made. Entropy comes from the same chunks: without
+gradient by default (a metric and a selection signal), with it when a script adds an entropy bonus to its loss.
 """
 from __future__ import annotations
 
@@ -11,30 +11,32 @@ from common.masking import Batch, pad_sequences, unpad_completion
 
 
 def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                         chunk_size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [B, R, V], targets [B, R] -> (log p(target) [B, R], entropy [B, R]); chunked over R."""
+                         chunk_size: int = 64, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [B, R, V], targets [B, R] -> (log p(target) [B, R], entropy [B, R]); chunked over R. `entropy_grad`
+    keeps the entropy in the graph (an entropy bonus; each chunk's softmax is then kept for backward)."""
     lps, ents = [], []
     for s in range(0, logits.shape[1], chunk_size):
         x = logits[:, s:s + chunk_size].float() / temperature
         lse = torch.logsumexp(x, dim=-1)
         lps.append(x.gather(-1, targets[:, s:s + chunk_size, None]).squeeze(-1) - lse)
-        with torch.no_grad():
-            p = torch.softmax(x.detach(), dim=-1)
-            ents.append(lse.detach() - (p * x.detach()).sum(-1))
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            xe, lse_e = (x, lse) if entropy_grad else (x.detach(), lse.detach())
+            ents.append(lse_e - (torch.softmax(xe, dim=-1) * xe).sum(-1))
     return torch.cat(lps, 1), torch.cat(ents, 1)
 
 
-def token_logprobs(model, batch: Batch, temperature: float = 1.0, chunk_size: int = 64):
+def token_logprobs(model, batch: Batch, temperature: float = 1.0, chunk_size: int = 64, entropy_grad: bool = False):
     """(log p, entropy) of every token in the completion region, shape [B, R] each.
 
-    Column j of the result scores input column T - R + j. Gradient flows through log p when enabled.
+    Column j of the result scores input column T - R + j. Gradient flows through log p when enabled, and through
+    the entropy too with `entropy_grad`.
     """
     r = batch.completion_width
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                 position_ids=batch.position_ids, logits_to_keep=r + 1, use_cache=False)
     logits = out.logits[:, :-1]  # position t predicts token t+1
     targets = batch.input_ids[:, -r:]
-    return logprobs_from_logits(logits, targets, temperature, chunk_size)
+    return logprobs_from_logits(logits, targets, temperature, chunk_size, entropy_grad)
 
 
 @torch.no_grad()

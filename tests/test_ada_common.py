@@ -84,3 +84,37 @@ def test_pi_old_from_the_update_pass_equals_the_scored_sampler_logprobs(tiny_bas
         base_w = _weights(Path(tiny_base))
         assert all(torch.allclose(auto_w[k], sampler_w[k], atol=1e-6) for k in auto_w)
         assert any((auto_w[k] - base_w[k]).abs().max() > 1e-4 for k in auto_w)  # the steps did move the weights
+
+
+def test_entropy_gradient_only_when_asked():
+    from common.logprobs import logprobs_from_logits
+
+    logits = torch.randn(2, 3, 7, requires_grad=True)
+    targets = torch.randint(0, 7, (2, 3))
+    _, ent = logprobs_from_logits(logits, targets, temperature=0.6, chunk_size=2)
+    assert not ent.requires_grad  # a metric by default
+    _, ent = logprobs_from_logits(logits, targets, temperature=0.6, chunk_size=2, entropy_grad=True)
+    reference = torch.distributions.Categorical(logits=logits / 0.6).entropy()
+    assert torch.allclose(ent, reference, atol=1e-5)
+    (grad,) = torch.autograd.grad(ent.sum(), logits)
+    (want,) = torch.autograd.grad(reference.sum(), logits)
+    assert torch.allclose(grad, want, atol=1e-5)
+
+
+def test_entropy_bonus_changes_the_update_not_the_logged_surrogate(tiny_base, tmp_path, monkeypatch):
+    from common import countdown
+    from common.cli import parse_args
+
+    monkeypatch.setitem(countdown.REWARDS, "binary", lambda text, problem: float(len(text) % 2))
+    for module in (ada_seq, ada_est):
+        rows = {}
+        for coef in ("0", "1.0"):
+            out = tmp_path / f"{module.__name__}-{coef}"
+            module.main(parse_args(module.Args, [
+                "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "1", "--eval_every", "0",
+                "--eval_prompts", "4", "--eval_samples", "2", "--prompts_per_step", "4", "--prompt_pool", "16",
+                "--max_new_tokens", "16", "--num_threads", "1", "--entropy_coef", coef]))
+            rows[coef] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1]
+        off, on = rows["0"], rows["1.0"]
+        assert off["reward_mean"] == on["reward_mean"] and off["loss"] == pytest.approx(on["loss"], rel=1e-6)
+        assert off["grad_norm"] != pytest.approx(on["grad_norm"], rel=1e-3), module.__name__

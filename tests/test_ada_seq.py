@@ -114,6 +114,30 @@ def test_one_round_of_n_is_grpo():
         grpo_advantages(torch.tensor([rewards]))[0].tolist(), rel=1e-4)
 
 
+def test_default_baseline_is_grpo_eq2_and_dr_grpo_is_the_flag():
+    # GRPO-n = one round of n with the default flags: the paper's eq. (2), (r - mean) / std over the group
+    a = Args(max_rounds=1, round_repeat=4)
+    rewards = [1.0, 0.0, 0.0, 0.0]
+    adv = global_advantages(rewards, rewards, THR, a.adv_std_norm, a.prompt_weight)
+    assert adv == pytest.approx(grpo_advantages(torch.tensor([rewards]), scale=True)[0].tolist(), rel=1e-4)
+    assert adv[0] == pytest.approx(0.75 / math.sqrt(0.1875), rel=1e-4)
+    dr = Args(max_rounds=1, round_repeat=4, adv_std_norm=False)  # Dr. GRPO-n: r - mean
+    assert global_advantages(rewards, rewards, THR, dr.adv_std_norm, dr.prompt_weight) == [0.75, -0.25, -0.25, -0.25]
+
+
+def test_unfinished_prompts_pass_ratio_fallback():
+    # 3 positives in a pool of 32: balanced keeps 2 positives of 4; the pass-ratio fallback keeps
+    # max(1, floor(4 * 3/32)) = 1; without positives both keep 4 negatives; mostly positive: floor(4 * 30/32) = 3
+    pool = [1.0] * 3 + [0.0] * 29
+    for rule, want in (("balanced", 2), ("pass_ratio", 1)):
+        keep = downsample(pool, 4, THR, random.Random(0), rule)
+        assert len(keep) == 4 and sum(pool[j] > THR for j in keep) == want, rule
+    assert downsample([0.0] * 8, 4, THR, random.Random(0), "pass_ratio") == sorted(
+        downsample([0.0] * 8, 4, THR, random.Random(0), "balanced"))
+    mostly = [1.0] * 30 + [0.0] * 2
+    assert sum(mostly[j] > THR for j in downsample(mostly, 4, THR, random.Random(0), "pass_ratio")) == 3
+
+
 def test_seq_metrics():
     m = seq_metrics([8, 16, 32, 32], [1, 2, None, 4], [False, False, True, False], n=4, max_rounds=4)
     assert m["ada_samples_step"] == 88 and m["ada_samples_per_prompt_mean"] == 22
@@ -175,6 +199,11 @@ def test_balanced_cost_is_u_shaped_in_p():
 def test_args_validation_and_defaults():
     a = Args()
     assert a.quotas() == (2, 2) and Args(final_keep_per_prompt=5).quotas() == (2, 3)
+    # SEQ-POS exits after one positive by default (the authors' code); the text's K_pos is a flag
+    assert Args(exit_condition="positive").quotas() == (1, 2)
+    assert Args(exit_condition="positive", k_pos=16).quotas() == (16, 2)
+    with pytest.raises(SystemExit, match="entropy_coef"):
+        Args(entropy_coef=-1.0).validate()
     with pytest.raises(SystemExit):
         Args(round_repeat=2).validate()  # M < n
     with pytest.raises(SystemExit):

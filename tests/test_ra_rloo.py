@@ -79,6 +79,60 @@ def test_replay_removes_zero_variance_groups_and_vanilla_does_not(tiny_base, tmp
     assert all(r["ra_buffer_prompts"] == 0 for r in van)
 
 
+def _main_rows(out, extra, monkeypatch, reward=lambda text, problem: float(len(text) % 2)):
+    """ra_rloo.main in process, with a training reward that varies (the tiny test base solves almost nothing)."""
+    import ra_rloo
+    from common import countdown
+    from common.cli import parse_args
+
+    monkeypatch.setitem(countdown.REWARDS, "tinyzero", reward)
+    ra_rloo.main(parse_args(ra_rloo.Args, ["--output_dir", str(out), "--eval_every", "0", *COMMON, *extra]))
+    return _rows(out)
+
+
+def test_unchanged_policy_gives_weight_one_at_the_sampling_temperature(tiny_base, tmp_path, monkeypatch):
+    # learning rate 0: the policy never changes, so pi_theta / pi_old = 1 for every replay, at T = 0.6 too:
+    # fresh entries (stored from the sampler at logits / T, replayed at step 2) and seeded ones (scored at T)
+    base = ["--model_name_or_path", tiny_base, "--temperature", "0.6", "--learning_rate", "0", "--replay", "always",
+            "--paper_eval_samples", "0"]
+    fresh = _main_rows(tmp_path / "fresh", [*base, "--max_steps", "2", "--seed_buffer", "false", "--prompt_pool", "8"],
+                       monkeypatch)[1:]
+    assert fresh[0]["ra_is_weight_mean"] is None and fresh[1]["ra_replay_fired_frac"] > 0
+    assert fresh[1]["ra_is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+    seeded = _main_rows(tmp_path / "seeded", [*base, "--max_steps", "1"], monkeypatch)[1:]
+    assert seeded[0]["ra_replay_fired_frac"] == 1.0 and seeded[0]["ra_is_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_paper_reward_and_paper_evaluation_by_default(tiny_base, tmp_path, monkeypatch):
+    seen = []
+
+    def reward(text, problem):  # records that training is scored by the tinyzero reward
+        seen.append(text)
+        return 0.1
+
+    rows = _main_rows(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "1"], monkeypatch, reward)
+    assert len(seen) == 8 * 4 and rows[1]["reward_mean"] == pytest.approx(0.1)
+    assert json.loads((tmp_path / "args.json").read_text())["reward"] == "tinyzero"  # what `auto` resolved to
+    assert {"eval_pass@1", "eval_pass@4", "eval_paper_pass@1", "eval_paper_pass@4"} <= set(rows[0])
+    assert 0.0 <= rows[0]["eval_paper_pass@1"] <= rows[0]["eval_paper_pass@4"] <= 1.0
+
+
+def test_top_k_reaches_generate_and_truncated_logprobs_are_refused(random_model_dir):
+    from common.generation import HFGenerator, SamplingConfig
+    from common.policy import load_policy
+
+    torch.manual_seed(0)
+    model, tok = load_policy(random_model_dir, "float32")
+    gen = HFGenerator(model, tok)
+    prompt = tok("12 34", add_special_tokens=False).input_ids
+    top1 = gen.generate([prompt], 4, SamplingConfig(max_new_tokens=6, temperature=0.6, top_k=1, logprobs=False))
+    assert len({tuple(c) for c in top1.completion_ids}) == 1  # top-k 1 is greedy: every sample is the same
+    free = gen.generate([prompt], 8, SamplingConfig(max_new_tokens=6, temperature=1.0, logprobs=False))
+    assert len({tuple(c) for c in free.completion_ids}) > 1  # an untrained model samples diverse completions
+    with pytest.raises(ValueError, match="top_p"):
+        gen.generate([prompt], 2, SamplingConfig(max_new_tokens=4, temperature=0.6, top_k=20))
+
+
 def _strip(rows):
     return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
 
