@@ -3,8 +3,12 @@
 Paper: "Prefix Sampling: Targeting 50% Rollout Pass Rate for More Efficient Agentic RL"
 (../shared/papers/000_18dc4b8a70b802ec.txt).
 
-Baseline (the paper's DeepSWE recipe): GRPO, N rollouts per task, clipped surrogate, and rejection of
-tasks whose N rollouts all fail or all pass. PS routes every fresh task by its rollout pass rate p = k/N:
+Baseline (`--prefix_sampling false`): GRPO with A = r - mean (the paper's appendix, Perspective 2: a group's
+Var(A) = p(1-p) is the signal strength that peaks at p = 0.5), N rollouts per task, the clipped surrogate (DAPO
+clip-higher, token mean), no KL, and rejection of tasks whose N rollouts all fail or all pass (the paper's DeepSWE
+baseline). --scale_advantages gives the original GRPO (DeepSeekMath) A = (r - mean) / std, which sets every mixed
+group's Var(A) to 1 and so removes the p(1-p) the paper argues with.
+PS routes every fresh task by its rollout pass rate p = k/N:
 normal (low <= p <= high) trains as is; too-hard (0 < p < low) and too-easy (high < p < 1) train as is AND
 send one trajectory to "Prefix & Mask": the first K steps of a rare success (too-hard: a head start) or of a
 rare failure (too-easy: a handicap) become a prefix task injected into the next batch. A prefix task is
@@ -25,7 +29,10 @@ Design choices the paper leaves open (each is a flag or documented at its functi
 - Prefix length K is clamped to [1, T-1] (`prefix_steps`): 0 steps is the fresh task again, T steps leaves
   nothing to generate; a 1-step trajectory gives no prefix task.
 - Adaptive control restarts its EMA after every adjustment (`PrefixController`, --ema_reset); a single EMA
-  kept throughout lags behind the ratio it measures and the controller overshoots (see the tests).
+  kept throughout lags behind the ratio it measures and the controller overshoots (see the tests). A prefix
+  task records the ratio that built it and runs one step later, after the controller's update: right after a
+  move it still measures the old ratio, so only tasks built with the current ratio feed the controller
+  (`attributed`); stale ones are discarded (ps_ctrl_stale_*) but still count in ps_prefix_pass_rate_*.
 - Loss: the token-level clipped surrogate on generated tokens only (replayed prefix and observations: mask 0),
   DAPO token mean: each rank divides its sum by its own trained-token count (DDP then averages the ranks).
   No KL term (`kl` is logged as 0). Logged `loss`: the clipped surrogate per trained token (its sum over all
@@ -93,8 +100,9 @@ class Args(BaseArgs):
     """clipped surrogate: lower clip range (ratio >= 1 - eps_low)"""
     eps_high: float = 0.28
     """clipped surrogate: upper clip range (ratio <= 1 + eps_high; DAPO clip-higher)"""
-    scale_advantages: bool = True
-    """GRPO advantages (R - mean) / std; false = R - mean (Dr. GRPO)"""
+    scale_advantages: bool = False
+    """GRPO advantages: false = r - mean (the paper's appendix: a group's Var(A) = p(1-p), the signal PS raises);
+    true = (r - mean) / std (original GRPO, DeepSeekMath: every mixed group gets Var(A) = 1)"""
     mode: Literal["auto", "multiturn", "text"] = "auto"
     """`multiturn`: the Countdown environment, one step per turn; `text`: single-turn completions, a step is a line;
     `auto`: multiturn for --dataset countdown, text otherwise"""
@@ -136,7 +144,7 @@ class Args(BaseArgs):
     adaptive: bool = False
     """[PS] adaptive prefix control: move each category's ratio toward a prefix-task pass rate of 0.5"""
     ema_alpha: float = 0.05
-    """[PS] adaptive: EMA coefficient of the per-category prefix-task pass rate"""
+    """[PS] adaptive: EMA coefficient of the per-category pass rate of prefix tasks built with the current ratio"""
     deadzone_low: float = 0.47
     """[PS] adaptive: no adjustment while the EMA is within [deadzone_low, deadzone_high]"""
     deadzone_high: float = 0.53
@@ -144,7 +152,8 @@ class Args(BaseArgs):
     ratio_step: float = 0.05
     """[PS] adaptive: size of one ratio adjustment"""
     cooldown: int = 5
-    """[PS] adaptive: steps (with prefix tasks of the category) between two adjustments of its ratio"""
+    """[PS] adaptive: steps (with prefix tasks of the category built with its current ratio) between two adjustments
+    of its ratio"""
     ratio_min: float = 0.05
     """[PS] adaptive: lower clamp of both ratios"""
     ratio_max: float = 0.95
@@ -230,7 +239,9 @@ class PrefixController:
     too-easy's prefix_ratio up = more replayed failure steps = harder (and down when they fail too often).
     The EMA is bias-corrected (its first value is the first observation) and, with `reset`, restarted after
     every move, so it only averages pass rates measured at the current ratio; a never-restarted EMA keeps
-    reporting the old ratio for ~1/alpha steps and the controller overshoots (see tests).
+    reporting the old ratio for ~1/alpha steps and the controller overshoots (see tests). The caller feeds only
+    prefix tasks built with the current ratio (`attributed`): those run one step after they were built, so the
+    first batch after a move still measures the old ratio.
     """
     ratio: float
     raw: float = 0.0  # EMA accumulator, bias-corrected by 1 - (1 - alpha)^n
@@ -260,6 +271,20 @@ class PrefixController:
             if reset:
                 self.raw, self.n = 0.0, 0
         return move
+
+
+def attributed(tasks: list[dict], passes: list[int], category: str, ratio: float) -> dict[str, int]:
+    """[PS] Controller input from this rank's batch: `category`'s prefix tasks built with `ratio` (its current one).
+
+    A prefix task is built at step t with the ratio before the controller's update at the end of step t, and runs
+    at step t + 1; after a move its pass rate measures the old ratio. Such stale tasks (and tasks queued by older
+    checkpoints, which recorded no ratio) are counted but discarded, never attributed to the new ratio.
+    Returns {"tasks", "success" (passing rollouts), "stale"}; the caller sums them over ranks.
+    """
+    mine = [group for group, task in enumerate(tasks) if task["cat"] == category]
+    current = [group for group in mine if tasks[group].get("ratio") == ratio]
+    success = sum(passes[group] for group in current)
+    return {"tasks": len(current), "success": success, "stale": len(mine) - len(current)}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -519,10 +544,10 @@ def main(args: Args) -> None:
             steps = prefix_steps(len(source.steps), mode, controllers[category].ratio, cap)
             if steps is not None:
                 new_tasks.append({"id": task["id"], "cat": category, "steps": source.steps[:steps],
-                                  "T": len(source.steps)})
+                                  "T": len(source.steps), "ratio": controllers[category].ratio})  # for `attributed`
         new_tasks = gather_list(accelerator, new_tasks)  # every rank keeps the same queue
 
-        # ================ advantages: GRPO (r - mean) / std (the paper's appendix, Perspective 2: r - mean);
+        # ================ advantages: GRPO r - mean (appendix, Perspective 2; --scale_advantages: / std);
         #                  rejection sampling drops groups whose rollouts all fail or all pass (DeepSWE baseline) ====
         keep = ~zero_variance(rewards)
         advantages = grpo_advantages(rewards, scale=args.scale_advantages)
@@ -565,12 +590,15 @@ def main(args: Args) -> None:
             "reward_sum": float(fresh_rewards.sum()), "reward_sq_sum": float((fresh_rewards ** 2).sum()),
             "success": float(success[fresh].sum()), "zero_var": float(zero_variance(fresh_rewards).sum()),
             "truncated": sum(clipped), "trained_groups": float(keep.sum()), **sums,
+            "adv_sq_sum": float((trained_advantages ** 2).sum()),  # [PS] the appendix's signal strength, below
             "solve_partial": sum(0 < k < n for k in passes),  # [PS] every task of the batch, prefix tasks too
             **{f"route_{name}": sum(routes[group] == name for group in fresh) for name in ROUTES},
             **{f"prefix_{category}_tasks": len(prefix_groups[category]) for category in CATEGORIES},
             **{f"prefix_{category}_success": float(success[prefix_groups[category]].sum()) for category in CATEGORIES},
             **{f"prefix_{category}_steps": sum(len(tasks[group]["steps"]) for group in prefix_groups[category])
                for category in CATEGORIES},
+            **{f"ctrl_{category}_{key}": value for category in CATEGORIES  # [PS] controller input (`attributed`)
+               for key, value in attributed(tasks, passes, category, controllers[category].ratio).items()},
             "t_gen": t_gen, "t_train": t_train,
         })
         counters["rollouts"] += int(totals["rollouts"])
@@ -597,9 +625,12 @@ def main(args: Args) -> None:
         prefix_rollouts = {category: totals[f"prefix_{category}_tasks"] * n for category in CATEGORIES}
         prefix_pass_rates = {category: totals[f"prefix_{category}_success"] / prefix_rollouts[category]
                              if prefix_rollouts[category] else None for category in CATEGORIES}
+        # the controller sees only prefix tasks built with its current ratio (stale ones measure the previous ratio)
+        ctrl_pass_rates = {category: totals[f"ctrl_{category}_success"] / (totals[f"ctrl_{category}_tasks"] * n)
+                           if totals[f"ctrl_{category}_tasks"] else None for category in CATEGORIES}
         if args.prefix_sampling and args.adaptive:
             for category in CATEGORIES:
-                controllers[category].update(prefix_pass_rates[category], args.ema_alpha, args.deadzone_low,
+                controllers[category].update(ctrl_pass_rates[category], args.ema_alpha, args.deadzone_low,
                                              args.deadzone_high, args.ratio_step, args.cooldown, args.ratio_min,
                                              args.ratio_max, args.ema_reset)
         all_prefix_rollouts = prefix_rollouts["hard"] + prefix_rollouts["easy"]
@@ -609,6 +640,8 @@ def main(args: Args) -> None:
             "ps_prefix_pass_rate": (totals["prefix_hard_success"] + totals["prefix_easy_success"]) / all_prefix_rollouts
             if all_prefix_rollouts else None,
             **{f"ps_prefix_pass_rate_{category}": prefix_pass_rates[category] for category in CATEGORIES},
+            **{f"ps_ctrl_pass_rate_{category}": ctrl_pass_rates[category] for category in CATEGORIES},  # its input
+            **{f"ps_ctrl_stale_{category}": totals[f"ctrl_{category}_stale"] for category in CATEGORIES},
             **{f"ps_prefix_steps_{category}": totals[f"prefix_{category}_steps"] / totals[f"prefix_{category}_tasks"]
                if totals[f"prefix_{category}_tasks"] else None for category in CATEGORIES},  # mean K
             "ps_ratio_hard": controllers["hard"].ratio, "ps_ratio_easy": controllers["easy"].ratio,
@@ -616,6 +649,9 @@ def main(args: Args) -> None:
             "ps_replayed_tokens": totals["replayed_tokens"], "ps_generated_tokens": totals["gen_tokens"],
             "ps_fresh_pass_rate": row["pass_rate"], "ps_trained_groups": totals["trained_groups"],
             "ps_clip_frac": totals["clip_sum"] / tokens,
+            # mean A^2 of trained rollouts: a group's p(1-p) with A = r - mean (appendix, Perspective 2); 1 with / std
+            "ps_signal_strength": totals["adv_sq_sum"] / (n * totals["trained_groups"]) if totals["trained_groups"]
+            else None,
             "ps_queued": len(new_tasks), "ps_dropped": dropped,
             **{f"ps_route_{name}": totals[f"route_{name}"] for name in ROUTES},  # fresh tasks
         })

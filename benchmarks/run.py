@@ -6,7 +6,7 @@ metrics.jsonl holds the final step's row with eval metrics: finished runs are sk
 continued with `--resume auto`, so re-running the same command completes a half-finished sweep. A config
 whose script or flags do not exist (yet) is reported as "missing" and skipped.
 
-    python benchmarks/run.py                            # the full sweep: 15 configs x seeds 0 1 2
+    python benchmarks/run.py                            # the full sweep: 16 configs x seeds 0 1 2
     python benchmarks/run.py --quick                    # smoke check: 1 seed, fewer/smaller steps
     python benchmarks/run.py --only rloo,ra_rloo --seeds 0 --dry_run
     python benchmarks/run.py --lock /tmp/cpu.lock       # take a lock file around each run (shared machine)
@@ -52,19 +52,25 @@ class Config:
 
 
 CONFIGS: tuple[Config, ...] = (
-    Config("grpo_n4", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "4", "--final_keep_per_prompt", "4"),
+    Config("grpo_n4", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "4", "--final_keep_per_prompt", "4",
+                                     "--adv_std_norm", "true"),
            "GRPO-n4", None, ("frac_zero_var_groups",),
-           "Reinforce-Ada's baseline: one round of 4 samples, nothing adaptive"),
-    Config("grpo_n8", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "8", "--final_keep_per_prompt", "8"),
-           "GRPO-n8", "grpo_n4", ("frac_zero_var_groups",), "twice the samples of GRPO-n4, all trained on"),
+           "Reinforce-Ada's baseline: one round of 4 samples, nothing adaptive, A = (r - mean) / std (eq. 2)"),
+    Config("dr_grpo_n4", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "4", "--final_keep_per_prompt", "4",
+                                        "--adv_std_norm", "false"),
+           "Dr. GRPO-n4", "grpo_n4", ("frac_zero_var_groups",), "GRPO-n4 without the std division: A = r - mean"),
+    Config("grpo_n8", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "8", "--final_keep_per_prompt", "8",
+                                     "--adv_std_norm", "true"),
+           "GRPO-n8", "grpo_n4", ("frac_zero_var_groups",), "twice the samples of GRPO-n4, all trained on (eq. 2)"),
     Config("rloo", "ra_rloo.py", ("--replay", "none"), "RLOO", None,
-           ("frac_zero_var_groups", "ra_zero_var_frac_post"), "RA-RLOO's baseline (K=4)"),
+           ("frac_zero_var_groups", "ra_zero_var_frac_post"), "RA-RLOO's baseline (K=4, reward {0, 0.1, 1})"),
     Config("ra_rloo", "ra_rloo.py", ("--replay", "on_demand"), "RA-RLOO", "rloo",
            ("ra_zero_var_frac_post", "ra_replay_fired_frac", "ra_is_weight_mean"),
            "stored successes spliced into groups without a fresh success"),
-    Config("ps_off", "ps_grpo.py", ("--mode", "text", "--prefix_sampling", "false"), "GRPO-n8 + rejection",
+    Config("ps_off", "ps_grpo.py", ("--mode", "text", "--prefix_sampling", "false"), "GRPO-n8 (r - mean) + rejection",
            None, ("ps_trained_groups", "ps_solve_partial"),
-           "Prefix Sampling's baseline (the paper's DeepSWE recipe: drop all-fail / all-pass groups)"),
+           "Prefix Sampling's baseline: GRPO with A = r - mean (the paper's appendix), all-fail / all-pass groups "
+           "dropped"),
     Config("ps_fixed", "ps_grpo.py", ("--mode", "text", "--prefix_sampling", "true", "--adaptive", "false"),
            "PS (fixed)", "ps_off",
            ("ps_prefix_pass_rate", "ps_trained_groups", "ps_solve_partial", "ps_prefix_tasks"),
@@ -113,8 +119,8 @@ class Args:
     seeds: Optional[list[int]] = None
     """seeds to run (default 0 1 2; --quick: 0)"""
     quick: bool = False
-    """smoke-check setting: 1 seed, 50 steps of 16 prompts, small evaluations (measured: 7.7 min for all 15
-    configs on 2 quiet cores); its runs go to benchmarks/runs-quick"""
+    """smoke-check setting: 1 seed, 50 steps of 16 prompts, small evaluations (measured: 7.7 min for the 15
+    configs before dr_grpo_n4 was added, 2 quiet cores); its runs go to benchmarks/runs-quick"""
     dry_run: bool = False
     """print each run's state and command, run nothing"""
     runs_dir: str = ""

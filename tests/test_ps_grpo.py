@@ -14,7 +14,7 @@ from common.countdown_env import Episode, solver_episode
 from common.generation import Generations, SamplingConfig
 from common.tiny_model import build_char_tokenizer
 from conftest import run_script
-from ps_grpo import (Args, PrefixController, prefix_steps, ps_loss, rollout_multiturn, rollout_text,
+from ps_grpo import (Args, PrefixController, attributed, prefix_steps, ps_loss, rollout_multiturn, rollout_text,
                      route, split_lines)
 
 TOK = build_char_tokenizer()
@@ -88,6 +88,33 @@ def test_controller_ignores_steps_without_prefix_tasks_and_clamps():
     for _ in range(20):
         c.update(1.0, **CTRL)
     assert c.ratio == 0.95
+
+
+def test_controller_is_fed_only_prefix_tasks_built_with_its_current_ratio():
+    """main()'s order: prefix tasks are built at step t with the ratio *before* the update at the end of step t and
+    run at step t + 1, so the batch right after a move measures the old ratio: it must not enter the new EMA."""
+    c, cfg = PrefixController(0.25), {**CTRL, "cooldown": 0}  # no cooldown: any EMA outside the deadzone moves
+
+    def step(queue, k):  # run the queued prefix tasks (k of 8 pass), route a fresh one, then the controller update
+        tasks = queue + [{"id": 1, "cat": None, "steps": []}]
+        built = [{"id": 1, "cat": "hard", "steps": [None] * prefix_steps(20, "remaining", c.ratio, 1000),
+                  "T": 20, "ratio": c.ratio}]  # as in main(): tagged with the ratio that built it
+        got = attributed(tasks, [k, 4], "hard", c.ratio)
+        c.update(got["success"] / (8 * got["tasks"]) if got["tasks"] else None, **cfg)
+        return built, got
+
+    queue, _ = step([], 4)  # no prefix task yet
+    queue, got = step(queue, 8)  # tasks built at 0.25 all pass: harder
+    assert got == {"tasks": 1, "success": 8, "stale": 0} and c.ratio == pytest.approx(0.30) and c.n == 0
+    assert queue[0]["ratio"] == 0.25 and len(queue[0]["steps"]) == 15  # built in this step, before the move
+    queue, got = step(queue, 8)  # they replay 15 steps (ratio 0.25), not the 14 of 0.30
+    assert got == {"tasks": 0, "success": 0, "stale": 1}  # discarded as stale
+    assert c.ratio == pytest.approx(0.30) and c.n == 0 and c.ema(0.05) is None  # no second move on 0.25's evidence
+    queue, got = step(queue, 4)  # built at 0.30: the new EMA's first value
+    assert got["tasks"] == 1 and c.ema(0.05) == pytest.approx(0.5) and c.ratio == pytest.approx(0.30)
+    old_queue = [{"id": 0, "cat": "hard", "steps": [None], "T": 2}, {"id": 2, "cat": "easy", "steps": [None], "T": 2}]
+    assert attributed(old_queue, [8, 3], "hard", 0.25) == {"tasks": 0, "success": 0, "stale": 1}  # older checkpoints
+    assert attributed(old_queue, [8, 3], "easy", 0.25)["stale"] == 1  # recorded no ratio: not attributed either
 
 
 # ---------------- rollouts with a scripted policy ----------------
@@ -217,6 +244,23 @@ def test_every_flag_is_documented():
     assert all(f"--{f.name}" in out for f in fields(Args))
 
 
+def test_default_advantage_is_the_papers_r_minus_mean():
+    """The appendix (Perspective 2) argues with A = r - mean, whose group variance p(1-p) peaks at p = 0.5; dividing
+    by the std (--scale_advantages) gives every mixed group Var(A) = 1 and removes that signal-strength gap."""
+    from common.advantages import grpo_advantages
+    from common.cli import parse_args
+
+    rewards = torch.tensor([[1.0] + [0.0] * 7, [1.0] * 4 + [0.0] * 4])  # p = 1/8 and 1/2
+    args = parse_args(Args, [])
+    assert args.scale_advantages is False
+    adv = grpo_advantages(rewards, scale=args.scale_advantages)  # main()'s call
+    assert torch.equal(adv, rewards - rewards.mean(-1, keepdim=True))
+    p = rewards.mean(-1)
+    assert torch.allclose((adv ** 2).mean(-1), p * (1 - p))  # 7/64 < 16/64: the balanced task weighs more
+    scaled = grpo_advantages(rewards, scale=parse_args(Args, ["--scale_advantages"]).scale_advantages)
+    assert torch.allclose((scaled ** 2).mean(-1), torch.ones(2), atol=1e-4)  # the option: equal weight
+
+
 def test_bad_flags_exit_with_a_message():
     from common.cli import parse_args
 
@@ -267,7 +311,8 @@ def test_prefix_sampling_on_and_off(mt_base, tmp_path):
     assert "eval_pass@1" in ps[0] and "eval_pass@4" in ps[-1] and ps[0]["step"] == 0
     keys = {"ps_solve_partial", "ps_prefix_tasks", "ps_prefix_pass_rate_hard", "ps_prefix_pass_rate_easy",
             "ps_ratio_hard", "ps_ratio_easy", "ps_ema_hard", "ps_ema_easy", "ps_replayed_tokens",
-            "ps_generated_tokens", "ps_fresh_pass_rate", "pass_rate", "frac_zero_var_groups", "loss", "entropy"}
+            "ps_generated_tokens", "ps_fresh_pass_rate", "pass_rate", "frac_zero_var_groups", "loss", "entropy",
+            "ps_ctrl_pass_rate_hard", "ps_ctrl_stale_easy", "ps_signal_strength"}
     assert keys <= set(ps[1]) and keys <= set(base[1])
     ps, base = ps[1:], base[1:]
     # skewed fresh tasks were sent to Prefix & Mask and came back as prefix tasks in the next batch
@@ -279,6 +324,11 @@ def test_prefix_sampling_on_and_off(mt_base, tmp_path):
         assert (r["ps_prefix_pass_rate"] is None) == (r["ps_prefix_tasks"] == 0)
         assert sum(r[f"ps_route_{c}"] for c in ("all_fail", "all_pass", "normal", "too_hard", "too_easy")) \
             == 8 - r["ps_prefix_tasks"]
+    for r in ps:  # fixed ratios: every prefix task is attributed to the ratio that built it
+        assert all(r[f"ps_ctrl_stale_{c}"] == 0 and r[f"ps_ctrl_pass_rate_{c}"] == r[f"ps_prefix_pass_rate_{c}"]
+                   for c in ("hard", "easy"))
+    # the advantages trained on are r - mean: a trained group's mean A^2 is p(1-p) in [7/64, 1/4] (1 with / std)
+    assert all(7 / 64 - 1e-6 <= r["ps_signal_strength"] <= 0.25 + 1e-6 for r in base + ps)
     assert ps[-1]["rollouts"] == base[-1]["rollouts"] == 3 * 8 * 8
     assert all(r["ps_prefix_tasks"] == r["ps_queued"] == r["ps_replayed_tokens"] == 0 for r in base)
 
@@ -297,6 +347,14 @@ def test_resume_restores_queue_and_controller(mt_base, tmp_path):
     assert state["queue"] and b[3]["ps_prefix_tasks"] > 0  # step 3 ran the prefix tasks queued before the "kill"
     moved = [r for r in b[1:] if (r["ps_ratio_hard"], r["ps_ratio_easy"]) != (0.25, 0.25)]
     assert moved  # the controller acted, and its ratios/EMAs continued identically after the resume
+    assert all("ratio" in task for task in state["queue"])  # each queued prefix task records the ratio that built it
+    for c in ("hard", "easy"):  # the batch after a move measures the old ratio: stale, not fed (so no move either)
+        ratios = [0.25] + [r[f"ps_ratio_{c}"] for r in b[1:]]
+        for s, r in enumerate(b[2:], 2):
+            if ratios[s - 1] != ratios[s - 2]:
+                assert r[f"ps_ctrl_pass_rate_{c}"] is None and ratios[s] == ratios[s - 1]
+            else:
+                assert r[f"ps_ctrl_stale_{c}"] == 0
 
 
 def test_text_mode_runs(mt_base, tmp_path):
