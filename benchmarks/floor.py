@@ -193,8 +193,9 @@ def in_process(args: Args) -> dict:
 
 
 def script_run(args: Args) -> dict:
-    grpo = Config("grpo", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", str(args.n),
-                                         "--final_keep_per_prompt", str(args.n)), f"GRPO-n{args.n}")
+    grpo = Config("grpo", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", str(args.n),  # the floor has no bonus
+                                         "--final_keep_per_prompt", str(args.n), "--entropy_coef", "0"),
+                  f"GRPO-n{args.n}")
     rloo = Config("rloo", "ra_rloo.py", ("--replay", "none", "--beta", "0", "--k", str(args.n)), "RLOO")
     cfg = grpo if check_config(grpo) is None else rloo
     why = check_config(cfg)

@@ -1,7 +1,7 @@
-"""TRL's GRPOTrainer as a throughput peer of our GRPO-n4, and a check that both define the same update.
+"""TRL's GRPOTrainer as a throughput peer of our Dr. GRPO-n4, and a check that both define the same update.
 
-Throughput: `--steps` TRL GRPO steps, then `--steps` steps of our GRPO-n4 (`ada_seq.py --max_rounds 1
---round_repeat 4`), same base policy (the cached embedded tiny model), same first `--prompt_pool` Countdown
+Throughput: `--steps` TRL GRPO steps, then `--steps` steps of our Dr. GRPO-n4 (`ada_seq.py --max_rounds 1
+--round_repeat 4 --adv_std_norm false --entropy_coef 0`), same base policy (the cached embedded tiny model), same first `--prompt_pool` Countdown
 training prompts, same reward (the binary verifier), same batch (32 prompts x 4 completions of at most 32
 tokens per optimizer step), same optimiser settings, fp32 on CPU. `--repeats` rounds, alternating which trainer
 goes first, so that a slow spell of the shared machine does not land on one of them only. Step 1 (warm-up) and
@@ -237,10 +237,12 @@ def run_trl(args: Args, output_dir: str) -> dict:
 
 
 def ours_command(args: Args, output_dir: str) -> list[str]:
-    """Our GRPO-n (README: `ada_seq.py --max_rounds 1 --round_repeat n`), the sweep's budget flags, a tiny
-    final evaluation (it runs inside the last step, which is not timed) and no intermediate checkpoints."""
+    """Our Dr. GRPO-n (`ada_seq.py --max_rounds 1 --round_repeat n --adv_std_norm false`, no entropy bonus: the
+    update TRL's `loss_type='dr_grpo'`, `scale_rewards='none'` makes), the sweep's budget flags, a tiny final
+    evaluation (it runs inside the last step, which is not timed) and no intermediate checkpoints."""
     n = str(args.num_generations)
     return [sys.executable, "ada_seq.py", "--max_rounds", "1", "--round_repeat", n, "--final_keep_per_prompt", n,
+            "--adv_std_norm", "false", "--entropy_coef", "0",
             "--prompt_pool", str(args.prompt_pool), "--prompts_per_step", str(args.prompts_per_step),
             "--max_new_tokens", str(args.max_new_tokens), "--micro_batch_size", str(args.micro_batch_size),
             "--learning_rate", repr(args.learning_rate), "--warmup_steps", str(args.warmup_steps),
@@ -436,7 +438,7 @@ def render_check(c: dict) -> str:
         "",
         f"**{'Agree' if c['agree'] else 'DO NOT agree'}** (advantages and loss to 1e-6; gradient to 1e-4 of its "
         "largest entry, fp32 sums in different orders). "
-        "Ours (GRPO-n4 = `ada_seq.py --max_rounds 1 --round_repeat 4`, default `--adv_std_norm false`, "
+        "Ours (Dr. GRPO-n4 = `ada_seq.py --max_rounds 1 --round_repeat 4 --adv_std_norm false --entropy_coef 0`, "
         "`--prompt_weight none`) corresponds to TRL `loss_type='dr_grpo'`, `scale_rewards='none'`, `beta=0`, "
         "`epsilon=0.2`, `epsilon_high=0.28`.",
         "",
@@ -491,7 +493,7 @@ def render_md(res: dict) -> str:
         f"{x['tokens_per_s']:.0f} | {x['step_s_min']:.3f} - {x['step_s_max']:.3f} |")
     a, b = t["steps"]
     lines = [
-        "# TRL GRPOTrainer as a throughput peer of our GRPO-n4",
+        "# TRL GRPOTrainer as a throughput peer of our Dr. GRPO-n4",
         "",
         "Written by `benchmarks/trl_peer.py`. Same base policy (the cached embedded tiny model), the first "
         f"{res['prompt_pool']} Countdown training prompts, binary verifier reward, {res['prompts_per_step']} prompts x "
@@ -508,7 +510,7 @@ def render_md(res: dict) -> str:
         "| trainer | median s/step | steps/s | tokens/step | tokens/s | s/step min - max |",
         "|---|---|---|---|---|---|",
         row(f"TRL {v['trl']} `GRPOTrainer`", t),
-        row("ours (`ada_seq.py` GRPO-n4)", o),
+        row("ours (`ada_seq.py` Dr. GRPO-n4)", o),
         "",
         f"**Ours / TRL: {r['steps_per_s']:.2f}x steps/s, {r['tokens_per_s']:.2f}x generated tokens/s** "
         "(> 1: ours faster).",

@@ -41,11 +41,13 @@ def test_every_config_flag_exists_in_its_script():
     names = [c.name for c in run.CONFIGS]
     assert len(names) == len(set(names))
     # the 12 (GRPO-n4/n8, RLOO, RA-RLOO, PS off/fixed/adaptive, SEQ-POS/BALANCE, EST, PPO, PPO+PROS)
-    # plus PROS's random-selection ablation and GRPO / GRPO+PROS
-    assert {"grpo_n4", "grpo_n8", "rloo", "ra_rloo", "ps_off", "ps_fixed", "ps_adaptive", "seq_pos", "seq_balance",
+    # plus PROS's random-selection ablation, GRPO / GRPO+PROS and Dr. GRPO-n4 (GRPO-n4 without the std)
+    assert {"grpo_n4", "dr_grpo_n4", "grpo_n8", "rloo", "ra_rloo", "ps_off", "ps_fixed", "ps_adaptive", "seq_pos", "seq_balance",
             "est", "ppo", "ppo_pros", "ppo_pros_random", "grpo_k4", "grpo_pros"} == set(names)
     for c in run.CONFIGS:
         assert c.baseline is None or c.baseline in run.BY_NAME
+    # the GRPO-n baselines say which advantage they use, so a changed script default cannot relabel them
+    assert "true" in run.BY_NAME["grpo_n4"].flags and "false" in run.BY_NAME["dr_grpo_n4"].flags
 
 
 def test_check_config_reports_missing_script_flag_and_choice(tmp_path):
