@@ -6,11 +6,12 @@ Paper: "PROS: Towards Compute-Efficient RLVR via Rollout Prefix Reuse" (ICLR 202
 The base is PPO for LLMs: a critic (the policy's backbone copied, plus a scalar head: `ValueModel`),
 token-level GAE with the outcome reward on the last token, clipped policy and value losses, several epochs over
 minibatches. PROS is a plug-in that changes only *which queries* are trained on:
-  1. Augmented queries (Sec. 3): in every group with a correct rollout, cut a correct response y at
-     t* = argmax of the policy's token entropy within [max(L, ⌊T/4⌋), ⌊3T/4⌋) (L: inherited prefix; with a
-     critic, among the top 10% of those positions by value) and add q' = q + y[:t*] to a two-layer tree as a
-     child of q's root. A child is generated from q + prefix; only the continuation is trained (the prefix is
-     part of the prompt, so it gets no gradient and no credit); its reward is scored on prefix + continuation.
+  1. Augmented queries (Sec. 3): for every correct rollout y (T tokens, the first L inherited from the node's
+     prefix) cut at t* = argmax of the policy's token entropy within [max(L, ⌊T/4⌋), ⌊3T/4⌋); with a critic, only
+     among the top ⌈10%·(T - L)⌉ of the scored positions L..T-1 by value (none in the window: the window positions
+     of highest value). Each distinct new q' = q + y[:t*] joins a two-layer tree as a child of q's root. A child is
+     generated from q + prefix; only the continuation is trained (the prefix is part of the prompt, so it gets no
+     gradient and no credit); its reward is scored on prefix + continuation.
   2. Hierarchical Bayesian selection (Sec. 4): θ = σ(ψ), ψ_root ~ N(μ0, τ0²), ψ_child ~ N(ψ_root, σ²), counts
      with exponential forgetting, Pólya-Gamma Gibbs sweeps (common/gibbs.py); the batch takes the nodes whose
      current Gibbs draw θ̃ is nearest 0.5, at most one node per root.
@@ -21,6 +22,12 @@ shuffle), so never-seen prompts keep entering; the other slots go to the pool, r
 random`: uniformly, the paper's ablation); while the pool is too small the stream fills them. Beyond
 --pool_capacity nodes the least recently observed are evicted (a root is as recent as its latest child; children
 first on ties; a root takes its children along and may re-enter from the stream).
+
+Where this file still departs from the paper, deliberately: the critic's top 10% ranks only the positions it scores
+(a child's continuation, not its inherited prefix; ties at the threshold stay in, so a fresh zero-head critic leaves
+t* to entropy), with the fallback above; a child's window starts at its inherited length and a child of a child
+hangs off the root (the tree stays two-layer); ⌈fresh_frac·P⌉ queries per batch come from the stream (unseen prompts
+have no node to rank); one node per root per batch; a bounded pool; `--success_reward` makes rewards Bernoulli.
 
 Logged `loss`: each optimizer step's clipped surrogate as a per-token mean over its minibatch (the optimised
 normaliser), averaged over the ppo_epochs x num_minibatches steps, KL excluded (`kl`: per token, first epoch);
@@ -99,17 +106,16 @@ class Args(BaseArgs):
     """[PROS] bayes: prefix reuse + hierarchical Bayesian selection (paper); random: prefix reuse + uniform selection
     from the pool (ablation); off: vanilla PPO/GRPO"""
     select_by: Literal["draw", "mean"] = "draw"
-    """[PROS] the θ̃ ranked by |θ̃ - 0.5|: the current Gibbs draw σ(ψ) (Thompson-style) or θ̂, the mean of σ(ψ)
-    over the last iteration's sweeps"""
+    """[PROS] θ̃ ranked by |θ̃ - 0.5|: the current Gibbs draw σ(ψ) (Thompson-style) or θ̂ (mean over last sweeps)"""
     fresh_frac: float = 0.5
-    """[PROS] fraction of each batch drawn from the data stream (never-seen prompts enter this way); the rest is
-    selected from the pool"""
+    """[PROS] fraction of each batch from the data stream (never-seen prompts enter this way); the rest: the pool"""
     value_top_frac: float = 0.1
-    """[PROS] with a critic, t* is the entropy argmax among the top ⌈this·|window|⌉ window positions by predicted
-    value"""
+    """[PROS] with a critic, t* is the entropy argmax among the window positions in the top ⌈this·(T - L)⌉ of the
+    rollout's scored positions L..T-1 by predicted value (none there: the window's highest-value positions)"""
+    max_children_per_group: int = 0
+    """[PROS] cap on new children added per group per iteration; 0 = no cap, the paper: one per correct rollout"""
     forget: float = 0.95
-    """[PROS] exponential forgetting λ: all counts s, n are multiplied by λ each iteration before new observations are
-    added"""
+    """[PROS] forgetting λ: all counts s, n are multiplied by λ each iteration before new observations are added"""
     prior_mu: float = 0.0
     """[PROS] μ0: prior mean of a root's log-odds ψ_root"""
     prior_tau: float = 2.0
@@ -118,7 +124,7 @@ class Args(BaseArgs):
     """[PROS] σ: std of a child's log-odds around its root's, ψ_child ~ N(ψ_root, σ²)"""
     gibbs_sweeps: int = 10
     """[PROS] Gibbs sweeps per iteration (warm-started from the previous iteration's state)"""
-    pg_terms: int = 4
+    pg_terms: int = 8
     """[PROS] exact Gamma terms in each Pólya-Gamma draw; the remainder is one Gamma with its exact mean and variance"""
     pool_capacity: int = 10000
     """[PROS] maximum number of nodes (roots + children) in the pool; least recently observed are evicted"""
@@ -136,6 +142,8 @@ class Args(BaseArgs):
             raise SystemExit(f"--fresh_frac {self.fresh_frac}: must be in (0, 1]")
         if not 0 < self.value_top_frac <= 1:
             raise SystemExit(f"--value_top_frac {self.value_top_frac}: must be in (0, 1]")
+        if self.max_children_per_group < 0:
+            raise SystemExit(f"--max_children_per_group {self.max_children_per_group}: must be >= 0 (0 = no cap)")
         if not 0 < self.forget <= 1:
             raise SystemExit(f"--forget {self.forget}: must be in (0, 1] (1 = no forgetting)")
         if self.prior_tau <= 0 or self.child_sigma <= 0:
@@ -150,33 +158,36 @@ class Args(BaseArgs):
 
 def choose_cut(entropy: np.ndarray, values: np.ndarray | None, inherited: int, length: int,
                value_top_frac: float = 0.1) -> int | None:
-    """[PROS] Sec. 3: the cut t* for one correct response of `length` tokens (stop token excluded).
+    """[PROS] Sec. 3: the cut t* for one correct response of `length` = T tokens (stop token excluded).
 
-    `entropy` / `values` hold one entry per *continuation* token: entry j is response position inherited + j
-    (the first `inherited` tokens are the node's own prefix, never re-scored). Candidates: the window
-    [max(inherited, ⌊T/4⌋), ⌊3T/4⌋); with values, only its top ⌈value_top_frac·|window|⌉ positions by V(s_t);
-    t* = the entropy argmax among them (first on ties). None when the window is empty (no child).
+    `entropy` / `values` hold one entry per *continuation* token: entry j is response position L + j, L =
+    `inherited` (the node's own prefix, never re-scored). Window: [max(L, ⌊T/4⌋), ⌊3T/4⌋); None when empty (no
+    child). With values, the candidates are the window positions among the top ⌈value_top_frac·(T - L)⌉ of the
+    scored positions L..T-1 by V(s_t) (the paper's top 10% of timesteps; ties at the threshold kept); if none
+    lies in the window, the fallback is the window positions of highest value (the length constraint stays hard,
+    the value constraint is relaxed just enough). t* = the entropy argmax among the candidates (first on ties).
     """
     low, high = max(inherited, length // 4), (3 * length) // 4
     if high <= low:
         return None
     positions = np.arange(low, high)
-    window_entropy = np.asarray(entropy, dtype=np.float64)[positions - inherited]
     if values is not None:
-        keep = max(1, math.ceil(value_top_frac * len(positions)))
-        top = np.argsort(-np.asarray(values, dtype=np.float64)[positions - inherited], kind="stable")[:keep]
-        top.sort()
-        positions, window_entropy = positions[top], window_entropy[top]
-    return int(positions[int(np.argmax(window_entropy))])
+        scored = np.asarray(values, dtype=np.float64)[:length - inherited]  # positions L..T-1 (high <= T)
+        threshold = -np.sort(-scored)[max(1, math.ceil(round(value_top_frac * len(scored), 9))) - 1]
+        window_values = scored[positions - inherited]
+        top = window_values >= threshold
+        positions = positions[top if top.any() else window_values == window_values.max()]
+    return int(positions[int(np.argmax(np.asarray(entropy, dtype=np.float64)[positions - inherited]))])
 
 
 def child_candidates(prefix: tuple, continuations: list[list[int]], correct: list[bool], entropies: list,
                      values: list | None, stop_ids: set[int], value_top_frac: float) -> list[tuple[int, ...]]:
-    """[PROS] Sec. 3: one group's candidate child prefixes y[:t*], best (highest entropy at t*) first, distinct.
+    """[PROS] Sec. 3: one group's candidate child prefixes y[:t*], one per correct rollout whose cut is past the
+    node's own prefix, best (highest entropy at t*) first, distinct.
 
     y = prefix + continuation is the full response (a child of a child is cut from its full response, so its
-    prefix extends the inherited one and it attaches to the same root). The caller adds the first candidate not
-    already in the pool: one child per group per iteration.
+    prefix extends the inherited one and it attaches to the same root). The caller adds every candidate not
+    already in the pool (`QueryTree.add_children`; `--max_children_per_group` may cap them).
     """
     scored = []
     for i, continuation in enumerate(continuations):
@@ -187,11 +198,7 @@ def child_candidates(prefix: tuple, continuations: list[list[int]], correct: lis
         cut = choose_cut(entropies[i], None if values is None else values[i], len(prefix), length, value_top_frac)
         if cut is not None and cut > len(prefix):  # a cut at the inherited length would reproduce the node itself
             scored.append((-float(entropies[i][cut - len(prefix)]), i, tuple(full[:cut])))
-    candidates: list[tuple[int, ...]] = []
-    for _, _, child_prefix in sorted(scored):
-        if child_prefix not in candidates:
-            candidates.append(child_prefix)
-    return candidates
+    return list(dict.fromkeys(child_prefix for _, _, child_prefix in sorted(scored)))  # distinct, best first
 
 
 # ---------------- [PROS] The two-layer query tree with its pass-rate model, and selection (Section 4) ----------------
@@ -201,17 +208,13 @@ class QueryTree:
     parent is their root. Per node: discounted successes s and trials n, the Gibbs state ψ, and θ̂ (the mean
     of σ(ψ) over the last iteration's sweeps). Identical on every rank (updated from gathered data only)."""
 
-    ARRAYS = ("pid", "parent", "s", "n", "psi", "theta_hat", "last")
+    ARRAYS = ("pid", "parent", "s", "n", "psi", "theta_hat", "last")  # parent: -1 for a root; last: latest observed
+    DTYPES = (np.int64, np.int64, np.float64, np.float64, np.float64, np.float64, np.int64)
 
     def __init__(self, state: dict | None = None):
         state = state or {}
-        self.pid = np.asarray(state.get("pid", []), dtype=np.int64)
-        self.parent = np.asarray(state.get("parent", []), dtype=np.int64)  # -1 for a root
-        self.s = np.asarray(state.get("s", []), dtype=np.float64)
-        self.n = np.asarray(state.get("n", []), dtype=np.float64)
-        self.psi = np.asarray(state.get("psi", []), dtype=np.float64)
-        self.theta_hat = np.asarray(state.get("theta_hat", []), dtype=np.float64)
-        self.last = np.asarray(state.get("last", []), dtype=np.int64)  # iteration of the last observation
+        for name, dtype in zip(self.ARRAYS, self.DTYPES):
+            setattr(self, name, np.asarray(state.get(name, []), dtype=dtype))
         self.prefix: list[tuple[int, ...]] = [tuple(p) for p in state.get("prefix", [])]
         self.index = {(int(p), q): i for i, (p, q) in enumerate(zip(self.pid, self.prefix))}
 
@@ -228,15 +231,19 @@ class QueryTree:
             return self.index[key]
         parent = -1 if not prefix else self.index[(int(pid), ())]
         psi0 = mu0 if parent < 0 else self.psi[parent]
-        self.pid = np.append(self.pid, pid)
-        self.parent = np.append(self.parent, parent)
-        self.s, self.n = np.append(self.s, 0.0), np.append(self.n, 0.0)
-        self.psi = np.append(self.psi, psi0)
-        self.theta_hat = np.append(self.theta_hat, 1 / (1 + math.exp(-psi0)))
-        self.last = np.append(self.last, step)
+        for name, value in zip(self.ARRAYS, (pid, parent, 0.0, 0.0, psi0, 1 / (1 + math.exp(-psi0)), step)):
+            setattr(self, name, np.append(getattr(self, name), value))
         self.prefix.append(key[1])
         self.index[key] = len(self.prefix) - 1
         return self.index[key]
+
+    def add_children(self, pid: int, prefixes: list[tuple], step: int, mu0: float, cap: int = 0) -> int:
+        """Sec. 3: the prefixes not yet in the pool become children of root pid, in order, at most `cap` of them
+        (0 = all: one per correct rollout, the paper); returns how many were added."""
+        new = [p for p in prefixes if (int(pid), tuple(p)) not in self.index][:cap or None]
+        for prefix in new:
+            self.add(pid, prefix, step, mu0)
+        return len(new)
 
     def observe(self, nodes: list[int], succ: list[float], trials: list[float], forget: float, step: int) -> None:
         """Sec. 4 exponential forgetting: s, n <- λ s, λ n for every node, then add this iteration's counts."""
@@ -527,7 +534,7 @@ def main(args: Args) -> None:
         t_score = time.time() - t_score_start
 
         # ================ [PROS] the tree: child candidates (Sec. 3); forget + observe, add, evict, Gibbs (Sec. 4) ===
-        # (from every rank's gathered outcomes, so the tree stays the same on every rank; one new child per group)
+        # (from every rank's gathered outcomes, sorted, so the tree stays the same on every rank)
         children_created, gibbs_seconds = 0, 0.0
         if pros:
             outcomes = []  # per group: (query index, successes, candidate child prefixes)
@@ -545,12 +552,9 @@ def main(args: Args) -> None:
             outcomes = sorted(gather_list(accelerator, outcomes))
             tree.observe([queries[j][2] for j, _, _ in outcomes], [s for _, s, _ in outcomes], [k] * len(outcomes),
                          args.forget, step)
-            for j, _, candidates in outcomes:
-                prompt_id = queries[j][0]
-                new_prefix = next((c for c in candidates if (prompt_id, c) not in tree.index), None)
-                if new_prefix is not None:
-                    tree.add(prompt_id, new_prefix, step, args.prior_mu)
-                    children_created += 1
+            for j, _, candidates in outcomes:  # every distinct new cut of a correct rollout (capped if asked)
+                children_created += tree.add_children(queries[j][0], candidates, step, args.prior_mu,
+                                                      args.max_children_per_group)
             tree.evict(args.pool_capacity)
             gibbs_start = time.time()
             tree.gibbs(args, pros_rng)
@@ -634,8 +638,7 @@ def main(args: Args) -> None:
             "kl_sum": kl_sum, "ent_sum": float((scores["ent"] * mask).sum()), "tok": float(mask.sum()),
             "t_gen": t_gen, "t_train": t_train,
         })
-        counters["rollouts"] += int(totals["rollouts"])
-        counters["gen_tokens"] += int(totals["gen_tokens"])
+        counters = {name: count + int(totals[name]) for name, count in counters.items()}  # rollouts, gen_tokens
         samples, tokens = max(1.0, totals["rollouts"]), max(1.0, totals["tok"])
         reward_mean = totals["reward_sum"] / samples
         row = {

@@ -1,12 +1,13 @@
 """TRL's GRPOTrainer as a throughput peer of our Dr. GRPO-n4, and a check that both define the same update.
 
 Throughput: `--steps` TRL GRPO steps, then `--steps` steps of our Dr. GRPO-n4 (`ada_seq.py --max_rounds 1
---round_repeat 4 --adv_std_norm false --entropy_coef 0`), same base policy (the cached embedded tiny model), same first `--prompt_pool` Countdown
-training prompts, same reward (the binary verifier), same batch (32 prompts x 4 completions of at most 32
-tokens per optimizer step), same optimiser settings, fp32 on CPU. `--repeats` rounds, alternating which trainer
-goes first, so that a slow spell of the shared machine does not land on one of them only. Step 1 (warm-up) and
-the last step (ours evaluates the final policy inside it) are left out; the figures are the median step time
-and the generated completion tokens per second over the steps in between, pooled over the rounds.
+--round_repeat 4 --adv_std_norm false --entropy_coef 0`), same base policy (the cached embedded tiny model), same
+first `--prompt_pool` Countdown training prompts, same reward (the binary verifier), same batch (32 prompts x 4
+completions of at most 32 tokens per optimizer step), same optimiser settings, fp32 on CPU. `--repeats` rounds,
+alternating which trainer goes first, so that a slow spell of the shared machine does not land on one of them
+only. Step 1 (warm-up) and the last step (ours evaluates the final policy inside it) are left out; the figures are
+the median step time and the generated completion tokens per second over the steps in between, pooled over the
+rounds.
 
 Definition check (`--check`, also part of the full run): on a fixed batch (2 prompts x 4 completions of varied
 length, fixed rewards, fixed old log-probs with some ratios outside the clip range) it runs TRL's own code --

@@ -23,14 +23,28 @@ def test_cut_is_the_entropy_argmax_inside_the_window():
     assert choose_cut(np.ones(1), None, inherited=0, length=1) is None  # too short: [0, 0)
 
 
-def test_with_a_critic_only_the_top_value_positions_compete():
-    ent = np.zeros(40)
-    ent[12] = 5.0  # highest entropy in the window [10, 30)
-    ent[25] = 1.0
-    val = np.zeros(40)
-    val[[25, 27]] = 1.0  # top 10% of 20 window positions = 2 positions: 25 and 27
-    assert choose_cut(ent, None, 0, 40) == 12
-    assert choose_cut(ent, val, 0, 40, value_top_frac=0.1) == 25
+def test_with_a_critic_the_top_values_over_the_rollout_meet_the_window_and_entropy_decides():
+    ent, val = np.zeros(40), -np.arange(40) / 1000  # T = 40: window [10, 30); distinct low values elsewhere
+    ent[[15, 12, 25, 20]] = [9.0, 1.0, 2.0, 3.0]
+    val[[35, 12, 25, 20]] = [1.0, 0.9, 0.8, 0.7]  # top ⌈10%·40⌉ = 4 of the rollout: 35 (outside), 12, 25, 20
+    assert choose_cut(ent, None, 0, 40) == 15  # entropy alone
+    assert choose_cut(ent, val, 0, 40, value_top_frac=0.1) == 20  # the entropy argmax of {12, 20, 25}
+    assert choose_cut(ent, val, 0, 40, value_top_frac=0.05) == 12  # top 2: {35, 12}
+    # a child (L = 10, T = 30): only positions 10..29 have values, the top ⌈10%·(T - L)⌉ = 2 of them count
+    ent, val = np.zeros(21), -np.arange(21) / 1000  # entry j is position 10 + j; the last one is the stop token
+    ent[[2, 8]], val[[15, 2, 8, 20]] = [1.0, 5.0], [1.0, 0.9, 0.8, 9.0]  # positions 12, 18; 25, 12, 18; stop
+    assert choose_cut(ent, val, 10, 30) == 12  # window [10, 22); top 2 = {25, 12}; 18 is third (ignored)
+
+
+def test_with_a_critic_an_empty_intersection_falls_back_to_the_window_highest_value():
+    ent, val = np.zeros(40), np.arange(40) / 40  # values rise to the end: the top 4 (36..39) miss [10, 30)
+    ent[[15, 28]] = [9.0, 5.0]
+    assert choose_cut(ent, val, 0, 40) == 29  # the window's highest value, whatever the entropy
+    val[[17, 23]] = 0.8  # a tie for the window's highest value: entropy decides among the tied positions
+    ent[23] = 1.0
+    assert choose_cut(ent, val, 0, 40) == 23
+    # a fresh critic (zero head) ties everywhere: every position is in the top, so entropy alone decides
+    assert choose_cut(ent, np.zeros(40), 0, 40) == choose_cut(ent, None, 0, 40) == 15
 
 
 def test_child_candidates_come_from_correct_rollouts_and_extend_the_prefix():
@@ -45,6 +59,34 @@ def test_child_candidates_come_from_correct_rollouts_and_extend_the_prefix():
     assert c == [(7, 7, 5, 5, 5), (7, 7, 6)]  # position 6 (entropy 20) is outside the window; best first
     flat = [np.zeros(7)]  # all ties: t* = 2 = the inherited length, which would reproduce the node itself
     assert child_candidates(prefix, conts[:1], [True], flat, None, stop, 0.1) == []
+
+
+def test_every_correct_rollout_with_a_new_cut_becomes_a_child_unless_capped():
+    stop, prefix = {2}, ()
+    conts = [[3, 4, 5, 6, 7, 8, 9, 10, 2], [4, 4, 4, 4, 4, 4, 4, 4, 2], [5, 5, 5, 5, 5, 5, 5, 5, 2],
+             [3, 4, 5, 6, 7, 8, 9, 10, 2], [6, 6, 6, 6, 6, 6, 6, 6, 2]]  # T = 8: window [2, 6)
+    ents = [np.eye(9)[3] * 3, np.eye(9)[4] * 4, np.eye(9)[5] * 5, np.eye(9)[3], np.eye(9)[4] * 9]
+    # three correct rollouts with distinct cuts, a fourth duplicating the first's cut, a wrong one
+    cands = child_candidates(prefix, conts, [True, True, True, True, False], ents, None, stop, 0.1)
+    assert cands == [(5, 5, 5, 5, 5), (4, 4, 4, 4), (3, 4, 5)]  # highest entropy at t* first, distinct
+
+    def tree_with(*children):
+        tree = QueryTree()
+        tree.add(7, (), 0, 0.0)
+        for child in children:
+            tree.add(7, child, 0, 0.0)
+        return tree
+
+    tree = tree_with()
+    assert tree.add_children(7, cands, 1, 0.0) == 3 and len(tree) == 4  # the paper: one per correct rollout
+    assert tree.parent.tolist() == [-1, 0, 0, 0] and tree.prefix[1:] == cands
+    tree = tree_with()
+    assert tree.add_children(7, cands, 1, 0.0, cap=1) == 1 and tree.prefix == [(), (5, 5, 5, 5, 5)]  # the best
+    tree = tree_with((5, 5, 5, 5, 5))  # already in the pool: not new, and not counted against the cap
+    assert tree.add_children(7, cands, 1, 0.0, cap=1) == 1 and tree.prefix[-1] == (4, 4, 4, 4)
+    assert tree.add_children(7, cands, 2, 0.0) == 1 and len(tree) == 4
+    with pytest.raises(SystemExit, match="--max_children_per_group"):
+        Args(max_children_per_group=-1).validate()
 
 
 # ---------------------------------------------------------------- the tree and selection (Section 4)
