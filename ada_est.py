@@ -57,7 +57,7 @@ from common.logprobs import token_logprobs
 from common.losses import clipped_surrogate, kl_k3
 from common.masking import pad_sequences, right_align
 from common.metrics import MetricsLogger, check_tracker, evaluate
-from common.policy import load_policy
+from common.policy import DTYPES, autocast, load_policy
 
 
 @dataclass
@@ -217,7 +217,7 @@ def main(args: Args) -> None:
 
         with accelerator.main_process_first():
             model_path = str(ensure_embedded_base(log=log))
-    policy, tokenizer = load_policy(model_path, args.dtype)
+    policy, tokenizer = load_policy(model_path)  # fp32 master weights; --dtype is the compute dtype (autocast)
     policy.to(device)
     if args.dataset == "countdown":  # the embedded demo task, imported only here
         from common.countdown import countdown_task
@@ -227,7 +227,7 @@ def main(args: Args) -> None:
         task = hf_task(args, tokenizer, log)
     ref_model = None
     if args.beta > 0:  # the KL reference: the initial weights, frozen
-        ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+        ref_model = copy.deepcopy(policy).to(DTYPES[args.dtype]).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
                                   weight_decay=args.weight_decay)
     warmup = max(1, args.warmup_steps)  # linear warm-up, then constant
@@ -244,7 +244,7 @@ def main(args: Args) -> None:
                                   max_model_len=args.vllm_max_model_len,
                                   gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
     else:
-        generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size)
+        generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype)
     # pi_old from the sampler only where it differs from the update's own first pass (`--old_logprobs`)
     sampler_logprobs = args.old_logprobs == "sampler" or args.use_vllm or args.ppo_epochs > 1
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -327,7 +327,8 @@ def main(args: Args) -> None:
             for rows in micro_batches(len(completions), args.micro_batch_size, accelerator, model):
                 batch = pad_sequences([flat_prompts[r] for r in rows], [completions[r] for r in rows],
                                       tokenizer.pad_token_id).to(device)
-                logp, entropy = token_logprobs(model, batch, temperature, entropy_grad=args.entropy_coef > 0)
+                with autocast(device, args.dtype):  # bf16 compute over fp32 weights with --dtype bfloat16
+                    logp, entropy = token_logprobs(model, batch, temperature, entropy_grad=args.entropy_coef > 0)
                 mask = batch.loss_mask
                 # without sampler log-probs pi_old is this very pass (one epoch, HF weights: exact, ratio 1)
                 old_logp = right_align([old_logps[r] for r in rows], batch.completion_width).to(device) \
@@ -338,7 +339,7 @@ def main(args: Args) -> None:
                 entropy_sum = (entropy * mask).sum()
                 loss = (surrogate_sum - args.entropy_coef * entropy_sum) / normaliser  # entropy bonus (Sec. 4 set-up)
                 if ref_model is not None:
-                    with torch.no_grad():
+                    with torch.no_grad(), autocast(device, args.dtype):
                         ref_logp, _ = token_logprobs(ref_model, batch, temperature)
                     kl = kl_k3(logp, ref_logp) * mask
                     loss = loss + args.beta * kl.sum() / max(1, n_tokens)

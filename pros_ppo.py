@@ -67,7 +67,7 @@ from common.logprobs import token_logprobs
 from common.losses import clipped_surrogate, kl_k3
 from common.masking import pad_sequences
 from common.metrics import MetricsLogger, check_tracker, evaluate
-from common.policy import load_policy
+from common.policy import DTYPES, autocast, load_policy
 
 
 @dataclass
@@ -428,7 +428,7 @@ def main(args: Args) -> None:
 
         with accelerator.main_process_first():
             model_path = str(ensure_embedded_base(log=log))
-    policy, tokenizer = load_policy(model_path, args.dtype)
+    policy, tokenizer = load_policy(model_path)  # fp32 master weights; --dtype is the compute dtype (autocast)
     policy.to(device)
     if args.dataset == "countdown":  # the embedded demo task, imported only here
         from common.countdown import countdown_task
@@ -436,9 +436,8 @@ def main(args: Args) -> None:
         task = countdown_task(args.reward, args.eval_prompts, args.prompt_pool)
     else:
         task = hf_task(args, tokenizer, log)
-    ref_model = None
-    if args.kl_coef > 0:  # the KL reference: the initial weights, frozen
-        ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+    # the KL reference: the initial weights, frozen, stored in the compute dtype
+    ref_model = copy.deepcopy(policy).to(DTYPES[args.dtype]).eval().requires_grad_(False) if args.kl_coef > 0 else None
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
                                   weight_decay=args.weight_decay)
     warmup = max(1, args.warmup_steps)  # linear warm-up, then constant
@@ -460,7 +459,7 @@ def main(args: Args) -> None:
                                   max_model_len=args.vllm_max_model_len,
                                   gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
     else:
-        generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size)
+        generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype)
     # no sampler log-probs: pi_old's come from score_rollouts, with the entropies PROS needs
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, logprobs=False)
     temperature = args.temperature if args.temperature > 0 else 1.0  # greedy samples are scored at T=1
@@ -515,8 +514,7 @@ def main(args: Args) -> None:
         query_ids = [encode(example.prompt) + prefix for example, prefix in zip(examples, prefixes)]
         gens = generator.generate(query_ids, k, sampling)
         t_gen = time.time() - t_start
-        completions = [list(c) for c in gens.completion_ids]
-        prompts = [ids for ids in query_ids for _ in range(k)]
+        completions, prompts = [list(c) for c in gens.completion_ids], [ids for ids in query_ids for _ in range(k)]
         num_rollouts = len(completions)
 
         # ================ verify: the reward reads prefix + continuation (PROS Sec. 3) ================
@@ -528,8 +526,9 @@ def main(args: Args) -> None:
 
         # ================ pi_old's log-probs, entropies, values (and reference log-probs): one no-grad pass ========
         t_score_start = time.time()
-        scores = score_rollouts(policy, critic, ref_model, tokenizer, prompts, completions, args.micro_batch_size,
-                                temperature, device)
+        with autocast(device, args.dtype):  # bf16 compute over fp32 weights with --dtype bfloat16
+            scores = score_rollouts(policy, critic, ref_model, tokenizer, prompts, completions,
+                                    args.micro_batch_size, temperature, device)
         mask = scores["mask"]
         t_score = time.time() - t_score_start
 
@@ -584,7 +583,8 @@ def main(args: Args) -> None:
                     batch = pad_sequences([prompts[i] for i in ids], [completions[i] for i in ids],
                                           tokenizer.pad_token_id).to(device)
                     cols, token_mask = slice(-batch.completion_width, None), batch.loss_mask
-                    logp, _ = token_logprobs(model, batch, temperature)
+                    with autocast(device, args.dtype):
+                        logp, _ = token_logprobs(model, batch, temperature)
                     per_token, clipped = clipped_surrogate(logp, scores["logp"][ids, cols].to(device),
                                                            advantages[ids, cols].to(device), args.clip_low,
                                                            args.clip_high)
@@ -602,8 +602,7 @@ def main(args: Args) -> None:
                 optimizer.zero_grad(set_to_none=True)
                 policy_losses.append(surrogate_sum)
                 clip_fracs.append(clipped_sum / minibatch_tokens)
-                if epoch == 0:  # the on-policy epoch's KL is the one logged
-                    kl_sum += minibatch_kl
+                kl_sum += minibatch_kl if epoch == 0 else 0.0  # the on-policy epoch's KL is the one logged
                 if critic is not None:  # the critic: clipped value loss against the GAE returns, its own step
                     value_loss_sum = 0.0
                     for rows in micro_batches(len(minibatch), args.micro_batch_size, accelerator, critic_model):
@@ -611,7 +610,9 @@ def main(args: Args) -> None:
                         batch = pad_sequences([prompts[i] for i in ids], [completions[i] for i in ids],
                                               tokenizer.pad_token_id).to(device)
                         cols = slice(-batch.completion_width, None)
-                        per_token = value_loss(critic_model(batch), scores["value"][ids, cols].to(device),
+                        with autocast(device, args.dtype):
+                            values = critic_model(batch)
+                        per_token = value_loss(values, scores["value"][ids, cols].to(device),
                                                returns[ids, cols].to(device), args.vf_clip)
                         loss = (per_token * batch.loss_mask).sum() / minibatch_tokens
                         accelerator.backward(loss)

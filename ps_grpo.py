@@ -84,7 +84,7 @@ from common.logprobs import token_logprobs
 from common.losses import clipped_surrogate
 from common.masking import pad_sequences, right_align
 from common.metrics import MetricsLogger, check_tracker, evaluate, pass_at_k
-from common.policy import load_policy
+from common.policy import autocast, load_policy
 
 CATEGORIES = ("hard", "easy")  # [PS] too-hard tasks replay a success, too-easy tasks a failure
 ROUTES = ("all_fail", "all_pass", "normal", "too_hard", "too_easy")
@@ -423,7 +423,7 @@ def main(args: Args) -> None:
 
                 recipe = MultiTurnRecipe(args.env_numbers, args.env_max_number, args.mt_sft_steps)
                 model_path = str(ensure_multiturn_policy(model_path, recipe, log=log))
-    policy, tokenizer = load_policy(model_path, args.dtype)
+    policy, tokenizer = load_policy(model_path)  # fp32 master weights; --dtype is the compute dtype (autocast)
     policy.to(device)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
                                   weight_decay=args.weight_decay)
@@ -453,7 +453,7 @@ def main(args: Args) -> None:
                                   max_model_len=args.vllm_max_model_len,
                                   gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
     else:
-        generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size)
+        generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype)
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)  # text mode
     turn_sampling = turn_config(tokenizer, args)  # multi-turn: one action per generate call
     eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, logprobs=False)
@@ -562,7 +562,8 @@ def main(args: Args) -> None:
         for batch_rows in micro_batches(len(trained), args.micro_batch_size, accelerator, model):
             batch = pad_sequences([prompts[trained[i].group] for i in batch_rows], [trained[i].ids for i in batch_rows],
                                   tokenizer.pad_token_id, [trained[i].mask for i in batch_rows]).to(device)
-            logp, entropy = token_logprobs(model, batch, temperature)
+            with autocast(device, args.dtype):  # bf16 compute over fp32 weights with --dtype bfloat16
+                logp, entropy = token_logprobs(model, batch, temperature)
             mask = batch.loss_mask
             old_logp = right_align([trained[i].old_logp for i in batch_rows], batch.completion_width).to(device)
             loss, clipped_tokens = ps_loss(logp, old_logp, trained_advantages[batch_rows], mask, n_tokens,

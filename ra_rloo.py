@@ -58,7 +58,7 @@ from common.logprobs import score_completions, token_logprobs
 from common.losses import kl_k3
 from common.masking import pad_sequences
 from common.metrics import MetricsLogger, check_tracker, evaluate
-from common.policy import load_policy
+from common.policy import DTYPES, autocast, load_policy
 
 
 @dataclass
@@ -184,7 +184,7 @@ def main(args: Args) -> None:
 
         with accelerator.main_process_first():
             model_path = str(ensure_embedded_base(log=log))
-    policy, tokenizer = load_policy(model_path, args.dtype)
+    policy, tokenizer = load_policy(model_path)  # fp32 master weights; --dtype is the compute dtype (autocast)
     policy.to(device)
     if args.dataset == "countdown":  # the embedded demo task, imported only here
         from common.countdown import countdown_task
@@ -194,7 +194,7 @@ def main(args: Args) -> None:
         task = hf_task(args, tokenizer, log)
     ref_model = None
     if args.beta > 0:  # the KL reference: the initial weights, frozen
-        ref_model = copy.deepcopy(policy).eval().requires_grad_(False)
+        ref_model = copy.deepcopy(policy).to(DTYPES[args.dtype]).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
                                   weight_decay=args.weight_decay)
     warmup = max(1, args.warmup_steps)  # linear warm-up, then constant
@@ -211,7 +211,7 @@ def main(args: Args) -> None:
                                   max_model_len=args.vllm_max_model_len,
                                   gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
     else:
-        generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size)
+        generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype)
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     temperature = args.temperature if args.temperature > 0 else 1.0  # the generator scores greedy samples at T=1
     eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, logprobs=False)
@@ -240,7 +240,8 @@ def main(args: Args) -> None:
     buffers = {prompt_id: deque(items, maxlen=args.buffer_capacity)
                for prompt_id, items in method_state.get("buffers", {}).items()}
     if start_step == 0 and args.replay != "none" and args.seed_buffer:
-        buffers = seed_buffers(task, policy, tokenizer, encode, args, device, temperature)
+        with autocast(device, args.dtype):
+            buffers = seed_buffers(task, policy, tokenizer, encode, args, device, temperature)
         log(f"[RA-RLOO] seeded {len(buffers)} prompt buffers with demonstrations")
 
     # ---------------- logging, step-0 evaluation, graceful stop ----------------
@@ -291,7 +292,8 @@ def main(args: Args) -> None:
         for rows in micro_batches(len(completions), args.micro_batch_size, accelerator, model):
             batch = pad_sequences([flat_prompts[r] for r in rows], [completions[r] for r in rows],
                                   tokenizer.pad_token_id).to(device)
-            logp, entropy = token_logprobs(model, batch, temperature)  # the sampled distribution: logits / T
+            with autocast(device, args.dtype):  # the sampled distribution: logits / T
+                logp, entropy = token_logprobs(model, batch, temperature)
             mask = batch.loss_mask
             seq_logp = (logp * mask).sum(-1)
             adv, rep = advantages[rows], replayed[rows]
@@ -301,7 +303,7 @@ def main(args: Args) -> None:
             pg_sum = -(adv * seq_logp).sum()
             loss = pg_sum / normaliser
             if ref_model is not None:
-                with torch.no_grad():
+                with torch.no_grad(), autocast(device, args.dtype):
                     ref_logp, _ = token_logprobs(ref_model, batch, temperature)
                 kl = kl_k3(logp, ref_logp) * mask
                 loss = loss + args.beta * kl.sum() / max(1, n_tokens)

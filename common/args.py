@@ -82,4 +82,5 @@ class BaseArgs:
     micro_batch_size: int = 64
     """sequences per forward/backward pass (gradients are accumulated over the step's batch)"""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """parameter dtype (bf16 on GPU for real models; the CPU default is fp32)"""
+    """compute dtype: `bfloat16` runs the forward passes (generation, log-probs, critic) under autocast; the trained
+    weights and optimizer state stay fp32 (master weights, saved as such in checkpoints); frozen copies use it"""

@@ -1,9 +1,8 @@
 """Generation backends with one output format: prompts as token-id lists in, `n` samples per prompt out,
 prompt-major, each with its token ids, the log-prob of each sampled token under the *sampling* distribution
 (logits / temperature) and a finish reason ("stop": a stop token ended it, "length": max_new_tokens did).
-`HFGenerator` (default) runs `model.generate` on the training model itself; `VLLMGenerator`
-(common/vllm_backend.py, which imports this module) is a colocated in-process vLLM engine, to which the scripts
-push the weights once per update phase (`sync_weights`).
+`HFGenerator` (default) runs `model.generate` on the training model itself; `VLLMGenerator` (common/vllm_backend.py)
+is a colocated in-process vLLM engine, to which the scripts push the weights once per update (`sync_weights`).
 """
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from common.logprobs import score_completions
+from common.policy import autocast
 
 
 @dataclass
@@ -39,16 +39,21 @@ class Generations:
 class HFGenerator:
     """Sampling with `transformers` generate, batched, left-padded."""
 
-    def __init__(self, model, tokenizer, batch_size: int = 256):
+    def __init__(self, model, tokenizer, batch_size: int = 256, dtype: str = "float32"):
         self.model = model  # the (unwrapped) training model: always current, nothing to sync
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.dtype = dtype  # compute dtype (autocast over the fp32 weights)
 
     def sync_weights(self, model) -> None:
         self.model = model
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig) -> Generations:
+        with autocast(next(self.model.parameters()).device, self.dtype):
+            return self._generate(prompt_ids, n, cfg)
+
+    def _generate(self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig) -> Generations:
         tok = self.tokenizer
         if cfg.logprobs and cfg.temperature > 0 and (cfg.top_p < 1 or cfg.top_k > 0):  # scoring ignores truncation
             raise ValueError(f"HFGenerator: log-probs with top_p={cfg.top_p} / top_k={cfg.top_k} would not be those of "
@@ -86,15 +91,10 @@ class HFGenerator:
                 else:
                     out_ids.append(row[: cut + 1])
                     out_reasons.append("stop")
-        logps = self._score(flat, out_ids, cfg.temperature, device) if cfg.logprobs else [[] for _ in out_ids]
+        logps = [[] for _ in out_ids]
+        if cfg.logprobs:  # under logits / T, by one extra pass (keeping generate's scores holds [B, V] per token)
+            logps = score_completions(self.model, flat, out_ids, tok.pad_token_id, self.batch_size, device,
+                                      cfg.temperature if cfg.temperature > 0 else 1.0)
         self.model.train(was_training)
         return Generations(prompt_ids=[list(p) for p in prompt_ids], completion_ids=out_ids,
                            logprobs=logps, finish_reasons=out_reasons, n=n)
-
-    def _score(self, prompts, completions, temperature, device) -> list[list[float]]:
-        """Log-probs of the sampled tokens under logits/T, by one extra forward pass.
-
-        Recomputing (rather than keeping `generate`'s scores) avoids holding a [B, V] tensor per step.
-        """
-        return score_completions(self.model, prompts, completions, self.tokenizer.pad_token_id,
-                                 self.batch_size, device, temperature if temperature > 0 else 1.0)

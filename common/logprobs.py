@@ -1,7 +1,6 @@
 """Per-token log-probs and entropies of the completion region: the model returns logits only there
 (`logits_to_keep`), and log p(token) = logit[token] - logsumexp(logits) is computed a chunk of positions at a
-time, so no float32 copy of the whole [B, R, V] tensor is made. Entropy comes from the same chunks: without
-gradient by default (a metric and a selection signal), with it when a script adds an entropy bonus to its loss.
+time, so no float32 copy of the whole [B, R, V] tensor is made. Entropy comes from the same chunks.
 """
 from __future__ import annotations
 

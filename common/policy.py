@@ -1,4 +1,4 @@
-"""Loading the policy and its tokenizer from a hub name or a local Hugging Face directory."""
+"""Loading the policy and its tokenizer (hub name or local directory), and the compute dtype of forward passes."""
 from __future__ import annotations
 
 import torch
@@ -7,9 +7,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def load_policy(model_name_or_path: str, dtype: str = "float32"):
-    """(model, tokenizer); a tokenizer without a pad token pads with EOS (many base models ship without one)."""
+    """(model, tokenizer); a tokenizer without a pad token pads with EOS. Trained models load in fp32 (master weights:
+    a ~1e-6 AdamW step rounds away on bf16 weights); bf16 compute comes from `autocast` around forward passes."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
         model = AutoModelForCausalLM.from_pretrained(model_name_or_path, dtype=DTYPES[dtype])
@@ -18,3 +18,8 @@ def load_policy(model_name_or_path: str, dtype: str = "float32"):
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
+
+
+def autocast(device: torch.device, dtype: str):
+    """The compute dtype of forward passes over fp32 weights: torch autocast on CPU or CUDA (`float32`: a no-op)."""
+    return torch.autocast(device.type, dtype=DTYPES[dtype], enabled=dtype != "float32")
