@@ -284,7 +284,13 @@ def main(args: Args) -> None:
         with accelerator.main_process_first():
             model_path = str(ensure_embedded_base(log=log))
     policy, tokenizer = load_policy(model_path)  # fp32 master weights; --dtype is the compute dtype (autocast)
-    policy.to(device)
+    policy.to(device).train()  # training mode: from_pretrained returns eval mode (checkpointing needs train)
+    if args.gradient_checkpointing:  # activations recomputed in backward (training passes only; generate is eval)
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if args.lora_r:  # LoRA: only the adapters train (fp32); the frozen base is stored in the compute dtype
+        from common.lora import AdaptersOff, add_lora
+
+        policy = add_lora(policy, args.lora_r, args.lora_alpha, args.lora_target_modules, args.dtype)
     if args.dataset == "countdown":  # the embedded demo task, imported only here
         from common.countdown import countdown_task
 
@@ -293,7 +299,8 @@ def main(args: Args) -> None:
         task = hf_task(args, tokenizer, log)
     ref_model = None
     if args.beta > 0:  # the KL reference: the initial weights, frozen
-        ref_model = copy.deepcopy(policy).to(DTYPES[args.dtype]).eval().requires_grad_(False)
+        ref_model = AdaptersOff(policy) if args.lora_r else \
+            copy.deepcopy(policy).to(DTYPES[args.dtype]).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
                                   weight_decay=args.weight_decay)
     warmup = max(1, args.warmup_steps)  # linear warm-up, then constant
@@ -474,7 +481,7 @@ def main(args: Args) -> None:
         if (args.save_every and step % args.save_every == 0) or step == args.max_steps or stopping:
             state = {"sampler": sampler.state_dict(), "counters": counters, "method": {}}
             path = checkpoint.save_checkpoint(args.output_dir, step, accelerator, model, tokenizer, optimizer,
-                                              scheduler, state, args.keep_checkpoints)
+                                              scheduler, state, args.keep_checkpoints, args.lora_merged_export)
             if stopping:
                 log(f"stopped at step {step}; continue with --resume auto (checkpoint {path})")
                 break

@@ -358,7 +358,10 @@ def build_value_model(policy, path: str | None = None) -> ValueModel:
             raise SystemExit(f"--critic_model_name_or_path {path!r}: vocab size {backbone.config.vocab_size} "
                              f"differs from the policy's {policy.config.vocab_size} (the critic reads policy tokens)")
     else:
-        backbone = copy.deepcopy(policy.base_model)
+        # with LoRA the copy is of the adapted backbone, trained in full (B = 0 at the start: the base's function)
+        backbone = copy.deepcopy((policy.get_base_model() if hasattr(policy, "get_base_model") else policy).base_model)
+    if policy.is_gradient_checkpointing:  # the critic follows the policy's --gradient_checkpointing
+        backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     backbone.requires_grad_(True).train()
     return ValueModel(backbone, backbone.config.hidden_size)
 
@@ -429,7 +432,13 @@ def main(args: Args) -> None:
         with accelerator.main_process_first():
             model_path = str(ensure_embedded_base(log=log))
     policy, tokenizer = load_policy(model_path)  # fp32 master weights; --dtype is the compute dtype (autocast)
-    policy.to(device)
+    policy.to(device).train()  # training mode: from_pretrained returns eval mode (checkpointing needs train)
+    if args.gradient_checkpointing:  # activations recomputed in backward (training passes only; generate is eval)
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if args.lora_r:  # LoRA: only the adapters train (fp32); the frozen base is stored in the compute dtype
+        from common.lora import AdaptersOff, add_lora
+
+        policy = add_lora(policy, args.lora_r, args.lora_alpha, args.lora_target_modules, args.dtype)
     if args.dataset == "countdown":  # the embedded demo task, imported only here
         from common.countdown import countdown_task
 
@@ -437,7 +446,8 @@ def main(args: Args) -> None:
     else:
         task = hf_task(args, tokenizer, log)
     # the KL reference: the initial weights, frozen, stored in the compute dtype
-    ref_model = copy.deepcopy(policy).to(DTYPES[args.dtype]).eval().requires_grad_(False) if args.kl_coef > 0 else None
+    ref_model = None if args.kl_coef <= 0 else AdaptersOff(policy) if args.lora_r else \
+        copy.deepcopy(policy).to(DTYPES[args.dtype]).eval().requires_grad_(False)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
                                   weight_decay=args.weight_decay)
     warmup = max(1, args.warmup_steps)  # linear warm-up, then constant
@@ -687,7 +697,7 @@ def main(args: Args) -> None:
                 method_state.update(critic=critic.state_dict(), critic_opt=critic_optimizer.state_dict())
             state = {"sampler": sampler.state_dict(), "counters": counters, "method": method_state}
             path = checkpoint.save_checkpoint(args.output_dir, step, accelerator, model, tokenizer, optimizer,
-                                              scheduler, state, args.keep_checkpoints)
+                                              scheduler, state, args.keep_checkpoints, args.lora_merged_export)
             if stopping:
                 log(f"stopped at step {step}; continue with --resume auto (checkpoint {path})")
                 break

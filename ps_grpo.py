@@ -424,7 +424,13 @@ def main(args: Args) -> None:
                 recipe = MultiTurnRecipe(args.env_numbers, args.env_max_number, args.mt_sft_steps)
                 model_path = str(ensure_multiturn_policy(model_path, recipe, log=log))
     policy, tokenizer = load_policy(model_path)  # fp32 master weights; --dtype is the compute dtype (autocast)
-    policy.to(device)
+    policy.to(device).train()  # training mode: from_pretrained returns eval mode (checkpointing needs train)
+    if args.gradient_checkpointing:  # activations recomputed in backward (training passes only; generate is eval)
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if args.lora_r:  # LoRA: only the adapters train (fp32); the frozen base is stored in the compute dtype
+        from common.lora import add_lora
+
+        policy = add_lora(policy, args.lora_r, args.lora_alpha, args.lora_target_modules, args.dtype)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
                                   weight_decay=args.weight_decay)
     warmup = max(1, args.warmup_steps)  # linear warm-up, then constant
@@ -673,7 +679,7 @@ def main(args: Args) -> None:
                 method["sampler"] = sampler.state_dict()
             state = {"sampler": sampler.state_dict(), "counters": counters, "method": method}
             path = checkpoint.save_checkpoint(args.output_dir, step, accelerator, model, tokenizer, optimizer,
-                                              scheduler, state, args.keep_checkpoints)
+                                              scheduler, state, args.keep_checkpoints, args.lora_merged_export)
             if stopping:
                 log(f"stopped at step {step}; continue with --resume auto (checkpoint {path})")
                 break

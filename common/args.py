@@ -84,3 +84,16 @@ class BaseArgs:
     dtype: Literal["float32", "bfloat16"] = "float32"
     """compute dtype: `bfloat16` runs the forward passes (generation, log-probs, critic) under autocast; the trained
     weights and optimizer state stay fp32 (master weights, saved as such in checkpoints); frozen copies use it"""
+    gradient_checkpointing: bool = False
+    """recompute the policy's (and critic's) activations during backward instead of storing them: less memory, about
+    one more forward pass of compute per update"""
+    lora_r: int = 0
+    """LoRA rank (needs peft); 0 = full fine-tuning. Only the adapters train, the reference policy is the same model
+    with the adapters off, vLLM gets merged weights, checkpoints save the adapter"""
+    lora_alpha: int = 32
+    """LoRA alpha: the adapters' update is scaled by lora_alpha / lora_r"""
+    lora_target_modules: str = "all-linear"
+    """modules LoRA adapts: comma-separated names (e.g. q_proj,v_proj) or `all-linear` (every linear layer but the
+    output head)"""
+    lora_merged_export: bool = False
+    """with LoRA, also save merged full weights (a plain Hugging Face model dir) in `merged/` of every checkpoint"""

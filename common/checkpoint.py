@@ -53,7 +53,9 @@ def resolve_resume(resume: str | None, output_dir: str) -> Path | None:
 
 
 def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, optimizer, scheduler,
-                    state: dict, keep: int = 2) -> Path:
+                    state: dict, keep: int = 2, merged_export: bool = False) -> Path:
+    """With LoRA the model dir holds the adapter (adapter_model.safetensors, loads with peft on the base model);
+    `merged_export` adds `merged/`, a plain model dir with the adapters folded in."""
     final = Path(output_dir) / f"checkpoint-{step}"
     tmp = Path(output_dir) / f".tmp-checkpoint-{step}"
     if accelerator.is_main_process:
@@ -62,8 +64,14 @@ def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, o
     accelerator.wait_for_everyone()
     torch.save(rng_state(), tmp / f"rng_rank{accelerator.process_index}.pt")
     if accelerator.is_main_process:
-        accelerator.unwrap_model(model).save_pretrained(tmp)
+        unwrapped = accelerator.unwrap_model(model)
+        unwrapped.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        if merged_export and hasattr(unwrapped, "get_base_model"):
+            from common.lora import merged_state_dict
+
+            unwrapped.get_base_model().save_pretrained(tmp / "merged", state_dict=merged_state_dict(unwrapped))
+            tokenizer.save_pretrained(tmp / "merged")
         torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                     "state": state, "world_size": accelerator.num_processes}, tmp / "trainer_state.pt")
     accelerator.wait_for_everyone()
@@ -83,6 +91,17 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tup
     ts = torch.load(path / "trainer_state.pt", weights_only=False)
     if ts["world_size"] != accelerator.num_processes:
         raise SystemExit(f"--resume {path}: saved with {ts['world_size']} processes, now {accelerator.num_processes}")
+    unwrapped = accelerator.unwrap_model(model)
+    if (path / "adapter_model.safetensors").exists() != hasattr(unwrapped, "get_base_model"):
+        raise SystemExit(f"--resume {path}: saved {'with' if hasattr(unwrapped, 'get_base_model') else 'without'}"
+                         " LoRA adapters, resumed the other way (match --lora_r)")
+    if hasattr(unwrapped, "get_base_model"):  # LoRA: the adapters are the trained weights, the base is unchanged
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(unwrapped, load_file(str(path / "adapter_model.safetensors")))
+        if result.unexpected_keys:
+            raise SystemExit(f"--resume {path}: adapter does not match the model ({result.unexpected_keys[:3]})")
+        return _finish_load(path, ts, accelerator, optimizer, scheduler)
     index = path / "model.safetensors.index.json"
     if index.exists():  # large models are saved in shards
         import json
@@ -92,12 +111,15 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tup
             weights.update(load_file(str(path / shard)))
     else:
         weights = load_file(str(path / "model.safetensors"))
-    unwrapped = accelerator.unwrap_model(model)
     missing, unexpected = unwrapped.load_state_dict(weights, strict=False)
     missing = [k for k in missing if k not in _tied_keys(unwrapped)]
     if missing or unexpected:
         raise SystemExit(f"--resume {path}: weights do not match the model (missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]})")
+    return _finish_load(path, ts, accelerator, optimizer, scheduler)
+
+
+def _finish_load(path: Path, ts: dict, accelerator, optimizer, scheduler) -> tuple[int, dict]:
     optimizer.load_state_dict(ts["optimizer"])
     scheduler.load_state_dict(ts["scheduler"])
     set_rng_state(torch.load(path / f"rng_rank{accelerator.process_index}.pt", weights_only=False))

@@ -23,3 +23,4 @@ def load_policy(model_name_or_path: str, dtype: str = "float32"):
 def autocast(device: torch.device, dtype: str):
     """The compute dtype of forward passes over fp32 weights: torch autocast on CPU or CUDA (`float32`: a no-op)."""
     return torch.autocast(device.type, dtype=DTYPES[dtype], enabled=dtype != "float32")
+

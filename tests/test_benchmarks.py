@@ -389,3 +389,18 @@ def test_gibbs_speed_reports_the_fraction_of_a_step(tmp_path, capsys):
     assert "% of a step" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--metrics"):
         gibbs_speed.main(gibbs_speed.Args(nodes=50, repeats=1, metrics=str(tmp_path / "nope.jsonl")))
+
+
+def test_memory_table_arithmetic():
+    from benchmarks import memory_table as mt
+
+    gib = 2 ** 30
+    # 7B, DDP: 16 bytes per trained parameter (fp32 weights, grads, 2 Adam moments) + a bf16 reference (2 bytes)
+    assert mt.state_gib(7.616e9, 0, 1, False, False, False) == pytest.approx(18 * 7.616e9 / gib)
+    # FSDP shards the policy and the reference, not the vLLM copy; DDP's per-GPU figure does not depend on GPUs
+    assert mt.state_gib(7.616e9, 0, 8, True, False, True) == pytest.approx((18 * 7.616e9 / 8 + 2 * 7.616e9) / gib)
+    assert mt.state_gib(1e9, 0, 8, False, False, False) == mt.state_gib(1e9, 0, 1, False, False, False)
+    # LoRA: frozen bf16 base (2 bytes) + 16 bytes per adapter parameter, no second copy for the reference
+    assert mt.state_gib(1e9, 1e7, 1, False, True, False) == pytest.approx((2e9 + 16e7) / gib)
+    assert mt.activation_mib_per_1k_tokens(1000, 10, True) < mt.activation_mib_per_1k_tokens(1000, 10, False)
+    assert "Qwen2.5-7B" in mt.table() and mt.table().count("\n") == 1 + 3 * 3

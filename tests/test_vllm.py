@@ -140,6 +140,36 @@ def test_greedy_follows_pushed_weights(setup):
     assert max_abs_diff(restored.logprobs, before.logprobs) < TOL
 
 
+def test_lora_policy_pushes_merged_weights(setup):
+    # a LoRA policy (peft) reaches vLLM as plain weights with the adapters folded in: greedy output and
+    # log-probs then follow the adapted HF model
+    from common.lora import add_lora
+
+    gen, model, tok, prompts = setup
+    cfg = SamplingConfig(max_new_tokens=16, temperature=0.0)
+    before = gen.generate(prompts, 1, cfg)
+    policy = add_lora(copy.deepcopy(model), 8, 16, "all-linear")
+    try:
+        target = tok("42;", add_special_tokens=False).input_ids + [tok.eos_token_id]
+        batch = pad_sequences(prompts, [target] * len(prompts), tok.pad_token_id)
+        opt = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=3e-2)
+        for _ in range(15):
+            lp, _ = token_logprobs(policy, batch)
+            opt.zero_grad()
+            (-lp.mean()).backward()
+            opt.step()
+        gen.sync_weights(policy)
+        after = gen.generate(prompts, 1, cfg)
+        ref = HFGenerator(policy, tok).generate(prompts, 1, cfg)
+        assert after.completion_ids == ref.completion_ids and after.completion_ids != before.completion_ids
+        d = max_abs_diff(after.logprobs, ref.logprobs)
+        print(f"max |logprob vLLM - HF| after pushing a LoRA policy (greedy): {d:.2e}")
+        assert d < TOL
+    finally:  # the other tests share the engine
+        gen.sync_weights(model)
+    assert gen.generate(prompts, 1, cfg).completion_ids == before.completion_ids
+
+
 def test_same_seed_and_call_reproduces_samples(setup):
     # vLLM draws a seeded request's samples from its own torch.Generator (seed + sample index), so they do
     # not depend on what else is batched with it. The backend derives those seeds from (seed, rank, call
