@@ -17,22 +17,16 @@ minibatches. PROS is a plug-in that changes only *which queries* are trained on:
      current Gibbs draw θ̃ is nearest 0.5, at most one node per root.
 Lines marked [PROS] are the plug-in; `--pros off` removes every one of them (vanilla PPO / GRPO).
 
-Batch composition with PROS: ⌈fresh_frac·P⌉ queries come from the data stream (the vanilla run's epoch-wise
-shuffle), so never-seen prompts keep entering; the other slots go to the pool, ranked by |θ̃ - 0.5| (`--pros
-random`: uniformly, the paper's ablation); while the pool is too small the stream fills them. Beyond
---pool_capacity nodes the least recently observed are evicted (a root is as recent as its latest child; children
-first on ties; a root takes its children along and may re-enter from the stream).
+Where this file departs from the paper, deliberately: ⌈fresh_frac·P⌉ queries per batch come from the data stream
+(the vanilla run's shuffle: unseen prompts have no node to rank), the rest from the pool by |θ̃ - 0.5| (`--pros
+random`: uniformly, the paper's ablation), the stream filling in while the pool is small; beyond --pool_capacity
+the least recently observed nodes are evicted (a root with its children; it may re-enter from the stream); one node
+per root per batch; the critic's top 10% ranks only the positions it scores (ties kept: a fresh zero-head critic
+leaves t* to entropy), with the fallback above; a child of a child hangs off the root (two layers);
+`--success_reward` makes rewards Bernoulli.
 
-Where this file still departs from the paper, deliberately: the critic's top 10% ranks only the positions it scores
-(a child's continuation, not its inherited prefix; ties at the threshold stay in, so a fresh zero-head critic leaves
-t* to entropy), with the fallback above; a child's window starts at its inherited length and a child of a child
-hangs off the root (the tree stays two-layer); ⌈fresh_frac·P⌉ queries per batch come from the stream (unseen prompts
-have no node to rank); one node per root per batch; a bounded pool; `--success_reward` makes rewards Bernoulli.
-
-Logged `loss`: each optimizer step's clipped surrogate as a per-token mean over its minibatch (the optimised
-normaliser), averaged over the ppo_epochs x num_minibatches steps, KL excluded (`kl`: per token, first epoch);
-`ppo_clip_frac`, `ppo_value_loss` and `grad_norm` (pre-clip) are averaged over the same steps. The generator
-gets the new weights once per iteration, after all epochs.
+Logged `loss`: the clipped surrogate per token of each minibatch, averaged over the ppo_epochs x num_minibatches
+optimizer steps (as `ppo_clip_frac`, `ppo_value_loss`, `grad_norm`), KL excluded (`kl`: per token, first epoch).
 
     python pros_ppo.py                         # PPO + PROS on the embedded Countdown default (CPU, minutes)
     python pros_ppo.py --pros off              # vanilla PPO
@@ -344,22 +338,21 @@ class ValueModel(torch.nn.Module):
 
 
 def build_value_model(policy, path: str | None = None) -> ValueModel:
-    """Critic = a copy of the policy's backbone (or the backbone at `path`, which must share the policy's
-    tokenizer: a real model's critic then needs no second copy of the policy) + a zero-initialised head."""
+    """Critic = an fp32 copy (master weights) of the policy's backbone (with LoRA: the adapted one, trained in full) or
+    the backbone at `path` (same tokenizer: then no copy of the policy is needed), + a zero-initialised head."""
     if path:
         from transformers import AutoModel
-
         try:
             with torch.random.fork_rng(devices=[]):  # loading must not consume the global RNG (exact resume)
-                backbone = AutoModel.from_pretrained(path, dtype=next(policy.parameters()).dtype)
+                backbone = AutoModel.from_pretrained(path, dtype=torch.float32)
         except OSError as e:
             raise SystemExit(f"--critic_model_name_or_path {path!r}: cannot load ({e})")
         if backbone.config.vocab_size != policy.config.vocab_size:
             raise SystemExit(f"--critic_model_name_or_path {path!r}: vocab size {backbone.config.vocab_size} "
                              f"differs from the policy's {policy.config.vocab_size} (the critic reads policy tokens)")
     else:
-        # with LoRA the copy is of the adapted backbone, trained in full (B = 0 at the start: the base's function)
         backbone = copy.deepcopy((policy.get_base_model() if hasattr(policy, "get_base_model") else policy).base_model)
+        backbone.float()  # with LoRA + bf16 the frozen base was stored in bf16
     if policy.is_gradient_checkpointing:  # the critic follows the policy's --gradient_checkpointing
         backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     backbone.requires_grad_(True).train()
@@ -400,9 +393,8 @@ def score_rollouts(policy, critic, ref_model, tokenizer, prompts: list[list[int]
             out["value"][rows, cols] = critic(batch).cpu()
         if ref_model is not None:
             out["ref"][rows, cols] = token_logprobs(ref_model, batch, temperature)[0].cpu()
-    for name in names:
-        if name != "mask":
-            out[name] *= out["mask"]
+    for name in set(names) - {"mask"}:
+        out[name] *= out["mask"]
     return out
 
 
@@ -437,7 +429,6 @@ def main(args: Args) -> None:
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if args.lora_r:  # LoRA: only the adapters train (fp32); the frozen base is stored in the compute dtype
         from common.lora import AdaptersOff, add_lora
-
         policy = add_lora(policy, args.lora_r, args.lora_alpha, args.lora_target_modules, args.dtype)
     if args.dataset == "countdown":  # the embedded demo task, imported only here
         from common.countdown import countdown_task
@@ -445,9 +436,8 @@ def main(args: Args) -> None:
         task = countdown_task(args.reward, args.eval_prompts, args.prompt_pool)
     else:
         task = hf_task(args, tokenizer, log)
-    # the KL reference: the initial weights, frozen, stored in the compute dtype
     ref_model = None if args.kl_coef <= 0 else AdaptersOff(policy) if args.lora_r else \
-        copy.deepcopy(policy).to(DTYPES[args.dtype]).eval().requires_grad_(False)
+        copy.deepcopy(policy).to(DTYPES[args.dtype]).eval().requires_grad_(False)  # KL reference, frozen
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
                                   weight_decay=args.weight_decay)
     warmup = max(1, args.warmup_steps)  # linear warm-up, then constant
