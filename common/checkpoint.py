@@ -92,9 +92,10 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tup
     if ts["world_size"] != accelerator.num_processes:
         raise SystemExit(f"--resume {path}: saved with {ts['world_size']} processes, now {accelerator.num_processes}")
     unwrapped = accelerator.unwrap_model(model)
-    if (path / "adapter_model.safetensors").exists() != hasattr(unwrapped, "get_base_model"):
-        raise SystemExit(f"--resume {path}: saved {'with' if hasattr(unwrapped, 'get_base_model') else 'without'}"
-                         " LoRA adapters, resumed the other way (match --lora_r)")
+    saved_lora = (path / "adapter_model.safetensors").exists()
+    if saved_lora != hasattr(unwrapped, "get_base_model"):
+        raise SystemExit(f"--resume {path}: saved {'with' if saved_lora else 'without'} LoRA adapters, resumed "
+                         f"{'without' if saved_lora else 'with'} them (match --lora_r)")
     if hasattr(unwrapped, "get_base_model"):  # LoRA: the adapters are the trained weights, the base is unchanged
         from peft import set_peft_model_state_dict
 
