@@ -18,12 +18,10 @@ minibatches. PROS is a plug-in that changes only *which queries* are trained on:
 Lines marked [PROS] are the plug-in; `--pros off` removes every one of them (vanilla PPO / GRPO).
 
 Where this file departs from the paper, deliberately: ⌈fresh_frac·P⌉ queries per batch come from the data stream
-(the vanilla run's shuffle: unseen prompts have no node to rank), the rest from the pool by |θ̃ - 0.5| (`--pros
-random`: uniformly, the paper's ablation), the stream filling in while the pool is small; beyond --pool_capacity
-the least recently observed nodes are evicted (a root with its children; it may re-enter from the stream); one node
-per root per batch; the critic's top 10% ranks only the positions it scores (ties kept: a fresh zero-head critic
-leaves t* to entropy), with the fallback above; a child of a child hangs off the root (two layers);
-`--success_reward` makes rewards Bernoulli.
+(unseen prompts have no node to rank), the rest from the pool by |θ̃ - 0.5| (`--pros random`: uniformly, the
+ablation); over --pool_capacity the least recently observed nodes are evicted; one node per root per batch; the
+critic's top 10% ranks only the positions it scores (ties kept: a zero-head critic leaves t* to entropy), with the
+fallback above; a child of a child hangs off the root (two layers); `--success_reward` makes rewards Bernoulli.
 
 Logged `loss`: the clipped surrogate per token of each minibatch, averaged over the ppo_epochs x num_minibatches
 optimizer steps (as `ppo_clip_frac`, `ppo_value_loss`, `grad_norm`), KL excluded (`kl`: per token, first epoch).
