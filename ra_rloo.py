@@ -52,7 +52,7 @@ from common.advantages import zero_variance
 from common.args import BaseArgs
 from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler, hf_task
-from common.distributed import GracefulStop, gather_list, micro_batches, my_slice, reduce_sums
+from common.distributed import GracefulStop, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig
 from common.logprobs import score_completions, token_logprobs
 from common.losses import kl_k3
@@ -202,11 +202,16 @@ def main(args: Args) -> None:
     if args.beta > 0:  # the KL reference: the initial weights, frozen
         ref_model = AdaptersOff(policy) if args.lora_r else \
             copy.deepcopy(policy).to(DTYPES[args.dtype]).eval().requires_grad_(False)
+    if args.fsdp:  # FSDP2: each rank keeps 1/world of every weight (common/fsdp.py); the optimizer sees the shards
+        from common.fsdp import shard
+
+        policy, ref_model = shard(policy, args.dtype), None if ref_model is None else shard(ref_model, args.dtype)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
                                   weight_decay=args.weight_decay)
     warmup = max(1, args.warmup_steps)  # linear warm-up, then constant
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
-    model, optimizer = accelerator.prepare(policy, optimizer)  # `model`: DDP-wrapped for the backward pass
+    # `model`: DDP-wrapped for the backward pass (FSDP: the sharded policy is its own wrapper)
+    model, optimizer = (policy, accelerator.prepare(optimizer)) if args.fsdp else accelerator.prepare(policy, optimizer)
 
     # ---------------- data and generator ----------------
     encode = PromptEncoder(tokenizer, task.templated)
@@ -225,6 +230,7 @@ def main(args: Args) -> None:
     paper_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.paper_eval_temperature,
                                     top_p=args.paper_eval_top_p, top_k=args.paper_eval_top_k, logprobs=False)
 
+    @gathered(policy)  # FSDP: whole weights for generation (see gathered); a no-op otherwise
     def run_eval() -> dict:
         out = evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, eval_sampling,
                        args.eval_samples, accelerator, ks=(1, args.eval_samples))
@@ -247,7 +253,7 @@ def main(args: Args) -> None:
     buffers = {prompt_id: deque(items, maxlen=args.buffer_capacity)
                for prompt_id, items in method_state.get("buffers", {}).items()}
     if start_step == 0 and args.replay != "none" and args.seed_buffer:
-        with autocast(device, args.dtype):
+        with autocast(device, args.dtype), gathered(policy):
             buffers = seed_buffers(task, policy, tokenizer, encode, args, device, temperature)
         log(f"[RA-RLOO] seeded {len(buffers)} prompt buffers with demonstrations")
 
@@ -267,7 +273,8 @@ def main(args: Args) -> None:
         # ================ sample: K rollouts for each of this rank's prompts ================
         examples = [task.train[i] for i in my_slice(sampler.next_ids(args.prompts_per_step), accelerator)]
         prompts = [encode(example.prompt) for example in examples]
-        gens = generator.generate(prompts, args.k, sampling)
+        with gathered(policy):  # FSDP: whole weights while generating (a no-op otherwise)
+            gens = generator.generate(prompts, args.k, sampling)
         t_gen = time.time() - t_start
         completions = [list(c) for c in gens.completion_ids]
 
@@ -296,7 +303,7 @@ def main(args: Args) -> None:
         n_tokens = sum(len(c) for c in completions)
         normaliser = max(1, len(completions)) * args.max_new_tokens  # constant: no length bias
         sums = {"loss_sum": 0.0, "kl_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "w_sum": 0.0, "w_n": 0.0}
-        for rows in micro_batches(len(completions), args.micro_batch_size, accelerator, model):
+        for rows in micro_batches(len(completions), args.micro_batch_size, accelerator, model, peers=(ref_model,)):
             batch = pad_sequences([flat_prompts[r] for r in rows], [completions[r] for r in rows],
                                   tokenizer.pad_token_id).to(device)
             with autocast(device, args.dtype):  # the sampled distribution: logits / T

@@ -87,6 +87,9 @@ class BaseArgs:
     gradient_checkpointing: bool = False
     """recompute the policy's (and critic's) activations during backward instead of storing them: less memory, about
     one more forward pass of compute per update"""
+    fsdp: bool = False
+    """shard the policy, the reference and the critic over the processes with FSDP2 (one unit per decoder layer):
+    each rank keeps 1/world of the weights, gradients and AdamW state; checkpoints still hold full fp32 weights"""
     lora_r: int = 0
     """LoRA rank (needs peft); 0 = full fine-tuning. Only the adapters train, the reference policy is the same model
     with the adapters off, vLLM gets merged weights, checkpoints save the adapter"""

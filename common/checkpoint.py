@@ -1,6 +1,8 @@
 """Checkpoints: <output_dir>/checkpoint-<step>/ holds an HF model dir (model + tokenizer, loadable by
 `from_pretrained` and vLLM), `trainer_state.pt` (optimizer, scheduler, step, sampler position, the method's state
-such as replay buffers) and `rng_rank<r>.pt` (each process's RNGs). It is written to a temporary dir and renamed
+such as replay buffers) and `rng_rank<r>.pt` (each process's RNGs). Under `--fsdp` the model dir still holds the
+full fp32 weights (gathered to rank 0) while each rank writes its optimizer shard (and `rank_state`, e.g. the
+critic's optimizer shard) to `shards_rank<r>.pt`. It is written to a temporary dir and renamed
 when complete, so an interrupted save never leaves a half-written checkpoint for `--resume auto` to pick.
 """
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 
@@ -53,9 +56,9 @@ def resolve_resume(resume: str | None, output_dir: str) -> Path | None:
 
 
 def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, optimizer, scheduler,
-                    state: dict, keep: int = 2, merged_export: bool = False) -> Path:
+                    state: dict, keep: int = 2, merged_export: bool = False, rank_state: dict | None = None) -> Path:
     """With LoRA the model dir holds the adapter (adapter_model.safetensors, loads with peft on the base model);
-    `merged_export` adds `merged/`, a plain model dir with the adapters folded in."""
+    `merged_export` adds `merged/`, a plain model dir with the adapters folded in. Every rank must call this."""
     final = Path(output_dir) / f"checkpoint-{step}"
     tmp = Path(output_dir) / f".tmp-checkpoint-{step}"
     if accelerator.is_main_process:
@@ -63,16 +66,24 @@ def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, o
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
     torch.save(rng_state(), tmp / f"rng_rank{accelerator.process_index}.pt")
+    unwrapped, weights = accelerator.unwrap_model(model), None
+    sharded = isinstance(unwrapped, FSDPModule)  # --fsdp (common.fsdp is imported only then)
+    if sharded:
+        from common.fsdp import full_state_dict, local_optimizer_state
+
+        weights = full_state_dict(unwrapped)  # every rank takes part; rank 0 receives the whole fp32 weights
+        torch.save({"optimizer": local_optimizer_state(optimizer), **(rank_state or {})},
+                   tmp / f"shards_rank{accelerator.process_index}.pt")
     if accelerator.is_main_process:
-        unwrapped = accelerator.unwrap_model(model)
-        unwrapped.save_pretrained(tmp)
+        unwrapped.save_pretrained(tmp, state_dict=weights)
         tokenizer.save_pretrained(tmp)
         if merged_export and hasattr(unwrapped, "get_base_model"):
             from common.lora import merged_state_dict
 
             unwrapped.get_base_model().save_pretrained(tmp / "merged", state_dict=merged_state_dict(unwrapped))
             tokenizer.save_pretrained(tmp / "merged")
-        torch.save({"step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+        torch.save({"step": step, "optimizer": None if sharded else optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
                     "state": state, "world_size": accelerator.num_processes}, tmp / "trainer_state.pt")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
@@ -85,13 +96,18 @@ def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, o
 
 
 def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tuple[int, dict]:
-    """Restore weights, optimizer, scheduler and this rank's RNG; returns (step, method state)."""
+    """Restore weights, optimizer, scheduler and this rank's RNG; returns (step, method state). Under `--fsdp` the
+    method state also holds this rank's `rank_state` (as saved) under the key "rank_state"."""
     from safetensors.torch import load_file
 
     ts = torch.load(path / "trainer_state.pt", weights_only=False)
     if ts["world_size"] != accelerator.num_processes:
         raise SystemExit(f"--resume {path}: saved with {ts['world_size']} processes, now {accelerator.num_processes}")
     unwrapped = accelerator.unwrap_model(model)
+    sharded = isinstance(unwrapped, FSDPModule)
+    if sharded != (ts["optimizer"] is None):
+        raise SystemExit(f"--resume {path}: saved {'without' if sharded else 'with'} --fsdp, resumed "
+                         f"{'with' if sharded else 'without'} it (the optimizer state is laid out differently)")
     saved_lora = (path / "adapter_model.safetensors").exists()
     if saved_lora != hasattr(unwrapped, "get_base_model"):
         raise SystemExit(f"--resume {path}: saved {'with' if saved_lora else 'without'} LoRA adapters, resumed "
@@ -112,7 +128,12 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tup
             weights.update(load_file(str(path / shard)))
     else:
         weights = load_file(str(path / "model.safetensors"))
-    missing, unexpected = unwrapped.load_state_dict(weights, strict=False)
+    if sharded:
+        from common.fsdp import load_full_state_dict
+
+        missing, unexpected = load_full_state_dict(unwrapped, weights)
+    else:
+        missing, unexpected = unwrapped.load_state_dict(weights, strict=False)
     missing = [k for k in missing if k not in _tied_keys(unwrapped)]
     if missing or unexpected:
         raise SystemExit(f"--resume {path}: weights do not match the model (missing {missing[:3]}, "
@@ -121,7 +142,14 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tup
 
 
 def _finish_load(path: Path, ts: dict, accelerator, optimizer, scheduler) -> tuple[int, dict]:
-    optimizer.load_state_dict(ts["optimizer"])
+    if ts["optimizer"] is None:  # --fsdp: this rank's optimizer shard
+        from common.fsdp import load_local_optimizer_state
+
+        shards = torch.load(path / f"shards_rank{accelerator.process_index}.pt", weights_only=False)
+        load_local_optimizer_state(optimizer, shards.pop("optimizer"))
+        ts["state"]["rank_state"] = shards
+    else:
+        optimizer.load_state_dict(ts["optimizer"])
     scheduler.load_state_dict(ts["scheduler"])
     set_rng_state(torch.load(path / f"rng_rank{accelerator.process_index}.pt", weights_only=False))
     return ts["step"], ts["state"]

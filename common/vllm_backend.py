@@ -21,6 +21,7 @@ import warnings
 
 import numpy as np
 import torch
+from torch.distributed.fsdp import FSDPModule
 
 from common.generation import Generations, SamplingConfig
 from common.lora import merged_state_dict
@@ -159,7 +160,12 @@ class VLLMGenerator:
         # state_dict, not named_parameters: with tied embeddings the latter omits lm_head.weight, and a model
         # whose vLLM head is separate would silently keep the old head. The tensors are views of the live
         # parameters (no copy); vLLM's loaders copy them into their own layout.
-        weights = list(merged_state_dict(model).items())  # LoRA: adapters folded in, base names
+        if isinstance(model, FSDPModule):  # --fsdp: each tensor gathered as vLLM reads it (every rank pushes)
+            from common.fsdp import iter_full_weights
+
+            weights = iter_full_weights(model)
+        else:
+            weights = list(merged_state_dict(model).items())  # LoRA: adapters folded in, base names
         # reload_weights runs the model's own load_weights path (renaming, QKV/gate-up fusion, CPU repacking).
         # Measured on CPU (0.04-0.3 s for the tiny model); same call on GPU, where it should be re-checked.
         self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=iter(weights)))
