@@ -51,7 +51,7 @@ from common import checkpoint
 from common.args import BaseArgs
 from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler, hf_task
-from common.distributed import GracefulStop, gather_list, micro_batches, my_slice, reduce_sums
+from common.distributed import GracefulStop, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig
 from common.logprobs import token_logprobs
 from common.losses import clipped_surrogate, kl_k3
@@ -235,11 +235,16 @@ def main(args: Args) -> None:
     if args.beta > 0:  # the KL reference: the initial weights, frozen
         ref_model = AdaptersOff(policy) if args.lora_r else \
             copy.deepcopy(policy).to(DTYPES[args.dtype]).eval().requires_grad_(False)
+    if args.fsdp:  # FSDP2: each rank keeps 1/world of every weight (common/fsdp.py); the optimizer sees the shards
+        from common.fsdp import shard
+
+        policy, ref_model = shard(policy, args.dtype), None if ref_model is None else shard(ref_model, args.dtype)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
                                   weight_decay=args.weight_decay)
     warmup = max(1, args.warmup_steps)  # linear warm-up, then constant
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
-    model, optimizer = accelerator.prepare(policy, optimizer)  # `model`: DDP-wrapped for the backward pass
+    # `model`: DDP-wrapped for the backward pass (FSDP: the sharded policy is its own wrapper)
+    model, optimizer = (policy, accelerator.prepare(optimizer)) if args.fsdp else accelerator.prepare(policy, optimizer)
 
     # ---------------- data and generator ----------------
     encode = PromptEncoder(tokenizer, task.templated)
@@ -260,8 +265,9 @@ def main(args: Args) -> None:
     temperature = args.temperature if args.temperature > 0 else 1.0  # the generator scores greedy samples at T=1
 
     def run_eval() -> dict:
-        return evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, eval_sampling,
-                        args.eval_samples, accelerator, ks=(1, args.eval_samples))
+        with gathered(policy):  # FSDP: whole weights for generation (a no-op otherwise)
+            return evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, eval_sampling,
+                            args.eval_samples, accelerator, ks=(1, args.eval_samples))
 
     # ---------------- resume ----------------
     start_step, counters, method_state = 0, {"rollouts": 0, "gen_tokens": 0}, {}
@@ -306,7 +312,8 @@ def main(args: Args) -> None:
         # ================ sample N_x responses per prompt (one generate call: prompt x repeated N_x times) =======
         flat_prompts = [p for p, size in zip(prompts, sizes) for _ in range(size)]
         owner = [i for i, size in enumerate(sizes) for _ in range(size)]
-        gens = generator.generate(flat_prompts, 1, sampling)
+        with gathered(policy):  # FSDP: whole weights while generating (a no-op otherwise)
+            gens = generator.generate(flat_prompts, 1, sampling)
         t_gen = time.time() - t_start
         completions = [list(c) for c in gens.completion_ids]
 
@@ -331,7 +338,7 @@ def main(args: Args) -> None:
         sums = {"loss_sum": 0.0, "kl_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "clip_sum": 0.0}
         grad_norms = []
         for epoch in range(args.ppo_epochs):
-            for rows in micro_batches(len(completions), args.micro_batch_size, accelerator, model):
+            for rows in micro_batches(len(completions), args.micro_batch_size, accelerator, model, peers=(ref_model,)):
                 batch = pad_sequences([flat_prompts[r] for r in rows], [completions[r] for r in rows],
                                       tokenizer.pad_token_id).to(device)
                 with autocast(device, args.dtype):  # bf16 compute over fp32 weights with --dtype bfloat16

@@ -48,15 +48,15 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from common import checkpoint
-from common.advantages import gae_advantages, grpo_advantages, zero_variance
+from common.advantages import gae_advantages, grpo_advantages, masked_whiten, zero_variance
 from common.args import BaseArgs
 from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler, hf_task
-from common.distributed import GracefulStop, gather_list, micro_batches, my_slice, reduce_sums
+from common.distributed import GracefulStop, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig
 from common.gibbs import gibbs_sweeps, update_counts
 from common.logprobs import token_logprobs
-from common.losses import clipped_surrogate, kl_k3
+from common.losses import clipped_surrogate, kl_k3, value_loss
 from common.masking import pad_sequences
 from common.metrics import MetricsLogger, check_tracker, evaluate
 from common.policy import DTYPES, autocast, load_policy
@@ -357,20 +357,6 @@ def build_value_model(policy, path: str | None = None) -> ValueModel:
     return ValueModel(backbone, backbone.config.hidden_size)
 
 
-def value_loss(v: torch.Tensor, v_old: torch.Tensor, returns: torch.Tensor, clip: float) -> torch.Tensor:
-    """Per-token clipped value loss 0.5·max((V - R)², (V_old + clip(V - V_old, ±c) - R)²) (PPO)."""
-    v_clipped = v_old + (v - v_old).clamp(-clip, clip)
-    return 0.5 * torch.max((v - returns) ** 2, (v_clipped - returns) ** 2)
-
-
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """Zero mean, unit std over the masked entries; masked-out entries become 0."""
-    count = mask.sum().clamp(min=1)
-    mean = (values * mask).sum() / count
-    var = (((values - mean) * mask) ** 2).sum() / count
-    return (values - mean) / (var.sqrt() + eps) * mask
-
-
 @torch.no_grad()
 def score_rollouts(policy, critic, ref_model, tokenizer, prompts: list[list[int]], completions: list[list[int]],
                    micro_batch_size: int, temperature: float, device) -> dict[str, torch.Tensor]:
@@ -436,16 +422,23 @@ def main(args: Args) -> None:
         task = hf_task(args, tokenizer, log)
     ref_model = None if args.kl_coef <= 0 else AdaptersOff(policy) if args.lora_r else \
         copy.deepcopy(policy).to(DTYPES[args.dtype]).eval().requires_grad_(False)  # KL reference, frozen
+    # PPO's critic: the policy's backbone copied + a zero scalar head (copied before any sharding)
+    critic = build_value_model(policy, args.critic_model_name_or_path).to(device) if args.adv == "gae" else None
+    if args.fsdp:  # FSDP2: each rank keeps 1/world of every weight (common/fsdp.py); the optimizers see the shards
+        from common import fsdp
+
+        policy, ref_model, critic = (net and fsdp.shard(net, args.dtype) for net in (policy, ref_model, critic))
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
                                   weight_decay=args.weight_decay)
     warmup = max(1, args.warmup_steps)  # linear warm-up, then constant
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
-    model, optimizer = accelerator.prepare(policy, optimizer)  # `model`: DDP-wrapped for the backward pass
-    critic = critic_model = critic_optimizer = None
-    if args.adv == "gae":  # PPO's critic: the policy's backbone copied + a zero scalar head; constant-lr AdamW
-        critic = build_value_model(policy, args.critic_model_name_or_path).to(device)
+    # `model`, `critic_model`: DDP-wrapped for the backward pass (FSDP: the sharded models are their own wrappers)
+    model, optimizer = (policy, accelerator.prepare(optimizer)) if args.fsdp else accelerator.prepare(policy, optimizer)
+    critic_model = critic_optimizer = None
+    if critic is not None:  # constant-lr AdamW; `critic` stays unwrapped
         critic_optimizer = torch.optim.AdamW(critic.parameters(), lr=args.critic_lr, weight_decay=0.0)
-        critic_model, critic_optimizer = accelerator.prepare(critic, critic_optimizer)  # `critic` stays unwrapped
+        critic_model, critic_optimizer = (critic, accelerator.prepare(critic_optimizer)) if args.fsdp else \
+            accelerator.prepare(critic, critic_optimizer)
 
     # ---------------- data and generator ----------------
     encode = PromptEncoder(tokenizer, task.templated)
@@ -464,8 +457,9 @@ def main(args: Args) -> None:
     k, stop_ids, pros = args.k, {tokenizer.eos_token_id}, args.pros != "off"
 
     def run_eval() -> dict:
-        return evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, sampling,
-                        args.eval_samples, accelerator, ks=(1, args.eval_samples))
+        with gathered(policy):  # FSDP: whole weights for generation (a no-op otherwise)
+            return evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, sampling,
+                            args.eval_samples, accelerator, ks=(1, args.eval_samples))
 
     # ---------------- resume ----------------
     start_step, counters, method_state = 0, {"rollouts": 0, "gen_tokens": 0}, {}
@@ -474,7 +468,10 @@ def main(args: Args) -> None:
         start_step, state = checkpoint.load_checkpoint(resume_from, accelerator, model, optimizer, scheduler)
         sampler.load_state_dict(state["sampler"])
         counters, method_state = state["counters"], state["method"]
-        if critic is not None and "critic" in method_state:
+        if critic is not None and args.fsdp:  # whole weights; this rank's optimizer shard (rank_state)
+            fsdp.load_full_state_dict(critic, method_state["critic"])
+            fsdp.load_local_optimizer_state(critic_optimizer, state["rank_state"]["critic_opt"])
+        elif critic is not None:
             critic.load_state_dict(method_state["critic"])
             critic_optimizer.load_state_dict(method_state["critic_opt"])
         generator.sync_weights(policy)
@@ -510,7 +507,8 @@ def main(args: Args) -> None:
         examples = [task.train[queries[j][0]] for j in my_queries]
         prefixes = [list(queries[j][1]) for j in my_queries]
         query_ids = [encode(example.prompt) + prefix for example, prefix in zip(examples, prefixes)]
-        gens = generator.generate(query_ids, k, sampling)
+        with gathered(policy):  # FSDP: whole weights while generating (a no-op otherwise)
+            gens = generator.generate(query_ids, k, sampling)
         t_gen = time.time() - t_start
         completions, prompts = [list(c) for c in gens.completion_ids], [ids for ids in query_ids for _ in range(k)]
         num_rollouts = len(completions)
@@ -524,7 +522,7 @@ def main(args: Args) -> None:
 
         # ================ pi_old's log-probs, entropies, values (and reference log-probs): one no-grad pass ========
         t_score_start = time.time()
-        with autocast(device, args.dtype):  # bf16 compute over fp32 weights with --dtype bfloat16
+        with autocast(device, args.dtype), gathered(policy, critic, ref_model):  # bf16 compute; FSDP: whole weights
             scores = score_rollouts(policy, critic, ref_model, tokenizer, prompts, completions,
                                     args.micro_batch_size, temperature, device)
         mask = scores["mask"]
@@ -681,11 +679,15 @@ def main(args: Args) -> None:
         stopping = stop.agreed(accelerator)
         if (args.save_every and step % args.save_every == 0) or step == args.max_steps or stopping:
             method_state = {"tree": tree.state_dict(), "rng": pros_rng.bit_generator.state}
-            if critic is not None:
+            rank_state = {"critic_opt": fsdp.local_optimizer_state(critic_optimizer)} if critic and args.fsdp else None
+            if rank_state:  # FSDP: the critic's whole weights gathered to rank 0; each rank keeps its optimizer shard
+                method_state["critic"] = fsdp.full_state_dict(critic)
+            elif critic is not None:
                 method_state.update(critic=critic.state_dict(), critic_opt=critic_optimizer.state_dict())
             state = {"sampler": sampler.state_dict(), "counters": counters, "method": method_state}
             path = checkpoint.save_checkpoint(args.output_dir, step, accelerator, model, tokenizer, optimizer,
-                                              scheduler, state, args.keep_checkpoints, args.lora_merged_export)
+                                              scheduler, state, args.keep_checkpoints, args.lora_merged_export,
+                                              rank_state)
             if stopping:
                 log(f"stopped at step {step}; continue with --resume auto (checkpoint {path})")
                 break

@@ -77,7 +77,7 @@ from common.advantages import grpo_advantages, zero_variance
 from common.args import BaseArgs
 from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler, hf_task
-from common.distributed import GracefulStop, gather_list, micro_batches, my_slice, reduce_sums
+from common.distributed import GracefulStop, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.episode import Episode
 from common.generation import HFGenerator, SamplingConfig
 from common.logprobs import token_logprobs
@@ -431,11 +431,16 @@ def main(args: Args) -> None:
         from common.lora import add_lora
 
         policy = add_lora(policy, args.lora_r, args.lora_alpha, args.lora_target_modules, args.dtype)
+    if args.fsdp:  # FSDP2: each rank keeps 1/world of every weight (common/fsdp.py); the optimizer sees the shards
+        from common.fsdp import shard
+
+        policy = shard(policy, args.dtype)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
                                   weight_decay=args.weight_decay)
     warmup = max(1, args.warmup_steps)  # linear warm-up, then constant
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
-    model, optimizer = accelerator.prepare(policy, optimizer)  # `model`: DDP-wrapped for the backward pass
+    # `model`: DDP-wrapped for the backward pass (FSDP: the sharded policy is its own wrapper)
+    model, optimizer = (policy, accelerator.prepare(optimizer)) if args.fsdp else accelerator.prepare(policy, optimizer)
 
     # ---------------- data (multi-turn: the environment's problems; text: the dataset) and generator ----------------
     if args.multiturn:
@@ -472,10 +477,11 @@ def main(args: Args) -> None:
         return line_ends[token]
 
     def run_eval() -> dict:
-        if args.multiturn:  # whole episodes in the environment
-            return evaluate_episodes(generator, tokenizer, encode, held_out, args, accelerator)
-        return evaluate(generator, tokenizer, held_out, encode, text_task.eval_reward_fn, eval_sampling,
-                        args.eval_samples, accelerator, ks=(1, args.eval_samples))
+        with gathered(policy):  # FSDP: whole weights for generation (a no-op otherwise)
+            if args.multiturn:  # whole episodes in the environment
+                return evaluate_episodes(generator, tokenizer, encode, held_out, args, accelerator)
+            return evaluate(generator, tokenizer, held_out, encode, text_task.eval_reward_fn, eval_sampling,
+                            args.eval_samples, accelerator, ks=(1, args.eval_samples))
 
     # ---------------- resume ----------------
     start_step, counters, method_state = 0, {"rollouts": 0, "gen_tokens": 0}, {}
@@ -519,13 +525,14 @@ def main(args: Args) -> None:
         prefixes = [task["steps"] for task in tasks]
 
         # ================ sample: N rollouts per task ([PS] a prefix task replays its prefix, generates the rest) ===
-        if args.multiturn:
-            problems = [example.answer for example in examples]
-            episodes, clipped = rollout_multiturn(generator, tokenizer, prompts, problems, prefixes, n, turn_sampling,
-                                                  args.max_turns, args.env_invalid)
-        else:
-            episodes, clipped = rollout_text(generator, tokenizer, prompts, prefixes, n, sampling, text_task.reward_fn,
-                                             examples, is_break)
+        with gathered(policy):  # FSDP: whole weights while generating (ranks run different numbers of turns)
+            if args.multiturn:
+                problems = [example.answer for example in examples]
+                episodes, clipped = rollout_multiturn(generator, tokenizer, prompts, problems, prefixes, n,
+                                                      turn_sampling, args.max_turns, args.env_invalid)
+            else:
+                episodes, clipped = rollout_text(generator, tokenizer, prompts, prefixes, n, sampling,
+                                                 text_task.reward_fn, examples, is_break)
         t_gen = time.time() - t_start
 
         # ================ verify: the environment's / the verifier's reward, set on each episode by its rollout =====

@@ -230,15 +230,14 @@ def main(args: Args) -> None:
     paper_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.paper_eval_temperature,
                                     top_p=args.paper_eval_top_p, top_k=args.paper_eval_top_k, logprobs=False)
 
-    @gathered(policy)  # FSDP: whole weights for generation (see gathered); a no-op otherwise
     def run_eval() -> dict:
-        out = evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, eval_sampling,
-                       args.eval_samples, accelerator, ks=(1, args.eval_samples))
-        if args.paper_eval_samples:  # [RA-RLOO] the paper's report: pass@4 of n = 8 at T 0.6, top-p 0.95, top-k 20
+        with gathered(policy):  # FSDP: whole weights for generation (a no-op otherwise)
+            out = evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, eval_sampling,
+                           args.eval_samples, accelerator, ks=(1, args.eval_samples))
+            # [RA-RLOO] the paper's report: pass@4 of n = 8 at T 0.6, top-p 0.95, top-k 20
             paper = evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, paper_sampling,
-                             args.paper_eval_samples, accelerator, ks=(1, 4))
-            out.update({name.replace("eval_", "eval_paper_"): value for name, value in paper.items()})
-        return out
+                             args.paper_eval_samples, accelerator, ks=(1, 4)) if args.paper_eval_samples else {}
+        return {**out, **{name.replace("eval_", "eval_paper_"): value for name, value in paper.items()}}
 
     # ---------------- resume ----------------
     start_step, counters, method_state = 0, {"rollouts": 0, "gen_tokens": 0}, {}

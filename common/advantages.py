@@ -37,3 +37,11 @@ def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tens
         last_adv = torch.where(valid, a, last_adv)
         next_value = torch.where(valid, values[:, t], next_value)
     return adv, (adv + values) * (mask > 0)
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """Zero mean, unit std over the masked entries; masked-out entries become 0."""
+    count = mask.sum().clamp(min=1)
+    mean = (values * mask).sum() / count
+    var = (((values - mean) * mask) ** 2).sum() / count
+    return (values - mean) / (var.sqrt() + eps) * mask

@@ -72,6 +72,7 @@ def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, o
         from common.fsdp import full_state_dict, local_optimizer_state
 
         weights = full_state_dict(unwrapped)  # every rank takes part; rank 0 receives the whole fp32 weights
+        weights = {key: value for key, value in weights.items() if key not in _tied_keys(unwrapped)}
         torch.save({"optimizer": local_optimizer_state(optimizer), **(rank_state or {})},
                    tmp / f"shards_rank{accelerator.process_index}.pt")
     if accelerator.is_main_process:

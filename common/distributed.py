@@ -38,54 +38,34 @@ def micro_batches(num_rows: int, size: int, accelerator, model, peers=()):
     """Yield the row indices of each micro-batch; the loop body runs the forward and `backward`. Under DDP the
     all-reduce is skipped (`no_sync`) on all but the last, so gradients are summed locally and synced once. With
     no rows nothing is yielded and a zero loss is back-propagated here, so the rank still joins that all-reduce
-    (the optimizer then steps on zero gradients, as on every rank: Adam's momentum carries on).
+    (the optimizer then steps on zero gradients, as on every rank: Adam's momentum carries on). Under `--fsdp`
+    every rank runs the same number of micro-batches (`common.fsdp.sharded_micro_batches`; `peers`: the sharded
+    frozen models the body also runs, e.g. the reference)."""
+    if isinstance(model, FSDPModule):
+        from common.fsdp import sharded_micro_batches
 
-    Under FSDP (`--fsdp`) every forward all-gathers: all ranks run the largest rank's number of micro-batches, a
-    rank with fewer making zero-weight passes (`common.fsdp.dummy_pass`) through `model` and `peers` (the sharded
-    frozen models the body also runs, e.g. the reference, in that order); gradients reduce-scatter on the last."""
+        yield from sharded_micro_batches(num_rows, size, accelerator, model, peers)
+        return
     starts = list(range(0, num_rows, size))
-    sharded = isinstance(model, FSDPModule)
-    total = len(starts)
-    if sharded and accelerator.num_processes > 1:
-        counts = torch.tensor([total], device=accelerator.device)
-        torch.distributed.all_reduce(counts, op=torch.distributed.ReduceOp.MAX)
-        total = int(counts.item())
-    if sharded:
-        total = max(1, total)
-    elif not starts:
+    if not starts:
         accelerator.backward(sum(p.sum() * 0.0 for p in model.parameters() if p.requires_grad))
         return
-    for i in range(total):
-        last = i == total - 1
-        if sharded:
-            model.set_requires_gradient_sync(last or accelerator.num_processes == 1)
-            sync = contextlib.nullcontext()
-        else:
-            sync = contextlib.nullcontext() if last or accelerator.num_processes == 1 else accelerator.no_sync(model)
+    for i, start in enumerate(starts):
+        last = i == len(starts) - 1
+        sync = contextlib.nullcontext() if last or accelerator.num_processes == 1 else accelerator.no_sync(model)
         with sync:
-            if i < len(starts):
-                yield list(range(starts[i], min(num_rows, starts[i] + size)))
-            else:
-                from common.fsdp import dummy_pass
-
-                dummy_pass(model, peers)
+            yield list(range(start, min(num_rows, start + size)))
 
 
-@contextlib.contextmanager
 def gathered(*models):
-    """Whole weights of the sharded `models` (None and unsharded ones are skipped) for the duration: one all-gather
-    per unit on entry (every rank must enter), no communication inside, shards restored on exit."""
-    units = [module for model in models if model is not None for module in model.modules()
-             if isinstance(module, FSDPModule)]
-    for unit in units:
-        unit.unshard()
-        unit.set_reshard_after_forward(False, recurse=False)
-    try:
-        yield
-    finally:
-        for unit in units:
-            unit.reshard()
-            unit.set_reshard_after_forward(True, recurse=False)
+    """Context: whole weights of the FSDP-sharded `models` inside the block (generation, no-grad scoring: see
+    common/fsdp.py); a no-op for unsharded models and None."""
+    sharded = [model for model in models if isinstance(model, FSDPModule)]
+    if not sharded:
+        return contextlib.nullcontext()
+    from common.fsdp import whole_weights
+
+    return whole_weights(sharded)
 
 
 class GracefulStop:

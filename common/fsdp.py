@@ -3,16 +3,19 @@ AdamW state; a decoder layer's full weights exist only while that layer runs. Ca
 accelerate, whose FSDP plugin is ignored on CPU), so the same code runs on GPUs (NCCL) and CPU processes (gloo).
 
 Every sharded forward all-gathers, so all ranks must run the same forwards in the same order. Two rules keep that:
-- `common.distributed.gathered(...)`: generation and no-grad scoring (whose number of forwards differs per rank: Ada's rounds, stop
-  lengths, chunk counts) run with the whole model gathered once on entry; nothing inside communicates.
-- `common.distributed.micro_batches` gives every rank the same number of micro-batches (a rank with fewer runs
-  zero-weight passes; see there), so the training forwards and gradient reduce-scatters line up.
+- `whole_weights` (the scripts' `common.distributed.gathered`): generation and no-grad scoring, whose number of
+  forwards differs per rank (Ada's rounds, stop lengths, chunk counts), run with the whole model gathered once
+  on entry; nothing inside communicates.
+- `sharded_micro_batches` (through `common.distributed.micro_batches`) gives every rank the same number of
+  micro-batches, so the training forwards and gradient reduce-scatters line up.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from common.policy import DTYPES
@@ -46,6 +49,40 @@ def shard(model: torch.nn.Module, compute_dtype: str = "float32") -> torch.nn.Mo
         fully_shard(layer, mp_policy=mixed)
     fully_shard(model, mp_policy=mixed)
     return model
+
+
+@contextlib.contextmanager
+def whole_weights(models: list):
+    """Whole weights of the sharded `models` for the duration: one all-gather per unit on entry (every rank must
+    enter), no communication inside, shards restored on exit."""
+    units = [module for model in models for module in model.modules() if isinstance(module, FSDPModule)]
+    for unit in units:
+        unit.unshard()
+        unit.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for unit in units:
+            unit.reshard()
+            unit.set_reshard_after_forward(True, recurse=False)
+
+
+def sharded_micro_batches(num_rows: int, size: int, accelerator, model, peers=()):
+    """`micro_batches` under FSDP, where every forward all-gathers: all ranks run the largest rank's number of
+    micro-batches (at least one), a rank with fewer making zero-weight passes (`dummy_pass`) through `model` and
+    `peers` (the sharded frozen models the loop body also runs, in that order); gradients reduce-scatter once,
+    in the last one."""
+    starts = list(range(0, num_rows, size))
+    counts = torch.tensor([len(starts)], device=accelerator.device)
+    if accelerator.num_processes > 1:
+        dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+    total = max(1, int(counts.item()))
+    for i in range(total):
+        model.set_requires_gradient_sync(i == total - 1)
+        if i < len(starts):
+            yield list(range(starts[i], min(num_rows, starts[i] + size)))
+        else:
+            dummy_pass(model, peers)
 
 
 def full_state_dict(model) -> dict:

@@ -82,6 +82,9 @@ class HFGenerator:
                 max_new_tokens=cfg.max_new_tokens,
                 eos_token_id=stop_ids,
                 pad_token_id=tok.pad_token_id,
+                # transformers runs FSDP models in lock-step (an all-reduce per token); --fsdp generates inside
+                # `gathered` (whole weights, no communication), where ranks finish independently
+                synced_gpus=False,
             )[:, width:].tolist()
             for row in gen:
                 cut = next((j for j, t in enumerate(row) if t in stop_ids), None)

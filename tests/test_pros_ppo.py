@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from common.advantages import gae_advantages
+from common.losses import value_loss
 from conftest import run_script
-from pros_ppo import Args, QueryTree, child_candidates, choose_cut, select_nodes, value_loss
+from pros_ppo import Args, QueryTree, child_candidates, choose_cut, select_nodes
 
 
 # ---------------------------------------------------------------- t* (Section 3)
