@@ -56,8 +56,8 @@ from common.distributed import GracefulStop, gather_list, gathered, micro_batche
 from common.generation import HFGenerator, SamplingConfig
 from common.logprobs import score_completions, token_logprobs
 from common.losses import kl_k3
-from common.masking import pad_sequences
-from common.metrics import MetricsLogger, check_tracker, evaluate
+from common.masking import pad_sequences, right_align
+from common.metrics import MetricsLogger, SampleLogger, check_tracker, evaluate
 from common.policy import DTYPES, autocast, load_policy
 
 
@@ -226,14 +226,15 @@ def main(args: Args) -> None:
         generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype)
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     temperature = args.temperature if args.temperature > 0 else 1.0  # the generator scores greedy samples at T=1
-    eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, logprobs=False)
+    eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature  # 0: greedy
+    eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=eval_temperature, logprobs=False)
     paper_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.paper_eval_temperature,
                                     top_p=args.paper_eval_top_p, top_k=args.paper_eval_top_k, logprobs=False)
 
     def run_eval() -> dict:
         with gathered(policy):  # FSDP: whole weights for generation (a no-op otherwise)
             out = evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, eval_sampling,
-                           args.eval_samples, accelerator, ks=(1, args.eval_samples))
+                           args.eval_samples, accelerator)
             # [RA-RLOO] the paper's report: pass@4 of n = 8 at T 0.6, top-p 0.95, top-k 20
             paper = evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, paper_sampling,
                              args.paper_eval_samples, accelerator, ks=(1, 4)) if args.paper_eval_samples else {}
@@ -259,6 +260,9 @@ def main(args: Args) -> None:
     # ---------------- logging, step-0 evaluation, graceful stop ----------------
     logger = MetricsLogger(args.output_dir, accelerator, args.report_to, vars(args),
                            resume_step=start_step if resume_from is not None else None)
+    sample_log = SampleLogger(args.output_dir, accelerator, args.log_samples_every, args.log_samples_per_kind,
+                              resume_step=start_step if resume_from is not None else None)
+    warned_logp_diff = False
     if start_step == 0:
         row = {"step": 0, **run_eval()}
         logger.log(row)
@@ -277,9 +281,11 @@ def main(args: Args) -> None:
         t_gen = time.time() - t_start
         completions = [list(c) for c in gens.completion_ids]
 
-        # ================ verify ================
+        # ================ verify (a completion cut by max_new_tokens is never a success: reward 0) ================
         texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
-        rewards = torch.tensor([task.reward_fn(text, examples[i // args.k]) for i, text in enumerate(texts)])
+        truncated = torch.tensor([reason == "length" for reason in gens.finish_reasons])
+        rewards = torch.tensor([0.0 if truncated[i] else task.reward_fn(text, examples[i // args.k])
+                                for i, text in enumerate(texts)])
         rewards = rewards.view(-1, args.k).float()
         fresh_success = rewards >= args.success_reward
         fresh_rewards = rewards.clone()
@@ -290,6 +296,9 @@ def main(args: Args) -> None:
             replay_logp_old = splice_replays([example.id for example in examples], completions, rewards,
                                              fresh_success, buffers, args.replay, random)
         is_replay = ~torch.isnan(replay_logp_old)
+        # --mask_truncated_completions: cut completions get no gradient (a spliced replay is a whole success)
+        keep = ~(truncated & ~is_replay.flatten()) if args.mask_truncated_completions else \
+            torch.ones(len(texts), dtype=torch.bool)
 
         # ================ advantages: leave-one-out baseline on the (possibly mixed) group, eq. (1) ================
         advantages = rloo_advantages(rewards).flatten().to(device)
@@ -301,18 +310,27 @@ def main(args: Args) -> None:
         flat_prompts = [p for p in prompts for _ in range(args.k)]
         n_tokens = sum(len(c) for c in completions)
         normaliser = max(1, len(completions)) * args.max_new_tokens  # constant: no length bias
-        sums = {"loss_sum": 0.0, "kl_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "w_sum": 0.0, "w_n": 0.0}
+        sums = {"loss_sum": 0.0, "kl_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "w_sum": 0.0, "w_n": 0.0,
+                "gap_sum": 0.0, "gap_tok": 0.0}
+        is_weights = torch.ones(len(completions))  # [RA-RLOO] per row, for the sample log
         for rows in micro_batches(len(completions), args.micro_batch_size, accelerator, model, peers=(ref_model,)):
             batch = pad_sequences([flat_prompts[r] for r in rows], [completions[r] for r in rows],
                                   tokenizer.pad_token_id).to(device)
             with autocast(device, args.dtype):  # the sampled distribution: logits / T
                 logp, entropy = token_logprobs(model, batch, temperature)
-            mask = batch.loss_mask
+            mask = batch.loss_mask * keep[rows].to(device)[:, None]
             seq_logp = (logp * mask).sum(-1)
             adv, rep = advantages[rows], replayed[rows]
             # [RA-RLOO] the replayed slot's advantage x w = min(pi_theta/pi_old, w_max), no gradient through w
             weight = replay_weights(seq_logp, replay_logp_old[rows], args.w_max)
             adv = torch.where(rep, adv * weight, adv)
+            is_weights[rows] = torch.where(rep, weight, torch.ones_like(weight)).cpu()
+            # sampler/trainer agreement on fresh rollouts, before any update (this pass is the first)
+            fresh_mask = batch.loss_mask * (~rep)[:, None]
+            sampler_logp = right_align([gens.logprobs[r] if not rep[j] else [] for j, r in enumerate(rows)],
+                                       batch.completion_width).to(device)
+            sums["gap_sum"] += ((logp.detach() - sampler_logp).abs() * fresh_mask).sum().item()
+            sums["gap_tok"] += fresh_mask.sum().item()
             pg_sum = -(adv * seq_logp).sum()
             loss = pg_sum / normaliser
             if ref_model is not None:
@@ -368,6 +386,7 @@ def main(args: Args) -> None:
             "kl": totals["kl_sum"] / max(1.0, totals["tok"]), "entropy": totals["ent_sum"] / max(1.0, totals["tok"]),
             "grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0],
             "time_gen_s": totals["t_gen"] / world, "time_train_s": totals["t_train"] / world,
+            "sampler_logp_diff": totals["gap_sum"] / totals["gap_tok"] if totals["gap_tok"] else None,
             # [RA-RLOO] mechanism metrics
             "ra_zero_var_frac_post": totals["zero_var_post"] / groups,
             "ra_replay_fired_frac": totals["fired"] / groups,
@@ -375,8 +394,21 @@ def main(args: Args) -> None:
             "ra_buffer_prompts": sum(1 for buffer in buffers.values() if buffer),
         }
 
-        # ================ evaluate / log / checkpoint / stop ================
-        if (args.eval_every and step % args.eval_every == 0) or step == args.max_steps:
+        if not warned_logp_diff and (row["sampler_logp_diff"] or 0.0) > args.logp_diff_warn:
+            warned_logp_diff = True
+            log(f"warning: sampler_logp_diff {row['sampler_logp_diff']:.4f} > --logp_diff_warn {args.logp_diff_warn}: "
+                "the generator does not sample from the policy being trained (stale weights, dtype, temperature?)")
+
+        # ================ sample log / evaluate / log / checkpoint / stop ================
+        evaluating = (args.eval_every and step % args.eval_every == 0) or step == args.max_steps
+        if sample_log.due(step, evaluating):  # a few fresh and [RA-RLOO] replayed rollouts -> samples.jsonl
+            kinds = ["replayed" if rep else "fresh" for rep in is_replay.flatten().tolist()]
+            sample_log.log(step, [{"kind": kinds[i], "prompt": tokenizer.decode(flat_prompts[i]),
+                                   "completion": tokenizer.decode(completions[i]), "reward": rewards.view(-1)[i].item(),
+                                   "advantage": advantages[i].item(), "truncated": bool(truncated[i] & ~replayed[i]),
+                                   **({"is_weight": is_weights[i].item()} if kinds[i] == "replayed" else {})}
+                                  for i in sample_log.pick(kinds)])
+        if evaluating:
             row.update(run_eval())
         row["time_step_s"] = time.time() - t_start
         logger.log(row)

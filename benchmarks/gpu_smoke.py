@@ -4,12 +4,12 @@ It builds a randomly initialised Qwen2-architecture model (~143M parameters with
 byte-level BPE tokenizer trained here on generated Countdown text (nothing is downloaded), saves them as a Hugging
 Face directory, then runs each script in this process on the embedded Countdown task for `--steps` steps in bf16
 with the HF generation backend, once per variant: `plain`, `gradient_checkpointing`, `lora` (r 16), and `fsdp`
-(reported as `missing` while the scripts have no `--fsdp` flag). Per run it prints generated tokens per second,
-the step time split into generation / training (the update, its log-prob passes included) / the rest, peak GPU
-memory, and whether the loss and the weights changed. Results also go to `<output_dir>/smoke.json`. A random
-model solves nothing, so ps_grpo.py (which drops groups whose rollouts all fail) trains nothing here: "weights
-changed 0%" is expected for it; the other scripts get a gradient anyway (RLOO's replayed demonstrations, the
-entropy bonus, PPO's critic).
+(FSDP2 on one process: the wrapping, gathers and checkpoint paths, not a memory saving). Per run it prints generated
+tokens per second, the step time split into generation / training (the update, its log-prob passes included) / the
+rest, peak GPU memory, and whether the loss and the weights changed. Results also go to `<output_dir>/smoke.json`. A
+random model solves nothing, so ps_grpo.py (which drops groups whose rollouts all fail) trains nothing here:
+"weights changed 0%" is expected for it; the other scripts get a gradient anyway (RLOO's replayed demonstrations,
+the entropy bonus, PPO's critic).
 
 Needs, beyond PyTorch and transformers: accelerate, tokenizers, safetensors, numpy, tqdm and peft (all in the GPU
 image described in ../shared/notes/stack-facts.md). Not needed on this path: datasets and math-verify (real
@@ -148,7 +148,11 @@ def run_one(script: str, variant: str, model_dir: Path, args: Args) -> dict:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     start = time.time()
-    module.main(parse_args(module.Args, argv))
+    try:
+        module.main(parse_args(module.Args, argv))
+    finally:
+        if torch.distributed.is_initialized():  # --fsdp made a world of one in this process: drop it
+            torch.distributed.destroy_process_group()
     wall = time.time() - start
     peak = torch.cuda.max_memory_allocated() / 2 ** 30 if cuda else None
     gc.collect()

@@ -7,6 +7,9 @@ from typing import Literal, Optional
 
 @dataclass
 class BaseArgs:
+    config: Optional[str] = None
+    """YAML or JSON file of flag values (keys = flag names, e.g. a run's args.json); flags given on the command line
+    win over it"""
     # --- model and data ---
     model_name_or_path: str = "embedded"
     """hub name or local dir of the policy; `embedded` builds (once, cached) the tiny Countdown model"""
@@ -46,7 +49,15 @@ class BaseArgs:
     eval_prompts: int = 256
     """held-out prompts used for evaluation"""
     eval_samples: int = 8
-    """samples per held-out prompt: eval_pass@1 is their mean, eval_pass@k uses the unbiased estimator"""
+    """samples per held-out prompt (independent of training's group size): eval_pass@1 is their mean, and
+    eval_pass@k (unbiased estimator) is logged for every power of two k up to it"""
+    eval_temperature: Optional[float] = None
+    """sampling temperature of the evaluation (0 = greedy; default: --temperature)"""
+    log_samples_every: Optional[int] = None
+    """append a few rollouts of each kind (fresh, replayed, prefix, augmented...) to samples.jsonl and the tracker
+    every N steps (default: at each evaluation; 0 = never)"""
+    log_samples_per_kind: int = 4
+    """rows per kind of rollout written at each sample log (a bound: this rank's first ones)"""
     save_every: int = 50
     """checkpoint every N steps (0 = only at the end); a checkpoint allows exact resume"""
     keep_checkpoints: int = 2
@@ -65,7 +76,12 @@ class BaseArgs:
     vllm_max_model_len: int = 2048
     """vLLM context length (prompt + completion)"""
     max_new_tokens: int = 32
-    """maximum completion length"""
+    """maximum completion length; a completion cut by it never counts as a success (reward 0)"""
+    mask_truncated_completions: bool = False
+    """completions cut by the length limit get no gradient (TRL's flag); `clipped_ratio` is logged either way"""
+    logp_diff_warn: float = 0.05
+    """warn (once) when sampler_logp_diff, the mean |log-prob| gap per sampled token between the generator and the
+    trainer's first pass, exceeds this (nats)"""
     temperature: float = 1.0
     """sampling temperature for training rollouts and evaluation"""
     gen_batch_size: int = 256

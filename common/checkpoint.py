@@ -1,9 +1,8 @@
 """Checkpoints: <output_dir>/checkpoint-<step>/ holds an HF model dir (model + tokenizer, loadable by
 `from_pretrained` and vLLM), `trainer_state.pt` (optimizer, scheduler, step, sampler position, the method's state
-such as replay buffers) and `rng_rank<r>.pt` (each process's RNGs). Under `--fsdp` the model dir still holds the
-full fp32 weights (gathered to rank 0) while each rank writes its optimizer shard (and `rank_state`, e.g. the
-critic's optimizer shard) to `shards_rank<r>.pt`. It is written to a temporary dir and renamed
-when complete, so an interrupted save never leaves a half-written checkpoint for `--resume auto` to pick.
+such as replay buffers) and `rng_rank<r>.pt` (each process's RNGs); under `--fsdp` the model dir still holds the
+whole weights, and each rank's optimizer shard (and `rank_state`) is in `shards_rank<r>.pt`. It is written to a
+temporary dir and renamed when complete, so an interrupted save never leaves a half-written checkpoint behind.
 """
 from __future__ import annotations
 
@@ -68,13 +67,11 @@ def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, o
     torch.save(rng_state(), tmp / f"rng_rank{accelerator.process_index}.pt")
     unwrapped, weights = accelerator.unwrap_model(model), None
     sharded = isinstance(unwrapped, FSDPModule)  # --fsdp (common.fsdp is imported only then)
-    if sharded:
-        from common.fsdp import full_state_dict, local_optimizer_state
+    if sharded:  # every rank takes part; rank 0 receives the whole fp32 weights
+        from common.fsdp import save_shards
 
-        weights = full_state_dict(unwrapped)  # every rank takes part; rank 0 receives the whole fp32 weights
-        weights = {key: value for key, value in weights.items() if key not in _tied_keys(unwrapped)}
-        torch.save({"optimizer": local_optimizer_state(optimizer), **(rank_state or {})},
-                   tmp / f"shards_rank{accelerator.process_index}.pt")
+        weights = save_shards(unwrapped, optimizer, rank_state, tmp / f"shards_rank{accelerator.process_index}.pt",
+                              skip=_tied_keys(unwrapped))
     if accelerator.is_main_process:
         unwrapped.save_pretrained(tmp, state_dict=weights)
         tokenizer.save_pretrained(tmp)
@@ -129,12 +126,10 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tup
             weights.update(load_file(str(path / shard)))
     else:
         weights = load_file(str(path / "model.safetensors"))
-    if sharded:
+    if sharded:  # --fsdp: every rank reads the whole weights and keeps its shards
         from common.fsdp import load_full_state_dict
-
-        missing, unexpected = load_full_state_dict(unwrapped, weights)
-    else:
-        missing, unexpected = unwrapped.load_state_dict(weights, strict=False)
+    missing, unexpected = load_full_state_dict(unwrapped, weights) if sharded else \
+        unwrapped.load_state_dict(weights, strict=False)
     missing = [k for k in missing if k not in _tied_keys(unwrapped)]
     if missing or unexpected:
         raise SystemExit(f"--resume {path}: weights do not match the model (missing {missing[:3]}, "
@@ -144,11 +139,9 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tup
 
 def _finish_load(path: Path, ts: dict, accelerator, optimizer, scheduler) -> tuple[int, dict]:
     if ts["optimizer"] is None:  # --fsdp: this rank's optimizer shard
-        from common.fsdp import load_local_optimizer_state
+        from common.fsdp import load_shards
 
-        shards = torch.load(path / f"shards_rank{accelerator.process_index}.pt", weights_only=False)
-        load_local_optimizer_state(optimizer, shards.pop("optimizer"))
-        ts["state"]["rank_state"] = shards
+        ts["state"]["rank_state"] = load_shards(optimizer, path / f"shards_rank{accelerator.process_index}.pt")
     else:
         optimizer.load_state_dict(ts["optimizer"])
     scheduler.load_state_dict(ts["scheduler"])

@@ -7,6 +7,7 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import sys
 import textwrap
 import typing
 
@@ -64,7 +65,17 @@ def build_parser(cls, description: str = "") -> argparse.ArgumentParser:
 
 
 def parse_args(cls, argv: list[str] | None = None, description: str = ""):
-    ns = build_parser(cls, description).parse_args(argv)
+    """`cls` from the command line; `--config FILE` first sets defaults for any flag (command-line flags win)."""
+    parser = build_parser(cls, description)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    config = pre.parse_known_args(argv)[0].config
+    if config:
+        from common.config import load_config
+
+        parser.set_defaults(**load_config(config, parser, cls))
+    ns = parser.parse_args(argv)
     args = cls(**vars(ns))
     if hasattr(args, "validate"):
         args.validate()

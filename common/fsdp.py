@@ -110,6 +110,20 @@ def load_full_state_dict(model, weights: dict) -> tuple[list[str], list[str]]:
     return missing, unexpected
 
 
+def save_shards(model, optimizer, rank_state: dict | None, path, skip=()) -> dict:
+    """Checkpoint under FSDP (every rank calls it): this rank's optimizer shard and `rank_state` to `path`; returns
+    the whole weights without the `skip` keys (tied copies) on rank 0, an empty dict elsewhere."""
+    torch.save({"optimizer": local_optimizer_state(optimizer), **(rank_state or {})}, path)
+    return {key: value for key, value in full_state_dict(model).items() if key not in skip}
+
+
+def load_shards(optimizer, path) -> dict:
+    """Inverse of `save_shards` for the optimizer; returns the `rank_state` saved with it."""
+    shards = torch.load(path, weights_only=False)
+    load_local_optimizer_state(optimizer, shards.pop("optimizer"))
+    return shards
+
+
 def local_optimizer_state(optimizer) -> dict:
     """This rank's share of the optimizer state (DTensor states as their local shards), for `optimizer_rank<r>.pt`."""
     state = optimizer.state_dict()

@@ -1,4 +1,5 @@
-"""One JSON object per step in <output_dir>/metrics.jsonl (main process), plus optional trackers. Core names
+"""One JSON object per step in <output_dir>/metrics.jsonl (main process), plus optional trackers, and a few sampled
+rollouts per kind in <output_dir>/samples.jsonl (`SampleLogger`). Core names
 every script logs (each script computes them where it logs them): step, rollouts, gen_tokens,
 reward_mean, reward_std, pass_rate, frac_zero_var_groups, completion_len_mean, clipped_ratio, loss, kl, entropy,
 grad_norm, lr, time_step_s, time_gen_s, time_train_s; eval_pass@1 / eval_pass@k when evaluating.
@@ -62,9 +63,64 @@ class MetricsLogger:
             self.acc.end_training()
 
 
+class SampleLogger:
+    """samples.jsonl: at chosen steps, up to `per_kind` rollouts of each kind (fresh, replayed, prefix...) as JSON rows
+    (step, kind, prompt, completion, reward, advantage and the method's tags), also sent to the tracker as a table
+    (wandb) or text (tensorboard). `due` and `log` must be called on every rank (rows are gathered)."""
+
+    def __init__(self, output_dir: str, accelerator, every: int | None, per_kind: int, resume_step: int | None):
+        self.acc, self.every, self.per_kind = accelerator, every, per_kind
+        self.path = Path(output_dir) / "samples.jsonl"
+        if accelerator.is_main_process and self.path.exists():  # as metrics.jsonl: rows past the checkpoint go
+            kept = [] if resume_step is None else [line for line in self.path.read_text().splitlines()
+                                                   if line.strip() and json.loads(line)["step"] <= resume_step]
+            self.path.write_text("".join(line + "\n" for line in kept))
+
+    def due(self, step: int, evaluating: bool) -> bool:
+        """At each evaluation by default (`every` None), else every `every` steps (0: never)."""
+        return evaluating if self.every is None else self.every > 0 and step % self.every == 0
+
+    def pick(self, kinds: list[str]) -> list[int]:
+        """Indices of the first `per_kind` items of each kind (the rows worth decoding)."""
+        seen: dict[str, int] = {}
+        chosen = []
+        for i, kind in enumerate(kinds):
+            if seen.get(kind, 0) < self.per_kind:
+                seen[kind] = seen.get(kind, 0) + 1
+                chosen.append(i)
+        return chosen
+
+    def log(self, step: int, rows: list[dict]) -> None:
+        from accelerate.utils import gather_object
+
+        rows = gather_object(rows) if self.acc.num_processes > 1 else rows
+        rows = [rows[i] for i in self.pick([row["kind"] for row in rows])]  # the bound holds over all ranks
+        if not self.acc.is_main_process or not rows:
+            return
+        clean = [{"step": step, **{k: float(v) if isinstance(v, (np.floating, np.integer)) else v
+                                   for k, v in row.items()}} for row in rows]
+        with self.path.open("a") as f:
+            f.writelines(json.dumps(row) + "\n" for row in clean)
+        for tracker in self.acc.trackers:
+            columns = sorted({key for row in clean for key in row})
+            if tracker.name == "wandb":
+                import wandb
+
+                tracker.log({"samples": wandb.Table(columns=columns, data=[[row.get(c) for c in columns]
+                                                                         for row in clean])}, step=step)
+            elif tracker.name == "tensorboard":
+                tracker.writer.add_text("samples", "\n\n".join(f"    {json.dumps(row)}" for row in clean), step)
+
+
+def powers_of_two(n: int) -> list[int]:
+    """1, 2, 4, ... up to n: the k of the eval_pass@k metrics logged from n samples."""
+    return [2 ** i for i in range(max(1, n).bit_length())]
+
+
 def evaluate(generator, tokenizer, examples, encode, reward_fn, sampling, n_samples: int, accelerator,
-             ks=(1, 4)) -> dict:
-    """Held-out pass@1 (mean over n_samples) and unbiased pass@k; prompts are split across ranks."""
+             ks=None) -> dict:
+    """Held-out pass@1 (mean over n_samples) and unbiased pass@k (default: every power of two k <= n_samples);
+    prompts are split across ranks."""
     from dataclasses import replace
 
     from accelerate.utils import gather_object
@@ -80,7 +136,7 @@ def evaluate(generator, tokenizer, examples, encode, reward_fn, sampling, n_samp
             counts.append(sum(reward_fn(t, e) >= 1.0 for t in texts))
     counts = gather_object(counts) if accelerator.num_processes > 1 else counts
     out = {}
-    for k in ks:
+    for k in powers_of_two(n_samples) if ks is None else ks:
         if k <= n_samples:
             out[f"eval_pass@{k}"] = float(np.mean([pass_at_k(n_samples, c, k) for c in counts]))
     return out
