@@ -3,7 +3,6 @@ Loaded only when a config is given."""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import typing
 from pathlib import Path
 
@@ -20,8 +19,8 @@ def load_config(path: str, parser: argparse.ArgumentParser, cls) -> dict:
     if not isinstance(data, dict):
         raise SystemExit(f"--config {path}: expected a mapping of flag names to values, got {type(data).__name__}")
     actions = {action.dest: action for action in parser._actions if action.dest != "help"}
-    optional = {f.name for f in dataclasses.fields(cls) if f.default is None}
     hints = typing.get_type_hints(cls)
+    optional = {name for name, hint in hints.items() if type(None) in typing.get_args(hint)}  # Optional[...] flags
     values = {}
     for key, value in data.items():
         where = f"--config {path}: key {key!r}"
@@ -51,7 +50,8 @@ def _convert(where: str, kind, value, is_bool: bool):
     fits = (bool,) if is_bool else {str: (str,), int: (int,), float: (int, float)}.get(kind, ())
     name = "true/false" if is_bool else getattr(kind, "__name__", str(kind))
     if isinstance(value, bool) and not is_bool or not isinstance(value, (str, *fits)):
-        raise SystemExit(f"{where}: expected {name}, got the YAML {type(value).__name__} {value!r}")
+        hint = " (quote it)" if kind is str else ""
+        raise SystemExit(f"{where}: expected {name}, got the YAML {type(value).__name__} {value!r}{hint}")
     if not isinstance(value, str):
         return float(value) if kind is float else value
     try:

@@ -207,3 +207,23 @@ def test_real_dataset_path_with_a_local_jsonl(random_model_dir, tmp_path):
     rows = _rows(out)
     assert [r["step"] for r in rows] == [0, 1, 2] and rows[-1]["rollouts"] == 2 * 4 * 4
     assert rows[-1]["ra_buffer_prompts"] == 0  # real datasets: lazy buffers, nothing to seed from
+
+
+def test_samples_log_truncation_and_sampler_agreement(tiny_base, tmp_path, monkeypatch):
+    # one eval step: samples.jsonl holds at most 2 rows per kind (fresh / replayed, the replayed with its IS weight),
+    # pass@k for every power of two up to --eval_samples, and the HF sampler agrees with the trainer (fp32)
+    rows = _main_rows(tmp_path / "a", ["--model_name_or_path", tiny_base, "--max_steps", "1", "--replay", "always",
+                                       "--log_samples_per_kind", "2", "--paper_eval_samples", "0"], monkeypatch)
+    samples = [json.loads(line) for line in (tmp_path / "a" / "samples.jsonl").read_text().splitlines()]
+    assert sorted(s["kind"] for s in samples) == ["fresh", "fresh", "replayed", "replayed"]
+    assert all({"step", "prompt", "completion", "reward", "advantage", "truncated"} <= set(s) for s in samples)
+    assert all(s["reward"] == 1.0 and 0 < s["is_weight"] <= 5.0 for s in samples if s["kind"] == "replayed")
+    assert {"eval_pass@1", "eval_pass@2", "eval_pass@4"} <= set(rows[-1]) and "eval_pass@3" not in rows[-1]
+    assert rows[1]["sampler_logp_diff"] < 1e-4
+    # every completion cut at 2 tokens: no success (reward 0, though the test reward would pay 1 for odd lengths),
+    # and with --mask_truncated_completions no gradient from them (vanilla RLOO: no replay either)
+    cut = ["--model_name_or_path", tiny_base, "--max_steps", "1", "--max_new_tokens", "2", "--replay", "none",
+           "--paper_eval_samples", "0", "--log_samples_every", "0"]
+    rows = _main_rows(tmp_path / "b", [*cut, "--mask_truncated_completions"], monkeypatch, lambda t, p: 1.0)
+    assert rows[1]["clipped_ratio"] == 1.0 and rows[1]["reward_mean"] == 0.0 and rows[1]["grad_norm"] == 0.0
+    assert not (tmp_path / "b" / "samples.jsonl").exists()

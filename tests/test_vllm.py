@@ -247,3 +247,7 @@ def test_ra_rloo_end_to_end_with_vllm(tiny_base, tmp_path):
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3] and rows[-1]["rollouts"] == 3 * 8 * 4
     assert "eval_pass@1" in rows[-1] and (out / "checkpoint-3" / "model.safetensors").exists()
+    # sampler/trainer agreement: vLLM's log-probs of the sampled tokens vs the trainer's first pass (fp32: ~1e-5),
+    # after each weight push too (a stale engine would drift away as the policy trains)
+    diffs = [r["sampler_logp_diff"] for r in rows[1:]]
+    assert all(isinstance(d, float) and d < 1e-3 for d in diffs), diffs

@@ -1,0 +1,62 @@
+"""--config: YAML/JSON flag values under the command line, args.json as a config, errors that name the key."""
+import json
+from dataclasses import asdict
+
+import pytest
+
+from common.cli import build_parser, parse_args
+from ra_rloo import Args
+
+
+def _write(tmp_path, text, name="run.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_config_sets_defaults_and_the_command_line_wins(tmp_path):
+    config = _write(tmp_path, "learning_rate: 1e-6\nk: 6\nreplay: none\nseed_buffer: no\neval_split: null\n")
+    args = parse_args(Args, ["--config", config, "--k", "5"])
+    assert args.learning_rate == 1e-6 and isinstance(args.learning_rate, float)  # YAML reads 1e-6 as a string
+    assert args.k == 5 and args.replay == "none" and args.seed_buffer is False and args.eval_split is None
+    assert parse_args(Args, []).k == 4  # no config: the dataclass defaults
+
+
+def test_a_runs_args_json_repeats_the_run(tmp_path):
+    original = parse_args(Args, ["--k", "3", "--w_max", "2.5", "--output_dir", str(tmp_path / "run"),
+                                 "--dataset_config", "main", "--report_to", "none", "--max_steps", "7"])
+    saved = _write(tmp_path, json.dumps(asdict(original), indent=2), "args.json")
+    repeated = parse_args(Args, ["--config", saved])
+    assert asdict(repeated) == {**asdict(original), "config": saved}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("kk: 4\n", "key 'kk' is not a flag"),
+    ("k: 4.5\n", "key 'k': expected int, got the YAML float 4.5"),
+    ("k: true\n", "key 'k': expected int, got the YAML bool"),
+    ("replay: sometimes\n", "key 'replay': 'sometimes' is not one of"),
+    ("dataset: 5\n", "key 'dataset': expected str, got the YAML int 5 (quote it)"),
+    ("learning_rate: fast\n", "key 'learning_rate': 'fast' is not a valid float"),
+    ("k: null\n", "key 'k': null is not allowed"),
+    ("- k\n", "expected a mapping of flag names to values, got list"),
+    ("k: [1\n", "cannot read it"),
+])
+def test_bad_configs_name_the_key_and_leave_a_run_dir_alone(tmp_path, text, message):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 0}\n')
+    config = _write(tmp_path, text)
+    with pytest.raises(SystemExit, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        parse_args(Args, ["--config", config, "--output_dir", str(run), "--resume", "auto"])
+    assert (run / "metrics.jsonl").read_text() == '{"step": 0}\n' and sorted(p.name for p in run.iterdir()) == [
+        "metrics.jsonl"]
+
+
+def test_missing_config_file_is_named(tmp_path):
+    with pytest.raises(SystemExit, match="--config .*nope.yaml: cannot read it"):
+        parse_args(Args, ["--config", str(tmp_path / "nope.yaml")])
+
+
+def test_help_documents_the_config_flag():
+    text = build_parser(Args).format_help()
+    assert "--config" in text and "flags given on the command line" in " ".join(text.split())
