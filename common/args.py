@@ -97,6 +97,15 @@ class BaseArgs:
     """gradient clipping norm"""
     micro_batch_size: int = 64
     """sequences per forward/backward pass (gradients are accumulated over the step's batch)"""
+    max_tokens_per_microbatch: int = 0
+    """if > 0, micro-batches are cut by this many prompt + completion tokens instead of --micro_batch_size sequences,
+    so long and short completions cost what they are"""
+    padding_free: bool = True
+    """training passes (policy, reference, critic) pack each micro-batch's sequences back to back in rows of at most
+    --pack_row_tokens tokens, attention kept within each sequence, instead of padding every row to the longest"""
+    pack_row_tokens: int = 256
+    """row length of the packed layout (attention in a row costs row length squared with SDPA: short rows suit CPU,
+    longer ones a GPU)"""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """compute dtype: `bfloat16` runs the forward passes (generation, log-probs, critic) under autocast; the trained
     weights and optimizer state stay fp32 (master weights, saved as such in checkpoints); frozen copies use it"""

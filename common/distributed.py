@@ -34,27 +34,41 @@ def gather_list(accelerator, items: list) -> list:
     return gather_object(list(items))
 
 
-def micro_batches(num_rows: int, size: int, accelerator, model, peers=()):
-    """Yield the row indices of each micro-batch; the loop body runs the forward and `backward`. Under DDP the
-    all-reduce is skipped (`no_sync`) on all but the last, so gradients are summed locally and synced once. With
-    no rows nothing is yielded and a zero loss is back-propagated here, so the rank still joins that all-reduce
-    (the optimizer then steps on zero gradients, as on every rank: Adam's momentum carries on). Under `--fsdp`
-    every rank runs the same number of micro-batches (`common.fsdp.sharded_micro_batches`; `peers`: the sharded
-    frozen models the body also runs, e.g. the reference)."""
+def token_budget_cuts(lengths: list[int], max_tokens: int) -> list[int]:
+    """Start rows of consecutive micro-batches of at most `max_tokens` tokens (a longer row goes alone)."""
+    starts, used = [], max_tokens + 1
+    for i, length in enumerate(lengths):
+        if used + length > max_tokens:
+            starts.append(i)
+            used = 0
+        used += length
+    return starts
+
+
+def micro_batches(num_rows: int, size: int, accelerator, model, peers=(), lengths: list[int] | None = None,
+                  max_tokens: int = 0):
+    """Yield the row indices of each micro-batch (`size` rows, or with `max_tokens` > 0 as many rows as fit that many
+    of their `lengths` tokens); the loop body runs the forward and `backward`. Under DDP the all-reduce is skipped
+    (`no_sync`) on all but the last, so gradients are summed locally and synced once. With no rows nothing is
+    yielded and a zero loss is back-propagated here, so the rank still joins that all-reduce (the optimizer then
+    steps on zero gradients, as on every rank: Adam's momentum carries on). Under `--fsdp` every rank runs the same
+    number of micro-batches (`common.fsdp.sharded_micro_batches`; `peers`: the sharded frozen models the body also
+    runs, e.g. the reference)."""
+    starts = token_budget_cuts(lengths, max_tokens) if max_tokens > 0 else list(range(0, num_rows, size))
+    chunks = [list(range(start, end)) for start, end in zip(starts, starts[1:] + [num_rows])]
     if isinstance(model, FSDPModule):
         from common.fsdp import sharded_micro_batches
 
-        yield from sharded_micro_batches(num_rows, size, accelerator, model, peers)
+        yield from sharded_micro_batches(chunks, accelerator, model, peers)
         return
-    starts = list(range(0, num_rows, size))
-    if not starts:
+    if not chunks:
         accelerator.backward(sum(p.sum() * 0.0 for p in model.parameters() if p.requires_grad))
         return
-    for i, start in enumerate(starts):
-        last = i == len(starts) - 1
+    for i, rows in enumerate(chunks):
+        last = i == len(chunks) - 1
         sync = contextlib.nullcontext() if last or accelerator.num_processes == 1 else accelerator.no_sync(model)
         with sync:
-            yield list(range(start, min(num_rows, start + size)))
+            yield rows
 
 
 def gathered(*models):

@@ -67,20 +67,19 @@ def whole_weights(models: list):
             unit.set_reshard_after_forward(True, recurse=False)
 
 
-def sharded_micro_batches(num_rows: int, size: int, accelerator, model, peers=()):
+def sharded_micro_batches(chunks: list[list[int]], accelerator, model, peers=()):
     """`micro_batches` under FSDP, where every forward all-gathers: all ranks run the largest rank's number of
     micro-batches (at least one), a rank with fewer making zero-weight passes (`dummy_pass`) through `model` and
     `peers` (the sharded frozen models the loop body also runs, in that order); gradients reduce-scatter once,
     in the last one."""
-    starts = list(range(0, num_rows, size))
-    counts = torch.tensor([len(starts)], device=accelerator.device)
+    counts = torch.tensor([len(chunks)], device=accelerator.device)
     if accelerator.num_processes > 1:
         dist.all_reduce(counts, op=dist.ReduceOp.MAX)
     total = max(1, int(counts.item()))
     for i in range(total):
         model.set_requires_gradient_sync(i == total - 1)
-        if i < len(starts):
-            yield list(range(starts[i], min(num_rows, starts[i] + size)))
+        if i < len(chunks):
+            yield chunks[i]
         else:
             dummy_pass(model, peers)
 

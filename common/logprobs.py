@@ -31,6 +31,20 @@ def token_logprobs(model, batch: Batch, temperature: float = 1.0, chunk_size: in
     the entropy too with `entropy_grad`.
     """
     r = batch.completion_width
+    if batch.gather_index is not None:  # packed: logits only at the columns that predict a completion token
+        valid = batch.gather_index >= 0
+        flat = batch.gather_index[valid]
+        width = batch.input_ids.shape[1]
+        columns = torch.unique(flat % width)  # sorted; one set for all rows
+        out = model(input_ids=batch.input_ids, attention_mask=None, position_ids=batch.position_ids,
+                    logits_to_keep=columns, use_cache=False)
+        pick = (flat // width) * len(columns) + torch.searchsorted(columns, flat % width)
+        logits = out.logits.reshape(-1, out.logits.shape[-1])[pick]
+        lp, ent = logprobs_from_logits(logits[None], batch.input_ids.reshape(-1)[flat + 1][None], temperature,
+                                       chunk_size, entropy_grad)
+        full_lp, full_ent = lp.new_zeros(valid.shape), ent.new_zeros(valid.shape)
+        full_lp[valid], full_ent[valid] = lp[0], ent[0]
+        return full_lp, full_ent
     out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                 position_ids=batch.position_ids, logits_to_keep=r + 1, use_cache=False)
     logits = out.logits[:, :-1]  # position t predicts token t+1

@@ -12,21 +12,40 @@ import torch
 
 @dataclass
 class Batch:
-    input_ids: torch.Tensor  # [B, T] left-padded prompt + completion
-    attention_mask: torch.Tensor  # [B, T]
-    position_ids: torch.Tensor  # [B, T], counted from each row's first real token
+    input_ids: torch.Tensor  # [B, T] left-padded prompt + completion (packed: [rows, W], sequences back to back)
+    attention_mask: torch.Tensor | None  # [B, T]; None when packed (transformers reads the packing from position_ids)
+    position_ids: torch.Tensor  # [B, T], counted from each row's first real token (packed: restarting at 0 per sequence)
     loss_mask: torch.Tensor  # [B, R] float: 1 on completion tokens that get gradient
     completion_width: int  # R: width of the completion region (the last R columns)
     completion_lens: list[int]
+    # packed only: [B, R] flat index (row * W + column) of the position whose output predicts completion column
+    # (b, j) of the padded layout, -1 where that column is padding; every [B, R] result keeps the padded layout
+    gather_index: torch.Tensor | None = None
 
     def to(self, device) -> "Batch":
-        return Batch(self.input_ids.to(device), self.attention_mask.to(device), self.position_ids.to(device),
-                     self.loss_mask.to(device), self.completion_width, self.completion_lens)
+        move = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return Batch(move(self.input_ids), move(self.attention_mask), move(self.position_ids), move(self.loss_mask),
+                     self.completion_width, self.completion_lens, move(self.gather_index))
+
+    def completion_states(self, per_position: torch.Tensor) -> torch.Tensor:
+        """[B, R, ...] from a [rows, T, ...] per-position output (hidden states, logits): the outputs that predict each
+        completion token, in the padded completion layout (zeros at padding when packed)."""
+        width = self.completion_width
+        if self.gather_index is None:
+            return per_position[:, -(width + 1):-1]
+        valid = self.gather_index >= 0
+        flat = per_position.reshape(-1, *per_position.shape[2:])[self.gather_index[valid]]
+        out = flat.new_zeros(*self.gather_index.shape, *per_position.shape[2:])
+        out[valid] = flat
+        return out
 
 
 def pad_sequences(prompts: list[list[int]], completions: list[list[int]], pad_id: int,
-                  completion_masks: list[list[int]] | None = None) -> Batch:
-    """Left-pad prompt+completion rows; `completion_masks[i][j]` = 0 masks token j of completion i."""
+                  completion_masks: list[list[int]] | None = None, pack_tokens: int = 0) -> Batch:
+    """Left-pad prompt+completion rows; `completion_masks[i][j]` = 0 masks token j of completion i. With
+    `pack_tokens` > 0 the padding-free layout instead (`pack_sequences`, rows of at most that many tokens)."""
+    if pack_tokens > 0:
+        return pack_sequences(prompts, completions, pad_id, pack_tokens, completion_masks)
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
     if completion_masks is not None:
@@ -48,6 +67,40 @@ def pad_sequences(prompts: list[list[int]], completions: list[list[int]], pad_id
             loss[r, r_width - len(c):] = torch.tensor(m, dtype=torch.float32)
     pos = (att.cumsum(-1) - 1).clamp(min=0)
     return Batch(ids, att, pos, loss, r_width, [len(c) for c in completions])
+
+
+def pack_sequences(prompts: list[list[int]], completions: list[list[int]], pad_id: int, row_tokens: int,
+                   completion_masks: list[list[int]] | None = None) -> Batch:
+    """The padding-free layout of `pad_sequences`' batch: prompt + completion sequences back to back in rows of at
+    most `row_tokens` tokens (first fit in order; a longer sequence gets a row of its own), `position_ids`
+    restarting at 0 for each sequence, so attention never crosses sequences (transformers builds a block-diagonal
+    causal mask from them when attention_mask is None and no KV cache is used: forward with use_cache=False).
+    A row's unused tail is padding with positions of its own.
+    Loss mask, completion width and results keep the padded [B, R] layout (`gather_index`)."""
+    padded = pad_sequences(prompts, completions, pad_id, completion_masks)  # the reference layout and its checks
+    rows: list[list[int]] = [[]]
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        used = sum(len(prompts[j]) + len(completions[j]) for j in rows[-1])
+        if rows[-1] and used + len(p) + len(c) > row_tokens:
+            rows.append([])
+        rows[-1].append(i)
+    width = max(sum(len(prompts[j]) + len(completions[j]) for j in row) for row in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    pos = torch.zeros((len(rows), width), dtype=torch.long)
+    r_width = padded.completion_width
+    gather = torch.full((len(prompts), r_width), -1, dtype=torch.long)
+    for r, row in enumerate(rows):
+        start = 0
+        for j in row:
+            seq = list(prompts[j]) + list(completions[j])
+            ids[r, start:start + len(seq)] = torch.tensor(seq, dtype=torch.long)
+            pos[r, start:start + len(seq)] = torch.arange(len(seq))
+            n = len(completions[j])  # completion token t sits at start + len(prompt) + t; predicted one before
+            first = r * width + start + len(prompts[j]) - 1
+            gather[j, r_width - n:] = torch.arange(first, first + n)
+            start += len(seq)
+        pos[r, start:] = torch.arange(width - start)  # the tail: a padding "sequence" nothing real attends to
+    return Batch(ids, None, pos, padded.loss_mask, r_width, padded.completion_lens, gather)
 
 
 def unpad_completion(values: torch.Tensor, lens: list[int]) -> list[list[float]]:
