@@ -19,12 +19,13 @@ state is identical everywhere), then each rank samples its slice; integer budget
 the proportionality constant plus largest-remainder rounding (see `allocate_budget`). Token losses are
 summed over ALL responses and divided by a constant (total_budget x max_new_tokens), so a prompt's weight
 in the update grows with its N_x (the sampling half of the weight). k_t counts responses with reward >
-positive_threshold. pi_old is the sampling policy; one optimizer step per batch by default. Logged `loss`: that
-surrogate divided by (responses x max_new_tokens), as optimised; the optimised loss also subtracts the entropy
-bonus (entropy_coef x summed token entropy over the same constant; the paper's set-up uses 1e-4, the authors' run
-script 0) and adds the KL term (logged separately as `kl`). The advantage is Alg. 1 line 16's (r - mean_x) x
-alpha_x, with no std division (the residual weight alpha_x is the prompt's scale); its baseline is GRPO-n8
-(`ada_seq.py --max_rounds 1 --round_repeat 8 --final_keep_per_prompt 8`, eq. 2), the same inference budget.
+positive_threshold; a response cut by max_new_tokens gets reward 0. pi_old is the sampling policy; one
+optimizer step per batch by default. Logged `loss`: that surrogate divided by (responses x max_new_tokens), as
+optimised; the optimised loss also subtracts the entropy bonus (entropy_coef x summed token entropy over the same
+constant; the paper's set-up uses 1e-4, the authors' run script 0) and adds the KL term (logged separately as
+`kl`). The advantage is Alg. 1 line 16's (r - mean_x) x alpha_x, with no std division (the residual weight alpha_x
+is the prompt's scale); its baseline is GRPO-n8 (`ada_seq.py --max_rounds 1 --round_repeat 8
+--final_keep_per_prompt 8`, eq. 2), the same inference budget.
 
     python ada_est.py                                  # hybrid 1/sqrt(p) on 2048 recurring Countdown prompts
     python ada_est.py --weighting implicit             # N_x ∝ 1/p, no residual weight (App. C.2 ablation)
@@ -56,7 +57,7 @@ from common.generation import HFGenerator, SamplingConfig
 from common.logprobs import token_logprobs
 from common.losses import clipped_surrogate, kl_k3
 from common.masking import pad_sequences, right_align
-from common.metrics import MetricsLogger, check_tracker, evaluate
+from common.metrics import MetricsLogger, SampleLogger, check_tracker, evaluate
 from common.policy import DTYPES, autocast, load_policy
 
 
@@ -261,13 +262,14 @@ def main(args: Args) -> None:
     sampler_logprobs = args.old_logprobs == "sampler" or args.use_vllm or args.ppo_epochs > 1
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               logprobs=sampler_logprobs)
-    eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, logprobs=False)
+    eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature  # 0: greedy
+    eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=eval_temperature, logprobs=False)
     temperature = args.temperature if args.temperature > 0 else 1.0  # the generator scores greedy samples at T=1
 
     def run_eval() -> dict:
         with gathered(policy):  # FSDP: whole weights for generation (a no-op otherwise)
             return evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, eval_sampling,
-                            args.eval_samples, accelerator, ks=(1, args.eval_samples))
+                            args.eval_samples, accelerator)
 
     # ---------------- resume ----------------
     start_step, counters, method_state = 0, {"rollouts": 0, "gen_tokens": 0}, {}
@@ -285,6 +287,9 @@ def main(args: Args) -> None:
     # ---------------- logging, step-0 evaluation, graceful stop ----------------
     logger = MetricsLogger(args.output_dir, accelerator, args.report_to, vars(args),
                            resume_step=start_step if resume_from is not None else None)
+    sample_log = SampleLogger(args.output_dir, accelerator, args.log_samples_every, args.log_samples_per_kind,
+                              resume_step=start_step if resume_from is not None else None)
+    warned_logp_diff = False
     if start_step == 0:
         row = {"step": 0, **run_eval()}
         logger.log(row)
@@ -317,9 +322,10 @@ def main(args: Args) -> None:
         t_gen = time.time() - t_start
         completions = [list(c) for c in gens.completion_ids]
 
-        # ================ verify ================
+        # ================ verify (a completion cut by max_new_tokens is never a success: reward 0) ================
         texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
-        rewards = [task.reward_fn(text, examples[owner[g]]) for g, text in enumerate(texts)]
+        truncated = torch.tensor([reason == "length" for reason in gens.finish_reasons], dtype=torch.bool)
+        rewards = [0.0 if truncated[g] else task.reward_fn(text, examples[owner[g]]) for g, text in enumerate(texts)]
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
         groups = [rewards[start:start + size] for start, size in zip(starts, sizes)]
 
@@ -331,11 +337,14 @@ def main(args: Args) -> None:
             alphas.append(alpha)
         advantages = torch.tensor(adv_list, dtype=torch.float32, device=device)
         old_logps = gens.logprobs
+        # --mask_truncated_completions: cut completions get no gradient
+        keep = ~truncated if args.mask_truncated_completions else torch.ones(len(texts), dtype=torch.bool)
 
         # ================ update: GRPO-style clipped surrogate on ALL responses; pi_old = the sampler ===========
         t_train_start = time.time()
         n_tokens = sum(len(c) for c in completions)
-        sums = {"loss_sum": 0.0, "kl_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "clip_sum": 0.0}
+        sums = {"loss_sum": 0.0, "kl_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "clip_sum": 0.0,
+                "gap_sum": 0.0, "gap_tok": 0.0}
         grad_norms = []
         for epoch in range(args.ppo_epochs):
             for rows in micro_batches(len(completions), args.micro_batch_size, accelerator, model, peers=(ref_model,)):
@@ -343,10 +352,13 @@ def main(args: Args) -> None:
                                       tokenizer.pad_token_id).to(device)
                 with autocast(device, args.dtype):  # bf16 compute over fp32 weights with --dtype bfloat16
                     logp, entropy = token_logprobs(model, batch, temperature, entropy_grad=args.entropy_coef > 0)
-                mask = batch.loss_mask
+                mask = batch.loss_mask * keep[rows].to(device)[:, None]
                 # without sampler log-probs pi_old is this very pass (one epoch, HF weights: exact, ratio 1)
                 old_logp = right_align([old_logps[r] for r in rows], batch.completion_width).to(device) \
                     if sampler_logprobs else logp.detach()
+                if epoch == 0 and sampler_logprobs:  # sampler/trainer agreement, before any update (the first pass)
+                    sums["gap_sum"] += ((logp.detach() - old_logp).abs() * batch.loss_mask).sum().item()
+                    sums["gap_tok"] += batch.loss_mask.sum().item()
                 per_token, clipped = clipped_surrogate(logp, old_logp, advantages[rows, None], args.eps_low,
                                                        args.eps_high)
                 surrogate_sum = (per_token * mask).sum()
@@ -408,6 +420,7 @@ def main(args: Args) -> None:
             "kl": totals["kl_sum"] / tokens, "entropy": totals["ent_sum"] / tokens,
             "grad_norm": float(np.mean(grad_norms)), "lr": scheduler.get_last_lr()[0],
             "time_gen_s": totals["t_gen"] / world, "time_train_s": totals["t_train"] / world,
+            "sampler_logp_diff": totals["gap_sum"] / totals["gap_tok"] if totals["gap_tok"] else None,
             # [EST] mechanism metrics (allocation, p_hat, history: the global batch, the same on every rank)
             "est_p_hat_mean": sum(p_hats) / len(p_hats),
             "est_calibration_error": sum(calibration) / len(calibration) if calibration else None,
@@ -419,8 +432,20 @@ def main(args: Args) -> None:
             "est_clip_frac": totals["clip_sum"] / tokens,
         }
 
-        # ================ evaluate / log / checkpoint / stop ================
-        if (args.eval_every and step % args.eval_every == 0) or step == args.max_steps:
+        if not warned_logp_diff and (row["sampler_logp_diff"] or 0.0) > args.logp_diff_warn:
+            warned_logp_diff = True
+            log(f"warning: sampler_logp_diff {row['sampler_logp_diff']:.4f} > --logp_diff_warn {args.logp_diff_warn}: "
+                "the generator does not sample from the policy being trained (stale weights, dtype, temperature?)")
+
+        # ================ sample log / evaluate / log / checkpoint / stop ================
+        evaluating = (args.eval_every and step % args.eval_every == 0) or step == args.max_steps
+        if sample_log.due(step, evaluating):  # a few fresh rollouts with [EST] N_x and p_hat -> samples.jsonl
+            sample_log.log(step, [{"kind": "fresh", "prompt": tokenizer.decode(flat_prompts[g]),
+                                   "completion": tokenizer.decode(completions[g]), "reward": rewards[g],
+                                   "advantage": advantages[g].item(), "truncated": bool(truncated[g]),
+                                   "ada_budget": sizes[owner[g]], "ada_p_hat": p_hats[mine[owner[g]]]}
+                                  for g in sample_log.pick(["fresh"] * len(completions))])
+        if evaluating:
             row.update(run_eval())
         row["time_step_s"] = time.time() - t_start
         logger.log(row)

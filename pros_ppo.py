@@ -22,13 +22,11 @@ Where this file departs from the paper, deliberately: ⌈fresh_frac·P⌉ querie
 ablation); over --pool_capacity the least recently observed nodes are evicted; one node per root per batch; the
 critic's top 10% ranks only the positions it scores (ties kept: a zero-head critic leaves t* to entropy), with the
 fallback above; a child of a child hangs off the root (two layers); `--success_reward` makes rewards Bernoulli.
-
 Logged `loss`: the clipped surrogate per token of each minibatch, averaged over the ppo_epochs x num_minibatches
 optimizer steps (as `ppo_clip_frac`, `ppo_value_loss`, `grad_norm`), KL excluded (`kl`: per token, first epoch).
 
     python pros_ppo.py                         # PPO + PROS on the embedded Countdown default (CPU, minutes)
-    python pros_ppo.py --pros off              # vanilla PPO
-    python pros_ppo.py --adv grpo              # GRPO + PROS   (--pros off: vanilla GRPO)
+    python pros_ppo.py --pros off              # vanilla PPO (+ --adv grpo: vanilla GRPO; --adv grpo alone: GRPO + PROS)
     python pros_ppo.py --pros random           # ablation: prefix reuse + random selection
 """
 from __future__ import annotations
@@ -57,8 +55,8 @@ from common.generation import HFGenerator, SamplingConfig
 from common.gibbs import gibbs_sweeps, update_counts
 from common.logprobs import token_logprobs
 from common.losses import clipped_surrogate, kl_k3, value_loss
-from common.masking import pad_sequences
-from common.metrics import MetricsLogger, check_tracker, evaluate
+from common.masking import pad_sequences, right_align
+from common.metrics import MetricsLogger, SampleLogger, check_tracker, evaluate
 from common.policy import DTYPES, autocast, load_policy
 
 
@@ -122,43 +120,37 @@ class Args(BaseArgs):
     """[PROS] maximum number of nodes (roots + children) in the pool; least recently observed are evicted"""
 
     def validate(self) -> None:
-        if self.k < 2:
-            raise SystemExit(f"--k {self.k}: need at least 2 rollouts per query")
-        if self.ppo_epochs < 1 or self.num_minibatches < 1:
-            raise SystemExit("--ppo_epochs and --num_minibatches must be >= 1")
-        if not (0 <= self.gamma <= 1 and 0 <= self.gae_lambda <= 1):
-            raise SystemExit("--gamma and --gae_lambda must be in [0, 1]")
-        if self.clip_low <= 0 or self.clip_high <= 0 or self.vf_clip <= 0:
-            raise SystemExit("--clip_low, --clip_high and --vf_clip must be > 0")
-        if not 0 < self.fresh_frac <= 1:
-            raise SystemExit(f"--fresh_frac {self.fresh_frac}: must be in (0, 1]")
-        if not 0 < self.value_top_frac <= 1:
-            raise SystemExit(f"--value_top_frac {self.value_top_frac}: must be in (0, 1]")
-        if self.max_children_per_group < 0:
-            raise SystemExit(f"--max_children_per_group {self.max_children_per_group}: must be >= 0 (0 = no cap)")
-        if not 0 < self.forget <= 1:
-            raise SystemExit(f"--forget {self.forget}: must be in (0, 1] (1 = no forgetting)")
-        if self.prior_tau <= 0 or self.child_sigma <= 0:
-            raise SystemExit("--prior_tau and --child_sigma must be > 0")
-        if self.gibbs_sweeps < 1 or self.pg_terms < 1:
-            raise SystemExit("--gibbs_sweeps and --pg_terms must be >= 1")
-        if self.pool_capacity < 2 * self.prompts_per_step:
-            raise SystemExit(f"--pool_capacity {self.pool_capacity}: must be >= 2 x --prompts_per_step")
+        for bad, why in [
+                (self.k < 2, f"--k {self.k}: need at least 2 rollouts per query"),
+                (self.ppo_epochs < 1 or self.num_minibatches < 1, "--ppo_epochs and --num_minibatches must be >= 1"),
+                (not (0 <= self.gamma <= 1 and 0 <= self.gae_lambda <= 1),
+                 "--gamma and --gae_lambda must be in [0, 1]"),
+                (min(self.clip_low, self.clip_high, self.vf_clip) <= 0,
+                 "--clip_low, --clip_high and --vf_clip must be > 0"),
+                (not 0 < self.fresh_frac <= 1, f"--fresh_frac {self.fresh_frac}: must be in (0, 1]"),
+                (not 0 < self.value_top_frac <= 1, f"--value_top_frac {self.value_top_frac}: must be in (0, 1]"),
+                (self.max_children_per_group < 0,
+                 f"--max_children_per_group {self.max_children_per_group}: must be >= 0 (0 = no cap)"),
+                (not 0 < self.forget <= 1, f"--forget {self.forget}: must be in (0, 1] (1 = no forgetting)"),
+                (self.prior_tau <= 0 or self.child_sigma <= 0, "--prior_tau and --child_sigma must be > 0"),
+                (self.gibbs_sweeps < 1 or self.pg_terms < 1, "--gibbs_sweeps and --pg_terms must be >= 1"),
+                (self.pool_capacity < 2 * self.prompts_per_step,
+                 f"--pool_capacity {self.pool_capacity}: must be >= 2 x --prompts_per_step")]:
+            if bad:
+                raise SystemExit(why)
 
 
 # ---------------- [PROS] Augmented query construction (Section 3) ----------------
 
 def choose_cut(entropy: np.ndarray, values: np.ndarray | None, inherited: int, length: int,
                value_top_frac: float = 0.1) -> int | None:
-    """[PROS] Sec. 3: the cut t* for one correct response of `length` = T tokens (stop token excluded).
-
-    `entropy` / `values` hold one entry per *continuation* token: entry j is response position L + j, L =
-    `inherited` (the node's own prefix, never re-scored). Window: [max(L, ⌊T/4⌋), ⌊3T/4⌋); None when empty (no
-    child). With values, the candidates are the window positions among the top ⌈value_top_frac·(T - L)⌉ of the
-    scored positions L..T-1 by V(s_t) (the paper's top 10% of timesteps; ties at the threshold kept); if none
-    lies in the window, the fallback is the window positions of highest value (the length constraint stays hard,
-    the value constraint is relaxed just enough). t* = the entropy argmax among the candidates (first on ties).
-    """
+    """[PROS] Sec. 3: the cut t* for one correct response of `length` = T tokens (stop token excluded). `entropy` /
+    `values` hold one entry per *continuation* token: entry j is response position L + j, L = `inherited` (the node's
+    own prefix, never re-scored). Window: [max(L, ⌊T/4⌋), ⌊3T/4⌋); None when empty (no child). With values, the
+    candidates are the window positions among the top ⌈value_top_frac·(T - L)⌉ of the scored positions L..T-1 by V(s_t)
+    (the paper's top 10% of timesteps; ties at the threshold kept); if none lies in the window, the fallback is the
+    window positions of highest value (the length constraint stays hard, the value constraint is relaxed just enough).
+    t* = the entropy argmax among the candidates (first on ties)."""
     low, high = max(inherited, length // 4), (3 * length) // 4
     if high <= low:
         return None
@@ -174,18 +166,14 @@ def choose_cut(entropy: np.ndarray, values: np.ndarray | None, inherited: int, l
 
 def child_candidates(prefix: tuple, continuations: list[list[int]], correct: list[bool], entropies: list,
                      values: list | None, stop_ids: set[int], value_top_frac: float) -> list[tuple[int, ...]]:
-    """[PROS] Sec. 3: one group's candidate child prefixes y[:t*], one per correct rollout whose cut is past the
-    node's own prefix, best (highest entropy at t*) first, distinct.
-
-    y = prefix + continuation is the full response (a child of a child is cut from its full response, so its
-    prefix extends the inherited one and it attaches to the same root). The caller adds every candidate not
-    already in the pool (`QueryTree.add_children`; `--max_children_per_group` may cap them).
-    """
+    """[PROS] Sec. 3: one group's candidate child prefixes y[:t*], one per correct rollout whose cut is past the node's
+    own prefix, best (highest entropy at t*) first, distinct. y = prefix + continuation is the full response (a child of
+    a child is cut from its full response, so its prefix extends the inherited one and it attaches to the same root).
+    The caller adds every candidate not already in the pool (`QueryTree.add_children`; `--max_children_per_group` may
+    cap them)."""
     scored = []
-    for i, continuation in enumerate(continuations):
-        if not correct[i]:
-            continue
-        full = list(prefix) + list(continuation)
+    for i in [i for i, ok in enumerate(correct) if ok]:
+        full = list(prefix) + list(continuations[i])
         length = len(full) - (1 if full and full[-1] in stop_ids else 0)
         cut = choose_cut(entropies[i], None if values is None else values[i], len(prefix), length, value_top_frac)
         if cut is not None and cut > len(prefix):  # a cut at the inherited length would reproduce the node itself
@@ -247,28 +235,23 @@ class QueryTree:
         num = len(self)
         if num <= capacity:
             return 0
-        is_root = self.parent < 0
-        recency = self.last.copy()
+        is_root, recency = self.parent < 0, self.last.copy()
         children = np.flatnonzero(~is_root)
         np.maximum.at(recency, self.parent[children], self.last[children])  # a root is as recent as its latest child
         order = np.lexsort((np.arange(num), is_root, recency))  # oldest first; children first on ties
-        gone = np.zeros(num, dtype=bool)
-        left = num
+        gone, left = np.zeros(num, dtype=bool), num
         for i in order:
             if left <= capacity:
                 break
             if gone[i]:
                 continue
             drop = np.flatnonzero((self.parent == i) & ~gone) if is_root[i] else np.zeros(0, dtype=np.int64)
-            gone[i] = True
-            gone[drop] = True
+            gone[i] = gone[drop] = True
             left -= 1 + len(drop)
-        keep = ~gone
-        new_id = np.cumsum(keep) - 1
-        parent = np.where(self.parent[keep] >= 0, new_id[np.maximum(self.parent[keep], 0)], -1)
+        keep, new_id = ~gone, np.cumsum(~gone) - 1
         for name in self.ARRAYS:
             setattr(self, name, getattr(self, name)[keep])
-        self.parent = parent
+        self.parent = np.where(self.parent >= 0, new_id[np.maximum(self.parent, 0)], -1)  # ids re-numbered
         self.prefix = [p for p, kept in zip(self.prefix, keep) if kept]
         self.index = {(int(p), q): i for i, (p, q) in enumerate(zip(self.pid, self.prefix))}
         return int(gone.sum())
@@ -299,12 +282,11 @@ def choose_batch(tree: QueryTree, sampler: PromptSampler, args: Args, step: int,
     came from the stream (they come first). ⌈fresh_frac·P⌉ from the stream, the rest from the pool by
     |θ̃ - 0.5|; while the pool is short the stream tops up (skipping prompts already in the batch unless the
     whole training set was tried). Stream prompts become roots of the tree (no-op if already there)."""
-    num_queries = args.prompts_per_step
-    stream = sampler.next_ids(math.ceil(args.fresh_frac * num_queries))
+    stream = sampler.next_ids(math.ceil(args.fresh_frac * args.prompts_per_step))
     theta_tilde = 1 / (1 + np.exp(-tree.psi)) if args.select_by == "draw" else tree.theta_hat
-    picked = select_nodes(theta_tilde, tree.pid, num_queries - len(stream), set(stream), args.pros, rng)
+    picked = select_nodes(theta_tilde, tree.pid, args.prompts_per_step - len(stream), set(stream), args.pros, rng)
     used, tries = set(stream) | {int(tree.pid[node]) for node in picked}, 0
-    while len(stream) + len(picked) < num_queries:
+    while len(stream) + len(picked) < args.prompts_per_step:
         prompt_id = sampler.next_ids(1)[0]
         tries += 1
         if prompt_id not in used or tries > num_train:
@@ -329,10 +311,9 @@ class ValueModel(torch.nn.Module):
         torch.nn.init.zeros_(self.head.bias)
 
     def forward(self, batch) -> torch.Tensor:
-        width = batch.completion_width
         hidden = self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                position_ids=batch.position_ids, use_cache=False).last_hidden_state
-        return self.head(hidden[:, -(width + 1):-1]).squeeze(-1).float()
+        return self.head(hidden[:, -(batch.completion_width + 1):-1]).squeeze(-1).float()
 
 
 def build_value_model(policy, path: str | None = None) -> ValueModel:
@@ -404,7 +385,6 @@ def main(args: Args) -> None:
     model_path = args.model_name_or_path
     if model_path == "embedded":  # the tiny Countdown model: rank 0 builds it once, the others find it cached
         from common.tiny_model import ensure_embedded_base
-
         with accelerator.main_process_first():
             model_path = str(ensure_embedded_base(log=log))
     policy, tokenizer = load_policy(model_path)  # fp32 master weights; --dtype is the compute dtype (autocast)
@@ -416,7 +396,6 @@ def main(args: Args) -> None:
         policy = add_lora(policy, args.lora_r, args.lora_alpha, args.lora_target_modules, args.dtype)
     if args.dataset == "countdown":  # the embedded demo task, imported only here
         from common.countdown import countdown_task
-
         task = countdown_task(args.reward, args.eval_prompts, args.prompt_pool)
     else:
         task = hf_task(args, tokenizer, log)
@@ -426,12 +405,10 @@ def main(args: Args) -> None:
     critic = build_value_model(policy, args.critic_model_name_or_path).to(device) if args.adv == "gae" else None
     if args.fsdp:  # FSDP2: each rank keeps 1/world of every weight (common/fsdp.py); the optimizers see the shards
         from common import fsdp
-
         policy, ref_model, critic = (net and fsdp.shard(net, args.dtype) for net in (policy, ref_model, critic))
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
-                                  weight_decay=args.weight_decay)
-    warmup = max(1, args.warmup_steps)  # linear warm-up, then constant
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+                                  weight_decay=args.weight_decay)  # lr: linear warm-up, then constant
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / max(1, args.warmup_steps)))
     # `model`, `critic_model`: DDP-wrapped for the backward pass (FSDP: the sharded models are their own wrappers)
     model, optimizer = (policy, accelerator.prepare(optimizer)) if args.fsdp else accelerator.prepare(policy, optimizer)
     critic_model = critic_optimizer = None
@@ -445,7 +422,6 @@ def main(args: Args) -> None:
     sampler = PromptSampler(len(task.train), args.seed)
     if args.use_vllm:
         from common.vllm_backend import VLLMGenerator
-
         generator = VLLMGenerator(model_path, policy, tokenizer, seed=args.seed, dtype=args.dtype,
                                   max_model_len=args.vllm_max_model_len,
                                   gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
@@ -455,11 +431,13 @@ def main(args: Args) -> None:
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, logprobs=False)
     temperature = args.temperature if args.temperature > 0 else 1.0  # greedy samples are scored at T=1
     k, stop_ids, pros = args.k, {tokenizer.eos_token_id}, args.pros != "off"
+    eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature  # 0: greedy
+    eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=eval_temperature, logprobs=False)
 
-    def run_eval() -> dict:
+    def run_eval() -> dict:  # pass@k for every power of two k <= --eval_samples
         with gathered(policy):  # FSDP: whole weights for generation (a no-op otherwise)
-            return evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, sampling,
-                            args.eval_samples, accelerator, ks=(1, args.eval_samples))
+            return evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, eval_sampling,
+                            args.eval_samples, accelerator)
 
     # ---------------- resume ----------------
     start_step, counters, method_state = 0, {"rollouts": 0, "gen_tokens": 0}, {}
@@ -483,8 +461,10 @@ def main(args: Args) -> None:
         pros_rng.bit_generator.state = method_state["rng"]
 
     # ---------------- logging, step-0 evaluation, graceful stop ----------------
-    logger = MetricsLogger(args.output_dir, accelerator, args.report_to, vars(args),
-                           resume_step=start_step if resume_from is not None else None)
+    resume_step, warned_logp_diff = start_step if resume_from is not None else None, False
+    logger = MetricsLogger(args.output_dir, accelerator, args.report_to, vars(args), resume_step=resume_step)
+    sample_log = SampleLogger(args.output_dir, accelerator, args.log_samples_every, args.log_samples_per_kind,
+                              resume_step=resume_step)
     if start_step == 0:
         row = {"step": 0, **run_eval()}
         logger.log(row)
@@ -499,6 +479,7 @@ def main(args: Args) -> None:
         if pros:  # [PROS] Sec. 4: part data stream, the rest from the pool by |θ̃ - 0.5|
             queries, num_stream = choose_batch(tree, sampler, args, step, pros_rng, len(task.train))
             selected_theta = [float(tree.theta_hat[node]) for _, _, node in queries]  # θ̂ at selection time
+            parent_ids = [int(tree.parent[node]) for _, _, node in queries]  # for the sample log (evict renumbers)
         else:
             queries = [(prompt_id, (), -1) for prompt_id in sampler.next_ids(args.prompts_per_step)]
 
@@ -513,12 +494,13 @@ def main(args: Args) -> None:
         completions, prompts = [list(c) for c in gens.completion_ids], [ids for ids in query_ids for _ in range(k)]
         num_rollouts = len(completions)
 
-        # ================ verify: the reward reads prefix + continuation (PROS Sec. 3) ================
+        # ================ verify: the reward reads prefix + continuation (PROS Sec. 3); cut by max_new_tokens: 0 =====
         texts = tokenizer.batch_decode([prefixes[i // k] + c for i, c in enumerate(completions)],
                                        skip_special_tokens=True)
-        rewards = torch.tensor([task.reward_fn(text, examples[i // k]) for i, text in enumerate(texts)],
-                               dtype=torch.float32).view(-1, k)
-        correct = rewards >= args.success_reward
+        truncated = torch.tensor([reason == "length" for reason in gens.finish_reasons], dtype=torch.bool)
+        rewards = torch.tensor([0.0 if truncated[i] else task.reward_fn(text, examples[i // k])
+                                for i, text in enumerate(texts)], dtype=torch.float32).view(-1, k)
+        correct = (rewards >= args.success_reward) & ~truncated.view(-1, k)  # a cut rollout spawns no [PROS] child
 
         # ================ pi_old's log-probs, entropies, values (and reference log-probs): one no-grad pass ========
         t_score_start = time.time()
@@ -527,6 +509,10 @@ def main(args: Args) -> None:
                                     args.micro_batch_size, temperature, device)
         mask = scores["mask"]
         t_score = time.time() - t_score_start
+        # --mask_truncated_completions: cut rollouts get no policy gradient (the critic still fits their returns)
+        policy_mask = mask * ~truncated[:, None] if args.mask_truncated_completions else mask
+        # sampler_logp_diff: None, as no sampler log-probs are asked for (pi_old is scored above), unless some came
+        sampler_logp = right_align(gens.logprobs, mask.shape[1]) if any(gens.logprobs) else None
 
         # ================ [PROS] the tree: child candidates (Sec. 3); forget + observe, add, evict, Gibbs (Sec. 4) ===
         # (from every rank's gathered outcomes, sorted, so the tree stays the same on every rank)
@@ -572,24 +558,24 @@ def main(args: Args) -> None:
             order, parts = torch.randperm(num_rollouts).tolist(), args.num_minibatches
             for m in range(parts):
                 minibatch = order[m * num_rollouts // parts:(m + 1) * num_rollouts // parts]
-                minibatch_tokens = max(1.0, float(mask[minibatch].sum()))  # both losses: per-token means
+                policy_tokens, minibatch_tokens = (max(1.0, float(t[minibatch].sum())) for t in (policy_mask, mask))
                 surrogate_sum, clipped_sum, minibatch_kl = 0.0, 0.0, 0.0
                 for rows in micro_batches(len(minibatch), args.micro_batch_size, accelerator, model):
                     ids = [minibatch[r] for r in rows]
                     batch = pad_sequences([prompts[i] for i in ids], [completions[i] for i in ids],
                                           tokenizer.pad_token_id).to(device)
-                    cols, token_mask = slice(-batch.completion_width, None), batch.loss_mask
+                    cols = slice(-batch.completion_width, None)
+                    token_mask = policy_mask[ids, cols].to(device)
                     with autocast(device, args.dtype):
                         logp, _ = token_logprobs(model, batch, temperature)
-                    per_token, clipped = clipped_surrogate(logp, scores["logp"][ids, cols].to(device),
-                                                           advantages[ids, cols].to(device), args.clip_low,
-                                                           args.clip_high)
-                    loss = (per_token * token_mask).sum() / minibatch_tokens
+                    old_logp, adv = scores["logp"][ids, cols].to(device), advantages[ids, cols].to(device)
+                    per_token, clipped = clipped_surrogate(logp, old_logp, adv, args.clip_low, args.clip_high)
+                    loss = (per_token * token_mask).sum() / policy_tokens
                     surrogate_sum += loss.item()
                     clipped_sum += (clipped * token_mask).sum().item()
                     if ref_model is not None:
                         kl = kl_k3(logp, scores["ref"][ids, cols].to(device)) * token_mask
-                        loss = loss + args.kl_coef * kl.sum() / minibatch_tokens
+                        loss = loss + args.kl_coef * kl.sum() / policy_tokens
                         minibatch_kl += kl.sum().item()
                     accelerator.backward(loss)
                 grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
@@ -597,7 +583,7 @@ def main(args: Args) -> None:
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
                 policy_losses.append(surrogate_sum)
-                clip_fracs.append(clipped_sum / minibatch_tokens)
+                clip_fracs.append(clipped_sum / policy_tokens)
                 kl_sum += minibatch_kl if epoch == 0 else 0.0  # the on-policy epoch's KL is the one logged
                 if critic is not None:  # the critic: clipped value loss against the GAE returns, its own step
                     value_loss_sum = 0.0
@@ -627,10 +613,10 @@ def main(args: Args) -> None:
             "groups": len(my_queries), "rollouts": num_rollouts, "gen_tokens": sum(map(len, completions)),
             "reward_sum": float(rewards.sum()), "reward_sq_sum": float((rewards ** 2).sum()),
             "success": float(correct.sum()), "zero_var": float(zero_variance(rewards).sum()),
-            "truncated": sum(reason == "length" for reason in gens.finish_reasons),
+            "truncated": float(truncated.sum()), "gap_tok": float(mask.sum()) if sampler_logp is not None else 0.0,
+            "gap_sum": float(((scores["logp"] - sampler_logp).abs() * mask).sum()) if sampler_logp is not None else 0.0,
             # per-step means weighted by this rank's rollouts: the ratios below are rollout-weighted over ranks
-            "loss_sum": float(np.mean(policy_losses)) * num_rollouts,
-            "clip_sum": float(np.mean(clip_fracs)) * num_rollouts,
+            "loss_sum": np.mean(policy_losses) * num_rollouts, "clip_sum": np.mean(clip_fracs) * num_rollouts,
             "value_loss_sum": float(np.mean(value_losses)) * num_rollouts if value_losses else 0.0,
             "kl_sum": kl_sum, "ent_sum": float((scores["ent"] * mask).sum()), "tok": float(mask.sum()),
             "t_gen": t_gen, "t_train": t_train,
@@ -651,7 +637,12 @@ def main(args: Args) -> None:
             "grad_norm": float(np.mean(grad_norms)), "lr": scheduler.get_last_lr()[0],
             "time_gen_s": totals["t_gen"] / world, "time_train_s": totals["t_train"] / world,
             "ppo_clip_frac": totals["clip_sum"] / samples,  # clipped tokens / tokens, mean over steps
+            "sampler_logp_diff": totals["gap_sum"] / totals["gap_tok"] if totals["gap_tok"] else None,
         }
+        if not warned_logp_diff and (row["sampler_logp_diff"] or 0.0) > args.logp_diff_warn:
+            warned_logp_diff = True
+            log(f"warning: sampler_logp_diff {row['sampler_logp_diff']:.4f} > --logp_diff_warn {args.logp_diff_warn}: "
+                "the generator does not sample from the policy being trained (stale weights, dtype, temperature?)")
         if critic is not None:
             row["ppo_value_loss"] = totals["value_loss_sum"] / samples  # per-token value loss, mean over steps
         if pros:  # [PROS] mechanism metrics (from the gathered outcomes: the same on every rank)
@@ -662,14 +653,23 @@ def main(args: Args) -> None:
                 "pros_frac_children_in_batch": len(child_lens) / max(1, len(queries)),
                 "pros_prefix_len_mean": float(np.mean(child_lens)) if child_lens else None,
                 "pros_saved_prompt_tokens": int(sum(child_lens) * k),  # prefix tokens not regenerated
-                "pros_children_created": children_created,
+                "pros_children_created": children_created, "pros_gibbs_s": gibbs_seconds,
                 # |θ̂ at selection - observed pass rate| over the pool's picks
                 "pros_calib_error": float(np.mean(calibration)) if calibration else None,
-                "pros_gibbs_s": gibbs_seconds,
             })
 
-        # ================ evaluate / log / checkpoint / stop ================
-        if (args.eval_every and step % args.eval_every == 0) or step == args.max_steps:
+        # ================ sample log / evaluate / log / checkpoint / stop ================
+        evaluating = (args.eval_every and step % args.eval_every == 0) or step == args.max_steps
+        if sample_log.due(step, evaluating):  # a few root and [PROS] augmented rollouts -> samples.jsonl (every rank)
+            kinds = ["augmented" if prefixes[i // k] else "root" for i in range(num_rollouts)]
+            tags = [{"pros_node": queries[j][2], "pros_parent": parent_ids[j]} if pros else {} for j in my_queries]
+            seq_adv = (advantages * (mask.cumsum(-1) == 1)).sum(-1)  # sequence-level: GAE's first token's (GRPO: any)
+            sample_log.log(step, [{
+                "kind": kinds[i], "prompt": tokenizer.decode(prompts[i][:len(prompts[i]) - len(prefixes[i // k])]),
+                "pros_prefix": tokenizer.decode(prefixes[i // k]), "completion": tokenizer.decode(completions[i]),
+                "reward": rewards.view(-1)[i].item(), "truncated": bool(truncated[i]), "advantage": seq_adv[i].item(),
+                **tags[i // k]} for i in sample_log.pick(kinds)])
+        if evaluating:
             row.update(run_eval())
         row["time_step_s"] = time.time() - t_start
         logger.log(row)

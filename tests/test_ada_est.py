@@ -111,3 +111,53 @@ def test_recurring_prompts_and_exact_resume(tiny_base, tmp_path):
     assert all(r["est_p_hat_mean"] < 1 / 17 for r in later)  # failures seen before lower the estimate
     mixed = [r for r in later if r["est_frac_prompts_with_history"] < 1]
     assert mixed and all(r["est_alloc_max"] > r["est_alloc_min"] for r in mixed)  # history makes it uneven
+
+
+SMALL = ["--prompt_pool", "8", "--prompts_per_step", "4", "--total_budget", "16", "--n_min", "2", "--n_max", "8",
+         "--eval_prompts", "4", "--num_threads", "1"]
+
+
+def _main(out, extra):
+    """ada_est.main in process."""
+    import ada_est
+    from common.cli import parse_args
+
+    ada_est.main(parse_args(ada_est.Args, ["--output_dir", str(out), *SMALL, *extra]))
+    return _rows(out)
+
+
+def test_sample_log_pass_at_k_and_sampler_agreement(tiny_base, tmp_path, monkeypatch):
+    from common import countdown
+
+    # an eval reward that varies with the text: greedy evaluation (--eval_temperature 0) gives 0 or 4 of 4 per prompt
+    monkeypatch.setattr(countdown, "reward_binary", lambda text, answer: float(len(text) % 2))
+    rows = _main(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "1", "--eval_samples", "4",
+                            "--eval_temperature", "0", "--old_logprobs", "sampler", "--log_samples_per_kind", "3",
+                            "--max_new_tokens", "16"])
+    for r in rows:  # pass@k for every power of two up to --eval_samples; greedy: all k agree
+        assert {"eval_pass@1", "eval_pass@2", "eval_pass@4"} <= set(r) and "eval_pass@3" not in r
+        assert r["eval_pass@1"] == r["eval_pass@2"] == r["eval_pass@4"]
+    # the HF generator scores with the weights being trained, in fp32: the trainer's first pass agrees
+    assert rows[1]["sampler_logp_diff"] is not None and rows[1]["sampler_logp_diff"] < 1e-4
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert 1 <= len(samples) <= 3 and all(s["step"] == 1 and s["kind"] == "fresh" for s in samples)
+    keys = {"prompt", "completion", "reward", "advantage", "truncated", "ada_budget", "ada_p_hat"}
+    assert all(keys <= set(s) for s in samples)
+    assert all(2 <= s["ada_budget"] <= 8 and s["ada_p_hat"] == pytest.approx(1 / 17) for s in samples)
+    # without sampler log-probs (HF, one epoch: pi_old is the first pass itself) there is nothing to compare
+    rows = _main(tmp_path / "auto", ["--model_name_or_path", tiny_base, "--max_steps", "1", "--eval_samples", "1",
+                                     "--max_new_tokens", "4", "--log_samples_every", "0"])
+    assert rows[1]["sampler_logp_diff"] is None and not (tmp_path / "auto" / "samples.jsonl").exists()
+
+
+def test_truncated_completions_get_reward_zero_and_optionally_no_gradient(tiny_base, tmp_path, monkeypatch):
+    from common import countdown
+
+    monkeypatch.setitem(countdown.REWARDS, "binary", lambda text, answer: 1.0)  # every finished completion succeeds
+    base = ["--model_name_or_path", tiny_base, "--max_steps", "1", "--eval_samples", "1", "--max_new_tokens", "2"]
+    plain = _main(tmp_path / "plain", base)[1]
+    assert plain["clipped_ratio"] == 1.0 and plain["reward_mean"] == 0.0 and plain["pass_rate"] == 0.0
+    assert plain["entropy"] > 0 and plain["grad_norm"] > 0  # the entropy bonus still trains on them
+    masked = _main(tmp_path / "masked", [*base, "--mask_truncated_completions"])[1]
+    assert masked["clipped_ratio"] == 1.0 and masked["reward_mean"] == 0.0
+    assert masked["loss"] == 0.0 and masked["entropy"] == 0.0 and masked["grad_norm"] == 0.0  # no gradient at all

@@ -241,3 +241,56 @@ def test_vanilla_grpo_has_no_prefix_reuse(tiny_base, tmp_path):
     rows = _rows(out)[1:]
     assert all(not any(k.startswith("pros_") for k in r) for r in rows)
     assert "ppo_value_loss" not in rows[0] and rows[-1]["rollouts"] == 2 * 8 * 4
+
+
+def _main_rows(out, extra, monkeypatch, reward=None):
+    """pros_ppo.main in process (optionally with a patched training reward); its metrics rows."""
+    import pros_ppo
+    from common import countdown
+    from common.cli import parse_args
+
+    if reward is not None:
+        monkeypatch.setitem(countdown.REWARDS, "tinyzero", reward)
+    pros_ppo.main(parse_args(Args, ["--output_dir", str(out), *COMMON, *extra]))
+    return _rows(out)
+
+
+def test_sample_log_has_root_and_augmented_rows_and_eval_logs_pass_at_powers_of_two(tiny_base, tmp_path,
+                                                                                      monkeypatch):
+    import pros_ppo
+    from common.generation import SamplingConfig
+
+    # the generator made to return log-probs: sampler_logp_diff is then measured against score_rollouts' pi_old
+    monkeypatch.setattr(pros_ppo, "SamplingConfig", lambda **kw: SamplingConfig(**{**kw, "logprobs": True}))
+    rows = _main_rows(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "3", "--eval_every", "3",
+                                 "--log_samples_every", "1", "--log_samples_per_kind", "2", "--eval_temperature", "0"],
+                      monkeypatch)
+    assert {"eval_pass@1", "eval_pass@2", "eval_pass@4"} <= set(rows[0]) and "eval_pass@3" not in rows[0]
+    assert rows[0]["eval_pass@1"] == rows[0]["eval_pass@4"]  # --eval_temperature 0: greedy, n identical samples
+    assert all(r["sampler_logp_diff"] < 1e-3 for r in rows[1:])  # same weights, same temperature
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    keys = {"step", "kind", "prompt", "pros_prefix", "completion", "reward", "advantage", "truncated", "pros_node",
+            "pros_parent"}
+    assert samples and all(keys <= set(s) for s in samples)
+    for step in (1, 2, 3):
+        kinds = [s["kind"] for s in samples if s["step"] == step]
+        assert 0 < kinds.count("root") <= 2 and kinds.count("augmented") <= 2 and set(kinds) <= {"root", "augmented"}
+        if rows[step]["pros_frac_children_in_batch"] > 0:  # a child in the batch: augmented rows are logged
+            assert "augmented" in kinds
+    assert any(s["kind"] == "augmented" for s in samples)
+    for s in samples:  # a root has no prefix and no parent; an augmented query hangs off its root
+        assert (s["kind"] == "augmented") == bool(s["pros_prefix"]) == (s["pros_parent"] >= 0)
+
+
+def test_truncated_completions_get_reward_zero_and_spawn_no_child(tiny_base, tmp_path, monkeypatch):
+    # every rollout would score 1 (a success, --success_reward 0, long enough for a cut), but greedy decoding cut at
+    # 8 tokens stops none: reward 0, never a success, no child; --mask_truncated_completions: no policy gradient
+    rows = _main_rows(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "2", "--max_new_tokens", "8",
+                                 "--temperature", "0", "--mask_truncated_completions", "--eval_every", "0"],
+                      monkeypatch, reward=lambda text, problem: 1.0)[1:]
+    assert all(r["clipped_ratio"] == 1.0 and r["reward_mean"] == 0.0 and r["pass_rate"] == 0.0 for r in rows)
+    assert all(r["pros_children_created"] == 0 and r["pros_pool_children"] == 0 for r in rows)
+    assert all(r["loss"] == 0.0 and r["grad_norm"] == 0.0 for r in rows)
+    assert all(r["sampler_logp_diff"] is None for r in rows)  # no sampler log-probs asked for (pi_old is scored)
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert samples and all(s["truncated"] and s["reward"] == 0.0 for s in samples)  # logged at the final eval step
