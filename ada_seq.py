@@ -19,6 +19,14 @@ The baseline, GRPO-n, is this file with one round of n (`--max_rounds 1 --round_
 group, and the advantage is the paper's eq. (2), (r - mean) / std over the group. `--adv_std_norm false` turns
 either into its Dr. GRPO variant, A = r - mean (named "Dr. GRPO-n" in the README and benchmark tables).
 
+The paper's other baseline (Sec. 3.3, Table 2), DAPO's dynamic sampling (Yu et al., 2025), is GRPO-n plus
+`--dynamic_sampling` (lines marked [DAPO]): groups whose n rewards are all equal are dropped, and groups for new
+prompts from the sampler are drawn (a whole batch of `prompts_per_step` per extra round) until the batch is full
+again or `--max_dynamic_rounds` extra rounds were made. The count that decides is global (every rank runs the
+same rounds), and each rank's kept groups count only up to its share of the batch (`my_slice`, the first ones
+kept in sampling order): so the batch never exceeds `prompts_per_step` groups, and a full batch has every rank's
+share (the loss normaliser stays that of a full batch). Advantages are GRPO-n's (eq. 2 over the group).
+
 Where this file follows the authors' public code rather than the paper's text (both are flags):
 - Std normalisation of the global advantage: Alg. 2 line 19 writes A = r - mean(pool); the authors' verl code
   (GRPO estimator with global statistics) divides by the pool's std as well, and so does GRPO-n's eq. (2), so the
@@ -52,12 +60,19 @@ Choices made here (the paper leaves them open):
 - Metrics: `rollouts` / `gen_tokens` count every generated response of every round (inference cost);
   `frac_zero_var_groups` is measured on each prompt's first n responses (what GRPO-n would have trained
   on), `ada_frac_zero_var_groups_post` on the kept groups; `ada_active_after_round_r` is a fraction.
+  [DAPO] `dapo_rounds` (extra rounds), `dapo_sampled_groups`, `dapo_kept_groups`; `ada_inference_cost_rel`
+  is then generated / (prompts_per_step x n).
+- A completion cut by `max_new_tokens` gets reward 0 (never a success); `--mask_truncated_completions` also
+  takes the kept ones out of the loss. `sampler_logp_diff` (when the generator returns log-probs) is the mean
+  |sampler - trainer| log-prob of the kept tokens in the first pass; samples.jsonl holds a few kept rollouts
+  (kind `fresh`, [DAPO] `dynamic_refill`) with their pool size and exit round.
 
     python ada_seq.py                                         # SEQ-BALANCE on the embedded Countdown task
     python ada_seq.py --exit_condition positive               # SEQ-POS
     python ada_seq.py --max_rounds 1 --round_repeat 4         # GRPO-n4 (one round of n: nothing adaptive)
     python ada_seq.py --max_rounds 1 --round_repeat 4 --adv_std_norm false   # Dr. GRPO-n4 (A = r - mean)
     python ada_seq.py --max_rounds 1 --round_repeat 8 --final_keep_per_prompt 8   # GRPO-n8 (n16 likewise)
+    python ada_seq.py --max_rounds 1 --round_repeat 4 --dynamic_sampling   # DAPO dynamic sampling on GRPO-n4
     accelerate launch ada_seq.py --model_name_or_path Qwen/Qwen2.5-Math-1.5B --dataset openai/gsm8k \
         --dataset_config main --use_vllm --dtype bfloat16 --learning_rate 1e-6
 """
@@ -87,7 +102,7 @@ from common.generation import HFGenerator, SamplingConfig
 from common.logprobs import token_logprobs
 from common.losses import clipped_surrogate, kl_k3
 from common.masking import pad_sequences, right_align
-from common.metrics import MetricsLogger, check_tracker, evaluate
+from common.metrics import MetricsLogger, SampleLogger, check_tracker, evaluate
 from common.policy import DTYPES, autocast, load_policy
 
 
@@ -134,6 +149,11 @@ class Args(BaseArgs):
     """where pi_old's log-probs come from: `auto` = the update's own first forward pass when that is exact (HF
     backend, one epoch: the weights that sampled are the weights being updated), else the sampler; `sampler` =
     always the generator's log-probs (an extra scoring pass with the HF backend)"""
+    dynamic_sampling: bool = False
+    """[DAPO] the DAPO dynamic-sampling baseline (needs `--max_rounds 1`): drop groups whose rewards are all equal
+    and refill the batch with groups for new prompts, up to `max_dynamic_rounds` extra rounds"""
+    max_dynamic_rounds: int = 4
+    """[DAPO] cap on the extra generation rounds (each a new batch of prompts_per_step prompts) per step"""
 
     def quotas(self) -> tuple[int, int]:
         """(K_pos, K_neg) with the n-derived defaults filled in."""
@@ -159,6 +179,11 @@ class Args(BaseArgs):
         if self.ppo_epochs < 1 or self.beta < 0 or self.entropy_coef < 0:
             raise SystemExit(f"--ppo_epochs {self.ppo_epochs} / --beta {self.beta} / --entropy_coef "
                              f"{self.entropy_coef}: need ppo_epochs >= 1, beta >= 0, entropy_coef >= 0")
+        if self.dynamic_sampling and self.max_rounds != 1:  # [DAPO] a fixed group size: GRPO-n's one round
+            raise SystemExit(f"--dynamic_sampling samples one round of --round_repeat responses per prompt (DAPO); "
+                             f"it needs --max_rounds 1, got --max_rounds {self.max_rounds}")
+        if self.max_dynamic_rounds < 0:
+            raise SystemExit(f"--max_dynamic_rounds {self.max_dynamic_rounds}: must be >= 0")
 
 
 def count_positive(rewards: list[float], threshold: float) -> int:
@@ -327,13 +352,14 @@ def main(args: Args) -> None:
     sampler_logprobs = args.old_logprobs == "sampler" or args.use_vllm or args.ppo_epochs > 1
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                               logprobs=sampler_logprobs)
-    eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, logprobs=False)
+    eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature  # 0: greedy
+    eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=eval_temperature, logprobs=False)
     temperature = args.temperature if args.temperature > 0 else 1.0  # the generator scores greedy samples at T=1
 
     def run_eval() -> dict:
         with gathered(policy):  # FSDP: whole weights for generation (a no-op otherwise)
             return evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, eval_sampling,
-                            args.eval_samples, accelerator, ks=(1, args.eval_samples))
+                            args.eval_samples, accelerator)
 
     # ---------------- resume ----------------
     start_step, counters = 0, {"rollouts": 0, "gen_tokens": 0}
@@ -348,6 +374,9 @@ def main(args: Args) -> None:
     # ---------------- logging, step-0 evaluation, graceful stop ----------------
     logger = MetricsLogger(args.output_dir, accelerator, args.report_to, vars(args),
                            resume_step=start_step if resume_from is not None else None)
+    sample_log = SampleLogger(args.output_dir, accelerator, args.log_samples_every, args.log_samples_per_kind,
+                              resume_step=start_step if resume_from is not None else None)
+    warned_logp_diff = False
     if start_step == 0:
         row = {"step": 0, **run_eval()}
         logger.log(row)
@@ -376,18 +405,43 @@ def main(args: Args) -> None:
                 rows = range(j * m, (j + 1) * m)
                 responses[i].extend((list(gens.completion_ids[g]), list(gens.logprobs[g]),
                                      gens.finish_reasons[g] == "length") for g in rows)
-                out.append([task.reward_fn(texts[g], examples[i]) for g in rows])
+                # a completion cut by max_new_tokens is never a success: reward 0
+                out.append([0.0 if gens.finish_reasons[g] == "length" else task.reward_fn(texts[g], examples[i])
+                            for g in rows])
             return out
 
+        done = lambda rs: exit_reached(rs, args.exit_condition, k_pos, k_neg, threshold)  # noqa: E731
+        origin = [0] * len(examples)  # [DAPO] the extra round that sampled each group (0: the step's own batch)
+        train_ids = list(range(len(examples)))  # the groups trained on: all of them, unless [DAPO] filters
+        dapo_rounds = 0
         with gathered(policy):  # FSDP: whole weights while generating (ranks run different numbers of rounds)
-            pools, exit_rounds = multi_round_sampling(
-                len(examples), sample_round, lambda rs: exit_reached(rs, args.exit_condition, k_pos, k_neg, threshold),
-                args.max_rounds, args.round_repeat)
+            pools, exit_rounds = multi_round_sampling(len(examples), sample_round, done, args.max_rounds,
+                                                      args.round_repeat)
+            if args.dynamic_sampling:  # [DAPO] dynamic sampling baseline (Yu et al., 2025; Reinforce-Ada Table 2)
+                share = len(my_slice(range(args.prompts_per_step), accelerator))  # this rank's part of the batch
+                while True:  # [DAPO] keep the groups with signal; refill with new prompts until the batch is full
+                    train_ids = [i for i, pool in enumerate(pools) if not zero_variance(torch.tensor([pool])).item()]
+                    full = reduce_sums(accelerator, {"kept": min(len(train_ids), share)})["kept"]  # global count
+                    if full >= args.prompts_per_step or dapo_rounds == args.max_dynamic_rounds:
+                        break
+                    dapo_rounds += 1  # [DAPO] one extra round: a new batch of prompts, n responses each
+                    new = [task.train[i] for i in my_slice(sampler.next_ids(args.prompts_per_step), accelerator)]
+                    first = len(examples)
+                    examples += new
+                    prompts += [encode(example.prompt) for example in new]
+                    responses += [[] for _ in new]
+                    origin += [dapo_rounds] * len(new)
+                    refill = sample_round(list(range(first, len(examples))), args.round_repeat)
+                    pools += refill
+                    exit_rounds += [1 if done(pool) else None for pool in refill]
+                train_ids = train_ids[:share]  # [DAPO] trim: at most this rank's share, first sampled first kept
         t_gen = time.time() - t_start
 
         # ================ [ADA] downsample every pool to n; advantages from the whole pool (Alg. 2 l. 14-20) =======
         flat_prompts, completions, old_logps, adv_list, kept_rewards = [], [], [], [], []
-        for i, pool in enumerate(pools):
+        truncs, group_of = [], []  # per kept response: cut by max_new_tokens; its prompt's index
+        for i in train_ids:
+            pool = pools[i]
             rule = "balanced" if exit_rounds[i] is not None else args.unfinished_downsample
             keep = downsample(pool, n, threshold, random, rule)
             kept = [pool[j] for j in keep]
@@ -397,15 +451,20 @@ def main(args: Args) -> None:
                 flat_prompts.append(prompts[i])
                 completions.append(responses[i][j][0])
                 old_logps.append(responses[i][j][1])
+                truncs.append(responses[i][j][2])
+                group_of.append(i)
         advantages = torch.tensor(adv_list, dtype=torch.float32, device=device)
         kept_zero_var = zero_variance(torch.tensor(kept_rewards).view(-1, n)).tolist() if kept_rewards else []
+        # --mask_truncated_completions: kept responses cut by max_new_tokens get no gradient
+        unmasked = torch.tensor([not (cut and args.mask_truncated_completions) for cut in truncs], dtype=torch.bool)
         # the GRPO-n counterfactual: would the first n responses alone have had any signal?
         first_n = torch.tensor([pool[:n] for pool in pools]).view(-1, n)
 
         # ================ update: GRPO-style clipped surrogate on the kept responses; pi_old = the sampler ========
         t_train_start = time.time()
         n_tokens = sum(len(c) for c in completions)
-        sums = {"loss_sum": 0.0, "kl_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "clip_sum": 0.0}
+        sums = {"loss_sum": 0.0, "kl_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "clip_sum": 0.0, "gap_sum": 0.0,
+                "gap_tok": 0.0}
         grad_norms = []
         for epoch in range(args.ppo_epochs):
             for rows in micro_batches(len(completions), args.micro_batch_size, accelerator, model, peers=(ref_model,)):
@@ -413,7 +472,7 @@ def main(args: Args) -> None:
                                       tokenizer.pad_token_id).to(device)
                 with autocast(device, args.dtype):  # bf16 compute over fp32 weights with --dtype bfloat16
                     logp, entropy = token_logprobs(model, batch, temperature, entropy_grad=args.entropy_coef > 0)
-                mask = batch.loss_mask
+                mask = batch.loss_mask * unmasked[rows].to(device)[:, None]
                 # without sampler log-probs pi_old is this very pass (one epoch, HF weights: exact, ratio 1)
                 old_logp = right_align([old_logps[r] for r in rows], batch.completion_width).to(device) \
                     if sampler_logprobs else logp.detach()
@@ -435,6 +494,9 @@ def main(args: Args) -> None:
                     sums["clip_sum"] += (clipped * mask).sum().item()
                     if ref_model is not None:
                         sums["kl_sum"] += kl.sum().item()
+                    if sampler_logprobs:  # sampler/trainer agreement, before any update (this pass is the first)
+                        sums["gap_sum"] += ((logp.detach() - old_logp).abs() * batch.loss_mask).sum().item()
+                        sums["gap_tok"] += batch.loss_mask.sum().item()
             grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
             optimizer.step()
             scheduler.step()
@@ -452,7 +514,7 @@ def main(args: Args) -> None:
             "reward_sum": float(sum(all_rewards)), "reward_sq_sum": float(sum(r * r for r in all_rewards)),
             "success": count_positive(all_rewards, threshold), "zero_var": zero_variance(first_n).sum().item(),
             "truncated": sum(cut for rs in responses for _, _, cut in rs), "seqs": len(completions), **sums,
-            "t_gen": t_gen, "t_train": t_train,
+            "t_gen": t_gen, "t_train": t_train, "kept_groups": len(train_ids),
         })
         counters["rollouts"] += int(totals["rollouts"])
         counters["gen_tokens"] += int(totals["gen_tokens"])
@@ -470,14 +532,35 @@ def main(args: Args) -> None:
             "kl": totals["kl_sum"] / tokens, "entropy": totals["ent_sum"] / tokens,
             "grad_norm": float(np.mean(grad_norms)), "lr": scheduler.get_last_lr()[0],
             "time_gen_s": totals["t_gen"] / world, "time_train_s": totals["t_train"] / world,
+            "sampler_logp_diff": totals["gap_sum"] / totals["gap_tok"] if totals["gap_tok"] else None,
             "ada_clip_frac": totals["clip_sum"] / tokens,
         }
-        records = gather_list(accelerator, [(len(pool), e, z) for pool, e, z in zip(pools, exit_rounds, kept_zero_var)])
+        post_zero_var = dict(zip(train_ids, kept_zero_var))  # groups not trained on ([DAPO] dropped) count as False
+        records = gather_list(accelerator, [(len(pool), exit_rounds[i], post_zero_var.get(i, False))
+                                            for i, pool in enumerate(pools)])
         row.update(seq_metrics([r[0] for r in records], [r[1] for r in records], [r[2] for r in records],
                                n, args.max_rounds))  # [ADA] sampling dynamics
+        if args.dynamic_sampling:  # [DAPO] the dynamic-sampling baseline's cost and yield
+            row.update({"dapo_rounds": dapo_rounds, "dapo_sampled_groups": int(totals["groups"]),
+                        "dapo_kept_groups": int(totals["kept_groups"]),
+                        "ada_inference_cost_rel": totals["rollouts"] / (args.prompts_per_step * n)})
 
-        # ================ evaluate / log / checkpoint / stop ================
-        if (args.eval_every and step % args.eval_every == 0) or step == args.max_steps:
+        if not warned_logp_diff and (row["sampler_logp_diff"] or 0.0) > args.logp_diff_warn:
+            warned_logp_diff = True
+            log(f"warning: sampler_logp_diff {row['sampler_logp_diff']:.4f} > --logp_diff_warn {args.logp_diff_warn}: "
+                "the generator does not sample from the policy being trained (stale weights, dtype, temperature?)")
+
+        # ================ sample log / evaluate / log / checkpoint / stop ================
+        evaluating = (args.eval_every and step % args.eval_every == 0) or step == args.max_steps
+        if sample_log.due(step, evaluating):  # a few kept rollouts ([DAPO] refills apart) -> samples.jsonl
+            kinds = ["dynamic_refill" if origin[g] else "fresh" for g in group_of]
+            flat_rewards = [r for kept in kept_rewards for r in kept]
+            sample_log.log(step, [{"kind": kinds[k], "prompt": tokenizer.decode(flat_prompts[k]),
+                                   "completion": tokenizer.decode(completions[k]), "reward": flat_rewards[k],
+                                   "advantage": adv_list[k], "truncated": truncs[k],
+                                   "ada_pool_size": len(pools[g]), "ada_exit_round": exit_rounds[g]}
+                                  for k in sample_log.pick(kinds) for g in (group_of[k],)])
+        if evaluating:
             row.update(run_eval())
         row["time_step_s"] = time.time() - t_start
         logger.log(row)

@@ -6,7 +6,7 @@ metrics.jsonl holds the final step's row with eval metrics: finished runs are sk
 continued with `--resume auto`, so re-running the same command completes a half-finished sweep. A config
 whose script or flags do not exist (yet) is reported as "missing" and skipped.
 
-    python benchmarks/run.py                            # the full sweep: 16 configs x seeds 0 1 2
+    python benchmarks/run.py                            # the full sweep: 17 configs x seeds 0 1 2
     python benchmarks/run.py --quick                    # smoke check: 1 seed, fewer/smaller steps
     python benchmarks/run.py --only rloo,ra_rloo --seeds 0 --dry_run
     python benchmarks/run.py --lock /tmp/cpu.lock       # take a lock file around each run (shared machine)
@@ -62,6 +62,12 @@ CONFIGS: tuple[Config, ...] = (
     Config("grpo_n8", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "8", "--final_keep_per_prompt", "8",
                                      "--adv_std_norm", "true"),
            "GRPO-n8", "grpo_n4", ("frac_zero_var_groups",), "twice the samples of GRPO-n4, all trained on (eq. 2)"),
+    Config("dapo_n4", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "4", "--final_keep_per_prompt", "4",
+                                     "--adv_std_norm", "true", "--dynamic_sampling", "true"),
+           "DAPO dynamic sampling (n4)", "grpo_n4",
+           ("frac_zero_var_groups", "dapo_rounds", "dapo_kept_groups", "dapo_sampled_groups", "ada_inference_cost_rel"),
+           "Reinforce-Ada's Table 2 baseline: GRPO-n4 dropping zero-variance groups and refilling the batch with new "
+           "prompts (up to 4 extra rounds)"),
     Config("rloo", "ra_rloo.py", ("--replay", "none"), "RLOO", None,
            ("frac_zero_var_groups", "ra_zero_var_frac_post"), "RA-RLOO's baseline (K=4, reward {0, 0.1, 1})"),
     Config("ra_rloo", "ra_rloo.py", ("--replay", "on_demand"), "RA-RLOO", "rloo",

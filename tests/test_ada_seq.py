@@ -281,3 +281,83 @@ def test_balanced_run_and_exact_resume(tiny_base, tmp_path):
     assert any(r["ada_rounds_used"] > 1 for r in rows)  # some prompts needed more rounds
     if all(r["pass_rate"] == 0 for r in rows):  # the test policy fails everything: nothing ever exits
         assert all(r["ada_frac_unfinished"] == 1.0 and r["ada_inference_cost_rel"] == 3.0 for r in rows)
+
+
+# ---------------------------------------------------------------- in process: DAPO, truncation, sample log
+
+
+def _main(out, extra, monkeypatch, reward=lambda text, problem: float(len(text) % 3 == 0)):
+    """ada_seq.main in process; the training reward (`--reward tinyzero`, patched) varies, unlike the test base's."""
+    import ada_seq
+    from common import countdown
+    from common.cli import parse_args
+
+    monkeypatch.setitem(countdown.REWARDS, "tinyzero", reward)
+    ada_seq.main(parse_args(ada_seq.Args, ["--output_dir", str(out), "--eval_every", "0", "--reward", "tinyzero",
+                                           "--prompt_pool", "48", *COMMON, *extra]))
+    return _rows(out)
+
+
+def _samples(path):
+    return [json.loads(line) for line in (path / "samples.jsonl").read_text().splitlines()]
+
+
+def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_base, tmp_path, monkeypatch):
+    # [DAPO] GRPO-n4 + dynamic sampling: zero-variance groups are dropped, new prompts refill the batch
+    grpo_n4 = ["--model_name_or_path", tiny_base, "--max_rounds", "1", "--round_repeat", "4", "--dynamic_sampling"]
+    rows = _main(tmp_path / "dapo", [*grpo_n4, "--max_steps", "2", "--max_dynamic_rounds", "3"], monkeypatch)[1:]
+    for r in rows:
+        assert {"dapo_rounds", "dapo_kept_groups", "dapo_sampled_groups"} <= set(r)
+        assert r["ada_frac_zero_var_groups_post"] == 0.0  # every kept group has signal
+        assert r["dapo_kept_groups"] <= 8 and r["dapo_sampled_groups"] == 8 * (1 + r["dapo_rounds"])
+        assert r["dapo_rounds"] == 3 or r["dapo_kept_groups"] == 8  # refilled until full or capped
+        assert r["ada_inference_cost_rel"] == r["dapo_sampled_groups"] / 8
+    assert rows[-1]["rollouts"] == 4 * sum(r["dapo_sampled_groups"] for r in rows)  # refills are counted
+    assert any(r["dapo_rounds"] > 0 for r in rows) and any(r["frac_zero_var_groups"] > 0 for r in rows)
+    kinds = {s["kind"] for s in _samples(tmp_path / "dapo")}
+    assert "fresh" in kinds and kinds <= {"fresh", "dynamic_refill"}
+    # no group has signal (reward 0, cut or not): the cap on extra rounds ends the search, nothing is trained on
+    flat = _main(tmp_path / "flat", [*grpo_n4, "--max_steps", "1", "--max_dynamic_rounds", "2"], monkeypatch,
+                 reward=lambda text, problem: 0.0)[1:]
+    assert flat[0]["dapo_rounds"] == 2 and flat[0]["dapo_kept_groups"] == 0 and flat[0]["dapo_sampled_groups"] == 24
+    assert flat[0]["loss"] == 0.0 and flat[0]["grad_norm"] == 0.0
+    with pytest.raises(SystemExit, match="--dynamic_sampling"):
+        Args(dynamic_sampling=True, max_rounds=2).validate()
+
+
+def test_dynamic_sampling_resumes_exactly(tiny_base, tmp_path, monkeypatch):
+    # [DAPO] the refill prompts come from the checkpointed sampler: a resumed run draws the same ones
+    base = ["--model_name_or_path", tiny_base, "--max_rounds", "1", "--round_repeat", "4", "--dynamic_sampling",
+            "--save_every", "1", "--eval_every", "1", "--eval_prompts", "4", "--eval_samples", "2"]
+    full = _main(tmp_path / "full", [*base, "--max_steps", "2"], monkeypatch)
+    _main(tmp_path / "part", [*base, "--max_steps", "1"], monkeypatch)
+    part = _main(tmp_path / "part", [*base, "--max_steps", "2", "--resume", "auto"], monkeypatch)
+    assert _strip(full) == _strip(part) and any(r.get("dapo_rounds") for r in full)
+
+
+def test_truncated_completions_get_reward_zero_and_optionally_no_gradient(tiny_base, tmp_path, monkeypatch):
+    # every completion is cut at 2 tokens: reward 0 though the (patched) reward would give 1
+    base = ["--model_name_or_path", tiny_base, "--max_steps", "1", "--max_new_tokens", "2", "--max_rounds", "1",
+            "--round_repeat", "4"]
+    one = lambda text, problem: 1.0  # noqa: E731
+    masked = _main(tmp_path / "masked", [*base, "--mask_truncated_completions"], monkeypatch, one)[1]
+    plain = _main(tmp_path / "plain", base, monkeypatch, one)[1]
+    for r in (masked, plain):
+        assert r["clipped_ratio"] == 1.0 and r["reward_mean"] == 0.0 and r["pass_rate"] == 0.0
+    assert masked["loss"] == 0.0 and masked["grad_norm"] == 0.0 and masked["entropy"] == 0.0
+    assert plain["grad_norm"] > 0.0  # unmasked: the entropy bonus still pulls on the cut completions
+
+
+def test_sample_log_pass_at_k_and_sampler_logp_diff(tiny_base, tmp_path, monkeypatch, capsys):
+    rows = _main(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "2", "--eval_every", "1",
+                            "--round_repeat", "4", "--max_rounds", "2", "--old_logprobs", "sampler",
+                            "--log_samples_per_kind", "3", "--logp_diff_warn", "-1"], monkeypatch)
+    assert all({"eval_pass@1", "eval_pass@2", "eval_pass@4"} <= set(r) for r in rows)
+    for r in rows[1:]:  # the HF sampler's log-probs are the trainer's (fp32, same weights)
+        assert isinstance(r["sampler_logp_diff"], float) and r["sampler_logp_diff"] < 1e-4
+    assert capsys.readouterr().out.count("warning: sampler_logp_diff") == 1  # warned once (threshold -1)
+    samples = _samples(tmp_path)
+    assert [s["step"] for s in samples] == [1, 1, 1, 2, 2, 2] and {s["kind"] for s in samples} == {"fresh"}
+    for s in samples:
+        assert {"prompt", "completion", "reward", "advantage", "truncated", "ada_pool_size", "ada_exit_round"} <= set(s)
+        assert s["ada_exit_round"] in (None, 1, 2) and s["ada_pool_size"] == 4 * (s["ada_exit_round"] or 2)
