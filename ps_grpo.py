@@ -3,11 +3,11 @@
 Paper: "Prefix Sampling: Targeting 50% Rollout Pass Rate for More Efficient Agentic RL"
 (../shared/papers/000_18dc4b8a70b802ec.txt).
 
-Baseline (`--prefix_sampling false`): GRPO with A = r - mean (the paper's appendix, Perspective 2: a group's
-Var(A) = p(1-p) is the signal strength that peaks at p = 0.5), N rollouts per task, the clipped surrogate (DAPO
-clip-higher, token mean), no KL, and rejection of tasks whose N rollouts all fail or all pass (the paper's DeepSWE
-baseline). --scale_advantages gives the original GRPO (DeepSeekMath) A = (r - mean) / std, which sets every mixed
-group's Var(A) to 1 and so removes the p(1-p) the paper argues with.
+Baseline (`--prefix_sampling false`): GRPO with A = r - mean (the paper's appendix, Perspective 2: a group's Var(A) =
+p(1-p) is the signal strength that peaks at p = 0.5), N rollouts per task, the clipped surrogate (DAPO clip-higher,
+token mean), no KL, and rejection of tasks whose N rollouts all fail or all pass (the paper's DeepSWE baseline).
+--scale_advantages gives the original GRPO (DeepSeekMath) A = (r - mean) / std, which sets every mixed group's Var(A)
+to 1 and so removes the p(1-p) the paper argues with.
 PS routes every fresh task by its rollout pass rate p = k/N:
 normal (low <= p <= high) trains as is; too-hard (0 < p < low) and too-easy (high < p < 1) train as is AND
 send one trajectory to "Prefix & Mask": the first K steps of a rare success (too-hard: a head start) or of a
@@ -37,10 +37,10 @@ Design choices the paper leaves open (each is a flag or documented at its functi
   DAPO token mean: each rank divides its sum by its own trained-token count (DDP then averages the ranks).
   No KL term (`kl` is logged as 0). Logged `loss`: the clipped surrogate per trained token (its sum over all
   ranks / their trained tokens); rejected (all-fail / all-pass) groups are not trained and not counted.
-- Metrics: reward_mean / reward_std / pass_rate / frac_zero_var_groups are over fresh tasks only (the paper's
-  training score on no-prefix tasks); ps_* metrics cover prefix tasks. rollouts, gen_tokens,
-  completion_len_mean (generated tokens per rollout; replayed ones excluded) and clipped_ratio (rollouts cut
-  by a length limit: text mode --max_new_tokens, multi-turn any action cut by --max_action_tokens) cover all.
+- Metrics: reward_mean / reward_std / pass_rate / frac_zero_var_groups are over fresh tasks only (the paper's training
+  score on no-prefix tasks); ps_* metrics cover prefix tasks. rollouts, gen_tokens, completion_len_mean (generated
+  tokens per rollout; replayed ones excluded) and clipped_ratio (rollouts cut by a length limit, which get reward 0:
+  text mode --max_new_tokens, multi-turn any action cut by --max_action_tokens) cover all.
 
 Notes on the defaults (measurements of the embedded setting):
 - The default task has 4 numbers in 1..10 (a space enumerated in about a second), so a full trajectory has
@@ -48,8 +48,7 @@ Notes on the defaults (measurements of the embedded setting):
   controller) could not change it; 3 numbers in 1..20 is the single-turn default's problem space.
 - The embedded base was only SFT-ed on the single-turn text and cannot act in the environment, so it gets a
   multi-turn warm-up before RL (--mt_sft_steps, see countdown_env.py; about 2 minutes once, then cached).
-- --max_steps 150 is about 6 minutes of RL on 2 CPU cores with the multi-turn default (the closing
-  comparison used 150).
+- --max_steps 150 is about 6 minutes of RL on 2 CPU cores with the multi-turn default (the closing comparison used 150).
 
     python ps_grpo.py                                   # PS (fixed ratios), multi-turn Countdown, CPU
     python ps_grpo.py --adaptive                        # PS with adaptive prefix control
@@ -83,7 +82,7 @@ from common.generation import HFGenerator, SamplingConfig
 from common.logprobs import token_logprobs
 from common.losses import clipped_surrogate
 from common.masking import pad_sequences, right_align
-from common.metrics import MetricsLogger, check_tracker, evaluate, pass_at_k
+from common.metrics import MetricsLogger, SampleLogger, check_tracker, evaluate, pass_at_k, powers_of_two
 from common.policy import autocast, load_policy
 
 CATEGORIES = ("hard", "easy")  # [PS] too-hard tasks replay a success, too-easy tasks a failure
@@ -111,17 +110,13 @@ class Args(BaseArgs):
     env_max_number: int = 10
     """[multiturn] problem numbers are drawn from 1..env_max_number"""
     max_turns: int = 4
-    """[multiturn] turn budget of an episode (it also ends when one number is left, on an invalid action, or when the
-    agent stops)"""
+    """[multiturn] turn budget of an episode (it also ends with one number left, an invalid action or a stop)"""
     env_invalid: Literal["end", "retry"] = "end"
-    """[multiturn] an invalid action ends the episode (reward 0), or is answered with an error and the state, and the
-    agent tries again"""
+    """[multiturn] an invalid action: `end` the episode (reward 0), or `retry` (answered with an error + the state)"""
     max_action_tokens: int = 16
-    """[multiturn] token cap of one action (a turn ends at a newline or EOS); --max_new_tokens caps text-mode
-    completions"""
+    """[multiturn] token cap of one action (a turn ends at a newline or EOS); text mode: --max_new_tokens"""
     mt_sft_steps: int = 400
-    """[multiturn] with the embedded model: SFT steps on solver-built episodes of the environment before RL (built
-    once, cached next to the base). 0 = the base as is"""
+    """[multiturn] embedded model: SFT steps on solver-built episodes before RL (built once, cached; 0: none)"""
     prefix_sampling: bool = True
     """[PS] route skewed tasks to Prefix & Mask and inject prefix tasks into the next batch; false = the baseline"""
     low: float = 0.3
@@ -129,18 +124,15 @@ class Args(BaseArgs):
     high: float = 0.7
     """[PS] pass rate above this (with at least one failure) is too-easy"""
     remaining_ratio: float = 0.25
-    """[PS] too-hard, remaining mode: remaining = min(int(T * remaining_ratio), remaining_cap), prefix = T - remaining
-    steps of a success (initial value under --adaptive)"""
+    """[PS] too-hard: replay T - min(int(T * remaining_ratio), remaining_cap) steps of a success (--adaptive: start)"""
     remaining_cap: int = 1000
     """[PS] cap on the remaining steps of a too-hard prefix task"""
     prefix_ratio: float = 0.25
-    """[PS] too-easy, prefix mode: prefix = min(int(T * prefix_ratio), prefix_cap) steps of a failure (initial value
-    under --adaptive)"""
+    """[PS] too-easy: replay min(int(T * prefix_ratio), prefix_cap) steps of a failure (--adaptive: start value)"""
     prefix_cap: int = 1000
     """[PS] cap on the replayed steps of a too-easy prefix task"""
     max_prefix_frac: float = 0.5
-    """[PS] at most this fraction of the batch's tasks are prefix tasks; the rest are fresh; prefix tasks over the cap
-    are dropped"""
+    """[PS] at most this fraction of the batch's tasks are prefix tasks (the rest fresh; those over it: dropped)"""
     adaptive: bool = False
     """[PS] adaptive prefix control: move each category's ratio toward a prefix-task pass rate of 0.5"""
     ema_alpha: float = 0.05
@@ -152,15 +144,13 @@ class Args(BaseArgs):
     ratio_step: float = 0.05
     """[PS] adaptive: size of one ratio adjustment"""
     cooldown: int = 5
-    """[PS] adaptive: steps (with prefix tasks of the category built with its current ratio) between two adjustments
-    of its ratio"""
+    """[PS] adaptive: steps (with prefix tasks built with the current ratio) between two moves of a category's ratio"""
     ratio_min: float = 0.05
     """[PS] adaptive: lower clamp of both ratios"""
     ratio_max: float = 0.95
     """[PS] adaptive: upper clamp of both ratios"""
     ema_reset: bool = True
-    """[PS] adaptive: restart the (bias-corrected) EMA after each adjustment, so it measures the new ratio only (false:
-    one EMA throughout)"""
+    """[PS] adaptive: restart the (bias-corrected) EMA after each move, to see the new ratio only (false: one EMA)"""
 
     def validate(self) -> None:
         if self.n < 2:
@@ -201,10 +191,8 @@ class Args(BaseArgs):
 
 def route(k: int, n: int, low: float, high: float) -> str:
     """[PS] The paper's five paths for a task with k of n rollouts passing (Overview, Figure 2)."""
-    if k == 0:
-        return "all_fail"  # discarded: no success to build a prefix from
-    if k == n:
-        return "all_pass"  # discarded: no failure to build a prefix from
+    if k in (0, n):  # discarded: no success (all_fail) / no failure (all_pass) to build a prefix from
+        return "all_fail" if k == 0 else "all_pass"
     p = k / n
     return "too_hard" if p < low else "too_easy" if p > high else "normal"
 
@@ -212,21 +200,15 @@ def route(k: int, n: int, low: float, high: float) -> str:
 def prefix_steps(total: int, mode: str, ratio: float, cap: int) -> int | None:
     """[PS] Prefix length K (section "Prefix Selection"), or None when no useful prefix exists.
 
-    remaining mode (too-hard): remaining = min(int(T * ratio), cap), K = T - remaining.
-    prefix mode (too-easy):    K = min(int(T * ratio), cap).
-    K is then clamped to [1, T - 1]: K = 0 would replay nothing (the same fresh task again, no change of
-    difficulty) and K = T would replay the whole trajectory, leaving nothing to generate (its outcome is
-    already decided). So a 1-step trajectory (T < 2) yields no prefix task.
+    remaining mode (too-hard): remaining = min(int(T * ratio), cap), K = T - remaining; prefix mode (too-easy):
+    K = min(int(T * ratio), cap). K is then clamped to [1, T - 1]: K = 0 would replay nothing (the same fresh task
+    again, no change of difficulty) and K = T would replay the whole trajectory, leaving nothing to generate (its
+    outcome is already decided). So a 1-step trajectory (T < 2) yields no prefix task.
     """
-    if total < 2:
-        return None
-    if mode == "remaining":
-        k = total - min(int(total * ratio), cap)
-    elif mode == "prefix":
-        k = min(int(total * ratio), cap)
-    else:
+    if mode not in ("remaining", "prefix"):
         raise ValueError(f"mode must be 'remaining' or 'prefix', got {mode!r}")
-    return min(max(k, 1), total - 1)
+    k = min(int(total * ratio), cap)  # prefix mode: K; remaining mode: the steps left to generate
+    return None if total < 2 else min(max(k if mode == "prefix" else total - k, 1), total - 1)
 
 
 @dataclass
@@ -278,13 +260,12 @@ def attributed(tasks: list[dict], passes: list[int], category: str, ratio: float
 
     A prefix task is built at step t with the ratio before the controller's update at the end of step t, and runs
     at step t + 1; after a move its pass rate measures the old ratio. Such stale tasks (and tasks queued by older
-    checkpoints, which recorded no ratio) are counted but discarded, never attributed to the new ratio.
-    Returns {"tasks", "success" (passing rollouts), "stale"}; the caller sums them over ranks.
+    checkpoints, which recorded no ratio) are counted but discarded, never attributed to the new ratio. Returns
+    {"tasks", "success" (passing rollouts), "stale"}; the caller sums them over ranks.
     """
     mine = [group for group, task in enumerate(tasks) if task["cat"] == category]
     current = [group for group in mine if tasks[group].get("ratio") == ratio]
-    success = sum(passes[group] for group in current)
-    return {"tasks": len(current), "success": success, "stale": len(mine) - len(current)}
+    return {"tasks": len(current), "success": sum(passes[g] for g in current), "stale": len(mine) - len(current)}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -295,23 +276,22 @@ def rollout_multiturn(generator, tokenizer, prompts: list[list[int]], problems: 
                       cfg: SamplingConfig, max_turns: int, invalid: str) -> tuple[list[Episode], list[bool]]:
     """n episodes per task, played turn by turn; one generate call per turn for every live episode.
 
-    [PS] Prefix replay: each episode of a prefix task starts from a fresh environment that re-executes the
-    stored actions (restoring the numbers, the turn count and the conversation); those tokens are context
-    with mask 0 and cost no generation. Observations are context with mask 0 too.
-    Returns (episodes, clipped): clipped[i] is True when an action of episode i hit cfg.max_new_tokens.
+    [PS] Prefix replay: each episode of a prefix task starts from a fresh environment that re-executes the stored
+    actions (restoring the numbers, the turn count and the conversation); those tokens are context with mask 0 and
+    cost no generation. Observations are context with mask 0 too. Returns (episodes, clipped): clipped[i] is True
+    when an action of episode i hit cfg.max_new_tokens.
     """
     from common.countdown_env import replay_episode
 
     encode = lambda text: tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-    eos = tokenizer.eos_token_id
     episodes = [replay_episode(problems[group], prefixes[group], group, decode, encode, max_turns, invalid)
                 for group in range(len(prompts)) for _ in range(n)]
     clipped = [False] * len(episodes)
     while live := [i for i, episode in enumerate(episodes) if not episode.env.done]:
         gens = generator.generate([prompts[episodes[i].group] + episodes[i].ids for i in live], 1, cfg)
         for i, ids, logprobs, reason in zip(live, gens.completion_ids, gens.logprobs, gens.finish_reasons):
-            result = episodes[i].env.step(decode(ids), final=bool(ids) and ids[-1] == eos)
+            result = episodes[i].env.step(decode(ids), final=bool(ids) and ids[-1] == tokenizer.eos_token_id)
             episodes[i].add_turn(ids, encode(result.observation), logprobs)  # action: mask 1; observation: mask 0
             clipped[i] = clipped[i] or reason == "length"
     for episode in episodes:
@@ -335,9 +315,7 @@ def rollout_text(generator, tokenizer, prompts: list[list[int]], prefixes: list[
     """n single-turn completions per task. [PS] A prefix task's context is prompt + its first K lines
     (mask 0); the continuation gets the rest of the max_new_tokens budget; the reward scores the whole text.
     Returns (episodes, clipped): clipped[i] is True when completion i was cut by max_new_tokens or the budget."""
-
-    contexts = [prompt + [token for action, _ in prefix for token in action]
-                for prompt, prefix in zip(prompts, prefixes)]
+    contexts = [prompt + [t for action, _ in prefix for t in action] for prompt, prefix in zip(prompts, prefixes)]
     gens = generator.generate(contexts, n, cfg)
     episodes, clipped = [], []
     for i, (ids, logprobs) in enumerate(zip(gens.completion_ids, gens.logprobs)):
@@ -362,26 +340,27 @@ def rollout_text(generator, tokenizer, prompts: list[list[int]], prefixes: list[
     return episodes, clipped
 
 
-def turn_config(tokenizer, args: Args) -> SamplingConfig:
-    """Sampling for one turn: an action ends at the end of its line (or EOS), at most max_action_tokens."""
+def turn_config(tokenizer, args: Args, temperature: float) -> SamplingConfig:
+    """Sampling for one turn at `temperature`: an action ends at the end of its line (or EOS), max_action_tokens."""
     newline = tokenizer("\n", add_special_tokens=False).input_ids[-1]
-    return SamplingConfig(max_new_tokens=args.max_action_tokens, temperature=args.temperature,
-                          stop_token_ids=[newline])
+    return SamplingConfig(max_new_tokens=args.max_action_tokens, temperature=temperature, stop_token_ids=[newline])
 
 
-def evaluate_episodes(generator, tokenizer, encode, examples: list, args: Args, accelerator) -> dict:
-    """Held-out pass@1 / pass@k of whole episodes in the environment (prompts split across ranks)."""
+def evaluate_episodes(generator, tokenizer, encode, examples: list, args: Args, accelerator, cfg) -> dict:
+    """Held-out pass@1 / pass@k (every power of two k <= --eval_samples) of whole episodes in the environment,
+    turns sampled with `cfg` (prompts split across ranks)."""
     samples = args.eval_samples
     mine = examples[accelerator.process_index::accelerator.num_processes]
     counts = []
     if mine:
         episodes, _ = rollout_multiturn(generator, tokenizer, [encode(example.prompt) for example in mine],
                                         [example.answer for example in mine], [[] for _ in mine], samples,
-                                        turn_config(tokenizer, args), args.max_turns, args.env_invalid)
+                                        cfg, args.max_turns, args.env_invalid)
         counts = [sum(episode.reward >= 1.0 for episode in episodes[i * samples:(i + 1) * samples])
                   for i in range(len(mine))]
     counts = gather_list(accelerator, counts)
-    return {f"eval_pass@{k}": float(np.mean([pass_at_k(samples, c, k) for c in counts])) for k in sorted({1, samples})}
+    return {f"eval_pass@{k}": float(np.mean([pass_at_k(samples, c, k) for c in counts]))
+            for k in powers_of_two(samples)}
 
 
 def ps_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, n_tok: int,
@@ -404,9 +383,8 @@ def main(args: Args) -> None:
     device, world = accelerator.device, accelerator.num_processes
     log = lambda msg: accelerator.print(msg, flush=True)  # noqa: E731  (main process only)
     rank_seed = args.seed + accelerator.process_index  # ranks sample different rollouts
-    random.seed(rank_seed)
-    np.random.seed(rank_seed)
-    torch.manual_seed(rank_seed)
+    for seed in (random.seed, np.random.seed, torch.manual_seed):
+        seed(rank_seed)
     if accelerator.is_main_process:
         Path(args.output_dir).mkdir(parents=True, exist_ok=True)
         (Path(args.output_dir) / "args.json").write_text(json.dumps(asdict(args), indent=2))
@@ -466,8 +444,9 @@ def main(args: Args) -> None:
     else:
         generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype)
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)  # text mode
-    turn_sampling = turn_config(tokenizer, args)  # multi-turn: one action per generate call
-    eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, logprobs=False)
+    turn_sampling = turn_config(tokenizer, args, args.temperature)  # multi-turn: one action per generate call
+    eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature  # 0: greedy
+    eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=eval_temperature, logprobs=False)
     temperature = args.temperature if args.temperature > 0 else 1.0  # the generator scores greedy samples at T=1
     line_ends: dict[int, bool] = {}
 
@@ -479,9 +458,10 @@ def main(args: Args) -> None:
     def run_eval() -> dict:
         with gathered(policy):  # FSDP: whole weights for generation (a no-op otherwise)
             if args.multiturn:  # whole episodes in the environment
-                return evaluate_episodes(generator, tokenizer, encode, held_out, args, accelerator)
+                return evaluate_episodes(generator, tokenizer, encode, held_out, args, accelerator,
+                                         turn_config(tokenizer, args, eval_temperature))
             return evaluate(generator, tokenizer, held_out, encode, text_task.eval_reward_fn, eval_sampling,
-                            args.eval_samples, accelerator, ks=(1, args.eval_samples))
+                            args.eval_samples, accelerator)
 
     # ---------------- resume ----------------
     start_step, counters, method_state = 0, {"rollouts": 0, "gen_tokens": 0}, {}
@@ -503,6 +483,9 @@ def main(args: Args) -> None:
     # ---------------- logging, step-0 evaluation, graceful stop ----------------
     logger = MetricsLogger(args.output_dir, accelerator, args.report_to, vars(args),
                            resume_step=start_step if resume_from is not None else None)
+    sample_log = SampleLogger(args.output_dir, accelerator, args.log_samples_every, args.log_samples_per_kind,
+                              resume_step=start_step if resume_from is not None else None)
+    warned_logp_diff = False
     if start_step == 0:
         row = {"step": 0, **run_eval()}
         logger.log(row)
@@ -535,7 +518,9 @@ def main(args: Args) -> None:
                                                  text_task.reward_fn, examples, is_break)
         t_gen = time.time() - t_start
 
-        # ================ verify: the environment's / the verifier's reward, set on each episode by its rollout =====
+        # ================ verify: rewards set by the rollout; one cut by a length limit gets 0 (never a success) ==
+        for episode in (episode for episode, cut in zip(episodes, clipped) if cut):
+            episode.reward = 0.0
         rewards = torch.tensor([episode.reward for episode in episodes]).view(-1, n).float()
         success = rewards >= 1.0
         passes = success.sum(-1).tolist()  # k of N, per task
@@ -567,14 +552,16 @@ def main(args: Args) -> None:
         rows = [i for i in range(len(episodes)) if keep[i // n]]
         trained_advantages = advantages.flatten()[rows].to(device)
         trained = [episodes[i] for i in rows]
-        n_tokens = sum(episode.generated_tokens for episode in trained)
+        masks = [[0] * len(episodes[i].mask) if args.mask_truncated_completions and clipped[i] else episodes[i].mask
+                 for i in rows]  # --mask_truncated_completions: rollouts cut by a length limit get no gradient
+        n_tokens = sum(map(sum, masks))
 
         # ================ update: clipped surrogate on generated tokens only ([PS] replayed prefix: mask 0) =========
         t_train_start = time.time()
-        sums = {"loss_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "clip_sum": 0.0}
+        sums = {"loss_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "clip_sum": 0.0, "gap_sum": 0.0, "gap_tok": 0.0}
         for batch_rows in micro_batches(len(trained), args.micro_batch_size, accelerator, model):
             batch = pad_sequences([prompts[trained[i].group] for i in batch_rows], [trained[i].ids for i in batch_rows],
-                                  tokenizer.pad_token_id, [trained[i].mask for i in batch_rows]).to(device)
+                                  tokenizer.pad_token_id, [masks[i] for i in batch_rows]).to(device)
             with autocast(device, args.dtype):  # bf16 compute over fp32 weights with --dtype bfloat16
                 logp, entropy = token_logprobs(model, batch, temperature)
             mask = batch.loss_mask
@@ -586,6 +573,8 @@ def main(args: Args) -> None:
             sums["ent_sum"] += (entropy * mask).sum().item()
             sums["tok"] += mask.sum().item()
             sums["clip_sum"] += clipped_tokens.item()
+            sums["gap_sum"] += ((logp.detach() - old_logp).abs() * mask).sum().item()  # sampler vs first pass
+            sums["gap_tok"] += mask.sum().item()
         grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         optimizer.step()
         scheduler.step()
@@ -615,8 +604,7 @@ def main(args: Args) -> None:
                for key, value in attributed(tasks, passes, category, controllers[category].ratio).items()},
             "t_gen": t_gen, "t_train": t_train,
         })
-        counters["rollouts"] += int(totals["rollouts"])
-        counters["gen_tokens"] += int(totals["gen_tokens"])
+        counters = {key: value + int(totals[key]) for key, value in counters.items()}  # rollouts, gen_tokens
         fresh_samples, samples, tokens = (max(1.0, totals["fresh_rollouts"]), max(1.0, totals["rollouts"]),
                                           max(1.0, totals["tok"]))
         reward_mean = totals["reward_sum"] / fresh_samples
@@ -629,11 +617,15 @@ def main(args: Args) -> None:
             "completion_len_mean": totals["gen_tokens"] / samples,  # generated tokens per rollout (no replayed ones)
             "clipped_ratio": totals["truncated"] / samples,  # rollouts cut by a length limit
             "loss": totals["loss_sum"] / tokens,  # clipped surrogate per trained token
-            "kl": 0.0,  # no KL term
-            "entropy": totals["ent_sum"] / tokens,
+            "kl": 0.0, "entropy": totals["ent_sum"] / tokens,  # kl: no KL term
             "grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0],
             "time_gen_s": totals["t_gen"] / world, "time_train_s": totals["t_train"] / world,
+            "sampler_logp_diff": totals["gap_sum"] / totals["gap_tok"] if totals["gap_tok"] else None,
         }
+        if not warned_logp_diff and (row["sampler_logp_diff"] or 0.0) > args.logp_diff_warn:
+            warned_logp_diff = True
+            log(f"warning: sampler_logp_diff {row['sampler_logp_diff']:.4f} > --logp_diff_warn {args.logp_diff_warn}: "
+                "the generator does not sample from the policy being trained (stale weights, dtype, temperature?)")
 
         # ================ [PS] adaptive prefix control on this step's prefix-task pass rates (same on all ranks) ===
         prefix_rollouts = {category: totals[f"prefix_{category}_tasks"] * n for category in CATEGORIES}
@@ -671,8 +663,17 @@ def main(args: Args) -> None:
         })
         queue = new_tasks  # [PS] injected into the next batch
 
-        # ================ evaluate / log / checkpoint / stop ================
-        if (args.eval_every and step % args.eval_every == 0) or step == args.max_steps:
+        # ================ sample log / evaluate / log / checkpoint / stop ================
+        evaluating = (args.eval_every and step % args.eval_every == 0) or step == args.max_steps
+        if sample_log.due(step, evaluating):  # a few fresh and [PS] prefix-task rollouts -> samples.jsonl
+            kinds = ["fresh" if task["cat"] is None else f"prefix_{task['cat']}" for task in tasks for _ in range(n)]
+            sample_log.log(step, [{  # advantage 0 and trained False: a group dropped by rejection sampling
+                "kind": kinds[i], "prompt": tokenizer.decode(prompts[i // n]), "completion": tokenizer.decode(ep.ids),
+                "reward": ep.reward, "advantage": advantages.flatten()[i].item() if keep[i // n] else 0.0,
+                "trained": bool(keep[i // n]), "truncated": clipped[i], "ps_prefix_steps": len(tasks[i // n]["steps"]),
+                **({"ps_ratio": tasks[i // n].get("ratio")} if kinds[i] != "fresh" else {})}
+                for i, ep in ((i, episodes[i]) for i in sample_log.pick(kinds))])
+        if evaluating:
             row.update(run_eval())
         row["time_step_s"] = time.time() - t_start
         logger.log(row)

@@ -365,3 +365,88 @@ def test_text_mode_runs(mt_base, tmp_path):
     rows = _rows(tmp_path)
     assert [r["step"] for r in rows] == [0, 1] and "eval_pass@1" in rows[1] and rows[1]["rollouts"] == 8 * 8
     assert rows[1]["ps_generated_tokens"] > 0 and rows[1]["ps_replayed_tokens"] == 0
+
+
+# ---------------- evaluation, truncation, sampler agreement, sample log ----------------
+def test_episode_eval_gives_pass_at_every_power_of_two_at_the_eval_temperature():
+    from types import SimpleNamespace
+
+    from common.cli import parse_args
+    from common.data import Example
+    from ps_grpo import evaluate_episodes, turn_config
+
+    class Gen(ScriptedGenerator):
+        def generate(self, prompts, n, cfg):
+            self.temperatures = getattr(self, "temperatures", []) + [cfg.temperature]
+            return super().generate(prompts, n, cfg)
+
+    args = parse_args(Args, ["--eval_samples", "8", "--env_numbers", "3", "--max_turns", "3"])
+    probs = [Problem((14, 1, 10), 5), Problem((3, 4, 5), 7)]
+    examples = [Example(i, countdown.prompt_text(p), p) for i, p in enumerate(probs)]
+    gen, acc = Gen(), SimpleNamespace(process_index=0, num_processes=1)
+    out = evaluate_episodes(gen, TOK, ENC, examples, args, acc, turn_config(TOK, args, 0.0))
+    assert out == {f"eval_pass@{k}": 1.0 for k in (1, 2, 4, 8)} and set(gen.temperatures) == {0.0}
+
+
+def _text_main(out, extra, monkeypatch, reward):
+    """ps_grpo.main in process, single-turn text mode, with a stand-in training reward."""
+    import ps_grpo
+    from common.cli import parse_args
+
+    monkeypatch.setitem(countdown.REWARDS, "binary", reward)
+    ps_grpo.main(parse_args(Args, ["--mode", "text", "--output_dir", str(out), "--prompt_pool", "16", "--n", "4",
+                                   "--prompts_per_step", "4", "--eval_prompts", "4", "--num_threads", "1", *extra]))
+    return _rows(out)
+
+
+def test_text_mode_sample_log_pass_at_k_and_sampler_agreement(tiny_base, tmp_path, monkeypatch):
+    import ps_grpo
+
+    temps = []
+    real = ps_grpo.evaluate
+    monkeypatch.setattr(ps_grpo, "evaluate", lambda *a, **k: temps.append(a[5].temperature) or real(*a, **k))
+    rows = _text_main(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "2", "--eval_every", "0",
+                                 "--eval_samples", "8", "--eval_temperature", "0", "--max_new_tokens", "48",
+                                 "--log_samples_every", "1", "--log_samples_per_kind", "2"], monkeypatch,
+                      lambda text, problem: float(len(text) % 2))
+    assert temps == [0.0, 0.0]  # step 0 and the last step, greedy
+    assert {f"eval_pass@{k}" for k in (1, 2, 4, 8)} <= set(rows[0]) and "eval_pass@8" in rows[-1]
+    # the HF generator in fp32 samples from exactly the policy the trainer scores
+    assert all(r["sampler_logp_diff"] is not None and r["sampler_logp_diff"] < 1e-4 for r in rows[1:])
+    samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    keys = {"step", "kind", "prompt", "completion", "reward", "advantage", "trained", "truncated", "ps_prefix_steps"}
+    assert samples and all(keys <= set(s) for s in samples) and {s["step"] for s in samples} == {1, 2}
+    for step in (1, 2):
+        kinds = [s["kind"] for s in samples if s["step"] == step]
+        assert all(kinds.count(kind) <= 2 for kind in kinds) and "fresh" in kinds
+    assert all(s["advantage"] == 0.0 for s in samples if not s["trained"])
+    assert all(s["ps_prefix_steps"] == 0 and "ps_ratio" not in s for s in samples if s["kind"] == "fresh")
+    prefix = [s for s in samples if s["kind"] != "fresh"]  # step 2 runs a prefix task queued by step 1
+    assert prefix and all(s["kind"] in ("prefix_hard", "prefix_easy") and s["ps_prefix_steps"] >= 1
+                          and s["ps_ratio"] == 0.25 for s in prefix)
+
+
+def test_truncated_completions_get_reward_zero(tiny_base, tmp_path, monkeypatch):
+    rows = _text_main(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "1", "--eval_samples", "1",
+                                 "--max_new_tokens", "2", "--mask_truncated_completions"], monkeypatch,
+                      lambda text, problem: 1.0)  # every completion would pass, but each one is cut
+    assert rows[1]["clipped_ratio"] == 1.0 and rows[1]["reward_mean"] == 0.0 and rows[1]["pass_rate"] == 0.0
+    assert rows[1]["ps_trained_groups"] == 0 and rows[1]["sampler_logp_diff"] is None  # all-fail: rejected
+
+    # some cut, some not: the cut ones (reward 0) stay in their group's baseline but get loss mask 0
+    import ps_grpo
+
+    seen, trained_tokens = {}, []
+    rollout, loss = ps_grpo.rollout_text, ps_grpo.ps_loss
+    monkeypatch.setattr(ps_grpo, "rollout_text", lambda *a: seen.setdefault("out", rollout(*a)))
+    monkeypatch.setattr(ps_grpo, "ps_loss", lambda logp, old, adv, mask, n_tok, *a: trained_tokens.append(
+        (int(mask.sum()), n_tok)) or loss(logp, old, adv, mask, n_tok, *a))
+    rows = _text_main(tmp_path / "mixed", ["--model_name_or_path", tiny_base, "--max_steps", "1", "--eval_samples",
+                                           "1", "--max_new_tokens", "24", "--mask_truncated_completions"],
+                      monkeypatch, lambda text, problem: 1.0)
+    episodes, clipped = seen["out"]
+    assert 0 < rows[1]["clipped_ratio"] < 1 and rows[1]["reward_mean"] == pytest.approx(1 - rows[1]["clipped_ratio"])
+    groups = [range(g * 4, g * 4 + 4) for g in range(4)]
+    want = sum(episodes[i].generated_tokens for g in groups if 0 < sum(clipped[i] for i in g) < 4
+               for i in g if not clipped[i])
+    assert want > 0 and sum(m for m, _ in trained_tokens) == trained_tokens[0][1] == want
