@@ -355,6 +355,7 @@ def main(args: Args) -> None:
     eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature  # 0: greedy
     eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=eval_temperature, logprobs=False)
     temperature = args.temperature if args.temperature > 0 else 1.0  # the generator scores greedy samples at T=1
+    pack = args.pack_row_tokens if args.padding_free else 0  # training passes: packed rows of this many tokens
 
     def run_eval() -> dict:
         with gathered(policy):  # FSDP: whole weights for generation (a no-op otherwise)
@@ -466,10 +467,12 @@ def main(args: Args) -> None:
         sums = {"loss_sum": 0.0, "kl_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "clip_sum": 0.0, "gap_sum": 0.0,
                 "gap_tok": 0.0}
         grad_norms = []
+        lengths = [len(p) + len(c) for p, c in zip(flat_prompts, completions)]  # --max_tokens_per_microbatch
         for epoch in range(args.ppo_epochs):
-            for rows in micro_batches(len(completions), args.micro_batch_size, accelerator, model, peers=(ref_model,)):
+            for rows in micro_batches(len(completions), args.micro_batch_size, accelerator, model, peers=(ref_model,),
+                                      lengths=lengths, max_tokens=args.max_tokens_per_microbatch):
                 batch = pad_sequences([flat_prompts[r] for r in rows], [completions[r] for r in rows],
-                                      tokenizer.pad_token_id).to(device)
+                                      tokenizer.pad_token_id, pack_tokens=pack).to(device)  # packed: --padding_free
                 with autocast(device, args.dtype):  # bf16 compute over fp32 weights with --dtype bfloat16
                     logp, entropy = token_logprobs(model, batch, temperature, entropy_grad=args.entropy_coef > 0)
                 mask = batch.loss_mask * unmasked[rows].to(device)[:, None]

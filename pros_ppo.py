@@ -1,7 +1,6 @@
 """PROS (prefix reuse for on-policy sampling) on PPO, one file; `--adv grpo` runs it on GRPO instead.
 
-Paper: "PROS: Towards Compute-Efficient RLVR via Rollout Prefix Reuse" (ICLR 2026,
-../shared/papers/001_1760c67a1330819a.txt).
+Paper: "PROS: Towards Compute-Efficient RLVR via Rollout Prefix Reuse" (../shared/papers/001_1760c67a1330819a.txt).
 
 The base is PPO for LLMs: a critic (the policy's backbone copied, plus a scalar head: `ValueModel`),
 token-level GAE with the outcome reward on the last token, clipped policy and value losses, several epochs over
@@ -16,7 +15,6 @@ minibatches. PROS is a plug-in that changes only *which queries* are trained on:
      with exponential forgetting, Pólya-Gamma Gibbs sweeps (common/gibbs.py); the batch takes the nodes whose
      current Gibbs draw θ̃ is nearest 0.5, at most one node per root.
 Lines marked [PROS] are the plug-in; `--pros off` removes every one of them (vanilla PPO / GRPO).
-
 Where this file departs from the paper, deliberately: ⌈fresh_frac·P⌉ queries per batch come from the data stream
 (unseen prompts have no node to rank), the rest from the pool by |θ̃ - 0.5| (`--pros random`: uniformly, the
 ablation); over --pool_capacity the least recently observed nodes are evicted; one node per root per batch; the
@@ -313,7 +311,7 @@ class ValueModel(torch.nn.Module):
     def forward(self, batch) -> torch.Tensor:
         hidden = self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                                position_ids=batch.position_ids, use_cache=False).last_hidden_state
-        return self.head(hidden[:, -(batch.completion_width + 1):-1]).squeeze(-1).float()
+        return self.head(batch.completion_states(hidden)).squeeze(-1).float()  # padded or packed (--padding_free)
 
 
 def build_value_model(policy, path: str | None = None) -> ValueModel:
@@ -340,7 +338,7 @@ def build_value_model(policy, path: str | None = None) -> ValueModel:
 
 @torch.no_grad()
 def score_rollouts(policy, critic, ref_model, tokenizer, prompts: list[list[int]], completions: list[list[int]],
-                   micro_batch_size: int, temperature: float, device) -> dict[str, torch.Tensor]:
+                   micro_batch_size: int, temperature: float, device, pack: int = 0) -> dict[str, torch.Tensor]:
     """One no-grad pass: old log-probs `logp` and entropies `ent` (policy), `value` (critic, if any), `ref`
     log-probs (reference, if any), all as right-aligned [N, Rmax] CPU tensors zeroed outside `mask`, the
     completion mask. PROS reads t* from these same entropies."""
@@ -349,7 +347,7 @@ def score_rollouts(policy, critic, ref_model, tokenizer, prompts: list[list[int]
     out = {name: torch.zeros(num, width) for name in names}
     for start in range(0, num, micro_batch_size):
         rows = slice(start, min(num, start + micro_batch_size))
-        batch = pad_sequences(prompts[rows], completions[rows], tokenizer.pad_token_id).to(device)
+        batch = pad_sequences(prompts[rows], completions[rows], tokenizer.pad_token_id, pack_tokens=pack).to(device)
         cols = slice(width - batch.completion_width, width)
         logp, entropy = token_logprobs(policy, batch, temperature)
         out["logp"][rows, cols], out["ent"][rows, cols] = logp.cpu(), entropy.cpu()
@@ -358,9 +356,7 @@ def score_rollouts(policy, critic, ref_model, tokenizer, prompts: list[list[int]
             out["value"][rows, cols] = critic(batch).cpu()
         if ref_model is not None:
             out["ref"][rows, cols] = token_logprobs(ref_model, batch, temperature)[0].cpu()
-    for name in set(names) - {"mask"}:
-        out[name] *= out["mask"]
-    return out
+    return {name: value if name == "mask" else value * out["mask"] for name, value in out.items()}
 
 
 def main(args: Args) -> None:
@@ -430,6 +426,7 @@ def main(args: Args) -> None:
     # no sampler log-probs: pi_old's come from score_rollouts, with the entropies PROS needs
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, logprobs=False)
     temperature = args.temperature if args.temperature > 0 else 1.0  # greedy samples are scored at T=1
+    pack = args.pack_row_tokens if args.padding_free else 0  # training passes: packed rows of this many tokens
     k, stop_ids, pros = args.k, {tokenizer.eos_token_id}, args.pros != "off"
     eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature  # 0: greedy
     eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=eval_temperature, logprobs=False)
@@ -506,7 +503,7 @@ def main(args: Args) -> None:
         t_score_start = time.time()
         with autocast(device, args.dtype), gathered(policy, critic, ref_model):  # bf16 compute; FSDP: whole weights
             scores = score_rollouts(policy, critic, ref_model, tokenizer, prompts, completions,
-                                    args.micro_batch_size, temperature, device)
+                                    args.micro_batch_size, temperature, device, pack)
         mask = scores["mask"]
         t_score = time.time() - t_score_start
         # --mask_truncated_completions: cut rollouts get no policy gradient (the critic still fits their returns)
@@ -546,8 +543,7 @@ def main(args: Args) -> None:
             token_rewards = torch.zeros_like(mask)
             token_rewards[:, -1] = rewards.flatten()
             advantages, returns = gae_advantages(token_rewards, scores["value"], mask, args.gamma, args.gae_lambda)
-            if args.whiten_advantages:
-                advantages = masked_whiten(advantages, mask)
+            advantages = masked_whiten(advantages, mask) if args.whiten_advantages else advantages
         else:  # GRPO: the group-normalised outcome advantage on every token of the rollout
             advantages = grpo_advantages(rewards).flatten()[:, None] * mask
 
@@ -560,10 +556,12 @@ def main(args: Args) -> None:
                 minibatch = order[m * num_rollouts // parts:(m + 1) * num_rollouts // parts]
                 policy_tokens, minibatch_tokens = (max(1.0, float(t[minibatch].sum())) for t in (policy_mask, mask))
                 surrogate_sum, clipped_sum, minibatch_kl = 0.0, 0.0, 0.0
-                for rows in micro_batches(len(minibatch), args.micro_batch_size, accelerator, model):
+                lengths = [len(prompts[i]) + len(completions[i]) for i in minibatch]  # --max_tokens_per_microbatch
+                for rows in micro_batches(len(minibatch), args.micro_batch_size, accelerator, model, lengths=lengths,
+                                          max_tokens=args.max_tokens_per_microbatch):
                     ids = [minibatch[r] for r in rows]
                     batch = pad_sequences([prompts[i] for i in ids], [completions[i] for i in ids],
-                                          tokenizer.pad_token_id).to(device)
+                                          tokenizer.pad_token_id, pack_tokens=pack).to(device)
                     cols = slice(-batch.completion_width, None)
                     token_mask = policy_mask[ids, cols].to(device)
                     with autocast(device, args.dtype):
@@ -587,10 +585,11 @@ def main(args: Args) -> None:
                 kl_sum += minibatch_kl if epoch == 0 else 0.0  # the on-policy epoch's KL is the one logged
                 if critic is not None:  # the critic: clipped value loss against the GAE returns, its own step
                     value_loss_sum = 0.0
-                    for rows in micro_batches(len(minibatch), args.micro_batch_size, accelerator, critic_model):
+                    for rows in micro_batches(len(minibatch), args.micro_batch_size, accelerator, critic_model,
+                                              lengths=lengths, max_tokens=args.max_tokens_per_microbatch):
                         ids = [minibatch[r] for r in rows]
                         batch = pad_sequences([prompts[i] for i in ids], [completions[i] for i in ids],
-                                              tokenizer.pad_token_id).to(device)
+                                              tokenizer.pad_token_id, pack_tokens=pack).to(device)
                         cols = slice(-batch.completion_width, None)
                         with autocast(device, args.dtype):
                             values = critic_model(batch)

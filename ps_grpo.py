@@ -8,47 +8,47 @@ p(1-p) is the signal strength that peaks at p = 0.5), N rollouts per task, the c
 token mean), no KL, and rejection of tasks whose N rollouts all fail or all pass (the paper's DeepSWE baseline).
 --scale_advantages gives the original GRPO (DeepSeekMath) A = (r - mean) / std, which sets every mixed group's Var(A)
 to 1 and so removes the p(1-p) the paper argues with.
-PS routes every fresh task by its rollout pass rate p = k/N:
-normal (low <= p <= high) trains as is; too-hard (0 < p < low) and too-easy (high < p < 1) train as is AND
-send one trajectory to "Prefix & Mask": the first K steps of a rare success (too-hard: a head start) or of a
-rare failure (too-easy: a handicap) become a prefix task injected into the next batch. A prefix task is
-run by *replaying* those K steps -- a fresh environment re-executes the stored actions, restoring its state
-and the conversation -- and the policy generates only the continuation; replayed tokens get loss mask 0.
-An optional EMA controller moves each category's ratio so that prefix tasks pass about 50% of the time.
+PS routes every fresh task by its rollout pass rate p = k/N: normal (low <= p <= high) trains as is; too-hard (0 < p <
+low) and too-easy (high < p < 1) train as is AND send one trajectory to "Prefix & Mask": the first K steps of a rare
+success (too-hard: a head start) or of a rare failure (too-easy: a handicap) become a prefix task injected into the
+next batch. A prefix task is run by *replaying* those K steps -- a fresh environment re-executes the stored actions,
+restoring its state and the conversation -- and the policy generates only the continuation; replayed tokens get loss
+mask 0. An optional EMA controller moves each category's ratio so that prefix tasks pass about 50% of the time.
 Lines marked [PS] are what the paper adds; `--prefix_sampling false` switches them all off.
 
-Default task: multi-turn Countdown (common/countdown_env.py), one arithmetic step per turn, the environment
-answers with the remaining numbers; observation tokens are context with loss mask 0. Real math datasets use
-the single-turn text mode, where a step is a line of the response and a prefix is its first K lines.
+Default task: multi-turn Countdown (common/countdown_env.py), one arithmetic step per turn, the environment answers
+with the remaining numbers; observation tokens are context with loss mask 0. Real math datasets use the single-turn
+text mode, where a step is a line of the response and a prefix is its first K lines.
 
 Design choices the paper leaves open (each is a flag or documented at its function):
-- Batch: constant size --prompts_per_step; the previous step's prefix tasks come first, at most
-  --max_prefix_frac of the batch, the rest are fresh tasks. Prefix tasks over the cap are dropped, never
-  carried over (dynamic on-policy: only the current step's trajectories), and prefix tasks are never routed
-  to Prefix & Mask again. A too-hard/too-easy task contributes one trajectory (chosen at random).
-- Prefix length K is clamped to [1, T-1] (`prefix_steps`): 0 steps is the fresh task again, T steps leaves
-  nothing to generate; a 1-step trajectory gives no prefix task.
-- Adaptive control restarts its EMA after every adjustment (`PrefixController`, --ema_reset); a single EMA
-  kept throughout lags behind the ratio it measures and the controller overshoots (see the tests). A prefix
-  task records the ratio that built it and runs one step later, after the controller's update: right after a
-  move it still measures the old ratio, so only tasks built with the current ratio feed the controller
-  (`attributed`); stale ones are discarded (ps_ctrl_stale_*) but still count in ps_prefix_pass_rate_*.
-- Loss: the token-level clipped surrogate on generated tokens only (replayed prefix and observations: mask 0),
-  DAPO token mean: each rank divides its sum by its own trained-token count (DDP then averages the ranks).
-  No KL term (`kl` is logged as 0). Logged `loss`: the clipped surrogate per trained token (its sum over all
-  ranks / their trained tokens); rejected (all-fail / all-pass) groups are not trained and not counted.
+- Batch: constant size --prompts_per_step; the previous step's prefix tasks come first, at most --max_prefix_frac of
+  the batch, the rest are fresh tasks. Prefix tasks over the cap are dropped, never carried over (dynamic on-policy:
+  only the current step's trajectories), and prefix tasks are never routed to Prefix & Mask again. A too-hard/too-easy
+  task contributes one trajectory (chosen at random).
+- Prefix length K is clamped to [1, T-1] (`prefix_steps`): 0 steps is the fresh task again, T steps leaves nothing to
+  generate; a 1-step trajectory gives no prefix task.
+- Adaptive control restarts its EMA after every adjustment (`PrefixController`, --ema_reset); a single EMA kept
+  throughout lags behind the ratio it measures and the controller overshoots (see the tests). A prefix task records
+  the ratio that built it and runs one step later, after the controller's update: right after a move it still measures
+  the old ratio, so only tasks built with the current ratio feed the controller (`attributed`); stale ones are
+  discarded (ps_ctrl_stale_*) but still count in ps_prefix_pass_rate_*.
+- Loss: the token-level clipped surrogate on generated tokens only (replayed prefix and observations: mask 0), DAPO
+  token mean: each rank divides its sum by its own trained-token count (DDP then averages the ranks). No KL term (`kl`
+  is logged as 0). Logged `loss`: the clipped surrogate per trained token (its sum over all ranks / their trained
+  tokens); rejected (all-fail / all-pass) groups are not trained and not counted.
 - Metrics: reward_mean / reward_std / pass_rate / frac_zero_var_groups are over fresh tasks only (the paper's training
   score on no-prefix tasks); ps_* metrics cover prefix tasks. rollouts, gen_tokens, completion_len_mean (generated
   tokens per rollout; replayed ones excluded) and clipped_ratio (rollouts cut by a length limit, which get reward 0:
   text mode --max_new_tokens, multi-turn any action cut by --max_action_tokens) cover all.
 
 Notes on the defaults (measurements of the embedded setting):
-- The default task has 4 numbers in 1..10 (a space enumerated in about a second), so a full trajectory has
-  T = 3 steps and K is 1 or 2. With 3 numbers (T = 2) every prefix is 1 step and the ratios (and the adaptive
-  controller) could not change it; 3 numbers in 1..20 is the single-turn default's problem space.
-- The embedded base was only SFT-ed on the single-turn text and cannot act in the environment, so it gets a
-  multi-turn warm-up before RL (--mt_sft_steps, see countdown_env.py; about 2 minutes once, then cached).
-- --max_steps 150 is about 6 minutes of RL on 2 CPU cores with the multi-turn default (the closing comparison used 150).
+- The default task has 4 numbers in 1..10 (a space enumerated in about a second), so a full trajectory has T = 3 steps
+  and K is 1 or 2. With 3 numbers (T = 2) every prefix is 1 step and the ratios (and the adaptive controller) could
+  not change it; 3 numbers in 1..20 is the single-turn default's problem space.
+- The embedded base was only SFT-ed on the single-turn text and cannot act in the environment, so it gets a multi-turn
+  warm-up before RL (--mt_sft_steps, see countdown_env.py; about 2 minutes once, then cached).
+- --max_steps 150 is about 6 minutes of RL on 2 CPU cores with the multi-turn default (the closing comparison used
+  150).
 
     python ps_grpo.py                                   # PS (fixed ratios), multi-turn Countdown, CPU
     python ps_grpo.py --adaptive                        # PS with adaptive prefix control
@@ -169,12 +169,10 @@ class Args(BaseArgs):
         if self.env_numbers < 2 or self.max_action_tokens < 1:
             raise SystemExit("--env_numbers must be >= 2 and --max_action_tokens >= 1")
         if self.max_turns < self.env_numbers - 1:
-            raise SystemExit(f"--max_turns {self.max_turns}: {self.env_numbers} numbers need "
-                             f"{self.env_numbers - 1} turns")
+            raise SystemExit(f"--max_turns {self.max_turns}: {self.env_numbers} numbers need more turns")
         if self.multiturn:
             if self.dataset != "countdown":
-                raise SystemExit(f"--mode multiturn: the environment is Countdown; --dataset {self.dataset} "
-                                 "needs --mode text")
+                raise SystemExit(f"--mode multiturn needs --dataset countdown, got {self.dataset}: use --mode text")
             if self.reward != "binary":
                 raise SystemExit(f"--reward {self.reward}: the multi-turn environment's reward is binary")
         elif (self.env_numbers, self.env_max_number) != (4, 10):  # changed from the defaults
@@ -193,8 +191,7 @@ def route(k: int, n: int, low: float, high: float) -> str:
     """[PS] The paper's five paths for a task with k of n rollouts passing (Overview, Figure 2)."""
     if k in (0, n):  # discarded: no success (all_fail) / no failure (all_pass) to build a prefix from
         return "all_fail" if k == 0 else "all_pass"
-    p = k / n
-    return "too_hard" if p < low else "too_easy" if p > high else "normal"
+    return "too_hard" if k / n < low else "too_easy" if k / n > high else "normal"
 
 
 def prefix_steps(total: int, mode: str, ratio: float, cap: int) -> int | None:
@@ -448,6 +445,7 @@ def main(args: Args) -> None:
     eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature  # 0: greedy
     eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=eval_temperature, logprobs=False)
     temperature = args.temperature if args.temperature > 0 else 1.0  # the generator scores greedy samples at T=1
+    pack = args.pack_row_tokens if args.padding_free else 0  # training passes: packed rows of this many tokens
     line_ends: dict[int, bool] = {}
 
     def is_break(token: int) -> bool:  # text mode: does this token end a line (a step)?
@@ -559,9 +557,11 @@ def main(args: Args) -> None:
         # ================ update: clipped surrogate on generated tokens only ([PS] replayed prefix: mask 0) =========
         t_train_start = time.time()
         sums = {"loss_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "clip_sum": 0.0, "gap_sum": 0.0, "gap_tok": 0.0}
-        for batch_rows in micro_batches(len(trained), args.micro_batch_size, accelerator, model):
+        lengths = [len(prompts[episode.group]) + len(episode.ids) for episode in trained]
+        for batch_rows in micro_batches(len(trained), args.micro_batch_size, accelerator, model, lengths=lengths,
+                                        max_tokens=args.max_tokens_per_microbatch):
             batch = pad_sequences([prompts[trained[i].group] for i in batch_rows], [trained[i].ids for i in batch_rows],
-                                  tokenizer.pad_token_id, [masks[i] for i in batch_rows]).to(device)
+                                  tokenizer.pad_token_id, [masks[i] for i in batch_rows], pack).to(device)
             with autocast(device, args.dtype):  # bf16 compute over fp32 weights with --dtype bfloat16
                 logp, entropy = token_logprobs(model, batch, temperature)
             mask = batch.loss_mask

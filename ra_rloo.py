@@ -226,6 +226,7 @@ def main(args: Args) -> None:
         generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype)
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     temperature = args.temperature if args.temperature > 0 else 1.0  # the generator scores greedy samples at T=1
+    pack = args.pack_row_tokens if args.padding_free else 0  # training passes: packed rows of this many tokens
     eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature  # 0: greedy
     eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=eval_temperature, logprobs=False)
     paper_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.paper_eval_temperature,
@@ -313,9 +314,11 @@ def main(args: Args) -> None:
         sums = {"loss_sum": 0.0, "kl_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "w_sum": 0.0, "w_n": 0.0,
                 "gap_sum": 0.0, "gap_tok": 0.0}
         is_weights = torch.ones(len(completions))  # [RA-RLOO] per row, for the sample log
-        for rows in micro_batches(len(completions), args.micro_batch_size, accelerator, model, peers=(ref_model,)):
+        lengths = [len(p) + len(c) for p, c in zip(flat_prompts, completions)]  # for --max_tokens_per_microbatch
+        for rows in micro_batches(len(completions), args.micro_batch_size, accelerator, model, peers=(ref_model,),
+                                  lengths=lengths, max_tokens=args.max_tokens_per_microbatch):
             batch = pad_sequences([flat_prompts[r] for r in rows], [completions[r] for r in rows],
-                                  tokenizer.pad_token_id).to(device)
+                                  tokenizer.pad_token_id, pack_tokens=pack).to(device)  # packed: --padding_free
             with autocast(device, args.dtype):  # the sampled distribution: logits / T
                 logp, entropy = token_logprobs(model, batch, temperature)
             mask = batch.loss_mask * keep[rows].to(device)[:, None]

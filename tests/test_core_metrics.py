@@ -8,7 +8,7 @@ from conftest import run_script
 
 CORE = {"step", "rollouts", "gen_tokens", "reward_mean", "reward_std", "pass_rate", "frac_zero_var_groups",
         "completion_len_mean", "clipped_ratio", "loss", "kl", "entropy", "grad_norm", "lr", "time_step_s",
-        "time_gen_s", "time_train_s"}
+        "time_gen_s", "time_train_s", "sampler_logp_diff"}
 # script, its own flags, optimizer steps per training step (the warm-up schedule advances once per optimizer step)
 SCRIPTS = [("ra_rloo.py", ["--prompt_pool", "64"], 1), ("ada_seq.py", ["--max_rounds", "2", "--round_repeat", "4"], 1),
            ("ada_est.py", ["--prompt_pool", "16"], 1), ("ps_grpo.py", ["--mode", "text"], 1),
