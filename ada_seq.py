@@ -355,7 +355,7 @@ def main(args: Args) -> None:
     eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature  # 0: greedy
     eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=eval_temperature, logprobs=False)
     temperature = args.temperature if args.temperature > 0 else 1.0  # the generator scores greedy samples at T=1
-    pack = args.pack_row_tokens if args.padding_free else 0  # training passes: packed rows of this many tokens
+    pack = (args.pack_row_tokens or (2048 if device.type == "cuda" else 128)) if args.padding_free else 0  # rows
 
     def run_eval() -> dict:
         with gathered(policy):  # FSDP: whole weights for generation (a no-op otherwise)

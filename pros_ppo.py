@@ -426,7 +426,7 @@ def main(args: Args) -> None:
     # no sampler log-probs: pi_old's come from score_rollouts, with the entropies PROS needs
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, logprobs=False)
     temperature = args.temperature if args.temperature > 0 else 1.0  # greedy samples are scored at T=1
-    pack = args.pack_row_tokens if args.padding_free else 0  # training passes: packed rows of this many tokens
+    pack = (args.pack_row_tokens or (2048 if device.type == "cuda" else 128)) if args.padding_free else 0  # rows
     k, stop_ids, pros = args.k, {tokenizer.eos_token_id}, args.pros != "off"
     eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature  # 0: greedy
     eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=eval_temperature, logprobs=False)

@@ -8,7 +8,7 @@ per batch. Three measurements, each the median over `--repeats` (after one warm-
    REINFORCE loss, one gradient clip and one AdamW step: no sampling log-prob pass, no micro-batching;
 2. our components, in this process, on the same prompts: `HFGenerator.generate` without log-probs, the
    extra log-prob pass that fills `Generations.logprobs` (`score_completions`), decode + verifier, and
-   the scripts' update (micro-batches, chunked log-probs) + clip + AdamW step;
+   the scripts' update (micro-batches, padding-free rows as in the scripts, chunked log-probs) + clip + AdamW;
 3. our script end to end: a short run of `ada_seq.py --max_rounds 1 --round_repeat n` (GRPO-n; falls
    back to `ra_rloo.py --replay none --beta 0` when ada_seq is missing), median `time_step_s`,
    `time_gen_s`, `time_train_s` of its steps (the first and the last, which evaluates, left out).
@@ -57,6 +57,8 @@ class Args:
     """torch threads, here and in the script run"""
     micro_batch_size: int = 64
     """the micro-batch size of our update (the scripts' default)"""
+    pack_row_tokens: int = 128
+    """our update's padding-free rows (the scripts' CPU default, --pack_row_tokens 0 there); 0 = padded"""
     model_name_or_path: str = "embedded"
     """the policy (`embedded`: the cached tiny Countdown model)"""
     learning_rate: float = 5e-5
@@ -99,6 +101,10 @@ def in_process(args: Args) -> dict:
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     path = args.model_name_or_path
+    if path == "embedded":  # the cached tiny Countdown model (built once)
+        from common.tiny_model import ensure_embedded_base
+
+        path = str(ensure_embedded_base())
     model, tok = load_policy(path, "float32")
     task = countdown_task("binary", 8)
     order = np.random.default_rng(args.seed).permutation(len(task.train))[: args.prompts]
@@ -165,7 +171,8 @@ def in_process(args: Args) -> dict:
 
         def update():  # the scripts' update: micro-batches, loss, backward, clip, step
             for rows in micro_batches(len(comps), args.micro_batch_size, acc, ours):
-                batch = pad_sequences([flat[r] for r in rows], [comps[r] for r in rows], pad).to(acc.device)
+                batch = pad_sequences([flat[r] for r in rows], [comps[r] for r in rows], pad,
+                                      pack_tokens=args.pack_row_tokens).to(acc.device)
                 logp, _ = token_logprobs(ours, batch)
                 acc.backward(-(adv[rows][:, None] * logp * batch.loss_mask).sum() / norm)
             acc.clip_grad_norm_(ours.parameters(), 1.0)

@@ -103,9 +103,9 @@ class BaseArgs:
     padding_free: bool = True
     """training passes (policy, reference, critic) pack each micro-batch's sequences back to back in rows of at most
     --pack_row_tokens tokens, attention kept within each sequence, instead of padding every row to the longest"""
-    pack_row_tokens: int = 256
-    """row length of the packed layout (attention in a row costs row length squared with SDPA: short rows suit CPU,
-    longer ones a GPU)"""
+    pack_row_tokens: int = 0
+    """row length of the packed layout; 0 = 128 on CPU, 2048 on a GPU (with SDPA a row's attention costs its length
+    squared, so short rows suit a small model on CPU)"""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """compute dtype: `bfloat16` runs the forward passes (generation, log-probs, critic) under autocast; the trained
     weights and optimizer state stay fp32 (master weights, saved as such in checkpoints); frozen copies use it"""

@@ -50,8 +50,15 @@ class HFGenerator:
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig) -> Generations:
-        with autocast(next(self.model.parameters()).device, self.dtype):
-            return self._generate(prompt_ids, n, cfg)
+        # eval mode while generating (the scripts train in train mode): no dropout, and measured ~20% faster on CPU
+        # (tiny model, 128 x 32 tokens: 0.19-0.21 s eval vs 0.24-0.26 s train); the mode is restored after
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with autocast(next(self.model.parameters()).device, self.dtype):
+                return self._generate(prompt_ids, n, cfg)
+        finally:
+            self.model.train(was_training)
 
     def _generate(self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig) -> Generations:
         tok = self.tokenizer
