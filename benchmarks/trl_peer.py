@@ -518,8 +518,9 @@ def render_md(res: dict) -> str:
         "",
         *([per_round(res), ""] if res.get("raw") else []),
         "Not identical work per step: the two policies sample different completions (different RNG streams), so "
-        "tokens/step differ; ours also scores every sampled token once more after generation (the sampling "
-        "log-probs it uses as pi_old), which TRL skips on-policy (its old log-probs are the current ones, detached). "
+        "tokens/step differ; both take pi_old from the update's own forward pass (on-policy, one epoch: no scoring "
+        "pass after generation), and ours packs the update's sequences (padding-free rows of 128 tokens) where TRL "
+        "pads. "
         "TRL's `constant_with_warmup` starts at lr 0 on its first step, ours at lr/5 (the same ramp, one step later).",
         "",
         f"Versions: trl {v['trl']}, torch {v['torch']}, transformers {v['transformers']}, "

@@ -72,12 +72,14 @@ def pad_sequences(prompts: list[list[int]], completions: list[list[int]], pad_id
 def pack_sequences(prompts: list[list[int]], completions: list[list[int]], pad_id: int, row_tokens: int,
                    completion_masks: list[list[int]] | None = None) -> Batch:
     """The padding-free layout of `pad_sequences`' batch: prompt + completion sequences back to back in rows of at
-    most `row_tokens` tokens (first fit in order; a longer sequence gets a row of its own), `position_ids`
+    most `row_tokens` tokens or the longest sequence, whichever is more (filled in order), `position_ids`
     restarting at 0 for each sequence, so attention never crosses sequences (transformers builds a block-diagonal
     causal mask from them when attention_mask is None and no KV cache is used: forward with use_cache=False).
     A row's unused tail is padding with positions of its own.
     Loss mask, completion width and results keep the padded [B, R] layout (`gather_index`)."""
     padded = pad_sequences(prompts, completions, pad_id, completion_masks)  # the reference layout and its checks
+    # rows are as wide as the longest sequence anyway (every row is padded to the widest), so fill them that far
+    row_tokens = max(row_tokens, max(len(p) + len(c) for p, c in zip(prompts, completions)))
     rows: list[list[int]] = [[]]
     for i, (p, c) in enumerate(zip(prompts, completions)):
         used = sum(len(prompts[j]) + len(completions[j]) for j in rows[-1])

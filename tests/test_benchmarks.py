@@ -419,3 +419,13 @@ def test_gpu_smoke_runs_on_cpu_with_a_tiny_model(tmp_path):
     assert plain["status"] == "ok" and plain["steps"] == 1 and plain["weights_changed_frac"] > 0.5
     assert plain["gen_tokens_per_s"] > 0 and fsdp["status"] == "ok" and fsdp["weights_changed_frac"] > 0.5
     assert (tmp_path / "model-tiny" / "tokenizer.json").exists()
+
+
+def test_packing_benchmark_times_both_layouts(tiny_base):
+    from benchmarks import packing
+
+    rows = packing.main(packing.Args(caps="16", row_tokens="64", sequences=6, repeats=1, num_threads=1,
+                                     model_name_or_path=tiny_base))
+    padded, packed = rows
+    assert padded["layout"] == "padded" and packed["layout"] == "packed, rows of 64"
+    assert packed["computed_tokens"] < padded["computed_tokens"] and padded["seconds"] > 0 and packed["seconds"] > 0
