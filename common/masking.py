@@ -14,7 +14,7 @@ import torch
 class Batch:
     input_ids: torch.Tensor  # [B, T] left-padded prompt + completion (packed: [rows, W], sequences back to back)
     attention_mask: torch.Tensor | None  # [B, T]; None when packed (transformers reads the packing from position_ids)
-    position_ids: torch.Tensor  # [B, T], counted from each row's first real token (packed: restarting at 0 per sequence)
+    position_ids: torch.Tensor  # [B, T], from each row's first real token (packed: restarting at 0 per sequence)
     loss_mask: torch.Tensor  # [B, R] float: 1 on completion tokens that get gradient
     completion_width: int  # R: width of the completion region (the last R columns)
     completion_lens: list[int]

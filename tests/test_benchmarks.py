@@ -43,8 +43,8 @@ def test_every_config_flag_exists_in_its_script():
     # the 12 (GRPO-n4/n8, RLOO, RA-RLOO, PS off/fixed/adaptive, SEQ-POS/BALANCE, EST, PPO, PPO+PROS)
     # plus PROS's random-selection ablation, GRPO / GRPO+PROS, Dr. GRPO-n4 (GRPO-n4 without the std) and DAPO's
     # dynamic sampling on GRPO-n4 (Reinforce-Ada's Table 2 baseline)
-    assert {"grpo_n4", "dr_grpo_n4", "grpo_n8", "dapo_n4", "rloo", "ra_rloo", "ps_off", "ps_fixed", "ps_adaptive", "seq_pos",
-            "seq_balance", "est", "ppo", "ppo_pros", "ppo_pros_random", "grpo_k4", "grpo_pros"} == set(names)
+    assert {"grpo_n4", "dr_grpo_n4", "grpo_n8", "dapo_n4", "rloo", "ra_rloo", "ps_off", "ps_fixed", "ps_adaptive",
+            "seq_pos", "seq_balance", "est", "ppo", "ppo_pros", "ppo_pros_random", "grpo_k4", "grpo_pros"} == set(names)
     for c in run.CONFIGS:
         assert c.baseline is None or c.baseline in run.BY_NAME
     # the GRPO-n baselines say which advantage they use, so a changed script default cannot relabel them
