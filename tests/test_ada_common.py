@@ -82,7 +82,9 @@ def test_pi_old_from_the_update_pass_equals_the_scored_sampler_logprobs(tiny_bas
         auto_w = _weights(tmp_path / f"{module.__name__}-auto" / "checkpoint-2")
         sampler_w = _weights(tmp_path / f"{module.__name__}-sampler" / "checkpoint-2")
         base_w = _weights(Path(tiny_base))
-        assert all(torch.allclose(auto_w[k], sampler_w[k], atol=1e-6) for k in auto_w)
+        # the generator scores padded, the update is packed (--padding_free): log-probs agree to ~1e-6 (summation
+        # order), the weights after two lr-1e-3 AdamW steps to 1.2e-6 (measured)
+        assert all(torch.allclose(auto_w[k], sampler_w[k], atol=5e-6) for k in auto_w)
         assert any((auto_w[k] - base_w[k]).abs().max() > 1e-4 for k in auto_w)  # the steps did move the weights
 
 
