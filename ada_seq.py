@@ -265,8 +265,9 @@ def global_advantages(kept: list[float], pool: list[float], threshold: float, st
 
 
 def seq_metrics(n_samples: list[int], exit_rounds: list[Optional[int]], kept_zero_var: list[bool], n: int,
-                max_rounds: int) -> dict:
-    """[ADA] Sampling-dynamics metrics of one step, from every prompt's record (all ranks)."""
+                max_rounds: int, tags: Optional[list[str]] = None) -> dict:
+    """[ADA] Sampling-dynamics metrics of one step, from every prompt's record (all ranks); with difficulty tags
+    (the embedded task's levels) also the samples spent per prompt of each level."""
     p = max(1, len(n_samples))
     last = [max_rounds if e is None else e for e in exit_rounds]
     row = {
@@ -280,6 +281,8 @@ def seq_metrics(n_samples: list[int], exit_rounds: list[Optional[int]], kept_zer
     }
     for r in range(1, max_rounds + 1):  # fraction of the batch still active after round r
         row[f"ada_active_after_round_{r}"] = sum(e is None or e > r for e in exit_rounds) / p
+    for tag in sorted(set(tags or []) - {""}):
+        row[f"ada_samples_per_prompt_{tag}"] = float(np.mean([k for k, t in zip(n_samples, tags) if t == tag]))
     return row
 
 
@@ -539,10 +542,10 @@ def main(args: Args) -> None:
             "ada_clip_frac": totals["clip_sum"] / tokens,
         }
         post_zero_var = dict(zip(train_ids, kept_zero_var))  # groups not trained on ([DAPO] dropped) count as False
-        records = gather_list(accelerator, [(len(pool), exit_rounds[i], post_zero_var.get(i, False))
+        records = gather_list(accelerator, [(len(pool), exit_rounds[i], post_zero_var.get(i, False), examples[i].tag)
                                             for i, pool in enumerate(pools)])
-        row.update(seq_metrics([r[0] for r in records], [r[1] for r in records], [r[2] for r in records],
-                               n, args.max_rounds))  # [ADA] sampling dynamics
+        row.update(seq_metrics(*[[r[k] for r in records] for k in range(3)], n, args.max_rounds,
+                               [r[3] for r in records]))  # [ADA] sampling dynamics
         if args.dynamic_sampling:  # [DAPO] the dynamic-sampling baseline's cost and yield
             row.update({"dapo_rounds": dapo_rounds, "dapo_sampled_groups": int(totals["groups"]),
                         "dapo_kept_groups": int(totals["kept_groups"]),

@@ -42,11 +42,10 @@ Design choices the paper leaves open (each is a flag or documented at its functi
   text mode --max_new_tokens, multi-turn any action cut by --max_action_tokens) cover all.
 
 Notes on the defaults (measurements of the embedded setting):
-- The default task has 4 numbers in 1..10 (a space enumerated in about a second), so a full trajectory has T = 3 steps
-  and K is 1 or 2. With 3 numbers (T = 2) every prefix is 1 step and the ratios (and the adaptive controller) could
-  not change it; 3 numbers in 1..20 is the single-turn default's problem space.
-- The embedded base was only SFT-ed on the single-turn text and cannot act in the environment, so it gets a multi-turn
-  warm-up before RL (--mt_sft_steps, see countdown_env.py; about 2 minutes once, then cached).
+- The default task is the embedded level mix (2, 3 and 5 numbers: episodes of 1, 2 and 4 steps), so prefixes of the
+  hard 5-number problems take 1 to 3 steps and the ratios (and the adaptive controller) change their length.
+- The embedded base was SFT-ed on the single-turn text only, so it gets a multi-turn warm-up before RL
+  (--mt_sft_steps, countdown_env.py; built once, then cached).
 - --max_steps 150 is about 6 minutes of RL on 2 CPU cores with the multi-turn default (the closing comparison used
   150).
 
@@ -82,7 +81,7 @@ from common.generation import HFGenerator, SamplingConfig
 from common.logprobs import token_logprobs
 from common.losses import clipped_surrogate
 from common.masking import pad_sequences, right_align
-from common.metrics import MetricsLogger, SampleLogger, check_tracker, evaluate, pass_at_k, powers_of_two
+from common.metrics import MetricsLogger, SampleLogger, check_tracker, evaluate, pass_metrics
 from common.policy import autocast, load_policy
 
 CATEGORIES = ("hard", "easy")  # [PS] too-hard tasks replay a success, too-easy tasks a failure
@@ -105,10 +104,11 @@ class Args(BaseArgs):
     mode: Literal["auto", "multiturn", "text"] = "auto"
     """`multiturn`: the Countdown environment, one step per turn; `text`: single-turn completions, a step is a line;
     `auto`: multiturn for --dataset countdown, text otherwise"""
-    env_numbers: int = 4
-    """[multiturn] numbers per Countdown problem; a full episode takes env_numbers - 1 steps"""
+    env_numbers: int = 0
+    """[multiturn] numbers per Countdown problem (an episode takes env_numbers - 1 steps); 0 = the embedded task's
+    level mix of 2, 3 and 5 numbers (episodes of 1, 2 and 4 steps)"""
     env_max_number: int = 10
-    """[multiturn] problem numbers are drawn from 1..env_max_number"""
+    """[multiturn] with --env_numbers > 0, problem numbers are drawn from 1..env_max_number"""
     max_turns: int = 4
     """[multiturn] turn budget of an episode (it also ends with one number left, an invalid action or a stop)"""
     env_invalid: Literal["end", "retry"] = "end"
@@ -166,16 +166,16 @@ class Args(BaseArgs):
             raise SystemExit("--ema_alpha must be in (0, 1] and --deadzone_low <= --deadzone_high")
         if self.remaining_cap < 0 or self.prefix_cap < 0 or self.cooldown < 0:
             raise SystemExit("--remaining_cap, --prefix_cap and --cooldown must be >= 0")
-        if self.env_numbers < 2 or self.max_action_tokens < 1:
-            raise SystemExit("--env_numbers must be >= 2 and --max_action_tokens >= 1")
-        if self.max_turns < self.env_numbers - 1:
+        if self.env_numbers == 1 or self.env_numbers < 0 or self.max_action_tokens < 1:
+            raise SystemExit("--env_numbers must be 0 or >= 2 and --max_action_tokens >= 1")
+        if self.max_turns < (self.env_numbers or 5) - 1:
             raise SystemExit(f"--max_turns {self.max_turns}: {self.env_numbers} numbers need more turns")
         if self.multiturn:
             if self.dataset != "countdown":
                 raise SystemExit(f"--mode multiturn needs --dataset countdown, got {self.dataset}: use --mode text")
             if self.reward != "binary":
                 raise SystemExit(f"--reward {self.reward}: the multi-turn environment's reward is binary")
-        elif (self.env_numbers, self.env_max_number) != (4, 10):  # changed from the defaults
+        elif (self.env_numbers, self.env_max_number) != (0, 10):  # changed from the defaults
             raise SystemExit("--env_numbers/--env_max_number apply to --mode multiturn only")
 
     @property
@@ -353,11 +353,10 @@ def evaluate_episodes(generator, tokenizer, encode, examples: list, args: Args, 
         episodes, _ = rollout_multiturn(generator, tokenizer, [encode(example.prompt) for example in mine],
                                         [example.answer for example in mine], [[] for _ in mine], samples,
                                         cfg, args.max_turns, args.env_invalid)
-        counts = [sum(episode.reward >= 1.0 for episode in episodes[i * samples:(i + 1) * samples])
-                  for i in range(len(mine))]
+        counts = [(sum(episode.reward >= 1.0 for episode in episodes[i * samples:(i + 1) * samples]), example.tag)
+                  for i, example in enumerate(mine)]
     counts = gather_list(accelerator, counts)
-    return {f"eval_pass@{k}": float(np.mean([pass_at_k(samples, c, k) for c in counts]))
-            for k in powers_of_two(samples)}
+    return pass_metrics([c for c, _ in counts], samples, [t for _, t in counts])
 
 
 def ps_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, n_tok: int,

@@ -123,7 +123,7 @@ def seed_buffers(task, model, tokenizer, encode, args, device, temperature: floa
     rng = random.Random(args.seed)
     eos = tokenizer.eos_token_id
     prompts = [encode(example.prompt) for example in task.train]
-    demos = [tokenizer(countdown.solution_text(rng.choice(countdown.solutions(example.answer))),
+    demos = [tokenizer(countdown.solution_text(countdown.sample_steps(example.answer, rng)),
                        add_special_tokens=False).input_ids + [eos] for example in task.train]
     logprobs = score_completions(model, prompts, demos, tokenizer.pad_token_id, 512, device, temperature)
     for example, demo, token_lps in zip(task.train, demos, logprobs):

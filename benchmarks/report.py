@@ -1,4 +1,5 @@
-"""Turn the benchmark runs into `benchmarks/results/README.md` (table, mechanism metrics) and PNG plots.
+"""Turn the benchmark runs into `benchmarks/results/README.md` (table, mechanism metrics, paired differences to each
+config's baseline with 95% intervals, a verdict per paper claim) and PNG plots.
 
     python benchmarks/report.py                              # benchmarks/runs -> benchmarks/results
     python benchmarks/report.py --runs_dir benchmarks/runs-quick --out_dir benchmarks/results-quick
@@ -99,8 +100,18 @@ def step_walls(rows: list[dict]) -> dict[int, float]:
     return out
 
 
+LEVELS = ("easy", "mid", "hard")  # eval_pass@1_<level>: held-out pass@1 by difficulty level (newer runs only)
+
+
+def _largest_k(row: dict) -> Optional[str]:
+    """The largest k of the row's eval_pass@k (k > 1; eval_pass@1_<level> and eval_paper_* are not pass@k)."""
+    ks = [int(key[10:]) for key in row if key.startswith("eval_pass@") and key[10:].isdigit() and key != "eval_pass@1"]
+    return str(max(ks)) if ks else None
+
+
 def eval_curve(rows: list[dict]) -> list[dict]:
-    """One point per evaluation: step, pass@1, pass@k, cumulative generated tokens / samples / wall time."""
+    """One point per evaluation: step, pass@1 (all, and by difficulty level when logged), pass@k, cumulative
+    generated tokens / samples / wall time."""
     walls = step_walls(rows)
     pts, tokens, samples = [], 0, 0
     for r in sorted(rows, key=lambda r: r.get("step", 0)):
@@ -108,9 +119,10 @@ def eval_curve(rows: list[dict]) -> list[dict]:
         samples = r.get("rollouts", samples) or samples
         if r.get("eval_pass@1") is None:
             continue
-        k = [key for key in r if key.startswith("eval_pass@") and key != "eval_pass@1"]
+        k = _largest_k(r)
         pts.append({"step": r["step"], "pass1": float(r["eval_pass@1"]),
-                    "passk": float(r[k[0]]) if k and r[k[0]] is not None else None, "k": k[0][10:] if k else None,
+                    "passk": _num(r.get(f"eval_pass@{k}")) if k else None, "k": k,
+                    **{level: _num(r.get(f"eval_pass@1_{level}")) for level in LEVELS},
                     "gen_tokens": tokens if r["step"] > 0 else 0, "rollouts": samples if r["step"] > 0 else 0,
                     "wall_s": sum(w for s, w in walls.items() if s <= r["step"])})
     return pts
@@ -140,7 +152,10 @@ def mean_curve(runs: list[RunData]) -> list[dict]:
         pts = [c[s] for c in curves]
         m, sd = _mean_std([p["pass1"] for p in pts])
         ks = [p["passk"] for p in pts if p["passk"] is not None]
+        levels = {level: [p[level] for p in pts if p[level] is not None] for level in LEVELS}
         out.append({"step": s, "pass1": m, "pass1_std": sd, "passk": statistics.fmean(ks) if ks else None,
+                    # a level's mean only where every seed logged it
+                    **{level: statistics.fmean(v) if len(v) == len(pts) else None for level, v in levels.items()},
                     "k": pts[0]["k"], "gen_tokens": statistics.fmean(p["gen_tokens"] for p in pts),
                     "rollouts": statistics.fmean(p["rollouts"] for p in pts),
                     "wall_s": statistics.fmean(p["wall_s"] for p in pts)})
@@ -155,20 +170,49 @@ def reach(curve: list[dict], target: float) -> Optional[dict]:
     return None
 
 
+def run_summary(run: RunData, key: str) -> Optional[dict]:
+    """One run's mean of a training metric over all steps, over the first and over the last quarter of them."""
+    series = metric_series(run.rows, key)
+    if not series:
+        return None
+    quarter = max(1, len(series) // 4)
+    return {"mean": statistics.fmean(v for _, v in series), "early": statistics.fmean(v for _, v in series[:quarter]),
+            "late": statistics.fmean(v for _, v in series[-quarter:])}
+
+
 def mechanism_summary(runs: list[RunData], key: str) -> Optional[dict]:
     """Seed-mean of a metric over all training steps, over the first and over the last quarter of them."""
-    per = []
-    for r in runs:
-        s = metric_series(r.rows, key)
-        if not s:
-            continue
-        q = max(1, len(s) // 4)
-        per.append((statistics.fmean(v for _, v in s), statistics.fmean(v for _, v in s[:q]),
-                    statistics.fmean(v for _, v in s[-q:])))
+    per = [m for m in (run_summary(r, key) for r in runs) if m is not None]
     if not per:
         return None
-    return {"mean": statistics.fmean(p[0] for p in per), "early": statistics.fmean(p[1] for p in per),
-            "late": statistics.fmean(p[2] for p in per), "seeds": len(per)}
+    return {**{part: statistics.fmean(m[part] for m in per) for part in ("mean", "early", "late")}, "seeds": len(per)}
+
+
+def final_value(run: RunData, key: str = "pass1") -> Optional[float]:
+    """A run's last evaluation: pass1, passk or a difficulty level (None when not logged)."""
+    curve = eval_curve(run.rows)
+    return curve[-1][key] if curve else None
+
+
+def median_step_s(run: RunData) -> Optional[float]:
+    """Median training wall time per step, held-out evaluation excluded (see `step_walls`)."""
+    walls = step_walls(run.rows)
+    return statistics.median(walls.values()) if walls else None
+
+
+def cost_to_reach(curve: list[dict], target: float, xkey: str = "gen_tokens") -> Optional[float]:
+    """The `xkey` (generated tokens, step, ...) at which one run's eval curve first reaches `target`, linearly
+    interpolated between the two evaluations around the crossing; 0 when the first evaluation is already there,
+    None when never reached."""
+    prev = None
+    for p in curve:
+        if p["pass1"] >= target - 1e-12:
+            if prev is None:
+                return 0.0
+            frac = (target - prev["pass1"]) / (p["pass1"] - prev["pass1"])
+            return prev[xkey] + frac * (p[xkey] - prev[xkey])
+        prev = p
+    return None
 
 
 @dataclass
@@ -206,6 +250,144 @@ def aggregate(cfg: Config, runs: dict[int, RunData]) -> Agg:
                statistics.fmean(ks) if ks else None, finals[0]["k"] if finals else None,
                med("time_step_s"), med("time_gen_s"), med("time_train_s"),
                {k: mechanism_summary(fin, k) for k in cfg.mechanism})
+
+
+# ----------------------------------------------------------------------------------------------------
+# Intervals over seeds (no scipy: a t table, and the F quantile from the incomplete beta function)
+# ----------------------------------------------------------------------------------------------------
+
+# two-sided 95%: t(0.975, dof) for dof 1..30
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+TARGET_HALF = 0.03  # the issue's precision target: a 95% interval of at most about +-0.03
+
+
+def t975(dof: int) -> float:
+    return T975[dof - 1] if dof <= len(T975) else 1.96 + 2.4 / dof  # the tail: within 0.002 of the exact value
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Mean of per-seed values with its 95% t-interval (half None with a single value)."""
+    mean: float
+    half: Optional[float]
+    n: int
+
+    @property
+    def lo(self) -> float:
+        return self.mean - (self.half or 0.0)
+
+    @property
+    def hi(self) -> float:
+        return self.mean + (self.half or 0.0)
+
+    def text(self, nd: int = 3, sign: str = "+", target: Optional[float] = TARGET_HALF) -> str:
+        """`mean [lo, hi] ±half`, with ⚠ when the half-width exceeds `target` (None: no target)."""
+        if self.half is None:
+            return f"{self.mean:{sign}.{nd}f} (1 seed, no interval)"
+        flag = " ⚠" if target is not None and self.half > target else ""
+        return f"{self.mean:{sign}.{nd}f} [{self.lo:{sign}.{nd}f}, {self.hi:{sign}.{nd}f}] ±{self.half:.{nd}f}{flag}"
+
+
+def t_interval(values: list[float]) -> Optional[Interval]:
+    if not values:
+        return None
+    if len(values) == 1:
+        return Interval(values[0], None, 1)
+    return Interval(statistics.fmean(values), t975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values)),
+                    len(values))
+
+
+def _beta_cf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the regularized incomplete beta function (modified Lentz)."""
+    tiny = 1e-300
+    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 500):
+        for aa in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                   -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-14:
+            break
+    return h
+
+
+def betainc(a: float, b: float, x: float) -> float:
+    """Regularized incomplete beta I_x(a, b)."""
+    if x <= 0.0 or x >= 1.0:
+        return 0.0 if x <= 0.0 else 1.0
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x < (a + 1.0) / (a + b + 2.0):
+        return front * _beta_cf(a, b, x) / a
+    return 1.0 - front * _beta_cf(b, a, 1.0 - x) / b
+
+
+def f_quantile(prob: float, dof1: int, dof2: int) -> float:
+    """Quantile of the F distribution (bisection on its CDF)."""
+    cdf = lambda x: betainc(dof1 / 2, dof2 / 2, dof1 * x / (dof1 * x + dof2))  # noqa: E731
+    lo, hi = 0.0, 1.0
+    while cdf(hi) < prob:
+        hi *= 2.0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < prob else (lo, mid)
+    return (lo + hi) / 2
+
+
+def std_ratio_interval(xs: list[float], ys: list[float]) -> Optional[tuple[float, float, float]]:
+    """std(xs) / std(ys) with its 95% interval (F test on the variance ratio, normal seeds); None under 2 each."""
+    if len(xs) < 2 or len(ys) < 2 or statistics.stdev(ys) == 0:
+        return None
+    ratio = statistics.variance(xs) / statistics.variance(ys)
+    dx, dy = len(xs) - 1, len(ys) - 1
+    return (math.sqrt(ratio), math.sqrt(ratio / f_quantile(0.975, dx, dy)),
+            math.sqrt(ratio * f_quantile(0.975, dy, dx)))
+
+
+def over_seeds(aggs: dict[str, Agg], name: str, value) -> Optional[Interval]:
+    """Interval of value(run) over a config's finished runs (runs where it is None left out)."""
+    agg = aggs.get(name)
+    vals = [v for v in (value(r) for r in agg.finished) if v is not None] if agg else []
+    return t_interval(vals)
+
+
+def paired(aggs: dict[str, Agg], name: str, other: str, value, ratio: bool = False) -> Optional[Interval]:
+    """Interval of value(name's run) - value(other's run) (or their ratio) over the seeds both finished."""
+    if name not in aggs or other not in aggs:
+        return None
+    theirs = {r.seed: r for r in aggs[other].finished}
+    out = []
+    for run in aggs[name].finished:
+        if run.seed not in theirs:
+            continue
+        x, y = value(run), value(theirs[run.seed])
+        if x is not None and y is not None and not (ratio and y == 0):
+            out.append(x / y if ratio else x - y)
+    return t_interval(out)
+
+
+def reach_ratios(aggs: dict[str, Agg], name: str, xkey: str = "gen_tokens") -> tuple[Optional[Interval], int, int]:
+    """Per seed: the `xkey` (generated tokens, or steps) the config's run needs to reach its baseline's final
+    seed-mean pass@1 (interpolated), over what the baseline's run of the same seed spent to its own final
+    evaluation (the baselines' mean for an unpaired seed). Returns (interval over the seeds that reached it,
+    seeds that reached it, seeds)."""
+    agg = aggs.get(name)
+    base = aggs.get(agg.cfg.baseline) if agg and agg.cfg.baseline else None
+    if agg is None or base is None or base.final is None or not agg.finished:
+        return None, 0, len(agg.finished) if agg else 0
+    spent = {r.seed: eval_curve(r.rows)[-1][xkey] for r in base.finished}
+    mean_spent = statistics.fmean(spent.values())
+    ratios = []
+    for run in agg.finished:
+        cost, denom = cost_to_reach(eval_curve(run.rows), base.final[0], xkey), spent.get(run.seed, mean_spent)
+        if cost is not None and denom:
+            ratios.append(cost / denom)
+    return t_interval(ratios), len(ratios), len(agg.finished)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -282,6 +464,40 @@ def results_table(order: list[str], aggs: dict[str, Agg]) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def _level_cell(a: Agg, level: str) -> str:
+    vals = [v for v in (final_value(r, level) for r in a.finished) if v is not None]
+    if not vals:
+        return "-"
+    return f"{statistics.fmean(vals):.3f}" + (f" ± {statistics.stdev(vals):.3f}" if len(vals) > 1 else "")
+
+
+def difference_table(order: list[str], aggs: dict[str, Agg]) -> str:
+    """Per config: final pass@1 (all, hard, easy) and the paired differences to its baseline with 95% intervals."""
+    head = ("| config | baseline | paired seeds | final pass@1 (mean ± std) | hard | easy | Δ pass@1 vs baseline "
+            "[95% CI] ±half | Δ hard | Δ easy | tokens to the baseline's final pass@1 / baseline's tokens [95% CI] "
+            "(seeds reaching it) |\n|---|---|---|---|---|---|---|---|---|---|\n")
+    lines = []
+    for name in order:
+        a = aggs[name]
+        if a.final is None:
+            continue
+        final = f"{a.final[0]:.3f}" + (f" ± {a.final[1]:.3f}" if len(a.finished) > 1 else " (1 seed)")
+        cells = [f"{a.cfg.label} (`{name}`)", "-", "-", final, _level_cell(a, "hard"), _level_cell(a, "easy")]
+        base = a.cfg.baseline
+        if base is None or base not in aggs or aggs[base].final is None:
+            cells[1] = f"`{base}`: no finished run" if base else "(a baseline)"
+            lines.append("| " + " | ".join(cells + ["-"] * 4) + " |")
+            continue
+        diffs = [paired(aggs, name, base, lambda run, key=key: final_value(run, key))
+                 for key in ("pass1", "hard", "easy")]
+        ratio, reached, seeds = reach_ratios(aggs, name, "gen_tokens")
+        cells[1], cells[2] = f"`{base}`", str(diffs[0].n if diffs[0] else 0)
+        cells += [_iv(iv, target=TARGET_HALF) for iv in diffs]
+        cells.append(f"{_iv(ratio, 2, '', TARGET_HALF)} ({reached}/{seeds})")
+        lines.append("| " + " | ".join(cells) + " |")
+    return head + "\n".join(lines) + "\n"
+
+
 def _m(aggs: dict[str, Agg], cfg: str, key: str, part: str = "mean") -> Optional[float]:
     a = aggs.get(cfg)
     m = a.mechanism.get(key) if a else None
@@ -290,46 +506,252 @@ def _m(aggs: dict[str, Agg], cfg: str, key: str, part: str = "mean") -> Optional
     return None if m is None else m[part]
 
 
+# ----------------------------------------------------------------------------------------------------
+# The papers' claims: one verdict each, by the rules below (also printed on the page)
+# ----------------------------------------------------------------------------------------------------
+
+REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
+NO_RUNS = "inconclusive (no runs)"
+
+VERDICT_RULES = f"""Every interval is a 95% t-interval over seeds (paired by seed where two configs are compared).
+- **'X beats Y'** (interval of X - Y): *reproduced* if it lies above 0; *not reproduced* if it lies below the
+  claim's margin m (X is worse, or any gain is smaller than m); else *inconclusive*. m = {TARGET_HALF} for pass@1
+  (the issue's precision target), 1 group for trained groups per batch, 1 sample for samples per prompt, 0 for a
+  falling calibration error.
+- **'X at least matches Y'** (interval of X - Y): *not reproduced* if it lies below 0; *reproduced* if it lies above
+  -{TARGET_HALF} (X is at most {TARGET_HALF} worse); else *inconclusive*.
+- **'X is near v'** (interval of X): *reproduced* if it lies inside the stated band; *not reproduced* if it lies
+  outside it; else *inconclusive*. 'About equal time per step': the ratio's interval inside [0.9, 1.1].
+- **'Fewer steps / tokens to the baseline's final pass@1'**: per seed, the steps (tokens) to reach the baseline's final
+  seed-mean pass@1, interpolated between evaluations, over the baseline's steps (tokens) to its final evaluation;
+  the saving 1 - ratio is judged as 'X beats Y' with m = {TARGET_HALF}. Seeds that never reach it: *not reproduced*
+  when they are at least half, *inconclusive* otherwise.
+- **'Lower seed-to-seed spread'**: the ratio of the two configs' std of final pass@1 with its F-test interval:
+  *reproduced* below 1, *not reproduced* above 1, else *inconclusive*.
+- Fewer than 2 seeds with the data: *inconclusive (1 seed)*; a config without finished runs: *{NO_RUNS}*.
+"""
+
+
+def _few(iv: Optional[Interval]) -> Optional[str]:
+    if iv is None:
+        return NO_RUNS
+    return "inconclusive (1 seed)" if iv.half is None else None
+
+
+def verdict_greater(iv: Optional[Interval], margin: float) -> str:
+    """'X beats Y' on the interval of X - Y."""
+    if _few(iv):
+        return _few(iv)
+    return REPRODUCED if iv.lo > 0 else NOT_REPRODUCED if iv.hi < margin else INCONCLUSIVE
+
+
+def verdict_not_below(iv: Optional[Interval], margin: float) -> str:
+    """'X at least matches Y' on the interval of X - Y: non-inferiority within the margin."""
+    if _few(iv):
+        return _few(iv)
+    return NOT_REPRODUCED if iv.hi < 0 else REPRODUCED if iv.lo > -margin else INCONCLUSIVE
+
+
+def verdict_within(iv: Optional[Interval], low: float, high: float) -> str:
+    """'X is in [low, high]' on the interval of X."""
+    if _few(iv):
+        return _few(iv)
+    if low <= iv.lo and iv.hi <= high:
+        return REPRODUCED
+    return NOT_REPRODUCED if iv.hi < low or iv.lo > high else INCONCLUSIVE
+
+
+@dataclass
+class Claim:
+    paper: str
+    claim: str
+    verdict: str
+    measured: str
+
+
+def _have(aggs: dict[str, Agg], *names: str) -> bool:
+    return all(n in aggs and aggs[n].finished for n in names)
+
+
+def _iv(iv: Optional[Interval], nd: int = 3, sign: str = "+", target: Optional[float] = None) -> str:
+    return "-" if iv is None else iv.text(nd, sign, target)
+
+
+def _summary_of(key: str, part: str = "mean"):
+    return lambda run: (run_summary(run, key) or {}).get(part)
+
+
+def _better(aggs, paper: str, claim: str, name: str, other: str, key: str = "pass1") -> Claim:
+    """'name beats other' on final held-out pass@1 (paired by seed)."""
+    if not _have(aggs, name, other):
+        return Claim(paper, claim, NO_RUNS, f"`{name}` or `{other}` has no finished run")
+    iv = paired(aggs, name, other, lambda run: final_value(run, key))
+    return Claim(paper, claim, verdict_greater(iv, TARGET_HALF),
+                 f"final pass@1 `{name}` - `{other}`: {_iv(iv, target=TARGET_HALF)} ({iv.n if iv else 0} paired "
+                 "seeds)")
+
+
+def _fewer_to_reach(aggs, paper: str, claim: str, name: str, xkey: str) -> Claim:
+    base = aggs[name].cfg.baseline if name in aggs else None
+    if not _have(aggs, name) or not base or not _have(aggs, base):
+        return Claim(paper, claim, NO_RUNS, f"`{name}` or its baseline has no finished run")
+    iv, reached, seeds = reach_ratios(aggs, name, xkey)
+    what = f"{xkey.replace('gen_tokens', 'tokens').replace('step', 'steps')} to `{base}`'s final pass@1 " \
+           f"{aggs[base].final[0]:.3f}, over `{base}`'s to its final evaluation: {_iv(iv, sign='')} " \
+           f"(reached in {reached}/{seeds} seeds)"
+    if seeds < 2:
+        return Claim(paper, claim, "inconclusive (1 seed)", what)
+    if reached < seeds:  # the interval would cover the seeds that got there only
+        return Claim(paper, claim, NOT_REPRODUCED if 2 * reached <= seeds else INCONCLUSIVE, what)
+    saving = Interval(1.0 - iv.mean, iv.half, iv.n)
+    return Claim(paper, claim, verdict_greater(saving, TARGET_HALF), what)
+
+
+def _time_equal(aggs, paper: str, name: str, other: str) -> Claim:
+    claim = f"{aggs[name].cfg.label if name in aggs else name} takes about the time per step of `{other}`"
+    if not _have(aggs, name, other):
+        return Claim(paper, claim, NO_RUNS, f"`{name}` or `{other}` has no finished run")
+    iv = paired(aggs, name, other, median_step_s, ratio=True)
+    verdict = verdict_within(iv, 0.9, 1.1)
+    return Claim(paper, claim, verdict, f"median s/step (evaluation excluded) `{name}` / `{other}`: "
+                                        f"{_iv(iv, 2, '')} (band [0.9, 1.1])")
+
+
+def _ra_rloo_claims(aggs) -> list[Claim]:
+    paper, out = "RA-RLOO", []
+    claim = "Splicing stored successes leaves about no zero-variance groups (`ra_zero_var_frac_post` <= 0.05)"
+    if not _have(aggs, "ra_rloo"):
+        out.append(Claim(paper, claim, NO_RUNS, "`ra_rloo` has no finished run"))
+    else:
+        post = over_seeds(aggs, "ra_rloo", _summary_of("ra_zero_var_frac_post"))
+        fresh = over_seeds(aggs, "ra_rloo", _summary_of("frac_zero_var_groups"))
+        rloo = over_seeds(aggs, "rloo", _summary_of("frac_zero_var_groups"))
+        late = over_seeds(aggs, "ra_rloo", _summary_of("ra_zero_var_frac_post", "late"))
+        verdict = verdict_within(post, 0.0, 0.05) if post else "inconclusive (not logged)"
+        out.append(Claim(paper, claim, verdict,
+                         f"mean over steps after the splice {_iv(post, sign='')} (last quarter {_iv(late, sign='')}); "
+                         f"fresh groups before it {_iv(fresh, sign='')}; RLOO's fresh groups {_iv(rloo, sign='')}. "
+                         "The splice fires only in groups without a fresh success: all-pass groups remain"))
+    claim = "Lower seed-to-seed spread of final pass@1 than RLOO"
+    if not _have(aggs, "ra_rloo", "rloo"):
+        out.append(Claim(paper, claim, NO_RUNS, "`ra_rloo` or `rloo` has no finished run"))
+    else:
+        ra = [final_value(r) for r in aggs["ra_rloo"].finished]
+        rl = [final_value(r) for r in aggs["rloo"].finished]
+        ratio = std_ratio_interval(ra, rl)
+        if ratio is None:
+            out.append(Claim(paper, claim, "inconclusive (1 seed)", "needs 2 or more seeds of each"))
+        else:
+            verdict = REPRODUCED if ratio[2] < 1 else NOT_REPRODUCED if ratio[1] > 1 else INCONCLUSIVE
+            out.append(Claim(paper, claim, verdict,
+                             f"std over seeds {statistics.stdev(ra):.4f} ({len(ra)} seeds) vs "
+                             f"{statistics.stdev(rl):.4f} ({len(rl)}): ratio {ratio[0]:.2f} "
+                             f"[{ratio[1]:.2f}, {ratio[2]:.2f}]"))
+    return out
+
+
+def _ps_claims(aggs) -> list[Claim]:
+    paper, out = "Prefix Sampling", []
+    claim = "The adaptive controller keeps the prefix-task pass rate near 0.5 (mean over steps in [0.4, 0.6])"
+    if not _have(aggs, "ps_adaptive"):
+        out.append(Claim(paper, claim, NO_RUNS, "`ps_adaptive` has no finished run"))
+    else:
+        rate = {n: over_seeds(aggs, n, _summary_of("ps_prefix_pass_rate")) for n in ("ps_adaptive", "ps_fixed")}
+        late = over_seeds(aggs, "ps_adaptive", _summary_of("ps_prefix_pass_rate", "late"))
+        out.append(Claim(paper, claim, verdict_within(rate["ps_adaptive"], 0.4, 0.6),
+                         f"`ps_prefix_pass_rate` adaptive {_iv(rate['ps_adaptive'], sign='')} (last quarter "
+                         f"{_iv(late, sign='')}); fixed ratios {_iv(rate['ps_fixed'], sign='')}"))
+    for name in ("ps_fixed", "ps_adaptive"):
+        label = aggs[name].cfg.label if name in aggs else name
+        claim = f"{label}: more valid (trained) tasks per batch than the baseline"
+        if not _have(aggs, name, "ps_off"):
+            out.append(Claim(paper, claim, NO_RUNS, f"`{name}` or `ps_off` has no finished run"))
+        else:
+            iv = paired(aggs, name, "ps_off", _summary_of("ps_trained_groups"))
+            base = over_seeds(aggs, "ps_off", _summary_of("ps_trained_groups"))
+            out.append(Claim(paper, claim, verdict_greater(iv, 1.0),
+                             f"`ps_trained_groups` per step, difference {_iv(iv, 2)} (baseline {_iv(base, 2, '')})"))
+        out.append(_fewer_to_reach(aggs, paper, f"{label}: fewer steps to the baseline's final pass@1", name, "step"))
+    return out
+
+
+def _ada_claims(aggs) -> list[Claim]:
+    paper, out = "Reinforce-Ada", []
+    claim = "SEQ-BALANCE at least matches GRPO-n16's final pass@1 while training on 4 samples per prompt (GRPO-n4)"
+    if not _have(aggs, "seq_balance", "grpo_n16"):
+        out.append(Claim(paper, claim, NO_RUNS, "`seq_balance` or `grpo_n16` has no finished run"))
+    else:
+        iv = paired(aggs, "seq_balance", "grpo_n16", final_value)
+        train = {n: aggs[n].train_s for n in ("seq_balance", "grpo_n4", "grpo_n16") if n in aggs}
+        out.append(Claim(paper, claim, verdict_not_below(iv, TARGET_HALF),
+                         f"final pass@1 `seq_balance` - `grpo_n16`: {_iv(iv, target=TARGET_HALF)}; the update "
+                         "trains on 4 vs 16 samples per prompt (measured training s/step: "
+                         + ", ".join(f"{n} {_f(v, 2)}" for n, v in train.items()) + ")"))
+    claim = "SEQ-BALANCE draws more samples for hard prompts than for easy ones"
+    keys = ("ada_samples_per_prompt_hard", "ada_samples_per_prompt_easy")
+    if not _have(aggs, "seq_balance"):
+        out.append(Claim(paper, claim, NO_RUNS, "`seq_balance` has no finished run"))
+    else:
+        hard, easy = (_summary_of(k) for k in keys)
+        iv = over_seeds(aggs, "seq_balance", lambda run: None if hard(run) is None or easy(run) is None
+                        else hard(run) - easy(run))
+        spp = {part: over_seeds(aggs, "seq_balance", _summary_of("ada_samples_per_prompt_mean", part))
+               for part in ("early", "late")}
+        top = over_seeds(aggs, "seq_balance", _summary_of("ada_samples_per_prompt_max"))
+        context = (f"samples per prompt {_iv(spp['early'], 1, '')} (first quarter) → {_iv(spp['late'], 1, '')} "
+                   f"(last), per-step max {_iv(top, 1, '')}")
+        if iv is None:
+            out.append(Claim(paper, claim, "inconclusive (not logged)",
+                             f"no per-difficulty metric (`{keys[0]}` / `{keys[1]}`) in the runs; {context}"))
+        else:
+            out.append(Claim(paper, claim, verdict_greater(iv, 1.0), f"hard - easy samples per prompt {_iv(iv, 2)}; "
+                                                                    f"{context}"))
+    for name in ("seq_balance", "seq_pos"):
+        label = aggs[name].cfg.label if name in aggs else name
+        out.append(_better(aggs, paper, f"DAPO dynamic sampling ends below {label} (final pass@1)", name, "dapo_n4"))
+    return out
+
+
+def _pros_claims(aggs) -> list[Claim]:
+    paper, out = "PROS", []
+    out.append(_better(aggs, paper, "PPO+PROS beats PPO (final pass@1)", "ppo_pros", "ppo"))
+    out.append(_better(aggs, paper, "GRPO+PROS beats GRPO (final pass@1)", "grpo_pros", "grpo_k4"))
+    out.append(_time_equal(aggs, paper, "ppo_pros", "ppo"))
+    out.append(_time_equal(aggs, paper, "grpo_pros", "grpo_k4"))
+    out.append(_better(aggs, paper, "Bayesian selection beats random selection (final pass@1)", "ppo_pros",
+                       "ppo_pros_random"))
+    claim = "The pass-rate model's calibration error falls over training (PPO+PROS, first vs last quarter)"
+    if not _have(aggs, "ppo_pros"):
+        out.append(Claim(paper, claim, NO_RUNS, "`ppo_pros` has no finished run"))
+    else:
+        early, late = _summary_of("pros_calib_error", "early"), _summary_of("pros_calib_error", "late")
+        iv = over_seeds(aggs, "ppo_pros", lambda run: None if early(run) is None or late(run) is None
+                        else early(run) - late(run))
+        means = [over_seeds(aggs, "ppo_pros", fn) for fn in (early, late)]
+        out.append(Claim(paper, claim, verdict_greater(iv, 0.0) if iv else "inconclusive (not logged)",
+                         f"`pros_calib_error` {_iv(means[0], sign='')} → {_iv(means[1], sign='')}, "
+                         f"fall {_iv(iv)}"))
+    return out
+
+
+def claim_rows(aggs: dict[str, Agg]) -> list[Claim]:
+    """The issue's claims, per paper, each with its verdict and the measured effect."""
+    return _ra_rloo_claims(aggs) + _ps_claims(aggs) + _ada_claims(aggs) + _pros_claims(aggs)
+
+
 def claims(aggs: dict[str, Agg]) -> str:
-    """The papers' mechanism claims, each with the number measured here (or why there is none)."""
-    g = lambda c, k, p="mean": _f(_m(aggs, c, k, p))  # noqa: E731
-    out = []
-    if "ra_rloo" in aggs:
-        out.append(f"- **RA-RLOO: zero-variance groups ≈ 0 after splicing.** Fresh rollouts: "
-                   f"{g('ra_rloo', 'frac_zero_var_groups')} of groups; after the splice (`ra_zero_var_frac_post`): "
-                   f"{g('ra_rloo', 'ra_zero_var_frac_post')} (RLOO: {g('rloo', 'frac_zero_var_groups')}, no splice). "
-                   "The splice only fires in groups without a fresh success, so all-pass groups remain.")
-    if "ps_fixed" in aggs or "ps_adaptive" in aggs:
-        out.append(f"- **PS: prefix-task pass rate near 0.5, more valid tasks per batch.** `ps_prefix_pass_rate`: "
-                   f"fixed {g('ps_fixed', 'ps_prefix_pass_rate')} (first → last quarter "
-                   f"{g('ps_fixed', 'ps_prefix_pass_rate', 'early')} → "
-                   f"{g('ps_fixed', 'ps_prefix_pass_rate', 'late')}), "
-                   f"adaptive {g('ps_adaptive', 'ps_prefix_pass_rate')} "
-                   f"({g('ps_adaptive', 'ps_prefix_pass_rate', 'early')} → "
-                   f"{g('ps_adaptive', 'ps_prefix_pass_rate', 'late')}). Groups with signal trained per step "
-                   f"(`ps_trained_groups`): baseline {g('ps_off', 'ps_trained_groups')}, fixed "
-                   f"{g('ps_fixed', 'ps_trained_groups')}, adaptive {g('ps_adaptive', 'ps_trained_groups')}.")
-    for c in ("seq_pos", "seq_balance"):
-        if c in aggs:
-            out.append(f"- **{aggs[c].cfg.label}: more samples for hard prompts.** Samples per prompt "
-                       f"(`ada_samples_per_prompt_mean`) {g(c, 'ada_samples_per_prompt_mean')} (first → last quarter "
-                       f"{g(c, 'ada_samples_per_prompt_mean', 'early')} → "
-                       f"{g(c, 'ada_samples_per_prompt_mean', 'late')}), "
-                       f"per-step max {g(c, 'ada_samples_per_prompt_max')}; zero-variance groups in the update "
-                       f"{g(c, 'ada_frac_zero_var_groups_post')} vs {g(c, 'frac_zero_var_groups')} for the first n "
-                       f"samples (what GRPO-n would train on). The logs hold per-step aggregates, not per-prompt "
-                       f"difficulty, so 'rising for hard prompts' is seen only through the max and the mean.")
-    if "est" in aggs:
-        out.append(f"- **EST: calibrated pass-rate estimates.** `est_calibration_error` "
-                   f"{g('est', 'est_calibration_error', 'early')} → {g('est', 'est_calibration_error', 'late')} "
-                   f"(first → last quarter); allocation per prompt min/max {g('est', 'est_alloc_min')} / "
-                   f"{g('est', 'est_alloc_max')}.")
-    if "ppo_pros" in aggs:
-        out.append(f"- **PROS: calibration error falling over training.** `pros_calib_error` "
-                   f"{g('ppo_pros', 'pros_calib_error', 'early')} → {g('ppo_pros', 'pros_calib_error', 'late')} "
-                   f"(first → last quarter); share of augmented (child) queries in the batch "
-                   f"{g('ppo_pros', 'pros_frac_children_in_batch')}.")
-    return "\n".join(out) + "\n" if out else "No mechanism metrics yet.\n"
+    out, paper = [], None
+    for c in claim_rows(aggs):
+        if c.paper != paper:
+            paper = c.paper
+            out.append(f"\n**{paper}**\n")
+        out.append(f"- {c.claim}: **{c.verdict}**. {c.measured}.")
+    if _have(aggs, "est"):  # EST (Reinforce-Ada's estimator variant): no claim in the issue, its mechanism only
+        g = lambda k, part: _f(_m(aggs, "est", k, part))  # noqa: E731
+        out.append(f"\n*Not a claim*: EST's `est_calibration_error` {g('est_calibration_error', 'early')} → "
+                   f"{g('est_calibration_error', 'late')} (first → last quarter); allocation per prompt min/max "
+                   f"{g('est_alloc_min', 'mean')} / {g('est_alloc_max', 'mean')}.")
+    return "\n".join(out).lstrip("\n") + "\n"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -342,6 +764,7 @@ STYLE = {  # colour by family; baselines dashed
     "ps_adaptive": ("#98df8a", "-"), "seq_pos": ("#ff7f0e", "-"), "seq_balance": ("#d62728", "-"),
     "est": ("#9467bd", "-"), "ppo": ("#8c564b", "--"), "ppo_pros": ("#e377c2", "-"),
     "ppo_pros_random": ("#e377c2", ":"), "grpo_k4": ("#17becf", "--"), "grpo_pros": ("#17becf", "-"),
+    "dr_grpo_n4": ("#7f7f7f", ":"), "grpo_n16": ("#000000", "-."), "dapo_n4": ("#bcbd22", "--"),
 }
 
 
@@ -467,6 +890,28 @@ def make_plots(order: list[str], aggs: dict[str, Agg], out_dir: Path) -> list[st
     fig.savefig(out_dir / "mechanisms.png", dpi=110)
     plt.close(fig)
     written.append("mechanisms.png")
+
+    # held-out pass@1 by difficulty level (runs that log it)
+    levels = [n for n in have if any(p["hard"] is not None or p["easy"] is not None for p in aggs[n].curve)]
+    if levels:
+        fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
+        for ax, level in zip(axes, ("hard", "easy")):
+            for i, n in enumerate(levels):
+                pts = [p for p in aggs[n].curve if p[level] is not None]
+                if pts:
+                    color, ls = _style(n, i)
+                    ax.plot([p["step"] for p in pts], [p[level] for p in pts], ls, color=color, marker="o", ms=3,
+                            lw=1.4, label=aggs[n].cfg.label)
+            ax.set_title(f"held-out pass@1, {level} problems (mean over seeds)")
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+        handles, labels = axes[0].get_legend_handles_labels()
+        if handles:
+            fig.legend(handles, labels, loc="lower center", ncol=6, fontsize=8, frameon=False)
+        fig.tight_layout(rect=(0, 0.1, 1, 1))
+        fig.savefig(out_dir / "pass1_by_difficulty.png", dpi=110)
+        plt.close(fig)
+        written.append("pass1_by_difficulty.png")
     return written
 
 
@@ -537,6 +982,14 @@ def write_report(runs_dir: Path, out_dir: Path, plots: bool = True) -> Path:
               "relative to the baseline's own count at that point); tokens and samples count every generated "
               "completion (replayed prefixes excluded). s/step is the median training step, evaluation excluded.\n")
     md.append(results_table(order, aggs) if order else "No runs found.\n")
+    md.append("## Against the baseline, paired by seed\n")
+    md.append(f"Each difference is taken per seed (config minus its baseline, same seed) and summarised by its mean "
+              f"and 95% t-interval over the seeds both finished; ⚠ marks a half-width above the issue's target "
+              f"{TARGET_HALF}. Hard / easy: held-out pass@1 on the problems of that difficulty level (when the runs "
+              f"log it). Tokens: per seed, generated tokens until the eval curve reaches the baseline's final "
+              f"seed-mean pass@1 (interpolated between evaluations) over the baseline's tokens to its own final "
+              f"evaluation (< 1: cheaper); the interval is over the seeds that reached it.\n")
+    md.append(difference_table(order, aggs) if order else "No runs found.\n")
     md.append("\nConfigs:\n")
     for n in order:
         c = aggs[n].cfg
@@ -544,14 +997,16 @@ def write_report(runs_dir: Path, out_dir: Path, plots: bool = True) -> Path:
                   + (f", baseline `{c.baseline}`" if c.baseline else ", a baseline")
                   + (f"; {c.note}" if c.note else ""))
     md.append("")
-    md.append("## The papers' mechanism claims, measured\n")
+    md.append("## The papers' claims: verdicts\n")
+    md.append(VERDICT_RULES)
     md.append(claims(aggs))
     md.append("## Plots\n")
     md.append(plot_note)
     captions = {"pass1_vs_tokens.png": "Eval pass@1 vs generated tokens",
                 "pass1_vs_wall.png": "Eval pass@1 vs training wall time",
                 "zero_var.png": "Zero-variance group fraction over steps",
-                "mechanisms.png": "Mechanism metrics over steps"}
+                "mechanisms.png": "Mechanism metrics over steps",
+                "pass1_by_difficulty.png": "Held-out pass@1 on hard and easy problems vs step"}
     for p in pngs:
         md.append(f"![{captions.get(p, p)}]({p})\n")
     floor = out_dir / "floor.md"

@@ -1,12 +1,16 @@
 """Run every method and its baseline on one harness: same base policy, prompts, step budget, seeds.
 
 Each (config, seed) is one subprocess of the method's own script writing to
-`<runs_dir>/<config>/seed<k>/` (metrics.jsonl, log.txt, bench.json). A run is finished when its
+`<runs_dir>/<config>/seed<k>/` (metrics.jsonl, args.json, log.txt, bench.json). A run is finished when its
 metrics.jsonl holds the final step's row with eval metrics: finished runs are skipped, unfinished ones are
 continued with `--resume auto`, so re-running the same command completes a half-finished sweep. A config
 whose script or flags do not exist (yet) is reported as "missing" and skipped.
 
-    python benchmarks/run.py                            # the full sweep: 17 configs x seeds 0 1 2
+A finished run is compacted (`compact_run`): checkpoints and samples.jsonl deleted, log.txt cut to its last lines.
+metrics.jsonl, args.json and bench.json (plus the sweep's sweep.json) are what git tracks under benchmarks/runs/
+(see benchmarks/.gitignore): commit them and a later sitting, on any clone, skips those runs.
+
+    python benchmarks/run.py                            # the full sweep: 18 configs x seeds 0-4
     python benchmarks/run.py --quick                    # smoke check: 1 seed, fewer/smaller steps
     python benchmarks/run.py --only rloo,ra_rloo --seeds 0 --dry_run
     python benchmarks/run.py --lock /tmp/cpu.lock       # take a lock file around each run (shared machine)
@@ -62,6 +66,11 @@ CONFIGS: tuple[Config, ...] = (
     Config("grpo_n8", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "8", "--final_keep_per_prompt", "8",
                                      "--adv_std_norm", "true"),
            "GRPO-n8", "grpo_n4", ("frac_zero_var_groups",), "twice the samples of GRPO-n4, all trained on (eq. 2)"),
+    Config("grpo_n16", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "16", "--final_keep_per_prompt", "16",
+                                      "--adv_std_norm", "true"),
+           "GRPO-n16", "grpo_n4", ("frac_zero_var_groups",),
+           "Reinforce-Ada's strong baseline: 16 samples per prompt, all trained on (SEQ-BALANCE is claimed to match "
+           "it while training on 4)"),
     Config("dapo_n4", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "4", "--final_keep_per_prompt", "4",
                                      "--adv_std_norm", "true", "--dynamic_sampling", "true"),
            "DAPO dynamic sampling (n4)", "grpo_n4",
@@ -73,16 +82,18 @@ CONFIGS: tuple[Config, ...] = (
     Config("ra_rloo", "ra_rloo.py", ("--replay", "on_demand"), "RA-RLOO", "rloo",
            ("ra_zero_var_frac_post", "ra_replay_fired_frac", "ra_is_weight_mean"),
            "stored successes spliced into groups without a fresh success"),
-    Config("ps_off", "ps_grpo.py", ("--mode", "text", "--prefix_sampling", "false"), "GRPO-n8 (r - mean) + rejection",
-           None, ("ps_trained_groups", "ps_solve_partial"),
-           "Prefix Sampling's baseline: GRPO with A = r - mean (the paper's appendix), all-fail / all-pass groups "
-           "dropped"),
-    Config("ps_fixed", "ps_grpo.py", ("--mode", "text", "--prefix_sampling", "true", "--adaptive", "false"),
-           "PS (fixed)", "ps_off",
+    Config("ps_off", "ps_grpo.py", ("--mode", "multiturn", "--prefix_sampling", "false"),
+           "GRPO-n8 (r - mean) + rejection, multi-turn", None, ("ps_trained_groups", "ps_solve_partial"),
+           "Prefix Sampling's baseline in the Countdown environment (one action per turn, the paper's agentic "
+           "setting): GRPO with A = r - mean (the paper's appendix), all-fail / all-pass groups dropped. Multi-turn "
+           "runs start from the multi-turn warm-up of the base policy and are evaluated as episodes, so the PS rows "
+           "compare with each other only"),
+    Config("ps_fixed", "ps_grpo.py", ("--mode", "multiturn", "--prefix_sampling", "true", "--adaptive", "false"),
+           "PS (fixed), multi-turn", "ps_off",
            ("ps_prefix_pass_rate", "ps_trained_groups", "ps_solve_partial", "ps_prefix_tasks"),
-           "single-turn text mode (a step = a line), so the base policy and evaluation are the shared ones"),
-    Config("ps_adaptive", "ps_grpo.py", ("--mode", "text", "--prefix_sampling", "true", "--adaptive", "true"),
-           "PS (adaptive)", "ps_off",
+           "a prefix task replays the first K actions of a stored episode in a fresh environment"),
+    Config("ps_adaptive", "ps_grpo.py", ("--mode", "multiturn", "--prefix_sampling", "true", "--adaptive", "true"),
+           "PS (adaptive), multi-turn", "ps_off",
            ("ps_prefix_pass_rate", "ps_trained_groups", "ps_solve_partial", "ps_ratio_hard", "ps_ratio_easy"),
            "EMA controller steering prefix tasks to a 50% pass rate"),
     Config("seq_pos", "ada_seq.py", ("--exit_condition", "positive"), "SEQ-POS", "grpo_n4",
@@ -112,9 +123,11 @@ CONFIGS: tuple[Config, ...] = (
 BY_NAME = {c.name: c for c in CONFIGS}
 
 # Budgets of the two settings (a flag given on the command line wins).
-FULL = {"seeds": [0, 1, 2], "max_steps": 200, "prompts_per_step": 32, "eval_every": 25, "eval_prompts": 256,
+FULL = {"seeds": [0, 1, 2, 3, 4], "max_steps": 200, "prompts_per_step": 32, "eval_every": 25, "eval_prompts": 256,
         "eval_samples": 8}
-QUICK = {"seeds": [0], "max_steps": 50, "prompts_per_step": 16, "eval_every": 10, "eval_prompts": 64,
+# --quick evaluates at steps 0, 25, 50 only: 18 configs (GRPO-n16 and multi-turn PS among them) and 48-token
+# completions must stay under 10 minutes
+QUICK = {"seeds": [0], "max_steps": 50, "prompts_per_step": 16, "eval_every": 25, "eval_prompts": 64,
          "eval_samples": 4}
 
 
@@ -123,10 +136,11 @@ class Args:
     only: str = ""
     """comma-separated config names to run (default: all); `--only list` prints the configs and exits"""
     seeds: Optional[list[int]] = None
-    """seeds to run (default 0 1 2; --quick: 0)"""
+    """seeds to run (default 0 1 2 3 4; --quick: 0)"""
     quick: bool = False
-    """smoke-check setting: 1 seed, 50 steps of 16 prompts, small evaluations (measured: 7.7 min for the 15
-    configs before dr_grpo_n4 was added, 2 quiet cores); its runs go to benchmarks/runs-quick"""
+    """smoke-check setting: 1 seed, 50 steps of 16 prompts, 3 small evaluations (measured 7.7 min for 15 configs
+    with 32-token completions and text-mode PS on 2 quiet cores; not re-measured since); its runs go to
+    benchmarks/runs-quick"""
     dry_run: bool = False
     """print each run's state and command, run nothing"""
     runs_dir: str = ""
@@ -136,13 +150,13 @@ class Args:
     prompts_per_step: Optional[int] = None
     """prompts per step, the same for every config (default 32; --quick: 16)"""
     eval_every: Optional[int] = None
-    """held-out evaluation every N steps, plus step 0 and the last (default 25; --quick: 10)"""
+    """held-out evaluation every N steps, plus step 0 and the last (default 25; --quick: 25)"""
     eval_prompts: Optional[int] = None
     """held-out prompts per evaluation (default 256; --quick: 64)"""
     eval_samples: Optional[int] = None
     """samples per held-out prompt (default 8; --quick: 4)"""
-    max_new_tokens: int = 32
-    """completion length cap, the same for every config"""
+    max_new_tokens: int = 48
+    """completion length cap, the same for every config (answers take up to 4 lines)"""
     prompt_pool: int = 256
     """every config trains on the same first N training prompts, so prompts recur (EST's estimates, RA-RLOO's
     buffers and PROS's pool need recurrence; 256 is EST's default); 0 = the whole training set"""
@@ -159,7 +173,8 @@ class Args:
     """a lock file taken (flock) around each run, so other heavy jobs on a shared machine interleave; empty = no
     lock (do not also wrap the runner itself in flock on the same file: it would wait for itself)"""
     keep_checkpoints: bool = False
-    """keep the final checkpoint of finished runs (default: deleted once finished; only metrics.jsonl is needed)"""
+    """keep the final checkpoint and samples.jsonl of finished runs (default: deleted once finished; only
+    metrics.jsonl, args.json and bench.json are needed)"""
     progress_every: float = 60.0
     """seconds between progress lines of a running run (0 = only start and end)"""
     python: str = sys.executable
@@ -185,7 +200,7 @@ class Settings:
     eval_every: int
     eval_prompts: int
     eval_samples: int
-    max_new_tokens: int = 32
+    max_new_tokens: int = 48
     prompt_pool: int = 256
     learning_rate: float = 5e-5
     model_name_or_path: str = "embedded"
@@ -343,6 +358,24 @@ def clean_checkpoints(run_dir: Path) -> None:
         shutil.rmtree(p, ignore_errors=True)
 
 
+LOG_KEEP_LINES = 200  # a finished run's log.txt keeps its tail (the final evaluation, timings, any warning)
+
+
+def compact_run(run_dir: Path, keep_checkpoints: bool = False) -> None:
+    """Shrink a finished run to what the report and the skip check read (metrics.jsonl, args.json, bench.json)
+    plus a short log: checkpoints and samples.jsonl go unless `keep_checkpoints`."""
+    run_dir = Path(run_dir)
+    if not keep_checkpoints:
+        clean_checkpoints(run_dir)
+        (run_dir / "samples.jsonl").unlink(missing_ok=True)
+    log = run_dir / "log.txt"
+    if log.exists():
+        lines = log.read_text(errors="replace").splitlines(keepends=True)
+        if len(lines) > LOG_KEEP_LINES + 1:  # + 1: the note of an earlier cut (compacting twice changes nothing)
+            cut = len(lines) - LOG_KEEP_LINES
+            log.write_text(f"[{cut} earlier lines cut by benchmarks/run.py]\n" + "".join(lines[cut:]))
+
+
 def machine_info() -> dict:
     info = {"platform": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count()}
     try:
@@ -453,8 +486,7 @@ def execute(cfg: Config, s: Settings, seed: int, run_dir: Path, cmd: list[str], 
     if rc == "interrupted":
         return "interrupted"
     if finished:
-        if not args.keep_checkpoints:
-            clean_checkpoints(run_dir)
+        compact_run(run_dir, args.keep_checkpoints)
         print(f"    done in {wall:.0f} s ({wall / max(1, s.max_steps):.2f} s/step incl. start-up and evals): "
               f"{_eval_summary(rows)}",
               flush=True)

@@ -75,7 +75,7 @@ class BaseArgs:
     """fraction of GPU memory vLLM may take (the trainer shares the GPU)"""
     vllm_max_model_len: int = 2048
     """vLLM context length (prompt + completion)"""
-    max_new_tokens: int = 32
+    max_new_tokens: int = 48
     """maximum completion length; a completion cut by it never counts as a success (reward 0)"""
     mask_truncated_completions: bool = False
     """completions cut by the length limit get no gradient (TRL's flag); `clipped_ratio` is logged either way"""

@@ -1,4 +1,4 @@
-"""Countdown (3 numbers): the embedded default task.
+"""Countdown: the embedded default task (a mix of problem sizes, `LEVELS`, see `countdown_task`).
 
 A problem is a few small numbers and a target. The model answers with one arithmetic step per line,
 
@@ -10,7 +10,8 @@ where every step combines two available numbers (originals or earlier results, e
 `+ - * /` into a positive integer (division must be exact), every original number is used exactly once,
 and the last result is the target.
 
-Problem space (default 3 numbers in 1..20, targets 1..100): a problem is a *sorted multiset* of numbers
+The embedded task mixes three levels: 2 numbers in 1..30 (one step), 3 in 1..20 and 5 in 1..9 (four steps).
+Problem space of one size (e.g. 3 numbers in 1..20, targets 1..100): a problem is a *sorted multiset* of numbers
 (repeats allowed) plus one target reachable from it. Counted that way the space has 16,292 problems
 (1,540 multisets). This is the only natural convention giving 16,292; the figure 1,865 quoted for the
 1..9 space matches the same convention with `+ - *` only (no division) -- with all four ops 1..9 has
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import random
 import re
 from collections import Counter
@@ -298,14 +300,78 @@ def reward_shaped(text: str, p: Problem) -> float:
 REWARDS = {"binary": reward_binary, "tinyzero": reward_tinyzero, "shaped": reward_shaped}
 
 
+# ----------------------------------------------------------------------------------------------------
+# The embedded task: a mix of problem sizes (difficulty levels)
+# ----------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Level:
+    """Problems of `n_numbers` numbers in 1..`hi` (targets 1..100); `tag` names the level in eval metrics."""
+    tag: str
+    n_numbers: int
+    hi: int
+    weight: float  # share of the training and held-out problems
+
+
+# Sizes chosen so that the base policy's pass rates are skewed as the papers assume (README: the testbed):
+# one-step problems it nearly always solves, 3-number ones in between, 5-number ones (4 steps) it rarely solves.
+LEVELS = (Level("easy", 2, 30, 0.2), Level("mid", 3, 20, 0.6), Level("hard", 5, 9, 0.2))
+
+
+@functools.lru_cache(maxsize=None)
+def _finals_all(values: tuple[int, ...]) -> frozenset[int]:
+    return _final_values(values, OPS)
+
+
+def sample_steps(p: Problem, rng: random.Random, aim: bool = True) -> list[str]:
+    """A random step sequence using every number once: a correct solution when `aim` (each step chosen uniformly
+    among those from which the target stays reachable), else a random valid chain that ignores the target."""
+    values, steps = tuple(sorted(p.nums)), []
+    if aim and p.target not in _finals_all(values):
+        raise ValueError(f"{p} has no solution")
+    while len(values) > 1:
+        moves = [(f"{x}{op}{y}={z}", tuple(sorted(rest + (z,))))
+                 for a, b, rest in _pairs(values) for x, op, y, z in _combine(a, b)]
+        if aim:
+            moves = [m for m in moves if p.target in _finals_all(m[1])]
+        step, values = rng.choice(moves)
+        steps.append(step)
+    return steps
+
+
+@functools.lru_cache(maxsize=4)
+def _level_splits(levels: tuple[Level, ...], seed: int, n_eval: int, n_train: int):
+    train, held = [], []
+    for level in levels:
+        # held-out multisets: the level's share of n_eval, at most a quarter of its multisets
+        n_multisets = math.comb(level.hi + level.n_numbers - 1, level.n_numbers)
+        k = min(max(1, round(n_eval * level.weight)), n_multisets // 4)
+        tr, ev = make_splits(seed, k, level.n_numbers, 1, level.hi)
+        rng = random.Random(f"{seed}-{level.tag}")
+        take = min(len(tr), round(n_train * level.weight))
+        train += [(level.tag, p) for p in rng.sample(tr, take)]
+        held += [(level.tag, p) for p in ev]
+    rng = random.Random(seed)
+    rng.shuffle(train)
+    rng.shuffle(held)
+    return tuple(train), tuple(held)
+
+
+def make_level_splits(levels: tuple[Level, ...] = LEVELS, seed: int = 0, n_eval: int = 256, n_train: int = 4096):
+    """(train, eval) lists of (tag, Problem) over the levels, each level disjoint on its number multisets (held-out
+    sets are unseen), shuffled together; a level gets `weight` of each list (fewer if its space is small)."""
+    train, held = _level_splits(tuple(levels), seed, n_eval, n_train)
+    return list(train), list(held)
+
+
 def countdown_task(reward: str, eval_prompts: int, prompt_pool: int = 0):
-    """The embedded task as `common.data.Task`: training problems (the first `prompt_pool` if > 0), held-out ones,
-    the training reward named by `reward` and the binary evaluation reward."""
+    """The embedded task as `common.data.Task`: training problems of every level (the first `prompt_pool` if > 0),
+    held-out ones (tagged by level), the training reward named by `reward` and the binary evaluation reward."""
     from common.data import Example, Task
 
-    train_problems, eval_problems = make_splits()
-    train = [Example(i, prompt_text(p), p) for i, p in enumerate(train_problems)]
-    evals = [Example(i, prompt_text(p), p) for i, p in enumerate(eval_problems[:eval_prompts])]
+    train_problems, eval_problems = make_level_splits()
+    train = [Example(i, prompt_text(p), p, tag) for i, (tag, p) in enumerate(train_problems)]
+    evals = [Example(i, prompt_text(p), p, tag) for i, (tag, p) in enumerate(eval_problems[:eval_prompts])]
     fn = REWARDS[reward]
     return Task(train[:prompt_pool] if prompt_pool > 0 else train, evals, lambda text, ex: fn(text, ex.answer),
                 lambda text, ex: reward_binary(text, ex.answer), "countdown")

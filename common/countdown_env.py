@@ -149,25 +149,29 @@ def replay_episode(problem: Problem, prefix: list[tuple[list[int], list[int]]], 
 # Tasks and reference episodes
 # ----------------------------------------------------------------------------------------------------
 
-def make_env_splits(n_numbers: int = 3, max_number: int = 20, seed: int = 0, n_eval: int = 256):
-    """(train, eval) problems for the environment; 3 numbers in 1..20 is exactly the single-turn task."""
-    return countdown.make_splits(seed=seed, n_eval=n_eval, n_numbers=n_numbers, hi=max_number)
+def make_env_splits(n_numbers: int = 0, max_number: int = 20, seed: int = 0, n_eval: int = 256):
+    """(train, eval) lists of (tag, problem) for the environment: n_numbers 0 is the single-turn task's level mix
+    (countdown.LEVELS, episodes of 1, 2 and 4 steps), else one size, numbers in 1..max_number (tag "")."""
+    if n_numbers == 0:
+        return countdown.make_level_splits(seed=seed, n_eval=n_eval)
+    train, held = countdown.make_splits(seed=seed, n_eval=n_eval, n_numbers=n_numbers, hi=max_number)
+    return [("", p) for p in train], [("", p) for p in held]
 
 
-def solver_actions(problem: Problem, rng: random.Random) -> list[str]:
-    """A random correct action sequence (one per turn) from the exhaustive solver."""
-    return rng.choice(countdown.solutions(problem))
+def solver_actions(problem: Problem, rng: random.Random, aim: bool = True) -> list[str]:
+    """A random correct action sequence (one per turn); `aim` False: a valid one that ignores the target."""
+    return countdown.sample_steps(problem, rng, aim)
 
 
-def make_env_task(n_numbers: int = 3, max_number: int = 20, eval_prompts: int = 256, prompt_pool: int = 0):
+def make_env_task(n_numbers: int = 0, max_number: int = 20, eval_prompts: int = 256, prompt_pool: int = 0):
     """(train, eval) lists of `Example`s for the environment (the prompt is the reset observation).
 
-    With 3 numbers in 1..20 these are exactly the single-turn task's examples (same ids, same problems)."""
+    With n_numbers 0 these are exactly the single-turn task's examples (same ids, problems and level tags)."""
     from common.data import Example
 
     train_p, eval_p = make_env_splits(n_numbers, max_number)
-    train = [Example(i, countdown.prompt_text(p), p) for i, p in enumerate(train_p)]
-    evals = [Example(i, countdown.prompt_text(p), p) for i, p in enumerate(eval_p[:eval_prompts])]
+    train = [Example(i, countdown.prompt_text(p), p, tag) for i, (tag, p) in enumerate(train_p)]
+    evals = [Example(i, countdown.prompt_text(p), p, tag) for i, (tag, p) in enumerate(eval_p[:eval_prompts])]
     return (train[:prompt_pool] if prompt_pool > 0 else train), evals
 
 
@@ -184,7 +188,7 @@ def make_env_task(n_numbers: int = 3, max_number: int = 20, eval_prompts: int = 
 @dataclass(frozen=True)
 class MultiTurnRecipe:
     """Everything that determines the multi-turn warm-up (its hash and the base's name the cache dir)."""
-    n_numbers: int = 3
+    n_numbers: int = 0  # 0: the level mix, with the base recipe's careless shares (the base's habits carry over)
     max_number: int = 20
     sft_steps: int = 150
     batch_size: int = 64
@@ -211,10 +215,13 @@ def sft_multiturn(model, tokenizer, recipe: MultiTurnRecipe, log=print) -> dict:
 
     from common.logprobs import token_logprobs
     from common.masking import pad_sequences
+    from common.tiny_model import BaseRecipe
 
     rng = random.Random(recipe.seed)
     torch.manual_seed(recipe.seed)
     train, _ = make_env_splits(recipe.n_numbers, recipe.max_number)
+    careless = dict(zip([level.tag for level in countdown.LEVELS], BaseRecipe().careless)) if recipe.n_numbers == 0 \
+        else {}
     encode = lambda s: tokenizer(s, add_special_tokens=False).input_ids
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.0)
     warm = max(1, recipe.sft_steps // 10)
@@ -222,9 +229,10 @@ def sft_multiturn(model, tokenizer, recipe: MultiTurnRecipe, log=print) -> dict:
     model.train()
     losses = []
     for _ in range(recipe.sft_steps):
-        probs = [train[rng.randrange(len(train))] for _ in range(recipe.batch_size)]
-        eps = [solver_episode(p, solver_actions(p, rng), encode, max_turns=recipe.n_numbers) for p in probs]
-        batch = pad_sequences([encode(countdown.prompt_text(p)) for p in probs], [e.ids for e in eps],
+        picks = [train[rng.randrange(len(train))] for _ in range(recipe.batch_size)]
+        eps = [solver_episode(p, solver_actions(p, rng, rng.random() >= careless.get(tag, 0.0)), encode,
+                              max_turns=len(p.nums)) for tag, p in picks]
+        batch = pad_sequences([encode(countdown.prompt_text(p)) for _, p in picks], [e.ids for e in eps],
                               tokenizer.pad_token_id, [e.mask for e in eps])
         lp, _ = token_logprobs(model, batch)
         loss = -(lp * batch.loss_mask).sum() / batch.loss_mask.sum()

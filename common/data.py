@@ -16,6 +16,7 @@ class Example:
     id: int
     prompt: str  # exactly the text the model sees (chat template applied if any)
     answer: Any  # countdown.Problem, or a gold answer string
+    tag: str = ""  # difficulty level of an embedded problem (eval_pass@1_<tag> is logged per level)
 
 
 @dataclass

@@ -117,10 +117,20 @@ def powers_of_two(n: int) -> list[int]:
     return [2 ** i for i in range(max(1, n).bit_length())]
 
 
+def pass_metrics(counts: list[int], n_samples: int, tags: list[str] | None = None, ks=None) -> dict:
+    """eval_pass@k (unbiased; default every power of two k <= n_samples) from per-prompt success counts, and
+    eval_pass@1_<tag> per difficulty level when the prompts carry tags."""
+    out = {f"eval_pass@{k}": float(np.mean([pass_at_k(n_samples, c, k) for c in counts]))
+           for k in (powers_of_two(n_samples) if ks is None else ks) if k <= n_samples}
+    for tag in sorted(set(tags or []) - {""}):
+        out[f"eval_pass@1_{tag}"] = float(np.mean([c / n_samples for c, t in zip(counts, tags) if t == tag]))
+    return out
+
+
 def evaluate(generator, tokenizer, examples, encode, reward_fn, sampling, n_samples: int, accelerator,
              ks=None) -> dict:
-    """Held-out pass@1 (mean over n_samples) and unbiased pass@k (default: every power of two k <= n_samples);
-    prompts are split across ranks."""
+    """Held-out pass@1 (mean over n_samples), unbiased pass@k (default: every power of two k <= n_samples) and
+    pass@1 per difficulty tag; prompts are split across ranks."""
     from dataclasses import replace
 
     from accelerate.utils import gather_object
@@ -133,10 +143,6 @@ def evaluate(generator, tokenizer, examples, encode, reward_fn, sampling, n_samp
         for i, e in enumerate(mine):
             texts = [tokenizer.decode(gens.completion_ids[i * n_samples + j], skip_special_tokens=True)
                      for j in range(n_samples)]
-            counts.append(sum(reward_fn(t, e) >= 1.0 for t in texts))
+            counts.append((sum(reward_fn(t, e) >= 1.0 for t in texts), getattr(e, "tag", "")))
     counts = gather_object(counts) if accelerator.num_processes > 1 else counts
-    out = {}
-    for k in powers_of_two(n_samples) if ks is None else ks:
-        if k <= n_samples:
-            out[f"eval_pass@{k}"] = float(np.mean([pass_at_k(n_samples, c, k) for c in counts]))
-    return out
+    return pass_metrics([c for c, _ in counts], n_samples, [t for _, t in counts], ks)

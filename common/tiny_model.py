@@ -1,11 +1,13 @@
 """The embedded default policy, built offline and cached; imported only when `--model_name_or_path embedded`.
 
 It is a char-level tokenizer (`tokenizers` WordLevel, one token per character) and a small
-Llama-architecture decoder from a transformers config, warmed up by SFT on solver-generated Countdown
-solutions. Llama is used because its directories reload through `AutoTokenizer` with the char
-vocabulary intact (a `qwen2` directory reloads as Qwen2Tokenizer, which drops spaces and newlines).
-The build is deterministic for a given recipe and cached under `$RLVR_CACHE` (default
-`~/.cache/rlvr-sampling/`), keyed by a hash of the recipe, so later runs load it in a second.
+Llama-architecture decoder from a transformers config, warmed up by SFT on the embedded Countdown level mix
+(countdown.LEVELS): solver solutions, and on the 3- and 5-number levels a share of careless answers (valid
+steps that ignore the target), so the base starts where RL has room (README: the testbed). Llama is used because
+its directories reload through `AutoTokenizer` with the char vocabulary intact (a `qwen2` directory reloads
+as Qwen2Tokenizer, which drops spaces and newlines). The build is deterministic for a given recipe and
+cached under `$RLVR_CACHE` (default `~/.cache/rlvr-sampling/`), keyed
+by a hash of the recipe, so later runs load it in a second.
 """
 from __future__ import annotations
 
@@ -38,6 +40,9 @@ class BaseRecipe:
     sft_steps: int = 1500
     sft_batch_size: int = 64
     sft_lr: float = 1e-3
+    careless: tuple[float, ...] = (0.0, 0.85, 0.5)
+    """per level of countdown.LEVELS: the share of SFT answers that are careless (valid steps on the given numbers
+    that ignore the target), so the base often fails problems it could solve: room for RL (README: the testbed)"""
     seed: int = 0
 
     def key(self) -> str:
@@ -73,7 +78,8 @@ def cache_root() -> Path:
 
 
 def sft_base_policy(model, tokenizer, recipe: BaseRecipe, log=print) -> dict:
-    """Supervised warm-up on solver solutions of the training problems (loss on the answer only)."""
+    """Supervised warm-up on the training problems of every level (loss on the answer only): a random solver
+    solution, or with the level's `careless` probability a random valid chain that misses the target."""
     from tqdm.auto import tqdm
 
     from common import countdown
@@ -81,7 +87,8 @@ def sft_base_policy(model, tokenizer, recipe: BaseRecipe, log=print) -> dict:
     from common.masking import pad_sequences
 
     rng = random.Random(recipe.seed)
-    train, _ = countdown.make_splits()
+    train, _ = countdown.make_level_splits()
+    careless = {level.tag: share for level, share in zip(countdown.LEVELS, recipe.careless, strict=True)}
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.sft_lr, weight_decay=0.0)
     warmup = max(1, recipe.sft_steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -91,12 +98,10 @@ def sft_base_policy(model, tokenizer, recipe: BaseRecipe, log=print) -> dict:
     losses = []
     bar = tqdm(range(recipe.sft_steps), desc="SFT of the embedded base policy", mininterval=2)
     for _ in bar:
-        probs = [train[rng.randrange(len(train))] for _ in range(recipe.sft_batch_size)]
-        prompts = [tokenizer(countdown.prompt_text(p), add_special_tokens=False).input_ids for p in probs]
-        answers = []
-        for p in probs:
-            steps = rng.choice(countdown.solutions(p))
-            answers.append(tokenizer(countdown.solution_text(steps), add_special_tokens=False).input_ids + [eos])
+        picks = [train[rng.randrange(len(train))] for _ in range(recipe.sft_batch_size)]
+        prompts = [tokenizer(countdown.prompt_text(p), add_special_tokens=False).input_ids for _, p in picks]
+        answers = [tokenizer(countdown.solution_text(countdown.sample_steps(p, rng, rng.random() >= careless[tag])),
+                             add_special_tokens=False).input_ids + [eos] for tag, p in picks]
         batch = pad_sequences(prompts, answers, tokenizer.pad_token_id)
         lp, _ = token_logprobs(model, batch)
         loss = -(lp * batch.loss_mask).sum() / batch.loss_mask.sum()
@@ -111,41 +116,54 @@ def sft_base_policy(model, tokenizer, recipe: BaseRecipe, log=print) -> dict:
 
 
 @torch.no_grad()
-def evaluate_base(model, tokenizer, n_samples: int = 8) -> dict:
-    """Held-out greedy and sampled pass@1, and how groups of n_samples split (the regime RL sees)."""
+def evaluate_base(model, tokenizer, n_prompts: int = 256, n_samples: int = 8, max_new_tokens: int = 48) -> dict:
+    """The regime RL starts in, per level and overall, on the first `n_prompts` training problems (what
+    `--prompt_pool 256` trains on) and on as many held-out ones: sampled pass@1 (T=1), greedy pass@1, pass@8,
+    zero-variance groups of 4 (each prompt's 8 samples as two groups) and prompts with pass rate < 0.1 / > 0.8."""
     from common import countdown
     from common.generation import HFGenerator, SamplingConfig
 
-    _, held = countdown.make_splits()
+    train, held = countdown.make_level_splits()
     gen = HFGenerator(model, tokenizer)
-    prompts = [tokenizer(countdown.prompt_text(p), add_special_tokens=False).input_ids for p in held]
+    out = {}
+    for split, items in (("train", train[:n_prompts]), ("heldout", held[:n_prompts])):
+        prompts = [tokenizer(countdown.prompt_text(p), add_special_tokens=False).input_ids for _, p in items]
 
-    def correct(g, n):
-        texts = tokenizer.batch_decode(g.completion_ids, skip_special_tokens=True)
-        return np.array([countdown.reward_binary(t, held[i // n]) for i, t in enumerate(texts)]).reshape(-1, n)
+        def correct(g, n):
+            texts = tokenizer.batch_decode(g.completion_ids, skip_special_tokens=True)
+            return np.array([countdown.reward_binary(t, items[i // n][1]) for i, t in enumerate(texts)]).reshape(-1, n)
 
-    greedy = correct(gen.generate(prompts, 1, SamplingConfig(max_new_tokens=32, temperature=0.0)), 1)
-    k = correct(gen.generate(prompts, n_samples, SamplingConfig(max_new_tokens=32)), n_samples).sum(1)
-    return {"heldout_greedy_pass@1": float(greedy.mean()), "heldout_sampled_pass@1": float(k.mean() / n_samples),
-            f"groups_of_{n_samples}_all_fail": float((k == 0).mean()),
-            f"groups_of_{n_samples}_all_pass": float((k == n_samples).mean()),
-            f"groups_of_{n_samples}_balanced_3_to_5": float(((k >= 3) & (k <= 5)).mean())}
+        greedy = correct(gen.generate(prompts, 1, SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0)), 1)
+        wins = correct(gen.generate(prompts, n_samples, SamplingConfig(max_new_tokens=max_new_tokens)), n_samples)
+        tags = np.array([tag for tag, _ in items])
+        for tag in ["all"] + [level.tag for level in countdown.LEVELS]:
+            sel = np.ones(len(items), bool) if tag == "all" else tags == tag
+            rate, fours = wins[sel].mean(1), wins[sel].reshape(-1, 4).sum(1)
+            out[f"{split}_{tag}"] = {
+                "prompts": int(sel.sum()), "pass@1": round(float(rate.mean()), 3),
+                "greedy_pass@1": round(float(greedy[sel].mean()), 3),
+                f"pass@{n_samples}": round(float((rate > 0).mean()), 3),
+                "zero_var_groups_of_4": round(float(((fours == 0) | (fours == 4)).mean()), 3),
+                "pass_rate_below_0.1": round(float((rate < 0.1).mean()), 3),
+                "pass_rate_above_0.8": round(float((rate > 0.8).mean()), 3)}
+    return out
 
 
-def ensure_embedded_base(recipe: BaseRecipe | None = None, log=print) -> Path:
-    """Path of the cached embedded base policy, building it first if needed (atomic: tmp dir + rename)."""
+def ensure_embedded_base(recipe: BaseRecipe | None = None, log=print, eval_prompts: int = 256) -> Path:
+    """Path of the cached embedded base policy, building it first if needed (atomic: tmp dir + rename); the build
+    measures the base on `eval_prompts` training and held-out problems (build_info.json)."""
     recipe = recipe or BaseRecipe()
     path = cache_root() / f"countdown-base-{recipe.key()}"
     if (path / "build_info.json").exists():
         return path
-    log(f"building the embedded base policy into {path} (once; about 3 minutes on 2 cores)")
+    log(f"building the embedded base policy into {path} (once; about 7 minutes on 2 cores)")
     t0 = time.time()
     torch_threads = torch.get_num_threads()
     tokenizer = build_char_tokenizer()
     with torch.random.fork_rng(devices=[]):  # the build seeds torch; the caller's random stream stays as it was
         model = build_tiny_model(recipe, len(tokenizer))
         info = sft_base_policy(model, tokenizer, recipe, log)
-        info.update(evaluate_base(model, tokenizer))
+        info.update(evaluate_base(model, tokenizer, eval_prompts))
     log(f"base policy held-out: {info}")
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

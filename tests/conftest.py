@@ -18,7 +18,7 @@ def tiny_base(tmp_path_factory) -> str:
     old = os.environ.get("RLVR_CACHE")
     os.environ["RLVR_CACHE"] = str(cache)
     try:
-        path = ensure_embedded_base(BaseRecipe(sft_steps=30), log=lambda *_: None)
+        path = ensure_embedded_base(BaseRecipe(sft_steps=30), log=lambda *_: None, eval_prompts=16)
     finally:
         if old is None:
             os.environ.pop("RLVR_CACHE")

@@ -145,6 +145,10 @@ def test_seq_metrics():
     assert m["ada_rounds_used"] == 4 and m["ada_frac_unfinished"] == 0.25
     assert [m[f"ada_active_after_round_{r}"] for r in (1, 2, 3, 4)] == [0.75, 0.5, 0.5, 0.25]
     assert m["ada_frac_zero_var_groups_post"] == 0.25
+    assert not any(k.startswith("ada_samples_per_prompt_easy") for k in m)  # untagged prompts: no level metrics
+    tagged = seq_metrics([8, 16, 32, 32], [1, 2, None, 4], [False] * 4, n=4, max_rounds=4,
+                         tags=["easy", "hard", "hard", "easy"])
+    assert tagged["ada_samples_per_prompt_easy"] == 20 and tagged["ada_samples_per_prompt_hard"] == 24
 
 
 # ---------------------------------------------------------------- Appendix D: Bernoulli(p) simulator

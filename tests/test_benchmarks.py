@@ -41,14 +41,20 @@ def test_every_config_flag_exists_in_its_script():
     names = [c.name for c in run.CONFIGS]
     assert len(names) == len(set(names))
     # the issue's 12 (GRPO-n4/n8, RLOO, RA-RLOO, PS off/fixed/adaptive, SEQ-POS/BALANCE, EST, PPO, PPO+PROS)
-    # plus PROS's random-selection ablation, GRPO / GRPO+PROS, Dr. GRPO-n4 (GRPO-n4 without the std) and DAPO's
-    # dynamic sampling on GRPO-n4 (Reinforce-Ada's Table 2 baseline)
-    assert {"grpo_n4", "dr_grpo_n4", "grpo_n8", "dapo_n4", "rloo", "ra_rloo", "ps_off", "ps_fixed", "ps_adaptive",
-            "seq_pos", "seq_balance", "est", "ppo", "ppo_pros", "ppo_pros_random", "grpo_k4", "grpo_pros"} == set(names)
+    # plus PROS's random-selection ablation, GRPO / GRPO+PROS, Dr. GRPO-n4 (GRPO-n4 without the std), DAPO's
+    # dynamic sampling on GRPO-n4 (Reinforce-Ada's Table 2 baseline) and GRPO-n16 (its SEQ-BALANCE claim)
+    assert {"grpo_n4", "dr_grpo_n4", "grpo_n8", "grpo_n16", "dapo_n4", "rloo", "ra_rloo", "ps_off", "ps_fixed",
+            "ps_adaptive", "seq_pos", "seq_balance", "est", "ppo", "ppo_pros", "ppo_pros_random", "grpo_k4",
+            "grpo_pros"} == set(names)
     for c in run.CONFIGS:
         assert c.baseline is None or c.baseline in run.BY_NAME
     # the GRPO-n baselines say which advantage they use, so a changed script default cannot relabel them
     assert "true" in run.BY_NAME["grpo_n4"].flags and "false" in run.BY_NAME["dr_grpo_n4"].flags
+    n16 = run.BY_NAME["grpo_n16"].flags
+    assert n16[n16.index("--round_repeat") + 1] == n16[n16.index("--final_keep_per_prompt") + 1] == "16"
+    # Prefix Sampling runs in the environment (its paper's agentic setting), baseline included
+    ps = [c for c in run.CONFIGS if c.script == "ps_grpo.py"]
+    assert len(ps) == 3 and all(c.flags[c.flags.index("--mode") + 1] == "multiturn" for c in ps)
 
 
 def test_check_config_reports_missing_script_flag_and_choice(tmp_path):
@@ -73,8 +79,11 @@ def test_check_config_reports_missing_script_flag_and_choice(tmp_path):
 def test_budget_flags_are_shared_and_quick_overrides():
     full, _ = run.resolve(run.Args())
     quick, qdir = run.resolve(run.Args(quick=True))
-    assert full.seeds == [0, 1, 2] and quick.seeds == [0] and quick.max_steps < full.max_steps
-    assert qdir.name == "runs-quick"
+    assert full.seeds == [0, 1, 2, 3, 4] and quick.seeds == [0] and quick.max_steps < full.max_steps
+    assert (full.max_steps, full.prompts_per_step, full.eval_every, full.eval_prompts, full.eval_samples) == (
+        200, 32, 25, 256, 8)
+    assert (quick.max_steps, quick.prompts_per_step, quick.eval_prompts, quick.eval_samples) == (50, 16, 64, 4)
+    assert full.max_new_tokens == quick.max_new_tokens == 48 and qdir.name == "runs-quick"
     mine, _ = run.resolve(run.Args(quick=True, max_steps=7, seeds=[3, 4]))
     assert mine.max_steps == 7 and mine.seeds == [3, 4] and mine.eval_prompts == quick.eval_prompts
     a = run.build_command(run.BY_NAME["rloo"], full, 1, Path("d"))
@@ -119,6 +128,38 @@ def test_run_state_on_fake_dirs(tmp_path):
     stray = tmp_path / "stray"
     _write_rows(stray, [{"step": 0}])
     assert run.run_state(stray, cmd, 4) == "conflict"  # files without bench.json: not ours
+
+
+def test_a_committed_finished_run_is_done_on_a_fresh_clone(tmp_path):
+    # what git tracks of a finished run (metrics.jsonl, args.json, bench.json): no checkpoint, no log, no samples
+    s = _settings(seeds=[0])
+    cfg = run.BY_NAME["rloo"]
+    d = tmp_path / "runs" / "rloo" / "seed0"
+    cmd = run.build_command(cfg, s, 0, run._portable(d))
+    _write_rows(d, [{"step": 0, "eval_pass@1": 0.1}, {"step": 2, "eval_pass@1": 0.2}, {"step": 4, "eval_pass@1": 0.3}])
+    (d / "args.json").write_text("{}")
+    (d / "bench.json").write_text(json.dumps({"cmd": cmd, "attempts": 1, "finished": True}))
+    assert run.run_state(d, cmd, 4) == "done"
+    args = run.Args(only="rloo", runs_dir=str(tmp_path / "runs"), seeds=[0])
+    (item,) = run.plan(args, s, tmp_path / "runs")
+    assert item["state"] == "done" and item["cmd"] == cmd
+
+
+def test_compact_run_keeps_what_git_tracks(tmp_path):
+    d = tmp_path / "r"
+    _write_rows(d, [{"step": 4, "eval_pass@1": 0.3}])
+    for name in ("args.json", "bench.json", "samples.jsonl"):
+        (d / name).write_text("{}")
+    (d / "checkpoint-4").mkdir()
+    (d / "checkpoint-4" / "trainer_state.pt").write_text("x")
+    (d / "log.txt").write_text("".join(f"line {i}\n" for i in range(500)))
+    run.compact_run(d, keep_checkpoints=True)
+    assert (d / "checkpoint-4").exists() and (d / "samples.jsonl").exists()
+    log = (d / "log.txt").read_text().splitlines()
+    assert len(log) == run.LOG_KEEP_LINES + 1 and log[-1] == "line 499" and "300 earlier lines cut" in log[0]
+    run.compact_run(d)
+    assert sorted(p.name for p in d.iterdir()) == ["args.json", "bench.json", "log.txt", "metrics.jsonl"]
+    assert (d / "log.txt").read_text().splitlines() == log  # compacting again changes nothing
 
 
 FAKE = '''
@@ -260,13 +301,16 @@ def test_runner_dry_run_and_failure(tmp_path, monkeypatch, capsys):
 
 
 def _fake_run(runs: Path, cfg: str, seed: int, evals: dict[int, float], tok_per_step: int, max_steps: int = 4,
-              extra: dict | None = None, finished: bool = True):
-    rows = [{"step": 0, "eval_pass@1": evals[0], "eval_pass@8": 0.5}]
+              extra: dict | None = None, finished: bool = True, levels: bool = False, step_s: float = 1.0):
+    def at(v):  # held-out pass@1 by difficulty (the newer runs log it): hard v/2, easy (1+v)/2
+        return {"eval_pass@1_hard": v / 2, "eval_pass@1_easy": (1 + v) / 2} if levels else {}
+
+    rows = [{"step": 0, "eval_pass@1": evals[0], "eval_pass@2": 0.4, "eval_pass@8": 0.5, **at(evals[0])}]
     for s in range(1, max_steps + 1):
-        r = {"step": s, "gen_tokens": tok_per_step * s, "rollouts": 4 * s, "time_step_s": 1.0 + (s == 2) * 50,
+        r = {"step": s, "gen_tokens": tok_per_step * s, "rollouts": 4 * s, "time_step_s": step_s + (s == 2) * 50,
              "time_gen_s": 0.6, "time_train_s": 0.3, "frac_zero_var_groups": 0.4}
         if s in evals:
-            r.update({"eval_pass@1": evals[s], "eval_pass@8": 0.6})
+            r.update({"eval_pass@1": evals[s], "eval_pass@2": 0.5, "eval_pass@8": 0.6, **at(evals[s])})
         r.update((extra or {}).get(s, {}))
         rows.append(r)
     if not finished:
@@ -279,12 +323,12 @@ def _fake_run(runs: Path, cfg: str, seed: int, evals: dict[int, float], tok_per_
 def _fake_results(tmp_path) -> Path:
     runs = tmp_path / "runs"
     # baseline RLOO: final pass@1 mean over seeds = (0.30 + 0.34) / 2 = 0.32
-    _fake_run(runs, "rloo", 0, {0: 0.2, 2: 0.25, 4: 0.30}, 100)
-    _fake_run(runs, "rloo", 1, {0: 0.2, 2: 0.27, 4: 0.34}, 100)
+    _fake_run(runs, "rloo", 0, {0: 0.2, 2: 0.25, 4: 0.30}, 100, levels=True)
+    _fake_run(runs, "rloo", 1, {0: 0.2, 2: 0.27, 4: 0.34}, 100, levels=True)
     # RA-RLOO: seed mean 0.33 at step 2 (>= 0.32) with 2x the tokens per step of RLOO
     post = {s: {"ra_zero_var_frac_post": v} for s, v in zip(range(1, 5), (0.4, 0.2, 0.1, 0.0))}
-    _fake_run(runs, "ra_rloo", 0, {0: 0.2, 2: 0.32, 4: 0.36}, 200, extra=post)
-    _fake_run(runs, "ra_rloo", 1, {0: 0.2, 2: 0.34, 4: 0.40}, 200, extra=post)
+    _fake_run(runs, "ra_rloo", 0, {0: 0.2, 2: 0.32, 4: 0.36}, 200, extra=post, levels=True)
+    _fake_run(runs, "ra_rloo", 1, {0: 0.2, 2: 0.34, 4: 0.40}, 200, extra=post, levels=True)
     _fake_run(runs, "ra_rloo", 2, {0: 0.2, 2: 0.30}, 200, finished=False)  # unfinished: listed, not counted
     # PPO+PROS never reaches PPO's final
     _fake_run(runs, "ppo", 0, {0: 0.2, 4: 0.5}, 50)
@@ -300,6 +344,7 @@ def test_report_numbers_on_hand_made_runs(tmp_path):
     assert len(ra.finished) == 2 and len(ra.unfinished) == 1
     assert ra.final[0] == pytest.approx(0.38) and ra.final[1] == pytest.approx(0.02828, abs=1e-4)
     assert rl.final[0] == pytest.approx(0.32) and ra.start == pytest.approx(0.2)
+    assert ra.k == rl.k == "8"  # the largest pass@k logged (not @2, not eval_pass@1_hard)
     # RA-RLOO's seed-mean pass@1 is 0.33 at step 2: the first evaluation at or above RLOO's final 0.32
     hit = report.reach(ra.curve, rl.final[0])
     assert hit["step"] == 2 and hit["gen_tokens"] == 400 and hit["rollouts"] == 8
@@ -325,6 +370,101 @@ def test_report_numbers_on_hand_made_runs(tmp_path):
     assert "2 (+1 unfinished)" in table
 
 
+def test_paired_t_interval_on_known_numbers(tmp_path):
+    iv = report.t_interval([0.01, 0.03, 0.02])
+    # mean 0.02, std 0.01, t(0.975, 2 dof) = 4.303: half-width 4.303 * 0.01 / sqrt(3)
+    assert iv.mean == pytest.approx(0.02) and iv.n == 3 and iv.half == pytest.approx(4.303 * 0.01 / 3 ** 0.5)
+    assert (iv.lo, iv.hi) == (pytest.approx(0.02 - 0.024843, abs=1e-6), pytest.approx(0.02 + 0.024843, abs=1e-6))
+    assert "⚠" not in iv.text() and "⚠" in report.t_interval([0.0, 0.1, 0.05]).text()  # half-width above 0.03
+    assert report.t_interval([0.5]).half is None and report.t_interval([]) is None
+    # the t table against the t distribution's CDF (from the incomplete beta), and a textbook F quantile
+    for dof in (1, 2, 4, 10, 29, 30, 45, 120):
+        t = report.t975(dof)
+        assert 1 - 0.5 * report.betainc(dof / 2, 0.5, dof / (dof + t * t)) == pytest.approx(0.975, abs=2e-4)
+    assert report.f_quantile(0.975, 4, 4) == pytest.approx(9.6045, abs=1e-3)
+    # paired by seed: config minus baseline on the seeds both finished (seed 2 of ra_rloo is unfinished)
+    _, aggs = report.build_aggs(report.load_runs(_fake_results(tmp_path)))
+    diff = report.paired(aggs, "ra_rloo", "rloo", report.final_value)
+    assert diff.n == 2 and diff.mean == pytest.approx(0.06) and diff.half == pytest.approx(0.0)
+    hard = report.paired(aggs, "ra_rloo", "rloo", lambda r: report.final_value(r, "hard"))
+    assert hard.mean == pytest.approx(0.03)  # hard = pass@1 / 2 in the fake rows
+    assert report.paired(aggs, "ppo_pros", "ppo", lambda r: report.final_value(r, "hard")) is None  # not logged
+
+
+def test_verdict_rules_on_constructed_intervals():
+    iv = report.Interval
+    greater = lambda m, h: report.verdict_greater(iv(m, h, 5), 0.03)  # noqa: E731
+    assert greater(0.02, 0.01) == "reproduced"  # [0.01, 0.03] above 0
+    assert greater(-0.005, 0.02) == "not reproduced"  # [-0.025, 0.015]: a gain of 0.03 is excluded
+    assert greater(-0.05, 0.01) == "not reproduced"  # below 0
+    assert greater(0.01, 0.03) == "inconclusive"  # [-0.02, 0.04]
+    assert report.verdict_greater(iv(0.1, None, 1), 0.03) == "inconclusive (1 seed)"
+    assert report.verdict_greater(None, 0.03) == "inconclusive (no runs)"
+    not_below = lambda m, h: report.verdict_not_below(iv(m, h, 5), 0.03)  # noqa: E731
+    assert not_below(-0.01, 0.015) == "reproduced"  # [-0.025, 0.005]: at most 0.03 worse
+    assert not_below(-0.02, 0.025) == "inconclusive"  # [-0.045, 0.005]
+    assert not_below(-0.02, 0.015) == "not reproduced"  # [-0.035, -0.005]: below 0
+    within = lambda m, h: report.verdict_within(iv(m, h, 5), 0.4, 0.6)  # noqa: E731
+    assert within(0.5, 0.05) == "reproduced" and within(0.75, 0.1) == "not reproduced"
+    assert within(0.58, 0.05) == "inconclusive"
+
+
+def _pros_runs(runs: Path, gain: float, seeds=(0, 1, 2)):
+    for seed in seeds:
+        base = 0.30 + 0.01 * seed
+        calib = {s: {"pros_calib_error": 0.4 - 0.1 * s + 0.01 * seed} for s in range(1, 5)}
+        _fake_run(runs, "ppo", seed, {0: 0.2, 4: base}, 50)
+        _fake_run(runs, "ppo_pros", seed, {0: 0.2, 4: base + gain + 0.002 * seed}, 50, extra=calib, step_s=1.02)
+        _fake_run(runs, "ppo_pros_random", seed, {0: 0.2, 4: base + gain - 0.01}, 50, step_s=1.5)
+
+
+def test_claim_verdicts_on_constructed_runs(tmp_path):
+    _pros_runs(tmp_path / "up", gain=0.05)
+    _, aggs = report.build_aggs(report.load_runs(tmp_path / "up"))
+    rows = {c.claim: c for c in report.claim_rows(aggs)}
+    assert rows["PPO+PROS beats PPO (final pass@1)"].verdict == "reproduced"
+    assert "+0.052 [" in rows["PPO+PROS beats PPO (final pass@1)"].measured
+    assert rows["GRPO+PROS beats GRPO (final pass@1)"].verdict == "inconclusive (no runs)"
+    assert rows["Bayesian selection beats random selection (final pass@1)"].verdict == "reproduced"
+    calib = [c for c in rows.values() if c.claim.startswith("The pass-rate model's calibration")][0]
+    assert calib.verdict == "reproduced"  # 0.3 lower in the last quarter than in the first, every seed
+    times = [c for c in rows.values() if "time per step of `ppo`" in c.claim][0]
+    assert times.verdict == "reproduced" and "1.02" in times.measured  # 1.02 s vs 1.00 s per step
+    # every paper has its lines; configs without runs say so
+    assert {c.paper for c in rows.values()} == {"RA-RLOO", "Prefix Sampling", "Reinforce-Ada", "PROS"}
+    assert rows["Lower seed-to-seed spread of final pass@1 than RLOO"].verdict == "inconclusive (no runs)"
+    # no gain: the interval excludes +0.03 -> not reproduced; 1 seed -> inconclusive
+    _pros_runs(tmp_path / "flat", gain=0.0)
+    _, aggs = report.build_aggs(report.load_runs(tmp_path / "flat"))
+    assert [c.verdict for c in report.claim_rows(aggs) if c.claim.startswith("PPO+PROS beats")] == ["not reproduced"]
+    _pros_runs(tmp_path / "one", gain=0.05, seeds=(0,))
+    _, aggs = report.build_aggs(report.load_runs(tmp_path / "one"))
+    assert [c.verdict for c in report.claim_rows(aggs) if c.claim.startswith("PPO+PROS beats")] == [
+        "inconclusive (1 seed)"]
+
+
+def test_tokens_to_reach_the_baseline(tmp_path):
+    curve = [{"step": 0, "pass1": 0.2, "gen_tokens": 0}, {"step": 2, "pass1": 0.3, "gen_tokens": 400},
+             {"step": 4, "pass1": 0.4, "gen_tokens": 800}]
+    assert report.cost_to_reach(curve, 0.35) == pytest.approx(600)  # halfway between the evaluations
+    assert report.cost_to_reach(curve, 0.35, "step") == pytest.approx(3)
+    assert report.cost_to_reach(curve, 0.3) == 400 and report.cost_to_reach(curve, 0.1) == 0.0
+    assert report.cost_to_reach(curve, 0.5) is None
+    # RLOO's final seed mean is 0.32, RLOO spends 400 tokens to its final evaluation. RA-RLOO seed 0 hits 0.32 at
+    # step 2 (400 tokens: ratio 1.0); seed 1 crosses it between 0.20 (0 tokens) and 0.34 (400): 400 * 12/14
+    order, aggs = report.build_aggs(report.load_runs(_fake_results(tmp_path)))
+    iv, reached, seeds = report.reach_ratios(aggs, "ra_rloo")
+    assert (reached, seeds) == (2, 2) and iv.mean == pytest.approx((1.0 + 12 / 14) / 2)
+    steps, _, _ = report.reach_ratios(aggs, "ra_rloo", "step")
+    assert steps.mean == pytest.approx((2 / 4 + 2 * 12 / 14 / 4) / 2)
+    assert report.reach_ratios(aggs, "ppo_pros") == (None, 0, 1)  # never reaches PPO's final 0.5
+    table = report.difference_table(order, aggs)
+    row = [line for line in table.splitlines() if "(`ra_rloo`)" in line][0]
+    assert "| `rloo` | 2 |" in row and "+0.060 [+0.060, +0.060] ±0.000" in row and "(2/2)" in row
+    assert "0.190 ± 0.014" in row  # hard: 0.38 / 2 mean, std of (0.18, 0.20)
+    assert "(0/1)" in [line for line in table.splitlines() if "(`ppo_pros`)" in line][0]
+
+
 def test_report_page_without_plots(tmp_path):
     runs = _fake_results(tmp_path)
     (tmp_path / "out").mkdir()
@@ -339,7 +479,8 @@ def test_report_writes_the_plots(tmp_path):
                                              "(benchmarks/requirements.txt); the plots are not tested without it")
     runs = _fake_results(tmp_path)
     page = report.write_report(runs, tmp_path / "out", plots=True).read_text()
-    for name in ("pass1_vs_tokens.png", "pass1_vs_wall.png", "zero_var.png", "mechanisms.png"):
+    for name in ("pass1_vs_tokens.png", "pass1_vs_wall.png", "zero_var.png", "mechanisms.png",
+                 "pass1_by_difficulty.png"):
         png = tmp_path / "out" / name
         assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
         assert f"]({name})" in page

@@ -177,3 +177,50 @@ def test_hostile_strings_fast_and_zero(text):
 def test_rewards_registry():
     assert set(cd.REWARDS) == {"binary", "tinyzero", "shaped"}
     assert Counter(r("14-10=4\n4+1=5", P) for r in cd.REWARDS.values()) == Counter({1.0: 3})
+
+
+# --- the embedded level mix ----------------------------------------------------------------------------
+
+def test_level_splits_shares_tags_and_unseen_multisets():
+    train, held = cd.make_level_splits()
+    assert (train, held) == cd.make_level_splits()  # deterministic
+    assert cd.make_level_splits(seed=1)[1] != held
+    tags = Counter(tag for tag, _ in train)
+    for level in cd.LEVELS:
+        mine = [p for tag, p in train if tag == level.tag]
+        assert all(len(p.nums) == level.n_numbers and max(p.nums) <= level.hi for p in mine)
+        assert abs(tags[level.tag] - level.weight * 4096) <= 1  # each level gets its share
+        seen = {tuple(sorted(p.nums)) for p in mine}
+        unseen = [p for tag, p in held if tag == level.tag]
+        assert unseen and not seen & {tuple(sorted(p.nums)) for p in unseen}  # held-out multisets never trained
+    assert len(held) <= 256 and {tag for tag, _ in held} == {level.tag for level in cd.LEVELS}
+    # shuffled together: the first prompts (a --prompt_pool) already hold every level
+    assert {tag for tag, _ in train[:64]} == {level.tag for level in cd.LEVELS}
+
+
+def test_sample_steps_aims_or_ignores_the_target():
+    import random
+
+    rng = random.Random(0)
+    for tag, p in cd.make_level_splits()[0][:60]:
+        assert check(cd.solution_text(cd.sample_steps(p, rng)), p).correct
+        careless = check(cd.solution_text(cd.sample_steps(p, rng, aim=False)), p)
+        assert careless.well_formed and careless.arithmetic_ok and careless.numbers_ok  # valid, only the value is free
+    values = {check(cd.solution_text(cd.sample_steps(Problem((3, 7, 2, 9, 5), 61), rng, aim=False)),
+                    Problem((3, 7, 2, 9, 5), 61)).value for _ in range(50)}
+    assert len(values) > 10  # careless chains land on many values, not the target
+    with pytest.raises(ValueError, match="no solution"):
+        cd.sample_steps(Problem((1, 1), 7), rng)
+
+
+def test_countdown_task_tags_and_per_level_eval_metrics():
+    from common.metrics import pass_metrics
+
+    task = cd.countdown_task("binary", 256)
+    assert {e.tag for e in task.eval} == {"easy", "mid", "hard"}
+    assert all(len(e.answer.nums) == {"easy": 2, "mid": 3, "hard": 5}[e.tag] for e in task.train[:200])
+    out = pass_metrics([4, 0, 2, 1], 4, ["easy", "hard", "mid", "mid"])
+    assert out["eval_pass@1"] == pytest.approx(7 / 16) and out["eval_pass@1_easy"] == 1.0
+    assert out["eval_pass@1_hard"] == 0.0 and out["eval_pass@1_mid"] == pytest.approx(3 / 8)
+    assert out["eval_pass@4"] == pytest.approx(3 / 4)
+    assert set(pass_metrics([1, 2], 2, ["", ""])) == {"eval_pass@1", "eval_pass@2"}  # untagged: no level metrics

@@ -280,7 +280,7 @@ def mt_base(tiny_base, tmp_path_factory) -> str:
     old = os.environ.get("RLVR_CACHE")
     os.environ["RLVR_CACHE"] = str(tmp_path_factory.mktemp("mtcache"))
     try:
-        return str(ensure_multiturn_policy(tiny_base, MultiTurnRecipe(max_number=SMALL, sft_steps=MT_STEPS, lr=3e-3,
+        return str(ensure_multiturn_policy(tiny_base, MultiTurnRecipe(3, SMALL, sft_steps=MT_STEPS, lr=3e-3,
                                                                       batch_size=32), log=lambda *_: None))
     finally:
         if old is None:
@@ -407,7 +407,8 @@ def test_text_mode_sample_log_pass_at_k_and_sampler_agreement(tiny_base, tmp_pat
     monkeypatch.setattr(ps_grpo, "evaluate", lambda *a, **k: temps.append(a[5].temperature) or real(*a, **k))
     rows = _text_main(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "2", "--eval_every", "0",
                                  "--eval_samples", "8", "--eval_temperature", "0", "--max_new_tokens", "48",
-                                 "--log_samples_every", "1", "--log_samples_per_kind", "2"], monkeypatch,
+                                 "--log_samples_every", "1", "--log_samples_per_kind", "2", "--prompts_per_step", "8"],
+                      monkeypatch,
                       lambda text, problem: float(len(text) % 2))
     assert temps == [0.0, 0.0]  # step 0 and the last step, greedy
     assert {f"eval_pass@{k}" for k in (1, 2, 4, 8)} <= set(rows[0]) and "eval_pass@8" in rows[-1]
