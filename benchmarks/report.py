@@ -373,14 +373,18 @@ def paired(aggs: dict[str, Agg], name: str, other: str, value, ratio: bool = Fal
 
 def reach_ratios(aggs: dict[str, Agg], name: str, xkey: str = "gen_tokens") -> tuple[Optional[Interval], int, int]:
     """Per seed: the `xkey` (generated tokens, or steps) the config's run needs to reach its baseline's final
-    seed-mean pass@1 (interpolated), over what the baseline's run of the same seed spent to its own final
-    evaluation (the baselines' mean for an unpaired seed). Returns (interval over the seeds that reached it,
-    seeds that reached it, seeds)."""
+    seed-mean pass@1 (interpolated), over what the baseline's run of the same seed spent to first reach that same
+    score (its final evaluation's spend when that run never gets there; the baselines' mean for an unpaired seed):
+    a baseline that plateaus early is credited with its early arrival. Returns (interval over the seeds that
+    reached it, seeds that reached it, seeds)."""
     agg = aggs.get(name)
     base = aggs.get(agg.cfg.baseline) if agg and agg.cfg.baseline else None
     if agg is None or base is None or base.final is None or not agg.finished:
         return None, 0, len(agg.finished) if agg else 0
-    spent = {r.seed: eval_curve(r.rows)[-1][xkey] for r in base.finished}
+    spent = {}
+    for r in base.finished:
+        own = cost_to_reach(eval_curve(r.rows), base.final[0], xkey)
+        spent[r.seed] = own if own else eval_curve(r.rows)[-1][xkey]
     mean_spent = statistics.fmean(spent.values())
     ratios = []
     for run in agg.finished:
@@ -523,7 +527,7 @@ VERDICT_RULES = f"""Every interval is a 95% t-interval over seeds (paired by see
 - **'X is near v'** (interval of X): *reproduced* if it lies inside the stated band; *not reproduced* if it lies
   outside it; else *inconclusive*. 'About equal time per step': the ratio's interval inside [0.9, 1.1].
 - **'Fewer steps / tokens to the baseline's final pass@1'**: per seed, the steps (tokens) to reach the baseline's final
-  seed-mean pass@1, interpolated between evaluations, over the baseline's steps (tokens) to its final evaluation;
+  seed-mean pass@1, interpolated between evaluations, over the baseline's own steps (tokens) to first reach it;
   the saving 1 - ratio is judged as 'X beats Y' with m = {TARGET_HALF}. Seeds that never reach it: *not reproduced*
   when they are at least half, *inconclusive* otherwise.
 - **'Lower seed-to-seed spread'**: the ratio of the two configs' std of final pass@1 with its F-test interval:
@@ -597,7 +601,7 @@ def _fewer_to_reach(aggs, paper: str, claim: str, name: str, xkey: str) -> Claim
         return Claim(paper, claim, NO_RUNS, f"`{name}` or its baseline has no finished run")
     iv, reached, seeds = reach_ratios(aggs, name, xkey)
     what = f"{xkey.replace('gen_tokens', 'tokens').replace('step', 'steps')} to `{base}`'s final pass@1 " \
-           f"{aggs[base].final[0]:.3f}, over `{base}`'s to its final evaluation: {_iv(iv, sign='')} " \
+           f"{aggs[base].final[0]:.3f}, over `{base}`'s own to reach it: {_iv(iv, sign='')} " \
            f"(reached in {reached}/{seeds} seeds)"
     if seeds < 2:
         return Claim(paper, claim, "inconclusive (1 seed)", what)
@@ -987,8 +991,8 @@ def write_report(runs_dir: Path, out_dir: Path, plots: bool = True) -> Path:
               f"and 95% t-interval over the seeds both finished; ⚠ marks a half-width above the issue's target "
               f"{TARGET_HALF}. Hard / easy: held-out pass@1 on the problems of that difficulty level (when the runs "
               f"log it). Tokens: per seed, generated tokens until the eval curve reaches the baseline's final "
-              f"seed-mean pass@1 (interpolated between evaluations) over the baseline's tokens to its own final "
-              f"evaluation (< 1: cheaper); the interval is over the seeds that reached it.\n")
+              f"seed-mean pass@1 (interpolated between evaluations) over the baseline's own tokens to first reach "
+              f"that score (< 1: cheaper); the interval is over the seeds that reached it.\n")
     md.append(difference_table(order, aggs) if order else "No runs found.\n")
     md.append("\nConfigs:\n")
     for n in order:

@@ -450,13 +450,15 @@ def test_tokens_to_reach_the_baseline(tmp_path):
     assert report.cost_to_reach(curve, 0.35, "step") == pytest.approx(3)
     assert report.cost_to_reach(curve, 0.3) == 400 and report.cost_to_reach(curve, 0.1) == 0.0
     assert report.cost_to_reach(curve, 0.5) is None
-    # RLOO's final seed mean is 0.32, RLOO spends 400 tokens to its final evaluation. RA-RLOO seed 0 hits 0.32 at
-    # step 2 (400 tokens: ratio 1.0); seed 1 crosses it between 0.20 (0 tokens) and 0.34 (400): 400 * 12/14
+    # RLOO's final seed mean is 0.32. RLOO seed 0 never reaches it (denominator: its final spend, 400 tokens, step 4);
+    # seed 1 crosses it between 0.27 (200 tokens) and 0.34 (400): 200 + 200 * 5/7 tokens, step 2 + 2 * 5/7.
+    # RA-RLOO seed 0 hits 0.32 at step 2 (400 tokens); seed 1 between 0.20 (0 tokens) and 0.34 (400): 400 * 12/14.
     order, aggs = report.build_aggs(report.load_runs(_fake_results(tmp_path)))
     iv, reached, seeds = report.reach_ratios(aggs, "ra_rloo")
-    assert (reached, seeds) == (2, 2) and iv.mean == pytest.approx((1.0 + 12 / 14) / 2)
+    assert (reached, seeds) == (2, 2)
+    assert iv.mean == pytest.approx((400 / 400 + 400 * 12 / 14 / (200 + 200 * 5 / 7)) / 2)
     steps, _, _ = report.reach_ratios(aggs, "ra_rloo", "step")
-    assert steps.mean == pytest.approx((2 / 4 + 2 * 12 / 14 / 4) / 2)
+    assert steps.mean == pytest.approx((2 / 4 + 2 * 12 / 14 / (2 + 2 * 5 / 7)) / 2)
     assert report.reach_ratios(aggs, "ppo_pros") == (None, 0, 1)  # never reaches PPO's final 0.5
     table = report.difference_table(order, aggs)
     row = [line for line in table.splitlines() if "(`ra_rloo`)" in line][0]
