@@ -125,10 +125,10 @@ BY_NAME = {c.name: c for c in CONFIGS}
 # Budgets of the two settings (a flag given on the command line wins).
 FULL = {"seeds": [0, 1, 2, 3, 4], "max_steps": 200, "prompts_per_step": 32, "eval_every": 25, "eval_prompts": 256,
         "eval_samples": 8}
-# --quick evaluates at steps 0, 25, 50 only: 18 configs (GRPO-n16 and multi-turn PS among them) and 48-token
-# completions must stay under 10 minutes
-QUICK = {"seeds": [0], "max_steps": 50, "prompts_per_step": 16, "eval_every": 25, "eval_prompts": 64,
-         "eval_samples": 4}
+# --quick is a smoke check of all 18 configs (GRPO-n16 and multi-turn PS among them, 48-token answers) that must stay
+# under 10 minutes: 20 steps of 8 prompts, evaluations at steps 0 and 20 on 32 x 2
+QUICK = {"seeds": [0], "max_steps": 20, "prompts_per_step": 8, "eval_every": 20, "eval_prompts": 32,
+         "eval_samples": 2}
 
 
 @dataclass
@@ -138,23 +138,22 @@ class Args:
     seeds: Optional[list[int]] = None
     """seeds to run (default 0 1 2 3 4; --quick: 0)"""
     quick: bool = False
-    """smoke-check setting: 1 seed, 50 steps of 16 prompts, 3 small evaluations (measured 7.7 min for 15 configs
-    with 32-token completions and text-mode PS on 2 quiet cores; not re-measured since); its runs go to
-    benchmarks/runs-quick"""
+    """smoke-check setting: 1 seed, 20 steps of 8 prompts, 2 small evaluations (README: measured duration); its runs
+    go to benchmarks/runs-quick"""
     dry_run: bool = False
     """print each run's state and command, run nothing"""
     runs_dir: str = ""
     """where runs go (default benchmarks/runs, or benchmarks/runs-quick with --quick)"""
     max_steps: Optional[int] = None
-    """policy updates per run, the same for every config (default 200; --quick: 50)"""
+    """policy updates per run, the same for every config (default 200; --quick: 20)"""
     prompts_per_step: Optional[int] = None
-    """prompts per step, the same for every config (default 32; --quick: 16)"""
+    """prompts per step, the same for every config (default 32; --quick: 8)"""
     eval_every: Optional[int] = None
-    """held-out evaluation every N steps, plus step 0 and the last (default 25; --quick: 25)"""
+    """held-out evaluation every N steps, plus step 0 and the last (default 25; --quick: 20)"""
     eval_prompts: Optional[int] = None
-    """held-out prompts per evaluation (default 256; --quick: 64)"""
+    """held-out prompts per evaluation (default 256; --quick: 32)"""
     eval_samples: Optional[int] = None
-    """samples per held-out prompt (default 8; --quick: 4)"""
+    """samples per held-out prompt (default 8; --quick: 2)"""
     max_new_tokens: int = 48
     """completion length cap, the same for every config (answers take up to 4 lines)"""
     prompt_pool: int = 256

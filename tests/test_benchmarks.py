@@ -82,7 +82,7 @@ def test_budget_flags_are_shared_and_quick_overrides():
     assert full.seeds == [0, 1, 2, 3, 4] and quick.seeds == [0] and quick.max_steps < full.max_steps
     assert (full.max_steps, full.prompts_per_step, full.eval_every, full.eval_prompts, full.eval_samples) == (
         200, 32, 25, 256, 8)
-    assert (quick.max_steps, quick.prompts_per_step, quick.eval_prompts, quick.eval_samples) == (50, 16, 64, 4)
+    assert (quick.max_steps, quick.prompts_per_step, quick.eval_prompts, quick.eval_samples) == (20, 8, 32, 2)
     assert full.max_new_tokens == quick.max_new_tokens == 48 and qdir.name == "runs-quick"
     mine, _ = run.resolve(run.Args(quick=True, max_steps=7, seeds=[3, 4]))
     assert mine.max_steps == 7 and mine.seeds == [3, 4] and mine.eval_prompts == quick.eval_prompts
