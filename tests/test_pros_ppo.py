@@ -284,8 +284,9 @@ def test_sample_log_has_root_and_augmented_rows_and_eval_logs_pass_at_powers_of_
 
 def test_truncated_completions_get_reward_zero_and_spawn_no_child(tiny_base, tmp_path, monkeypatch):
     # every rollout would score 1 (a success, --success_reward 0, long enough for a cut), but greedy decoding cut at
-    # 8 tokens stops none: reward 0, never a success, no child; --mask_truncated_completions: no policy gradient
-    rows = _main_rows(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "2", "--max_new_tokens", "8",
+    # 4 tokens stops none (the shortest answer, one step, is 6 characters + EOS): reward 0, never a success, no child;
+    # --mask_truncated_completions: no policy gradient
+    rows = _main_rows(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "2", "--max_new_tokens", "4",
                                  "--temperature", "0", "--mask_truncated_completions", "--eval_every", "0"],
                       monkeypatch, reward=lambda text, problem: 1.0)[1:]
     assert all(r["clipped_ratio"] == 1.0 and r["reward_mean"] == 0.0 and r["pass_rate"] == 0.0 for r in rows)
