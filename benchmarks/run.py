@@ -323,12 +323,23 @@ def has_checkpoint(run_dir: Path) -> bool:
     return any((p / "trainer_state.pt").exists() for p in Path(run_dir).glob("checkpoint-*"))
 
 
-def run_state(run_dir: Path, cmd: list[str], max_steps: int) -> str:
-    """new | done | resume | restart | conflict.
+def testbed_id(model_name_or_path: str) -> str:
+    """What a run trains: the embedded base's cache name (it hashes the base recipe and the task's levels, so a
+    changed testbed gets a new name), or the model given."""
+    if model_name_or_path != "embedded":
+        return model_name_or_path
+    from common.tiny_model import BaseRecipe  # imports torch: only here
+
+    return f"countdown-base-{BaseRecipe().key()}"
+
+
+def run_state(run_dir: Path, cmd: list[str], max_steps: int, testbed: Optional[str] = None) -> str:
+    """new | done | resume | restart | conflict | stale.
 
     resume: unfinished with a checkpoint; restart: unfinished without one (`--resume auto` then starts
     fresh); conflict: the directory holds a run of a different command (changed flags or budget), which
-    is neither skipped nor overwritten.
+    is neither skipped nor overwritten; stale: a run of the same command on another testbed (`testbed`, see
+    `testbed_id`; runs recorded without one count as another), likewise left alone.
     """
     run_dir = Path(run_dir)
     meta_path = run_dir / "bench.json"
@@ -338,6 +349,8 @@ def run_state(run_dir: Path, cmd: list[str], max_steps: int) -> str:
     meta = json.loads(meta_path.read_text())
     if meta.get("cmd") != cmd:
         return "conflict"
+    if testbed is not None and meta.get("testbed") != testbed:
+        return "stale"
     if is_finished(rows, max_steps):
         return "done"
     return "resume" if has_checkpoint(run_dir) else ("restart" if rows or meta.get("attempts") else "new")
@@ -435,12 +448,14 @@ def _eval_summary(rows: list[dict]) -> str:
             f"{ev[-1]['eval_pass@1']:.3f} (step {ev[-1]['step']})")
 
 
-def execute(cfg: Config, s: Settings, seed: int, run_dir: Path, cmd: list[str], state: str, args: Args) -> str:
+def execute(cfg: Config, s: Settings, seed: int, run_dir: Path, cmd: list[str], state: str, args: Args,
+            testbed: str) -> str:
     """Run (or continue) one run as a subprocess; returns done | failed | interrupted | incomplete."""
     run_dir.mkdir(parents=True, exist_ok=True)
     meta_path = run_dir / "bench.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {
-        "config": cfg.name, "script": cfg.script, "seed": seed, "cmd": cmd, "attempts": 0, "wall_s": 0.0}
+        "config": cfg.name, "script": cfg.script, "seed": seed, "cmd": cmd, "attempts": 0, "wall_s": 0.0,
+        "testbed": testbed}
     meta["attempts"] += 1
     meta["settings"] = asdict(s)
     meta_path.write_text(json.dumps(meta, indent=2))
@@ -510,14 +525,15 @@ def plan(args: Args, s: Settings, runs_dir: Path) -> list[dict]:
     sweep already has every config at seed 0."""
     names = args.only_names() or [c.name for c in CONFIGS]
     missing = {n: check_config(BY_NAME[n]) for n in names}
+    testbed = testbed_id(s.model_name_or_path)
     items = []
     for seed in s.seeds:
         for n in names:
             cfg = BY_NAME[n]
             run_dir = runs_dir / n / f"seed{seed}"
             cmd = build_command(cfg, s, seed, _portable(run_dir))
-            state = missing[n] or run_state(run_dir, cmd, s.max_steps)
-            items.append({"cfg": cfg, "seed": seed, "dir": run_dir, "cmd": cmd, "state": state})
+            state = missing[n] or run_state(run_dir, cmd, s.max_steps, testbed)
+            items.append({"cfg": cfg, "seed": seed, "dir": run_dir, "cmd": cmd, "state": state, "testbed": testbed})
     return items
 
 
@@ -560,6 +576,12 @@ def main(args: Args, argv: list[str]) -> int:
                   f"another --runs_dir\n        {conflict_diff(it['dir'], it['cmd'])}", flush=True)
             results["conflict"] = results.get("conflict", 0) + 1
             continue
+        if state == "stale":
+            recorded = json.loads((it["dir"] / "bench.json").read_text()).get("testbed", "not recorded")
+            print(f"{head}: STALE, skipped: {it['dir']} holds a run on another testbed ({recorded}; now "
+                  f"{it['testbed']}); delete it to run this one again", flush=True)
+            results["stale"] = results.get("stale", 0) + 1
+            continue
         resume = state in ("resume", "restart")
         full = [args.python, *it["cmd"]] + (["--resume", "auto"] if resume else [])
         if args.dry_run:
@@ -569,7 +591,7 @@ def main(args: Args, argv: list[str]) -> int:
         rows = read_rows(it["dir"])
         where = f" from step {rows[-1]['step']}" if resume and rows else ""
         print(f"{head}: {state}{where} -> {it['dir']}", flush=True)
-        out = execute(cfg, s, seed, it["dir"], it["cmd"], state, args)
+        out = execute(cfg, s, seed, it["dir"], it["cmd"], state, args, it["testbed"])
         results[out] = results.get(out, 0) + 1
         if out == "interrupted":
             print("sweep interrupted; run the same command again to continue", flush=True)

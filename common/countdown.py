@@ -315,7 +315,7 @@ class Level:
 
 # Sizes chosen so that the base policy's pass rates are skewed as the papers assume (README: the testbed):
 # one-step problems it nearly always solves, 3-number ones in between, 5-number ones (4 steps) it rarely solves.
-LEVELS = (Level("easy", 2, 30, 0.2), Level("mid", 3, 20, 0.6), Level("hard", 5, 9, 0.2))
+LEVELS = (Level("easy", 2, 30, 0.15), Level("mid", 3, 20, 0.7), Level("hard", 5, 9, 0.15))
 
 
 @functools.lru_cache(maxsize=None)

@@ -138,11 +138,31 @@ def test_a_committed_finished_run_is_done_on_a_fresh_clone(tmp_path):
     cmd = run.build_command(cfg, s, 0, run._portable(d))
     _write_rows(d, [{"step": 0, "eval_pass@1": 0.1}, {"step": 2, "eval_pass@1": 0.2}, {"step": 4, "eval_pass@1": 0.3}])
     (d / "args.json").write_text("{}")
-    (d / "bench.json").write_text(json.dumps({"cmd": cmd, "attempts": 1, "finished": True}))
+    testbed = run.testbed_id(s.model_name_or_path)
+    meta = {"cmd": cmd, "attempts": 1, "finished": True, "testbed": testbed}
+    (d / "bench.json").write_text(json.dumps(meta))
     assert run.run_state(d, cmd, 4) == "done"
     args = run.Args(only="rloo", runs_dir=str(tmp_path / "runs"), seeds=[0])
     (item,) = run.plan(args, s, tmp_path / "runs")
     assert item["state"] == "done" and item["cmd"] == cmd
+
+
+def test_a_run_on_another_testbed_is_stale_not_skipped(tmp_path, monkeypatch):
+    # a finished run of the same command on an older embedded task or base must not count for the current one
+    s = _settings(seeds=[0])
+    d = tmp_path / "runs" / "rloo" / "seed0"
+    cmd = run.build_command(run.BY_NAME["rloo"], s, 0, run._portable(d))
+    _write_rows(d, [{"step": 0, "eval_pass@1": 0.1}, {"step": 4, "eval_pass@1": 0.3}])
+    now = run.testbed_id("embedded")
+    assert now.startswith("countdown-base-") and run.testbed_id("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
+    for recorded, state in ((now, "done"), ("countdown-base-0000000000", "stale"), (None, "stale")):
+        (d / "bench.json").write_text(json.dumps({"cmd": cmd, "attempts": 1, "finished": True, "testbed": recorded}))
+        assert run.run_state(d, cmd, 4, now) == state, recorded
+    # the testbed id follows the task's levels, not only the base recipe
+    from common import countdown
+
+    monkeypatch.setattr(countdown, "LEVELS", countdown.LEVELS[:2])
+    assert run.testbed_id("embedded") != now
 
 
 def test_compact_run_keeps_what_git_tracks(tmp_path):
