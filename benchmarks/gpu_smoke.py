@@ -195,7 +195,9 @@ def main(args: Args) -> None:
             except Exception as e:  # a smoke run reports every failure and goes on with the next run
                 traceback.print_exc()
                 results.append({"script": script, "variant": variant, "status": f"error: {type(e).__name__}: {e}"})
-    (Path(args.output_dir) / "smoke.json").write_text(json.dumps({"device": device, "results": results}, indent=2))
+            # written after every run, so a smoke cut short (a time limit, Ctrl-C) keeps what it measured
+            (Path(args.output_dir) / "smoke.json").write_text(json.dumps({"device": device, "results": results},
+                                                                         indent=2))
     print(table(results, device))
 
 
