@@ -463,6 +463,34 @@ def test_claim_verdicts_on_constructed_runs(tmp_path):
         "inconclusive (1 seed)"]
 
 
+def test_ada_sample_allocation_claims_compare_hard_with_mid(tmp_path):
+    # SEQ-BALANCE gives both ends the full budget (hard: no success; easy: no failures for its balanced exit); the
+    # paper claims hard > mid for both SEQ variants, and SEQ-BALANCE's easy > mid (it collects failure cases)
+    runs = tmp_path / "runs"
+    for seed in range(3):
+        for name, easy, mid, hard in (("seq_pos", 8.0, 12.0, 28.0), ("seq_balance", 31.5, 17.0, 31.0)):
+            per = {s: {"ada_samples_per_prompt_easy": easy, "ada_samples_per_prompt_mid": mid + 0.1 * seed,
+                       "ada_samples_per_prompt_hard": hard, "ada_samples_per_prompt_mean": mid} for s in range(1, 5)}
+            _fake_run(runs, name, seed, {0: 0.2, 4: 0.3}, 50, extra=per)
+    _, aggs = report.build_aggs(report.load_runs(runs))
+    rows = {c.claim: c for c in report.claim_rows(aggs)}
+    pos = rows["SEQ-POS draws more samples for hard prompts than for mid-difficulty ones"]
+    assert pos.verdict == "reproduced" and "hard - mid samples per prompt +15.90" in pos.measured
+    bal = rows["SEQ-BALANCE draws more samples for hard prompts than for mid-difficulty ones"]
+    assert bal.verdict == "reproduced" and "+13.90" in bal.measured
+    easy = [c for c in rows.values() if c.claim.startswith("SEQ-BALANCE also draws more samples for easy")][0]
+    assert easy.verdict == "reproduced" and "easy - mid samples per prompt +14.40" in easy.measured
+    # a balanced run whose hard prompts got no more than its mid ones: the claim fails
+    for seed in range(3):
+        per = {s: {"ada_samples_per_prompt_easy": 31.5, "ada_samples_per_prompt_mid": 17.0 + 0.1 * seed,
+                   "ada_samples_per_prompt_hard": 12.0} for s in range(1, 5)}
+        _fake_run(tmp_path / "flat", "seq_balance", seed, {0: 0.2, 4: 0.3}, 50, extra=per)
+    _, aggs = report.build_aggs(report.load_runs(tmp_path / "flat"))
+    rows = {c.claim: c for c in report.claim_rows(aggs)}
+    assert rows["SEQ-BALANCE draws more samples for hard prompts than for mid-difficulty ones"].verdict == \
+        "not reproduced"
+
+
 def test_tokens_to_reach_the_baseline(tmp_path):
     curve = [{"step": 0, "pass1": 0.2, "gen_tokens": 0}, {"step": 2, "pass1": 0.3, "gen_tokens": 400},
              {"step": 4, "pass1": 0.4, "gen_tokens": 800}]
