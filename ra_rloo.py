@@ -371,6 +371,7 @@ def main(args: Args) -> None:
             "success": fresh_success.sum().item(), "zero_var": zero_variance(fresh_rewards).sum().item(),
             "truncated": sum(reason == "length" for reason in gens.finish_reasons),
             "zero_var_post": zero_variance(rewards).sum().item(), "fired": is_replay.any(-1).sum().item(), **sums,
+            "no_success_post": (~(rewards >= args.success_reward).any(-1)).sum().item(),
             "t_gen": t_gen, "t_train": t_train,
         })
         counters["rollouts"] += int(totals["rollouts"])
@@ -393,6 +394,8 @@ def main(args: Args) -> None:
             # [RA-RLOO] mechanism metrics
             "ra_zero_var_frac_post": totals["zero_var_post"] / groups,
             "ra_replay_fired_frac": totals["fired"] / groups,
+            # the paper's degenerate groups (no success); all-pass groups are zero-variance too but never spliced
+            "ra_no_success_frac_post": totals["no_success_post"] / groups,
             "ra_is_weight_mean": totals["w_sum"] / totals["w_n"] if totals["w_n"] else None,
             "ra_buffer_prompts": sum(1 for buffer in buffers.values() if buffer),
         }

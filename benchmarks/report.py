@@ -623,6 +623,18 @@ def _time_equal(aggs, paper: str, name: str, other: str) -> Claim:
 
 def _ra_rloo_claims(aggs) -> list[Claim]:
     paper, out = "RA-RLOO", []
+    # the paper's degenerate group is one where no rollout got reward 1.0 (its Sec. 1: ~57% -> ~0% after the
+    # splice); logged as `ra_no_success_frac_post` by runs made after 2026-11-24 (older runs: left out)
+    claim = "Splicing leaves no group without a success (`ra_no_success_frac_post` <= 0.05; the paper: ~57% → ~0%)"
+    if not _have(aggs, "ra_rloo"):
+        out.append(Claim(paper, claim, NO_RUNS, "`ra_rloo` has no finished run"))
+    else:
+        post = over_seeds(aggs, "ra_rloo", _summary_of("ra_no_success_frac_post"))
+        rloo = over_seeds(aggs, "rloo", _summary_of("ra_no_success_frac_post"))
+        verdict = verdict_within(post, -math.inf, 0.05) if post else "inconclusive (not logged)"  # a fraction <= 0.05
+        out.append(Claim(paper, claim, verdict,
+                         f"mean over steps after the splice {_iv(post, sign='')} ({post.n if post else 0} seeds log "
+                         f"it); RLOO (no splice) {_iv(rloo, sign='')}"))
     claim = "Splicing stored successes leaves about no zero-variance groups (`ra_zero_var_frac_post` <= 0.05)"
     if not _have(aggs, "ra_rloo"):
         out.append(Claim(paper, claim, NO_RUNS, "`ra_rloo` has no finished run"))
@@ -631,7 +643,7 @@ def _ra_rloo_claims(aggs) -> list[Claim]:
         fresh = over_seeds(aggs, "ra_rloo", _summary_of("frac_zero_var_groups"))
         rloo = over_seeds(aggs, "rloo", _summary_of("frac_zero_var_groups"))
         late = over_seeds(aggs, "ra_rloo", _summary_of("ra_zero_var_frac_post", "late"))
-        verdict = verdict_within(post, 0.0, 0.05) if post else "inconclusive (not logged)"
+        verdict = verdict_within(post, -math.inf, 0.05) if post else "inconclusive (not logged)"
         out.append(Claim(paper, claim, verdict,
                          f"mean over steps after the splice {_iv(post, sign='')} (last quarter {_iv(late, sign='')}); "
                          f"fresh groups before it {_iv(fresh, sign='')}; RLOO's fresh groups {_iv(rloo, sign='')}. "

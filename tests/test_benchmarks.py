@@ -463,6 +463,24 @@ def test_claim_verdicts_on_constructed_runs(tmp_path):
         "inconclusive (1 seed)"]
 
 
+def test_ra_rloo_claim_on_groups_without_a_success(tmp_path):
+    # the paper's degenerate groups (no reward-1 rollout) are judged on ra_no_success_frac_post; the strict
+    # zero-variance fraction (all-pass groups included) keeps its own line; runs without the metric are left out
+    runs = tmp_path / "runs"
+    for seed in range(3):
+        post = {s: {"ra_no_success_frac_post": 0.01 * seed, "ra_zero_var_frac_post": 0.15} for s in range(1, 5)}
+        _fake_run(runs, "ra_rloo", seed, {0: 0.2, 4: 0.3}, 50, extra=post)
+        _fake_run(runs, "rloo", seed, {0: 0.2, 4: 0.3}, 50, extra={s: {"ra_no_success_frac_post": 0.6} for s in
+                                                                   range(1, 5)})
+    _fake_run(runs, "ra_rloo", 3, {0: 0.2, 4: 0.3}, 50)  # an older run: no such metric
+    _, aggs = report.build_aggs(report.load_runs(runs))
+    rows = [c for c in report.claim_rows(aggs) if c.paper == "RA-RLOO"]
+    assert rows[0].claim.startswith("Splicing leaves no group without a success")
+    assert rows[0].verdict == "reproduced" and "(3 seeds log it)" in rows[0].measured and "0.600" in rows[0].measured
+    assert rows[1].claim.startswith("Splicing stored successes leaves about no zero-variance groups")
+    assert rows[1].verdict == "not reproduced"
+
+
 def test_ada_sample_allocation_claims_compare_hard_with_mid(tmp_path):
     # SEQ-BALANCE gives both ends the full budget (hard: no success; easy: no failures for its balanced exit); the
     # paper claims hard > mid for both SEQ variants, and SEQ-BALANCE's easy > mid (it collects failure cases)

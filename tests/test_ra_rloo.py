@@ -73,10 +73,12 @@ def test_replay_removes_zero_variance_groups_and_vanilla_does_not(tiny_base, tmp
     assert ra[-1]["rollouts"] == 3 * 8 * 4
     # seeded buffers: every group without a fresh success gets a replay, so no zero-variance group survives
     assert all(r["ra_zero_var_frac_post"] == 0.0 for r in ra)
+    assert all(r["ra_no_success_frac_post"] == 0.0 for r in ra)  # the paper's degenerate groups: none left
     assert any(r["frac_zero_var_groups"] > 0 for r in ra) and all(r["ra_replay_fired_frac"] > 0 for r in ra)
     assert all(0 < r["ra_is_weight_mean"] <= 5.0 for r in ra) and ra[0]["ra_buffer_prompts"] == 48
     assert all(r["ra_replay_fired_frac"] == 0 and r["ra_zero_var_frac_post"] == r["frac_zero_var_groups"] for r in van)
     assert all(r["ra_buffer_prompts"] == 0 for r in van)
+    assert any(r["ra_no_success_frac_post"] > 0 for r in van)  # without the splice, groups without a success stay
 
 
 def _main_rows(out, extra, monkeypatch, reward=lambda text, problem: float(len(text) % 2)):
