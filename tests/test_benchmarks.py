@@ -469,9 +469,11 @@ def test_ra_rloo_claim_on_groups_without_a_success(tmp_path):
     runs = tmp_path / "runs"
     for seed in range(3):
         post = {s: {"ra_no_success_frac_post": 0.01 * seed, "ra_zero_var_frac_post": 0.15} for s in range(1, 5)}
-        _fake_run(runs, "ra_rloo", seed, {0: 0.2, 4: 0.3}, 50, extra=post)
-        _fake_run(runs, "rloo", seed, {0: 0.2, 4: 0.3}, 50, extra={s: {"ra_no_success_frac_post": 0.6} for s in
-                                                                   range(1, 5)})
+        post[4]["eval_paper_pass@4"] = 0.55 + 0.01 * seed  # the paper's metric, logged with the final evaluation
+        _fake_run(runs, "ra_rloo", seed, {0: 0.2, 4: 0.3 + 0.01 * seed}, 50, extra=post)
+        rloo = {s: {"ra_no_success_frac_post": 0.6} for s in range(1, 5)}
+        rloo[4]["eval_paper_pass@4"] = 0.50 + 0.01 * seed
+        _fake_run(runs, "rloo", seed, {0: 0.2, 4: 0.3}, 50, extra=rloo)
     _fake_run(runs, "ra_rloo", 3, {0: 0.2, 4: 0.3}, 50)  # an older run: no such metric
     _, aggs = report.build_aggs(report.load_runs(runs))
     rows = [c for c in report.claim_rows(aggs) if c.paper == "RA-RLOO"]
@@ -479,6 +481,10 @@ def test_ra_rloo_claim_on_groups_without_a_success(tmp_path):
     assert rows[0].verdict == "reproduced" and "(3 seeds log it)" in rows[0].measured and "0.600" in rows[0].measured
     assert rows[1].claim.startswith("Splicing stored successes leaves about no zero-variance groups")
     assert rows[1].verdict == "not reproduced"
+    beats = {c.claim.split(" (")[0]: c for c in rows if c.claim.startswith("RA-RLOO beats RLOO")}
+    assert beats["RA-RLOO beats RLOO"].verdict == "inconclusive"  # +0.01 [-0.015, +0.035]: neither side of 0.03
+    paper4 = [c for c in rows if "paper's metric" in c.claim][0]
+    assert paper4.verdict == "reproduced" and "+0.050" in paper4.measured
 
 
 def test_ada_sample_allocation_claims_compare_hard_with_mid(tmp_path):
