@@ -624,33 +624,34 @@ def _time_equal(aggs, paper: str, name: str, other: str) -> Claim:
                                         f"{_iv(iv, 2, '')} (band [0.9, 1.1])")
 
 
+def _at_most(aggs, paper: str, claim: str, name: str, key: str, bound: float, measured) -> Claim:
+    """'the per-step mean of `key` in `name`'s runs is at most `bound`'; measured(interval) writes the figures."""
+    if not _have(aggs, name):
+        return Claim(paper, claim, NO_RUNS, f"`{name}` has no finished run")
+    post = over_seeds(aggs, name, _summary_of(key))
+    verdict = verdict_within(post, -math.inf, bound) if post else "inconclusive (not logged)"
+    return Claim(paper, claim, verdict, measured(post))
+
+
 def _ra_rloo_claims(aggs) -> list[Claim]:
     paper, out = "RA-RLOO", []
     # the paper's degenerate group is one where no rollout got reward 1.0 (its Sec. 1: ~57% -> ~0% after the
     # splice); logged as `ra_no_success_frac_post` by runs made after 2026-11-24 (older runs: left out)
-    claim = "Splicing leaves no group without a success (`ra_no_success_frac_post` <= 0.05; the paper: ~57% → ~0%)"
-    if not _have(aggs, "ra_rloo"):
-        out.append(Claim(paper, claim, NO_RUNS, "`ra_rloo` has no finished run"))
-    else:
-        post = over_seeds(aggs, "ra_rloo", _summary_of("ra_no_success_frac_post"))
-        rloo = over_seeds(aggs, "rloo", _summary_of("ra_no_success_frac_post"))
-        verdict = verdict_within(post, -math.inf, 0.05) if post else "inconclusive (not logged)"  # a fraction <= 0.05
-        out.append(Claim(paper, claim, verdict,
-                         f"mean over steps after the splice {_iv(post, sign='')} ({post.n if post else 0} seeds log "
-                         f"it); RLOO (no splice) {_iv(rloo, sign='')}"))
-    claim = "Splicing stored successes leaves about no zero-variance groups (`ra_zero_var_frac_post` <= 0.05)"
-    if not _have(aggs, "ra_rloo"):
-        out.append(Claim(paper, claim, NO_RUNS, "`ra_rloo` has no finished run"))
-    else:
-        post = over_seeds(aggs, "ra_rloo", _summary_of("ra_zero_var_frac_post"))
-        fresh = over_seeds(aggs, "ra_rloo", _summary_of("frac_zero_var_groups"))
-        rloo = over_seeds(aggs, "rloo", _summary_of("frac_zero_var_groups"))
-        late = over_seeds(aggs, "ra_rloo", _summary_of("ra_zero_var_frac_post", "late"))
-        verdict = verdict_within(post, -math.inf, 0.05) if post else "inconclusive (not logged)"
-        out.append(Claim(paper, claim, verdict,
-                         f"mean over steps after the splice {_iv(post, sign='')} (last quarter {_iv(late, sign='')}); "
-                         f"fresh groups before it {_iv(fresh, sign='')}; RLOO's fresh groups {_iv(rloo, sign='')}. "
-                         "The splice fires only in groups without a fresh success: all-pass groups remain"))
+    rloo_no_success = over_seeds(aggs, "rloo", _summary_of("ra_no_success_frac_post"))
+    out.append(_at_most(
+        aggs, paper, "Splicing leaves no group without a success (`ra_no_success_frac_post` <= 0.05; the paper: "
+        "~57% → ~0%)", "ra_rloo", "ra_no_success_frac_post", 0.05,
+        lambda post: f"mean over steps after the splice {_iv(post, sign='')} ({post.n if post else 0} seeds log it); "
+                     f"RLOO (no splice) {_iv(rloo_no_success, sign='')}"))
+    fresh = over_seeds(aggs, "ra_rloo", _summary_of("frac_zero_var_groups"))
+    rloo_fresh = over_seeds(aggs, "rloo", _summary_of("frac_zero_var_groups"))
+    late = over_seeds(aggs, "ra_rloo", _summary_of("ra_zero_var_frac_post", "late"))
+    out.append(_at_most(
+        aggs, paper, "Splicing stored successes leaves about no zero-variance groups (`ra_zero_var_frac_post` <= 0.05)",
+        "ra_rloo", "ra_zero_var_frac_post", 0.05,
+        lambda post: f"mean over steps after the splice {_iv(post, sign='')} (last quarter {_iv(late, sign='')}); "
+                     f"fresh groups before it {_iv(fresh, sign='')}; RLOO's fresh groups {_iv(rloo_fresh, sign='')}. "
+                     "The splice fires only in groups without a fresh success: all-pass groups remain"))
     out.append(_better(aggs, paper, "RA-RLOO beats RLOO (final held-out pass@1)", "ra_rloo", "rloo"))
     out.append(_better(aggs, paper, "RA-RLOO beats RLOO on the paper's metric (pass@4 of 8 samples at T 0.6, top-p "
                        "0.95, top-k 20; the paper: +0.023, p ≈ 0.10 at 3 seeds)", "ra_rloo", "rloo", key="paper4",
