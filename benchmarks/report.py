@@ -216,6 +216,20 @@ def cost_to_reach(curve: list[dict], target: float, xkey: str = "gen_tokens") ->
     return None
 
 
+def value_at(curve: list[dict], x: float, xkey: str = "gen_tokens", key: str = "pass1") -> Optional[float]:
+    """One run's eval curve read at `xkey` = x (generated tokens, step, ...), linearly interpolated between the two
+    evaluations around it; None past the curve's last evaluation."""
+    prev = None
+    for p in curve:
+        if p[xkey] >= x:
+            if prev is None or p[xkey] == prev[xkey]:
+                return p[key]
+            frac = (x - prev[xkey]) / (p[xkey] - prev[xkey])
+            return prev[key] + frac * (p[key] - prev[key])
+        prev = p
+    return None
+
+
 @dataclass
 class Agg:
     cfg: Config
@@ -395,6 +409,33 @@ def reach_ratios(aggs: dict[str, Agg], name: str, xkey: str = "gen_tokens") -> t
     return t_interval(ratios), len(ratios), len(agg.finished)
 
 
+def equal_tokens_diffs(aggs: dict[str, Agg], name: str) -> Optional[Interval]:
+    """Per seed: the config's held-out pass@1 minus its baseline's, both read off their eval curves at the same
+    number of generated tokens (the smaller of the two runs' totals, interpolated between evaluations): the token
+    cost of a score measured on the pass@1 scale, where a threshold crossing on a flattening curve is not."""
+    agg = aggs.get(name)
+    base = aggs.get(agg.cfg.baseline) if agg and agg.cfg.baseline else None
+    if agg is None or base is None:
+        return None
+    theirs = {r.seed: eval_curve(r.rows) for r in base.finished}
+    diffs = []
+    for run in agg.finished:
+        own, ref = eval_curve(run.rows), theirs.get(run.seed)
+        if not own or not ref:
+            continue
+        budget = min(own[-1]["gen_tokens"], ref[-1]["gen_tokens"])
+        diffs.append(value_at(own, budget) - value_at(ref, budget))
+    return t_interval(diffs)
+
+
+def seeds_for(iv: Optional[Interval], target: float = TARGET_HALF) -> Optional[int]:
+    """Seeds the same spread would need for a half-width of `target` (normal approximation: half ~ 1/sqrt(n))."""
+    if iv is None or iv.half is None or iv.n < 2:
+        return None
+    sd = iv.half * math.sqrt(iv.n) / t975(iv.n - 1)
+    return max(iv.n, math.ceil((1.96 * sd / target) ** 2))
+
+
 # ----------------------------------------------------------------------------------------------------
 # Markdown
 # ----------------------------------------------------------------------------------------------------
@@ -479,8 +520,9 @@ def _level_cell(a: Agg, level: str) -> str:
 def difference_table(order: list[str], aggs: dict[str, Agg]) -> str:
     """Per config: final pass@1 (all, hard, easy) and the paired differences to its baseline with 95% intervals."""
     head = ("| config | baseline | paired seeds | final pass@1 (mean ± std) | hard | easy | Δ pass@1 vs baseline "
-            "[95% CI] ±half | Δ hard | Δ easy | tokens to the baseline's final pass@1 / baseline's tokens [95% CI] "
-            "(seeds reaching it) |\n|---|---|---|---|---|---|---|---|---|---|\n")
+            "[95% CI] ±half | Δ hard | Δ easy | Δ pass@1 at equal generated tokens [95% CI] | tokens to the "
+            "baseline's final pass@1 / baseline's tokens [95% CI] (seeds reaching it) |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|\n")
     lines = []
     for name in order:
         a = aggs[name]
@@ -491,14 +533,17 @@ def difference_table(order: list[str], aggs: dict[str, Agg]) -> str:
         base = a.cfg.baseline
         if base is None or base not in aggs or aggs[base].final is None:
             cells[1] = f"`{base}`: no finished run" if base else "(a baseline)"
-            lines.append("| " + " | ".join(cells + ["-"] * 4) + " |")
+            lines.append("| " + " | ".join(cells + ["-"] * 5) + " |")
             continue
         diffs = [paired(aggs, name, base, lambda run, key=key: final_value(run, key))
                  for key in ("pass1", "hard", "easy")]
         ratio, reached, seeds = reach_ratios(aggs, name, "gen_tokens")
         cells[1], cells[2] = f"`{base}`", str(diffs[0].n if diffs[0] else 0)
         cells += [_iv(iv, target=TARGET_HALF) for iv in diffs]
-        cells.append(f"{_iv(ratio, 2, '', TARGET_HALF)} ({reached}/{seeds})")
+        cells.append(_iv(equal_tokens_diffs(aggs, name), target=TARGET_HALF))
+        need = seeds_for(ratio) if ratio and ratio.half and ratio.half > TARGET_HALF else None
+        cells.append(f"{_iv(ratio, 2, '', TARGET_HALF)} ({reached}/{seeds})"
+                     + (f"; ±{TARGET_HALF} needs {f'~{need}' if need <= 1000 else '> 1000'} seeds" if need else ""))
         lines.append("| " + " | ".join(cells) + " |")
     return head + "\n".join(lines) + "\n"
 
@@ -1022,9 +1067,15 @@ def write_report(runs_dir: Path, out_dir: Path, plots: bool = True) -> Path:
     md.append(f"Each difference is taken per seed (config minus its baseline, same seed) and summarised by its mean "
               f"and 95% t-interval over the seeds both finished; ⚠ marks a half-width above the issue's target "
               f"{TARGET_HALF}. Hard / easy: held-out pass@1 on the problems of that difficulty level (when the runs "
-              f"log it). Tokens: per seed, generated tokens until the eval curve reaches the baseline's final "
-              f"seed-mean pass@1 (interpolated between evaluations) over the baseline's own tokens to first reach "
-              f"that score (< 1: cheaper); the interval is over the seeds that reached it.\n")
+              f"log it). Equal generated tokens: per seed, both runs' pass@1 read off their eval curves at the same "
+              f"token spend (the smaller of the two runs' totals, interpolated between evaluations; > 0: the config "
+              f"scores more for the same generation cost). Tokens to reach: per seed, generated tokens until the "
+              f"eval curve reaches the baseline's final seed-mean pass@1 (interpolated between evaluations) over "
+              f"the baseline's own tokens to first reach that score (< 1: cheaper); the interval is over the seeds "
+              f"that reached it. That ratio is a threshold crossing near the top of flattening curves, so an eval's "
+              f"noise (about ±0.01 pass@1) moves it by tens of steps: its intervals are far wider than "
+              f"±{TARGET_HALF} at any seed count this machine can afford (the cell says how many the same spread "
+              f"would need), and the equal-tokens difference answers the same question on the pass@1 scale.\n")
     md.append(difference_table(order, aggs) if order else "No runs found.\n")
     md.append("\nConfigs:\n")
     for n in order:

@@ -539,6 +539,28 @@ def test_tokens_to_reach_the_baseline(tmp_path):
     assert "(0/1)" in [line for line in table.splitlines() if "(`ppo_pros`)" in line][0]
 
 
+def test_pass1_at_equal_generated_tokens(tmp_path):
+    curve = [{"step": 0, "pass1": 0.2, "gen_tokens": 0}, {"step": 2, "pass1": 0.3, "gen_tokens": 400}]
+    assert report.value_at(curve, 100) == pytest.approx(0.225) and report.value_at(curve, 0) == 0.2
+    assert report.value_at(curve, 500) is None
+    # RLOO spends 400 tokens in 4 steps, RA-RLOO 800: both are read at 400 tokens, RA-RLOO's step 2 (0.32, 0.34)
+    # against RLOO's step 4 (0.30, 0.34), so the per-seed differences are +0.02 and 0.00
+    order, aggs = report.build_aggs(report.load_runs(_fake_results(tmp_path)))
+    iv = report.equal_tokens_diffs(aggs, "ra_rloo")
+    assert iv.n == 2 and iv.mean == pytest.approx(0.01)
+    assert report.equal_tokens_diffs(aggs, "ppo_pros").mean == pytest.approx(-0.1)  # same tokens: 0.4 - 0.5
+    assert report.equal_tokens_diffs(aggs, "rloo") is None  # a baseline has nothing to be compared with
+    row = [line for line in report.difference_table(order, aggs).splitlines() if "(`ra_rloo`)" in line][0]
+    assert "+0.010 [" in row
+
+
+def test_seeds_needed_for_the_target_width():
+    values = [0.0, 0.05, -0.05, 0.1, -0.1]  # sd 0.0791: 1.96 * 0.0791 / 0.03 = 5.17, squared 26.7
+    assert report.seeds_for(report.t_interval(values)) == 27
+    assert report.seeds_for(report.t_interval([0.0, 0.001, -0.001])) == 3  # already narrow: the seeds it has
+    assert report.seeds_for(report.t_interval([0.5])) is None
+
+
 def test_report_page_without_plots(tmp_path):
     runs = _fake_results(tmp_path)
     (tmp_path / "out").mkdir()
