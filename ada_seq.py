@@ -11,7 +11,8 @@ GRPO with a small group (n = 4) often sees a prompt's rollouts all fail (or all 
            at most `max_rounds` rounds (N_max = M * max_rounds responses per prompt).
   phase 2: each pool is downsampled to exactly n responses (up to n//2 positives, the rest negatives,
            topping up from the other side), and advantages use the *whole pool's* statistics:
-           A_i = (r_i - mean(pool)) / std(pool) (eq. 2 with the pool's statistics), optionally x w(p_hat).
+           A_i = r_i - mean(pool) (Alg. 2 line 19; `--adv_std_norm true` divides by std(pool)), optionally
+           x w(p_hat).
 The update is a GRPO-style clipped policy gradient on n responses per prompt (plus the paper's entropy bonus),
 so the backward cost is that of GRPO-n; only inference grows. Lines marked [ADA] are what the paper adds to GRPO.
 
@@ -28,10 +29,17 @@ kept in sampling order): so the batch never exceeds `prompts_per_step` groups, a
 share (the loss normaliser stays that of a full batch). Advantages are GRPO-n's (eq. 2 over the group).
 
 Where this file follows the authors' public code rather than the paper's text (both are flags):
-- Std normalisation of the global advantage: Alg. 2 line 19 writes A = r - mean(pool); the authors' verl code
-  (GRPO estimator with global statistics) divides by the pool's std as well, and so does GRPO-n's eq. (2), so the
-  default keeps the two comparable (App. B, Remark 1: for 0/1 rewards (r - p)/sqrt(p(1-p)) is the
-  log-objective's own advantage). `--adv_std_norm false` is the literal Alg. 2.
+- Advantage of Reinforce-Ada (`--max_rounds` > 1): A = r - mean(pool), no std: Alg. 2 line 19 and Sec. 3.2's
+  estimator, and the authors' run script (RLHFlow/Reinforce-Ada `scripts/run_reinforce_ada.sh` at 6895ad3 sets
+  `norm_adv_by_std_in_grpo=False`; the line came with the commit "correct training script error", 2025-10-07).
+  Their GRPO script (`scripts/run_grpo.sh` at 05be605) leaves verl's std on, eq. (2): so GRPO-n (`--max_rounds 1`)
+  divides by the group's std by default. `--adv_std_norm true/false` overrides both. With the std, a kept
+  positive of a pool with 1 success in 32 would get A = 5.6 instead of 0.97: the update tilts toward rare wins.
+- Warm-up: 10 steps (the paper's set-up, Sec. 4; `run_reinforce_ada.sh`: `lr_warmup_steps=10`).
+- Loss aggregation: the authors' script uses verl's `token-mean` (the surrogate averaged over the batch's
+  generated tokens); this file divides the token sum by the constant kept responses x max_new_tokens (no length
+  bias), so its step is that of token-mean x (mean completion length / max_new_tokens): about 0.37x on the
+  embedded task (README, "Paper fidelity").
 - Exit quotas: `positive` exits after K_pos = 1 positive (the public code); the text's example is K_pos = 16 at
   N_max = 128 (`--k_pos 16`). `balanced` needs n//2 positives and n - n//2 negatives in both.
 - Entropy bonus: the paper's set-up (Sec. 4) uses coefficient 1e-4, the default here; the public run script sets
@@ -125,9 +133,10 @@ class Args(BaseArgs):
     """[ADA] K_neg, negatives needed to exit under `balanced` (default n - n//2)"""
     positive_threshold: float = 0.7
     """[ADA] a response is positive when its training reward > this (rewards may be shaped)"""
-    adv_std_norm: bool = True
-    """divide advantages by the std of the prompt's full pool: GRPO's eq. (2) (with one round: GRPO-n) and the authors'
-    code; false = A = r - mean (Alg. 2 line 19; with one round: Dr. GRPO-n)"""
+    adv_std_norm: Optional[bool] = None
+    """divide advantages by the std of the prompt's pool (eq. 2). Default (unset): true for GRPO-n (`--max_rounds 1`,
+    eq. 2; false there = Dr. GRPO-n), false for Reinforce-Ada (`--max_rounds` > 1: A = r - mean(pool), Alg. 2 line
+    19, as the authors' run script); the value used is written to args.json"""
     unfinished_downsample: Literal["balanced", "pass_ratio"] = "balanced"
     """[ADA] prompts still active after the last round: the balanced rule of Alg. 2 line 18 (as finished ones), or
     `pass_ratio`: about n x the pool's pass ratio positives (at least 1 if any), the public code's fallback"""
@@ -149,6 +158,8 @@ class Args(BaseArgs):
     """where pi_old's log-probs come from: `auto` = the update's own first forward pass when that is exact (HF
     backend, one epoch: the weights that sampled are the weights being updated), else the sampler; `sampler` =
     always the generator's log-probs (an extra scoring pass with the HF backend)"""
+    warmup_steps: int = 10
+    """linear warm-up steps, then constant (the paper's set-up, Sec. 4: a 10-step warm-up)"""
     dynamic_sampling: bool = False
     """[DAPO] the DAPO dynamic-sampling baseline (needs `--max_rounds 1`): drop groups whose rewards are all equal
     and refill the batch with groups for new prompts, up to `max_dynamic_rounds` extra rounds"""
@@ -160,6 +171,10 @@ class Args(BaseArgs):
         n = self.final_keep_per_prompt
         default_pos = 1 if self.exit_condition == "positive" else n // 2
         return (default_pos if self.k_pos is None else self.k_pos), (n - n // 2 if self.k_neg is None else self.k_neg)
+
+    def __post_init__(self) -> None:
+        if self.adv_std_norm is None:  # [ADA] Reinforce-Ada: r - mean(pool) (Alg. 2 line 19); GRPO-n: eq. (2)
+            self.adv_std_norm = self.max_rounds == 1
 
     def validate(self) -> None:
         n = self.final_keep_per_prompt

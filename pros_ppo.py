@@ -103,7 +103,12 @@ class Args(BaseArgs):
     max_children_per_group: int = 0
     """[PROS] cap on new children added per group per iteration; 0 = no cap, the paper: one per correct rollout"""
     forget: float = 0.95
-    """[PROS] forgetting λ: all counts s, n are multiplied by λ each iteration before new observations are added"""
+    """[PROS] forgetting λ: counts s, n are multiplied by λ before new observations are added (which counts and when:
+    --forget_on)"""
+    forget_on: Literal["iteration", "visit"] = "iteration"
+    """[PROS] Sec. 4's forgetting read two ways: `iteration` = every node's counts decay once per iteration (staleness
+    grows with policy updates, visited or not); `visit` = a node's counts decay only when it gets new observations
+    (as ada_est.py's estimator)"""
     prior_mu: float = 0.0
     """[PROS] μ0: prior mean of a root's log-odds ψ_root"""
     prior_tau: float = 2.0
@@ -144,12 +149,13 @@ def choose_cut(entropy: np.ndarray, values: np.ndarray | None, inherited: int, l
                value_top_frac: float = 0.1) -> int | None:
     """[PROS] Sec. 3: the cut t* for one correct response of `length` = T tokens (stop token excluded). `entropy` /
     `values` hold one entry per *continuation* token: entry j is response position L + j, L = `inherited` (the node's
-    own prefix, never re-scored). Window: [max(L, ⌊T/4⌋), ⌊3T/4⌋); None when empty (no child). With values, the
+    own prefix, never re-scored). Window: the integer t with T/4 <= t < 3T/4 and t >= L, i.e. [max(L, ⌈T/4⌉), ⌈3T/4⌉)
+    (the paper's t ∈ [T/4, 3T/4) read on real numbers: T = 9 gives {3..6}); None when empty (no child). With values, the
     candidates are the window positions among the top ⌈value_top_frac·(T - L)⌉ of the scored positions L..T-1 by V(s_t)
     (the paper's top 10% of timesteps; ties at the threshold kept); if none lies in the window, the fallback is the
     window positions of highest value (the length constraint stays hard, the value constraint is relaxed just enough).
     t* = the entropy argmax among the candidates (first on ties)."""
-    low, high = max(inherited, length // 4), (3 * length) // 4
+    low, high = max(inherited, -(-length // 4)), -(-3 * length // 4)  # ceilings: T/4 <= t < 3T/4
     if high <= low:
         return None
     positions = np.arange(low, high)
@@ -223,9 +229,11 @@ class QueryTree:
             self.add(pid, prefix, step, mu0)
         return len(new)
 
-    def observe(self, nodes: list[int], succ: list[float], trials: list[float], forget: float, step: int) -> None:
-        """Sec. 4 exponential forgetting: s, n <- λ s, λ n for every node, then add this iteration's counts."""
-        self.s, self.n = update_counts(self.s, self.n, nodes, succ, trials, forget)
+    def observe(self, nodes: list[int], succ: list[float], trials: list[float], forget: float, step: int,
+                forget_on: str = "iteration") -> None:
+        """Sec. 4 exponential forgetting: s, n <- λ s, λ n (every node, or with `visit` only the observed ones), then
+        add this iteration's counts."""
+        self.s, self.n = update_counts(self.s, self.n, nodes, succ, trials, forget, forget_on)
         self.last[np.asarray(nodes, dtype=np.int64)] = step
 
     def evict(self, capacity: int) -> int:
@@ -529,7 +537,7 @@ def main(args: Args) -> None:
                 outcomes.append((j, float(correct[group].sum()), candidates))
             outcomes = sorted(gather_list(accelerator, outcomes))
             tree.observe([queries[j][2] for j, _, _ in outcomes], [s for _, s, _ in outcomes], [k] * len(outcomes),
-                         args.forget, step)
+                         args.forget, step, args.forget_on)
             for j, _, candidates in outcomes:  # every distinct new cut of a correct rollout (capped if asked)
                 children_created += tree.add_children(queries[j][0], candidates, step, args.prior_mu,
                                                       args.max_children_per_group)

@@ -27,8 +27,10 @@ Design choices the paper leaves open (each is a flag or documented at its functi
   task contributes one trajectory (chosen at random).
 - Prefix length K is clamped to [1, T-1] (`prefix_steps`): 0 steps is the fresh task again, T steps leaves nothing to
   generate; a 1-step trajectory gives no prefix task.
-- Adaptive control restarts its EMA after every adjustment (`PrefixController`, --ema_reset); a single EMA kept
-  throughout lags behind the ratio it measures and the controller overshoots (see the tests). A prefix task records
+- Adaptive control keeps one EMA through its moves, as the paper's controller does (`PrefixController`). Our
+  variant `--ema_reset true` restarts it after every adjustment: the single EMA lags behind the ratio it measures
+  and the controller overshoots (see the tests; the benchmark runs both: `ps_adaptive`, `ps_adaptive_reset`).
+  A prefix task records
   the ratio that built it and runs one step later, after the controller's update: right after a move it still measures
   the old ratio, so only tasks built with the current ratio feed the controller (`attributed`); stale ones are
   discarded (ps_ctrl_stale_*) but still count in ps_prefix_pass_rate_*.
@@ -149,8 +151,9 @@ class Args(BaseArgs):
     """[PS] adaptive: lower clamp of both ratios"""
     ratio_max: float = 0.95
     """[PS] adaptive: upper clamp of both ratios"""
-    ema_reset: bool = True
-    """[PS] adaptive: restart the (bias-corrected) EMA after each move, to see the new ratio only (false: one EMA)"""
+    ema_reset: bool = False
+    """[PS] adaptive: restart the (bias-corrected) EMA after each move, to see the new ratio only (our variant; false:
+    one EMA kept throughout, the paper's controller)"""
 
     def validate(self) -> None:
         if self.n < 2:
@@ -216,9 +219,10 @@ class PrefixController:
     toward a 50% pass rate, then `cooldown` observations pass before the next move. Both ratios move *up*
     when prefix tasks pass too often: too-hard's remaining_ratio up = fewer replayed success steps = harder,
     too-easy's prefix_ratio up = more replayed failure steps = harder (and down when they fail too often).
-    The EMA is bias-corrected (its first value is the first observation) and, with `reset`, restarted after
-    every move, so it only averages pass rates measured at the current ratio; a never-restarted EMA keeps
-    reporting the old ratio for ~1/alpha steps and the controller overshoots (see tests). The caller feeds only
+    The EMA is bias-corrected (its first value is the first observation) and kept through the moves (the paper);
+    with `reset` (our variant) it restarts after every move, so it only averages pass rates measured at the
+    current ratio: a never-restarted EMA keeps reporting the old ratio for ~1/alpha steps and the controller
+    overshoots (see tests). The caller feeds only
     prefix tasks built with the current ratio (`attributed`): those run one step after they were built, so the
     first batch after a move still measures the old ratio.
     """
@@ -232,7 +236,7 @@ class PrefixController:
         return self.raw / (1 - (1 - alpha) ** self.n) if self.n else None
 
     def update(self, pass_rate: float | None, alpha: float, lo: float, hi: float, step: float, cooldown: int,
-               rmin: float, rmax: float, reset: bool = True) -> float:
+               rmin: float, rmax: float, reset: bool = False) -> float:
         """Feed one step's prefix-task pass rate (None: no prefix task of this category); returns the move."""
         if pass_rate is None:
             return 0.0

@@ -10,8 +10,9 @@ replaces one rollout by a stored success, importance-weighted by w = min(pi_thet
 Lines marked [RA-RLOO] are what the paper adds to RLOO; `--replay none` switches them all off.
 
 Logged `loss`: the policy-gradient term per sequence, -mean_i A_i log pi(y_i|x) over the step's samples (the
-KL term is logged separately as `kl`, per completion token). The optimised loss divides the same sum by
-samples x max_new_tokens (a constant length normaliser: no length bias).
+KL term is logged separately as `kl`, per completion token). The optimised loss divides the same sum, plus beta x
+the KL summed over the same tokens, by samples x max_new_tokens (`rloo_loss`: one constant normaliser, so no length
+bias and beta keeps its weight against the policy gradient at any --max_new_tokens).
 
 As in the paper (Sec. 4): the Countdown training reward is {0 no parse, 0.1 well-formed but wrong, 1 exact}
 (`--reward tinyzero`, the default here) while evaluation is binary, and besides the periodic eval_pass@1 /
@@ -155,6 +156,13 @@ def splice_replays(prompt_ids: list[int], completions: list[list[int]], rewards:
 def replay_weights(seq_logp: torch.Tensor, logp_old: torch.Tensor, w_max: float) -> torch.Tensor:
     """[RA-RLOO] w = min(exp(log pi_theta(y|x) - log pi_old(y|x)), w_max); sequence-level IS, no gradient."""
     return torch.exp(seq_logp.detach() - logp_old).clamp(max=w_max)
+
+
+def rloo_loss(pg_sum: torch.Tensor, kl_sum: torch.Tensor | float, beta: float, normaliser: float) -> torch.Tensor:
+    """The optimised loss: the policy-gradient sum -sum_i A_i log pi(y_i|x) plus beta x the k3 KL summed over the
+    same tokens, both divided by one constant (samples x max_new_tokens), so the KL weighs beta against the policy
+    gradient whatever --max_new_tokens is (the paper gives beta = 0.05 only)."""
+    return (pg_sum + beta * kl_sum) / normaliser
 
 
 def main(args: Args) -> None:
@@ -309,7 +317,6 @@ def main(args: Args) -> None:
         # ================ update: REINFORCE with the LOO baseline + k3 KL to the reference ================
         t_train_start = time.time()
         flat_prompts = [p for p in prompts for _ in range(args.k)]
-        n_tokens = sum(len(c) for c in completions)
         normaliser = max(1, len(completions)) * args.max_new_tokens  # constant: no length bias
         sums = {"loss_sum": 0.0, "kl_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "w_sum": 0.0, "w_n": 0.0,
                 "gap_sum": 0.0, "gap_tok": 0.0}
@@ -334,14 +341,13 @@ def main(args: Args) -> None:
                                        batch.completion_width).to(device)
             sums["gap_sum"] += ((logp.detach() - sampler_logp).abs() * fresh_mask).sum().item()
             sums["gap_tok"] += fresh_mask.sum().item()
-            pg_sum = -(adv * seq_logp).sum()
-            loss = pg_sum / normaliser
+            pg_sum, kl_sum = -(adv * seq_logp).sum(), 0.0
             if ref_model is not None:
                 with torch.no_grad(), autocast(device, args.dtype):
                     ref_logp, _ = token_logprobs(ref_model, batch, temperature)
-                kl = kl_k3(logp, ref_logp) * mask
-                loss = loss + args.beta * kl.sum() / max(1, n_tokens)
-                sums["kl_sum"] += kl.sum().item()
+                kl_sum = (kl_k3(logp, ref_logp) * mask).sum()
+                sums["kl_sum"] += kl_sum.item()
+            loss = rloo_loss(pg_sum, kl_sum, args.beta, normaliser)
             accelerator.backward(loss)
             sums["loss_sum"] += pg_sum.item()
             sums["ent_sum"] += (entropy * mask).sum().item()

@@ -92,10 +92,16 @@ CONFIGS: tuple[Config, ...] = (
            "PS (fixed), multi-turn", "ps_off",
            ("ps_prefix_pass_rate", "ps_trained_groups", "ps_solve_partial", "ps_prefix_tasks"),
            "a prefix task replays the first K actions of a stored episode in a fresh environment"),
-    Config("ps_adaptive", "ps_grpo.py", ("--mode", "multiturn", "--prefix_sampling", "true", "--adaptive", "true"),
+    Config("ps_adaptive", "ps_grpo.py", ("--mode", "multiturn", "--prefix_sampling", "true", "--adaptive", "true",
+                                         "--ema_reset", "false"),
            "PS (adaptive), multi-turn", "ps_off",
            ("ps_prefix_pass_rate", "ps_trained_groups", "ps_solve_partial", "ps_ratio_hard", "ps_ratio_easy"),
-           "EMA controller steering prefix tasks to a 50% pass rate"),
+           "the paper's EMA controller (one EMA, never reset) steering prefix tasks to a 50% pass rate"),
+    Config("ps_adaptive_reset", "ps_grpo.py", ("--mode", "multiturn", "--prefix_sampling", "true", "--adaptive",
+                                               "true", "--ema_reset", "true"),
+           "PS (adaptive, EMA reset), multi-turn", "ps_off",
+           ("ps_prefix_pass_rate", "ps_trained_groups", "ps_solve_partial", "ps_ratio_hard", "ps_ratio_easy"),
+           "our variant of the controller: the EMA restarts after every move (sees only the current ratio)"),
     Config("seq_pos", "ada_seq.py", ("--exit_condition", "positive"), "SEQ-POS", "grpo_n4",
            ("ada_samples_per_prompt_mean", "ada_samples_per_prompt_max", "ada_frac_zero_var_groups_post",
             "ada_inference_cost_rel"), "n=4 trained per prompt, up to 4 rounds of 8 samples"),
@@ -105,6 +111,10 @@ CONFIGS: tuple[Config, ...] = (
     Config("est", "ada_est.py", (), "EST", "grpo_n8",
            ("est_calibration_error", "est_alloc_min", "est_alloc_max", "est_p_hat_mean"),
            "8 x prompts samples per step, allocated by the pass-rate estimate (compare GRPO-n8)"),
+    Config("est_pool2048", "ada_est.py", ("--prompt_pool", "2048"), "EST (2048-prompt pool)", "est",
+           ("est_calibration_error", "est_alloc_min", "est_alloc_max", "est_p_hat_mean"),
+           "EST on ada_est.py's own default pool (a prompt returns every 64 steps): does the sweep's shared 256-prompt "
+           "pool hold EST back? (its flag wins over the harness's --prompt_pool)"),
     Config("ppo", "pros_ppo.py", ("--pros", "off"), "PPO", None, ("frac_zero_var_groups",),
            "PROS's baseline: PPO with a critic (GAE), K=4"),
     Config("ppo_pros", "pros_ppo.py", ("--pros", "bayes"), "PPO+PROS", "ppo",
@@ -162,6 +172,9 @@ class Args:
     learning_rate: float = 5e-5
     """learning rate passed to every run (the project's measured default for the embedded model); 0 = each
     script's own default"""
+    warmup_steps: int = 5
+    """linear warm-up steps passed to every run, so configs differ only in their method (5: what every run of the
+    sweep used; the Reinforce-Ada scripts' own default is the paper's 10); 0 = each script's own default"""
     model_name_or_path: str = "embedded"
     """base policy of every run (`embedded`: the cached tiny Countdown model)"""
     num_threads: int = 2
@@ -202,6 +215,7 @@ class Settings:
     max_new_tokens: int = 48
     prompt_pool: int = 256
     learning_rate: float = 5e-5
+    warmup_steps: int = 5
     model_name_or_path: str = "embedded"
     num_threads: int = 2
     extra: list[str] = field(default_factory=list)
@@ -213,7 +227,8 @@ def resolve(args: Args) -> tuple[Settings, Path]:
     s = Settings(seeds=list(pick("seeds")), max_steps=pick("max_steps"), prompts_per_step=pick("prompts_per_step"),
                  eval_every=pick("eval_every"), eval_prompts=pick("eval_prompts"), eval_samples=pick("eval_samples"),
                  max_new_tokens=args.max_new_tokens, prompt_pool=args.prompt_pool, learning_rate=args.learning_rate,
-                 model_name_or_path=args.model_name_or_path, num_threads=args.num_threads, extra=args.extra.split())
+                 warmup_steps=args.warmup_steps, model_name_or_path=args.model_name_or_path,
+                 num_threads=args.num_threads, extra=args.extra.split())
     runs_dir = Path(args.runs_dir) if args.runs_dir else ROOT / "benchmarks" / ("runs-quick" if args.quick else "runs")
     return s, runs_dir
 
@@ -292,12 +307,23 @@ def shared_flags(s: Settings, seed: int, out_dir: Path) -> list[str]:
              "--output_dir", str(out_dir)]
     if s.learning_rate > 0:
         flags += ["--learning_rate", repr(s.learning_rate)]
+    if s.warmup_steps > 0:
+        flags += ["--warmup_steps", str(s.warmup_steps)]
     return flags + list(s.extra)
 
 
 def build_command(cfg: Config, s: Settings, seed: int, out_dir: Path) -> list[str]:
-    """The run's command without interpreter and without `--resume` (this is what bench.json records)."""
-    return [cfg.script, *cfg.flags, *shared_flags(s, seed, out_dir)]
+    """The run's command without interpreter and without `--resume` (this is what bench.json records). A flag the
+    config sets itself (e.g. `est_pool2048`'s --prompt_pool) wins: the shared one is left out."""
+    own = {t for t in cfg.flags if t.startswith("--")}
+    shared, kept = shared_flags(s, seed, out_dir), []
+    i = 0
+    while i < len(shared):
+        takes_value = i + 1 < len(shared) and not shared[i + 1].startswith("--")
+        if shared[i] not in own:
+            kept += shared[i:i + 1 + takes_value]
+        i += 1 + takes_value
+    return [cfg.script, *cfg.flags, *kept]
 
 
 def read_rows(run_dir: Path) -> list[dict]:

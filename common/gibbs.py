@@ -53,12 +53,23 @@ def sample_pg(b, c, rng: np.random.Generator, terms: int = 8) -> np.ndarray:
     return np.where(b > 0, (head + tail) / (2 * _PI2), 0.0)
 
 
-def update_counts(s: np.ndarray, n: np.ndarray, nodes, succ, trials, forget: float) -> tuple[np.ndarray, np.ndarray]:
-    """Exponential forgetting (PROS Section 4): every count is multiplied by λ = `forget`, then this step's
-    observations (successes `succ` of `trials` at `nodes`, repeats allowed) are added. Returns new arrays."""
+def update_counts(s: np.ndarray, n: np.ndarray, nodes, succ, trials, forget: float,
+                  forget_on: str = "iteration") -> tuple[np.ndarray, np.ndarray]:
+    """Exponential forgetting (PROS Section 4: λ applied "to historical counts before merging with new
+    observations"), then this step's observations (successes `succ` of `trials` at `nodes`, repeats allowed) are
+    added. `iteration`: every node's counts are multiplied by λ = `forget` (once per call); `visit`: only the
+    counts of the nodes observed now (once each, however many repeats). Returns new arrays."""
     if not 0 < forget <= 1:
         raise ValueError("forget must be in (0, 1]")
-    s, n = s * forget, n * forget
+    if forget_on == "iteration":
+        s, n = s * forget, n * forget
+    elif forget_on == "visit":
+        seen = np.unique(np.asarray(nodes, dtype=np.int64))
+        s, n = s.copy(), n.copy()
+        s[seen] *= forget
+        n[seen] *= forget
+    else:
+        raise ValueError(f"forget_on must be 'iteration' or 'visit', got {forget_on!r}")
     np.add.at(s, np.asarray(nodes, dtype=np.int64), np.asarray(succ, dtype=np.float64))
     np.add.at(n, np.asarray(nodes, dtype=np.int64), np.asarray(trials, dtype=np.float64))
     return s, n

@@ -9,6 +9,7 @@ import torch
 
 from ada_seq import (Args, downsample, exit_reached, global_advantages, multi_round_sampling, seq_metrics)
 from common.advantages import grpo_advantages
+from common.cli import parse_args
 from conftest import run_script
 
 THR = 0.7
@@ -123,6 +124,29 @@ def test_default_baseline_is_grpo_eq2_and_dr_grpo_is_the_flag():
     assert adv[0] == pytest.approx(0.75 / math.sqrt(0.1875), rel=1e-4)
     dr = Args(max_rounds=1, round_repeat=4, adv_std_norm=False)  # Dr. GRPO-n: r - mean
     assert global_advantages(rewards, rewards, THR, dr.adv_std_norm, dr.prompt_weight) == [0.75, -0.25, -0.25, -0.25]
+
+
+def test_reinforce_ada_default_advantage_has_no_std_and_grpo_n_keeps_eq2():
+    # Reinforce-Ada (more than one round) defaults to Alg. 2 line 19: a kept positive of a pool with 1 success in 32
+    # gets A = 1 - 1/32 (with the std it would be 5.6)
+    pool = [1.0] + [0.0] * 31
+    ada = Args()  # SEQ-BALANCE defaults: 4 rounds
+    assert ada.max_rounds > 1 and ada.adv_std_norm is False
+    assert Args(exit_condition="positive").adv_std_norm is False
+    kept_adv = global_advantages([1.0, 0.0, 0.0, 0.0], pool, THR, ada.adv_std_norm, ada.prompt_weight)
+    assert kept_adv[0] == pytest.approx(1 - 1 / 32) and kept_adv[1] == pytest.approx(-1 / 32)
+    # GRPO-n (one round) keeps eq. (2): a group of 4 with one success gives (1 - 0.25) / sqrt(0.25 * 0.75)
+    grpo = Args(max_rounds=1, round_repeat=4)
+    assert grpo.adv_std_norm is True
+    group = [1.0, 0.0, 0.0, 0.0]
+    assert global_advantages(group, group, THR, grpo.adv_std_norm, grpo.prompt_weight)[0] == pytest.approx(
+        0.75 / math.sqrt(0.1875), rel=1e-4)
+    # one flag overrides both, and the parsed value is what a run writes to args.json
+    assert parse_args(Args, ["--adv_std_norm", "true"]).adv_std_norm is True
+    assert parse_args(Args, ["--max_rounds", "1", "--round_repeat", "4", "--adv_std_norm", "false"]).adv_std_norm \
+        is False
+    assert parse_args(Args, ["--max_rounds", "1", "--round_repeat", "4"]).adv_std_norm is True
+    assert parse_args(Args, []).adv_std_norm is False and parse_args(Args, []).warmup_steps == 10
 
 
 def test_unfinished_prompts_pass_ratio_fallback():
@@ -247,6 +271,8 @@ def test_grpo_n_mode_generates_exactly_n(tiny_base, tmp_path):
     assert [r["rollouts"] for r in rows] == [32, 64]
     assert all(r["ada_inference_cost_rel"] == 1.0 and r["ada_rounds_used"] == 1 for r in rows)
     assert all(r["ada_frac_zero_var_groups_post"] == r["frac_zero_var_groups"] for r in rows)
+    saved = json.loads((tmp_path / "args.json").read_text())  # GRPO-n: eq. (2)'s std, recorded as used
+    assert saved["adv_std_norm"] is True and saved["warmup_steps"] == 10
 
 
 def test_exit_condition_stops_sampling(tiny_base, tmp_path):
@@ -259,6 +285,7 @@ def test_exit_condition_stops_sampling(tiny_base, tmp_path):
     assert [r["rollouts"] for r in rows] == [64, 128] and all(r["pass_rate"] == 1.0 for r in rows)
     assert all(r["ada_rounds_used"] == 1 and r["ada_active_after_round_1"] == 0.0 for r in rows)
     assert all(r["ada_inference_cost_rel"] == 2.0 and r["ada_frac_unfinished"] == 0.0 for r in rows)
+    assert json.loads((tmp_path / "args.json").read_text())["adv_std_norm"] is False  # Reinforce-Ada: r - mean(pool)
 
 
 def test_balanced_run_and_exact_resume(tiny_base, tmp_path):

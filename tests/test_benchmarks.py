@@ -45,7 +45,7 @@ def test_every_config_flag_exists_in_its_script():
     # dynamic sampling on GRPO-n4 (Reinforce-Ada's Table 2 baseline) and GRPO-n16 (its SEQ-BALANCE claim)
     assert {"grpo_n4", "dr_grpo_n4", "grpo_n8", "grpo_n16", "dapo_n4", "rloo", "ra_rloo", "ps_off", "ps_fixed",
             "ps_adaptive", "seq_pos", "seq_balance", "est", "ppo", "ppo_pros", "ppo_pros_random", "grpo_k4",
-            "grpo_pros"} == set(names)
+            "grpo_pros", "ps_adaptive_reset", "est_pool2048"} == set(names)
     for c in run.CONFIGS:
         assert c.baseline is None or c.baseline in run.BY_NAME
     # the GRPO-n baselines say which advantage they use, so a changed script default cannot relabel them
@@ -54,7 +54,21 @@ def test_every_config_flag_exists_in_its_script():
     assert n16[n16.index("--round_repeat") + 1] == n16[n16.index("--final_keep_per_prompt") + 1] == "16"
     # Prefix Sampling runs in the environment (its paper's agentic setting), baseline included
     ps = [c for c in run.CONFIGS if c.script == "ps_grpo.py"]
-    assert len(ps) == 3 and all(c.flags[c.flags.index("--mode") + 1] == "multiturn" for c in ps)
+    assert len(ps) == 4 and all(c.flags[c.flags.index("--mode") + 1] == "multiturn" for c in ps)
+    # issue 25: the paper's controller (one EMA) is `ps_adaptive`, ours (EMA reset) a named variant; Reinforce-Ada
+    # runs its own default advantage (r - mean(pool), recorded in args.json), not an explicit std flag
+    flag = lambda name, key: run.BY_NAME[name].flags[run.BY_NAME[name].flags.index(key) + 1]  # noqa: E731
+    assert flag("ps_adaptive", "--ema_reset") == "false" and flag("ps_adaptive_reset", "--ema_reset") == "true"
+    assert all("--adv_std_norm" not in run.BY_NAME[n].flags for n in ("seq_pos", "seq_balance"))
+
+
+def test_shared_settings_reach_every_run_and_a_config_flag_wins(tmp_path):
+    s, _ = run.resolve(run.Args())
+    cmd = run.build_command(run.BY_NAME["est_pool2048"], s, 0, tmp_path)
+    assert cmd.count("--prompt_pool") == 1 and cmd[cmd.index("--prompt_pool") + 1] == "2048"
+    cmd = run.build_command(run.BY_NAME["seq_pos"], s, 3, tmp_path)
+    assert cmd[cmd.index("--prompt_pool") + 1] == "256" and cmd[cmd.index("--warmup_steps") + 1] == "5"
+    assert cmd[cmd.index("--seed") + 1] == "3" and cmd[cmd.index("--output_dir") + 1] == str(tmp_path)
 
 
 def test_check_config_reports_missing_script_flag_and_choice(tmp_path):

@@ -128,6 +128,22 @@ def test_forgetting_shifts_the_estimate_toward_recent_data():
     assert s.tolist() == [1.0, 1.5] and n.tolist() == [2.0, 3.0]  # all counts decay; repeats accumulate
 
 
+def test_forgetting_on_visit_decays_only_the_observed_nodes():
+    s0, n0 = np.array([2.0, 1.0, 3.0]), np.array([4.0, 2.0, 6.0])
+    s, n = update_counts(s0, n0, [1, 1], [1.0, 0.0], [1.0, 1.0], 0.5, "visit")
+    assert s.tolist() == [2.0, 1.5, 3.0] and n.tolist() == [4.0, 3.0, 6.0]  # node 1 decays once, the rest keep
+    assert s0.tolist() == [2.0, 1.0, 3.0]  # inputs untouched
+    # fifty iterations without a visit: `iteration` keeps 0.95^50 = 8% of a node's counts, `visit` all of them
+    si, ni, sv, nv = s0, n0, s0, n0
+    for _ in range(50):
+        si, ni = update_counts(si, ni, [0], [1.0], [4.0], 0.95)
+        sv, nv = update_counts(sv, nv, [0], [1.0], [4.0], 0.95, "visit")
+    assert ni[2] == pytest.approx(6.0 * 0.95 ** 50) and nv[2] == 6.0 and nv[1] == 2.0
+    assert ni[0] == pytest.approx(nv[0])  # a node visited every iteration decays the same either way
+    with pytest.raises(ValueError, match="forget_on"):
+        update_counts(s0, n0, [0], [1.0], [1.0], 0.5, "never")
+
+
 def test_default_terms_keep_the_lower_tail_at_small_b():
     # b = 0.3, c = 10: with 4 exact terms the 1% quantile is ~8% too low (the remainder is 24% of the mean and its
     # Gamma shape is too heavy near 0); the default (8 terms) stays within 3% of a 200-term series

@@ -24,6 +24,15 @@ def test_cut_is_the_entropy_argmax_inside_the_window():
     assert choose_cut(np.ones(1), None, inherited=0, length=1) is None  # too short: [0, 0)
 
 
+def test_window_is_the_papers_real_valued_quarter_bounds():
+    # the paper's t in [T/4, 3T/4): T = 9 gives {3, 4, 5, 6} (2.25 <= t < 6.75), not {2..5}; a one-hot entropy at
+    # t is chosen exactly when t is in the window
+    window = lambda length: {t for t in range(length)  # noqa: E731
+                             if choose_cut(np.eye(length)[t], None, 0, length) == t}
+    assert window(9) == {3, 4, 5, 6} and window(8) == {2, 3, 4, 5} and window(10) == {3, 4, 5, 6, 7}
+    assert window(2) == {1} and window(1) == set()  # T = 2: 0.5 <= t < 1.5
+
+
 def test_with_a_critic_the_top_values_over_the_rollout_meet_the_window_and_entropy_decides():
     ent, val = np.zeros(40), -np.arange(40) / 1000  # T = 40: window [10, 30); distinct low values elsewhere
     ent[[15, 12, 25, 20]] = [9.0, 1.0, 2.0, 3.0]
@@ -34,7 +43,7 @@ def test_with_a_critic_the_top_values_over_the_rollout_meet_the_window_and_entro
     # a child (L = 10, T = 30): only positions 10..29 have values, the top ⌈10%·(T - L)⌉ = 2 of them count
     ent, val = np.zeros(21), -np.arange(21) / 1000  # entry j is position 10 + j; the last one is the stop token
     ent[[2, 8]], val[[15, 2, 8, 20]] = [1.0, 5.0], [1.0, 0.9, 0.8, 9.0]  # positions 12, 18; 25, 12, 18; stop
-    assert choose_cut(ent, val, 10, 30) == 12  # window [10, 22); top 2 = {25, 12}; 18 is third (ignored)
+    assert choose_cut(ent, val, 10, 30) == 12  # window [10, 23); top 2 = {25, 12}; 18 is third (ignored)
 
 
 def test_with_a_critic_an_empty_intersection_falls_back_to_the_window_highest_value():

@@ -13,6 +13,7 @@ from common.countdown import Problem
 from common.countdown_env import Episode, solver_episode
 from common.generation import Generations, SamplingConfig
 from common.tiny_model import build_char_tokenizer
+from common.cli import parse_args
 from conftest import run_script
 from ps_grpo import (Args, PrefixController, attributed, prefix_steps, ps_loss, rollout_multiturn, rollout_text,
                      route, split_lines)
@@ -80,6 +81,16 @@ def test_a_never_restarted_ema_lags_and_overshoots():
     assert any(b < a for a, b in pairwise(ratios))  # and had to come back: oscillation
 
 
+def test_default_controller_is_the_papers_single_ema():
+    assert parse_args(Args, []).ema_reset is False and parse_args(Args, ["--ema_reset", "true"]).ema_reset is True
+    c = PrefixController(0.25)
+    assert c.update(0.9, **CTRL) == pytest.approx(0.05)  # a move...
+    assert c.n == 1 and c.ema(CTRL["alpha"]) == pytest.approx(0.9)  # ...keeps the EMA (the paper: never reset)
+    c = PrefixController(0.25)
+    c.update(0.9, **CTRL, reset=True)
+    assert c.n == 0 and c.ema(CTRL["alpha"]) is None  # our variant restarts it
+
+
 def test_controller_ignores_steps_without_prefix_tasks_and_clamps():
     c = PrefixController(0.25)
     assert c.update(None, **CTRL) == 0 and c.n == 0 and c.ema(0.05) is None
@@ -93,7 +104,9 @@ def test_controller_ignores_steps_without_prefix_tasks_and_clamps():
 def test_controller_is_fed_only_prefix_tasks_built_with_its_current_ratio():
     """main()'s order: prefix tasks are built at step t with the ratio *before* the update at the end of step t and
     run at step t + 1, so the batch right after a move measures the old ratio: it must not enter the new EMA."""
-    c, cfg = PrefixController(0.25), {**CTRL, "cooldown": 0}  # no cooldown: any EMA outside the deadzone moves
+    # no cooldown: any EMA outside the deadzone moves; the restarting variant, so an empty EMA shows nothing stale
+    # entered it
+    c, cfg = PrefixController(0.25), {**CTRL, "cooldown": 0, "reset": True}
 
     def step(queue, k):  # run the queued prefix tasks (k of 8 pass), route a fresh one, then the controller update
         tasks = queue + [{"id": 1, "cat": None, "steps": []}]

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from conftest import run_script
-from ra_rloo import Args, replay_weights, rloo_advantages, splice_replays
+from ra_rloo import Args, replay_weights, rloo_advantages, rloo_loss, splice_replays
 
 
 def _setup():
@@ -230,3 +230,14 @@ def test_samples_log_truncation_and_sampler_agreement(tiny_base, tmp_path, monke
     rows = _main_rows(tmp_path / "b", [*cut, "--mask_truncated_completions"], monkeypatch, lambda t, p: 1.0)
     assert rows[1]["clipped_ratio"] == 1.0 and rows[1]["reward_mean"] == 0.0 and rows[1]["grad_norm"] == 0.0
     assert not (tmp_path / "b" / "samples.jsonl").exists()
+
+
+def test_kl_weighs_beta_against_the_policy_gradient_at_any_completion_cap():
+    # issue 25: the PG sum was divided by samples x max_new_tokens but the KL sum by the actual token count, so the
+    # KL's weight relative to the PG moved with --max_new_tokens (~3x at 48 tokens, 18-token answers)
+    for max_new_tokens in (16, 48, 512):
+        pg_sum, kl_sum = torch.tensor(2.0, requires_grad=True), torch.tensor(0.5, requires_grad=True)
+        rloo_loss(pg_sum, kl_sum, 0.05, 8 * max_new_tokens).backward()
+        assert kl_sum.grad / pg_sum.grad == pytest.approx(0.05)
+        assert pg_sum.grad == pytest.approx(1 / (8 * max_new_tokens))
+    assert rloo_loss(torch.tensor(2.0), 0.0, 0.05, 4.0).item() == pytest.approx(0.5)  # beta 0 / no reference
