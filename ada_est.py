@@ -66,6 +66,8 @@ class Args(BaseArgs):
     prompt_pool: int = 2048
     """[EST] train on only the first N prompts so that they recur and the estimates have history (0 = all; at 32
     prompts per step a prompt of the 2048 returns every 64 steps)"""
+    warmup_steps: int = 10
+    """linear warm-up steps, then constant (the Reinforce-Ada paper's set-up, Sec. 4: a 10-step warm-up)"""
     total_budget: int = 0
     """[EST] responses per step over the whole batch, N_total of Alg. 1 (0 = 8 x prompts_per_step, the paper's setting,
     comparable with GRPO-n8)"""

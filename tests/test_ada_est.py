@@ -58,6 +58,7 @@ def test_advantage_worked_example():
 
 def test_args_validation():
     assert Args().budget() == 8 * 32 and Args().prompt_pool > 0  # the default task makes prompts recur
+    assert Args().warmup_steps == 10  # the paper's 10-step warm-up (Sec. 4)
     with pytest.raises(SystemExit):
         Args(total_budget=32 * 40).validate()  # more than n_max per prompt
     with pytest.raises(SystemExit):
