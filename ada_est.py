@@ -54,6 +54,7 @@ from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler, hf_task
 from common.distributed import GracefulStop, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig
+from common.launch import resolve_accelerate_precision, resolve_accelerate_sharding
 from common.logprobs import token_logprobs
 from common.losses import clipped_surrogate, kl_k3
 from common.masking import pad_sequences, right_align
@@ -197,6 +198,7 @@ def est_advantages(rewards: list[float], mode: str, eps: float) -> tuple[list[fl
 
 def main(args: Args) -> None:
     # ---------------- set-up: accelerator, seeds, output dir ----------------
+    args.fsdp, args.dtype = resolve_accelerate_sharding(args.fsdp), resolve_accelerate_precision(args.dtype)
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
     check_tracker(args.report_to)

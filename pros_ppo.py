@@ -6,7 +6,7 @@ The base is PPO for LLMs: a critic (the policy's backbone copied, plus a scalar 
 token-level GAE with the outcome reward on the last token, clipped policy and value losses, several epochs over
 minibatches. PROS is a plug-in that changes only *which queries* are trained on:
   1. Augmented queries (Sec. 3): for every correct rollout y (T tokens, the first L inherited from the node's
-     prefix) cut at t* = argmax of the policy's token entropy within [max(L, ⌊T/4⌋), ⌊3T/4⌋); with a critic, only
+     prefix) cut at t* = argmax of the policy's token entropy within [max(L, ⌈T/4⌉), ⌈3T/4⌉); with a critic, only
      among the top ⌈10%·(T - L)⌉ of the scored positions L..T-1 by value (none in the window: the window positions
      of highest value). Each distinct new q' = q + y[:t*] joins a two-layer tree as a child of q's root. A child is
      generated from q + prefix; only the continuation is trained (the prefix is part of the prompt, so it gets no
@@ -51,6 +51,7 @@ from common.data import PromptEncoder, PromptSampler, hf_task
 from common.distributed import GracefulStop, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig
 from common.gibbs import gibbs_sweeps, update_counts
+from common.launch import resolve_accelerate_precision, resolve_accelerate_sharding
 from common.logprobs import token_logprobs
 from common.losses import clipped_surrogate, kl_k3, value_loss
 from common.masking import pad_sequences, right_align
@@ -103,12 +104,10 @@ class Args(BaseArgs):
     max_children_per_group: int = 0
     """[PROS] cap on new children added per group per iteration; 0 = no cap, the paper: one per correct rollout"""
     forget: float = 0.95
-    """[PROS] forgetting λ: counts s, n are multiplied by λ before new observations are added (which counts and when:
-    --forget_on)"""
+    """[PROS] forgetting λ: counts s, n are multiplied by λ before new observations are added (which: --forget_on)"""
     forget_on: Literal["iteration", "visit"] = "iteration"
-    """[PROS] Sec. 4's forgetting read two ways: `iteration` = every node's counts decay once per iteration (staleness
-    grows with policy updates, visited or not); `visit` = a node's counts decay only when it gets new observations
-    (as ada_est.py's estimator)"""
+    """[PROS] `iteration`: every node's counts decay once per iteration (they go stale as the policy moves, visited
+    or not); `visit`: only the counts of nodes observed now (README: Paper fidelity)"""
     prior_mu: float = 0.0
     """[PROS] μ0: prior mean of a root's log-odds ψ_root"""
     prior_tau: float = 2.0
@@ -149,8 +148,8 @@ def choose_cut(entropy: np.ndarray, values: np.ndarray | None, inherited: int, l
                value_top_frac: float = 0.1) -> int | None:
     """[PROS] Sec. 3: the cut t* for one correct response of `length` = T tokens (stop token excluded). `entropy` /
     `values` hold one entry per *continuation* token: entry j is response position L + j, L = `inherited` (the node's
-    own prefix, never re-scored). Window: the integer t with T/4 <= t < 3T/4 and t >= L, i.e. [max(L, ⌈T/4⌉), ⌈3T/4⌉)
-    (the paper's t ∈ [T/4, 3T/4) read on real numbers: T = 9 gives {3..6}); None when empty (no child). With values, the
+    own prefix, never re-scored). Window: the paper's t ∈ [T/4, 3T/4) on reals, t >= L: [max(L, ⌈T/4⌉), ⌈3T/4⌉)
+    (T = 9: {3..6}); None when empty (no child). With values, the
     candidates are the window positions among the top ⌈value_top_frac·(T - L)⌉ of the scored positions L..T-1 by V(s_t)
     (the paper's top 10% of timesteps; ties at the threshold kept); if none lies in the window, the fallback is the
     window positions of highest value (the length constraint stays hard, the value constraint is relaxed just enough).
@@ -229,10 +228,8 @@ class QueryTree:
             self.add(pid, prefix, step, mu0)
         return len(new)
 
-    def observe(self, nodes: list[int], succ: list[float], trials: list[float], forget: float, step: int,
-                forget_on: str = "iteration") -> None:
-        """Sec. 4 exponential forgetting: s, n <- λ s, λ n (every node, or with `visit` only the observed ones), then
-        add this iteration's counts."""
+    def observe(self, nodes: list, succ: list, trials: list, forget: float, step: int, forget_on: str) -> None:
+        """Sec. 4 forgetting, s, n <- λ s, λ n (`forget_on`: every node or the observed ones), then the new counts."""
         self.s, self.n = update_counts(self.s, self.n, nodes, succ, trials, forget, forget_on)
         self.last[np.asarray(nodes, dtype=np.int64)] = step
 
@@ -369,6 +366,7 @@ def score_rollouts(policy, critic, ref_model, tokenizer, prompts: list[list[int]
 
 def main(args: Args) -> None:
     # ---------------- set-up: accelerator, seeds, output dir ----------------
+    args.fsdp, args.dtype = resolve_accelerate_sharding(args.fsdp), resolve_accelerate_precision(args.dtype)
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
     check_tracker(args.report_to)

@@ -27,13 +27,11 @@ Design choices the paper leaves open (each is a flag or documented at its functi
   task contributes one trajectory (chosen at random).
 - Prefix length K is clamped to [1, T-1] (`prefix_steps`): 0 steps is the fresh task again, T steps leaves nothing to
   generate; a 1-step trajectory gives no prefix task.
-- Adaptive control keeps one EMA through its moves, as the paper's controller does (`PrefixController`). Our
-  variant `--ema_reset true` restarts it after every adjustment: the single EMA lags behind the ratio it measures
-  and the controller overshoots (see the tests; the benchmark runs both: `ps_adaptive`, `ps_adaptive_reset`).
-  A prefix task records
-  the ratio that built it and runs one step later, after the controller's update: right after a move it still measures
-  the old ratio, so only tasks built with the current ratio feed the controller (`attributed`); stale ones are
-  discarded (ps_ctrl_stale_*) but still count in ps_prefix_pass_rate_*.
+- Adaptive control keeps one EMA through its moves, as the paper's controller does (`PrefixController`); our variant
+  `--ema_reset true` restarts it after each move (benchmark: `ps_adaptive` vs `ps_adaptive_reset`). A prefix task
+  records the ratio that built it and runs one step later, after the controller's update, so only tasks built with
+  the current ratio feed the controller (`attributed`); stale ones are discarded (ps_ctrl_stale_*) but still count in
+  ps_prefix_pass_rate_*.
 - Loss: the token-level clipped surrogate on generated tokens only (replayed prefix and observations: mask 0), DAPO
   token mean: each rank divides its sum by its own trained-token count (DDP then averages the ranks). No KL term (`kl`
   is logged as 0). Logged `loss`: the clipped surrogate per trained token (its sum over all ranks / their trained
@@ -48,8 +46,7 @@ Notes on the defaults (measurements of the embedded setting):
   hard 5-number problems take 1 to 3 steps and the ratios (and the adaptive controller) change their length.
 - The embedded base was SFT-ed on the single-turn text only, so it gets a multi-turn warm-up before RL
   (--mt_sft_steps, countdown_env.py; built once, then cached).
-- --max_steps 150 is about 6 minutes of RL on 2 CPU cores with the multi-turn default (the closing comparison used
-  150).
+- --max_steps 150 is about 6 minutes of RL on 2 CPU cores with the multi-turn default.
 
     python ps_grpo.py                                   # PS (fixed ratios), multi-turn Countdown, CPU
     python ps_grpo.py --adaptive                        # PS with adaptive prefix control
@@ -80,6 +77,7 @@ from common.data import PromptEncoder, PromptSampler, hf_task
 from common.distributed import GracefulStop, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.episode import Episode
 from common.generation import HFGenerator, SamplingConfig
+from common.launch import resolve_accelerate_precision, resolve_accelerate_sharding
 from common.logprobs import token_logprobs
 from common.losses import clipped_surrogate
 from common.masking import pad_sequences, right_align
@@ -374,6 +372,7 @@ def ps_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask:
 
 def main(args: Args) -> None:
     # ---------------- set-up: accelerator, seeds, output dir ----------------
+    args.fsdp, args.dtype = resolve_accelerate_sharding(args.fsdp), resolve_accelerate_precision(args.dtype)
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
     check_tracker(args.report_to)

@@ -55,6 +55,7 @@ from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler, hf_task
 from common.distributed import GracefulStop, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig
+from common.launch import resolve_accelerate_precision, resolve_accelerate_sharding
 from common.logprobs import score_completions, token_logprobs
 from common.losses import kl_k3
 from common.masking import pad_sequences, right_align
@@ -167,6 +168,7 @@ def rloo_loss(pg_sum: torch.Tensor, kl_sum: torch.Tensor | float, beta: float, n
 
 def main(args: Args) -> None:
     # ---------------- set-up: accelerator, seeds, output dir ----------------
+    args.fsdp, args.dtype = resolve_accelerate_sharding(args.fsdp), resolve_accelerate_precision(args.dtype)
     if args.num_threads > 0:
         torch.set_num_threads(args.num_threads)
     check_tracker(args.report_to)

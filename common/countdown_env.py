@@ -258,13 +258,13 @@ def ensure_multiturn_policy(base_path: str, recipe: MultiTurnRecipe | None = Non
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from common.tiny_model import cache_root
+    from common.tiny_model import cache_root, restore_shipped, weights_sha256
 
     recipe = recipe or MultiTurnRecipe()
     base = Path(base_path)
     key = hashlib.sha1(json.dumps({**asdict(recipe), "base": base.name}, sort_keys=True).encode()).hexdigest()[:10]
     path = cache_root() / f"countdown-mt-{key}"
-    if (path / "build_info.json").exists():
+    if (path / "build_info.json").exists() or restore_shipped(path, log):
         return path
     log(f"building the multi-turn warm-up of {base} into {path} (once; {recipe.sft_steps} SFT steps)")
     t0 = time.time()
@@ -277,7 +277,8 @@ def ensure_multiturn_policy(base_path: str, recipe: MultiTurnRecipe | None = Non
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    info.update(recipe=asdict(recipe), base=str(base), build_seconds=round(time.time() - t0, 1))
+    info.update(recipe=asdict(recipe), base=str(base), build_seconds=round(time.time() - t0, 1),
+                weights_sha256=weights_sha256(tmp))
     (tmp / "build_info.json").write_text(json.dumps(info, indent=2))
     if path.exists():  # another process finished first; keep theirs
         shutil.rmtree(tmp, ignore_errors=True)

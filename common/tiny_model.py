@@ -80,9 +80,44 @@ def cache_root() -> Path:
     return Path(os.environ.get("RLVR_CACHE", Path.home() / ".cache" / "rlvr-sampling"))
 
 
-def sft_base_policy(model, tokenizer, recipe: BaseRecipe, log=print) -> dict:
+SHIPPED = Path(__file__).resolve().parents[1] / "assets"
+"""Built policies committed with the repo (`assets/<cache name>/`): the default base and the multi-turn warm-up, so
+a fresh clone starts RL at once instead of spending ~15 minutes of SFT first. A cache dir's name hashes its recipe,
+so a changed recipe finds no shipped copy and is built."""
+
+
+def weights_sha256(path: Path) -> str:
+    return hashlib.sha256((Path(path) / "model.safetensors").read_bytes()).hexdigest()
+
+
+def restore_shipped(path: Path, log=print) -> bool:
+    """Copy the shipped build named like `path` into the cache (atomic: tmp dir + rename) when there is one and its
+    weights hash matches its build_info.json; False when there is none or it is damaged (the caller builds)."""
+    shipped = SHIPPED / Path(path).name
+    if os.environ.get("RLVR_NO_SHIPPED") == "1" or not (shipped / "build_info.json").exists():
+        return False
+    want = json.loads((shipped / "build_info.json").read_text()).get("weights_sha256")
+    if want != weights_sha256(shipped):
+        log(f"warning: {shipped} does not match its build_info.json's weights_sha256; building from the recipe")
+        return False
+    tmp = Path(path).with_name(Path(path).name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(shipped, tmp)
+    if Path(path).exists():  # another process got there first
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        os.replace(tmp, path)
+    log(f"using the shipped build {shipped.relative_to(SHIPPED.parent)} (its recipe hash matches; copied to {path})")
+    return True
+
+
+TRACE_STEPS = 20  # build_info.json keeps the first SFT losses: a rebuild must retrace them (tests/test_common.py)
+
+
+def sft_base_policy(model, tokenizer, recipe: BaseRecipe, log=print, stop_after: int | None = None) -> dict:
     """Supervised warm-up on the training problems of every level (loss on the answer only): a random solver
-    solution, or with the level's `careless` probability a random valid chain that misses the target."""
+    solution, or with the level's `careless` probability a random valid chain that misses the target.
+    `stop_after` ends it early (same schedule): the tests retrace the first steps of a shipped build."""
     from tqdm.auto import tqdm
 
     from common import countdown
@@ -99,7 +134,7 @@ def sft_base_policy(model, tokenizer, recipe: BaseRecipe, log=print) -> dict:
     eos = tokenizer.eos_token_id
     model.train()
     losses = []
-    bar = tqdm(range(recipe.sft_steps), desc="SFT of the embedded base policy", mininterval=2)
+    bar = tqdm(range(stop_after or recipe.sft_steps), desc="SFT of the embedded base policy", mininterval=2)
     for _ in bar:
         picks = [train[rng.randrange(len(train))] for _ in range(recipe.sft_batch_size)]
         prompts = [tokenizer(countdown.prompt_text(p), add_special_tokens=False).input_ids for _, p in picks]
@@ -115,7 +150,8 @@ def sft_base_policy(model, tokenizer, recipe: BaseRecipe, log=print) -> dict:
         sched.step()
         losses.append(loss.item())
         bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}", refresh=False)
-    return {"sft_final_loss": float(np.mean(losses[-50:]))}
+    return {"sft_final_loss": float(np.mean(losses[-50:])),
+            "sft_loss_trace": [round(x, 6) for x in losses[:TRACE_STEPS]]}
 
 
 @torch.no_grad()
@@ -157,7 +193,7 @@ def ensure_embedded_base(recipe: BaseRecipe | None = None, log=print, eval_promp
     measures the base on `eval_prompts` training and held-out problems (build_info.json)."""
     recipe = recipe or BaseRecipe()
     path = cache_root() / f"countdown-base-{recipe.key()}"
-    if (path / "build_info.json").exists():
+    if (path / "build_info.json").exists() or restore_shipped(path, log):
         return path
     log(f"building the embedded base policy into {path} (once; 17 minutes measured at 1 thread)")
     t0 = time.time()
@@ -174,7 +210,7 @@ def ensure_embedded_base(recipe: BaseRecipe | None = None, log=print, eval_promp
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     info.update(recipe=asdict(recipe), build_seconds=round(time.time() - t0, 1), torch_threads=torch_threads,
-                params=sum(p.numel() for p in model.parameters()))
+                params=sum(p.numel() for p in model.parameters()), weights_sha256=weights_sha256(tmp))
     (tmp / "build_info.json").write_text(json.dumps(info, indent=2))
     if path.exists():  # another process finished first; keep theirs
         shutil.rmtree(tmp, ignore_errors=True)

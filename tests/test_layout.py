@@ -42,10 +42,11 @@ def test_common_import_graph_has_no_cycle():
     assert "common.generation" in graph["common.vllm_backend"]  # the former cycle, now one-way
 
 
-def test_each_method_file_holds_its_update_and_is_at_most_700_lines():
+def test_each_method_file_holds_its_update_and_is_at_most_710_lines():
     for script in SCRIPTS:
         source = (ROOT / script).read_text()
-        assert len(source.splitlines()) <= 700, script
+        # 700 until issues #26/#27 gave every script its launch lines (thread policy, accelerate config mapping)
+        assert len(source.splitlines()) <= 710, script
         for piece in ("accelerator.backward(", "clip_grad_norm_(", "optimizer.step()", "scheduler.step()",
                       "zero_grad(", "generator.sync_weights(policy)", "reduce_sums(accelerator"):
             assert piece in source, (script, piece)
@@ -53,10 +54,10 @@ def test_each_method_file_holds_its_update_and_is_at_most_700_lines():
         assert not {"common.runtime", "common.ada"} & common_imports(ROOT / script)
 
 
-def test_real_data_path_loads_no_demo_and_at_most_1400_lines_of_common(tmp_path):
+def test_real_data_path_loads_no_demo_and_at_most_1460_lines_of_common(tmp_path):
     # 1100 until issue #12's flags (bf16 autocast, checkpointing, LoRA resume) grew args.py and checkpoint.py (1150),
     # then --fsdp's hooks in distributed.py and checkpoint.py, #13's flags and sample log, #15's packed layout
-    # (1400; common/fsdp.py and common/config.py load only with --fsdp / --config);
+    # (1400; common/fsdp.py and common/config.py load only with --fsdp / --config), #26/#27's common/launch.py (1460);
     # LoRA itself (common/lora.py) loads only with --lora_r, so it is not counted here
     import import_footprint
 
@@ -65,7 +66,7 @@ def test_real_data_path_loads_no_demo_and_at_most_1400_lines_of_common(tmp_path)
         modules = import_footprint.footprint(script, model_dir, data, tmp_path)
         assert not set(import_footprint.DEMO_MODULES) & set(modules), (script, sorted(modules))
         assert "common.verifiers" in modules  # it did take the real-data path (math-verify rewards)
-        assert sum(modules.values()) <= 1400, (script, sum(modules.values()))
+        assert sum(modules.values()) <= 1460, (script, sum(modules.values()))
 
 
 def test_no_line_over_120_characters():

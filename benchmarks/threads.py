@@ -1,0 +1,186 @@
+"""CPU thread policy under contention: s/step of `ra_rloo.py` alone, beside one busy single-threaded process, and
+two runs side by side, for each thread option (issue #26).
+
+Each option is an environment (set before the script starts, so before torch loads OpenMP) plus `--num_threads`.
+A measurement runs `ra_rloo.py` for `--steps` steps (no evaluation in between) and takes the median `time_step_s`
+after the first `--skip` steps; "pair" runs two copies at once and reports the slower median of the two. The
+options are measured in turn, `--repeats` rounds each, so slow stretches of the machine hit every option alike.
+
+    python benchmarks/threads.py                              # every option, 2 rounds (about 25 minutes)
+    python benchmarks/threads.py --options default,policy --repeats 1
+    python benchmarks/threads.py --lock /tmp/a.lock --lock /tmp/b.lock   # wait for (and hold) a benchmark's locks
+
+Writes benchmarks/results/threads.json (every measurement) and threads.md (the table the README quotes). Needs a
+machine with nothing else running: other jobs change every figure.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from common.cli import parse_args  # noqa: E402  (light: no torch import)
+
+# name -> (environment, --num_threads); "default" is torch's own (one thread per core, OpenMP's default wait),
+# "policy" is what the scripts do when nothing is set (common/threads.py)
+OPTIONS: dict[str, tuple[dict[str, str], int]] = {
+    "default": ({"RLVR_THREAD_POLICY": "off"}, 0),
+    "threads1": ({"RLVR_THREAD_POLICY": "off"}, 1),
+    "passive": ({"RLVR_THREAD_POLICY": "off", "OMP_WAIT_POLICY": "PASSIVE"}, 0),
+    "spin10k": ({"RLVR_THREAD_POLICY": "off", "GOMP_SPINCOUNT": "10000"}, 0),
+    "spin100k": ({"RLVR_THREAD_POLICY": "off", "GOMP_SPINCOUNT": "100000"}, 0),
+    "policy": ({}, 0),
+}
+SCENARIOS = ("alone", "busy", "pair")
+
+
+@dataclass
+class Args:
+    options: str = ",".join(OPTIONS)
+    """comma-separated options to measure (known: default, threads1, passive, spin10k, spin100k, policy)"""
+    scenarios: str = ",".join(SCENARIOS)
+    """comma-separated scenarios: alone, busy (beside one busy single-threaded process), pair (two runs at once)"""
+    steps: int = 16
+    """RL steps per measured run"""
+    skip: int = 3
+    """first steps left out of the median (start-up, first allocations)"""
+    repeats: int = 2
+    """rounds over all options (the table reports the median over rounds)"""
+    script: str = "ra_rloo.py"
+    """the method script measured (its defaults otherwise)"""
+    lock: list[str] = field(default_factory=list)
+    """lock files (flock) held for the whole measurement, e.g. the benchmark runners' `--lock` files, so their runs
+    and this measurement never overlap"""
+    out_dir: str = "benchmarks/results"
+    """where threads.json and threads.md are written"""
+    python: str = sys.executable
+    """interpreter for the measured runs"""
+
+    def validate(self) -> None:
+        bad = [o for o in self.option_list() if o not in OPTIONS]
+        if bad:
+            raise SystemExit(f"--options: unknown {bad}; known: {', '.join(OPTIONS)}")
+        bad = [s for s in self.scenario_list() if s not in SCENARIOS]
+        if bad:
+            raise SystemExit(f"--scenarios: unknown {bad}; known: {', '.join(SCENARIOS)}")
+        if self.steps <= self.skip + 2:
+            raise SystemExit(f"--steps {self.steps}: needs at least --skip + 3 = {self.skip + 3}")
+
+    def option_list(self) -> list[str]:
+        return [o.strip() for o in self.options.split(",") if o.strip()]
+
+    def scenario_list(self) -> list[str]:
+        return [s.strip() for s in self.scenarios.split(",") if s.strip()]
+
+
+def start_run(args: Args, option: str, out_dir: Path) -> subprocess.Popen:
+    env_extra, threads = OPTIONS[option]
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env.update(env_extra, TOKENIZERS_PARALLELISM="false")
+    cmd = [args.python, args.script, "--max_steps", str(args.steps), "--eval_every", "0", "--eval_prompts", "16",
+           "--eval_samples", "1", "--save_every", "0", "--output_dir", str(out_dir), "--log_samples_every", "0"]
+    if threads:
+        cmd += ["--num_threads", str(threads)]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(out_dir / "stderr", "w"))
+
+
+def median_step(out_dir: Path, skip: int) -> float:
+    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    times = [r["time_step_s"] for r in rows if "time_step_s" in r and r.get("step", 0) > skip]
+    return statistics.median(times)
+
+
+def measure(args: Args, option: str, scenario: str) -> float:
+    """Median s/step of `option` in `scenario` (pair: the slower of the two runs)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = [Path(tmp) / f"run{i}" for i in range(2 if scenario == "pair" else 1)]
+        busy = subprocess.Popen([args.python, "-c", "while True: pass"]) if scenario == "busy" else None
+        try:
+            for d in dirs:
+                d.mkdir()
+            runs = [start_run(args, option, d) for d in dirs]
+            for d, run in zip(dirs, runs):
+                if run.wait() != 0:
+                    tail = (d / "stderr").read_text()[-2000:]
+                    raise SystemExit(f"{option}/{scenario}: {args.script} failed:\n{tail}")
+            return max(median_step(d, args.skip) for d in dirs)
+        finally:
+            if busy is not None:
+                busy.kill()
+                busy.wait()
+
+
+@contextlib.contextmanager
+def held(paths: list[str]):
+    fds = []
+    try:
+        for path in paths:
+            fd = os.open(path, os.O_CREAT | os.O_RDWR)
+            print(f"waiting for the lock {path} ...", flush=True)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            fds.append(fd)
+        yield
+    finally:
+        for fd in fds:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+def table(results: dict, options: list[str], scenarios: list[str]) -> str:
+    med = {o: {s: statistics.median(results[o][s]) for s in scenarios if results[o].get(s)} for o in options}
+    base = med.get("default", {}).get("alone")
+    head = "| option | " + " | ".join(f"{s} s/step" for s in scenarios) + " | busy / alone | pair / alone | " \
+           "alone / default's alone |\n|---|" + "---|" * (len(scenarios) + 3) + "\n"
+    rows = []
+    for o in options:
+        m = med[o]
+        ratio = lambda a, b: f"{a / b:.2f}x" if a is not None and b else "-"  # noqa: E731
+        cells = [f"{m[s]:.2f} ({', '.join(f'{x:.2f}' for x in results[o][s])})" if s in m else "-" for s in scenarios]
+        rows.append(f"| `{o}` | " + " | ".join(cells) + f" | {ratio(m.get('busy'), m.get('alone'))} | "
+                    f"{ratio(m.get('pair'), m.get('alone'))} | {ratio(m.get('alone'), base)} |")
+    return head + "\n".join(rows) + "\n"
+
+
+def main(args: Args) -> int:
+    options, scenarios = args.option_list(), args.scenario_list()
+    out = ROOT / args.out_dir
+    out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, dict[str, list[float]]] = {o: {s: [] for s in scenarios} for o in options}
+    started = time.time()
+    with held(args.lock):
+        for round_ in range(args.repeats):
+            for option in options:
+                for scenario in scenarios:
+                    t0 = time.time()
+                    value = measure(args, option, scenario)
+                    results[option][scenario].append(value)
+                    print(f"[round {round_ + 1}/{args.repeats}] {option:>9} {scenario:>5}: {value:.3f} s/step "
+                          f"({time.time() - t0:.0f} s; {time.time() - started:.0f} s so far)", flush=True)
+                    meta = {"script": args.script, "steps": args.steps, "skip": args.skip, "cpus": os.cpu_count(),
+                            "options": {o: {"env": OPTIONS[o][0], "num_threads": OPTIONS[o][1]} for o in options},
+                            "results": results, "date": time.strftime("%Y-%m-%d %H:%M")}
+                    (out / "threads.json").write_text(json.dumps(meta, indent=2))  # kept after every measurement
+    md = (f"*Written by `benchmarks/threads.py` ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores): median "
+          f"`time_step_s` of `{args.script}` over steps {args.skip + 1}-{args.steps}, median of {args.repeats} rounds "
+          f"(each round's figure in brackets); pair = the slower of two runs side by side.*\n\n"
+          + table(results, options, scenarios))
+    (out / "threads.md").write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(parse_args(Args, description=__doc__.split("\n\n")[0])))

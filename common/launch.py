@@ -1,0 +1,56 @@
+"""What a launch sets before any library starts: the CPU thread policy (before torch loads OpenMP) and the
+`accelerate config` choices that these scripts map onto their own flags. No torch import here."""
+from __future__ import annotations
+
+import os
+
+TRUE = ("1", "true", "t", "yes", "y", "on")  # what accelerate's str_to_bool accepts as true
+
+
+def accelerate_sharding(environ) -> str | None:
+    """The sharding `accelerate launch` exported (from `accelerate config` or its flags): "deepspeed", "fsdp" or
+    None (ACCELERATE_USE_DEEPSPEED / ACCELERATE_USE_FSDP, true as accelerate reads them; DeepSpeed wins)."""
+    for kind in ("deepspeed", "fsdp"):
+        if environ.get(f"ACCELERATE_USE_{kind.upper()}", "").strip().lower() in TRUE:
+            return kind
+    return None
+
+
+def resolve_accelerate_sharding(args_fsdp: bool, environ=None, log=print) -> bool:
+    """The `--fsdp` value to run with; call it first in main(), before the Accelerator and any model exist.
+    accelerate's FSDP (version 1 or 2) becomes our `--fsdp` (FSDP2, common/fsdp.py), and ACCELERATE_USE_FSDP is
+    deleted from `environ` (default os.environ): Accelerator() would build its FSDP plugin from it and wrap the
+    policy a second way, its clip_grad_norm_ re-reads it, and transformers' from_pretrained with it (and
+    FSDP_CPU_RAM_EFFICIENT_LOADING) loads real weights on rank 0 only. The other FSDP_* settings are inert without
+    it. DeepSpeed stops here with SystemExit: generation, the weight push and checkpoints are written for DDP or
+    our FSDP2."""
+    environ = os.environ if environ is None else environ
+    kind = accelerate_sharding(environ)
+    if kind == "deepspeed":
+        raise SystemExit("ACCELERATE_USE_DEEPSPEED is set (DeepSpeed, from `accelerate config` or --use_deepspeed), "
+                         "which these scripts do not support: relaunch without DeepSpeed (`accelerate launch "
+                         "--multi_gpu ...`, or re-run `accelerate config` choosing multi-GPU) and pass --fsdp to shard")
+    if kind != "fsdp":
+        return args_fsdp
+    del environ["ACCELERATE_USE_FSDP"]
+    if environ.get("RANK", "0") == "0":  # one line, not one per rank (no Accelerator to ask yet)
+        log(f"ACCELERATE_USE_FSDP is set (FSDP_VERSION={environ.get('FSDP_VERSION', '1')}, from `accelerate config` or "
+            "--use_fsdp): mapped onto this script's --fsdp (FSDP2); accelerate's FSDP_* options are ignored")
+    return True
+
+
+def resolve_accelerate_precision(args_dtype: str, environ=None, log=print) -> str:
+    """The `--dtype` to run with. `accelerate config`'s mixed precision (ACCELERATE_MIXED_PRECISION) would make
+    `accelerator.prepare` wrap the policy's forward in autocast, under the DDP path only, while the reference, the
+    critic's copy and vLLM stay in --dtype: bf16 becomes `--dtype bfloat16` (our autocast, fp32 master weights, every
+    path alike), fp16 / fp8 stop here; the variable is deleted so the Accelerator keeps full precision."""
+    environ = os.environ if environ is None else environ
+    mode = environ.pop("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
+    if mode in ("", "no"):
+        return args_dtype
+    if mode != "bf16":
+        raise SystemExit(f"ACCELERATE_MIXED_PRECISION={mode} (from `accelerate config` or --mixed_precision) is not "
+                         "supported: relaunch with --mixed_precision no and pass --dtype bfloat16 for bf16 compute")
+    if environ.get("RANK", "0") == "0":
+        log("ACCELERATE_MIXED_PRECISION=bf16: mapped onto this script's --dtype bfloat16 (fp32 master weights)")
+    return "bfloat16"

@@ -1,0 +1,154 @@
+"""`accelerate config` chose FSDP or DeepSpeed (issue 27): FSDP is mapped onto the scripts' own --fsdp and
+accelerate's plugin is kept out of the Accelerator; DeepSpeed stops before anything loads."""
+import json
+import os
+import sys
+
+import pytest
+
+from common.launch import accelerate_sharding, resolve_accelerate_precision, resolve_accelerate_sharding
+from conftest import ROOT, run_script
+
+SCRIPTS = ("ra_rloo.py", "ps_grpo.py", "pros_ppo.py", "ada_seq.py", "ada_est.py")
+# what accelerate 1.x's launcher exports (accelerate/utils/launch.py: prepare_multi_gpu_env for --use_fsdp,
+# prepare_deepspeed_cmd_env for --use_deepspeed), here as `accelerate launch --use_fsdp [--fsdp_version 2]` sets it
+FSDP_V1 = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1", "FSDP_SHARDING_STRATEGY": "FULL_SHARD",
+           "FSDP_RESHARD_AFTER_FORWARD": "true", "FSDP_OFFLOAD_PARAMS": "false", "FSDP_MIN_NUM_PARAMS": "100000000",
+           "FSDP_FORWARD_PREFETCH": "false", "FSDP_USE_ORIG_PARAMS": "true", "FSDP_CPU_RAM_EFFICIENT_LOADING": "true",
+           "FSDP_SYNC_MODULE_STATES": "true", "FSDP_ACTIVATION_CHECKPOINTING": "false",
+           "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD": "false", "ACCELERATE_MIXED_PRECISION": "no"}
+FSDP_V2 = {**FSDP_V1, "FSDP_VERSION": "2"}
+DEEPSPEED = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3",
+             "ACCELERATE_CONFIG_DS_FIELDS": "", "ACCELERATE_MIXED_PRECISION": "no"}
+SMALL = ["--prompt_pool", "48", "--prompts_per_step", "8", "--eval_prompts", "8", "--eval_samples", "4",
+         "--max_new_tokens", "20", "--micro_batch_size", "8", "--num_threads", "1", "--eval_every", "0",
+         "--max_steps", "1"]
+
+
+# ---------------- detection and mapping (fake environments) ----------------
+@pytest.mark.parametrize("env", [FSDP_V1, FSDP_V2], ids=["fsdp_v1", "fsdp_v2"])
+def test_fsdp_any_version_maps_onto_our_fsdp_and_leaves_accelerate_without_it(env):
+    environ, logs = dict(env), []
+    assert accelerate_sharding(environ) == "fsdp"
+    assert resolve_accelerate_sharding(False, environ, logs.append) is True
+    assert "ACCELERATE_USE_FSDP" not in environ  # what Accelerator() and transformers read: gone
+    assert accelerate_sharding(environ) is None
+    assert {k: v for k, v in env.items() if k != "ACCELERATE_USE_FSDP"} == environ  # nothing else touched
+    assert len(logs) == 1 and "ACCELERATE_USE_FSDP" in logs[0] and "--fsdp" in logs[0]
+    assert f"FSDP_VERSION={env['FSDP_VERSION']}" in logs[0]
+
+
+def test_fsdp_logs_on_rank_zero_only_and_reads_truth_values():
+    logs = []
+    assert resolve_accelerate_sharding(False, {**FSDP_V2, "RANK": "1"}, logs.append) is True and logs == []
+    for value in ("True", "1", "yes"):  # accelerate's own helpers write "True" (enable_fsdp_ram_efficient_loading)
+        assert accelerate_sharding({"ACCELERATE_USE_FSDP": value}) == "fsdp"
+    for value in ("false", "0", ""):
+        assert accelerate_sharding({"ACCELERATE_USE_FSDP": value, "ACCELERATE_USE_DEEPSPEED": value}) is None
+
+
+def test_deepspeed_stops_with_a_message_naming_the_variable_and_fsdp():
+    assert accelerate_sharding(DEEPSPEED) == "deepspeed"
+    assert accelerate_sharding({**DEEPSPEED, **FSDP_V2}) == "deepspeed"  # never run half of it
+    with pytest.raises(SystemExit, match=r"ACCELERATE_USE_DEEPSPEED.*without DeepSpeed.*--fsdp"):
+        resolve_accelerate_sharding(False, dict(DEEPSPEED), print)
+
+
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_no_accelerate_sharding_keeps_the_flag_and_the_environment(fsdp):
+    environ, logs = {"ACCELERATE_MIXED_PRECISION": "bf16", "FSDP_VERSION": "2", "RANK": "0"}, []
+    assert accelerate_sharding(environ) is None
+    assert resolve_accelerate_sharding(fsdp, environ, logs.append) is fsdp
+    assert environ == {"ACCELERATE_MIXED_PRECISION": "bf16", "FSDP_VERSION": "2", "RANK": "0"} and logs == []
+
+
+def test_the_accelerator_built_after_it_has_no_fsdp_plugin(monkeypatch):
+    # Accelerator() builds FullyShardedDataParallelPlugin() whenever ACCELERATE_USE_FSDP is true (and on CPU that
+    # plugin even refuses to exist); after the mapping it builds none
+    import accelerate.accelerator as accelerator_module
+    from accelerate.state import AcceleratorState, GradientState
+
+    built = []
+
+    class Spy(accelerator_module.FullyShardedDataParallelPlugin):
+        def __init__(self, *a, **k):
+            built.append(1)
+            super().__init__(*a, **k)
+
+    monkeypatch.setattr(accelerator_module, "FullyShardedDataParallelPlugin", Spy)
+    for key, value in FSDP_V2.items():
+        monkeypatch.setenv(key, value)
+    try:
+        try:  # the control: without the mapping accelerate takes the plugin from the environment
+            accelerator_module.Accelerator(cpu=True)
+        except RuntimeError:  # no GPU: the plugin refuses CPU-only machines
+            pass
+        assert built == [1]
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+        assert resolve_accelerate_sharding(False, os.environ, lambda _: None) is True
+        accelerator = accelerator_module.Accelerator(cpu=True)
+        assert built == [1] and getattr(accelerator.state, "fsdp_plugin", None) is None
+        assert accelerator.distributed_type.value != "FSDP"
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+        GradientState._reset_state()
+
+
+# ---------------- the scripts ----------------
+def _run(args, env):
+    import subprocess
+
+    full = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", **env)
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=full)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_deepspeed_launch_stops_every_script_before_loading(script, tmp_path):
+    # a model path that does not exist: a script that went on to load it would fail with another message
+    r = _run([script, "--model_name_or_path", str(tmp_path / "no-model"), "--output_dir", str(tmp_path / "out"),
+              *SMALL], DEEPSPEED)
+    assert r.returncode != 0
+    assert "ACCELERATE_USE_DEEPSPEED" in r.stderr and "--fsdp" in r.stderr, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]  # a clean SystemExit message, not a crash
+    assert not (tmp_path / "out").exists()  # stopped before the output dir (and args.json) was written
+
+
+def _assert_mapped(stdout: str, out):
+    assert "ACCELERATE_USE_FSDP" in stdout and "mapped onto this script's --fsdp" in stdout, stdout[-3000:]
+    assert json.loads((out / "args.json").read_text())["fsdp"] is True
+    assert (out / "checkpoint-1" / "shards_rank0.pt").exists()  # written only for a model our FSDP2 sharded
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+
+
+def test_accelerate_launch_use_fsdp_runs_ra_rloo_with_our_fsdp(tiny_base, tmp_path):
+    # the real launcher (`accelerate config` with FSDP is the same as these flags): one process, FSDP2 asked for
+    launch = ["-m", "accelerate.commands.launch", "--use_fsdp", "--fsdp_version", "2", "--num_processes", "1",
+              "--num_machines", "1", "--main_process_port", "0", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    out = tmp_path / "ra"
+    r = run_script([*launch, "ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), *SMALL])
+    _assert_mapped(r.stdout, out)
+
+
+def test_fsdp_v1_environment_runs_ada_seq_with_our_fsdp(tiny_base, tmp_path):
+    # a plain single process with what accelerate exports for FSDP v1 (the default of `accelerate config`)
+    out = tmp_path / "ada_seq"
+    r = run_script(["ada_seq.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), *SMALL],
+                   env_extra=FSDP_V1)
+    _assert_mapped(r.stdout, out)
+    assert r.stdout.count("ACCELERATE_USE_FSDP") == 1
+
+
+def test_accelerate_mixed_precision_maps_bf16_onto_dtype_and_stops_on_fp16():
+    # left in the environment, accelerator.prepare would autocast the DDP-wrapped policy's forward only (not the
+    # reference, the critic's copy or vLLM): bf16 becomes our --dtype bfloat16, the variable is consumed
+    environ, logs = {"ACCELERATE_MIXED_PRECISION": "bf16", "RANK": "0"}, []
+    assert resolve_accelerate_precision("float32", environ, logs.append) == "bfloat16"
+    assert "ACCELERATE_MIXED_PRECISION" not in environ and "--dtype bfloat16" in logs[0]
+    environ, logs = {"ACCELERATE_MIXED_PRECISION": "no"}, []
+    assert resolve_accelerate_precision("float32", environ, logs.append) == "float32" and logs == [] and not environ
+    assert resolve_accelerate_precision("bfloat16", {}, logs.append) == "bfloat16" and logs == []
+    for mode in ("fp16", "fp8"):
+        with pytest.raises(SystemExit, match=f"ACCELERATE_MIXED_PRECISION={mode}.*--dtype bfloat16"):
+            resolve_accelerate_precision("float32", {"ACCELERATE_MIXED_PRECISION": mode}, logs.append)
