@@ -54,7 +54,7 @@ from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler, hf_task
 from common.distributed import GracefulStop, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig
-from common.launch import resolve_accelerate_precision, resolve_accelerate_sharding
+from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
 from common.logprobs import token_logprobs
 from common.losses import clipped_surrogate, kl_k3
 from common.masking import pad_sequences, right_align
@@ -199,8 +199,7 @@ def est_advantages(rewards: list[float], mode: str, eps: float) -> tuple[list[fl
 def main(args: Args) -> None:
     # ---------------- set-up: accelerator, seeds, output dir ----------------
     args.fsdp, args.dtype = resolve_accelerate_sharding(args.fsdp), resolve_accelerate_precision(args.dtype)
-    if args.num_threads > 0:
-        torch.set_num_threads(args.num_threads)
+    cpu_threads = CpuThreads(args.num_threads)  # --num_threads, or follow the free cores (common/launch.py)
     check_tracker(args.report_to)
     args.output_dir = args.output_dir or f"runs/ada_est-seed{args.seed}"
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), project_dir=args.output_dir,
@@ -308,6 +307,7 @@ def main(args: Args) -> None:
 
     for step in range(start_step + 1, args.max_steps + 1):
         t_start = time.time()
+        torch.set_num_threads(cpu_threads.count(torch.get_num_threads()))  # a shared CPU: fit the free cores
         batch_ids = sampler.next_ids(args.prompts_per_step)  # the global batch: every rank allocates all of it
 
         # ================ [EST] allocate the budget from the estimates made before this step (Alg. 1 l. 4-5) ======

@@ -51,7 +51,7 @@ from common.data import PromptEncoder, PromptSampler, hf_task
 from common.distributed import GracefulStop, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig
 from common.gibbs import gibbs_sweeps, update_counts
-from common.launch import resolve_accelerate_precision, resolve_accelerate_sharding
+from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
 from common.logprobs import token_logprobs
 from common.losses import clipped_surrogate, kl_k3, value_loss
 from common.masking import pad_sequences, right_align
@@ -367,8 +367,7 @@ def score_rollouts(policy, critic, ref_model, tokenizer, prompts: list[list[int]
 def main(args: Args) -> None:
     # ---------------- set-up: accelerator, seeds, output dir ----------------
     args.fsdp, args.dtype = resolve_accelerate_sharding(args.fsdp), resolve_accelerate_precision(args.dtype)
-    if args.num_threads > 0:
-        torch.set_num_threads(args.num_threads)
+    cpu_threads = CpuThreads(args.num_threads)  # --num_threads, or follow the free cores (common/launch.py)
     check_tracker(args.report_to)
     args.output_dir = args.output_dir or f"runs/pros_ppo-seed{args.seed}"
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), project_dir=args.output_dir,
@@ -478,6 +477,7 @@ def main(args: Args) -> None:
 
     for step in range(start_step + 1, args.max_steps + 1):
         t_start = time.time()
+        torch.set_num_threads(cpu_threads.count(torch.get_num_threads()))  # a shared CPU: fit the free cores
         # ================ the batch: (prompt id, prefix, tree node) per query, the same on every rank ================
         if pros:  # [PROS] Sec. 4: part data stream, the rest from the pool by |θ̃ - 0.5|
             queries, num_stream = choose_batch(tree, sampler, args, step, pros_rng, len(task.train))

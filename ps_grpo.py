@@ -77,7 +77,7 @@ from common.data import PromptEncoder, PromptSampler, hf_task
 from common.distributed import GracefulStop, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.episode import Episode
 from common.generation import HFGenerator, SamplingConfig
-from common.launch import resolve_accelerate_precision, resolve_accelerate_sharding
+from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
 from common.logprobs import token_logprobs
 from common.losses import clipped_surrogate
 from common.masking import pad_sequences, right_align
@@ -373,8 +373,7 @@ def ps_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask:
 def main(args: Args) -> None:
     # ---------------- set-up: accelerator, seeds, output dir ----------------
     args.fsdp, args.dtype = resolve_accelerate_sharding(args.fsdp), resolve_accelerate_precision(args.dtype)
-    if args.num_threads > 0:
-        torch.set_num_threads(args.num_threads)
+    cpu_threads = CpuThreads(args.num_threads)  # --num_threads, or follow the free cores (common/launch.py)
     check_tracker(args.report_to)
     args.output_dir = args.output_dir or f"runs/ps_grpo-seed{args.seed}"
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), project_dir=args.output_dir,
@@ -497,6 +496,7 @@ def main(args: Args) -> None:
 
     for step in range(start_step + 1, args.max_steps + 1):
         t_start = time.time()
+        torch.set_num_threads(cpu_threads.count(torch.get_num_threads()))  # a shared CPU: fit the free cores
         # ================ [PS] the batch: queued prefix tasks (at most max_prefix_frac of it), then fresh tasks =====
         n_prefix = min(len(queue), int(args.max_prefix_frac * args.prompts_per_step))
         dropped = len(queue) - n_prefix  # [PS] dynamic on-policy: prefix tasks are never carried over

@@ -55,7 +55,7 @@ from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler, hf_task
 from common.distributed import GracefulStop, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig
-from common.launch import resolve_accelerate_precision, resolve_accelerate_sharding
+from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
 from common.logprobs import score_completions, token_logprobs
 from common.losses import kl_k3
 from common.masking import pad_sequences, right_align
@@ -169,8 +169,7 @@ def rloo_loss(pg_sum: torch.Tensor, kl_sum: torch.Tensor | float, beta: float, n
 def main(args: Args) -> None:
     # ---------------- set-up: accelerator, seeds, output dir ----------------
     args.fsdp, args.dtype = resolve_accelerate_sharding(args.fsdp), resolve_accelerate_precision(args.dtype)
-    if args.num_threads > 0:
-        torch.set_num_threads(args.num_threads)
+    cpu_threads = CpuThreads(args.num_threads)  # --num_threads, or follow the free cores (common/launch.py)
     check_tracker(args.report_to)
     args.output_dir = args.output_dir or f"runs/ra_rloo-seed{args.seed}"
     if args.reward == "auto":  # [RA-RLOO] the paper trains on {0, 0.1, 1}; real datasets have a binary verifier
@@ -284,6 +283,7 @@ def main(args: Args) -> None:
 
     for step in range(start_step + 1, args.max_steps + 1):
         t_start = time.time()
+        torch.set_num_threads(cpu_threads.count(torch.get_num_threads()))  # a shared CPU: fit the free cores
         # ================ sample: K rollouts for each of this rank's prompts ================
         examples = [task.train[i] for i in my_slice(sampler.next_ids(args.prompts_per_step), accelerator)]
         prompts = [encode(example.prompt) for example in examples]

@@ -177,8 +177,9 @@ class Args:
     sweep used; the Reinforce-Ada scripts' own default is the paper's 10); 0 = each script's own default"""
     model_name_or_path: str = "embedded"
     """base policy of every run (`embedded`: the cached tiny Countdown model)"""
-    num_threads: int = 2
-    """torch CPU threads per run (OMP_NUM_THREADS is set to the same)"""
+    num_threads: int = 0
+    """torch CPU threads per run (OMP_NUM_THREADS is set to the same); 0 = each run's own policy, a count that
+    follows the free cores (README: CPU threads); two runners side by side: 1 each"""
     extra: str = ""
     """extra flags appended to every run, space-separated (they become part of each run's recorded command)"""
     lock: str = ""
@@ -217,7 +218,7 @@ class Settings:
     learning_rate: float = 5e-5
     warmup_steps: int = 5
     model_name_or_path: str = "embedded"
-    num_threads: int = 2
+    num_threads: int = 0
     extra: list[str] = field(default_factory=list)
 
 
@@ -486,7 +487,10 @@ def execute(cfg: Config, s: Settings, seed: int, run_dir: Path, cmd: list[str], 
     meta["settings"] = asdict(s)
     meta_path.write_text(json.dumps(meta, indent=2))
     full = [args.python, *cmd] + (["--resume", "auto"] if state in ("resume", "restart") else [])
-    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, s.num_threads)), TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    env.pop("OMP_NUM_THREADS", None)
+    if s.num_threads > 0:
+        env["OMP_NUM_THREADS"] = str(s.num_threads)
     rc, t0 = None, time.time()
     with FileLock(args.lock), open(run_dir / "log.txt", "a") as log:
         log.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(full)}\n")
@@ -611,7 +615,8 @@ def main(args: Args, argv: list[str]) -> int:
         resume = state in ("resume", "restart")
         full = [args.python, *it["cmd"]] + (["--resume", "auto"] if resume else [])
         if args.dry_run:
-            print(f"{head}: {state}\n    OMP_NUM_THREADS={s.num_threads} {' '.join(full)}", flush=True)
+            threads = f"OMP_NUM_THREADS={s.num_threads} " if s.num_threads > 0 else ""
+            print(f"{head}: {state}\n    {threads}{' '.join(full)}", flush=True)
             results[f"would run ({state})"] = results.get(f"would run ({state})", 0) + 1
             continue
         rows = read_rows(it["dir"])

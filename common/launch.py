@@ -54,3 +54,42 @@ def resolve_accelerate_precision(args_dtype: str, environ=None, log=print) -> st
     if environ.get("RANK", "0") == "0":
         log("ACCELERATE_MIXED_PRECISION=bf16: mapped onto this script's --dtype bfloat16 (fp32 master weights)")
     return "bfloat16"
+
+
+class CpuThreads:
+    """The torch thread count of a run (issue #26; README, "CPU threads"). `--num_threads N` > 0 fixes it at N.
+    With 0 (the default) it follows the cores the rest of the machine leaves free, re-read at every step from
+    /proc/stat: cores - (busy cores not ours), at least 1. Why: OpenMP's threads wait for each other at every parallel
+    region, so one more runnable thread than cores (an editor, a second run, a busy process) stalls every region
+    on a descheduled thread: on 2 cores torch's default ran 3.5x slower beside one busy process and two runs side
+    by side collapsed, while a thread count that fits the free cores keeps a run at one-core speed. Without
+    /proc (not Linux) it keeps torch's default."""
+
+    def __init__(self, num_threads: int = 0, cores: int | None = None, proc: str = "/proc"):
+        self.fixed, self.cores, self.proc = num_threads, cores or os.cpu_count() or 1, proc
+        self.last = None if num_threads > 0 else self._sample()
+
+    def _sample(self) -> tuple[int, int, int] | None:
+        """(all jiffies, busy jiffies, this process's jiffies) summed over the cores, or None without /proc."""
+        try:
+            with open(f"{self.proc}/stat") as f:
+                ticks = [int(x) for x in f.readline().split()[1:]]
+            with open(f"{self.proc}/self/stat") as f:
+                own = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        except (OSError, ValueError, IndexError):
+            return None
+        idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+        return sum(ticks[:8]), sum(ticks[:8]) - idle, int(own[11]) + int(own[12])  # utime + stime
+
+    def count(self, default: int) -> int:
+        """The thread count to use now (`default`: torch's own, kept when nothing can be measured)."""
+        if self.fixed > 0:
+            return self.fixed
+        now = self._sample()
+        if now is None or self.last is None or now[0] <= self.last[0]:
+            self.last = now
+            return default
+        total, busy, own = (a - b for a, b in zip(now, self.last))
+        self.last = now
+        others = max(0.0, (busy - own) / (total / self.cores))  # cores the rest of the machine kept busy
+        return max(1, min(self.cores, round(self.cores - others)))

@@ -57,8 +57,9 @@ def _import_vllm(on_cpu: bool):
 
 def _process_layout(accelerator) -> tuple[int, int, int, bool]:
     """(rank, local_rank, world_size, launched by a distributed launcher)."""
-    if accelerator is not None:
-        rank, local, world = accelerator.process_index, accelerator.local_process_index, accelerator.num_processes
+    if accelerator is not None:  # the device accelerate picked (local index % visible GPUs), not the local rank
+        rank, world = accelerator.process_index, accelerator.num_processes
+        local = accelerator.device.index if accelerator.device.type == "cuda" else accelerator.local_process_index
     else:
         rank = int(os.environ.get("RANK", "0"))
         local = int(os.environ.get("LOCAL_RANK", str(rank)))
@@ -123,11 +124,10 @@ class VLLMGenerator:
 
     @staticmethod
     def _prepare_distributed(rank: int, local_rank: int, world: int, on_cpu: bool) -> None:
-        # external_launcher takes this process's rank from RANK/LOCAL_RANK (launchers set them; an accelerator
-        # passed in is the source of truth) and its GPU from LOCAL_RANK.
-        os.environ.setdefault("RANK", str(rank))
-        os.environ.setdefault("LOCAL_RANK", str(local_rank))
-        os.environ.setdefault("WORLD_SIZE", str(world))
+        # external_launcher takes this process's rank from RANK and its GPU from LOCAL_RANK (vLLM 0.32
+        # uniproc_executor.py; gpu_worker.py asserts LOCAL_RANK < visible GPUs). Assigned, not defaulted: with one
+        # visible GPU per process (e.g. SLURM) the launcher's LOCAL_RANK is not the GPU index accelerate chose.
+        os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"] = str(rank), str(local_rank), str(world)
         if not on_cpu:
             torch.cuda.set_device(local_rank)  # else every rank would first touch (and allocate on) GPU 0
         # It also reuses torch.distributed's default group: accelerate has made one, a bare torchrun has not.
@@ -137,7 +137,9 @@ class VLLMGenerator:
 
     # ---- sleep mode (GPU only) ----
     def _sleep(self) -> None:
-        if self.sleep_enabled and not self._asleep:
+        # vLLM's sleep() offloads the weights and frees the KV cache; memory already asleep is skipped (0.32
+        # cumem.py), so a push that woke the weights only can sleep again
+        if self.sleep_enabled and self._asleep != {"weights", "kv_cache"}:
             self.llm.sleep(level=1)
             self._asleep = {"weights", "kv_cache"}
 
@@ -154,9 +156,9 @@ class VLLMGenerator:
         """Push the (unwrapped, unsharded) training model's current weights into the engine. The scripts call
         this once per update phase. A sleeping engine is woken for the push and put back to sleep after it."""
         was_asleep = bool(self._asleep)
-        # loading into offloaded weights would write to unmapped memory; and vLLM's sleep() releases every
-        # tag, so the KV cache must be mapped again too before the engine can go back to sleep
-        self._wake_up(("weights", "kv_cache"))
+        # loading into offloaded weights would write to unmapped memory; the KV cache stays unmapped (as TRL's and
+        # verl's colocated pushes do), so the push's peak is the trainer + vLLM's weights + one gathered tensor
+        self._wake_up(("weights",))
         # state_dict, not named_parameters: with tied embeddings the latter omits lm_head.weight, and a model
         # whose vLLM head is separate would silently keep the old head. The tensors are views of the live
         # parameters (no copy); vLLM's loaders copy them into their own layout.
@@ -169,7 +171,8 @@ class VLLMGenerator:
         # reload_weights runs the model's own load_weights path (renaming, QKV/gate-up fusion, CPU repacking).
         # Measured on CPU (0.04-0.3 s for the tiny model); same call on GPU, where it should be re-checked.
         self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=iter(weights)))
-        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        if not self.llm.reset_prefix_cache():  # cached KV blocks were computed with the old weights
+            raise RuntimeError("vLLM did not reset its prefix cache after the weight push (requests still running?)")
         if was_asleep:
             self._sleep()  # the trainer gets its GPU memory back until the next generate()
 

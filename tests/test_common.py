@@ -444,20 +444,26 @@ def test_vllm_push_wakes_a_sleeping_engine_and_puts_it_back_to_sleep(random_mode
 
         def reset_prefix_cache(self):
             calls.append(("reset_prefix_cache",))
+            return self.reset_ok
+
+    FakeLLM.reset_ok = True
 
     model = AutoModelForCausalLM.from_pretrained(random_model_dir)
     gen = VLLMGenerator.__new__(VLLMGenerator)  # no engine start: only the push / sleep bookkeeping is tested
     gen.llm, gen.sleep_enabled, gen._asleep = FakeLLM(), True, {"weights", "kv_cache"}  # asleep, as after generate()
     gen.sync_weights(model)
     n_tensors = len(model.state_dict())  # lm_head.weight included (tied embeddings)
-    assert calls == [("wake_up", ("kv_cache", "weights")), ("reload_weights", n_tensors), ("reset_prefix_cache",),
-                     ("sleep", 1)]
+    # only the weights are mapped for the push (TRL and verl do the same): the KV cache's memory stays free
+    assert calls == [("wake_up", ("weights",)), ("reload_weights", n_tensors), ("reset_prefix_cache",), ("sleep", 1)]
     assert gen._asleep == {"weights", "kv_cache"}  # back to sleep, exactly as before the push
     calls.clear()
     gen._asleep = set()  # an awake engine (CPU, or sleep disabled) is pushed to and stays awake
     gen.sleep_enabled = False
     gen.sync_weights(model)
     assert [c[0] for c in calls] == ["reload_weights", "reset_prefix_cache"] and gen._asleep == set()
+    FakeLLM.reset_ok = False  # vLLM could not drop KV blocks computed with the old weights: never go on silently
+    with pytest.raises(RuntimeError, match="prefix cache"):
+        gen.sync_weights(model)
 
 
 def test_graceful_stop_flags_the_first_signal_and_gives_the_handlers_back():
@@ -474,3 +480,16 @@ def test_graceful_stop_flags_the_first_signal_and_gives_the_handlers_back():
         os.kill(os.getpid(), signal.SIGINT)
     stop.close()
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_vllm_takes_the_gpu_accelerate_picked_not_the_launchers_local_rank():
+    # one visible GPU per process (e.g. SLURM): accelerate's device is cuda:0 while LOCAL_RANK is 1; vLLM's external
+    # launcher reads LOCAL_RANK as the GPU index, so it must be the accelerator's device index
+    from types import SimpleNamespace
+
+    from common.vllm_backend import _process_layout
+
+    acc = SimpleNamespace(process_index=5, local_process_index=1, num_processes=8, device=torch.device("cuda", 0))
+    assert _process_layout(acc) == (5, 0, 8, True)
+    acc.device = torch.device("cpu")
+    assert _process_layout(acc) == (5, 1, 8, True)

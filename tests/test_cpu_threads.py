@@ -1,0 +1,44 @@
+"""The CPU thread policy (common/launch.py `CpuThreads`, issue #26): --num_threads wins; otherwise the count follows
+the cores the rest of the machine leaves free, read from /proc at every step. Measured figures: benchmarks/threads.py."""
+from common.launch import CpuThreads
+
+
+def _write(proc, busy, idle, own):
+    """A /proc with `busy` / `idle` jiffies summed over all cores and `own` jiffies of this process."""
+    (proc / "self").mkdir(parents=True, exist_ok=True)
+    (proc / "stat").write_text(f"cpu  {busy} 0 0 {idle} 0 0 0 0 0 0\ncpu0 1 2 3 4\n")
+    fields = ["S"] + ["0"] * 10 + [str(own), "0"] + ["0"] * 30  # utime is the 14th field of /proc/<pid>/stat
+    (proc / "self" / "stat").write_text("4242 (python -c busy) " + " ".join(fields) + "\n")
+
+
+def test_thread_count_follows_the_free_cores(tmp_path):
+    proc = tmp_path / "proc"
+    _write(proc, busy=0, idle=0, own=0)
+    threads = CpuThreads(0, cores=2, proc=str(proc))
+    # alone: over 200 jiffies (100 per core) we were busy 190 of them, nobody else: both cores
+    _write(proc, busy=190, idle=10, own=190)
+    assert threads.count(default=2) == 2
+    # a busy single-threaded process beside us: 100 more busy jiffies that are not ours -> one core left
+    _write(proc, busy=190 + 195, idle=15, own=190 + 95)
+    assert threads.count(default=2) == 1
+    # it goes away: both cores again
+    _write(proc, busy=385 + 120, idle=15 + 80, own=285 + 120)
+    assert threads.count(default=2) == 2
+    # a 4-core machine with 2.6 cores taken by others: 1 left (rounded), never below 1 however busy
+    four = CpuThreads(0, cores=4, proc=str(proc))
+    _write(proc, busy=505 + 360, idle=95 + 40, own=405 + 100)
+    assert four.count(default=4) == 1
+    _write(proc, busy=865 + 400, idle=135, own=505)
+    assert four.count(default=4) == 1
+
+
+def test_num_threads_wins_and_without_proc_torch_keeps_its_default(tmp_path):
+    proc = tmp_path / "proc"
+    _write(proc, busy=0, idle=0, own=0)
+    fixed = CpuThreads(3, cores=2, proc=str(proc))
+    _write(proc, busy=400, idle=0, own=0)  # the machine is full of others: --num_threads still wins
+    assert fixed.count(default=2) == 3
+    missing = CpuThreads(0, cores=2, proc=str(tmp_path / "nowhere"))
+    assert missing.count(default=7) == 7 and missing.count(default=7) == 7
+    stalled = CpuThreads(0, cores=2, proc=str(proc))
+    assert stalled.count(default=5) == 5  # no time passed between two reads: nothing to measure
