@@ -721,16 +721,19 @@ def _ra_rloo_claims(aggs) -> list[Claim]:
 
 def _ps_claims(aggs) -> list[Claim]:
     paper, out = "Prefix Sampling", []
-    claim = "The adaptive controller keeps the prefix-task pass rate near 0.5 (mean over steps in [0.4, 0.6])"
-    if not _have(aggs, "ps_adaptive"):
-        out.append(Claim(paper, claim, NO_RUNS, "`ps_adaptive` has no finished run"))
-    else:
-        rate = {n: over_seeds(aggs, n, _summary_of("ps_prefix_pass_rate")) for n in ("ps_adaptive", "ps_fixed")}
-        late = over_seeds(aggs, "ps_adaptive", _summary_of("ps_prefix_pass_rate", "late"))
-        out.append(Claim(paper, claim, verdict_within(rate["ps_adaptive"], 0.4, 0.6),
-                         f"`ps_prefix_pass_rate` adaptive {_iv(rate['ps_adaptive'], sign='')} (last quarter "
+    # issue #25: `ps_adaptive` is the paper's controller (one EMA), `ps_adaptive_reset` our variant (EMA restarted)
+    for name, which in (("ps_adaptive", "the paper's controller"), ("ps_adaptive_reset", "our EMA-reset variant")):
+        claim = (f"The adaptive controller ({which}) keeps the prefix-task pass rate near 0.5 (mean over steps in "
+                 "[0.4, 0.6])")
+        if not _have(aggs, name):
+            out.append(Claim(paper, claim, NO_RUNS, f"`{name}` has no finished run"))
+            continue
+        rate = {n: over_seeds(aggs, n, _summary_of("ps_prefix_pass_rate")) for n in (name, "ps_fixed")}
+        late = over_seeds(aggs, name, _summary_of("ps_prefix_pass_rate", "late"))
+        out.append(Claim(paper, claim, verdict_within(rate[name], 0.4, 0.6),
+                         f"`ps_prefix_pass_rate` adaptive {_iv(rate[name], sign='')} (last quarter "
                          f"{_iv(late, sign='')}); fixed ratios {_iv(rate['ps_fixed'], sign='')}"))
-    for name in ("ps_fixed", "ps_adaptive"):
+    for name in ("ps_fixed", "ps_adaptive", "ps_adaptive_reset"):
         label = aggs[name].cfg.label if name in aggs else name
         claim = f"{label}: more valid (trained) tasks per batch than the baseline"
         if not _have(aggs, name, "ps_off"):
@@ -789,7 +792,10 @@ def _ada_claims(aggs) -> list[Claim]:
                                                                     f"{_iv(iv, 2)}; {context}"))
     for name in ("seq_balance", "seq_pos"):
         label = aggs[name].cfg.label if name in aggs else name
+        out.append(_better(aggs, paper, f"{label} beats GRPO-n4, the same update size (final pass@1)", name,
+                           "grpo_n4"))
         out.append(_better(aggs, paper, f"DAPO dynamic sampling ends below {label} (final pass@1)", name, "dapo_n4"))
+    out.append(_better(aggs, paper, "EST beats GRPO-n8, the same inference budget (final pass@1)", "est", "grpo_n8"))
     return out
 
 
@@ -832,6 +838,10 @@ def claims(aggs: dict[str, Agg]) -> str:
         out.append(f"\n*Not a claim*: EST's `est_calibration_error` {g('est_calibration_error', 'early')} → "
                    f"{g('est_calibration_error', 'late')} (first → last quarter); allocation per prompt min/max "
                    f"{g('est_alloc_min', 'mean')} / {g('est_alloc_max', 'mean')}.")
+    if _have(aggs, "est", "est_pool2048"):  # issue #25: does the sweep's 256-prompt pool hold EST back?
+        iv = paired(aggs, "est_pool2048", "est", final_value)
+        out.append(f"\n*Not a claim*: EST on its own default pool of 2,048 prompts minus EST on the sweep's 256, final "
+                   f"held-out pass@1: {_iv(iv)} ({iv.n if iv else 0} paired seeds).")
     return "\n".join(out).lstrip("\n") + "\n"
 
 
@@ -842,8 +852,9 @@ def claims(aggs: dict[str, Agg]) -> str:
 STYLE = {  # colour by family; baselines dashed
     "grpo_n4": ("#7f7f7f", "--"), "grpo_n8": ("#222222", "--"), "rloo": ("#1f77b4", "--"),
     "ra_rloo": ("#1f77b4", "-"), "ps_off": ("#2ca02c", "--"), "ps_fixed": ("#2ca02c", "-"),
-    "ps_adaptive": ("#98df8a", "-"), "seq_pos": ("#ff7f0e", "-"), "seq_balance": ("#d62728", "-"),
-    "est": ("#9467bd", "-"), "ppo": ("#8c564b", "--"), "ppo_pros": ("#e377c2", "-"),
+    "ps_adaptive": ("#98df8a", "-"), "ps_adaptive_reset": ("#98df8a", ":"), "seq_pos": ("#ff7f0e", "-"),
+    "seq_balance": ("#d62728", "-"), "est": ("#9467bd", "-"), "est_pool2048": ("#9467bd", ":"),
+    "ppo": ("#8c564b", "--"), "ppo_pros": ("#e377c2", "-"),
     "ppo_pros_random": ("#e377c2", ":"), "grpo_k4": ("#17becf", "--"), "grpo_pros": ("#17becf", "-"),
     "dr_grpo_n4": ("#7f7f7f", ":"), "grpo_n16": ("#000000", "-."), "dapo_n4": ("#bcbd22", "--"),
 }

@@ -168,7 +168,8 @@ class Args:
     """completion length cap, the same for every config (answers take up to 4 lines)"""
     prompt_pool: int = 256
     """every config trains on the same first N training prompts, so prompts recur (EST's estimates, RA-RLOO's
-    buffers and PROS's pool need recurrence; 256 is EST's default); 0 = the whole training set"""
+    buffers and PROS's pool need recurrence; ada_est.py's own default is 2048, config `est_pool2048`); 0 = the whole
+    training set"""
     learning_rate: float = 5e-5
     """learning rate passed to every run (the project's measured default for the embedded model); 0 = each
     script's own default"""
