@@ -54,10 +54,11 @@ def test_each_method_file_holds_its_update_and_is_at_most_710_lines():
         assert not {"common.runtime", "common.ada"} & common_imports(ROOT / script)
 
 
-def test_real_data_path_loads_no_demo_and_at_most_1460_lines_of_common(tmp_path):
+def test_real_data_path_loads_no_demo_and_at_most_1500_lines_of_common(tmp_path):
     # 1100 until issue #12's flags (bf16 autocast, checkpointing, LoRA resume) grew args.py and checkpoint.py (1150),
     # then --fsdp's hooks in distributed.py and checkpoint.py, #13's flags and sample log, #15's packed layout
-    # (1400; common/fsdp.py and common/config.py load only with --fsdp / --config), #26/#27's common/launch.py (1460);
+    # (1400; common/fsdp.py and common/config.py load only with --fsdp / --config), then #26/#27's common/launch.py
+    # (1500: the accelerate config mapping and the CPU thread policy);
     # LoRA itself (common/lora.py) loads only with --lora_r, so it is not counted here
     import import_footprint
 
@@ -66,7 +67,7 @@ def test_real_data_path_loads_no_demo_and_at_most_1460_lines_of_common(tmp_path)
         modules = import_footprint.footprint(script, model_dir, data, tmp_path)
         assert not set(import_footprint.DEMO_MODULES) & set(modules), (script, sorted(modules))
         assert "common.verifiers" in modules  # it did take the real-data path (math-verify rewards)
-        assert sum(modules.values()) <= 1460, (script, sum(modules.values()))
+        assert sum(modules.values()) <= 1500, (script, sum(modules.values()))
 
 
 def test_no_line_over_120_characters():
