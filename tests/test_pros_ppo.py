@@ -107,7 +107,7 @@ def test_tree_children_attach_to_the_root_and_state_round_trips():
     c1 = tree.add(3, (1, 2), 1, 0.0)
     c2 = tree.add(3, (1, 2, 3), 2, 0.0)  # a child of a child: still the root's child
     assert tree.parent.tolist() == [-1, r, r] and tree.add(3, (1, 2), 5, 0.0) == c1  # no duplicates
-    tree.observe([r, c2, c2], [1.0, 2.0, 0.0], [4.0, 4.0, 4.0], 0.5, 3)
+    tree.observe([r, c2, c2], [1.0, 2.0, 0.0], [4.0, 4.0, 4.0], 0.5, 3, "iteration")
     assert tree.n.tolist() == [4.0, 0.0, 8.0] and tree.s.tolist() == [1.0, 0.0, 2.0]
     tree.gibbs(Args(), np.random.default_rng(0))
     t2 = QueryTree(tree.state_dict())
