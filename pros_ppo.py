@@ -92,15 +92,13 @@ class Args(BaseArgs):
     success_reward: float = 1.0
     """a rollout is correct (a PROS success and a prefix source) when its training reward >= this"""
     pros: Literal["bayes", "random", "off"] = "bayes"
-    """[PROS] bayes: prefix reuse + hierarchical Bayesian selection (paper); random: prefix reuse + uniform selection
-    from the pool (ablation); off: vanilla PPO/GRPO"""
+    """[PROS] bayes: prefix reuse + hierarchical Bayesian selection (paper); random: uniform selection; off: no PROS"""
     select_by: Literal["draw", "mean"] = "draw"
     """[PROS] θ̃ ranked by |θ̃ - 0.5|: the current Gibbs draw σ(ψ) (Thompson-style) or θ̂ (mean over last sweeps)"""
     fresh_frac: float = 0.5
     """[PROS] fraction of each batch from the data stream (never-seen prompts enter this way); the rest: the pool"""
     value_top_frac: float = 0.1
-    """[PROS] with a critic, t* is the entropy argmax among the window positions in the top ⌈this·(T - L)⌉ of the
-    rollout's scored positions L..T-1 by predicted value (none there: the window's highest-value positions)"""
+    """[PROS] with a critic, t* is sought among the window positions in the top ⌈this·(T - L)⌉ by value (choose_cut)"""
     max_children_per_group: int = 0
     """[PROS] cap on new children added per group per iteration; 0 = no cap, the paper: one per correct rollout"""
     forget: float = 0.95
@@ -169,11 +167,9 @@ def choose_cut(entropy: np.ndarray, values: np.ndarray | None, inherited: int, l
 
 def child_candidates(prefix: tuple, continuations: list[list[int]], correct: list[bool], entropies: list,
                      values: list | None, stop_ids: set[int], value_top_frac: float) -> list[tuple[int, ...]]:
-    """[PROS] Sec. 3: one group's candidate child prefixes y[:t*], one per correct rollout whose cut is past the node's
-    own prefix, best (highest entropy at t*) first, distinct. y = prefix + continuation is the full response (a child of
-    a child is cut from its full response, so its prefix extends the inherited one and it attaches to the same root).
-    The caller adds every candidate not already in the pool (`QueryTree.add_children`; `--max_children_per_group` may
-    cap them)."""
+    """[PROS] Sec. 3: one group's candidate child prefixes y[:t*], one per correct rollout cut past the node's own
+    prefix, best (highest entropy at t*) first, distinct. y = prefix + continuation (a child of a child is cut from
+    its full response and attaches to the same root); the caller adds the new ones (`QueryTree.add_children`)."""
     scored = []
     for i in [i for i, ok in enumerate(correct) if ok]:
         full = list(prefix) + list(continuations[i])
@@ -221,8 +217,7 @@ class QueryTree:
         return self.index[key]
 
     def add_children(self, pid: int, prefixes: list[tuple], step: int, mu0: float, cap: int = 0) -> int:
-        """Sec. 3: the prefixes not yet in the pool become children of root pid, in order, at most `cap` of them
-        (0 = all: one per correct rollout, the paper); returns how many were added."""
+        """Sec. 3: new prefixes become children of root pid, at most `cap` (0 = all, the paper); returns how many."""
         new = [p for p in prefixes if (int(pid), tuple(p)) not in self.index][:cap or None]
         for prefix in new:
             self.add(pid, prefix, step, mu0)

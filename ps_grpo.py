@@ -25,8 +25,7 @@ Design choices the paper leaves open (each is a flag or documented at its functi
   the batch, the rest are fresh tasks. Prefix tasks over the cap are dropped, never carried over (dynamic on-policy:
   only the current step's trajectories), and prefix tasks are never routed to Prefix & Mask again. A too-hard/too-easy
   task contributes one trajectory (chosen at random).
-- Prefix length K is clamped to [1, T-1] (`prefix_steps`): 0 steps is the fresh task again, T steps leaves nothing to
-  generate; a 1-step trajectory gives no prefix task.
+- Prefix length K is clamped to [1, T-1] (`prefix_steps`: 0 is the fresh task, T leaves nothing); T = 1: no prefix.
 - Adaptive control keeps one EMA through its moves, as the paper's controller does (`PrefixController`); our variant
   `--ema_reset true` restarts it after each move (benchmark: `ps_adaptive` vs `ps_adaptive_reset`). A prefix task
   records the ratio that built it and runs one step later, after the controller's update, so only tasks built with
@@ -102,8 +101,8 @@ class Args(BaseArgs):
     """GRPO advantages: false = r - mean (the paper's appendix: a group's Var(A) = p(1-p), the signal PS raises);
     true = (r - mean) / std (original GRPO, DeepSeekMath: every mixed group gets Var(A) = 1)"""
     mode: Literal["auto", "multiturn", "text"] = "auto"
-    """`multiturn`: the Countdown environment, one step per turn; `text`: single-turn completions, a step is a line;
-    `auto`: multiturn for --dataset countdown, text otherwise"""
+    """`multiturn`: the Countdown environment, a step per turn; `text`: a line per step; `auto`: by --dataset
+    (multiturn for countdown)"""
     env_numbers: int = 0
     """[multiturn] numbers per Countdown problem (an episode takes env_numbers - 1 steps); 0 = the embedded task's
     level mix of 2, 3 and 5 numbers (episodes of 1, 2 and 4 steps)"""
@@ -150,8 +149,7 @@ class Args(BaseArgs):
     ratio_max: float = 0.95
     """[PS] adaptive: upper clamp of both ratios"""
     ema_reset: bool = False
-    """[PS] adaptive: restart the (bias-corrected) EMA after each move, to see the new ratio only (our variant; false:
-    one EMA kept throughout, the paper's controller)"""
+    """[PS] adaptive: restart the EMA after each move (our variant); false = one EMA throughout, the paper's"""
 
     def validate(self) -> None:
         if self.n < 2:
