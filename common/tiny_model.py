@@ -111,7 +111,7 @@ def restore_shipped(path: Path, log=print) -> bool:
     return True
 
 
-TRACE_STEPS = 20  # build_info.json keeps the first SFT losses: a rebuild must retrace them (tests/test_common.py)
+TRACE_STEPS = 20  # build_info.json keeps the first SFT losses: a rebuild must retrace them (test_shipped_base.py)
 
 
 def sft_base_policy(model, tokenizer, recipe: BaseRecipe, log=print, stop_after: int | None = None) -> dict:
