@@ -10,7 +10,7 @@ A finished run is compacted (`compact_run`): checkpoints and samples.jsonl delet
 metrics.jsonl, args.json and bench.json (plus the sweep's sweep.json) are what git tracks under benchmarks/runs/
 (see benchmarks/.gitignore): commit them and a later sitting, on any clone, skips those runs.
 
-    python benchmarks/run.py                            # the full sweep: 18 configs x seeds 0-4
+    python benchmarks/run.py                            # the full sweep: 21 configs x seeds 0-4
     python benchmarks/run.py --quick                    # smoke check: 1 seed, fewer/smaller steps
     python benchmarks/run.py --only rloo,ra_rloo --seeds 0 --dry_run
     python benchmarks/run.py --lock /tmp/cpu.lock       # take a lock file around each run (shared machine)
@@ -111,10 +111,15 @@ CONFIGS: tuple[Config, ...] = (
     Config("est", "ada_est.py", (), "EST", "grpo_n8",
            ("est_calibration_error", "est_alloc_min", "est_alloc_max", "est_p_hat_mean"),
            "8 x prompts samples per step, allocated by the pass-rate estimate (compare GRPO-n8)"),
-    Config("est_pool2048", "ada_est.py", ("--prompt_pool", "2048"), "EST (2048-prompt pool)", "est",
+    Config("est_pool2048", "ada_est.py", ("--prompt_pool", "2048"), "EST (2048-prompt pool)", "grpo_n8_pool2048",
            ("est_calibration_error", "est_alloc_min", "est_alloc_max", "est_p_hat_mean"),
            "EST on ada_est.py's own default pool (a prompt returns every 64 steps): does the sweep's shared 256-prompt "
-           "pool hold EST back? (its flag wins over the harness's --prompt_pool)"),
+           "pool hold EST back? (its flag wins over the harness's --prompt_pool; compared with GRPO-n8 on the same "
+           "pool, and with `est` on the results page)"),
+    Config("grpo_n8_pool2048", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "8", "--final_keep_per_prompt",
+                                              "8", "--adv_std_norm", "true", "--prompt_pool", "2048"),
+           "GRPO-n8 (2048-prompt pool)", "grpo_n8", ("frac_zero_var_groups",),
+           "EST's baseline on EST's own pool: whatever the larger pool does for every method is not credited to EST"),
     Config("ppo", "pros_ppo.py", ("--pros", "off"), "PPO", None, ("frac_zero_var_groups",),
            "PROS's baseline: PPO with a critic (GAE), K=4"),
     Config("ppo_pros", "pros_ppo.py", ("--pros", "bayes"), "PPO+PROS", "ppo",
@@ -135,7 +140,7 @@ BY_NAME = {c.name: c for c in CONFIGS}
 # Budgets of the two settings (a flag given on the command line wins).
 FULL = {"seeds": [0, 1, 2, 3, 4], "max_steps": 200, "prompts_per_step": 32, "eval_every": 25, "eval_prompts": 256,
         "eval_samples": 8}
-# --quick is a smoke check of all 18 configs (GRPO-n16 and multi-turn PS among them, 48-token answers) that must stay
+# --quick is a smoke check of all 21 configs (GRPO-n16 and multi-turn PS among them, 48-token answers) that must stay
 # under 10 minutes: 20 steps of 8 prompts, evaluations at steps 0 and 20 on 32 x 2
 QUICK = {"seeds": [0], "max_steps": 20, "prompts_per_step": 8, "eval_every": 20, "eval_prompts": 32,
          "eval_samples": 2}

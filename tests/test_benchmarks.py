@@ -45,7 +45,7 @@ def test_every_config_flag_exists_in_its_script():
     # dynamic sampling on GRPO-n4 (Reinforce-Ada's Table 2 baseline) and GRPO-n16 (its SEQ-BALANCE claim)
     assert {"grpo_n4", "dr_grpo_n4", "grpo_n8", "grpo_n16", "dapo_n4", "rloo", "ra_rloo", "ps_off", "ps_fixed",
             "ps_adaptive", "seq_pos", "seq_balance", "est", "ppo", "ppo_pros", "ppo_pros_random", "grpo_k4",
-            "grpo_pros", "ps_adaptive_reset", "est_pool2048"} == set(names)
+            "grpo_pros", "ps_adaptive_reset", "est_pool2048", "grpo_n8_pool2048"} == set(names)
     for c in run.CONFIGS:
         assert c.baseline is None or c.baseline in run.BY_NAME
     # the GRPO-n baselines say which advantage they use, so a changed script default cannot relabel them
@@ -60,6 +60,10 @@ def test_every_config_flag_exists_in_its_script():
     flag = lambda name, key: run.BY_NAME[name].flags[run.BY_NAME[name].flags.index(key) + 1]  # noqa: E731
     assert flag("ps_adaptive", "--ema_reset") == "false" and flag("ps_adaptive_reset", "--ema_reset") == "true"
     assert all("--adv_std_norm" not in run.BY_NAME[n].flags for n in ("seq_pos", "seq_balance"))
+    # EST on its own 2,048-prompt pool is measured against GRPO-n8 on that pool: GRPO-n8's flags plus the pool only
+    pooled = run.BY_NAME["grpo_n8_pool2048"].flags
+    assert run.BY_NAME["est_pool2048"].baseline == "grpo_n8_pool2048"
+    assert pooled[:-2] == run.BY_NAME["grpo_n8"].flags and pooled[-2:] == ("--prompt_pool", "2048")
 
 
 def test_shared_settings_reach_every_run_and_a_config_flag_wins(tmp_path):
