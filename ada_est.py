@@ -58,7 +58,8 @@ from common.launch import CpuThreads, resolve_accelerate_precision, resolve_acce
 from common.logprobs import token_logprobs
 from common.losses import clipped_surrogate, kl_k3
 from common.masking import pad_sequences, right_align
-from common.metrics import MetricsLogger, SampleLogger, check_tracker, evaluate
+from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate, evaluate_train_prompts,
+                            train_prompt_sample, trained_advantage_metrics)
 from common.policy import DTYPES, autocast, load_policy
 
 
@@ -200,6 +201,7 @@ def main(args: Args) -> None:
     # ---------------- set-up: accelerator, seeds, output dir ----------------
     args.fsdp, args.dtype = resolve_accelerate_sharding(args.fsdp), resolve_accelerate_precision(args.dtype)
     cpu_threads = CpuThreads(args.num_threads)  # --num_threads, or follow the free cores (common/launch.py)
+    torch.set_num_threads(cpu_threads.count(torch.get_num_threads(), settle=0.2))  # before any torch work
     check_tracker(args.report_to)
     args.output_dir = args.output_dir or f"runs/ada_est-seed{args.seed}"
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), project_dir=args.output_dir,
@@ -271,9 +273,12 @@ def main(args: Args) -> None:
     pack = (args.pack_row_tokens or (2048 if device.type == "cuda" else 128)) if args.padding_free else 0  # rows
 
     def run_eval() -> dict:
-        with gathered(policy):  # FSDP: whole weights for generation (a no-op otherwise)
-            return evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, eval_sampling,
-                            args.eval_samples, accelerator)
+        torch.set_num_threads(cpu_threads.count(torch.get_num_threads()))  # fit the free cores
+        with gathered(policy, enabled=generator.reads_policy):  # FSDP + HF generate: whole weights (else no-op)
+            score = lambda examples: evaluate(generator, tokenizer, examples, encode, task.eval_reward_fn,  # noqa: E731
+                                              eval_sampling, args.eval_samples, accelerator)
+            train_fit = evaluate_train_prompts(score, train_prompt_sample(task.train, args.eval_train_prompts))
+            return {**score(task.eval), **train_fit}  # eval_train_*: the pool's fit, to compare with held-out
 
     # ---------------- resume ----------------
     start_step, counters, method_state = 0, {"rollouts": 0, "gen_tokens": 0}, {}
@@ -322,8 +327,9 @@ def main(args: Args) -> None:
         # ================ sample N_x responses per prompt (one generate call: prompt x repeated N_x times) =======
         flat_prompts = [p for p, size in zip(prompts, sizes) for _ in range(size)]
         owner = [i for i, size in enumerate(sizes) for _ in range(size)]
-        with gathered(policy):  # FSDP: whole weights while generating (a no-op otherwise)
+        with gathered(policy, enabled=generator.reads_policy):  # FSDP + HF generate: whole weights (else no-op)
             gens = generator.generate(flat_prompts, 1, sampling)
+        generator.sleep()  # vLLM on a GPU: its memory goes to training; the push brings the weights back
         t_gen = time.time() - t_start
         completions = [list(c) for c in gens.completion_ids]
 
@@ -438,6 +444,8 @@ def main(args: Args) -> None:
             "est_prompts_tracked": len(counts),
             "est_clip_frac": totals["clip_sum"] / tokens,
         }
+        trained = gather_list(accelerator, [(adv, examples[owner[g]].tag) for g, adv in enumerate(adv_list)])
+        row.update(trained_advantage_metrics(trained))  # [ADA] every response trains: their mean A per level
 
         if not warned_logp_diff and (row["sampler_logp_diff"] or 0.0) > args.logp_diff_warn:
             warned_logp_diff = True

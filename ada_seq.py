@@ -111,7 +111,8 @@ from common.launch import CpuThreads, resolve_accelerate_precision, resolve_acce
 from common.logprobs import token_logprobs
 from common.losses import clipped_surrogate, kl_k3
 from common.masking import pad_sequences, right_align
-from common.metrics import MetricsLogger, SampleLogger, check_tracker, evaluate
+from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate, evaluate_train_prompts,
+                            train_prompt_sample, trained_advantage_metrics)
 from common.policy import DTYPES, autocast, load_policy
 
 
@@ -306,6 +307,7 @@ def main(args: Args) -> None:
     # ---------------- set-up: accelerator, seeds, output dir ----------------
     args.fsdp, args.dtype = resolve_accelerate_sharding(args.fsdp), resolve_accelerate_precision(args.dtype)
     cpu_threads = CpuThreads(args.num_threads)  # --num_threads, or follow the free cores (common/launch.py)
+    torch.set_num_threads(cpu_threads.count(torch.get_num_threads(), settle=0.2))  # before any torch work
     check_tracker(args.report_to)
     args.output_dir = args.output_dir or f"runs/ada_seq-seed{args.seed}"
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), project_dir=args.output_dir,
@@ -377,9 +379,12 @@ def main(args: Args) -> None:
     pack = (args.pack_row_tokens or (2048 if device.type == "cuda" else 128)) if args.padding_free else 0  # rows
 
     def run_eval() -> dict:
-        with gathered(policy):  # FSDP: whole weights for generation (a no-op otherwise)
-            return evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, eval_sampling,
-                            args.eval_samples, accelerator)
+        torch.set_num_threads(cpu_threads.count(torch.get_num_threads()))  # fit the free cores
+        with gathered(policy, enabled=generator.reads_policy):  # FSDP + HF generate: whole weights (else no-op)
+            score = lambda examples: evaluate(generator, tokenizer, examples, encode, task.eval_reward_fn,  # noqa: E731
+                                              eval_sampling, args.eval_samples, accelerator)
+            train_fit = evaluate_train_prompts(score, train_prompt_sample(task.train, args.eval_train_prompts))
+            return {**score(task.eval), **train_fit}  # eval_train_*: the pool's fit, to compare with held-out
 
     # ---------------- resume ----------------
     start_step, counters = 0, {"rollouts": 0, "gen_tokens": 0}
@@ -435,7 +440,8 @@ def main(args: Args) -> None:
         origin = [0] * len(examples)  # [DAPO] the extra round that sampled each group (0: the step's own batch)
         train_ids = list(range(len(examples)))  # the groups trained on: all of them, unless [DAPO] filters
         dapo_rounds = 0
-        with gathered(policy):  # FSDP: whole weights while generating (ranks run different numbers of rounds)
+        # FSDP + HF generate: whole weights, as ranks run different numbers of rounds (vLLM: its own copy)
+        with gathered(policy, enabled=generator.reads_policy):
             pools, exit_rounds = multi_round_sampling(len(examples), sample_round, done, args.max_rounds,
                                                       args.round_repeat)
             if args.dynamic_sampling:  # [DAPO] dynamic sampling baseline (Yu et al., 2025; Reinforce-Ada Table 2)
@@ -456,6 +462,7 @@ def main(args: Args) -> None:
                     pools += refill
                     exit_rounds += [1 if done(pool) else None for pool in refill]
                 train_ids = train_ids[:share]  # [DAPO] trim: at most this rank's share, first sampled first kept
+        generator.sleep()  # vLLM on a GPU: its memory goes to training; the push brings the weights back
         t_gen = time.time() - t_start
 
         # ================ [ADA] downsample every pool to n; advantages from the whole pool (Alg. 2 l. 14-20) =======
@@ -563,6 +570,8 @@ def main(args: Args) -> None:
                                             for i, pool in enumerate(pools)])
         row.update(seq_metrics(*[[r[k] for r in records] for k in range(3)], n, args.max_rounds,
                                [r[3] for r in records]))  # [ADA] sampling dynamics
+        trained = gather_list(accelerator, [(adv, examples[i].tag) for adv, i in zip(adv_list, group_of)])
+        row.update(trained_advantage_metrics(trained))  # [ADA] how many responses trained, their mean A per level
         if args.dynamic_sampling:  # [DAPO] the dynamic-sampling baseline's cost and yield
             row.update({"dapo_rounds": dapo_rounds, "dapo_sampled_groups": int(totals["groups"]),
                         "dapo_kept_groups": int(totals["kept_groups"]),

@@ -50,12 +50,13 @@ from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler, hf_task
 from common.distributed import GracefulStop, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig
-from common.gibbs import gibbs_sweeps, update_counts
+from common.gibbs import calibration_excess, gibbs_sweeps, update_counts
 from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
 from common.logprobs import token_logprobs
 from common.losses import clipped_surrogate, kl_k3, value_loss
 from common.masking import pad_sequences, right_align
-from common.metrics import MetricsLogger, SampleLogger, check_tracker, evaluate
+from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate, evaluate_train_prompts,
+                            train_prompt_sample)
 from common.policy import DTYPES, autocast, load_policy
 
 
@@ -363,6 +364,7 @@ def main(args: Args) -> None:
     # ---------------- set-up: accelerator, seeds, output dir ----------------
     args.fsdp, args.dtype = resolve_accelerate_sharding(args.fsdp), resolve_accelerate_precision(args.dtype)
     cpu_threads = CpuThreads(args.num_threads)  # --num_threads, or follow the free cores (common/launch.py)
+    torch.set_num_threads(cpu_threads.count(torch.get_num_threads(), settle=0.2))  # before any torch work
     check_tracker(args.report_to)
     args.output_dir = args.output_dir or f"runs/pros_ppo-seed{args.seed}"
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), project_dir=args.output_dir,
@@ -432,9 +434,12 @@ def main(args: Args) -> None:
     eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=eval_temperature, logprobs=False)
 
     def run_eval() -> dict:  # pass@k for every power of two k <= --eval_samples
-        with gathered(policy):  # FSDP: whole weights for generation (a no-op otherwise)
-            return evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, eval_sampling,
-                            args.eval_samples, accelerator)
+        torch.set_num_threads(cpu_threads.count(torch.get_num_threads()))  # fit the free cores
+        with gathered(policy, enabled=generator.reads_policy):  # FSDP + HF generate: whole weights (else no-op)
+            score = lambda examples: evaluate(generator, tokenizer, examples, encode, task.eval_reward_fn,  # noqa: E731
+                                              eval_sampling, args.eval_samples, accelerator)
+            train_fit = evaluate_train_prompts(score, train_prompt_sample(task.train, args.eval_train_prompts))
+            return {**score(task.eval), **train_fit}  # eval_train_*: the pool's fit, to compare with held-out
 
     # ---------------- resume ----------------
     start_step, counters, method_state = 0, {"rollouts": 0, "gen_tokens": 0}, {}
@@ -476,18 +481,19 @@ def main(args: Args) -> None:
         # ================ the batch: (prompt id, prefix, tree node) per query, the same on every rank ================
         if pros:  # [PROS] Sec. 4: part data stream, the rest from the pool by |θ̃ - 0.5|
             queries, num_stream = choose_batch(tree, sampler, args, step, pros_rng, len(task.train))
-            selected_theta = [float(tree.theta_hat[node]) for _, _, node in queries]  # θ̂ at selection time
+            picked = [(float(tree.theta_hat[node]), float(tree.n[node]), tree.parent[node] < 0)  # θ̂, n, root?
+                      for _, _, node in queries]  # at selection time
             parent_ids = [int(tree.parent[node]) for _, _, node in queries]  # for the sample log (evict renumbers)
         else:
             queries = [(prompt_id, (), -1) for prompt_id in sampler.next_ids(args.prompts_per_step)]
 
         # ================ sample: K continuations of each of this rank's queries (q + prefix is the prompt) ========
         my_queries = my_slice(list(range(len(queries))), accelerator)  # indices into `queries`
-        examples = [task.train[queries[j][0]] for j in my_queries]
-        prefixes = [list(queries[j][1]) for j in my_queries]
+        examples, prefixes = [task.train[queries[j][0]] for j in my_queries], [list(queries[j][1]) for j in my_queries]
         query_ids = [encode(example.prompt) + prefix for example, prefix in zip(examples, prefixes)]
-        with gathered(policy):  # FSDP: whole weights while generating (a no-op otherwise)
+        with gathered(policy, enabled=generator.reads_policy):  # FSDP + HF generate: whole weights (else no-op)
             gens = generator.generate(query_ids, k, sampling)
+        generator.sleep()  # vLLM on a GPU: its memory goes to training; the push brings the weights back
         t_gen = time.time() - t_start
         completions, prompts = [list(c) for c in gens.completion_ids], [ids for ids in query_ids for _ in range(k)]
         num_rollouts = len(completions)
@@ -647,15 +653,22 @@ def main(args: Args) -> None:
             row["ppo_value_loss"] = totals["value_loss_sum"] / samples  # per-token value loss, mean over steps
         if pros:  # [PROS] mechanism metrics (from the gathered outcomes: the same on every rank)
             child_lens = [len(prefix) for _, prefix, _ in queries if prefix]
-            calibration = [abs(selected_theta[j] - successes / k) for j, successes, _ in outcomes if j >= num_stream]
+            picks = [(*picked[j], successes) for j, successes, _ in outcomes if j >= num_stream]  # the pool's picks
+            stream_zero_var = [successes in (0, k) for j, successes, _ in outcomes if j < num_stream]
             row.update({
                 "pros_pool_size": len(tree), "pros_pool_children": int((tree.parent >= 0).sum()),
                 "pros_frac_children_in_batch": len(child_lens) / max(1, len(queries)),
                 "pros_prefix_len_mean": float(np.mean(child_lens)) if child_lens else None,
                 "pros_saved_prompt_tokens": int(sum(child_lens) * k),  # prefix tokens not regenerated
                 "pros_children_created": children_created, "pros_gibbs_s": gibbs_seconds,
-                # |θ̂ at selection - observed pass rate| over the pool's picks
-                "pros_calib_error": float(np.mean(calibration)) if calibration else None,
+                # |θ̂ at selection - observed pass rate| over the pool's picks; its floor is the k-sample noise
+                "pros_calib_error": float(np.mean([abs(t - s / k) for t, _, _, s in picks])) if picks else None,
+                "pros_calib_excess": calibration_excess([t for t, *_ in picks], [s for *_, s in picks], k)
+                if picks else None,  # the same minus its expectation under the model: ~0 when calibrated
+                "pros_frac_zero_var_picks": float(np.mean([s in (0, k) for *_, s in picks])) if picks else None,
+                "pros_frac_zero_var_stream": float(np.mean(stream_zero_var)) if stream_zero_var else None,
+                "pros_pick_trials_mean": float(np.mean([n for _, n, _, _ in picks])) if picks else None,
+                "pros_pick_root_frac": float(np.mean([root for _, _, root, _ in picks])) if picks else None,
             })
 
         # ================ sample log / evaluate / log / checkpoint / stop ================

@@ -80,7 +80,8 @@ from common.launch import CpuThreads, resolve_accelerate_precision, resolve_acce
 from common.logprobs import token_logprobs
 from common.losses import clipped_surrogate
 from common.masking import pad_sequences, right_align
-from common.metrics import MetricsLogger, SampleLogger, check_tracker, evaluate, pass_metrics
+from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate, evaluate_train_prompts,
+                            pass_metrics, train_prompt_sample)
 from common.policy import autocast, load_policy
 
 CATEGORIES = ("hard", "easy")  # [PS] too-hard tasks replay a success, too-easy tasks a failure
@@ -372,6 +373,7 @@ def main(args: Args) -> None:
     # ---------------- set-up: accelerator, seeds, output dir ----------------
     args.fsdp, args.dtype = resolve_accelerate_sharding(args.fsdp), resolve_accelerate_precision(args.dtype)
     cpu_threads = CpuThreads(args.num_threads)  # --num_threads, or follow the free cores (common/launch.py)
+    torch.set_num_threads(cpu_threads.count(torch.get_num_threads(), settle=0.2))  # before any torch work
     check_tracker(args.report_to)
     args.output_dir = args.output_dir or f"runs/ps_grpo-seed{args.seed}"
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), project_dir=args.output_dir,
@@ -453,12 +455,17 @@ def main(args: Args) -> None:
         return line_ends[token]
 
     def run_eval() -> dict:
-        with gathered(policy):  # FSDP: whole weights for generation (a no-op otherwise)
+        torch.set_num_threads(cpu_threads.count(torch.get_num_threads()))  # fit the free cores
+        with gathered(policy, enabled=generator.reads_policy):  # FSDP + HF generate: whole weights (else no-op)
             if args.multiturn:  # whole episodes in the environment
-                return evaluate_episodes(generator, tokenizer, encode, held_out, args, accelerator,
-                                         turn_config(tokenizer, args, eval_temperature))
-            return evaluate(generator, tokenizer, held_out, encode, text_task.eval_reward_fn, eval_sampling,
-                            args.eval_samples, accelerator)
+                score = lambda examples: evaluate_episodes(generator, tokenizer, encode, examples, args,  # noqa: E731
+                                                           accelerator, turn_config(tokenizer, args, eval_temperature))
+            else:
+                score = lambda examples: evaluate(generator, tokenizer, examples, encode,  # noqa: E731
+                                                  text_task.eval_reward_fn, eval_sampling, args.eval_samples,
+                                                  accelerator)
+            train_fit = evaluate_train_prompts(score, train_prompt_sample(train, args.eval_train_prompts))
+            return {**score(held_out), **train_fit}  # eval_train_*: the pool's fit, to compare with held-out
 
     # ---------------- resume ----------------
     start_step, counters, method_state = 0, {"rollouts": 0, "gen_tokens": 0}, {}
@@ -501,12 +508,11 @@ def main(args: Args) -> None:
         tasks = queue[:n_prefix] + [{"id": i, "cat": None, "steps": []}
                                     for i in sampler.next_ids(args.prompts_per_step - n_prefix)]
         tasks = my_slice(tasks, accelerator)
-        examples = [train[task["id"]] for task in tasks]
+        examples, prefixes = [train[task["id"]] for task in tasks], [task["steps"] for task in tasks]
         prompts = [encode(example.prompt) for example in examples]
-        prefixes = [task["steps"] for task in tasks]
 
         # ================ sample: N rollouts per task ([PS] a prefix task replays its prefix, generates the rest) ===
-        with gathered(policy):  # FSDP: whole weights while generating (ranks run different numbers of turns)
+        with gathered(policy, enabled=generator.reads_policy):  # FSDP + HF generate: whole weights (else no-op)
             if args.multiturn:
                 problems = [example.answer for example in examples]
                 episodes, clipped = rollout_multiturn(generator, tokenizer, prompts, problems, prefixes, n,
@@ -514,6 +520,7 @@ def main(args: Args) -> None:
             else:
                 episodes, clipped = rollout_text(generator, tokenizer, prompts, prefixes, n, sampling,
                                                  text_task.reward_fn, examples, is_break)
+        generator.sleep()  # vLLM on a GPU: its memory goes to training; the push brings the weights back
         t_gen = time.time() - t_start
 
         # ================ verify: rewards set by the rollout; one cut by a length limit gets 0 (never a success) ==

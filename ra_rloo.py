@@ -59,7 +59,8 @@ from common.launch import CpuThreads, resolve_accelerate_precision, resolve_acce
 from common.logprobs import score_completions, token_logprobs
 from common.losses import kl_k3
 from common.masking import pad_sequences, right_align
-from common.metrics import MetricsLogger, SampleLogger, check_tracker, evaluate
+from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate, evaluate_train_prompts,
+                            train_prompt_sample)
 from common.policy import DTYPES, autocast, load_policy
 
 
@@ -170,6 +171,7 @@ def main(args: Args) -> None:
     # ---------------- set-up: accelerator, seeds, output dir ----------------
     args.fsdp, args.dtype = resolve_accelerate_sharding(args.fsdp), resolve_accelerate_precision(args.dtype)
     cpu_threads = CpuThreads(args.num_threads)  # --num_threads, or follow the free cores (common/launch.py)
+    torch.set_num_threads(cpu_threads.count(torch.get_num_threads(), settle=0.2))  # before any torch work
     check_tracker(args.report_to)
     args.output_dir = args.output_dir or f"runs/ra_rloo-seed{args.seed}"
     if args.reward == "auto":  # [RA-RLOO] the paper trains on {0, 0.1, 1}; real datasets have a binary verifier
@@ -242,9 +244,12 @@ def main(args: Args) -> None:
                                     top_p=args.paper_eval_top_p, top_k=args.paper_eval_top_k, logprobs=False)
 
     def run_eval() -> dict:
-        with gathered(policy):  # FSDP: whole weights for generation (a no-op otherwise)
-            out = evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, eval_sampling,
-                           args.eval_samples, accelerator)
+        torch.set_num_threads(cpu_threads.count(torch.get_num_threads()))  # fit the free cores
+        with gathered(policy, enabled=generator.reads_policy):  # FSDP + HF generate: whole weights (else no-op)
+            score = lambda examples: evaluate(generator, tokenizer, examples, encode, task.eval_reward_fn,  # noqa: E731
+                                              eval_sampling, args.eval_samples, accelerator)
+            out = score(task.eval)  # eval_train_*: the pool's fit, to compare with held-out
+            out.update(evaluate_train_prompts(score, train_prompt_sample(task.train, args.eval_train_prompts)))
             # [RA-RLOO] the paper's report: pass@4 of n = 8 at T 0.6, top-p 0.95, top-k 20
             paper = evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, paper_sampling,
                              args.paper_eval_samples, accelerator, ks=(1, 4)) if args.paper_eval_samples else {}
@@ -287,8 +292,9 @@ def main(args: Args) -> None:
         # ================ sample: K rollouts for each of this rank's prompts ================
         examples = [task.train[i] for i in my_slice(sampler.next_ids(args.prompts_per_step), accelerator)]
         prompts = [encode(example.prompt) for example in examples]
-        with gathered(policy):  # FSDP: whole weights while generating (a no-op otherwise)
+        with gathered(policy, enabled=generator.reads_policy):  # FSDP + HF generate: whole weights (else no-op)
             gens = generator.generate(prompts, args.k, sampling)
+        generator.sleep()  # vLLM on a GPU: its memory goes to training; the push brings the weights back
         t_gen = time.time() - t_start
         completions = [list(c) for c in gens.completion_ids]
 

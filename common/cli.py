@@ -77,6 +77,10 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
         parser.set_defaults(**load_config(config, parser, cls))
     ns = parser.parse_args(argv)
     args = cls(**vars(ns))
+    if getattr(args, "eval_train_prompts", 0) is None:  # recorded in args.json as the count used
+        args.eval_train_prompts = args.eval_prompts
+    if (getattr(args, "eval_train_prompts", 0) or 0) < 0:
+        raise SystemExit(f"--eval_train_prompts {args.eval_train_prompts}: must be >= 0 (0 = off)")
     if hasattr(args, "validate"):
         args.validate()
     return args

@@ -71,10 +71,12 @@ def micro_batches(num_rows: int, size: int, accelerator, model, peers=(), length
             yield rows
 
 
-def gathered(*models):
+def gathered(*models, enabled: bool = True):
     """Context: whole weights of the FSDP-sharded `models` inside the block (generation, no-grad scoring: see
-    common/fsdp.py); a no-op for unsharded models and None."""
-    sharded = [model for model in models if isinstance(model, FSDPModule)]
+    common/fsdp.py); a no-op for unsharded models and None, and with `enabled=False`: the scripts pass
+    `enabled=generator.reads_policy` around generation, since a vLLM engine samples from its own pushed copy and
+    gathering would only put the whole policy next to vLLM's weights and KV cache on every rank."""
+    sharded = [model for model in models if isinstance(model, FSDPModule)] if enabled else []
     if not sharded:
         return contextlib.nullcontext()
     from common.fsdp import whole_weights

@@ -39,6 +39,8 @@ class Generations:
 class HFGenerator:
     """Sampling with `transformers` generate, batched, left-padded."""
 
+    reads_policy = True  # generate() runs the training model: under --fsdp it must be gathered (`gathered`)
+
     def __init__(self, model, tokenizer, batch_size: int = 256, dtype: str = "float32"):
         self.model = model  # the (unwrapped) training model: always current, nothing to sync
         self.tokenizer = tokenizer
@@ -47,6 +49,9 @@ class HFGenerator:
 
     def sync_weights(self, model) -> None:
         self.model = model
+
+    def sleep(self) -> None:
+        """Nothing to free: generation runs on the training model (VLLMGenerator's frees its engine's memory)."""
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig) -> Generations:

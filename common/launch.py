@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 TRUE = ("1", "true", "t", "yes", "y", "on")  # what accelerate's str_to_bool accepts as true
 
@@ -57,8 +58,9 @@ def resolve_accelerate_precision(args_dtype: str, environ=None, log=print) -> st
 
 
 class CpuThreads:
-    """The torch thread count of a run (issue #26; README, "CPU threads"). `--num_threads N` > 0 fixes it at N.
-    With 0 (the default) it follows the cores the rest of the machine leaves free, re-read at every step from
+    """The torch thread count of a run (README, "CPU threads"). `--num_threads N` > 0 fixes it at N, from the
+    first line of main() on. With 0 (the default) it follows the cores the rest of the machine leaves free, measured
+    at set-up and re-read before every step and evaluation from
     /proc/stat: cores - (busy cores not ours), at least 1. Why: OpenMP's threads wait for each other at every parallel
     region, so one more runnable thread than cores (an editor, a second run, a busy process) stalls every region
     on a descheduled thread: on 2 cores torch's default ran 3.5x slower beside one busy process and two runs side
@@ -81,10 +83,15 @@ class CpuThreads:
         idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
         return sum(ticks[:8]), sum(ticks[:8]) - idle, int(own[11]) + int(own[12])  # utime + stime
 
-    def count(self, default: int) -> int:
-        """The thread count to use now (`default`: torch's own, kept when nothing can be measured)."""
+    def count(self, default: int, settle: float = 0.0) -> int:
+        """The thread count to use now (`default`: torch's own, kept when nothing can be measured). `settle` > 0
+        measures the machine over that many seconds now instead of since the last call: the call right after the
+        arguments are parsed, so set-up and the step-0 evaluation already run at a count that fits."""
         if self.fixed > 0:
             return self.fixed
+        if settle > 0:
+            self.last = self._sample()
+            time.sleep(settle)
         now = self._sample()
         if now is None or self.last is None or now[0] <= self.last[0]:
             self.last = now

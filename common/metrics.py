@@ -2,12 +2,14 @@
 rollouts per kind in <output_dir>/samples.jsonl (`SampleLogger`). Core names
 every script logs (each script computes them where it logs them): step, rollouts, gen_tokens,
 reward_mean, reward_std, pass_rate, frac_zero_var_groups, completion_len_mean, clipped_ratio, loss, kl, entropy,
-grad_norm, lr, time_step_s, time_gen_s, time_train_s; eval_pass@1 / eval_pass@k when evaluating.
+grad_norm, lr, time_step_s, time_gen_s, time_train_s; eval_pass@1 / eval_pass@k when evaluating, and the same
+measured on a fixed sample of training-pool prompts as eval_train_pass@1 / eval_train_pass@k.
 """
 from __future__ import annotations
 
 import json
 import math
+import random
 from pathlib import Path
 
 import numpy as np
@@ -146,3 +148,43 @@ def evaluate(generator, tokenizer, examples, encode, reward_fn, sampling, n_samp
             counts.append((sum(reward_fn(t, e) >= 1.0 for t in texts), getattr(e, "tag", "")))
     counts = gather_object(counts) if accelerator.num_processes > 1 else counts
     return pass_metrics([c for c, _ in counts], n_samples, [t for _, t in counts], ks)
+
+
+def train_prompt_sample(train: list, count: int) -> list:
+    """The training-pool prompts that eval_train_* is measured on: `count` of them drawn with a fixed seed of their
+    own (the same prompts for every run seed and method on one pool), the whole pool when it is smaller; [] for 0."""
+    if count <= 0:
+        return []
+    if count >= len(train):
+        return list(train)
+    return [train[i] for i in sorted(random.Random(0).sample(range(len(train)), count))]
+
+
+def evaluate_train_prompts(score, examples: list) -> dict:
+    """`score(examples)` (the held-out evaluation's own function) on training-pool prompts, renamed eval_train_*:
+    the gap to eval_* is how much of the training pool's fit carries over to new prompts. Its sampling runs on a
+    copy of the random state (torch, CUDA, numpy, Python), so a run's training steps are the same with or without
+    it (HF generation; vLLM's per-call request seeds still advance)."""
+    if not examples:
+        return {}
+    import torch
+
+    py_state, np_state = random.getstate(), np.random.get_state()
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        out = score(examples)
+    random.setstate(py_state)
+    np.random.set_state(np_state)
+    return {name.replace("eval_", "eval_train_", 1): value for name, value in out.items()}
+
+
+def trained_advantage_metrics(trained: list[tuple[float, str]], prefix: str = "ada") -> dict:
+    """From (advantage, level tag) of every trained response (all ranks): <prefix>_trained_responses and the mean
+    advantage of the trained responses, overall and per level. Group-centred advantages (GRPO-n) average 0 within
+    each group; a pool-wide baseline applied to a downsampled group (Reinforce-Ada, Alg. 2 l. 18-19) need not, and
+    its sign per level says which prompts the step pushes up on net."""
+    out = {f"{prefix}_trained_responses": len(trained),
+           f"{prefix}_adv_mean_trained": float(np.mean([adv for adv, _ in trained])) if trained else None}
+    for tag in sorted({tag for _, tag in trained} - {""}):
+        out[f"{prefix}_adv_mean_trained_{tag}"] = float(np.mean([adv for adv, t in trained if t == tag]))
+    return out

@@ -8,8 +8,11 @@ and the same `Generations` (prompt-major, stop token kept, log-probs under logit
 - Once per update phase (after all of a step's optimizer steps) the script calls `sync_weights`, which pushes
   the training weights into the engine (`reload_weights` through `collective_rpc`) and drops the prefix
   cache, whose KV came from old weights.
-- On a GPU the engine sleeps (level 1: weights to host memory, KV cache freed) while the trainer trains.
-  On a CPU sleep mode does not exist, so it is skipped.
+- On a GPU the engine sleeps while the trainer trains: the scripts call `sleep()` once a sampling phase is over
+  (level 2: weights and KV cache discarded), and the push, which maps the weights again and overwrites them all,
+  must come before the next `generate` (which raises otherwise). Between the push and the end of the next
+  sampling phase (evaluation included) the engine keeps its weights. On a CPU sleep mode does not exist, so it is
+  skipped.
 """
 from __future__ import annotations
 
@@ -69,6 +72,8 @@ def _process_layout(accelerator) -> tuple[int, int, int, bool]:
 
 class VLLMGenerator:
     """Sampling with a colocated vLLM engine; `HFGenerator`'s interface and output format."""
+
+    reads_policy = False  # generate() samples from the engine's pushed copy: the trainer's FSDP shards stay sharded
 
     def __init__(self, model_path: str, model, tokenizer, *, seed: int = 0, dtype: str = "float32",
                  max_model_len: int = 1024, gpu_memory_utilization: float = 0.3, sleep: bool = True,
@@ -135,33 +140,47 @@ class VLLMGenerator:
         if world > 1 and not torch.distributed.is_initialized():
             torch.distributed.init_process_group(backend="gloo" if on_cpu else "nccl")
 
-    # ---- sleep mode (GPU only) ----
-    def _sleep(self) -> None:
-        # vLLM's sleep() offloads the weights and frees the KV cache; memory already asleep is skipped (0.32
-        # cumem.py), so a push that woke the weights only can sleep again
+    # ---- sleep mode (GPU only; vLLM 0.32 line numbers) ----
+    def sleep(self) -> None:
+        """A sampling phase is over: the engine's GPU memory goes to the trainer until the next `sync_weights`,
+        which must come before the next `generate`. HFGenerator's is a no-op."""
         if self.sleep_enabled and self._asleep != {"weights", "kv_cache"}:
-            self.llm.sleep(level=1)
+            # Level 2 discards the weights and the KV cache and copies nothing (device_allocator/
+            # sleep_mode_backend.py:132-137, cumem.py:265-280; buffers such as rotary tables go to host and come back
+            # on wake, v1/worker/gpu_worker.py:298-304, 337-346). Level 1 would copy the weights to pinned host memory
+            # and back (cumem.py:265-276, 352-360): a host copy of the model per rank, moved twice per step, of
+            # weights that the push replaces anyway. The price: no generate between here and the push.
+            self.llm.sleep(level=2)
             self._asleep = {"weights", "kv_cache"}
 
     def _wake_up(self, tags: tuple[str, ...]) -> None:
-        # Wake only what is still asleep: vLLM re-maps every tag it is given, so waking a resident one fails.
-        todo = sorted(t for t in tags if t in self._asleep)
-        if todo:
-            self.llm.wake_up(tags=todo)
-            self._asleep.difference_update(todo)
+        # Only tags still asleep: given one that is awake, vLLM logs a warning and wakes none of the tags
+        # (v1/executor/abstract.py:394-404).
+        todo = sorted(tag for tag in tags if tag in self._asleep)
+        if not todo:
+            return
+        fully_awake = self.llm.wake_up(tags=todo)
+        self._asleep.difference_update(todo)
+        # sleep() paused vLLM's scheduler; it resumes only once nothing is asleep, which wake_up returns
+        # (v1/engine/core.py:997-1019). Paused, it admits no request: generate() would wait forever.
+        if not fully_awake and not self._asleep:
+            raise RuntimeError(f"vLLM wake_up(tags={todo}) left the engine partly asleep, so its scheduler stays "
+                               "paused and generation would hang: vLLM's record of what is asleep differs from this "
+                               "backend's (was the engine put to sleep or woken outside VLLMGenerator?)")
 
     # ---- weights ----
     @torch.no_grad()
     def sync_weights(self, model) -> None:
-        """Push the (unwrapped, unsharded) training model's current weights into the engine. The scripts call
-        this once per update phase. A sleeping engine is woken for the push and put back to sleep after it."""
-        was_asleep = bool(self._asleep)
-        # loading into offloaded weights would write to unmapped memory; the KV cache stays unmapped (as TRL's and
-        # verl's colocated pushes do), so the push's peak is the trainer + vLLM's weights + one gathered tensor
+        """Push the training model's current weights into the engine (an FSDP model stays sharded: each tensor is
+        gathered as vLLM reads it). The scripts call this once per update phase, after `sleep()`."""
+        # Writing into slept weights would hit unmapped memory: map them again (after a level-2 sleep their contents
+        # are gone until the push below). The KV cache stays unmapped until generate(), as in TRL's and verl's
+        # pushes; the engine is not put back to sleep, since level 2 would discard the weights just pushed.
         self._wake_up(("weights",))
         # state_dict, not named_parameters: with tied embeddings the latter omits lm_head.weight, and a model
-        # whose vLLM head is separate would silently keep the old head. The tensors are views of the live
-        # parameters (no copy); vLLM's loaders copy them into their own layout.
+        # whose vLLM head is separate would silently keep the old head; and after a level-2 sleep a layer that gets
+        # no weight keeps its discarded storage (model_loader/reload/layerwise.py:255-267). The tensors are views of
+        # the live parameters (no copy); vLLM's loaders copy them into their own layout.
         if isinstance(model, FSDPModule):  # --fsdp: each tensor gathered as vLLM reads it (every rank pushes)
             from common.fsdp import iter_full_weights
 
@@ -173,8 +192,6 @@ class VLLMGenerator:
         self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=iter(weights)))
         if not self.llm.reset_prefix_cache():  # cached KV blocks were computed with the old weights
             raise RuntimeError("vLLM did not reset its prefix cache after the weight push (requests still running?)")
-        if was_asleep:
-            self._sleep()  # the trainer gets its GPU memory back until the next generate()
 
     # ---- sampling ----
     def _request_seed(self, prompt_index: int) -> int:
@@ -202,12 +219,11 @@ class VLLMGenerator:
             for i in range(len(prompt_ids))
         ]
         self.calls += 1
-        self._wake_up(("weights", "kv_cache"))
-        try:
-            outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params,
-                                     use_tqdm=False)
-        finally:
-            self._sleep()
+        if "weights" in self._asleep:
+            raise RuntimeError("VLLMGenerator.generate() after sleep() without a weight push: sleep level 2 discarded "
+                               "the engine's weights; call sync_weights(policy) first")
+        self._wake_up(("kv_cache",))
+        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params, use_tqdm=False)
 
         completion_ids, logprobs, reasons = [], [], []
         for out in outs:  # vLLM returns requests in input order -> prompt-major

@@ -356,6 +356,28 @@ def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_base, tmp_path, mon
         Args(dynamic_sampling=True, max_rounds=2).validate()
 
 
+def test_training_prompt_evaluation_leaves_the_training_steps_unchanged(tiny_base, tmp_path, monkeypatch):
+    """eval_train_* samples in a copy of the random state: evaluating every step with and without it gives the same
+    training rows (rounds, downsampling draws, losses), so runs made before it stay comparable."""
+    seq = ["--model_name_or_path", tiny_base, "--max_steps", "3", "--eval_every", "1", "--max_rounds", "2"]
+    on = _main(tmp_path / "on", seq, monkeypatch)
+    off = _main(tmp_path / "off", [*seq, "--eval_train_prompts", "0"], monkeypatch)
+    training = lambda rows: [{k: v for k, v in r.items() if not k.startswith(("time_", "eval_"))} for r in rows]  # noqa
+    assert training(on) == training(off)
+    assert all("eval_train_pass@1" in r and "eval_train_pass@4" in r and "eval_train_pass@1" not in o
+               for r, o in zip(on, off))
+    assert any(k.startswith("eval_train_pass@1_") for k in on[-1])  # per level
+    assert json.loads((tmp_path / "on" / "args.json").read_text())["eval_train_prompts"] == 8  # = --eval_prompts
+    # [ADA] mechanism: every prompt keeps n = 4 trained responses; a pool-wide baseline need not average 0
+    assert all(r["ada_trained_responses"] == 8 * 4 and r["ada_adv_mean_trained"] is not None for r in on[1:])
+    # GRPO-n: group-centred advantages average exactly 0, overall and per level
+    grpo = _main(tmp_path / "grpo", ["--model_name_or_path", tiny_base, "--max_steps", "2", "--max_rounds", "1",
+                                     "--round_repeat", "4"], monkeypatch)[1:]
+    for r in grpo:
+        means = [v for k, v in r.items() if k.startswith("ada_adv_mean_trained")]
+        assert r["ada_trained_responses"] == 32 and len(means) >= 2 and max(map(abs, means)) < 1e-6
+
+
 def test_dynamic_sampling_resumes_exactly(tiny_base, tmp_path, monkeypatch):
     # [DAPO] the refill prompts come from the checkpointed sampler: a resumed run draws the same ones
     base = ["--model_name_or_path", tiny_base, "--max_rounds", "1", "--round_repeat", "4", "--dynamic_sampling",

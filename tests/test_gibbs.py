@@ -152,3 +152,16 @@ def test_default_terms_keep_the_lower_tail_at_small_b():
     reference = np.quantile(sample_pg(b, c, rng, terms=200), 0.01)
     assert abs(np.quantile(sample_pg(b, c, rng), 0.01) / reference - 1) < 0.03
     assert np.quantile(sample_pg(b, c, rng, terms=4), 0.01) / reference - 1 < -0.05
+
+
+def test_calibration_excess_removes_the_sampling_floor():
+    """|θ̂ - s/n| of a perfectly calibrated model still averages ~0.2 at n = 4; the excess over its expectation is ~0,
+    and a model that calls mostly-failing nodes 50/50 shows a clear excess."""
+    from common.gibbs import calibration_excess
+
+    rng = np.random.default_rng(0)
+    theta = rng.uniform(0, 1, 20000)
+    successes = rng.binomial(4, theta)
+    assert np.mean(np.abs(theta - successes / 4)) > 0.15
+    assert abs(calibration_excess(theta, successes, 4)) < 0.01
+    assert calibration_excess(np.full(20000, 0.5), rng.binomial(4, 0.05, 20000), 4) > 0.2

@@ -232,13 +232,18 @@ def test_pros_ppo_runs_resumes_exactly_and_grows_the_tree(tiny_base, tmp_path):
     assert _strip(a) == _strip(b)  # tree, counts, Gibbs RNG, critic and its optimizer were restored
     rows = a[1:]
     keys = {"pros_pool_size", "pros_frac_children_in_batch", "pros_prefix_len_mean", "pros_calib_error",
-            "pros_gibbs_s", "pros_saved_prompt_tokens", "ppo_value_loss", "ppo_clip_frac", "time_step_s"}
+            "pros_gibbs_s", "pros_saved_prompt_tokens", "ppo_value_loss", "ppo_clip_frac", "time_step_s",
+            "pros_calib_excess", "pros_frac_zero_var_picks", "pros_frac_zero_var_stream", "pros_pick_trials_mean",
+            "pros_pick_root_frac"}
     assert keys <= set(rows[0]) and "eval_pass@1" in rows[-1]
     assert rows[0]["pros_children_created"] > 0 and rows[0]["pros_frac_children_in_batch"] == 0
     assert any(r["pros_frac_children_in_batch"] > 0 for r in rows[1:])  # children are selected and trained
     assert any(r["pros_saved_prompt_tokens"] > 0 for r in rows[1:])
     assert all(r["pros_pool_size"] <= 20 for r in rows)  # bounded pool
     assert rows[-1]["rollouts"] == 4 * 8 * 4
+    assert all(0 <= r["pros_pick_root_frac"] <= 1 and r["pros_pick_trials_mean"] >= 0 for r in rows
+               if r["pros_pick_root_frac"] is not None)
+    assert "eval_train_pass@1" in rows[-1]
     state = torch.load(full / "checkpoint-4" / "trainer_state.pt", weights_only=False)["state"]["method"]
     assert len(state["tree"]["prefix"]) == rows[-1]["pros_pool_size"] and "critic" in state
 
