@@ -5,12 +5,17 @@ from __future__ import annotations
 import os
 import time
 
-TRUE = ("1", "true", "t", "yes", "y", "on")  # what accelerate's str_to_bool accepts as true
+# Read as true: the values transformers' strtobool accepts, which is how it reads ACCELERATE_USE_FSDP (5.19
+# distributed/fsdp.py:42-48: with FSDP_CPU_RAM_EFFICIENT_LOADING, real weights on rank 0 only), as does accelerate's
+# str_to_bool (1.15 utils/environment.py:59-71). accelerate's Accelerator itself only takes the literal "true"
+# (accelerator.py:348, 382-393), which its launcher writes (utils/launch.py:305, 566); the wider set maps and removes
+# every value that one of them would act on.
+TRUE = ("1", "true", "t", "yes", "y", "on")
 
 
 def accelerate_sharding(environ) -> str | None:
     """The sharding `accelerate launch` exported (from `accelerate config` or its flags): "deepspeed", "fsdp" or
-    None (ACCELERATE_USE_DEEPSPEED / ACCELERATE_USE_FSDP, true as accelerate reads them; DeepSpeed wins)."""
+    None (ACCELERATE_USE_DEEPSPEED / ACCELERATE_USE_FSDP set to one of `TRUE`, any case; DeepSpeed wins)."""
     for kind in ("deepspeed", "fsdp"):
         if environ.get(f"ACCELERATE_USE_{kind.upper()}", "").strip().lower() in TRUE:
             return kind

