@@ -1,9 +1,11 @@
 """Turn the benchmark runs into `benchmarks/results/README.md` (table, mechanism metrics, paired differences to each
-config's baseline with 95% intervals, a verdict per paper claim) and PNG plots.
+config's baseline with 95% intervals, a verdict per paper claim on each prompt pool) and PNG plots.
 
     python benchmarks/report.py                              # benchmarks/runs -> benchmarks/results
     python benchmarks/report.py --runs_dir benchmarks/runs-quick --out_dir benchmarks/results-quick
 
+Every paper claim is judged in two data regimes: the sweep's 256-prompt pool and the 2,048-prompt pool (run.py's
+`_pool2048` twins). Besides the page, the per-method learning curves go to docs/figures/<script>.png.
 Only finished runs (final step with its evaluation) enter the table and plots; the others are listed.
 Human commentary lives in `<out_dir>/commentary.md` and is pasted into the page (never overwritten).
 Plots need matplotlib (`pip install -r benchmarks/requirements.txt`); without it the page is written
@@ -13,12 +15,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -36,6 +39,9 @@ class Args:
     """where README.md and the PNGs go (default benchmarks/results)"""
     plots: bool = True
     """draw the PNG plots (needs matplotlib)"""
+    figures_dir: str = ""
+    """where the per-method learning curves <script>.png go (default docs/figures for the default --out_dir, else
+    <out_dir>/figures, so a report on other runs leaves the docs' figures alone)"""
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -110,8 +116,8 @@ def _largest_k(row: dict) -> Optional[str]:
 
 
 def eval_curve(rows: list[dict]) -> list[dict]:
-    """One point per evaluation: step, pass@1 (all, and by difficulty level when logged), pass@k, cumulative
-    generated tokens / samples / wall time."""
+    """One point per evaluation: step, pass@1 (all, and by difficulty level when logged), pass@k, pass@1 on
+    training-pool prompts (None in runs that do not log it), cumulative generated tokens / samples / wall time."""
     walls = step_walls(rows)
     pts, tokens, samples = [], 0, 0
     for r in sorted(rows, key=lambda r: r.get("step", 0)):
@@ -124,6 +130,7 @@ def eval_curve(rows: list[dict]) -> list[dict]:
                     "passk": _num(r.get(f"eval_pass@{k}")) if k else None, "k": k,
                     **{level: _num(r.get(f"eval_pass@1_{level}")) for level in LEVELS},
                     "paper4": _num(r.get("eval_paper_pass@4")),  # ra_rloo.py: the RA-RLOO paper's own metric
+                    "train1": _num(r.get("eval_train_pass@1")),  # the same evaluation on training-pool prompts
                     "gen_tokens": tokens if r["step"] > 0 else 0, "rollouts": samples if r["step"] > 0 else 0,
                     "wall_s": sum(w for s, w in walls.items() if s <= r["step"])})
     return pts
@@ -274,7 +281,7 @@ def aggregate(cfg: Config, runs: dict[int, RunData]) -> Agg:
 # two-sided 95%: t(0.975, dof) for dof 1..30
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-TARGET_HALF = 0.03  # the issue's precision target: a 95% interval of at most about +-0.03
+TARGET_HALF = 0.03  # the precision target: a 95% interval of at most about +-0.03
 
 
 def t975(dof: int) -> float:
@@ -557,17 +564,182 @@ def _m(aggs: dict[str, Agg], cfg: str, key: str, part: str = "mean") -> Optional
 
 
 # ----------------------------------------------------------------------------------------------------
-# The papers' claims: one verdict each, by the rules below (also printed on the page)
+# The two data regimes: the sweep's 256-prompt pool and the 2,048-prompt pool (run.py's `_pool2048` twins)
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Regime:
+    """A data regime: every claim is judged in each, on its configs' twins there (run.py's `on_pool2048`)."""
+    label: str  # as the page prints it
+    suffix: str  # a 256-pool config's name plus this is its twin's
+
+    def name(self, cfg: str) -> Optional[str]:
+        """The config that `cfg` (a 256-pool name) stands for in this regime; None when the harness has none."""
+        twin = cfg + self.suffix
+        return twin if twin in BY_NAME else None
+
+
+POOL256, POOL2048 = Regime("256", ""), Regime("2,048", "_pool2048")
+REGIMES = (POOL256, POOL2048)
+
+
+def base_name(name: str) -> str:
+    """A config's 256-pool name: its name less `_pool2048` (no config has it for a 2,048-only one)."""
+    return name[:-len(POOL2048.suffix)] if name.endswith(POOL2048.suffix) else name
+
+
+def pending(seeds: int) -> str:
+    return f"runs pending ({seeds} seed{'' if seeds == 1 else 's'})"
+
+
+def final_gaps(agg: Optional[Agg]) -> list[float]:
+    """Per finished run that logs it: training-prompt minus held-out pass@1 at the final evaluation (> 0: the policy
+    scores higher on the pool's prompts than on held-out ones)."""
+    gaps = []
+    for run in agg.finished if agg else []:
+        last = eval_curve(run.rows)[-1]
+        if last["train1"] is not None:
+            gaps.append(last["train1"] - last["pass1"])
+    return gaps
+
+
+def gap_cell(aggs: dict[str, Agg], name: Optional[str], with_name: bool = True) -> str:
+    """Seed-mean training - held-out gap at the final evaluation with the seeds that log it; '-' for runs that
+    predate eval_train_pass@1."""
+    if name is None:
+        return "-"
+    gaps = final_gaps(aggs.get(name))
+    text = f"{statistics.fmean(gaps):+.3f} ({len(gaps)})" if gaps else "-"
+    return f"`{name}` {text}" if with_name else text
+
+
+def _seeds_text(aggs: dict[str, Agg], name: str) -> str:
+    a = aggs.get(name)
+    fin, unf = (len(a.finished), len(a.unfinished)) if a else (0, 0)
+    return f"`{name}` {fin} finished seed{'' if fin == 1 else 's'}" + (f" (+{unf} unfinished)" if unf else "")
+
+
+def _bases(order: list[str]) -> list[str]:
+    """The 256-pool names of the harness's configs with runs in either regime, plus the 2,048-only configs whose
+    baseline has runs (so that they show as pending), in the harness's order."""
+    have, out = {base_name(n) for n in order}, []
+    for c in CONFIGS:
+        b = base_name(c.name)
+        if b not in out and (b in have or (b not in BY_NAME and c.baseline and base_name(c.baseline) in have)):
+            out.append(b)
+    return out
+
+
+def regime_table(order: list[str], aggs: dict[str, Agg]) -> str:
+    """Per config: each pool's finished seeds, final held-out pass@1 and train - held-out gap, and the pool's own
+    effect on final held-out pass@1 (2,048 minus 256, paired by seed)."""
+    head = ("| config | 256: seeds | 256: final held-out pass@1 | 256: train − held-out gap (seeds) | 2,048: seeds | "
+            "2,048: final held-out pass@1 | 2,048: train − held-out gap (seeds) | held-out pass@1, 2,048 − 256 pool "
+            "[95% CI] (paired seeds) |\n|---|---|---|---|---|---|---|---|\n")
+    lines = []
+    for base in _bases(order):
+        names = [r.name(base) for r in REGIMES]
+        first = next(n for n in names if n)
+        cells = [f"{BY_NAME[first].label} (`{first}`)"]
+        for r, name in zip(REGIMES, names):
+            a = aggs.get(name) if name else None
+            if name is None:
+                cells += [f"no {r.label}-pool config", "-", "-"]
+            elif a is None or a.final is None:
+                cells += [pending(0) + (f" (+{len(a.unfinished)} unfinished)" if a and a.unfinished else ""), "-", "-"]
+            else:
+                spread = f" ± {a.final[1]:.3f}" if len(a.finished) > 1 else ""
+                cells += [str(len(a.finished)), f"{a.final[0]:.3f}{spread}", gap_cell(aggs, name, with_name=False)]
+        if None in names:
+            cells.append("-")
+        else:
+            iv = paired(aggs, names[1], names[0], final_value)
+            n = iv.n if iv else 0
+            cells.append(pending(n) if n < 2 else f"{_iv(iv, target=TARGET_HALF)} ({n})")
+        lines.append("| " + " | ".join(cells) + " |")
+    return head + "\n".join(lines) + "\n" if lines else "No runs of the harness's configs.\n"
+
+
+PROS_TRIALS = 4  # pros_ppo.py's rollouts per query (--k); no config changes it
+
+# the mechanism metrics of the two-regime comparison: (family, its scripts, metrics, which of its configs log them)
+NEW_MECHANISM = (
+    ("Reinforce-Ada", ("ada_seq.py", "ada_est.py"),
+     ("ada_trained_responses", "ada_adv_mean_trained", "ada_adv_mean_trained_easy", "ada_adv_mean_trained_mid",
+      "ada_adv_mean_trained_hard"), lambda cfg: True),
+    ("PROS", ("pros_ppo.py",),
+     ("pros_calib_error", "pros_calib_excess", "pros_frac_zero_var_picks", "pros_frac_zero_var_stream",
+      "pros_pick_trials_mean", "pros_pick_root_frac"),
+     lambda cfg: _flag(list(cfg.flags), "--pros") not in (None, "off")),  # PROS off logs none of them
+)
+
+
+def _g(x: float) -> str:
+    """3 significant digits, rounded to 0.001 first: a group-centred mean of 1e-18 is 0."""
+    return f"{round(x, 3) + 0.0:.3g}"
+
+
+def binomial_abs_floor(p: float, n: int = PROS_TRIALS) -> float:
+    """E|p - s/n| for s ~ Binomial(n, p): what |θ̂ - s/n| averages for a perfectly calibrated θ̂ = p."""
+    return sum(math.comb(n, s) * p ** s * (1 - p) ** (n - s) * abs(p - s / n) for s in range(n + 1))
+
+
+def mechanism_tables(order: list[str], aggs: dict[str, Agg]) -> str:
+    """Per family, per config and pool: each metric's seed-mean over steps (first → last quarter), over the
+    finished seeds that log it."""
+    out = []
+    for family, scripts, keys, logs in NEW_MECHANISM:
+        rows = []
+        for base in _bases(order):
+            for r in REGIMES:
+                name = r.name(base)
+                if name is None or BY_NAME[name].script not in scripts or not logs(BY_NAME[name]):
+                    continue
+                a = aggs.get(name)
+                fin = a.finished if a else []
+                if not fin:
+                    rows.append(f"| `{name}` | {r.label} | {pending(0)} |" + " - |" * len(keys))
+                    continue
+                logging = [run for run in fin if any(metric_series(run.rows, k) for k in keys)]
+                cells = [f"`{name}`", r.label, f"{len(logging)}/{len(fin)}"]
+                for key in keys:
+                    m = mechanism_summary(logging, key)
+                    cells.append("-" if m is None else f"{_g(m['mean'])} ({_g(m['early'])} → {_g(m['late'])})")
+                rows.append("| " + " | ".join(cells) + " |")
+        if rows:
+            out.append(f"**{family}** (mean over steps, first → last quarter; seeds: finished runs that log them / "
+                       f"finished runs)\n\n| config | pool | seeds | " + " | ".join(f"`{k}`" for k in keys)
+                       + " |\n|" + "---|" * (3 + len(keys)) + "\n" + "\n".join(rows) + "\n")
+    lo, hi = binomial_abs_floor(0.5), binomial_abs_floor(0.4)
+    out.append(f"`pros_calib_error` is the mean |θ̂ - s/n| over the pool's picks (θ̂: the model's pass rate at "
+               f"selection; s of n = {PROS_TRIALS} rollouts succeed). Sampling noise alone gives it a floor, "
+               f"E|p - Binomial({PROS_TRIALS}, p)/{PROS_TRIALS}| = {lo:.2f}-{hi:.2f} for p in 0.4-0.5 and 0 at p in "
+               "{0, 1}: picks near a 0.5 pass rate (what the Bayesian selection aims for) score worse than all-pass "
+               "or all-fail picks however well the model knows them, so `pros_calib_error` cannot rank Bayesian "
+               "against random picks. `pros_calib_excess` subtracts that floor (its expectation for s ~ "
+               "Binomial(n, θ̂)): about 0 for a calibrated model at any pass rate, > 0 when the observed rates sit "
+               "further from θ̂ than sampling noise explains.\n")
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The papers' claims: one verdict each per regime, by the rules below (also printed on the page)
 # ----------------------------------------------------------------------------------------------------
 
 REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
 NO_RUNS = "inconclusive (no runs)"
 
 VERDICT_RULES = f"""Every interval is a 95% t-interval over seeds (paired by seed where two configs are compared).
+Each claim has a row per data regime: the sweep's 256-prompt pool, and the 2,048-prompt pool (the same configs
+with `--prompt_pool 2048`, each paired with its baseline on that pool: run.py's `_pool2048` twins; 'no 2,048-pool
+config' where run.py has none). The last two columns give each compared config's training-prompt minus held-out
+pass@1 at the final evaluation (seed mean; in brackets the seeds that log `eval_train_pass@1`, '-' for runs made
+before it was logged): a large gap with no held-out gain says the method fits the pool's prompts, not the task.
 - **'X beats Y'** (interval of X - Y): *reproduced* if it lies above 0; *not reproduced* if it lies below the
   claim's margin m (X is worse, or any gain is smaller than m); else *inconclusive*. m = {TARGET_HALF} for pass@1
-  (the issue's precision target), 1 group for trained groups per batch, 1 sample for samples per prompt, 0 for a
-  falling calibration error.
+  (the precision target; ⚠ marks a half-width above it), 1 group for trained groups per batch, 1 sample
+  for samples per prompt, 0 for a falling calibration error.
 - **'X at least matches Y'** (interval of X - Y): *not reproduced* if it lies below 0; *reproduced* if it lies above
   -{TARGET_HALF} (X is at most {TARGET_HALF} worse); else *inconclusive*.
 - **'X is near v'** (interval of X): *reproduced* if it lies inside the stated band; *not reproduced* if it lies
@@ -578,7 +750,7 @@ VERDICT_RULES = f"""Every interval is a 95% t-interval over seeds (paired by see
   when they are at least half, *inconclusive* otherwise.
 - **'Lower seed-to-seed spread'**: the ratio of the two configs' std of final pass@1 with its F-test interval:
   *reproduced* below 1, *not reproduced* above 1, else *inconclusive*.
-- Fewer than 2 seeds with the data: *inconclusive (1 seed)*; a config without finished runs: *{NO_RUNS}*.
+- Fewer than 2 (paired) seeds with the data: *runs pending (n seeds)*, no figure.
 """
 
 
@@ -617,6 +789,9 @@ class Claim:
     claim: str
     verdict: str
     measured: str
+    regime: str = POOL256.label
+    configs: tuple[str, ...] = ()  # the configs judged (their train - held-out gaps go beside the verdict)
+    seeds: int = 0  # seeds with the data (paired where two configs are compared)
 
 
 def _have(aggs: dict[str, Agg], *names: str) -> bool:
@@ -627,229 +802,246 @@ def _iv(iv: Optional[Interval], nd: int = 3, sign: str = "+", target: Optional[f
     return "-" if iv is None else iv.text(nd, sign, target)
 
 
+def _n(iv: Optional[Interval]) -> int:
+    return iv.n if iv else 0
+
+
 def _summary_of(key: str, part: str = "mean"):
     return lambda run: (run_summary(run, key) or {}).get(part)
 
 
-def _better(aggs, paper: str, claim: str, name: str, other: str, key: str = "pass1",
-            metric: str = "pass@1") -> Claim:
+def _paired_seeds(aggs: dict[str, Agg], *names: str) -> int:
+    return len(set.intersection(*({r.seed for r in aggs[n].finished} if n in aggs else set() for n in names)))
+
+
+# A judge reads the runs of one regime's configs: judge(aggs, regime, *config names) -> (verdict, measured text,
+# seeds with the data). The config names are that regime's; the regime gives its other configs for context.
+
+
+def _beats(key: str = "pass1", metric: str = "pass@1"):
     """'name beats other' on a final held-out evaluation (default pass@1), paired by seed."""
-    if not _have(aggs, name, other):
-        return Claim(paper, claim, NO_RUNS, f"`{name}` or `{other}` has no finished run")
-    iv = paired(aggs, name, other, lambda run: final_value(run, key))
-    if iv is None:
-        return Claim(paper, claim, "inconclusive (no paired seeds)", f"no seed where both log a final {metric}")
-    return Claim(paper, claim, verdict_greater(iv, TARGET_HALF),
-                 f"final {metric} `{name}` - `{other}`: {_iv(iv, target=TARGET_HALF)} ({iv.n} paired seeds)")
+    def judge(aggs, r, name, other):
+        iv = paired(aggs, name, other, lambda run: final_value(run, key))
+        return (verdict_greater(iv, TARGET_HALF),
+                f"final {metric} `{name}` - `{other}`: {_iv(iv, target=TARGET_HALF)} ({_n(iv)} paired seeds)", _n(iv))
+    return judge
 
 
-def _fewer_to_reach(aggs, paper: str, claim: str, name: str, xkey: str) -> Claim:
-    base = aggs[name].cfg.baseline if name in aggs else None
-    if not _have(aggs, name) or not base or not _have(aggs, base):
-        return Claim(paper, claim, NO_RUNS, f"`{name}` or its baseline has no finished run")
-    iv, reached, seeds = reach_ratios(aggs, name, xkey)
-    what = f"{xkey.replace('gen_tokens', 'tokens').replace('step', 'steps')} to `{base}`'s final pass@1 " \
-           f"{aggs[base].final[0]:.3f}, over `{base}`'s own to reach it: {_iv(iv, sign='')} " \
-           f"(reached in {reached}/{seeds} seeds)"
-    if seeds < 2:
-        return Claim(paper, claim, "inconclusive (1 seed)", what)
-    if reached < seeds:  # the interval would cover the seeds that got there only
-        return Claim(paper, claim, NOT_REPRODUCED if 2 * reached <= seeds else INCONCLUSIVE, what)
-    saving = Interval(1.0 - iv.mean, iv.half, iv.n)
-    return Claim(paper, claim, verdict_greater(saving, TARGET_HALF), what)
+def _fewer_to_reach(xkey: str):
+    """'fewer steps (tokens) than the baseline to the baseline's final pass@1', per seed (see reach_ratios)."""
+    def judge(aggs, r, name, base):
+        both = _paired_seeds(aggs, name, base)
+        if not both:
+            return NO_RUNS, "", 0
+        iv, reached, seeds = reach_ratios(aggs, name, xkey)
+        what = (f"{xkey.replace('gen_tokens', 'tokens').replace('step', 'steps')} to `{base}`'s final pass@1 "
+                f"{aggs[base].final[0]:.3f}, over `{base}`'s own to reach it: {_iv(iv, sign='')} "
+                f"(reached in {reached}/{seeds} seeds)")
+        if reached < seeds:  # the interval would cover the seeds that got there only
+            return NOT_REPRODUCED if 2 * reached <= seeds else INCONCLUSIVE, what, both
+        return verdict_greater(Interval(1.0 - iv.mean, iv.half, iv.n), TARGET_HALF), what, both
+    return judge
 
 
-def _time_equal(aggs, paper: str, name: str, other: str) -> Claim:
-    claim = f"{aggs[name].cfg.label if name in aggs else name} takes about the time per step of `{other}`"
-    if not _have(aggs, name, other):
-        return Claim(paper, claim, NO_RUNS, f"`{name}` or `{other}` has no finished run")
+def _time_equal(aggs, r, name, other):
     iv = paired(aggs, name, other, median_step_s, ratio=True)
-    verdict = verdict_within(iv, 0.9, 1.1)
-    return Claim(paper, claim, verdict, f"median s/step (evaluation excluded) `{name}` / `{other}`: "
-                                        f"{_iv(iv, 2, '')} (band [0.9, 1.1])")
+    return (verdict_within(iv, 0.9, 1.1), f"median s/step (evaluation excluded) `{name}` / `{other}`: "
+                                          f"{_iv(iv, 2, '')} (band [0.9, 1.1])", _n(iv))
 
 
-def _at_most(aggs, paper: str, claim: str, name: str, key: str, bound: float, measured) -> Claim:
-    """'the per-step mean of `key` in `name`'s runs is at most `bound`'; measured(interval) writes the figures."""
-    if not _have(aggs, name):
-        return Claim(paper, claim, NO_RUNS, f"`{name}` has no finished run")
-    post = over_seeds(aggs, name, _summary_of(key))
-    verdict = verdict_within(post, -math.inf, bound) if post else "inconclusive (not logged)"
-    return Claim(paper, claim, verdict, measured(post))
+def _ra_no_success(aggs, r, ra, rloo):
+    # the paper's degenerate group has no rollout with reward 1.0 (its Sec. 1: ~57% -> ~0% after the splice); runs
+    # that do not log `ra_no_success_frac_post` are left out
+    post = over_seeds(aggs, ra, _summary_of("ra_no_success_frac_post"))
+    base = over_seeds(aggs, rloo, _summary_of("ra_no_success_frac_post"))
+    return (verdict_within(post, -math.inf, 0.05), f"mean over steps after the splice {_iv(post, sign='')} "
+            f"({_n(post)} seeds log it); RLOO (no splice) {_iv(base, sign='')}", _n(post))
 
 
-def _ra_rloo_claims(aggs) -> list[Claim]:
-    paper, out = "RA-RLOO", []
-    # the paper's degenerate group is one where no rollout got reward 1.0 (its Sec. 1: ~57% -> ~0% after the
-    # splice); logged as `ra_no_success_frac_post` by runs made after 2026-11-24 (older runs: left out)
-    rloo_no_success = over_seeds(aggs, "rloo", _summary_of("ra_no_success_frac_post"))
-    out.append(_at_most(
-        aggs, paper, "Splicing leaves no group without a success (`ra_no_success_frac_post` <= 0.05; the paper: "
-        "~57% → ~0%)", "ra_rloo", "ra_no_success_frac_post", 0.05,
-        lambda post: f"mean over steps after the splice {_iv(post, sign='')} ({post.n if post else 0} seeds log it); "
-                     f"RLOO (no splice) {_iv(rloo_no_success, sign='')}"))
-    fresh = over_seeds(aggs, "ra_rloo", _summary_of("frac_zero_var_groups"))
-    rloo_fresh = over_seeds(aggs, "rloo", _summary_of("frac_zero_var_groups"))
-    late = over_seeds(aggs, "ra_rloo", _summary_of("ra_zero_var_frac_post", "late"))
-    out.append(_at_most(
-        aggs, paper, "Splicing stored successes leaves about no zero-variance groups (`ra_zero_var_frac_post` <= 0.05)",
-        "ra_rloo", "ra_zero_var_frac_post", 0.05,
-        lambda post: f"mean over steps after the splice {_iv(post, sign='')} (last quarter {_iv(late, sign='')}); "
-                     f"fresh groups before it {_iv(fresh, sign='')}; RLOO's fresh groups {_iv(rloo_fresh, sign='')}. "
-                     "The splice fires only in groups without a fresh success: all-pass groups remain"))
-    out.append(_better(aggs, paper, "RA-RLOO beats RLOO (final held-out pass@1)", "ra_rloo", "rloo"))
-    out.append(_better(aggs, paper, "RA-RLOO beats RLOO on the paper's metric (pass@4 of 8 samples at T 0.6, top-p "
-                       "0.95, top-k 20; the paper: +0.023, p ≈ 0.10 at 3 seeds)", "ra_rloo", "rloo", key="paper4",
-                       metric="`eval_paper_pass@4`"))
-    claim = "Lower seed-to-seed spread of final pass@1 than RLOO"
-    if not _have(aggs, "ra_rloo", "rloo"):
-        out.append(Claim(paper, claim, NO_RUNS, "`ra_rloo` or `rloo` has no finished run"))
-    else:
-        ra = [final_value(r) for r in aggs["ra_rloo"].finished]
-        rl = [final_value(r) for r in aggs["rloo"].finished]
-        ratio = std_ratio_interval(ra, rl)
-        if ratio is None:
-            out.append(Claim(paper, claim, "inconclusive (1 seed)", "needs 2 or more seeds of each"))
-        else:
-            verdict = REPRODUCED if ratio[2] < 1 else NOT_REPRODUCED if ratio[1] > 1 else INCONCLUSIVE
-            out.append(Claim(paper, claim, verdict,
-                             f"std over seeds {statistics.stdev(ra):.4f} ({len(ra)} seeds) vs "
-                             f"{statistics.stdev(rl):.4f} ({len(rl)}): ratio {ratio[0]:.2f} "
-                             f"[{ratio[1]:.2f}, {ratio[2]:.2f}]"))
-    return out
+def _ra_zero_var(aggs, r, ra, rloo):
+    post = over_seeds(aggs, ra, _summary_of("ra_zero_var_frac_post"))
+    late = over_seeds(aggs, ra, _summary_of("ra_zero_var_frac_post", "late"))
+    fresh = over_seeds(aggs, ra, _summary_of("frac_zero_var_groups"))
+    base = over_seeds(aggs, rloo, _summary_of("frac_zero_var_groups"))
+    return (verdict_within(post, -math.inf, 0.05),
+            f"mean over steps after the splice {_iv(post, sign='')} (last quarter {_iv(late, sign='')}); fresh groups "
+            f"before it {_iv(fresh, sign='')}; RLOO's fresh groups {_iv(base, sign='')}. The splice fires only in "
+            "groups without a fresh success: all-pass groups remain", _n(post))
 
 
-def _ps_claims(aggs) -> list[Claim]:
-    paper, out = "Prefix Sampling", []
-    # issue #25: `ps_adaptive` is the paper's controller (one EMA), `ps_adaptive_reset` our variant (EMA restarted)
-    for name, which in (("ps_adaptive", "the paper's controller"), ("ps_adaptive_reset", "our EMA-reset variant")):
-        claim = (f"The adaptive controller ({which}) keeps the prefix-task pass rate near 0.5 (mean over steps in "
-                 "[0.4, 0.6])")
-        if not _have(aggs, name):
-            out.append(Claim(paper, claim, NO_RUNS, f"`{name}` has no finished run"))
-            continue
-        rate = {n: over_seeds(aggs, n, _summary_of("ps_prefix_pass_rate")) for n in (name, "ps_fixed")}
-        late = over_seeds(aggs, name, _summary_of("ps_prefix_pass_rate", "late"))
-        out.append(Claim(paper, claim, verdict_within(rate[name], 0.4, 0.6),
-                         f"`ps_prefix_pass_rate` adaptive {_iv(rate[name], sign='')} (last quarter "
-                         f"{_iv(late, sign='')}); fixed ratios {_iv(rate['ps_fixed'], sign='')}"))
-    for name in ("ps_fixed", "ps_adaptive", "ps_adaptive_reset"):
-        label = aggs[name].cfg.label if name in aggs else name
-        claim = f"{label}: more valid (trained) tasks per batch than the baseline"
-        if not _have(aggs, name, "ps_off"):
-            out.append(Claim(paper, claim, NO_RUNS, f"`{name}` or `ps_off` has no finished run"))
-        else:
-            iv = paired(aggs, name, "ps_off", _summary_of("ps_trained_groups"))
-            base = over_seeds(aggs, "ps_off", _summary_of("ps_trained_groups"))
-            out.append(Claim(paper, claim, verdict_greater(iv, 1.0),
-                             f"`ps_trained_groups` per step, difference {_iv(iv, 2)} (baseline {_iv(base, 2, '')})"))
-        out.append(_fewer_to_reach(aggs, paper, f"{label}: fewer steps to the baseline's final pass@1", name, "step"))
-    return out
+def _spread(aggs, r, name, other):
+    xs, ys = ([final_value(x) for x in aggs[n].finished] if n in aggs else [] for n in (name, other))
+    ratio = std_ratio_interval(xs, ys)
+    seeds = min(len(xs), len(ys))
+    if ratio is None:
+        return INCONCLUSIVE, f"no spread in `{other}`'s {len(ys)} seeds", seeds
+    verdict = REPRODUCED if ratio[2] < 1 else NOT_REPRODUCED if ratio[1] > 1 else INCONCLUSIVE
+    return (verdict, f"std over seeds {statistics.stdev(xs):.4f} ({len(xs)} seeds) vs {statistics.stdev(ys):.4f} "
+                     f"({len(ys)}): ratio {ratio[0]:.2f} [{ratio[1]:.2f}, {ratio[2]:.2f}]", seeds)
 
 
-def _ada_claims(aggs) -> list[Claim]:
-    paper, out = "Reinforce-Ada", []
-    claim = "SEQ-BALANCE at least matches GRPO-n16's final pass@1 while training on 4 samples per prompt (GRPO-n4)"
-    if not _have(aggs, "seq_balance", "grpo_n16"):
-        out.append(Claim(paper, claim, NO_RUNS, "`seq_balance` or `grpo_n16` has no finished run"))
-    else:
-        iv = paired(aggs, "seq_balance", "grpo_n16", final_value)
-        train = {n: aggs[n].train_s for n in ("seq_balance", "grpo_n4", "grpo_n16") if n in aggs}
-        out.append(Claim(paper, claim, verdict_not_below(iv, TARGET_HALF),
-                         f"final pass@1 `seq_balance` - `grpo_n16`: {_iv(iv, target=TARGET_HALF)}; the update "
-                         "trains on 4 vs 16 samples per prompt (measured training s/step: "
-                         + ", ".join(f"{n} {_f(v, 2)}" for n, v in train.items()) + ")"))
-    # The paper (Reinforce-Ada, SEQ variants): "both strategies ensure that difficult prompts (low p_i) receive more
-    # samples"; SEQ-BALANCE "further emphasizes collecting failure cases", i.e. prompts with pass rates near 0 or 1.
-    # So hard is compared with mid for both variants, and SEQ-BALANCE's easy prompts are expected high too (they
-    # rarely give the n/2 failures its exit needs): comparing hard with easy would test a claim the paper does not make.
-    parts = {level: _summary_of(f"ada_samples_per_prompt_{level}") for level in ("easy", "mid", "hard")}
+def _ps_rate(aggs, r, name):
+    rate = over_seeds(aggs, name, _summary_of("ps_prefix_pass_rate"))
+    late = over_seeds(aggs, name, _summary_of("ps_prefix_pass_rate", "late"))
+    fixed = r.name("ps_fixed")
+    text = f"`ps_prefix_pass_rate` adaptive {_iv(rate, sign='')} (last quarter {_iv(late, sign='')}); fixed ratios " + (
+        _iv(over_seeds(aggs, fixed, _summary_of("ps_prefix_pass_rate")), sign='') if fixed else
+        f"no {r.label}-pool config")
+    return verdict_within(rate, 0.4, 0.6), text, _n(rate)
 
-    def gap(high: str, low: str):
-        return lambda run: (None if parts[high](run) is None or parts[low](run) is None
-                            else parts[high](run) - parts[low](run))
 
-    checks = [("seq_pos", "hard", "mid", "SEQ-POS draws more samples for hard prompts than for mid-difficulty ones"),
-              ("seq_balance", "hard", "mid",
-               "SEQ-BALANCE draws more samples for hard prompts than for mid-difficulty ones"),
-              ("seq_balance", "easy", "mid", "SEQ-BALANCE also draws more samples for easy prompts (pass rate near 1)"
-               " than for mid-difficulty ones: it collects failures")]
-    for name, high, low, claim in checks:
-        if not _have(aggs, name):
-            out.append(Claim(paper, claim, NO_RUNS, f"`{name}` has no finished run"))
-            continue
-        iv = over_seeds(aggs, name, gap(high, low))
+def _ps_groups(aggs, r, name, base):
+    iv = paired(aggs, name, base, _summary_of("ps_trained_groups"))
+    ref = over_seeds(aggs, base, _summary_of("ps_trained_groups"))
+    return (verdict_greater(iv, 1.0), f"`ps_trained_groups` per step, difference {_iv(iv, 2)} (baseline "
+                                      f"{_iv(ref, 2, '')})", _n(iv))
+
+
+def _ada_matches(aggs, r, balance, n16):
+    iv = paired(aggs, balance, n16, final_value)
+    train = {n: aggs[n].train_s for n in (balance, r.name("grpo_n4"), n16) if n in aggs}
+    return (verdict_not_below(iv, TARGET_HALF),
+            f"final pass@1 `{balance}` - `{n16}`: {_iv(iv, target=TARGET_HALF)}; the update trains on 4 vs 16 samples "
+            "per prompt (measured training s/step: " + ", ".join(f"{n} {_f(v, 2)}" for n, v in train.items()) + ")",
+            _n(iv))
+
+
+def _allocation(high: str, low: str):
+    """Reinforce-Ada's samples per prompt: `high`-level prompts get more than `low`-level ones."""
+    parts = {level: _summary_of(f"ada_samples_per_prompt_{level}") for level in LEVELS}
+
+    def gap(run):
+        h, lo = parts[high](run), parts[low](run)
+        return None if h is None or lo is None else h - lo
+
+    def judge(aggs, r, name):
+        iv = over_seeds(aggs, name, gap)
+        if iv is None:
+            return "inconclusive (not logged)", "no per-difficulty metric (`ada_samples_per_prompt_<level>`)", 0
         per = {level: over_seeds(aggs, name, fn) for level, fn in parts.items()}
         spp = {part: over_seeds(aggs, name, _summary_of("ada_samples_per_prompt_mean", part))
                for part in ("early", "late")}
         context = ("samples per prompt, mean over steps: " + ", ".join(f"{lv} {_iv(v, 1, '')}" for lv, v in per.items())
                    + f"; all prompts {_iv(spp['early'], 1, '')} (first quarter) → {_iv(spp['late'], 1, '')} (last)")
-        if iv is None:
-            out.append(Claim(paper, claim, "inconclusive (not logged)",
-                             "no per-difficulty metric (`ada_samples_per_prompt_<level>`) in the runs"))
-        else:
-            out.append(Claim(paper, claim, verdict_greater(iv, 1.0), f"{high} - {low} samples per prompt "
-                                                                    f"{_iv(iv, 2)}; {context}"))
-    for name in ("seq_balance", "seq_pos"):
-        label = aggs[name].cfg.label if name in aggs else name
-        out.append(_better(aggs, paper, f"{label} beats GRPO-n4, the same update size (final pass@1)", name,
-                           "grpo_n4"))
-        out.append(_better(aggs, paper, f"DAPO dynamic sampling ends below {label} (final pass@1)", name, "dapo_n4"))
-    out.append(_better(aggs, paper, "EST beats GRPO-n8, the same inference budget (final pass@1)", "est", "grpo_n8"))
-    # issue #25: EST's own default pool is 2,048 prompts; its baseline is re-run on that pool, so the pool's own effect
-    # (grpo_n8_pool2048 - grpo_n8, printed below the claims) is not read as EST's
-    out.append(_better(aggs, paper, "EST beats GRPO-n8 on EST's own 2,048-prompt pool (final pass@1)", "est_pool2048",
-                       "grpo_n8_pool2048"))
+        return verdict_greater(iv, 1.0), f"{high} - {low} samples per prompt {_iv(iv, 2)}; {context}", iv.n
+    return judge
+
+
+def _calib_falls(aggs, r, name):
+    early, late = _summary_of("pros_calib_error", "early"), _summary_of("pros_calib_error", "late")
+    iv = over_seeds(aggs, name, lambda run: None if early(run) is None or late(run) is None else early(run) - late(run))
+    means = [over_seeds(aggs, name, fn) for fn in (early, late)]
+    text = f"`pros_calib_error` {_iv(means[0], sign='')} → {_iv(means[1], sign='')}, fall {_iv(iv)}"
+    excess = [over_seeds(aggs, name, _summary_of("pros_calib_excess", part)) for part in ("early", "late")]
+    if excess[0] is not None:  # the error above its sampling floor (see the mechanism tables)
+        text += f"; `pros_calib_excess` {_iv(excess[0])} → {_iv(excess[1])} ({excess[0].n} seeds log it)"
+    return (verdict_greater(iv, 0.0) if iv else "inconclusive (not logged)"), text, _n(iv)
+
+
+@dataclass(frozen=True)
+class ClaimSpec:
+    paper: str
+    claim: str
+    configs: tuple[str, ...]  # 256-pool names: each regime judges their twins
+    judge: Callable[..., tuple[str, str, int]]
+
+
+def _label(name: str) -> str:
+    return BY_NAME[name].label
+
+
+_RA, _PS, _ADA, _PROS = "RA-RLOO", "Prefix Sampling", "Reinforce-Ada", "PROS"
+# The paper (Reinforce-Ada, SEQ variants): "both strategies ensure that difficult prompts (low p_i) receive more
+# samples"; SEQ-BALANCE "further emphasizes collecting failure cases", i.e. prompts with pass rates near 0 or 1. So
+# hard is compared with mid for both variants, and SEQ-BALANCE's easy prompts are expected high too (they rarely give
+# the n/2 failures its exit needs): comparing hard with easy would test a claim the paper does not make.
+CLAIMS: tuple[ClaimSpec, ...] = (
+    ClaimSpec(_RA, "Splicing leaves no group without a success (`ra_no_success_frac_post` <= 0.05; the paper: ~57% → "
+              "~0%)", ("ra_rloo", "rloo"), _ra_no_success),
+    ClaimSpec(_RA, "Splicing stored successes leaves about no zero-variance groups (`ra_zero_var_frac_post` <= 0.05)",
+              ("ra_rloo", "rloo"), _ra_zero_var),
+    ClaimSpec(_RA, "RA-RLOO beats RLOO (final held-out pass@1)", ("ra_rloo", "rloo"), _beats()),
+    ClaimSpec(_RA, "RA-RLOO beats RLOO on the paper's metric (pass@4 of 8 samples at T 0.6, top-p 0.95, top-k 20; the "
+              "paper: +0.023, p ≈ 0.10 at 3 seeds)", ("ra_rloo", "rloo"), _beats("paper4", "`eval_paper_pass@4`")),
+    ClaimSpec(_RA, "Lower seed-to-seed spread of final pass@1 than RLOO", ("ra_rloo", "rloo"), _spread),
+    # `ps_adaptive` is the paper's controller (one EMA), `ps_adaptive_reset` our variant (the EMA restarted)
+    *(ClaimSpec(_PS, f"The adaptive controller ({which}) keeps the prefix-task pass rate near 0.5 (mean over steps in "
+                "[0.4, 0.6])", (name,), _ps_rate)
+      for name, which in (("ps_adaptive", "the paper's controller"), ("ps_adaptive_reset", "our EMA-reset variant"))),
+    *(spec for name in ("ps_fixed", "ps_adaptive", "ps_adaptive_reset") for spec in (
+        ClaimSpec(_PS, f"{_label(name)}: more valid (trained) tasks per batch than the baseline", (name, "ps_off"),
+                  _ps_groups),
+        ClaimSpec(_PS, f"{_label(name)}: fewer steps to the baseline's final pass@1", (name, "ps_off"),
+                  _fewer_to_reach("step")))),
+    ClaimSpec(_ADA, "SEQ-BALANCE at least matches GRPO-n16's final pass@1 while training on 4 samples per prompt "
+              "(GRPO-n4)", ("seq_balance", "grpo_n16"), _ada_matches),
+    ClaimSpec(_ADA, "SEQ-POS draws more samples for hard prompts than for mid-difficulty ones", ("seq_pos",),
+              _allocation("hard", "mid")),
+    ClaimSpec(_ADA, "SEQ-BALANCE draws more samples for hard prompts than for mid-difficulty ones", ("seq_balance",),
+              _allocation("hard", "mid")),
+    ClaimSpec(_ADA, "SEQ-BALANCE also draws more samples for easy prompts (pass rate near 1) than for mid-difficulty "
+              "ones: it collects failures", ("seq_balance",), _allocation("easy", "mid")),
+    *(spec for name in ("seq_balance", "seq_pos") for spec in (
+        ClaimSpec(_ADA, f"{_label(name)} beats GRPO-n4, the same update size (final pass@1)", (name, "grpo_n4"),
+                  _beats()),
+        ClaimSpec(_ADA, f"DAPO dynamic sampling ends below {_label(name)} (final pass@1)", (name, "dapo_n4"),
+                  _beats()))),
+    ClaimSpec(_ADA, "EST beats GRPO-n8, the same inference budget (final pass@1)", ("est", "grpo_n8"), _beats()),
+    ClaimSpec(_PROS, "PPO+PROS beats PPO (final pass@1)", ("ppo_pros", "ppo"), _beats()),
+    ClaimSpec(_PROS, "GRPO+PROS beats GRPO (final pass@1)", ("grpo_pros", "grpo_k4"), _beats()),
+    ClaimSpec(_PROS, "PPO+PROS takes about the time per step of `ppo`", ("ppo_pros", "ppo"), _time_equal),
+    ClaimSpec(_PROS, "GRPO+PROS takes about the time per step of `grpo_k4`", ("grpo_pros", "grpo_k4"), _time_equal),
+    ClaimSpec(_PROS, "Bayesian selection beats random selection (final pass@1)", ("ppo_pros", "ppo_pros_random"),
+              _beats()),
+    ClaimSpec(_PROS, "The pass-rate model's calibration error falls over training (PPO+PROS, first vs last quarter)",
+              ("ppo_pros",), _calib_falls),
+)
+
+
+def claim_rows(aggs: dict[str, Agg], regime: Regime = POOL256) -> list[Claim]:
+    """The papers' claims in one regime, in CLAIMS order, each with its verdict and the measured effect; under 2
+    (paired) seeds with the data the verdict is 'runs pending' and no figure is given."""
+    out = []
+    for spec in CLAIMS:
+        names = tuple(regime.name(n) for n in spec.configs)
+        if None in names:
+            missing = ", ".join(f"`{n}`" for n, twin in zip(spec.configs, names) if twin is None)
+            out.append(Claim(spec.paper, spec.claim, f"no {regime.label}-pool config",
+                             f"benchmarks/run.py has no {regime.label}-pool config for {missing}", regime.label))
+            continue
+        verdict, measured, seeds = spec.judge(aggs, regime, *names)
+        if seeds < 2:
+            verdict, measured = pending(seeds), "; ".join(_seeds_text(aggs, n) for n in names)
+        out.append(Claim(spec.paper, spec.claim, verdict, measured, regime.label, names, seeds))
     return out
 
 
-def _pros_claims(aggs) -> list[Claim]:
-    paper, out = "PROS", []
-    out.append(_better(aggs, paper, "PPO+PROS beats PPO (final pass@1)", "ppo_pros", "ppo"))
-    out.append(_better(aggs, paper, "GRPO+PROS beats GRPO (final pass@1)", "grpo_pros", "grpo_k4"))
-    out.append(_time_equal(aggs, paper, "ppo_pros", "ppo"))
-    out.append(_time_equal(aggs, paper, "grpo_pros", "grpo_k4"))
-    out.append(_better(aggs, paper, "Bayesian selection beats random selection (final pass@1)", "ppo_pros",
-                       "ppo_pros_random"))
-    claim = "The pass-rate model's calibration error falls over training (PPO+PROS, first vs last quarter)"
-    if not _have(aggs, "ppo_pros"):
-        out.append(Claim(paper, claim, NO_RUNS, "`ppo_pros` has no finished run"))
-    else:
-        early, late = _summary_of("pros_calib_error", "early"), _summary_of("pros_calib_error", "late")
-        iv = over_seeds(aggs, "ppo_pros", lambda run: None if early(run) is None or late(run) is None
-                        else early(run) - late(run))
-        means = [over_seeds(aggs, "ppo_pros", fn) for fn in (early, late)]
-        out.append(Claim(paper, claim, verdict_greater(iv, 0.0) if iv else "inconclusive (not logged)",
-                         f"`pros_calib_error` {_iv(means[0], sign='')} → {_iv(means[1], sign='')}, "
-                         f"fall {_iv(iv)}"))
-    return out
-
-
-def claim_rows(aggs: dict[str, Agg]) -> list[Claim]:
-    """The issue's claims, per paper, each with its verdict and the measured effect."""
-    return _ra_rloo_claims(aggs) + _ps_claims(aggs) + _ada_claims(aggs) + _pros_claims(aggs)
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
 
 
 def claims(aggs: dict[str, Agg]) -> str:
+    """One table per paper: each claim's row in each regime, with the compared configs' train - held-out gaps."""
+    per_regime = [claim_rows(aggs, r) for r in REGIMES]
+    head = ("| claim | pool | verdict | measured | train − held-out gap: first config (seeds) | second config |\n"
+            "|---|---|---|---|---|---|")
     out, paper = [], None
-    for c in claim_rows(aggs):
-        if c.paper != paper:
-            paper = c.paper
-            out.append(f"\n**{paper}**\n")
-        out.append(f"- {c.claim}: **{c.verdict}**. {c.measured}.")
-    if _have(aggs, "est"):  # EST (Reinforce-Ada's estimator variant): no claim in the issue, its mechanism only
-        g = lambda k, part: _f(_m(aggs, "est", k, part))  # noqa: E731
-        out.append(f"\n*Not a claim*: EST's `est_calibration_error` {g('est_calibration_error', 'early')} → "
-                   f"{g('est_calibration_error', 'late')} (first → last quarter); allocation per prompt min/max "
-                   f"{g('est_alloc_min', 'mean')} / {g('est_alloc_max', 'mean')}.")
-    if _have(aggs, "est", "est_pool2048"):  # issue #25: does the sweep's 256-prompt pool hold EST back?
-        iv = paired(aggs, "est_pool2048", "est", final_value)
-        line = (f"\n*Not a claim*: the pool's own effect, final held-out pass@1 on 2,048 prompts minus on the sweep's "
-                f"256: EST {_iv(iv)} ({iv.n if iv else 0} paired seeds)")
-        if _have(aggs, "grpo_n8", "grpo_n8_pool2048"):
-            iv = paired(aggs, "grpo_n8_pool2048", "grpo_n8", final_value)
-            line += f"; GRPO-n8 {_iv(iv)} ({iv.n if iv else 0} paired seeds)"
-        out.append(line + ".")
+    for rows in zip(*per_regime):
+        if rows[0].paper != paper:
+            paper = rows[0].paper
+            out += [f"\n**{paper}**\n", head]
+        for j, c in enumerate(rows):
+            gaps = [gap_cell(aggs, n) for n in c.configs[:2]] + ["-"] * (2 - len(c.configs[:2]))
+            out.append(f"| {_cell(c.claim) if j == 0 else '″'} | {c.regime} | **{c.verdict}** | {_cell(c.measured)} | "
+                       f"{gaps[0]} | {gaps[1]} |")
+    for r in REGIMES:  # EST (Reinforce-Ada's estimator variant): no claim of its own here, its mechanism only
+        est = r.name("est")
+        if est and _have(aggs, est):
+            g = lambda k, part: _f(_m(aggs, est, k, part))  # noqa: E731
+            out.append(f"\n*Not a claim*: EST on the {r.label} pool, `est_calibration_error` "
+                       f"{g('est_calibration_error', 'early')} → {g('est_calibration_error', 'late')} (first → last "
+                       f"quarter); allocation per prompt min/max {g('est_alloc_min', 'mean')} / "
+                       f"{g('est_alloc_max', 'mean')}.")
     return "\n".join(out).lstrip("\n") + "\n"
 
 
@@ -870,6 +1062,8 @@ STYLE = {  # colour by family; baselines dashed
 
 
 def _style(name: str, i: int) -> tuple[str, str]:
+    if name not in STYLE and base_name(name) in STYLE:  # a 2,048-pool twin: its config's colour, dotted
+        return STYLE[base_name(name)][0], ":"
     return STYLE.get(name, (f"C{i % 10}", "-"))
 
 
@@ -1016,6 +1210,79 @@ def make_plots(order: list[str], aggs: dict[str, Agg], out_dir: Path) -> list[st
     return written
 
 
+# the per-method docs pages' learning curves: docs/figures/<script>.png, the method's configs and what its claims
+# compare them with (256-pool names; each regime's panel draws their twins)
+DOC_FIGURES = {
+    "ra_rloo": ("ra_rloo", "rloo"),
+    "ps_grpo": ("ps_adaptive", "ps_fixed", "ps_adaptive_reset", "ps_off"),
+    "pros_ppo": ("ppo_pros", "ppo_pros_random", "ppo_pros_visit", "ppo", "grpo_pros", "grpo_k4"),
+    "ada_seq": ("seq_pos", "seq_balance", "grpo_n4", "grpo_n16", "dapo_n4"),
+    "ada_est": ("est", "grpo_n8"),
+}
+
+
+def train_curve(runs: list[RunData]) -> tuple[list[int], list[float], int]:
+    """Seed-mean eval_train_pass@1 over the runs that log it, at the evaluation steps they all have: (steps, means,
+    runs)."""
+    per = [{p["step"]: p["train1"] for p in eval_curve(r.rows) if p["train1"] is not None} for r in runs]
+    per = [c for c in per if c]
+    if not per:
+        return [], [], 0
+    steps = sorted(set.intersection(*(set(c) for c in per)))
+    return steps, [statistics.fmean(c[s] for c in per) for s in steps], len(per)
+
+
+def make_doc_figures(aggs: dict[str, Agg], figures_dir: Path) -> list[Path]:
+    """docs/figures/<script>.png: held-out pass@1 vs step (seed mean, band ± std) of the script's configs against
+    their baselines, one panel per regime; pass@1 on training-pool prompts dashed where the runs log it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for script, configs in DOC_FIGURES.items():
+        fig, axes = plt.subplots(1, len(REGIMES), figsize=(13, 4.8), sharey=True)
+        for ax, r in zip(axes, REGIMES):
+            drawn = 0
+            for i, base in enumerate(configs):
+                name = r.name(base)
+                a = aggs.get(name) if name else None
+                if a is None or not a.curve:
+                    continue
+                color, label = f"C{i % 10}", f"{BY_NAME[name].label.replace(' (2048-prompt pool)', '')}"
+                xs, ys = [p["step"] for p in a.curve], [p["pass1"] for p in a.curve]
+                ax.plot(xs, ys, "-", color=color, marker="o", ms=3, lw=1.6,
+                        label=f"{label}: held-out ({len(a.finished)})")
+                if len(a.finished) > 1:
+                    sd = [p["pass1_std"] for p in a.curve]
+                    ax.fill_between(xs, [y - d for y, d in zip(ys, sd)], [y + d for y, d in zip(ys, sd)],
+                                    color=color, alpha=0.12, lw=0)
+                steps, train, n = train_curve(a.finished)
+                if steps:
+                    ax.plot(steps, train, "--", color=color, lw=1.2, label=f"{label}: training prompts ({n})")
+                drawn += 1
+            ax.set_title(f"{r.label}-prompt pool")
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+            if drawn:
+                ax.legend(fontsize=7)
+            else:
+                missing = all(r.name(b) is None for b in configs)
+                ax.text(0.5, 0.5, f"no {r.label}-pool config" if missing else "runs pending", ha="center",
+                        va="center", transform=ax.transAxes)
+        axes[0].set_ylabel("pass@1 (mean over seeds, band ± std)")
+        fig.suptitle(f"{script}.py: held-out pass@1 (solid) and pass@1 on training-pool prompts (dashed); "
+                     "legend: seeds")
+        fig.tight_layout()
+        path = figures_dir / f"{script}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
 # ----------------------------------------------------------------------------------------------------
 # The page
 # ----------------------------------------------------------------------------------------------------
@@ -1042,16 +1309,18 @@ def _seeds_seen(runs_dir: Path) -> list[int]:
     return sorted({int(d.name[4:]) for d in runs_dir.glob("*/seed*") if d.is_dir() and d.name[4:].isdigit()})
 
 
-def write_report(runs_dir: Path, out_dir: Path, plots: bool = True) -> Path:
+def write_report(runs_dir: Path, out_dir: Path, plots: bool = True, figures_dir: Optional[Path] = None) -> Path:
+    """The page `out_dir`/README.md and its PNGs; with `figures_dir`, the docs pages' learning curves there too."""
     out_dir.mkdir(parents=True, exist_ok=True)
     runs = load_runs(runs_dir)
     order, aggs = build_aggs(runs)
     sweep_path = runs_dir / "sweep.json"
     sweep = json.loads(sweep_path.read_text()) if sweep_path.exists() else {}
-    pngs, plot_note = [], ""
+    pngs, doc_pngs, plot_note = [], [], ""
     if plots and any(a.curve for a in aggs.values()):
         try:
             pngs = make_plots(order, aggs, out_dir)
+            doc_pngs = make_doc_figures(aggs, figures_dir) if figures_dir is not None else []
         except ImportError:
             plot_note = "Plots skipped: matplotlib is not installed (`pip install -r benchmarks/requirements.txt`).\n"
     elif plots:
@@ -1085,7 +1354,7 @@ def write_report(runs_dir: Path, out_dir: Path, plots: bool = True) -> Path:
     md.append(results_table(order, aggs) if order else "No runs found.\n")
     md.append("## Against the baseline, paired by seed\n")
     md.append(f"Each difference is taken per seed (config minus its baseline, same seed) and summarised by its mean "
-              f"and 95% t-interval over the seeds both finished; ⚠ marks a half-width above the issue's target "
+              f"and 95% t-interval over the seeds both finished; ⚠ marks a half-width above the precision target "
               f"{TARGET_HALF}. Hard / easy: held-out pass@1 on the problems of that difficulty level (when the runs "
               f"log it). Equal generated tokens: per seed, both runs' pass@1 read off their eval curves at the same "
               f"token spend (the smaller of the two runs' totals, interpolated between evaluations; > 0: the config "
@@ -1107,6 +1376,16 @@ def write_report(runs_dir: Path, out_dir: Path, plots: bool = True) -> Path:
     md.append("## The papers' claims: verdicts\n")
     md.append(VERDICT_RULES)
     md.append(claims(aggs))
+    md.append("## The two data regimes, per config\n")
+    md.append("Each config on the sweep's 256-prompt pool and on the 2,048-prompt pool (32 prompts a step return to a "
+              "prompt about every 8 steps on the first, every 64 on the second). Final pass@1 is held-out (mean ± std "
+              "over seeds); the train − held-out gap is pass@1 on a fixed sample of training-pool prompts minus "
+              "held-out pass@1 at the final evaluation, seed mean over the seeds that log it (in brackets; '-': runs "
+              "made before `eval_train_pass@1` was logged). The last column is the pool's own effect, paired by "
+              "seed.\n")
+    md.append(regime_table(order, aggs))
+    md.append("### Mechanism metrics, both pools\n")
+    md.append(mechanism_tables(order, aggs))
     md.append("## Plots\n")
     md.append(plot_note)
     captions = {"pass1_vs_tokens.png": "Eval pass@1 vs generated tokens",
@@ -1116,6 +1395,11 @@ def write_report(runs_dir: Path, out_dir: Path, plots: bool = True) -> Path:
                 "pass1_by_difficulty.png": "Held-out pass@1 on hard and easy problems vs step"}
     for p in pngs:
         md.append(f"![{captions.get(p, p)}]({p})\n")
+    if doc_pngs:
+        md.append("Per method, both pools (the docs pages' figures; held-out pass@1 solid, training-pool prompts "
+                  "dashed):\n")
+        for p in doc_pngs:
+            md.append(f"![{p.stem}.py: learning curves, both pools]({Path(os.path.relpath(p, out_dir)).as_posix()})\n")
     floor = out_dir / "floor.md"
     md.append("## Throughput against the floor\n")
     md.append(floor.read_text() + "\n" if floor.exists() else
@@ -1141,9 +1425,13 @@ def main(args: Args) -> None:
     out_dir = Path(args.out_dir) if args.out_dir else ROOT / "benchmarks" / "results"
     if not runs_dir.exists():
         raise SystemExit(f"--runs_dir {runs_dir}: does not exist (run benchmarks/run.py first)")
-    path = write_report(runs_dir, out_dir, args.plots)
+    default_out = ROOT / "benchmarks" / "results"
+    figures_dir = (Path(args.figures_dir) if args.figures_dir else
+                   ROOT / "docs" / "figures" if out_dir.resolve() == default_out else out_dir / "figures")
+    path = write_report(runs_dir, out_dir, args.plots, figures_dir)
     print(f"wrote {path}")
-    for p in sorted(out_dir.glob("*.png")):
+    docs = [figures_dir / f"{script}.png" for script in DOC_FIGURES]
+    for p in sorted(out_dir.glob("*.png")) + [p for p in docs if p.exists()]:
         print(f"wrote {p}")
 
 

@@ -40,12 +40,19 @@ def test_every_config_flag_exists_in_its_script():
     assert not problems, problems
     names = [c.name for c in run.CONFIGS]
     assert len(names) == len(set(names))
-    # the issue's 12 (GRPO-n4/n8, RLOO, RA-RLOO, PS off/fixed/adaptive, SEQ-POS/BALANCE, EST, PPO, PPO+PROS)
+    # the 12 the benchmark was built for (GRPO-n4/n8, RLOO, RA-RLOO, PS off/fixed/adaptive, SEQ-POS/BALANCE, EST,
+    # PPO, PPO+PROS)
     # plus PROS's random-selection ablation, GRPO / GRPO+PROS, Dr. GRPO-n4 (GRPO-n4 without the std), DAPO's
     # dynamic sampling on GRPO-n4 (Reinforce-Ada's Table 2 baseline) and GRPO-n16 (its SEQ-BALANCE claim)
-    assert {"grpo_n4", "dr_grpo_n4", "grpo_n8", "grpo_n16", "dapo_n4", "rloo", "ra_rloo", "ps_off", "ps_fixed",
-            "ps_adaptive", "seq_pos", "seq_balance", "est", "ppo", "ppo_pros", "ppo_pros_random", "grpo_k4",
-            "grpo_pros", "ps_adaptive_reset", "est_pool2048", "grpo_n8_pool2048"} == set(names)
+    pool256 = {"grpo_n4", "dr_grpo_n4", "grpo_n8", "grpo_n16", "dapo_n4", "rloo", "ra_rloo", "ps_off", "ps_fixed",
+               "ps_adaptive", "seq_pos", "seq_balance", "est", "ppo", "ppo_pros", "ppo_pros_random", "grpo_k4",
+               "grpo_pros", "ps_adaptive_reset", "est_pool2048", "grpo_n8_pool2048"}
+    # the second data regime: a config's twin on the 2,048-prompt pool, paired with its baseline's twin
+    assert pool256 | {f"{n}_pool2048" for n in run.SECOND_REGIME} | {"ppo_pros_visit_pool2048"} == set(names)
+    for name in run.SECOND_REGIME:
+        c, twin = run.BY_NAME[name], run.BY_NAME[f"{name}_pool2048"]
+        assert twin.flags == (*c.flags, "--prompt_pool", "2048") and twin.script == c.script
+        assert twin.baseline == (c.baseline and f"{c.baseline}_pool2048")
     for c in run.CONFIGS:
         assert c.baseline is None or c.baseline in run.BY_NAME
     # the GRPO-n baselines say which advantage they use, so a changed script default cannot relabel them
@@ -54,8 +61,9 @@ def test_every_config_flag_exists_in_its_script():
     assert n16[n16.index("--round_repeat") + 1] == n16[n16.index("--final_keep_per_prompt") + 1] == "16"
     # Prefix Sampling runs in the environment (its paper's agentic setting), baseline included
     ps = [c for c in run.CONFIGS if c.script == "ps_grpo.py"]
-    assert len(ps) == 4 and all(c.flags[c.flags.index("--mode") + 1] == "multiturn" for c in ps)
-    # issue 25: the paper's controller (one EMA) is `ps_adaptive`, ours (EMA reset) a named variant; Reinforce-Ada
+    assert len([c for c in ps if not c.name.endswith("_pool2048")]) == 4
+    assert all(c.flags[c.flags.index("--mode") + 1] == "multiturn" for c in ps)
+    # the paper's controller (one EMA) is `ps_adaptive`, ours (EMA reset) a named variant; Reinforce-Ada
     # runs its own default advantage (r - mean(pool), recorded in args.json), not an explicit std flag
     flag = lambda name, key: run.BY_NAME[name].flags[run.BY_NAME[name].flags.index(key) + 1]  # noqa: E731
     assert flag("ps_adaptive", "--ema_reset") == "false" and flag("ps_adaptive_reset", "--ema_reset") == "true"
@@ -339,9 +347,13 @@ def test_runner_dry_run_and_failure(tmp_path, monkeypatch, capsys):
 
 
 def _fake_run(runs: Path, cfg: str, seed: int, evals: dict[int, float], tok_per_step: int, max_steps: int = 4,
-              extra: dict | None = None, finished: bool = True, levels: bool = False, step_s: float = 1.0):
+              extra: dict | None = None, finished: bool = True, levels: bool = False, step_s: float = 1.0,
+              train_gap: float | None = None):
     def at(v):  # held-out pass@1 by difficulty (the newer runs log it): hard v/2, easy (1+v)/2
-        return {"eval_pass@1_hard": v / 2, "eval_pass@1_easy": (1 + v) / 2} if levels else {}
+        out = {"eval_pass@1_hard": v / 2, "eval_pass@1_easy": (1 + v) / 2} if levels else {}
+        if train_gap is not None:  # the same evaluation on training-pool prompts (the newer runs log it)
+            out["eval_train_pass@1"] = v + train_gap
+        return out
 
     rows = [{"step": 0, "eval_pass@1": evals[0], "eval_pass@2": 0.4, "eval_pass@8": 0.5, **at(evals[0])}]
     for s in range(1, max_steps + 1):
@@ -462,7 +474,7 @@ def test_claim_verdicts_on_constructed_runs(tmp_path):
     rows = {c.claim: c for c in report.claim_rows(aggs)}
     assert rows["PPO+PROS beats PPO (final pass@1)"].verdict == "reproduced"
     assert "+0.052 [" in rows["PPO+PROS beats PPO (final pass@1)"].measured
-    assert rows["GRPO+PROS beats GRPO (final pass@1)"].verdict == "inconclusive (no runs)"
+    assert rows["GRPO+PROS beats GRPO (final pass@1)"].verdict == "runs pending (0 seeds)"
     assert rows["Bayesian selection beats random selection (final pass@1)"].verdict == "reproduced"
     calib = [c for c in rows.values() if c.claim.startswith("The pass-rate model's calibration")][0]
     assert calib.verdict == "reproduced"  # 0.3 lower in the last quarter than in the first, every seed
@@ -470,7 +482,7 @@ def test_claim_verdicts_on_constructed_runs(tmp_path):
     assert times.verdict == "reproduced" and "1.02" in times.measured  # 1.02 s vs 1.00 s per step
     # every paper has its lines; configs without runs say so
     assert {c.paper for c in rows.values()} == {"RA-RLOO", "Prefix Sampling", "Reinforce-Ada", "PROS"}
-    assert rows["Lower seed-to-seed spread of final pass@1 than RLOO"].verdict == "inconclusive (no runs)"
+    assert rows["Lower seed-to-seed spread of final pass@1 than RLOO"].verdict == "runs pending (0 seeds)"
     # no gain: the interval excludes +0.03 -> not reproduced; 1 seed -> inconclusive
     _pros_runs(tmp_path / "flat", gain=0.0)
     _, aggs = report.build_aggs(report.load_runs(tmp_path / "flat"))
@@ -478,7 +490,7 @@ def test_claim_verdicts_on_constructed_runs(tmp_path):
     _pros_runs(tmp_path / "one", gain=0.05, seeds=(0,))
     _, aggs = report.build_aggs(report.load_runs(tmp_path / "one"))
     assert [c.verdict for c in report.claim_rows(aggs) if c.claim.startswith("PPO+PROS beats")] == [
-        "inconclusive (1 seed)"]
+        "runs pending (1 seed)"]
 
 
 def test_ra_rloo_claim_on_groups_without_a_success(tmp_path):
@@ -586,6 +598,11 @@ def test_report_page_without_plots(tmp_path):
     page = report.write_report(runs, tmp_path / "out", plots=False).read_text()
     assert "| RA-RLOO (`ra_rloo`)" in page and "Hand-written note." in page
     assert "`ra_rloo` seed 2: at step 3/4" in page and not list((tmp_path / "out").glob("*.png"))
+    # the claims with a row per pool, the per-config table of both pools, the mechanism tables with the floor note
+    assert "| RA-RLOO beats RLOO (final held-out pass@1) | 256 | **reproduced** |" in page
+    assert "| ″ | 2,048 | **runs pending (0 seeds)** | `ra_rloo_pool2048` 0 finished seeds;" in page
+    assert "| RA-RLOO (`ra_rloo`) | 2 | 0.380 ± 0.028 | - | runs pending (0 seeds) |" in page
+    assert "`pros_calib_excess` subtracts that floor" in page
 
 
 def test_report_writes_the_plots(tmp_path):
@@ -598,6 +615,140 @@ def test_report_writes_the_plots(tmp_path):
         png = tmp_path / "out" / name
         assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
         assert f"]({name})" in page
+
+
+# ----------------------------------------------------------------------------------------------------
+# report: the two data regimes (256 / 2,048-prompt pool), the train - held-out gap, the docs' figures
+# ----------------------------------------------------------------------------------------------------
+
+
+def _two_regime_runs(runs: Path, seeds256=(0, 1, 2), seeds2048=(0, 1, 2), base2048=None, extra=None):
+    # 256 pool: PPO+PROS about equal to PPO (+0.001 on average), training prompts 0.10 / 0.12-0.14 above held-out;
+    # 2,048 pool: PPO+PROS 0.052 above PPO on average, gaps 0.02 / 0.03. Step 2 evaluates too, with another
+    # training-prompt score, so that only the final evaluation gives the gap.
+    mid = {2: {"eval_train_pass@1": 0.9}}
+    for seed in seeds256:
+        base = 0.30 + 0.01 * seed
+        _fake_run(runs, "ppo", seed, {0: 0.2, 2: 0.25, 4: base}, 50, train_gap=0.10, extra=mid)
+        _fake_run(runs, "ppo_pros", seed, {0: 0.2, 2: 0.25, 4: base + 0.001 * seed}, 50, train_gap=0.12 + 0.01 * seed,
+                  extra={**mid, **(extra or {}).get("ppo_pros", {})})
+    for seed in seeds2048:
+        _fake_run(runs, "ppo_pros_pool2048", seed, {0: 0.2, 4: 0.38 + 0.012 * seed}, 50, train_gap=0.03,
+                  extra=(extra or {}).get("ppo_pros_pool2048"))
+    for seed in seeds2048 if base2048 is None else base2048:
+        _fake_run(runs, "ppo_pool2048", seed, {0: 0.2, 4: 0.33 + 0.01 * seed}, 50, train_gap=0.02)
+
+
+def _claim(rows, regime: str, text: str):
+    (row,) = [c for c in rows if c.regime == regime and c.claim == text]
+    return row
+
+
+def test_each_claim_has_a_row_per_regime_on_the_twin_configs(tmp_path):
+    _two_regime_runs(tmp_path / "runs")
+    _, aggs = report.build_aggs(report.load_runs(tmp_path / "runs"))
+    small, large = (report.claim_rows(aggs, r) for r in report.REGIMES)
+    assert [c.claim for c in small] == [c.claim for c in large] == [s.claim for s in report.CLAIMS]
+    beats = "PPO+PROS beats PPO (final pass@1)"
+    row256, row2048 = _claim(small, "256", beats), _claim(large, "2,048", beats)
+    assert row256.configs == ("ppo_pros", "ppo") and row2048.configs == ("ppo_pros_pool2048", "ppo_pool2048")
+    assert row256.verdict == "not reproduced" and "`ppo_pros` - `ppo`: +0.001 [" in row256.measured
+    assert row2048.verdict == "reproduced" and "`ppo_pros_pool2048` - `ppo_pool2048`: +0.052 [" in row2048.measured
+    # EST's claim reads the harness's own EST / GRPO-n8 twins on the 2,048 pool
+    assert _claim(large, "2,048", "EST beats GRPO-n8, the same inference budget (final pass@1)").verdict.startswith(
+        "runs pending")
+    assert "est_pool2048" in report.POOL2048.name("est") and report.POOL256.name("ppo_pros_visit") is None
+    # a config without a 2,048-pool twin: the row says so
+    fixed = _claim(large, "2,048", "PS (fixed), multi-turn: more valid (trained) tasks per batch than the baseline")
+    assert fixed.verdict == "no 2,048-pool config" and "`ps_fixed`" in fixed.measured
+    # on the page: the 256 row, then the 2,048 row of the same claim
+    page = report.claims(aggs).splitlines()
+    i = next(k for k, line in enumerate(page) if line.startswith(f"| {beats} | 256 | **not reproduced** |"))
+    assert page[i + 1].startswith("| ″ | 2,048 | **reproduced** | final pass@1 `ppo_pros_pool2048` - `ppo_pool2048`")
+
+
+def test_runs_pending_under_two_paired_seeds(tmp_path):
+    # 2,048 pool: PPO+PROS on seeds 0-1, PPO on seeds 1-2: one paired seed, so no figure yet
+    _two_regime_runs(tmp_path / "runs", seeds2048=(0, 1), base2048=(1, 2))
+    _, aggs = report.build_aggs(report.load_runs(tmp_path / "runs"))
+    beats = "PPO+PROS beats PPO (final pass@1)"
+    row = _claim(report.claim_rows(aggs, report.POOL2048), "2,048", beats)
+    assert row.verdict == "runs pending (1 seed)" and row.seeds == 1
+    assert row.measured == "`ppo_pros_pool2048` 2 finished seeds; `ppo_pool2048` 2 finished seeds"
+    assert _claim(report.claim_rows(aggs), "256", beats).verdict == "not reproduced"  # 3 paired seeds there
+    page = report.claims(aggs).splitlines()
+    i = next(k for k, line in enumerate(page) if line.startswith(f"| {beats} | 256 |"))
+    assert page[i + 1].startswith("| ″ | 2,048 | **runs pending (1 seed)** | `ppo_pros_pool2048` 2 finished seeds;")
+    # no 2,048-pool runs at all: 0 seeds, also in the per-config table
+    _two_regime_runs(tmp_path / "none", seeds2048=())
+    order, aggs = report.build_aggs(report.load_runs(tmp_path / "none"))
+    assert _claim(report.claim_rows(aggs, report.POOL2048), "2,048", beats).verdict == "runs pending (0 seeds)"
+    (ppo,) = [ln for ln in report.regime_table(order, aggs).splitlines() if ln.startswith("| PPO (`ppo`)")]
+    assert ppo.count("runs pending (0 seeds)") == 2  # the 2,048 pool's seeds and the pool's paired effect
+
+
+def test_train_minus_heldout_gap_at_the_final_evaluation(tmp_path):
+    runs = tmp_path / "runs"
+    _two_regime_runs(runs)
+    _fake_run(runs, "ppo_pros_random", 0, {0: 0.2, 4: 0.3}, 50)  # a run made before eval_train_pass@1 was logged
+    order, aggs = report.build_aggs(report.load_runs(runs))
+    assert report.final_gaps(aggs["ppo_pros"]) == pytest.approx([0.12, 0.13, 0.14])  # step 2's 0.9 left out
+    assert report.gap_cell(aggs, "ppo_pros") == "`ppo_pros` +0.130 (3)"
+    assert report.gap_cell(aggs, "ppo_pros_random") == "`ppo_pros_random` -"
+    steps, train, n = report.train_curve(aggs["ppo"].finished)
+    assert steps == [0, 2, 4] and n == 3 and train[1] == pytest.approx(0.9) and train[2] == pytest.approx(0.41)
+    page = report.claims(aggs).splitlines()
+    beats = [ln for ln in page if ln.startswith("| PPO+PROS beats PPO")][0]
+    assert beats.endswith("| `ppo_pros` +0.130 (3) | `ppo` +0.100 (3) |")
+    assert page[page.index(beats) + 1].endswith("| `ppo_pros_pool2048` +0.030 (3) | `ppo_pool2048` +0.020 (3) |")
+    random = [ln for ln in page if ln.startswith("| Bayesian selection beats random")][0]
+    assert random.endswith("| `ppo_pros` +0.130 (3) | `ppo_pros_random` - |")
+    # the per-config table: both pools' gaps, and the pool's own effect paired by seed (+0.08 + 0.001 x seed)
+    (row,) = [ln for ln in report.regime_table(order, aggs).splitlines() if ln.startswith("| PPO+PROS (`ppo_pros`)")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:4] == ["3", "0.311 ± 0.011", "+0.130 (3)"] and cells[4:7] == ["3", "0.392 ± 0.012", "+0.030 (3)"]
+    assert cells[7].startswith("+0.081 [") and cells[7].endswith("(3)")
+
+
+def test_mechanism_tables_and_the_calibration_floor(tmp_path):
+    # E|p - Bin(4, p)/4|: 0.1875 at p 0.5, 0.20736 at p 0.4, 0 where the outcome is certain
+    assert report.binomial_abs_floor(0.5) == pytest.approx(0.1875)
+    assert report.binomial_abs_floor(0.4) == pytest.approx(0.20736)
+    assert report.binomial_abs_floor(0.0) == report.binomial_abs_floor(1.0) == 0
+    pros = {s: {"pros_calib_error": 0.3, "pros_calib_excess": 0.05 - 0.01 * (s > 2)} for s in range(1, 5)}
+    pooled = {s: {"pros_calib_error": 0.2, "pros_calib_excess": 0.01, "pros_pick_root_frac": 0.25} for s in range(1, 5)}
+    _two_regime_runs(tmp_path / "runs", extra={"ppo_pros": pros, "ppo_pros_pool2048": pooled})
+    order, aggs = report.build_aggs(report.load_runs(tmp_path / "runs"))
+    text = report.mechanism_tables(order, aggs)
+    lines = text.splitlines()
+    (small,) = [ln for ln in lines if ln.startswith("| `ppo_pros` | 256 |")]
+    assert small.startswith("| `ppo_pros` | 256 | 3/3 | 0.3 (0.3 → 0.3) | 0.045 (0.05 → 0.04) | - |")
+    (large,) = [ln for ln in lines if ln.startswith("| `ppo_pros_pool2048` | 2,048 |")]
+    assert large.startswith("| `ppo_pros_pool2048` | 2,048 | 3/3 | 0.2 (0.2 → 0.2) | 0.01 (0.01 → 0.01) |")
+    assert large.endswith("| 0.25 (0.25 → 0.25) |")
+    assert not [ln for ln in lines if ln.startswith("| `ppo`")]  # PROS off logs none of them
+    assert "0.19-0.21 for p in 0.4-0.5" in text and "`pros_calib_excess` subtracts that floor" in text
+    # the calibration claim reports the excess beside the error
+    calib = [c for c in report.claim_rows(aggs) if c.claim.startswith("The pass-rate model's calibration")][0]
+    assert "`pros_calib_excess` +0.050 [" in calib.measured and "(3 seeds log it)" in calib.measured
+
+
+def test_report_writes_the_docs_figures(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is an optional benchmark dependency "
+                                             "(benchmarks/requirements.txt); the plots are not tested without it")
+    runs = tmp_path / "runs"
+    _two_regime_runs(runs)
+    figures = tmp_path / "docs" / "figures"
+    page = report.write_report(runs, tmp_path / "out", plots=True, figures_dir=figures).read_text()
+    assert set(report.DOC_FIGURES) == {"ra_rloo", "ps_grpo", "pros_ppo", "ada_seq", "ada_est"}
+    for script in report.DOC_FIGURES:
+        png = figures / f"{script}.png"
+        assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+        assert f"](../docs/figures/{script}.png)" in page
+    # a report on other runs into another --out_dir leaves the docs' figures alone: they go under that out_dir
+    report.main(report.Args(runs_dir=str(runs), out_dir=str(tmp_path / "other")))
+    assert sorted(p.name for p in (tmp_path / "other" / "figures").glob("*.png")) == sorted(
+        f"{s}.png" for s in report.DOC_FIGURES)
 
 
 def test_modules_do_not_import_matplotlib_or_torch_at_import_time():
