@@ -1,7 +1,7 @@
 """Reinforce-Ada-Est: per-prompt pass-rate estimates decide how many responses each prompt gets. One file.
 
-Paper: "Reinforce-Ada: An Adaptive Sampling Framework for Reinforce-Style LLM Training"
-(../shared/papers/002_e5c7c1102339dcac.txt), Section 3.1 and Algorithm 1.
+Paper: Xiong, Ye, Liao, Dong, Xu, Monz, Bian, Jiang, Zhang, "Reinforce-Ada: An Adaptive Sampling Framework under
+Non-linear RL Objectives" (preprint; code: RLHFlow/Reinforce-Ada), Sec. 3.1 and Alg. 1. Docs: docs/ada_est.md.
 
 Optimising the log-objective E_x[log p(x)] weights each prompt's gradient by 1/p(x) (Sec. 2.2). The hybrid
 realisation puts 1/sqrt(p) into the sampling budget and the other 1/sqrt(p) into the advantage:
@@ -61,6 +61,7 @@ from common.masking import pad_sequences, right_align
 from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate, evaluate_train_prompts,
                             train_prompt_sample, trained_advantage_metrics)
 from common.policy import DTYPES, autocast, load_policy
+from common.summary import run_summary
 
 
 @dataclass
@@ -479,6 +480,7 @@ def main(args: Args) -> None:
     progress.close()
     logger.close()
     stop.close()
+    log(run_summary(args.output_dir, ["est_calibration_error", "est_alloc_max", "ada_adv_mean_trained"]))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Reinforce-Ada-Seq: adaptive multi-round sampling, downsampled to a static GRPO batch. One file.
 
-Paper: "Reinforce-Ada: An Adaptive Sampling Framework for Reinforce-Style LLM Training"
-(../shared/papers/002_e5c7c1102339dcac.txt), Section 3.2 and Algorithm 2.
+Paper: Xiong, Ye, Liao, Dong, Xu, Monz, Bian, Jiang, Zhang, "Reinforce-Ada: An Adaptive Sampling Framework under
+Non-linear RL Objectives" (preprint; code: RLHFlow/Reinforce-Ada), Sec. 3.2 and Alg. 2. Docs: docs/ada_seq.md.
 
 GRPO with a small group (n = 4) often sees a prompt's rollouts all fail (or all pass): every advantage is
 0 and the prompt teaches nothing. Reinforce-Ada-Seq keeps sampling the prompts that lack signal:
@@ -18,7 +18,7 @@ so the backward cost is that of GRPO-n; only inference grows. Lines marked [ADA]
 
 The baseline, GRPO-n, is this file with one round of n (`--max_rounds 1 --round_repeat n`): the pool is the
 group, and the advantage is the paper's eq. (2), (r - mean) / std over the group. `--adv_std_norm false` turns
-either into its Dr. GRPO variant, A = r - mean (named "Dr. GRPO-n" in the README and benchmark tables).
+either into its Dr. GRPO variant, A = r - mean (named "Dr. GRPO-n" in the docs and benchmark tables).
 
 The paper's other baseline (Sec. 3.3, Table 2), DAPO's dynamic sampling (Yu et al., 2025), is GRPO-n plus
 `--dynamic_sampling` (lines marked [DAPO]): groups whose n rewards are all equal are dropped, and groups for new
@@ -39,7 +39,7 @@ Where this file follows the authors' public code rather than the paper's text (b
 - Loss aggregation: the authors' script uses verl's `token-mean` (the surrogate averaged over the batch's
   generated tokens); this file divides the token sum by the constant kept responses x max_new_tokens (no length
   bias), so its step is that of token-mean x (mean completion length / max_new_tokens): about 0.37x on the
-  embedded task (README, "Paper fidelity").
+  embedded task (docs/ada_seq.md).
 - Exit quotas: `positive` exits after K_pos = 1 positive (the public code); the text's example is K_pos = 16 at
   N_max = 128 (`--k_pos 16`). `balanced` needs n//2 positives and n - n//2 negatives in both.
 - Entropy bonus: the paper's set-up (Sec. 4) uses coefficient 1e-4, the default here; the public run script sets
@@ -114,6 +114,7 @@ from common.masking import pad_sequences, right_align
 from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate, evaluate_train_prompts,
                             train_prompt_sample, trained_advantage_metrics)
 from common.policy import DTYPES, autocast, load_policy
+from common.summary import run_summary
 
 
 @dataclass
@@ -610,6 +611,7 @@ def main(args: Args) -> None:
     progress.close()
     logger.close()
     stop.close()
+    log(run_summary(args.output_dir, ["ada_samples_per_prompt_mean", "ada_inference_cost_rel", "ada_adv_mean_trained"]))
 
 
 if __name__ == "__main__":

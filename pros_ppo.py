@@ -1,6 +1,6 @@
 """PROS (prefix reuse for on-policy sampling) on PPO, one file; `--adv grpo` runs it on GRPO instead.
 
-Paper: "PROS: Towards Compute-Efficient RLVR via Rollout Prefix Reuse" (../shared/papers/001_1760c67a1330819a.txt).
+Paper: "PROS: Towards Compute-Efficient RLVR via Rollout Prefix Reuse", ICLR 2026 (OpenReview lz1SRTcnUb).
 
 The base is PPO for LLMs: a critic (the policy's backbone copied, plus a scalar head: `ValueModel`),
 token-level GAE with the outcome reward on the last token, clipped policy and value losses, several epochs over
@@ -15,13 +15,10 @@ minibatches. PROS is a plug-in that changes only *which queries* are trained on:
      with exponential forgetting, Pólya-Gamma Gibbs sweeps (common/gibbs.py); the batch takes the nodes whose
      current Gibbs draw θ̃ is nearest 0.5, at most one node per root.
 Lines marked [PROS] are the plug-in; `--pros off` removes every one of them (vanilla PPO / GRPO).
-Where this file departs from the paper, deliberately: ⌈fresh_frac·P⌉ queries per batch come from the data stream
-(unseen prompts have no node to rank), the rest from the pool by |θ̃ - 0.5| (`--pros random`: uniformly, the
-ablation); over --pool_capacity the least recently observed nodes are evicted; one node per root per batch; the
-critic's top 10% ranks only the positions it scores (ties kept: a zero-head critic leaves t* to entropy), with the
-fallback above; a child of a child hangs off the root (two layers); `--success_reward` makes rewards Bernoulli.
-Logged `loss`: the clipped surrogate per token of each minibatch, averaged over the ppo_epochs x num_minibatches
-optimizer steps (as `ppo_clip_frac`, `ppo_value_loss`, `grad_norm`), KL excluded (`kl`: per token, first epoch).
+Departures from the paper (docs/pros_ppo.md says why): ⌈fresh_frac·P⌉ queries per batch come from the data stream,
+the rest from the pool; over --pool_capacity the least recently observed nodes are evicted; one node per root per
+batch; `--success_reward` makes rewards Bernoulli.
+Logged `loss`, `ppo_clip_frac`, `ppo_value_loss`, `grad_norm`: means over the ppo_epochs x num_minibatches steps.
 
     python pros_ppo.py                         # PPO + PROS on the embedded Countdown default (CPU, minutes)
     python pros_ppo.py --pros off              # vanilla PPO (+ --adv grpo: vanilla GRPO; --adv grpo alone: GRPO + PROS)
@@ -58,6 +55,7 @@ from common.masking import pad_sequences, right_align
 from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate, evaluate_train_prompts,
                             train_prompt_sample)
 from common.policy import DTYPES, autocast, load_policy
+from common.summary import run_summary
 
 
 @dataclass
@@ -106,7 +104,7 @@ class Args(BaseArgs):
     """[PROS] forgetting λ: counts s, n are multiplied by λ before new observations are added (which: --forget_on)"""
     forget_on: Literal["iteration", "visit"] = "iteration"
     """[PROS] `iteration`: every node's counts decay once per iteration (they go stale as the policy moves, visited
-    or not); `visit`: only the counts of nodes observed now (README: Paper fidelity)"""
+    or not); `visit`: only the counts of nodes observed now (docs/pros_ppo.md)"""
     prior_mu: float = 0.0
     """[PROS] μ0: prior mean of a root's log-odds ψ_root"""
     prior_tau: float = 2.0
@@ -707,6 +705,7 @@ def main(args: Args) -> None:
     progress.close()
     logger.close()
     stop.close()
+    log(run_summary(args.output_dir, ["pros_calib_error", "pros_calib_excess", "pros_frac_zero_var_picks"]))
 
 
 if __name__ == "__main__":

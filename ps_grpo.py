@@ -1,7 +1,7 @@
 """Prefix Sampling (PS) on GRPO, one file.
 
-Paper: "Prefix Sampling: Targeting 50% Rollout Pass Rate for More Efficient Agentic RL"
-(../shared/papers/000_18dc4b8a70b802ec.txt).
+Paper: Zhu et al., "Prefix Sampling: Targeting 50% Rollout Pass Rate for More Efficient Agentic RL", Baidu AI Cloud
+Qianfan technical blog, 2026. Docs: docs/ps_grpo.md.
 
 Baseline (`--prefix_sampling false`): GRPO with A = r - mean (the paper's appendix, Perspective 2: a group's Var(A) =
 p(1-p) is the signal strength that peaks at p = 0.5), N rollouts per task, the clipped surrogate (DAPO clip-higher,
@@ -35,17 +35,8 @@ Design choices the paper leaves open (each is a flag or documented at its functi
   token mean: each rank divides its sum by its own trained-token count (DDP then averages the ranks). No KL term (`kl`
   is logged as 0). Logged `loss`: the clipped surrogate per trained token (its sum over all ranks / their trained
   tokens); rejected (all-fail / all-pass) groups are not trained and not counted.
-- Metrics: reward_mean / reward_std / pass_rate / frac_zero_var_groups are over fresh tasks only (the paper's training
-  score on no-prefix tasks); ps_* metrics cover prefix tasks. rollouts, gen_tokens, completion_len_mean (generated
-  tokens per rollout; replayed ones excluded) and clipped_ratio (rollouts cut by a length limit, which get reward 0:
-  text mode --max_new_tokens, multi-turn any action cut by --max_action_tokens) cover all.
-
-Notes on the defaults (measurements of the embedded setting):
-- The default task is the embedded level mix (2, 3 and 5 numbers: episodes of 1, 2 and 4 steps), so prefixes of the
-  hard 5-number problems take 1 to 3 steps and the ratios (and the adaptive controller) change their length.
-- The embedded base was SFT-ed on the single-turn text only, so it gets a multi-turn warm-up before RL
-  (--mt_sft_steps, countdown_env.py; built once, then cached).
-- --max_steps 150 is about 6 minutes of RL on 2 CPU cores with the multi-turn default.
+- Metrics (each one's meaning: docs/ps_grpo.md): reward_mean, reward_std, pass_rate and frac_zero_var_groups cover
+  fresh tasks only (the paper's training score on no-prefix tasks); ps_* metrics cover prefix tasks.
 
     python ps_grpo.py                                   # PS (fixed ratios), multi-turn Countdown, CPU
     python ps_grpo.py --adaptive                        # PS with adaptive prefix control
@@ -83,6 +74,7 @@ from common.masking import pad_sequences, right_align
 from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate, evaluate_train_prompts,
                             pass_metrics, train_prompt_sample)
 from common.policy import autocast, load_policy
+from common.summary import run_summary
 
 CATEGORIES = ("hard", "easy")  # [PS] too-hard tasks replay a success, too-easy tasks a failure
 ROUTES = ("all_fail", "all_pass", "normal", "too_hard", "too_easy")
@@ -701,6 +693,7 @@ def main(args: Args) -> None:
     progress.close()
     logger.close()
     stop.close()
+    log(run_summary(args.output_dir, ["ps_prefix_pass_rate", "ps_trained_groups", "ps_ratio_hard", "ps_ratio_easy"]))
 
 
 if __name__ == "__main__":

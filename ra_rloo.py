@@ -1,7 +1,7 @@
 """Replay-Augmented RLOO (RA-RLOO), one file.
 
-Paper: "Replay-Augmented RLOO: Restoring Within-Group Reward Variance in Sparse-Reward Policy
-Gradients" (../shared/papers/003_3367a9de2d6aa560.txt).
+Paper: Hao Xu, "Replay-Augmented RLOO: Restoring Within-Group Reward Variance in Sparse-Reward Policy
+Gradients", Stanford University course project report. Docs: docs/ra_rloo.md.
 
 Plain RLOO samples K rollouts per prompt and uses the leave-one-out baseline. When all K rewards are
 equal (no rollout succeeded), every advantage is 0 and the group gives no gradient. RA-RLOO keeps a
@@ -62,6 +62,7 @@ from common.masking import pad_sequences, right_align
 from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate, evaluate_train_prompts,
                             train_prompt_sample)
 from common.policy import DTYPES, autocast, load_policy
+from common.summary import run_summary
 
 
 @dataclass
@@ -447,6 +448,7 @@ def main(args: Args) -> None:
     progress.close()
     logger.close()
     stop.close()
+    log(run_summary(args.output_dir, ["ra_zero_var_frac_post", "ra_replay_fired_frac", "ra_is_weight_mean"]))
 
 
 if __name__ == "__main__":

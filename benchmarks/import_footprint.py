@@ -6,7 +6,7 @@ answers), in its own process; at exit the `common/*.py` files in `sys.modules` a
 This is what you copy together with one method file to use it on your own model and data.
 
     python benchmarks/import_footprint.py                # table for the five scripts
-    python benchmarks/import_footprint.py --markdown     # the README's "Copy one method" table
+    python benchmarks/import_footprint.py --markdown     # a markdown table (docs/development.md)
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ runpy.run_path(script, run_name="__main__")
 @dataclass
 class Args:
     markdown: bool = False
-    """print the README table (markdown) instead of one line per script"""
+    """print a markdown table instead of one line per script"""
     max_lines: int = 1400
     """exit with status 1 when a script loads more lines of common/ than this"""
 

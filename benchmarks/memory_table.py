@@ -11,7 +11,7 @@ a bf16 transformer layer without recomputation (Korthikanti et al., 2022, attent
 SDPA/flash) and 2·h bytes per token per layer (the layer inputs) plus one layer's full activations with
 `--gradient_checkpointing`. PPO's critic (pros_ppo.py) is a second trained copy: double the policy's states.
 
-    python benchmarks/memory_table.py            # markdown table for the README
+    python benchmarks/memory_table.py            # the markdown table of docs/scaling.md
 """
 from __future__ import annotations
 

@@ -173,8 +173,8 @@ class Args:
     seeds: Optional[list[int]] = None
     """seeds to run (default 0 1 2 3 4; --quick: 0)"""
     quick: bool = False
-    """smoke-check setting: 1 seed, 20 steps of 8 prompts, 2 small evaluations (README: measured duration); its runs
-    go to benchmarks/runs-quick"""
+    """smoke-check setting: 1 seed, 20 steps of 8 prompts, 2 small evaluations (its duration: docs/benchmark.md); its
+    runs go to benchmarks/runs-quick"""
     dry_run: bool = False
     """print each run's state and command, run nothing"""
     runs_dir: str = ""
@@ -205,7 +205,7 @@ class Args:
     """base policy of every run (`embedded`: the cached tiny Countdown model)"""
     num_threads: int = 0
     """torch CPU threads per run (OMP_NUM_THREADS is set to the same); 0 = each run's own policy, a count that
-    follows the free cores (README: CPU threads); two runners side by side: 1 each"""
+    follows the free cores (docs/cpu_threads.md); two runners side by side: 1 each"""
     extra: str = ""
     """extra flags appended to every run, space-separated (they become part of each run's recorded command)"""
     lock: str = ""

@@ -12,7 +12,7 @@ options are measured in turn, `--repeats` rounds each, so slow stretches of the 
     python benchmarks/threads.py --lock /tmp/a.lock --lock /tmp/b.lock   # wait for (and hold) a benchmark's locks
     python benchmarks/threads.py --startup --options threads1,policy,default   # the start of a run (a few minutes)
 
-Writes benchmarks/results/threads.json (every measurement) and threads.md (the table the README quotes); with
+Writes benchmarks/results/threads.json (every measurement) and threads.md (the table docs/cpu_threads.md quotes); with
 --startup, threads_startup.json / .md: per option, the wall time of a one-step run and the seconds to its first
 training step, alone and two side by side, and the cores it used over its whole life (user + sys CPU / wall). Needs
 a machine with nothing else running: other jobs change every figure.

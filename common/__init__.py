@@ -1,1 +1,1 @@
-"""Small shared pieces used by every method script (see README)."""
+"""Small shared pieces used by every method script (docs/development.md lists them)."""

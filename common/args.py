@@ -93,7 +93,7 @@ class BaseArgs:
     """sequences per HF generate call"""
     # --- optimisation ---
     learning_rate: float = 5e-5
-    """AdamW learning rate (see the README for values measured on the embedded model and used for real ones)"""
+    """AdamW learning rate (5e-5 suits the embedded model; real 0.5B-7B models: about 1e-6; docs/benchmark.md)"""
     warmup_steps: int = 5
     """linear warm-up steps, then constant"""
     weight_decay: float = 0.0

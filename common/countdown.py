@@ -313,7 +313,7 @@ class Level:
     weight: float  # share of the training and held-out problems
 
 
-# Sizes chosen so that the base policy's pass rates are skewed as the papers assume (README: the testbed):
+# Sizes chosen so that the base policy's pass rates are skewed as the papers assume (docs/benchmark.md):
 # one-step problems it nearly always solves, 3-number ones in between, 5-number ones (4 steps) it rarely solves.
 LEVELS = (Level("easy", 2, 30, 0.15), Level("mid", 3, 20, 0.7), Level("hard", 5, 9, 0.15))
 

@@ -63,7 +63,7 @@ def resolve_accelerate_precision(args_dtype: str, environ=None, log=print) -> st
 
 
 class CpuThreads:
-    """The torch thread count of a run (README, "CPU threads"). `--num_threads N` > 0 fixes it at N, from the
+    """The torch thread count of a run (docs/cpu_threads.md). `--num_threads N` > 0 fixes it at N, from the
     first line of main() on. With 0 (the default) it follows the cores the rest of the machine leaves free, measured
     at set-up and re-read before every step and evaluation from
     /proc/stat: cores - (busy cores not ours), at least 1. Why: OpenMP's threads wait for each other at every parallel

@@ -3,7 +3,7 @@
 It is a char-level tokenizer (`tokenizers` WordLevel, one token per character) and a small
 Llama-architecture decoder from a transformers config, warmed up by SFT on the embedded Countdown level mix
 (countdown.LEVELS): solver solutions, and on the 3- and 5-number levels a share of careless answers (valid
-steps that ignore the target), so the base starts where RL has room (README: the testbed). Llama is used because
+steps that ignore the target), so the base starts where RL has room (docs/benchmark.md). Llama is used because
 its directories reload through `AutoTokenizer` with the char vocabulary intact (a `qwen2` directory reloads
 as Qwen2Tokenizer, which drops spaces and newlines). The build is deterministic for a given recipe and
 cached under `$RLVR_CACHE` (default `~/.cache/rlvr-sampling/`), keyed
@@ -42,7 +42,7 @@ class BaseRecipe:
     sft_lr: float = 1e-3
     careless: tuple[float, ...] = (0.0, 0.85, 0.5)
     """per level of countdown.LEVELS: the share of SFT answers that are careless (valid steps on the given numbers
-    that ignore the target), so the base often fails problems it could solve: room for RL (README: the testbed)"""
+    that ignore the target), so the base often fails problems it could solve: room for RL (docs/benchmark.md)"""
     seed: int = 0
 
     def key(self) -> str:

@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -9,22 +10,44 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 
-@pytest.fixture(scope="session")
-def tiny_base(tmp_path_factory) -> str:
-    """A briefly SFT-ed embedded base policy (30 steps): enough structure for mechanics tests."""
-    from common.tiny_model import BaseRecipe, ensure_embedded_base
-
-    cache = tmp_path_factory.mktemp("cache")
+@contextmanager
+def _cache(path: Path):
+    """RLVR_CACHE pointed at `path` while a fixture builds or restores into it."""
     old = os.environ.get("RLVR_CACHE")
-    os.environ["RLVR_CACHE"] = str(cache)
+    os.environ["RLVR_CACHE"] = str(path)
     try:
-        path = ensure_embedded_base(BaseRecipe(sft_steps=30), log=lambda *_: None, eval_prompts=16)
+        yield
     finally:
         if old is None:
             os.environ.pop("RLVR_CACHE")
         else:
             os.environ["RLVR_CACHE"] = old
+
+
+@pytest.fixture(scope="session")
+def tiny_base(tmp_path_factory) -> str:
+    """The embedded base policy every default run starts from, copied from assets/ (no SFT: a copy of 3.9 MB), so the
+    mechanics tests see the real testbed's skewed pass rates and its short, EOS-terminated answers."""
+    from common.tiny_model import BaseRecipe, restore_shipped
+
+    path = tmp_path_factory.mktemp("cache") / f"countdown-base-{BaseRecipe().key()}"
+    no_shipped = os.environ.pop("RLVR_NO_SHIPPED", None)  # that switch is for runs; the tests need the copy
+    try:
+        if not restore_shipped(path, log=lambda *_: None):  # building it instead would take ~17 minutes
+            pytest.fail(f"assets/ holds no valid build named {path.name}: rebuild it (docs/development.md)")
+    finally:
+        if no_shipped is not None:
+            os.environ["RLVR_NO_SHIPPED"] = no_shipped
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def built_base(tmp_path_factory) -> str:
+    """A base built from a 2-step recipe (the build path itself: SFT, measurement, build_info.json)."""
+    from common.tiny_model import BaseRecipe, ensure_embedded_base
+
+    with _cache(tmp_path_factory.mktemp("build")):
+        return str(ensure_embedded_base(BaseRecipe(sft_steps=2), log=lambda *_: None, eval_prompts=16))
 
 
 @pytest.fixture(scope="session")
@@ -45,3 +68,30 @@ def run_script(args: list[str], timeout: int = 600, env_extra: dict | None = Non
     if r.returncode != 0:
         raise AssertionError(f"{args} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}")
     return r
+
+
+# One short real run per script, shared by the tests that read its outputs (core metrics, docs): flags that keep it
+# to seconds; --max_new_tokens 16 cuts some Countdown answers (two lines of ~7 characters + EOS) and not others;
+# binary rewards everywhere (ra_rloo.py's default is the paper's {0, 0.1, 1}), so pass rate and reward mean agree.
+SHORT_RUN = ["--max_steps", "3", "--eval_every", "0", "--eval_prompts", "4", "--eval_samples", "2",
+             "--prompts_per_step", "8", "--max_new_tokens", "16", "--num_threads", "1", "--learning_rate", "1e-4",
+             "--warmup_steps", "5"]
+SHORT_RUN_FLAGS = {"ra_rloo.py": ["--prompt_pool", "64", "--reward", "binary"],
+                   "ada_seq.py": ["--max_rounds", "2", "--round_repeat", "4"], "ada_est.py": ["--prompt_pool", "16"],
+                   "ps_grpo.py": ["--mode", "text"], "pros_ppo.py": []}
+
+
+@pytest.fixture(scope="session")
+def short_run(tiny_base, tmp_path_factory):
+    """`short_run(script)` -> (its --output_dir, its stdout): the script's short run, made on first use."""
+    done: dict[str, tuple[Path, str]] = {}
+
+    def run(script: str) -> tuple[Path, str]:
+        if script not in done:
+            out = tmp_path_factory.mktemp(Path(script).stem)
+            r = run_script([script, "--model_name_or_path", tiny_base, "--output_dir", str(out), *SHORT_RUN,
+                            *SHORT_RUN_FLAGS[script]])
+            done[script] = (out, r.stdout)
+        return done[script]
+
+    return run

@@ -1,4 +1,4 @@
-"""`accelerate config` chose FSDP or DeepSpeed (issue 27): FSDP is mapped onto the scripts' own --fsdp and
+"""`accelerate config` chose FSDP or DeepSpeed: FSDP is mapped onto the scripts' own --fsdp and
 accelerate's plugin is kept out of the Accelerator; DeepSpeed stops before anything loads."""
 import json
 import os

@@ -84,12 +84,12 @@ def _strip(rows):
     return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
 
 
-def test_recurring_prompts_and_exact_resume(tiny_base, tmp_path):
+def test_recurring_prompts_and_exact_resume(random_model_dir, tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
     # 12 prompts, 8 per step: from step 2 on, the batch mixes prompts seen before with unseen ones. The
-    # barely trained test policy fails everything, so a prompt with history has p_hat below the prior mean
+    # untrained test policy fails everything, so a prompt with history has p_hat below the prior mean
     # 1/17 and gets more of the budget than an unseen one.
-    base = ["ada_est.py", "--model_name_or_path", tiny_base, "--eval_every", "2", "--save_every", "2",
+    base = ["ada_est.py", "--model_name_or_path", random_model_dir, "--eval_every", "2", "--save_every", "2",
             "--prompt_pool", "12", "--prompts_per_step", "8", "--total_budget", "80", "--n_min", "2", "--n_max", "20",
             "--eval_prompts", "8", "--eval_samples", "4", "--max_new_tokens", "20", "--num_threads", "1"]
     run_script([*base, "--output_dir", str(full), "--max_steps", "4"])

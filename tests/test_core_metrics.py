@@ -4,25 +4,18 @@ import math
 
 import pytest
 
-from conftest import run_script
 
 CORE = {"step", "rollouts", "gen_tokens", "reward_mean", "reward_std", "pass_rate", "frac_zero_var_groups",
         "completion_len_mean", "clipped_ratio", "loss", "kl", "entropy", "grad_norm", "lr", "time_step_s",
         "time_gen_s", "time_train_s", "sampler_logp_diff"}
-# script, its own flags, optimizer steps per training step (the warm-up schedule advances once per optimizer step)
-SCRIPTS = [("ra_rloo.py", ["--prompt_pool", "64"], 1), ("ada_seq.py", ["--max_rounds", "2", "--round_repeat", "4"], 1),
-           ("ada_est.py", ["--prompt_pool", "16"], 1), ("ps_grpo.py", ["--mode", "text"], 1),
-           ("pros_ppo.py", [], 4)]
+# script, optimizer steps per training step (the warm-up schedule advances once per optimizer step)
+SCRIPTS = [("ra_rloo.py", 1), ("ada_seq.py", 1), ("ada_est.py", 1), ("ps_grpo.py", 1), ("pros_ppo.py", 4)]
 
 
-@pytest.mark.parametrize("script,flags,opt_steps", SCRIPTS, ids=[s for s, _, _ in SCRIPTS])
-def test_core_metrics_are_logged_and_consistent(tiny_base, tmp_path, script, flags, opt_steps):
-    # --max_new_tokens 16 cuts some Countdown answers (two lines of ~7 characters + EOS) and not others
-    run_script([script, "--model_name_or_path", tiny_base, "--output_dir", str(tmp_path), "--max_steps", "3",
-                "--eval_every", "0", "--eval_prompts", "4", "--eval_samples", "2", "--prompts_per_step", "8",
-                "--max_new_tokens", "16", "--num_threads", "1", "--learning_rate", "1e-4", "--warmup_steps", "5",
-                *flags])
-    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+@pytest.mark.parametrize("script,opt_steps", SCRIPTS, ids=[s for s, _ in SCRIPTS])
+def test_core_metrics_are_logged_and_consistent(short_run, script, opt_steps):
+    out, _ = short_run(script)  # conftest: 3 steps of 8 prompts, lr 1e-4 with a 5-step warm-up, 16-token answers
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = rows[1:]
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     previous = {"rollouts": 0, "gen_tokens": 0}

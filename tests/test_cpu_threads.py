@@ -1,4 +1,4 @@
-"""The CPU thread policy (common/launch.py `CpuThreads`, issue #26): --num_threads wins; otherwise the count follows
+"""The CPU thread policy (common/launch.py `CpuThreads`): --num_threads wins; otherwise the count follows
 the cores the rest of the machine leaves free, read from /proc at every step (measured: benchmarks/threads.py)."""
 from common.launch import CpuThreads
 

@@ -1,5 +1,5 @@
 """benchmarks/gpu_smoke.py starts on the lent GPU image, which has torch, transformers, accelerate and peft but not
-vllm, datasets, math-verify or latex2sympy2_extended (issue 27): run here with those four made unimportable."""
+vllm, datasets, math-verify or latex2sympy2_extended: run here with those four made unimportable."""
 import json
 import os
 import subprocess

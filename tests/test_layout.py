@@ -1,5 +1,5 @@
 """The layout promises: one self-contained loop per method file, leaf modules in common/ (no import cycle), and a
-real-data run that loads neither the embedded demo nor more than 1,100 lines of common/."""
+real-data run that loads neither the embedded demo nor more than a bounded number of lines of common/."""
 import ast
 import sys
 from pathlib import Path
@@ -53,12 +53,10 @@ def test_each_method_file_holds_its_update_and_is_at_most_700_lines():
         assert not {"common.runtime", "common.ada"} & common_imports(ROOT / script)
 
 
-def test_real_data_path_loads_no_demo_and_at_most_1500_lines_of_common(tmp_path):
-    # 1100 until issue #12's flags (bf16 autocast, checkpointing, LoRA resume) grew args.py and checkpoint.py (1150),
-    # then --fsdp's hooks in distributed.py and checkpoint.py, #13's flags and sample log, #15's packed layout
-    # (1400; common/fsdp.py and common/config.py load only with --fsdp / --config), then #26/#27's common/launch.py
-    # (1500: the accelerate config mapping and the CPU thread policy);
-    # LoRA itself (common/lora.py) loads only with --lora_r, so it is not counted here
+def test_real_data_path_loads_no_demo_and_at_most_1550_lines_of_common(tmp_path):
+    # what a user copies with one method: the shared flags, checkpoints with FSDP hooks, the sample log, the packed
+    # layout, the accelerate config mapping, the CPU thread policy and the end-of-run summary; common/fsdp.py,
+    # common/config.py and common/lora.py load only with --fsdp / --config / --lora_r, so they are not counted here
     import import_footprint
 
     model_dir, data = import_footprint.make_inputs(tmp_path)
@@ -66,7 +64,7 @@ def test_real_data_path_loads_no_demo_and_at_most_1500_lines_of_common(tmp_path)
         modules = import_footprint.footprint(script, model_dir, data, tmp_path)
         assert not set(import_footprint.DEMO_MODULES) & set(modules), (script, sorted(modules))
         assert "common.verifiers" in modules  # it did take the real-data path (math-verify rewards)
-        assert sum(modules.values()) <= 1500, (script, sum(modules.values()))
+        assert sum(modules.values()) <= 1550, (script, sum(modules.values()))
 
 
 def test_no_line_over_120_characters():

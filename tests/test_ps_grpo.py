@@ -455,8 +455,9 @@ def test_truncated_completions_get_reward_zero(tiny_base, tmp_path, monkeypatch)
     monkeypatch.setattr(ps_grpo, "rollout_text", lambda *a: seen.setdefault("out", rollout(*a)))
     monkeypatch.setattr(ps_grpo, "ps_loss", lambda logp, old, adv, mask, n_tok, *a: trained_tokens.append(
         (int(mask.sum()), n_tok)) or loss(logp, old, adv, mask, n_tok, *a))
+    # 16 tokens: the base's two-line mid answers (~7 characters a line + EOS) straddle it
     rows = _text_main(tmp_path / "mixed", ["--model_name_or_path", tiny_base, "--max_steps", "1", "--eval_samples",
-                                           "1", "--max_new_tokens", "24", "--mask_truncated_completions"],
+                                           "1", "--max_new_tokens", "16", "--mask_truncated_completions"],
                       monkeypatch, lambda text, problem: 1.0)
     episodes, clipped = seen["out"]
     assert 0 < rows[1]["clipped_ratio"] < 1 and rows[1]["reward_mean"] == pytest.approx(1 - rows[1]["clipped_ratio"])

@@ -60,10 +60,12 @@ COMMON = ["--prompt_pool", "48", "--prompts_per_step", "8", "--eval_prompts", "8
           "--max_new_tokens", "20", "--num_threads", "1"]
 
 
-def test_replay_removes_zero_variance_groups_and_vanilla_does_not(tiny_base, tmp_path):
-    run_script(["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(tmp_path / "ra"),
+def test_replay_removes_zero_variance_groups_and_vanilla_does_not(random_model_dir, tmp_path):
+    # an untrained policy fails every problem: each fresh group is all-fail, the case the splice exists for (a trained
+    # base also has all-pass groups, which the on-demand rule leaves alone)
+    run_script(["ra_rloo.py", "--model_name_or_path", random_model_dir, "--output_dir", str(tmp_path / "ra"),
                 "--max_steps", "3", "--eval_every", "3", *COMMON])
-    run_script(["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(tmp_path / "van"),
+    run_script(["ra_rloo.py", "--model_name_or_path", random_model_dir, "--output_dir", str(tmp_path / "van"),
                 "--max_steps", "3", "--eval_every", "3", "--replay", "none", *COMMON])
     ra, van = _rows(tmp_path / "ra")[1:], _rows(tmp_path / "van")[1:]
     core = {"step", "rollouts", "gen_tokens", "reward_mean", "pass_rate", "frac_zero_var_groups", "loss", "kl",
@@ -233,8 +235,8 @@ def test_samples_log_truncation_and_sampler_agreement(tiny_base, tmp_path, monke
 
 
 def test_kl_weighs_beta_against_the_policy_gradient_at_any_completion_cap():
-    # issue 25: the PG sum was divided by samples x max_new_tokens but the KL sum by the actual token count, so the
-    # KL's weight relative to the PG moved with --max_new_tokens (~3x at 48 tokens, 18-token answers)
+    # one normaliser for both sums: the KL sum divided by the actual token count instead would weigh against the PG
+    # by a factor that moves with --max_new_tokens (~3x at 48 tokens, 18-token answers)
     for max_new_tokens in (16, 48, 512):
         pg_sum, kl_sum = torch.tensor(2.0, requires_grad=True), torch.tensor(0.5, requires_grad=True)
         rloo_loss(pg_sum, kl_sum, 0.05, 8 * max_new_tokens).backward()

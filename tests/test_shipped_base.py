@@ -1,5 +1,5 @@
 """The built embedded policies ship with the repo (assets/): a fresh clone uses them instead of ~15 minutes of SFT,
-only while their recipe hash matches, and a rebuild from the recipe retraces the shipped build (issue #26)."""
+only while their recipe hash matches, and a rebuild from the recipe retraces the shipped build."""
 import json
 import shutil
 from dataclasses import asdict

@@ -1,0 +1,30 @@
+"""The lines a script prints when its run ends: held-out pass@1 / pass@k at the first and the last evaluation (read back
+from metrics.jsonl), what the output directory holds, and the command that draws the run's curves."""
+import json
+import shlex
+from pathlib import Path
+
+LEVELS = ("easy", "mid", "hard")
+
+
+def run_summary(output_dir: str, mechanism: list[str]) -> str:
+    """The summary; `mechanism`: the method's own metrics for the plot command (those the run logged)."""
+    path = Path(output_dir) / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    evals = [row for row in rows if "eval_pass@1" in row]
+    if not evals:
+        return f"{output_dir}: no evaluation in {path.name} to summarise"
+    first, last, number = evals[0], evals[-1], lambda v: type(v) in (int, float)  # None / missing: not logged
+    k = max(int(key[10:]) for key in last if key[:10] == "eval_pass@" and key[10:].isdigit())
+    names = [("held-out pass@1", "eval_pass@1"), (f"held-out pass@{k}", f"eval_pass@{k}") if k > 1 else None,
+             *((f"held-out pass@1, {level}", f"eval_pass@1_{level}") for level in LEVELS),
+             ("training-prompt pass@1", "eval_train_pass@1")]
+    lines = [f"run ended at step {rows[-1]['step']}: {output_dir}"]
+    lines += [f"  {label:<26} {first[key]:.3f} (step {first['step']}) -> {last[key]:.3f} (step {last['step']})"
+              for label, key in filter(None, names) if number(first.get(key)) and number(last.get(key))]
+    files = ", ".join(sorted(p.name + "/" * p.is_dir() for p in Path(output_dir).iterdir()))
+    lines.append(f"  outputs: {files} (metrics.jsonl: one row per step; the keys: docs/metrics.md)")
+    logged = ",".join(key for key in mechanism if any(number(row.get(key)) for row in rows))  # a baseline: none
+    lines.append(f"  curves:  python -m common.plot_run {shlex.quote(str(output_dir))}"
+                 + (f" --metrics {logged}" if logged else ""))
+    return "\n".join(lines)
