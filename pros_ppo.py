@@ -15,10 +15,8 @@ minibatches. PROS is a plug-in that changes only *which queries* are trained on:
      with exponential forgetting, Pólya-Gamma Gibbs sweeps (common/gibbs.py); the batch takes the nodes whose
      current Gibbs draw θ̃ is nearest 0.5, at most one node per root.
 Lines marked [PROS] are the plug-in; `--pros off` removes every one of them (vanilla PPO / GRPO).
-Departures from the paper (docs/pros_ppo.md says why): ⌈fresh_frac·P⌉ queries per batch come from the data stream,
-the rest from the pool; over --pool_capacity the least recently observed nodes are evicted; one node per root per
-batch; `--success_reward` makes rewards Bernoulli.
-Logged `loss`, `ppo_clip_frac`, `ppo_value_loss`, `grad_norm`: means over the ppo_epochs x num_minibatches steps.
+Departures from the paper (docs/pros_ppo.md says why): ⌈fresh_frac·P⌉ queries per batch from the data stream, the
+rest from the pool; the pool is bounded (--pool_capacity); one node per root per batch; Bernoulli rewards.
 
     python pros_ppo.py                         # PPO + PROS on the embedded Countdown default (CPU, minutes)
     python pros_ppo.py --pros off              # vanilla PPO (+ --adv grpo: vanilla GRPO; --adv grpo alone: GRPO + PROS)
@@ -479,8 +477,7 @@ def main(args: Args) -> None:
         # ================ the batch: (prompt id, prefix, tree node) per query, the same on every rank ================
         if pros:  # [PROS] Sec. 4: part data stream, the rest from the pool by |θ̃ - 0.5|
             queries, num_stream = choose_batch(tree, sampler, args, step, pros_rng, len(task.train))
-            picked = [(float(tree.theta_hat[node]), float(tree.n[node]), tree.parent[node] < 0)  # θ̂, n, root?
-                      for _, _, node in queries]  # at selection time
+            picked = [(tree.theta_hat[node], tree.n[node], tree.parent[node] < 0) for _, _, node in queries]  # now
             parent_ids = [int(tree.parent[node]) for _, _, node in queries]  # for the sample log (evict renumbers)
         else:
             queries = [(prompt_id, (), -1) for prompt_id in sampler.next_ids(args.prompts_per_step)]
@@ -651,22 +648,21 @@ def main(args: Args) -> None:
             row["ppo_value_loss"] = totals["value_loss_sum"] / samples  # per-token value loss, mean over steps
         if pros:  # [PROS] mechanism metrics (from the gathered outcomes: the same on every rank)
             child_lens = [len(prefix) for _, prefix, _ in queries if prefix]
-            picks = [(*picked[j], successes) for j, successes, _ in outcomes if j >= num_stream]  # the pool's picks
-            stream_zero_var = [successes in (0, k) for j, successes, _ in outcomes if j < num_stream]
+            picks = np.array([(*picked[j], wins) for j, wins, _ in outcomes if j >= num_stream], float).reshape(-1, 4)
+            theta, trials, root, wins = picks.T  # the pool's picks: θ̂, effective trials, root?, successes of k
+            stream_wins = np.array([wins for j, wins, _ in outcomes if j < num_stream])  # the data stream's queries
+            mean = lambda values: float(np.mean(values)) if len(values) else None  # noqa: E731
             row.update({
                 "pros_pool_size": len(tree), "pros_pool_children": int((tree.parent >= 0).sum()),
                 "pros_frac_children_in_batch": len(child_lens) / max(1, len(queries)),
                 "pros_prefix_len_mean": float(np.mean(child_lens)) if child_lens else None,
                 "pros_saved_prompt_tokens": int(sum(child_lens) * k),  # prefix tokens not regenerated
                 "pros_children_created": children_created, "pros_gibbs_s": gibbs_seconds,
-                # |θ̂ at selection - observed pass rate| over the pool's picks; its floor is the k-sample noise
-                "pros_calib_error": float(np.mean([abs(t - s / k) for t, _, _, s in picks])) if picks else None,
-                "pros_calib_excess": calibration_excess([t for t, *_ in picks], [s for *_, s in picks], k)
-                if picks else None,  # the same minus its expectation under the model: ~0 when calibrated
-                "pros_frac_zero_var_picks": float(np.mean([s in (0, k) for *_, s in picks])) if picks else None,
-                "pros_frac_zero_var_stream": float(np.mean(stream_zero_var)) if stream_zero_var else None,
-                "pros_pick_trials_mean": float(np.mean([n for _, n, _, _ in picks])) if picks else None,
-                "pros_pick_root_frac": float(np.mean([root for _, _, root, _ in picks])) if picks else None,
+                "pros_calib_error": mean(np.abs(theta - wins / k)),  # |θ̂ at selection - s/k|, floor: k-sample noise
+                "pros_calib_excess": calibration_excess(theta, wins, k) if len(wins) else None,  # minus E under θ̂
+                "pros_frac_zero_var_picks": mean((wins == 0) | (wins == k)),
+                "pros_frac_zero_var_stream": mean((stream_wins == 0) | (stream_wins == k)),
+                "pros_pick_trials_mean": mean(trials), "pros_pick_root_frac": mean(root),
             })
 
         # ================ sample log / evaluate / log / checkpoint / stop ================
