@@ -425,7 +425,7 @@ def test_embedded_base_build_records_its_quality(built_base):
 
 
 # ---------------- vLLM weight push and sleep mode (engine faked: sleep mode exists only on GPU) ----------------
-def test_vllm_push_wakes_a_sleeping_engine_and_puts_it_back_to_sleep(random_model_dir):
+def test_vllm_push_maps_a_sleeping_engines_weights_and_leaves_them_awake(random_model_dir):
     from transformers import AutoModelForCausalLM
 
     from common.vllm_backend import VLLMGenerator
@@ -450,12 +450,13 @@ def test_vllm_push_wakes_a_sleeping_engine_and_puts_it_back_to_sleep(random_mode
 
     model = AutoModelForCausalLM.from_pretrained(random_model_dir)
     gen = VLLMGenerator.__new__(VLLMGenerator)  # no engine start: only the push / sleep bookkeeping is tested
-    gen.llm, gen.sleep_enabled, gen._asleep = FakeLLM(), True, {"weights", "kv_cache"}  # asleep, as after generate()
+    gen.llm, gen.sleep_enabled, gen._asleep = FakeLLM(), True, {"weights", "kv_cache"}  # asleep, as after sleep()
     gen.sync_weights(model)
     n_tensors = len(model.state_dict())  # lm_head.weight included (tied embeddings)
-    # only the weights are mapped for the push (TRL and verl do the same): the KV cache's memory stays free
-    assert calls == [("wake_up", ("weights",)), ("reload_weights", n_tensors), ("reset_prefix_cache",), ("sleep", 1)]
-    assert gen._asleep == {"weights", "kv_cache"}  # back to sleep, exactly as before the push
+    # only the weights are mapped for the push (TRL and verl do the same): the KV cache's memory stays free; no
+    # sleep after it, since a level-2 sleep would discard the weights just pushed
+    assert calls == [("wake_up", ("weights",)), ("reload_weights", n_tensors), ("reset_prefix_cache",)]
+    assert gen._asleep == {"kv_cache"}
     calls.clear()
     gen._asleep = set()  # an awake engine (CPU, or sleep disabled) is pushed to and stays awake
     gen.sleep_enabled = False

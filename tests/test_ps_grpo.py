@@ -423,7 +423,7 @@ def test_text_mode_sample_log_pass_at_k_and_sampler_agreement(tiny_base, tmp_pat
                                  "--log_samples_every", "1", "--log_samples_per_kind", "2", "--prompts_per_step", "8"],
                       monkeypatch,
                       lambda text, problem: float(len(text) % 2))
-    assert temps == [0.0, 0.0]  # step 0 and the last step, greedy
+    assert temps == [0.0] * 4  # step 0 and the last step, held-out and training prompts, greedy
     assert {f"eval_pass@{k}" for k in (1, 2, 4, 8)} <= set(rows[0]) and "eval_pass@8" in rows[-1]
     # the HF generator in fp32 samples from exactly the policy the trainer scores
     assert all(r["sampler_logp_diff"] is not None and r["sampler_logp_diff"] < 1e-4 for r in rows[1:])
