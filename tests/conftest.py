@@ -88,6 +88,28 @@ SHORT_RUN_FLAGS = {"ra_rloo.py": ["--prompt_pool", "64", "--reward", "binary"],
                    "ps_grpo.py": ["--mode", "text"], "pros_ppo.py": []}
 
 
+# The short runs go through this wrapper: torch's thread count starts at 2 (torch's default on a 2-core machine,
+# whatever this one has), and the counts in force when the policy loads and at the first generate (the step-0
+# evaluation) are printed last, for tests/test_cpu_threads.py.
+THREAD_SPY = """
+import runpy, sys, torch
+torch.set_num_threads(2)
+from common import generation, policy
+seen = {}
+load, generate = policy.load_policy, generation.HFGenerator.generate
+def spy_load(*a, **k):
+    seen.setdefault("load_policy", torch.get_num_threads())
+    return load(*a, **k)
+def spy_generate(self, *a, **k):
+    seen.setdefault("first_generate", torch.get_num_threads())
+    return generate(self, *a, **k)
+policy.load_policy, generation.HFGenerator.generate = spy_load, spy_generate
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+print("THREADS", seen)
+"""
+
+
 @pytest.fixture(scope="session")
 def short_run(tiny_base, tmp_path_factory):
     """`short_run(script)` -> (its --output_dir, its stdout): the script's short run, made on first use."""
@@ -96,8 +118,8 @@ def short_run(tiny_base, tmp_path_factory):
     def run(script: str) -> tuple[Path, str]:
         if script not in done:
             out = tmp_path_factory.mktemp(Path(script).stem)
-            r = run_script([script, "--model_name_or_path", tiny_base, "--output_dir", str(out), *SHORT_RUN,
-                            *SHORT_RUN_FLAGS[script]])
+            r = run_script(["-c", THREAD_SPY, script, "--model_name_or_path", tiny_base, "--output_dir", str(out),
+                            *SHORT_RUN, *SHORT_RUN_FLAGS[script]])
             done[script] = (out, r.stdout)
         return done[script]
 

@@ -1,5 +1,7 @@
 """The CPU thread policy (common/launch.py `CpuThreads`): --num_threads wins; otherwise the count follows
 the cores the rest of the machine leaves free, read from /proc at every step (measured: benchmarks/threads.py)."""
+import pytest
+
 from common.launch import CpuThreads
 
 
@@ -57,37 +59,16 @@ def test_settle_measures_the_machine_at_set_up(tmp_path, monkeypatch):
     assert CpuThreads(1, cores=2, proc=str(proc)).count(default=2, settle=0.2) == 1  # fixed: no measuring
 
 
-SPY = """
-import runpy, sys, torch
-torch.set_num_threads(2)  # what torch's default is on a 2-core machine, whatever this one has
-from common import generation, policy
-seen = {}
-load, generate = policy.load_policy, generation.HFGenerator.generate
-def spy_load(*a, **k):
-    seen.setdefault("load_policy", torch.get_num_threads())
-    return load(*a, **k)
-def spy_generate(self, *a, **k):
-    seen.setdefault("first_generate", torch.get_num_threads())
-    return generate(self, *a, **k)
-policy.load_policy, generation.HFGenerator.generate = spy_load, spy_generate
-sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-print("THREADS", seen)
-"""
-
-
-def test_num_threads_holds_from_set_up_and_the_step_0_evaluation(tmp_path):
+@pytest.mark.parametrize("script", ["ra_rloo.py", "ada_seq.py", "ada_est.py", "ps_grpo.py", "pros_ppo.py"])
+def test_num_threads_holds_from_set_up_and_the_step_0_evaluation(short_run, script):
     """--num_threads 1 is in force when the policy loads and at the first generate (the step-0 evaluation), not
-    only from the first training step: torch's default (here forced to 2) never runs the set-up."""
+    only from the first training step: torch's default (forced to 2 by conftest's THREAD_SPY) never runs the set-up."""
     import ast
 
-    from conftest import ROOT, run_script
+    from conftest import ROOT
 
-    r = run_script(["-c", SPY, "ra_rloo.py", "--max_steps", "1", "--prompts_per_step", "2", "--eval_prompts", "4",
-                    "--eval_samples", "2", "--eval_train_prompts", "0", "--paper_eval_samples", "0", "--num_threads",
-                    "1", "--save_every", "0", "--output_dir", str(tmp_path)])
-    seen = ast.literal_eval(r.stdout.split("THREADS", 1)[1].strip().splitlines()[0])
+    _, stdout = short_run(script)
+    seen = ast.literal_eval(stdout.split("THREADS", 1)[1].strip().splitlines()[0])
     assert seen == {"load_policy": 1, "first_generate": 1}, seen
-    for script in ("ra_rloo.py", "ada_seq.py", "ada_est.py", "ps_grpo.py", "pros_ppo.py"):  # the same in all five
-        main = (ROOT / script).read_text().split("def main(", 1)[1]
-        assert main.index("torch.set_num_threads(") < main.index("load_policy("), script
+    main = (ROOT / script).read_text().split("def main(", 1)[1]
+    assert main.index("torch.set_num_threads(") < main.index("load_policy("), script
