@@ -21,7 +21,7 @@ PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check)
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 rc=0
-"$VENV/bin/python" -m pytest -q -m vllm tests/test_vllm.py 2>&1 | tee "$log" || rc=$?
+"$VENV/bin/python" -m pytest -q -n 0 -m vllm tests/test_vllm.py 2>&1 | tee "$log" || rc=$?
 if [ "$rc" -eq 5 ]; then
     echo "vllm.sh: pytest collected no vLLM test" >&2
     exit 1

@@ -124,3 +124,16 @@ def short_run(tiny_base, tmp_path_factory):
         return done[script]
 
     return run
+
+
+# fixtures built once per worker: tests that use one of them run on the same worker (pytest.ini: --dist loadgroup)
+SHARED_FIXTURES = ("short_run", "mt_base", "built_base")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue
+        shared = [name for name in SHARED_FIXTURES if name in getattr(item, "fixturenames", ())]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))

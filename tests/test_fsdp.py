@@ -6,6 +6,8 @@ import torch
 
 from conftest import run_script
 
+# two-process launches share accelerate's default rendezvous port: one at a time (pytest-xdist group)
+pytestmark = pytest.mark.xdist_group("distributed")
 LAUNCH = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
           "--mixed_precision", "no", "--dynamo_backend", "no"]
 SMALL = ["--prompt_pool", "48", "--prompts_per_step", "8", "--eval_prompts", "8", "--eval_samples", "4",

@@ -156,6 +156,7 @@ def test_resume_reproduces_an_uninterrupted_run(tiny_base, tmp_path):
     assert all(r["ra_replay_fired_frac"] > 0 for r in b[3:])  # replays after the resume drew from restored buffers
 
 
+@pytest.mark.xdist_group("distributed")  # accelerate's default rendezvous port, as in tests/test_fsdp.py
 def test_two_processes_on_cpu(tiny_base, tmp_path):
     out = tmp_path / "ddp"
     run_script(["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
