@@ -118,21 +118,18 @@ class Args(BaseArgs):
 
     def validate(self) -> None:
         for bad, why in [
-                (self.k < 2, f"--k {self.k}: need at least 2 rollouts per query"),
-                (self.ppo_epochs < 1 or self.num_minibatches < 1, "--ppo_epochs and --num_minibatches must be >= 1"),
-                (not (0 <= self.gamma <= 1 and 0 <= self.gae_lambda <= 1),
-                 "--gamma and --gae_lambda must be in [0, 1]"),
-                (min(self.clip_low, self.clip_high, self.vf_clip) <= 0,
-                 "--clip_low, --clip_high and --vf_clip must be > 0"),
-                (not 0 < self.fresh_frac <= 1, f"--fresh_frac {self.fresh_frac}: must be in (0, 1]"),
-                (not 0 < self.value_top_frac <= 1, f"--value_top_frac {self.value_top_frac}: must be in (0, 1]"),
-                (self.max_children_per_group < 0,
-                 f"--max_children_per_group {self.max_children_per_group}: must be >= 0 (0 = no cap)"),
-                (not 0 < self.forget <= 1, f"--forget {self.forget}: must be in (0, 1] (1 = no forgetting)"),
-                (self.prior_tau <= 0 or self.child_sigma <= 0, "--prior_tau and --child_sigma must be > 0"),
-                (self.gibbs_sweeps < 1 or self.pg_terms < 1, "--gibbs_sweeps and --pg_terms must be >= 1"),
-                (self.pool_capacity < 2 * self.prompts_per_step,
-                 f"--pool_capacity {self.pool_capacity}: must be >= 2 x --prompts_per_step")]:
+            (self.k < 2, f"--k {self.k}: need at least 2 rollouts per query"),
+            (self.ppo_epochs < 1 or self.num_minibatches < 1, "--ppo_epochs and --num_minibatches must be >= 1"),
+            (not (0 <= self.gamma <= 1 and 0 <= self.gae_lambda <= 1), "--gamma/--gae_lambda: must be in [0, 1]"),
+            (min(self.clip_low, self.clip_high, self.vf_clip) <= 0, "--clip_low, --clip_high, --vf_clip: must be > 0"),
+            (not 0 < self.fresh_frac <= 1, f"--fresh_frac {self.fresh_frac}: must be in (0, 1]"),
+            (not 0 < self.value_top_frac <= 1, f"--value_top_frac {self.value_top_frac}: must be in (0, 1]"),
+            (self.max_children_per_group < 0, f"--max_children_per_group {self.max_children_per_group}: must be >= 0"),
+            (not 0 < self.forget <= 1, f"--forget {self.forget}: must be in (0, 1] (1 = no forgetting)"),
+            (self.prior_tau <= 0 or self.child_sigma <= 0, "--prior_tau and --child_sigma must be > 0"),
+            (self.gibbs_sweeps < 1 or self.pg_terms < 1, "--gibbs_sweeps and --pg_terms must be >= 1"),
+            (self.pool_capacity < 2 * self.prompts_per_step,
+             f"--pool_capacity {self.pool_capacity}: must be >= 2 x --prompts_per_step")]:
             if bad:
                 raise SystemExit(why)
 
@@ -143,12 +140,11 @@ def choose_cut(entropy: np.ndarray, values: np.ndarray | None, inherited: int, l
                value_top_frac: float = 0.1) -> int | None:
     """[PROS] Sec. 3: the cut t* for one correct response of `length` = T tokens (stop token excluded). `entropy` /
     `values` hold one entry per *continuation* token: entry j is response position L + j, L = `inherited` (the node's
-    own prefix, never re-scored). Window: the paper's t ∈ [T/4, 3T/4) on reals, t >= L: [max(L, ⌈T/4⌉), ⌈3T/4⌉)
-    (T = 9: {3..6}); None when empty (no child). With values, the
-    candidates are the window positions among the top ⌈value_top_frac·(T - L)⌉ of the scored positions L..T-1 by V(s_t)
-    (the paper's top 10% of timesteps; ties at the threshold kept); if none lies in the window, the fallback is the
-    window positions of highest value (the length constraint stays hard, the value constraint is relaxed just enough).
-    t* = the entropy argmax among the candidates (first on ties)."""
+    own prefix, never re-scored). Window: the paper's t ∈ [T/4, 3T/4) on reals, t >= L: [max(L, ⌈T/4⌉), ⌈3T/4⌉) (T = 9:
+    {3..6}); None when empty (no child). With values, the candidates are the window positions among the top
+    ⌈value_top_frac·(T - L)⌉ of the scored positions L..T-1 by V(s_t) (the paper's top 10% of timesteps; ties at the
+    threshold kept); if none lies in the window, the window positions of highest value (the length constraint stays
+    hard, the value one is relaxed just enough). t* = the entropy argmax among the candidates (first on ties)."""
     low, high = max(inherited, -(-length // 4)), -(-3 * length // 4)  # ceilings: T/4 <= t < 3T/4
     if high <= low:
         return None
@@ -518,16 +514,13 @@ def main(args: Args) -> None:
         children_created, gibbs_seconds = 0, 0.0
         if pros:
             outcomes = []  # per group: (query index, successes, candidate child prefixes)
-            for group, j in enumerate(my_queries):
-                candidates = []
-                if bool(correct[group].any()):
-                    rows = range(group * k, (group + 1) * k)
-                    starts = [mask.shape[1] - len(completions[i]) for i in rows]  # right-aligned continuations
-                    entropies = [scores["ent"][i, s:].numpy() for i, s in zip(rows, starts)]
-                    values = None if critic is None else [scores["value"][i, s:].numpy() for i, s in zip(rows, starts)]
-                    candidates = child_candidates(queries[j][1], [completions[i] for i in rows],
-                                                  correct[group].tolist(), entropies, values, stop_ids,
-                                                  args.value_top_frac)
+            for group, j in enumerate(my_queries):  # the candidates: cuts of the group's correct rollouts (if any)
+                rows = range(group * k, (group + 1) * k)
+                starts = [mask.shape[1] - len(completions[i]) for i in rows]  # right-aligned continuations
+                entropies = [scores["ent"][i, s:].numpy() for i, s in zip(rows, starts)]
+                values = None if critic is None else [scores["value"][i, s:].numpy() for i, s in zip(rows, starts)]
+                candidates = child_candidates(queries[j][1], [completions[i] for i in rows], correct[group].tolist(),
+                                              entropies, values, stop_ids, args.value_top_frac)
                 outcomes.append((j, float(correct[group].sum()), candidates))
             outcomes = sorted(gather_list(accelerator, outcomes))
             tree.observe([queries[j][2] for j, _, _ in outcomes], [s for _, s, _ in outcomes], [k] * len(outcomes),
@@ -655,8 +648,7 @@ def main(args: Args) -> None:
             row.update({
                 "pros_pool_size": len(tree), "pros_pool_children": int((tree.parent >= 0).sum()),
                 "pros_frac_children_in_batch": len(child_lens) / max(1, len(queries)),
-                "pros_prefix_len_mean": float(np.mean(child_lens)) if child_lens else None,
-                "pros_saved_prompt_tokens": int(sum(child_lens) * k),  # prefix tokens not regenerated
+                "pros_prefix_len_mean": mean(child_lens), "pros_saved_prompt_tokens": int(sum(child_lens) * k),
                 "pros_children_created": children_created, "pros_gibbs_s": gibbs_seconds,
                 "pros_calib_error": mean(np.abs(theta - wins / k)),  # |θ̂ at selection - s/k|, floor: k-sample noise
                 "pros_calib_excess": calibration_excess(theta, wins, k) if len(wins) else None,  # minus E under θ̂

@@ -42,11 +42,10 @@ def test_common_import_graph_has_no_cycle():
     assert "common.generation" in graph["common.vllm_backend"]  # the former cycle, now one-way
 
 
-def test_each_method_file_holds_its_update_and_is_at_most_710_lines():
-    # 710: pros_ppo.py carries PPO's critic, PROS's query tree and selection, and the picks' calibration measures
+def test_each_method_file_holds_its_update_and_is_at_most_700_lines():
     for script in SCRIPTS:
         source = (ROOT / script).read_text()
-        assert len(source.splitlines()) <= 710, script
+        assert len(source.splitlines()) <= 700, script
         for piece in ("accelerator.backward(", "clip_grad_norm_(", "optimizer.step()", "scheduler.step()",
                       "zero_grad(", "generator.sync_weights(policy)", "reduce_sums(accelerator"):
             assert piece in source, (script, piece)
