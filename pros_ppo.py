@@ -506,7 +506,6 @@ def main(args: Args) -> None:
         t_score = time.time() - t_score_start
         # --mask_truncated_completions: cut rollouts get no policy gradient (the critic still fits their returns)
         policy_mask = mask * ~truncated[:, None] if args.mask_truncated_completions else mask
-        # sampler_logp_diff: None, as no sampler log-probs are asked for (pi_old is scored above), unless some came
         sampler_logp = right_align(gens.logprobs, mask.shape[1]) if any(gens.logprobs) else None
 
         # ================ [PROS] the tree: child candidates (Sec. 3); forget + observe, add, evict, Gibbs (Sec. 4) ===

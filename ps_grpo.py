@@ -465,8 +465,7 @@ def main(args: Args) -> None:
     if resume_from is not None:
         start_step, state = checkpoint.load_checkpoint(resume_from, accelerator, model, optimizer, scheduler)
         counters, method_state = state["counters"], state["method"]
-        # multi-turn checkpoints hold the environment's sampler under "method" (older ones an unused one on top)
-        sampler.load_state_dict(method_state.get("sampler", state["sampler"]))
+        sampler.load_state_dict(method_state.get("sampler", state["sampler"]))  # multi-turn: under "method"
         generator.sync_weights(policy)
         log(f"resumed from {resume_from} at step {start_step}")
     # [PS] prefix tasks for the next batch (identical on every rank), and one controller per category
