@@ -213,7 +213,9 @@ gen.sync_weights(model)
 greedy = SamplingConfig(max_new_tokens=12, temperature=0.0)
 assert gen.generate(prompts, 1, greedy).completion_ids == \
 HFGenerator(model, tok).generate(prompts, 1, greedy).completion_ids
-print(f"RANK {rank}/{torch.distributed.get_world_size()} OK", sampled.completion_ids, flush=True)
+# one file per rank: the two ranks share one stdout pipe, where their lines can interleave
+with open(os.path.join(os.environ["REPORT_DIR"], f"rank{rank}.txt"), "w") as handle:
+    handle.write(f"RANK {rank}/{torch.distributed.get_world_size()} OK {sampled.completion_ids}")
 """
 
 
@@ -222,14 +224,15 @@ def test_one_engine_per_rank_under_torchrun(policy_dir, tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(textwrap.dedent(WORKER))
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "REPORT_DIR": str(tmp_path)}
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                            str(script), str(policy_dir)], cwd=root, env=env, capture_output=True, text=True,
                           timeout=300)
-    ok = sorted(line for line in proc.stdout.splitlines() if line.startswith("RANK "))
-    assert proc.returncode == 0 and len(ok) == 2, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    ok = [(tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1)]
     assert ok[0].startswith("RANK 0/2 OK") and ok[1].startswith("RANK 1/2 OK")
     assert ok[0].split("OK")[1] != ok[1].split("OK")[1]  # same prompts and seed, yet the rank enters the seeds
 
@@ -280,7 +283,10 @@ def spied_generate(self, *args, **kwargs):
 vllm_backend.VLLMGenerator.__init__, vllm_backend.VLLMGenerator.generate = spied_init, spied_generate
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
-print(f"SPY rank {os.environ['RANK']}: {len(calls)} generates, sharded {sorted(set(calls))}", flush=True)
+# one file per rank: the two ranks share one stdout pipe, where their lines can interleave
+report = os.path.join(os.environ["SPY_DIR"], f"spy-rank{os.environ['RANK']}.txt")
+with open(report, "w") as handle:
+    handle.write(f"SPY rank {os.environ['RANK']}: {len(calls)} generates, sharded {sorted(set(calls))}")
 """
 
 
@@ -299,7 +305,7 @@ def test_ra_rloo_on_two_ranks_each_with_its_own_engine(tiny_base, tmp_path, fsdp
     root = Path(__file__).resolve().parents[1]
     (tmp_path / "spy.py").write_text(SPY)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+           "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "SPY_DIR": str(tmp_path)}
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
@@ -317,6 +323,6 @@ def test_ra_rloo_on_two_ranks_each_with_its_own_engine(tiny_base, tmp_path, fsdp
     assert all(isinstance(d, float) and d < 1e-3 for d in diffs), diffs
     assert max(r["grad_norm"] for r in rows[1:]) > 0  # the policy did move between the pushes
     # every rank generated (step-0 eval, 3 steps, final eval) with the policy sharded under --fsdp
-    spied = sorted(line for line in proc.stdout.splitlines() if line.startswith("SPY rank "))
-    assert [line.split(":")[0] for line in spied] == ["SPY rank 0", "SPY rank 1"], proc.stdout[-3000:]
+    spied = [(tmp_path / f"spy-rank{rank}.txt").read_text() for rank in (0, 1)]
+    assert [line.split(":")[0] for line in spied] == ["SPY rank 0", "SPY rank 1"], spied
     assert all(line.endswith(f"generates, sharded [{fsdp}]") and int(line.split()[3]) >= 5 for line in spied), spied
