@@ -284,7 +284,7 @@ vllm_backend.VLLMGenerator.__init__, vllm_backend.VLLMGenerator.generate = spied
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 # one file per rank: the two ranks share one stdout pipe, where their lines can interleave
-report = os.path.join(os.environ["SPY_DIR"], f"spy-rank{os.environ['RANK']}.txt")
+report = os.path.join(os.environ["REPORT_DIR"], f"spy-rank{os.environ['RANK']}.txt")
 with open(report, "w") as handle:
     handle.write(f"SPY rank {os.environ['RANK']}: {len(calls)} generates, sharded {sorted(set(calls))}")
 """
@@ -305,7 +305,7 @@ def test_ra_rloo_on_two_ranks_each_with_its_own_engine(tiny_base, tmp_path, fsdp
     root = Path(__file__).resolve().parents[1]
     (tmp_path / "spy.py").write_text(SPY)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "SPY_DIR": str(tmp_path)}
+           "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "REPORT_DIR": str(tmp_path)}
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
