@@ -478,7 +478,7 @@ def main(args: Args) -> None:
                 log(f"stopped at step {step}; continue with --resume auto (checkpoint {path})")
                 break
     progress.close()
-    logger.close()
+    accelerator.end_training()  # trackers finish; destroying the process group here, not at exit, avoids an abort
     stop.close()
     log(run_summary(args.output_dir, ["est_calibration_error", "est_alloc_max", "ada_adv_mean_trained"]))
 

@@ -609,7 +609,7 @@ def main(args: Args) -> None:
                 log(f"stopped at step {step}; continue with --resume auto (checkpoint {path})")
                 break
     progress.close()
-    logger.close()
+    accelerator.end_training()  # trackers finish; destroying the process group here, not at exit, avoids an abort
     stop.close()
     log(run_summary(args.output_dir, ["ada_samples_per_prompt_mean", "ada_inference_cost_rel", "ada_adv_mean_trained"]))
 

@@ -690,7 +690,7 @@ def main(args: Args) -> None:
                 log(f"stopped at step {step}; continue with --resume auto (checkpoint {path})")
                 break
     progress.close()
-    logger.close()
+    accelerator.end_training()  # trackers finish; destroying the process group here, not at exit, avoids an abort
     stop.close()
     log(run_summary(args.output_dir, ["ps_prefix_pass_rate", "ps_trained_groups", "ps_ratio_hard", "ps_ratio_easy"]))
 

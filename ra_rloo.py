@@ -446,7 +446,7 @@ def main(args: Args) -> None:
                 log(f"stopped at step {step}; continue with --resume auto (checkpoint {path})")
                 break
     progress.close()
-    logger.close()
+    accelerator.end_training()  # trackers finish; destroying the process group here, not at exit, avoids an abort
     stop.close()
     log(run_summary(args.output_dir, ["ra_zero_var_frac_post", "ra_replay_fired_frac", "ra_is_weight_mean"]))
 

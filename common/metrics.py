@@ -60,10 +60,6 @@ class MetricsLogger:
         if self.trackers:
             self.acc.log({k: v for k, v in clean.items() if isinstance(v, (int, float))}, step=clean["step"])
 
-    def close(self) -> None:
-        if self.trackers:
-            self.acc.end_training()
-
 
 class SampleLogger:
     """samples.jsonl: at chosen steps, up to `per_kind` rollouts of each kind (fresh, replayed, prefix...) as JSON rows

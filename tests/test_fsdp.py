@@ -89,3 +89,20 @@ def test_fsdp_refuses_lora(random_model_dir):
     policy, _ = load_policy(random_model_dir)
     with pytest.raises(SystemExit, match="--fsdp with --lora_r"):
         shard(add_lora(policy, 4, 8, "all-linear"))
+
+
+@pytest.mark.parametrize("script", ["ps_grpo", "pros_ppo", "ada_seq", "ada_est", "ra_rloo"])
+def test_every_script_destroys_its_process_group_before_returning(script, tiny_base, tmp_path):
+    # A gloo group still alive when the interpreter exits can abort a finished run (SIGABRT, "terminate called without
+    # an active exception"), so main() destroys it. --fsdp makes a world-of-one group in this very process.
+    import importlib
+
+    import torch.distributed as dist
+
+    from common.cli import parse_args
+
+    module = importlib.import_module(script)
+    module.main(parse_args(module.Args, ["--model_name_or_path", tiny_base, *SMALL, "--eval_every", "0",
+                                         "--max_steps", "1", "--fsdp", "--output_dir", str(tmp_path / script)]))
+    assert (tmp_path / script / "checkpoint-1" / "shards_rank0.pt").exists()  # it did run sharded
+    assert not dist.is_initialized()
