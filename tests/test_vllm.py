@@ -216,6 +216,7 @@ HFGenerator(model, tok).generate(prompts, 1, greedy).completion_ids
 # one file per rank: the two ranks share one stdout pipe, where their lines can interleave
 with open(os.path.join(os.environ["REPORT_DIR"], f"rank{rank}.txt"), "w") as handle:
     handle.write(f"RANK {rank}/{torch.distributed.get_world_size()} OK {sampled.completion_ids}")
+torch.distributed.destroy_process_group()  # as the scripts do: a gloo group alive at exit can abort the process
 """
 
 
