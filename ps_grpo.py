@@ -432,7 +432,8 @@ def main(args: Args) -> None:
                                   max_model_len=args.vllm_max_model_len,
                                   gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
     else:
-        generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype)
+        generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype,
+                                cache_implementation=args.cache_implementation)
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)  # text mode
     turn_sampling = turn_config(tokenizer, args, args.temperature)  # multi-turn: one action per generate call
     eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature  # 0: greedy

@@ -91,6 +91,9 @@ class BaseArgs:
     """sampling temperature for training rollouts and evaluation"""
     gen_batch_size: int = 256
     """sequences per HF generate call"""
+    cache_implementation: Optional[Literal["dynamic", "static", "offloaded", "offloaded_static"]] = None
+    """KV cache of HF generate (TRL's GRPOConfig name): unset = transformers' default (dynamic); `static`
+    preallocates it and, on a GPU, lets transformers compile the decoding step (docs/scaling.md); not with vLLM"""
     # --- optimisation ---
     learning_rate: float = 5e-5
     """AdamW learning rate (5e-5 suits the embedded model; real 0.5B-7B models: about 1e-6; docs/benchmark.md)"""

@@ -81,6 +81,9 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
         args.eval_train_prompts = args.eval_prompts
     if (getattr(args, "eval_train_prompts", 0) or 0) < 0:
         raise SystemExit(f"--eval_train_prompts {args.eval_train_prompts}: must be >= 0 (0 = off)")
+    if getattr(args, "use_vllm", False) and getattr(args, "cache_implementation", None):
+        raise SystemExit(f"--cache_implementation {args.cache_implementation}: applies to HF generate only; vLLM "
+                         "(--use_vllm) manages its own KV cache: drop one of the two flags")
     if hasattr(args, "validate"):
         args.validate()
     return args

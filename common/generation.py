@@ -41,11 +41,13 @@ class HFGenerator:
 
     reads_policy = True  # generate() runs the training model: under --fsdp it must be gathered (`gathered`)
 
-    def __init__(self, model, tokenizer, batch_size: int = 256, dtype: str = "float32"):
+    def __init__(self, model, tokenizer, batch_size: int = 256, dtype: str = "float32",
+                 cache_implementation: str | None = None):
         self.model = model  # the (unwrapped) training model: always current, nothing to sync
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.dtype = dtype  # compute dtype (autocast over the fp32 weights)
+        self.cache_implementation = cache_implementation  # None: transformers' default (a dynamic cache)
 
     def sync_weights(self, model) -> None:
         self.model = model
@@ -94,6 +96,8 @@ class HFGenerator:
                 max_new_tokens=cfg.max_new_tokens,
                 eos_token_id=stop_ids,
                 pad_token_id=tok.pad_token_id,
+                # "static": a preallocated cache, which transformers compiles the decoding step for on a GPU
+                **({"cache_implementation": self.cache_implementation} if self.cache_implementation else {}),
                 # transformers runs FSDP models in lock-step (an all-reduce per token); --fsdp generates inside
                 # `gathered` (whole weights, no communication), where ranks finish independently
                 synced_gpus=False,

@@ -1,0 +1,40 @@
+"""`--cache_implementation` (HF generate's KV cache, TRL's GRPOConfig name) reaches `generate` in every script, and is
+refused next to vLLM, which manages its own cache."""
+import importlib
+
+import pytest
+from transformers.generation.utils import GenerationMixin
+
+from common.cli import parse_args
+
+
+class FirstGenerate(Exception):
+    """Raised by the spy once it has seen generate's keywords: nothing more of the run is needed."""
+
+
+@pytest.mark.parametrize("script", ["ra_rloo", "ps_grpo", "pros_ppo", "ada_seq", "ada_est"])
+def test_cache_implementation_reaches_generate(script, tiny_base, tmp_path, monkeypatch):
+    seen = []
+
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs.get("cache_implementation", "<absent>"))
+        raise FirstGenerate
+
+    monkeypatch.setattr(GenerationMixin, "generate", spy)
+    module = importlib.import_module(script)
+    argv = ["--model_name_or_path", tiny_base, "--output_dir", str(tmp_path / script), "--max_steps", "1",
+            "--eval_prompts", "2", "--eval_samples", "1", "--prompts_per_step", "2", "--num_threads", "1"]
+    for flags, expected in ((["--cache_implementation", "static"], "static"), ([], "<absent>")):
+        seen.clear()
+        with pytest.raises(FirstGenerate):
+            module.main(parse_args(module.Args, [*argv, *flags]))
+        assert seen == [expected]  # unset: transformers' own default (no keyword at all)
+
+
+def test_cache_implementation_with_vllm_is_refused():
+    import ra_rloo
+
+    with pytest.raises(SystemExit, match="--cache_implementation static: applies to HF generate only"):
+        parse_args(ra_rloo.Args, ["--use_vllm", "--cache_implementation", "static"])
+    with pytest.raises(SystemExit):
+        parse_args(ra_rloo.Args, ["--cache_implementation", "paged"])  # not a choice
