@@ -1,34 +1,53 @@
-"""GPU smoke run: every method script for a few steps on a real architecture, ready for when a GPU is lent.
+"""GPU smoke and learning check: every method script on a real architecture, in one short GPU spell.
 
-It builds a randomly initialised Qwen2-architecture model (~143M parameters with the default `--size 150m`) and a
-byte-level BPE tokenizer trained here on generated Countdown text (nothing is downloaded), saves them as a Hugging
-Face directory, then runs each script in this process on the embedded Countdown task for `--steps` steps in bf16
-with the HF generation backend, once per variant: `plain`, `gradient_checkpointing`, `lora` (r 16), and `fsdp`
-(FSDP2 on one process: the wrapping, gathers and checkpoint paths, not a memory saving). Per run it prints generated
-tokens per second, the step time split into generation / training (the update, its log-prob passes included) / the
-rest, peak GPU memory, and whether the loss and the weights changed. Results also go to `<output_dir>/smoke.json`. A
-random model solves nothing, so ps_grpo.py (which drops groups whose rollouts all fail) trains nothing here:
-"weights changed 0%" is expected for it; the other scripts get a gradient anyway (RLOO's replayed demonstrations,
-the entropy bonus, PPO's critic).
+One command, `python benchmarks/gpu_smoke.py`, sized for one lent GPU (at most `--budget_s`, default 480 s, wall time):
 
-Needs, beyond PyTorch and transformers: accelerate, tokenizers, safetensors, numpy, tqdm and peft (all in the GPU
-image described in ../shared/notes/stack-facts.md). Not needed on this path: datasets and math-verify (real
-datasets only), vllm. If one is missing, bring it as a wheel: `pip download <name> --no-deps -d wheels/` on a
-machine with internet (accelerate, peft and tokenizers together are well under 64 MiB), copy `wheels/` along and
-`pip install --no-index wheels/*.whl` there.
+0. **Model and warm start.** A randomly initialised Qwen2-architecture model (~143M parameters, `--size 150m`) and a
+   byte-level BPE tokenizer trained here on generated Countdown text (nothing is downloaded), then supervised
+   fine-tuning on generated Countdown demonstrations (the embedded base's recipe: solver solutions, a share of
+   careless answers on the 3- and 5-number levels, loss on the answer only) until greedy pass@1 on training prompts
+   reaches `--warm_target`, so every run below sees successes and failures. Cached in the model folder
+   (`model-<size>-warm/warm_start.json`): a second command skips it. `--size tiny` (a CPU check) starts from the
+   shipped embedded base instead, which is already warm.
+1. **Parts, in priority order** (`--parts`): every script `plain`; then `fsdp` (FSDP2 on one process: its wrapping,
+   gathers and checkpoint paths); then `gc_lora` (gradient checkpointing, LoRA r 16); then `learning` (a method and
+   its baseline, RA-RLOO and `--replay none`, for as many steps as the budget leaves, held-out pass@1 with a 95%
+   interval at start and end, a learning-curve PNG); then `speed` (one script's generated tokens/s with HF generate's
+   default cache and with `--cache_implementation static`, which transformers compiles on a GPU); then `peer` (TRL's
+   GRPOTrainer against ours, `benchmarks/trl_peer.py`, when trl imports or its wheels lie in `.whl/`).
+   The plan printed first says what fits; a part that does not fit is skipped, a run never starts past the budget,
+   and a timer stops a running script at the budget (its graceful stop: it saves and returns).
+2. **Every run proves its update**: mean reward, the fraction of policy weights that changed (LoRA: adapter B entries
+   that left zero; pros_ppo also the critic's), mean grad norm, ps_grpo's trained groups. The table ends with a
+   verdict line, "policy updated in N of M runs", naming every run that did not.
 
-    python benchmarks/gpu_smoke.py                                  # on one CUDA GPU: 5 scripts x 4 variants
-    python benchmarks/gpu_smoke.py --size tiny --steps 2 --scripts ra_rloo --variants plain,lora   # CPU check
+Results go to `<output_dir>/smoke.json` and `smoke.md` after every run. SIGTERM or Ctrl-C ends the whole command:
+the running script saves and stops, nothing more starts, and what was measured is written.
+
+Needs, beyond PyTorch and transformers: accelerate, tokenizers, safetensors, numpy, tqdm and peft (all on the lent
+GPU image, see docs/scaling.md); matplotlib for the PNG (else the command to draw it later is printed). Not needed:
+datasets, math-verify, vllm.
+
+    python benchmarks/gpu_smoke.py                                   # one CUDA GPU, <= 8 minutes
+    python benchmarks/gpu_smoke.py --parts learning,speed,peer       # a second spell: what did not fit
+    python benchmarks/gpu_smoke.py --size tiny --steps 2 --parts plain --budget_s 300   # CPU check
 """
 from __future__ import annotations
 
 import gc
 import importlib
 import json
+import math
+import os
+import random
+import shutil
+import signal
+import subprocess
 import sys
+import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -38,30 +57,45 @@ if str(ROOT) not in sys.path:
 
 from common.cli import parse_args  # noqa: E402
 
-SIZES = {  # Qwen2 configs: ~143M parameters (tied embeddings) and a CPU-sized check
+T0 = time.time()  # the command's start: its budget counts from here, imports included
+STOP_MARGIN_S = 15.0  # the budget timer fires this early: the running step, its checkpoint and the report fit after
+
+SIZES = {  # Qwen2 configs: ~143M parameters (tied embeddings); the tests' small random model
     "150m": dict(hidden_size=1024, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4,
                  intermediate_size=2816, vocab_size=8192),
-    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    "test": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  intermediate_size=128, vocab_size=512),
 }
-VARIANTS = {"plain": [], "gradient_checkpointing": ["--gradient_checkpointing"], "lora": ["--lora_r", "16"],
-            "fsdp": ["--fsdp"]}
+PARTS = ("plain", "fsdp", "gc_lora", "learning", "speed", "peer")  # priority order
+VARIANTS = {"plain": [], "fsdp": ["--fsdp"], "gradient_checkpointing": ["--gradient_checkpointing"],
+            "lora": ["--lora_r", "16"]}
+PART_VARIANTS = {"plain": ["plain"], "fsdp": ["fsdp"], "gc_lora": ["gradient_checkpointing", "lora"]}
 SCRIPT_FLAGS = {"ada_seq": ["--max_rounds", "2", "--round_repeat", "4"], "ps_grpo": ["--mode", "text", "--n", "4"],
                 "pros_ppo": ["--k", "4"], "ada_est": ["--prompt_pool", "64"], "ra_rloo": ["--k", "4"]}
+# first guesses for the plan (seconds), replaced by measured ones as the command goes: a smoke run's fixed cost
+# (model load, step-0 and final evaluation, checkpoint) and one step; measured on an H200 with a random model
+GUESS = {"150m": {"run_fixed_s": 8.0, "step_s": 3.5, "warm_s": 150.0, "peer_s": 120.0},
+         "tiny": {"run_fixed_s": 4.0, "step_s": 0.6, "warm_s": 0.0, "peer_s": 60.0},
+         "test": {"run_fixed_s": 4.0, "step_s": 0.6, "warm_s": 20.0, "peer_s": 60.0}}
+LEARNING = {"method": ["--replay", "on_demand"], "baseline": ["--replay", "none"]}  # ra_rloo.py; same flags else
+WHEELS = ROOT / ".whl"  # TRL's wheels for an image without it (docs/scaling.md); ignored by git, carried to the GPU
 
 
 @dataclass
 class Args:
     output_dir: str = "runs/gpu_smoke"
-    """where the model directory, each run's output and smoke.json go"""
-    size: Literal["150m", "tiny"] = "150m"
-    """model size: `150m` (~143M parameters, the GPU smoke) or `tiny` (a CPU check of this script)"""
-    steps: int = 10
-    """training steps per run"""
+    """where the model folders, each run's output, smoke.json and smoke.md go"""
+    size: Literal["150m", "tiny", "test"] = "150m"
+    """`150m`: a random ~143M Qwen2 warm-started here (the GPU check); `tiny`: the shipped embedded base (a CPU check
+    of this script); `test`: a small random Qwen2 warm-started briefly (the warm start's own test)"""
+    budget_s: float = 480.0
+    """wall-clock budget of the whole command, model build and warm start included (seconds)"""
+    parts: str = ",".join(PARTS)
+    """comma-separated parts to run, taken in this priority order: plain, fsdp, gc_lora, learning, speed, peer"""
     scripts: str = "ra_rloo,ada_seq,ada_est,ps_grpo,pros_ppo"
-    """comma-separated method scripts to run"""
-    variants: str = "plain,gradient_checkpointing,lora,fsdp"
-    """comma-separated variants: plain, gradient_checkpointing, lora, fsdp"""
+    """comma-separated method scripts of the smoke parts (plain, fsdp, gc_lora)"""
+    steps: int = 3
+    """training steps of each smoke run (the update must show in them)"""
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     """compute dtype passed to the scripts (`--dtype`)"""
     prompts_per_step: int = 16
@@ -69,14 +103,85 @@ class Args:
     max_new_tokens: int = 64
     """completion length limit in every run"""
     learning_rate: float = 1e-5
-    """learning rate of every run (LoRA runs use 10x)"""
+    """learning rate of the smoke runs (LoRA runs use 10x)"""
+    warm_target: float = 0.2
+    """the warm start stops once greedy pass@1 on training prompts reaches this"""
+    warm_max_steps: int = 4000
+    """the warm start stops after this many SFT steps even below the target"""
+    warm_lr: float = 3e-4
+    """SFT learning rate of the warm start (AdamW, linear warm-up over 5% of warm_max_steps)"""
+    warm_batch_size: int = 64
+    """SFT demonstrations per step"""
+    warm_check_every: int = 100
+    """greedy pass@1 is measured every this many SFT steps (on 128 training prompts)"""
+    learning_lr: float = 2e-5
+    """learning rate of the learning part's two runs"""
+    learning_eval_prompts: int = 128
+    """held-out prompts of the learning part's start / end pass@1"""
+    learning_eval_samples: int = 4
+    """samples per held-out prompt in the learning part (pass@1 = their mean)"""
+    learning_max_steps: int = 200
+    """upper bound on each learning run's steps (the budget usually binds first)"""
+    speed_steps: int = 4
+    """steps of each speed run (the first, which compiles, is reported apart)"""
 
     def validate(self) -> None:
-        bad = [v for v in self.variants.split(",") if v not in VARIANTS]
+        bad = [p for p in self.parts.split(",") if p not in PARTS]
         bad += [s for s in self.scripts.split(",") if not (ROOT / f"{s}.py").exists()]
-        if bad or self.steps < 1:
-            raise SystemExit(f"--scripts/--variants/--steps: unknown {bad} or steps < 1 (variants: {list(VARIANTS)})")
+        if bad:
+            raise SystemExit(f"--parts / --scripts: unknown {bad} (parts: {', '.join(PARTS)})")
+        if self.steps < 1 or self.speed_steps < 2 or self.learning_max_steps < 1:
+            raise SystemExit("--steps must be >= 1, --speed_steps >= 2 and --learning_max_steps >= 1")
+        if not self.budget_s > 0 or not 0 < self.warm_target <= 1:
+            raise SystemExit(f"--budget_s {self.budget_s} must be > 0, --warm_target {self.warm_target} in (0, 1]")
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# Stopping: a signal or the budget ends the whole command, never just one run
+# ---------------------------------------------------------------------------------------------------------------
+
+class Stop:
+    """SIGINT / SIGTERM and the budget timer, for the whole command. Inside a script's main() the script's own
+    graceful stop takes the signal (it saves and returns early); before it has installed its handler (model load,
+    step-0 evaluation) there is no step to save, so the signal interrupts the run at once."""
+
+    def __init__(self, budget_s: float):
+        self.start = T0
+        self.budget_s = budget_s - STOP_MARGIN_S
+        self.reason: str | None = None  # "signal 15", "budget"
+        self.in_run = False
+        self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        self.timer = threading.Timer(max(0.0, self.left()), self._budget)
+        self.timer.daemon = True
+        self.timer.start()
+
+    def _handle(self, signum, frame) -> None:
+        self.reason = self.reason or f"signal {signum}"
+        print(f"\ngpu_smoke: {self.reason}: stopping the whole command after what is running now", flush=True)
+        if self.in_run:
+            raise KeyboardInterrupt
+
+    def _budget(self) -> None:
+        """At the budget: the running script stops as on Ctrl-C (it saves after its step), nothing more starts."""
+        if self.reason is None:
+            self.reason = "budget"
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def elapsed(self) -> float:
+        return time.time() - self.start
+
+    def left(self) -> float:
+        return self.budget_s - self.elapsed()
+
+    def close(self) -> None:
+        self.timer.cancel()
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Model and warm start
+# ---------------------------------------------------------------------------------------------------------------
 
 def build_model_dir(path: Path, size: str) -> Path:
     """A random Qwen2 model + a byte-level BPE trained on generated Countdown text, saved as an HF dir (cached)."""
@@ -114,92 +219,597 @@ def build_model_dir(path: Path, size: str) -> Path:
     return path
 
 
-def weights_changed(model_dir: Path, ckpt: Path) -> float:
-    """Fraction of weights that differ from the start (LoRA: fraction of adapter B entries that left zero)."""
+def greedy_pass_rate(model, tokenizer, problems, max_new_tokens: int, dtype: str) -> float:
+    """Greedy pass@1 (binary verifier) of `model` on (level tag, problem) pairs."""
+    from common import countdown
+    from common.data import PromptEncoder
+    from common.generation import HFGenerator, SamplingConfig
+
+    encode = PromptEncoder(tokenizer, templated=False)  # as the scripts encode Countdown prompts
+    prompts = [encode(countdown.prompt_text(p)) for _, p in problems]
+    gens = HFGenerator(model, tokenizer, dtype=dtype).generate(
+        prompts, 1, SamplingConfig(max_new_tokens=max_new_tokens, temperature=0.0, logprobs=False))
+    texts = tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
+    return sum(countdown.reward_binary(text, p) for text, (_, p) in zip(texts, problems)) / len(problems)
+
+
+def warm_start(random_dir: Path, warm_dir: Path, args: Args, stop: Stop) -> dict:
+    """SFT of the random model on generated Countdown demonstrations until greedy pass@1 on 128 training prompts
+    reaches `--warm_target` (the embedded base's recipe, common/tiny_model.py: solver solutions and, per level, its
+    share of careless answers; loss on the answer only). Saved to `warm_dir` with warm_start.json; cached."""
+    import torch
+
+    from common import countdown
+    from common.logprobs import token_logprobs
+    from common.masking import pad_sequences
+    from common.policy import autocast, load_policy
+    from common.tiny_model import BaseRecipe
+
+    if (warm_dir / "warm_start.json").exists():
+        info = json.loads((warm_dir / "warm_start.json").read_text())
+        print(f"warm start: cached in {warm_dir} ({info['steps']} steps, greedy pass@1 {info['greedy_pass@1']:.3f})")
+        return {**info, "cached": True}
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model, tokenizer = load_policy(str(random_dir))
+    model.to(device).train()
+    rng = random.Random(0)
+    train, _ = countdown.make_level_splits()
+    careless = dict(zip([level.tag for level in countdown.LEVELS], BaseRecipe().careless, strict=True))
+    probe = random.Random(1).sample(train, 128)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.warm_lr, weight_decay=0.0)
+    warmup = max(1, args.warm_max_steps // 20)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    eos, t0, trace, rate, step = tokenizer.eos_token_id, time.time(), [], 0.0, 0
+    print(f"warm start: SFT until greedy pass@1 >= {args.warm_target} on 128 training prompts "
+          f"(at most {args.warm_max_steps} steps)", flush=True)
+    while step < args.warm_max_steps and stop.reason is None:
+        picks = [train[rng.randrange(len(train))] for _ in range(args.warm_batch_size)]
+        prompts = [tokenizer(countdown.prompt_text(p), add_special_tokens=False).input_ids for _, p in picks]
+        answers = [tokenizer(countdown.solution_text(countdown.sample_steps(p, rng, rng.random() >= careless[tag])),
+                             add_special_tokens=False).input_ids + [eos] for tag, p in picks]
+        batch = pad_sequences(prompts, answers, tokenizer.pad_token_id).to(device)
+        with autocast(device, args.dtype):
+            logp, _ = token_logprobs(model, batch)
+        loss = -(logp * batch.loss_mask).sum() / batch.loss_mask.sum()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        if step % args.warm_check_every == 0 or step == args.warm_max_steps:
+            rate = greedy_pass_rate(model, tokenizer, probe, args.max_new_tokens, args.dtype)
+            model.train()
+            trace.append({"step": step, "seconds": round(time.time() - t0, 1), "loss": round(loss.item(), 4),
+                          "greedy_pass@1": rate})
+            print(f"  warm start step {step}: {trace[-1]['seconds']} s, loss {loss.item():.3f}, "
+                  f"greedy pass@1 {rate:.3f}", flush=True)
+            if rate >= args.warm_target:
+                break
+    info = {"steps": step, "seconds": round(time.time() - t0, 1), "greedy_pass@1": rate,
+            "reached": rate >= args.warm_target, "target": args.warm_target, "lr": args.warm_lr,
+            "batch_size": args.warm_batch_size, "device": str(device), "trace": trace}
+    if stop.reason is not None:  # cut short: not a warm start to cache
+        return {**info, "status": f"stopped ({stop.reason})"}
+    tmp = warm_dir.with_name(warm_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "warm_start.json").write_text(json.dumps(info, indent=2))
+    shutil.rmtree(warm_dir, ignore_errors=True)
+    os.replace(tmp, warm_dir)
+    print(f"warm start: {step} steps in {info['seconds']} s, greedy pass@1 {rate:.3f} "
+          f"({'target reached' if info['reached'] else 'BELOW the target'}); saved {warm_dir}", flush=True)
+    return {**info, "status": "ok"}
+
+
+def embedded_warm_dir(path: Path) -> Path:
+    """`--size tiny`: the shipped embedded base (already SFT'd by the same recipe), copied into the output dir."""
+    from common import countdown
+    from common.policy import load_policy
+    from common.tiny_model import ensure_embedded_base
+
+    if not (path / "warm_start.json").exists():
+        base = ensure_embedded_base()
+        shutil.copytree(base, path, dirs_exist_ok=True)
+        model, tokenizer = load_policy(str(path))
+        train, _ = countdown.make_level_splits()
+        rate = greedy_pass_rate(model, tokenizer, random.Random(1).sample(train, 128), 48, "float32")
+        (path / "warm_start.json").write_text(json.dumps({"steps": 0, "seconds": 0.0, "greedy_pass@1": rate,
+                                                          "reached": True, "source": str(base)}))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One run of a script, and the proof of its update
+# ---------------------------------------------------------------------------------------------------------------
+
+def changed_fraction(start: dict, end: dict, names: dict[str, str]) -> float:
+    """Fraction of entries of `end[name]` differing from `start[names[name]]` (a bf16 round trip of the start counts
+    as unchanged: LoRA stores its frozen base in the compute dtype)."""
+    import torch
+
+    changed = total = 0
+    for name, start_name in names.items():
+        before, after = start[start_name].float(), end[name].float()
+        differs = (after != before) & (after != before.to(torch.bfloat16).float())
+        changed, total = changed + int(differs.sum()), total + after.numel()
+    return changed / max(1, total)
+
+
+def policy_changed(model_dir: Path, ckpt: Path) -> float:
+    """Fraction of policy weights that differ from the start (LoRA: fraction of adapter B entries that left zero)."""
     from safetensors.torch import load_file
 
     if (ckpt / "adapter_model.safetensors").exists():
         adapter = load_file(str(ckpt / "adapter_model.safetensors"))
-        b = [t for k, t in adapter.items() if "lora_B" in k]
-        return sum(int((t != 0).sum()) for t in b) / max(1, sum(t.numel() for t in b))
+        lora_b = [t for name, t in adapter.items() if "lora_B" in name]
+        return sum(int((t != 0).sum()) for t in lora_b) / max(1, sum(t.numel() for t in lora_b))
     start, end = load_file(str(model_dir / "model.safetensors")), load_file(str(ckpt / "model.safetensors"))
-    return sum(int((end[k] != start[k]).sum()) for k in start) / sum(t.numel() for t in start.values())
+    return changed_fraction(start, end, {name: name for name in start})
 
 
-def run_one(script: str, variant: str, model_dir: Path, args: Args) -> dict:
+def critic_changed(model_dir: Path, ckpt: Path) -> float | None:
+    """pros_ppo's critic (saved in the trainer state): the fraction of its backbone entries that differ from the
+    policy weights it was copied from, and of its zero-initialised head."""
+    import torch
+    from safetensors.torch import load_file
+
+    critic = torch.load(ckpt / "trainer_state.pt", weights_only=True)["state"].get("method", {}).get("critic")
+    if not critic:
+        return None
+    start = load_file(str(model_dir / "model.safetensors"))
+    start.update({name: torch.zeros_like(tensor) for name, tensor in critic.items() if name.startswith("head.")})
+    names = {}
+    for name in critic:  # backbone.<x> is the policy's model.<x>; LoRA wraps a linear's weight as base_layer
+        start_name = name if name.startswith("head.") else "model." + name.removeprefix("backbone.")
+        start_name = start_name.replace(".base_layer", "")
+        if start_name in start:
+            names[name] = start_name
+    return changed_fraction(start, critic, names)
+
+
+def run_script(script: str, flags: list[str], out: Path, model_dir: Path, steps: int, args: Args,
+               stop: Stop) -> dict:
+    """`script`'s main() in this process for `steps` steps; its metrics, timings, peak GPU memory, update proof."""
     import torch
 
-    from benchmarks.run import script_flags
-
-    flags = [*VARIANTS[variant], *SCRIPT_FLAGS.get(script, [])]
-    known = script_flags(ROOT / f"{script}.py") or {}
-    missing = [f for f in flags if f.startswith("--") and f[2:] not in known]
-    if missing:
-        return {"script": script, "variant": variant, "status": f"missing {missing}"}
-    out = Path(args.output_dir) / f"{script}-{variant}"
-    lr = args.learning_rate * (10 if variant == "lora" else 1)
-    argv = ["--model_name_or_path", str(model_dir), "--output_dir", str(out), "--max_steps", str(args.steps),
-            "--dtype", args.dtype, "--prompts_per_step", str(args.prompts_per_step), "--max_new_tokens",
-            str(args.max_new_tokens), "--learning_rate", repr(lr), "--eval_every", "0", "--eval_prompts", "16",
-            "--eval_samples", "2", "--save_every", "0", "--warmup_steps", "1", *flags]
     module = importlib.import_module(script)
+    argv = ["--model_name_or_path", str(model_dir), "--output_dir", str(out), "--max_steps", str(steps),
+            "--dtype", args.dtype, "--prompts_per_step", str(args.prompts_per_step), "--max_new_tokens",
+            str(args.max_new_tokens), "--eval_every", "0", "--eval_prompts", "16", "--eval_samples", "2",
+            "--eval_train_prompts", "0", "--save_every", "0", "--warmup_steps", "1", *flags]
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+    graphs = _compiled_graphs()
     start = time.time()
+    stop.in_run = True
     try:
         module.main(parse_args(module.Args, argv))
     finally:
+        stop.in_run = False
         if torch.distributed.is_initialized():  # --fsdp made a world of one in this process: drop it
             torch.distributed.destroy_process_group()
     wall = time.time() - start
     peak = torch.cuda.max_memory_allocated() / 2 ** 30 if cuda else None
     gc.collect()
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1:]
+    done = rows[-1]["step"] if rows else 0
+    if not rows:
+        return {"status": f"stopped before step 1 ({stop.reason})", "wall_s": wall}
     gen_s, train_s, step_s = (sum(r[k] for r in rows) for k in ("time_gen_s", "time_train_s", "time_step_s"))
-    losses = [r["loss"] for r in rows]
-    return {"script": script, "variant": variant, "status": "ok", "steps": len(rows), "wall_s": wall,
-            "gen_tokens_per_s": rows[-1]["gen_tokens"] / max(gen_s, 1e-9), "gen_s_per_step": gen_s / len(rows),
-            "train_s_per_step": train_s / len(rows), "other_s_per_step": (step_s - gen_s - train_s) / len(rows),
-            "peak_gpu_gib": peak, "loss_changed": len(set(losses)) > 1,
-            "weights_changed_frac": weights_changed(model_dir, out / f"checkpoint-{args.steps}")}
+    result = {
+        "status": "ok" if done == steps else f"stopped at step {done} of {steps} ({stop.reason})",
+        "steps": done, "wall_s": wall, "fixed_s": wall - step_s, "step_s": step_s / len(rows),
+        "gen_tokens_per_s": rows[-1]["gen_tokens"] / max(gen_s, 1e-9), "gen_s_per_step": gen_s / len(rows),
+        "train_s_per_step": train_s / len(rows), "other_s_per_step": (step_s - gen_s - train_s) / len(rows),
+        "peak_gpu_gib": peak, "reward_mean": sum(r["reward_mean"] for r in rows) / len(rows),
+        "grad_norm_mean": sum(r["grad_norm"] for r in rows) / len(rows),
+        "compiled_graphs": _compiled_graphs() - graphs,
+    }
+    if "ps_trained_groups" in rows[0]:
+        result["groups_kept"] = int(sum(r["ps_trained_groups"] for r in rows))
+    ckpt = out / f"checkpoint-{done}"
+    result["policy_changed_frac"] = policy_changed(model_dir, ckpt)
+    if script == "pros_ppo":
+        result["critic_changed_frac"] = critic_changed(model_dir, ckpt)
+    return result
 
 
-def table(results: list[dict], device: str) -> str:
-    lines = [f"GPU smoke on {device}", "",
-             "| script | variant | gen tokens/s | s/step: gen / train / rest | peak GPU memory | loss changed | "
-             "weights changed |", "|---|---|---|---|---|---|---|"]
-    for r in results:
-        if r["status"] != "ok":
-            lines.append(f"| {r['script']} | {r['variant']} | {r['status']} | | | | |")
-            continue
-        peak = "n/a (CPU)" if r["peak_gpu_gib"] is None else f"{r['peak_gpu_gib']:.2f} GiB"
-        lines.append(f"| {r['script']} | {r['variant']} | {r['gen_tokens_per_s']:,.0f} | "
-                     f"{r['gen_s_per_step']:.2f} / {r['train_s_per_step']:.2f} / {r['other_s_per_step']:.2f} | "
-                     f"{peak} | {'yes' if r['loss_changed'] else 'NO'} | {r['weights_changed_frac']:.1%} |")
-    return "\n".join(lines)
+def _compiled_graphs() -> int:
+    """Graphs torch.compile has built in this process so far (transformers compiles generate's decoding step)."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return 0
+    return int(counters["stats"]["unique_graphs"])
 
 
-def main(args: Args) -> None:
+# ---------------------------------------------------------------------------------------------------------------
+# The learning part: a method and its baseline, held-out pass@1 with a 95% interval, a curve
+# ---------------------------------------------------------------------------------------------------------------
+
+def heldout_pass_rates(model_dir: Path, args: Args) -> list[float]:
+    """Per held-out prompt: the fraction of `--learning_eval_samples` samples (T = 1) the binary verifier accepts."""
     import torch
 
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU (no GPU: a check of this script)"
-    model_dir = build_model_dir(Path(args.output_dir) / f"model-{args.size}", args.size)
+    from common.countdown import countdown_task
+    from common.data import PromptEncoder
+    from common.generation import HFGenerator, SamplingConfig
+    from common.policy import load_policy
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model, tokenizer = load_policy(str(model_dir))
+    model.to(device)
+    task = countdown_task("binary", args.learning_eval_prompts)
+    n = args.learning_eval_samples
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(1234)  # the same draws for every policy measured
+        gens = HFGenerator(model, tokenizer, dtype=args.dtype).generate(
+            [PromptEncoder(tokenizer, task.templated)(ex.prompt) for ex in task.eval], n,
+            SamplingConfig(max_new_tokens=args.max_new_tokens, logprobs=False))
+    texts = tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
+    del model
+    gc.collect()
+    return [sum(task.eval_reward_fn(texts[i * n + j], ex) for j in range(n)) / n for i, ex in enumerate(task.eval)]
+
+
+def mean_ci(values: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% interval (normal approximation over prompts)."""
+    mean = sum(values) / len(values)
+    var = sum((v - mean) ** 2 for v in values) / max(1, len(values) - 1)
+    return mean, 1.96 * math.sqrt(var / len(values))
+
+
+def plan_learning_steps(left_s: float, fixed_s: float, step_s: float, max_steps: int) -> int:
+    """Steps each of the two learning runs can take in `left_s` (each run also pays `fixed_s`, and the three
+    held-out measurements about one run's fixed cost together)."""
+    return max(0, min(max_steps, int((left_s - 3 * fixed_s) / 2 / step_s)))
+
+
+def plot_learning(learning: dict, path: Path) -> str:
+    """The learning curve PNG (training reward per step, and held-out pass@1 at start and end with its interval);
+    returns what was done."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return f"no matplotlib here: draw it later with python benchmarks/gpu_smoke.py --plot {path.parent}"
+    fig, (ax_reward, ax_eval) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for arm, style in (("method", "-"), ("baseline", "--")):
+        run = learning.get(arm)
+        if not run or not run.get("reward_curve"):
+            continue
+        label = f"{run['label']}{' (baseline)' if arm == 'baseline' else ''}"
+        ax_reward.plot(range(1, len(run["reward_curve"]) + 1), run["reward_curve"], style, label=label)
+        if "end" in run:
+            steps = [0, len(run["reward_curve"])]
+            means = [learning["start"]["pass@1"], run["end"]["pass@1"]]
+            errors = [learning["start"]["ci95"], run["end"]["ci95"]]
+            ax_eval.errorbar(steps, means, yerr=errors, fmt="o" + style, capsize=4, label=label)
+    ax_reward.set(xlabel="step", ylabel="training reward (mean)", title="training reward")
+    ax_eval.set(xlabel="step", ylabel="held-out pass@1 (95% interval)", title="held-out pass@1")
+    for axis in (ax_reward, ax_eval):
+        axis.legend(fontsize=8)
+    fig.suptitle(f"ra_rloo.py on {learning.get('device', '?')}, warm-started Qwen2", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return f"wrote {path}"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The TRL peer
+# ---------------------------------------------------------------------------------------------------------------
+
+def peer_python(out: Path) -> tuple[str | None, str]:
+    """A Python that imports trl: this one, or a venv over this one's packages with TRL's wheels from `.whl/`."""
+    if importlib.util.find_spec("trl") is not None:
+        return sys.executable, "trl imports here"
+    wheels = sorted(WHEELS.glob("*.whl")) if WHEELS.is_dir() else []
+    if not wheels:
+        return None, (f"skipped: trl does not import and {WHEELS} holds no wheels (docs/scaling.md lists them, "
+                      "with the pip download line)")
+    venv = out / "peer-venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    done = subprocess.run([python, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(WHEELS), "trl"],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        return None, f"skipped: installing trl from {WHEELS} failed: {done.stderr.strip().splitlines()[-1:]}"
+    return python, f"trl installed from {len(wheels)} wheels in {WHEELS}"
+
+
+def run_peer(model_dir: Path, out: Path, args: Args, stop: Stop, timeout_s: float) -> dict:
+    python, how = peer_python(out)
+    if python is None:
+        return {"status": how}
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cmd = [python, "benchmarks/trl_peer.py", "--device", device, "--model_name_or_path", str(model_dir),
+           "--dtype", args.dtype, "--steps", "5", "--repeats", "1", "--prompts_per_step", str(args.prompts_per_step),
+           "--max_new_tokens", str(args.max_new_tokens), "--micro_batch_size", str(args.prompts_per_step * 4),
+           "--out", str(out / "trl_peer.md"), "--json", str(out / "trl_peer.json")]
+    print("peer:", how, "\n  " + " ".join(cmd), flush=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT)
+    stop.in_run = True
+    try:
+        proc.wait(timeout=max(1.0, timeout_s))
+    except (KeyboardInterrupt, subprocess.TimeoutExpired):
+        proc.terminate()
+        proc.wait()
+        return {"status": f"stopped ({stop.reason or 'budget'})", "command": cmd}
+    finally:
+        stop.in_run = False
+    if proc.returncode != 0 or not (out / "trl_peer.json").exists():
+        return {"status": f"error: trl_peer.py exited {proc.returncode}", "command": cmd}
+    result = json.loads((out / "trl_peer.json").read_text())
+    return {"status": "ok", "how": how, "command": cmd, "ratio": result["ratio"], "trl": result["trl"],
+            "ours": result["ours"], "check_agree": result["check"]["agree"], "versions": result["versions"]}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------------------------
+
+def verdict(runs: list[dict]) -> str:
+    """'policy updated in N of M runs' over the runs that started (an error counts as not updated), naming every
+    run whose policy did not change; runs the budget or a signal skipped are counted apart."""
+    started = [r for r in runs if not r["status"].startswith("skipped")]
+    stale = [f"{r['script']}/{r['variant']}" + ("" if "policy_changed_frac" in r else f" ({r['status'][:60]})")
+             for r in started if r.get("policy_changed_frac", 0) <= 0]
+    line = f"policy updated in {len(started) - len(stale)} of {len(started)} runs"
+    skipped = len(runs) - len(started)
+    return line + (f"; not updated: {', '.join(stale)}" if stale else "") + (f"; {skipped} skipped" if skipped else "")
+
+
+def table(report: dict) -> str:
+    runs = report["runs"]
+    lines = [f"# GPU smoke on {report['device']}", "",
+             f"Versions: {report['versions']}. Budget {report['budget_s']:.0f} s; elapsed {report['elapsed_s']:.0f} s; "
+             f"stopped: {report['stopped'] or 'no'}.", ""]
+    warm = report.get("warm_start") or {}
+    if warm:
+        lines += [f"Warm start: {warm.get('steps')} SFT steps, {warm.get('seconds')} s, greedy pass@1 on training "
+                  f"prompts {warm.get('greedy_pass@1', 0):.3f}{' (cached)' if warm.get('cached') else ''}.", ""]
+    lines += ["| script | variant | status | reward | policy changed | critic changed | grad norm | groups kept | "
+              "gen tokens/s | s/step: gen / train / rest | peak GPU |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        if "policy_changed_frac" not in r:
+            lines.append(f"| {r['script']} | {r['variant']} | {r['status']} | | | | | | | | |")
+            continue
+        critic = "" if r.get("critic_changed_frac") is None else f"{r['critic_changed_frac']:.1%}"
+        peak = "n/a (CPU)" if r["peak_gpu_gib"] is None else f"{r['peak_gpu_gib']:.2f} GiB"
+        lines.append(f"| {r['script']} | {r['variant']} | {r['status']} | {r['reward_mean']:.3f} | "
+                     f"{r['policy_changed_frac']:.1%} | {critic} | {r['grad_norm_mean']:.3g} | "
+                     f"{r.get('groups_kept', '')} | {r['gen_tokens_per_s']:,.0f} | {r['gen_s_per_step']:.2f} / "
+                     f"{r['train_s_per_step']:.2f} / {r['other_s_per_step']:.2f} | {peak} |")
+    lines += ["", f"**{verdict(runs)}**"]
+    learning = report.get("learning")
+    if learning and "start" in learning:
+        lines += ["", "## Learning: ra_rloo.py (RA-RLOO) and its baseline `--replay none`", "",
+                  f"Held-out pass@1 ({learning['prompts']} prompts x {learning['samples']} samples, T = 1; 95% "
+                  f"interval over prompts). Start (the warm-started model): {learning['start']['pass@1']:.3f} "
+                  f"± {learning['start']['ci95']:.3f}.", "", "| run | steps | end pass@1 | change from start |",
+                  "|---|---|---|---|"]
+        for arm in ("method", "baseline"):
+            run = learning.get(arm) or {}
+            if "end" in run:
+                lines.append(f"| {run['label']} | {run['steps']} | {run['end']['pass@1']:.3f} ± "
+                             f"{run['end']['ci95']:.3f} | {run['end']['pass@1'] - learning['start']['pass@1']:+.3f} |")
+        lines.append(f"\n{learning.get('plot', '')}")
+    speed = report.get("speed") or []
+    if speed:
+        lines += ["", "## Generation speed (ra_rloo.py, HF generate)", "",
+                  "| --cache_implementation | gen tokens/s (steps 2+) | first step gen s | graphs compiled |",
+                  "|---|---|---|---|"]
+        lines += [f"| {s['cache_implementation']} | {s.get('gen_tokens_per_s_after_first', 0):,.0f} | "
+                  f"{s.get('first_step_gen_s', 0):.2f} | {s.get('compiled_graphs', '')} |" if s["status"] == "ok"
+                  else f"| {s['cache_implementation']} | {s['status']} | | |" for s in speed]
+    peer = report.get("peer")
+    if peer:
+        lines += ["", "## TRL peer", "", f"status: {peer['status']}"]
+        if peer["status"] == "ok":
+            ratio = peer["ratio"]
+            lines.append(f"ours / TRL: {ratio['steps_per_s']:.2f}x steps/s, {ratio['tokens_per_s']:.2f}x tokens/s; "
+                         f"definition check {'agrees' if peer['check_agree'] else 'DOES NOT agree'}")
+    return "\n".join(lines) + "\n"
+
+
+def write(report: dict, out: Path, stop: Stop) -> None:
+    report["elapsed_s"] = stop.elapsed()
+    report["stopped"] = stop.reason
+    report["verdict"] = verdict(report["runs"])
+    (out / "smoke.json").write_text(json.dumps(report, indent=2))
+    (out / "smoke.md").write_text(table(report))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# main: plan, then the parts in priority order
+# ---------------------------------------------------------------------------------------------------------------
+
+def main(args: Args) -> dict:
+    import torch
+    import transformers
+
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stop = Stop(args.budget_s)
+    cuda = torch.cuda.is_available()
+    device = torch.cuda.get_device_name(0) if cuda else "CPU (no GPU: a check of this script)"
+    report = {"device": device, "versions": f"torch {torch.__version__}, transformers {transformers.__version__}, "
+              f"Python {sys.version.split()[0]}", "budget_s": args.budget_s, "args": asdict(args), "plan": [],
+              "runs": [], "warm_start": None, "learning": None, "speed": [], "peer": None}
+    guess = dict(GUESS[args.size])
+    scripts, parts = args.scripts.split(","), [p for p in PARTS if p in args.parts.split(",")]
+    try:
+        # ---------------- plan ----------------
+        run_s = lambda steps: guess["run_fixed_s"] + steps * guess["step_s"]  # noqa: E731
+        warm_dir = out / f"model-{args.size}-warm"
+        cost = {"warm start": 0.0 if (warm_dir / "warm_start.json").exists() else guess["warm_s"]}
+        for part in parts:
+            if part in PART_VARIANTS:
+                cost[part] = len(scripts) * len(PART_VARIANTS[part]) * run_s(args.steps)
+            elif part == "learning":
+                cost[part] = 2 * run_s(10) + 3 * guess["run_fixed_s"]  # at least ~10 steps each to be worth it
+            elif part == "speed":
+                cost[part] = 2 * run_s(args.speed_steps) + 30.0  # compiling the decoding step
+            else:
+                cost[part] = guess["peer_s"]
+        total = 0.0
+        print(f"gpu_smoke on {device}: budget {args.budget_s:.0f} s. Plan (first guesses, revised as runs finish):")
+        for name, seconds in cost.items():
+            total += seconds
+            fits = "fits" if total <= args.budget_s else "may not fit: runs only if time is left"
+            report["plan"].append({"part": name, "estimate_s": round(seconds), "cumulative_s": round(total)})
+            print(f"  {name:<10} ~{seconds:5.0f} s   cumulative ~{total:5.0f} s   {fits}", flush=True)
+
+        # ---------------- model and warm start ----------------
+        if args.size == "tiny":
+            model_dir = embedded_warm_dir(warm_dir)
+            report["warm_start"] = json.loads((model_dir / "warm_start.json").read_text())
+        else:
+            random_dir = build_model_dir(out / f"model-{args.size}", args.size)
+            report["warm_start"] = warm_start(random_dir, warm_dir, args, stop)
+            model_dir = warm_dir
+        write(report, out, stop)
+        if stop.reason:
+            return report
+
+        # ---------------- the parts, in priority order ----------------
+        measured = []  # (fixed_s, step_s) of finished smoke runs: the plan's guesses are revised from them
+        for part in parts:
+            if stop.reason:
+                break
+            print(f"\n=== part {part} ({stop.left():.0f} s left) ===", flush=True)
+            if part in PART_VARIANTS:
+                for script in scripts:
+                    for variant in PART_VARIANTS[part]:
+                        entry = {"script": script, "variant": variant, "part": part}
+                        if stop.reason or stop.left() < run_s(args.steps):
+                            report["runs"].append({**entry, "status": "skipped: budget" if not stop.reason
+                                                   else f"skipped ({stop.reason})"})
+                            continue
+                        print(f"--- {script} / {variant} ({stop.left():.0f} s left)", flush=True)
+                        lr = args.learning_rate * (10 if variant == "lora" else 1)
+                        flags = [*VARIANTS[variant], *SCRIPT_FLAGS.get(script, []), "--learning_rate", repr(lr)]
+                        try:
+                            result = run_script(script, flags, out / f"{script}-{variant}", model_dir, args.steps,
+                                                args, stop)
+                        except KeyboardInterrupt:
+                            result = {"status": f"interrupted before its first step ({stop.reason})"}
+                        except Exception as error:  # a smoke run reports its failure and the command goes on
+                            traceback.print_exc()
+                            first_line = (str(error).strip().splitlines() or [""])[0][:200]
+                            result = {"status": f"error: {type(error).__name__}: {first_line}"}
+                        report["runs"].append({**entry, **result})
+                        if result["status"] == "ok":
+                            measured.append((result["fixed_s"], result["step_s"]))
+                            guess["run_fixed_s"] = sum(m[0] for m in measured) / len(measured)
+                            guess["step_s"] = sum(m[1] for m in measured) / len(measured)
+                        write(report, out, stop)
+            elif part == "learning":
+                report["learning"] = learning_part(model_dir, out, args, stop, guess, device)
+            elif part == "speed":
+                report["speed"] = speed_part(model_dir, out, args, stop, guess, report)
+            elif part == "peer":
+                left = stop.left()
+                report["peer"] = {"status": f"skipped: {left:.0f} s left, the peer needs ~{guess['peer_s']:.0f}"} \
+                    if left < guess["peer_s"] else run_peer(model_dir, out / "peer", args, stop, left - 5)
+            write(report, out, stop)
+        for part in PARTS:  # what the budget left out, said once
+            if part in parts and part not in ("plain", "fsdp", "gc_lora") and report.get(part) in (None, []):
+                report[part] = {"status": f"not run ({stop.reason or 'budget'})"} if part != "speed" else \
+                    [{"cache_implementation": "-", "status": f"not run ({stop.reason or 'budget'})"}]
+    finally:
+        write(report, out, stop)
+        stop.close()
+    print("\n" + table(report), flush=True)
+    if stop.reason and stop.reason.startswith("signal"):
+        raise SystemExit(128 + int(stop.reason.split()[1]))  # interrupted: the shell sees it; results are written
+    return report
+
+
+def learning_part(model_dir: Path, out: Path, args: Args, stop: Stop, guess: dict, device: str) -> dict:
+    """ra_rloo.py and `--replay none` from the warm-started model, as many steps each as the budget leaves."""
+    steps = plan_learning_steps(stop.left() - 10, guess["run_fixed_s"], guess["step_s"], args.learning_max_steps)
+    if steps < 2:
+        return {"status": f"skipped: {stop.left():.0f} s left is not enough for two runs of 2 steps"}
+    learning = {"device": device, "steps_planned": steps, "prompts": args.learning_eval_prompts,
+                "samples": args.learning_eval_samples, "learning_rate": args.learning_lr}
+    print(f"learning: 2 runs x {steps} steps (~{guess['step_s']:.2f} s/step measured), held-out pass@1 on "
+          f"{args.learning_eval_prompts} prompts x {args.learning_eval_samples}", flush=True)
+    start = heldout_pass_rates(model_dir, args)
+    learning["start"] = dict(zip(("pass@1", "ci95"), mean_ci(start)))
+    for arm, label in (("method", "RA-RLOO"), ("baseline", "RLOO (--replay none)")):
+        if stop.reason:
+            break
+        flags = [*LEARNING[arm], "--k", "4", "--learning_rate", repr(args.learning_lr), "--save_every", "0",
+                 "--reward", "binary"]
+        run_dir = out / f"learning-{arm}"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        try:
+            result = run_script("ra_rloo", flags, run_dir, model_dir, steps, args, stop)
+        except KeyboardInterrupt:
+            learning[arm] = {"label": label, "status": f"interrupted ({stop.reason})"}
+            break
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][1:]
+        learning[arm] = {"label": label, "status": result["status"], "steps": result.get("steps", 0),
+                         "step_s": result.get("step_s"), "reward_curve": [r["reward_mean"] for r in rows],
+                         "policy_changed_frac": result.get("policy_changed_frac")}
+        if rows:
+            rates = heldout_pass_rates(run_dir / f"checkpoint-{rows[-1]['step']}", args)
+            learning[arm]["end"] = dict(zip(("pass@1", "ci95"), mean_ci(rates)))
+            learning[arm]["paired_change"] = dict(zip(("mean", "ci95"), mean_ci([b - a for a, b in zip(start, rates)])))
+    if learning.get("method", {}).get("end") and learning.get("baseline", {}).get("end"):
+        learning["method_minus_baseline_end"] = learning["method"]["end"]["pass@1"] - \
+            learning["baseline"]["end"]["pass@1"]
+    (out / "learning.json").write_text(json.dumps(learning, indent=2))
+    learning["plot"] = plot_learning(learning, out / "learning.png")
+    return learning
+
+
+def speed_part(model_dir: Path, out: Path, args: Args, stop: Stop, guess: dict, report: dict) -> list[dict]:
+    """ra_rloo.py's generated tokens/s with transformers' default cache and with a static one (compiled on a GPU)."""
     results = []
-    for script in args.scripts.split(","):
-        for variant in args.variants.split(","):
-            print(f"--- {script} / {variant}", flush=True)
-            try:
-                results.append(run_one(script, variant, model_dir, args))
-            except Exception as e:  # a smoke run reports every failure and goes on with the next run
-                traceback.print_exc()
-                results.append({"script": script, "variant": variant, "status": f"error: {type(e).__name__}: {e}"})
-            # written after every run, so a smoke cut short (a time limit, Ctrl-C) keeps what it measured
-            (Path(args.output_dir) / "smoke.json").write_text(json.dumps({"device": device, "results": results},
-                                                                         indent=2))
-    print(table(results, device))
+    for cache in ("default", "static"):
+        if stop.reason or stop.left() < guess["run_fixed_s"] + args.speed_steps * guess["step_s"] + 15:
+            results.append({"cache_implementation": cache, "status": "skipped: budget" if not stop.reason
+                            else f"skipped ({stop.reason})"})
+            continue
+        flags = ["--k", "4", "--save_every", "0"] + ([] if cache == "default" else ["--cache_implementation", cache])
+        run_dir = out / f"speed-{cache}"
+        shutil.rmtree(run_dir, ignore_errors=True)
+        try:
+            result = run_script("ra_rloo", flags, run_dir, model_dir, args.speed_steps, args, stop)
+        except KeyboardInterrupt:
+            results.append({"cache_implementation": cache, "status": f"interrupted ({stop.reason})"})
+            break
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][1:]
+        entry = {"cache_implementation": cache, "status": result["status"],
+                 "compiled_graphs": result.get("compiled_graphs")}
+        if len(rows) >= 2:
+            tokens = rows[-1]["gen_tokens"] - rows[0]["gen_tokens"]
+            entry["gen_tokens_per_s_after_first"] = tokens / sum(r["time_gen_s"] for r in rows[1:])
+            entry["first_step_gen_s"] = rows[0]["time_gen_s"]
+        results.append(entry)
+        report["speed"] = results
+    return results
+
+
+def replot(folder: str) -> None:
+    """`--plot DIR`: draw learning.png from a finished command's learning.json (e.g. one copied from a GPU)."""
+    learning = json.loads((Path(folder) / "learning.json").read_text())
+    print(plot_learning(learning, Path(folder) / "learning.png"))
 
 
 if __name__ == "__main__":
-    main(parse_args(Args, description=__doc__.split("\n\n")[0]))
+    if sys.argv[1:2] == ["--plot"]:
+        replot(sys.argv[2])
+    else:
+        main(parse_args(Args, description=__doc__.split("\n\n")[0]))

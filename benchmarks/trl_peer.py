@@ -33,6 +33,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -71,6 +72,16 @@ class Args:
     """run only the definition check (no training, a few seconds) and print it"""
     out: str = "benchmarks/results/trl_peer.md"
     """where the full run writes its results page (relative to the repo root)"""
+    json: str = ""
+    """also write the full run's figures (and the definition check) as JSON to this path (empty: no JSON)"""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """where both trainers and the definition check run (`cuda`: the first GPU)"""
+    model_name_or_path: str = "embedded"
+    """the base policy of both trainers: `embedded` (the cached tiny model) or a local HF model dir whose tokenizer
+    round-trips Countdown text (e.g. benchmarks/gpu_smoke.py's warm-started model)"""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """compute dtype of both trainers' throughput runs (ours: --dtype, autocast over fp32 weights; TRL: bf16=True,
+    the same); the definition check is always fp32"""
 
     def validate(self) -> None:
         if self.steps < 3:
@@ -95,22 +106,28 @@ def require_trl() -> None:
         raise SystemExit(TRL_MISSING.format(python=sys.executable))
 
 
-def load_base():
-    """(model, tokenizer, dir) of the cached embedded base, loaded the way our scripts load it.
+def load_base(model_name_or_path: str = "embedded"):
+    """(model, tokenizer, dir) of the base policy, loaded the way our scripts load it.
 
-    Never builds it: a missing cache would otherwise start a ~3 minute SFT inside a timed benchmark.
-    `load_policy` is what every script uses; the round trip guards against a tokenizer reloaded as a class
-    that drops the char vocabulary (spaces, newlines), which would silently change every prompt.
+    `embedded`: the cached embedded base, never built here (a missing cache would otherwise start a ~3 minute SFT
+    inside a timed benchmark). `load_policy` is what every script uses; the round trip guards against a tokenizer
+    reloaded as a class that drops characters (spaces, newlines), which would silently change every prompt.
     """
+    from common import countdown
     from common.policy import load_policy
     from common.tiny_model import BaseRecipe, cache_root
 
-    path = cache_root() / f"countdown-base-{BaseRecipe().key()}"
-    if not (path / "build_info.json").exists():
-        raise SystemExit(f"no embedded base policy at {path}: build it first with "
-                         "python -c 'from common.tiny_model import ensure_embedded_base; ensure_embedded_base()'")
+    path = Path(model_name_or_path)
+    if model_name_or_path == "embedded":
+        path = cache_root() / f"countdown-base-{BaseRecipe().key()}"
+        if not (path / "build_info.json").exists():
+            raise SystemExit(f"no embedded base policy at {path}: build it first with "
+                             "python -c 'from common.tiny_model import ensure_embedded_base; ensure_embedded_base()'")
+    elif not (path / "config.json").exists():
+        raise SystemExit(f"--model_name_or_path {model_name_or_path}: not a local Hugging Face model dir")
     model, tokenizer = load_policy(str(path))
-    probe = "14 1 10 t5\n14-10=4\n"
+    problem = countdown.make_splits()[0][0]
+    probe = countdown.prompt_text(problem) + countdown.solution_text(countdown.solutions(problem)[0])
     if tokenizer.decode(tokenizer(probe).input_ids, skip_special_tokens=True) != probe:
         raise SystemExit(f"{path}: the tokenizer ({type(tokenizer).__name__}) does not round-trip Countdown text")
     return model, tokenizer, path
@@ -153,12 +170,12 @@ class CountdownReward:
 
 def grpo_config(args: Args, output_dir: str, batch: int, micro: int):
     """TRL's GRPOConfig for our GRPO-n setting: one generation batch of `batch` completions per optimizer step,
-    trained in micro-batches of `micro` (gradient accumulation), no reference model, fp32 on CPU."""
+    trained in micro-batches of `micro` (gradient accumulation), no reference model, on `--device` in `--dtype`."""
     from trl import GRPOConfig
 
     accum = batch // micro
     return GRPOConfig(
-        output_dir=output_dir, use_cpu=True, bf16=False, fp16=False, seed=args.seed,
+        output_dir=output_dir, use_cpu=args.device == "cpu", bf16=args.dtype == "bfloat16", fp16=False, seed=args.seed,
         gradient_checkpointing=False,  # TRL defaults it on; we never recompute activations
         max_steps=args.steps, per_device_train_batch_size=micro, gradient_accumulation_steps=accum,
         steps_per_generation=accum,  # = accumulation: one generate per optimizer step, on-policy (no old-logp pass)
@@ -220,7 +237,7 @@ def run_trl(args: Args, output_dir: str) -> dict:
             self.times.append(time.perf_counter() - self.t0)
 
     torch.set_num_threads(args.num_threads)
-    model, tokenizer, _ = load_base()
+    model, tokenizer, _ = load_base(args.model_name_or_path)
     examples, reward_fn = countdown_examples(args.prompt_pool)
     reward = CountdownReward(examples, reward_fn)
     timer = StepTimer()
@@ -249,7 +266,7 @@ def ours_command(args: Args, output_dir: str) -> list[str]:
             "--learning_rate", repr(args.learning_rate), "--warmup_steps", str(args.warmup_steps),
             "--max_steps", str(args.steps), "--eval_every", "0", "--eval_prompts", "8", "--eval_samples", "1",
             "--save_every", "0", "--num_threads", str(args.num_threads), "--seed", str(args.seed),
-            "--output_dir", output_dir]
+            "--output_dir", output_dir, "--model_name_or_path", args.model_name_or_path, "--dtype", args.dtype]
 
 
 def read_ours(metrics_path: Path) -> tuple[list[float], list[int]]:
@@ -262,7 +279,8 @@ def read_ours(metrics_path: Path) -> tuple[list[float], list[int]]:
 
 def run_ours(args: Args, output_dir: str) -> dict:
     cmd = ours_command(args, output_dir)
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.num_threads), TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.num_threads), TOKENIZERS_PARALLELISM="false",
+               **({"CUDA_VISIBLE_DEVICES": ""} if args.device == "cpu" else {}))  # ours takes a GPU when it sees one
     t0 = time.perf_counter()
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
@@ -326,16 +344,19 @@ def definition_check(args: Args) -> dict:
     n, L = args.num_generations, args.max_new_tokens
     if n != 4:
         raise SystemExit("--check uses a fixed batch of 2 prompts x 4 completions: run it with --num_generations 4")
-    ours_model, tokenizer, _ = load_base()
-    trl_model, _, _ = load_base()  # TRL patches its model's forward; keep ours untouched
+    device = torch.device(args.device)
+    ours_model, tokenizer, _ = load_base(args.model_name_or_path)
+    trl_model, _, _ = load_base(args.model_name_or_path)  # TRL patches its model's forward; keep ours untouched
+    ours_model.to(device)
     examples, reward_fn = countdown_examples(args.prompt_pool)
     rows, completions = fixed_batch(examples, tokenizer, L)
     prompt_ids = [tokenizer(ex.prompt).input_ids for ex in rows]  # as PromptEncoder (Countdown: no chat template)
     rewards = [float(reward_fn(tokenizer.decode(c, skip_special_tokens=True), ex)) for ex, c in zip(rows, completions)]
     # fixed old log-probs: the current ones shifted by a fixed +-0.3 pattern, so some ratios leave [0.8, 1.28]
     with torch.no_grad():
-        batch = pad_sequences(prompt_ids, completions, tokenizer.pad_token_id)
+        batch = pad_sequences(prompt_ids, completions, tokenizer.pad_token_id).to(device)
         cur, _ = token_logprobs(ours_model, batch)
+    cur = cur.cpu()
     shift = 0.3 * torch.sign(torch.sin(torch.arange(batch.completion_width, dtype=torch.float32) * 1.7 + 0.5))
     old = [(cur[i, batch.completion_width - len(c):] + shift[:len(c)]).tolist() for i, c in enumerate(completions)]
 
@@ -347,8 +368,8 @@ def definition_check(args: Args) -> dict:
     for g in range(0, len(rewards), n):
         adv_ours_std += ada_seq.global_advantages(rewards[g:g + n], rewards[g:g + n], 0.7, True, "none")
     logp, _ = token_logprobs(ours_model, batch)
-    old_t = right_align(old, batch.completion_width)
-    per_token, clipped_tok = clipped_surrogate(logp, old_t, torch.tensor(adv_ours)[:, None], 0.2, 0.28)
+    old_t = right_align(old, batch.completion_width).to(device)
+    per_token, clipped_tok = clipped_surrogate(logp, old_t, torch.tensor(adv_ours, device=device)[:, None], 0.2, 0.28)
     loss_sum = (per_token * batch.loss_mask).sum()  # as ada_seq.py's update
     clipped = (clipped_tok * batch.loss_mask).sum()
     loss_ours = loss_sum / (len(completions) * L)  # ada_seq: norm = prompts_per_step * n / world * max_new_tokens
@@ -360,7 +381,7 @@ def definition_check(args: Args) -> dict:
             raise RuntimeError(f"rollout_func got {len(prompts)} prompts, expected {len(completions)}")
         return {"prompt_ids": prompt_ids, "completion_ids": completions, "logprobs": old}
 
-    cfg_args = Args(**{**vars(args), "steps": 1})
+    cfg_args = Args(**{**vars(args), "steps": 1, "dtype": "float32"})  # the check compares fp32 sums
     with tempfile.TemporaryDirectory(prefix="trl-check-") as tmp:
         trainer = GRPOTrainer(model=trl_model, reward_funcs=[CountdownReward(examples, reward_fn)],
                               args=grpo_config(cfg_args, tmp, len(completions), len(completions)),
@@ -372,7 +393,7 @@ def definition_check(args: Args) -> dict:
     scored = trainer._generate_and_score_completions(inputs)
     adv_trl = scored["advantages"].tolist()
     scored["old_per_token_logps"] = torch.nn.utils.rnn.pad_sequence(
-        [torch.tensor(o) for o in old], batch_first=True)  # right-padded, TRL's completion layout
+        [torch.tensor(o) for o in old], batch_first=True).to(device)  # right-padded, TRL's completion layout
     loss_trl = trainer.compute_loss(trainer.model, scored)
     loss_trl.backward()
     with torch.no_grad():
@@ -391,7 +412,7 @@ def definition_check(args: Args) -> dict:
         q = g_ours[name]
         if p.grad is None or q.grad is None:
             raise RuntimeError(f"no gradient for {name}")
-        g_diff = max(g_diff, (p.grad - q.grad).abs().max().item())
+        g_diff = max(g_diff, (p.grad.to(q.grad.device) - q.grad).abs().max().item())
         g_max = max(g_max, q.grad.abs().max().item())
 
     src, usrc = inspect.getsourcefile(grpo_trainer), inspect.getsourcefile(trl_utils)
@@ -464,14 +485,19 @@ def render_check(c: dict) -> str:
 # Results page
 # ----------------------------------------------------------------------------------------------------
 
-def machine() -> dict:
-    cpu = ""
+def machine(device: str = "cpu") -> dict:
+    cpu, gpu = "", None
+    if device == "cuda":
+        import torch
+
+        gpu = torch.cuda.get_device_name(0)
     try:
         cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                     if ln.startswith("model name")), "")
     except OSError:
         pass
-    return {"nproc": os.cpu_count(), "cpu": cpu or platform.processor(), "python": platform.python_version()}
+    return {"nproc": os.cpu_count(), "cpu": cpu or platform.processor(), "python": platform.python_version(),
+            "gpu": gpu}
 
 
 def per_round(res: dict) -> str:
@@ -496,12 +522,14 @@ def render_md(res: dict) -> str:
     lines = [
         "# TRL GRPOTrainer as a throughput peer of our Dr. GRPO-n4",
         "",
-        "Written by `benchmarks/trl_peer.py`. Same base policy (the cached embedded tiny model), the first "
+        f"Written by `benchmarks/trl_peer.py`. Same base policy ({res.get('model', 'the cached embedded tiny model')}),"
+        " the first "
         f"{res['prompt_pool']} Countdown training prompts, binary verifier reward, {res['prompts_per_step']} prompts x "
         f"{res['num_generations']} completions of at most {res['max_new_tokens']} tokens per optimizer step, "
         f"micro-batches of {res['micro_batch_size']}, AdamW lr {res['learning_rate']:g} with {res['warmup_steps']} "
-        "warm-up steps, no reference model, fp32, HF `generate` on CPU, "
-        f"{res['num_threads']} torch threads. {res['repeats']} rounds of one {res['steps']}-step run of each trainer "
+        f"warm-up steps, no reference model, {res.get('dtype', 'float32')}, HF `generate` on "
+        f"{res['machine'].get('gpu') or 'CPU'}, {res['num_threads']} torch threads. {res['repeats']} rounds of one "
+        f"{res['steps']}-step run of each trainer "
         "(alternating which goes first, same seed every round), all inside one `flock` on the same machine.",
         "",
         f"Steps {a}-{b} of every run are timed (step 1 is warm-up; ours evaluates the final policy inside the last "
@@ -525,7 +553,8 @@ def render_md(res: dict) -> str:
         "",
         f"Versions: trl {v['trl']}, torch {v['torch']}, transformers {v['transformers']}, "
         f"Python {res['machine']['python']}. "
-        f"Machine: {res['machine']['nproc']} CPUs (`nproc`), {res['machine']['cpu']}.",
+        f"Machine: {res['machine']['nproc']} CPUs (`nproc`), {res['machine']['cpu']}"
+        + (f", GPU {res['machine']['gpu']}." if res["machine"].get("gpu") else "."),
         "",
         "Commands:",
         "",
@@ -571,7 +600,7 @@ def main(args: Args) -> dict:
     ours_cmd = ours_command(args, "<tmp>")
     trl_fig, ours_fig = throughput(raw["trl"]), throughput(raw["ours"])
     rounds = [compare(throughput([a]), throughput([b])) for a, b in zip(raw["trl"], raw["ours"])]
-    cfg = ("use_cpu=True, bf16=False, gradient_checkpointing=False, "
+    cfg = (f"use_cpu={args.device == 'cpu'}, bf16={args.dtype == 'bfloat16'}, gradient_checkpointing=False, "
            f"per_device_train_batch_size={args.micro_batch_size}, gradient_accumulation_steps="
            f"{args.prompts_per_step * args.num_generations // args.micro_batch_size}, steps_per_generation=same, "
            f"num_generations={args.num_generations}, max_completion_length={args.max_new_tokens}, temperature=1.0, "
@@ -579,17 +608,22 @@ def main(args: Args) -> dict:
            f"warmup_steps={args.warmup_steps}, max_grad_norm=1.0, beta=0.0, epsilon=0.2, epsilon_high=0.28, "
            "loss_type='dr_grpo', scale_rewards='none', use_vllm=False, max_steps=<steps>")
     keys = ("steps", "repeats", "num_threads", "prompt_pool", "prompts_per_step", "num_generations", "max_new_tokens",
-            "micro_batch_size", "learning_rate", "warmup_steps")
+            "micro_batch_size", "learning_rate", "warmup_steps", "device", "dtype")
     res = {**{k: getattr(args, k) for k in keys},
            "trl": trl_fig, "ours": ours_fig, "ratio": compare(trl_fig, ours_fig), "rounds": rounds,
-           "versions": versions(), "machine": machine(), "check": check, "raw": raw,
+           "versions": versions(), "machine": machine(args.device), "check": check, "raw": raw,
+           "model": "the cached embedded tiny model" if args.model_name_or_path == "embedded" else
+                    f"`{args.model_name_or_path}`",
            "commands": {"this": "flock /tmp/cpu.lock python benchmarks/trl_peer.py " + " ".join(
-                            f"--{k} {getattr(args, k)}" for k in ("steps", "repeats", "num_threads")),
+                            f"--{k} {getattr(args, k)}" for k in ("steps", "repeats", "num_threads", "device",
+                                                                  "model_name_or_path", "dtype")),
                         "ours": shlex.join(["python", *ours_cmd[1:]]), "trl_config": cfg}}
     md = render_md(res)
     out = ROOT / args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(md)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2))
     print(md)
     print(f"wrote {out}")
     return res
