@@ -56,6 +56,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from common.cli import parse_args  # noqa: E402
+from common.distributed import GracefulStop  # noqa: E402
 
 T0 = time.time()  # the command's start: its budget counts from here, imports included
 STOP_MARGIN_S = 15.0  # the budget timer fires this early: the running step, its checkpoint and the report fit after
@@ -91,7 +92,8 @@ class Args:
     budget_s: float = 480.0
     """wall-clock budget of the whole command, model build and warm start included (seconds)"""
     parts: str = ",".join(PARTS)
-    """comma-separated parts to run, taken in this priority order: plain, fsdp, gc_lora, learning, speed, peer"""
+    """comma-separated parts to run, taken in this priority order: plain, fsdp, gc_lora, learning, speed, peer (empty:
+    only the model and its warm start)"""
     scripts: str = "ra_rloo,ada_seq,ada_est,ps_grpo,pros_ppo"
     """comma-separated method scripts of the smoke parts (plain, fsdp, gc_lora)"""
     steps: int = 3
@@ -104,6 +106,8 @@ class Args:
     """completion length limit in every run"""
     learning_rate: float = 1e-5
     """learning rate of the smoke runs (LoRA runs use 10x)"""
+    smoke_eval_prompts: int = 16
+    """held-out prompts of each smoke run's own start and end evaluation (2 samples each)"""
     warm_target: float = 0.2
     """the warm start stops once greedy pass@1 on training prompts reaches this"""
     warm_max_steps: int = 4000
@@ -126,7 +130,7 @@ class Args:
     """steps of each speed run (the first, which compiles, is reported apart)"""
 
     def validate(self) -> None:
-        bad = [p for p in self.parts.split(",") if p not in PARTS]
+        bad = [p for p in self.parts.split(",") if p and p not in PARTS]
         bad += [s for s in self.scripts.split(",") if not (ROOT / f"{s}.py").exists()]
         if bad:
             raise SystemExit(f"--parts / --scripts: unknown {bad} (parts: {', '.join(PARTS)})")
@@ -259,7 +263,7 @@ def warm_start(random_dir: Path, warm_dir: Path, args: Args, stop: Stop) -> dict
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.warm_lr, weight_decay=0.0)
     warmup = max(1, args.warm_max_steps // 20)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
-    eos, t0, trace, rate, step = tokenizer.eos_token_id, time.time(), [], 0.0, 0
+    eos, t0, trace, rate, step, first_loss = tokenizer.eos_token_id, time.time(), [], 0.0, 0, None
     print(f"warm start: SFT until greedy pass@1 >= {args.warm_target} on 128 training prompts "
           f"(at most {args.warm_max_steps} steps)", flush=True)
     while step < args.warm_max_steps and stop.reason is None:
@@ -277,6 +281,7 @@ def warm_start(random_dir: Path, warm_dir: Path, args: Args, stop: Stop) -> dict
         optimizer.step()
         scheduler.step()
         step += 1
+        first_loss = first_loss if first_loss is not None else loss.item()
         if step % args.warm_check_every == 0 or step == args.warm_max_steps:
             rate = greedy_pass_rate(model, tokenizer, probe, args.max_new_tokens, args.dtype)
             model.train()
@@ -286,7 +291,7 @@ def warm_start(random_dir: Path, warm_dir: Path, args: Args, stop: Stop) -> dict
                   f"greedy pass@1 {rate:.3f}", flush=True)
             if rate >= args.warm_target:
                 break
-    info = {"steps": step, "seconds": round(time.time() - t0, 1), "greedy_pass@1": rate,
+    info = {"steps": step, "seconds": round(time.time() - t0, 1), "greedy_pass@1": rate, "first_loss": first_loss,
             "reached": rate >= args.warm_target, "target": args.warm_target, "lr": args.warm_lr,
             "batch_size": args.warm_batch_size, "device": str(device), "trace": trace}
     if stop.reason is not None:  # cut short: not a warm start to cache
@@ -377,28 +382,34 @@ def run_script(script: str, flags: list[str], out: Path, model_dir: Path, steps:
     module = importlib.import_module(script)
     argv = ["--model_name_or_path", str(model_dir), "--output_dir", str(out), "--max_steps", str(steps),
             "--dtype", args.dtype, "--prompts_per_step", str(args.prompts_per_step), "--max_new_tokens",
-            str(args.max_new_tokens), "--eval_every", "0", "--eval_prompts", "16", "--eval_samples", "2",
+            str(args.max_new_tokens), "--eval_every", "0", "--eval_prompts", str(args.smoke_eval_prompts),
+            "--eval_samples", "2",
             "--eval_train_prompts", "0", "--save_every", "0", "--warmup_steps", "1", *flags]
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    graphs = _compiled_graphs()
+    graphs, signals = _compiled_graphs(), len(GracefulStop.received)
     start = time.time()
     stop.in_run = True
     try:
         module.main(parse_args(module.Args, argv))
+    except KeyboardInterrupt:  # a signal before the script took the signals over: nothing of its steps to save
+        pass
     finally:
         stop.in_run = False
         if torch.distributed.is_initialized():  # --fsdp made a world of one in this process: drop it
             torch.distributed.destroy_process_group()
+    if len(GracefulStop.received) > signals and stop.reason is None:  # the script took it, saved and returned
+        stop.reason = f"signal {GracefulStop.received[-1]}"
     wall = time.time() - start
     peak = torch.cuda.max_memory_allocated() / 2 ** 30 if cuda else None
     gc.collect()
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1:]
+    metrics = out / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()][1:] if metrics.exists() else []
     done = rows[-1]["step"] if rows else 0
     if not rows:
-        return {"status": f"stopped before step 1 ({stop.reason})", "wall_s": wall}
+        return {"status": f"interrupted before step 1 ({stop.reason})", "wall_s": wall}
     gen_s, train_s, step_s = (sum(r[k] for r in rows) for k in ("time_gen_s", "time_train_s", "time_step_s"))
     result = {
         "status": "ok" if done == steps else f"stopped at step {done} of {steps} ({stop.reason})",
@@ -485,13 +496,16 @@ def plot_learning(learning: dict, path: Path) -> str:
         if not run or not run.get("reward_curve"):
             continue
         label = f"{run['label']}{' (baseline)' if arm == 'baseline' else ''}"
-        ax_reward.plot(range(1, len(run["reward_curve"]) + 1), run["reward_curve"], style, label=label)
+        curve, window = run["reward_curve"], max(1, len(run["reward_curve"]) // 10)  # a moving mean past 20 steps
+        smooth = [sum(curve[max(0, i - window + 1):i + 1]) / len(curve[max(0, i - window + 1):i + 1])
+                  for i in range(len(curve))] if len(curve) > 20 else curve
+        ax_reward.plot(range(1, len(curve) + 1), smooth, style, label=label)
         if "end" in run:
             steps = [0, len(run["reward_curve"])]
             means = [learning["start"]["pass@1"], run["end"]["pass@1"]]
             errors = [learning["start"]["ci95"], run["end"]["ci95"]]
             ax_eval.errorbar(steps, means, yerr=errors, fmt="o" + style, capsize=4, label=label)
-    ax_reward.set(xlabel="step", ylabel="training reward (mean)", title="training reward")
+    ax_reward.set(xlabel="step", ylabel="training reward (mean)", title="training reward (fresh rollouts)")
     ax_eval.set(xlabel="step", ylabel="held-out pass@1 (95% interval)", title="held-out pass@1")
     for axis in (ax_reward, ax_eval):
         axis.legend(fontsize=8)
@@ -508,12 +522,12 @@ def plot_learning(learning: dict, path: Path) -> str:
 
 def peer_python(out: Path) -> tuple[str | None, str]:
     """A Python that imports trl: this one, or a venv over this one's packages with TRL's wheels from `.whl/`."""
-    if importlib.util.find_spec("trl") is not None:
-        return sys.executable, "trl imports here"
+    if importlib.util.find_spec("trl") is not None and importlib.util.find_spec("datasets") is not None:
+        return sys.executable, "trl imports here"  # (trl imports datasets at once)
     wheels = sorted(WHEELS.glob("*.whl")) if WHEELS.is_dir() else []
     if not wheels:
-        return None, (f"skipped: trl does not import and {WHEELS} holds no wheels (docs/scaling.md lists them, "
-                      "with the pip download line)")
+        return None, (f"skipped: trl (or datasets) does not import and {WHEELS} holds no wheels (docs/scaling.md "
+                      "lists them, with the pip download line)")
     venv = out / "peer-venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     python = str(venv / "bin" / "python")
@@ -678,14 +692,12 @@ def main(args: Args) -> dict:
             report["warm_start"] = warm_start(random_dir, warm_dir, args, stop)
             model_dir = warm_dir
         write(report, out, stop)
-        if stop.reason:
-            return report
 
         # ---------------- the parts, in priority order ----------------
         measured = []  # (fixed_s, step_s) of finished smoke runs: the plan's guesses are revised from them
         for part in parts:
-            if stop.reason:
-                break
+            if stop.reason and part not in PART_VARIANTS:
+                continue  # said below; the smoke parts list each run they skip
             print(f"\n=== part {part} ({stop.left():.0f} s left) ===", flush=True)
             if part in PART_VARIANTS:
                 for script in scripts:
@@ -701,8 +713,6 @@ def main(args: Args) -> dict:
                         try:
                             result = run_script(script, flags, out / f"{script}-{variant}", model_dir, args.steps,
                                                 args, stop)
-                        except KeyboardInterrupt:
-                            result = {"status": f"interrupted before its first step ({stop.reason})"}
                         except Exception as error:  # a smoke run reports its failure and the command goes on
                             traceback.print_exc()
                             first_line = (str(error).strip().splitlines() or [""])[0][:200]
@@ -753,16 +763,13 @@ def learning_part(model_dir: Path, out: Path, args: Args, stop: Stop, guess: dic
                  "--reward", "binary"]
         run_dir = out / f"learning-{arm}"
         shutil.rmtree(run_dir, ignore_errors=True)
-        try:
-            result = run_script("ra_rloo", flags, run_dir, model_dir, steps, args, stop)
-        except KeyboardInterrupt:
-            learning[arm] = {"label": label, "status": f"interrupted ({stop.reason})"}
-            break
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][1:]
+        result = run_script("ra_rloo", flags, run_dir, model_dir, steps, args, stop)
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][1:] \
+            if (run_dir / "metrics.jsonl").exists() else []
         learning[arm] = {"label": label, "status": result["status"], "steps": result.get("steps", 0),
                          "step_s": result.get("step_s"), "reward_curve": [r["reward_mean"] for r in rows],
                          "policy_changed_frac": result.get("policy_changed_frac")}
-        if rows:
+        if rows and not stop.reason:  # past the budget or signalled: no further measurement
             rates = heldout_pass_rates(run_dir / f"checkpoint-{rows[-1]['step']}", args)
             learning[arm]["end"] = dict(zip(("pass@1", "ci95"), mean_ci(rates)))
             learning[arm]["paired_change"] = dict(zip(("mean", "ci95"), mean_ci([b - a for a, b in zip(start, rates)])))
@@ -785,12 +792,9 @@ def speed_part(model_dir: Path, out: Path, args: Args, stop: Stop, guess: dict, 
         flags = ["--k", "4", "--save_every", "0"] + ([] if cache == "default" else ["--cache_implementation", cache])
         run_dir = out / f"speed-{cache}"
         shutil.rmtree(run_dir, ignore_errors=True)
-        try:
-            result = run_script("ra_rloo", flags, run_dir, model_dir, args.speed_steps, args, stop)
-        except KeyboardInterrupt:
-            results.append({"cache_implementation": cache, "status": f"interrupted ({stop.reason})"})
-            break
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][1:]
+        result = run_script("ra_rloo", flags, run_dir, model_dir, args.speed_steps, args, stop)
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][1:] \
+            if (run_dir / "metrics.jsonl").exists() else []
         entry = {"cache_implementation": cache, "status": result["status"],
                  "compiled_graphs": result.get("compiled_graphs")}
         if len(rows) >= 2:

@@ -88,6 +88,10 @@ class GracefulStop:
     """First Ctrl-C / SIGTERM: finish the current step, then stop (the script saves a checkpoint).
     A second signal raises KeyboardInterrupt at once."""
 
+    received: list[int] = []
+    """every signal any GracefulStop of this process took: a program that runs a script's main() (e.g.
+    benchmarks/gpu_smoke.py) learns from it that a stop was asked for while the script held the signals"""
+
     def __init__(self, log=print):
         self.requested = False
         self.log = log
@@ -99,6 +103,7 @@ class GracefulStop:
             signal.signal(sig, handler)
 
     def _handle(self, signum, frame) -> None:
+        GracefulStop.received.append(signum)
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True

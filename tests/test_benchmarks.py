@@ -813,20 +813,6 @@ def test_memory_table_arithmetic():
     assert "Qwen2.5-7B" in mt.table() and mt.table().count("\n") == 1 + 3 * 3
 
 
-def test_gpu_smoke_runs_on_cpu_with_a_tiny_model(tmp_path):
-    # the GPU smoke script's own check: a tiny Qwen2 + BPE tokenizer built here, one script, one step, under
-    # --fsdp on one process (Qwen2's decoder layers sharded)
-    from benchmarks import gpu_smoke
-
-    gpu_smoke.main(gpu_smoke.Args(output_dir=str(tmp_path), size="tiny", steps=1, scripts="ra_rloo",
-                                  variants="fsdp", prompts_per_step=4, max_new_tokens=16))
-    smoke = json.loads((tmp_path / "smoke.json").read_text())
-    (fsdp,) = smoke["results"]
-    assert fsdp["status"] == "ok" and fsdp["steps"] == 1 and fsdp["weights_changed_frac"] > 0.5
-    assert fsdp["gen_tokens_per_s"] > 0
-    assert (tmp_path / "model-tiny" / "tokenizer.json").exists()
-
-
 def test_packing_benchmark_times_both_layouts(tiny_base):
     from benchmarks import packing
 

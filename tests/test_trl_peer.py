@@ -126,3 +126,18 @@ def test_our_command_is_grpo_n_with_the_shared_budget():
     src = (ROOT / "ada_seq.py").read_text() + (ROOT / "common" / "args.py").read_text()
     for flag in flags:  # every flag exists in the script (BaseArgs or its Args)
         assert f"    {flag[2:]}:" in src, flag
+
+
+def test_device_and_model_path_run_the_check_and_the_throughput_on_cpu(tiny_base, tmp_path):
+    """--device / --model_name_or_path (the GPU command's path) on CPU with the tiny model: TRL's own code and ours
+    agree on the fixed batch, and one short round of each trainer is timed; needs trl (benchmarks/requirements.txt)."""
+    pytest.importorskip("trl", reason="trl is in benchmarks/requirements.txt, which CI installs")
+    out, raw = tmp_path / "peer.md", tmp_path / "peer.json"
+    args = trl_peer.Args(steps=3, repeats=1, num_threads=1, prompts_per_step=4, micro_batch_size=16,
+                         max_new_tokens=16, device="cpu", model_name_or_path=tiny_base, out=str(out), json=str(raw))
+    res = trl_peer.main(args)
+    assert res["check"]["agree"], res["check"]
+    saved = json.loads(raw.read_text())
+    assert saved["device"] == "cpu" and saved["ratio"]["steps_per_s"] > 0 and saved["trl"]["timed"] == 1
+    assert f"`{tiny_base}`" in out.read_text()
+    assert all("--model_name_or_path" in c and tiny_base in c for c in [res["commands"]["ours"]])

@@ -1,0 +1,113 @@
+"""benchmarks/gpu_smoke.py's control of its own time: a budget that fits nothing writes a report and stops cleanly, a
+SIGTERM ends the whole command (not only the running script) with its results written, the budget timer stops a
+running script; its warm start trains and caches; its small pieces of arithmetic. The full command at CPU size runs
+in tests/test_gpu_smoke_image.py."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from benchmarks import gpu_smoke
+from conftest import ROOT
+
+
+def _env(tmp_path) -> dict:
+    return dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", CUDA_VISIBLE_DEVICES="",
+                RLVR_CACHE=str(tmp_path / "cache"))
+
+
+def _smoke(out, *flags) -> list[str]:
+    return [sys.executable, "benchmarks/gpu_smoke.py", "--size", "tiny", "--dtype", "float32", "--prompts_per_step",
+            "4", "--max_new_tokens", "24", "--smoke_eval_prompts", "4", "--output_dir", str(out), *flags]
+
+
+def test_a_budget_that_fits_nothing_skips_every_part_and_writes_the_report(tmp_path):
+    out = tmp_path / "smoke"
+    budget = gpu_smoke.STOP_MARGIN_S + 1  # one second of work: the model folder, then nothing fits
+    r = subprocess.run(_smoke(out, "--budget_s", str(budget), "--scripts", "ra_rloo,ps_grpo"), cwd=ROOT,
+                       env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Plan" in r.stdout and "may not fit" in r.stdout  # the up-front plan said so
+    report = json.loads((out / "smoke.json").read_text())
+    assert report["runs"] and all(x["status"].startswith("skipped") for x in report["runs"])
+    assert not (out / "ra_rloo-plain").exists()  # no run started past the budget
+    assert report["verdict"].startswith("policy updated in 0 of 0 runs;") and "skipped" in report["verdict"]
+    assert report["learning"]["status"].startswith(("not run", "skipped"))
+    assert (out / "smoke.md").exists()
+
+
+def test_sigterm_ends_the_whole_command_with_its_results_written(tmp_path):
+    out = tmp_path / "smoke"
+    cmd = _smoke(out, "--budget_s", "900", "--steps", "40", "--scripts", "ra_rloo,ada_seq", "--parts", "plain,fsdp")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    metrics = out / "ra_rloo-plain" / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:  # wait for the first training step of the first run
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.stdout.read()[-3000:]
+    proc.send_signal(signal.SIGTERM)
+    log, _ = proc.communicate(timeout=240)
+    assert proc.returncode == 128 + signal.SIGTERM, log[-3000:]
+    report = json.loads((out / "smoke.json").read_text())
+    first, *rest = report["runs"]
+    assert first["script"] == "ra_rloo" and first["status"].startswith("stopped at step")
+    assert first["status"].endswith("(signal 15)") and 1 <= first["steps"] < 40
+    assert (out / "ra_rloo-plain" / f"checkpoint-{first['steps']}").is_dir()  # the script's own graceful stop
+    assert rest and all(x["status"] == "skipped (signal 15)" for x in rest)  # nothing started after it
+    assert not (out / "ada_seq-plain").exists()
+    assert report["stopped"] == "signal 15" and "Traceback" not in log
+
+
+def test_the_budget_timer_stops_the_command_as_ctrl_c_does():
+    stop = gpu_smoke.Stop(gpu_smoke.STOP_MARGIN_S + 0.3)
+    try:
+        deadline = time.time() + 10
+        while stop.reason is None and time.time() < deadline:
+            time.sleep(0.05)
+        assert stop.reason == "budget" and stop.left() <= 0
+        stop.in_run = True  # inside a run the same signal interrupts it (a script's own handler would save first)
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+    finally:
+        stop.close()
+
+
+def test_warm_start_trains_a_random_model_and_caches_it(tmp_path):
+    args = gpu_smoke.Args(output_dir=str(tmp_path), size="test", dtype="float32", warm_max_steps=40,
+                          warm_check_every=20, warm_batch_size=16, warm_lr=3e-3, max_new_tokens=24)
+    random_dir = gpu_smoke.build_model_dir(tmp_path / "model-test", "test")
+    stop = gpu_smoke.Stop(3600)
+    try:
+        info = gpu_smoke.warm_start(random_dir, tmp_path / "warm", args, stop)
+        assert info["status"] == "ok" and info["steps"] in (20, 40) and info["trace"]
+        assert info["trace"][-1]["loss"] < info["first_loss"]  # it learned something
+        assert (tmp_path / "warm" / "model.safetensors").exists() and (tmp_path / "warm" / "warm_start.json").exists()
+        again = gpu_smoke.warm_start(random_dir, tmp_path / "warm", args, stop)
+        assert again["cached"] and again["steps"] == info["steps"]
+    finally:
+        stop.close()
+
+
+def test_learning_steps_fit_what_is_left_and_the_interval_is_over_prompts():
+    # 100 s left, 10 s fixed per run (3 held-out measurements ~ 3 fixed costs), 2 s per step, two runs: 17 steps
+    assert gpu_smoke.plan_learning_steps(100, 10, 2, 500) == 17
+    assert gpu_smoke.plan_learning_steps(100, 10, 2, 5) == 5 and gpu_smoke.plan_learning_steps(20, 10, 2, 5) == 0
+    mean, half = gpu_smoke.mean_ci([0.0, 1.0, 0.5, 0.5])
+    assert mean == 0.5 and half == pytest.approx(1.96 * (1 / 6) ** 0.5 / 2)
+
+
+def test_verdict_counts_errors_as_not_updated_and_names_them():
+    runs = [{"script": "ra_rloo", "variant": "plain", "status": "ok", "policy_changed_frac": 1.0},
+            {"script": "ps_grpo", "variant": "plain", "status": "ok", "policy_changed_frac": 0.0},
+            {"script": "pros_ppo", "variant": "lora", "status": "error: RuntimeError: boom"},
+            {"script": "ada_seq", "variant": "fsdp", "status": "skipped: budget"}]
+    assert gpu_smoke.verdict(runs) == ("policy updated in 1 of 3 runs; not updated: ps_grpo/plain, pros_ppo/lora "
+                                       "(error: RuntimeError: boom); 1 skipped")
