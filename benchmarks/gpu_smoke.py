@@ -74,10 +74,11 @@ PART_VARIANTS = {"plain": ["plain"], "fsdp": ["fsdp"], "gc_lora": ["gradient_che
 SCRIPT_FLAGS = {"ada_seq": ["--max_rounds", "2", "--round_repeat", "4"], "ps_grpo": ["--mode", "text", "--n", "4"],
                 "pros_ppo": ["--k", "4"], "ada_est": ["--prompt_pool", "64"], "ra_rloo": ["--k", "4"]}
 # first guesses for the plan (seconds), replaced by measured ones as the command goes: a smoke run's fixed cost
-# (model load, step-0 and final evaluation, checkpoint) and one step; measured on an H200 with a random model
-GUESS = {"150m": {"run_fixed_s": 8.0, "step_s": 3.5, "warm_s": 150.0, "peer_s": 120.0},
-         "tiny": {"run_fixed_s": 4.0, "step_s": 0.6, "warm_s": 0.0, "peer_s": 60.0},
-         "test": {"run_fixed_s": 4.0, "step_s": 0.6, "warm_s": 20.0, "peer_s": 60.0}}
+# (model load, step-0 and final evaluation, checkpoint) and one step (150m: the 2026-11-26 H200 smoke of the random
+# model, 64-token completions: ~22 s per 5-step run)
+GUESS = {"150m": {"run_fixed_s": 7.0, "step_s": 3.0, "peer_s": 120.0},
+         "tiny": {"run_fixed_s": 4.0, "step_s": 0.6, "peer_s": 60.0},
+         "test": {"run_fixed_s": 4.0, "step_s": 0.6, "peer_s": 60.0}}
 LEARNING = {"method": ["--replay", "on_demand"], "baseline": ["--replay", "none"]}  # ra_rloo.py; same flags else
 WHEELS = ROOT / ".whl"  # TRL's wheels for an image without it (docs/scaling.md); ignored by git, carried to the GPU
 
@@ -96,8 +97,8 @@ class Args:
     only the model and its warm start)"""
     scripts: str = "ra_rloo,ada_seq,ada_est,ps_grpo,pros_ppo"
     """comma-separated method scripts of the smoke parts (plain, fsdp, gc_lora)"""
-    steps: int = 3
-    """training steps of each smoke run (the update must show in them)"""
+    steps: int = 2
+    """training steps of each smoke run (the first update must show in the saved weights)"""
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     """compute dtype passed to the scripts (`--dtype`)"""
     prompts_per_step: int = 16
@@ -112,6 +113,8 @@ class Args:
     """the warm start stops once greedy pass@1 on training prompts reaches this"""
     warm_max_steps: int = 4000
     """the warm start stops after this many SFT steps even below the target"""
+    warm_max_s: float = 150.0
+    """... or after this many seconds (what it reached is cached and reported either way)"""
     warm_lr: float = 3e-4
     """SFT learning rate of the warm start (AdamW, linear warm-up over 5% of warm_max_steps)"""
     warm_batch_size: int = 64
@@ -266,7 +269,7 @@ def warm_start(random_dir: Path, warm_dir: Path, args: Args, stop: Stop) -> dict
     eos, t0, trace, rate, step, first_loss = tokenizer.eos_token_id, time.time(), [], 0.0, 0, None
     print(f"warm start: SFT until greedy pass@1 >= {args.warm_target} on 128 training prompts "
           f"(at most {args.warm_max_steps} steps)", flush=True)
-    while step < args.warm_max_steps and stop.reason is None:
+    while step < args.warm_max_steps and time.time() - t0 < args.warm_max_s and stop.reason is None:
         picks = [train[rng.randrange(len(train))] for _ in range(args.warm_batch_size)]
         prompts = [tokenizer(countdown.prompt_text(p), add_special_tokens=False).input_ids for _, p in picks]
         answers = [tokenizer(countdown.solution_text(countdown.sample_steps(p, rng, rng.random() >= careless[tag])),
@@ -282,7 +285,8 @@ def warm_start(random_dir: Path, warm_dir: Path, args: Args, stop: Stop) -> dict
         scheduler.step()
         step += 1
         first_loss = first_loss if first_loss is not None else loss.item()
-        if step % args.warm_check_every == 0 or step == args.warm_max_steps:
+        last = step == args.warm_max_steps or time.time() - t0 >= args.warm_max_s
+        if step % args.warm_check_every == 0 or last:
             rate = greedy_pass_rate(model, tokenizer, probe, args.max_new_tokens, args.dtype)
             model.train()
             trace.append({"step": step, "seconds": round(time.time() - t0, 1), "loss": round(loss.item(), 4),
@@ -665,7 +669,8 @@ def main(args: Args) -> dict:
         # ---------------- plan ----------------
         run_s = lambda steps: guess["run_fixed_s"] + steps * guess["step_s"]  # noqa: E731
         warm_dir = out / f"model-{args.size}-warm"
-        cost = {"warm start": 0.0 if (warm_dir / "warm_start.json").exists() else guess["warm_s"]}
+        cached = (warm_dir / "warm_start.json").exists() or args.size == "tiny"
+        cost = {"warm start": 0.0 if cached else args.warm_max_s}  # its upper bound
         for part in parts:
             if part in PART_VARIANTS:
                 cost[part] = len(scripts) * len(PART_VARIANTS[part]) * run_s(args.steps)
