@@ -230,12 +230,12 @@ def test_args_validation_and_defaults():
     # SEQ-POS exits after one positive by default (the authors' code); the text's K_pos is a flag
     assert Args(exit_condition="positive").quotas() == (1, 2)
     assert Args(exit_condition="positive", k_pos=16).quotas() == (16, 2)
-    with pytest.raises(SystemExit, match="entropy_coef"):
-        Args(entropy_coef=-1.0).validate()
-    with pytest.raises(SystemExit):
-        Args(round_repeat=2).validate()  # M < n
-    with pytest.raises(SystemExit):
-        Args(max_rounds=0).validate()
+    with pytest.raises(SystemExit, match="--entropy_coef -1.0: must be >= 0"):
+        parse_args(Args, ["--entropy_coef", "-1"])
+    with pytest.raises(SystemExit, match="--round_repeat 2: must be >= --final_keep_per_prompt 4"):
+        parse_args(Args, ["--round_repeat", "2"])  # M < n
+    with pytest.raises(SystemExit, match="--max_rounds 0: must be >= 1"):
+        parse_args(Args, ["--max_rounds", "0"])
 
 
 def test_every_flag_is_documented():
