@@ -1,6 +1,5 @@
 """Every numeric flag of the five scripts declares what it accepts where it is defined (common/ranges.py): a value
 outside that stops the run at once with one line naming the flag, before anything is loaded or written."""
-import dataclasses
 import importlib
 import math
 import os
