@@ -35,6 +35,7 @@ class Range:
             text = "finite"
         return text + (f"; 0 = {self.zero}" if self.zero else "")
 
+
 def declared(cls) -> dict[str, Range | None]:
     """{field: its Range, or None} for every field of the dataclass `cls` (`Annotated[type, Range(...)]`)."""
     hints = typing.get_type_hints(cls, include_extras=True)
