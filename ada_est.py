@@ -41,7 +41,7 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 import numpy as np
 import torch
@@ -49,7 +49,7 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from common import checkpoint
-from common.args import BaseArgs
+from common.args import BaseArgs, Range
 from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler, hf_task
 from common.distributed import GracefulStop, gather_list, gathered, micro_batches, my_slice, reduce_sums
@@ -66,43 +66,43 @@ from common.summary import run_summary
 
 @dataclass
 class Args(BaseArgs):
-    prompt_pool: int = 2048
-    """[EST] train on only the first N prompts so that they recur and the estimates have history (0 = all; at 32
-    prompts per step a prompt of the 2048 returns every 64 steps)"""
-    warmup_steps: int = 10
+    prompt_pool: Annotated[int, Range(0, zero="all")] = 2048
+    """[EST] train on only the first N prompts so that they recur and the estimates have history (at 32 prompts per
+    step a prompt of the 2048 returns every 64 steps)"""
+    warmup_steps: Annotated[int, Range(0)] = 10
     """linear warm-up steps, then constant (the Reinforce-Ada paper's set-up, Sec. 4: a 10-step warm-up)"""
-    total_budget: int = 0
-    """[EST] responses per step over the whole batch, N_total of Alg. 1 (0 = 8 x prompts_per_step, the paper's setting,
+    total_budget: Annotated[int, Range(0, zero="8 x prompts_per_step")] = 0
+    """[EST] responses per step over the whole batch, N_total of Alg. 1 (8 x prompts_per_step is the paper's setting,
     comparable with GRPO-n8)"""
-    n_min: int = 2
+    n_min: Annotated[int, Range(1)] = 2
     """[EST] fewest responses any prompt gets (2: a single response has no group baseline)"""
-    n_max: int = 32
+    n_max: Annotated[int, Range(1)] = 32
     """[EST] most responses any prompt gets (the paper's N_max for its sequential variant)"""
     weighting: Literal["hybrid", "implicit"] = "hybrid"
     """[EST] `hybrid`: N_x ∝ 1/sqrt(p_hat+eps) and residual weight 1/sqrt(mean_x+eps) (the paper's main choice);
     `implicit`: N_x ∝ 1/(p_hat+eps), no residual weight"""
-    lam: float = 0.9
+    lam: Annotated[float, Range(0, 1, lo_open=True)] = 0.9
     """[EST] discount lambda of the per-prompt counts at every visit (the public code's 0.9)"""
-    prior_alpha: float = 1.0
+    prior_alpha: Annotated[float, Range(0, lo_open=True)] = 1.0
     """[EST] Beta prior alpha: p_hat = (N_pos + alpha) / (N_total + alpha + beta) (public code: 1)"""
-    prior_beta: float = 16.0
+    prior_beta: Annotated[float, Range(0)] = 16.0
     """[EST] Beta prior beta (public code: 16; an unseen prompt starts at p_hat = 1/17, i.e. treated as hard)"""
-    eps: float = 0.01
+    eps: Annotated[float, Range(0, lo_open=True)] = 0.01
     """[EST] epsilon in w(p_hat) and in the residual weight 1/sqrt(mean_x + eps) (bounds the weight of all-fail
     groups)"""
-    positive_threshold: float = 0.7
-    """[EST] a response counts as a success k_t for the estimator when its training reward > this"""
-    eps_low: float = 0.2
+    positive_threshold: Annotated[float, Range(None, 1, hi_open=True)] = 0.7
+    """[EST] a response counts as a success k_t for the estimator when its training reward (in [0, 1]) > this"""
+    eps_low: Annotated[float, Range(0, 1, hi_open=True)] = 0.2
     """lower clip range of the ratio pi_theta/pi_old (clip-higher setup of the paper: [0.2, 0.28])"""
-    eps_high: float = 0.28
+    eps_high: Annotated[float, Range(0)] = 0.28
     """upper clip range of the ratio pi_theta/pi_old"""
-    ppo_epochs: int = 1
+    ppo_epochs: Annotated[int, Range(1)] = 1
     """optimizer steps per batch (each a full pass over all responses); with 1 the ratio is 1 and clipping is
     inactive"""
-    beta: float = 0.0
+    beta: Annotated[float, Range(0, zero="off, no reference model")] = 0.0
     """KL coefficient to the reference (initial) policy, per-token k3 estimator; the paper uses none"""
-    entropy_coef: float = 1e-4
-    """entropy bonus: entropy_coef x token entropy is subtracted from the loss (the paper's set-up: 1e-4; 0 = off)"""
+    entropy_coef: Annotated[float, Range(0, zero="off")] = 1e-4
+    """entropy bonus: entropy_coef x token entropy is subtracted from the loss (the paper's set-up: 1e-4)"""
     old_logprobs: Literal["auto", "sampler"] = "auto"
     """where pi_old's log-probs come from: `auto` = the update's own first forward pass when that is exact (HF
     backend, one epoch: the weights that sampled are the weights being updated), else the sampler; `sampler` =
@@ -111,23 +111,13 @@ class Args(BaseArgs):
     def budget(self) -> int:
         return self.total_budget or 8 * self.prompts_per_step
 
-    def validate(self) -> None:
+    def validate(self) -> None:  # single values: their declarations (common/ranges.py); here, combinations
         p, b = self.prompts_per_step, self.budget()
-        if not 1 <= self.n_min <= self.n_max:
-            raise SystemExit(f"--n_min {self.n_min} / --n_max {self.n_max}: need 1 <= n_min <= n_max")
+        if self.n_min > self.n_max:
+            raise SystemExit(f"--n_min {self.n_min} / --n_max {self.n_max}: need n_min <= n_max")
         if not self.n_min * p <= b <= self.n_max * p:
             raise SystemExit(f"--total_budget {b}: must lie in [n_min * prompts_per_step, n_max * prompts_per_step]"
                              f" = [{self.n_min * p}, {self.n_max * p}]")
-        if not 0 < self.lam <= 1:
-            raise SystemExit(f"--lam {self.lam}: must be in (0, 1]")
-        if self.prior_alpha <= 0 or self.prior_beta < 0 or self.eps <= 0:
-            raise SystemExit("--prior_alpha and --eps must be > 0, --prior_beta >= 0")
-        if not 0 <= self.eps_low < 1 or self.eps_high < 0:
-            raise SystemExit(f"--eps_low {self.eps_low} / --eps_high {self.eps_high}: "
-                             "need 0 <= eps_low < 1, eps_high >= 0")
-        if self.ppo_epochs < 1 or self.beta < 0 or self.entropy_coef < 0:
-            raise SystemExit(f"--ppo_epochs {self.ppo_epochs} / --beta {self.beta} / --entropy_coef "
-                             f"{self.entropy_coef}: need ppo_epochs >= 1, beta >= 0, entropy_coef >= 0")
 
 
 def count_positive(rewards: list[float], threshold: float) -> int:
@@ -449,9 +439,10 @@ def main(args: Args) -> None:
         trained = gather_list(accelerator, [(adv, examples[owner[g]].tag) for g, adv in enumerate(adv_list)])
         row.update(trained_advantage_metrics(trained))  # [ADA] every response trains: their mean A per level
 
-        if not warned_logp_diff and (row["sampler_logp_diff"] or 0.0) > args.logp_diff_warn:
+        gap = row["sampler_logp_diff"]  # None: not measured this step
+        if not warned_logp_diff and gap is not None and gap >= args.logp_diff_warn:
             warned_logp_diff = True
-            log(f"warning: sampler_logp_diff {row['sampler_logp_diff']:.4f} > --logp_diff_warn {args.logp_diff_warn}: "
+            log(f"warning: sampler_logp_diff {gap:.4f} >= --logp_diff_warn {args.logp_diff_warn}: "
                 "the generator does not sample from the policy being trained (stale weights, dtype, temperature?)")
 
         # ================ sample log / evaluate / log / checkpoint / stop ================

@@ -93,7 +93,7 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Literal, Optional
+from typing import Annotated, Callable, Literal, Optional
 
 import numpy as np
 import torch
@@ -102,7 +102,7 @@ from tqdm.auto import tqdm
 
 from common import checkpoint
 from common.advantages import zero_variance
-from common.args import BaseArgs
+from common.args import BaseArgs, Range
 from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler, hf_task
 from common.distributed import GracefulStop, gather_list, gathered, micro_batches, my_slice, reduce_sums
@@ -119,23 +119,23 @@ from common.summary import run_summary
 
 @dataclass
 class Args(BaseArgs):
-    final_keep_per_prompt: int = 4
+    final_keep_per_prompt: Annotated[int, Range(2)] = 4
     """[ADA] update group size n: each prompt's pool is downsampled to exactly n responses (backward cost = GRPO-n)"""
-    round_repeat: int = 8
+    round_repeat: Annotated[int, Range(2)] = 8
     """[ADA] M, responses drawn per active prompt in each round (Alg. 2 requires M >= n)"""
-    max_rounds: int = 4
+    max_rounds: Annotated[int, Range(1)] = 4
     """[ADA] maximum sampling rounds; N_max = max_rounds * round_repeat responses per prompt. `--max_rounds 1
     --round_repeat n` is GRPO-n"""
     exit_condition: Literal["balanced", "positive"] = "balanced"
     """[ADA] when a prompt leaves the active set: `positive` (SEQ-POS: >= k_pos positives) or `balanced` (SEQ-BALANCE:
     >= k_pos positives and >= k_neg negatives)"""
-    k_pos: Optional[int] = None
+    k_pos: Annotated[Optional[int], Range(0)] = None
     """[ADA] K_pos, positives needed to exit (default: 1 under `positive`, as the authors' code; n//2 under
     `balanced`)"""
-    k_neg: Optional[int] = None
+    k_neg: Annotated[Optional[int], Range(0)] = None
     """[ADA] K_neg, negatives needed to exit under `balanced` (default n - n//2)"""
-    positive_threshold: float = 0.7
-    """[ADA] a response is positive when its training reward > this (rewards may be shaped)"""
+    positive_threshold: Annotated[float, Range(None, 1, hi_open=True)] = 0.7
+    """[ADA] a response is positive when its training reward (in [0, 1], may be shaped) > this; < 0: every response"""
     adv_std_norm: Optional[bool] = None
     """divide advantages by the std of the prompt's pool (eq. 2). Default (unset): true for GRPO-n (`--max_rounds 1`,
     eq. 2; false there = Dr. GRPO-n), false for Reinforce-Ada (`--max_rounds` > 1: A = r - mean(pool), Alg. 2 line
@@ -146,27 +146,27 @@ class Args(BaseArgs):
     prompt_weight: Literal["none", "inv_p", "inv_sqrt_p"] = "none"
     """[ADA] explicit per-prompt gradient weight w(p_hat), p_hat = N_pos/N of the full pool: `none` (the public code's
     default), `inv_p` (the re-introduced 1/p_hat of Sec. 3.2), `inv_sqrt_p`"""
-    eps_low: float = 0.2
+    eps_low: Annotated[float, Range(0, 1, hi_open=True)] = 0.2
     """lower clip range of the ratio pi_theta/pi_old (clip-higher setup of the paper: [0.2, 0.28])"""
-    eps_high: float = 0.28
+    eps_high: Annotated[float, Range(0)] = 0.28
     """upper clip range of the ratio pi_theta/pi_old"""
-    ppo_epochs: int = 1
+    ppo_epochs: Annotated[int, Range(1)] = 1
     """optimizer steps per batch (each a full pass over the kept responses); with 1 the ratio is 1 and clipping is
     inactive"""
-    beta: float = 0.0
+    beta: Annotated[float, Range(0, zero="off, no reference model")] = 0.0
     """KL coefficient to the reference (initial) policy, per-token k3 estimator; the paper uses none"""
-    entropy_coef: float = 1e-4
-    """entropy bonus: entropy_coef x token entropy is subtracted from the loss (the paper's set-up: 1e-4; 0 = off)"""
+    entropy_coef: Annotated[float, Range(0, zero="off")] = 1e-4
+    """entropy bonus: entropy_coef x token entropy is subtracted from the loss (the paper's set-up: 1e-4)"""
     old_logprobs: Literal["auto", "sampler"] = "auto"
     """where pi_old's log-probs come from: `auto` = the update's own first forward pass when that is exact (HF
     backend, one epoch: the weights that sampled are the weights being updated), else the sampler; `sampler` =
     always the generator's log-probs (an extra scoring pass with the HF backend)"""
-    warmup_steps: int = 10
+    warmup_steps: Annotated[int, Range(0)] = 10
     """linear warm-up steps, then constant (the paper's set-up, Sec. 4: a 10-step warm-up)"""
     dynamic_sampling: bool = False
     """[DAPO] the DAPO dynamic-sampling baseline (needs `--max_rounds 1`): drop groups whose rewards are all equal
     and refill the batch with groups for new prompts, up to `max_dynamic_rounds` extra rounds"""
-    max_dynamic_rounds: int = 4
+    max_dynamic_rounds: Annotated[int, Range(0)] = 4
     """[DAPO] cap on the extra generation rounds (each a new batch of prompts_per_step prompts) per step"""
 
     def quotas(self) -> tuple[int, int]:
@@ -179,29 +179,14 @@ class Args(BaseArgs):
         if self.adv_std_norm is None:  # [ADA] Reinforce-Ada: r - mean(pool) (Alg. 2 line 19); GRPO-n: eq. (2)
             self.adv_std_norm = self.max_rounds == 1
 
-    def validate(self) -> None:
+    def validate(self) -> None:  # single values: their declarations (common/ranges.py); here, combinations
         n = self.final_keep_per_prompt
-        if n < 2:
-            raise SystemExit(f"--final_keep_per_prompt {n}: a group needs at least 2 responses")
         if self.round_repeat < n:
             raise SystemExit(f"--round_repeat {self.round_repeat}: must be >= --final_keep_per_prompt {n} "
                              "(Alg. 2: M >= n)")
-        if self.max_rounds < 1:
-            raise SystemExit(f"--max_rounds {self.max_rounds}: must be >= 1")
-        k_pos, k_neg = self.quotas()
-        if k_pos < 0 or k_neg < 0:
-            raise SystemExit(f"--k_pos {k_pos} / --k_neg {k_neg}: must be >= 0")
-        if not 0 <= self.eps_low < 1 or self.eps_high < 0:
-            raise SystemExit(f"--eps_low {self.eps_low} / --eps_high {self.eps_high}: "
-                             "need 0 <= eps_low < 1, eps_high >= 0")
-        if self.ppo_epochs < 1 or self.beta < 0 or self.entropy_coef < 0:
-            raise SystemExit(f"--ppo_epochs {self.ppo_epochs} / --beta {self.beta} / --entropy_coef "
-                             f"{self.entropy_coef}: need ppo_epochs >= 1, beta >= 0, entropy_coef >= 0")
         if self.dynamic_sampling and self.max_rounds != 1:  # [DAPO] a fixed group size: GRPO-n's one round
             raise SystemExit(f"--dynamic_sampling samples one round of --round_repeat responses per prompt (DAPO); "
                              f"it needs --max_rounds 1, got --max_rounds {self.max_rounds}")
-        if self.max_dynamic_rounds < 0:
-            raise SystemExit(f"--max_dynamic_rounds {self.max_dynamic_rounds}: must be >= 0")
 
 
 def count_positive(rewards: list[float], threshold: float) -> int:
@@ -579,9 +564,10 @@ def main(args: Args) -> None:
                         "dapo_kept_groups": int(totals["kept_groups"]),
                         "ada_inference_cost_rel": totals["rollouts"] / (args.prompts_per_step * n)})
 
-        if not warned_logp_diff and (row["sampler_logp_diff"] or 0.0) > args.logp_diff_warn:
+        gap = row["sampler_logp_diff"]  # None: not measured this step
+        if not warned_logp_diff and gap is not None and gap >= args.logp_diff_warn:
             warned_logp_diff = True
-            log(f"warning: sampler_logp_diff {row['sampler_logp_diff']:.4f} > --logp_diff_warn {args.logp_diff_warn}: "
+            log(f"warning: sampler_logp_diff {gap:.4f} >= --logp_diff_warn {args.logp_diff_warn}: "
                 "the generator does not sample from the policy being trained (stale weights, dtype, temperature?)")
 
         # ================ sample log / evaluate / log / checkpoint / stop ================

@@ -31,7 +31,7 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 import numpy as np
 import torch
@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 
 from common import checkpoint
 from common.advantages import gae_advantages, grpo_advantages, masked_whiten, zero_variance
-from common.args import BaseArgs
+from common.args import BaseArgs, Range
 from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler, hf_task
 from common.distributed import GracefulStop, gather_list, gathered, micro_batches, my_slice, reduce_sums
@@ -58,80 +58,67 @@ from common.summary import run_summary
 
 @dataclass
 class Args(BaseArgs):
-    max_steps: int = 200
+    max_steps: Annotated[int, Range(1)] = 200
     """number of iterations (each: one batch of queries, then ppo_epochs x num_minibatches updates)"""
-    k: int = 4
+    k: Annotated[int, Range(2)] = 4
     """rollouts per query (group size; GRPO's baseline and PROS's per-node pass-rate observations need >= 2)"""
     adv: Literal["gae", "grpo"] = "gae"
     """advantage estimator: token-level GAE with a learned critic (PPO), or critic-free group-normalised GRPO"""
-    gamma: float = 1.0
+    gamma: Annotated[float, Range(0, 1)] = 1.0
     """GAE discount γ"""
-    gae_lambda: float = 0.95
+    gae_lambda: Annotated[float, Range(0, 1)] = 0.95
     """GAE λ"""
     whiten_advantages: bool = True
     """(GAE) normalise advantages to zero mean / unit std over the batch's tokens"""
-    ppo_epochs: int = 2
+    ppo_epochs: Annotated[int, Range(1)] = 2
     """passes over each batch of rollouts"""
-    num_minibatches: int = 2
+    num_minibatches: Annotated[int, Range(1)] = 2
     """optimizer steps per epoch (the batch's rollouts are shuffled and split)"""
-    clip_low: float = 0.2
+    clip_low: Annotated[float, Range(0, 1, lo_open=True, hi_open=True)] = 0.2
     """policy ratio clip 1 - clip_low"""
-    clip_high: float = 0.2
+    clip_high: Annotated[float, Range(0, lo_open=True)] = 0.2
     """policy ratio clip 1 + clip_high (vanilla PPO: symmetric)"""
-    vf_clip: float = 0.2
+    vf_clip: Annotated[float, Range(0, lo_open=True)] = 0.2
     """value clip: V is kept within ±vf_clip of its old prediction in the clipped value loss"""
-    critic_lr: float = 5e-4
+    critic_lr: Annotated[float, Range(0)] = 5e-4
     """critic AdamW learning rate (constant)"""
     critic_model_name_or_path: Optional[str] = None
     """critic backbone; default (None): a copy of the policy's backbone + a zero-initialised scalar head"""
-    kl_coef: float = 0.0
-    """per-token k3 KL penalty to the initial policy, added to the policy loss (0 = off, no reference model)"""
-    success_reward: float = 1.0
+    kl_coef: Annotated[float, Range(0, zero="off, no reference model")] = 0.0
+    """per-token k3 KL penalty to the initial policy, added to the policy loss"""
+    success_reward: Annotated[float, Range(0, 1)] = 1.0
     """a rollout is correct (a PROS success and a prefix source) when its training reward >= this"""
     pros: Literal["bayes", "random", "off"] = "bayes"
     """[PROS] bayes: prefix reuse + hierarchical Bayesian selection (paper); random: uniform selection; off: no PROS"""
     select_by: Literal["draw", "mean"] = "draw"
     """[PROS] θ̃ ranked by |θ̃ - 0.5|: the current Gibbs draw σ(ψ) (Thompson-style) or θ̂ (mean over last sweeps)"""
-    fresh_frac: float = 0.5
+    fresh_frac: Annotated[float, Range(0, 1, lo_open=True)] = 0.5
     """[PROS] fraction of each batch from the data stream (never-seen prompts enter this way); the rest: the pool"""
-    value_top_frac: float = 0.1
+    value_top_frac: Annotated[float, Range(0, 1, lo_open=True)] = 0.1
     """[PROS] with a critic, t* is sought among the window positions in the top ⌈this·(T - L)⌉ by value (choose_cut)"""
-    max_children_per_group: int = 0
-    """[PROS] cap on new children added per group per iteration; 0 = no cap, the paper: one per correct rollout"""
-    forget: float = 0.95
+    max_children_per_group: Annotated[int, Range(0, zero="no cap")] = 0
+    """[PROS] cap on new children added per group per iteration (the paper: none, one per correct rollout)"""
+    forget: Annotated[float, Range(0, 1, lo_open=True)] = 0.95
     """[PROS] forgetting λ: counts s, n are multiplied by λ before new observations are added (which: --forget_on)"""
     forget_on: Literal["iteration", "visit"] = "iteration"
     """[PROS] `iteration`: every node's counts decay once per iteration (they go stale as the policy moves, visited
     or not); `visit`: only the counts of nodes observed now (docs/pros_ppo.md)"""
-    prior_mu: float = 0.0
+    prior_mu: Annotated[float, Range()] = 0.0
     """[PROS] μ0: prior mean of a root's log-odds ψ_root"""
-    prior_tau: float = 2.0
+    prior_tau: Annotated[float, Range(0, lo_open=True)] = 2.0
     """[PROS] τ0: prior std of ψ_root"""
-    child_sigma: float = 1.0
+    child_sigma: Annotated[float, Range(0, lo_open=True)] = 1.0
     """[PROS] σ: std of a child's log-odds around its root's, ψ_child ~ N(ψ_root, σ²)"""
-    gibbs_sweeps: int = 10
+    gibbs_sweeps: Annotated[int, Range(1)] = 10
     """[PROS] Gibbs sweeps per iteration (warm-started from the previous iteration's state)"""
-    pg_terms: int = 8
+    pg_terms: Annotated[int, Range(1)] = 8
     """[PROS] exact Gamma terms in each Pólya-Gamma draw; the remainder is one Gamma with its exact mean and variance"""
-    pool_capacity: int = 10000
+    pool_capacity: Annotated[int, Range(2)] = 10000
     """[PROS] maximum number of nodes (roots + children) in the pool; least recently observed are evicted"""
 
-    def validate(self) -> None:
-        for bad, why in [
-            (self.k < 2, f"--k {self.k}: need at least 2 rollouts per query"),
-            (self.ppo_epochs < 1 or self.num_minibatches < 1, "--ppo_epochs and --num_minibatches must be >= 1"),
-            (not (0 <= self.gamma <= 1 and 0 <= self.gae_lambda <= 1), "--gamma/--gae_lambda: must be in [0, 1]"),
-            (min(self.clip_low, self.clip_high, self.vf_clip) <= 0, "--clip_low, --clip_high, --vf_clip: must be > 0"),
-            (not 0 < self.fresh_frac <= 1, f"--fresh_frac {self.fresh_frac}: must be in (0, 1]"),
-            (not 0 < self.value_top_frac <= 1, f"--value_top_frac {self.value_top_frac}: must be in (0, 1]"),
-            (self.max_children_per_group < 0, f"--max_children_per_group {self.max_children_per_group}: must be >= 0"),
-            (not 0 < self.forget <= 1, f"--forget {self.forget}: must be in (0, 1] (1 = no forgetting)"),
-            (self.prior_tau <= 0 or self.child_sigma <= 0, "--prior_tau and --child_sigma must be > 0"),
-            (self.gibbs_sweeps < 1 or self.pg_terms < 1, "--gibbs_sweeps and --pg_terms must be >= 1"),
-            (self.pool_capacity < 2 * self.prompts_per_step,
-             f"--pool_capacity {self.pool_capacity}: must be >= 2 x --prompts_per_step")]:
-            if bad:
-                raise SystemExit(why)
+    def validate(self) -> None:  # single values: their declarations (common/ranges.py); here, combinations
+        if self.pool_capacity < 2 * self.prompts_per_step:
+            raise SystemExit(f"--pool_capacity {self.pool_capacity}: must be >= 2 x --prompts_per_step")
 
 
 # ---------------- [PROS] Augmented query construction (Section 3) ----------------
@@ -633,9 +620,10 @@ def main(args: Args) -> None:
             "ppo_clip_frac": totals["clip_sum"] / samples,  # clipped tokens / tokens, mean over steps
             "sampler_logp_diff": totals["gap_sum"] / totals["gap_tok"] if totals["gap_tok"] else None,
         }
-        if not warned_logp_diff and (row["sampler_logp_diff"] or 0.0) > args.logp_diff_warn:
+        gap = row["sampler_logp_diff"]  # None: not measured this step
+        if not warned_logp_diff and gap is not None and gap >= args.logp_diff_warn:
             warned_logp_diff = True
-            log(f"warning: sampler_logp_diff {row['sampler_logp_diff']:.4f} > --logp_diff_warn {args.logp_diff_warn}: "
+            log(f"warning: sampler_logp_diff {gap:.4f} >= --logp_diff_warn {args.logp_diff_warn}: "
                 "the generator does not sample from the policy being trained (stale weights, dtype, temperature?)")
         if critic is not None:
             row["ppo_value_loss"] = totals["value_loss_sum"] / samples  # per-token value loss, mean over steps

@@ -52,7 +52,7 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
@@ -61,7 +61,7 @@ from tqdm.auto import tqdm
 
 from common import checkpoint
 from common.advantages import grpo_advantages, zero_variance
-from common.args import BaseArgs
+from common.args import BaseArgs, Range
 from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler, hf_task
 from common.distributed import GracefulStop, gather_list, gathered, micro_batches, my_slice, reduce_sums
@@ -82,13 +82,13 @@ ROUTES = ("all_fail", "all_pass", "normal", "too_hard", "too_easy")
 
 @dataclass
 class Args(BaseArgs):
-    max_steps: int = 150
+    max_steps: Annotated[int, Range(1)] = 150
     """number of policy updates (one batch of tasks each)"""
-    n: int = 8
+    n: Annotated[int, Range(2)] = 8
     """rollouts per task (N); the group for GRPO advantages and for the pass rate k/N"""
-    eps_low: float = 0.2
+    eps_low: Annotated[float, Range(0, 1, hi_open=True)] = 0.2
     """clipped surrogate: lower clip range (ratio >= 1 - eps_low)"""
-    eps_high: float = 0.28
+    eps_high: Annotated[float, Range(0)] = 0.28
     """clipped surrogate: upper clip range (ratio <= 1 + eps_high; DAPO clip-higher)"""
     scale_advantages: bool = False
     """GRPO advantages: false = r - mean (the paper's appendix: a group's Var(A) = p(1-p), the signal PS raises);
@@ -96,70 +96,60 @@ class Args(BaseArgs):
     mode: Literal["auto", "multiturn", "text"] = "auto"
     """`multiturn`: the Countdown environment, a step per turn; `text`: a line per step; `auto`: by --dataset
     (multiturn for countdown)"""
-    env_numbers: int = 0
-    """[multiturn] numbers per Countdown problem (an episode takes env_numbers - 1 steps); 0 = the embedded task's
-    level mix of 2, 3 and 5 numbers (episodes of 1, 2 and 4 steps)"""
-    env_max_number: int = 10
+    env_numbers: Annotated[int, Range(2, zero="the embedded task's level mix of 2, 3 and 5 numbers")] = 0
+    """[multiturn] numbers per Countdown problem (an episode takes env_numbers - 1 steps; the level mix: 1, 2 and
+    4 steps)"""
+    env_max_number: Annotated[int, Range(2)] = 10
     """[multiturn] with --env_numbers > 0, problem numbers are drawn from 1..env_max_number"""
-    max_turns: int = 4
+    max_turns: Annotated[int, Range(1)] = 4
     """[multiturn] turn budget of an episode (it also ends with one number left, an invalid action or a stop)"""
     env_invalid: Literal["end", "retry"] = "end"
     """[multiturn] an invalid action: `end` the episode (reward 0), or `retry` (answered with an error + the state)"""
-    max_action_tokens: int = 16
+    max_action_tokens: Annotated[int, Range(1)] = 16
     """[multiturn] token cap of one action (a turn ends at a newline or EOS); text mode: --max_new_tokens"""
-    mt_sft_steps: int = 400
-    """[multiturn] embedded model: SFT steps on solver-built episodes before RL (built once, cached; 0: none)"""
+    mt_sft_steps: Annotated[int, Range(0, zero="none")] = 400
+    """[multiturn] embedded model: SFT steps on solver-built episodes before RL (built once, cached)"""
     prefix_sampling: bool = True
     """[PS] route skewed tasks to Prefix & Mask and inject prefix tasks into the next batch; false = the baseline"""
-    low: float = 0.3
+    low: Annotated[float, Range(0, 1, lo_open=True, hi_open=True)] = 0.3
     """[PS] pass rate below this (with at least one success) is too-hard"""
-    high: float = 0.7
+    high: Annotated[float, Range(0, 1, lo_open=True, hi_open=True)] = 0.7
     """[PS] pass rate above this (with at least one failure) is too-easy"""
-    remaining_ratio: float = 0.25
+    remaining_ratio: Annotated[float, Range(0, 1)] = 0.25
     """[PS] too-hard: replay T - min(int(T * remaining_ratio), remaining_cap) steps of a success (--adaptive: start)"""
-    remaining_cap: int = 1000
+    remaining_cap: Annotated[int, Range(0)] = 1000
     """[PS] cap on the remaining steps of a too-hard prefix task"""
-    prefix_ratio: float = 0.25
+    prefix_ratio: Annotated[float, Range(0, 1)] = 0.25
     """[PS] too-easy: replay min(int(T * prefix_ratio), prefix_cap) steps of a failure (--adaptive: start value)"""
-    prefix_cap: int = 1000
+    prefix_cap: Annotated[int, Range(0)] = 1000
     """[PS] cap on the replayed steps of a too-easy prefix task"""
-    max_prefix_frac: float = 0.5
+    max_prefix_frac: Annotated[float, Range(0, 1)] = 0.5
     """[PS] at most this fraction of the batch's tasks are prefix tasks (the rest fresh; those over it: dropped)"""
     adaptive: bool = False
     """[PS] adaptive prefix control: move each category's ratio toward a prefix-task pass rate of 0.5"""
-    ema_alpha: float = 0.05
+    ema_alpha: Annotated[float, Range(0, 1, lo_open=True)] = 0.05
     """[PS] adaptive: EMA coefficient of the per-category pass rate of prefix tasks built with the current ratio"""
-    deadzone_low: float = 0.47
+    deadzone_low: Annotated[float, Range(0, 1)] = 0.47
     """[PS] adaptive: no adjustment while the EMA is within [deadzone_low, deadzone_high]"""
-    deadzone_high: float = 0.53
+    deadzone_high: Annotated[float, Range(0, 1)] = 0.53
     """[PS] adaptive: upper edge of the deadzone"""
-    ratio_step: float = 0.05
+    ratio_step: Annotated[float, Range(0, 1, lo_open=True)] = 0.05
     """[PS] adaptive: size of one ratio adjustment"""
-    cooldown: int = 5
+    cooldown: Annotated[int, Range(0)] = 5
     """[PS] adaptive: steps (with prefix tasks built with the current ratio) between two moves of a category's ratio"""
-    ratio_min: float = 0.05
+    ratio_min: Annotated[float, Range(0, 1)] = 0.05
     """[PS] adaptive: lower clamp of both ratios"""
-    ratio_max: float = 0.95
+    ratio_max: Annotated[float, Range(0, 1)] = 0.95
     """[PS] adaptive: upper clamp of both ratios"""
     ema_reset: bool = False
     """[PS] adaptive: restart the EMA after each move (our variant); false = one EMA throughout, the paper's"""
 
-    def validate(self) -> None:
-        if self.n < 2:
-            raise SystemExit(f"--n {self.n}: GRPO needs at least 2 rollouts per task")
-        if not 0 < self.low <= self.high < 1:
-            raise SystemExit(f"--low {self.low} --high {self.high}: need 0 < low <= high < 1")
-        for name in ("remaining_ratio", "prefix_ratio", "max_prefix_frac"):
-            if not 0 <= getattr(self, name) <= 1:
-                raise SystemExit(f"--{name} {getattr(self, name)}: must be in [0, 1]")
-        if not 0 <= self.ratio_min <= self.ratio_max <= 1:
-            raise SystemExit(f"--ratio_min {self.ratio_min} --ratio_max {self.ratio_max}: need 0 <= min <= max <= 1")
-        if not 0 < self.ema_alpha <= 1 or self.deadzone_low > self.deadzone_high:
-            raise SystemExit("--ema_alpha must be in (0, 1] and --deadzone_low <= --deadzone_high")
-        if self.remaining_cap < 0 or self.prefix_cap < 0 or self.cooldown < 0:
-            raise SystemExit("--remaining_cap, --prefix_cap and --cooldown must be >= 0")
-        if self.env_numbers == 1 or self.env_numbers < 0 or self.max_action_tokens < 1:
-            raise SystemExit("--env_numbers must be 0 or >= 2 and --max_action_tokens >= 1")
+    def validate(self) -> None:  # single values: their declarations (common/ranges.py); here, combinations
+        for lo, hi in (("low", "high"), ("ratio_min", "ratio_max"), ("deadzone_low", "deadzone_high")):
+            if getattr(self, lo) > getattr(self, hi):
+                raise SystemExit(f"--{lo} {getattr(self, lo)} --{hi} {getattr(self, hi)}: need {lo} <= {hi}")
+        if self.env_max_number != 10 and not (self.multiturn and self.env_numbers):  # 10: the default, unused
+            raise SystemExit(f"--env_max_number {self.env_max_number}: applies to multiturn with --env_numbers > 0")
         if self.max_turns < (self.env_numbers or 5) - 1:
             raise SystemExit(f"--max_turns {self.max_turns}: {self.env_numbers} numbers need more turns")
         if self.multiturn:
@@ -167,8 +157,8 @@ class Args(BaseArgs):
                 raise SystemExit(f"--mode multiturn needs --dataset countdown, got {self.dataset}: use --mode text")
             if self.reward != "binary":
                 raise SystemExit(f"--reward {self.reward}: the multi-turn environment's reward is binary")
-        elif (self.env_numbers, self.env_max_number) != (0, 10):  # changed from the defaults
-            raise SystemExit("--env_numbers/--env_max_number apply to --mode multiturn only")
+        elif self.env_numbers:
+            raise SystemExit(f"--env_numbers {self.env_numbers}: applies to --mode multiturn only")
 
     @property
     def multiturn(self) -> bool:
@@ -621,9 +611,10 @@ def main(args: Args) -> None:
             "time_gen_s": totals["t_gen"] / world, "time_train_s": totals["t_train"] / world,
             "sampler_logp_diff": totals["gap_sum"] / totals["gap_tok"] if totals["gap_tok"] else None,
         }
-        if not warned_logp_diff and (row["sampler_logp_diff"] or 0.0) > args.logp_diff_warn:
+        gap = row["sampler_logp_diff"]  # None: not measured this step
+        if not warned_logp_diff and gap is not None and gap >= args.logp_diff_warn:
             warned_logp_diff = True
-            log(f"warning: sampler_logp_diff {row['sampler_logp_diff']:.4f} > --logp_diff_warn {args.logp_diff_warn}: "
+            log(f"warning: sampler_logp_diff {gap:.4f} >= --logp_diff_warn {args.logp_diff_warn}: "
                 "the generator does not sample from the policy being trained (stale weights, dtype, temperature?)")
 
         # ================ [PS] adaptive prefix control on this step's prefix-task pass rates (same on all ranks) ===

@@ -41,7 +41,7 @@ import time
 from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
@@ -50,7 +50,7 @@ from tqdm.auto import tqdm
 
 from common import checkpoint
 from common.advantages import zero_variance
-from common.args import BaseArgs
+from common.args import BaseArgs, Range
 from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler, hf_task
 from common.distributed import GracefulStop, gather_list, gathered, micro_batches, my_slice, reduce_sums
@@ -67,44 +67,34 @@ from common.summary import run_summary
 
 @dataclass
 class Args(BaseArgs):
-    k: int = 4
+    k: Annotated[int, Range(2)] = 4
     """rollouts per prompt (K); RLOO needs K >= 2"""
-    beta: float = 0.05
+    beta: Annotated[float, Range(0, zero="off, no reference model")] = 0.05
     """KL coefficient to the reference (initial) policy; per-token k3 estimator exp(r)-r-1, r = log ref - log pi"""
     replay: Literal["on_demand", "always", "none"] = "on_demand"
     """[RA-RLOO] when to splice a stored success: only into groups with no fresh success (paper), into every
     group (ablation E3), or never (vanilla RLOO)"""
-    buffer_capacity: int = 16
+    buffer_capacity: Annotated[int, Range(1)] = 16
     """[RA-RLOO] per-prompt FIFO capacity C"""
-    w_max: float = 5.0
+    w_max: Annotated[float, Range(0, lo_open=True)] = 5.0
     """[RA-RLOO] clip of the replay's importance weight w = min(exp(log pi_theta(y|x) - log pi_old(y|x)), w_max)"""
     seed_buffer: bool = True
     """[RA-RLOO] seed the buffers at the start with demonstrations scored under the initial policy (Countdown:
     solver solutions; the paper's IPO seed); false = lazy buffers"""
-    success_reward: float = 1.0
+    success_reward: Annotated[float, Range(0, 1)] = 1.0
     """a rollout is a success (buffered, and 'passes') when its training reward >= this"""
     reward: Literal["auto", "binary", "tinyzero", "shaped"] = "auto"
     """training reward: `auto` = the paper's {0, 0.1, 1} (`tinyzero`) on Countdown, `binary` on real datasets (their
     verifier has no format reward); evaluation is always binary"""
-    paper_eval_samples: int = 8
+    paper_eval_samples: Annotated[int, Range(0, zero="off")] = 8
     """[RA-RLOO] the paper's evaluation, logged as eval_paper_pass@1/@4 at each evaluation: samples per held-out
-    prompt (0 = off)"""
-    paper_eval_temperature: float = 0.6
+    prompt"""
+    paper_eval_temperature: Annotated[float, Range(0, zero="greedy")] = 0.6
     """[RA-RLOO] sampling temperature of the paper's evaluation"""
-    paper_eval_top_p: float = 0.95
+    paper_eval_top_p: Annotated[float, Range(0, 1, lo_open=True)] = 0.95
     """[RA-RLOO] top-p of the paper's evaluation"""
-    paper_eval_top_k: int = 20
-    """[RA-RLOO] top-k of the paper's evaluation (0 = off)"""
-
-    def validate(self) -> None:
-        if self.k < 2:
-            raise SystemExit(f"--k {self.k}: RLOO needs at least 2 rollouts per prompt")
-        if self.w_max <= 0 or self.buffer_capacity < 1:
-            raise SystemExit("--w_max must be > 0 and --buffer_capacity >= 1")
-        if self.paper_eval_samples < 0 or self.paper_eval_top_k < 0 or not 0 < self.paper_eval_top_p <= 1:
-            raise SystemExit(f"--paper_eval_samples {self.paper_eval_samples} / --paper_eval_top_k "
-                             f"{self.paper_eval_top_k} / --paper_eval_top_p {self.paper_eval_top_p}: "
-                             "need samples >= 0, top_k >= 0, 0 < top_p <= 1")
+    paper_eval_top_k: Annotated[int, Range(0, zero="off")] = 20
+    """[RA-RLOO] top-k of the paper's evaluation"""
 
 
 def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
@@ -416,9 +406,10 @@ def main(args: Args) -> None:
             "ra_buffer_prompts": sum(1 for buffer in buffers.values() if buffer),
         }
 
-        if not warned_logp_diff and (row["sampler_logp_diff"] or 0.0) > args.logp_diff_warn:
+        gap = row["sampler_logp_diff"]  # None: not measured this step
+        if not warned_logp_diff and gap is not None and gap >= args.logp_diff_warn:
             warned_logp_diff = True
-            log(f"warning: sampler_logp_diff {row['sampler_logp_diff']:.4f} > --logp_diff_warn {args.logp_diff_warn}: "
+            log(f"warning: sampler_logp_diff {gap:.4f} >= --logp_diff_warn {args.logp_diff_warn}: "
                 "the generator does not sample from the policy being trained (stale weights, dtype, temperature?)")
 
         # ================ sample log / evaluate / log / checkpoint / stop ================

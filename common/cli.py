@@ -1,5 +1,6 @@
 """Command line from an `Args` dataclass: every field is a `--flag` and the string literal under it (CleanRL's
-convention, read with `ast`) its help, so a flag, its default and its meaning are written in one place.
+convention, read with `ast`) its help, so a flag, its default, its meaning and what it accepts (`Annotated[int,
+Range(1)]`, common/ranges.py: checked right after parsing, shown in the help) are written in one place.
 """
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import inspect
 import sys
 import textwrap
 import typing
+
+from common.ranges import declared, refusal
 
 
 def field_docs(cls) -> dict[str, str]:
@@ -43,7 +46,7 @@ def build_parser(cls, description: str = "") -> argparse.ArgumentParser:
     docs = field_docs(cls)
     parser = argparse.ArgumentParser(description=description,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    hints = typing.get_type_hints(cls)
+    hints, ranges = typing.get_type_hints(cls), declared(cls)
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
         origin, targs = typing.get_origin(hint), typing.get_args(hint)
@@ -51,7 +54,8 @@ def build_parser(cls, description: str = "") -> argparse.ArgumentParser:
         if optional:
             hint = next(a for a in targs if a is not type(None))
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        kw: dict = {"default": default, "help": docs.get(f.name, "")}
+        accepts = f" [{ranges[f.name]}]" if ranges[f.name] else ""
+        kw: dict = {"default": default, "help": docs.get(f.name, "") + accepts}
         if hint is bool:
             kw.update(type=_str2bool, nargs="?", const=True, metavar="BOOL")
         elif typing.get_origin(hint) is typing.Literal:
@@ -79,8 +83,10 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
     args = cls(**vars(ns))
     if getattr(args, "eval_train_prompts", 0) is None:  # recorded in args.json as the count used
         args.eval_train_prompts = args.eval_prompts
-    if (getattr(args, "eval_train_prompts", 0) or 0) < 0:
-        raise SystemExit(f"--eval_train_prompts {args.eval_train_prompts}: must be >= 0 (0 = off)")
+    for name, declaration in declared(cls).items():  # before anything is loaded or written
+        why = refusal(declaration, getattr(args, name))
+        if why:
+            raise SystemExit(f"--{name} {getattr(args, name)}: {why}")
     if getattr(args, "use_vllm", False) and getattr(args, "cache_implementation", None):
         raise SystemExit(f"--cache_implementation {args.cache_implementation}: applies to HF generate only; vLLM "
                          "(--use_vllm) manages its own KV cache: drop one of the two flags")

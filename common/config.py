@@ -6,10 +6,13 @@ import argparse
 import typing
 from pathlib import Path
 
+from common.ranges import declared, refusal
+
 
 def load_config(path: str, parser: argparse.ArgumentParser, cls) -> dict:
     """Flag values from a YAML/JSON file (a run's args.json works), checked like the command line: every key must
-    be a flag, every value of the flag's type and among its choices; errors name the file and the key."""
+    be a flag, every value of the flag's type, among its choices and in its declared range; errors name the file and
+    the key."""
     import yaml  # PyYAML (a dependency of transformers and accelerate); JSON is YAML
 
     try:
@@ -21,6 +24,7 @@ def load_config(path: str, parser: argparse.ArgumentParser, cls) -> dict:
     actions = {action.dest: action for action in parser._actions if action.dest != "help"}
     hints = typing.get_type_hints(cls)
     optional = {name for name, hint in hints.items() if type(None) in typing.get_args(hint)}  # Optional[...] flags
+    ranges = declared(cls)
     values = {}
     for key, value in data.items():
         where = f"--config {path}: key {key!r}"
@@ -40,6 +44,9 @@ def load_config(path: str, parser: argparse.ArgumentParser, cls) -> dict:
             value = _convert(where, action.type, value, hints[key] is bool)
             if action.choices is not None and value not in action.choices:
                 raise SystemExit(f"{where}: {value!r} is not one of {list(action.choices)}")
+            why = refusal(ranges[key], value)
+            if why:
+                raise SystemExit(f"{where}: {value!r} {why}")
         values[key] = value
     return values
 

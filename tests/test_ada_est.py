@@ -7,6 +7,7 @@ import random
 import pytest
 
 from ada_est import Args, allocate_budget, allocation_weights, est_advantages, estimate, update_counts
+from common.cli import parse_args
 from conftest import run_script
 
 
@@ -59,10 +60,10 @@ def test_advantage_worked_example():
 def test_args_validation():
     assert Args().budget() == 8 * 32 and Args().prompt_pool > 0  # the default task makes prompts recur
     assert Args().warmup_steps == 10  # the paper's 10-step warm-up (Sec. 4)
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match="--total_budget 1280: must lie in"):
         Args(total_budget=32 * 40).validate()  # more than n_max per prompt
-    with pytest.raises(SystemExit):
-        Args(lam=0.0).validate()
+    with pytest.raises(SystemExit, match=r"--lam 0.0: must be in \(0, 1\]"):
+        parse_args(Args, ["--lam", "0"])
 
 
 def test_every_flag_is_documented():

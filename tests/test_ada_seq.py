@@ -230,12 +230,12 @@ def test_args_validation_and_defaults():
     # SEQ-POS exits after one positive by default (the authors' code); the text's K_pos is a flag
     assert Args(exit_condition="positive").quotas() == (1, 2)
     assert Args(exit_condition="positive", k_pos=16).quotas() == (16, 2)
-    with pytest.raises(SystemExit, match="entropy_coef"):
-        Args(entropy_coef=-1.0).validate()
-    with pytest.raises(SystemExit):
-        Args(round_repeat=2).validate()  # M < n
-    with pytest.raises(SystemExit):
-        Args(max_rounds=0).validate()
+    with pytest.raises(SystemExit, match="--entropy_coef -1.0: must be >= 0"):
+        parse_args(Args, ["--entropy_coef", "-1"])
+    with pytest.raises(SystemExit, match="--round_repeat 2: must be >= --final_keep_per_prompt 4"):
+        parse_args(Args, ["--round_repeat", "2"])  # M < n
+    with pytest.raises(SystemExit, match="--max_rounds 0: must be >= 1"):
+        parse_args(Args, ["--max_rounds", "0"])
 
 
 def test_every_flag_is_documented():
@@ -404,11 +404,11 @@ def test_truncated_completions_get_reward_zero_and_optionally_no_gradient(tiny_b
 def test_sample_log_pass_at_k_and_sampler_logp_diff(tiny_base, tmp_path, monkeypatch, capsys):
     rows = _main(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "2", "--eval_every", "1",
                             "--round_repeat", "4", "--max_rounds", "2", "--old_logprobs", "sampler",
-                            "--log_samples_per_kind", "3", "--logp_diff_warn", "-1"], monkeypatch)
+                            "--log_samples_per_kind", "3", "--logp_diff_warn", "0"], monkeypatch)
     assert all({"eval_pass@1", "eval_pass@2", "eval_pass@4"} <= set(r) for r in rows)
     for r in rows[1:]:  # the HF sampler's log-probs are the trainer's (fp32, same weights)
         assert isinstance(r["sampler_logp_diff"], float) and r["sampler_logp_diff"] < 1e-4
-    assert capsys.readouterr().out.count("warning: sampler_logp_diff") == 1  # warned once (threshold -1)
+    assert capsys.readouterr().out.count("warning: sampler_logp_diff") == 1  # warned once (threshold 0: any gap)
     samples = _samples(tmp_path)
     assert [s["step"] for s in samples] == [1, 1, 1, 2, 2, 2] and {s["kind"] for s in samples} == {"fresh"}
     for s in samples:

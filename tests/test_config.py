@@ -38,6 +38,10 @@ def test_a_runs_args_json_repeats_the_run(tmp_path):
     ("dataset: 5\n", "key 'dataset': expected str, got the YAML int 5 (quote it)"),
     ("learning_rate: fast\n", "key 'learning_rate': 'fast' is not a valid float"),
     ("k: null\n", "key 'k': null is not allowed"),
+    ("prompts_per_step: 0\n", "key 'prompts_per_step': 0 must be >= 1"),  # the flag's declared range
+    ("temperature: .nan\n", "key 'temperature': nan must be >= 0; 0 = greedy"),
+    ("learning_rate: -1e-6\n", "key 'learning_rate': -1e-06 must be >= 0"),
+    ("eval_temperature: .inf\n", "key 'eval_temperature': inf must be >= 0; 0 = greedy"),
     ("- k\n", "expected a mapping of flag names to values, got list"),
     ("k: [1\n", "cannot read it"),
 ])

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from common.advantages import gae_advantages
+from common.cli import parse_args
 from common.losses import value_loss
 from conftest import run_script
 from pros_ppo import Args, QueryTree, child_candidates, choose_cut, select_nodes
@@ -95,8 +96,8 @@ def test_every_correct_rollout_with_a_new_cut_becomes_a_child_unless_capped():
     tree = tree_with((5, 5, 5, 5, 5))  # already in the pool: not new, and not counted against the cap
     assert tree.add_children(7, cands, 1, 0.0, cap=1) == 1 and tree.prefix[-1] == (4, 4, 4, 4)
     assert tree.add_children(7, cands, 2, 0.0) == 1 and len(tree) == 4
-    with pytest.raises(SystemExit, match="--max_children_per_group"):
-        Args(max_children_per_group=-1).validate()
+    with pytest.raises(SystemExit, match="--max_children_per_group -1: must be >= 0"):
+        parse_args(Args, ["--max_children_per_group", "-1"])
 
 
 # ---------------------------------------------------------------- the tree and selection (Section 4)
