@@ -165,7 +165,7 @@ def test_two_processes_on_cpu(tiny_base, tmp_path):
     rows = _rows(out)
     assert [r["step"] for r in rows] == [0, 1, 2]  # one writer, no duplicated rows
     assert rows[-1]["rollouts"] == 2 * 8 * 4  # both ranks' rollouts are counted
-    state = torch.load(out / "checkpoint-2" / "trainer_state.pt", weights_only=False)
+    state = torch.load(out / "checkpoint-2" / "trainer_state.pt", weights_only=True)
     assert state["world_size"] == 2 and len(state["state"]["method"]["buffers"]) == 48
 
 
