@@ -2,6 +2,7 @@
 import json
 import os
 import re
+import shlex
 import subprocess
 
 import pytest
@@ -118,9 +119,6 @@ class _Payload:
         self.marker = marker
 
     def __reduce__(self):
-        import os
-        import shlex
-
         return os.system, (f"touch {shlex.quote(str(self.marker))}",)
 
 
@@ -148,6 +146,7 @@ def test_resume_refuses_a_pickle_payload_in_every_file_it_reads_and_runs_none(ti
 
     def files():  # args.json aside: every command rewrites it with its flags before it looks at a checkpoint
         return {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "args.json"}
+
     before = files()
     plants = {"trainer_state.pt": lambda path: path.write_bytes(pickle.dumps({"step": _Payload(marker)})),
               "rng_rank0.pt": lambda path: torch.save({"python": _Payload(marker)}, path),
