@@ -1,8 +1,9 @@
 """Checkpoints: <output_dir>/checkpoint-<step>/ holds an HF model dir (model + tokenizer, loadable by
 `from_pretrained` and vLLM), `trainer_state.pt` (optimizer, scheduler, step, sampler position, the method's state
 such as replay buffers) and `rng_rank<r>.pt` (each process's RNGs); under `--fsdp` the model dir still holds the
-whole weights, and each rank's optimizer shard (and `rank_state`) is in `shards_rank<r>.pt`. It is written to a
-temporary dir and renamed when complete, so an interrupted save never leaves a half-written checkpoint behind.
+whole weights, and each rank's optimizer shard (and `rank_state`) is in `shards_rank<r>.pt`. The .pt files hold only
+tensors and plain containers, read back with no allowlist, so a resume runs no code from a checkpoint. It is written
+to a temporary dir and renamed when complete, so an interrupted save never leaves a half-written checkpoint behind.
 """
 from __future__ import annotations
 
@@ -13,13 +14,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 from torch.distributed.fsdp import FSDPModule
+
+from common.distributed import gather_list
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 
 
 def rng_state() -> dict:
-    s = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    s = {"python": random.getstate(), "numpy": np.random.get_state(legacy=False), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         s["cuda"] = torch.cuda.get_rng_state_all()
     return s
@@ -31,6 +35,41 @@ def set_rng_state(s: dict) -> None:
     torch.set_rng_state(s["torch"])
     if "cuda" in s and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(s["cuda"])
+
+
+def plain(obj):
+    """`obj` as what `torch.load(weights_only=True)` reads back with no allowlist: numpy arrays become tensors and
+    numpy scalars Python numbers; any other object fails here, when saving, rather than at resume."""
+    if isinstance(obj, dict):
+        return {plain(key): plain(value) for key, value in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return tuple(map(plain, obj)) if isinstance(obj, tuple) else list(map(plain, obj))
+    if isinstance(obj, (np.ndarray, np.generic)):
+        return torch.from_numpy(obj.copy()) if isinstance(obj, np.ndarray) else obj.item()
+    if obj is None or isinstance(obj, (bool, int, float, str, torch.Tensor)):
+        return obj
+    raise TypeError(f"checkpoint state holds a {type(obj).__name__}: keep to numbers, strings, tensors and containers")
+
+
+def safe_load(path: Path, keys: tuple[str, ...] = ()) -> dict:
+    """One checkpoint file read as data (safetensors, or tensors and plain containers: a tampered file cannot run
+    code); a missing, truncated, tampered or foreign file stops the run with one line naming it."""
+    where = f"{path.parent.name}/{path.name}"
+    try:
+        content = load_file(str(path)) if path.suffix == ".safetensors" else torch.load(path, weights_only=True)
+    except Exception as error:  # whatever failed, the file is at fault: name it, without torch's traceback
+        try:
+            found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+        except Exception:
+            found = []
+        if found and all(name.startswith("numpy.") for name in found):  # older checkpoints pickled numpy objects
+            raise SystemExit(f"{where}: an older checkpoint format (numpy objects) that a resume no longer unpickles; "
+                             f"restart from its weights with --model_name_or_path {path.parent}")
+        reason = f"it calls {', '.join(found)}" if found else str(error).split(". ")[0].strip() or "empty or cut short"
+        raise SystemExit(f"{where}: not a checkpoint written by this project (unsafe or unreadable content): {reason}")
+    if not isinstance(content, dict) or not set(keys) <= set(content):
+        raise SystemExit(f"{where}: not a checkpoint written by this project (expected the keys {', '.join(keys)})")
+    return content
 
 
 def list_checkpoints(output_dir: str) -> list[Path]:
@@ -64,14 +103,14 @@ def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, o
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    torch.save(rng_state(), tmp / f"rng_rank{accelerator.process_index}.pt")
+    torch.save(plain(rng_state()), tmp / f"rng_rank{accelerator.process_index}.pt")
     unwrapped, weights = accelerator.unwrap_model(model), None
     sharded = isinstance(unwrapped, FSDPModule)  # --fsdp (common.fsdp is imported only then)
     if sharded:  # every rank takes part; rank 0 receives the whole fp32 weights
         from common.fsdp import save_shards
 
-        weights = save_shards(unwrapped, optimizer, rank_state, tmp / f"shards_rank{accelerator.process_index}.pt",
-                              skip=_tied_keys(unwrapped))
+        weights = save_shards(unwrapped, optimizer, plain(rank_state),
+                              tmp / f"shards_rank{accelerator.process_index}.pt", skip=_tied_keys(unwrapped))
     if accelerator.is_main_process:
         unwrapped.save_pretrained(tmp, state_dict=weights)
         tokenizer.save_pretrained(tmp)
@@ -80,9 +119,9 @@ def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, o
 
             unwrapped.get_base_model().save_pretrained(tmp / "merged", state_dict=merged_state_dict(unwrapped))
             tokenizer.save_pretrained(tmp / "merged")
-        torch.save({"step": step, "optimizer": None if sharded else optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
-                    "state": state, "world_size": accelerator.num_processes}, tmp / "trainer_state.pt")
+        trainer = {"step": step, "optimizer": None if sharded else optimizer.state_dict(),
+                   "scheduler": scheduler.state_dict(), "state": state, "world_size": accelerator.num_processes}
+        torch.save(plain(trainer), tmp / "trainer_state.pt")
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         shutil.rmtree(final, ignore_errors=True)
@@ -94,11 +133,9 @@ def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, o
 
 
 def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tuple[int, dict]:
-    """Restore weights, optimizer, scheduler and this rank's RNG; returns (step, method state). Under `--fsdp` the
-    method state also holds this rank's `rank_state` (as saved) under the key "rank_state"."""
-    from safetensors.torch import load_file
-
-    ts = torch.load(path / "trainer_state.pt", weights_only=False)
+    """Restore weights, optimizer, scheduler and this rank's RNG (each file checked by `safe_load`); returns (step,
+    method state). Under `--fsdp` the method state also holds this rank's `rank_state` under the key "rank_state"."""
+    ts = safe_load(path / "trainer_state.pt", ("step", "optimizer", "scheduler", "state", "world_size"))
     if ts["world_size"] != accelerator.num_processes:
         raise SystemExit(f"--resume {path}: saved with {ts['world_size']} processes, now {accelerator.num_processes}")
     unwrapped = accelerator.unwrap_model(model)
@@ -110,22 +147,30 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tup
     if saved_lora != hasattr(unwrapped, "get_base_model"):
         raise SystemExit(f"--resume {path}: saved {'with' if saved_lora else 'without'} LoRA adapters, resumed "
                          f"{'without' if saved_lora else 'with'} them (match --lora_r)")
+    rank, refused = accelerator.process_index, []
+    try:  # this rank's own files: all ranks stop if one is refused (a rank leaving alone would hang the others)
+        rng = safe_load(path / f"rng_rank{rank}.pt", ("python", "numpy", "torch"))
+        shards = safe_load(path / f"shards_rank{rank}.pt", ("optimizer",)) if sharded else None
+    except SystemExit as error:
+        refused.append(str(error))
+    if refused := gather_list(accelerator, refused):
+        raise SystemExit("; ".join(refused))
     if hasattr(unwrapped, "get_base_model"):  # LoRA: the adapters are the trained weights, the base is unchanged
         from peft import set_peft_model_state_dict
 
-        result = set_peft_model_state_dict(unwrapped, load_file(str(path / "adapter_model.safetensors")))
+        result = set_peft_model_state_dict(unwrapped, safe_load(path / "adapter_model.safetensors"))
         if result.unexpected_keys:
             raise SystemExit(f"--resume {path}: adapter does not match the model ({result.unexpected_keys[:3]})")
-        return _finish_load(path, ts, accelerator, optimizer, scheduler)
+        return _finish_load(ts, rng, shards, optimizer, scheduler)
     index = path / "model.safetensors.index.json"
     if index.exists():  # large models are saved in shards
         import json
 
         weights = {}
         for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-            weights.update(load_file(str(path / shard)))
+            weights.update(safe_load(path / shard))
     else:
-        weights = load_file(str(path / "model.safetensors"))
+        weights = safe_load(path / "model.safetensors")
     if sharded:  # --fsdp: every rank reads the whole weights and keeps its shards
         from common.fsdp import load_full_state_dict
     missing, unexpected = load_full_state_dict(unwrapped, weights) if sharded else \
@@ -134,18 +179,18 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tup
     if missing or unexpected:
         raise SystemExit(f"--resume {path}: weights do not match the model (missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]})")
-    return _finish_load(path, ts, accelerator, optimizer, scheduler)
+    return _finish_load(ts, rng, shards, optimizer, scheduler)
 
 
-def _finish_load(path: Path, ts: dict, accelerator, optimizer, scheduler) -> tuple[int, dict]:
-    if ts["optimizer"] is None:  # --fsdp: this rank's optimizer shard
+def _finish_load(ts: dict, rng: dict, shards: dict | None, optimizer, scheduler) -> tuple[int, dict]:
+    if shards is not None:  # --fsdp: this rank's optimizer shard
         from common.fsdp import load_shards
 
-        ts["state"]["rank_state"] = load_shards(optimizer, path / f"shards_rank{accelerator.process_index}.pt")
+        ts["state"]["rank_state"] = load_shards(optimizer, shards)
     else:
         optimizer.load_state_dict(ts["optimizer"])
     scheduler.load_state_dict(ts["scheduler"])
-    set_rng_state(torch.load(path / f"rng_rank{accelerator.process_index}.pt", weights_only=False))
+    set_rng_state(rng)
     return ts["step"], ts["state"]
 
 

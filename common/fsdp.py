@@ -116,9 +116,9 @@ def save_shards(model, optimizer, rank_state: dict | None, path, skip=()) -> dic
     return {key: value for key, value in full_state_dict(model).items() if key not in skip}
 
 
-def load_shards(optimizer, path) -> dict:
-    """Inverse of `save_shards` for the optimizer; returns the `rank_state` saved with it."""
-    shards = torch.load(path, weights_only=False)
+def load_shards(optimizer, shards: dict) -> dict:
+    """Inverse of `save_shards` for the optimizer, given the file's content (read by `common.checkpoint.safe_load`);
+    returns the `rank_state` saved with it."""
     load_local_optimizer_state(optimizer, shards.pop("optimizer"))
     return shards
 

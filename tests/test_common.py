@@ -312,6 +312,51 @@ def test_checkpoint_round_trip_and_auto_resume(tmp_path, random_model_dir):
         ck.resolve_resume(str(tmp_path), str(tmp_path))
 
 
+
+def test_checkpoint_files_are_plain_data_and_a_bad_file_stops_the_resume_with_one_line(tmp_path, random_model_dir):
+    import random
+    import re
+
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from common import checkpoint as ck
+
+    acc = Accelerator(cpu=True)
+    model = AutoModelForCausalLM.from_pretrained(random_model_dir)
+    opt = torch.optim.AdamW(model.parameters())
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    state = {"tree": np.arange(3.0), "p": np.float64(0.25), "pair": (1, 2), "buf": {7: [[1, 2]]}}  # what scripts keep
+    path = ck.save_checkpoint(str(tmp_path), 1, acc, model, AutoTokenizer.from_pretrained(random_model_dir), opt,
+                              sched, state, keep=1)
+    for name in ("trainer_state.pt", "rng_rank0.pt"):  # nothing for the restricted loader to refuse
+        assert torch.serialization.get_unsafe_globals_in_checkpoint(path / name) == []
+    _, loaded = ck.load_checkpoint(path, acc, model, opt, sched)
+    assert torch.equal(loaded["tree"], torch.arange(3.0, dtype=torch.float64)) and type(loaded["p"]) is float
+    assert loaded["pair"] == (1, 2) and loaded["buf"] == {7: [[1, 2]]}
+    with pytest.raises(TypeError, match="holds a set"):  # refused when saving, not at resume
+        ck.plain({"seen": {1, 2}})
+
+    def refused(name, content, match):
+        good = (path / name).read_bytes()
+        (path / name).write_bytes(content)
+        with pytest.raises(SystemExit, match=match) as info:
+            ck.load_checkpoint(path, acc, model, opt, sched)
+        (path / name).write_bytes(good)
+        assert "\n" not in str(info.value)  # one line
+
+    bad = r"not a checkpoint written by this project \(unsafe or unreadable content\)"
+    for name in ("trainer_state.pt", "rng_rank0.pt", "model.safetensors"):  # cut short, as by a failed copy
+        refused(name, (path / name).read_bytes()[:200], f"^checkpoint-1/{name}: {bad}: ")
+    foreign = tmp_path / "foreign.pt"
+    torch.save(torch.zeros(2), foreign)
+    refused("trainer_state.pt", foreign.read_bytes(), r"trainer_state.pt: not a checkpoint .* \(expected the keys step")
+    # written before the RNG file held plain data: numpy arrays, refused with the way to go on
+    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}, foreign)
+    refused("rng_rank0.pt", foreign.read_bytes(), "^checkpoint-1/rng_rank0.pt: an older checkpoint format .* restart "
+                                                  f"from its weights with --model_name_or_path {re.escape(str(path))}$")
+
+
 # ---------------- distributed helpers ----------------
 def test_micro_batches_sum_to_the_full_batch_gradient(random_model_dir):
     from accelerate import Accelerator

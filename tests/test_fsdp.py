@@ -1,5 +1,9 @@
 """--fsdp (FSDP2) under two CPU processes (gloo): sharded states, the same numbers as DDP, exact resume."""
 import json
+import os
+import re
+import shlex
+import subprocess
 
 import pytest
 import torch
@@ -32,7 +36,7 @@ def _optimizer_numel(path):
 
 
 def _optimizer_numel_of(path, key):
-    state = torch.load(path, weights_only=False)[key]["state"]
+    state = torch.load(path, weights_only=True)[key]["state"]
     return sum(entry["exp_avg"].numel() for entry in state.values())
 
 
@@ -106,3 +110,62 @@ def test_every_script_destroys_its_process_group_before_returning(script, tiny_b
                                          "--max_steps", "1", "--fsdp", "--output_dir", str(tmp_path / script)]))
     assert (tmp_path / script / "checkpoint-1" / "shards_rank0.pt").exists()  # it did run sharded
     assert not dist.is_initialized()
+
+
+class _Payload:
+    """Unpickling this runs a shell command that creates `marker`: what a tampered checkpoint file could do."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {shlex.quote(str(self.marker))}",)
+
+
+def test_resume_refuses_a_pickle_payload_in_every_file_it_reads_and_runs_none(tiny_base, tmp_path):
+    # a world-of-one --fsdp run writes all three kinds of file a resume unpickles: trainer state, RNG, optimizer shard
+    import pickle
+    import sys
+
+    import torch.distributed as dist
+
+    import ra_rloo
+    from common.cli import parse_args
+    from conftest import ROOT
+
+    out, marker = tmp_path / "run", tmp_path / "payload-ran"
+    base = ["ra_rloo.py", "--model_name_or_path", tiny_base, *SMALL, "--eval_every", "0", "--fsdp", "--output_dir",
+            str(out)]
+    run_script([*base, "--max_steps", "1"])
+    pickle.loads(pickle.dumps(_Payload(tmp_path / "control")))
+    assert (tmp_path / "control").exists()  # the payload is live: unpickled unrestricted, it runs
+    for name in ("metrics.jsonl", "samples.jsonl"):  # rows past the checkpoint: a resume that got going drops them
+        with (out / name).open("a") as f:
+            f.write(json.dumps({"step": 2, "junk": 1}) + "\n")
+    ckpt = out / "checkpoint-1"
+
+    def files():  # args.json aside: every command rewrites it with its flags before it looks at a checkpoint
+        return {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != "args.json"}
+
+    before = files()
+    plants = {"trainer_state.pt": lambda path: path.write_bytes(pickle.dumps({"step": _Payload(marker)})),
+              "rng_rank0.pt": lambda path: torch.save({"python": _Payload(marker)}, path),
+              "shards_rank0.pt": lambda path: torch.save({"optimizer": _Payload(marker)}, path)}
+    message = r"^checkpoint-1/{}: not a checkpoint written by this project \(unsafe or unreadable content\)"
+    for name, plant in plants.items():
+        plant(ckpt / name)
+        if name == "trainer_state.pt":  # as a user runs it: a non-zero exit, one line on stderr, no traceback
+            r = subprocess.run([sys.executable, *base, "--max_steps", "2", "--resume", "auto"], cwd=ROOT,
+                               capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+            assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
+            assert re.match(message.format(re.escape(name)), r.stderr.strip().splitlines()[-1]), r.stderr[-3000:]
+        else:  # in process (faster); the failed resume leaves its world-of-one process group behind
+            try:
+                with pytest.raises(SystemExit, match=message.format(re.escape(name))):
+                    ra_rloo.main(parse_args(ra_rloo.Args, [*base[1:], "--max_steps", "2", "--resume", "auto"]))
+            finally:
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+        assert not marker.exists(), name
+        (ckpt / name).write_bytes(before[ckpt.relative_to(out) / name])
+        assert files() == before, name  # metrics.jsonl, samples.jsonl and the checkpoint as they were, nothing new

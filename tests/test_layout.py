@@ -53,7 +53,7 @@ def test_each_method_file_holds_its_update_and_is_at_most_700_lines():
         assert not {"common.runtime", "common.ada"} & common_imports(ROOT / script)
 
 
-def test_real_data_path_loads_no_demo_and_at_most_1700_lines_of_common(tmp_path):
+def test_real_data_path_loads_no_demo_and_at_most_1750_lines_of_common(tmp_path):
     # what a user copies with one method: the shared flags and their ranges, checkpoints with FSDP hooks, the sample
     # log, the packed layout, the accelerate config mapping, the CPU thread policy, the end-of-run summary, the
     # training-prompt evaluation and the mechanism measures (pros_ppo.py loads the most: the Gibbs sampler);
@@ -66,7 +66,7 @@ def test_real_data_path_loads_no_demo_and_at_most_1700_lines_of_common(tmp_path)
         modules = import_footprint.footprint(script, model_dir, data, tmp_path)
         assert not set(import_footprint.DEMO_MODULES) & set(modules), (script, sorted(modules))
         assert "common.verifiers" in modules  # it did take the real-data path (math-verify rewards)
-        assert sum(modules.values()) <= 1700, (script, sum(modules.values()))
+        assert sum(modules.values()) <= 1750, (script, sum(modules.values()))
 
 
 def test_no_line_over_120_characters():
@@ -75,3 +75,11 @@ def test_no_line_over_120_characters():
     long = [f"{name}:{i}" for name in files for i, line in enumerate((ROOT / name).read_text().splitlines(), 1)
             if len(line) > 120]
     assert not long, long
+
+
+def test_no_unrestricted_torch_load():
+    # a checkpoint is data: every torch.load keeps the restricted unpickler (tests included)
+    folders = ("common", "benchmarks", "tests")
+    files = [*ROOT.glob("*.py"), *(p for folder in folders for p in (ROOT / folder).rglob("*.py"))]
+    unsafe = "weights_only=" + "False"  # spelled in two parts so that this file does not match itself
+    assert not [str(p.relative_to(ROOT)) for p in files if unsafe in p.read_text()]

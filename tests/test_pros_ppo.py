@@ -245,7 +245,7 @@ def test_pros_ppo_runs_resumes_exactly_and_grows_the_tree(tiny_base, tmp_path):
     assert all(0 <= r["pros_pick_root_frac"] <= 1 and r["pros_pick_trials_mean"] >= 0 for r in rows
                if r["pros_pick_root_frac"] is not None)
     assert "eval_train_pass@1" in rows[-1]
-    state = torch.load(full / "checkpoint-4" / "trainer_state.pt", weights_only=False)["state"]["method"]
+    state = torch.load(full / "checkpoint-4" / "trainer_state.pt", weights_only=True)["state"]["method"]
     assert len(state["tree"]["prefix"]) == rows[-1]["pros_pool_size"] and "critic" in state
 
 

@@ -352,7 +352,7 @@ def test_resume_restores_queue_and_controller(mt_base, tmp_path):
             "--cooldown", "0", *COMMON]
     run_script([*base, "--output_dir", str(full), "--max_steps", "4"])
     run_script([*base, "--output_dir", str(part), "--max_steps", "2"])  # "killed" after step 2
-    state = torch.load(part / "checkpoint-2" / "trainer_state.pt", weights_only=False)["state"]["method"]
+    state = torch.load(part / "checkpoint-2" / "trainer_state.pt", weights_only=True)["state"]["method"]
     assert set(state) == {"queue", "ctrl", "sampler"} and set(state["ctrl"]) == {"hard", "easy"}
     run_script([*base, "--output_dir", str(part), "--max_steps", "4", "--resume", "auto"])
     a, b = _strip(_rows(full)), _strip(_rows(part))

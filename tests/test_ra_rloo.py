@@ -159,14 +159,22 @@ def test_resume_reproduces_an_uninterrupted_run(tiny_base, tmp_path):
 @pytest.mark.xdist_group("distributed")  # accelerate's default rendezvous port, as in tests/test_fsdp.py
 def test_two_processes_on_cpu(tiny_base, tmp_path):
     out = tmp_path / "ddp"
-    run_script(["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-                "--mixed_precision", "no", "--dynamo_backend", "no", "ra_rloo.py", "--model_name_or_path", tiny_base,
-                "--output_dir", str(out), "--max_steps", "2", "--eval_every", "2", *COMMON], timeout=900)
+    cmd = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "ra_rloo.py", "--model_name_or_path", tiny_base,
+           "--output_dir", str(out), "--eval_every", "2", *COMMON]
+    run_script([*cmd, "--max_steps", "2"], timeout=900)
     rows = _rows(out)
     assert [r["step"] for r in rows] == [0, 1, 2]  # one writer, no duplicated rows
     assert rows[-1]["rollouts"] == 2 * 8 * 4  # both ranks' rollouts are counted
-    state = torch.load(out / "checkpoint-2" / "trainer_state.pt", weights_only=False)
+    state = torch.load(out / "checkpoint-2" / "trainer_state.pt", weights_only=True)
     assert state["world_size"] == 2 and len(state["state"]["method"]["buffers"]) == 48
+    # only rank 1's RNG file refused: rank 0 stops too (no hang) before its loggers touch metrics.jsonl
+    (out / "metrics.jsonl").open("a").write(json.dumps({"step": 3, "junk": 1}) + "\n")  # a resume would drop it
+    metrics = (out / "metrics.jsonl").read_bytes()
+    torch.save({"python": "not an RNG state"}, out / "checkpoint-2" / "rng_rank1.pt")
+    with pytest.raises(AssertionError, match="checkpoint-2/rng_rank1.pt: not a checkpoint written by this project"):
+        run_script([*cmd, "--max_steps", "3", "--resume", "auto"], timeout=300)
+    assert (out / "metrics.jsonl").read_bytes() == metrics
 
 
 def test_sigint_saves_a_checkpoint_and_resume_continues(tiny_base, tmp_path):
