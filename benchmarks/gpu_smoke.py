@@ -364,7 +364,9 @@ def critic_changed(model_dir: Path, ckpt: Path) -> float | None:
     import torch
     from safetensors.torch import load_file
 
-    critic = torch.load(ckpt / "trainer_state.pt", weights_only=True)["state"].get("method", {}).get("critic")
+    from common.checkpoint import safe_load
+
+    critic = safe_load(ckpt / "trainer_state.pt", ("state",))["state"].get("method", {}).get("critic")
     if not critic:
         return None
     start = load_file(str(model_dir / "model.safetensors"))
