@@ -29,6 +29,7 @@ GPU image, see docs/scaling.md); matplotlib for the PNG (else the command to dra
 datasets, math-verify, vllm.
 
     python benchmarks/gpu_smoke.py                                   # one CUDA GPU, <= 8 minutes
+    bash benchmarks/gpu_spell.sh                                     # the same, small results copied to $OUT
     python benchmarks/gpu_smoke.py --parts learning,speed,peer       # a second spell: what did not fit
     python benchmarks/gpu_smoke.py --size tiny --steps 2 --parts plain --budget_s 300   # CPU check
 """
@@ -131,6 +132,9 @@ class Args:
     """upper bound on each learning run's steps (the budget usually binds first)"""
     speed_steps: int = 4
     """steps of each speed run (the first, which compiles, is reported apart)"""
+    keep_checkpoints: bool = False
+    """keep each run's final checkpoint (at 150m about 1.7 GB each with the optimizer state: 40 GB for all runs);
+    by default it is deleted once the run's update is measured"""
 
     def validate(self) -> None:
         bad = [p for p in self.parts.split(",") if p and p not in PARTS]
@@ -432,7 +436,14 @@ def run_script(script: str, flags: list[str], out: Path, model_dir: Path, steps:
     result["policy_changed_frac"] = policy_changed(model_dir, ckpt)
     if script == "pros_ppo":
         result["critic_changed_frac"] = critic_changed(model_dir, ckpt)
+    result["checkpoint"] = str(ckpt)
     return result
+
+
+def drop_checkpoint(result: dict, args: Args) -> None:
+    """Delete a measured run's checkpoint unless --keep_checkpoints (a GPU machine's disk holds only a few)."""
+    if not args.keep_checkpoints and result.get("checkpoint"):
+        shutil.rmtree(result["checkpoint"], ignore_errors=True)
 
 
 def _compiled_graphs() -> int:
@@ -462,7 +473,7 @@ def heldout_pass_rates(model_dir: Path, args: Args) -> list[float]:
     model.to(device)
     task = countdown_task("binary", args.learning_eval_prompts)
     n = args.learning_eval_samples
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if device.type == "cuda" else []):
         torch.manual_seed(1234)  # the same draws for every policy measured
         gens = HFGenerator(model, tokenizer, dtype=args.dtype).generate(
             [PromptEncoder(tokenizer, task.templated)(ex.prompt) for ex in task.eval], n,
@@ -724,6 +735,7 @@ def main(args: Args) -> dict:
                             traceback.print_exc()
                             first_line = (str(error).strip().splitlines() or [""])[0][:200]
                             result = {"status": f"error: {type(error).__name__}: {first_line}"}
+                        drop_checkpoint(result, args)
                         report["runs"].append({**entry, **result})
                         if result["status"] == "ok":
                             measured.append((result["fixed_s"], result["step_s"]))
@@ -779,7 +791,9 @@ def learning_part(model_dir: Path, out: Path, args: Args, stop: Stop, guess: dic
         if rows and not stop.reason:  # past the budget or signalled: no further measurement
             rates = heldout_pass_rates(run_dir / f"checkpoint-{rows[-1]['step']}", args)
             learning[arm]["end"] = dict(zip(("pass@1", "ci95"), mean_ci(rates)))
-            learning[arm]["paired_change"] = dict(zip(("mean", "ci95"), mean_ci([b - a for a, b in zip(start, rates)])))
+            changes = [end - begin for begin, end in zip(start, rates)]  # paired by prompt
+            learning[arm]["paired_change"] = dict(zip(("mean", "ci95"), mean_ci(changes)))
+        drop_checkpoint(result, args)
     if learning.get("method", {}).get("end") and learning.get("baseline", {}).get("end"):
         learning["method_minus_baseline_end"] = learning["method"]["end"]["pass@1"] - \
             learning["baseline"]["end"]["pass@1"]
@@ -802,6 +816,7 @@ def speed_part(model_dir: Path, out: Path, args: Args, stop: Stop, guess: dict, 
         result = run_script("ra_rloo", flags, run_dir, model_dir, args.speed_steps, args, stop)
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][1:] \
             if (run_dir / "metrics.jsonl").exists() else []
+        drop_checkpoint(result, args)
         entry = {"cache_implementation": cache, "status": result["status"],
                  "compiled_graphs": result.get("compiled_graphs")}
         if len(rows) >= 2:

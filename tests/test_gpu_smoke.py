@@ -42,7 +42,8 @@ def test_a_budget_that_fits_nothing_skips_every_part_and_writes_the_report(tmp_p
 
 def test_sigterm_ends_the_whole_command_with_its_results_written(tmp_path):
     out = tmp_path / "smoke"
-    cmd = _smoke(out, "--budget_s", "900", "--steps", "40", "--scripts", "ra_rloo,ada_seq", "--parts", "plain,fsdp")
+    cmd = _smoke(out, "--budget_s", "900", "--steps", "40", "--scripts", "ra_rloo,ada_seq", "--parts", "plain,fsdp",
+                 "--keep_checkpoints")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     metrics = out / "ra_rloo-plain" / "metrics.jsonl"
