@@ -693,11 +693,12 @@ def main(args: Args) -> dict:
                 cost[part] = 2 * run_s(args.speed_steps) + 30.0  # compiling the decoding step
             else:
                 cost[part] = guess["peer_s"]
-        total = 0.0
-        print(f"gpu_smoke on {device}: budget {args.budget_s:.0f} s. Plan (first guesses, revised as runs finish):")
+        total, usable = 0.0, stop.left()
+        print(f"gpu_smoke on {device}: budget {args.budget_s:.0f} s, {usable:.0f} s left for the work. Plan (first "
+              "guesses, revised as runs finish):")
         for name, seconds in cost.items():
             total += seconds
-            fits = "fits" if total <= args.budget_s else "may not fit: runs only if time is left"
+            fits = "fits" if total <= usable else "may not fit: runs only if time is left"
             report["plan"].append({"part": name, "estimate_s": round(seconds), "cumulative_s": round(total)})
             print(f"  {name:<10} ~{seconds:5.0f} s   cumulative ~{total:5.0f} s   {fits}", flush=True)
 
@@ -742,14 +743,21 @@ def main(args: Args) -> dict:
                             guess["run_fixed_s"] = sum(m[0] for m in measured) / len(measured)
                             guess["step_s"] = sum(m[1] for m in measured) / len(measured)
                         write(report, out, stop)
-            elif part == "learning":
-                report["learning"] = learning_part(model_dir, out, args, stop, guess, device)
-            elif part == "speed":
-                report["speed"] = speed_part(model_dir, out, args, stop, guess, report)
-            elif part == "peer":
-                left = stop.left()
-                report["peer"] = {"status": f"skipped: {left:.0f} s left, the peer needs ~{guess['peer_s']:.0f}"} \
-                    if left < guess["peer_s"] else run_peer(model_dir, out / "peer", args, stop, left - 5)
+            else:
+                try:
+                    if part == "learning":
+                        report["learning"] = learning_part(model_dir, out, args, stop, guess, device)
+                    elif part == "speed":
+                        report["speed"] = speed_part(model_dir, out, args, stop, guess, report)
+                    elif stop.left() < guess["peer_s"]:
+                        report["peer"] = {"status": f"skipped: {stop.left():.0f} s left, the peer needs "
+                                                    f"~{guess['peer_s']:.0f}"}
+                    else:
+                        report["peer"] = run_peer(model_dir, out / "peer", args, stop, stop.left() - 5)
+                except Exception as error:  # a part reports its failure and the command goes on
+                    traceback.print_exc()
+                    failed = {"status": f"error: {type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"}
+                    report[part] = [{"cache_implementation": "-", **failed}] if part == "speed" else failed
             write(report, out, stop)
         for part in PARTS:  # what the budget left out, said once
             if part in parts and part not in ("plain", "fsdp", "gc_lora") and report.get(part) in (None, []):
