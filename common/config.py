@@ -41,7 +41,7 @@ def load_config(path: str, parser: argparse.ArgumentParser, cls) -> dict:
                 raise SystemExit(f"{where}: expected a list, got {type(value).__name__}")
             value = [_convert(where, action.type, item, False) for item in value]
         else:
-            value = _convert(where, action.type, value, hints[key] is bool)
+            value = _convert(where, action.type, value, bool in (hints[key], *typing.get_args(hints[key])))
             if action.choices is not None and value not in action.choices:
                 raise SystemExit(f"{where}: {value!r} is not one of {list(action.choices)}")
             why = refusal(ranges[key], value)

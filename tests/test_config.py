@@ -64,3 +64,11 @@ def test_missing_config_file_is_named(tmp_path):
 def test_help_documents_the_config_flag():
     text = build_parser(Args).format_help()
     assert "--config" in text and "flags given on the command line" in " ".join(text.split())
+
+
+def test_an_optional_bool_flag_reads_a_yaml_bool(tmp_path):
+    # ada_seq's --adv_std_norm is Optional[bool] (unset: the method's own default); its args.json holds true/false
+    import ada_seq
+
+    for text, expected in (("adv_std_norm: false\n", False), ("adv_std_norm: true\n", True)):
+        assert parse_args(ada_seq.Args, ["--config", _write(tmp_path, text)]).adv_std_norm is expected
