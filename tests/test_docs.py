@@ -107,6 +107,7 @@ def test_a_run_ends_with_its_summary_and_the_plot_command_draws_it(short_run, sc
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     first, last = rows[0]["eval_pass@1"], rows[-1]["eval_pass@1"]  # the step-0 and the final evaluation
     assert re.search(rf"held-out pass@1 +{first:.3f} \(step 0\) -> {last:.3f} \(step 3\)", summary), summary
+    assert "repeatable: yes (--num_threads 1" in summary  # the short runs fix the thread count
     command = shlex.split(re.search(r"curves: +(python -m common\.plot_run .+)", summary).group(1))
     assert "--metrics" in command  # the method's own metrics are plotted too
     pytest.importorskip("matplotlib")
