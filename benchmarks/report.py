@@ -13,9 +13,11 @@ without them and says so.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -24,9 +26,11 @@ from pathlib import Path
 from typing import Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
+RUNS_DIR = ROOT / "benchmarks" / "runs"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks import run as run_mod  # noqa: E402
 from benchmarks.run import BY_NAME, CONFIGS, Config, is_finished, read_rows  # noqa: E402
 from common.cli import parse_args  # noqa: E402
 
@@ -42,6 +46,9 @@ class Args:
     figures_dir: str = ""
     """where the per-method learning curves <script>.png go (default docs/figures for the default --out_dir, else
     <out_dir>/figures, so a report on other runs leaves the docs' figures alone)"""
+    write_docs: bool = False
+    """only rewrite the generated blocks of the docs pages (each method page's results, the README's claim list) from
+    benchmarks/runs, nothing else (a full report on benchmarks/runs into benchmarks/results rewrites them too)"""
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -680,6 +687,15 @@ def _g(x: float) -> str:
     return f"{round(x, 3) + 0.0:.3g}"
 
 
+def _mech_text(runs: list[RunData], key: str, seeds: int) -> str:
+    """A metric's seed-mean over steps (first → last quarter); '[k of n seeds]' when fewer than `seeds` runs log it."""
+    m = mechanism_summary(runs, key)
+    if m is None:
+        return "-"
+    fewer = f" [{m['seeds']} of {seeds} seeds]" if m["seeds"] < seeds else ""
+    return f"{_g(m['mean'])} ({_g(m['early'])} → {_g(m['late'])}){fewer}"
+
+
 def binomial_abs_floor(p: float, n: int = PROS_TRIALS) -> float:
     """E|p - s/n| for s ~ Binomial(n, p): what |θ̂ - s/n| averages for a perfectly calibrated θ̂ = p."""
     return sum(math.comb(n, s) * p ** s * (1 - p) ** (n - s) * abs(p - s / n) for s in range(n + 1))
@@ -704,8 +720,7 @@ def mechanism_tables(order: list[str], aggs: dict[str, Agg]) -> str:
                 logging = [run for run in fin if any(metric_series(run.rows, k) for k in keys)]
                 cells = [f"`{name}`", r.label, f"{len(logging)}/{len(fin)}"]
                 for key in keys:
-                    m = mechanism_summary(logging, key)
-                    cells.append("-" if m is None else f"{_g(m['mean'])} ({_g(m['early'])} → {_g(m['late'])})")
+                    cells.append(_mech_text(logging, key, len(logging)))
                 rows.append("| " + " | ".join(cells) + " |")
         if rows:
             out.append(f"**{family}** (mean over steps, first → last quarter; seeds: finished runs that log them / "
@@ -1284,6 +1299,374 @@ def make_doc_figures(aggs: dict[str, Agg], figures_dir: Path) -> list[Path]:
 
 
 # ----------------------------------------------------------------------------------------------------
+# Re-making the runs: the benchmarks/run.py commands that build each committed run's recorded command
+# ----------------------------------------------------------------------------------------------------
+
+
+def recorded_settings(run: RunData) -> Optional[run_mod.Settings]:
+    """The harness settings a run was made with (its bench.json; fields it predates take run.py's defaults)."""
+    st = run.meta.get("settings")
+    if not st:
+        return None
+    known = {f.name for f in dataclasses.fields(run_mod.Settings)}
+    return run_mod.Settings(**{**{k: v for k, v in st.items() if k in known}, "seeds": [run.seed]})
+
+
+def runner_flags(s: run_mod.Settings) -> list[str]:
+    """The benchmarks/run.py flags, besides --only and --seeds, that give settings `s` (run.py's defaults left
+    out)."""
+    defaults = run_mod.resolve(run_mod.Args())[0]
+    out = []
+    for f in dataclasses.fields(run_mod.Settings):
+        value, default = getattr(s, f.name), getattr(defaults, f.name)
+        if f.name == "seeds" or value == default:
+            continue
+        out += [f"--{f.name}", shlex.join(value) if f.name == "extra" else str(value)]
+    return out
+
+
+def rerun_commands(runs: dict[str, dict[int, RunData]], names: Optional[list[str]] = None,
+                   runs_dir: Optional[Path] = None) -> tuple[list[str], list[str]]:
+    """(commands, problems): the `python benchmarks/run.py ...` lines that re-make the finished runs of `names`
+    (default all) into `runs_dir`, one per set of configs sharing seeds and settings, built from each run's
+    bench.json; problems: the runs whose recorded command is not what run.py builds from those settings (or that
+    record none)."""
+    groups: dict[tuple, list[str]] = {}
+    problems = []
+    for cfg in (n for n in (names or list(runs)) if n in runs):
+        by_flags: dict[tuple, list[int]] = {}
+        for seed, r in sorted(runs[cfg].items()):
+            if not r.finished:
+                continue
+            s = recorded_settings(r)
+            built = None
+            if s is not None and cfg in BY_NAME:
+                out_dir = run_mod._portable(Path(runs_dir or RUNS_DIR) / cfg / f"seed{seed}")
+                built = run_mod.build_command(BY_NAME[cfg], s, seed, out_dir)
+            if built is None or built != r.meta.get("cmd"):
+                problems.append(f"{cfg} seed {seed}")
+                continue
+            by_flags.setdefault(tuple(runner_flags(s)), []).append(seed)
+        for flags, seeds in by_flags.items():
+            groups.setdefault((tuple(seeds), flags), []).append(cfg)
+    commands = [shlex.join(["python", "benchmarks/run.py", "--only", ",".join(cfgs), "--seeds",
+                            *map(str, seeds), *flags]) for (seeds, flags), cfgs in groups.items()]
+    return commands, problems
+
+
+def commands_text(runs: dict[str, dict[int, RunData]], names: Optional[list[str]] = None,
+                  runs_dir: Optional[Path] = None) -> str:
+    commands, problems = rerun_commands(runs, names, runs_dir)
+    text = "```bash\n" + "\n".join(commands) + "\n```\n" if commands else "No finished runs.\n"
+    if problems:
+        text += ("Recorded commands that run.py would not build from their settings (re-make by hand from their "
+                 "bench.json): " + ", ".join(problems) + "\n")
+    return text
+
+
+# ----------------------------------------------------------------------------------------------------
+# The docs' generated blocks: each method page's results (its tables and every figure its text quotes) and the
+# README's claim list, between markers; `--write_docs` rewrites them, tests/test_docs.py checks them
+# ----------------------------------------------------------------------------------------------------
+
+MARK_BEGIN = "<!-- generated by benchmarks/report.py: begin {} -->"
+MARK_END = "<!-- generated by benchmarks/report.py: end {} -->"
+
+
+def _short(name: str) -> str:
+    return BY_NAME[name].label.replace(" (2048-prompt pool)", "")
+
+
+def _page_base(r: Regime, b: str) -> Optional[str]:
+    """The baseline a page's config `b` (a 256-pool name, or a 2,048-only one) is measured against in regime `r`:
+    the regime's twin of the 256-pool config's baseline, so both pools compare like with like."""
+    if b in BY_NAME:
+        return r.name(BY_NAME[b].baseline) if BY_NAME[b].baseline else None
+    name = r.name(b)
+    return BY_NAME[name].baseline if name else None
+
+
+def _baselines(r: Regime, configs: tuple[str, ...]) -> set[str]:
+    """The configs of a page that another of its configs is measured against in regime `r`."""
+    return {_page_base(r, b) for b in configs if r.name(b)} & {r.name(b) for b in configs}
+
+
+def _setting(aggs: dict[str, Agg], name: Optional[str], field: str):
+    """A setting of a config's first finished run (its bench.json), None without one."""
+    a = aggs.get(name or "")
+    st = recorded_settings(a.finished[0]) if a and a.finished else None
+    return getattr(st, field) if st else None
+
+
+def _mean_over(aggs: dict[str, Agg], name: str, value) -> Optional[float]:
+    iv = over_seeds(aggs, name, value)
+    return iv.mean if iv else None
+
+
+def _pair(aggs: dict[str, Agg], a: str, b: str, value=final_value, nd: int = 3) -> str:
+    iv = paired(aggs, a, b, value)
+    return "-" if iv is None else f"{_iv(iv, nd)} ({iv.n} paired seeds)"
+
+
+def _level(key: str):
+    return lambda run: final_value(run, key)
+
+
+def _at_step(step: int):
+    """A run's held-out pass@1 at one evaluation step (None when it has none there)."""
+    return lambda run: next((p["pass1"] for p in eval_curve(run.rows) if p["step"] == step), None)
+
+
+def doc_config_table(aggs: dict[str, Agg], r: Regime, configs: tuple[str, ...]) -> str:
+    base_set = _baselines(r, configs)
+    head = ("| config | seeds | held-out pass@1, start → end (± std) | pass@k at the end | easy / mid / hard at the "
+            "end | Δ pass@1 vs baseline [95% CI] | Δ at equal generated tokens | s/step (gen / train) | train − held-out "
+            "gap (seeds) |\n|---|---|---|---|---|---|---|---|---|")
+    lines = [head]
+    for b in configs:
+        name = r.name(b)
+        a = aggs.get(name) if name else None
+        if a is None or a.final is None:
+            continue
+        label = f"{_short(name)} (`{name}`)" + (" (baseline)" if name in base_set else "")
+        spread = f" ± {a.final[1]:.3f}" if len(a.finished) > 1 else ""
+        levels = " / ".join(_f(_mean_over(aggs, name, _level(lv))) for lv in LEVELS)
+        base = _page_base(r, b)
+        if base and base in aggs and aggs[base].final is not None:
+            diff = f"{_pair(aggs, name, base)} vs `{base}`"
+            tokens = _iv(equal_tokens_diffs(aggs, name)) if base == a.cfg.baseline else "-"
+        else:
+            diff, tokens = "-", "-"
+        lines.append(f"| {label} | {len(a.finished)} | {_f(a.start)} → {a.final[0]:.3f}{spread} | "
+                     f"{_f(a.passk)}{f' (k={a.k})' if a.k else ''} | {levels} | {diff} | {tokens} | "
+                     f"{_f(a.step_s, 2)} ({_f(a.gen_s, 2)} / {_f(a.train_s, 2)}) | {gap_cell(aggs, name, False)} |")
+    return "\n".join(lines) + "\n" if len(lines) > 1 else f"No finished runs on the {r.label}-prompt pool.\n"
+
+
+def doc_metric_table(aggs: dict[str, Agg], r: Regime, configs: tuple[str, ...], keys: tuple[str, ...]) -> str:
+    """Each metric's seed-mean over training steps (first → last quarter), over the finished seeds that log it."""
+    lines = ["| config | " + " | ".join(f"`{k}`" for k in keys) + " |", "|---|" + "---|" * len(keys)]
+    for b in configs:
+        name = r.name(b)
+        a = aggs.get(name) if name else None
+        if a is None or not a.finished:
+            continue
+        cells = [_mech_text(a.finished, k, len(a.finished)) for k in keys]
+        if any(c != "-" for c in cells):
+            lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+
+
+def doc_claims(aggs: dict[str, Agg], r: Regime, configs: tuple[str, ...], papers: tuple[str, ...]) -> str:
+    rows = [c for spec, c in zip(CLAIMS, claim_rows(aggs, r))
+            if spec.paper in papers and all(n in configs for n in spec.configs)]
+    if not rows:
+        return ""
+    return ("| claim | verdict | measured |\n|---|---|---|\n"
+            + "\n".join(f"| {_cell(c.claim)} | **{c.verdict}** | {_cell(c.measured)} |" for c in rows) + "\n")
+
+
+# Figures each page's text quotes beyond its tables: (aggs, regime) -> bullet lines
+
+
+def _ada_seq_facts(aggs: dict[str, Agg], r: Regime) -> list[str]:
+    n4, out = r.name("grpo_n4"), []
+    if r.name("dr_grpo_n4") and _have(aggs, r.name("dr_grpo_n4"), n4):
+        ratio = paired(aggs, n4, r.name("dr_grpo_n4"), _summary_of("grad_norm"), ratio=True)
+        out.append(f"The std in GRPO-n4's advantage (GRPO-n4 over Dr. GRPO-n4, mean `grad_norm` over steps, paired "
+                   f"ratio): {_iv(ratio, 2, '')}; the final pass@1 difference is in the table.")
+    lengths = [(n, _m(aggs, r.name(n), "completion_len_mean")) for n in ("grpo_n4", "seq_pos", "seq_balance",
+                                                                          "dapo_n4", "grpo_n16") if r.name(n)]
+    lengths = [(n, v) for n, v in lengths if v is not None]
+    cap = _setting(aggs, n4, "max_new_tokens")
+    if lengths and cap:
+        lo, hi = min(v for _, v in lengths), max(v for _, v in lengths)
+        out.append(f"Completion length (`completion_len_mean`, mean over steps and seeds, of {cap} tokens): "
+                   + ", ".join(f"{_short(n)} {v:.1f}" for n, v in lengths)
+                   + f": the constant normaliser gives {lo / cap:.2f}-{hi / cap:.2f}x token-mean's step.")
+    dapo = r.name("dapo_n4")
+    if dapo and _have(aggs, dapo):
+        def part_fill(part):
+            def value(run):  # trained groups over the run's prompts per step
+                m, st = run_summary(run, "dapo_kept_groups"), recorded_settings(run)
+                return m[part] / st.prompts_per_step if m and st else None
+            return value
+        fill = {part: over_seeds(aggs, dapo, part_fill(part)) for part in ("mean", "early", "late")}
+        rounds = _m(aggs, dapo, "dapo_rounds")
+        out.append(f"DAPO's batch fill (trained groups / prompts_per_step: `dapo_kept_groups` / "
+                   f"{_setting(aggs, dapo, 'prompts_per_step')}, what `dapo_batch_fill` logs): mean {_iv(fill['mean'], sign='')}, first quarter "
+                   f"{_iv(fill['early'], sign='')}, last quarter {_iv(fill['late'], sign='')}; extra rounds per step "
+                   f"(`dapo_rounds`) {_f(rounds, 2)}. A partial batch keeps a full batch's normaliser, so its step is "
+                   "that fraction of a full one.")
+    pairs = [("seq_balance", "grpo_n4", "easy"), ("seq_balance", "grpo_n4", "mid"), ("seq_pos", "grpo_n4", "mid"),
+             ("dapo_n4", "grpo_n4", "mid"), ("grpo_n16", "seq_balance", "mid"), ("grpo_n16", "seq_balance", "hard")]
+    diffs = [f"{_short(r.name(a))} − {_short(r.name(b))} {lv} {_pair(aggs, r.name(a), r.name(b), _level(lv))}"
+             for a, b, lv in pairs if r.name(a) and r.name(b) and _have(aggs, r.name(a), r.name(b))]
+    if diffs:
+        out.append("Final held-out pass@1 by level, paired: " + "; ".join(diffs) + ".")
+    return out
+
+
+def _ada_est_facts(aggs: dict[str, Agg], r: Regime) -> list[str]:
+    est, n8, out = r.name("est"), r.name("grpo_n8"), []
+    if not (est and n8 and _have(aggs, est, n8)):
+        return out
+    steps = sorted({p["step"] for p in aggs[est].curve} & {p["step"] for p in aggs[n8].curve})
+    by_step = [(s, paired(aggs, est, n8, _at_step(s))) for s in steps if s > 0]
+    out.append("EST − GRPO-n8, held-out pass@1 at each evaluation (paired mean): "
+               + ", ".join(f"step {s} {iv.mean:+.3f}" for s, iv in by_step if iv) + ".")
+    out.append(f"By level at the end, EST − GRPO-n8: easy {_pair(aggs, est, n8, _level('easy'))}; mid "
+               f"{_pair(aggs, est, n8, _level('mid'))}; hard {_pair(aggs, est, n8, _level('hard'))}.")
+    if r is POOL2048:
+        for name in ("est", "grpo_n8"):
+            small, large = POOL256.name(name), r.name(name)
+            out.append(f"The pool's own effect on {_short(large)} (final pass@1, 2,048 − 256 pool): "
+                       f"{_pair(aggs, large, small)}.")
+    return out
+
+
+def _pros_facts(aggs: dict[str, Agg], r: Regime) -> list[str]:
+    out = []
+    peaks = []
+    for b in ("ppo", "ppo_pros", "grpo_k4", "grpo_pros"):
+        a = aggs.get(r.name(b) or "")
+        if a and a.curve:
+            top = max(a.curve, key=lambda p: p["pass1"])
+            peaks.append(f"{_short(a.cfg.name)} {top['pass1']:.3f} at step {top['step']} (ends {a.final[0]:.3f})")
+    if peaks:
+        out.append("Seed-mean held-out pass@1 at its peak: " + "; ".join(peaks) + ".")
+    shares = []
+    for b in ("ppo_pros", "grpo_pros"):
+        name = r.name(b)
+        gibbs = _m(aggs, name, "pros_gibbs_s") if name else None
+        if gibbs is not None and aggs[name].step_s:
+            shares.append(f"{_short(name)} {gibbs * 1000:.0f} ms of a {aggs[name].step_s:.2f} s iteration "
+                          f"({100 * gibbs / aggs[name].step_s:.1f}%)")
+    if shares:
+        out.append("Gibbs sweeps (`pros_gibbs_s`, mean over iterations, against the median s/step): "
+                   + "; ".join(shares) + ".")
+    visit, every = r.name("ppo_pros_visit"), r.name("ppo_pros")
+    if visit and _have(aggs, visit, every):
+        out.append(f"Forgetting on a revisit − every iteration (PPO+PROS), final pass@1: {_pair(aggs, visit, every)}.")
+    return out
+
+
+@dataclass(frozen=True)
+class DocPage:
+    """A method page's generated results: its configs (256-pool names; each pool's block shows their twins), the
+    papers whose claims it lists, the metrics of its mechanism table, and the extra figures its text quotes."""
+    configs: tuple[str, ...]
+    papers: tuple[str, ...]
+    metrics: tuple[str, ...]
+    facts: Optional[Callable[[dict, Regime], list[str]]] = None
+    setting: str = ""
+
+
+DOC_PAGES = {
+    "ra_rloo": DocPage(("rloo", "ra_rloo"), (_RA,),
+                       ("frac_zero_var_groups", "ra_zero_var_frac_post", "ra_no_success_frac_post",
+                        "ra_replay_fired_frac", "ra_is_weight_mean")),
+    "ps_grpo": DocPage(("ps_off", "ps_fixed", "ps_adaptive", "ps_adaptive_reset"), (_PS,),
+                       ("ps_trained_groups", "ps_prefix_pass_rate", "ps_ratio_hard", "ps_ratio_easy",
+                        "ps_solve_partial"),
+                       setting=" Multi-turn mode: the PS rows start from the multi-turn warm-up and are evaluated as "
+                               "whole episodes, so they compare with each other only."),
+    "pros_ppo": DocPage(("ppo", "ppo_pros", "ppo_pros_random", "ppo_pros_visit", "grpo_k4", "grpo_pros"), (_PROS,),
+                        ("reward_mean", "frac_zero_var_groups", "pros_frac_children_in_batch", "pros_calib_error",
+                         "pros_calib_excess", "pros_frac_zero_var_picks", "pros_frac_zero_var_stream",
+                         "pros_pick_trials_mean"), _pros_facts),
+    "ada_seq": DocPage(("grpo_n4", "dr_grpo_n4", "grpo_n8", "grpo_n16", "dapo_n4", "seq_pos", "seq_balance"), (_ADA,),
+                       ("frac_zero_var_groups", "ada_inference_cost_rel", "ada_samples_per_prompt_mean",
+                        "ada_adv_mean_trained_easy", "ada_adv_mean_trained_mid", "ada_adv_mean_trained_hard",
+                        "dapo_kept_groups"), _ada_seq_facts),
+    "ada_est": DocPage(("grpo_n8", "est"), (_ADA,),
+                       ("est_calibration_error", "est_alloc_min", "est_alloc_max", "est_p_hat_mean",
+                        "frac_zero_var_groups"), _ada_est_facts),
+}
+
+
+def method_block(runs: dict[str, dict[int, RunData]], aggs: dict[str, Agg], page: DocPage) -> str:
+    names = [n for b in page.configs for r in REGIMES for n in [r.name(b)] if n]
+    first = next((a.finished[0] for n in names for a in [aggs.get(n)] if a and a.finished), None)
+    st = recorded_settings(first) if first else None
+    setting = (f"{st.max_steps} steps of {st.prompts_per_step} prompts, answers <= {st.max_new_tokens} tokens, lr "
+               f"{st.learning_rate} with a {st.warmup_steps}-step warm-up, held-out evaluation every {st.eval_every} "
+               f"steps on {st.eval_prompts} prompts x {st.eval_samples} samples" if st else "no finished run yet")
+    out = [f"Every figure below is computed by `benchmarks/report.py` from the committed runs (`benchmarks/runs/`): "
+           f"{setting}; Δ columns are paired by seed with 95% t-intervals "
+           "(the setting and the statistics: [benchmark.md](benchmark.md); all configs: [the results page]"
+           f"(../benchmarks/results/README.md)).{page.setting} These commands re-make the rows:\n",
+           commands_text(runs, names)]
+    for r in REGIMES:
+        out.append(f"### {r.label}-prompt pool\n")
+        out.append(doc_config_table(aggs, r, page.configs))
+        claims_md = doc_claims(aggs, r, page.configs, page.papers)
+        if claims_md:
+            out.append(claims_md)
+        metrics = doc_metric_table(aggs, r, page.configs, page.metrics)
+        if metrics:
+            out.append("Mechanism metrics, mean over training steps (first → last quarter), over the seeds that "
+                       "log them:\n")
+            out.append(metrics)
+        facts = page.facts(aggs, r) if page.facts else []
+        if facts:
+            out.append("\n".join(f"- {f}" for f in facts) + "\n")
+    return "\n".join(out)
+
+
+def readme_block(aggs: dict[str, Agg]) -> str:
+    """The README's claim list: every paper claim's verdict on each pool."""
+    per = [claim_rows(aggs, r) for r in REGIMES]
+    lines = ["| paper | claim | 256-prompt pool | 2,048-prompt pool |", "|---|---|---|---|"]
+    for rows in zip(*per):
+        lines.append(f"| {rows[0].paper} | {_cell(rows[0].claim)} | " + " | ".join(c.verdict for c in rows) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def doc_blocks(runs: dict[str, dict[int, RunData]], aggs: dict[str, Agg]) -> dict[Path, dict[str, str]]:
+    """{page: {block name: its generated text}} for every page with generated blocks."""
+    out = {ROOT / "docs" / f"{script}.md": {"results": method_block(runs, aggs, page)}
+           for script, page in DOC_PAGES.items()}
+    out[ROOT / "README.md"] = {"claims": readme_block(aggs)}
+    return out
+
+
+def replace_blocks(text: str, blocks: dict[str, str], where: str = "") -> str:
+    """`text` with each named block between its markers replaced; a missing marker is an error."""
+    for name, body in blocks.items():
+        begin, end = MARK_BEGIN.format(name), MARK_END.format(name)
+        if text.count(begin) != 1 or text.count(end) != 1 or text.index(begin) > text.index(end):
+            raise ValueError(f"{where}: needs exactly one '{begin}' ... '{end}'")
+        head, rest = text.split(begin, 1)
+        text = head + begin + "\n" + body.rstrip("\n") + "\n" + end + rest.split(end, 1)[1]
+    return text
+
+
+def stale_blocks(runs_dir: Path = None) -> list[str]:
+    """The pages whose generated blocks differ from what the committed runs give ('page: block')."""
+    runs = load_runs(runs_dir or RUNS_DIR)
+    _, aggs = build_aggs(runs)
+    stale = []
+    for page, blocks in doc_blocks(runs, aggs).items():
+        text = page.read_text()
+        for name in blocks:
+            if replace_blocks(text, {name: blocks[name]}, page.name) != text:
+                stale.append(f"{page.relative_to(ROOT)}: {name}")
+    return stale
+
+
+def write_doc_blocks(runs: dict[str, dict[int, RunData]], aggs: dict[str, Agg]) -> list[Path]:
+    written = []
+    for page, blocks in doc_blocks(runs, aggs).items():
+        text = page.read_text()
+        new = replace_blocks(text, blocks, page.name)
+        if new != text:
+            page.write_text(new)
+            written.append(page)
+    return written
+
+
+# ----------------------------------------------------------------------------------------------------
 # The page
 # ----------------------------------------------------------------------------------------------------
 
@@ -1329,18 +1712,22 @@ def write_report(runs_dir: Path, out_dir: Path, plots: bool = True, figures_dir:
     md = ["# Benchmark results\n",
           (f"Generated by `python benchmarks/report.py` from `{_rel(runs_dir)}` on "
            f"{time.strftime('%Y-%m-%d %H:%M')}. Only finished runs are counted.\n")]
-    st = sweep.get("settings")
+    recorded = [st for st in (recorded_settings(r) for c in runs.values() for r in c.values()) if st is not None]
+    st = dataclasses.asdict(recorded[0]) if recorded else sweep.get("settings")
     if st:
-        md.append(f"**Setting** (every config): {st['max_steps']} steps x {st['prompts_per_step']} prompts "
+        same = all(dataclasses.replace(x, seeds=[]) == dataclasses.replace(recorded[0], seeds=[]) for x in recorded)
+        threads = f"{st['num_threads']} torch threads per run" if st["num_threads"] else "the thread policy"
+        md.append(f"**Setting** ({'every run' if same else 'the first run; the commands below give each'}): "
+                  f"{st['max_steps']} steps x {st['prompts_per_step']} prompts "
                   "from a pool of "
-                  f"{st['prompt_pool'] or 'all'} training prompts, completions <= {st['max_new_tokens']} tokens, "
-                  f"lr {st['learning_rate'] or 'script default'}, base policy `{st['model_name_or_path']}`, seeds "
-                  f"{_seeds_seen(runs_dir)} (per config: the table's `seeds` column); held-out evaluation every "
-                  f"{st['eval_every']} steps on {st['eval_prompts']} prompts x "
-                  f"{st['eval_samples']} samples (temperature 1), {st['num_threads']} torch threads per run.\n")
-    if sweep.get("invocations"):
-        cmds = list(dict.fromkeys(i["command"] for i in sweep["invocations"]))
-        md.append("**Command(s)** that produced the runs:\n\n```bash\n" + "\n".join(cmds) + "\n```\n")
+                  f"{st['prompt_pool'] or 'all'} training prompts (the `_pool2048` configs: 2,048), completions <= "
+                  f"{st['max_new_tokens']} tokens, lr {st['learning_rate'] or 'script default'}, base policy "
+                  f"`{st['model_name_or_path']}`, seeds {_seeds_seen(runs_dir)} (per config: the table's `seeds` "
+                  f"column); held-out evaluation every {st['eval_every']} steps on {st['eval_prompts']} prompts x "
+                  f"{st['eval_samples']} samples (temperature 1), {threads}.\n")
+    md.append("**Commands** that re-make every finished run, built from each run's `bench.json` (run.py builds "
+              "exactly the command the run recorded from these; `--dry_run` prints each one):\n\n"
+              + commands_text(runs, runs_dir=runs_dir))
     if sweep.get("machine"):
         m = sweep["machine"]
         md.append(f"**Machine**: {m.get('cpu', '?')}, {m.get('cpu_count', '?')} CPUs, {m.get('platform', '?')}, "
@@ -1426,6 +1813,13 @@ def main(args: Args) -> None:
     if not runs_dir.exists():
         raise SystemExit(f"--runs_dir {runs_dir}: does not exist (run benchmarks/run.py first)")
     default_out = ROOT / "benchmarks" / "results"
+    ours = runs_dir.resolve() == RUNS_DIR and out_dir.resolve() == default_out
+    if args.write_docs or ours:  # the docs' numbers come from the committed runs only
+        runs = load_runs(RUNS_DIR)
+        written = write_doc_blocks(runs, build_aggs(runs)[1])
+        print("docs' generated blocks: " + (", ".join(_rel(p) for p in written) or "all current"))
+        if args.write_docs:
+            return
     figures_dir = (Path(args.figures_dir) if args.figures_dir else
                    ROOT / "docs" / "figures" if out_dir.resolve() == default_out else out_dir / "figures")
     path = write_report(runs_dir, out_dir, args.plots, figures_dir)
