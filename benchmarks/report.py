@@ -1459,7 +1459,8 @@ def doc_metric_table(aggs: dict[str, Agg], r: Regime, configs: tuple[str, ...], 
 
 def doc_claims(aggs: dict[str, Agg], r: Regime, configs: tuple[str, ...], papers: tuple[str, ...]) -> str:
     rows = [c for spec, c in zip(CLAIMS, claim_rows(aggs, r))
-            if spec.paper in papers and all(n in configs for n in spec.configs)]
+            if spec.paper in papers and all(n in configs for n in spec.configs)
+            and not c.verdict.startswith("no ")]  # a claim without this pool's configs: nothing to show
     if not rows:
         return ""
     return ("| claim | verdict | measured |\n|---|---|---|\n"
@@ -1623,11 +1624,48 @@ def readme_block(aggs: dict[str, Agg]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def default_steps(script: str) -> int:
+    """A script's default --max_steps, read from its source (its Args, else common/args.py's BaseArgs)."""
+    import ast
+
+    for path, cls in ((ROOT / script, "Args"), (ROOT / "common" / "args.py", "BaseArgs")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name == cls:
+                for item in node.body:
+                    if isinstance(item, ast.AnnAssign) and getattr(item.target, "id", "") == "max_steps":
+                        return ast.literal_eval(item.value)
+    raise ValueError(f"{script}: no default max_steps")
+
+
+# what a plain `python <script>` runs, as a harness config: its default run's duration is scaled from those runs
+DEFAULT_RUNS = (("ada_seq.py", "SEQ-BALANCE", "seq_balance"), ("ada_est.py", "EST on its 2,048 pool", "est_pool2048"),
+                ("ps_grpo.py", "multi-turn, adaptive", "ps_adaptive"), ("pros_ppo.py", "PPO+PROS", "ppo_pros"),
+                ("ada_seq.py --max_rounds 1 --round_repeat 4", "GRPO-n4", "grpo_n4"))
+
+
+def durations_block(aggs: dict[str, Agg]) -> str:
+    """How long each script's default run takes, scaled from the committed runs' wall time (bench.json `wall_s`:
+    start-up, training and every evaluation, at the runs' thread count beside a second runner)."""
+    lines = []
+    for command, what, cfg in DEFAULT_RUNS:
+        a = aggs.get(cfg)
+        walls = [r.meta["wall_s"] / r.max_steps for r in (a.finished if a else []) if r.meta.get("wall_s")]
+        if walls:
+            steps = default_steps(command.split()[0])
+            threads = _setting(aggs, cfg, "num_threads") or "policy"
+            lines.append(f"- `python {command}` ({what}, {steps} steps): about "
+                         f"{statistics.fmean(walls) * steps / 60:.0f} min (`{cfg}`'s {len(walls)} runs: "
+                         f"{statistics.fmean(walls):.2f} s a step, start-up and evaluations included, {threads} "
+                         "thread beside a second run)")
+    return "\n".join(lines) + "\n"
+
+
 def doc_blocks(runs: dict[str, dict[int, RunData]], aggs: dict[str, Agg]) -> dict[Path, dict[str, str]]:
     """{page: {block name: its generated text}} for every page with generated blocks."""
     out = {ROOT / "docs" / f"{script}.md": {"results": method_block(runs, aggs, page)}
            for script, page in DOC_PAGES.items()}
-    out[ROOT / "README.md"] = {"claims": readme_block(aggs)}
+    out[ROOT / "README.md"] = {"durations": durations_block(aggs), "claims": readme_block(aggs)}
+    out[ROOT / "docs" / "benchmark.md"] = {"commands": commands_text(runs)}
     return out
 
 
