@@ -1076,6 +1076,9 @@ STYLE = {  # colour by family; baselines dashed
 }
 
 
+BASELINES = {c.baseline for c in CONFIGS if c.baseline}  # the configs another is measured against: dashed, labelled
+
+
 def _style(name: str, i: int) -> tuple[str, str]:
     if name not in STYLE and base_name(name) in STYLE:  # a 2,048-pool twin: its config's colour, dotted
         return STYLE[base_name(name)][0], ":"
@@ -1117,7 +1120,9 @@ def make_plots(order: list[str], aggs: dict[str, Agg], out_dir: Path) -> list[st
             xs = [p[xkey] for p in a.curve]
             ys = [p["pass1"] for p in a.curve]
             sd = [p["pass1_std"] for p in a.curve]
-            ax.plot(xs, ys, ls, color=color, marker="o", ms=3, lw=1.6, label=f"{a.cfg.label} ({len(a.finished)})")
+            mark = " (baseline)" if n in BASELINES else ""
+            ax.plot(xs, ys, ls, color=color, marker="o", ms=3, lw=1.6,
+                    label=f"{a.cfg.label}{mark} ({len(a.finished)})")
             if len(a.finished) > 1:
                 ax.fill_between(xs, [y - s for y, s in zip(ys, sd)], [y + s for y, s in zip(ys, sd)], color=color,
                                 alpha=0.12, lw=0)
@@ -1267,8 +1272,10 @@ def make_doc_figures(aggs: dict[str, Agg], figures_dir: Path) -> list[Path]:
                 if a is None or not a.curve:
                     continue
                 color, label = f"C{i % 10}", f"{BY_NAME[name].label.replace(' (2048-prompt pool)', '')}"
+                base = name in _baselines(r, configs)
+                label += " (baseline)" if base else ""
                 xs, ys = [p["step"] for p in a.curve], [p["pass1"] for p in a.curve]
-                ax.plot(xs, ys, "-", color=color, marker="o", ms=3, lw=1.6,
+                ax.plot(xs, ys, "-", color=color, marker="s" if base else "o", ms=3, lw=2.4 if base else 1.6,
                         label=f"{label}: held-out ({len(a.finished)})")
                 if len(a.finished) > 1:
                     sd = [p["pass1_std"] for p in a.curve]
@@ -1289,7 +1296,7 @@ def make_doc_figures(aggs: dict[str, Agg], figures_dir: Path) -> list[Path]:
                         va="center", transform=ax.transAxes)
         axes[0].set_ylabel("pass@1 (mean over seeds, band ± std)")
         fig.suptitle(f"{script}.py: held-out pass@1 (solid) and pass@1 on training-pool prompts (dashed); "
-                     "legend: seeds")
+                     "baselines thick, squares; legend: seeds")
         fig.tight_layout()
         path = figures_dir / f"{script}.png"
         fig.savefig(path, dpi=110)
