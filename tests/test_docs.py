@@ -132,3 +132,52 @@ def test_the_plot_command_names_matplotlib_when_it_is_missing(tmp_path):
             f"main([{str(tmp_path)!r}])")
     r = subprocess.run([sys.executable, "-c", hide], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode != 0 and "pip install matplotlib" in r.stderr
+
+
+# ---------------------------------------------------------------- numbers generated from the committed runs
+
+
+def test_the_docs_generated_blocks_are_what_the_committed_runs_give():
+    """Every method page's results block, the README's durations and claim list and benchmark.md's commands sit
+    between report.py's markers; regenerating them in memory from benchmarks/runs must give the pages' text."""
+    from benchmarks import report
+
+    runs = report.load_runs(report.RUNS_DIR)
+    blocks = report.doc_blocks(runs, report.build_aggs(runs)[1])
+    assert {p.name for p in blocks} >= {s.replace(".py", ".md") for s in SCRIPTS} | {"README.md", "benchmark.md"}
+    stale = []
+    for page, named in blocks.items():
+        text = page.read_text()
+        for name, body in named.items():
+            begin, end = report.MARK_BEGIN.format(name), report.MARK_END.format(name)
+            assert text.count(begin) == 1 and text.count(end) == 1, (page.name, name)
+            if text.split(begin, 1)[1].split(end, 1)[0].strip("\n") != body.strip("\n"):
+                stale.append(f"{page.relative_to(ROOT)}: {name}")
+    assert not stale, f"out of date (run `python benchmarks/report.py --write_docs`): {stale}"
+    # the same check as report.stale_blocks, which `--write_docs` users can call: a hand-edited figure is caught
+    page = ROOT / "docs" / "ada_seq.md"
+    edited = page.read_text().replace("| GRPO-n4 (`grpo_n4`) (baseline) | 9 |", "| GRPO-n4 (`grpo_n4`) (baseline) | 8 |")
+    assert edited != page.read_text() and report.replace_blocks(edited, blocks[page]) != edited
+
+
+def test_every_committed_run_is_remade_by_a_command_on_the_results_page():
+    """The results page lists `python benchmarks/run.py ...` commands built from the runs' bench.json: together they
+    cover every committed run, and for each run run.py builds exactly the command its bench.json recorded."""
+    from benchmarks import report, run
+    from common.cli import parse_args
+
+    page = (ROOT / "benchmarks" / "results" / "README.md").read_text()
+    built = {}
+    for line in page.splitlines():
+        if line.startswith("python benchmarks/run.py "):
+            args = parse_args(run.Args, shlex.split(line)[2:])
+            settings, runs_dir = run.resolve(args)
+            for name in args.only_names():
+                for seed in settings.seeds:
+                    out = run._portable(runs_dir / name / f"seed{seed}")
+                    built[(name, seed)] = run.build_command(run.BY_NAME[name], settings, seed, out)
+    recorded = {(cfg, seed): r.meta.get("cmd") for cfg, by in report.load_runs(report.RUNS_DIR).items()
+                for seed, r in by.items()}
+    assert len(recorded) > 200 and set(built) == set(recorded), set(built) ^ set(recorded)
+    wrong = sorted(key for key in recorded if built[key] != recorded[key])
+    assert not wrong, wrong
