@@ -25,6 +25,7 @@ import os
 import shlex
 import statistics
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -1609,7 +1610,7 @@ def method_block(runs: dict[str, dict[int, RunData]], aggs: dict[str, Agg], page
     out = [f"Every figure below is computed by `benchmarks/report.py` from the committed runs (`benchmarks/runs/`): "
            f"{setting}; Δ columns are paired by seed with 95% t-intervals "
            "(the setting and the statistics: [benchmark.md](benchmark.md); all configs: [the results page]"
-           f"(../benchmarks/results/README.md)).{page.setting} These commands re-make the rows:\n",
+           f"(../benchmarks/results/README.md)).{page.setting} These commands re-make the rows:",
            commands_text(runs, names)]
     for r in REGIMES:
         out.append(f"### {r.label}-prompt pool\n")
@@ -1624,8 +1625,15 @@ def method_block(runs: dict[str, dict[int, RunData]], aggs: dict[str, Agg], page
             out.append(metrics)
         facts = page.facts(aggs, r) if page.facts else []
         if facts:
-            out.append("\n".join(f"- {f}" for f in facts) + "\n")
+            out.append("\n".join(_wrap(f, "- ") for f in facts) + "\n")
+    out[0] = _wrap(out[0]) + "\n"
     return "\n".join(out)
+
+
+def _wrap(text: str, first: str = "") -> str:
+    """A generated paragraph or bullet wrapped at 120 characters, as the hand-written docs are."""
+    return textwrap.fill(text, 120, initial_indent=first, subsequent_indent=" " * len(first), break_long_words=False,
+                         break_on_hyphens=False)
 
 
 def readme_block(aggs: dict[str, Agg]) -> str:
@@ -1666,10 +1674,10 @@ def durations_block(aggs: dict[str, Agg]) -> str:
         if walls:
             steps = default_steps(command.split()[0])
             threads = _setting(aggs, cfg, "num_threads") or "policy"
-            lines.append(f"- `python {command}` ({what}, {steps} steps): about "
-                         f"{statistics.fmean(walls) * steps / 60:.0f} min (`{cfg}`'s {len(walls)} runs: "
-                         f"{statistics.fmean(walls):.2f} s a step, start-up and evaluations included, {threads} "
-                         "thread beside a second run)")
+            lines.append(_wrap(f"`python {command}` ({what}, {steps} steps): about "
+                               f"{statistics.fmean(walls) * steps / 60:.0f} min (`{cfg}`'s {len(walls)} runs: "
+                               f"{statistics.fmean(walls):.2f} s a step, start-up and evaluations included, {threads} "
+                               "thread beside a second run)", "- "))
     return "\n".join(lines) + "\n"
 
 
