@@ -22,10 +22,11 @@ in the update grows with its N_x (the sampling half of the weight). k_t counts r
 positive_threshold; a response cut by max_new_tokens gets reward 0. pi_old is the sampling policy; one
 optimizer step per batch by default. Logged `loss`: that surrogate divided by (responses x max_new_tokens), as
 optimised; the optimised loss also subtracts the entropy bonus (entropy_coef x summed token entropy over the same
-constant; the paper's set-up uses 1e-4, the authors' run script 0) and adds the KL term (logged separately as
-`kl`). The advantage is Alg. 1 line 16's (r - mean_x) x alpha_x, with no std division (the residual weight alpha_x
-is the prompt's scale); its baseline is GRPO-n8 (`ada_seq.py --max_rounds 1 --round_repeat 8
---final_keep_per_prompt 8`, eq. 2), the same inference budget.
+constant; the paper's set-up uses 1e-4, the authors' run script 0) and adds beta x the k3 KL summed over the same
+tokens and divided by the same constant (one normaliser; `kl` logs it per trained token). The advantage is
+Alg. 1 line 16's (r - mean_x) x alpha_x, with no std division (the residual weight alpha_x is the prompt's scale);
+its baseline is GRPO-n8 (`ada_seq.py --max_rounds 1 --round_repeat 8 --final_keep_per_prompt 8`, eq. 2), the same
+inference budget.
 
     python ada_est.py                                  # hybrid 1/sqrt(p) on 2048 recurring Countdown prompts
     python ada_est.py --weighting implicit             # N_x ∝ 1/p, no residual weight (App. C.2 ablation)
@@ -100,7 +101,8 @@ class Args(BaseArgs):
     """optimizer steps per batch (each a full pass over all responses); with 1 the ratio is 1 and clipping is
     inactive"""
     beta: Annotated[float, Range(0, zero="off, no reference model")] = 0.0
-    """KL coefficient to the reference (initial) policy, per-token k3 estimator; the paper uses none"""
+    """KL coefficient to the reference (initial) policy: the k3 estimator summed over the trained tokens, divided by
+    the policy gradient's constant (responses x max_new_tokens); the paper uses none"""
     entropy_coef: Annotated[float, Range(0, zero="off")] = 1e-4
     """entropy bonus: entropy_coef x token entropy is subtracted from the loss (the paper's set-up: 1e-4)"""
     old_logprobs: Literal["auto", "sampler"] = "auto"
@@ -292,7 +294,7 @@ def main(args: Args) -> None:
                               resume_step=start_step if resume_from is not None else None)
     warned_logp_diff = False
     if start_step == 0:
-        row = {"step": 0, **run_eval()}
+        row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads()}
         logger.log(row)
         log(f"step 0 (starting policy): {row}")
     stop = GracefulStop(log)
@@ -304,7 +306,8 @@ def main(args: Args) -> None:
 
     for step in range(start_step + 1, args.max_steps + 1):
         t_start = time.time()
-        torch.set_num_threads(cpu_threads.count(torch.get_num_threads()))  # a shared CPU: fit the free cores
+        threads = cpu_threads.count(torch.get_num_threads())  # a shared CPU: fit the free cores
+        torch.set_num_threads(threads)
         batch_ids = sampler.next_ids(args.prompts_per_step)  # the global batch: every rank allocates all of it
 
         # ================ [EST] allocate the budget from the estimates made before this step (Alg. 1 l. 4-5) ======
@@ -345,7 +348,6 @@ def main(args: Args) -> None:
 
         # ================ update: GRPO-style clipped surrogate on ALL responses; pi_old = the sampler ===========
         t_train_start = time.time()
-        n_tokens = sum(len(c) for c in completions)
         sums = {"loss_sum": 0.0, "kl_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "clip_sum": 0.0,
                 "gap_sum": 0.0, "gap_tok": 0.0}
         grad_norms = []
@@ -373,7 +375,7 @@ def main(args: Args) -> None:
                     with torch.no_grad(), autocast(device, args.dtype):
                         ref_logp, _ = token_logprobs(ref_model, batch, temperature)
                     kl = kl_k3(logp, ref_logp) * mask
-                    loss = loss + args.beta * kl.sum() / max(1, n_tokens)
+                    loss = loss + args.beta * kl.sum() / normaliser  # one constant for PG and KL
                 accelerator.backward(loss)
                 if epoch == 0:  # the on-policy epoch's numbers are the ones logged
                     sums["loss_sum"] += surrogate_sum.item() / args.max_new_tokens
@@ -456,6 +458,7 @@ def main(args: Args) -> None:
         if evaluating:
             row.update(run_eval())
         row["time_step_s"] = time.time() - t_start
+        row["num_threads"] = threads  # the step's count: with a fixed one the run repeats exactly
         logger.log(row)
         progress.update(1)
         progress.set_postfix({"reward": f"{row['reward_mean']:.3f}", "zero_var": f"{row['frac_zero_var_groups']:.2f}",

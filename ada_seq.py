@@ -26,7 +26,10 @@ prompts from the sampler are drawn (a whole batch of `prompts_per_step` per extr
 again or `--max_dynamic_rounds` extra rounds were made. The count that decides is global (every rank runs the
 same rounds), and each rank's kept groups count only up to its share of the batch (`my_slice`, the first ones
 kept in sampling order): so the batch never exceeds `prompts_per_step` groups, and a full batch has every rank's
-share (the loss normaliser stays that of a full batch). Advantages are GRPO-n's (eq. 2 over the group).
+share (the loss normaliser stays that of a full batch). A batch still short after the last extra round is trained
+as it is, with that full batch's normaliser, so its step is `dapo_batch_fill` (trained groups / prompts_per_step,
+logged every step) of a full one; verl's DAPO recipe instead keeps generating until the batch is full (up to its
+generation-batch limit). Advantages are GRPO-n's (eq. 2 over the group).
 
 Where this file follows the authors' public code rather than the paper's text (both are flags):
 - Advantage of Reinforce-Ada (`--max_rounds` > 1): A = r - mean(pool), no std: Alg. 2 line 19 and Sec. 3.2's
@@ -64,11 +67,13 @@ Choices made here (the paper leaves them open):
 - Logged `loss`: the clipped surrogate summed over tokens and divided by (kept responses x max_new_tokens),
   the constant the optimised loss uses too (no length bias). The entropy bonus, entropy_coef x the token
   entropies summed and divided by the same constant, is subtracted in the optimised loss but not in `loss`;
-  the KL term is logged separately as `kl`.
+  with `--beta` > 0, beta x the k3 KL summed over the same tokens is added over the same constant too (one
+  normaliser for every term); `kl` logs the KL per trained token.
 - Metrics: `rollouts` / `gen_tokens` count every generated response of every round (inference cost);
   `frac_zero_var_groups` is measured on each prompt's first n responses (what GRPO-n would have trained
   on), `ada_frac_zero_var_groups_post` on the kept groups; `ada_active_after_round_r` is a fraction.
-  [DAPO] `dapo_rounds` (extra rounds), `dapo_sampled_groups`, `dapo_kept_groups`; `ada_inference_cost_rel`
+  [DAPO] `dapo_rounds` (extra rounds), `dapo_sampled_groups`, `dapo_kept_groups`, `dapo_batch_fill` (kept groups
+  / prompts_per_step); `ada_inference_cost_rel`
   is then generated / (prompts_per_step x n).
 - A completion cut by `max_new_tokens` gets reward 0 (never a success); `--mask_truncated_completions` also
   takes the kept ones out of the loss. `sampler_logp_diff` (when the generator returns log-probs) is the mean
@@ -154,7 +159,8 @@ class Args(BaseArgs):
     """optimizer steps per batch (each a full pass over the kept responses); with 1 the ratio is 1 and clipping is
     inactive"""
     beta: Annotated[float, Range(0, zero="off, no reference model")] = 0.0
-    """KL coefficient to the reference (initial) policy, per-token k3 estimator; the paper uses none"""
+    """KL coefficient to the reference (initial) policy: the k3 estimator summed over the trained tokens, divided by
+    the policy gradient's constant (responses x max_new_tokens); the paper uses none"""
     entropy_coef: Annotated[float, Range(0, zero="off")] = 1e-4
     """entropy bonus: entropy_coef x token entropy is subtracted from the loss (the paper's set-up: 1e-4)"""
     old_logprobs: Literal["auto", "sampler"] = "auto"
@@ -388,9 +394,9 @@ def main(args: Args) -> None:
                            resume_step=start_step if resume_from is not None else None)
     sample_log = SampleLogger(args.output_dir, accelerator, args.log_samples_every, args.log_samples_per_kind,
                               resume_step=start_step if resume_from is not None else None)
-    warned_logp_diff = False
+    warned_logp_diff = warned_partial = False
     if start_step == 0:
-        row = {"step": 0, **run_eval()}
+        row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads()}
         logger.log(row)
         log(f"step 0 (starting policy): {row}")
     stop = GracefulStop(log)
@@ -403,7 +409,8 @@ def main(args: Args) -> None:
 
     for step in range(start_step + 1, args.max_steps + 1):
         t_start = time.time()
-        torch.set_num_threads(cpu_threads.count(torch.get_num_threads()))  # a shared CPU: fit the free cores
+        threads = cpu_threads.count(torch.get_num_threads())  # a shared CPU: fit the free cores
+        torch.set_num_threads(threads)
         examples = [task.train[i] for i in my_slice(sampler.next_ids(args.prompts_per_step), accelerator)]
         prompts = [encode(example.prompt) for example in examples]
 
@@ -477,7 +484,6 @@ def main(args: Args) -> None:
 
         # ================ update: GRPO-style clipped surrogate on the kept responses; pi_old = the sampler ========
         t_train_start = time.time()
-        n_tokens = sum(len(c) for c in completions)
         sums = {"loss_sum": 0.0, "kl_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "clip_sum": 0.0, "gap_sum": 0.0,
                 "gap_tok": 0.0}
         grad_norms = []
@@ -502,7 +508,7 @@ def main(args: Args) -> None:
                     with torch.no_grad(), autocast(device, args.dtype):
                         ref_logp, _ = token_logprobs(ref_model, batch, temperature)
                     kl = kl_k3(logp, ref_logp) * mask
-                    loss = loss + args.beta * kl.sum() / max(1, n_tokens)
+                    loss = loss + args.beta * kl.sum() / normaliser  # one constant for PG and KL
                 accelerator.backward(loss)
                 if epoch == 0:  # the on-policy epoch's numbers are the ones logged
                     sums["loss_sum"] += surrogate_sum.item() / args.max_new_tokens
@@ -562,7 +568,14 @@ def main(args: Args) -> None:
         if args.dynamic_sampling:  # [DAPO] the dynamic-sampling baseline's cost and yield
             row.update({"dapo_rounds": dapo_rounds, "dapo_sampled_groups": int(totals["groups"]),
                         "dapo_kept_groups": int(totals["kept_groups"]),
+                        # trained / full batch: under the full batch's normaliser, this step's size against a full one
+                        "dapo_batch_fill": totals["kept_groups"] / args.prompts_per_step,
                         "ada_inference_cost_rel": totals["rollouts"] / (args.prompts_per_step * n)})
+            if not warned_partial and row["dapo_batch_fill"] < 1:
+                warned_partial = True
+                log(f"note: step {step} trained on {int(totals['kept_groups'])} of {args.prompts_per_step} groups: "
+                    f"--max_dynamic_rounds {args.max_dynamic_rounds} extra rounds did not fill the batch; the loss "
+                    "keeps a full batch's normaliser, so such a step is `dapo_batch_fill` of a full one")
 
         gap = row["sampler_logp_diff"]  # None: not measured this step
         if not warned_logp_diff and gap is not None and gap >= args.logp_diff_warn:
@@ -583,6 +596,7 @@ def main(args: Args) -> None:
         if evaluating:
             row.update(run_eval())
         row["time_step_s"] = time.time() - t_start
+        row["num_threads"] = threads  # the step's count: with a fixed one the run repeats exactly
         logger.log(row)
         progress.update(1)
         progress.set_postfix({"reward": f"{row['reward_mean']:.3f}", "zero_var": f"{row['frac_zero_var_groups']:.2f}",

@@ -448,7 +448,7 @@ def main(args: Args) -> None:
     sample_log = SampleLogger(args.output_dir, accelerator, args.log_samples_every, args.log_samples_per_kind,
                               resume_step=resume_step)
     if start_step == 0:
-        row = {"step": 0, **run_eval()}
+        row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads()}
         logger.log(row)
         log(f"step 0 (starting policy): {row}")
     stop = GracefulStop(log)
@@ -457,7 +457,8 @@ def main(args: Args) -> None:
 
     for step in range(start_step + 1, args.max_steps + 1):
         t_start = time.time()
-        torch.set_num_threads(cpu_threads.count(torch.get_num_threads()))  # a shared CPU: fit the free cores
+        threads = cpu_threads.count(torch.get_num_threads())  # a shared CPU: fit the free cores
+        torch.set_num_threads(threads)
         # ================ the batch: (prompt id, prefix, tree node) per query, the same on every rank ================
         if pros:  # [PROS] Sec. 4: part data stream, the rest from the pool by |θ̃ - 0.5|
             queries, num_stream = choose_batch(tree, sampler, args, step, pros_rng, len(task.train))
@@ -659,6 +660,7 @@ def main(args: Args) -> None:
         if evaluating:
             row.update(run_eval())
         row["time_step_s"] = time.time() - t_start
+        row["num_threads"] = threads  # the step's count: with a fixed one the run repeats exactly
         logger.log(row)
         progress.update(1)
         progress.set_postfix({"reward": f"{row['reward_mean']:.3f}", "zero_var": f"{row['frac_zero_var_groups']:.2f}",

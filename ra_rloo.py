@@ -271,7 +271,7 @@ def main(args: Args) -> None:
                               resume_step=start_step if resume_from is not None else None)
     warned_logp_diff = False
     if start_step == 0:
-        row = {"step": 0, **run_eval()}
+        row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads()}
         logger.log(row)
         log(f"step 0 (starting policy): {row}")
     stop = GracefulStop(log)
@@ -280,7 +280,8 @@ def main(args: Args) -> None:
 
     for step in range(start_step + 1, args.max_steps + 1):
         t_start = time.time()
-        torch.set_num_threads(cpu_threads.count(torch.get_num_threads()))  # a shared CPU: fit the free cores
+        threads = cpu_threads.count(torch.get_num_threads())  # a shared CPU: fit the free cores
+        torch.set_num_threads(threads)
         # ================ sample: K rollouts for each of this rank's prompts ================
         examples = [task.train[i] for i in my_slice(sampler.next_ids(args.prompts_per_step), accelerator)]
         prompts = [encode(example.prompt) for example in examples]
@@ -424,6 +425,7 @@ def main(args: Args) -> None:
         if evaluating:
             row.update(run_eval())
         row["time_step_s"] = time.time() - t_start
+        row["num_threads"] = threads  # the step's count: with a fixed one the run repeats exactly
         logger.log(row)
         progress.update(1)
         progress.set_postfix({"reward": f"{row['reward_mean']:.3f}", "zero_var": f"{row['frac_zero_var_groups']:.2f}",

@@ -1,5 +1,6 @@
 """The lines a script prints when its run ends: held-out pass@1 / pass@k at the first and the last evaluation (read back
-from metrics.jsonl), what the output directory holds, and the command that draws the run's curves."""
+from metrics.jsonl), whether the run can be repeated number for number (its thread count), what the output directory
+holds, and the command that draws the run's curves."""
 import json
 import shlex
 from pathlib import Path
@@ -22,9 +23,24 @@ def run_summary(output_dir: str, mechanism: list[str]) -> str:
     lines = [f"run ended at step {rows[-1]['step']}: {output_dir}"]
     lines += [f"  {label:<26} {first[key]:.3f} (step {first['step']}) -> {last[key]:.3f} (step {last['step']})"
               for label, key in filter(None, names) if number(first.get(key)) and number(last.get(key))]
+    lines.append(f"  {repeatability(rows, output_dir)}")
     files = ", ".join(sorted(p.name + "/" * p.is_dir() for p in Path(output_dir).iterdir()))
     lines.append(f"  outputs: {files} (metrics.jsonl: one row per step; the keys: docs/metrics.md)")
     logged = ",".join(key for key in mechanism if any(number(row.get(key)) for row in rows))  # a baseline: none
     lines.append(f"  curves:  python -m common.plot_run {shlex.quote(str(output_dir))}"
                  + (f" --metrics {logged}" if logged else ""))
     return "\n".join(lines)
+
+
+def repeatability(rows: list[dict], output_dir: str) -> str:
+    """Whether the same command gives the same numbers: on CPU torch's sums depend on the thread count, so a run is
+    repeatable only with a fixed `--num_threads` (args.json), not when the count followed the free cores
+    (`num_threads` in every row; docs/cpu_threads.md)."""
+    args_path = Path(output_dir) / "args.json"
+    fixed = json.loads(args_path.read_text()).get("num_threads", 0) if args_path.exists() else 0
+    if fixed:
+        return f"repeatable: yes (--num_threads {fixed}: the same command gives the same rows on CPU)"
+    counts = sorted({row["num_threads"] for row in rows if type(row.get("num_threads")) is int})
+    seen = f"{counts[0]}..{counts[-1]}" if counts else "not logged"
+    return (f"not repeatable: the thread count followed the free cores ({seen}); rerun with --num_threads N (e.g. "
+            f"--num_threads {counts[-1] if counts else 1}) to make a run repeatable")

@@ -9,7 +9,8 @@ and the same `Generations` (prompt-major, stop token kept, log-probs under logit
   the training weights into the engine (`reload_weights` through `collective_rpc`) and drops the prefix
   cache, whose KV came from old weights.
 - On a GPU the engine sleeps while the trainer trains: the scripts call `sleep()` once a sampling phase is over
-  (level 2: weights and KV cache discarded), and the push, which maps the weights again and overwrites them all,
+  (level 2: weights and KV cache discarded; vLLM still keeps host copies of its small "runtime" and "cudagraph"
+  pools and of the model's buffers), and the push, which maps the weights again and overwrites them all,
   must come before the next `generate` (which raises otherwise). Between the push and the end of the next
   sampling phase (evaluation included) the engine keeps its weights. On a CPU sleep mode does not exist, so it is
   skipped.
@@ -145,11 +146,12 @@ class VLLMGenerator:
         """A sampling phase is over: the engine's GPU memory goes to the trainer until the next `sync_weights`,
         which must come before the next `generate`. HFGenerator's is a no-op."""
         if self.sleep_enabled and self._asleep != {"weights", "kv_cache"}:
-            # Level 2 discards the weights and the KV cache and copies nothing (device_allocator/
-            # sleep_mode_backend.py:132-137, cumem.py:265-280; buffers such as rotary tables go to host and come back
-            # on wake, v1/worker/gpu_worker.py:298-304, 337-346). Level 1 would copy the weights to pinned host memory
-            # and back (cumem.py:265-276, 352-360): a host copy of the model per rank, moved twice per step, of
-            # weights that the push replaces anyway. The price: no generate between here and the push.
+            # Level 2 discards the weights and the KV cache without a copy, but still copies to pinned host memory
+            # its "runtime" pool (KV-cache initialisation state, v1/worker/gpu_worker.py:887-896) and "cudagraph"
+            # pool (device_allocator/sleep_mode_backend.py:127-137, cumem.py:256-276) and every registered buffer
+            # of the model, e.g. rotary tables (gpu_worker.py:298-309; back on wake, 337-346). Level 1 would also
+            # copy the weights to host and back (cumem.py:256-276, 352-360): a host copy of the model per rank, moved
+            # twice per step, of weights that the push replaces anyway. The price: no generate until the push.
             self.llm.sleep(level=2)
             self._asleep = {"weights", "kv_cache"}
 

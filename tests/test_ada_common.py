@@ -120,3 +120,34 @@ def test_entropy_bonus_changes_the_update_not_the_logged_surrogate(tiny_base, tm
         off, on = rows["0"], rows["1.0"]
         assert off["reward_mean"] == on["reward_mean"] and off["loss"] == pytest.approx(on["loss"], rel=1e-6)
         assert off["grad_norm"] != pytest.approx(on["grad_norm"], rel=1e-3), module.__name__
+
+
+@pytest.mark.parametrize("module", [ada_seq, ada_est], ids=["ada_seq", "ada_est"])
+def test_the_kl_is_divided_by_the_policy_gradients_constant(tiny_base, tmp_path, monkeypatch, module):
+    """With --beta > 0 the optimised loss is (surrogate + beta x KL), each summed over the trained tokens, over one
+    constant: trained responses x max_new_tokens. With the surrogate set to 0 and the k3 KL to 1 per token, the
+    step's losses must add up to beta x trained tokens / (responses x max_new_tokens) by hand; a KL divided by the
+    rank's own token count instead would add up to beta whatever the lengths."""
+    from accelerate import Accelerator
+
+    from common.cli import parse_args
+
+    monkeypatch.setattr(module, "clipped_surrogate",
+                        lambda logp, old, adv, lo, hi: (logp * 0.0, torch.zeros_like(logp, dtype=torch.bool)))
+    monkeypatch.setattr(module, "kl_k3", lambda logp, ref_logp: logp * 0.0 + 1.0)
+    losses, backward = [], Accelerator.backward
+    monkeypatch.setattr(Accelerator, "backward",
+                        lambda self, loss, **kw: (losses.append(loss.item()), backward(self, loss, **kw))[1])
+    beta, max_new = 0.5, 48
+    out = tmp_path / module.__name__
+    own = ["--max_rounds", "1", "--round_repeat", "4"] if module is ada_seq else []  # GRPO-n4: every response trains
+    module.main(parse_args(module.Args, [
+        "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "1", "--eval_every", "0",
+        "--eval_prompts", "4", "--eval_samples", "1", "--prompts_per_step", "4", "--prompt_pool", "16",
+        "--max_new_tokens", str(max_new), "--num_threads", "1", "--entropy_coef", "0", "--beta", str(beta), *own]))
+    row = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1]
+    responses, tokens = row["rollouts"], row["gen_tokens"]  # step 1: this step's, all of them trained
+    assert responses == (16 if module is ada_seq else 32) and row["kl"] == pytest.approx(1.0)  # 4 x 4; 4 x 8
+    by_hand = beta * tokens / (responses * max_new)
+    assert tokens < 0.8 * responses * max_new  # the two normalisers give clearly different losses here
+    assert sum(losses) == pytest.approx(by_hand, rel=1e-5)

@@ -333,7 +333,7 @@ def _samples(path):
     return [json.loads(line) for line in (path / "samples.jsonl").read_text().splitlines()]
 
 
-def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_base, tmp_path, monkeypatch):
+def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_base, tmp_path, monkeypatch, capsys):
     # [DAPO] GRPO-n4 + dynamic sampling: zero-variance groups are dropped, new prompts refill the batch
     grpo_n4 = ["--model_name_or_path", tiny_base, "--max_rounds", "1", "--round_repeat", "4", "--dynamic_sampling"]
     rows = _main(tmp_path / "dapo", [*grpo_n4, "--max_steps", "2", "--max_dynamic_rounds", "3"], monkeypatch)[1:]
@@ -343,6 +343,7 @@ def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_base, tmp_path, mon
         assert r["dapo_kept_groups"] <= 8 and r["dapo_sampled_groups"] == 8 * (1 + r["dapo_rounds"])
         assert r["dapo_rounds"] == 3 or r["dapo_kept_groups"] == 8  # refilled until full or capped
         assert r["ada_inference_cost_rel"] == r["dapo_sampled_groups"] / 8
+        assert r["dapo_batch_fill"] == r["dapo_kept_groups"] / 8  # trained / prompts_per_step
     assert rows[-1]["rollouts"] == 4 * sum(r["dapo_sampled_groups"] for r in rows)  # refills are counted
     assert any(r["dapo_rounds"] > 0 for r in rows) and any(r["frac_zero_var_groups"] > 0 for r in rows)
     kinds = {s["kind"] for s in _samples(tmp_path / "dapo")}
@@ -352,6 +353,7 @@ def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_base, tmp_path, mon
                  reward=lambda text, problem: 0.0)[1:]
     assert flat[0]["dapo_rounds"] == 2 and flat[0]["dapo_kept_groups"] == 0 and flat[0]["dapo_sampled_groups"] == 24
     assert flat[0]["loss"] == 0.0 and flat[0]["grad_norm"] == 0.0
+    assert flat[0]["dapo_batch_fill"] == 0.0 and "did not fill the batch" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--dynamic_sampling"):
         Args(dynamic_sampling=True, max_rounds=2).validate()
 

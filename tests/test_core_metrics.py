@@ -7,7 +7,7 @@ import pytest
 
 CORE = {"step", "rollouts", "gen_tokens", "reward_mean", "reward_std", "pass_rate", "frac_zero_var_groups",
         "completion_len_mean", "clipped_ratio", "loss", "kl", "entropy", "grad_norm", "lr", "time_step_s",
-        "time_gen_s", "time_train_s", "sampler_logp_diff"}
+        "time_gen_s", "time_train_s", "sampler_logp_diff", "num_threads"}
 # script, optimizer steps per training step (the warm-up schedule advances once per optimizer step)
 SCRIPTS = [("ra_rloo.py", 1), ("ada_seq.py", 1), ("ada_est.py", 1), ("ps_grpo.py", 1), ("pros_ppo.py", 4)]
 
@@ -18,6 +18,7 @@ def test_core_metrics_are_logged_and_consistent(short_run, script, opt_steps):
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     steps = rows[1:]
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert [r["num_threads"] for r in rows] == [1] * 4  # --num_threads 1 (conftest), in every row, step 0 too
     previous = {"rollouts": 0, "gen_tokens": 0}
     for r in steps:
         assert CORE <= set(r), CORE - set(r)

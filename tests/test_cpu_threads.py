@@ -72,3 +72,36 @@ def test_num_threads_holds_from_set_up_and_the_step_0_evaluation(short_run, scri
     assert seen == {"load_policy": 1, "first_generate": 1}, seen
     main = (ROOT / script).read_text().split("def main(", 1)[1]
     assert main.index("torch.set_num_threads(") < main.index("load_policy("), script
+
+
+def test_the_same_command_at_a_fixed_thread_count_gives_the_same_rows(short_run, tiny_base, tmp_path):
+    """Repeatable runs: the short run again, same command and --num_threads 1, gives the same metrics rows, every
+    field but the timings (time_*) equal, floats to the last bit; the thread count is in every row."""
+    import json
+
+    from conftest import SHORT_RUN, SHORT_RUN_FLAGS, run_script
+
+    def rows(out):
+        return [{k: v for k, v in json.loads(line).items() if not k.startswith("time_")}
+                for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+    first, _ = short_run("ra_rloo.py")
+    again = tmp_path / "again"
+    r = run_script(["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(again), *SHORT_RUN,
+                    *SHORT_RUN_FLAGS["ra_rloo.py"]])
+    assert rows(again) == rows(first) and all(row["num_threads"] == 1 for row in rows(again))
+    assert "repeatable: yes (--num_threads 1" in r.stdout
+
+
+def test_the_summary_says_whether_a_run_is_repeatable(tmp_path):
+    import json
+
+    from common.summary import repeatability
+
+    rows = [{"step": 0, "num_threads": 2}, {"step": 1, "num_threads": 1}, {"step": 2, "num_threads": 2}]
+    (tmp_path / "args.json").write_text(json.dumps({"num_threads": 0}))
+    text = repeatability(rows, str(tmp_path))
+    assert text.startswith("not repeatable: the thread count followed the free cores (1..2)") and \
+        "--num_threads" in text
+    (tmp_path / "args.json").write_text(json.dumps({"num_threads": 3}))
+    assert repeatability(rows, str(tmp_path)).startswith("repeatable: yes (--num_threads 3")

@@ -107,6 +107,7 @@ def test_a_run_ends_with_its_summary_and_the_plot_command_draws_it(short_run, sc
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     first, last = rows[0]["eval_pass@1"], rows[-1]["eval_pass@1"]  # the step-0 and the final evaluation
     assert re.search(rf"held-out pass@1 +{first:.3f} \(step 0\) -> {last:.3f} \(step 3\)", summary), summary
+    assert "repeatable: yes (--num_threads 1" in summary  # the short runs fix the thread count
     command = shlex.split(re.search(r"curves: +(python -m common\.plot_run .+)", summary).group(1))
     assert "--metrics" in command  # the method's own metrics are plotted too
     pytest.importorskip("matplotlib")
@@ -131,3 +132,53 @@ def test_the_plot_command_names_matplotlib_when_it_is_missing(tmp_path):
             f"main([{str(tmp_path)!r}])")
     r = subprocess.run([sys.executable, "-c", hide], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode != 0 and "pip install matplotlib" in r.stderr
+
+
+# ---------------------------------------------------------------- numbers generated from the committed runs
+
+
+def test_the_docs_generated_blocks_are_what_the_committed_runs_give():
+    """Every method page's results block, the README's durations and claim list and benchmark.md's commands sit
+    between report.py's markers; regenerating them in memory from benchmarks/runs must give the pages' text."""
+    from benchmarks import report
+
+    runs = report.load_runs(report.RUNS_DIR)
+    blocks = report.doc_blocks(runs, report.build_aggs(runs)[1])
+    assert {p.name for p in blocks} >= {s.replace(".py", ".md") for s in SCRIPTS} | {"README.md", "benchmark.md"}
+    stale = []
+    for page, named in blocks.items():
+        text = page.read_text()
+        for name, body in named.items():
+            begin, end = report.MARK_BEGIN.format(name), report.MARK_END.format(name)
+            assert text.count(begin) == 1 and text.count(end) == 1, (page.name, name)
+            if text.split(begin, 1)[1].split(end, 1)[0].strip("\n") != body.strip("\n"):
+                stale.append(f"{page.relative_to(ROOT)}: {name}")
+    assert not stale, f"out of date (run `python benchmarks/report.py --write_docs`): {stale}"
+    # the same check as report.stale_blocks, which `--write_docs` users can call: a hand-edited figure is caught
+    page = ROOT / "docs" / "ada_seq.md"
+    row = "| GRPO-n4 (`grpo_n4`) (baseline) | "
+    edited = page.read_text().replace(row + "9 |", row + "8 |")
+    assert edited != page.read_text() and report.replace_blocks(edited, blocks[page]) != edited
+
+
+def test_every_committed_run_is_remade_by_a_command_on_the_results_page():
+    """The results page lists `python benchmarks/run.py ...` commands built from the runs' bench.json: together they
+    cover every committed run, and for each run run.py builds exactly the command its bench.json recorded."""
+    from benchmarks import report, run
+    from common.cli import parse_args
+
+    page = (ROOT / "benchmarks" / "results" / "README.md").read_text()
+    built = {}
+    for line in page.splitlines():
+        if line.startswith("python benchmarks/run.py "):
+            args = parse_args(run.Args, shlex.split(line)[2:])
+            settings, runs_dir = run.resolve(args)
+            for name in args.only_names():
+                for seed in settings.seeds:
+                    out = run._portable(runs_dir / name / f"seed{seed}")
+                    built[(name, seed)] = run.build_command(run.BY_NAME[name], settings, seed, out)
+    recorded = {(cfg, seed): r.meta.get("cmd") for cfg, by in report.load_runs(report.RUNS_DIR).items()
+                for seed, r in by.items()}
+    assert len(recorded) > 200 and set(built) == set(recorded), set(built) ^ set(recorded)
+    wrong = sorted(key for key in recorded if built[key] != recorded[key])
+    assert not wrong, wrong

@@ -25,7 +25,7 @@ class StubLLM:
         self.paused = True
         if "weights" in self.asleep:  # abstract.py:382-385
             return
-        if level == 2:  # sleep_mode_backend.py:132-137: only level 1 keeps a host copy of the weights
+        if level == 2:  # sleep_mode_backend.py:127-137: only level 1 keeps a host copy of the weights
             self.weights = None
         self.asleep = {"weights", "kv_cache"}
 
