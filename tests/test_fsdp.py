@@ -190,6 +190,41 @@ def test_fsdp_pros_ppo_scores_sharded_as_the_whole_weights_do(tiny_base, tmp_pat
             torch.testing.assert_close(ours[key], value, atol=1e-5, rtol=1e-4)
 
 
+def test_ra_rloo_seed_scoring_gathers_no_whole_policy(random_model_dir, tiny_base, tmp_path, monkeypatch):
+    # --fsdp (a world of one: the units are the same): on a real dataset nothing is seeded and no unit of the policy
+    # is gathered around the seeding; on the embedded task the demonstrations are scored sharded, a layer at a time
+    # (every rank scores the same ones, so the ranks' forwards line up).
+    import ra_rloo
+    from common.cli import parse_args
+
+    watched, peak, seen = {}, {}, []
+    _spy_on_unshard(monkeypatch.setattr, watched, peak)
+    seed_buffers = ra_rloo.seed_buffers
+
+    def spy(task, model, *args):
+        watched["policy"] = _param_groups(model)
+        at_entry = _gathered_units(watched["policy"])
+        try:
+            buffers = seed_buffers(task, model, *args)
+        finally:
+            seen.append((at_entry, peak.pop("policy", 0), len(watched.pop("policy")), len(buffers)))
+        return buffers
+
+    monkeypatch.setattr(ra_rloo, "seed_buffers", spy)
+    data = tmp_path / "gsm.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i} plus {i}?", "answer": f"#### {2 * i}"}) + "\n"
+                            for i in range(40)))
+    tiny = ["--prompts_per_step", "4", "--eval_prompts", "4", "--eval_samples", "2", "--max_new_tokens", "8",
+            "--num_threads", "1", "--max_steps", "1", "--eval_every", "0", "--fsdp"]
+    ra_rloo.main(parse_args(ra_rloo.Args, ["--model_name_or_path", random_model_dir, "--dataset", str(data), *tiny,
+                                           "--output_dir", str(tmp_path / "real")]))
+    ra_rloo.main(parse_args(ra_rloo.Args, ["--model_name_or_path", tiny_base, "--prompt_pool", "48", *tiny,
+                                           "--output_dir", str(tmp_path / "embedded")]))
+    (real_entry, real_peak, _, real_seeded), (entry, peak_units, units, seeded) = seen
+    assert (real_entry, real_peak, real_seeded) == (0, 0, 0)
+    assert entry == 0 and 0 < peak_units <= min(3, units - 1) and seeded == 48, seen
+
+
 def test_fsdp_ada_seq_rounds_differ_per_rank_without_deadlock(tiny_base, tmp_path):
     # Ada-Seq's ranks run different numbers of sampling rounds and micro-batches: the case FSDP's lock-step breaks
     # (it deadlocked before generation ran outside lock-step). Equality with DDP is tested above; here: it finishes.
