@@ -72,8 +72,11 @@ def sharded_micro_batches(chunks: list[list[int]], accelerator, model, peers=())
     """`micro_batches` under FSDP, where every forward all-gathers: all ranks run the largest rank's number of
     micro-batches (at least one), a rank with fewer making zero-weight passes (`dummy_pass`) through `model` and
     `peers` (the sharded models the loop body also runs, in that order); gradients reduce-scatter once, in the last
-    one. Under no_grad (scoring) the roots are resharded at the end: FSDP keeps a root gathered after its forward
-    for the backward, and none follows."""
+    one. Under no_grad (scoring) each root is freed after its forward too (FSDP keeps a root whole for the backward,
+    and none follows), so one model's root and one layer are whole at a time."""
+    roots = [net for net in (model, *peers) if isinstance(net, FSDPModule)] if not torch.is_grad_enabled() else []
+    for root in roots:
+        root.set_reshard_after_forward(True, recurse=False)
     counts = torch.tensor([len(chunks)], device=accelerator.device)
     if accelerator.num_processes > 1:
         dist.all_reduce(counts, op=dist.ReduceOp.MAX)
@@ -84,10 +87,8 @@ def sharded_micro_batches(chunks: list[list[int]], accelerator, model, peers=())
             yield chunks[i]
         else:
             dummy_pass(model, peers)
-    if not torch.is_grad_enabled():
-        for net in (model, *peers):
-            if isinstance(net, FSDPModule):
-                net.reshard()
+    for root in roots:
+        root.set_reshard_after_forward(False, recurse=False)  # a root's default: kept whole from forward to backward
 
 
 def full_state_dict(model) -> dict:

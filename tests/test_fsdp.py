@@ -101,9 +101,9 @@ def _spy_on_unshard(set_attribute, watched: dict, peak: dict) -> None:
 def _scoring_spy_main(runs: str) -> None:
     """This file under `accelerate launch` (the next test): each (mode, flags) of `runs` is one pros_ppo.main whose
     scoring is watched; "gathered" scores under `gathered(...)` as the script once did. Per run and rank, a JSON
-    report: per model its FSDP units, the most gathered at once while scoring and those still gathered after it,
-    the largest |score - score with whole weights| (same batch), the scoring calls and the dummy passes made while
-    scoring."""
+    report: per model (and over "all" of them) its FSDP units, the most gathered at once while scoring and those
+    still gathered after it, the largest |score - score with whole weights| (same batch), the scoring calls and the
+    dummy passes made while scoring."""
     import contextlib
 
     from accelerate.state import AcceleratorState
@@ -125,6 +125,7 @@ def _scoring_spy_main(runs: str) -> None:
         models = {"policy": policy, "critic": critic, "ref": ref_model}
         watched.update({name: _param_groups(model) for name, model in models.items() if model is not None})
         report["units"] = {name: len(groups) for name, groups in watched.items()}
+        watched["all"] = [group for groups in list(watched.values()) for group in groups]
         try:
             with gathered(policy, critic, ref_model) if report["mode"] == "gathered" else contextlib.nullcontext():
                 scores = score_rollouts(policy, critic, ref_model, *args, **kwargs)
@@ -154,10 +155,11 @@ def _scoring_spy_main(runs: str) -> None:
 
 def test_fsdp_pros_ppo_scores_sharded_as_the_whole_weights_do(tiny_base, tmp_path):
     # The no-grad scoring pass (old log-probs, entropies, values, reference log-probs) runs sharded: no model ever has
-    # all its units gathered (the root, the running layer and one prefetched are allowed), the scores equal those of
-    # the whole weights, and so do the weights after 2 steps. 5 queries over 2 ranks (8 and 12 rollouts, micro-batches
-    # of 8): rank 0 joins rank 1's second scoring pass with a dummy one. One launch, three runs: PPO+PROS, the same
-    # with scoring under gathered(...) (the spy must see that), and --adv grpo; all with a reference (--kl_coef).
+    # all its units gathered (the root, the running layer and one prefetched are allowed), the models in turn (each
+    # root freed after its forward, none left gathered after scoring), the scores equal those of the whole weights,
+    # and so do the weights after 2 steps. 5 queries over 2 ranks (8 and 12 rollouts, micro-batches of 8): rank 0
+    # joins rank 1's second scoring pass with a dummy one. One launch, three runs: PPO+PROS, the same with scoring
+    # under gathered(...) (the spy must see that), and --adv grpo; all with a reference (--kl_coef).
     flags = ["--model_name_or_path", tiny_base, "--prompt_pool", "48", "--prompts_per_step", "5", "--eval_prompts",
              "4", "--eval_samples", "2", "--micro_batch_size", "8", "--num_threads", "1", "--eval_every", "0",
              "--max_steps", "2", "--kl_coef", "0.05", "--fsdp"]
@@ -172,11 +174,13 @@ def test_fsdp_pros_ppo_scores_sharded_as_the_whole_weights_do(tiny_base, tmp_pat
         for spy in spies[name]:
             assert spy["calls"] == 2 and set(spy["units"]) == models, spy
             assert all(spy["peak"][model] <= min(3, spy["units"][model] - 1) for model in models), spy
+            assert spy["peak"]["all"] == max(spy["peak"][model] for model in models), spy  # the models in turn
             assert set(spy["diff"]) == scores, spy
             assert set(spy["after"].values()) == {0}, spy  # the roots, kept gathered by FSDP after a forward, released
             assert max(spy["diff"].values()) <= 1e-5, spy
         assert [spy["dummy_passes"] for spy in spies[name]] == [2, 0]  # one per scoring call, policy then its peers
-    assert all(spy["peak"] == spy["units"] for spy in spies["gathered"])  # a whole model gathered: the spy sees it
+    for spy in spies["gathered"]:  # whole models gathered: the spy sees it
+        assert all(spy["peak"][model] == units for model, units in spy["units"].items()), spy
     from safetensors.torch import load_file
 
     for name in ("model.safetensors", "trainer_state.pt"):  # the policy, then the critic (with the trainer state)
