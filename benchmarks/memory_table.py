@@ -30,14 +30,15 @@ MODELS = (
     ("Qwen2.5-7B", 7.616e9, 3584, 28, 40.4e6, 152064, False),
 )
 GIB = 2 ** 30
-# where each script gathers a whole model with --fsdp (the policy, in the compute dtype), and what runs sharded
+# where each script gathers a whole model with --fsdp (the policy, in the compute dtype), what runs sharded, a note
 GATHERS = (
-    ("ra_rloo.py", "HF generation (sampling, evaluation)", "seed scoring and the update"),
-    ("ada_seq.py", "HF generation (all of a step's sampling rounds, evaluation)", "the update"),
-    ("ada_est.py", "HF generation (sampling, evaluation)", "the update"),
-    ("ps_grpo.py", "HF generation (sampling, multi-turn episodes, evaluation)", "the update"),
+    ("ra_rloo.py", "HF generation (sampling, evaluation)", "the update",
+     " Seed scoring: nothing on a real dataset (nothing to seed); the whole policy on the embedded demo task."),
+    ("ada_seq.py", "HF generation (all of a step's sampling rounds, evaluation)", "the update", ""),
+    ("ada_est.py", "HF generation (sampling, evaluation)", "the update", ""),
+    ("ps_grpo.py", "HF generation (sampling, multi-turn episodes, evaluation)", "the update", ""),
     ("pros_ppo.py", "HF generation (sampling, evaluation)",
-     "the scoring pass (policy, critic, reference in turn) and the update"),
+     "the scoring pass (policy, critic, reference in turn) and the update", ""),
 )
 
 
@@ -98,9 +99,9 @@ def gathers() -> str:
     sizes = " / ".join(f"{2 * params / GIB:.1f}" for _, params, *_ in MODELS)
     names = " / ".join(name for name, *_ in MODELS)
     lines = [f"Whole models gathered per GPU with --fsdp and --dtype bfloat16 ({names}):"]
-    for script, where, sharded in GATHERS:
-        lines.append(f"- {script}: the policy for {where}, {sizes} GiB; --use_vllm: none. Sharded (one layer at a "
-                     f"time): {sharded}.")
+    for script, where, sharded, note in GATHERS:
+        lines.append(f"- {script}: the policy for {where}, {sizes} GiB; --use_vllm: none. Sharded (a root and "
+                     f"one layer at a time): {sharded}.{note}")
     return "\n".join(lines)
 
 
