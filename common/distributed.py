@@ -73,10 +73,10 @@ def micro_batches(num_rows: int, size: int, accelerator, model, peers=(), length
 
 
 def gathered(*models, enabled: bool = True):
-    """Context: whole weights of the FSDP-sharded `models` inside the block (HF generation: see common/fsdp.py); a
-    no-op for unsharded models and None, and with `enabled=False`: the scripts pass `enabled=generator.reads_policy`
-    around generation, since a vLLM engine samples from its own pushed copy and gathering would only put the whole
-    policy next to vLLM's weights and KV cache on every rank."""
+    """Context: whole weights of the FSDP-sharded `models` inside the block (HF generation, the demo's seed scoring:
+    see common/fsdp.py); a no-op for unsharded models and None, and with `enabled=False`: the scripts pass
+    `enabled=generator.reads_policy` around generation, since a vLLM engine samples from its own pushed copy and
+    gathering would only put the whole policy next to vLLM's weights and KV cache on every rank."""
     sharded = [model for model in models if isinstance(model, FSDPModule)] if enabled else []
     if not sharded:
         return contextlib.nullcontext()

@@ -4,8 +4,8 @@ accelerate, whose FSDP plugin is ignored on CPU), so the same code runs on GPUs 
 
 Every sharded forward all-gathers, so all ranks must run the same forwards in the same order. Two rules keep that:
 - `whole_weights` (the scripts' `common.distributed.gathered`): HF generation, whose number of forwards differs
-  per rank (Ada's rounds, stop lengths), runs with the whole policy gathered once on entry; nothing inside
-  communicates. It is the only place a whole model is gathered.
+  per rank (Ada's rounds, stop lengths), runs with the whole policy gathered once on entry (so does ra_rloo.py's
+  seed scoring on the embedded demo task); nothing inside communicates.
 - `sharded_micro_batches` (through `common.distributed.micro_batches`) gives every rank the same number of
   micro-batches, so the training forwards and gradient reduce-scatters line up, and so do no-grad scoring passes
   (pros_ppo.py's old log-probs, values and reference log-probs), which then gather one layer at a time.
