@@ -318,15 +318,17 @@ def build_value_model(policy, path: str | None = None) -> ValueModel:
 
 @torch.no_grad()
 def score_rollouts(policy, critic, ref_model, tokenizer, prompts: list[list[int]], completions: list[list[int]],
-                   micro_batch_size: int, temperature: float, device, pack: int = 0) -> dict[str, torch.Tensor]:
+                   micro_batch_size: int, temperature: float, device, accelerator,
+                   pack: int = 0) -> dict[str, torch.Tensor]:
     """One no-grad pass: old log-probs `logp` and entropies `ent` (policy), `value` (critic, if any), `ref`
     log-probs (reference, if any), all as right-aligned [N, Rmax] CPU tensors zeroed outside `mask`, the
-    completion mask. PROS reads t* from these same entropies."""
+    completion mask. PROS reads t* from these same entropies. Under --fsdp the models stay sharded (a layer is
+    gathered only while it runs): `micro_batches` gives every rank the same number of passes."""
     num, width = len(prompts), max([1] + [len(c) for c in completions])
     names = ["logp", "ent", "mask"] + ["value"] * (critic is not None) + ["ref"] * (ref_model is not None)
     out = {name: torch.zeros(num, width) for name in names}
-    for start in range(0, num, micro_batch_size):
-        rows = slice(start, min(num, start + micro_batch_size))
+    for chunk in micro_batches(num, micro_batch_size, accelerator, policy, peers=(critic, ref_model)):
+        rows = slice(chunk[0], chunk[-1] + 1)
         batch = pad_sequences(prompts[rows], completions[rows], tokenizer.pad_token_id, pack_tokens=pack).to(device)
         cols = slice(width - batch.completion_width, width)
         logp, entropy = token_logprobs(policy, batch, temperature)
@@ -488,9 +490,9 @@ def main(args: Args) -> None:
 
         # ================ pi_old's log-probs, entropies, values (and reference log-probs): one no-grad pass ========
         t_score_start = time.time()
-        with autocast(device, args.dtype), gathered(policy, critic, ref_model):  # bf16 compute; FSDP: whole weights
+        with autocast(device, args.dtype):  # bf16 compute; FSDP: sharded, in lock-step (no whole model gathered)
             scores = score_rollouts(policy, critic, ref_model, tokenizer, prompts, completions,
-                                    args.micro_batch_size, temperature, device, pack)
+                                    args.micro_batch_size, temperature, device, accelerator, pack)
         mask = scores["mask"]
         t_score = time.time() - t_score_start
         # --mask_truncated_completions: cut rollouts get no policy gradient (the critic still fits their returns)

@@ -260,7 +260,8 @@ def main(args: Args) -> None:
     buffers = {prompt_id: deque(items, maxlen=args.buffer_capacity)
                for prompt_id, items in method_state.get("buffers", {}).items()}
     if start_step == 0 and args.replay != "none" and args.seed_buffer:
-        with autocast(device, args.dtype), gathered(policy):
+        # FSDP: whole weights only where demonstrations are scored (the embedded task; real datasets seed nothing)
+        with autocast(device, args.dtype), gathered(policy, enabled=task.name == "countdown"):
             buffers = seed_buffers(task, policy, tokenizer, encode, args, device, temperature)
         log(f"[RA-RLOO] seeded {len(buffers)} prompt buffers with demonstrations")
 

@@ -53,7 +53,7 @@ def micro_batches(num_rows: int, size: int, accelerator, model, peers=(), length
     yielded and a zero loss is back-propagated here, so the rank still joins that all-reduce (the optimizer then
     steps on zero gradients, as on every rank: Adam's momentum carries on). Under `--fsdp` every rank runs the same
     number of micro-batches (`common.fsdp.sharded_micro_batches`; `peers`: the sharded frozen models the body also
-    runs, e.g. the reference)."""
+    runs, e.g. the reference), also under no_grad (scoring: no backward, the layers gathered one at a time)."""
     starts = token_budget_cuts(lengths, max_tokens) if max_tokens > 0 else list(range(0, num_rows, size))
     chunks = [list(range(start, end)) for start, end in zip(starts, starts[1:] + [num_rows])]
     if isinstance(model, FSDPModule):
@@ -62,7 +62,8 @@ def micro_batches(num_rows: int, size: int, accelerator, model, peers=(), length
         yield from sharded_micro_batches(chunks, accelerator, model, peers)
         return
     if not chunks:
-        accelerator.backward(sum(p.sum() * 0.0 for p in model.parameters() if p.requires_grad))
+        if torch.is_grad_enabled():  # (no-grad scoring has no all-reduce to join)
+            accelerator.backward(sum(p.sum() * 0.0 for p in model.parameters() if p.requires_grad))
         return
     for i, rows in enumerate(chunks):
         last = i == len(chunks) - 1
@@ -72,8 +73,8 @@ def micro_batches(num_rows: int, size: int, accelerator, model, peers=(), length
 
 
 def gathered(*models, enabled: bool = True):
-    """Context: whole weights of the FSDP-sharded `models` inside the block (generation, no-grad scoring: see
-    common/fsdp.py); a no-op for unsharded models and None, and with `enabled=False`: the scripts pass
+    """Context: whole weights of the FSDP-sharded `models` inside the block (HF generation, the demo's seed scoring:
+    see common/fsdp.py); a no-op for unsharded models and None, and with `enabled=False`: the scripts pass
     `enabled=generator.reads_policy` around generation, since a vLLM engine samples from its own pushed copy and
     gathering would only put the whole policy next to vLLM's weights and KV cache on every rank."""
     sharded = [model for model in models if isinstance(model, FSDPModule)] if enabled else []

@@ -3,11 +3,12 @@ AdamW state; a decoder layer's full weights exist only while that layer runs. Ca
 accelerate, whose FSDP plugin is ignored on CPU), so the same code runs on GPUs (NCCL) and CPU processes (gloo).
 
 Every sharded forward all-gathers, so all ranks must run the same forwards in the same order. Two rules keep that:
-- `whole_weights` (the scripts' `common.distributed.gathered`): generation and no-grad scoring, whose number of
-  forwards differs per rank (Ada's rounds, stop lengths, chunk counts), run with the whole model gathered once
-  on entry; nothing inside communicates.
+- `whole_weights` (the scripts' `common.distributed.gathered`): HF generation, whose number of forwards differs
+  per rank (Ada's rounds, stop lengths), runs with the whole policy gathered once on entry (so does ra_rloo.py's
+  seed scoring on the embedded demo task); nothing inside communicates.
 - `sharded_micro_batches` (through `common.distributed.micro_batches`) gives every rank the same number of
-  micro-batches, so the training forwards and gradient reduce-scatters line up.
+  micro-batches, so the training forwards and gradient reduce-scatters line up, and so do no-grad scoring passes
+  (pros_ppo.py's old log-probs, values and reference log-probs), which then gather one layer at a time.
 """
 from __future__ import annotations
 
@@ -70,8 +71,12 @@ def whole_weights(models: list):
 def sharded_micro_batches(chunks: list[list[int]], accelerator, model, peers=()):
     """`micro_batches` under FSDP, where every forward all-gathers: all ranks run the largest rank's number of
     micro-batches (at least one), a rank with fewer making zero-weight passes (`dummy_pass`) through `model` and
-    `peers` (the sharded frozen models the loop body also runs, in that order); gradients reduce-scatter once,
-    in the last one."""
+    `peers` (the sharded models the loop body also runs, in that order); gradients reduce-scatter once, in the last
+    one. Under no_grad (scoring) each root is freed after its forward too (FSDP keeps a root whole for the backward,
+    and none follows), so one model's root and one layer are whole at a time."""
+    roots = [net for net in (model, *peers) if isinstance(net, FSDPModule)] if not torch.is_grad_enabled() else []
+    for root in roots:
+        root.set_reshard_after_forward(True, recurse=False)
     counts = torch.tensor([len(chunks)], device=accelerator.device)
     if accelerator.num_processes > 1:
         dist.all_reduce(counts, op=dist.ReduceOp.MAX)
@@ -82,6 +87,8 @@ def sharded_micro_batches(chunks: list[list[int]], accelerator, model, peers=())
             yield chunks[i]
         else:
             dummy_pass(model, peers)
+    for root in roots:
+        root.set_reshard_after_forward(False, recurse=False)  # a root's default: kept whole from forward to backward
 
 
 def full_state_dict(model) -> dict:
@@ -146,7 +153,7 @@ def load_local_optimizer_state(optimizer, state: dict) -> None:
 def dummy_pass(model, peers=()) -> None:
     """A zero-weight forward + backward of one token through `model` (and a no-grad forward through each of
     `peers`, in the order the caller's micro-batch body runs them): a rank with no real micro-batch left joins its
-    peers' all-gathers and gradient reduce-scatter without changing any gradient."""
+    peers' all-gathers and gradient reduce-scatter without changing any gradient (under no_grad: forwards only)."""
     from common.masking import pad_sequences
 
     device = next(model.parameters()).device
@@ -162,4 +169,5 @@ def dummy_pass(model, peers=()) -> None:
         for peer in peers:
             if peer is not None:
                 forward(peer)
-    (output.float().sum() * 0.0).backward()
+    if output.requires_grad:
+        (output.float().sum() * 0.0).backward()

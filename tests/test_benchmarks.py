@@ -810,7 +810,24 @@ def test_memory_table_arithmetic():
     # LoRA: frozen bf16 base (2 bytes) + 16 bytes per adapter parameter, no second copy for the reference
     assert mt.state_gib(1e9, 1e7, 1, False, True, False) == pytest.approx((2e9 + 16e7) / gib)
     assert mt.activation_mib_per_1k_tokens(1000, 10, True) < mt.activation_mib_per_1k_tokens(1000, 10, False)
-    assert "Qwen2.5-7B" in mt.table() and mt.table().count("\n") == 1 + 3 * 3
+    # PPO's critic: the backbone (an untied head left out) + a scalar head, 16 bytes per parameter, sharded by FSDP
+    critic = mt.critic_params(7.616e9, 3584, 152064, False)
+    assert critic == 7.616e9 - 152064 * 3584 + 3584 + 1 and mt.critic_params(1e9, 10, 100, True) == 1e9 + 11
+    assert mt.critic_gib(critic, 8, True) == pytest.approx(16 * critic / 8 / gib) == mt.critic_gib(critic, 1, False) / 8
+    # its scoring pass: FSDP holds one root (embedding + untied head + final norm) and one layer in bf16; DDP the
+    # autocast's bf16 copies of the policy and the critic (with LoRA: of the adapters and the critic)
+    root = 2 * 152064 * 3584 + 3584
+    assert mt.scoring_gib(7.616e9, 3584, 28, 152064, False, 4e7, critic, True, False) == pytest.approx(
+        2 * (root + (7.616e9 - root) / 28) / gib)
+    assert mt.scoring_gib(1e9, 10, 2, 100, True, 1e7, 9e8, False, False) == pytest.approx(2 * (1e9 + 9e8) / gib)
+    assert mt.scoring_gib(1e9, 10, 2, 100, True, 1e7, 9e8, False, True) == pytest.approx(2 * (1e7 + 9e8) / gib)
+    table, lines = mt.table(), mt.gathers().splitlines()
+    assert "Qwen2.5-7B" in table and table.count("\n") == 1 + 3 * 3 and table.splitlines()[2].count("|") == 8
+    # one line per script (after the heading): the policy gathered whole for HF generation, 2 bytes per parameter
+    assert [line.split(":")[0] for line in lines[1:]] == [f"- {script}" for script, *_ in mt.GATHERS]
+    assert {script for script, *_ in mt.GATHERS} == {"ra_rloo.py", "ada_seq.py", "ada_est.py", "ps_grpo.py",
+                                                     "pros_ppo.py"}
+    assert all(f"{2 * 7.616e9 / gib:.1f} GiB; --use_vllm: none" in line for line in lines[1:])
 
 
 def test_packing_benchmark_times_both_layouts(tiny_base):

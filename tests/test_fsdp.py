@@ -4,6 +4,8 @@ import os
 import re
 import shlex
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -65,6 +67,167 @@ def test_fsdp_matches_ddp_shards_states_and_resumes_exactly(script, tiny_base, t
     for name, value in ddp_weights.items():
         assert fsdp_weights[name].dtype == torch.float32
         torch.testing.assert_close(fsdp_weights[name], value, atol=1e-5, rtol=1e-4)
+
+
+def _param_groups(model) -> list:
+    """A sharded model's FSDP parameter groups: one per unit (each decoder layer, and the root for the rest)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [group for unit in model.modules() if isinstance(unit, FSDPModule)
+            for group in unit._get_fsdp_state()._fsdp_param_groups]
+
+
+def _gathered_units(groups: list) -> int:
+    """How many of `groups` hold whole weights (or have their all-gather under way)."""
+    return sum(group.is_unsharded or group._all_gather_result is not None for group in groups)
+
+
+def _spy_on_unshard(set_attribute, watched: dict, peak: dict) -> None:
+    """Wrap FSDP's per-unit unshard (every gather goes through it, also a forward's on an already gathered unit):
+    after each call, `peak[name]` = the most units of the watched model `name` gathered at once so far."""
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    unshard = FSDPParamGroup.unshard
+
+    def spy(self, *args, **kwargs):
+        out = unshard(self, *args, **kwargs)
+        for name, groups in watched.items():
+            peak[name] = max(peak.get(name, 0), _gathered_units(groups))
+        return out
+
+    set_attribute(FSDPParamGroup, "unshard", spy)
+
+
+def _scoring_spy_main(runs: str) -> None:
+    """This file under `accelerate launch` (the next test): each (mode, flags) of `runs` is one pros_ppo.main whose
+    scoring is watched; "gathered" scores under `gathered(...)` as the script once did. Per run and rank, a JSON
+    report: per model (and over "all" of them) its FSDP units, the most gathered at once while scoring and those
+    still gathered after it, the largest |score - score with whole weights| (same batch), the scoring calls and the
+    dummy passes made while scoring."""
+    import contextlib
+
+    from accelerate.state import AcceleratorState
+
+    import pros_ppo
+    from common import fsdp
+    from common.cli import parse_args
+    from common.distributed import gathered
+
+    score_rollouts, dummy_pass = pros_ppo.score_rollouts, fsdp.dummy_pass
+    watched, report = {}, {"peak": {}}
+    _spy_on_unshard(setattr, watched, report["peak"])
+
+    def spy_dummy_pass(*args, **kwargs):
+        report["dummy_passes"] += bool(watched)
+        return dummy_pass(*args, **kwargs)
+
+    def spy_score(policy, critic, ref_model, *args, **kwargs):
+        models = {"policy": policy, "critic": critic, "ref": ref_model}
+        watched.update({name: _param_groups(model) for name, model in models.items() if model is not None})
+        report["units"] = {name: len(groups) for name, groups in watched.items()}
+        watched["all"] = [group for groups in list(watched.values()) for group in groups]
+        try:
+            with gathered(policy, critic, ref_model) if report["mode"] == "gathered" else contextlib.nullcontext():
+                scores = score_rollouts(policy, critic, ref_model, *args, **kwargs)
+            for name, groups in watched.items():
+                report["after"][name] = max(report["after"].get(name, 0), _gathered_units(groups))
+        finally:
+            watched.clear()
+        if report["mode"] == "sharded":
+            with gathered(policy, critic, ref_model):
+                whole = score_rollouts(policy, critic, ref_model, *args, **kwargs)
+            for key, value in scores.items():
+                report["diff"][key] = max(report["diff"].get(key, 0.0), float((value - whole[key]).abs().max()))
+        report["calls"] += 1
+        return scores
+
+    fsdp.dummy_pass, pros_ppo.score_rollouts = spy_dummy_pass, spy_score
+    for i, (mode, flags) in enumerate(json.loads(runs)):
+        if i:  # main() destroyed its process group: the next one meets afresh, at its own store on the next port
+            AcceleratorState._reset_state(True)
+            os.environ.update(MASTER_PORT=str(int(os.environ["MASTER_PORT"]) + 1), TORCHELASTIC_USE_AGENT_STORE="0")
+        report["peak"].clear()
+        report.update(mode=mode, after={}, diff={}, calls=0, dummy_passes=0)
+        args = parse_args(pros_ppo.Args, flags)
+        pros_ppo.main(args)
+        Path(args.output_dir, f"scoring_spy_rank{os.environ['RANK']}.json").write_text(json.dumps(report))
+
+
+def test_fsdp_pros_ppo_scores_sharded_as_the_whole_weights_do(tiny_base, tmp_path):
+    # The no-grad scoring pass (old log-probs, entropies, values, reference log-probs) runs sharded: no model ever has
+    # all its units gathered (the root, the running layer and one prefetched are allowed), the models in turn (each
+    # root freed after its forward, none left gathered after scoring), the scores equal those of the whole weights,
+    # and so do the weights after 2 steps. 5 queries over 2 ranks (8 and 12 rollouts, micro-batches of 8): rank 0
+    # joins rank 1's second scoring pass with a dummy one. One launch, three runs: PPO+PROS, the same with scoring
+    # under gathered(...) (the spy must see that), and --adv grpo; all with a reference (--kl_coef).
+    flags = ["--model_name_or_path", tiny_base, "--prompt_pool", "48", "--prompts_per_step", "5", "--eval_prompts",
+             "4", "--eval_samples", "2", "--micro_batch_size", "8", "--num_threads", "1", "--eval_every", "0",
+             "--max_steps", "2", "--kl_coef", "0.05", "--fsdp"]
+    runs = {"ppo": ("sharded", []), "gathered": ("gathered", []), "grpo": ("sharded", ["--adv", "grpo"])}
+    plan = [(mode, [*flags, *extra, "--output_dir", str(tmp_path / name)]) for name, (mode, extra) in runs.items()]
+    run_script([*LAUNCH, "tests/test_fsdp.py", json.dumps(plan)], timeout=600)
+    spies = {name: [json.loads((tmp_path / name / f"scoring_spy_rank{rank}.json").read_text()) for rank in (0, 1)]
+             for name in runs}
+    scored = {"logp", "ent", "mask", "ref"}
+    for name, models, scores in (("ppo", {"policy", "critic", "ref"}, scored | {"value"}),
+                                 ("grpo", {"policy", "ref"}, scored)):
+        for spy in spies[name]:
+            assert spy["calls"] == 2 and set(spy["units"]) == models, spy
+            assert all(spy["peak"][model] <= min(3, spy["units"][model] - 1) for model in models), spy
+            assert spy["peak"]["all"] == max(spy["peak"][model] for model in models), spy  # the models in turn
+            assert set(spy["diff"]) == scores, spy
+            assert set(spy["after"].values()) == {0}, spy  # the roots, kept gathered by FSDP after a forward, released
+            assert max(spy["diff"].values()) <= 1e-5, spy
+        assert [spy["dummy_passes"] for spy in spies[name]] == [2, 0]  # one per scoring call, policy then its peers
+    for spy in spies["gathered"]:  # whole models gathered: the spy sees it
+        assert all(spy["peak"][model] == units for model, units in spy["units"].items()), spy
+    from safetensors.torch import load_file
+
+    for name in ("model.safetensors", "trainer_state.pt"):  # the policy, then the critic (with the trainer state)
+        ours, whole = (tmp_path / run / "checkpoint-2" / name for run in ("ppo", "gathered"))
+        if name == "trainer_state.pt":
+            ours, whole = (torch.load(path, weights_only=True)["state"]["method"]["critic"] for path in (ours, whole))
+        else:
+            ours, whole = load_file(str(ours)), load_file(str(whole))
+        assert ours.keys() == whole.keys()
+        for key, value in whole.items():
+            torch.testing.assert_close(ours[key], value, atol=1e-5, rtol=1e-4)
+
+
+def test_ra_rloo_gathers_the_policy_for_seeding_only_where_it_seeds(random_model_dir, tiny_base, tmp_path,
+                                                                      monkeypatch):
+    # --fsdp (a world of one: the units are the same): on a real dataset nothing is seeded and no unit of the policy
+    # is gathered around the seeding, nor inside it; on the embedded task the demonstrations are scored with the
+    # whole policy (and so, under vLLM, its shards are back before the engine generates: tests/test_vllm.py).
+    import ra_rloo
+    from common.cli import parse_args
+
+    watched, peak, seen = {}, {}, []
+    _spy_on_unshard(monkeypatch.setattr, watched, peak)
+    seed_buffers = ra_rloo.seed_buffers
+
+    def spy(task, model, *args):
+        watched["policy"] = _param_groups(model)
+        at_entry = _gathered_units(watched["policy"])
+        try:
+            buffers = seed_buffers(task, model, *args)
+        finally:
+            seen.append((at_entry, peak.pop("policy", 0), len(watched.pop("policy")), len(buffers)))
+        return buffers
+
+    monkeypatch.setattr(ra_rloo, "seed_buffers", spy)
+    data = tmp_path / "gsm.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {i} plus {i}?", "answer": f"#### {2 * i}"}) + "\n"
+                            for i in range(40)))
+    tiny = ["--prompts_per_step", "4", "--eval_prompts", "4", "--eval_samples", "2", "--max_new_tokens", "8",
+            "--num_threads", "1", "--max_steps", "1", "--eval_every", "0", "--fsdp"]
+    ra_rloo.main(parse_args(ra_rloo.Args, ["--model_name_or_path", random_model_dir, "--dataset", str(data), *tiny,
+                                           "--output_dir", str(tmp_path / "real")]))
+    ra_rloo.main(parse_args(ra_rloo.Args, ["--model_name_or_path", tiny_base, "--prompt_pool", "48", *tiny,
+                                           "--output_dir", str(tmp_path / "embedded")]))
+    (real_entry, real_peak, real_units, real_seeded), (entry, _, units, seeded) = seen
+    assert (real_entry, real_peak, real_seeded) == (0, 0, 0) and real_units > 1, seen
+    assert entry == units and seeded == 48, seen
 
 
 def test_fsdp_ada_seq_rounds_differ_per_rank_without_deadlock(tiny_base, tmp_path):
@@ -169,3 +332,7 @@ def test_resume_refuses_a_pickle_payload_in_every_file_it_reads_and_runs_none(ti
         assert not marker.exists(), name
         (ckpt / name).write_bytes(before[ckpt.relative_to(out) / name])
         assert files() == before, name  # metrics.jsonl, samples.jsonl and the checkpoint as they were, nothing new
+
+
+if __name__ == "__main__":  # the payload of test_fsdp_pros_ppo_scores_sharded_as_the_whole_weights_do
+    _scoring_spy_main(sys.argv[1])
