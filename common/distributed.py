@@ -90,8 +90,8 @@ class GracefulStop:
     A second signal raises KeyboardInterrupt at once."""
 
     received: list[int] = []
-    """every signal any GracefulStop of this process took: a program that runs a script's main() (e.g.
-    benchmarks/gpu_smoke.py) learns from it that a stop was asked for while the script held the signals"""
+    """every signal any GracefulStop of this process took: a program that runs a script's main() in its own process
+    learns from it that a stop was asked for while the script held the signals"""
 
     def __init__(self, log=print):
         self.requested = False
