@@ -54,8 +54,8 @@ def claim_output_dir(args, accelerator, log=print) -> None:
     views = gather_object([(node_rank(accelerator), socket.gethostname(), seen)])
     blind = sorted({(node, host) for node, host, ok in views if not ok})
     if blind:
-        names = ", ".join(f"node rank {node} ({host})" for node, host in blind)
-        stop_every_rank(accelerator, f"--output_dir {args.output_dir}: the machine {names} does not see the folder "
+        names = ", ".join(f"node rank {node} (host {host})" for node, host in blind)
+        stop_every_rank(accelerator, f"--output_dir {args.output_dir}: the machine with {names} does not see the folder "
                                      "rank 0 writes in; --output_dir must be a folder every machine shares (a network "
                                      "filesystem mounted at the same path, best given as an absolute path)")
 
