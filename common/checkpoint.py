@@ -28,18 +28,11 @@ MARKER = ".run.json"
 _WRITE_ERRORS = (OSError, RuntimeError)  # torch.save reports a failed write (e.g. a full disk) as a RuntimeError
 
 
-def checkpoint_run_id(path: Path) -> str:
-    """The id of the run that wrote checkpoint `path` ("" when it records none)."""
+def run_id(record: Path) -> str:
+    """The run id in `record`: a checkpoint's `run.json` (the run that wrote it) or the output dir's marker (the run
+    writing there); "" when none is recorded."""
     try:
-        return str(json.loads((Path(path) / "run.json").read_text())["run_id"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return ""
-
-
-def run_id_of(output_dir: str) -> str:
-    """The id of the run writing in `output_dir` (its marker; "" when it has none)."""
-    try:
-        return str(json.loads((Path(output_dir) / MARKER).read_text())["run_id"])
+        return str(json.loads(Path(record).read_text())["run_id"])
     except (OSError, ValueError, KeyError, TypeError):
         return ""
 
@@ -145,7 +138,7 @@ def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, o
                                   tmp / f"shards_rank{accelerator.process_index}.pt", skip=_tied_keys(unwrapped))
         except _WRITE_ERRORS as error:
             failed.append(error)
-    run_id = run_id_of(output_dir)
+    writing = run_id(Path(output_dir) / MARKER)
     if main and not failed:
         try:
             unwrapped.save_pretrained(tmp, state_dict=weights)
@@ -158,7 +151,7 @@ def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, o
             trainer = {"step": step, "optimizer": None if sharded else optimizer.state_dict(),
                        "scheduler": scheduler.state_dict(), "state": state, "world_size": accelerator.num_processes}
             torch.save(plain(trainer), tmp / "trainer_state.pt")
-            (tmp / "run.json").write_text(json.dumps({"run_id": run_id}))
+            (tmp / "run.json").write_text(json.dumps({"run_id": writing}))
         except _WRITE_ERRORS as error:
             failed.append(error)
     _stop_if_failed(accelerator, failed, tmp, step)
@@ -170,7 +163,7 @@ def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, o
             failed.append(error)
     _stop_if_failed(accelerator, failed, tmp, step)
     if main and keep > 0:  # this run's older checkpoints, never the one just written nor another run's
-        mine = [path for path in list_checkpoints(output_dir) if path != final and checkpoint_run_id(path) == run_id]
+        mine = [path for path in list_checkpoints(output_dir) if path != final and run_id(path / "run.json") == writing]
         for old in mine[:max(0, len(mine) - (keep - 1))]:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()

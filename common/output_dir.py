@@ -19,13 +19,11 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from common.checkpoint import MARKER, checkpoint_run_id, list_checkpoints, resolve_resume
+from common.checkpoint import MARKER, resolve_resume, run_id
 from common.distributed import stop_every_rank
 
-LOGS = ("metrics.jsonl", "samples.jsonl", "args.json", "curves.png")
-"""the files of a run besides its checkpoints (curves.png: drawn from its metrics by common.plot_run)"""
-TRACKER_DIR = "rlvr-sampling"
-"""--report_to tensorboard writes its events here (the tracker project common.metrics.MetricsLogger names)"""
+LOGS = ("metrics.jsonl", "samples.jsonl", "args.json", "curves.png")  # a run's files besides its checkpoints
+TRACKER_DIR = "rlvr-sampling"  # --report_to tensorboard's events (the project common.metrics.MetricsLogger names)
 _CHECKPOINT_DIR = re.compile(r"^(\.tmp-)?checkpoint-(\d+)$")
 
 
@@ -51,20 +49,14 @@ def claim_output_dir(args, accelerator, log=print) -> None:
     if verdict:
         stop_every_rank(accelerator, verdict)
     seen = _sees(Path(args.output_dir), token)
-    views = gather_object([(node_rank(accelerator), socket.gethostname(), seen)])
+    node = os.environ.get("GROUP_RANK", "?")  # the machine's rank (set by torchrun / accelerate launch)
+    views = gather_object([(node, socket.gethostname(), seen)])
     blind = sorted({(node, host) for node, host, ok in views if not ok})
     if blind:
         names = ", ".join(f"node rank {node} (host {host})" for node, host in blind)
-        stop_every_rank(accelerator, f"--output_dir {args.output_dir}: the machine with {names} does not see the folder "
-                                     "rank 0 writes in; --output_dir must be a folder every machine shares (a network "
-                                     "filesystem mounted at the same path, best given as an absolute path)")
-
-
-def node_rank(accelerator) -> int:
-    """The machine of this process: the launcher's node rank (torchrun and accelerate launch set GROUP_RANK)."""
-    if "GROUP_RANK" in os.environ:
-        return int(os.environ["GROUP_RANK"])
-    return accelerator.process_index // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", accelerator.num_processes)))
+        stop_every_rank(accelerator, f"--output_dir {args.output_dir}: the machine with {names} does not see the "
+                                     "folder rank 0 writes in; --output_dir must be a folder every machine shares (a "
+                                     "network filesystem mounted at the same path, best given as an absolute path)")
 
 
 def held(folder: Path) -> tuple[list[str], int | None, list[str]]:
@@ -118,14 +110,14 @@ def _claim(args, token: str, log) -> str | None:
         return (f"--overwrite_output_dir starts the run in {folder} over and --resume {args.resume} continues it: "
                 "drop one of the two flags")
     if source is not None:
-        run_id = checkpoint_run_id(source)
-        others = {checkpoint_run_id(folder / name) for name in held(folder)[0]} - {run_id}
+        this_run = run_id(source / "run.json")
+        others = {run_id(folder / name / "run.json") for name in held(folder)[0]} - {this_run}
         if not inside and used and not overwrite and (others or not held(folder)[0]):
             return (f"--resume {args.resume} continues another run than the one in --output_dir {folder} "
                     f"({describe(folder)}): resume into an empty --output_dir, or add --overwrite_output_dir to "
                     "remove that run first")
     else:
-        run_id = secrets.token_hex(8)
+        this_run = secrets.token_hex(8)  # a new run
         if args.resume == "auto" and used:
             log(f"--resume auto: {folder} holds no checkpoint yet ({describe(folder)}): the run starts over")
         elif used and not overwrite:
@@ -135,14 +127,13 @@ def _claim(args, token: str, log) -> str | None:
     if overwrite and used:
         log(f"--overwrite_output_dir: removed the earlier run from {folder}: {', '.join(clear_run(folder))}")
     folder.mkdir(parents=True, exist_ok=True)
-    _write(folder / MARKER, json.dumps({"run_id": run_id, "launch": token}))
-    _write(folder / "args.json", json.dumps(asdict(args), indent=2))
+    (folder / MARKER).write_text(json.dumps({"run_id": this_run, "launch": token}))
+    (folder / "args.json").write_text(json.dumps(asdict(args), indent=2))
     return None
 
 
 def _sees(folder: Path, token: str, wait_s: float = 2.0) -> bool:
-    """Whether this process reads this launch's `token` in `folder`'s marker; a shared filesystem may show a new
-    file a moment late, so a missing or stale one is read again for `wait_s`."""
+    """Whether this process reads `token` in `folder`'s marker (read again for `wait_s`: an NFS may lag)."""
     deadline = time.time() + wait_s
     while True:
         try:
@@ -153,10 +144,3 @@ def _sees(folder: Path, token: str, wait_s: float = 2.0) -> bool:
         if time.time() > deadline:
             return False
         time.sleep(0.2)
-
-
-def _write(path: Path, text: str) -> None:
-    """`path` replaced whole (a temporary file renamed over it): a crash never leaves it half written."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)

@@ -95,7 +95,7 @@ def test_rotation_never_removes_the_writing_runs_checkpoint(tmp_path, random_mod
         save("writing", step)
         assert f"checkpoint-{step}" in names()  # the checkpoint just written survives its own rotation
     assert names() == ["checkpoint-3", "checkpoint-11"]  # its own older one went, the other run's stays
-    assert checkpoint.checkpoint_run_id(tmp_path / "checkpoint-3") == "writing"
+    assert checkpoint.run_id(tmp_path / "checkpoint-3" / "run.json") == "writing"
 
 
 def test_a_failed_checkpoint_write_stops_with_one_line_and_the_previous_resumes(tiny_base, tmp_path, monkeypatch):
