@@ -4,6 +4,7 @@ import errno
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -109,8 +110,13 @@ def test_a_failed_checkpoint_write_stops_with_one_line_and_the_previous_resumes(
         return real_save(obj, path, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", full_disk)
-    with pytest.raises(SystemExit) as stopped:
-        _ra_rloo([*argv, "--max_steps", "3"])
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            _ra_rloo([*argv, "--max_steps", "3"])
+    finally:  # the run stopped inside its loop, holding the signals: give them back to pytest
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     message = str(stopped.value)
     assert "\n" not in message and stopped.value.code != 0
     assert re.match(rf"checkpoint-2: could not write it in {re.escape(str(out))}: \[Errno 28\] No space left on "
