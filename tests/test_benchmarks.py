@@ -760,6 +760,20 @@ def test_report_writes_the_docs_figures(tmp_path):
         f"{s}.png" for s in report.DOC_FIGURES)
 
 
+def test_both_report_commands_write_the_same_page(tmp_path):
+    # `python benchmarks/report.py` (the old path) and `python -m benchmarks.report` take the same flags
+    runs = _fake_results(tmp_path)
+    pages = []
+    for command in (["benchmarks/report.py"], ["-m", "benchmarks.report"]):
+        out = tmp_path / "out"  # the same folder: the page names it
+        subprocess.run([sys.executable, *command, "--runs_dir", str(runs), "--out_dir", str(out), "--plots", "false"],
+                       cwd=ROOT, check=True, capture_output=True)
+        pages.append((out / "README.md").read_text().split("\n", 3)[3])  # less the "Generated ... on <time>" line
+    assert pages[0] == pages[1] and "| RA-RLOO (`ra_rloo`)" in pages[0]
+    with pytest.raises(SystemExit, match="--runs_dir .*none: does not exist"):
+        report.cli(["--runs_dir", str(tmp_path / "none")])
+
+
 def test_modules_do_not_import_matplotlib_or_torch_at_import_time():
     code = ("import sys; import benchmarks.run, benchmarks.report, benchmarks.floor; "
             "bad = [m for m in ('matplotlib', 'torch') if m in sys.modules]; assert not bad, bad")
