@@ -43,7 +43,8 @@ def default_steps(script: str) -> int:
 
 
 # what a plain `python <script>` runs, as a harness config: its default run's duration is scaled from those runs
-DEFAULT_RUNS = (("ada_seq.py", "SEQ-BALANCE", "seq_balance"), ("ada_est.py", "EST on its 2,048 pool", "est_pool2048"),
+DEFAULT_RUNS = (("ra_rloo.py", "RA-RLOO", "ra_rloo"), ("ada_seq.py", "SEQ-BALANCE", "seq_balance"),
+                ("ada_est.py", "EST on its 2,048 pool", "est_pool2048"),
                 ("ps_grpo.py", "multi-turn, adaptive", "ps_adaptive"), ("pros_ppo.py", "PPO+PROS", "ppo_pros"),
                 ("ada_seq.py --max_rounds 1 --round_repeat 4", "GRPO-n4", "grpo_n4"))
 
