@@ -6,12 +6,39 @@ is a colocated in-process vLLM engine, to which the scripts push the weights onc
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
+from transformers import StaticCache
 
 from common.logprobs import score_completions
-from common.policy import autocast
+from common.policy import DTYPES, autocast
+
+STATIC_CACHES = ("static", "offloaded_static")  # the preallocated caches (transformers' StaticCache)
+
+
+class ComputeDtypeStaticCache(StaticCache):
+    """transformers' `StaticCache` holding `--dtype`: under bf16 autocast over fp32 weights, keys come out of the
+    rotary embedding in fp32 and values in bf16, which transformers' own static cache cannot store (docs/scaling.md)."""
+
+    def __init__(self, config, max_cache_len: int, compute_dtype: torch.dtype, offloading: bool = False):
+        super().__init__(config=config, max_cache_len=max_cache_len, offloading=offloading)
+        self.compute_dtype = compute_dtype
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        return super().update(key_states.to(self.compute_dtype), value_states.to(self.compute_dtype), layer_idx,
+                              *args, **kwargs)
+
+
+def cache_kwargs(model, cache_implementation: str | None, dtype: str, max_cache_len: int) -> dict:
+    """`generate`'s keywords for `--cache_implementation`: none (the default dynamic cache), the name, or a static
+    cache built in the compute dtype (still one transformers compiles the decoding step for on a GPU)."""
+    if cache_implementation in STATIC_CACHES:
+        cache = ComputeDtypeStaticCache(model.config, max_cache_len, DTYPES[dtype],
+                                        offloading=cache_implementation == "offloaded_static")
+        return {"past_key_values": cache}
+    return {"cache_implementation": cache_implementation} if cache_implementation else {}
 
 
 @dataclass
@@ -48,6 +75,11 @@ class HFGenerator:
         self.batch_size = batch_size
         self.dtype = dtype  # compute dtype (autocast over the fp32 weights)
         self.cache_implementation = cache_implementation  # None: transformers' default (a dynamic cache)
+        on_cpu = next(model.parameters()).device.type == "cpu"
+        if on_cpu and cache_implementation in ("offloaded", "offloaded_static"):  # they move layers with CUDA streams
+            self.cache_implementation = {"offloaded": "dynamic", "offloaded_static": "static"}[cache_implementation]
+            warnings.warn(f"--cache_implementation {cache_implementation} on CPU: the cache already lives in host "
+                          f"memory (offloading needs CUDA); using {self.cache_implementation}")
 
     def sync_weights(self, model) -> None:
         self.model = model
@@ -96,8 +128,7 @@ class HFGenerator:
                 max_new_tokens=cfg.max_new_tokens,
                 eos_token_id=stop_ids,
                 pad_token_id=tok.pad_token_id,
-                # "static": a preallocated cache, which transformers compiles the decoding step for on a GPU
-                **({"cache_implementation": self.cache_implementation} if self.cache_implementation else {}),
+                **cache_kwargs(self.model, self.cache_implementation, self.dtype, width + cfg.max_new_tokens),
                 # transformers runs FSDP models in lock-step (an all-reduce per token); --fsdp generates inside
                 # `gathered` (whole weights, no communication), where ranks finish independently
                 synced_gpus=False,
