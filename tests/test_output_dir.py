@@ -131,9 +131,18 @@ def test_a_failed_checkpoint_write_stops_with_one_line_and_the_previous_resumes(
 # ---------------- two machines on one host: each machine its own working directory ----------------
 
 def _port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free port below Linux's ephemeral range (32768-60999), so that no gloo connection of a running launch can
+    take it between this check and the launcher's bind."""
+    import random
+
+    for port in random.Random().sample(range(20000, 29000), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-29000")
 
 
 def _launch(machines: int, rank: int, port: int, cwd: Path, flags: list[str]) -> subprocess.Popen:
@@ -145,13 +154,18 @@ def _launch(machines: int, rank: int, port: int, cwd: Path, flags: list[str]) ->
            str(ROOT / "ra_rloo.py"), *flags]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     log = open(cwd / f"launch-{port}-{rank}.log", "w+")
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # its own process group: a hung launch is ended whole
     proc.log = log
     return proc
 
 
 def _finish(proc: subprocess.Popen) -> tuple[int, str]:
-    proc.wait(timeout=300)
+    try:
+        proc.wait(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
     proc.log.seek(0)
     return proc.returncode, proc.log.read()
 
@@ -169,8 +183,6 @@ def _strip(rows: list[dict]) -> list[dict]:
 def test_two_machines_need_a_shared_folder_and_print_the_summary_once(tiny_base, tmp_path):
     flags = ["--model_name_or_path", tiny_base, *SMALL, "--eval_every", "2", "--save_every", "2", "--seed_buffer",
              "false", "--paper_eval_samples", "0", "--eval_train_prompts", "0"]
-    # the same run as 1 machine x 2 processes, compared at the end (started now: its start-up overlaps the next)
-    one = _launch(1, 0, _port(), tmp_path, [*flags, "--output_dir", str(tmp_path / "one"), "--max_steps", "4"])
     # each "machine" starts in its own copy (working directory) with a relative --output_dir: not the same folder
     copies = [tmp_path / "machine0", tmp_path / "machine1"]
     for copy in copies:
@@ -193,8 +205,9 @@ def test_two_machines_need_a_shared_folder_and_print_the_summary_once(tiny_base,
         assert sum(log.count(f"run ended at step {steps}") for _, log in results) == 1
         assert (shared / f"checkpoint-{steps}" / "trainer_state.pt").exists()
     assert "resumed from" in results[0][1] and "resumed from" not in results[1][1]
-    # 1 machine x 2 processes gave the same rows: the same ranks, seeds and gloo sums
-    code, log = _finish(one)
+    # the same run as 1 machine x 2 processes: the same rows (the same ranks, seeds and gloo sums)
+    code, log = _finish(_launch(1, 0, _port(), tmp_path, [*flags, "--output_dir", str(tmp_path / "one"),
+                                                          "--max_steps", "4"]))
     assert code == 0, log[-3000:]
     assert [row["step"] for row in _rows(shared)] == [0, 1, 2, 3, 4]
     assert _strip(_rows(shared)) == _strip(_rows(tmp_path / "one"))
