@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 from torch.distributed.fsdp import FSDPModule
 
-from common.distributed import gather_list, stop_every_rank
+from common.distributed import gather_list, reduce_sums, stop_every_rank
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 MARKER = ".run.json"
@@ -173,9 +173,11 @@ def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, o
 def _stop_if_failed(accelerator, failed: list, tmp: Path, step: int) -> None:
     """Every rank: when a write failed on any rank, remove the partial checkpoint and stop every rank with one line
     naming the folder, the error and the checkpoint a resume starts from."""
-    reasons = gather_list(accelerator, [str(error).strip().splitlines()[0] for error in failed])
-    if not reasons:
+    # a float all-reduce first: gather_list pickles into tensors that reference Python memory, and gloo may free
+    # those in its own thread while the run destroys its process group (a deadlock on the GIL); gather only to stop
+    if not reduce_sums(accelerator, {"failed": float(len(failed))})["failed"]:
         return
+    reasons = gather_list(accelerator, [str(error).strip().splitlines()[0] for error in failed])
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     found = list_checkpoints(str(tmp.parent))
