@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from common.logprobs import score_completions
-from common.policy import autocast
+from common.policy import DTYPES, autocast
 
 
 @dataclass
@@ -42,12 +42,18 @@ class HFGenerator:
     reads_policy = True  # generate() runs the training model: under --fsdp it must be gathered (`gathered`)
 
     def __init__(self, model, tokenizer, batch_size: int = 256, dtype: str = "float32",
-                 cache_implementation: str | None = None):
+                 cache_implementation: str | None = None, torch_compile: bool = False, log=print):
         self.model = model  # the (unwrapped) training model: always current, nothing to sync
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.dtype = dtype  # compute dtype (autocast over the fp32 weights)
         self.cache_implementation = cache_implementation  # None: transformers' default (a dynamic cache)
+        # --torch_compile: the decoding step compiled on a static cache (common/compile.py); None: eager
+        self.compiled = None
+        if torch_compile:
+            from common.compile import CompiledDecoding
+
+            self.compiled = CompiledDecoding(log=log)
 
     def sync_weights(self, model) -> None:
         self.model = model
@@ -80,13 +86,16 @@ class HFGenerator:
         out_ids, out_reasons = [], []
         for s in range(0, len(flat), self.batch_size):
             chunk = flat[s : s + self.batch_size]
+            rows = len(chunk)
+            if self.compiled is not None and not self.compiled.failed:  # few shapes: pad to a bucket, cut after
+                chunk = chunk + [chunk[-1]] * (self.compiled.bucket(rows, self.batch_size) - rows)
             width = max(len(p) for p in chunk)
             ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
             att = torch.zeros((len(chunk), width), dtype=torch.long)
             for r, p in enumerate(chunk):  # left padding so every row ends at the same position
                 ids[r, width - len(p) :] = torch.tensor(p)
                 att[r, width - len(p) :] = 1
-            gen = self.model.generate(
+            gen = self._model_generate(
                 input_ids=ids.to(device),
                 attention_mask=att.to(device),
                 do_sample=cfg.temperature > 0,
@@ -101,7 +110,7 @@ class HFGenerator:
                 # transformers runs FSDP models in lock-step (an all-reduce per token); --fsdp generates inside
                 # `gathered` (whole weights, no communication), where ranks finish independently
                 synced_gpus=False,
-            )[:, width:].tolist()
+            )[:rows, width:].tolist()
             for row in gen:
                 cut = next((j for j, t in enumerate(row) if t in stop_ids), None)
                 if cut is None:
@@ -117,3 +126,25 @@ class HFGenerator:
         self.model.train(was_training)
         return Generations(prompt_ids=[list(p) for p in prompt_ids], completion_ids=out_ids,
                            logprobs=logps, finish_reasons=out_reasons, n=n)
+
+    def compile_metrics(self) -> dict:
+        """--torch_compile's metrics.jsonl entries (common/compile.py), none without it."""
+        return {} if self.compiled is None else self.compiled.metrics()
+
+    def _model_generate(self, **kwargs):
+        """`model.generate`, through the compiled decoding step with --torch_compile; a failed compile is redone
+        eagerly from the same random state (and every later call too)."""
+        if self.compiled is None or self.compiled.failed:
+            return self.model.generate(**kwargs)
+        ids = kwargs["input_ids"]
+        cuda = ids.device.type == "cuda"
+        rng = torch.get_rng_state(), torch.cuda.get_rng_state(ids.device) if cuda else None
+        try:
+            return self.model.generate(**kwargs, **self.compiled.generate_kwargs(
+                self.model, ids.shape[0], ids.shape[1], kwargs["max_new_tokens"], DTYPES[self.dtype]))
+        except Exception as error:  # noqa: BLE001  (any compile error: the eager call below raises real ones)
+            self.compiled.fall_back(error)
+            torch.set_rng_state(rng[0])
+            if cuda:
+                torch.cuda.set_rng_state(rng[1], ids.device)
+            return self.model.generate(**kwargs)

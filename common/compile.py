@@ -1,0 +1,94 @@
+"""`--torch_compile`: HF generate's one-token decoding step compiled with `torch.compile` (inductor), on a KV cache of
+fixed shape, with the compile cost and the recompilations counted for metrics.jsonl.
+
+transformers compiles the decoding step itself when generate runs on a static cache with a `CompileConfig`; it does
+so on CUDA only unless the config's `_compile_all_devices` is set, which is set here, so CPU runs compile too. The
+prefill (one call per batch, whose width varies) stays eager. Few shapes, so the compiled step is reused: the cache
+holds the batch's prompt width plus max_new_tokens rounded up to `CACHE_STEP` positions, and a chunk of fewer rows
+than the generation batch size is padded with copies of its last prompt up to a power of two (the copies' samples
+are dropped; they draw random numbers, so such a chunk samples differently from an eager run with the same seed).
+Each new (rows, cache length) pair compiles the step once more. The training and scoring passes stay eager: their
+packed rows change shape every micro-batch.
+
+A compile failure does not stop the run: that generate call is redone eagerly (from the same random state) and every
+later one too, after one log line.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from transformers.cache_utils import Cache, StaticLayer
+
+CACHE_STEP = 64  # cache lengths are multiples of this: one compiled step serves prompts of similar widths
+
+
+class ComputeDtypeLayer(StaticLayer):
+    """A static cache layer storing keys and values in the dtype it was allocated in: under bf16 autocast the keys
+    arrive in fp32 (the rotary embedding runs in fp32) and the values in bf16, and attention reads both in bf16."""
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        return super().update(key_states.to(self.dtype), value_states.to(self.dtype), *args, **kwargs)
+
+
+class CompiledDecoding:
+    """What HFGenerator passes to `generate` to run the compiled decoding step, and its eager fallback."""
+
+    def __init__(self, backend="inductor", log=print):
+        self.backend = backend  # torch.compile backend (a callable too: the tests give one that fails)
+        self.log = log
+        self.failed = False  # set by a compile failure: eager from then on
+        self.graphs, self.seconds = compiled_graphs(), compile_seconds()  # this process's totals so far
+
+    @staticmethod
+    def bucket(rows: int, batch_size: int) -> int:
+        """Rows a generate chunk is padded to: the next power of two, at most the generation batch size."""
+        return min(batch_size, 1 << max(0, rows - 1).bit_length())
+
+    def generate_kwargs(self, model, rows: int, width: int, max_new_tokens: int, dtype: torch.dtype) -> dict:
+        """A fresh static cache of `rows` x a bucketed length, allocated in the compute dtype, and the compile
+        config."""
+        from transformers import CompileConfig
+
+        device = next(model.parameters()).device
+        config = CompileConfig(dynamic=False, backend=self.backend,
+                               mode="reduce-overhead" if device.type == "cuda" else "default")
+        config._compile_all_devices = True  # transformers' switch for compiling off CUDA
+        text = model.config.get_text_config(decoder=True)
+        if any(kind != "full_attention" for kind in getattr(text, "layer_types", None) or []):
+            raise NotImplementedError("--torch_compile: models with sliding-window or linear attention layers")
+        length = math.ceil((width + max_new_tokens) / CACHE_STEP) * CACHE_STEP
+        cache = Cache(layers=[ComputeDtypeLayer(max_cache_len=length) for _ in range(text.num_hidden_layers)])
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        cache.early_initialization(rows, text.num_key_value_heads, head_dim, dtype, device)
+        return {"past_key_values": cache, "compile_config": config}
+
+    def fall_back(self, error: BaseException) -> None:
+        self.failed = True
+        while getattr(error, "inner_exception", None) or error.__cause__:  # torch wraps the backend's own error
+            error = getattr(error, "inner_exception", None) or error.__cause__
+        first = (str(error).strip().splitlines() or [""])[0][:200]
+        self.log(f"--torch_compile: the compiled decoding step failed ({type(error).__name__}: {first}); "
+                 "generating eagerly from here on")
+
+    def metrics(self) -> dict:
+        """metrics.jsonl's `compile_recompiles`, the graphs compiled since this object was made beyond the first (each
+        new shape of the decoding step compiles it again), and `time_compile_s`, the seconds spent compiling since the
+        previous call (the first generations' compile, apart from the step's own work)."""
+        seconds, before = compile_seconds(), self.seconds
+        self.seconds = seconds
+        return {"compile_recompiles": max(0, compiled_graphs() - self.graphs - 1), "time_compile_s": seconds - before}
+
+
+def compile_seconds() -> float:
+    """Seconds torch.compile has spent compiling in this process (dynamo + backend, forward and backward)."""
+    from torch._dynamo.utils import calculate_time_spent
+
+    return float(calculate_time_spent().get("total_wall_time", 0.0))
+
+
+def compiled_graphs() -> int:
+    """Graphs torch.compile has compiled in this process."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
