@@ -1686,7 +1686,9 @@ def doc_blocks(runs: dict[str, dict[int, RunData]], aggs: dict[str, Agg]) -> dic
     out = {ROOT / "docs" / f"{script}.md": {"results": method_block(runs, aggs, page)}
            for script, page in DOC_PAGES.items()}
     out[ROOT / "README.md"] = {"durations": durations_block(aggs), "claims": readme_block(aggs)}
-    out[ROOT / "docs" / "benchmark.md"] = {"commands": commands_text(runs)}
+    from benchmarks.compile_speed import docs_block as compile_block  # --torch_compile's figures
+
+    out[ROOT / "docs" / "benchmark.md"] = {"commands": commands_text(runs), "compile": compile_block()}
     return out
 
 
