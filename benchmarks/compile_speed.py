@@ -21,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -198,9 +199,10 @@ def main(args: Args) -> dict:
 def docs_block(path: Path = RESULTS) -> str:
     """docs/benchmark.md's `compile` block from the results file (a line saying how to make it when there is none)."""
     if not path.exists():
-        return ("`--torch_compile` has not been measured on this machine yet: `OMP_NUM_THREADS=2 python "
-                "benchmarks/compile_speed.py` writes `benchmarks/results/compile.json`, then `python "
-                "benchmarks/report.py --write_docs` puts its figures here.\n")
+        return textwrap.fill("`--torch_compile` has not been measured on this machine yet: `OMP_NUM_THREADS=2 python "
+                             "benchmarks/compile_speed.py` writes `benchmarks/results/compile.json`, then `python "
+                             "benchmarks/report.py --write_docs` puts its figures here.", 120,
+                             break_on_hyphens=False, break_long_words=False) + "\n"
     res = json.loads(path.read_text())
     a, m = res.get("args", {}), res.get("machine", {})
     lines = [f"`python benchmarks/compile_speed.py` ({a.get('num_threads')} threads, {m.get('cpu', 'CPU')}; "
@@ -230,7 +232,10 @@ def docs_block(path: Path = RESULTS) -> str:
                   f"`--torch_compile` vs TRL eager {ratio['ours_compiled_vs_trl_eager']:.2f}x (rounds "
                   f"{spread('ours_compiled_vs_trl_eager')}); ours `--torch_compile` vs TRL `torch_compile=True` "
                   f"{ratio['ours_compiled_vs_trl_compiled']:.2f}x (rounds {spread('ours_compiled_vs_trl_compiled')})"]
-    return "\n".join(lines) + "\n"
+    # wrapped at 120 characters, as the hand-written docs are
+    return "\n".join(textwrap.fill(line, 120, subsequent_indent="  " if line.startswith("- ") else "",
+                                   break_on_hyphens=False, break_long_words=False) if line else ""
+                     for line in lines) + "\n"
 
 
 if __name__ == "__main__":

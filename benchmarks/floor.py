@@ -92,7 +92,7 @@ def in_process(args: Args) -> dict:
     from accelerate import Accelerator
 
     from common.countdown import countdown_task
-    from common.generation import HFGenerator, SamplingConfig
+    from common.generation import HFGenerator, SamplingConfig, cache_kwargs
     from common.logprobs import score_completions
     from common.distributed import micro_batches
     from common.logprobs import token_logprobs
@@ -135,7 +135,9 @@ def in_process(args: Args) -> dict:
         if args.torch_compile:  # the same static cache and compiled step as HFGenerator's
             from common.compile import CompiledDecoding
 
-            compiled = CompiledDecoding().generate_kwargs(bare, len(flat), width, args.max_new_tokens, torch.float32)
+            decoding = CompiledDecoding()
+            compiled = {"compile_config": decoding.config(bare), **cache_kwargs(
+                bare, "static", "float32", decoding.cache_length(width, args.max_new_tokens))}
         with torch.no_grad():
             return bare.generate(input_ids=ids, attention_mask=att, do_sample=True, temperature=1.0, top_p=None,
                                  top_k=None, max_new_tokens=args.max_new_tokens, eos_token_id=[eos],

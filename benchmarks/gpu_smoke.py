@@ -588,6 +588,12 @@ def run_peer(model_dir: Path, out: Path, args: Args, stop: Stop, timeout_s: floa
 # Report
 # ---------------------------------------------------------------------------------------------------------------
 
+def error_status(error: Exception) -> str:
+    """A run's or part's status line for an exception, after printing its traceback to the log."""
+    traceback.print_exc()
+    return f"error: {type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
+
+
 def verdict(runs: list[dict]) -> str:
     """'policy updated in N of M runs' over the runs that started (an error counts as not updated), naming every
     run whose policy did not change; runs the budget or a signal skipped are counted apart."""
@@ -633,6 +639,8 @@ def table(report: dict) -> str:
             if "end" in run:
                 lines.append(f"| {run['label']} | {run['steps']} | {run['end']['pass@1']:.3f} ± "
                              f"{run['end']['ci95']:.3f} | {run['end']['pass@1'] - learning['start']['pass@1']:+.3f} |")
+            elif run:  # it did not reach its measurement: its own status says why
+                lines.append(f"| {run['label']} | {run.get('steps', 0)} | {run['status']} | |")
         lines.append(f"\n{learning.get('plot', '')}")
     speed = report.get("speed") or []
     if speed:
@@ -733,9 +741,7 @@ def main(args: Args) -> dict:
                             result = run_script(script, flags, out / f"{script}-{variant}", model_dir, args.steps,
                                                 args, stop)
                         except Exception as error:  # a smoke run reports its failure and the command goes on
-                            traceback.print_exc()
-                            first_line = (str(error).strip().splitlines() or [""])[0][:200]
-                            result = {"status": f"error: {type(error).__name__}: {first_line}"}
+                            result = {"status": error_status(error)}
                         drop_checkpoint(result, args)
                         report["runs"].append({**entry, **result})
                         if result["status"] == "ok":
@@ -746,7 +752,7 @@ def main(args: Args) -> dict:
             else:
                 try:
                     if part == "learning":
-                        report["learning"] = learning_part(model_dir, out, args, stop, guess, device)
+                        report["learning"] = learning_part(model_dir, out, args, stop, guess, device, report)
                     elif part == "speed":
                         report["speed"] = speed_part(model_dir, out, args, stop, guess, report)
                     elif stop.left() < guess["peer_s"]:
@@ -754,10 +760,12 @@ def main(args: Args) -> dict:
                                                     f"~{guess['peer_s']:.0f}"}
                     else:
                         report["peer"] = run_peer(model_dir, out / "peer", args, stop, stop.left() - 5)
-                except Exception as error:  # a part reports its failure and the command goes on
-                    traceback.print_exc()
-                    failed = {"status": f"error: {type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}"}
-                    report[part] = [{"cache_implementation": "-", **failed}] if part == "speed" else failed
+                except Exception as error:  # a part reports its failure, keeps what it recorded, and the command goes on
+                    failed = {"status": error_status(error)}
+                    if part == "speed":  # the runs it finished stay, each with its own status
+                        report["speed"] = [*report["speed"], {"cache_implementation": "-", **failed}]
+                    else:
+                        report[part] = {**(report.get(part) or {}), **failed}
             write(report, out, stop)
         for part in PARTS:  # what the budget left out, said once
             if part in parts and part not in ("plain", "fsdp", "gc_lora") and report.get(part) in (None, []):
@@ -772,13 +780,16 @@ def main(args: Args) -> dict:
     return report
 
 
-def learning_part(model_dir: Path, out: Path, args: Args, stop: Stop, guess: dict, device: str) -> dict:
-    """ra_rloo.py and `--replay none` from the warm-started model, as many steps each as the budget leaves."""
+def learning_part(model_dir: Path, out: Path, args: Args, stop: Stop, guess: dict, device: str,
+                  report: dict) -> dict:
+    """ra_rloo.py and `--replay none` from the warm-started model, as many steps each as the budget leaves. Each arm
+    records its own status: an arm that fails leaves the other's figures in `report["learning"]`."""
     steps = plan_learning_steps(stop.left() - 10, guess["run_fixed_s"], guess["step_s"], args.learning_max_steps)
     if steps < 2:
         return {"status": f"skipped: {stop.left():.0f} s left is not enough for two runs of 2 steps"}
     learning = {"device": device, "steps_planned": steps, "prompts": args.learning_eval_prompts,
                 "samples": args.learning_eval_samples, "learning_rate": args.learning_lr}
+    report["learning"] = learning
     print(f"learning: 2 runs x {steps} steps (~{guess['step_s']:.2f} s/step measured), held-out pass@1 on "
           f"{args.learning_eval_prompts} prompts x {args.learning_eval_samples}", flush=True)
     start = heldout_pass_rates(model_dir, args)
@@ -790,17 +801,21 @@ def learning_part(model_dir: Path, out: Path, args: Args, stop: Stop, guess: dic
                  "--reward", "binary"]
         run_dir = out / f"learning-{arm}"
         shutil.rmtree(run_dir, ignore_errors=True)
-        result = run_script("ra_rloo", flags, run_dir, model_dir, steps, args, stop)
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][1:] \
-            if (run_dir / "metrics.jsonl").exists() else []
-        learning[arm] = {"label": label, "status": result["status"], "steps": result.get("steps", 0),
-                         "step_s": result.get("step_s"), "reward_curve": [r["reward_mean"] for r in rows],
-                         "policy_changed_frac": result.get("policy_changed_frac")}
-        if rows and not stop.reason:  # past the budget or signalled: no further measurement
-            rates = heldout_pass_rates(run_dir / f"checkpoint-{rows[-1]['step']}", args)
-            learning[arm]["end"] = dict(zip(("pass@1", "ci95"), mean_ci(rates)))
-            changes = [end - begin for begin, end in zip(start, rates)]  # paired by prompt
-            learning[arm]["paired_change"] = dict(zip(("mean", "ci95"), mean_ci(changes)))
+        result = {}
+        try:
+            result = run_script("ra_rloo", flags, run_dir, model_dir, steps, args, stop)
+            rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][1:] \
+                if (run_dir / "metrics.jsonl").exists() else []
+            learning[arm] = {"label": label, "status": result["status"], "steps": result.get("steps", 0),
+                             "step_s": result.get("step_s"), "reward_curve": [r["reward_mean"] for r in rows],
+                             "policy_changed_frac": result.get("policy_changed_frac")}
+            if rows and not stop.reason:  # past the budget or signalled: no further measurement
+                rates = heldout_pass_rates(run_dir / f"checkpoint-{rows[-1]['step']}", args)
+                learning[arm]["end"] = dict(zip(("pass@1", "ci95"), mean_ci(rates)))
+                changes = [end - begin for begin, end in zip(start, rates)]  # paired by prompt
+                learning[arm]["paired_change"] = dict(zip(("mean", "ci95"), mean_ci(changes)))
+        except Exception as error:  # this arm's failure is its own: the other arm still runs and reports
+            learning[arm] = {**learning.get(arm, {"label": label}), "status": error_status(error)}
         drop_checkpoint(result, args)
     if learning.get("method", {}).get("end") and learning.get("baseline", {}).get("end"):
         learning["method_minus_baseline_end"] = learning["method"]["end"]["pass@1"] - \
@@ -811,7 +826,8 @@ def learning_part(model_dir: Path, out: Path, args: Args, stop: Stop, guess: dic
 
 
 def speed_part(model_dir: Path, out: Path, args: Args, stop: Stop, guess: dict, report: dict) -> list[dict]:
-    """ra_rloo.py's generated tokens/s with transformers' default cache and with a static one (compiled on a GPU)."""
+    """ra_rloo.py's generated tokens/s with transformers' default cache and with a static one (compiled on a GPU);
+    each run records its own status, and one that fails leaves the other's figures in `report["speed"]`."""
     results = []
     for cache in ("default", "static"):
         if stop.reason or stop.left() < guess["run_fixed_s"] + args.speed_steps * guess["step_s"] + 15:
@@ -821,9 +837,12 @@ def speed_part(model_dir: Path, out: Path, args: Args, stop: Stop, guess: dict, 
         flags = ["--k", "4", "--save_every", "0"] + ([] if cache == "default" else ["--cache_implementation", cache])
         run_dir = out / f"speed-{cache}"
         shutil.rmtree(run_dir, ignore_errors=True)
-        result = run_script("ra_rloo", flags, run_dir, model_dir, args.speed_steps, args, stop)
+        try:
+            result = run_script("ra_rloo", flags, run_dir, model_dir, args.speed_steps, args, stop)
+        except Exception as error:  # this run's failure is its own: the other run's figures stay in the report
+            result = {"status": error_status(error)}
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][1:] \
-            if (run_dir / "metrics.jsonl").exists() else []
+            if not result["status"].startswith("error") and (run_dir / "metrics.jsonl").exists() else []
         drop_checkpoint(result, args)
         entry = {"cache_implementation": cache, "status": result["status"],
                  "compiled_graphs": result.get("compiled_graphs")}

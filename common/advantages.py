@@ -5,7 +5,13 @@ import torch
 
 
 def grpo_advantages(rewards: torch.Tensor, scale: bool = True, eps: float = 1e-6) -> torch.Tensor:
-    """A_i = (R_i - mean R) / (std R + eps) when `scale`, else R_i - mean R (Dr. GRPO)."""
+    """A_i = (R_i - mean R) / (std R + eps) when `scale`, else R_i - mean R (Dr. GRPO).
+
+    std is the group's population std (divided by k). TRL 1.16's GRPOTrainer (`scale_rewards='group'`: its `nanstd`,
+    Bessel-corrected, + 1e-4) and verl's `compute_grpo_outcome_advantage` (`torch.std`, + 1e-6) take the sample std
+    (k - 1), so a mixed group's advantages here are sqrt(k / (k - 1)) times theirs: 1.155x at k = 4. The benchmark's
+    GRPO runs (`pros_ppo.py --adv grpo`) were made with this std; docs/pros_ppo.md and docs/ps_grpo.md say so.
+    """
     centred = rewards - rewards.mean(-1, keepdim=True)
     if not scale:
         return centred

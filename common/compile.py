@@ -18,17 +18,8 @@ from __future__ import annotations
 import math
 
 import torch
-from transformers.cache_utils import Cache, StaticLayer
 
 CACHE_STEP = 64  # cache lengths are multiples of this: one compiled step serves prompts of similar widths
-
-
-class ComputeDtypeLayer(StaticLayer):
-    """A static cache layer storing keys and values in the dtype it was allocated in: under bf16 autocast the keys
-    arrive in fp32 (the rotary embedding runs in fp32) and the values in bf16, and attention reads both in bf16."""
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        return super().update(key_states.to(self.dtype), value_states.to(self.dtype), *args, **kwargs)
 
 
 class CompiledDecoding:
@@ -45,23 +36,19 @@ class CompiledDecoding:
         """Rows a generate chunk is padded to: the next power of two, at most the generation batch size."""
         return min(batch_size, 1 << max(0, rows - 1).bit_length())
 
-    def generate_kwargs(self, model, rows: int, width: int, max_new_tokens: int, dtype: torch.dtype) -> dict:
-        """A fresh static cache of `rows` x a bucketed length, allocated in the compute dtype, and the compile
-        config."""
+    @staticmethod
+    def cache_length(width: int, max_new_tokens: int) -> int:
+        """The static cache's length for a batch `width` tokens wide: a multiple of CACHE_STEP."""
+        return math.ceil((width + max_new_tokens) / CACHE_STEP) * CACHE_STEP
+
+    def config(self, model):
+        """transformers' CompileConfig for the decoding step: static shapes; CUDA graphs on a GPU."""
         from transformers import CompileConfig
 
-        device = next(model.parameters()).device
-        config = CompileConfig(dynamic=False, backend=self.backend,
-                               mode="reduce-overhead" if device.type == "cuda" else "default")
+        cuda = next(model.parameters()).device.type == "cuda"
+        config = CompileConfig(dynamic=False, backend=self.backend, mode="reduce-overhead" if cuda else "default")
         config._compile_all_devices = True  # transformers' switch for compiling off CUDA
-        text = model.config.get_text_config(decoder=True)
-        if any(kind != "full_attention" for kind in getattr(text, "layer_types", None) or []):
-            raise NotImplementedError("--torch_compile: models with sliding-window or linear attention layers")
-        length = math.ceil((width + max_new_tokens) / CACHE_STEP) * CACHE_STEP
-        cache = Cache(layers=[ComputeDtypeLayer(max_cache_len=length) for _ in range(text.num_hidden_layers)])
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-        cache.early_initialization(rows, text.num_key_value_heads, head_dim, dtype, device)
-        return {"past_key_values": cache, "compile_config": config}
+        return config
 
     def fall_back(self, error: BaseException) -> None:
         self.failed = True

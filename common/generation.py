@@ -6,12 +6,46 @@ is a colocated in-process vLLM engine, to which the scripts push the weights onc
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
+from transformers import StaticCache
 
 from common.logprobs import score_completions
 from common.policy import DTYPES, autocast
+
+STATIC_CACHES = ("static", "offloaded_static")  # the preallocated caches (transformers' StaticCache)
+
+
+class ComputeDtypeStaticCache(StaticCache):
+    """A transformers `StaticCache` whose buffers hold the compute dtype (`--dtype`): it casts what it stores.
+
+    Under bf16 autocast over fp32 weights the attention's keys leave the rotary embedding in fp32 (cos/sin follow
+    the fp32 hidden states) while its values come out of a bf16 matmul; transformers' own static cache allocates in
+    the first keys' dtype and then fails to copy the bf16 values in. Attention reads the cache under autocast, which
+    casts them to bf16 anyway, so the cache holds them in bf16: half the memory of an fp32 cache, no precision lost
+    that attention would keep (docs/scaling.md compares its tokens with the dynamic cache's). With `float32` the
+    casts are no-ops."""
+
+    def __init__(self, config, max_cache_len: int, compute_dtype: torch.dtype, offloading: bool = False):
+        super().__init__(config=config, max_cache_len=max_cache_len, offloading=offloading)
+        self.compute_dtype = compute_dtype
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        return super().update(key_states.to(self.compute_dtype), value_states.to(self.compute_dtype), layer_idx,
+                              *args, **kwargs)
+
+
+def cache_kwargs(model, cache_implementation: str | None, dtype: str, max_cache_len: int) -> dict:
+    """`generate`'s keywords for `--cache_implementation`: none (transformers' default dynamic cache), the name, or
+    for a static cache one built here in the compute dtype (transformers still compiles its decoding step on a GPU:
+    the cache is a compileable `StaticCache`)."""
+    if cache_implementation in STATIC_CACHES:
+        cache = ComputeDtypeStaticCache(model.config, max_cache_len, DTYPES[dtype],
+                                        offloading=cache_implementation == "offloaded_static")
+        return {"past_key_values": cache}
+    return {"cache_implementation": cache_implementation} if cache_implementation else {}
 
 
 @dataclass
@@ -54,6 +88,11 @@ class HFGenerator:
             from common.compile import CompiledDecoding
 
             self.compiled = CompiledDecoding(log=log)
+        on_cpu = next(model.parameters()).device.type == "cpu"
+        if on_cpu and cache_implementation in ("offloaded", "offloaded_static"):  # they move layers with CUDA streams
+            self.cache_implementation = {"offloaded": "dynamic", "offloaded_static": "static"}[cache_implementation]
+            warnings.warn(f"--cache_implementation {cache_implementation} on CPU: the cache already lives in host "
+                          f"memory (offloading needs CUDA); using {self.cache_implementation}")
 
     def sync_weights(self, model) -> None:
         self.model = model
@@ -105,8 +144,7 @@ class HFGenerator:
                 max_new_tokens=cfg.max_new_tokens,
                 eos_token_id=stop_ids,
                 pad_token_id=tok.pad_token_id,
-                # "static": a preallocated cache, which transformers compiles the decoding step for on a GPU
-                **({"cache_implementation": self.cache_implementation} if self.cache_implementation else {}),
+                **cache_kwargs(self.model, self.cache_implementation, self.dtype, width + cfg.max_new_tokens),
                 # transformers runs FSDP models in lock-step (an all-reduce per token); --fsdp generates inside
                 # `gathered` (whole weights, no communication), where ranks finish independently
                 synced_gpus=False,
@@ -139,9 +177,10 @@ class HFGenerator:
         ids = kwargs["input_ids"]
         cuda = ids.device.type == "cuda"
         rng = torch.get_rng_state(), torch.cuda.get_rng_state(ids.device) if cuda else None
+        length = self.compiled.cache_length(ids.shape[1], kwargs["max_new_tokens"])
         try:
-            return self.model.generate(**kwargs, **self.compiled.generate_kwargs(
-                self.model, ids.shape[0], ids.shape[1], kwargs["max_new_tokens"], DTYPES[self.dtype]))
+            return self.model.generate(**kwargs, **cache_kwargs(self.model, "static", self.dtype, length),
+                                       compile_config=self.compiled.config(self.model))
         except Exception as error:  # noqa: BLE001  (any compile error: the eager call below raises real ones)
             self.compiled.fall_back(error)
             torch.set_rng_state(rng[0])

@@ -12,8 +12,10 @@ import time
 from dataclasses import fields
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import ROOT
+from scipy import stats
 
 from benchmarks import floor, report, run
 
@@ -422,16 +424,23 @@ def test_report_numbers_on_hand_made_runs(tmp_path):
 
 def test_paired_t_interval_on_known_numbers(tmp_path):
     iv = report.t_interval([0.01, 0.03, 0.02])
-    # mean 0.02, std 0.01, t(0.975, 2 dof) = 4.303: half-width 4.303 * 0.01 / sqrt(3)
-    assert iv.mean == pytest.approx(0.02) and iv.n == 3 and iv.half == pytest.approx(4.303 * 0.01 / 3 ** 0.5)
-    assert (iv.lo, iv.hi) == (pytest.approx(0.02 - 0.024843, abs=1e-6), pytest.approx(0.02 + 0.024843, abs=1e-6))
+    # mean 0.02, std 0.01, t(0.975, 2 dof) = 4.302653: half-width 4.302653 * 0.01 / sqrt(3)
+    assert iv.mean == pytest.approx(0.02) and iv.n == 3 and iv.half == pytest.approx(4.302653 * 0.01 / 3 ** 0.5)
+    assert (iv.lo, iv.hi) == (pytest.approx(0.02 - 0.024841, abs=1e-6), pytest.approx(0.02 + 0.024841, abs=1e-6))
     assert "⚠" not in iv.text() and "⚠" in report.t_interval([0.0, 0.1, 0.05]).text()  # half-width above 0.03
     assert report.t_interval([0.5]).half is None and report.t_interval([]) is None
-    # the t table against the t distribution's CDF (from the incomplete beta), and a textbook F quantile
-    for dof in (1, 2, 4, 10, 29, 30, 45, 120):
-        t = report.t975(dof)
-        assert 1 - 0.5 * report.betainc(dof / 2, 0.5, dof / (dof + t * t)) == pytest.approx(0.975, abs=2e-4)
-    assert report.f_quantile(0.975, 4, 4) == pytest.approx(9.6045, abs=1e-3)
+    # the quantiles are scipy's, and scipy's are the textbook's (t table, F table at 97.5%)
+    for dof, table in ((1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (30, 2.042), (120, 1.980)):
+        assert report.t975(dof) == pytest.approx(stats.t.ppf(0.975, dof), abs=1e-12) == pytest.approx(table, abs=6e-4)
+    for (dof1, dof2), table in (((4, 4), 9.6045), ((2, 8), 6.0595), ((8, 2), 39.373)):
+        assert report.f_quantile(0.975, dof1, dof2) == pytest.approx(stats.f.ppf(0.975, dof1, dof2), abs=1e-12)
+        assert report.f_quantile(0.975, dof1, dof2) == pytest.approx(table, abs=1e-3)
+    # the spread ratio's interval: sqrt(ratio / F(dx, dy)) .. sqrt(ratio * F(dy, dx)), the F test's bounds
+    xs, ys = [0.1, 0.3, 0.2, 0.5, 0.4], [0.2, 0.25, 0.22]
+    ratio = np.var(xs, ddof=1) / np.var(ys, ddof=1)
+    got = report.std_ratio_interval(xs, ys)
+    assert got == pytest.approx((ratio ** 0.5, (ratio / stats.f.ppf(0.975, 4, 2)) ** 0.5,
+                                 (ratio * stats.f.ppf(0.975, 2, 4)) ** 0.5))
     # paired by seed: config minus baseline on the seeds both finished (seed 2 of ra_rloo is unfinished)
     _, aggs = report.build_aggs(report.load_runs(_fake_results(tmp_path)))
     diff = report.paired(aggs, "ra_rloo", "rloo", report.final_value)
@@ -662,7 +671,7 @@ def test_each_claim_has_a_row_per_regime_on_the_twin_configs(tmp_path):
     fixed = _claim(large, "2,048", "PS (fixed), multi-turn: more valid (trained) tasks per batch than the baseline")
     assert fixed.verdict == "no 2,048-pool config" and "`ps_fixed`" in fixed.measured
     # on the page: the 256 row, then the 2,048 row of the same claim
-    page = report.claims(aggs).splitlines()
+    page = report.claims_table(aggs).splitlines()
     i = next(k for k, line in enumerate(page) if line.startswith(f"| {beats} | 256 | **not reproduced** |"))
     assert page[i + 1].startswith("| ″ | 2,048 | **reproduced** | final pass@1 `ppo_pros_pool2048` - `ppo_pool2048`")
 
@@ -676,7 +685,7 @@ def test_runs_pending_under_two_paired_seeds(tmp_path):
     assert row.verdict == "runs pending (1 seed)" and row.seeds == 1
     assert row.measured == "`ppo_pros_pool2048` 2 finished seeds; `ppo_pool2048` 2 finished seeds"
     assert _claim(report.claim_rows(aggs), "256", beats).verdict == "not reproduced"  # 3 paired seeds there
-    page = report.claims(aggs).splitlines()
+    page = report.claims_table(aggs).splitlines()
     i = next(k for k, line in enumerate(page) if line.startswith(f"| {beats} | 256 |"))
     assert page[i + 1].startswith("| ″ | 2,048 | **runs pending (1 seed)** | `ppo_pros_pool2048` 2 finished seeds;")
     # no 2,048-pool runs at all: 0 seeds, also in the per-config table
@@ -697,7 +706,7 @@ def test_train_minus_heldout_gap_at_the_final_evaluation(tmp_path):
     assert report.gap_cell(aggs, "ppo_pros_random") == "`ppo_pros_random` -"
     steps, train, n = report.train_curve(aggs["ppo"].finished)
     assert steps == [0, 2, 4] and n == 3 and train[1] == pytest.approx(0.9) and train[2] == pytest.approx(0.41)
-    page = report.claims(aggs).splitlines()
+    page = report.claims_table(aggs).splitlines()
     beats = [ln for ln in page if ln.startswith("| PPO+PROS beats PPO")][0]
     assert beats.endswith("| `ppo_pros` +0.130 (3) | `ppo` +0.100 (3) |")
     assert page[page.index(beats) + 1].endswith("| `ppo_pros_pool2048` +0.030 (3) | `ppo_pool2048` +0.020 (3) |")
@@ -749,6 +758,20 @@ def test_report_writes_the_docs_figures(tmp_path):
     report.main(report.Args(runs_dir=str(runs), out_dir=str(tmp_path / "other")))
     assert sorted(p.name for p in (tmp_path / "other" / "figures").glob("*.png")) == sorted(
         f"{s}.png" for s in report.DOC_FIGURES)
+
+
+def test_both_report_commands_write_the_same_page(tmp_path):
+    # `python benchmarks/report.py` (the old path) and `python -m benchmarks.report` take the same flags
+    runs = _fake_results(tmp_path)
+    pages = []
+    for command in (["benchmarks/report.py"], ["-m", "benchmarks.report"]):
+        out = tmp_path / "out"  # the same folder: the page names it
+        subprocess.run([sys.executable, *command, "--runs_dir", str(runs), "--out_dir", str(out), "--plots", "false"],
+                       cwd=ROOT, check=True, capture_output=True)
+        pages.append((out / "README.md").read_text().split("\n", 3)[3])  # less the "Generated ... on <time>" line
+    assert pages[0] == pages[1] and "| RA-RLOO (`ra_rloo`)" in pages[0]
+    with pytest.raises(SystemExit, match="--runs_dir .*none: does not exist"):
+        report.cli(["--runs_dir", str(tmp_path / "none")])
 
 
 def test_modules_do_not_import_matplotlib_or_torch_at_import_time():

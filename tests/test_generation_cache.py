@@ -17,20 +17,24 @@ def test_cache_implementation_reaches_generate(script, tiny_base, tmp_path, monk
     seen = []
 
     def spy(self, *args, **kwargs):
-        seen.append(kwargs.get("cache_implementation", "<absent>"))
+        cache = kwargs.get("past_key_values")  # a static cache is built by the generator (in the compute dtype)
+        seen.append(type(cache).__name__ if cache is not None else kwargs.get("cache_implementation", "<absent>"))
         raise FirstGenerate
 
     monkeypatch.setattr(GenerationMixin, "generate", spy)
     module = importlib.import_module(script)
-    argv = ["--model_name_or_path", tiny_base, "--output_dir", str(tmp_path / script), "--max_steps", "1",
+    argv = ["--model_name_or_path", tiny_base, "--max_steps", "1",
             "--eval_prompts", "2", "--eval_samples", "1", "--prompts_per_step", "2", "--num_threads", "1"]
-    cases = [(["--cache_implementation", "static"], "static")]
-    if script == "ra_rloo":  # unset: transformers' own default (no keyword at all); the flag is read in one place
+    cases = [(["--cache_implementation", "static"], "ComputeDtypeStaticCache"),
+             (["--cache_implementation", "dynamic"], "dynamic")]
+    if script == "ra_rloo":  # seeding scores demonstrations before the first generate: not needed here
+        argv += ["--seed_buffer", "false"]
+        # unset: transformers' own default (no keyword at all); the flag is read in one place
         cases.append(([], "<absent>"))
-    for flags, expected in cases:
+    for case, (flags, expected) in enumerate(cases):
         seen.clear()
         with pytest.raises(FirstGenerate):
-            module.main(parse_args(module.Args, [*argv, *flags]))
+            module.main(parse_args(module.Args, [*argv, "--output_dir", str(tmp_path / f"{script}-{case}"), *flags]))
         assert seen == [expected]
 
 

@@ -112,3 +112,47 @@ def test_verdict_counts_errors_as_not_updated_and_names_them():
             {"script": "ada_seq", "variant": "fsdp", "status": "skipped: budget"}]
     assert gpu_smoke.verdict(runs) == ("policy updated in 1 of 3 runs; not updated: ps_grpo/plain, pros_ppo/lora "
                                        "(error: RuntimeError: boom); 1 skipped")
+
+
+def _fake_run(fail_when):
+    """run_script's stand-in: writes `steps` + 1 metrics rows (100 tokens and 0.5 s of generation a step), or raises
+    for the flags `fail_when` picks."""
+    def run(script, flags, out, model_dir, steps, args, stop):
+        if fail_when(flags):
+            raise RuntimeError("index_copy_(): self and source expected to have the same dtype")
+        out.mkdir(parents=True, exist_ok=True)
+        rows = [{"step": s, "gen_tokens": 100 * s, "time_gen_s": 0.5, "reward_mean": 0.1 * s} for s in range(steps + 1)]
+        (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return {"status": "ok", "steps": steps, "step_s": 1.0, "compiled_graphs": 0, "policy_changed_frac": 1.0}
+    return run
+
+
+def test_a_failing_speed_run_keeps_the_other_runs_figures(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_smoke, "run_script", _fake_run(lambda flags: "--cache_implementation" in flags))
+    args, report, stop = gpu_smoke.Args(output_dir=str(tmp_path), size="tiny", speed_steps=4), {"speed": []}, \
+        gpu_smoke.Stop(3600)
+    try:
+        speed = gpu_smoke.speed_part(tmp_path, tmp_path, args, stop, dict(gpu_smoke.GUESS["tiny"]), report)
+    finally:
+        stop.close()
+    assert [s["cache_implementation"] for s in speed] == ["default", "static"] and report["speed"] == speed
+    assert speed[0]["status"] == "ok" and speed[0]["gen_tokens_per_s_after_first"] == pytest.approx(200.0)
+    assert speed[1]["status"].startswith("error: RuntimeError: index_copy_()")
+    assert "gen_tokens_per_s_after_first" not in speed[1]
+
+
+def test_a_failing_learning_arm_keeps_the_other_arms_figures(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_smoke, "run_script", _fake_run(lambda flags: flags[flags.index("--replay") + 1] == "none"))
+    monkeypatch.setattr(gpu_smoke, "heldout_pass_rates", lambda model_dir, args: [0.25, 0.5, 0.75, 0.5])
+    monkeypatch.setattr(gpu_smoke, "plot_learning", lambda learning, path: "no plot in this test")
+    args, report, stop = gpu_smoke.Args(output_dir=str(tmp_path), size="tiny", learning_max_steps=3), {}, \
+        gpu_smoke.Stop(3600)
+    try:
+        learning = gpu_smoke.learning_part(tmp_path, tmp_path, args, stop, dict(gpu_smoke.GUESS["tiny"]), "CPU",
+                                           report)
+    finally:
+        stop.close()
+    assert report["learning"] is learning
+    assert learning["method"]["status"] == "ok" and learning["method"]["end"]["pass@1"] == pytest.approx(0.5)
+    assert learning["baseline"]["status"].startswith("error: RuntimeError") and "end" not in learning["baseline"]
+    assert json.loads((tmp_path / "learning.json").read_text())["method"]["steps"] == 3

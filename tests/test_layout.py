@@ -1,6 +1,7 @@
 """The layout promises: one self-contained loop per method file, leaf modules in common/ (no import cycle), and a
 real-data run that loads neither the embedded demo nor more than a bounded number of lines of common/."""
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -70,7 +71,7 @@ def test_real_data_path_loads_no_demo_and_at_most_1750_lines_of_common(tmp_path)
 
 
 def test_no_line_over_120_characters():
-    files = [*SCRIPTS, *(str(p.relative_to(ROOT)) for folder in ("common", "benchmarks", "tests")
+    files = [*SCRIPTS, *(str(p.relative_to(ROOT)) for folder in ("common", "benchmarks", "benchmarks/report", "tests")
                          for p in (ROOT / folder).glob("*.py"))]
     long = [f"{name}:{i}" for name in files for i, line in enumerate((ROOT / name).read_text().splitlines(), 1)
             if len(line) > 120]
@@ -83,3 +84,18 @@ def test_no_unrestricted_torch_load():
     files = [*ROOT.glob("*.py"), *(p for folder in folders for p in (ROOT / folder).rglob("*.py"))]
     unsafe = "weights_only=" + "False"  # spelled in two parts so that this file does not match itself
     assert not [str(p.relative_to(ROOT)) for p in files if unsafe in p.read_text()]
+
+
+def test_the_report_package_reads_along_its_pipeline():
+    # benchmarks/report/__init__.py lists its modules in pipeline order; each imports only the ones listed before it,
+    # opens with a docstring and stays short enough to read
+    package = ROOT / "benchmarks" / "report"
+    order = re.findall(r"^    (\w+)\.py ", ast.get_docstring(ast.parse((package / "__init__.py").read_text())), re.M)
+    assert sorted(order) == sorted(p.stem for p in package.glob("*.py") if not p.stem.startswith("__")), order
+    for i, name in enumerate(order):
+        tree = ast.parse((package / f"{name}.py").read_text())
+        assert ast.get_docstring(tree), name
+        assert len((package / f"{name}.py").read_text().splitlines()) <= 400, name
+        imported = {node.module.rsplit(".", 1)[1] for node in ast.walk(tree)
+                    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("benchmarks.report.")}
+        assert imported <= set(order[:i]), (name, imported - set(order[:i]))

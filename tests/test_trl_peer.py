@@ -141,3 +141,29 @@ def test_device_and_model_path_run_the_check_and_the_throughput_on_cpu(tiny_base
     assert saved["device"] == "cpu" and saved["ratio"]["steps_per_s"] > 0 and saved["trl"]["timed"] == 1
     assert f"`{tiny_base}`" in out.read_text()
     assert all("--model_name_or_path" in c and tiny_base in c for c in [res["commands"]["ours"]])
+
+
+def test_grpo_advantages_are_sqrt_k_over_k_minus_1_times_trls_group_scaled_ones():
+    # grpo_advantages divides by the population std; TRL's scale_rewards='group' by its nanstd (Bessel-corrected,
+    # + 1e-4): on the definition check's fixed batch (groups (1, 0, 0, 1) and (0, 0, 0, 1), see fixed_batch) ours
+    # are sqrt(k / (k - 1)) times TRL's, the factor docs/pros_ppo.md and docs/ps_grpo.md state
+    import importlib.util
+
+    import torch
+    from trl.trainer.utils import nanstd
+
+    from common.advantages import grpo_advantages
+
+    source = Path(importlib.util.find_spec("trl.trainer.grpo_trainer").origin).read_text()
+    assert "std_rewards = nanstd(rewards.view(-1, num_generations), dim=1)" in source  # the 'group' scaling
+    assert "advantages = advantages / (std_rewards + 1e-4)" in source
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0]])
+    k = rewards.shape[1]
+    centred = rewards - rewards.mean(-1, keepdim=True)
+    std_trl = nanstd(rewards, dim=1)[:, None]
+    ratio = grpo_advantages(rewards, eps=0.0) / (centred / std_trl)
+    assert torch.allclose(ratio, torch.full_like(ratio, (k / (k - 1)) ** 0.5), rtol=0, atol=1e-6)
+    # with each side's epsilon: the ratio results/trl_peer.md records (ours / TRL 1.1549 from the real trainer)
+    ours, trl_group = grpo_advantages(rewards), centred / (std_trl + 1e-4)
+    assert torch.allclose(ours / trl_group, torch.full_like(ours, 1.1549), rtol=0, atol=1e-4)
+    assert "ratio ours/TRL 1.1549" in (ROOT / "benchmarks" / "results" / "trl_peer.md").read_text()
