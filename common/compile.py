@@ -50,6 +50,23 @@ class CompiledDecoding:
         config._compile_all_devices = True  # transformers' switch for compiling off CUDA
         return config
 
+    def generate(self, model, kwargs: dict, static_cache: dict):
+        """`model.generate(**kwargs)` through the compiled decoding step on `static_cache` (generate's keywords for
+        a cache of `cache_length`); a failed compile is redone eagerly from the same random state, and so is every
+        later call."""
+        if self.failed:
+            return model.generate(**kwargs)
+        device = kwargs["input_ids"].device
+        rng = torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        try:
+            return model.generate(**kwargs, **static_cache, compile_config=self.config(model))
+        except Exception as error:  # noqa: BLE001  (any compile error: the eager call below raises real ones)
+            self.fall_back(error)
+            torch.set_rng_state(rng[0])
+            if rng[1] is not None:
+                torch.cuda.set_rng_state(rng[1], device)
+            return model.generate(**kwargs)
+
     def fall_back(self, error: BaseException) -> None:
         self.failed = True
         while getattr(error, "inner_exception", None) or error.__cause__:  # torch wraps the backend's own error

@@ -170,20 +170,8 @@ class HFGenerator:
         return {} if self.compiled is None else self.compiled.metrics()
 
     def _model_generate(self, **kwargs):
-        """`model.generate`, through the compiled decoding step with --torch_compile; a failed compile is redone
-        eagerly from the same random state (and every later call too)."""
-        if self.compiled is None or self.compiled.failed:
+        """`model.generate`, with --torch_compile through its compiled decoding step on a static cache."""
+        if self.compiled is None:
             return self.model.generate(**kwargs)
-        ids = kwargs["input_ids"]
-        cuda = ids.device.type == "cuda"
-        rng = torch.get_rng_state(), torch.cuda.get_rng_state(ids.device) if cuda else None
-        length = self.compiled.cache_length(ids.shape[1], kwargs["max_new_tokens"])
-        try:
-            return self.model.generate(**kwargs, **cache_kwargs(self.model, "static", self.dtype, length),
-                                       compile_config=self.compiled.config(self.model))
-        except Exception as error:  # noqa: BLE001  (any compile error: the eager call below raises real ones)
-            self.compiled.fall_back(error)
-            torch.set_rng_state(rng[0])
-            if cuda:
-                torch.cuda.set_rng_state(rng[1], ids.device)
-            return self.model.generate(**kwargs)
+        length = self.compiled.cache_length(kwargs["input_ids"].shape[1], kwargs["max_new_tokens"])
+        return self.compiled.generate(self.model, kwargs, cache_kwargs(self.model, "static", self.dtype, length))
