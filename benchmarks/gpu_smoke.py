@@ -43,6 +43,7 @@ import os
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -485,10 +486,11 @@ def heldout_pass_rates(model_dir: Path, args: Args) -> list[float]:
 
 
 def mean_ci(values: list[float]) -> tuple[float, float]:
-    """Mean and the half-width of its 95% interval (normal approximation over prompts)."""
+    """Mean and the half-width of its 95% interval (normal approximation over prompts; the standard library's
+    quantile, since the GPU image has no scipy)."""
     mean = sum(values) / len(values)
     var = sum((v - mean) ** 2 for v in values) / max(1, len(values) - 1)
-    return mean, 1.96 * math.sqrt(var / len(values))
+    return mean, statistics.NormalDist().inv_cdf(0.975) * math.sqrt(var / len(values))
 
 
 def plan_learning_steps(left_s: float, fixed_s: float, step_s: float, max_steps: int) -> int:
@@ -760,7 +762,7 @@ def main(args: Args) -> dict:
                                                     f"~{guess['peer_s']:.0f}"}
                     else:
                         report["peer"] = run_peer(model_dir, out / "peer", args, stop, stop.left() - 5)
-                except Exception as error:  # a part reports its failure, keeps what it recorded, and the command goes on
+                except Exception as error:  # a part reports its failure, keeps what it recorded; the command goes on
                     failed = {"status": error_status(error)}
                     if part == "speed":  # the runs it finished stay, each with its own status
                         report["speed"] = [*report["speed"], {"cache_implementation": "-", **failed}]

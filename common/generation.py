@@ -19,14 +19,8 @@ STATIC_CACHES = ("static", "offloaded_static")  # the preallocated caches (trans
 
 
 class ComputeDtypeStaticCache(StaticCache):
-    """A transformers `StaticCache` whose buffers hold the compute dtype (`--dtype`): it casts what it stores.
-
-    Under bf16 autocast over fp32 weights the attention's keys leave the rotary embedding in fp32 (cos/sin follow
-    the fp32 hidden states) while its values come out of a bf16 matmul; transformers' own static cache allocates in
-    the first keys' dtype and then fails to copy the bf16 values in. Attention reads the cache under autocast, which
-    casts them to bf16 anyway, so the cache holds them in bf16: half the memory of an fp32 cache, no precision lost
-    that attention would keep (docs/scaling.md compares its tokens with the dynamic cache's). With `float32` the
-    casts are no-ops."""
+    """transformers' `StaticCache` holding `--dtype`: under bf16 autocast over fp32 weights, keys come out of the
+    rotary embedding in fp32 and values in bf16, which transformers' own static cache cannot store (docs/scaling.md)."""
 
     def __init__(self, config, max_cache_len: int, compute_dtype: torch.dtype, offloading: bool = False):
         super().__init__(config=config, max_cache_len=max_cache_len, offloading=offloading)
@@ -38,9 +32,8 @@ class ComputeDtypeStaticCache(StaticCache):
 
 
 def cache_kwargs(model, cache_implementation: str | None, dtype: str, max_cache_len: int) -> dict:
-    """`generate`'s keywords for `--cache_implementation`: none (transformers' default dynamic cache), the name, or
-    for a static cache one built here in the compute dtype (transformers still compiles its decoding step on a GPU:
-    the cache is a compileable `StaticCache`)."""
+    """`generate`'s keywords for `--cache_implementation`: none (the default dynamic cache), the name, or a static
+    cache built in the compute dtype (still one transformers compiles the decoding step for on a GPU)."""
     if cache_implementation in STATIC_CACHES:
         cache = ComputeDtypeStaticCache(model.config, max_cache_len, DTYPES[dtype],
                                         offloading=cache_implementation == "offloaded_static")

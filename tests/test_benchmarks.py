@@ -861,3 +861,19 @@ def test_packing_benchmark_times_both_layouts(tiny_base):
     padded, packed = rows
     assert padded["layout"] == "padded" and packed["layout"] == "packed, rows of 64"
     assert packed["computed_tokens"] < padded["computed_tokens"] and padded["seconds"] > 0 and packed["seconds"] > 0
+
+
+def test_the_measured_default_run_heads_the_durations_block(tmp_path):
+    from benchmarks import default_run
+    from benchmarks.report import docs_blocks
+
+    rows = [{"step": 0, "eval_pass@1": 0.2, "eval_pass@8": 0.5, "num_threads": 2},
+            *({"step": s, "loss": 0.1, "num_threads": 2} for s in range(1, 300)),
+            {"step": 300, "eval_pass@1": 0.29, "eval_pass@8": 0.66, "num_threads": 2}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    record = default_run.summarize(tmp_path / "metrics.jsonl", 301.4, "python ra_rloo.py")
+    assert record["k"] == 8 and record["steps"] == 300 and record["num_threads"] == [2]
+    assert record["first"]["eval_pass@1"] == 0.2 and record["last"]["eval_pass@8"] == 0.66
+    line = " ".join(docs_blocks.measured_default_line(record).split())
+    assert "`python ra_rloo.py` (RA-RLOO, 300 steps): **5 min 01 s** measured" in line
+    assert "held-out pass@1 0.200 -> 0.290, pass@8 0.500 -> 0.660" in line

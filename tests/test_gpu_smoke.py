@@ -102,7 +102,7 @@ def test_learning_steps_fit_what_is_left_and_the_interval_is_over_prompts():
     assert gpu_smoke.plan_learning_steps(100, 10, 2, 500) == 17
     assert gpu_smoke.plan_learning_steps(100, 10, 2, 5) == 5 and gpu_smoke.plan_learning_steps(20, 10, 2, 5) == 0
     mean, half = gpu_smoke.mean_ci([0.0, 1.0, 0.5, 0.5])
-    assert mean == 0.5 and half == pytest.approx(1.96 * (1 / 6) ** 0.5 / 2)
+    assert mean == 0.5 and half == pytest.approx(1.959964 * (1 / 6) ** 0.5 / 2)
 
 
 def test_verdict_counts_errors_as_not_updated_and_names_them():

@@ -6,6 +6,7 @@ figures (from benchmarks/results/compile.json)."""
 from __future__ import annotations
 
 import functools
+import json
 import statistics
 from pathlib import Path
 from typing import Callable, Optional
@@ -51,11 +52,28 @@ DEFAULT_RUNS = (("ra_rloo.py", "RA-RLOO", "ra_rloo"), ("ada_seq.py", "SEQ-BALANC
                 ("ada_seq.py --max_rounds 1 --round_repeat 4", "GRPO-n4", "grpo_n4"))
 
 
+def measured_default_line(record: dict) -> str:
+    """README command 1 as timed by benchmarks/default_run.py (results/default_run.json)."""
+    minutes, seconds = divmod(round(record["wall_s"]), 60)
+    threads = "/".join(str(t) for t in record["num_threads"])
+    first, last, k = record["first"], record["last"], record["k"]
+    return wrap(f"`{record['command']}` (RA-RLOO, {record['steps']} steps): **{minutes} min {seconds:02d} s** measured "
+                f"alone on a quiet {record['cores']}-core machine ({record['date']}, {threads} threads, start-up and "
+                f"{record['steps']} steps with their evaluations; held-out pass@1 {first['eval_pass@1']:.3f} -> "
+                f"{last['eval_pass@1']:.3f}, pass@{k} {first[f'eval_pass@{k}']:.3f} -> {last[f'eval_pass@{k}']:.3f})",
+                "- ")
+
+
 def durations_block(aggs: dict[str, Agg]) -> str:
-    """How long each script's default run takes, scaled from the committed runs' wall time (bench.json `wall_s`:
-    start-up, training and every evaluation, at the runs' thread count beside a second runner)."""
-    lines = []
+    """How long each script's default run takes: README command 1 as measured (results/default_run.json), the others
+    scaled from the committed runs' wall time (bench.json `wall_s`: start-up, training and every evaluation, at the
+    runs' thread count beside a second runner)."""
+    record_path = ROOT / "benchmarks" / "results" / "default_run.json"
+    measured = json.loads(record_path.read_text()) if record_path.exists() else None
+    lines = [measured_default_line(measured)] if measured else []
     for command, what, cfg in DEFAULT_RUNS:
+        if measured and command == measured["command"].removeprefix("python "):
+            continue
         a = aggs.get(cfg)
         walls = [r.meta["wall_s"] / r.max_steps for r in (a.finished if a else []) if r.meta.get("wall_s")]
         if walls:
