@@ -97,3 +97,30 @@ def test_torch_compile_refuses_what_it_cannot_run_with(flags, clash):
     with pytest.raises(SystemExit, match=f"--torch_compile: not with {clash} "):
         parse_args(ra_rloo.Args, ["--torch_compile", *flags])
     parse_args(ra_rloo.Args, ["--torch_compile", "--lora_r", "4", "--gradient_checkpointing", "--dtype", "bfloat16"])
+
+
+def test_compile_speed_block_renders_every_part(tmp_path):
+    from benchmarks.compile_speed import docs_block
+
+    assert "has not been measured" in docs_block(tmp_path / "none.json")
+    job = {"step_s": 0.6, "gen_s": 0.3, "gen_tokens_per_s": 4000.0, "compile_s": 30.0, "recompiles": 1,
+           "fallback": False}
+    rounds = {"ours_eager_vs_trl_eager": [1.1, 1.2], "ours_compiled_vs_trl_eager": [1.4, 1.5],
+              "ours_compiled_vs_trl_compiled": [1.3, 1.25]}
+    res = {"args": {"num_threads": 2, "rounds": 2, "steps": 40, "peer_rounds": 2, "peer_steps": 20},
+           "machine": {"cpu": "a CPU"},
+           "job": {"eager": job, "compiled": {**job, "step_s": 0.5, "gen_tokens_per_s": 6000.0},
+                   "speedup": 1.2, "gen_speedup": 1.5, "break_even_steps": 300.0},
+           "floor": {"eager": {"floor_s": 0.5, "script_ratio": 0.9},
+                     "compiled": {"floor_s": 0.4, "script_ratio": 0.95}, "floor_speedup": 1.25},
+           "peer": {"versions": {"trl": "1.16.0"}, "rounds": rounds,
+                    "ratios": {"ours_eager_vs_trl_eager": 1.15, "ours_compiled_vs_trl_eager": 1.45,
+                               "ours_compiled_vs_trl_compiled": 1.27}}}
+    path = tmp_path / "compile.json"
+    path.write_text(json.dumps(res))
+    text = " ".join(docs_block(path).split())
+    for figure in ("0.600 s/step eager, 0.500 s/step", "(1.20x)", "4,000 vs 6,000 tokens/s",
+                   "paid back after 300 steps", "0.500 s eager, 0.400 s compiled (1.25x)", "vs TRL eager 1.45x (rounds 1.40/1.50)",
+                   "`torch_compile=True` 1.27x (rounds 1.30/1.25)"):
+        assert figure in text, figure
+    assert all(len(line) <= 120 for line in docs_block(path).splitlines())
