@@ -120,7 +120,8 @@ def test_compile_speed_block_renders_every_part(tmp_path):
     path.write_text(json.dumps(res))
     text = " ".join(docs_block(path).split())
     for figure in ("0.600 s/step eager, 0.500 s/step", "(1.20x)", "4,000 vs 6,000 tokens/s",
-                   "paid back after 300 steps", "0.500 s eager, 0.400 s compiled (1.25x)", "vs TRL eager 1.45x (rounds 1.40/1.50)",
+                   "paid back after 300 steps", "0.500 s eager, 0.400 s compiled (1.25x)",
+                   "vs TRL eager 1.45x (rounds 1.40/1.50)",
                    "`torch_compile=True` 1.27x (rounds 1.30/1.25)"):
         assert figure in text, figure
     assert all(len(line) <= 120 for line in docs_block(path).splitlines())
