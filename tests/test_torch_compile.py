@@ -100,7 +100,12 @@ def test_torch_compile_refuses_what_it_cannot_run_with(flags, clash):
 
 
 def test_compile_speed_block_renders_every_part(tmp_path):
-    from benchmarks.compile_speed import docs_block
+    from dataclasses import fields
+
+    from benchmarks.compile_speed import Args, docs_block
+    from common.cli import field_docs
+
+    assert not [f.name for f in fields(Args) if not field_docs(Args).get(f.name)]  # every flag has its help
 
     assert "has not been measured" in docs_block(tmp_path / "none.json")
     job = {"step_s": 0.6, "gen_s": 0.3, "gen_tokens_per_s": 4000.0, "compile_s": 30.0, "recompiles": 1,
