@@ -46,7 +46,10 @@ class CompiledDecoding:
         from transformers import CompileConfig
 
         cuda = next(model.parameters()).device.type == "cuda"
-        config = CompileConfig(dynamic=False, backend=self.backend, mode="reduce-overhead" if cuda else "default")
+        # CPU kernels follow torch.set_num_threads (the scripts' thread policy) instead of the count at compile time
+        options = None if cuda or self.backend != "inductor" else {"cpp.dynamic_threads": True}
+        config = CompileConfig(dynamic=False, backend=self.backend, options=options,  # torch: options or a mode
+                               mode="reduce-overhead" if cuda else None if options else "default")
         config._compile_all_devices = True  # transformers' switch for compiling off CUDA
         return config
 
