@@ -5,11 +5,12 @@ transformers compiles the decoding step itself when generate runs on a static ca
 (`GenerationMixin._valid_auto_compile_criteria`, transformers 5.19 `generation/utils.py`); it does so on CUDA only
 unless the config's `_compile_all_devices` is set, which is set here, so CPU runs compile too. The cache is
 HFGenerator's compute-dtype static cache (common/generation.py). The prefill (one call per batch, whose width
-varies) stays eager. Few shapes, so the compiled step is reused: the cache holds the batch's prompt width plus max_new_tokens rounded up to `CACHE_STEP` positions, and a chunk of fewer rows
-than the generation batch size is padded with copies of its last prompt up to a power of two (the copies' samples
-are dropped; they draw random numbers, so such a chunk samples differently from an eager run with the same seed).
-Each new (rows, cache length) pair compiles the step once more. The training and scoring passes stay eager: their
-packed rows change shape every micro-batch.
+varies) stays eager. Few shapes, so the compiled step is reused: the cache holds the batch's prompt width plus
+max_new_tokens rounded up to `CACHE_STEP` positions, and a chunk of fewer rows than the generation batch size is
+padded with copies of its last prompt up to a power of two (the copies' samples are dropped; they draw random
+numbers, so such a chunk samples differently from an eager run with the same seed). Each new (rows, cache length)
+pair compiles the step once more. The training and scoring passes stay eager: their packed rows change shape every
+micro-batch.
 
 A compile failure does not stop the run: that generate call is redone eagerly (from the same random state) and every
 later one too, after one log line.
