@@ -358,7 +358,8 @@ def main(args: Args) -> None:
                                   gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
     else:
         generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype,
-                                cache_implementation=args.cache_implementation)
+                                cache_implementation=args.cache_implementation,
+                                torch_compile=args.torch_compile, log=log)
     # pi_old from the sampler only where it differs from the update's own first pass (`--old_logprobs`)
     sampler_logprobs = args.old_logprobs == "sampler" or args.use_vllm or args.ppo_epochs > 1
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -393,7 +394,7 @@ def main(args: Args) -> None:
                               resume_step=start_step if resume_from is not None else None)
     warned_logp_diff = warned_partial = False
     if start_step == 0:
-        row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads()}
+        row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads(), **generator.compile_metrics()}
         logger.log(row)
         log(f"step 0 (starting policy): {row}")
     stop = GracefulStop(log)
@@ -592,6 +593,7 @@ def main(args: Args) -> None:
                                   for k in sample_log.pick(kinds) for g in (group_of[k],)])
         if evaluating:
             row.update(run_eval())
+        row.update(generator.compile_metrics())  # --torch_compile: seconds compiling, recompilations
         row["time_step_s"] = time.time() - t_start
         row["num_threads"] = threads  # the step's count: with a fixed one the run repeats exactly
         logger.log(row)

@@ -403,7 +403,8 @@ def main(args: Args) -> None:
                                   gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
     else:
         generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype,
-                                cache_implementation=args.cache_implementation)
+                                cache_implementation=args.cache_implementation,
+                                torch_compile=args.torch_compile, log=log)
     # no sampler log-probs: pi_old's come from score_rollouts, with the entropies PROS needs
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, logprobs=False)
     temperature = args.temperature if args.temperature > 0 else 1.0  # greedy samples are scored at T=1
@@ -447,7 +448,7 @@ def main(args: Args) -> None:
     sample_log = SampleLogger(args.output_dir, accelerator, args.log_samples_every, args.log_samples_per_kind,
                               resume_step=resume_step)
     if start_step == 0:
-        row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads()}
+        row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads(), **generator.compile_metrics()}
         logger.log(row)
         log(f"step 0 (starting policy): {row}")
     stop = GracefulStop(log)
@@ -658,6 +659,7 @@ def main(args: Args) -> None:
                 **tags[i // k]} for i in sample_log.pick(kinds)])
         if evaluating:
             row.update(run_eval())
+        row.update(generator.compile_metrics())  # --torch_compile: seconds compiling, recompilations
         row["time_step_s"] = time.time() - t_start
         row["num_threads"] = threads  # the step's count: with a fixed one the run repeats exactly
         logger.log(row)

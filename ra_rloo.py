@@ -223,7 +223,8 @@ def main(args: Args) -> None:
                                   gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
     else:
         generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype,
-                                cache_implementation=args.cache_implementation)
+                                cache_implementation=args.cache_implementation,
+                                torch_compile=args.torch_compile, log=log)
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     temperature = args.temperature if args.temperature > 0 else 1.0  # the generator scores greedy samples at T=1
     pack = (args.pack_row_tokens or (2048 if device.type == "cuda" else 128)) if args.padding_free else 0  # rows
@@ -269,7 +270,7 @@ def main(args: Args) -> None:
                               resume_step=start_step if resume_from is not None else None)
     warned_logp_diff = False
     if start_step == 0:
-        row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads()}
+        row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads(), **generator.compile_metrics()}
         logger.log(row)
         log(f"step 0 (starting policy): {row}")
     stop = GracefulStop(log)
@@ -422,6 +423,7 @@ def main(args: Args) -> None:
                                   for i in sample_log.pick(kinds)])
         if evaluating:
             row.update(run_eval())
+        row.update(generator.compile_metrics())  # --torch_compile: seconds compiling, recompilations
         row["time_step_s"] = time.time() - t_start
         row["num_threads"] = threads  # the step's count: with a fixed one the run repeats exactly
         logger.log(row)

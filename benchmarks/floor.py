@@ -69,6 +69,9 @@ class Args:
     """where floor.md / floor.json go (default benchmarks/results)"""
     write: bool = True
     """write floor.md and floor.json (false: print only)"""
+    torch_compile: bool = False
+    """both loops' generation through the compiled decoding step (common/compile.py), the script with
+    --torch_compile; the warm-up repeat takes the compile"""
 
 
 def _median(xs: list[float]) -> float:
@@ -89,7 +92,7 @@ def in_process(args: Args) -> dict:
     from accelerate import Accelerator
 
     from common.countdown import countdown_task
-    from common.generation import HFGenerator, SamplingConfig
+    from common.generation import HFGenerator, SamplingConfig, cache_kwargs
     from common.logprobs import score_completions
     from common.distributed import micro_batches
     from common.logprobs import token_logprobs
@@ -128,10 +131,17 @@ def in_process(args: Args) -> dict:
 
     def floor_gen():
         bare.eval()
+        compiled = {}
+        if args.torch_compile:  # the same static cache and compiled step as HFGenerator's
+            from common.compile import CompiledDecoding
+
+            decoding = CompiledDecoding()
+            compiled = {"compile_config": decoding.config(bare), **cache_kwargs(
+                bare, "static", "float32", decoding.cache_length(width, args.max_new_tokens))}
         with torch.no_grad():
             return bare.generate(input_ids=ids, attention_mask=att, do_sample=True, temperature=1.0, top_p=None,
                                  top_k=None, max_new_tokens=args.max_new_tokens, eos_token_id=[eos],
-                                 pad_token_id=pad)
+                                 pad_token_id=pad, **compiled)
 
     def floor_update(seqs):
         bare.train()
@@ -152,7 +162,7 @@ def in_process(args: Args) -> dict:
     opt = torch.optim.AdamW(ours.parameters(), lr=args.learning_rate)
     ours, opt = acc.prepare(ours, opt)
     policy = acc.unwrap_model(ours)
-    gen = HFGenerator(policy, tok, batch_size=256)
+    gen = HFGenerator(policy, tok, batch_size=256, torch_compile=args.torch_compile)
     cfg = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=1.0, logprobs=False)
 
     def our_step():
@@ -213,7 +223,8 @@ def script_run(args: Args) -> dict:
                "--max_new_tokens", str(args.max_new_tokens), "--max_steps", str(args.script_steps),
                "--eval_every", "0", "--eval_prompts", "8", "--eval_samples", "2", "--save_every", "0",
                "--num_threads", str(args.num_threads), "--seed", str(args.seed), "--output_dir", tmp,
-               "--model_name_or_path", args.model_name_or_path, "--learning_rate", repr(args.learning_rate)]
+               "--model_name_or_path", args.model_name_or_path, "--learning_rate", repr(args.learning_rate),
+               *(["--torch_compile"] if args.torch_compile else [])]
         env = dict(os.environ, OMP_NUM_THREADS=str(max(1, args.num_threads)), TOKENIZERS_PARALLELISM="false")
         r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
         if r.returncode != 0:

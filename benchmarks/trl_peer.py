@@ -82,6 +82,10 @@ class Args:
     dtype: Literal["float32", "bfloat16"] = "float32"
     """compute dtype of both trainers' throughput runs (ours: --dtype, autocast over fp32 weights; TRL: bf16=True,
     the same); the definition check is always fp32"""
+    torch_compile: bool = False
+    """ours with --torch_compile (its decoding step compiled)"""
+    trl_torch_compile: bool = False
+    """TRL with its own torch_compile=True (TrainingArguments: the model compiled by the Trainer)"""
 
     def validate(self) -> None:
         if self.steps < 3:
@@ -185,7 +189,7 @@ def grpo_config(args: Args, output_dir: str, batch: int, micro: int):
         beta=0.0, epsilon=0.2, epsilon_high=0.28,  # ada_seq's eps_low / eps_high (inactive on-policy)
         loss_type="dr_grpo", scale_rewards="none",  # = ours, see the definition check
         use_vllm=False, report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True,
-        dataloader_pin_memory=False,
+        dataloader_pin_memory=False, torch_compile=args.trl_torch_compile,
     )
 
 
@@ -266,7 +270,8 @@ def ours_command(args: Args, output_dir: str) -> list[str]:
             "--learning_rate", repr(args.learning_rate), "--warmup_steps", str(args.warmup_steps),
             "--max_steps", str(args.steps), "--eval_every", "0", "--eval_prompts", "8", "--eval_samples", "1",
             "--save_every", "0", "--num_threads", str(args.num_threads), "--seed", str(args.seed),
-            "--output_dir", output_dir, "--model_name_or_path", args.model_name_or_path, "--dtype", args.dtype]
+            "--output_dir", output_dir, "--model_name_or_path", args.model_name_or_path, "--dtype", args.dtype,
+            *(["--torch_compile"] if args.torch_compile else [])]
 
 
 def read_ours(metrics_path: Path) -> tuple[list[float], list[int]]:
@@ -606,7 +611,8 @@ def main(args: Args) -> dict:
            f"num_generations={args.num_generations}, max_completion_length={args.max_new_tokens}, temperature=1.0, "
            f"learning_rate={args.learning_rate:g}, optim='adamw_torch', lr_scheduler_type='constant_with_warmup', "
            f"warmup_steps={args.warmup_steps}, max_grad_norm=1.0, beta=0.0, epsilon=0.2, epsilon_high=0.28, "
-           "loss_type='dr_grpo', scale_rewards='none', use_vllm=False, max_steps=<steps>")
+           "loss_type='dr_grpo', scale_rewards='none', use_vllm=False, max_steps=<steps>"
+           + (", torch_compile=True" if args.trl_torch_compile else ""))
     keys = ("steps", "repeats", "num_threads", "prompt_pool", "prompts_per_step", "num_generations", "max_new_tokens",
             "micro_batch_size", "learning_rate", "warmup_steps", "device", "dtype")
     res = {**{k: getattr(args, k) for k in keys},
@@ -616,7 +622,8 @@ def main(args: Args) -> dict:
                     f"`{args.model_name_or_path}`",
            "commands": {"this": "flock /tmp/cpu.lock python benchmarks/trl_peer.py " + " ".join(
                             f"--{k} {getattr(args, k)}" for k in ("steps", "repeats", "num_threads", "device",
-                                                                  "model_name_or_path", "dtype")),
+                                                                  "model_name_or_path", "dtype", "torch_compile",
+                                                                  "trl_torch_compile")),
                         "ours": shlex.join(["python", *ours_cmd[1:]]), "trl_config": cfg}}
     md = render_md(res)
     out = ROOT / args.out

@@ -90,6 +90,10 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
     if getattr(args, "use_vllm", False) and getattr(args, "cache_implementation", None):
         raise SystemExit(f"--cache_implementation {args.cache_implementation}: applies to HF generate only; vLLM "
                          "(--use_vllm) manages its own KV cache: drop one of the two flags")
+    clash = [flag for flag in ("use_vllm", "fsdp", "cache_implementation") if getattr(args, flag, None)]
+    if getattr(args, "torch_compile", False) and clash:  # vLLM compiles its own; FSDP and a cache of the user's:
+        raise SystemExit(f"--torch_compile: not with --{clash[0]} (it compiles HF generate's decoding step on a "
+                         "static KV cache of its own, on whole weights): drop one of the two flags")
     if hasattr(args, "validate"):
         args.validate()
     return args

@@ -69,12 +69,18 @@ class HFGenerator:
     reads_policy = True  # generate() runs the training model: under --fsdp it must be gathered (`gathered`)
 
     def __init__(self, model, tokenizer, batch_size: int = 256, dtype: str = "float32",
-                 cache_implementation: str | None = None):
+                 cache_implementation: str | None = None, torch_compile: bool = False, log=print):
         self.model = model  # the (unwrapped) training model: always current, nothing to sync
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.dtype = dtype  # compute dtype (autocast over the fp32 weights)
         self.cache_implementation = cache_implementation  # None: transformers' default (a dynamic cache)
+        # --torch_compile: the decoding step compiled on a static cache (common/compile.py); None: eager
+        self.compiled = None
+        if torch_compile:
+            from common.compile import CompiledDecoding
+
+            self.compiled = CompiledDecoding(log=log)
         on_cpu = next(model.parameters()).device.type == "cpu"
         if on_cpu and cache_implementation in ("offloaded", "offloaded_static"):  # they move layers with CUDA streams
             self.cache_implementation = {"offloaded": "dynamic", "offloaded_static": "static"}[cache_implementation]
@@ -112,13 +118,16 @@ class HFGenerator:
         out_ids, out_reasons = [], []
         for s in range(0, len(flat), self.batch_size):
             chunk = flat[s : s + self.batch_size]
+            rows = len(chunk)
+            if self.compiled is not None and not self.compiled.failed:  # few shapes: pad to a bucket, cut after
+                chunk = chunk + [chunk[-1]] * (self.compiled.bucket(rows, self.batch_size) - rows)
             width = max(len(p) for p in chunk)
             ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
             att = torch.zeros((len(chunk), width), dtype=torch.long)
             for r, p in enumerate(chunk):  # left padding so every row ends at the same position
                 ids[r, width - len(p) :] = torch.tensor(p)
                 att[r, width - len(p) :] = 1
-            gen = self.model.generate(
+            gen = self._model_generate(
                 input_ids=ids.to(device),
                 attention_mask=att.to(device),
                 do_sample=cfg.temperature > 0,
@@ -132,7 +141,7 @@ class HFGenerator:
                 # transformers runs FSDP models in lock-step (an all-reduce per token); --fsdp generates inside
                 # `gathered` (whole weights, no communication), where ranks finish independently
                 synced_gpus=False,
-            )[:, width:].tolist()
+            )[:rows, width:].tolist()
             for row in gen:
                 cut = next((j for j, t in enumerate(row) if t in stop_ids), None)
                 if cut is None:
@@ -148,3 +157,14 @@ class HFGenerator:
         self.model.train(was_training)
         return Generations(prompt_ids=[list(p) for p in prompt_ids], completion_ids=out_ids,
                            logprobs=logps, finish_reasons=out_reasons, n=n)
+
+    def compile_metrics(self) -> dict:
+        """--torch_compile's metrics.jsonl entries (common/compile.py), none without it."""
+        return {} if self.compiled is None else self.compiled.metrics()
+
+    def _model_generate(self, **kwargs):
+        """`model.generate`, with --torch_compile through its compiled decoding step on a static cache."""
+        if self.compiled is None:
+            return self.model.generate(**kwargs)
+        length = self.compiled.cache_length(kwargs["input_ids"].shape[1], kwargs["max_new_tokens"])
+        return self.compiled.generate(self.model, kwargs, cache_kwargs(self.model, "static", self.dtype, length))

@@ -1,0 +1,132 @@
+"""`--torch_compile`: HF generate's decoding step compiled (common/compile.py) gives the eager run's rows, in fp32 and
+under bf16 autocast; a compile failure falls back to eager with one log line; the flags it cannot run with are refused
+at start-up. Compiling costs seconds, so only two tests compile (the script run and the bf16 generator)."""
+import json
+
+import pytest
+import torch
+
+from common.cli import parse_args
+from common.generation import HFGenerator, SamplingConfig
+from conftest import run_script
+
+# one shape for every generate call of the run (32 rows, a 64-position cache): the step compiles once
+FLAGS = ["--max_steps", "3", "--eval_every", "0", "--eval_prompts", "8", "--eval_samples", "4", "--prompts_per_step",
+         "8", "--max_new_tokens", "16", "--num_threads", "1", "--learning_rate", "1e-4", "--warmup_steps", "5",
+         "--prompt_pool", "64", "--reward", "binary", "--paper_eval_samples", "4", "--eval_train_prompts", "8"]
+
+
+def rows(out_dir) -> list[dict]:
+    return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_torch_compile_matches_eager_three_steps(tiny_base, tmp_path):
+    for name, extra in (("eager", []), ("compiled", ["--torch_compile"])):
+        run_script(["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(tmp_path / name), *FLAGS,
+                    *extra])
+    eager, compiled = rows(tmp_path / "eager"), rows(tmp_path / "compiled")
+    assert [row["step"] for row in compiled] == [0, 1, 2, 3]
+    for a, b in zip(eager, compiled):
+        for key in ("reward_mean", "loss", "kl", "pass_rate", "completion_len_mean", "eval_pass@1"):
+            if key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-9), (a["step"], key)
+    assert "time_compile_s" not in eager[0]
+    # the compile happens in the step-0 evaluation, once: every later call reuses the compiled step
+    assert compiled[0]["time_compile_s"] > 1.0 and all(row["time_compile_s"] == 0 for row in compiled[1:])
+    assert all(row["compile_recompiles"] == 0 for row in compiled)
+
+
+def tiny_generator_inputs():
+    from common.tiny_model import BaseRecipe, build_char_tokenizer, build_tiny_model
+
+    tokenizer = build_char_tokenizer()
+    recipe = BaseRecipe(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
+    model = build_tiny_model(recipe, len(tokenizer))
+    prompts = [tokenizer(text).input_ids for text in ("3 4 5 =", "12 +", "9", "1 2 3 4 5 6")]
+    return model, tokenizer, prompts, SamplingConfig(max_new_tokens=8, temperature=1.0)
+
+
+def generate(generator, prompts, sampling):
+    torch.manual_seed(0)
+    return generator.generate(prompts, 2, sampling)  # 8 rows: a bucket as it is, no padding rows
+
+
+def test_torch_compile_bf16_generation_matches_eager():
+    # the static cache under bf16 autocast: fp32 keys (rotary embedding) and bf16 values stored in one dtype
+    model, tokenizer, prompts, sampling = tiny_generator_inputs()
+    logs = []
+    eager = generate(HFGenerator(model, tokenizer, batch_size=8, dtype="bfloat16"), prompts, sampling)
+    compiled_generator = HFGenerator(model, tokenizer, batch_size=8, dtype="bfloat16", torch_compile=True,
+                                     log=logs.append)
+    compiled = generate(compiled_generator, prompts, sampling)
+    assert not logs and not compiled_generator.compiled.failed  # it did run compiled
+    assert compiled.completion_ids == eager.completion_ids
+    assert torch.allclose(torch.tensor(sum(compiled.logprobs, [])), torch.tensor(sum(eager.logprobs, [])), atol=1e-5)
+    assert compiled_generator.compile_metrics()["time_compile_s"] > 0
+
+
+def test_torch_compile_failure_falls_back_to_eager_with_one_line():
+    model, tokenizer, prompts, sampling = tiny_generator_inputs()
+
+    def failing_backend(graph, example_inputs):
+        raise RuntimeError("no compiler on this machine")
+
+    logs = []
+    generator = HFGenerator(model, tokenizer, batch_size=8, torch_compile=True, log=logs.append)
+    generator.compiled.backend = failing_backend
+    first, second = generate(generator, prompts, sampling), generate(generator, prompts, sampling)
+    eager = generate(HFGenerator(model, tokenizer, batch_size=8), prompts, sampling)
+    assert len(logs) == 1 and "no compiler on this machine" in logs[0] and "eagerly" in logs[0]
+    # the failed call is redone from the same random state: the rows are the eager ones
+    assert first.completion_ids == eager.completion_ids == second.completion_ids
+
+
+def test_torch_compile_pads_chunks_to_few_shapes():
+    from common.compile import CompiledDecoding
+
+    assert [CompiledDecoding.bucket(rows, 256) for rows in (1, 2, 3, 100, 128, 129, 256)] == \
+        [1, 2, 4, 128, 128, 256, 256]
+    assert CompiledDecoding.bucket(70, 100) == 100  # never past the generation batch size
+
+
+@pytest.mark.parametrize("flags, clash", [(["--use_vllm"], "--use_vllm"), (["--fsdp"], "--fsdp"),
+                                          (["--cache_implementation", "static"], "--cache_implementation")])
+def test_torch_compile_refuses_what_it_cannot_run_with(flags, clash):
+    import ra_rloo
+
+    with pytest.raises(SystemExit, match=f"--torch_compile: not with {clash} "):
+        parse_args(ra_rloo.Args, ["--torch_compile", *flags])
+    parse_args(ra_rloo.Args, ["--torch_compile", "--lora_r", "4", "--gradient_checkpointing", "--dtype", "bfloat16"])
+
+
+def test_compile_speed_block_renders_every_part(tmp_path):
+    from dataclasses import fields
+
+    from benchmarks.compile_speed import Args, docs_block
+    from common.cli import field_docs
+
+    assert not [f.name for f in fields(Args) if not field_docs(Args).get(f.name)]  # every flag has its help
+
+    assert "has not been measured" in docs_block(tmp_path / "none.json")
+    job = {"step_s": 0.6, "gen_s": 0.3, "gen_tokens_per_s": 4000.0, "compile_s": 30.0, "recompiles": 1,
+           "fallback": False}
+    rounds = {"ours_eager_vs_trl_eager": [1.1, 1.2], "ours_compiled_vs_trl_eager": [1.4, 1.5],
+              "ours_compiled_vs_trl_compiled": [1.3, 1.25]}
+    res = {"args": {"num_threads": 2, "rounds": 2, "steps": 40, "peer_rounds": 2, "peer_steps": 20},
+           "machine": {"cpu": "a CPU"},
+           "job": {"eager": job, "compiled": {**job, "step_s": 0.5, "gen_tokens_per_s": 6000.0},
+                   "speedup": 1.2, "gen_speedup": 1.5, "break_even_steps": 300.0},
+           "floor": {"eager": {"floor_s": 0.5, "script_ratio": 0.9},
+                     "compiled": {"floor_s": 0.4, "script_ratio": 0.95}, "floor_speedup": 1.25},
+           "peer": {"versions": {"trl": "1.16.0"}, "rounds": rounds,
+                    "ratios": {"ours_eager_vs_trl_eager": 1.15, "ours_compiled_vs_trl_eager": 1.45,
+                               "ours_compiled_vs_trl_compiled": 1.27}}}
+    path = tmp_path / "compile.json"
+    path.write_text(json.dumps(res))
+    text = " ".join(docs_block(path).split())
+    for figure in ("0.600 s/step eager, 0.500 s/step", "(1.20x)", "4,000 vs 6,000 tokens/s",
+                   "paid back after 300 steps", "0.500 s eager, 0.400 s compiled (1.25x)",
+                   "vs TRL eager 1.45x (rounds 1.40/1.50)",
+                   "`torch_compile=True` 1.27x (rounds 1.30/1.25)"):
+        assert figure in text, figure
+    assert all(len(line) <= 120 for line in docs_block(path).splitlines())
