@@ -36,12 +36,10 @@ inference budget.
 from __future__ import annotations
 
 import copy
-import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Annotated, Literal, Optional
 
 import numpy as np
@@ -61,6 +59,7 @@ from common.losses import clipped_surrogate, kl_k3
 from common.masking import pad_sequences, right_align
 from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate, evaluate_train_prompts,
                             train_prompt_sample, trained_advantage_metrics)
+from common.output_dir import claim_output_dir
 from common.policy import DTYPES, autocast, load_policy
 from common.summary import run_summary
 
@@ -200,14 +199,12 @@ def main(args: Args) -> None:
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), project_dir=args.output_dir,
                               log_with=None if args.report_to == "none" else args.report_to)
     device, world = accelerator.device, accelerator.num_processes
-    log = lambda msg: accelerator.print(msg, flush=True)  # noqa: E731  (main process only)
+    log = lambda msg: print(msg, flush=True) if accelerator.is_main_process else None  # noqa: E731  (once a run)
     rank_seed = args.seed + accelerator.process_index  # ranks sample different rollouts
     random.seed(rank_seed)
     np.random.seed(rank_seed)
     torch.manual_seed(rank_seed)
-    if accelerator.is_main_process:
-        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-        (Path(args.output_dir) / "args.json").write_text(json.dumps(asdict(args), indent=2))
+    claim_output_dir(args, accelerator, log)  # before any model: refuses a used or unshared folder
 
     # ---------------- policy, frozen reference, optimizer ----------------
     model_path = args.model_name_or_path

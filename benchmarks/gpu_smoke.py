@@ -395,7 +395,8 @@ def run_script(script: str, flags: list[str], out: Path, model_dir: Path, steps:
             "--dtype", args.dtype, "--prompts_per_step", str(args.prompts_per_step), "--max_new_tokens",
             str(args.max_new_tokens), "--eval_every", "0", "--eval_prompts", str(args.smoke_eval_prompts),
             "--eval_samples", "2",
-            "--eval_train_prompts", "0", "--save_every", "0", "--warmup_steps", "1", *flags]
+            "--eval_train_prompts", "0", "--save_every", "0", "--warmup_steps", "1",
+            "--overwrite_output_dir", *flags]  # a repeated smoke command replaces its own earlier runs
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.empty_cache()

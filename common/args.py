@@ -39,7 +39,11 @@ class BaseArgs:
     """training reward (Countdown only; evaluation always uses the binary verifier)"""
     # --- run ---
     output_dir: str = ""
-    """where metrics.jsonl and checkpoints go (default: runs/<script>-seed<seed>)"""
+    """where metrics.jsonl and checkpoints go (default: runs/<script>-seed<seed>); a fresh run refuses a folder that
+    holds a run (continue it with --resume auto, or start over with --overwrite_output_dir); on several machines, a
+    folder every machine shares"""
+    overwrite_output_dir: bool = False
+    """start over in an --output_dir that holds a run: its checkpoints and logs are removed first (other files stay)"""
     seed: Annotated[int, Range(0)] = 0
     """random seed (data order, sampling, replay choices)"""
     max_steps: Annotated[int, Range(1)] = 300

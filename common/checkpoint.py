@@ -3,10 +3,13 @@
 such as replay buffers) and `rng_rank<r>.pt` (each process's RNGs); under `--fsdp` the model dir still holds the
 whole weights, and each rank's optimizer shard (and `rank_state`) is in `shards_rank<r>.pt`. The .pt files hold only
 tensors and plain containers, read back with no allowlist, so a resume runs no code from a checkpoint. It is written
-to a temporary dir and renamed when complete, so an interrupted save never leaves a half-written checkpoint behind.
+to a temporary dir and renamed when complete, so an interrupted save never leaves a half-written checkpoint behind;
+a failed write (a full disk, no permission) stops every rank with one line and leaves the earlier checkpoints whole.
+`run.json` records the id of the run that wrote it (common/output_dir.py): rotation removes only that run's own.
 """
 from __future__ import annotations
 
+import json
 import random
 import re
 import shutil
@@ -17,9 +20,21 @@ import torch
 from safetensors.torch import load_file
 from torch.distributed.fsdp import FSDPModule
 
-from common.distributed import gather_list
+from common.distributed import gather_list, reduce_sums, stop_every_rank
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
+MARKER = ".run.json"
+"""in the output dir: the id of the run writing there and this launch's token (common/output_dir.py)"""
+_WRITE_ERRORS = (OSError, RuntimeError)  # torch.save reports a failed write (e.g. a full disk) as a RuntimeError
+
+
+def run_id(record: Path) -> str:
+    """The run id in `record`: a checkpoint's `run.json` (the run that wrote it) or the output dir's marker (the run
+    writing there); "" when none is recorded."""
+    try:
+        return str(json.loads(Path(record).read_text())["run_id"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
 
 
 def rng_state() -> dict:
@@ -96,40 +111,84 @@ def resolve_resume(resume: str | None, output_dir: str) -> Path | None:
 def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, optimizer, scheduler,
                     state: dict, keep: int = 2, merged_export: bool = False, rank_state: dict | None = None) -> Path:
     """With LoRA the model dir holds the adapter (adapter_model.safetensors, loads with peft on the base model);
-    `merged_export` adds `merged/`, a plain model dir with the adapters folded in. Every rank must call this."""
+    `merged_export` adds `merged/`, a plain model dir with the adapters folded in. Every rank must call this. `keep`
+    > 0: afterwards the run writing in `output_dir` keeps its `keep` latest checkpoints (another run's are never
+    removed); a failed write stops every rank with one line naming the folder and the error."""
     final = Path(output_dir) / f"checkpoint-{step}"
     tmp = Path(output_dir) / f".tmp-checkpoint-{step}"
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    torch.save(plain(rng_state()), tmp / f"rng_rank{accelerator.process_index}.pt")
+    main, failed = accelerator.is_main_process, []
+    if main:
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        except OSError as error:
+            failed.append(error)
+    _stop_if_failed(accelerator, failed, tmp, step)  # a collective: also the barrier before the ranks write
+    try:
+        torch.save(plain(rng_state()), tmp / f"rng_rank{accelerator.process_index}.pt")
+    except _WRITE_ERRORS as error:
+        failed.append(error)
     unwrapped, weights = accelerator.unwrap_model(model), None
     sharded = isinstance(unwrapped, FSDPModule)  # --fsdp (common.fsdp is imported only then)
     if sharded:  # every rank takes part; rank 0 receives the whole fp32 weights
         from common.fsdp import save_shards
 
-        weights = save_shards(unwrapped, optimizer, plain(rank_state),
-                              tmp / f"shards_rank{accelerator.process_index}.pt", skip=_tied_keys(unwrapped))
-    if accelerator.is_main_process:
-        unwrapped.save_pretrained(tmp, state_dict=weights)
-        tokenizer.save_pretrained(tmp)
-        if merged_export and hasattr(unwrapped, "get_base_model"):
-            from common.lora import merged_state_dict
+        try:
+            weights = save_shards(unwrapped, optimizer, plain(rank_state),
+                                  tmp / f"shards_rank{accelerator.process_index}.pt", skip=_tied_keys(unwrapped))
+        except _WRITE_ERRORS as error:
+            failed.append(error)
+    writing = run_id(Path(output_dir) / MARKER)
+    if main and not failed:
+        try:
+            unwrapped.save_pretrained(tmp, state_dict=weights)
+            tokenizer.save_pretrained(tmp)
+            if merged_export and hasattr(unwrapped, "get_base_model"):
+                from common.lora import merged_state_dict
 
-            unwrapped.get_base_model().save_pretrained(tmp / "merged", state_dict=merged_state_dict(unwrapped))
-            tokenizer.save_pretrained(tmp / "merged")
-        trainer = {"step": step, "optimizer": None if sharded else optimizer.state_dict(),
-                   "scheduler": scheduler.state_dict(), "state": state, "world_size": accelerator.num_processes}
-        torch.save(plain(trainer), tmp / "trainer_state.pt")
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        for old in list_checkpoints(output_dir)[:-keep] if keep > 0 else []:
+                unwrapped.get_base_model().save_pretrained(tmp / "merged", state_dict=merged_state_dict(unwrapped))
+                tokenizer.save_pretrained(tmp / "merged")
+            trainer = {"step": step, "optimizer": None if sharded else optimizer.state_dict(),
+                       "scheduler": scheduler.state_dict(), "state": state, "world_size": accelerator.num_processes}
+            torch.save(plain(trainer), tmp / "trainer_state.pt")
+            (tmp / "run.json").write_text(json.dumps({"run_id": writing}))
+        except _WRITE_ERRORS as error:
+            failed.append(error)
+    _stop_if_failed(accelerator, failed, tmp, step)
+    if main:
+        try:
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
+        except OSError as error:
+            failed.append(error)
+    _stop_if_failed(accelerator, failed, tmp, step)
+    if main and keep > 0:  # this run's older checkpoints, never the one just written nor another run's
+        mine = [path for path in list_checkpoints(output_dir) if path != final and run_id(path / "run.json") == writing]
+        for old in mine[:max(0, len(mine) - (keep - 1))]:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
+
+
+def _stop_if_failed(accelerator, failed: list, tmp: Path, step: int) -> None:
+    """Every rank: when a write failed on any rank, remove the partial checkpoint and stop every rank with one line
+    naming the folder, the error and the checkpoint a resume starts from."""
+    # a float all-reduce first: gather_list pickles into tensors that reference Python memory, and gloo may free
+    # those in its own thread while the run destroys its process group (a deadlock on the GIL); gather only to stop
+    if not reduce_sums(accelerator, {"failed": float(len(failed))})["failed"]:
+        return
+    reasons = gather_list(accelerator, [str(error).strip().splitlines()[0] for error in failed])
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+    found = list_checkpoints(str(tmp.parent))
+    try:
+        room = f" ({shutil.disk_usage(tmp.parent).free / 2 ** 20:,.0f} MiB free there)"
+    except OSError:
+        room = ""
+    stop_every_rank(accelerator, f"checkpoint-{step}: could not write it in {tmp.parent}: {reasons[0]}{room}; the run "
+                                 f"stops here. " + (f"{found[-1].name} is whole: make room (or fix the folder's "
+                                 "permissions), then continue with --resume auto" if found else
+                                 "There is no earlier checkpoint: fix the folder, then start the run again"))
 
 
 def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tuple[int, dict]:

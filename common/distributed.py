@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 
 import torch
 from torch.distributed.fsdp import FSDPModule
@@ -32,6 +33,17 @@ def gather_list(accelerator, items: list) -> list:
     from accelerate.utils import gather_object
 
     return gather_object(list(items))
+
+
+def stop_every_rank(accelerator, message: str) -> None:
+    """Stop the run on every rank (each calls this) with `message`: printed once per machine, by its first process,
+    before any rank exits (a launcher ends the other processes as soon as one exits), then exit status 1."""
+    if accelerator.num_processes == 1:
+        raise SystemExit(message)
+    if accelerator.is_local_main_process:
+        print(message, file=sys.stderr, flush=True)
+    accelerator.wait_for_everyone()
+    raise SystemExit(1)
 
 
 def token_budget_cuts(lengths: list[int], max_tokens: int) -> list[int]:

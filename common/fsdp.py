@@ -119,8 +119,10 @@ def load_full_state_dict(model, weights: dict) -> tuple[list[str], list[str]]:
 def save_shards(model, optimizer, rank_state: dict | None, path, skip=()) -> dict:
     """Checkpoint under FSDP (every rank calls it): this rank's optimizer shard and `rank_state` to `path`; returns
     the whole weights without the `skip` keys (tied copies) on rank 0, an empty dict elsewhere."""
+    # the collective first: a failed write below then stops this rank after every rank took part (no hang)
+    weights = {key: value for key, value in full_state_dict(model).items() if key not in skip}
     torch.save({"optimizer": local_optimizer_state(optimizer), **(rank_state or {})}, path)
-    return {key: value for key, value in full_state_dict(model).items() if key not in skip}
+    return weights
 
 
 def load_shards(optimizer, shards: dict) -> dict:

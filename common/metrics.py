@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 from pathlib import Path
 
@@ -33,6 +34,50 @@ def check_tracker(report_to: str) -> None:
         raise SystemExit(f"--report_to {report_to}: install it first (pip install {need[0]})")
 
 
+def read_rows(path: Path, announce=lambda message: print(message, flush=True)) -> list[str]:
+    """The rows of a log file (`metrics.jsonl`, `samples.jsonl`) as their JSON lines, for a resume. A last line cut
+    short (a run killed, or a disk filled, while writing it) is dropped and `announce`d in one line; a damaged line
+    before it stops the run with one line naming the file and line number (the file is left as it is)."""
+    lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
+    numbered = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    kept = []
+    for index, (number, line) in enumerate(numbered):
+        try:
+            row = json.loads(line)
+            int(row["step"])
+        except (ValueError, KeyError, TypeError) as error:
+            if index < len(numbered) - 1:
+                raise SystemExit(f"{path} line {number}: not a row this project writes ({type(error).__name__}: "
+                                 f"{str(error)[:80]}); repair or delete that line, then resume")
+            announce(f"{path}: dropped its last line (line {number}), cut short at {len(line.encode())} bytes by an "
+                     "interrupted write")
+            continue
+        kept.append(line)
+    return kept
+
+
+def append_rows(path: Path, rows: list[dict]) -> None:
+    """Append each row as one JSON line with one write call, straight to the OS (no Python buffer): a killed process
+    leaves whole rows behind (a full disk may still cut the last one: a resume drops it)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        for row in rows:
+            data = (json.dumps(row) + "\n").encode()
+            while data:  # a regular file takes it in one call; the loop covers a short write
+                data = data[os.write(fd, data):]
+    finally:
+        os.close(fd)
+
+
+def keep_rows_until(path: Path, resume_step: int | None) -> None:
+    """Rewrite `path` with its rows up to `resume_step` (None: none), replacing the file whole, so that a crash
+    while rewriting never loses the rows a resume keeps."""
+    kept = [] if resume_step is None else [line for line in read_rows(path) if json.loads(line)["step"] <= resume_step]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
 class MetricsLogger:
     def __init__(self, output_dir: str, accelerator, report_to: str = "none", config: dict | None = None,
                  resume_step: int | None = None, project: str = "rlvr-sampling"):
@@ -43,9 +88,7 @@ class MetricsLogger:
             return
         if resume_step is not None and self.path.exists():
             # drop rows written after the checkpoint, so the file reads as one uninterrupted run
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= resume_step]
-            self.path.write_text("".join(ln + "\n" for ln in kept))
+            keep_rows_until(self.path, resume_step)
         elif resume_step is None and self.path.exists():
             self.path.unlink()
         if self.trackers:
@@ -55,8 +98,7 @@ class MetricsLogger:
         if not self.acc.is_main_process:
             return
         clean = {k: (float(v) if isinstance(v, (np.floating, np.integer)) else v) for k, v in metrics.items()}
-        with self.path.open("a") as f:
-            f.write(json.dumps(clean) + "\n")
+        append_rows(self.path, [clean])
         if self.trackers:
             self.acc.log({k: v for k, v in clean.items() if isinstance(v, (int, float))}, step=clean["step"])
 
@@ -70,9 +112,7 @@ class SampleLogger:
         self.acc, self.every, self.per_kind = accelerator, every, per_kind
         self.path = Path(output_dir) / "samples.jsonl"
         if accelerator.is_main_process and self.path.exists():  # as metrics.jsonl: rows past the checkpoint go
-            kept = [] if resume_step is None else [line for line in self.path.read_text().splitlines()
-                                                   if line.strip() and json.loads(line)["step"] <= resume_step]
-            self.path.write_text("".join(line + "\n" for line in kept))
+            keep_rows_until(self.path, resume_step)
 
     def due(self, step: int, evaluating: bool) -> bool:
         """At each evaluation by default (`every` None), else every `every` steps (0: never)."""
@@ -97,8 +137,7 @@ class SampleLogger:
             return
         clean = [{"step": step, **{k: float(v) if isinstance(v, (np.floating, np.integer)) else v
                                    for k, v in row.items()}} for row in rows]
-        with self.path.open("a") as f:
-            f.writelines(json.dumps(row) + "\n" for row in clean)
+        append_rows(self.path, clean)
         for tracker in self.acc.trackers:
             columns = sorted({key for row in clean for key in row})
             if tracker.name == "wandb":

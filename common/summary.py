@@ -24,7 +24,8 @@ def run_summary(output_dir: str, mechanism: list[str]) -> str:
     lines += [f"  {label:<26} {first[key]:.3f} (step {first['step']}) -> {last[key]:.3f} (step {last['step']})"
               for label, key in filter(None, names) if number(first.get(key)) and number(last.get(key))]
     lines.append(f"  {repeatability(rows, output_dir)}")
-    files = ", ".join(sorted(p.name + "/" * p.is_dir() for p in Path(output_dir).iterdir()))
+    files = ", ".join(sorted(p.name + "/" * p.is_dir() for p in Path(output_dir).iterdir()
+                             if not p.name.startswith(".")))  # dot files: the run's marker, temporary files
     lines.append(f"  outputs: {files} (metrics.jsonl: one row per step; the keys: docs/metrics.md)")
     logged = ",".join(key for key in mechanism if any(number(row.get(key)) for row in rows))  # a baseline: none
     lines.append(f"  curves:  python -m common.plot_run {shlex.quote(str(output_dir))}"

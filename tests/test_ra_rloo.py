@@ -142,18 +142,62 @@ def _strip(rows):
     return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
 
 
-def test_resume_reproduces_an_uninterrupted_run(tiny_base, tmp_path):
+# killed (SIGKILL) at step 3 while writing its metrics row, after that step's samples were written: checkpoints at 2, 4
+KILLED_MID_ROW = """
+import json, os, runpy, signal, sys
+from common import metrics
+log = metrics.MetricsLogger.log
+def killed_mid_row(self, row):
+    if row["step"] == 3:
+        line = json.dumps(row) + "\\n"
+        with open(self.path, "a") as f:
+            f.write(line[:len(line) // 2])
+        os.kill(os.getpid(), signal.SIGKILL)
+    log(self, row)
+metrics.MetricsLogger.log = killed_mid_row
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_resume_after_sigkill_and_cut_lines_reproduces_an_uninterrupted_run(tiny_base, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
     full, part = tmp_path / "full", tmp_path / "part"
     base = ["ra_rloo.py", "--model_name_or_path", tiny_base, "--eval_every", "2", "--save_every", "2",
-            "--prompt_pool", "6", *COMMON[2:]]
+            "--log_samples_every", "1", "--prompt_pool", "6", *COMMON[2:]]
     run_script([*base, "--output_dir", str(full), "--max_steps", "4"])
-    run_script([*base, "--output_dir", str(part), "--max_steps", "2"])  # "killed" after step 2
-    (part / "metrics.jsonl").open("a").write(json.dumps({"step": 3, "junk": 1}) + "\n")  # a row past the checkpoint
-    run_script([*base, "--output_dir", str(part), "--max_steps", "4", "--resume", "auto"])
+    killed = subprocess.run([sys.executable, "-c", KILLED_MID_ROW, *base, "--output_dir", str(part), "--max_steps",
+                             "4"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -9, killed.stderr[-3000:]
+    assert [p.name for p in part.glob("checkpoint-*")] == ["checkpoint-2"]
+    assert not (part / "metrics.jsonl").read_text().endswith("\n")  # step 3's row, cut in half
+    samples = (part / "samples.jsonl").read_bytes()  # its last row (step 3) cut too, as a full disk would
+    (part / "samples.jsonl").write_bytes(samples[:len(samples) - 40])
+    r = run_script([*base, "--output_dir", str(part), "--max_steps", "4", "--resume", "auto"])
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        assert r.stdout.count(f"{name}: dropped its last line") == 1, r.stdout[-3000:]
     a, b = _strip(_rows(full)), _strip(_rows(part))
     assert [r["step"] for r in b] == [0, 1, 2, 3, 4]
     assert a == b  # same rewards, losses, KL, IS weights and eval: buffers and replay RNG were restored
     assert all(r["ra_replay_fired_frac"] > 0 for r in b[3:])  # replays after the resume drew from restored buffers
+    assert (part / "samples.jsonl").read_text() == (full / "samples.jsonl").read_text()
+
+
+def test_a_damaged_row_before_the_last_stops_the_resume_with_its_line_number(tmp_path):
+    from common.metrics import read_rows
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0}\n{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')
+    with pytest.raises(SystemExit, match=r"metrics.jsonl line 3: not a row this project writes"):
+        read_rows(path)
+    path.write_text('{"step": 0}\n\n{"step": 1}\n{"step": 2, "lo')
+    said = []
+    assert read_rows(path, said.append) == ['{"step": 0}', '{"step": 1}'] and len(said) == 1
+    assert "line 4" in said[0]
 
 
 @pytest.mark.xdist_group("distributed")  # accelerate's default rendezvous port, as in tests/test_fsdp.py
