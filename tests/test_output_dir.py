@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -145,6 +146,9 @@ def _port() -> int:
     raise RuntimeError("no free port in 20000-29000")
 
 
+DIST_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
 def _launch(machines: int, rank: int, port: int, cwd: Path, flags: list[str]) -> subprocess.Popen:
     """One machine's `accelerate launch` of ra_rloo.py (one process per machine, two in all); its output goes to a
     file (a pipe read only after the other machine's could fill up and stall both)."""
@@ -153,26 +157,63 @@ def _launch(machines: int, rank: int, port: int, cwd: Path, flags: list[str]) ->
            "--main_process_port", str(port), "--mixed_precision", "no", "--dynamo_backend", "no",
            str(ROOT / "ra_rloo.py"), *flags]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    for key in [key for key in env if key.startswith("ACCELERATE_") or key in DIST_ENV]:
+        env.pop(key)  # what an in-process run of this worker left behind would override the launcher's own
     log = open(cwd / f"launch-{port}-{rank}.log", "w+")
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)  # its own process group: a hung launch is ended whole
-    proc.log = log
+    proc.log, proc.cwd = log, str(cwd)
     return proc
 
 
-def _finish(proc: subprocess.Popen) -> tuple[int, str]:
-    try:
-        proc.wait(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise
-    proc.log.seek(0)
-    return proc.returncode, proc.log.read()
+def _kill_workers_in(cwds: set[str]) -> None:
+    """SIGKILL every process working in one of `cwds`: the launcher's worker may sit in a session of its own."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/cwd") in cwds and int(pid) != os.getpid():
+                os.kill(int(pid), signal.SIGKILL)
+        except OSError:  # gone already, or not ours to read
+            continue
 
 
 def _two_machines(cwds: list[Path], flags: list[str]) -> list[tuple[int, str]]:
-    port = _port()
-    return [_finish(proc) for proc in [_launch(2, rank, port, cwd, flags) for rank, cwd in enumerate(cwds)]]
+    """Both machines' (exit code, output). A launch that hangs is ended and tried once more on a new port (a rare hang
+    of the two-machine gloo launch on a loaded 2-core machine, not understood yet); a second hang fails the test."""
+    for attempt in range(2):
+        port = _port()
+        results = _finish([_launch(2, rank, port, cwd, flags) for rank, cwd in enumerate(cwds)],
+                          fail=attempt == 1)
+        if results is not None:
+            return results
+        warnings.warn("a two-machine launch hung and was ended; trying it once more")
+    raise AssertionError("unreachable")
+
+
+def _finish(procs: list[subprocess.Popen], fail: bool = True) -> list[tuple[int, str]] | None:
+    """Each launch's (exit code, output). A launch still running after 150 s is ended whole with the others (a hung
+    rank left running would hold its port and CPU for the rest of the suite); then the test fails, or with
+    `fail=False` this returns None."""
+    deadline = time.time() + 150
+    try:
+        for proc in procs:
+            proc.wait(timeout=max(1.0, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        _kill_workers_in({proc.cwd for proc in procs})
+        logs = []
+        for proc in procs:
+            proc.log.seek(0)
+            logs.append(proc.log.read()[-2000:])
+        if fail:
+            pytest.fail("a launch hung; its machines' last output:\n" + "\n-----\n".join(logs))
+        return None
+    results = []
+    for proc in procs:
+        proc.log.seek(0)
+        results.append((proc.returncode, proc.log.read()))
+    return results
 
 
 def _strip(rows: list[dict]) -> list[dict]:
@@ -206,8 +247,8 @@ def test_two_machines_need_a_shared_folder_and_print_the_summary_once(tiny_base,
         assert (shared / f"checkpoint-{steps}" / "trainer_state.pt").exists()
     assert "resumed from" in results[0][1] and "resumed from" not in results[1][1]
     # the same run as 1 machine x 2 processes: the same rows (the same ranks, seeds and gloo sums)
-    code, log = _finish(_launch(1, 0, _port(), tmp_path, [*flags, "--output_dir", str(tmp_path / "one"),
-                                                          "--max_steps", "4"]))
+    [(code, log)] = _finish([_launch(1, 0, _port(), tmp_path, [*flags, "--output_dir", str(tmp_path / "one"),
+                                                               "--max_steps", "4"])])
     assert code == 0, log[-3000:]
     assert [row["step"] for row in _rows(shared)] == [0, 1, 2, 3, 4]
     assert _strip(_rows(shared)) == _strip(_rows(tmp_path / "one"))
