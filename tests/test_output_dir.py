@@ -176,24 +176,30 @@ def _kill_workers_in(cwds: set[str]) -> None:
             continue
 
 
-def _two_machines(cwds: list[Path], flags: list[str]) -> list[tuple[int, str]]:
-    """Both machines' (exit code, output). A launch that hangs is ended and tried once more on a new port (a rare hang
-    of the two-machine gloo launch on a loaded 2-core machine, not understood yet); a second hang fails the test."""
-    for attempt in range(2):
-        port = _port()
-        results = _finish([_launch(2, rank, port, cwd, flags) for rank, cwd in enumerate(cwds)],
-                          fail=attempt == 1)
-        if results is not None:
-            return results
-        warnings.warn("a two-machine launch hung and was ended; trying it once more")
-    raise AssertionError("unreachable")
+def _two_machines(cwds: list[Path], flags: list[str], fail: bool = True) -> list[tuple[int, str]] | None:
+    """Both machines' (exit code, output); None if a launch hung and `fail` is False."""
+    port = _port()
+    return _finish([_launch(2, rank, port, cwd, flags) for rank, cwd in enumerate(cwds)], fail=fail)
+
+
+def _shared_run_and_resume(copies: list[Path], flags: list[str], shared: Path, fail: bool):
+    """2 steps and a checkpoint in one shared folder, then a resume to 4 steps; the last launch's results, or None
+    if a launch hung and `fail` is False."""
+    for steps, extra in (("2", []), ("4", ["--resume", "auto"])):
+        results = _two_machines(copies, [*flags, "--output_dir", str(shared), "--max_steps", steps, *extra], fail)
+        if results is None:
+            return None
+        assert all(code == 0 for code, _ in results), [log[-3000:] for _, log in results]
+        assert sum(log.count(f"run ended at step {steps}") for _, log in results) == 1
+        assert (shared / f"checkpoint-{steps}" / "trainer_state.pt").exists()
+    return results
 
 
 def _finish(procs: list[subprocess.Popen], fail: bool = True) -> list[tuple[int, str]] | None:
-    """Each launch's (exit code, output). A launch still running after 150 s is ended whole with the others (a hung
+    """Each launch's (exit code, output). A launch still running after 90 s is ended whole with the others (a hung
     rank left running would hold its port and CPU for the rest of the suite); then the test fails, or with
     `fail=False` this returns None."""
-    deadline = time.time() + 150
+    deadline = time.time() + 90
     try:
         for proc in procs:
             proc.wait(timeout=max(1.0, deadline - time.time()))
@@ -238,18 +244,24 @@ def test_two_machines_need_a_shared_folder_and_print_the_summary_once(tiny_base,
         # no traceback of the script (the launcher reports the failed process in its own words)
         assert not re.search(r'File ".*(ra_rloo\.py|/common/)', log), log[-3000:]
     assert not (copies[0] / "runs" / "mn" / "metrics.jsonl").exists()  # no step trained
-    # one shared folder: 2 steps and a checkpoint, then a resume to 4 steps; the summary is printed once a run
-    shared = tmp_path / "shared"
-    for steps, extra in (("2", []), ("4", ["--resume", "auto"])):
-        results = _two_machines(copies, [*flags, "--output_dir", str(shared), "--max_steps", steps, *extra])
-        assert all(code == 0 for code, _ in results), [log[-3000:] for _, log in results]
-        assert sum(log.count(f"run ended at step {steps}") for _, log in results) == 1
-        assert (shared / f"checkpoint-{steps}" / "trainer_state.pt").exists()
+    # one shared folder: 2 steps and a checkpoint, then a resume to 4 steps; the summary is printed once a run. A
+    # launch that hangs (seen now and then at the end of a run, cause not found yet) is tried once more in a new folder
+    for attempt in range(2):
+        shared = tmp_path / f"shared-{attempt}"
+        results = _shared_run_and_resume(copies, flags, shared, fail=attempt == 1)
+        if results is not None:
+            break
+        warnings.warn("a two-machine launch hung and was ended; trying the shared-folder runs once more")
     assert "resumed from" in results[0][1] and "resumed from" not in results[1][1]
     # the same run as 1 machine x 2 processes: the same rows (the same ranks, seeds and gloo sums)
-    [(code, log)] = _finish([_launch(1, 0, _port(), tmp_path, [*flags, "--output_dir", str(tmp_path / "one"),
-                                                               "--max_steps", "4"])])
+    for attempt in range(2):
+        one = tmp_path / f"one-{attempt}"
+        launched = _finish([_launch(1, 0, _port(), tmp_path, [*flags, "--output_dir", str(one), "--max_steps", "4"])],
+                           fail=attempt == 1)
+        if launched is not None:
+            break
+    [(code, log)] = launched
     assert code == 0, log[-3000:]
     assert [row["step"] for row in _rows(shared)] == [0, 1, 2, 3, 4]
-    assert _strip(_rows(shared)) == _strip(_rows(tmp_path / "one"))
-    assert _rows(shared, "samples.jsonl") == _rows(tmp_path / "one", "samples.jsonl")
+    assert _strip(_rows(shared)) == _strip(_rows(one))
+    assert _rows(shared, "samples.jsonl") == _rows(one, "samples.jsonl")
