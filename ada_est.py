@@ -51,7 +51,7 @@ from common import checkpoint
 from common.args import BaseArgs, Range
 from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler, hf_task
-from common.distributed import GracefulStop, gather_list, gathered, micro_batches, my_slice, reduce_sums
+from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig
 from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
 from common.logprobs import token_logprobs
@@ -472,7 +472,7 @@ def main(args: Args) -> None:
                 log(f"stopped at step {step}; continue with --resume auto (checkpoint {path})")
                 break
     progress.close()
-    accelerator.end_training()  # trackers finish; destroying the process group here, not at exit, avoids an abort
+    end_processes(accelerator)  # trackers finish and the process group ends now, not at exit: no hang, no abort
     stop.close()
     log(run_summary(args.output_dir, ["est_calibration_error", "est_alloc_max", "ada_adv_mean_trained"]))
 

@@ -41,7 +41,7 @@ from common.advantages import gae_advantages, grpo_advantages, masked_whiten, ze
 from common.args import BaseArgs, Range
 from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler, hf_task
-from common.distributed import GracefulStop, gather_list, gathered, micro_batches, my_slice, reduce_sums
+from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig
 from common.gibbs import calibration_excess, gibbs_sweeps, update_counts
 from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
@@ -682,7 +682,7 @@ def main(args: Args) -> None:
                 log(f"stopped at step {step}; continue with --resume auto (checkpoint {path})")
                 break
     progress.close()
-    accelerator.end_training()  # trackers finish; destroying the process group here, not at exit, avoids an abort
+    end_processes(accelerator)  # trackers finish and the process group ends now, not at exit: no hang, no abort
     stop.close()
     log(run_summary(args.output_dir, ["pros_calib_error", "pros_calib_excess", "pros_frac_zero_var_picks"]))
 

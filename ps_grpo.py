@@ -62,7 +62,7 @@ from common.advantages import grpo_advantages, zero_variance
 from common.args import BaseArgs, Range
 from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler, hf_task
-from common.distributed import GracefulStop, gather_list, gathered, micro_batches, my_slice, reduce_sums
+from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.episode import Episode
 from common.generation import HFGenerator, SamplingConfig
 from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
@@ -683,7 +683,7 @@ def main(args: Args) -> None:
                 log(f"stopped at step {step}; continue with --resume auto (checkpoint {path})")
                 break
     progress.close()
-    accelerator.end_training()  # trackers finish; destroying the process group here, not at exit, avoids an abort
+    end_processes(accelerator)  # trackers finish and the process group ends now, not at exit: no hang, no abort
     stop.close()
     log(run_summary(args.output_dir, ["ps_prefix_pass_rate", "ps_trained_groups", "ps_ratio_hard", "ps_ratio_easy"]))
 

@@ -1,11 +1,12 @@
 """Multi-process helpers: this rank's share of a batch, sums and lists over ranks, micro-batches whose gradient
 all-reduce happens once, whole weights of FSDP-sharded models for generation, and a graceful stop on SIGINT /
-SIGTERM that every rank agrees on."""
+SIGTERM that every rank agrees on, and an end of the process group that exits cleanly."""
 from __future__ import annotations
 
 import contextlib
 import signal
 import sys
+import time
 
 import torch
 from torch.distributed.fsdp import FSDPModule
@@ -125,3 +126,16 @@ class GracefulStop:
     def agreed(self, accelerator) -> bool:
         """True on every rank when any rank was signalled (all must stop together, or a collective hangs)."""
         return reduce_sums(accelerator, {"stop": float(self.requested)})["stop"] > 0
+
+
+def end_processes(accelerator, settle_s: float = 0.2) -> None:
+    """Finish the trackers and destroy the process group, at the end of a run.
+
+    The group is destroyed here, not at interpreter exit (a gloo group alive at exit can abort the process). Its last
+    reference may go later, with the DDP/FSDP model, and that destructor joins gloo's worker threads while holding
+    the GIL. A worker still dropping its last collective's tensors needs the GIL for that (torch keeps a tensor's
+    Python object alive while C++ holds the tensor), so the join would wait forever: a hang after the run's last
+    line. Sleeping `settle_s` first releases the GIL so every worker finishes; no collective starts after it."""
+    if accelerator.num_processes > 1:
+        time.sleep(settle_s)
+    accelerator.end_training()
