@@ -27,12 +27,16 @@ model text is never evaluated.
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
+import json
 import math
+import os
 import random
 import re
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 OPS = "+-*/"
 MAX_TEXT_CHARS = 256  # longer completions are rejected before any regex runs (bounds hostile input)
@@ -341,6 +345,33 @@ def sample_steps(p: Problem, rng: random.Random, aim: bool = True) -> list[str]:
 
 @functools.lru_cache(maxsize=4)
 def _level_splits(levels: tuple[Level, ...], seed: int, n_eval: int, n_train: int):
+    # Enumerating and shuffling the levels takes ~1.7 s on a laptop core, in every process that trains on the task:
+    # the result is kept on disk, keyed by the arguments and this file's own text (an edit here recomputes it).
+    path = _splits_file(levels, seed, n_eval, n_train)
+    try:
+        saved = json.loads(path.read_text())
+        return tuple(tuple((tag, Problem(tuple(nums), target)) for tag, nums, target in part) for part in saved)
+    except (OSError, ValueError, TypeError):  # none yet, or unreadable: compute (and replace) it
+        pass
+    splits = _compute_level_splits(levels, seed, n_eval, n_train)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps([[[tag, list(p.nums), p.target] for tag, p in part] for part in splits]))
+        os.replace(tmp, path)  # whole or absent, also with several processes writing it at once
+    except OSError:  # a read-only cache folder: compute it each time
+        pass
+    return splits
+
+
+def _splits_file(levels: tuple[Level, ...], seed: int, n_eval: int, n_train: int):
+    from common.tiny_model import cache_root
+
+    key = hashlib.sha256(Path(__file__).read_bytes() + repr((levels, seed, n_eval, n_train)).encode()).hexdigest()
+    return cache_root() / "countdown-splits" / f"{key[:16]}.json"
+
+
+def _compute_level_splits(levels: tuple[Level, ...], seed: int, n_eval: int, n_train: int):
     train, held = [], []
     for level in levels:
         # held-out multisets: the level's share of n_eval, at most a quarter of its multisets

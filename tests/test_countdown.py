@@ -224,3 +224,25 @@ def test_countdown_task_tags_and_per_level_eval_metrics():
     assert out["eval_pass@1_hard"] == 0.0 and out["eval_pass@1_mid"] == pytest.approx(3 / 8)
     assert out["eval_pass@4"] == pytest.approx(3 / 4)
     assert set(pass_metrics([1, 2], 2, ["", ""])) == {"eval_pass@1", "eval_pass@2"}  # untagged: no level metrics
+
+
+def test_level_splits_are_kept_on_disk_and_read_back_equal(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLVR_CACHE", str(tmp_path))
+    levels = (cd.Level("easy", 2, 10, 0.5), cd.Level("mid", 3, 8, 0.5))
+    cd._level_splits.cache_clear()
+    computed = cd.make_level_splits(levels, seed=3, n_eval=8, n_train=64)
+    [saved] = (tmp_path / "countdown-splits").iterdir()
+    cd._level_splits.cache_clear()
+    monkeypatch.setattr(cd, "_compute_level_splits", lambda *a: pytest.fail("recomputed despite the saved file"))
+    assert cd.make_level_splits(levels, seed=3, n_eval=8, n_train=64) == computed  # read back, Problems and all
+    assert isinstance(computed[0][0][1], cd.Problem)
+    # a damaged file is recomputed and replaced; other arguments get a file of their own
+    monkeypatch.undo()
+    monkeypatch.setenv("RLVR_CACHE", str(tmp_path))
+    saved.write_text('[[["easy", [1, 2')
+    cd._level_splits.cache_clear()
+    assert cd.make_level_splits(levels, seed=3, n_eval=8, n_train=64) == computed
+    assert saved.read_text().startswith('[[["') and len(saved.read_text()) > 100
+    cd.make_level_splits(levels, seed=4, n_eval=8, n_train=64)
+    assert len(list((tmp_path / "countdown-splits").iterdir())) == 2
+    cd._level_splits.cache_clear()
