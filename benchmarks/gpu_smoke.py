@@ -107,6 +107,9 @@ class Args:
     """prompts per step in every run"""
     max_new_tokens: int = 64
     """completion length limit in every run"""
+    prompt_pool: int = 0
+    """training prompts every run draws from (0: each script's own default; ra_rloo.py scores a demonstration for
+    each one at start-up, seconds for the whole pool on a CPU)"""
     learning_rate: float = 1e-5
     """learning rate of the smoke runs (LoRA runs use 10x)"""
     smoke_eval_prompts: int = 16
@@ -396,6 +399,7 @@ def run_script(script: str, flags: list[str], out: Path, model_dir: Path, steps:
             str(args.max_new_tokens), "--eval_every", "0", "--eval_prompts", str(args.smoke_eval_prompts),
             "--eval_samples", "2",
             "--eval_train_prompts", "0", "--save_every", "0", "--warmup_steps", "1",
+            *(["--prompt_pool", str(args.prompt_pool)] if args.prompt_pool else []),
             "--overwrite_output_dir", *flags]  # a repeated smoke command replaces its own earlier runs
     cuda = torch.cuda.is_available()
     if cuda:

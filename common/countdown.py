@@ -38,6 +38,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from common.cache import cache_root
+
 OPS = "+-*/"
 MAX_TEXT_CHARS = 256  # longer completions are rejected before any regex runs (bounds hostile input)
 
@@ -365,8 +367,6 @@ def _level_splits(levels: tuple[Level, ...], seed: int, n_eval: int, n_train: in
 
 
 def _splits_file(levels: tuple[Level, ...], seed: int, n_eval: int, n_train: int):
-    from common.tiny_model import cache_root
-
     key = hashlib.sha256(Path(__file__).read_bytes() + repr((levels, seed, n_eval, n_train)).encode()).hexdigest()
     return cache_root() / "countdown-splits" / f"{key[:16]}.json"
 

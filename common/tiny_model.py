@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from common.cache import cache_root
+
 EMBEDDED = "embedded"
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
 CHARS = list("0123456789+-*/=() .,:;|?!#<>\n") + [chr(c) for c in range(97, 123)] + [chr(c) for c in range(65, 91)]
@@ -74,10 +76,6 @@ def build_tiny_model(recipe: BaseRecipe, vocab_size: int):
                       pad_token_id=0, bos_token_id=1, eos_token_id=2)
     torch.manual_seed(recipe.seed)
     return LlamaForCausalLM(cfg)
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("RLVR_CACHE", Path.home() / ".cache" / "rlvr-sampling"))
 
 
 SHIPPED = Path(__file__).resolve().parents[1] / "assets"
