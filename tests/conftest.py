@@ -77,6 +77,17 @@ def run_script(args: list[str], timeout: int = 600, env_extra: dict | None = Non
     return r
 
 
+def run_main(args: list[str]) -> None:
+    """`args` (a script's file name, then its flags) run in this process: its main() called directly, without the
+    ~5 s of imports a fresh interpreter pays (for tests that run a script several times, e.g. run, cut, resume)."""
+    import importlib
+
+    from common.cli import parse_args
+
+    module = importlib.import_module(Path(args[0]).stem)
+    module.main(parse_args(module.Args, args[1:]))
+
+
 # One short real run per script, shared by the tests that read its outputs (core metrics, docs): flags that keep it
 # to seconds; --max_new_tokens 16 cuts some Countdown answers (two lines of ~7 characters + EOS) and not others;
 # binary rewards everywhere (ra_rloo.py's default is the paper's {0, 0.1, 1}), so pass rate and reward mean agree.
@@ -130,6 +141,7 @@ def short_run(tiny_base, tmp_path_factory):
 SHARED_FIXTURES = ("short_run", "mt_base", "built_base")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups into the test ids
 def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("xdist_group"):

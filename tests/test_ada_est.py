@@ -8,7 +8,7 @@ import pytest
 
 from ada_est import Args, allocate_budget, allocation_weights, est_advantages, estimate, update_counts
 from common.cli import parse_args
-from conftest import run_script
+from conftest import run_main, run_script
 
 
 def test_estimator_worked_example():
@@ -93,9 +93,9 @@ def test_recurring_prompts_and_exact_resume(random_model_dir, tmp_path):
     base = ["ada_est.py", "--model_name_or_path", random_model_dir, "--eval_every", "2", "--save_every", "2",
             "--prompt_pool", "12", "--prompts_per_step", "8", "--total_budget", "80", "--n_min", "2", "--n_max", "20",
             "--eval_prompts", "8", "--eval_samples", "4", "--max_new_tokens", "20", "--num_threads", "1"]
-    run_script([*base, "--output_dir", str(full), "--max_steps", "4"])
-    run_script([*base, "--output_dir", str(part), "--max_steps", "2"])  # "killed" after step 2
-    run_script([*base, "--output_dir", str(part), "--max_steps", "4", "--resume", "auto"])
+    run_main([*base, "--output_dir", str(full), "--max_steps", "4"])
+    run_main([*base, "--output_dir", str(part), "--max_steps", "2"])  # "killed" after step 2
+    run_main([*base, "--output_dir", str(part), "--max_steps", "4", "--resume", "auto"])
     a, b = _strip(_rows(full)), _strip(_rows(part))
     assert [r["step"] for r in b] == [0, 1, 2, 3, 4]
     assert a == b  # the per-prompt counts were restored: same estimates, allocations and losses

@@ -10,7 +10,7 @@ import torch
 from ada_seq import (Args, downsample, exit_reached, global_advantages, multi_round_sampling, seq_metrics)
 from common.advantages import grpo_advantages
 from common.cli import parse_args
-from conftest import run_script
+from conftest import run_main, run_script
 
 THR = 0.7
 
@@ -265,8 +265,8 @@ def _strip(rows):
 
 
 def test_grpo_n_mode_generates_exactly_n(tiny_base, tmp_path):
-    run_script(["ada_seq.py", "--model_name_or_path", tiny_base, "--output_dir", str(tmp_path), "--max_steps", "2",
-                "--eval_every", "0", "--prompt_pool", "48", "--max_rounds", "1", "--round_repeat", "4", *COMMON])
+    run_main(["ada_seq.py", "--model_name_or_path", tiny_base, "--output_dir", str(tmp_path), "--max_steps", "2",
+              "--eval_every", "0", "--prompt_pool", "48", "--max_rounds", "1", "--round_repeat", "4", *COMMON])
     rows = _rows(tmp_path)[1:]
     assert [r["rollouts"] for r in rows] == [32, 64]
     assert all(r["ada_inference_cost_rel"] == 1.0 and r["ada_rounds_used"] == 1 for r in rows)
@@ -278,8 +278,8 @@ def test_grpo_n_mode_generates_exactly_n(tiny_base, tmp_path):
 def test_exit_condition_stops_sampling(tiny_base, tmp_path):
     # threshold -1: every response is "positive", so SEQ-POS retires every prompt after round 1, while
     # SEQ-BALANCE (in the resume test below) never finds a negative and runs all rounds
-    run_script(["ada_seq.py", "--model_name_or_path", tiny_base, "--output_dir", str(tmp_path), "--max_steps", "2",
-                "--eval_every", "0", "--prompt_pool", "48", "--exit_condition", "positive", "--positive_threshold",
+    run_main(["ada_seq.py", "--model_name_or_path", tiny_base, "--output_dir", str(tmp_path), "--max_steps", "2",
+              "--eval_every", "0", "--prompt_pool", "48", "--exit_condition", "positive", "--positive_threshold",
                 "-1", "--round_repeat", "8", "--max_rounds", "3", *COMMON])
     rows = _rows(tmp_path)[1:]
     assert [r["rollouts"] for r in rows] == [64, 128] and all(r["pass_rate"] == 1.0 for r in rows)
@@ -292,9 +292,9 @@ def test_balanced_run_and_exact_resume(tiny_base, tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
     base = ["ada_seq.py", "--model_name_or_path", tiny_base, "--eval_every", "2", "--save_every", "2",
             "--prompt_pool", "16", "--round_repeat", "4", "--max_rounds", "3", *COMMON]
-    run_script([*base, "--output_dir", str(full), "--max_steps", "4"])
-    run_script([*base, "--output_dir", str(part), "--max_steps", "2"])  # "killed" after step 2
-    run_script([*base, "--output_dir", str(part), "--max_steps", "4", "--resume", "auto"])
+    run_main([*base, "--output_dir", str(full), "--max_steps", "4"])
+    run_main([*base, "--output_dir", str(part), "--max_steps", "2"])  # "killed" after step 2
+    run_main([*base, "--output_dir", str(part), "--max_steps", "4", "--resume", "auto"])
     a, b = _strip(_rows(full)), _strip(_rows(part))
     assert [r["step"] for r in b] == [0, 1, 2, 3, 4]
     assert a == b  # same rounds, downsampling draws, losses and eval after the resume

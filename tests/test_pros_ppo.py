@@ -8,7 +8,7 @@ import torch
 from common.advantages import gae_advantages
 from common.cli import parse_args
 from common.losses import value_loss
-from conftest import run_script
+from conftest import run_main, run_script
 from pros_ppo import Args, QueryTree, child_candidates, choose_cut, select_nodes
 
 
@@ -226,9 +226,9 @@ COMMON = ["--prompt_pool", "48", "--prompts_per_step", "8", "--eval_prompts", "8
 def test_pros_ppo_runs_resumes_exactly_and_grows_the_tree(tiny_base, tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
     base = ["pros_ppo.py", "--model_name_or_path", tiny_base, "--eval_every", "2", "--save_every", "2", *COMMON]
-    run_script([*base, "--output_dir", str(full), "--max_steps", "4"])
-    run_script([*base, "--output_dir", str(part), "--max_steps", "2"])
-    run_script([*base, "--output_dir", str(part), "--max_steps", "4", "--resume", "auto"])
+    run_main([*base, "--output_dir", str(full), "--max_steps", "4"])
+    run_main([*base, "--output_dir", str(part), "--max_steps", "2"])
+    run_main([*base, "--output_dir", str(part), "--max_steps", "4", "--resume", "auto"])
     a, b = _rows(full), _rows(part)
     assert _strip(a) == _strip(b)  # tree, counts, Gibbs RNG, critic and its optimizer were restored
     rows = a[1:]
@@ -251,8 +251,8 @@ def test_pros_ppo_runs_resumes_exactly_and_grows_the_tree(tiny_base, tmp_path):
 
 def test_vanilla_grpo_has_no_prefix_reuse(tiny_base, tmp_path):
     out = tmp_path / "van"
-    run_script(["pros_ppo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "2",
-                "--eval_every", "2", "--pros", "off", "--adv", "grpo", *COMMON])
+    run_main(["pros_ppo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "2",
+              "--eval_every", "2", "--pros", "off", "--adv", "grpo", *COMMON])
     rows = _rows(out)[1:]
     assert all(not any(k.startswith("pros_") for k in r) for r in rows)
     assert "ppo_value_loss" not in rows[0] and rows[-1]["rollouts"] == 2 * 8 * 4

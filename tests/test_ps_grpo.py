@@ -14,7 +14,7 @@ from common.countdown_env import Episode, solver_episode
 from common.generation import Generations, SamplingConfig
 from common.tiny_model import build_char_tokenizer
 from common.cli import parse_args
-from conftest import run_script
+from conftest import run_main, run_script
 from ps_grpo import (Args, PrefixController, attributed, prefix_steps, ps_loss, rollout_multiturn, rollout_text,
                      route, split_lines)
 
@@ -285,17 +285,19 @@ def test_bad_flags_exit_with_a_message():
             parse_args(Args, argv)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # built once per worker (its tests share one, conftest.py)
 def mt_base(tiny_base, tmp_path_factory) -> str:
     """tiny_base after a short multi-turn warm-up on a tiny problem space (numbers 1..3): mixed outcomes."""
     from common.countdown_env import MultiTurnRecipe, ensure_multiturn_policy
 
-    old = os.environ.get("RLVR_CACHE")
+    old, threads = os.environ.get("RLVR_CACHE"), torch.get_num_threads()
     os.environ["RLVR_CACHE"] = str(tmp_path_factory.mktemp("mtcache"))
+    torch.set_num_threads(1)  # beside the other worker's tests on 2 cores: two threads each stall one another
     try:
         return str(ensure_multiturn_policy(tiny_base, MultiTurnRecipe(3, SMALL, sft_steps=MT_STEPS, lr=3e-3,
                                                                       batch_size=32), log=lambda *_: None))
     finally:
+        torch.set_num_threads(threads)
         if old is None:
             os.environ.pop("RLVR_CACHE")
         else:
@@ -316,10 +318,10 @@ def _strip(rows):
 
 
 def test_prefix_sampling_on_and_off(mt_base, tmp_path):
-    run_script(["ps_grpo.py", "--model_name_or_path", mt_base, "--output_dir", str(tmp_path / "ps"), "--max_steps", "3",
-                "--eval_every", "3", *COMMON])
-    run_script(["ps_grpo.py", "--model_name_or_path", mt_base, "--output_dir", str(tmp_path / "base"), "--max_steps",
-                "3", "--eval_every", "3", "--prefix_sampling", "false", *COMMON])
+    run_main(["ps_grpo.py", "--model_name_or_path", mt_base, "--output_dir", str(tmp_path / "ps"), "--max_steps", "3",
+              "--eval_every", "3", *COMMON])
+    run_main(["ps_grpo.py", "--model_name_or_path", mt_base, "--output_dir", str(tmp_path / "base"), "--max_steps",
+              "3", "--eval_every", "3", "--prefix_sampling", "false", *COMMON])
     ps, base = _rows(tmp_path / "ps"), _rows(tmp_path / "base")
     assert "eval_pass@1" in ps[0] and "eval_pass@4" in ps[-1] and ps[0]["step"] == 0
     keys = {"ps_solve_partial", "ps_prefix_tasks", "ps_prefix_pass_rate_hard", "ps_prefix_pass_rate_easy",
@@ -350,11 +352,11 @@ def test_resume_restores_queue_and_controller(mt_base, tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
     base = ["ps_grpo.py", "--model_name_or_path", mt_base, "--eval_every", "2", "--save_every", "2", "--adaptive",
             "--cooldown", "0", *COMMON]
-    run_script([*base, "--output_dir", str(full), "--max_steps", "4"])
-    run_script([*base, "--output_dir", str(part), "--max_steps", "2"])  # "killed" after step 2
+    run_main([*base, "--output_dir", str(full), "--max_steps", "4"])
+    run_main([*base, "--output_dir", str(part), "--max_steps", "2"])  # "killed" after step 2
     state = torch.load(part / "checkpoint-2" / "trainer_state.pt", weights_only=True)["state"]["method"]
     assert set(state) == {"queue", "ctrl", "sampler"} and set(state["ctrl"]) == {"hard", "easy"}
-    run_script([*base, "--output_dir", str(part), "--max_steps", "4", "--resume", "auto"])
+    run_main([*base, "--output_dir", str(part), "--max_steps", "4", "--resume", "auto"])
     a, b = _strip(_rows(full)), _strip(_rows(part))
     assert [r["step"] for r in b] == [0, 1, 2, 3, 4] and a == b
     assert state["queue"] and b[3]["ps_prefix_tasks"] > 0  # step 3 ran the prefix tasks queued before the "kill"
@@ -372,9 +374,9 @@ def test_resume_restores_queue_and_controller(mt_base, tmp_path):
 
 def test_text_mode_runs(mt_base, tmp_path):
     """The single-turn path (used for real datasets), here on the Countdown text form."""
-    run_script(["ps_grpo.py", "--model_name_or_path", mt_base, "--mode", "text", "--output_dir", str(tmp_path),
-                "--max_steps", "1", "--max_new_tokens", "16",
-                *COMMON[4:]])  # (--env_max_number/--env_numbers: multiturn only)
+    run_main(["ps_grpo.py", "--model_name_or_path", mt_base, "--mode", "text", "--output_dir", str(tmp_path),
+              "--max_steps", "1", "--max_new_tokens", "16",
+              *COMMON[4:]])  # (--env_max_number/--env_numbers: multiturn only)
     rows = _rows(tmp_path)
     assert [r["step"] for r in rows] == [0, 1] and "eval_pass@1" in rows[1] and rows[1]["rollouts"] == 8 * 8
     assert rows[1]["ps_generated_tokens"] > 0 and rows[1]["ps_replayed_tokens"] == 0

@@ -6,7 +6,7 @@ from collections import deque
 import pytest
 import torch
 
-from conftest import run_script
+from conftest import run_main, run_script
 from ra_rloo import Args, replay_weights, rloo_advantages, rloo_loss, splice_replays
 
 
@@ -63,10 +63,10 @@ COMMON = ["--prompt_pool", "48", "--prompts_per_step", "8", "--eval_prompts", "8
 def test_replay_removes_zero_variance_groups_and_vanilla_does_not(random_model_dir, tmp_path):
     # an untrained policy fails every problem: each fresh group is all-fail, the case the splice exists for (a trained
     # base also has all-pass groups, which the on-demand rule leaves alone)
-    run_script(["ra_rloo.py", "--model_name_or_path", random_model_dir, "--output_dir", str(tmp_path / "ra"),
-                "--max_steps", "3", "--eval_every", "3", *COMMON])
-    run_script(["ra_rloo.py", "--model_name_or_path", random_model_dir, "--output_dir", str(tmp_path / "van"),
-                "--max_steps", "3", "--eval_every", "3", "--replay", "none", *COMMON])
+    run_main(["ra_rloo.py", "--model_name_or_path", random_model_dir, "--output_dir", str(tmp_path / "ra"),
+              "--max_steps", "3", "--eval_every", "3", *COMMON])
+    run_main(["ra_rloo.py", "--model_name_or_path", random_model_dir, "--output_dir", str(tmp_path / "van"),
+              "--max_steps", "3", "--eval_every", "3", "--replay", "none", *COMMON])
     ra, van = _rows(tmp_path / "ra")[1:], _rows(tmp_path / "van")[1:]
     core = {"step", "rollouts", "gen_tokens", "reward_mean", "pass_rate", "frac_zero_var_groups", "loss", "kl",
             "entropy", "lr", "time_step_s", "time_gen_s", "time_train_s", "ra_zero_var_frac_post",
@@ -169,7 +169,7 @@ def test_resume_after_sigkill_and_cut_lines_reproduces_an_uninterrupted_run(tiny
     full, part = tmp_path / "full", tmp_path / "part"
     base = ["ra_rloo.py", "--model_name_or_path", tiny_base, "--eval_every", "2", "--save_every", "2",
             "--log_samples_every", "1", "--prompt_pool", "6", *COMMON[2:]]
-    run_script([*base, "--output_dir", str(full), "--max_steps", "4"])
+    run_main([*base, "--output_dir", str(full), "--max_steps", "4"])
     killed = subprocess.run([sys.executable, "-c", KILLED_MID_ROW, *base, "--output_dir", str(part), "--max_steps",
                              "4"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert killed.returncode == -9, killed.stderr[-3000:]
@@ -245,8 +245,8 @@ def test_sigint_saves_a_checkpoint_and_resume_continues(tiny_base, tmp_path):
     last = steps[-1]
     assert 1 <= last < 200 and (out / f"checkpoint-{last}" / "trainer_state.pt").exists()
     assert "--resume auto" in log
-    run_script(["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps",
-                str(last + 1), "--eval_every", "0", "--resume", "auto", *COMMON])
+    run_main(["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps",
+              str(last + 1), "--eval_every", "0", "--resume", "auto", *COMMON])
     assert [r["step"] for r in _rows(out)] == steps + [last + 1]
 
 
