@@ -350,6 +350,11 @@ def main(args: Args) -> None:
     # ---------------- data and generator ----------------
     encode = PromptEncoder(tokenizer, task.templated)
     sampler = PromptSampler(len(task.train), args.seed)
+    compiled = None  # --torch_compile: the decoding step and the packed training forward compiled (common/compile.py)
+    if args.torch_compile:
+        from common.compile import TorchCompile
+
+        compiled = TorchCompile(log=log)
     if args.use_vllm:
         from common.vllm_backend import VLLMGenerator
 
@@ -358,8 +363,7 @@ def main(args: Args) -> None:
                                   gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
     else:
         generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype,
-                                cache_implementation=args.cache_implementation,
-                                torch_compile=args.torch_compile, log=log)
+                                cache_implementation=args.cache_implementation, compiled=compiled)
     # pi_old from the sampler only where it differs from the update's own first pass (`--old_logprobs`)
     sampler_logprobs = args.old_logprobs == "sampler" or args.use_vllm or args.ppo_epochs > 1
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -394,7 +398,7 @@ def main(args: Args) -> None:
                               resume_step=start_step if resume_from is not None else None)
     warned_logp_diff = warned_partial = False
     if start_step == 0:
-        row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads(), **generator.compile_metrics()}
+        row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads(), **(compiled.metrics() if compiled else {})}
         logger.log(row)
         log(f"step 0 (starting policy): {row}")
     stop = GracefulStop(log)
@@ -492,7 +496,8 @@ def main(args: Args) -> None:
                 batch = pad_sequences([flat_prompts[r] for r in rows], [completions[r] for r in rows],
                                       tokenizer.pad_token_id, pack_tokens=pack).to(device)  # packed: --padding_free
                 with autocast(device, args.dtype):  # bf16 compute over fp32 weights with --dtype bfloat16
-                    logp, entropy = token_logprobs(model, batch, temperature, entropy_grad=args.entropy_coef > 0)
+                    logp, entropy = token_logprobs(model, batch, temperature, entropy_grad=args.entropy_coef > 0,
+                                                   compiled=compiled)
                 mask = batch.loss_mask * unmasked[rows].to(device)[:, None]
                 # without sampler log-probs pi_old is this very pass (one epoch, HF weights: exact, ratio 1)
                 old_logp = right_align([old_logps[r] for r in rows], batch.completion_width).to(device) \
@@ -504,7 +509,7 @@ def main(args: Args) -> None:
                 loss = (surrogate_sum - args.entropy_coef * entropy_sum) / normaliser  # entropy bonus (Sec. 4 set-up)
                 if ref_model is not None:
                     with torch.no_grad(), autocast(device, args.dtype):
-                        ref_logp, _ = token_logprobs(ref_model, batch, temperature)
+                        ref_logp, _ = token_logprobs(ref_model, batch, temperature, compiled=compiled)
                     kl = kl_k3(logp, ref_logp) * mask
                     loss = loss + args.beta * kl.sum() / normaliser  # one constant for PG and KL
                 accelerator.backward(loss)
@@ -593,7 +598,7 @@ def main(args: Args) -> None:
                                   for k in sample_log.pick(kinds) for g in (group_of[k],)])
         if evaluating:
             row.update(run_eval())
-        row.update(generator.compile_metrics())  # --torch_compile: seconds compiling, recompilations
+        row.update(compiled.metrics() if compiled else {})  # --torch_compile: seconds compiling, recompilations
         row["time_step_s"] = time.time() - t_start
         row["num_threads"] = threads  # the step's count: with a fixed one the run repeats exactly
         logger.log(row)

@@ -318,11 +318,12 @@ def build_value_model(policy, path: str | None = None) -> ValueModel:
 @torch.no_grad()
 def score_rollouts(policy, critic, ref_model, tokenizer, prompts: list[list[int]], completions: list[list[int]],
                    micro_batch_size: int, temperature: float, device, accelerator,
-                   pack: int = 0) -> dict[str, torch.Tensor]:
+                   pack: int = 0, compiled=None) -> dict[str, torch.Tensor]:
     """One no-grad pass: old log-probs `logp` and entropies `ent` (policy), `value` (critic, if any), `ref`
     log-probs (reference, if any), all as right-aligned [N, Rmax] CPU tensors zeroed outside `mask`, the
     completion mask. PROS reads t* from these same entropies. Under --fsdp the models stay sharded (a layer is
-    gathered only while it runs): `micro_batches` gives every rank the same number of passes."""
+    gathered only while it runs): `micro_batches` gives every rank the same number of passes. `compiled`:
+    --torch_compile's TorchCompile (common/compile.py)."""
     num, width = len(prompts), max([1] + [len(c) for c in completions])
     names = ["logp", "ent", "mask"] + ["value"] * (critic is not None) + ["ref"] * (ref_model is not None)
     out = {name: torch.zeros(num, width) for name in names}
@@ -330,13 +331,13 @@ def score_rollouts(policy, critic, ref_model, tokenizer, prompts: list[list[int]
         rows = slice(chunk[0], chunk[-1] + 1)
         batch = pad_sequences(prompts[rows], completions[rows], tokenizer.pad_token_id, pack_tokens=pack).to(device)
         cols = slice(width - batch.completion_width, width)
-        logp, entropy = token_logprobs(policy, batch, temperature)
+        logp, entropy = token_logprobs(policy, batch, temperature, compiled=compiled)
         out["logp"][rows, cols], out["ent"][rows, cols] = logp.cpu(), entropy.cpu()
         out["mask"][rows, cols] = batch.loss_mask.cpu()
         if critic is not None:
             out["value"][rows, cols] = critic(batch).cpu()
         if ref_model is not None:
-            out["ref"][rows, cols] = token_logprobs(ref_model, batch, temperature)[0].cpu()
+            out["ref"][rows, cols] = token_logprobs(ref_model, batch, temperature, compiled=compiled)[0].cpu()
     return {name: value if name == "mask" else value * out["mask"] for name, value in out.items()}
 
 
@@ -396,6 +397,11 @@ def main(args: Args) -> None:
     # ---------------- data and generator ----------------
     encode = PromptEncoder(tokenizer, task.templated)
     sampler = PromptSampler(len(task.train), args.seed)
+    compiled = None  # --torch_compile: the decoding step and the packed training forward compiled (common/compile.py)
+    if args.torch_compile:
+        from common.compile import TorchCompile
+
+        compiled = TorchCompile(log=log)
     if args.use_vllm:
         from common.vllm_backend import VLLMGenerator
         generator = VLLMGenerator(model_path, policy, tokenizer, seed=args.seed, dtype=args.dtype,
@@ -403,8 +409,7 @@ def main(args: Args) -> None:
                                   gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
     else:
         generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype,
-                                cache_implementation=args.cache_implementation,
-                                torch_compile=args.torch_compile, log=log)
+                                cache_implementation=args.cache_implementation, compiled=compiled)
     # no sampler log-probs: pi_old's come from score_rollouts, with the entropies PROS needs
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, logprobs=False)
     temperature = args.temperature if args.temperature > 0 else 1.0  # greedy samples are scored at T=1
@@ -448,7 +453,7 @@ def main(args: Args) -> None:
     sample_log = SampleLogger(args.output_dir, accelerator, args.log_samples_every, args.log_samples_per_kind,
                               resume_step=resume_step)
     if start_step == 0:
-        row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads(), **generator.compile_metrics()}
+        row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads(), **(compiled.metrics() if compiled else {})}
         logger.log(row)
         log(f"step 0 (starting policy): {row}")
     stop = GracefulStop(log)
@@ -490,7 +495,7 @@ def main(args: Args) -> None:
         t_score_start = time.time()
         with autocast(device, args.dtype):  # bf16 compute; FSDP: sharded, in lock-step (no whole model gathered)
             scores = score_rollouts(policy, critic, ref_model, tokenizer, prompts, completions,
-                                    args.micro_batch_size, temperature, device, accelerator, pack)
+                                    args.micro_batch_size, temperature, device, accelerator, pack, compiled)
         mask = scores["mask"]
         t_score = time.time() - t_score_start
         # --mask_truncated_completions: cut rollouts get no policy gradient (the critic still fits their returns)
@@ -548,7 +553,7 @@ def main(args: Args) -> None:
                     cols = slice(-batch.completion_width, None)
                     token_mask = policy_mask[ids, cols].to(device)
                     with autocast(device, args.dtype):
-                        logp, _ = token_logprobs(model, batch, temperature)
+                        logp, _ = token_logprobs(model, batch, temperature, compiled=compiled)
                     old_logp, adv = scores["logp"][ids, cols].to(device), advantages[ids, cols].to(device)
                     per_token, clipped = clipped_surrogate(logp, old_logp, adv, args.clip_low, args.clip_high)
                     loss = (per_token * token_mask).sum() / policy_tokens
@@ -659,7 +664,7 @@ def main(args: Args) -> None:
                 **tags[i // k]} for i in sample_log.pick(kinds)])
         if evaluating:
             row.update(run_eval())
-        row.update(generator.compile_metrics())  # --torch_compile: seconds compiling, recompilations
+        row.update(compiled.metrics() if compiled else {})  # --torch_compile: seconds compiling, recompilations
         row["time_step_s"] = time.time() - t_start
         row["num_threads"] = threads  # the step's count: with a fixed one the run repeats exactly
         logger.log(row)

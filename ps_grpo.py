@@ -412,6 +412,11 @@ def main(args: Args) -> None:
     if text_task is not None:
         train, held_out, encode = text_task.train, text_task.eval, PromptEncoder(tokenizer, text_task.templated)
     sampler = PromptSampler(len(train), args.seed)
+    compiled = None  # --torch_compile: the decoding step and the packed training forward compiled (common/compile.py)
+    if args.torch_compile:
+        from common.compile import TorchCompile
+
+        compiled = TorchCompile(log=log)
     if args.use_vllm:
         from common.vllm_backend import VLLMGenerator
 
@@ -420,8 +425,7 @@ def main(args: Args) -> None:
                                   gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
     else:
         generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype,
-                                cache_implementation=args.cache_implementation,
-                                torch_compile=args.torch_compile, log=log)
+                                cache_implementation=args.cache_implementation, compiled=compiled)
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)  # text mode
     turn_sampling = turn_config(tokenizer, args, args.temperature)  # multi-turn: one action per generate call
     eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature  # 0: greedy
@@ -471,7 +475,7 @@ def main(args: Args) -> None:
                               resume_step=start_step if resume_from is not None else None)
     warned_logp_diff = False
     if start_step == 0:
-        row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads(), **generator.compile_metrics()}
+        row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads(), **(compiled.metrics() if compiled else {})}
         logger.log(row)
         log(f"step 0 (starting policy): {row}")
     stop = GracefulStop(log)
@@ -551,7 +555,7 @@ def main(args: Args) -> None:
             batch = pad_sequences([prompts[trained[i].group] for i in batch_rows], [trained[i].ids for i in batch_rows],
                                   tokenizer.pad_token_id, [masks[i] for i in batch_rows], pack).to(device)
             with autocast(device, args.dtype):  # bf16 compute over fp32 weights with --dtype bfloat16
-                logp, entropy = token_logprobs(model, batch, temperature)
+                logp, entropy = token_logprobs(model, batch, temperature, compiled=compiled)
             mask = batch.loss_mask
             old_logp = right_align([trained[i].old_logp for i in batch_rows], batch.completion_width).to(device)
             loss, clipped_tokens = ps_loss(logp, old_logp, trained_advantages[batch_rows], mask, n_tokens,
@@ -664,7 +668,7 @@ def main(args: Args) -> None:
                 for i, ep in ((i, episodes[i]) for i in sample_log.pick(kinds))])
         if evaluating:
             row.update(run_eval())
-        row.update(generator.compile_metrics())  # --torch_compile: seconds compiling, recompilations
+        row.update(compiled.metrics() if compiled else {})  # --torch_compile: seconds compiling, recompilations
         row["time_step_s"] = time.time() - t_start
         row["num_threads"] = threads  # the step's count: with a fixed one the run repeats exactly
         logger.log(row)

@@ -215,6 +215,11 @@ def main(args: Args) -> None:
     # ---------------- data and generator ----------------
     encode = PromptEncoder(tokenizer, task.templated)
     sampler = PromptSampler(len(task.train), args.seed)
+    compiled = None  # --torch_compile: the decoding step and the packed training forward compiled (common/compile.py)
+    if args.torch_compile:
+        from common.compile import TorchCompile
+
+        compiled = TorchCompile(log=log)
     if args.use_vllm:
         from common.vllm_backend import VLLMGenerator
 
@@ -223,8 +228,7 @@ def main(args: Args) -> None:
                                   gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
     else:
         generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype,
-                                cache_implementation=args.cache_implementation,
-                                torch_compile=args.torch_compile, log=log)
+                                cache_implementation=args.cache_implementation, compiled=compiled)
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     temperature = args.temperature if args.temperature > 0 else 1.0  # the generator scores greedy samples at T=1
     pack = (args.pack_row_tokens or (2048 if device.type == "cuda" else 128)) if args.padding_free else 0  # rows
@@ -270,7 +274,7 @@ def main(args: Args) -> None:
                               resume_step=start_step if resume_from is not None else None)
     warned_logp_diff = False
     if start_step == 0:
-        row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads(), **generator.compile_metrics()}
+        row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads(), **(compiled.metrics() if compiled else {})}
         logger.log(row)
         log(f"step 0 (starting policy): {row}")
     stop = GracefulStop(log)
@@ -327,7 +331,7 @@ def main(args: Args) -> None:
             batch = pad_sequences([flat_prompts[r] for r in rows], [completions[r] for r in rows],
                                   tokenizer.pad_token_id, pack_tokens=pack).to(device)  # packed: --padding_free
             with autocast(device, args.dtype):  # the sampled distribution: logits / T
-                logp, entropy = token_logprobs(model, batch, temperature)
+                logp, entropy = token_logprobs(model, batch, temperature, compiled=compiled)
             mask = batch.loss_mask * keep[rows].to(device)[:, None]
             seq_logp = (logp * mask).sum(-1)
             adv, rep = advantages[rows], replayed[rows]
@@ -344,7 +348,7 @@ def main(args: Args) -> None:
             pg_sum, kl_sum = -(adv * seq_logp).sum(), 0.0
             if ref_model is not None:
                 with torch.no_grad(), autocast(device, args.dtype):
-                    ref_logp, _ = token_logprobs(ref_model, batch, temperature)
+                    ref_logp, _ = token_logprobs(ref_model, batch, temperature, compiled=compiled)
                 kl_sum = (kl_k3(logp, ref_logp) * mask).sum()
                 sums["kl_sum"] += kl_sum.item()
             loss = rloo_loss(pg_sum, kl_sum, args.beta, normaliser)
@@ -423,7 +427,7 @@ def main(args: Args) -> None:
                                   for i in sample_log.pick(kinds)])
         if evaluating:
             row.update(run_eval())
-        row.update(generator.compile_metrics())  # --torch_compile: seconds compiling, recompilations
+        row.update(compiled.metrics() if compiled else {})  # --torch_compile: seconds compiling, recompilations
         row["time_step_s"] = time.time() - t_start
         row["num_threads"] = threads  # the step's count: with a fixed one the run repeats exactly
         logger.log(row)

@@ -70,8 +70,9 @@ class Args:
     write: bool = True
     """write floor.md and floor.json (false: print only)"""
     torch_compile: bool = False
-    """both loops' generation through the compiled decoding step (common/compile.py), the script with
-    --torch_compile; the warm-up repeat takes the compile"""
+    """both loops compiled: generation through the compiled decoding step (common/compile.py), the bare loop's
+    training forward by torch.compile, ours and the script with --torch_compile; the warm-up repeat takes the
+    compile"""
 
 
 def _median(xs: list[float]) -> float:
@@ -133,9 +134,9 @@ def in_process(args: Args) -> dict:
         bare.eval()
         compiled = {}
         if args.torch_compile:  # the same static cache and compiled step as HFGenerator's
-            from common.compile import CompiledDecoding
+            from common.compile import TorchCompile
 
-            decoding = CompiledDecoding()
+            decoding = TorchCompile()
             compiled = {"compile_config": decoding.config(bare), **cache_kwargs(
                 bare, "static", "float32", decoding.cache_length(width, args.max_new_tokens))}
         with torch.no_grad():
@@ -143,11 +144,15 @@ def in_process(args: Args) -> dict:
                                  top_k=None, max_new_tokens=args.max_new_tokens, eos_token_id=[eos],
                                  pad_token_id=pad, **compiled)
 
+    # --torch_compile: the bare loop's training forward (and backward) compiled too, batch and length dynamic
+    bare_forward = torch.compile(bare, dynamic=True) if args.torch_compile else bare
+
     def floor_update(seqs):
         bare.train()
         mask = torch.cat([att, (seqs[:, width:] != pad).long()], 1)
         # logits only where they are needed (the completion), as any reasonable trainer does
-        logits = bare(input_ids=seqs, attention_mask=mask, logits_to_keep=seqs.shape[1] - width + 1).logits[:, :-1]
+        keep = seqs.shape[1] - width + 1
+        logits = bare_forward(input_ids=seqs, attention_mask=mask, logits_to_keep=keep).logits[:, :-1]
         logp = torch.log_softmax(logits.float(), -1).gather(-1, seqs[:, width:, None]).squeeze(-1)
         adv = torch.randn(len(seqs))
         loss = -(adv[:, None] * logp * mask[:, width:]).sum() / (len(seqs) * args.max_new_tokens)
@@ -162,7 +167,10 @@ def in_process(args: Args) -> dict:
     opt = torch.optim.AdamW(ours.parameters(), lr=args.learning_rate)
     ours, opt = acc.prepare(ours, opt)
     policy = acc.unwrap_model(ours)
-    gen = HFGenerator(policy, tok, batch_size=256, torch_compile=args.torch_compile)
+    from common.compile import TorchCompile
+
+    compiled = TorchCompile() if args.torch_compile else None
+    gen = HFGenerator(policy, tok, batch_size=256, compiled=compiled)
     cfg = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=1.0, logprobs=False)
 
     def our_step():
@@ -183,7 +191,7 @@ def in_process(args: Args) -> dict:
             for rows in micro_batches(len(comps), args.micro_batch_size, acc, ours):
                 batch = pad_sequences([flat[r] for r in rows], [comps[r] for r in rows], pad,
                                       pack_tokens=args.pack_row_tokens).to(acc.device)
-                logp, _ = token_logprobs(ours, batch)
+                logp, _ = token_logprobs(ours, batch, compiled=compiled)
                 acc.backward(-(adv[rows][:, None] * logp * batch.loss_mask).sum() / norm)
             acc.clip_grad_norm_(ours.parameters(), 1.0)
             opt.step()

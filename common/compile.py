@@ -1,37 +1,46 @@
-"""`--torch_compile`: HF generate's one-token decoding step compiled with `torch.compile` (inductor), on a KV cache of
-fixed shape, with the compile cost and the recompilations counted for metrics.jsonl.
+"""`--torch_compile`: the passes that run the model compiled with `torch.compile` (inductor), with the compile cost
+and the recompilations counted for metrics.jsonl. One `TorchCompile` per run serves both:
 
-transformers compiles the decoding step itself when generate runs on a static cache with a `CompileConfig`
-(`GenerationMixin._valid_auto_compile_criteria`, transformers 5.19 `generation/utils.py`); it does so on CUDA only
-unless the config's `_compile_all_devices` is set, which is set here, so CPU runs compile too. The cache is
-HFGenerator's compute-dtype static cache (common/generation.py). The prefill (one call per batch, whose width
-varies) stays eager. Few shapes, so the compiled step is reused: the cache holds the batch's prompt width plus
-max_new_tokens rounded up to `CACHE_STEP` positions, and a chunk of fewer rows than the generation batch size is
-padded with copies of its last prompt up to a power of two (the copies' samples are dropped; they draw random
-numbers, so such a chunk samples differently from an eager run with the same seed). Each new (rows, cache length)
-pair compiles the step once more. The training and scoring passes stay eager: their packed rows change shape every
-micro-batch.
+- HF generate's one-token decoding step, on a KV cache of fixed shape. transformers compiles that step itself when
+  generate runs on a static cache with a `CompileConfig` (`GenerationMixin._valid_auto_compile_criteria`,
+  transformers 5.19 `generation/utils.py`); it does so on CUDA only unless the config's `_compile_all_devices` is set,
+  which is set here, so CPU runs compile too. The cache is HFGenerator's compute-dtype static cache
+  (common/generation.py). The prefill (one call per batch, whose width varies) stays eager. Few shapes, so the
+  compiled step is reused: the cache holds the batch's prompt width plus max_new_tokens rounded up to a step of at
+  most an eighth of that length (so at most 1/8 of the cache is unused), and a chunk of fewer rows than the generation
+  batch size is padded with copies of its last prompt up to a power of two (the copies' samples are dropped; they
+  draw random numbers, so such a chunk samples differently from an eager run with the same seed). Each new
+  (rows, cache length) pair compiles the step once more.
+- The training and scoring forward of a packed batch (common/masking.py `pack_sequences`; backward included, through
+  AOTAutograd): rows of a fixed width, their count a dynamic dimension, so one graph serves every micro-batch. It
+  returns the logits of every position (packed rows predict a completion token at almost every column anyway).
+  Padded (not packed) batches stay eager.
 
-A compile failure does not stop the run: that generate call is redone eagerly (from the same random state) and every
-later one too, after one log line.
+A compile failure does not stop the run: that call is redone eagerly (generation from the same random state) and
+every later one of the same pass too, after one log line.
 """
-from __future__ import annotations
 
-import math
+from __future__ import annotations
 
 import torch
 
-CACHE_STEP = 64  # cache lengths are multiples of this: one compiled step serves prompts of similar widths
+CACHE_STEP_MIN = 16  # the finest cache-length step: a short cache wastes at most 15 positions
 
 
-class CompiledDecoding:
-    """What HFGenerator passes to `generate` to run the compiled decoding step, and its eager fallback."""
+class TorchCompile:
+    """A run's compiled passes: `generate` through the compiled decoding step (HFGenerator) and `logits`, the compiled
+    forward of a packed batch (common/logprobs.py `token_logprobs`), each with its eager fallback; `metrics` for
+    metrics.jsonl."""
 
     def __init__(self, backend="inductor", log=print):
         self.backend = backend  # torch.compile backend (a callable too: the tests give one that fails)
         self.log = log
-        self.failed = False  # set by a compile failure: eager from then on
+        self.failed = {"decoding": False, "forward": False}  # set by a compile failure: that pass eager from then on
         self.graphs, self.seconds = compiled_graphs(), compile_seconds()  # this process's totals so far
+        self.firsts: set = set()  # (pass, grad mode) seen: each compiles a first graph, which is no recompile
+        self._forward = None  # the compiled packed forward, made at its first use
+
+    # ---- the decoding step ----
 
     @staticmethod
     def bucket(rows: int, batch_size: int) -> int:
@@ -40,18 +49,24 @@ class CompiledDecoding:
 
     @staticmethod
     def cache_length(width: int, max_new_tokens: int) -> int:
-        """The static cache's length for a batch `width` tokens wide: a multiple of CACHE_STEP."""
-        return math.ceil((width + max_new_tokens) / CACHE_STEP) * CACHE_STEP
+        """The static cache's length for a batch `width` tokens wide: width + max_new_tokens rounded up to a multiple
+        of a power-of-two step, CACHE_STEP_MIN or more and at most an eighth of the length (8 lengths per doubling)."""
+        need = width + max_new_tokens
+        step = max(CACHE_STEP_MIN, 1 << max(0, need.bit_length() - 4))
+        return -(-need // step) * step
+
+    def options(self, device: torch.device) -> dict:
+        """torch.compile's mode / options: CUDA graphs on a GPU; on CPU the kernels follow torch.set_num_threads (the
+        scripts' thread policy) instead of the thread count at compile time."""
+        if device.type == "cuda" or self.backend != "inductor":
+            return {"mode": "reduce-overhead" if device.type == "cuda" else "default", "options": None}
+        return {"mode": None, "options": {"cpp.dynamic_threads": True}}  # torch takes options or a mode
 
     def config(self, model):
-        """transformers' CompileConfig for the decoding step: static shapes; CUDA graphs on a GPU."""
+        """transformers' CompileConfig for the decoding step: static shapes."""
         from transformers import CompileConfig
 
-        cuda = next(model.parameters()).device.type == "cuda"
-        # CPU kernels follow torch.set_num_threads (the scripts' thread policy) instead of the count at compile time
-        options = None if cuda or self.backend != "inductor" else {"cpp.dynamic_threads": True}
-        config = CompileConfig(dynamic=False, backend=self.backend, options=options,  # torch: options or a mode
-                               mode="reduce-overhead" if cuda else None if options else "default")
+        config = CompileConfig(dynamic=False, backend=self.backend, **self.options(next(model.parameters()).device))
         config._compile_all_devices = True  # transformers' switch for compiling off CUDA
         return config
 
@@ -59,34 +74,57 @@ class CompiledDecoding:
         """`model.generate(**kwargs)` through the compiled decoding step on `static_cache` (generate's keywords for
         a cache of `cache_length`); a failed compile is redone eagerly from the same random state, and so is every
         later call."""
-        if self.failed:
+        if self.failed["decoding"]:
             return model.generate(**kwargs)
         device = kwargs["input_ids"].device
         rng = torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        self.firsts.add(("decoding",))  # every (rows, cache length) after the first compiles the step again
         try:
             return model.generate(**kwargs, **static_cache, compile_config=self.config(model))
         except Exception as error:  # noqa: BLE001  (any compile error: the eager call below raises real ones)
-            self.fall_back(error)
+            self.fall_back("decoding", "the compiled decoding step", "generating", error)
             torch.set_rng_state(rng[0])
             if rng[1] is not None:
                 torch.cuda.set_rng_state(rng[1], device)
             return model.generate(**kwargs)
 
-    def fall_back(self, error: BaseException) -> None:
-        self.failed = True
+    # ---- the packed training / scoring forward ----
+
+    def logits(self, model, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """[rows, W, V] logits of a packed batch (attention within each sequence, from `position_ids`), compiled with
+        the row count dynamic; under grad, backward runs compiled too. Eager after a failed compile."""
+        if not self.failed["forward"]:
+            if self._forward is None:
+                self._forward = torch.compile(packed_logits, dynamic=True, backend=self.backend,
+                                              **self.options(input_ids.device))
+            self.firsts.add(("forward", torch.is_grad_enabled()))  # a reference model of the policy's shape reuses it
+            try:
+                return self._forward(model, input_ids, position_ids)
+            except Exception as error:  # noqa: BLE001  (as in generate: the eager call raises real errors)
+                self.fall_back("forward", "the compiled training forward", "running it", error)
+        return packed_logits(model, input_ids, position_ids)
+
+    def fall_back(self, which: str, what: str, doing: str, error: BaseException) -> None:
+        self.failed[which] = True
         while getattr(error, "inner_exception", None) or error.__cause__:  # torch wraps the backend's own error
             error = getattr(error, "inner_exception", None) or error.__cause__
         first = (str(error).strip().splitlines() or [""])[0][:200]
-        self.log(f"--torch_compile: the compiled decoding step failed ({type(error).__name__}: {first}); "
-                 "generating eagerly from here on")
+        self.log(f"--torch_compile: {what} failed ({type(error).__name__}: {first}); {doing} eagerly from here on")
 
     def metrics(self) -> dict:
-        """metrics.jsonl's `compile_recompiles`, the graphs compiled since this object was made beyond the first (each
-        new shape of the decoding step compiles it again), and `time_compile_s`, the seconds spent compiling since the
-        previous call (the first generations' compile, apart from the step's own work)."""
+        """metrics.jsonl's `compile_recompiles`, the graphs compiled since this object was made beyond each pass's
+        first (per grad mode for the forward; each new shape of the decoding step compiles it again), and
+        `time_compile_s`, the seconds spent compiling since the previous call (forward and backward graphs)."""
         seconds, before = compile_seconds(), self.seconds
         self.seconds = seconds
-        return {"compile_recompiles": max(0, compiled_graphs() - self.graphs - 1), "time_compile_s": seconds - before}
+        return {"compile_recompiles": max(0, compiled_graphs() - self.graphs - len(self.firsts)),
+                "time_compile_s": seconds - before}
+
+
+def packed_logits(model, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+    """The model's logits at every position of packed rows: no attention mask and no KV cache, so transformers
+    builds the block-diagonal causal mask from `position_ids` (common/masking.py `pack_sequences`)."""
+    return model(input_ids=input_ids, position_ids=position_ids, attention_mask=None, use_cache=False).logits
 
 
 def compile_seconds() -> float:

@@ -69,18 +69,15 @@ class HFGenerator:
     reads_policy = True  # generate() runs the training model: under --fsdp it must be gathered (`gathered`)
 
     def __init__(self, model, tokenizer, batch_size: int = 256, dtype: str = "float32",
-                 cache_implementation: str | None = None, torch_compile: bool = False, log=print):
+                 cache_implementation: str | None = None, compiled=None):
         self.model = model  # the (unwrapped) training model: always current, nothing to sync
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.dtype = dtype  # compute dtype (autocast over the fp32 weights)
         self.cache_implementation = cache_implementation  # None: transformers' default (a dynamic cache)
-        # --torch_compile: the decoding step compiled on a static cache (common/compile.py); None: eager
-        self.compiled = None
-        if torch_compile:
-            from common.compile import CompiledDecoding
-
-            self.compiled = CompiledDecoding(log=log)
+        # --torch_compile: the run's TorchCompile (common/compile.py), the decoding step compiled on a static cache;
+        # None: eager
+        self.compiled = compiled
         on_cpu = next(model.parameters()).device.type == "cpu"
         if on_cpu and cache_implementation in ("offloaded", "offloaded_static"):  # they move layers with CUDA streams
             self.cache_implementation = {"offloaded": "dynamic", "offloaded_static": "static"}[cache_implementation]
@@ -119,7 +116,7 @@ class HFGenerator:
         for s in range(0, len(flat), self.batch_size):
             chunk = flat[s : s + self.batch_size]
             rows = len(chunk)
-            if self.compiled is not None and not self.compiled.failed:  # few shapes: pad to a bucket, cut after
+            if self.compiled is not None and not self.compiled.failed["decoding"]:  # few shapes: pad to a bucket, cut after
                 chunk = chunk + [chunk[-1]] * (self.compiled.bucket(rows, self.batch_size) - rows)
             width = max(len(p) for p in chunk)
             ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
@@ -157,10 +154,6 @@ class HFGenerator:
         self.model.train(was_training)
         return Generations(prompt_ids=[list(p) for p in prompt_ids], completion_ids=out_ids,
                            logprobs=logps, finish_reasons=out_reasons, n=n)
-
-    def compile_metrics(self) -> dict:
-        """--torch_compile's metrics.jsonl entries (common/compile.py), none without it."""
-        return {} if self.compiled is None else self.compiled.metrics()
 
     def _model_generate(self, **kwargs):
         """`model.generate`, with --torch_compile through its compiled decoding step on a static cache."""

@@ -24,22 +24,28 @@ def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperatur
     return torch.cat(lps, 1), torch.cat(ents, 1)
 
 
-def token_logprobs(model, batch: Batch, temperature: float = 1.0, chunk_size: int = 64, entropy_grad: bool = False):
+def token_logprobs(model, batch: Batch, temperature: float = 1.0, chunk_size: int = 64, entropy_grad: bool = False,
+                   compiled=None):
     """(log p, entropy) of every token in the completion region, shape [B, R] each.
 
     Column j of the result scores input column T - R + j. Gradient flows through log p when enabled, and through
-    the entropy too with `entropy_grad`.
+    the entropy too with `entropy_grad`. `compiled` (--torch_compile's TorchCompile, common/compile.py) runs a
+    packed batch's forward compiled.
     """
     r = batch.completion_width
     if batch.gather_index is not None:  # packed: logits only at the columns that predict a completion token
         valid = batch.gather_index >= 0
         flat = batch.gather_index[valid]
         width = batch.input_ids.shape[1]
-        columns = torch.unique(flat % width)  # sorted; one set for all rows
-        out = model(input_ids=batch.input_ids, attention_mask=None, position_ids=batch.position_ids,
-                    logits_to_keep=columns, use_cache=False)
-        pick = (flat // width) * len(columns) + torch.searchsorted(columns, flat % width)
-        logits = out.logits.reshape(-1, out.logits.shape[-1])[pick]
+        if compiled is not None:  # every position's logits: one graph for all micro-batches (common/compile.py)
+            logits = compiled.logits(model, batch.input_ids, batch.position_ids)
+            logits = logits.reshape(-1, logits.shape[-1])[flat]
+        else:
+            columns = torch.unique(flat % width)  # sorted; one set for all rows
+            out = model(input_ids=batch.input_ids, attention_mask=None, position_ids=batch.position_ids,
+                        logits_to_keep=columns, use_cache=False)
+            pick = (flat // width) * len(columns) + torch.searchsorted(columns, flat % width)
+            logits = out.logits.reshape(-1, out.logits.shape[-1])[pick]
         lp, ent = logprobs_from_logits(logits[None], batch.input_ids.reshape(-1)[flat + 1][None], temperature,
                                        chunk_size, entropy_grad)
         full_lp, full_ent = lp.new_zeros(valid.shape), ent.new_zeros(valid.shape)

@@ -141,10 +141,6 @@ class VLLMGenerator:
         if world > 1 and not torch.distributed.is_initialized():
             torch.distributed.init_process_group(backend="gloo" if on_cpu else "nccl")
 
-    def compile_metrics(self) -> dict:
-        """None: --torch_compile is HF generate's (vLLM compiles its own graphs, outside these metrics)."""
-        return {}
-
     # ---- sleep mode (GPU only; vLLM 0.32 line numbers) ----
     def sleep(self) -> None:
         """A sampling phase is over: the engine's GPU memory goes to the trainer until the next `sync_weights`,

@@ -1,19 +1,23 @@
-"""`--torch_compile`: HF generate's decoding step compiled (common/compile.py) gives the eager run's rows, in fp32 and
-under bf16 autocast; a compile failure falls back to eager with one log line; the flags it cannot run with are refused
-at start-up. Compiling costs seconds, so only two tests compile (the script run and the bf16 generator)."""
+"""`--torch_compile`: HF generate's decoding step and the packed training forward compiled (common/compile.py) give
+the eager run's rows, in fp32 and under bf16 autocast; one graph serves micro-batches of any row count; a compile
+failure falls back to eager with one log line; the flags it cannot run with are refused at start-up. Compiling costs
+seconds, so few tests compile, on small models."""
 import json
 
 import pytest
 import torch
 
 from common.cli import parse_args
+from common.compile import TorchCompile
 from common.generation import HFGenerator, SamplingConfig
+from common.logprobs import token_logprobs
+from common.masking import pack_sequences
 from conftest import run_script
 
-# one shape for every generate call of the run (32 rows, a 64-position cache): the step compiles once
+# one shape for every generate call of the run (32 rows, a 32-position cache): the step compiles once
 FLAGS = ["--max_steps", "3", "--eval_every", "0", "--eval_prompts", "8", "--eval_samples", "4", "--prompts_per_step",
          "8", "--max_new_tokens", "16", "--num_threads", "1", "--learning_rate", "1e-4", "--warmup_steps", "5",
-         "--prompt_pool", "64", "--reward", "binary", "--paper_eval_samples", "4", "--eval_train_prompts", "8"]
+         "--prompt_pool", "64", "--reward", "binary", "--beta", "0", "--paper_eval_samples", "4", "--eval_train_prompts", "8"]
 
 
 def rows(out_dir) -> list[dict]:
@@ -31,8 +35,10 @@ def test_torch_compile_matches_eager_three_steps(tiny_base, tmp_path):
             if key in a:
                 assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-9), (a["step"], key)
     assert "time_compile_s" not in eager[0]
-    # the compile happens in the step-0 evaluation, once: every later call reuses the compiled step
-    assert compiled[0]["time_compile_s"] > 1.0 and all(row["time_compile_s"] == 0 for row in compiled[1:])
+    # the decoding step compiles in the step-0 evaluation, the training forward (and backward) and the reference's
+    # no-grad forward in step 1, once: every later call reuses them
+    assert compiled[0]["time_compile_s"] > 1.0 and compiled[1]["time_compile_s"] > 1.0
+    assert all(row["time_compile_s"] == 0 for row in compiled[2:])
     assert all(row["compile_recompiles"] == 0 for row in compiled)
 
 
@@ -56,13 +62,13 @@ def test_torch_compile_bf16_generation_matches_eager():
     model, tokenizer, prompts, sampling = tiny_generator_inputs()
     logs = []
     eager = generate(HFGenerator(model, tokenizer, batch_size=8, dtype="bfloat16"), prompts, sampling)
-    compiled_generator = HFGenerator(model, tokenizer, batch_size=8, dtype="bfloat16", torch_compile=True,
-                                     log=logs.append)
+    compiled_generator = HFGenerator(model, tokenizer, batch_size=8, dtype="bfloat16",
+                                     compiled=TorchCompile(log=logs.append))
     compiled = generate(compiled_generator, prompts, sampling)
-    assert not logs and not compiled_generator.compiled.failed  # it did run compiled
+    assert not logs and not compiled_generator.compiled.failed["decoding"]  # it did run compiled
     assert compiled.completion_ids == eager.completion_ids
     assert torch.allclose(torch.tensor(sum(compiled.logprobs, [])), torch.tensor(sum(eager.logprobs, [])), atol=1e-5)
-    assert compiled_generator.compile_metrics()["time_compile_s"] > 0
+    assert compiled_generator.compiled.metrics()["time_compile_s"] > 0
 
 
 def test_torch_compile_failure_falls_back_to_eager_with_one_line():
@@ -72,21 +78,58 @@ def test_torch_compile_failure_falls_back_to_eager_with_one_line():
         raise RuntimeError("no compiler on this machine")
 
     logs = []
-    generator = HFGenerator(model, tokenizer, batch_size=8, torch_compile=True, log=logs.append)
-    generator.compiled.backend = failing_backend
+    compiled = TorchCompile(backend=failing_backend, log=logs.append)
+    generator = HFGenerator(model, tokenizer, batch_size=8, compiled=compiled)
     first, second = generate(generator, prompts, sampling), generate(generator, prompts, sampling)
     eager = generate(HFGenerator(model, tokenizer, batch_size=8), prompts, sampling)
     assert len(logs) == 1 and "no compiler on this machine" in logs[0] and "eagerly" in logs[0]
     # the failed call is redone from the same random state: the rows are the eager ones
     assert first.completion_ids == eager.completion_ids == second.completion_ids
+    # the packed forward falls back on its own, with one more line
+    batch = packed_batches(tokenizer, prompts)[0]
+    compiled_logp = [token_logprobs(model, batch, compiled=compiled)[0] for _ in range(2)]
+    assert len(logs) == 2 and "the compiled training forward failed" in logs[1] and "eagerly" in logs[1]
+    assert all(torch.equal(logp, token_logprobs(model, batch)[0]) for logp in compiled_logp)
+
+
+def packed_batches(tokenizer, prompts):
+    """Two packed micro-batches of 3 and 2 rows (a row count of 1 would be a shape of its own)."""
+    completions = [tokenizer(text).input_ids for text in ("5+4=9", "12", "9*1=9 ok", "6-5")]
+    return [pack_sequences(prompts[rows], completions[rows], tokenizer.pad_token_id, 16)
+            for rows in (slice(0, 4), slice(0, 3))]
+
+
+def test_torch_compile_packed_forward_matches_eager_one_graph():
+    from common.compile import compiled_graphs
+
+    model, tokenizer, prompts, _ = tiny_generator_inputs()
+    compiled, graphs = TorchCompile(), compiled_graphs()
+    batches = packed_batches(tokenizer, prompts)
+    assert [batch.input_ids.shape[0] for batch in batches] == [3, 2]
+    for batch in batches:  # log-probs and gradients, micro-batch by micro-batch
+        grads = []
+        for run in (None, compiled):
+            model.zero_grad()
+            logp, _ = token_logprobs(model, batch, compiled=run)
+            (logp * batch.loss_mask).sum().backward()
+            grads.append(torch.cat([param.grad.flatten() for param in model.parameters()]))
+        assert torch.allclose(grads[0], grads[1], atol=1e-6)
+    assert compiled_graphs() - graphs == 1  # one graph served both row counts
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # a bf16 scoring pass: a graph of its own
+        compiled_bf16, eager_bf16 = (token_logprobs(model, batches[0], compiled=run)[0] for run in (compiled, None))
+    assert torch.allclose(compiled_bf16, eager_bf16, atol=0.05)
+    assert compiled_graphs() - graphs == 2 and compiled.metrics()["compile_recompiles"] == 0
 
 
 def test_torch_compile_pads_chunks_to_few_shapes():
-    from common.compile import CompiledDecoding
-
-    assert [CompiledDecoding.bucket(rows, 256) for rows in (1, 2, 3, 100, 128, 129, 256)] == \
+    assert [TorchCompile.bucket(rows, 256) for rows in (1, 2, 3, 100, 128, 129, 256)] == \
         [1, 2, 4, 128, 128, 256, 256]
-    assert CompiledDecoding.bucket(70, 100) == 100  # never past the generation batch size
+    assert TorchCompile.bucket(70, 100) == 100  # never past the generation batch size
+    # cache lengths: multiples of 16 up to 255 positions, then of an eighth of the length's power of two
+    assert [TorchCompile.cache_length(width, 32) for width in (9, 14, 16, 17, 100)] == [48, 48, 48, 64, 144]
+    assert [TorchCompile.cache_length(width, 1024) for width in (60, 200, 300)] == [1152, 1280, 1408]
+    lengths = [TorchCompile.cache_length(width, 1024) for width in range(1, 1025)]
+    assert len(set(lengths)) == 8 and all(length >= width + 1024 for width, length in enumerate(lengths, 1))
 
 
 @pytest.mark.parametrize("flags, clash", [(["--use_vllm"], "--use_vllm"), (["--fsdp"], "--fsdp"),
