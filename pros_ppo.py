@@ -453,7 +453,8 @@ def main(args: Args) -> None:
     sample_log = SampleLogger(args.output_dir, accelerator, args.log_samples_every, args.log_samples_per_kind,
                               resume_step=resume_step)
     if start_step == 0:
-        row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads(), **(compiled.metrics() if compiled else {})}
+        row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads(),
+               **(compiled.metrics() if compiled else {})}
         logger.log(row)
         log(f"step 0 (starting policy): {row}")
     stop = GracefulStop(log)

@@ -475,7 +475,8 @@ def main(args: Args) -> None:
                               resume_step=start_step if resume_from is not None else None)
     warned_logp_diff = False
     if start_step == 0:
-        row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads(), **(compiled.metrics() if compiled else {})}
+        row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads(),
+               **(compiled.metrics() if compiled else {})}
         logger.log(row)
         log(f"step 0 (starting policy): {row}")
     stop = GracefulStop(log)

@@ -17,7 +17,8 @@ from conftest import run_script
 # one shape for every generate call of the run (32 rows, a 32-position cache): the step compiles once
 FLAGS = ["--max_steps", "3", "--eval_every", "0", "--eval_prompts", "8", "--eval_samples", "4", "--prompts_per_step",
          "8", "--max_new_tokens", "16", "--num_threads", "1", "--learning_rate", "1e-4", "--warmup_steps", "5",
-         "--prompt_pool", "64", "--reward", "binary", "--beta", "0", "--paper_eval_samples", "4", "--eval_train_prompts", "8"]
+         "--prompt_pool", "64", "--reward", "binary", "--paper_eval_samples", "4", "--eval_train_prompts", "8",
+         "--beta", "0"]  # no reference model: its no-grad graph would add a compile (test_torch_compile_packed_...)
 
 
 def rows(out_dir) -> list[dict]:
