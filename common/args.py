@@ -101,10 +101,10 @@ class BaseArgs:
     """KV cache of HF generate (TRL's GRPOConfig name): unset = transformers' default (dynamic); `static`
     preallocates it and, on a GPU, lets transformers compile the decoding step (docs/scaling.md); not with vLLM"""
     torch_compile: bool = False
-    """compile HF generate's one-token decoding step with torch.compile (TrainingArguments' name), on CPU too, on a
-    static KV cache of few fixed shapes; the first generations pay the compile (logged as time_compile_s) and a failed
-    compile falls back to eager; the training passes stay eager (docs/benchmark.md). Not with --use_vllm, --fsdp or
-    --cache_implementation"""
+    """compile with torch.compile (TrainingArguments' name), on CPU too: HF generate's one-token decoding step on a
+    static KV cache of few fixed shapes, and the training / scoring forward and backward of packed micro-batches
+    (--padding_free); the first steps pay the compile (logged as time_compile_s) and a failed compile falls back to
+    eager (docs/benchmark.md). Not with --use_vllm, --fsdp or --cache_implementation"""
     # --- optimisation ---
     learning_rate: Annotated[float, Range(0)] = 5e-5
     """AdamW learning rate (5e-5 suits the embedded model; real 0.5B-7B models: about 1e-6; docs/benchmark.md)"""
