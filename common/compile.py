@@ -6,15 +6,17 @@ and the recompilations counted for metrics.jsonl. One `TorchCompile` per run ser
   transformers 5.19 `generation/utils.py`); it does so on CUDA only unless the config's `_compile_all_devices` is set,
   which is set here, so CPU runs compile too. The cache is HFGenerator's compute-dtype static cache
   (common/generation.py). The prefill (one call per batch, whose width varies) stays eager. Few shapes, so the
-  compiled step is reused: the cache holds the batch's prompt width plus max_new_tokens rounded up to a step of at
-  most an eighth of that length (so at most 1/8 of the cache is unused), and a chunk of fewer rows than the generation
-  batch size is padded with copies of its last prompt up to a power of two (the copies' samples are dropped; they
-  draw random numbers, so such a chunk samples differently from an eager run with the same seed). Each new
-  (rows, cache length) pair compiles the step once more.
+  compiled step is reused: the cache holds the batch's prompt width plus max_new_tokens rounded up to a step of 16
+  positions, or of an eighth of the length's power of two for long caches (8 lengths per doubling), and a chunk of
+  fewer rows than the generation batch size is padded with copies of its last prompt up to a power of two (the
+  copies' samples are dropped; they draw random numbers, so such a chunk samples differently from an eager run with
+  the same seed). Each new (rows, cache length) pair compiles the step once more.
 - The training and scoring forward of a packed batch (common/masking.py `pack_sequences`; backward included, through
-  AOTAutograd): rows of a fixed width, their count a dynamic dimension, so one graph serves every micro-batch. It
-  returns the logits of every position (packed rows predict a completion token at almost every column anyway).
-  Padded (not packed) batches stay eager.
+  AOTAutograd), compiled with dynamic shapes: the row count and the row width (at most --pack_row_tokens, or the
+  longest sequence) are symbols, so one graph serves every micro-batch (a single row specialises once more). It
+  returns the logits of every position (packed rows predict a completion token at almost every column anyway), and
+  runs without CUDA graphs (they would record, and keep the memory of, one graph per shape). Padded (not packed)
+  batches stay eager.
 
 A compile failure does not stop the run: that call is redone eagerly (generation from the same random state) and
 every later one of the same pass too, after one log line.
@@ -55,11 +57,11 @@ class TorchCompile:
         step = max(CACHE_STEP_MIN, 1 << max(0, need.bit_length() - 4))
         return -(-need // step) * step
 
-    def options(self, device: torch.device) -> dict:
-        """torch.compile's mode / options: CUDA graphs on a GPU; on CPU the kernels follow torch.set_num_threads (the
-        scripts' thread policy) instead of the thread count at compile time."""
+    def options(self, device: torch.device, cuda_graphs: bool = True) -> dict:
+        """torch.compile's mode / options: CUDA graphs on a GPU (`cuda_graphs`); on CPU the kernels follow
+        torch.set_num_threads (the scripts' thread policy) instead of the thread count at compile time."""
         if device.type == "cuda" or self.backend != "inductor":
-            return {"mode": "reduce-overhead" if device.type == "cuda" else "default", "options": None}
+            return {"mode": "reduce-overhead" if device.type == "cuda" and cuda_graphs else "default", "options": None}
         return {"mode": None, "options": {"cpp.dynamic_threads": True}}  # torch takes options or a mode
 
     def config(self, model):
@@ -92,11 +94,11 @@ class TorchCompile:
 
     def logits(self, model, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
         """[rows, W, V] logits of a packed batch (attention within each sequence, from `position_ids`), compiled with
-        the row count dynamic; under grad, backward runs compiled too. Eager after a failed compile."""
+        dynamic shapes; under grad, backward runs compiled too. Eager after a failed compile."""
         if not self.failed["forward"]:
             if self._forward is None:
                 self._forward = torch.compile(packed_logits, dynamic=True, backend=self.backend,
-                                              **self.options(input_ids.device))
+                                              **self.options(input_ids.device, cuda_graphs=False))
             self.firsts.add(("forward", torch.is_grad_enabled()))  # a reference model of the policy's shape reuses it
             try:
                 return self._forward(model, input_ids, position_ids)
