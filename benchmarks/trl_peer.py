@@ -83,7 +83,7 @@ class Args:
     """compute dtype of both trainers' throughput runs (ours: --dtype, autocast over fp32 weights; TRL: bf16=True,
     the same); the definition check is always fp32"""
     torch_compile: bool = False
-    """ours with --torch_compile (its decoding step compiled)"""
+    """ours with --torch_compile (its decoding step and packed training forward compiled)"""
     trl_torch_compile: bool = False
     """TRL with its own torch_compile=True (TrainingArguments: the model compiled by the Trainer)"""
 
