@@ -222,8 +222,8 @@ def docs_block(path: Path = RESULTS) -> str:
                   + (" (a compile failed: the run fell back to eager)" if c["fallback"] else "")]
     if "floor" in res:
         f = res["floor"]
-        lines += [f"- the floor (bare `generate` + forward/backward + AdamW, 32 prompts x 4, <= 32 tokens; compiled: its "
-                  f"decoding step and training forward): "
+        lines += ["- the floor (bare `generate` + forward/backward + AdamW, 32 prompts x 4, <= 32 tokens; compiled: "
+                  "its decoding step and training forward): "
                   f"{f['eager']['floor_s']:.3f} s eager, {f['compiled']['floor_s']:.3f} s compiled "
                   f"({f['floor_speedup']:.2f}x); our GRPO-n4 script step {f['eager']['script_ratio']:.2f}x the eager "
                   f"floor eager, {f['compiled']['script_ratio']:.2f}x the compiled floor with `--torch_compile`"]
