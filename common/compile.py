@@ -52,7 +52,7 @@ class TorchCompile:
     @staticmethod
     def cache_length(width: int, max_new_tokens: int) -> int:
         """The static cache's length for a batch `width` tokens wide: width + max_new_tokens rounded up to a multiple
-        of a power-of-two step, CACHE_STEP_MIN or more and at most an eighth of the length (8 lengths per doubling)."""
+        of CACHE_STEP_MIN, or of an eighth of the length's power of two when that is larger (8 lengths per doubling)."""
         need = width + max_new_tokens
         step = max(CACHE_STEP_MIN, 1 << max(0, need.bit_length() - 4))
         return -(-need // step) * step
