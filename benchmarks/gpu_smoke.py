@@ -12,9 +12,11 @@ One command, `python benchmarks/gpu_smoke.py`, sized for one lent GPU (at most `
 1. **Parts, in priority order** (`--parts`): every script `plain`; then `fsdp` (FSDP2 on one process: its wrapping,
    gathers and checkpoint paths); then `gc_lora` (gradient checkpointing, LoRA r 16); then `learning` (a method and
    its baseline, RA-RLOO and `--replay none`, for as many steps as the budget leaves, held-out pass@1 with a 95%
-   interval at start and end, a learning-curve PNG); then `speed` (one script's generated tokens/s with HF generate's
-   default cache and with `--cache_implementation static`, which transformers compiles on a GPU); then `peer` (TRL's
-   GRPOTrainer against ours, `benchmarks/trl_peer.py`, when trl imports or its wheels lie in `.whl/`).
+   interval at start and end, a learning-curve PNG); then `speed` (one script's step time and generated tokens/s
+   eager with HF generate's default cache, with `--cache_implementation static`, which transformers compiles on a
+   GPU, and with `--torch_compile`, its compile time reported apart); then `peer` (TRL's GRPOTrainer against ours,
+   `benchmarks/trl_peer.py`, when trl imports or its wheels lie in `.whl/`). `--parts` in another order runs them
+   in that order (the learning part takes whatever budget is left, so it belongs last when named with others).
    The plan printed first says what fits; a part that does not fit is skipped, a run never starts past the budget,
    and a timer stops a running script at the budget (its graceful stop: it saves and returns).
 2. **Every run proves its update**: mean reward, the fraction of policy weights that changed (LoRA: adapter B entries
@@ -81,6 +83,8 @@ SCRIPT_FLAGS = {"ada_seq": ["--max_rounds", "2", "--round_repeat", "4"], "ps_grp
 GUESS = {"150m": {"run_fixed_s": 7.0, "step_s": 3.0, "peer_s": 120.0},
          "tiny": {"run_fixed_s": 4.0, "step_s": 0.6, "peer_s": 60.0},
          "test": {"run_fixed_s": 4.0, "step_s": 0.6, "peer_s": 60.0}}
+# the speed part's runs: eager with HF generate's default cache, its static cache, and --torch_compile
+SPEED_RUNS = {"default": [], "static": ["--cache_implementation", "static"], "torch_compile": ["--torch_compile"]}
 LEARNING = {"method": ["--replay", "on_demand"], "baseline": ["--replay", "none"]}  # ra_rloo.py; same flags else
 WHEELS = ROOT / ".whl"  # TRL's wheels for an image without it (docs/scaling.md); ignored by git, carried to the GPU
 
@@ -95,8 +99,8 @@ class Args:
     budget_s: float = 480.0
     """wall-clock budget of the whole command, model build and warm start included (seconds)"""
     parts: str = ",".join(PARTS)
-    """comma-separated parts to run, taken in this priority order: plain, fsdp, gc_lora, learning, speed, peer (empty:
-    only the model and its warm start)"""
+    """comma-separated parts to run, in the order given (the default is the priority order: plain, fsdp, gc_lora,
+    learning, speed, peer; empty: only the model and its warm start)"""
     scripts: str = "ra_rloo,ada_seq,ada_est,ps_grpo,pros_ppo"
     """comma-separated method scripts of the smoke parts (plain, fsdp, gc_lora)"""
     steps: int = 2
@@ -134,6 +138,8 @@ class Args:
     """samples per held-out prompt in the learning part (pass@1 = their mean)"""
     learning_max_steps: int = 200
     """upper bound on each learning run's steps (the budget usually binds first)"""
+    speed_runs: str = ",".join(SPEED_RUNS)
+    """comma-separated runs of the speed part: default, static, torch_compile (a cold compile on a CPU takes minutes)"""
     speed_steps: int = 4
     """steps of each speed run (the first, which compiles, is reported apart)"""
     keep_checkpoints: bool = False
@@ -143,8 +149,10 @@ class Args:
     def validate(self) -> None:
         bad = [p for p in self.parts.split(",") if p and p not in PARTS]
         bad += [s for s in self.scripts.split(",") if not (ROOT / f"{s}.py").exists()]
+        bad += [r for r in self.speed_runs.split(",") if r and r not in SPEED_RUNS]
         if bad:
-            raise SystemExit(f"--parts / --scripts: unknown {bad} (parts: {', '.join(PARTS)})")
+            raise SystemExit(f"--parts / --scripts / --speed_runs: unknown {bad} (parts: {', '.join(PARTS)}; speed "
+                             f"runs: {', '.join(SPEED_RUNS)})")
         if self.steps < 1 or self.speed_steps < 2 or self.learning_max_steps < 1:
             raise SystemExit("--steps must be >= 1, --speed_steps >= 2 and --learning_max_steps >= 1")
         if not self.budget_s > 0 or not 0 < self.warm_target <= 1:
@@ -651,12 +659,16 @@ def table(report: dict) -> str:
         lines.append(f"\n{learning.get('plot', '')}")
     speed = report.get("speed") or []
     if speed:
-        lines += ["", "## Generation speed (ra_rloo.py, HF generate)", "",
-                  "| --cache_implementation | gen tokens/s (steps 2+) | first step gen s | graphs compiled |",
-                  "|---|---|---|---|"]
-        lines += [f"| {s['cache_implementation']} | {s.get('gen_tokens_per_s_after_first', 0):,.0f} | "
-                  f"{s.get('first_step_gen_s', 0):.2f} | {s.get('compiled_graphs', '')} |" if s["status"] == "ok"
-                  else f"| {s['cache_implementation']} | {s['status']} | | |" for s in speed]
+        lines += ["", "## Speed (ra_rloo.py, HF generate)", "",
+                  "| run | s/step (steps 2+, compile apart) | median s/step (steps 2+) | gen tokens/s (steps 2+) | "
+                  "first step s (gen s) | compile s | graphs compiled |", "|---|---|---|---|---|---|---|"]
+        lines += [f"| {s['cache_implementation']} | {s.get('step_s_after_first', 0):.3f} | "
+                  f"{s.get('step_s_median_after_first', 0):.3f} | "
+                  f"{s.get('gen_tokens_per_s_after_first', 0):,.0f} | {s.get('first_step_s') or 0:.2f} "
+                  f"({s.get('first_step_gen_s', 0):.2f}) | "
+                  f"{'' if s.get('compile_s') is None else format(s['compile_s'], '.1f')} | "
+                  f"{s.get('compiled_graphs', '')} |" if s["status"] == "ok"
+                  else f"| {s['cache_implementation']} | {s['status']} | | | | | |" for s in speed]
     peer = report.get("peer")
     if peer:
         lines += ["", "## TRL peer", "", f"status: {peer['status']}"]
@@ -692,7 +704,7 @@ def main(args: Args) -> dict:
               f"Python {sys.version.split()[0]}", "budget_s": args.budget_s, "args": asdict(args), "plan": [],
               "runs": [], "warm_start": None, "learning": None, "speed": [], "peer": None}
     guess = dict(GUESS[args.size])
-    scripts, parts = args.scripts.split(","), [p for p in PARTS if p in args.parts.split(",")]
+    scripts, parts = args.scripts.split(","), list(dict.fromkeys(p for p in args.parts.split(",") if p))
     try:
         # ---------------- plan ----------------
         run_s = lambda steps: guess["run_fixed_s"] + steps * guess["step_s"]  # noqa: E731
@@ -705,7 +717,7 @@ def main(args: Args) -> dict:
             elif part == "learning":
                 cost[part] = 2 * run_s(10) + 3 * guess["run_fixed_s"]  # at least ~10 steps each to be worth it
             elif part == "speed":
-                cost[part] = 2 * run_s(args.speed_steps) + 30.0  # compiling the decoding step
+                cost[part] = len(args.speed_runs.split(",")) * run_s(args.speed_steps) + 90.0  # compiling (static, torch_compile)
             else:
                 cost[part] = guess["peer_s"]
         total, usable = 0.0, stop.left()
@@ -821,32 +833,38 @@ def learning_part(model_dir: Path, out: Path, args: Args, stop: Stop, guess: dic
                 learning[arm]["end"] = dict(zip(("pass@1", "ci95"), mean_ci(rates)))
                 changes = [end - begin for begin, end in zip(start, rates)]  # paired by prompt
                 learning[arm]["paired_change"] = dict(zip(("mean", "ci95"), mean_ci(changes)))
+                learning[arm]["end_rates"] = rates
         except Exception as error:  # this arm's failure is its own: the other arm still runs and reports
             learning[arm] = {**learning.get(arm, {"label": label}), "status": error_status(error)}
         drop_checkpoint(result, args)
     if learning.get("method", {}).get("end") and learning.get("baseline", {}).get("end"):
         learning["method_minus_baseline_end"] = learning["method"]["end"]["pass@1"] - \
             learning["baseline"]["end"]["pass@1"]
+        # the same held-out prompts for both arms: the difference's interval is paired by prompt
+        diffs = [m - b for m, b in zip(learning["method"]["end_rates"], learning["baseline"]["end_rates"])]
+        learning["method_minus_baseline"] = dict(zip(("mean", "ci95"), mean_ci(diffs)))
     (out / "learning.json").write_text(json.dumps(learning, indent=2))
     learning["plot"] = plot_learning(learning, out / "learning.png")
     return learning
 
 
 def speed_part(model_dir: Path, out: Path, args: Args, stop: Stop, guess: dict, report: dict) -> list[dict]:
-    """ra_rloo.py's generated tokens/s with transformers' default cache and with a static one (compiled on a GPU);
-    each run records its own status, and one that fails leaves the other's figures in `report["speed"]`."""
+    """ra_rloo.py's step time and generated tokens/s over steps 2+ eager with transformers' default cache, with a static
+    one (compiled by transformers on a GPU) and with `--torch_compile`, the first step and the compile time apart;
+    each run records its own status, and one that fails leaves the others' figures in `report["speed"]`."""
     results = []
-    for cache in ("default", "static"):
+    for cache in dict.fromkeys(r for r in args.speed_runs.split(",") if r):
+        extra = SPEED_RUNS[cache]
         if stop.reason or stop.left() < guess["run_fixed_s"] + args.speed_steps * guess["step_s"] + 15:
             results.append({"cache_implementation": cache, "status": "skipped: budget" if not stop.reason
                             else f"skipped ({stop.reason})"})
             continue
-        flags = ["--k", "4", "--save_every", "0"] + ([] if cache == "default" else ["--cache_implementation", cache])
         run_dir = out / f"speed-{cache}"
         shutil.rmtree(run_dir, ignore_errors=True)
         try:
-            result = run_script("ra_rloo", flags, run_dir, model_dir, args.speed_steps, args, stop)
-        except Exception as error:  # this run's failure is its own: the other run's figures stay in the report
+            result = run_script("ra_rloo", ["--k", "4", "--save_every", "0", *extra], run_dir, model_dir,
+                                args.speed_steps, args, stop)
+        except Exception as error:  # this run's failure is its own: the other runs' figures stay in the report
             result = {"status": error_status(error)}
         rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][1:] \
             if not result["status"].startswith("error") and (run_dir / "metrics.jsonl").exists() else []
@@ -854,12 +872,97 @@ def speed_part(model_dir: Path, out: Path, args: Args, stop: Stop, guess: dict, 
         entry = {"cache_implementation": cache, "status": result["status"],
                  "compiled_graphs": result.get("compiled_graphs")}
         if len(rows) >= 2:
+            later = rows[1:]
             tokens = rows[-1]["gen_tokens"] - rows[0]["gen_tokens"]
-            entry["gen_tokens_per_s_after_first"] = tokens / sum(r["time_gen_s"] for r in rows[1:])
+            entry["gen_tokens_per_s_after_first"] = tokens / sum(r["time_gen_s"] for r in later)
+            # a recompilation in a later step is compile time too: reported apart, not in the step time
+            entry["step_s_after_first"] = sum(r.get("time_step_s", 0.0) - r.get("time_compile_s", 0.0)
+                                              for r in later) / len(later)
+            entry["step_s_median_after_first"] = statistics.median(r.get("time_step_s", 0.0) for r in later)
+            entry["first_step_s"] = rows[0].get("time_step_s")
             entry["first_step_gen_s"] = rows[0]["time_gen_s"]
+            if "time_compile_s" in rows[0]:  # --torch_compile: seconds spent compiling, step 0's evaluation included
+                every = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+                entry["compile_s"] = sum(r.get("time_compile_s", 0.0) for r in every)
+                entry["compile_recompiles"] = rows[-1].get("compile_recompiles")
         results.append(entry)
         report["speed"] = results
     return results
+
+
+GPU_RESULTS = ROOT / "benchmarks" / "results" / "gpu"
+
+
+def docs_block(results: Path = GPU_RESULTS) -> str:
+    """The GPU paragraph of docs/scaling.md and docs/benchmark.md, from the newest committed spell with a smoke.json
+    (`benchmarks/results/gpu/<date>-<device>/`), regenerated by `python benchmarks/report.py --write_docs`."""
+    import textwrap
+
+    found = sorted(results.glob("*/smoke.json")) if results.is_dir() else []
+    if not found:
+        return "No GPU spell of `benchmarks/gpu_spell.sh` has been committed under `benchmarks/results/gpu/` yet.\n"
+    folder = found[-1].parent
+    report = json.loads(found[-1].read_text())
+    rel = Path(os.path.relpath(folder, ROOT)).as_posix()
+    device_txt = (folder / "device.txt").read_text().split("\n")[0].strip() if (folder / "device.txt").exists() \
+        else report["device"]
+    args = report["args"]
+    lines = [f"The newest GPU spell, `bash benchmarks/gpu_spell.sh` (results: [{rel}/](../{rel}/)): {device_txt}; "
+             f"{report['versions']}; budget {report['budget_s']:.0f} s, {report['elapsed_s']:.0f} s used"
+             + (f" (stopped: {report['stopped']})" if report.get("stopped") else "") + f"; parts `{args['parts']}`, "
+             f"--size {args['size']}, --dtype {args['dtype']}, {args['prompts_per_step']} prompts a step, at most "
+             f"{args['max_new_tokens']} new tokens.", ""]
+    warm = report.get("warm_start") or {}
+    if "pass_rate" in warm or "greedy_pass@1" in warm:
+        rate = warm.get("greedy_pass@1", warm.get("pass_rate"))
+        lines.append(f"- warm start: greedy pass@1 {rate:.3f} on training prompts after {warm.get('steps', '?')} SFT "
+                     f"steps, {warm.get('seconds', warm.get('wall_s', 0)):.0f} s")
+    ran = [r for r in report["runs"] if not r["status"].startswith("skipped")]
+    if report["runs"]:
+        per = "; ".join(f"{r['script']}/{r['variant']} {r['status']}"
+                        + (f", {r['gen_tokens_per_s']:,.0f} gen tokens/s, {r['step_s']:.2f} s/step, peak "
+                           f"{r['peak_gpu_gib']:.2f} GiB, {100 * r['policy_changed_frac']:.0f}% of weights changed"
+                           if r["status"] == "ok" and r.get("peak_gpu_gib") is not None else "") for r in ran)
+        lines.append(f"- smoke ({args['steps']} steps a run): **{report['verdict']}**" + (f" ({per})" if per else ""))
+    learning = report.get("learning") or {}
+    if learning.get("method_minus_baseline"):
+        diff = learning["method_minus_baseline"]
+        low, high = diff["mean"] - diff["ci95"], diff["mean"] + diff["ci95"]
+        word = "method above baseline" if low > 0 else "method below baseline" if high < 0 else "inconclusive"
+        arms = "; ".join(f"{learning[a]['label']} {learning[a]['steps']} steps, {learning[a]['end']['pass@1']:.3f}"
+                         for a in ("method", "baseline"))
+        lines.append(f"- learning (held-out pass@1, {learning['prompts']} prompts x {learning['samples']} samples): "
+                     f"start {learning['start']['pass@1']:.3f}; {arms}; RA-RLOO minus RLOO {diff['mean']:+.3f} "
+                     f"[{low:+.3f}, {high:+.3f}] (95%, paired by prompt): **{word}**")
+    elif learning.get("status"):
+        lines.append(f"- learning: {learning['status']}")
+    speed = [s for s in report.get("speed") or [] if s.get("status") == "ok" and "step_s_after_first" in s]
+    if speed:
+        figures = "; ".join(f"`{s['cache_implementation']}` {s['step_s_after_first']:.3f} s/step (median "
+                            f"{s.get('step_s_median_after_first', 0):.3f}), "
+                            f"{s['gen_tokens_per_s_after_first']:,.0f} gen tokens/s (first step "
+                            f"{s['first_step_s']:.1f} s" + (f"; {s['compile_s']:.1f} s compiling in all, step 0's "
+                                                            f"evaluation included, {s['compile_recompiles']} "
+                                                            "recompilation(s)"
+                                                            if s.get("compile_s") is not None else "") + ")"
+                            for s in speed)
+        lines.append(f"- speed (ra_rloo.py, {args['speed_steps']} steps; mean of steps 2+ less their compile time, "
+                     f"and its median): {figures}")
+    for s in report.get("speed") or []:
+        if s.get("status") != "ok":
+            lines.append(f"- speed `{s['cache_implementation']}`: {s['status']}")
+    peer = report.get("peer") or {}
+    if peer.get("status") == "ok":
+        ratio = peer["ratio"]
+        lines.append(f"- against TRL {peer['versions'].get('trl', '')} `GRPOTrainer` on the same GPU "
+                     f"(`benchmarks/trl_peer.py`, 5 steps, one round): ours / TRL {ratio['steps_per_s']:.2f}x "
+                     f"steps/s, {ratio['tokens_per_s']:.2f}x tokens/s; definition check "
+                     + ("agrees" if peer["check_agree"] else "DOES NOT agree"))
+    elif peer:
+        lines.append(f"- TRL peer: {peer['status']}")
+    return "\n".join(textwrap.fill(line, 120, subsequent_indent="  " if line.startswith("- ") else "",
+                                    break_on_hyphens=False, break_long_words=False) if line else ""
+                      for line in lines) + "\n"
 
 
 def replot(folder: str) -> None:

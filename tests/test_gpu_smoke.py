@@ -28,11 +28,14 @@ def _smoke(out, *flags) -> list[str]:
 def test_a_budget_that_fits_nothing_skips_every_part_and_writes_the_report(tmp_path):
     out = tmp_path / "smoke"
     budget = gpu_smoke.STOP_MARGIN_S + 1  # one second of work: the model folder, then nothing fits
-    r = subprocess.run(_smoke(out, "--budget_s", str(budget), "--scripts", "ra_rloo,ps_grpo"), cwd=ROOT,
-                       env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    r = subprocess.run(_smoke(out, "--budget_s", str(budget), "--scripts", "ra_rloo,ps_grpo", "--parts",
+                              "speed,plain,learning"), cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Plan" in r.stdout and "may not fit" in r.stdout  # the up-front plan said so
     report = json.loads((out / "smoke.json").read_text())
+    # the parts are planned in the order --parts names them
+    assert [x["part"] for x in report["plan"]] == ["warm start", "speed", "plain", "learning"]
     assert report["runs"] and all(x["status"].startswith("skipped") for x in report["runs"])
     assert not (out / "ra_rloo-plain").exists()  # no run started past the budget
     assert report["verdict"].startswith("policy updated in 0 of 0 runs;") and "skipped" in report["verdict"]
@@ -121,7 +124,11 @@ def _fake_run(fail_when):
         if fail_when(flags):
             raise RuntimeError("index_copy_(): self and source expected to have the same dtype")
         out.mkdir(parents=True, exist_ok=True)
-        rows = [{"step": s, "gen_tokens": 100 * s, "time_gen_s": 0.5, "reward_mean": 0.1 * s} for s in range(steps + 1)]
+        rows = [{"step": s, "gen_tokens": 100 * s, "time_gen_s": 0.5, "reward_mean": 0.1 * s,
+                 "time_step_s": 30.0 if s == 1 else 1.0} for s in range(steps + 1)]
+        if "--torch_compile" in flags:  # the first step compiles
+            for row in rows:
+                row.update(time_compile_s=25.0 if row["step"] == 1 else 0.5 * (row["step"] > 1), compile_recompiles=0)
         (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         return {"status": "ok", "steps": steps, "step_s": 1.0, "compiled_graphs": 0, "policy_changed_frac": 1.0}
     return run
@@ -135,10 +142,16 @@ def test_a_failing_speed_run_keeps_the_other_runs_figures(tmp_path, monkeypatch)
         speed = gpu_smoke.speed_part(tmp_path, tmp_path, args, stop, dict(gpu_smoke.GUESS["tiny"]), report)
     finally:
         stop.close()
-    assert [s["cache_implementation"] for s in speed] == ["default", "static"] and report["speed"] == speed
+    assert [s["cache_implementation"] for s in speed] == ["default", "static", "torch_compile"]
+    assert report["speed"] == speed
     assert speed[0]["status"] == "ok" and speed[0]["gen_tokens_per_s_after_first"] == pytest.approx(200.0)
     assert speed[1]["status"].startswith("error: RuntimeError: index_copy_()")
     assert "gen_tokens_per_s_after_first" not in speed[1]
+    # the compiled run: steps 2+ apart from the first, less the compile time they spent, which is summed apart
+    assert speed[2]["status"] == "ok" and speed[2]["step_s_after_first"] == pytest.approx(0.5)
+    assert speed[2]["step_s_median_after_first"] == pytest.approx(1.0) and speed[0]["step_s_after_first"] == 1.0
+    assert speed[2]["first_step_s"] == pytest.approx(30.0) and speed[2]["compile_s"] == pytest.approx(26.5)
+    assert "compile_s" not in speed[0]
 
 
 def test_a_failing_learning_arm_keeps_the_other_arms_figures(tmp_path, monkeypatch):

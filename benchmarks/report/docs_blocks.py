@@ -2,7 +2,8 @@
 `end NAME` markers, rewritten from the committed runs (`--write_docs`, or a report on benchmarks/runs) and checked by
 tests/test_docs.py. `BLOCKS` lists every block with its renderer: the method pages' results, the README's durations
 of each default run and its list of claim verdicts, docs/benchmark.md's re-run commands and its `--torch_compile`
-figures (from benchmarks/results/compile.json)."""
+figures (from benchmarks/results/compile.json), and the newest GPU spell's figures (benchmarks/results/gpu/) on
+docs/scaling.md and docs/benchmark.md."""
 from __future__ import annotations
 
 import functools
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from benchmarks.compile_speed import docs_block as compile_block
+from benchmarks.gpu_smoke import docs_block as gpu_block
 from benchmarks.report.claims import claim_rows
 from benchmarks.report.commands import commands_text
 from benchmarks.report.curves import Agg, build_aggs
@@ -96,6 +98,8 @@ BLOCKS: dict[tuple[str, str], Renderer] = {
     ("README.md", "claims"): lambda runs, aggs: readme_block(aggs),
     ("docs/benchmark.md", "commands"): lambda runs, aggs: commands_text(runs),
     ("docs/benchmark.md", "compile"): lambda runs, aggs: compile_block(),  # benchmarks/results/compile.json
+    ("docs/benchmark.md", "gpu"): lambda runs, aggs: gpu_block(),  # the newest benchmarks/results/gpu/*/smoke.json
+    ("docs/scaling.md", "gpu"): lambda runs, aggs: gpu_block(),
 }
 
 
