@@ -85,6 +85,9 @@ GUESS = {"150m": {"run_fixed_s": 7.0, "step_s": 3.0, "peer_s": 120.0},
          "test": {"run_fixed_s": 4.0, "step_s": 0.6, "peer_s": 60.0}}
 # the speed part's runs: eager with HF generate's default cache, its static cache, and --torch_compile
 SPEED_RUNS = {"default": [], "static": ["--cache_implementation", "static"], "torch_compile": ["--torch_compile"]}
+# the compile time each speed run adds to the plan (seconds): the H100 spell of 2026-11-27 at 150m compiled the static
+# cache's decoding step in ~5 s and spent ~180 s compiling --torch_compile's first step
+SPEED_COMPILE_S = {"static": 10.0, "torch_compile": 200.0}
 LEARNING = {"method": ["--replay", "on_demand"], "baseline": ["--replay", "none"]}  # ra_rloo.py; same flags else
 WHEELS = ROOT / ".whl"  # TRL's wheels for an image without it (docs/scaling.md); ignored by git, carried to the GPU
 
@@ -356,7 +359,8 @@ def changed_fraction(start: dict, end: dict, names: dict[str, str]) -> float:
 
     changed = total = 0
     for name, start_name in names.items():
-        before, after = start[start_name].float(), end[name].float()
+        # on the CPU: a trainer state saved on a GPU loads its tensors (pros_ppo's critic) back onto the GPU
+        before, after = start[start_name].float().cpu(), end[name].float().cpu()
         differs = (after != before) & (after != before.to(torch.bfloat16).float())
         changed, total = changed + int(differs.sum()), total + after.numel()
     return changed / max(1, total)
@@ -447,6 +451,9 @@ def run_script(script: str, flags: list[str], out: Path, model_dir: Path, steps:
     if "ps_trained_groups" in rows[0]:
         result["groups_kept"] = int(sum(r["ps_trained_groups"] for r in rows))
     ckpt = out / f"checkpoint-{done}"
+    if not (ckpt / "trainer_state.pt").exists():  # a second signal aborted the save: no update to measure
+        result["status"] = f"stopped at step {done} of {steps} ({stop.reason}; no checkpoint, update not measured)"
+        return result
     result["policy_changed_frac"] = policy_changed(model_dir, ckpt)
     if script == "pros_ppo":
         result["critic_changed_frac"] = critic_changed(model_dir, ckpt)
@@ -717,7 +724,8 @@ def main(args: Args) -> dict:
             elif part == "learning":
                 cost[part] = 2 * run_s(10) + 3 * guess["run_fixed_s"]  # at least ~10 steps each to be worth it
             elif part == "speed":
-                cost[part] = len(args.speed_runs.split(",")) * run_s(args.speed_steps) + 90.0  # compiling (static, torch_compile)
+                runs = [r for r in args.speed_runs.split(",") if r]
+                cost[part] = len(runs) * run_s(args.speed_steps) + sum(SPEED_COMPILE_S.get(r, 0.0) for r in runs)
             else:
                 cost[part] = guess["peer_s"]
         total, usable = 0.0, stop.left()
@@ -960,6 +968,8 @@ def docs_block(results: Path = GPU_RESULTS) -> str:
                      + ("agrees" if peer["check_agree"] else "DOES NOT agree"))
     elif peer:
         lines.append(f"- TRL peer: {peer['status']}")
+    if (folder / "README.md").exists():  # what went wrong in that spell, and what was done about it
+        lines += ["", f"What this spell showed and what failed in it: [{rel}/README.md](../{rel}/README.md)."]
     return "\n".join(textwrap.fill(line, 120, subsequent_indent="  " if line.startswith("- ") else "",
                                     break_on_hyphens=False, break_long_words=False) if line else ""
                       for line in lines) + "\n"

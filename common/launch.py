@@ -70,10 +70,12 @@ class CpuThreads:
     region, so one more runnable thread than cores (an editor, a second run, a busy process) stalls every region
     on a descheduled thread: on 2 cores torch's default ran 3.5x slower beside one busy process and two runs side
     by side collapsed, while a thread count that fits the free cores keeps a run at one-core speed. Without
-    /proc (not Linux) it keeps torch's default."""
+    /proc (not Linux) it keeps torch's default. `hold=True` (`--torch_compile`) keeps the first count it gives for
+    the rest of the run: torch.compile's graphs are guarded on the thread count, so each change would compile every
+    graph again (on a GPU machine, 16 cores measured 15 and then 16: three recompilations of 35-100 s each)."""
 
-    def __init__(self, num_threads: int = 0, cores: int | None = None, proc: str = "/proc"):
-        self.fixed, self.cores, self.proc = num_threads, cores or os.cpu_count() or 1, proc
+    def __init__(self, num_threads: int = 0, cores: int | None = None, proc: str = "/proc", hold: bool = False):
+        self.fixed, self.cores, self.proc, self.hold = num_threads, cores or os.cpu_count() or 1, proc, hold
         self.last = None if num_threads > 0 else self._sample()
 
     def _sample(self) -> tuple[int, int, int] | None:
@@ -94,6 +96,12 @@ class CpuThreads:
         arguments are parsed, so set-up and the step-0 evaluation already run at a count that fits."""
         if self.fixed > 0:
             return self.fixed
+        if self.hold:  # measured once, then fixed
+            self.fixed = self._measure(default, settle)
+            return self.fixed
+        return self._measure(default, settle)
+
+    def _measure(self, default: int, settle: float) -> int:
         if settle > 0:
             self.last = self._sample()
             time.sleep(settle)

@@ -105,3 +105,16 @@ def test_the_summary_says_whether_a_run_is_repeatable(tmp_path):
         "--num_threads" in text
     (tmp_path / "args.json").write_text(json.dumps({"num_threads": 3}))
     assert repeatability(rows, str(tmp_path)).startswith("repeatable: yes (--num_threads 3")
+
+
+def test_hold_keeps_the_first_count_for_the_whole_run(tmp_path):
+    """--torch_compile's policy: torch.compile guards its graphs on the thread count, so a count that followed the
+    free cores would recompile every graph at each change; held, the first measurement stays."""
+    proc = tmp_path / "proc"
+    _write(proc, busy=0, idle=0, own=0)
+    held, following = CpuThreads(0, cores=2, proc=str(proc), hold=True), CpuThreads(0, cores=2, proc=str(proc))
+    _write(proc, busy=190, idle=10, own=190)  # alone: both cores
+    assert held.count(default=2) == 2 and following.count(default=2) == 2
+    _write(proc, busy=190 + 195, idle=15, own=190 + 95)  # a busy process beside us: one core left
+    assert following.count(default=2) == 1
+    assert held.count(default=2) == 2

@@ -169,3 +169,29 @@ def test_a_failing_learning_arm_keeps_the_other_arms_figures(tmp_path, monkeypat
     assert learning["method"]["status"] == "ok" and learning["method"]["end"]["pass@1"] == pytest.approx(0.5)
     assert learning["baseline"]["status"].startswith("error: RuntimeError") and "end" not in learning["baseline"]
     assert json.loads((tmp_path / "learning.json").read_text())["method"]["steps"] == 3
+
+
+def test_a_run_stopped_before_its_checkpoint_reports_its_steps_without_an_update_proof(tmp_path, monkeypatch):
+    """A second signal can abort a stopping run's save (a step stuck compiling past the outer time limit): the run
+    is reported stopped with the steps it logged, and the command goes on instead of failing on the missing file."""
+    import types
+
+    def main(args):  # two logged steps, then the abort: no checkpoint written
+        out = tmp_path / "run"
+        out.mkdir(exist_ok=True)
+        rows = [{"step": s, "gen_tokens": 10 * s, "time_gen_s": 0.5, "time_train_s": 0.1, "time_step_s": 1.0,
+                 "reward_mean": 0.2, "grad_norm": 0.1} for s in range(3)]
+        (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        raise KeyboardInterrupt
+
+    fake = types.SimpleNamespace(main=main, Args=gpu_smoke.Args)
+    monkeypatch.setattr(gpu_smoke.importlib, "import_module", lambda name: fake)
+    monkeypatch.setattr(gpu_smoke, "parse_args", lambda cls, argv: None)
+    stop = gpu_smoke.Stop(3600)
+    stop.reason = "budget"
+    try:
+        result = gpu_smoke.run_script("ra_rloo", [], tmp_path / "run", tmp_path, 5, gpu_smoke.Args(), stop)
+    finally:
+        stop.close()
+    assert result["status"] == "stopped at step 2 of 5 (budget; no checkpoint, update not measured)"
+    assert result["steps"] == 2 and "policy_changed_frac" not in result
