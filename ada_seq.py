@@ -297,9 +297,7 @@ def seq_metrics(n_samples: list[int], exit_rounds: list[Optional[int]], kept_zer
 def main(args: Args) -> None:
     # ---------------- set-up: accelerator, seeds, output dir ----------------
     args.fsdp, args.dtype = resolve_accelerate_sharding(args.fsdp), resolve_accelerate_precision(args.dtype)
-    # --num_threads, or follow the free cores (common/launch.py); --torch_compile holds the first count: its graphs
-    # are guarded on the thread count
-    cpu_threads = CpuThreads(args.num_threads, hold=args.torch_compile)
+    cpu_threads = CpuThreads(args.num_threads, hold=args.torch_compile)  # --num_threads, or free cores: launch.py
     torch.set_num_threads(cpu_threads.count(torch.get_num_threads(), settle=0.2))  # before any torch work
     check_tracker(args.report_to)
     args.output_dir = args.output_dir or f"runs/ada_seq-seed{args.seed}"
