@@ -399,7 +399,7 @@ def main(args: Args) -> None:
     warned_logp_diff = warned_partial = False
     if start_step == 0:
         row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads(),
-               **(compiled.metrics() if compiled else {})}
+               **(compiled.metrics(accelerator) if compiled else {})}
         logger.log(row)
         log(f"step 0 (starting policy): {row}")
     stop = GracefulStop(log)
@@ -599,7 +599,7 @@ def main(args: Args) -> None:
                                   for k in sample_log.pick(kinds) for g in (group_of[k],)])
         if evaluating:
             row.update(run_eval())
-        row.update(compiled.metrics() if compiled else {})  # --torch_compile: seconds compiling, recompilations
+        row.update(compiled.metrics(accelerator) if compiled else {})  # --torch_compile: compile time, recompiles
         row["time_step_s"] = time.time() - t_start
         row["num_threads"] = threads  # the step's count: with a fixed one the run repeats exactly
         logger.log(row)

@@ -454,7 +454,7 @@ def main(args: Args) -> None:
                               resume_step=resume_step)
     if start_step == 0:
         row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads(),
-               **(compiled.metrics() if compiled else {})}
+               **(compiled.metrics(accelerator) if compiled else {})}
         logger.log(row)
         log(f"step 0 (starting policy): {row}")
     stop = GracefulStop(log)
@@ -665,7 +665,7 @@ def main(args: Args) -> None:
                 **tags[i // k]} for i in sample_log.pick(kinds)])
         if evaluating:
             row.update(run_eval())
-        row.update(compiled.metrics() if compiled else {})  # --torch_compile: seconds compiling, recompilations
+        row.update(compiled.metrics(accelerator) if compiled else {})  # --torch_compile: compile time, recompiles
         row["time_step_s"] = time.time() - t_start
         row["num_threads"] = threads  # the step's count: with a fixed one the run repeats exactly
         logger.log(row)

@@ -19,7 +19,10 @@ and the recompilations counted for metrics.jsonl. One `TorchCompile` per run ser
   batches stay eager.
 
 A compile failure does not stop the run: that call is redone eagerly (generation from the same random state) and
-every later one of the same pass too, after one log line.
+every later one of the same pass too, after one log line. The backward graph is compiled together with the forward
+(not lazily at the first `.backward()`, which runs in the method file, outside any fallback), so a backward that
+cannot compile falls back the same way. Under several processes each step's metrics call makes the ranks agree: a
+pass that failed on any rank runs eagerly on every rank from then on, and the line names the ranks it failed on.
 """
 
 from __future__ import annotations
@@ -101,7 +104,10 @@ class TorchCompile:
                                               **self.options(input_ids.device, cuda_graphs=False))
             self.firsts.add(("forward", torch.is_grad_enabled()))  # a reference model of the policy's shape reuses it
             try:
-                return self._forward(model, input_ids, position_ids)
+                # compile the backward now, inside this try: with dynamic shapes AOTAutograd would otherwise retry a
+                # failed backward compile at `.backward()` and raise there
+                with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+                    return self._forward(model, input_ids, position_ids)
             except Exception as error:  # noqa: BLE001  (as in generate: the eager call raises real errors)
                 self.fall_back("forward", "the compiled training forward", "running it", error)
         return packed_logits(model, input_ids, position_ids)
@@ -113,10 +119,26 @@ class TorchCompile:
         first = (str(error).strip().splitlines() or [""])[0][:200]
         self.log(f"--torch_compile: {what} failed ({type(error).__name__}: {first}); {doing} eagerly from here on")
 
-    def metrics(self) -> dict:
+    def agree(self, gather) -> None:
+        """Every rank runs a pass eagerly once it failed on any rank; `gather` is a collective that stacks a tensor
+        from every rank (accelerate's `Accelerator.gather`), so every rank must call this at the same point."""
+        passes = sorted(self.failed)
+        mine = torch.tensor([[float(self.failed[name]) for name in passes]])
+        every = gather(mine).view(-1, len(passes)).cpu()
+        for column, name in enumerate(passes):
+            ranks = [rank for rank in range(every.shape[0]) if every[rank, column] > 0]
+            if ranks and len(ranks) < every.shape[0]:  # some ranks still compile it: all switch, one line says so
+                self.log(f"--torch_compile: the compiled {name} pass failed on rank(s) {ranks}; every rank runs it "
+                         "eagerly from here on")
+            self.failed[name] = bool(ranks)
+
+    def metrics(self, accelerator=None) -> dict:
         """metrics.jsonl's `compile_recompiles`, the graphs compiled since this object was made beyond each pass's
         first (per grad mode for the forward; each new shape of the decoding step compiles it again), and
-        `time_compile_s`, the seconds spent compiling since the previous call (forward and backward graphs)."""
+        `time_compile_s`, the seconds spent compiling since the previous call (forward and backward graphs). With an
+        `accelerator` of several processes the ranks first agree on which passes run eagerly (`agree`)."""
+        if accelerator is not None and accelerator.num_processes > 1:
+            self.agree(accelerator.gather)
         seconds, before = compile_seconds(), self.seconds
         self.seconds = seconds
         return {"compile_recompiles": max(0, compiled_graphs() - self.graphs - len(self.firsts)),

@@ -114,6 +114,48 @@ def test_torch_compile_failure_falls_back_to_eager_with_one_line():
     assert all(torch.equal(logp, token_logprobs(model, batch)[0]) for logp in compiled_logp)
 
 
+def test_a_backward_that_fails_to_compile_falls_back_to_eager_with_one_line():
+    """AOTAutograd compiles a dynamic-shape backward at the forward and, when that fails, would retry at `.backward()`
+    (in the method file, outside any fallback) and crash there: the failure must surface in the forward's fallback."""
+    from torch._dynamo.backends.common import aot_autograd
+    from functorch.compile import make_boxed_func
+
+    def failing_backward(graph, example_inputs):
+        raise RuntimeError("no backward compiler here")
+
+    backend = aot_autograd(fw_compiler=lambda graph, example_inputs: make_boxed_func(graph.forward),
+                           bw_compiler=failing_backward)
+    model, tokenizer, prompts, _ = tiny_generator_inputs()
+    logs = []
+    compiled = TorchCompile(backend=backend, log=logs.append)
+    for batch in packed_batches(tokenizer, prompts):
+        grads = []
+        for run in (compiled, None):
+            model.zero_grad()
+            logp, _ = token_logprobs(model, batch, compiled=run)
+            (logp * batch.loss_mask).sum().backward()
+            grads.append(torch.cat([param.grad.flatten() for param in model.parameters()]))
+        assert torch.equal(grads[0], grads[1])  # the eager forward and backward: exactly eager's gradients
+    assert len(logs) == 1 and "no backward compiler here" in logs[0] and "eagerly" in logs[0]
+    assert compiled.failed == {"decoding": False, "forward": True}
+
+
+def test_ranks_agree_on_a_pass_that_failed_on_one_of_them():
+    """A compile failure on one rank switches that pass to eager on every rank, with one line naming the rank."""
+    logs = []
+    on_rank0 = TorchCompile(log=logs.append)
+    rank1_failed = torch.tensor([[0.0, 1.0]])  # rank 1 (passes in sorted order: decoding, forward): forward failed
+
+    def gather(mine):  # what Accelerator.gather gives two ranks: their rows stacked in rank order
+        return torch.cat([mine, rank1_failed])
+
+    on_rank0.agree(gather)
+    assert on_rank0.failed == {"decoding": False, "forward": True}
+    assert len(logs) == 1 and "forward" in logs[0] and "rank(s) [1]" in logs[0]
+    on_rank0.agree(gather)  # agreed already: no second line
+    assert len(logs) == 1
+
+
 def packed_batches(tokenizer, prompts):
     """Two packed micro-batches of 3 and 2 rows (a row count of 1 would be a shape of its own)."""
     completions = [tokenizer(text).input_ids for text in ("5+4=9", "12", "9*1=9 ok", "6-5")]
