@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from benchmarks.compile_speed import docs_block as compile_block
-from benchmarks.gpu_smoke import docs_block as gpu_block
 from benchmarks.report.claims import claim_rows
 from benchmarks.report.commands import commands_text
 from benchmarks.report.curves import Agg, build_aggs
@@ -86,6 +85,13 @@ def durations_block(aggs: dict[str, Agg]) -> str:
                                f"{statistics.fmean(walls):.2f} s a step, start-up and evaluations included, {threads} "
                                "thread beside a second run)", "- "))
     return "\n".join(lines) + "\n"
+
+
+def gpu_block() -> str:
+    """The newest GPU spell's figures (benchmarks/gpu_smoke.py, which imports torch: loaded only to render)."""
+    from benchmarks.gpu_smoke import docs_block
+
+    return docs_block()
 
 
 # Every generated block: (its page, relative to the repository; its name between the page's markers) -> what renders
