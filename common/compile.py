@@ -18,7 +18,7 @@ and the recompilations counted for metrics.jsonl. One `TorchCompile` per run ser
   runs without CUDA graphs (they would record, and keep the memory of, one graph per shape). Padded (not packed)
   batches stay eager.
 
-A compile failure does not stop the run: that call is redone eagerly (generation from the same random state) and
+A compile failure, dynamo's recompile limit included, does not stop the run: that call is redone eagerly (generation from the same random state) and
 every later one of the same pass too, after one log line. The backward graph is compiled together with the forward
 (not lazily at the first `.backward()`, which runs in the method file, outside any fallback), so a backward that
 cannot compile falls back the same way. Under several processes each step's metrics call makes the ranks agree: a
@@ -85,7 +85,9 @@ class TorchCompile:
         rng = torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
         self.firsts.add(("decoding",))  # every (rows, cache length) after the first compiles the step again
         try:
-            return model.generate(**kwargs, **static_cache, compile_config=self.config(model))
+            # past dynamo's recompile limit a graph would run eagerly without a word: raise, and fall back below
+            with torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
+                return model.generate(**kwargs, **static_cache, compile_config=self.config(model))
         except Exception as error:  # noqa: BLE001  (any compile error: the eager call below raises real ones)
             self.fall_back("decoding", "the compiled decoding step", "generating", error)
             torch.set_rng_state(rng[0])
@@ -106,7 +108,8 @@ class TorchCompile:
             try:
                 # compile the backward now, inside this try: with dynamic shapes AOTAutograd would otherwise retry a
                 # failed backward compile at `.backward()` and raise there
-                with torch._functorch.config.patch(force_non_lazy_backward_lowering=True):
+                with torch._functorch.config.patch(force_non_lazy_backward_lowering=True), \
+                        torch._dynamo.config.patch(fail_on_recompile_limit_hit=True):
                     return self._forward(model, input_ids, position_ids)
             except Exception as error:  # noqa: BLE001  (as in generate: the eager call raises real errors)
                 self.fall_back("forward", "the compiled training forward", "running it", error)
@@ -142,7 +145,7 @@ class TorchCompile:
         seconds, before = compile_seconds(), self.seconds
         self.seconds = seconds
         return {"compile_recompiles": max(0, compiled_graphs() - self.graphs - len(self.firsts)),
-                "time_compile_s": seconds - before}
+                "time_compile_s": seconds - before, "compile_eager_passes": sum(self.failed.values())}
 
 
 def packed_logits(model, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
