@@ -19,10 +19,10 @@ _HOLDS: dict[str, tuple] = {}  # this process's held folders: resolved path -> (
 
 def hold(folder: Path, token: str, script: str, log=print) -> None:
     """Hold `folder` for this launch: an exclusive lock on `<folder>/.run.lock` (which records this launch: process,
-    host, script, token), kept until the run ends or its process exits. A folder another live launch holds stops this one with one
-    line naming it; a lock file left by a launch that died without releasing it is reported, then taken over (the
-    lock dies with its process). A second claim from the same thread of this process means its earlier main() has
-    returned or raised: that hold is released first."""
+    host, script, token), kept until the run ends or its process exits. A folder another live launch holds stops
+    this one with one line naming it; a lock file left by a launch that died without releasing it is reported, then
+    taken over (the lock died with its process). A second claim from the same thread of this process means its
+    earlier main() has returned or raised: that hold is released first."""
     folder.mkdir(parents=True, exist_ok=True)
     path, key = folder / LOCK, str(folder.resolve())
     if key in _HOLDS:

@@ -210,11 +210,9 @@ def _compare(args, source: Path, saved: dict, mine: dict, origin: Path) -> tuple
     if saved.get("script", mine["script"]) != mine["script"]:
         return (f"--resume {source}: written by {saved['script']}.py, not {mine['script']}.py: a run continues only "
                 "with the script that started it"), []
-    for key in ("world_size", *SHAPE):
-        if key in saved and saved[key] != mine[key]:
-            what = "processes" if key == "world_size" else f"--{key}"
-            return (f"--resume {source}: saved with {what} {saved[key]!r}, resumed with {mine[key]!r}: the checkpoint "
-                    f"holds {'one RNG file per process' if key == 'world_size' else 'weights laid out for it'}"), []
+    shape = _shape_change(saved, mine)
+    if shape:
+        return f"--resume {source}: {shape}", []
     recorded = _read(origin / "args.json")
     before = saved.get("args") or {key: value for key, value in recorded.items() if key != RESUMES}
     changed = {key: [before[key], value] for key, value in mine["args"].items()
@@ -228,6 +226,24 @@ def _compare(args, source: Path, saved: dict, mine: dict, origin: Path) -> tuple
     start = _step(source.name) + 1  # the first step the new flags compute; a discarded branch's changes go
     history = [entry for entry in recorded.get(RESUMES, []) if entry.get("from_step", 0) <= start - 1]
     return None, history + ([{"from_step": start, "changed": changed}] if changed else [])
+
+
+def _shape_change(saved: dict, mine: dict) -> str | None:
+    """How the checkpoint's shape (processes, --fsdp, LoRA) differs from this launch's; None when it does not (or a
+    checkpoint records none of it: common/checkpoint.py checks those while loading)."""
+    if saved.get("world_size", mine["world_size"]) != mine["world_size"]:
+        return f"saved with {saved['world_size']} processes, now {mine['world_size']}"
+    if bool(saved.get("fsdp", mine["fsdp"])) != bool(mine["fsdp"]):
+        was, now = ("with" if flag else "without" for flag in (saved["fsdp"], mine["fsdp"]))
+        return f"saved {was} --fsdp, resumed {now} it (the optimizer state is laid out differently)"
+    before, now = saved.get("lora_r", mine["lora_r"]), mine["lora_r"]
+    if bool(before) != bool(now):
+        return (f"saved {'with' if before else 'without'} LoRA adapters, resumed {'with' if now else 'without'} "
+                "them (match --lora_r)")
+    for key in ("lora_r", "lora_target_modules") if now else ():
+        if saved.get(key, mine[key]) != mine[key]:
+            return f"saved with --{key} {saved[key]}, resumed with {mine[key]}: the adapters differ (match it)"
+    return None
 
 
 def _read(record: Path) -> dict:

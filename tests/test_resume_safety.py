@@ -79,7 +79,7 @@ def test_a_resume_by_another_script_or_into_another_shape_is_refused_before_any_
     # the checkpoint's shape: LoRA adapters instead of full weights
     _refused(["ra_rloo.py", "--model_name_or_path", str(json.loads((out / "args.json").read_text())[
         "model_name_or_path"]), "--output_dir", str(out), "--resume", "auto", "--lora_r", "4", *SMALL],
-        r"checkpoint-2: saved with --lora_r 0, resumed with 4")
+        r"checkpoint-2: saved without LoRA adapters, resumed with them \(match --lora_r\)")
     assert _snapshot(out) == before  # args.json and every other file byte for byte
 
 
