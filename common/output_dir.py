@@ -171,9 +171,12 @@ def _claim(args, world_size: int, log) -> str | None:
             return (f"--resume {args.resume} continues another run than the one in --output_dir {folder} "
                     f"({describe(folder)}): resume into an empty --output_dir, or add --overwrite_output_dir to "
                     "remove that run first")
-        refusal, history = _compare(args, source, saved, mine, folder if inside else source.parent)
+        refusal, history, before = _compare(args, source, saved, mine, folder if inside else source.parent)
         if refusal:
             return refusal
+        # how this command reached the run is no change to it: the records keep the run's own (a resume that
+        # changes nothing rewrites nothing)
+        mine["args"].update({key: before[key] for key in SAME_RUN if key in before and (inside or key != "output_dir")})
         later = [folder / name for name in held(folder)[0] if inside and _step(name) > _step(source.name)]
         if later and not args.discard_later_checkpoints:
             return (f"--resume {source}: --output_dir {folder} holds later checkpoints of this run "
@@ -203,16 +206,17 @@ def _claim(args, world_size: int, log) -> str | None:
     return None
 
 
-def _compare(args, source: Path, saved: dict, mine: dict, origin: Path) -> tuple[str | None, list]:
+def _compare(args, source: Path, saved: dict, mine: dict, origin: Path) -> tuple[str | None, list, dict]:
     """A resume from `source` against the run that wrote it: (the refusal line or None, the run's history of flag
-    changes with this resume's appended). The script and the checkpoint's shape must match; a changed flag that
-    alters what the run computes needs --accept_changed_flags; length and logging flags change freely."""
+    changes with this resume's appended, the run's recorded flags). The script and the checkpoint's shape must
+    match; a changed flag that alters what the run computes needs --accept_changed_flags; length and logging flags
+    change freely."""
     if saved.get("script", mine["script"]) != mine["script"]:
         return (f"--resume {source}: written by {saved['script']}.py, not {mine['script']}.py: a run continues only "
-                "with the script that started it"), []
+                "with the script that started it"), [], {}
     shape = _shape_change(saved, mine)
     if shape:
-        return f"--resume {source}: {shape}", []
+        return f"--resume {source}: {shape}", [], {}
     recorded = _read(origin / "args.json")
     before = saved.get("args") or {key: value for key, value in recorded.items() if key != RESUMES}
     changed = {key: [before[key], value] for key, value in mine["args"].items()
@@ -222,10 +226,10 @@ def _compare(args, source: Path, saved: dict, mine: dict, origin: Path) -> tuple
         return (f"--resume {source}: flags differ from the run's: "
                 + ", ".join(f"--{key} {changed[key][0]!r} -> {changed[key][1]!r}" for key in computing)
                 + ": resume with the run's values, or add --accept_changed_flags to continue with the new ones "
-                  "(recorded in args.json)"), []
+                  "(recorded in args.json)"), [], before
     start = _step(source.name) + 1  # the first step the new flags compute; a discarded branch's changes go
     history = [entry for entry in recorded.get(RESUMES, []) if entry.get("from_step", 0) <= start - 1]
-    return None, history + ([{"from_step": start, "changed": changed}] if changed else [])
+    return None, history + ([{"from_step": start, "changed": changed}] if changed else []), before
 
 
 def _shape_change(saved: dict, mine: dict) -> str | None:
