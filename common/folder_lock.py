@@ -1,6 +1,6 @@
 """The output folder held by one launch: an exclusive lock on `<output_dir>/.run.lock`, taken before anything is
 written there (common/output_dir.py) and given back when the run ends (common/distributed.py `end_processes`) or its
-process exits. The lock is the operating system's (flock): it dies with its process, so a launch that was killed
+process exits; and a resume's records, written once its checkpoint has loaded. The lock is the operating system's (flock): it dies with its process, so a launch that was killed
 leaves only the file, which the next launch recognises and reports."""
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pathlib import Path
 
 LOCK = ".run.lock"  # held by the launch writing in the folder; it records that launch
 _HOLDS: dict[str, tuple] = {}  # this process's held folders: resolved path -> (lock descriptor, thread, lock path)
+_DEFERRED: dict[str, dict] = {}  # resolved path -> {file: text}: a resume's records, written once its checkpoint loaded
 
 
 def hold(folder: Path, token: str, script: str, log=print) -> None:
@@ -52,12 +53,30 @@ def hold(folder: Path, token: str, script: str, log=print) -> None:
               "since": time.strftime("%Y-%m-%d %H:%M:%S")}
     os.ftruncate(descriptor, 0)
     os.pwrite(descriptor, json.dumps(record).encode(), 0)
+    os.fsync(descriptor)  # the other machines read the token from a shared filesystem while this file stays open
     _HOLDS[key] = (descriptor, threading.get_ident(), path)
 
 
 def release(folder: Path) -> None:
     """Give up this process's hold on `folder` (its lock file goes, then the lock)."""
-    descriptor, _, path = _HOLDS.pop(str(folder.resolve()), (None, None, None))
+    _release(str(folder.resolve()))
+
+
+def defer_writes(folder: Path, files: dict[Path, str]) -> None:
+    """Write `files` (path: text) at `write_deferred(folder)`, not now: a resume records its flags only once its
+    checkpoint has loaded, so that a resume that fails leaves every file as it was."""
+    _DEFERRED[str(folder.resolve())] = files
+
+
+def write_deferred(folder: Path) -> None:
+    """The run has started writing in `folder` (common/metrics.py `MetricsLogger`): the deferred records go now."""
+    for path, text in _DEFERRED.pop(str(Path(folder).resolve()), {}).items():
+        path.write_text(text)
+
+
+def _release(key: str) -> None:
+    _DEFERRED.pop(key, None)
+    descriptor, _, path = _HOLDS.pop(key, (None, None, None))
     if descriptor is not None:
         try:
             path.unlink()
@@ -68,9 +87,9 @@ def release(folder: Path) -> None:
 
 def release_all(every_thread: bool = False) -> None:
     """The holds this thread took (a run's end), or at exit every hold this process still has."""
-    for _, thread, path in list(_HOLDS.values()):
+    for key, (_, thread, _) in list(_HOLDS.items()):
         if every_thread or thread == threading.get_ident():
-            release(path.parent)
+            _release(key)
 
 
 def _holder(raw: bytes) -> str:

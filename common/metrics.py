@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from common.folder_lock import write_deferred
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k) (Chen et al., 2021)."""
@@ -91,6 +93,7 @@ class MetricsLogger:
         self.trackers = report_to != "none"
         if not accelerator.is_main_process:
             return
+        write_deferred(Path(output_dir))  # a resume's records of its flags: its checkpoint has loaded
         if resume_step is not None and self.path.exists():
             # drop rows written after the checkpoint, so the file reads as one uninterrupted run
             keep_rows_until(self.path, resume_step)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from common.checkpoint import MARKER, resolve_resume, run_id
 from common.distributed import stop_every_rank
-from common.folder_lock import LOCK, hold, release
+from common.folder_lock import LOCK, defer_writes, hold, release
 from common.metrics import read_rows
 
 LOGS = ("metrics.jsonl", "samples.jsonl", "args.json", "curves.png")  # a run's files besides its checkpoints
@@ -148,7 +148,8 @@ def _record(args, world_size: int) -> dict:
 
 
 def _claim(args, world_size: int, log) -> str | None:
-    """Rank 0, holding the folder: the refusal line, or None after writing `.run.json` and `args.json`."""
+    """Rank 0, holding the folder: the refusal line, or None after writing `.run.json` and `args.json` (a resume's
+    only once its checkpoint has loaded)."""
     folder = Path(args.output_dir)
     used = bool(describe(folder))
     overwrite = getattr(args, "overwrite_output_dir", False)
@@ -200,9 +201,13 @@ def _claim(args, world_size: int, log) -> str | None:
                     "--output_dir")
     if overwrite and used:
         log(f"--overwrite_output_dir: removed the earlier run from {folder}: {', '.join(clear_run(folder))}")
-    _write_if_changed(folder / MARKER, json.dumps({"run_id": this_run, **mine}))
-    _write_if_changed(folder / "args.json", json.dumps({**mine["args"], **({RESUMES: history} if history else {})},
-                                                       indent=2))
+    records = {folder / MARKER: json.dumps({"run_id": this_run, **mine}),
+               folder / "args.json": json.dumps({**mine["args"], **({RESUMES: history} if history else {})}, indent=2)}
+    if source is None:
+        for path, text in records.items():
+            path.write_text(text)
+    else:  # written when the run starts logging, after its checkpoint loaded: a failed resume changes neither
+        defer_writes(folder, {path: text for path, text in records.items() if _read_text(path) != text})
     return None
 
 
@@ -263,14 +268,11 @@ def _step(name: str) -> int:
     return int(match.group(2)) if match else -1
 
 
-def _write_if_changed(path: Path, text: str) -> None:
-    """A resume that changes nothing leaves the file as it was, byte for byte."""
+def _read_text(path: Path) -> str | None:
     try:
-        if path.read_text() == text:
-            return
+        return path.read_text()
     except OSError:
-        pass
-    path.write_text(text)
+        return None
 
 
 def _sees(folder: Path, token: str, wait_s: float = 2.0) -> bool:

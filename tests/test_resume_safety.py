@@ -83,11 +83,11 @@ def test_a_resume_by_another_script_or_into_another_shape_is_refused_before_any_
         "model_name_or_path"]), "--output_dir", str(out), "--resume", "auto", "--lora_r", "4", *SMALL],
         r"checkpoint-2: saved without LoRA adapters, resumed with them \(match --lora_r\)")
     assert _snapshot(out) == before  # args.json and every other file byte for byte
-    # a resume that passes the checks and fails while loading (a damaged file) has rewritten nothing either
+    # a resume that passes the checks (a longer run) and fails while loading (a damaged file) writes nothing
     (out / "checkpoint-2" / "trainer_state.pt").write_bytes(b"cut")
     before = _snapshot(out)
     _refused(["ra_rloo.py", "--model_name_or_path", json.loads((out / "args.json").read_text())["model_name_or_path"],
-              "--output_dir", str(out), "--resume", "auto", "--max_steps", "2", *SMALL],
+              "--output_dir", str(out), "--resume", "auto", "--max_steps", "3", *SMALL],
              r"checkpoint-2/trainer_state\.pt: not a checkpoint written by this project")
     release_all()  # the stopped run's hold, which its process would have given back on exit
     assert _snapshot(out) == before
