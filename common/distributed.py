@@ -131,8 +131,8 @@ class GracefulStop:
         """True on every rank when any rank was signalled (all must stop together, or a collective hangs)."""
         if reduce_sums(accelerator, {"stop": float(self.requested)})["stop"] == 0:
             return False
-        own = [signum for signum in GracefulStop.received[-1:] if self.requested]  # else another rank's: SIGTERM
-        GracefulStop.stopped = 128 + (own[0] if own else signal.SIGTERM)
+        # this rank's signal, or (another rank was signalled) the scheduler's usual one
+        GracefulStop.stopped = 128 + (GracefulStop.received[-1] if self.requested else signal.SIGTERM)
         return True
 
     @staticmethod

@@ -1,7 +1,8 @@
 """The output folder held by one launch: an exclusive lock on `<output_dir>/.run.lock`, taken before anything is
 written there (common/output_dir.py) and given back when the run ends (common/distributed.py `end_processes`) or its
-process exits; and a resume's records, written once its checkpoint has loaded. The lock is the operating system's (flock): it dies with its process, so a launch that was killed
-leaves only the file, which the next launch recognises and reports."""
+process exits. The lock is the operating system's (flock): it dies with its process, so a launch that was killed
+leaves only the file, which the next launch recognises and reports. Also a resume's records, kept until its
+checkpoint has loaded (`defer_writes`)."""
 from __future__ import annotations
 
 import atexit

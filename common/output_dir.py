@@ -172,7 +172,7 @@ def _claim(args, world_size: int, log) -> str | None:
             return (f"--resume {args.resume} continues another run than the one in --output_dir {folder} "
                     f"({describe(folder)}): resume into an empty --output_dir, or add --overwrite_output_dir to "
                     "remove that run first")
-        refusal, history, before = _compare(args, source, saved, mine, folder if inside else source.parent)
+        refusal, history, before = _compare(args, source, saved, mine, folder if inside else source.parent, log)
         if refusal:
             return refusal
         # how this command reached the run is no change to it: the records keep the run's own (a resume that
@@ -211,7 +211,7 @@ def _claim(args, world_size: int, log) -> str | None:
     return None
 
 
-def _compare(args, source: Path, saved: dict, mine: dict, origin: Path) -> tuple[str | None, list, dict]:
+def _compare(args, source: Path, saved: dict, mine: dict, origin: Path, log) -> tuple[str | None, list, dict]:
     """A resume from `source` against the run that wrote it: (the refusal line or None, the run's history of flag
     changes with this resume's appended, the run's recorded flags). The script and the checkpoint's shape must
     match; a changed flag that alters what the run computes needs --accept_changed_flags; length and logging flags
@@ -234,6 +234,9 @@ def _compare(args, source: Path, saved: dict, mine: dict, origin: Path) -> tuple
                   "(recorded in args.json)"), [], before
     start = _step(source.name) + 1  # the first step the new flags compute; a discarded branch's changes go
     history = [entry for entry in recorded.get(RESUMES, []) if entry.get("from_step", 0) <= start - 1]
+    if changed:
+        log(f"--resume {source}: from step {start} with "
+            + ", ".join(f"--{key} {old!r} -> {new!r}" for key, (old, new) in changed.items()) + " (in args.json)")
     return None, history + ([{"from_step": start, "changed": changed}] if changed else []), before
 
 

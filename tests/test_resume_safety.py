@@ -93,14 +93,18 @@ def test_a_resume_by_another_script_or_into_another_shape_is_refused_before_any_
     assert _snapshot(out) == before
 
 
-def test_changed_flags_stop_unless_accepted_and_are_recorded_with_their_step(two_steps, tiny_base, tmp_path):
+def test_changed_flags_stop_unless_accepted_and_are_recorded_with_their_step(two_steps, tiny_base, tmp_path,
+                                                                             capsys):
     out = _copy(two_steps, tmp_path)
     before = _snapshot(out)
     argv = ["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--resume", "auto", *SMALL]
     _refused([*argv, "--k", "8", "--max_steps", "3"], r"flags differ from the run's: --k 4 -> 8: .*"
                                                       r"--accept_changed_flags")
     assert _snapshot(out) == before
+    capsys.readouterr()
     run_main([*argv, "--k", "8", "--max_steps", "3", "--accept_changed_flags"])
+    assert re.search(r"checkpoint-2: from step 3 with --k 4 -> 8, --max_steps 2 -> 3 \(in args\.json\)",
+                     capsys.readouterr().out)
     recorded = json.loads((out / "args.json").read_text())
     assert recorded["k"] == 8 and recorded["resumes"] == [{"from_step": 3, "changed": {"k": [4, 8],
                                                                                       "max_steps": [2, 3]}}]
