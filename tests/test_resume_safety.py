@@ -103,7 +103,7 @@ def test_changed_flags_stop_unless_accepted_and_are_recorded_with_their_step(two
     assert _snapshot(out) == before
     capsys.readouterr()
     run_main([*argv, "--k", "8", "--max_steps", "3", "--accept_changed_flags"])
-    assert re.search(r"checkpoint-2: from step 3 with --k 4 -> 8, --max_steps 2 -> 3 \(in args\.json\)",
+    assert re.search(r"checkpoint-2: from step 3 with --max_steps 2 -> 3, --k 4 -> 8 \(in args\.json\)",
                      capsys.readouterr().out)
     recorded = json.loads((out / "args.json").read_text())
     assert recorded["k"] == 8 and recorded["resumes"] == [{"from_step": 3, "changed": {"k": [4, 8],
