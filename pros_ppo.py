@@ -694,4 +694,4 @@ def main(args: Args) -> None:
 
 
 if __name__ == "__main__":
-    main(parse_args(Args, description=__doc__.split("\n\n")[0]))
+    raise SystemExit(main(parse_args(Args, description=__doc__.split("\n\n")[0])) or GracefulStop.exit_status())

@@ -535,7 +535,7 @@ def execute(cfg: Config, s: Settings, seed: int, run_dir: Path, cmd: list[str], 
                     print(f"    ... step {last}/{s.max_steps}, {time.time() - t0:.0f} s, {_eval_summary(rows)}",
                           flush=True)
         except KeyboardInterrupt:
-            # the scripts' first SIGINT means: finish this step, checkpoint, exit 0; a second one aborts
+            # the scripts' first SIGINT means: finish this step, checkpoint, exit 130; a second one aborts
             proc.send_signal(signal.SIGINT)
             print("    interrupted: the run saves a checkpoint after its current step (Ctrl-C again aborts it)",
                   flush=True)

@@ -74,6 +74,12 @@ class BaseArgs:
     """how many recent checkpoints to keep"""
     resume: Optional[str] = None
     """checkpoint dir to resume from, or `auto` for the latest in output_dir"""
+    accept_changed_flags: bool = False
+    """with --resume: continue although flags that change what the run computes differ from the run's (each change
+    is recorded in args.json under `resumes` with the step it takes effect)"""
+    discard_later_checkpoints: bool = False
+    """with --resume naming a checkpoint older than --output_dir's latest: remove the later checkpoints (and the rows
+    logged after it) so that the folder holds one history"""
     report_to: Literal["none", "tensorboard", "wandb"] = "none"
     """extra tracker via accelerate (metrics.jsonl is always written)"""
     num_threads: Annotated[int, Range(0, zero="auto")] = 0

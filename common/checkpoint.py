@@ -5,7 +5,8 @@ whole weights, and each rank's optimizer shard (and `rank_state`) is in `shards_
 tensors and plain containers, read back with no allowlist, so a resume runs no code from a checkpoint. It is written
 to a temporary dir and renamed when complete, so an interrupted save never leaves a half-written checkpoint behind;
 a failed write (a full disk, no permission) stops every rank with one line and leaves the earlier checkpoints whole.
-`run.json` records the id of the run that wrote it (common/output_dir.py): rotation removes only that run's own.
+`run.json` records the run that wrote it (its id, script, settings and flags; common/output_dir.py): rotation removes
+only that run's own, and a resume checks it before anything is written.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch.distributed.fsdp import FSDPModule
 
@@ -25,7 +27,8 @@ from common.distributed import gather_list, reduce_sums, stop_every_rank
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 MARKER = ".run.json"
 """in the output dir: the id of the run writing there and this launch's token (common/output_dir.py)"""
-_WRITE_ERRORS = (OSError, RuntimeError)  # torch.save reports a failed write (e.g. a full disk) as a RuntimeError
+# a failed write (a full disk, no permission): torch.save raises a RuntimeError, safetensors its own error type
+_WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
 
 
 def run_id(record: Path) -> str:
@@ -116,18 +119,18 @@ def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, o
     removed); a failed write stops every rank with one line naming the folder and the error."""
     final = Path(output_dir) / f"checkpoint-{step}"
     tmp = Path(output_dir) / f".tmp-checkpoint-{step}"
-    main, failed = accelerator.is_main_process, []
+    main, failed = accelerator.is_main_process, []  # messages: an error object would keep its open file (traceback)
     if main:
         try:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         except OSError as error:
-            failed.append(error)
+            failed.append(str(error))
     _stop_if_failed(accelerator, failed, tmp, step)  # a collective: also the barrier before the ranks write
     try:
         torch.save(plain(rng_state()), tmp / f"rng_rank{accelerator.process_index}.pt")
     except _WRITE_ERRORS as error:
-        failed.append(error)
+        failed.append(str(error))
     unwrapped, weights = accelerator.unwrap_model(model), None
     sharded = isinstance(unwrapped, FSDPModule)  # --fsdp (common.fsdp is imported only then)
     if sharded:  # every rank takes part; rank 0 receives the whole fp32 weights
@@ -137,8 +140,13 @@ def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, o
             weights = save_shards(unwrapped, optimizer, plain(rank_state),
                                   tmp / f"shards_rank{accelerator.process_index}.pt", skip=_tied_keys(unwrapped))
         except _WRITE_ERRORS as error:
-            failed.append(error)
-    writing = run_id(Path(output_dir) / MARKER)
+            failed.append(str(error))
+    try:  # the run writing here (common/output_dir.py): its id, script, settings and flags go into run.json
+        record = json.loads((Path(output_dir) / MARKER).read_text())
+    except (OSError, ValueError):
+        record = {}
+    record = record if isinstance(record, dict) else {}
+    writing = str(record.get("run_id", ""))
     if main and not failed:
         try:
             unwrapped.save_pretrained(tmp, state_dict=weights)
@@ -151,16 +159,16 @@ def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, o
             trainer = {"step": step, "optimizer": None if sharded else optimizer.state_dict(),
                        "scheduler": scheduler.state_dict(), "state": state, "world_size": accelerator.num_processes}
             torch.save(plain(trainer), tmp / "trainer_state.pt")
-            (tmp / "run.json").write_text(json.dumps({"run_id": writing}))
+            (tmp / "run.json").write_text(json.dumps({**record, "run_id": writing}))
         except _WRITE_ERRORS as error:
-            failed.append(error)
+            failed.append(str(error))
     _stop_if_failed(accelerator, failed, tmp, step)
     if main:
         try:
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
         except OSError as error:
-            failed.append(error)
+            failed.append(str(error))
     _stop_if_failed(accelerator, failed, tmp, step)
     if main and keep > 0:  # this run's older checkpoints, never the one just written nor another run's
         mine = [path for path in list_checkpoints(output_dir) if path != final and run_id(path / "run.json") == writing]

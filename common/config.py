@@ -28,6 +28,8 @@ def load_config(path: str, parser: argparse.ArgumentParser, cls) -> dict:
     values = {}
     for key, value in data.items():
         where = f"--config {path}: key {key!r}"
+        if key == "resumes":  # a saved args.json's record of flag changes at resumes: not a flag
+            continue
         if key not in actions:
             raise SystemExit(f"{where} is not a flag of this script (see --help)")
         if key == "config":  # a saved args.json names the config it was made from; it is not followed

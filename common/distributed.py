@@ -99,15 +99,19 @@ def gathered(*models, enabled: bool = True):
 
 
 class GracefulStop:
-    """First Ctrl-C / SIGTERM: finish the current step, then stop (the script saves a checkpoint).
+    """First Ctrl-C / SIGTERM: finish the current step, then stop (the script saves a checkpoint, and its process
+    exits with `exit_status()`: 128 + the signal's number, as a shell reports a process the signal ended).
     A second signal raises KeyboardInterrupt at once."""
 
     received: list[int] = []
     """every signal any GracefulStop of this process took: a program that runs a script's main() in its own process
     learns from it that a stop was asked for while the script held the signals"""
+    stopped = 0
+    """the exit status of a run that a signal stopped (0: none did), for the script's process"""
 
     def __init__(self, log=print):
         self.requested = False
+        GracefulStop.stopped = 0
         self.log = log
         self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
 
@@ -125,17 +129,29 @@ class GracefulStop:
 
     def agreed(self, accelerator) -> bool:
         """True on every rank when any rank was signalled (all must stop together, or a collective hangs)."""
-        return reduce_sums(accelerator, {"stop": float(self.requested)})["stop"] > 0
+        if reduce_sums(accelerator, {"stop": float(self.requested)})["stop"] == 0:
+            return False
+        # this rank's signal, or (another rank was signalled) the scheduler's usual one
+        GracefulStop.stopped = 128 + (GracefulStop.received[-1] if self.requested else signal.SIGTERM)
+        return True
+
+    @staticmethod
+    def exit_status() -> int:
+        """0 for a finished run, 128 + the signal's number (130 SIGINT, 143 SIGTERM) for one a signal stopped."""
+        return GracefulStop.stopped
 
 
 def end_processes(accelerator, settle_s: float = 0.2) -> None:
-    """Finish the trackers and destroy the process group, at the end of a run.
+    """Finish the trackers, destroy the process group and give back the output folder, at the end of a run.
 
     The group is destroyed here, not at interpreter exit (a gloo group alive at exit can abort the process). Its last
     reference may go later, with the DDP/FSDP model, and that destructor joins gloo's worker threads while holding
     the GIL. A worker still dropping its last collective's tensors needs the GIL for that (torch keeps a tensor's
     Python object alive while C++ holds the tensor), so the join would wait forever: a hang after the run's last
     line. Sleeping `settle_s` first releases the GIL so every worker finishes; no collective starts after it."""
+    from common.folder_lock import release_all
+
     if accelerator.num_processes > 1:
         time.sleep(settle_s)
     accelerator.end_training()
+    release_all()

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from common.folder_lock import write_deferred
+
 
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k) (Chen et al., 2021)."""
@@ -58,15 +60,20 @@ def read_rows(path: Path, announce=lambda message: print(message, flush=True)) -
 
 def append_rows(path: Path, rows: list[dict]) -> None:
     """Append each row as one JSON line with one write call, straight to the OS (no Python buffer): a killed process
-    leaves whole rows behind (a full disk may still cut the last one: a resume drops it)."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    leaves whole rows behind (a full disk may still cut the last one: a resume drops it). A failed write (a full
+    disk, no permission) stops the run with one line naming the file and the error."""
     try:
-        for row in rows:
-            data = (json.dumps(row) + "\n").encode()
-            while data:  # a regular file takes it in one call; the loop covers a short write
-                data = data[os.write(fd, data):]
-    finally:
-        os.close(fd)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            for row in rows:
+                data = (json.dumps(row) + "\n").encode()
+                while data:  # a regular file takes it in one call; the loop covers a short write
+                    data = data[os.write(fd, data):]
+        finally:
+            os.close(fd)
+    except OSError as error:
+        raise SystemExit(f"{path}: could not append a row ({error}); the run stops here: make room (or fix the "
+                         "folder's permissions), then continue from its last checkpoint with --resume auto") from None
 
 
 def keep_rows_until(path: Path, resume_step: int | None) -> None:
@@ -86,6 +93,7 @@ class MetricsLogger:
         self.trackers = report_to != "none"
         if not accelerator.is_main_process:
             return
+        write_deferred(Path(output_dir))  # a resume's records of its flags: its checkpoint has loaded
         if resume_step is not None and self.path.exists():
             # drop rows written after the checkpoint, so the file reads as one uninterrupted run
             keep_rows_until(self.path, resume_step)

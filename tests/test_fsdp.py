@@ -307,9 +307,8 @@ def test_resume_refuses_a_pickle_payload_in_every_file_it_reads_and_runs_none(ti
             f.write(json.dumps({"step": 2, "junk": 1}) + "\n")
     ckpt = out / "checkpoint-1"
 
-    def files():  # args.json and .run.json aside: every command rewrites them (its flags, its launch's token) first
-        return {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()
-                and p.name not in ("args.json", ".run.json")}
+    def files():  # .run.lock aside: the failed in-process resumes' hold, which their process gives back at exit
+        return {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".run.lock"}
 
     before = files()
     plants = {"trainer_state.pt": lambda path: path.write_bytes(pickle.dumps({"step": _Payload(marker)})),

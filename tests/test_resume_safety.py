@@ -1,0 +1,234 @@
+"""A resume never mixes runs: another script's folder or checkpoint, a checkpoint of another shape, changed flags, an
+older checkpoint, a second launch into a held folder, a failed write, a link in a folder to overwrite; and a run
+stopped by a signal exits with its documented status."""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_main
+
+SCRIPTS = ["ra_rloo", "ps_grpo", "pros_ppo", "ada_seq", "ada_est"]
+SMALL = ["--prompt_pool", "48", "--prompts_per_step", "4", "--eval_prompts", "4", "--eval_samples", "2",
+         "--max_new_tokens", "12", "--num_threads", "1", "--eval_every", "0", "--save_every", "1",
+         "--keep_checkpoints", "0"]
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _steps(folder: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def _refused(argv: list[str], pattern: str) -> str:
+    """The one line a run stops with, before it loads a model."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            run_main(argv)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    message = str(stopped.value)
+    assert "\n" not in message and re.search(pattern, message), message
+    return message
+
+
+@pytest.fixture(scope="module")
+def two_steps(tiny_base, tmp_path_factory) -> Path:
+    """ra_rloo.py: 2 steps, checkpoint-1 and checkpoint-2 (copied by each test that changes it)."""
+    out = tmp_path_factory.mktemp("resume") / "run"
+    run_main(["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "2", *SMALL])
+    return out
+
+
+def _copy(two_steps: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "run"
+    shutil.copytree(two_steps, out, symlinks=True)
+    return out
+
+
+def test_a_resume_by_another_script_or_into_another_shape_is_refused_before_any_write(two_steps, tmp_path):
+    from common.folder_lock import release_all
+
+    out = _copy(two_steps, tmp_path)
+    before = _snapshot(out)
+    no_model = ["--model_name_or_path", str(tmp_path / "no-model")]  # a load would fail: the refusal comes first
+    for script in SCRIPTS[1:]:
+        _refused([f"{script}.py", *no_model, "--output_dir", str(out), "--resume", "auto", *SMALL],
+                 rf"--output_dir .* holds a run of ra_rloo\.py .*not of {script}\.py")
+        fresh = tmp_path / f"into-{script}"  # its checkpoint into an empty folder: the checkpoint names its script
+        _refused([f"{script}.py", *no_model, "--output_dir", str(fresh), "--resume", str(out / "checkpoint-2"),
+                  *SMALL], rf"checkpoint-2: written by ra_rloo\.py, not {script}\.py")
+        assert not fresh.exists()
+    # and ra_rloo.py into a run another script wrote (its records say so)
+    other = tmp_path / "other"
+    shutil.copytree(out, other)
+    for record in [other / ".run.json", *other.glob("checkpoint-*/run.json")]:
+        record.write_text(json.dumps({**json.loads(record.read_text()), "script": "ps_grpo"}))
+    other_before = _snapshot(other)
+    _refused(["ra_rloo.py", *no_model, "--output_dir", str(other), "--resume", "auto", *SMALL],
+             r"holds a run of ps_grpo\.py .*not of ra_rloo\.py")
+    assert _snapshot(other) == other_before
+    # the checkpoint's shape: LoRA adapters instead of full weights
+    _refused(["ra_rloo.py", "--model_name_or_path", str(json.loads((out / "args.json").read_text())[
+        "model_name_or_path"]), "--output_dir", str(out), "--resume", "auto", "--lora_r", "4", *SMALL],
+        r"checkpoint-2: saved without LoRA adapters, resumed with them \(match --lora_r\)")
+    assert _snapshot(out) == before  # args.json and every other file byte for byte
+    # a resume that passes the checks (a longer run) and fails while loading (a damaged file) writes nothing
+    (out / "checkpoint-2" / "trainer_state.pt").write_bytes(b"cut")
+    before = _snapshot(out)
+    _refused(["ra_rloo.py", "--model_name_or_path", json.loads((out / "args.json").read_text())["model_name_or_path"],
+              "--output_dir", str(out), "--resume", "auto", "--max_steps", "3", *SMALL],
+             r"checkpoint-2/trainer_state\.pt: not a checkpoint written by this project")
+    release_all()  # the stopped run's hold, which its process would have given back on exit
+    assert _snapshot(out) == before
+
+
+def test_changed_flags_stop_unless_accepted_and_are_recorded_with_their_step(two_steps, tiny_base, tmp_path,
+                                                                             capsys):
+    out = _copy(two_steps, tmp_path)
+    before = _snapshot(out)
+    argv = ["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--resume", "auto", *SMALL]
+    _refused([*argv, "--k", "8", "--max_steps", "3"], r"flags differ from the run's: --k 4 -> 8: .*"
+                                                      r"--accept_changed_flags")
+    assert _snapshot(out) == before
+    capsys.readouterr()
+    run_main([*argv, "--k", "8", "--max_steps", "3", "--accept_changed_flags"])
+    assert re.search(r"checkpoint-2: from step 3 with --max_steps 2 -> 3, --k 4 -> 8 \(in args\.json\)",
+                     capsys.readouterr().out)
+    recorded = json.loads((out / "args.json").read_text())
+    assert recorded["k"] == 8 and recorded["resumes"] == [{"from_step": 3, "changed": {"k": [4, 8],
+                                                                                      "max_steps": [2, 3]}}]
+    assert _steps(out) == [0, 1, 2, 3]
+    # the length alone changes freely (and is recorded); the run's k is now 8
+    run_main([*argv, "--k", "8", "--max_steps", "4"])
+    assert json.loads((out / "args.json").read_text())["resumes"][-1] == {"from_step": 4,
+                                                                          "changed": {"max_steps": [3, 4]}}
+
+
+def test_an_older_checkpoint_resumes_only_into_one_history(two_steps, tiny_base, tmp_path):
+    out = _copy(two_steps, tmp_path)
+    before = _snapshot(out)
+    argv = ["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--resume",
+            str(out / "checkpoint-1"), "--max_steps", "2", *SMALL]
+    _refused(argv, r"holds later checkpoints of this run \(checkpoint-2\): add --discard_later_checkpoints")
+    assert _snapshot(out) == before
+    run_main([*argv, "--discard_later_checkpoints"])
+    assert _steps(out) == [0, 1, 2]
+    assert (out / "checkpoint-2" / "trainer_state.pt").read_bytes() != before["checkpoint-2/trainer_state.pt"]
+
+
+def test_overwrite_refuses_a_linked_checkpoint_and_removes_nothing(two_steps, tmp_path):
+    out = _copy(two_steps, tmp_path)
+    outside = tmp_path / "elsewhere"
+    shutil.move(out / "checkpoint-1", outside)
+    (out / "checkpoint-1").symlink_to(outside, target_is_directory=True)
+    before, kept = _snapshot(out), _snapshot(outside)
+    _refused(["ra_rloo.py", "--model_name_or_path", str(tmp_path / "no-model"), "--output_dir", str(out),
+              "--overwrite_output_dir", *SMALL], r"--overwrite_output_dir: .*checkpoint-1 is a link.*nothing was "
+                                                 r"removed")
+    assert _snapshot(out) == before and _snapshot(outside) == kept and (out / "checkpoint-1").is_symlink()
+
+
+def test_a_held_folder_refuses_a_second_launch_and_a_dead_holder_is_reported(tiny_base, tmp_path, capsys):
+    out = tmp_path / "run"
+    # the first launch holds the folder while it loads its model (nothing else written yet)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from common.folder_lock import hold; hold(Path(sys.argv[1]), 'token', 'ps_grpo'); "
+                               "print('held', flush=True); time.sleep(120)", str(out)],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        argv = ["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "1",
+                *SMALL]
+        for extra in ([], ["--overwrite_output_dir"]):
+            _refused([*argv, *extra], rf"--output_dir .*: another launch writes there \(ps_grpo, process "
+                                      rf"{holder.pid} on ")
+        assert sorted(path.name for path in out.iterdir()) == [".run.lock"]  # the holder's record only
+    finally:
+        holder.kill()  # dies holding it: the lock goes with the process, its record stays
+        holder.wait()
+    capsys.readouterr()
+    run_main(argv)
+    assert re.search(r"the launch that held it \(ps_grpo, process \d+ .*\) ended without releasing it",
+                     capsys.readouterr().out)
+    assert _steps(out) == [0, 1] and not (out / ".run.lock").exists()  # released when the run ended
+
+
+def test_a_failed_weights_write_stops_with_one_line_and_the_previous_checkpoint_resumes(two_steps, tiny_base,
+                                                                                       tmp_path, monkeypatch):
+    from safetensors import SafetensorError
+    from transformers import modeling_utils
+
+    out = _copy(two_steps, tmp_path)
+    argv = ["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--resume", "auto",
+            "--max_steps", "3", *SMALL]
+
+    def full_disk(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(modeling_utils, "safe_save_file", full_disk)
+    message = _refused(argv, r"checkpoint-3: could not write it in .*: Error while serializing: .*No space left "
+                             r"on device .*checkpoint-2 is whole: .*--resume auto")
+    assert not (out / ".tmp-checkpoint-3").exists() and not (out / "checkpoint-3").exists(), message
+    monkeypatch.undo()
+    run_main(argv)
+    assert _steps(out) == [0, 1, 2, 3]
+
+
+def test_a_real_full_disk_stops_the_run_with_one_line_and_the_previous_checkpoint_resumes(tiny_base, tmp_path):
+    from common.folder_lock import release_all
+    from common.metrics import append_rows
+
+    with pytest.raises(SystemExit, match=r"^/dev/full: could not append a row \(\[Errno 28\] No space left on "
+                                         r"device\); .*--resume auto$"):
+        append_rows(Path("/dev/full"), [{"step": 1}])  # a device that is always full
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    # 18 MB: the logs and checkpoint-1 (12 MB) fit, checkpoint-2 does not
+    if not shutil.which("mount") or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=18m", "tmpfs", str(disk)],
+                                                   capture_output=True).returncode:
+        return  # no tmpfs here (not root): the patched write above and /dev/full stand for it
+    try:
+        out = disk / "run"
+        argv = ["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "2",
+                *SMALL]
+        _refused(argv, rf"^checkpoint-2: could not write it in {re.escape(str(out))}: .* MiB free there\); the run "
+                       r"stops here\. checkpoint-1 is whole: make room .*--resume auto$")
+        assert not list(out.glob(".tmp-checkpoint-*")) and _steps(out) == [0, 1, 2]
+        release_all()  # the stopped run's hold (its process would have exited)
+        subprocess.run(["mount", "-o", "remount,size=40m", str(disk)], check=True)  # room made
+        run_main([*argv, "--resume", "auto"])
+        assert _steps(out) == [0, 1, 2] and (out / "checkpoint-2" / "trainer_state.pt").exists()
+    finally:
+        release_all()
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_signal_stops_with_its_status_and_resume_auto_finishes(tiny_base, tmp_path):
+    out = tmp_path / "run"
+    argv = ["--model_name_or_path", tiny_base, "--output_dir", str(out), *SMALL]
+    # 50 steps: the run cannot end before the signal arrives, however slowly this test reads its output
+    run = subprocess.Popen([sys.executable, "ra_rloo.py", *argv, "--max_steps", "50"], cwd=ROOT, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    seen = b""
+    while b"ra_rloo:" not in seen:  # the progress bar: the loop has begun, the signals are the run's
+        chunk = os.read(run.stdout.fileno(), 4096)
+        assert chunk, seen[-3000:]
+        seen += chunk
+    run.send_signal(signal.SIGTERM)
+    seen += run.stdout.read()
+    assert run.wait(timeout=120) == 128 + signal.SIGTERM, seen[-3000:]
+    stopped = int(re.search(rb"stopped at step (\d+); continue with --resume auto", seen).group(1))
+    assert stopped < 50 and _steps(out) == list(range(stopped + 1))
+    run_main(["ra_rloo.py", *argv, "--max_steps", str(stopped + 1), "--resume", "auto"])  # the run's length may change
+    assert _steps(out) == list(range(stopped + 2))
