@@ -136,7 +136,8 @@ def _paired_seeds(aggs: dict[str, Agg], *names: str) -> int:
 
 
 # A judge reads the runs of one regime's configs: judge(aggs, regime, *config names) -> (verdict, measured text,
-# seeds with the data, the judged effect in brief). The config names are that regime's; the regime gives its other configs for context.
+# seeds with the data, the judged effect in brief). The config names are that regime's; the regime gives its other
+# configs for context.
 
 
 def _beats(key: str = "pass1", metric: str = "pass@1", paper_effect: Optional[float] = None):
