@@ -19,12 +19,13 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, run_main
 
-# script: (its method tags, the baseline's flags); ada_est.py runs no baseline of its own (GRPO-n8 is ada_seq.py's)
+# script: (its method tags, the baseline's flags). ada_seq.py's GRPO-n is its [ADA] code with one round of n (the
+# pool is the group), so only its [DAPO] lines are off there; ada_est.py runs no baseline (GRPO-n8 is ada_seq.py's).
 BASELINES = {
     "ra_rloo.py": (("RA-RLOO",), ["--replay", "none", "--reward", "binary"]),
     "ps_grpo.py": (("PS",), ["--prefix_sampling", "false", "--mode", "text"]),
     "pros_ppo.py": (("PROS",), ["--pros", "off"]),
-    "ada_seq.py": (("ADA", "DAPO"), ["--max_rounds", "1", "--round_repeat", "4"]),
+    "ada_seq.py": (("DAPO",), ["--max_rounds", "1", "--round_repeat", "4"]),
 }
 TINY = ["--max_steps", "1", "--eval_every", "0", "--eval_prompts", "2", "--eval_samples", "1", "--prompts_per_step",
         "4", "--max_new_tokens", "8", "--num_threads", "1", "--eval_train_prompts", "0", "--save_every", "0"]
@@ -68,7 +69,7 @@ def tagged_lines(source: str, tags: tuple[str, ...]) -> dict[int, int]:
                     below = stmt.end_lineno + 1
                 else:
                     below += 1
-        elif number in starting and not isinstance(starting[number], ast.Expr):  # a trailing tag: its statement
+        elif number in starting:  # a trailing tag: its statement
             out.update((line, number) for line in _statement_lines(starting[number]))
     for stmt in statements:  # functions whose docstring opens with the tag
         if isinstance(stmt, (ast.FunctionDef, ast.ClassDef)) and ast.get_docstring(stmt) and \
