@@ -14,8 +14,7 @@ minibatches. PROS is a plug-in that changes only *which queries* are trained on:
   2. Hierarchical Bayesian selection (Sec. 4): θ = σ(ψ), ψ_root ~ N(μ0, τ0²), ψ_child ~ N(ψ_root, σ²), counts
      with exponential forgetting, Pólya-Gamma Gibbs sweeps (common/gibbs.py); the batch takes the nodes whose
      current Gibbs draw θ̃ is nearest 0.5, at most one node per root.
-Lines marked [PROS] are the plug-in; `--pros off` (vanilla PPO / GRPO) never runs them, except those marked
-"[PROS] (also in PPO / GRPO: ...)", which run there and change nothing.
+[PROS] lines are the plug-in; `--pros off` (vanilla PPO / GRPO) runs none but no-ops marked "(also in PPO / GRPO)".
 Departures from the paper (docs/pros_ppo.md says why): ⌈fresh_frac·P⌉ queries per batch from the data stream, the
 rest from the pool; the pool is bounded (--pool_capacity); one node per root per batch; Bernoulli rewards.
 
@@ -165,7 +164,8 @@ def child_candidates(prefix: tuple, continuations: list[list[int]], correct: lis
 class QueryTree:
     """[PROS] (also in PPO / GRPO: built and checkpointed, empty) Roots are original prompts (prefix ()), children are
     augmented queries (pid, prefix) whose parent is their root. Per node: discounted successes s and trials n, the
-    Gibbs state ψ, and θ̂ (the mean of σ(ψ) over the last iteration's sweeps). Identical on every rank (updated from gathered data only)."""
+    Gibbs state ψ, and θ̂ (the mean of σ(ψ) over the last iteration's sweeps). Identical on every rank (updated from
+    gathered data only)."""
 
     ARRAYS = ("pid", "parent", "s", "n", "psi", "theta_hat", "last")  # parent: -1 for a root; last: latest observed
     DTYPES = (np.int64, np.int64, np.float64, np.float64, np.float64, np.float64, np.int64)
@@ -444,8 +444,7 @@ def main(args: Args) -> None:
             critic_optimizer.load_state_dict(method_state["critic_opt"])
         generator.sync_weights(policy)
         log(f"resumed from {resume_from} at step {start_step}")
-    # [PROS] (also in PPO / GRPO: empty, unused) the query tree and the Gibbs/selection RNG (same seed on every rank:
-    # identical pools)
+    # [PROS] (also in PPO / GRPO: empty, unused) the query tree, the Gibbs/selection RNG (one seed: identical pools)
     tree = QueryTree(method_state.get("tree"))
     pros_rng = np.random.default_rng(args.seed)
     if "rng" in method_state:

@@ -14,8 +14,7 @@ success (too-hard: a head start) or of a rare failure (too-easy: a handicap) bec
 next batch. A prefix task is run by *replaying* those K steps -- a fresh environment re-executes the stored actions,
 restoring its state and the conversation -- and the policy generates only the continuation; replayed tokens get loss
 mask 0. An optional EMA controller moves each category's ratio so that prefix tasks pass about 50% of the time.
-Lines marked [PS] are what the paper adds; `--prefix_sampling false` never runs them, except those marked
-"[PS] (also in GRPO: ...)", which run there and change nothing.
+[PS] lines are the paper's; `--prefix_sampling false` runs none of them but no-ops marked "(also in GRPO: ...)".
 
 Default task: multi-turn Countdown (common/countdown_env.py), one arithmetic step per turn, the environment answers
 with the remaining numbers; observation tokens are context with loss mask 0. Real math datasets use the single-turn
@@ -170,8 +169,7 @@ class Args(BaseArgs):
 # ----------------------------------------------------------------------------------------------------
 
 def route(k: int, n: int, low: float, high: float) -> str:
-    """[PS] (also in GRPO: counted in the `ps_route_*` metrics) The paper's five paths for a task with k of n rollouts
-    passing (Overview, Figure 2)."""
+    """[PS] (also in GRPO: counted in `ps_route_*`) The paper's five paths for k of n rollouts passing (Figure 2)."""
     if k in (0, n):  # discarded: no success (all_fail) / no failure (all_pass) to build a prefix from
         return "all_fail" if k == 0 else "all_pass"
     return "too_hard" if k / n < low else "too_easy" if k / n > high else "normal"
@@ -237,8 +235,7 @@ class PrefixController:
 
 
 def attributed(tasks: list[dict], passes: list[int], category: str, ratio: float) -> dict[str, int]:
-    """[PS] (also in GRPO: no prefix task to count) Controller input from this rank's batch: `category`'s prefix tasks
-    built with `ratio` (its current one).
+    """[PS] (also in GRPO: counts none) Controller input: `category`'s prefix tasks built with `ratio`, its current one.
 
     A prefix task is built at step t with the ratio before the controller's update at the end of step t, and runs
     at step t + 1; after a move its pass rate measures the old ratio. Such stale tasks (and tasks queued by older
@@ -466,8 +463,7 @@ def main(args: Args) -> None:
         sampler.load_state_dict(method_state.get("sampler", state["sampler"]))  # multi-turn: under "method"
         generator.sync_weights(policy)
         log(f"resumed from {resume_from} at step {start_step}")
-    # [PS] (also in GRPO: the queue stays empty) prefix tasks for the next batch (identical on every rank), and one
-    # controller per category
+    # [PS] (also in GRPO: empty) prefix tasks for the next batch (the same on every rank), one controller per category
     queue: list[dict] = method_state.get("queue", [])
     initial_ratio = {"hard": args.remaining_ratio, "easy": args.prefix_ratio}
     controllers = {category: PrefixController(**method_state["ctrl"][category]) if "ctrl" in method_state
@@ -494,8 +490,7 @@ def main(args: Args) -> None:
         t_start = time.time()
         threads = cpu_threads.count(torch.get_num_threads())  # a shared CPU: fit the free cores
         torch.set_num_threads(threads)
-        # ================ [PS] the batch: queued prefix tasks (at most max_prefix_frac of it), then fresh tasks =====
-        # [PS] (also in GRPO: no prefix task queued, the batch is all fresh)
+        # ================ [PS] (also in GRPO: all fresh) the batch: prefix tasks (<= max_prefix_frac), then fresh ===
         n_prefix = min(len(queue), int(args.max_prefix_frac * args.prompts_per_step))
         dropped = len(queue) - n_prefix  # dynamic on-policy: prefix tasks are never carried over
         tasks = queue[:n_prefix] + [{"id": i, "cat": None, "steps": []}
@@ -526,8 +521,7 @@ def main(args: Args) -> None:
         prefix_groups = {category: [group for group, task in enumerate(tasks) if task["cat"] == category]
                          for category in CATEGORIES}
 
-        # ================ [PS] route fresh tasks; too-hard / too-easy send one trajectory to Prefix & Mask ==========
-        # [PS] (also in GRPO: every task skipped)
+        # ================ [PS] (also in GRPO: skips all) route fresh tasks; too-hard / too-easy -> Prefix & Mask ====
         routes = [route(k, n, args.low, args.high) for k in passes]
         new_tasks = []
         for group, (task, task_route) in enumerate(zip(tasks, routes)):
@@ -630,8 +624,7 @@ def main(args: Args) -> None:
             log(f"warning: sampler_logp_diff {gap:.4f} >= --logp_diff_warn {args.logp_diff_warn}: "
                 "the generator does not sample from the policy being trained (stale weights, dtype, temperature?)")
 
-        # ================ [PS] adaptive prefix control on this step's prefix-task pass rates (same on all ranks) ===
-        # [PS] (also in GRPO: no prefix task, so no pass rate)
+        # ================ [PS] (also in GRPO: no pass rate) adaptive prefix control (the same on all ranks) ========
         prefix_rollouts = {category: totals[f"prefix_{category}_tasks"] * n for category in CATEGORIES}
         prefix_pass_rates = {category: totals[f"prefix_{category}_success"] / prefix_rollouts[category]
                              if prefix_rollouts[category] else None for category in CATEGORIES}

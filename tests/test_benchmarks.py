@@ -487,8 +487,8 @@ def test_readme_claims_block_shows_scope_effect_and_rules(tmp_path):
     scope, table = block.split("\n\n", 1)
     decided = [c for r in report.REGIMES for c in report.claim_rows(aggs, r) if report.judged(c.verdict)]
     assert len(decided) == 4  # PPO+PROS beats PPO and takes PPO's time per step, on both pools
-    assert "~1M-parameter model" in scope and "3-3 paired seeds" in scope and "95% intervals" in scope
-    assert "of 4 verdicts about 0 would read otherwise by chance" in " ".join(scope.split())
+    assert "~1M-parameter model" in scope and "3-3 paired seeds, 95% intervals" in scope and "95% intervals" in scope
+    assert "of 4 verdicts ~0 would flip by chance alone" in " ".join(scope.split())
     assert "(benchmarks/results/README.md#the-papers-claims-verdicts)" in scope.replace("\n", "")
     (row,) = [ln for ln in table.splitlines() if ln.startswith("| PROS | PPO+PROS beats PPO")]
     cells = [c.strip() for c in row.strip("|").split("|")]

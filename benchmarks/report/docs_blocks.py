@@ -36,11 +36,11 @@ def readme_block(aggs: dict[str, Agg]) -> str:
     per = [claim_rows(aggs, r) for r in REGIMES]
     decided = [c for rows in per for c in rows if judged(c.verdict)]
     seeds = sorted({c.seeds for c in decided}) or [0]
-    scope = wrap(f"Scope: a ~1M-parameter model on generated Countdown (the papers: 1.5B-7B models on math), "
-                 f"{seeds[0]}-{seeds[-1]} paired seeds per verdict, 95% intervals: of {len(decided)} verdicts about "
-                 f"{round(len(decided) / 20)} would read otherwise by chance alone. Each cell: the verdict, then the "
-                 f"effect it was read from, mean [95% interval]; [the rules]({RULES_LINK}).")
-    lines = ["| paper | claim | 256-prompt pool | 2,048-prompt pool |", "|---|---|---|---|"]
+    scope = wrap(f"[Rules]({RULES_LINK}). Scope: ~1M-parameter model, generated Countdown (papers: 1.5B-7B, math), "
+                 f"{seeds[0]}-{seeds[-1]} paired seeds, 95% intervals: of {len(decided)} verdicts ~"
+                 f"{round(len(decided) / 20)} would flip by chance alone.")
+    lines = ["| paper | claim | 256-prompt pool: verdict: mean [95% interval] | 2,048-prompt pool |",
+             "|---|---|---|---|"]
     for rows in zip(*per):
         lines.append(f"| {rows[0].paper} | {cell_text(rows[0].claim)} | "
                      + " | ".join(verdict_cell(c) for c in rows) + " |")
