@@ -479,6 +479,18 @@ def test_verdict_rules_on_constructed_intervals():
                                               "no 2,048-pool config"))
 
 
+def test_fewer_steps_verdict_when_most_seeds_never_reach_the_baseline(tmp_path):
+    # PS off ends at 0.30 on every seed; PS (fixed) gets there on seed 2 only: no interval, the count is the verdict
+    runs = tmp_path / "runs"
+    for seed in range(3):
+        _fake_run(runs, "ps_off", seed, {0: 0.2, 2: 0.25, 4: 0.30}, 50)
+        _fake_run(runs, "ps_fixed", seed, {0: 0.2, 2: 0.22, 4: 0.31 if seed == 2 else 0.25}, 50)
+    _, aggs = report.build_aggs(report.load_runs(runs))
+    (row,) = [c for c in report.claim_rows(aggs) if c.claim.startswith("PS (fixed), multi-turn: fewer steps")]
+    assert row.verdict == "not reached (1/3 seeds)" and report.judged(row.verdict)
+    assert "(reached in 1/3 seeds)" in row.measured
+
+
 def test_readme_claims_block_shows_scope_effect_and_rules(tmp_path):
     # 256 pool: PPO+PROS +0.001 on PPO (no gain as large as 0.03); 2,048 pool: +0.052 (reproduced)
     _two_regime_runs(tmp_path / "runs")

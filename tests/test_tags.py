@@ -22,10 +22,11 @@ from conftest import ROOT, run_main
 # script: (its method tags, the baseline's flags). ada_seq.py's GRPO-n is its [ADA] code with one round of n (the
 # pool is the group), so only its [DAPO] lines are off there; ada_est.py runs no baseline (GRPO-n8 is ada_seq.py's).
 BASELINES = {
-    "ra_rloo.py": (("RA-RLOO",), ["--replay", "none", "--reward", "binary"]),
-    "ps_grpo.py": (("PS",), ["--prefix_sampling", "false", "--mode", "text"]),
-    "pros_ppo.py": (("PROS",), ["--pros", "off"]),
-    "ada_seq.py": (("DAPO",), ["--max_rounds", "1", "--round_repeat", "4"]),
+    "ra_rloo.py": ("ra_rloo.py", ("RA-RLOO",), ["--replay", "none", "--reward", "binary"]),
+    "ps_grpo.py multiturn": ("ps_grpo.py", ("PS",), ["--prefix_sampling", "false", "--mode", "multiturn"]),
+    "ps_grpo.py text": ("ps_grpo.py", ("PS",), ["--prefix_sampling", "false", "--mode", "text"]),
+    "pros_ppo.py": ("pros_ppo.py", ("PROS",), ["--pros", "off"]),
+    "ada_seq.py": ("ada_seq.py", ("DAPO",), ["--max_rounds", "1", "--round_repeat", "4"]),
 }
 TINY = ["--max_steps", "1", "--eval_every", "0", "--eval_prompts", "2", "--eval_samples", "1", "--prompts_per_step",
         "4", "--max_new_tokens", "8", "--num_threads", "1", "--eval_train_prompts", "0", "--save_every", "0"]
@@ -132,9 +133,9 @@ def main(flag):
     assert got[21] == 20 and got[4] == 2 and got[11] == 9
 
 
-@pytest.mark.parametrize("script", sorted(BASELINES))
-def test_the_baseline_never_runs_a_method_tagged_line(script, tiny_base, tmp_path):
-    tags, flags = BASELINES[script]
+@pytest.mark.parametrize("baseline", sorted(BASELINES))
+def test_the_baseline_never_runs_a_method_tagged_line(baseline, tiny_base, tmp_path):
+    script, tags, flags = BASELINES[baseline]
     source = (ROOT / script).read_text()
     tagged = tagged_lines(source, tags)
     assert len(tagged) > 10  # the file tags its method

@@ -61,7 +61,7 @@ DECIDED = (REPRODUCED, WORSE, OUTSIDE, INCONCLUSIVE)  # verdicts drawn from an i
 
 def judged(verdict: str) -> bool:
     """A verdict read off an interval (not pending, not missing, not 'cannot resolve')."""
-    return verdict in DECIDED or verdict.startswith("no gain as large as")
+    return verdict in DECIDED or verdict.startswith(("no gain as large as", "not reached ("))
 
 
 def _few(iv: Optional[Interval]) -> Optional[str]:
