@@ -445,7 +445,7 @@ def main(args: Args) -> None:
                               **({"eval": f"{row['eval_pass@1']:.3f}"} if "eval_pass@1" in row else {})})
         stopping = stop.agreed(accelerator)
         if (args.save_every and step % args.save_every == 0) or step == args.max_steps or stopping:
-            state = {"sampler": sampler.state_dict(), "counters": counters,
+            state = {"sampler": sampler.state_dict(), "counters": counters,  # [RA-RLOO] (also in RLOO: empty) buffers
                      "method": {"buffers": {prompt_id: list(b) for prompt_id, b in buffers.items()}}}
             path = checkpoint.save_checkpoint(args.output_dir, step, accelerator, model, tokenizer, optimizer,
                                               scheduler, state, args.keep_checkpoints, args.lora_merged_export)
