@@ -14,14 +14,16 @@ GRPO with a small group (n = 4) often sees a prompt's rollouts all fail (or all 
            A_i = r_i - mean(pool) (Alg. 2 line 19; `--adv_std_norm true` divides by std(pool)), optionally
            x w(p_hat).
 The update is a GRPO-style clipped policy gradient on n responses per prompt (plus the paper's entropy bonus),
-so the backward cost is that of GRPO-n; only inference grows. Lines marked [ADA] are what the paper adds to GRPO.
+so the backward cost is that of GRPO-n; only inference grows. Lines marked [ADA] are what the paper adds to GRPO;
+GRPO-n runs them too, with one round of n (the pool is the group, nothing is downsampled, no prompt exits early).
 
 The baseline, GRPO-n, is this file with one round of n (`--max_rounds 1 --round_repeat n`): the pool is the
 group, and the advantage is the paper's eq. (2), (r - mean) / std over the group. `--adv_std_norm false` turns
 either into its Dr. GRPO variant, A = r - mean (named "Dr. GRPO-n" in the docs and benchmark tables).
 
 The paper's other baseline (Sec. 3.3, Table 2), DAPO's dynamic sampling (Yu et al., 2025), is GRPO-n plus
-`--dynamic_sampling` (lines marked [DAPO]): groups whose n rewards are all equal are dropped, and groups for new
+`--dynamic_sampling` (lines marked [DAPO]; without the flag they never run, except one marked "[DAPO] (also in
+GRPO-n: ...)", which changes nothing there): groups whose n rewards are all equal are dropped, and groups for new
 prompts from the sampler are drawn (a whole batch of `prompts_per_step` per extra round) until the batch is full
 again or `--max_dynamic_rounds` extra rounds were made. The count that decides is global (every rank runs the
 same rounds), and each rank's kept groups count only up to its share of the batch (`my_slice`, the first ones
@@ -434,8 +436,8 @@ def main(args: Args) -> None:
             return out
 
         done = lambda rs: exit_reached(rs, args.exit_condition, k_pos, k_neg, threshold)  # noqa: E731
-        origin = [0] * len(examples)  # [DAPO] the extra round that sampled each group (0: the step's own batch)
-        train_ids = list(range(len(examples)))  # the groups trained on: all of them, unless [DAPO] filters
+        origin = [0] * len(examples)  # [DAPO] (also in GRPO-n: all 0) the extra round that sampled each group
+        train_ids = list(range(len(examples)))  # the groups trained on: all of them, unless DAPO's filter drops some
         dapo_rounds = 0
         # FSDP + HF generate: whole weights, as ranks run different numbers of rounds (vLLM: its own copy)
         with gathered(policy, enabled=generator.reads_policy):
@@ -562,7 +564,7 @@ def main(args: Args) -> None:
             "sampler_logp_diff": totals["gap_sum"] / totals["gap_tok"] if totals["gap_tok"] else None,
             "ada_clip_frac": totals["clip_sum"] / tokens,
         }
-        post_zero_var = dict(zip(train_ids, kept_zero_var))  # groups not trained on ([DAPO] dropped) count as False
+        post_zero_var = dict(zip(train_ids, kept_zero_var))  # groups not trained on (DAPO drops them) count as False
         records = gather_list(accelerator, [(len(pool), exit_rounds[i], post_zero_var.get(i, False), examples[i].tag)
                                             for i, pool in enumerate(pools)])
         row.update(seq_metrics(*[[r[k] for r in records] for k in range(3)], n, args.max_rounds,
@@ -589,7 +591,7 @@ def main(args: Args) -> None:
 
         # ================ sample log / evaluate / log / checkpoint / stop ================
         evaluating = (args.eval_every and step % args.eval_every == 0) or step == args.max_steps
-        if sample_log.due(step, evaluating):  # a few kept rollouts ([DAPO] refills apart) -> samples.jsonl
+        if sample_log.due(step, evaluating):  # a few kept rollouts (DAPO's refills apart) -> samples.jsonl
             kinds = ["dynamic_refill" if origin[g] else "fresh" for g in group_of]
             flat_rewards = [r for kept in kept_rewards for r in kept]
             sample_log.log(step, [{"kind": kinds[k], "prompt": tokenizer.decode(flat_prompts[k]),

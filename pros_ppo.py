@@ -14,7 +14,7 @@ minibatches. PROS is a plug-in that changes only *which queries* are trained on:
   2. Hierarchical Bayesian selection (Sec. 4): θ = σ(ψ), ψ_root ~ N(μ0, τ0²), ψ_child ~ N(ψ_root, σ²), counts
      with exponential forgetting, Pólya-Gamma Gibbs sweeps (common/gibbs.py); the batch takes the nodes whose
      current Gibbs draw θ̃ is nearest 0.5, at most one node per root.
-Lines marked [PROS] are the plug-in; `--pros off` removes every one of them (vanilla PPO / GRPO).
+[PROS] lines are the plug-in; `--pros off` (vanilla PPO / GRPO) runs none but no-ops marked "(also in PPO / GRPO)".
 Departures from the paper (docs/pros_ppo.md says why): ⌈fresh_frac·P⌉ queries per batch from the data stream, the
 rest from the pool; the pool is bounded (--pool_capacity); one node per root per batch; Bernoulli rewards.
 
@@ -162,9 +162,10 @@ def child_candidates(prefix: tuple, continuations: list[list[int]], correct: lis
 # ---------------- [PROS] The two-layer query tree with its pass-rate model, and selection (Section 4) ----------------
 
 class QueryTree:
-    """[PROS] Roots are original prompts (prefix ()), children are augmented queries (pid, prefix) whose
-    parent is their root. Per node: discounted successes s and trials n, the Gibbs state ψ, and θ̂ (the mean
-    of σ(ψ) over the last iteration's sweeps). Identical on every rank (updated from gathered data only)."""
+    """[PROS] (also in PPO / GRPO: built and checkpointed, empty) Roots are original prompts (prefix ()), children are
+    augmented queries (pid, prefix) whose parent is their root. Per node: discounted successes s and trials n, the
+    Gibbs state ψ, and θ̂ (the mean of σ(ψ) over the last iteration's sweeps). Identical on every rank (updated from
+    gathered data only)."""
 
     ARRAYS = ("pid", "parent", "s", "n", "psi", "theta_hat", "last")  # parent: -1 for a root; last: latest observed
     DTYPES = (np.int64, np.int64, np.float64, np.float64, np.float64, np.float64, np.int64)
@@ -441,7 +442,7 @@ def main(args: Args) -> None:
             critic_optimizer.load_state_dict(method_state["critic_opt"])
         generator.sync_weights(policy)
         log(f"resumed from {resume_from} at step {start_step}")
-    # [PROS] the query tree and the Gibbs/selection RNG (same seed on every rank: identical pools)
+    # [PROS] (also in PPO / GRPO: empty, unused) the query tree, the Gibbs/selection RNG (one seed: identical pools)
     tree = QueryTree(method_state.get("tree"))
     pros_rng = np.random.default_rng(args.seed)
     if "rng" in method_state:
@@ -490,7 +491,7 @@ def main(args: Args) -> None:
         truncated = torch.tensor([reason == "length" for reason in gens.finish_reasons], dtype=torch.bool)
         rewards = torch.tensor([0.0 if truncated[i] else task.reward_fn(text, examples[i // k])
                                 for i, text in enumerate(texts)], dtype=torch.float32).view(-1, k)
-        correct = (rewards >= args.success_reward) & ~truncated.view(-1, k)  # a cut rollout spawns no [PROS] child
+        correct = (rewards >= args.success_reward) & ~truncated.view(-1, k)  # a cut rollout spawns no PROS child
 
         # ================ pi_old's log-probs, entropies, values (and reference log-probs): one no-grad pass ========
         t_score_start = time.time()
@@ -505,8 +506,8 @@ def main(args: Args) -> None:
 
         # ================ [PROS] the tree: child candidates (Sec. 3); forget + observe, add, evict, Gibbs (Sec. 4) ===
         # (from every rank's gathered outcomes, sorted, so the tree stays the same on every rank)
-        children_created, gibbs_seconds = 0, 0.0
-        if pros:
+        children_created, gibbs_seconds = 0, 0.0  # [PROS] (also in PPO / GRPO: logged as 0)
+        if pros:  # [PROS]
             outcomes = []  # per group: (query index, successes, candidate child prefixes)
             for group, j in enumerate(my_queries):  # the candidates: cuts of the group's correct rollouts (if any)
                 rows = range(group * k, (group + 1) * k)
@@ -654,7 +655,7 @@ def main(args: Args) -> None:
 
         # ================ sample log / evaluate / log / checkpoint / stop ================
         evaluating = (args.eval_every and step % args.eval_every == 0) or step == args.max_steps
-        if sample_log.due(step, evaluating):  # a few root and [PROS] augmented rollouts -> samples.jsonl (every rank)
+        if sample_log.due(step, evaluating):  # a few root and (with PROS) augmented rollouts -> samples.jsonl
             kinds = ["augmented" if prefixes[i // k] else "root" for i in range(num_rollouts)]
             tags = [{"pros_node": queries[j][2], "pros_parent": parent_ids[j]} if pros else {} for j in my_queries]
             seq_adv = (advantages * (mask.cumsum(-1) == 1)).sum(-1)  # sequence-level: GAE's first token's (GRPO: any)

@@ -14,7 +14,7 @@ success (too-hard: a head start) or of a rare failure (too-easy: a handicap) bec
 next batch. A prefix task is run by *replaying* those K steps -- a fresh environment re-executes the stored actions,
 restoring its state and the conversation -- and the policy generates only the continuation; replayed tokens get loss
 mask 0. An optional EMA controller moves each category's ratio so that prefix tasks pass about 50% of the time.
-Lines marked [PS] are what the paper adds; `--prefix_sampling false` switches them all off.
+[PS] lines are the paper's; `--prefix_sampling false` runs none of them but no-ops marked "(also in GRPO: ...)".
 
 Default task: multi-turn Countdown (common/countdown_env.py), one arithmetic step per turn, the environment answers
 with the remaining numbers; observation tokens are context with loss mask 0. Real math datasets use the single-turn
@@ -169,7 +169,7 @@ class Args(BaseArgs):
 # ----------------------------------------------------------------------------------------------------
 
 def route(k: int, n: int, low: float, high: float) -> str:
-    """[PS] The paper's five paths for a task with k of n rollouts passing (Overview, Figure 2)."""
+    """[PS] (also in GRPO: counted in `ps_route_*`) The paper's five paths for k of n rollouts passing (Figure 2)."""
     if k in (0, n):  # discarded: no success (all_fail) / no failure (all_pass) to build a prefix from
         return "all_fail" if k == 0 else "all_pass"
     return "too_hard" if k / n < low else "too_easy" if k / n > high else "normal"
@@ -191,7 +191,7 @@ def prefix_steps(total: int, mode: str, ratio: float, cap: int) -> int | None:
 
 @dataclass
 class PrefixController:
-    """[PS] Adaptive prefix control for one category (section "Adaptive Prefix").
+    """[PS] (also in GRPO: built, never moved) Adaptive prefix control for one category (section "Adaptive Prefix").
 
     EMA (alpha) of the category's prefix-task pass rate; when it leaves [lo, hi] the ratio moves by +-step
     toward a 50% pass rate, then `cooldown` observations pass before the next move. Both ratios move *up*
@@ -235,7 +235,7 @@ class PrefixController:
 
 
 def attributed(tasks: list[dict], passes: list[int], category: str, ratio: float) -> dict[str, int]:
-    """[PS] Controller input from this rank's batch: `category`'s prefix tasks built with `ratio` (its current one).
+    """[PS] (also in GRPO: counts none) Controller input: `category`'s prefix tasks built with `ratio`, its current one.
 
     A prefix task is built at step t with the ratio before the controller's update at the end of step t, and runs
     at step t + 1; after a move its pass rate measures the old ratio. Such stale tasks (and tasks queued by older
@@ -461,7 +461,7 @@ def main(args: Args) -> None:
         sampler.load_state_dict(method_state.get("sampler", state["sampler"]))  # multi-turn: under "method"
         generator.sync_weights(policy)
         log(f"resumed from {resume_from} at step {start_step}")
-    # [PS] prefix tasks for the next batch (identical on every rank), and one controller per category
+    # [PS] (also in GRPO: empty) prefix tasks for the next batch (the same on every rank), one controller per category
     queue: list[dict] = method_state.get("queue", [])
     initial_ratio = {"hard": args.remaining_ratio, "easy": args.prefix_ratio}
     controllers = {category: PrefixController(**method_state["ctrl"][category]) if "ctrl" in method_state
@@ -488,16 +488,16 @@ def main(args: Args) -> None:
         t_start = time.time()
         threads = cpu_threads.count(torch.get_num_threads())  # a shared CPU: fit the free cores
         torch.set_num_threads(threads)
-        # ================ [PS] the batch: queued prefix tasks (at most max_prefix_frac of it), then fresh tasks =====
+        # ================ [PS] (also in GRPO: all fresh) the batch: prefix tasks (<= max_prefix_frac), then fresh ===
         n_prefix = min(len(queue), int(args.max_prefix_frac * args.prompts_per_step))
-        dropped = len(queue) - n_prefix  # [PS] dynamic on-policy: prefix tasks are never carried over
+        dropped = len(queue) - n_prefix  # dynamic on-policy: prefix tasks are never carried over
         tasks = queue[:n_prefix] + [{"id": i, "cat": None, "steps": []}
                                     for i in sampler.next_ids(args.prompts_per_step - n_prefix)]
         tasks = my_slice(tasks, accelerator)
         examples, prefixes = [train[task["id"]] for task in tasks], [task["steps"] for task in tasks]
         prompts = [encode(example.prompt) for example in examples]
 
-        # ================ sample: N rollouts per task ([PS] a prefix task replays its prefix, generates the rest) ===
+        # ================ sample: N rollouts per task (a prefix task replays its prefix, generates the rest) ========
         with gathered(policy, enabled=generator.reads_policy):  # FSDP + HF generate: whole weights (else no-op)
             if args.multiturn:
                 problems = [example.answer for example in examples]
@@ -519,12 +519,13 @@ def main(args: Args) -> None:
         prefix_groups = {category: [group for group, task in enumerate(tasks) if task["cat"] == category]
                          for category in CATEGORIES}
 
-        # ================ [PS] route fresh tasks; too-hard / too-easy send one trajectory to Prefix & Mask ==========
+        # ================ [PS] (also in GRPO: skips all) route fresh tasks; too-hard / too-easy -> Prefix & Mask ====
         routes = [route(k, n, args.low, args.high) for k in passes]
         new_tasks = []
         for group, (task, task_route) in enumerate(zip(tasks, routes)):
             if not args.prefix_sampling or task["cat"] is not None or task_route not in ("too_hard", "too_easy"):
                 continue  # prefix tasks are not recycled again
+            # [PS] a skewed fresh task: one of its trajectories, cut to a prefix, is queued for the next batch
             category, want_success, mode = (("hard", True, "remaining") if task_route == "too_hard"
                                             else ("easy", False, "prefix"))
             source = random.choice([episode for episode in episodes[group * n:(group + 1) * n]
@@ -547,7 +548,7 @@ def main(args: Args) -> None:
                  for i in rows]  # --mask_truncated_completions: rollouts cut by a length limit get no gradient
         n_tokens = sum(map(sum, masks))
 
-        # ================ update: clipped surrogate on generated tokens only ([PS] replayed prefix: mask 0) =========
+        # ================ update: clipped surrogate on generated tokens only (a replayed prefix has mask 0) ========
         t_train_start = time.time()
         sums = {"loss_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "clip_sum": 0.0, "gap_sum": 0.0, "gap_tok": 0.0}
         lengths = [len(prompts[episode.group]) + len(episode.ids) for episode in trained]
@@ -621,20 +622,20 @@ def main(args: Args) -> None:
             log(f"warning: sampler_logp_diff {gap:.4f} >= --logp_diff_warn {args.logp_diff_warn}: "
                 "the generator does not sample from the policy being trained (stale weights, dtype, temperature?)")
 
-        # ================ [PS] adaptive prefix control on this step's prefix-task pass rates (same on all ranks) ===
+        # ================ [PS] (also in GRPO: no pass rate) adaptive prefix control (the same on all ranks) ========
         prefix_rollouts = {category: totals[f"prefix_{category}_tasks"] * n for category in CATEGORIES}
         prefix_pass_rates = {category: totals[f"prefix_{category}_success"] / prefix_rollouts[category]
                              if prefix_rollouts[category] else None for category in CATEGORIES}
         # the controller sees only prefix tasks built with its current ratio (stale ones measure the previous ratio)
         ctrl_pass_rates = {category: totals[f"ctrl_{category}_success"] / (totals[f"ctrl_{category}_tasks"] * n)
                            if totals[f"ctrl_{category}_tasks"] else None for category in CATEGORIES}
-        if args.prefix_sampling and args.adaptive:
+        if args.prefix_sampling and args.adaptive:  # [PS]
             for category in CATEGORIES:
                 controllers[category].update(ctrl_pass_rates[category], args.ema_alpha, args.deadzone_low,
                                              args.deadzone_high, args.ratio_step, args.cooldown, args.ratio_min,
                                              args.ratio_max, args.ema_reset)
         all_prefix_rollouts = prefix_rollouts["hard"] + prefix_rollouts["easy"]
-        row.update({  # [PS] mechanism metrics
+        row.update({  # [PS] (also in GRPO, as its reference) mechanism metrics
             "ps_solve_partial": totals["solve_partial"],
             "ps_prefix_tasks": totals["prefix_hard_tasks"] + totals["prefix_easy_tasks"],
             "ps_prefix_pass_rate": (totals["prefix_hard_success"] + totals["prefix_easy_success"]) / all_prefix_rollouts
@@ -655,11 +656,11 @@ def main(args: Args) -> None:
             "ps_queued": len(new_tasks), "ps_dropped": dropped,
             **{f"ps_route_{name}": totals[f"route_{name}"] for name in ROUTES},  # fresh tasks
         })
-        queue = new_tasks  # [PS] injected into the next batch
+        queue = new_tasks  # [PS] (also in GRPO: empty) injected into the next batch
 
         # ================ sample log / evaluate / log / checkpoint / stop ================
         evaluating = (args.eval_every and step % args.eval_every == 0) or step == args.max_steps
-        if sample_log.due(step, evaluating):  # a few fresh and [PS] prefix-task rollouts -> samples.jsonl
+        if sample_log.due(step, evaluating):  # a few fresh and (with PS) prefix-task rollouts -> samples.jsonl
             kinds = ["fresh" if task["cat"] is None else f"prefix_{task['cat']}" for task in tasks for _ in range(n)]
             sample_log.log(step, [{  # advantage 0 and trained False: a group dropped by rejection sampling
                 "kind": kinds[i], "prompt": tokenizer.decode(prompts[i // n]), "completion": tokenizer.decode(ep.ids),

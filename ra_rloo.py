@@ -7,7 +7,9 @@ Plain RLOO samples K rollouts per prompt and uses the leave-one-out baseline. Wh
 equal (no rollout succeeded), every advantage is 0 and the group gives no gradient. RA-RLOO keeps a
 small per-prompt FIFO buffer of past successes and, *on demand* (only in groups with no fresh success),
 replaces one rollout by a stored success, importance-weighted by w = min(pi_theta / pi_old, w_max).
-Lines marked [RA-RLOO] are what the paper adds to RLOO; `--replay none` switches them all off.
+Lines marked [RA-RLOO] are what the paper adds to RLOO; `--replay none` never runs them, except those marked
+"[RA-RLOO] (also in RLOO: ...)", which run there and change nothing. [RA-RLOO setup] marks the paper's experimental
+setup (its training reward, its evaluation), which both run.
 
 Logged `loss`: the policy-gradient term per sequence, -mean_i A_i log pi(y_i|x) over the step's samples (the
 KL term is logged separately as `kl`, per completion token). The optimised loss divides the same sum, plus beta x
@@ -83,17 +85,17 @@ class Args(BaseArgs):
     success_reward: Annotated[float, Range(0, 1)] = 1.0
     """a rollout is a success (buffered, and 'passes') when its training reward >= this"""
     reward: Literal["auto", "binary", "tinyzero", "shaped"] = "auto"
-    """training reward: `auto` = the paper's {0, 0.1, 1} (`tinyzero`) on Countdown, `binary` on real datasets (their
-    verifier has no format reward); evaluation is always binary"""
+    """[RA-RLOO setup] training reward: `auto` = the paper's {0, 0.1, 1} (`tinyzero`) on Countdown, `binary` on real
+    datasets (their verifier has no format reward); evaluation is always binary"""
     paper_eval_samples: Annotated[int, Range(0, zero="off")] = 8
-    """[RA-RLOO] the paper's evaluation, logged as eval_paper_pass@1/@4 at each evaluation: samples per held-out
+    """[RA-RLOO setup] the paper's evaluation, logged as eval_paper_pass@1/@4 at each evaluation: samples per held-out
     prompt"""
     paper_eval_temperature: Annotated[float, Range(0, zero="greedy")] = 0.6
-    """[RA-RLOO] sampling temperature of the paper's evaluation"""
+    """[RA-RLOO setup] sampling temperature of the paper's evaluation"""
     paper_eval_top_p: Annotated[float, Range(0, 1, lo_open=True)] = 0.95
-    """[RA-RLOO] top-p of the paper's evaluation"""
+    """[RA-RLOO setup] top-p of the paper's evaluation"""
     paper_eval_top_k: Annotated[int, Range(0, zero="off")] = 20
-    """[RA-RLOO] top-k of the paper's evaluation"""
+    """[RA-RLOO setup] top-k of the paper's evaluation"""
 
 
 def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
@@ -146,7 +148,8 @@ def splice_replays(prompt_ids: list[int], completions: list[list[int]], rewards:
 
 
 def replay_weights(seq_logp: torch.Tensor, logp_old: torch.Tensor, w_max: float) -> torch.Tensor:
-    """[RA-RLOO] w = min(exp(log pi_theta(y|x) - log pi_old(y|x)), w_max); sequence-level IS, no gradient."""
+    """[RA-RLOO] (also in RLOO: computed, unused: no row is a replay) w = min(exp(log pi_theta(y|x) -
+    log pi_old(y|x)), w_max); sequence-level IS, no gradient."""
     return torch.exp(seq_logp.detach() - logp_old).clamp(max=w_max)
 
 
@@ -164,7 +167,7 @@ def main(args: Args) -> None:
     torch.set_num_threads(cpu_threads.count(torch.get_num_threads(), settle=0.2))  # before any torch work
     check_tracker(args.report_to)
     args.output_dir = args.output_dir or f"runs/ra_rloo-seed{args.seed}"
-    if args.reward == "auto":  # [RA-RLOO] the paper trains on {0, 0.1, 1}; real datasets have a binary verifier
+    if args.reward == "auto":  # [RA-RLOO setup] the paper trains on {0, 0.1, 1}; real datasets have a binary verifier
         args.reward = "tinyzero" if args.dataset == "countdown" else "binary"
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), project_dir=args.output_dir,
                               log_with=None if args.report_to == "none" else args.report_to)
@@ -244,7 +247,7 @@ def main(args: Args) -> None:
                                               eval_sampling, args.eval_samples, accelerator)
             out = score(task.eval)  # eval_train_*: the pool's fit, to compare with held-out
             out.update(evaluate_train_prompts(score, train_prompt_sample(task.train, args.eval_train_prompts)))
-            # [RA-RLOO] the paper's report: pass@4 of n = 8 at T 0.6, top-p 0.95, top-k 20
+            # [RA-RLOO setup] the paper's report: pass@4 of n = 8 at T 0.6, top-p 0.95, top-k 20
             paper = evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, paper_sampling,
                              args.paper_eval_samples, accelerator, ks=(1, 4)) if args.paper_eval_samples else {}
         return {**out, **{name.replace("eval_", "eval_paper_"): value for name, value in paper.items()}}
@@ -258,10 +261,10 @@ def main(args: Args) -> None:
         counters, method_state = state["counters"], state["method"]
         generator.sync_weights(policy)
         log(f"resumed from {resume_from} at step {start_step}")
-    # [RA-RLOO] prompt id -> FIFO of (response ids, log pi_old(y|x)); identical on every rank
+    # [RA-RLOO] (also in RLOO: empty) prompt id -> FIFO of (response ids, log pi_old(y|x)); identical on every rank
     buffers = {prompt_id: deque(items, maxlen=args.buffer_capacity)
                for prompt_id, items in method_state.get("buffers", {}).items()}
-    if start_step == 0 and args.replay != "none" and args.seed_buffer:
+    if start_step == 0 and args.replay != "none" and args.seed_buffer:  # [RA-RLOO] demonstrations
         # FSDP: whole weights only where demonstrations are scored (the embedded task; real datasets seed nothing)
         with autocast(device, args.dtype), gathered(policy, enabled=task.name == "countdown"):
             buffers = seed_buffers(task, policy, tokenizer, encode, args, device, temperature)
@@ -302,11 +305,12 @@ def main(args: Args) -> None:
                                 for i, text in enumerate(texts)])
         rewards = rewards.view(-1, args.k).float()
         fresh_success = rewards >= args.success_reward
-        fresh_rewards = rewards.clone()
+        fresh_rewards = rewards.clone()  # [RA-RLOO] (also in RLOO: the same) the rewards before the splice
 
         # ================ [RA-RLOO] splice one stored success into groups that need it (Section 3.1) ================
+        # [RA-RLOO] (also in RLOO: nothing spliced, `is_replay` all False) the replay mask
         replay_logp_old = torch.full(rewards.shape, float("nan"))
-        if args.replay != "none":
+        if args.replay != "none":  # [RA-RLOO]
             replay_logp_old = splice_replays([example.id for example in examples], completions, rewards,
                                              fresh_success, buffers, args.replay, random)
         is_replay = ~torch.isnan(replay_logp_old)
@@ -325,7 +329,7 @@ def main(args: Args) -> None:
         normaliser = max(1, len(completions)) * args.max_new_tokens  # constant: no length bias
         sums = {"loss_sum": 0.0, "kl_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "w_sum": 0.0, "w_n": 0.0,
                 "gap_sum": 0.0, "gap_tok": 0.0}
-        is_weights = torch.ones(len(completions))  # [RA-RLOO] per row, for the sample log
+        is_weights = torch.ones(len(completions))  # [RA-RLOO] (also in RLOO: all 1) per row, for the sample log
         lengths = [len(p) + len(c) for p, c in zip(flat_prompts, completions)]  # for --max_tokens_per_microbatch
         for rows in micro_batches(len(completions), args.micro_batch_size, accelerator, model, peers=(ref_model,),
                                   lengths=lengths, max_tokens=args.max_tokens_per_microbatch):
@@ -336,7 +340,8 @@ def main(args: Args) -> None:
             mask = batch.loss_mask * keep[rows].to(device)[:, None]
             seq_logp = (logp * mask).sum(-1)
             adv, rep = advantages[rows], replayed[rows]
-            # [RA-RLOO] the replayed slot's advantage x w = min(pi_theta/pi_old, w_max), no gradient through w
+            # [RA-RLOO] (also in RLOO: no row is a replay, `adv` unchanged) the replayed slot's advantage x w =
+            # min(pi_theta/pi_old, w_max), no gradient through w
             weight = replay_weights(seq_logp, replay_logp_old[rows], args.w_max)
             adv = torch.where(rep, adv * weight, adv)
             is_weights[rows] = torch.where(rep, weight, torch.ones_like(weight)).cpu()
@@ -369,6 +374,7 @@ def main(args: Args) -> None:
         generator.sync_weights(policy)
 
         # ================ [RA-RLOO] append every fresh success to its prompt's FIFO (all ranks: same buffers) ====
+        # [RA-RLOO] (also in RLOO: the filter keeps nothing)
         new_successes = [(examples[i // args.k].id, list(c), float(sum(gens.logprobs[i])))
                          for i, c in enumerate(gens.completion_ids)
                          if args.replay != "none" and fresh_success.view(-1)[i]]
@@ -402,7 +408,7 @@ def main(args: Args) -> None:
             "grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0],
             "time_gen_s": totals["t_gen"] / world, "time_train_s": totals["t_train"] / world,
             "sampler_logp_diff": totals["gap_sum"] / totals["gap_tok"] if totals["gap_tok"] else None,
-            # [RA-RLOO] mechanism metrics
+            # [RA-RLOO] (also in RLOO, as its reference) mechanism metrics
             "ra_zero_var_frac_post": totals["zero_var_post"] / groups,
             "ra_replay_fired_frac": totals["fired"] / groups,
             # the paper's degenerate groups (no success); all-pass groups are zero-variance too but never spliced
@@ -419,7 +425,7 @@ def main(args: Args) -> None:
 
         # ================ sample log / evaluate / log / checkpoint / stop ================
         evaluating = (args.eval_every and step % args.eval_every == 0) or step == args.max_steps
-        if sample_log.due(step, evaluating):  # a few fresh and [RA-RLOO] replayed rollouts -> samples.jsonl
+        if sample_log.due(step, evaluating):  # a few fresh and (with replay) replayed rollouts -> samples.jsonl
             kinds = ["replayed" if rep else "fresh" for rep in is_replay.flatten().tolist()]
             sample_log.log(step, [{"kind": kinds[i], "prompt": tokenizer.decode(flat_prompts[i]),
                                    "completion": tokenizer.decode(completions[i]), "reward": rewards.view(-1)[i].item(),
@@ -437,7 +443,7 @@ def main(args: Args) -> None:
                               **({"eval": f"{row['eval_pass@1']:.3f}"} if "eval_pass@1" in row else {})})
         stopping = stop.agreed(accelerator)
         if (args.save_every and step % args.save_every == 0) or step == args.max_steps or stopping:
-            state = {"sampler": sampler.state_dict(), "counters": counters,
+            state = {"sampler": sampler.state_dict(), "counters": counters,  # [RA-RLOO] (also in RLOO: empty) buffers
                      "method": {"buffers": {prompt_id: list(b) for prompt_id, b in buffers.items()}}}
             path = checkpoint.save_checkpoint(args.output_dir, step, accelerator, model, tokenizer, optimizer,
                                               scheduler, state, args.keep_checkpoints, args.lora_merged_export)

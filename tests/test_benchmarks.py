@@ -452,20 +452,60 @@ def test_paired_t_interval_on_known_numbers(tmp_path):
 
 def test_verdict_rules_on_constructed_intervals():
     iv = report.Interval
-    greater = lambda m, h: report.verdict_greater(iv(m, h, 5), 0.03)  # noqa: E731
+    greater = lambda m, h, **kw: report.verdict_greater(iv(m, h, 5), 0.03, **kw)  # noqa: E731
     assert greater(0.02, 0.01) == "reproduced"  # [0.01, 0.03] above 0
-    assert greater(-0.005, 0.02) == "not reproduced"  # [-0.025, 0.015]: a gain of 0.03 is excluded
-    assert greater(-0.05, 0.01) == "not reproduced"  # below 0
+    assert greater(-0.05, 0.01) == "worse"  # [-0.06, -0.04] below 0
+    assert greater(0.014, 0.014) == "no gain as large as 0.03"  # [0.000, 0.028]: not below 0, a 0.03 gain excluded
+    assert greater(-0.005, 0.02) == "no gain as large as 0.03"  # [-0.025, 0.015]: neither side of 0 excluded
     assert greater(0.01, 0.03) == "inconclusive"  # [-0.02, 0.04]
+    assert report.verdict_greater(iv(0.2, 0.3, 5), 1.0, "1 group") == "no gain as large as 1 group"
+    # the paper's own effect below the margin, or below what the seeds resolve: no verdict, whatever the interval
+    assert greater(0.05, 0.01, paper_effect=0.023) == "cannot resolve at this precision"  # 0.023 < m = 0.03
+    assert report.verdict_greater(iv(0.05, 0.06, 5), 0.03, paper_effect=0.04) == "cannot resolve at this precision"
+    assert report.verdict_greater(iv(0.05, 0.01, 5), 0.03, paper_effect=0.04) == "reproduced"  # resolvable
     assert report.verdict_greater(iv(0.1, None, 1), 0.03) == "inconclusive (1 seed)"
     assert report.verdict_greater(None, 0.03) == "inconclusive (no runs)"
     not_below = lambda m, h: report.verdict_not_below(iv(m, h, 5), 0.03)  # noqa: E731
     assert not_below(-0.01, 0.015) == "reproduced"  # [-0.025, 0.005]: at most 0.03 worse
     assert not_below(-0.02, 0.025) == "inconclusive"  # [-0.045, 0.005]
-    assert not_below(-0.02, 0.015) == "not reproduced"  # [-0.035, -0.005]: below 0
+    assert not_below(-0.02, 0.015) == "worse"  # [-0.035, -0.005]: below 0
     within = lambda m, h: report.verdict_within(iv(m, h, 5), 0.4, 0.6)  # noqa: E731
-    assert within(0.5, 0.05) == "reproduced" and within(0.75, 0.1) == "not reproduced"
+    assert within(0.5, 0.05) == "reproduced" and within(0.75, 0.1) == "outside the band"
     assert within(0.58, 0.05) == "inconclusive"
+    # every interval-drawn verdict counts in the README's tally; pending and unresolved ones do not
+    assert all(report.judged(v) for v in ("reproduced", "worse", "no gain as large as 0.03", "inconclusive",
+                                          "outside the band"))
+    assert not any(report.judged(v) for v in ("cannot resolve at this precision", "runs pending (1 seed)",
+                                              "no 2,048-pool config"))
+
+
+def test_fewer_steps_verdict_when_most_seeds_never_reach_the_baseline(tmp_path):
+    # PS off ends at 0.30 on every seed; PS (fixed) gets there on seed 2 only: no interval, the count is the verdict
+    runs = tmp_path / "runs"
+    for seed in range(3):
+        _fake_run(runs, "ps_off", seed, {0: 0.2, 2: 0.25, 4: 0.30}, 50)
+        _fake_run(runs, "ps_fixed", seed, {0: 0.2, 2: 0.22, 4: 0.31 if seed == 2 else 0.25}, 50)
+    _, aggs = report.build_aggs(report.load_runs(runs))
+    (row,) = [c for c in report.claim_rows(aggs) if c.claim.startswith("PS (fixed), multi-turn: fewer steps")]
+    assert row.verdict == "not reached (1/3 seeds)" and report.judged(row.verdict)
+    assert "(reached in 1/3 seeds)" in row.measured
+
+
+def test_readme_claims_block_shows_scope_effect_and_rules(tmp_path):
+    # 256 pool: PPO+PROS +0.001 on PPO (no gain as large as 0.03); 2,048 pool: +0.052 (reproduced)
+    _two_regime_runs(tmp_path / "runs")
+    _, aggs = report.build_aggs(report.load_runs(tmp_path / "runs"))
+    block = report.readme_block(aggs)
+    scope, table = block.split("\n\n", 1)
+    decided = [c for r in report.REGIMES for c in report.claim_rows(aggs, r) if report.judged(c.verdict)]
+    assert len(decided) == 4  # PPO+PROS beats PPO and takes PPO's time per step, on both pools
+    assert "~1M-parameter model" in scope and "3-3 paired seeds, 95% intervals" in scope and "95% intervals" in scope
+    assert "of 4 verdicts ~0 would flip by chance alone" in " ".join(scope.split())
+    assert "(benchmarks/results/README.md#the-papers-claims-verdicts)" in scope.replace("\n", "")
+    (row,) = [ln for ln in table.splitlines() if ln.startswith("| PROS | PPO+PROS beats PPO")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2].startswith("no gain as large as 0.03: +0.001 [") and cells[2].endswith("]")
+    assert cells[3].startswith("reproduced: +0.052 [")
 
 
 def _pros_runs(runs: Path, gain: float, seeds=(0, 1, 2)):
@@ -492,10 +532,11 @@ def test_claim_verdicts_on_constructed_runs(tmp_path):
     # every paper has its lines; configs without runs say so
     assert {c.paper for c in rows.values()} == {"RA-RLOO", "Prefix Sampling", "Reinforce-Ada", "PROS"}
     assert rows["Lower seed-to-seed spread of final pass@1 than RLOO"].verdict == "runs pending (0 seeds)"
-    # no gain: the interval excludes +0.03 -> not reproduced; 1 seed -> inconclusive
+    # no gain: the interval excludes +0.03 but not 0 -> no gain as large as 0.03; 1 seed -> runs pending
     _pros_runs(tmp_path / "flat", gain=0.0)
     _, aggs = report.build_aggs(report.load_runs(tmp_path / "flat"))
-    assert [c.verdict for c in report.claim_rows(aggs) if c.claim.startswith("PPO+PROS beats")] == ["not reproduced"]
+    assert [c.verdict for c in report.claim_rows(aggs) if c.claim.startswith("PPO+PROS beats")] == [
+        "no gain as large as 0.03"]
     _pros_runs(tmp_path / "one", gain=0.05, seeds=(0,))
     _, aggs = report.build_aggs(report.load_runs(tmp_path / "one"))
     assert [c.verdict for c in report.claim_rows(aggs) if c.claim.startswith("PPO+PROS beats")] == [
@@ -519,11 +560,13 @@ def test_ra_rloo_claim_on_groups_without_a_success(tmp_path):
     assert rows[0].claim.startswith("Splicing leaves no group without a success")
     assert rows[0].verdict == "reproduced" and "(3 seeds log it)" in rows[0].measured and "0.600" in rows[0].measured
     assert rows[1].claim.startswith("Splicing stored successes leaves about no zero-variance groups")
-    assert rows[1].verdict == "not reproduced"
+    assert rows[1].verdict == "outside the band"
     beats = {c.claim.split(" (")[0]: c for c in rows if c.claim.startswith("RA-RLOO beats RLOO")}
     assert beats["RA-RLOO beats RLOO"].verdict == "inconclusive"  # +0.01 [-0.015, +0.035]: neither side of 0.03
     paper4 = [c for c in rows if "paper's metric" in c.claim][0]
-    assert paper4.verdict == "reproduced" and "+0.050" in paper4.measured
+    # the paper's +0.023 is below the 0.03 margin: the interval is shown, no verdict drawn from it
+    assert paper4.verdict == "cannot resolve at this precision" and "+0.050" in paper4.measured
+    assert paper4.effect.startswith("+0.050 [")
 
 
 def test_ada_sample_allocation_claims_compare_hard_with_mid(tmp_path):
@@ -550,8 +593,7 @@ def test_ada_sample_allocation_claims_compare_hard_with_mid(tmp_path):
         _fake_run(tmp_path / "flat", "seq_balance", seed, {0: 0.2, 4: 0.3}, 50, extra=per)
     _, aggs = report.build_aggs(report.load_runs(tmp_path / "flat"))
     rows = {c.claim: c for c in report.claim_rows(aggs)}
-    assert rows["SEQ-BALANCE draws more samples for hard prompts than for mid-difficulty ones"].verdict == \
-        "not reproduced"
+    assert rows["SEQ-BALANCE draws more samples for hard prompts than for mid-difficulty ones"].verdict == "worse"
 
 
 def test_tokens_to_reach_the_baseline(tmp_path):
@@ -661,7 +703,7 @@ def test_each_claim_has_a_row_per_regime_on_the_twin_configs(tmp_path):
     beats = "PPO+PROS beats PPO (final pass@1)"
     row256, row2048 = _claim(small, "256", beats), _claim(large, "2,048", beats)
     assert row256.configs == ("ppo_pros", "ppo") and row2048.configs == ("ppo_pros_pool2048", "ppo_pool2048")
-    assert row256.verdict == "not reproduced" and "`ppo_pros` - `ppo`: +0.001 [" in row256.measured
+    assert row256.verdict == "no gain as large as 0.03" and "`ppo_pros` - `ppo`: +0.001 [" in row256.measured
     assert row2048.verdict == "reproduced" and "`ppo_pros_pool2048` - `ppo_pool2048`: +0.052 [" in row2048.measured
     # EST's claim reads the harness's own EST / GRPO-n8 twins on the 2,048 pool
     assert _claim(large, "2,048", "EST beats GRPO-n8, the same inference budget (final pass@1)").verdict.startswith(
@@ -672,7 +714,7 @@ def test_each_claim_has_a_row_per_regime_on_the_twin_configs(tmp_path):
     assert fixed.verdict == "no 2,048-pool config" and "`ps_fixed`" in fixed.measured
     # on the page: the 256 row, then the 2,048 row of the same claim
     page = report.claims_table(aggs).splitlines()
-    i = next(k for k, line in enumerate(page) if line.startswith(f"| {beats} | 256 | **not reproduced** |"))
+    i = next(k for k, line in enumerate(page) if line.startswith(f"| {beats} | 256 | **no gain as large as 0.03** |"))
     assert page[i + 1].startswith("| ″ | 2,048 | **reproduced** | final pass@1 `ppo_pros_pool2048` - `ppo_pool2048`")
 
 
@@ -684,7 +726,7 @@ def test_runs_pending_under_two_paired_seeds(tmp_path):
     row = _claim(report.claim_rows(aggs, report.POOL2048), "2,048", beats)
     assert row.verdict == "runs pending (1 seed)" and row.seeds == 1
     assert row.measured == "`ppo_pros_pool2048` 2 finished seeds; `ppo_pool2048` 2 finished seeds"
-    assert _claim(report.claim_rows(aggs), "256", beats).verdict == "not reproduced"  # 3 paired seeds there
+    assert _claim(report.claim_rows(aggs), "256", beats).verdict == "no gain as large as 0.03"  # 3 paired seeds
     page = report.claims_table(aggs).splitlines()
     i = next(k for k, line in enumerate(page) if line.startswith(f"| {beats} | 256 |"))
     assert page[i + 1].startswith("| ″ | 2,048 | **runs pending (1 seed)** | `ppo_pros_pool2048` 2 finished seeds;")

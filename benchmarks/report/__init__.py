@@ -16,7 +16,7 @@ importing only the stages before it:
 
 """
 # re-exported for the tests and other scripts
-from benchmarks.report.claims import (CLAIMS, VERDICT_RULES, Claim, ClaimSpec, claim_rows,  # noqa: F401
+from benchmarks.report.claims import (CLAIMS, VERDICT_RULES, Claim, ClaimSpec, claim_rows, judged,  # noqa: F401
                                       verdict_greater, verdict_not_below, verdict_within)
 from benchmarks.report.cli import Args, cli, main  # noqa: F401
 from benchmarks.report.commands import commands_text, rerun_commands, runner_flags  # noqa: F401
@@ -24,7 +24,8 @@ from benchmarks.report.curves import (Agg, build_aggs, cost_to_reach, eval_curve
                                       final_value, gap_cell, mechanism_summary, reach, run_summary, step_walls,
                                       value_at)
 from benchmarks.report.docs_blocks import (BLOCKS, MARK_BEGIN, MARK_END, doc_blocks,  # noqa: F401
-                                           durations_block, replace_blocks, stale_blocks, write_doc_blocks)
+                                           durations_block, readme_block, replace_blocks, stale_blocks,
+                                           write_doc_blocks)
 from benchmarks.report.docs_pages import DOC_PAGES, method_block  # noqa: F401
 from benchmarks.report.figures import DOC_FIGURES, make_doc_figures, make_plots, train_curve  # noqa: F401
 from benchmarks.report.load import (POOL256, POOL2048, REGIMES, ROOT, RUNS_DIR, Regime, RunData,  # noqa: F401

@@ -16,8 +16,17 @@ from benchmarks.report.stats import (TARGET_HALF, Interval, fmt, iv_text, over_s
 from benchmarks.run import BY_NAME
 
 
-REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE = "reproduced", "not reproduced", "inconclusive"
+REPRODUCED, WORSE, INCONCLUSIVE = "reproduced", "worse", "inconclusive"
+OUTSIDE = "outside the band"
+CANNOT_RESOLVE = "cannot resolve at this precision"
 NO_RUNS = "inconclusive (no runs)"
+RULES_LINK = "benchmarks/results/README.md#the-papers-claims-verdicts"  # the rules, from the repository root
+
+
+def no_gain(margin_text: str) -> str:
+    """The verdict of a gain ruled out at the claim's margin but not ruled out as positive."""
+    return f"no gain as large as {margin_text}"
+
 
 VERDICT_RULES = f"""Every interval is a 95% t-interval over seeds (paired by seed where two configs are compared).
 Each claim has a row per data regime: the sweep's 256-prompt pool, and the 2,048-prompt pool (the same configs
@@ -25,22 +34,34 @@ with `--prompt_pool 2048`, each paired with its baseline on that pool: run.py's 
 config' where run.py has none). The last two columns give each compared config's training-prompt minus held-out
 pass@1 at the final evaluation (seed mean; in brackets the seeds that log `eval_train_pass@1`, '-' for runs made
 before it was logged): a large gap with no held-out gain says the method fits the pool's prompts, not the task.
-- **'X beats Y'** (interval of X - Y): *reproduced* if it lies above 0; *not reproduced* if it lies below the
-  claim's margin m (X is worse, or any gain is smaller than m); else *inconclusive*. m = {TARGET_HALF} for pass@1
-  (the precision target; ⚠ marks a half-width above it), 1 group for trained groups per batch, 1 sample
-  for samples per prompt, 0 for a falling calibration error.
-- **'X at least matches Y'** (interval of X - Y): *not reproduced* if it lies below 0; *reproduced* if it lies above
+- **'X beats Y'** (interval of X - Y): *reproduced* if it lies above 0; *worse* if it lies below 0; *no gain as
+  large as m* if it lies below the claim's margin m but not below 0 (a gain smaller than m is not ruled out);
+  else *inconclusive*. m = {TARGET_HALF} for pass@1 (the precision target; ⚠ marks a half-width above it), 1 group
+  for trained groups per batch, 1 sample for samples per prompt, 0 for a falling calibration error.
+- **Cannot resolve at this precision**: a 'beats' claim whose paper reports an effect smaller than m, or smaller
+  than the interval's half-width (what these seeds can resolve), gets no verdict: an interval that cannot tell the
+  paper's effect from 0 neither reproduces nor refutes it. The measured interval is still shown.
+- **'X at least matches Y'** (interval of X - Y): *worse* if it lies below 0; *reproduced* if it lies above
   -{TARGET_HALF} (X is at most {TARGET_HALF} worse); else *inconclusive*.
-- **'X is near v'** (interval of X): *reproduced* if it lies inside the stated band; *not reproduced* if it lies
+- **'X is near v'** (interval of X): *reproduced* if it lies inside the stated band; *outside the band* if it lies
   outside it; else *inconclusive*. 'About equal time per step': the ratio's interval inside [0.9, 1.1].
 - **'Fewer steps / tokens to the baseline's final pass@1'**: per seed, the steps (tokens) to reach the baseline's final
   seed-mean pass@1, interpolated between evaluations, over the baseline's own steps (tokens) to first reach it;
-  the saving 1 - ratio is judged as 'X beats Y' with m = {TARGET_HALF}. Seeds that never reach it: *not reproduced*
-  when they are at least half, *inconclusive* otherwise.
+  the saving 1 - ratio is judged as 'X beats Y' with m = {TARGET_HALF}. Seeds that never reach it: *not reached
+  (r/n seeds)* when they are at least half, *inconclusive* otherwise.
 - **'Lower seed-to-seed spread'**: the ratio of the two configs' std of final pass@1 with its F-test interval:
-  *reproduced* below 1, *not reproduced* above 1, else *inconclusive*.
+  *reproduced* below 1, *worse* above 1, else *inconclusive*.
 - Fewer than 2 (paired) seeds with the data: *runs pending (n seeds)*, no figure.
+- At 95% each, about 1 interval in 20 misses its true value by chance alone, so about that share of the verdicts
+  could read otherwise on other seeds.
 """
+
+DECIDED = (REPRODUCED, WORSE, OUTSIDE, INCONCLUSIVE)  # verdicts drawn from an interval (no-gain ones too)
+
+
+def judged(verdict: str) -> bool:
+    """A verdict read off an interval (not pending, not missing, not 'cannot resolve')."""
+    return verdict in DECIDED or verdict.startswith(("no gain as large as", "not reached ("))
 
 
 def _few(iv: Optional[Interval]) -> Optional[str]:
@@ -49,18 +70,25 @@ def _few(iv: Optional[Interval]) -> Optional[str]:
     return "inconclusive (1 seed)" if iv.half is None else None
 
 
-def verdict_greater(iv: Optional[Interval], margin: float) -> str:
-    """'X beats Y' on the interval of X - Y."""
+def verdict_greater(iv: Optional[Interval], margin: float, margin_text: Optional[str] = None,
+                    paper_effect: Optional[float] = None) -> str:
+    """'X beats Y' on the interval of X - Y; `paper_effect`, the gain the paper reports, when it states one."""
     if _few(iv):
         return _few(iv)
-    return REPRODUCED if iv.lo > 0 else NOT_REPRODUCED if iv.hi < margin else INCONCLUSIVE
+    if paper_effect is not None and (paper_effect < margin or paper_effect < iv.half):
+        return CANNOT_RESOLVE
+    if iv.lo > 0:
+        return REPRODUCED
+    if iv.hi < 0:
+        return WORSE
+    return no_gain(margin_text or f"{margin:g}") if iv.hi < margin else INCONCLUSIVE
 
 
 def verdict_not_below(iv: Optional[Interval], margin: float) -> str:
     """'X at least matches Y' on the interval of X - Y: non-inferiority within the margin."""
     if _few(iv):
         return _few(iv)
-    return NOT_REPRODUCED if iv.hi < 0 else REPRODUCED if iv.lo > -margin else INCONCLUSIVE
+    return WORSE if iv.hi < 0 else REPRODUCED if iv.lo > -margin else INCONCLUSIVE
 
 
 def verdict_within(iv: Optional[Interval], low: float, high: float) -> str:
@@ -69,7 +97,16 @@ def verdict_within(iv: Optional[Interval], low: float, high: float) -> str:
         return _few(iv)
     if low <= iv.lo and iv.hi <= high:
         return REPRODUCED
-    return NOT_REPRODUCED if iv.hi < low or iv.lo > high else INCONCLUSIVE
+    return OUTSIDE if iv.hi < low or iv.lo > high else INCONCLUSIVE
+
+
+def brief(iv: Optional[Interval], nd: int = 3, sign: str = "+", unit: str = "") -> str:
+    """`mean [lo, hi]` (no half-width, no flag): the effect shown beside a verdict."""
+    if iv is None:
+        return "-"
+    if iv.half is None:
+        return f"{iv.mean:{sign}.{nd}f}{unit} (1 seed)"
+    return f"{iv.mean:{sign}.{nd}f} [{iv.lo:{sign}.{nd}f}, {iv.hi:{sign}.{nd}f}]{unit}"
 
 
 @dataclass
@@ -81,6 +118,7 @@ class Claim:
     regime: str = POOL256.label
     configs: tuple[str, ...] = ()  # the configs judged (their train - held-out gaps go beside the verdict)
     seeds: int = 0  # seeds with the data (paired where two configs are compared)
+    effect: str = ""  # the judged quantity, `mean [lo, hi]`, shown beside the verdict
 
 
 def have_runs(aggs: dict[str, Agg], *names: str) -> bool:
@@ -98,15 +136,17 @@ def _paired_seeds(aggs: dict[str, Agg], *names: str) -> int:
 
 
 # A judge reads the runs of one regime's configs: judge(aggs, regime, *config names) -> (verdict, measured text,
-# seeds with the data). The config names are that regime's; the regime gives its other configs for context.
+# seeds with the data, the judged effect in brief). The config names are that regime's; the regime gives its other
+# configs for context.
 
 
-def _beats(key: str = "pass1", metric: str = "pass@1"):
-    """'name beats other' on a final held-out evaluation (default pass@1), paired by seed."""
+def _beats(key: str = "pass1", metric: str = "pass@1", paper_effect: Optional[float] = None):
+    """'name beats other' on a final held-out evaluation (default pass@1), paired by seed; `paper_effect`: the gain
+    the paper reports on that metric, when it states one."""
     def judge(aggs, r, name, other):
         iv = paired(aggs, name, other, lambda run: final_value(run, key))
-        return (verdict_greater(iv, TARGET_HALF), f"final {metric} `{name}` - `{other}`: "
-                f"{iv_text(iv, target=TARGET_HALF)} ({seeds_of(iv)} paired seeds)", seeds_of(iv))
+        return (verdict_greater(iv, TARGET_HALF, paper_effect=paper_effect), f"final {metric} `{name}` - `{other}`: "
+                f"{iv_text(iv, target=TARGET_HALF)} ({seeds_of(iv)} paired seeds)", seeds_of(iv), brief(iv))
     return judge
 
 
@@ -115,21 +155,25 @@ def _fewer_to_reach(xkey: str):
     def judge(aggs, r, name, base):
         both = _paired_seeds(aggs, name, base)
         if not both:
-            return NO_RUNS, "", 0
+            return NO_RUNS, "", 0, "-"
         iv, reached, seeds = reach_ratios(aggs, name, xkey)
         what = (f"{xkey.replace('gen_tokens', 'tokens').replace('step', 'steps')} to `{base}`'s final pass@1 "
                 f"{aggs[base].final[0]:.3f}, over `{base}`'s own to reach it: {iv_text(iv, sign='')} "
                 f"(reached in {reached}/{seeds} seeds)")
+        effect = f"ratio {brief(iv, 2, '')}"
         if reached < seeds:  # the interval would cover the seeds that got there only
-            return NOT_REPRODUCED if 2 * reached <= seeds else INCONCLUSIVE, what, both
-        return verdict_greater(Interval(1.0 - iv.mean, iv.half, iv.n), TARGET_HALF), what, both
+            return (f"not reached ({reached}/{seeds} seeds)" if 2 * reached <= seeds else INCONCLUSIVE), what, both, \
+                effect
+        saving = Interval(1.0 - iv.mean, iv.half, iv.n)
+        return verdict_greater(saving, TARGET_HALF, f"{TARGET_HALF:g} of the steps"), what, both, effect
     return judge
 
 
 def _time_equal(aggs, r, name, other):
     iv = paired(aggs, name, other, median_step_s, ratio=True)
     return (verdict_within(iv, 0.9, 1.1), f"median s/step (evaluation excluded) `{name}` / `{other}`: "
-                                          f"{iv_text(iv, 2, '')} (band [0.9, 1.1])", seeds_of(iv))
+                                          f"{iv_text(iv, 2, '')} (band [0.9, 1.1])", seeds_of(iv),
+            f"ratio {brief(iv, 2, '')}")
 
 
 def _ra_no_success(aggs, r, ra, rloo):
@@ -138,7 +182,8 @@ def _ra_no_success(aggs, r, ra, rloo):
     post = over_seeds(aggs, ra, summary_of("ra_no_success_frac_post"))
     base = over_seeds(aggs, rloo, summary_of("ra_no_success_frac_post"))
     return (verdict_within(post, -math.inf, 0.05), f"mean over steps after the splice {iv_text(post, sign='')} "
-            f"({seeds_of(post)} seeds log it); RLOO (no splice) {iv_text(base, sign='')}", seeds_of(post))
+            f"({seeds_of(post)} seeds log it); RLOO (no splice) {iv_text(base, sign='')}", seeds_of(post),
+            brief(post, sign=''))
 
 
 def _ra_zero_var(aggs, r, ra, rloo):
@@ -149,7 +194,8 @@ def _ra_zero_var(aggs, r, ra, rloo):
     return (verdict_within(post, -math.inf, 0.05),
             f"mean over steps after the splice {iv_text(post, sign='')} (last quarter {iv_text(late, sign='')}); "
             f"fresh groups before it {iv_text(fresh, sign='')}; RLOO's fresh groups {iv_text(base, sign='')}. The "
-            "splice fires only in groups without a fresh success: all-pass groups remain", seeds_of(post))
+            "splice fires only in groups without a fresh success: all-pass groups remain", seeds_of(post),
+            brief(post, sign=''))
 
 
 def _spread(aggs, r, name, other):
@@ -157,10 +203,11 @@ def _spread(aggs, r, name, other):
     ratio = std_ratio_interval(xs, ys)
     seeds = min(len(xs), len(ys))
     if ratio is None:
-        return INCONCLUSIVE, f"no spread in `{other}`'s {len(ys)} seeds", seeds
-    verdict = REPRODUCED if ratio[2] < 1 else NOT_REPRODUCED if ratio[1] > 1 else INCONCLUSIVE
+        return INCONCLUSIVE, f"no spread in `{other}`'s {len(ys)} seeds", seeds, "-"
+    verdict = REPRODUCED if ratio[2] < 1 else WORSE if ratio[1] > 1 else INCONCLUSIVE
+    effect = f"ratio {ratio[0]:.2f} [{ratio[1]:.2f}, {ratio[2]:.2f}]"
     return (verdict, f"std over seeds {statistics.stdev(xs):.4f} ({len(xs)} seeds) vs {statistics.stdev(ys):.4f} "
-                     f"({len(ys)}): ratio {ratio[0]:.2f} [{ratio[1]:.2f}, {ratio[2]:.2f}]", seeds)
+                     f"({len(ys)}): {effect}", seeds, effect)
 
 
 def _ps_rate(aggs, r, name):
@@ -170,14 +217,14 @@ def _ps_rate(aggs, r, name):
     text = (f"`ps_prefix_pass_rate` adaptive {iv_text(rate, sign='')} (last quarter {iv_text(late, sign='')}); "
             "fixed ratios ") + (iv_text(over_seeds(aggs, fixed, summary_of("ps_prefix_pass_rate")), sign='') if fixed
                                 else f"no {r.label}-pool config")
-    return verdict_within(rate, 0.4, 0.6), text, seeds_of(rate)
+    return verdict_within(rate, 0.4, 0.6), text, seeds_of(rate), brief(rate, sign='')
 
 
 def _ps_groups(aggs, r, name, base):
     iv = paired(aggs, name, base, summary_of("ps_trained_groups"))
     ref = over_seeds(aggs, base, summary_of("ps_trained_groups"))
-    return (verdict_greater(iv, 1.0), f"`ps_trained_groups` per step, difference {iv_text(iv, 2)} (baseline "
-                                      f"{iv_text(ref, 2, '')})", seeds_of(iv))
+    return (verdict_greater(iv, 1.0, "1 group"), f"`ps_trained_groups` per step, difference {iv_text(iv, 2)} "
+            f"(baseline {iv_text(ref, 2, '')})", seeds_of(iv), brief(iv, 2, unit=" groups"))
 
 
 def _ada_matches(aggs, r, balance, n16):
@@ -186,7 +233,7 @@ def _ada_matches(aggs, r, balance, n16):
     return (verdict_not_below(iv, TARGET_HALF),
             f"final pass@1 `{balance}` - `{n16}`: {iv_text(iv, target=TARGET_HALF)}; the update trains on 4 vs 16 "
             "samples per prompt (measured training s/step: "
-            + ", ".join(f"{n} {fmt(v, 2)}" for n, v in train.items()) + ")", seeds_of(iv))
+            + ", ".join(f"{n} {fmt(v, 2)}" for n, v in train.items()) + ")", seeds_of(iv), brief(iv))
 
 
 def _allocation(high: str, low: str):
@@ -200,7 +247,7 @@ def _allocation(high: str, low: str):
     def judge(aggs, r, name):
         iv = over_seeds(aggs, name, gap)
         if iv is None:
-            return "inconclusive (not logged)", "no per-difficulty metric (`ada_samples_per_prompt_<level>`)", 0
+            return "inconclusive (not logged)", "no per-difficulty metric (`ada_samples_per_prompt_<level>`)", 0, "-"
         per = {level: over_seeds(aggs, name, fn) for level, fn in parts.items()}
         spp = {part: over_seeds(aggs, name, summary_of("ada_samples_per_prompt_mean", part))
                for part in ("early", "late")}
@@ -208,7 +255,8 @@ def _allocation(high: str, low: str):
                    + ", ".join(f"{lv} {iv_text(v, 1, '')}" for lv, v in per.items())
                    + f"; all prompts {iv_text(spp['early'], 1, '')} (first quarter) → "
                    f"{iv_text(spp['late'], 1, '')} (last)")
-        return verdict_greater(iv, 1.0), f"{high} - {low} samples per prompt {iv_text(iv, 2)}; {context}", iv.n
+        return (verdict_greater(iv, 1.0, "1 sample"), f"{high} - {low} samples per prompt {iv_text(iv, 2)}; {context}",
+                iv.n, brief(iv, 2, unit=" samples"))
     return judge
 
 
@@ -220,7 +268,8 @@ def _calib_falls(aggs, r, name):
     excess = [over_seeds(aggs, name, summary_of("pros_calib_excess", part)) for part in ("early", "late")]
     if excess[0] is not None:  # the error above its sampling floor (see the mechanism tables)
         text += f"; `pros_calib_excess` {iv_text(excess[0])} → {iv_text(excess[1])} ({excess[0].n} seeds log it)"
-    return (verdict_greater(iv, 0.0) if iv else "inconclusive (not logged)"), text, seeds_of(iv)
+    return ((verdict_greater(iv, 0.0) if iv else "inconclusive (not logged)"), text, seeds_of(iv),
+            f"fall {brief(iv)}")
 
 
 @dataclass(frozen=True)
@@ -228,7 +277,7 @@ class ClaimSpec:
     paper: str
     claim: str
     configs: tuple[str, ...]  # 256-pool names: each regime judges their twins
-    judge: Callable[..., tuple[str, str, int]]
+    judge: Callable[..., tuple[str, str, int, str]]
 
 
 def _label(name: str) -> str:
@@ -250,7 +299,7 @@ CLAIMS: tuple[ClaimSpec, ...] = (
     ClaimSpec(RA_PAPER, "RA-RLOO beats RLOO (final held-out pass@1)", ("ra_rloo", "rloo"), _beats()),
     ClaimSpec(RA_PAPER, "RA-RLOO beats RLOO on the paper's metric (pass@4 of 8 samples at T 0.6, top-p 0.95, top-k "
               "20; the paper: +0.023, p ≈ 0.10 at 3 seeds)", ("ra_rloo", "rloo"),
-              _beats("paper4", "`eval_paper_pass@4`")),
+              _beats("paper4", "`eval_paper_pass@4`", paper_effect=0.023)),
     ClaimSpec(RA_PAPER, "Lower seed-to-seed spread of final pass@1 than RLOO", ("ra_rloo", "rloo"), _spread),
     # `ps_adaptive` is the paper's controller (one EMA), `ps_adaptive_reset` our variant (the EMA restarted)
     *(ClaimSpec(PS_PAPER, f"The adaptive controller ({which}) keeps the prefix-task pass rate near 0.5 (mean over "
@@ -310,9 +359,9 @@ def claim_rows(aggs: dict[str, Agg], regime: Regime = POOL256) -> list[Claim]:
             out.append(Claim(spec.paper, spec.claim, f"no {regime.label}-pool config",
                              f"benchmarks/run.py has no {regime.label}-pool config for {missing}", regime.label))
             continue
-        verdict, measured, seeds = spec.judge(aggs, regime, *names)
+        verdict, measured, seeds, effect = spec.judge(aggs, regime, *names)
         if seeds < 2:
-            verdict, measured = pending(seeds), "; ".join(_seeds_text(aggs, n) for n in names)
-        out.append(Claim(spec.paper, spec.claim, verdict, measured, regime.label, names, seeds))
+            verdict, measured, effect = pending(seeds), "; ".join(_seeds_text(aggs, n) for n in names), "-"
+        out.append(Claim(spec.paper, spec.claim, verdict, measured, regime.label, names, seeds, effect))
     return out
 

@@ -8,8 +8,8 @@ import textwrap
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from benchmarks.report.claims import (ADA_PAPER, CLAIMS, PROS_PAPER, PS_PAPER, RA_PAPER, claim_rows, have_runs,
-                                      summary_of)
+from benchmarks.report.claims import (ADA_PAPER, CLAIMS, PROS_PAPER, PS_PAPER, RA_PAPER, RULES_LINK, claim_rows,
+                                      have_runs, summary_of)
 from benchmarks.report.commands import commands_text
 from benchmarks.report.curves import LEVELS, Agg, eval_curve, final_value, gap_cell, mech_value, run_summary
 from benchmarks.report.load import (POOL256, POOL2048, REGIMES, Regime, RunData, page_baseline, page_baselines,
@@ -96,7 +96,8 @@ def doc_claims(aggs: dict[str, Agg], r: Regime, configs: tuple[str, ...], papers
             and not c.verdict.startswith("no ")]  # a claim without this pool's configs: nothing to show
     if not rows:
         return ""
-    return ("| claim | verdict | measured |\n|---|---|---|\n"
+    return (f"Verdicts by the rules of [the results page](../{RULES_LINK}):\n\n| claim | verdict | measured |\n"
+            "|---|---|---|\n"
             + "\n".join(f"| {cell_text(c.claim)} | **{c.verdict}** | {cell_text(c.measured)} |" for c in rows) + "\n")
 
 
