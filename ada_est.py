@@ -50,7 +50,7 @@ from tqdm.auto import tqdm
 from common import checkpoint
 from common.args import BaseArgs, Range
 from common.cli import parse_args
-from common.data import PromptEncoder, PromptSampler, make_task
+from common.data import PromptEncoder, PromptSampler
 from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig
 from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
@@ -62,6 +62,7 @@ from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate
 from common.output_dir import claim_output_dir
 from common.policy import DTYPES, autocast, load_policy
 from common.summary import run_summary
+from common.task import make_task
 
 
 @dataclass
@@ -92,7 +93,7 @@ class Args(BaseArgs):
     groups)"""
     positive_threshold: Annotated[float, Range(None, 1, hi_open=True)] = 0.7
     """[EST] a response counts as a success k_t for the estimator when its training reward (in [0, 1]) > this"""
-    success_reward: Optional[float] = None
+    success_reward: Annotated[Optional[float], Range()] = None
     """a response succeeds (the successes k_t of its Beta counts, pass rates) when its total training reward >= this
     (default: unset, --positive_threshold's rule)"""
     eps_low: Annotated[float, Range(0, 1, hi_open=True)] = 0.2

@@ -107,7 +107,7 @@ from common import checkpoint
 from common.advantages import zero_variance
 from common.args import BaseArgs, Range
 from common.cli import parse_args
-from common.data import PromptEncoder, PromptSampler, Scored, make_task
+from common.data import PromptEncoder, PromptSampler, Scored
 from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig
 from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
@@ -119,6 +119,7 @@ from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate
 from common.output_dir import claim_output_dir
 from common.policy import DTYPES, autocast, load_policy
 from common.summary import run_summary
+from common.task import make_task
 
 
 @dataclass
@@ -144,7 +145,7 @@ class Args(BaseArgs):
     """divide advantages by the std of the prompt's pool (eq. 2). Default (unset): true for GRPO-n (`--max_rounds 1`,
     eq. 2; false there = Dr. GRPO-n), false for Reinforce-Ada (`--max_rounds` > 1: A = r - mean(pool), Alg. 2 line
     19, as the authors' run script); the value used is written to args.json"""
-    success_reward: Optional[float] = None
+    success_reward: Annotated[Optional[float], Range()] = None
     """a response succeeds (exits, downsampling, pass rates) when its total training reward >= this (default: unset,
     --positive_threshold's rule)"""
     unfinished_downsample: Literal["balanced", "pass_ratio"] = "balanced"

@@ -40,7 +40,7 @@ from common import checkpoint
 from common.advantages import gae_advantages, grpo_advantages, masked_whiten, zero_variance
 from common.args import BaseArgs, Range
 from common.cli import parse_args
-from common.data import PromptEncoder, PromptSampler, make_task
+from common.data import PromptEncoder, PromptSampler
 from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig
 from common.gibbs import calibration_excess, gibbs_sweeps, update_counts
@@ -53,6 +53,7 @@ from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate
 from common.output_dir import claim_output_dir
 from common.policy import DTYPES, autocast, load_policy
 from common.summary import run_summary
+from common.task import make_task
 
 
 @dataclass
@@ -85,7 +86,7 @@ class Args(BaseArgs):
     """critic backbone; default (None): a copy of the policy's backbone + a zero-initialised scalar head"""
     kl_coef: Annotated[float, Range(0, zero="off, no reference model")] = 0.0
     """per-token k3 KL penalty to the initial policy, added to the policy loss"""
-    success_reward: float = 1.0
+    success_reward: Annotated[float, Range()] = 1.0
     """a rollout is correct (a PROS success and a prefix source) when its total training reward >= this (default 1.0)"""
     pros: Literal["bayes", "random", "off"] = "bayes"
     """[PROS] bayes: prefix reuse + hierarchical Bayesian selection (paper); random: uniform selection; off: no PROS"""

@@ -61,7 +61,7 @@ from common import checkpoint
 from common.advantages import grpo_advantages, zero_variance
 from common.args import BaseArgs, Range
 from common.cli import parse_args
-from common.data import PromptEncoder, PromptSampler, Scored, make_task
+from common.data import PromptEncoder, PromptSampler, Scored
 from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.episode import Episode
 from common.generation import HFGenerator, SamplingConfig
@@ -74,6 +74,7 @@ from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate
 from common.output_dir import claim_output_dir
 from common.policy import autocast, load_policy
 from common.summary import run_summary
+from common.task import make_task
 
 CATEGORIES = ("hard", "easy")  # [PS] too-hard tasks replay a success, too-easy tasks a failure
 ROUTES = ("all_fail", "all_pass", "normal", "too_hard", "too_easy")
@@ -114,7 +115,7 @@ class Args(BaseArgs):
     """[PS] pass rate below this (with at least one success) is too-hard"""
     high: Annotated[float, Range(0, 1, lo_open=True, hi_open=True)] = 0.7
     """[PS] pass rate above this (with at least one failure) is too-easy"""
-    success_reward: float = 1.0
+    success_reward: Annotated[float, Range()] = 1.0
     """a rollout succeeds (routing, prefix sources, pass rates) when its total training reward >= this (default 1.0)"""
     remaining_ratio: Annotated[float, Range(0, 1)] = 0.25
     """[PS] too-hard: replay T - min(int(T * remaining_ratio), remaining_cap) steps of a success (--adaptive: start)"""
@@ -156,8 +157,8 @@ class Args(BaseArgs):
         if self.multiturn:
             if self.dataset != "countdown":
                 raise SystemExit(f"--mode multiturn needs --dataset countdown, got {self.dataset}: use --mode text")
-            if self.reward != "binary":
-                raise SystemExit(f"--reward {self.reward}: the multi-turn environment's reward is binary")
+            if self.reward != "binary" or self.reward_funcs or self.eval_reward_funcs:  # they apply to --mode text
+                raise SystemExit("--reward / --reward_funcs: the multi-turn environment keeps its own binary reward")
         elif self.env_numbers:
             raise SystemExit(f"--env_numbers {self.env_numbers}: applies to --mode multiturn only")
 
@@ -406,8 +407,6 @@ def main(args: Args) -> None:
 
         train, held_out = make_env_task(args.env_numbers, args.env_max_number, args.eval_prompts, args.prompt_pool)
         text_task, encode = None, PromptEncoder(tokenizer, templated=False)  # prompts: the reset observations
-        if args.reward_funcs or args.eval_reward_funcs:
-            raise SystemExit("--reward_funcs / --eval_reward_funcs apply to --mode text: the environment scores itself")
     else:  # Countdown's single-turn text form or a dataset; --reward_funcs: yours (docs/custom_task.md)
         text_task = make_task(args, tokenizer, log)
     if text_task is not None:

@@ -224,26 +224,6 @@ def hf_task(args, tokenizer, log=print) -> Task:
     return Task(train, evals, fn, fn, args.dataset, templated=bool(chat), prompt_column=args.prompt_column)
 
 
-def make_task(args, tokenizer, log=print) -> Task:
-    """The run's task: the embedded Countdown task or a real dataset; with --reward_funcs / --eval_reward_funcs
-    their functions (common/rewards.py, imported only then) score it instead of the built-in rewards."""
-    if args.dataset == "countdown":  # the embedded demo task, imported only here
-        from common.countdown import countdown_task
-
-        task = countdown_task(args.reward, args.eval_prompts, args.prompt_pool)
-    else:
-        task = hf_task(args, tokenizer, log)
-    task.success_reward = 1.0 if args.success_reward is None else args.success_reward
-    task.warn, task.max_new_tokens = log, args.max_new_tokens
-    if args.reward_funcs or args.eval_reward_funcs:
-        from common.rewards import RewardFuncs
-
-        task.reward_funcs = RewardFuncs(args.reward_funcs, args.reward_weights) if args.reward_funcs else None
-        task.eval_reward_funcs = RewardFuncs(args.eval_reward_funcs, None, "--eval_reward_funcs") \
-            if args.eval_reward_funcs else task.reward_funcs
-    return task
-
-
 class PromptEncoder:
     """Token ids of a prompt text, cached (prompts recur across epochs). Special tokens (BOS) are added
     unless the chat template already put them in the text."""
