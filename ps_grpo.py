@@ -158,7 +158,7 @@ class Args(BaseArgs):
             if self.dataset != "countdown":
                 raise SystemExit(f"--mode multiturn needs --dataset countdown, got {self.dataset}: use --mode text")
             if self.reward != "binary" or self.reward_funcs or self.eval_reward_funcs:  # they apply to --mode text
-                raise SystemExit("--reward / --reward_funcs: the multi-turn environment keeps its own binary reward")
+                raise SystemExit(f"--reward {self.reward} / --reward_funcs: multi-turn keeps its binary reward")
         elif self.env_numbers:
             raise SystemExit(f"--env_numbers {self.env_numbers}: applies to --mode multiturn only")
 
