@@ -108,6 +108,7 @@ class Task:
         return [value >= self.success_reward and not cut for value, cut in zip(total, truncated)]
 
 
+LOCAL = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}  # local files and their loaders
 MATH_SUFFIX = " Please reason step by step, and put your final answer within \\boxed{}."
 
 
@@ -132,12 +133,12 @@ def _load_split(name: str, config, split: str, flag: str, required: bool):
     import datasets
 
     path = Path(name)
-    if path.suffix in (".json", ".jsonl", ".parquet", ".csv"):
+    if path.suffix in LOCAL:
         if not path.exists():
             raise SystemExit(f"{flag} {name}: file not found")
         if path.suffix == ".jsonl":
             _check_jsonl(path)
-        kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}[path.suffix]
+        kind = LOCAL[path.suffix]
         try:
             return datasets.load_dataset(kind, data_files=str(path), split="train")
         except Exception as error:  # noqa: BLE001 - a damaged file: one line, not the library's traceback chain
@@ -156,7 +157,7 @@ def hf_task(args, tokenizer, log=print) -> Task:
 
     if args.reward != "binary":
         raise SystemExit(f"--reward {args.reward} is defined for the Countdown task only; use --reward binary")
-    single_file = Path(args.dataset).suffix in (".json", ".jsonl", ".parquet", ".csv")
+    single_file = Path(args.dataset).suffix in LOCAL
     train_ds = _load_split(args.dataset, args.dataset_config, args.train_split, "--dataset", True)
     if args.eval_dataset:
         eval_ds = _load_split(args.eval_dataset, args.dataset_config, args.eval_split or "test", "--eval_dataset",
@@ -209,7 +210,8 @@ def hf_task(args, tokenizer, log=print) -> Task:
     train = to_examples(train_ds, args.dataset)
     if eval_ds is not None:
         evals = to_examples(eval_ds, args.eval_dataset or args.dataset)[: args.eval_prompts]
-        source = f"{args.eval_dataset or args.dataset} split {args.eval_split or 'test'}"
+        name = args.eval_dataset or args.dataset
+        source = name if Path(name).suffix in LOCAL else f"{name} split {args.eval_split or 'test'}"
     else:  # hold out the last rows, deterministically, and keep them out of training
         n_hold = min(args.eval_prompts, len(train) // 5)  # at most a fifth of a small file
         evals = [Example(i, e.prompt, e.answer, columns=e.columns) for i, e in enumerate(train[len(train) - n_hold:])]

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import run_main
+from conftest import ROOT, run_main
 
 SCRIPTS = ["ra_rloo.py", "pros_ppo.py", "ps_grpo.py", "ada_seq.py", "ada_est.py"]
 TINY = ["--max_steps", "2", "--eval_every", "0", "--eval_prompts", "2", "--eval_samples", "2",
@@ -161,3 +161,51 @@ def test_a_raising_function_stops_the_run_and_the_checkpoint_before_resumes(chat
     rows, _ = _run("ra_rloo.py", chat_base, out, "text.jsonl", ["fixed"], "1", "--resume", "auto")
     assert [row["step"] for row in rows] == [0, 1, 2] and rows[-1]["reward/fixed_mean"] == pytest.approx(0.3)
     assert "resumed from" in capsys.readouterr().out
+
+
+def test_split_line_truncation_warning_and_a_separate_evaluation_file(chat_base, tmp_path, capsys):
+    # every completion cut at 3 tokens: the warning names the flag, once; the held-out prompts come from the file
+    rows = [json.loads(line) for line in (chat_base / "text.jsonl").read_text().splitlines()]
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows[:3]))
+    _run("ra_rloo.py", chat_base, tmp_path / "run", "text.jsonl", ["fixed"], "1", "--max_new_tokens", "3",
+         "--eval_dataset", str(tmp_path / "eval.jsonl"))
+    out = capsys.readouterr().out
+    split = f"40 training prompts from {chat_base / 'text.jsonl'}; 2 held-out prompts from {tmp_path / 'eval.jsonl'}"
+    assert split + "\n" in out
+    assert out.count("completions hit --max_new_tokens 3") == 1
+
+
+def test_a_damaged_jsonl_line_is_named(tmp_path):
+    from common.args import BaseArgs
+    from common.data import hf_task
+
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"question": "a", "answer": "1"}\n{"question": "b", "answer": "2"}\n{"question": "c", "ans\n')
+    with pytest.raises(SystemExit, match=r"d.jsonl line 3: not valid JSON"):
+        hf_task(BaseArgs(dataset=str(path)), None)
+    path.write_text('{"question": "a", "answer": "1"}\n[1, 2]\n')
+    with pytest.raises(SystemExit, match=r"d.jsonl line 2: a row must be a JSON object, got list"):
+        hf_task(BaseArgs(dataset=str(path)), None)
+
+
+def test_the_worked_example(random_model_dir):
+    # examples/: the message-format .jsonl loads (through a chat template) and its two functions score it
+    from transformers import AutoTokenizer
+
+    from common.args import BaseArgs
+    from common.data import hf_task
+    from common.rewards import RewardFuncs, call_reward_funcs
+
+    tok = AutoTokenizer.from_pretrained(random_model_dir)
+    tok.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+    funcs = "examples/gsm8k_rewards.py:format_reward,examples/gsm8k_rewards.py:correctness_reward"
+    args = BaseArgs(dataset=str(ROOT / "examples" / "gsm8k_chat.jsonl"), prompt_column="prompt", eval_prompts=2,
+                    reward_funcs=funcs)
+    task = hf_task(args, tok)
+    assert task.train[0].prompt.startswith("system: Solve") and task.train[0].prompt.endswith("assistant:")
+    examples = [task.train[0], task.train[0], task.eval[-1]]  # the last row has no gold answer
+    texts = ["12 * 5 = 60\nAnswer: 60", "Answer: 61", "Answer: 12"]
+    with_root = RewardFuncs(",".join(f"{ROOT / spec}" for spec in funcs.split(",")), "0.2,1")
+    total, values = call_reward_funcs(with_root, texts, [e.columns for e in examples], [[1]] * 3, "prompt", 1)
+    assert values == {"format_reward": [1.0, 1.0, 1.0], "correctness_reward": [1.0, 0.0, None]}
+    assert total == pytest.approx([1.2, 0.2, 0.2])
