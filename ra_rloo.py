@@ -423,8 +423,8 @@ def main(args: Args) -> None:
             sample_log.log(step, [{"kind": kinds[i], "prompt": tokenizer.decode(flat_prompts[i]),
                                    "completion": tokenizer.decode(completions[i]), "reward": rewards.view(-1)[i].item(),
                                    "advantage": advantages[i].item(), "truncated": bool(truncated[i] & ~replayed[i]),
-                                   **({"is_weight": is_weights[i].item()} if kinds[i] == "replayed" else {}),
-                                   **scored.columns(i)}
+                                   **({"is_weight": is_weights[i].item()} if kinds[i] == "replayed" else
+                                      scored.columns(i))}
                                   for i in sample_log.pick(kinds)])
         if evaluating:
             row.update(run_eval())
