@@ -422,7 +422,7 @@ def main(args: Args) -> None:
 
         # ================ sample + verify: [ADA] rounds of M for the still-active prompts (Alg. 2 lines 3-12) ====
         responses: list[list[tuple]] = [[] for _ in examples]  # per prompt: (ids, sampling logprobs, truncated)
-        round_scores = []  # each round's rewards, for the per-function metrics
+        round_scores, reward_columns = [], [[] for _ in examples]  # --reward_funcs: per-function values
 
         def sample_round(active: list[int], m: int) -> list[list[float]]:
             gens = generator.generate([prompts[i] for i in active], m, sampling)
@@ -436,6 +436,7 @@ def main(args: Args) -> None:
                 responses[i].extend((list(gens.completion_ids[g]), list(gens.logprobs[g]),
                                      gens.finish_reasons[g] == "length") for g in rows)
                 out.append([scored.total[g] for g in rows])
+                reward_columns[i].extend(scored.columns(g) for g in rows)
             return out
 
         done = lambda rs: exit_reached(rs, args.exit_condition, k_pos, k_neg, threshold)  # noqa: E731
@@ -459,6 +460,7 @@ def main(args: Args) -> None:
                     examples += new
                     prompts += [encode(example.prompt) for example in new]
                     responses += [[] for _ in new]
+                    reward_columns += [[] for _ in new]
                     origin += [dapo_rounds] * len(new)
                     refill = sample_round(list(range(first, len(examples))), args.round_repeat)
                     pools += refill
@@ -469,7 +471,7 @@ def main(args: Args) -> None:
 
         # ================ [ADA] downsample every pool to n; advantages from the whole pool (Alg. 2 l. 14-20) =======
         flat_prompts, completions, old_logps, adv_list, kept_rewards = [], [], [], [], []
-        truncs, group_of = [], []  # per kept response: cut by max_new_tokens; its prompt's index
+        truncs, group_of, kept_columns = [], [], []  # per kept response: cut; its prompt's index; function values
         for i in train_ids:
             pool = pools[i]
             rule = "balanced" if exit_rounds[i] is not None else args.unfinished_downsample
@@ -483,6 +485,7 @@ def main(args: Args) -> None:
                 old_logps.append(responses[i][j][1])
                 truncs.append(responses[i][j][2])
                 group_of.append(i)
+                kept_columns.append(reward_columns[i][j])
         advantages = torch.tensor(adv_list, dtype=torch.float32, device=device)
         kept_zero_var = zero_variance(torch.tensor(kept_rewards).view(-1, n)).tolist() if kept_rewards else []
         # --mask_truncated_completions: kept responses cut by max_new_tokens get no gradient
@@ -600,7 +603,7 @@ def main(args: Args) -> None:
             sample_log.log(step, [{"kind": kinds[k], "prompt": tokenizer.decode(flat_prompts[k]),
                                    "completion": tokenizer.decode(completions[k]), "reward": flat_rewards[k],
                                    "advantage": adv_list[k], "truncated": truncs[k],
-                                   "ada_pool_size": len(pools[g]), "ada_exit_round": exit_rounds[g]}
+                                   "ada_pool_size": len(pools[g]), "ada_exit_round": exit_rounds[g], **kept_columns[k]}
                                   for k in sample_log.pick(kinds) for g in (group_of[k],)])
         if evaluating:
             row.update(run_eval())

@@ -97,8 +97,8 @@ def test_two_reward_funcs_route_by_success_reward(chat_base, tmp_path, script):
     assert uncut > 0.5 and last["reward_mean"] == pytest.approx(0.6 * uncut)
     assert last["pass_rate"] == pytest.approx(uncut) and last["reward/fixed_mean"] == pytest.approx(0.3)
     assert last["reward/none_or_zero_mean"] == 0.0 and last["time_reward_s"] >= 0.0
-    assert script == "ada_seq.py" or any(s["reward/none_or_zero"] is None for s in samples)
-    assert script == "ada_seq.py" or _check_totals(rows, samples, ["fixed", "none_or_zero"], [2.0, 1.0]) > 0
+    assert any(s["reward/none_or_zero"] is None for s in samples)
+    assert _check_totals(rows, samples, ["fixed", "none_or_zero"], [2.0, 1.0]) > 0
     if script == "ps_grpo.py":  # [PS] every task of the step passes all N: 100% routing
         assert last["ps_route_all_pass"] == 4 and last["ps_route_normal"] == 0
     elif script == "ra_rloo.py":  # [RA-RLOO] every prompt's successes enter its buffer; no group needs a replay
@@ -115,7 +115,7 @@ def test_two_reward_funcs_route_by_success_reward(chat_base, tmp_path, script):
 def test_message_prompts_and_weighted_totals(chat_base, tmp_path, script):
     rows, samples = _run(script, chat_base, tmp_path / "chat", "chat.jsonl", ["fixed", "chat_length"], "1,0.5")
     assert all(math.isfinite(row["reward_mean"]) for row in rows[1:])
-    assert script == "ada_seq.py" or _check_totals(rows, samples, ["fixed", "chat_length"], [1.0, 0.5]) > 0
+    assert _check_totals(rows, samples, ["fixed", "chat_length"], [1.0, 0.5]) > 0
     if script in ("ps_grpo.py", "pros_ppo.py", "ada_est.py"):  # samples.jsonl holds every rollout of the step
         values = [s["reward/chat_length"] for s in samples if s["step"] == 2]
         assert None in values  # not applicable: left out of the total and of the mean
