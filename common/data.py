@@ -95,7 +95,7 @@ class Task:
             total, values = [0.0 if truncated[i] else self.reward_fn(text, examples[i])
                              for i, text in enumerate(texts)], {}
         else:
-            total, values = self._call(self.reward_funcs, texts, examples, completion_ids, step)
+            total, values = self._call(self.reward_funcs, texts, examples, completion_ids, f"step {step}")
             total = [0.0 if truncated[i] else value for i, value in enumerate(total)]
         return Scored(total, values, time.time() - start)
 
@@ -104,7 +104,7 @@ class Task:
         sample cut by max_new_tokens never passes)."""
         if self.eval_reward_funcs is None:
             return [self.eval_reward_fn(text, example) >= 1.0 for text, example in zip(texts, examples)]
-        total, _ = self._call(self.eval_reward_funcs, texts, examples, completion_ids, "eval")
+        total, _ = self._call(self.eval_reward_funcs, texts, examples, completion_ids, "the evaluation")
         return [value >= self.success_reward and not cut for value, cut in zip(total, truncated)]
 
 

@@ -74,7 +74,8 @@ class RewardFuncs:
                     **{key: [column[i] for i in rows] for key, column in columns.items()})
 
     def __call__(self, prompts: list, completions: list, completion_ids: list, columns: dict[str, list],
-                 step) -> tuple[list[float], dict[str, list]]:
+                 step: str) -> tuple[list[float], dict[str, list]]:
+        """`step` names the call in error messages ("step 3", "the evaluation")."""
         n = len(completions)
         values = {}
         for name, func in zip(self.names, self.funcs):
@@ -84,7 +85,7 @@ class RewardFuncs:
                 index = next((i for i in range(n) if _raises(lambda: self._call(func, prompts, completions,
                                                                                completion_ids, columns, [i]))), None)
                 where = "on the batch" if index is None else f"on completion {index}"
-                raise SystemExit(f"reward function {name} raised at step {step} {where}: "
+                raise SystemExit(f"reward function {name} raised at {step} {where}: "
                                  f"{type(error).__name__}: {error}") from None
             values[name] = _check(out, n, name, step)
         totals = [sum(weight * values[name][i] for name, weight in zip(self.names, self.weights)
@@ -105,23 +106,23 @@ def _check(out, n: int, name: str, step) -> list:
     try:
         out = list(out)
     except TypeError:
-        raise SystemExit(f"reward function {name} at step {step}: returned {type(out).__name__}, not a list of "
+        raise SystemExit(f"reward function {name} at {step}: returned {type(out).__name__}, not a list of "
                          f"{n} numbers") from None
     if len(out) != n:
-        raise SystemExit(f"reward function {name} at step {step}: returned {len(out)} values for {n} completions")
+        raise SystemExit(f"reward function {name} at {step}: returned {len(out)} values for {n} completions")
     clean = []
     for index, value in enumerate(out):
         if value is not None and not isinstance(value, numbers.Real):
-            raise SystemExit(f"reward function {name} at step {step}: value {index} is {value!r}, not a number "
+            raise SystemExit(f"reward function {name} at {step}: value {index} is {value!r}, not a number "
                              "or None")
         if value is not None and not math.isfinite(value):
-            raise SystemExit(f"reward function {name} at step {step}: value {index} is {value}, not finite")
+            raise SystemExit(f"reward function {name} at {step}: value {index} is {value}, not finite")
         clean.append(None if value is None else float(value))
     return clean
 
 
 def call_reward_funcs(funcs: RewardFuncs, texts: list[str], rows: list[dict], completion_ids: list,
-                      prompt_column: str, step) -> tuple[list[float], dict[str, list]]:
+                      prompt_column: str, step: str) -> tuple[list[float], dict[str, list]]:
     """`funcs` on completions `texts` (`rows[i]`: the dataset row of completion i's prompt) with TRL's keywords:
     the prompt column as `prompts`, completions as text or, for message prompts, as one assistant message."""
     prompts = [row.get(prompt_column) for row in rows]

@@ -139,7 +139,7 @@ def test_bad_reward_functions_get_one_line(tmp_path):
     with pytest.raises(SystemExit, match="--reward_weights '1,2': expected 1 finite numbers"):
         RewardFuncs(f"{f}:fixed", "1,2")
 
-    def score(body, n=4, step=3):
+    def score(body, n=4, step="step 3"):
         (tmp_path / "g.py").write_text(f"def g(completions, **kwargs):\n    {body}\n")
         sys.modules.pop("g", None)
         funcs = RewardFuncs(f"{tmp_path / 'g.py'}:g")
