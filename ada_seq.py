@@ -146,7 +146,7 @@ class Args(BaseArgs):
     eq. 2; false there = Dr. GRPO-n), false for Reinforce-Ada (`--max_rounds` > 1: A = r - mean(pool), Alg. 2 line
     19, as the authors' run script); the value used is written to args.json"""
     success_reward: Annotated[Optional[float], Range()] = None
-    """a response succeeds (exits, downsampling, pass rates) when its total training reward >= this (default: unset,
+    """a response succeeds (exits, downsampling, pass rates) when its total training reward >= this (unset:
     --positive_threshold's rule)"""
     unfinished_downsample: Literal["balanced", "pass_ratio"] = "balanced"
     """[ADA] prompts still active after the last round: the balanced rule of Alg. 2 line 18 (as finished ones), or

@@ -87,7 +87,7 @@ class Args(BaseArgs):
     kl_coef: Annotated[float, Range(0, zero="off, no reference model")] = 0.0
     """per-token k3 KL penalty to the initial policy, added to the policy loss"""
     success_reward: Annotated[float, Range()] = 1.0
-    """a rollout is correct (a PROS success and a prefix source) when its total training reward >= this (default 1.0)"""
+    """a rollout is correct (a PROS success and a prefix source) when its total training reward >= this"""
     pros: Literal["bayes", "random", "off"] = "bayes"
     """[PROS] bayes: prefix reuse + hierarchical Bayesian selection (paper); random: uniform selection; off: no PROS"""
     select_by: Literal["draw", "mean"] = "draw"
