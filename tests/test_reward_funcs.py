@@ -138,6 +138,11 @@ def test_bad_reward_functions_get_one_line(tmp_path):
             RewardFuncs(spec)
     with pytest.raises(SystemExit, match="--reward_weights '1,2': expected 1 finite numbers"):
         RewardFuncs(f"{f}:fixed", "1,2")
+    from common.cli import parse_args
+    from ps_grpo import Args
+
+    with pytest.raises(SystemExit, match="--reward_funcs: multi-turn keeps its binary reward"):
+        parse_args(Args, ["--reward_funcs", f"{f}:fixed"])  # the embedded task's default mode: multi-turn
 
     def score(body, n=4, step="step 3"):
         (tmp_path / "g.py").write_text(f"def g(completions, **kwargs):\n    {body}\n")
@@ -194,7 +199,7 @@ def test_a_damaged_jsonl_line_is_named(tmp_path):
         hf_task(BaseArgs(dataset=str(path)), None)
 
 
-def test_the_worked_example(random_model_dir):
+def test_the_worked_example(random_model_dir, tmp_path):
     # examples/: the message-format .jsonl loads (through a chat template) and its two functions score it
     from transformers import AutoTokenizer
 
@@ -215,3 +220,11 @@ def test_the_worked_example(random_model_dir):
     total, values = call_reward_funcs(with_root, texts, [e.columns for e in examples], [[1]] * 3, "prompt", 1)
     assert values == {"format_reward": [1.0, 1.0, 1.0], "correctness_reward": [1.0, 0.0, None]}
     assert total == pytest.approx([1.2, 0.2, 0.2])
+    # --system_prompt goes before text prompts; message prompts without a chat template: one line
+    text = tmp_path / "text.jsonl"
+    text.write_text("".join(json.dumps({"question": f"What is {i}?", "answer": str(i)}) + "\n" for i in range(10)))
+    task = hf_task(BaseArgs(dataset=str(text), system_prompt="Be brief.", eval_prompts=2), tok)
+    assert task.train[0].prompt.startswith("system: Be brief.\nuser: What is 0? Please reason step by step")
+    tok.chat_template = None
+    with pytest.raises(SystemExit, match="row 0: a message-format prompt needs a chat template"):
+        hf_task(args, tok)
