@@ -422,7 +422,8 @@ def main(args: Args) -> None:
 
         # ================ sample + verify: [ADA] rounds of M for the still-active prompts (Alg. 2 lines 3-12) ====
         responses: list[list[tuple]] = [[] for _ in examples]  # per prompt: (ids, sampling logprobs, truncated)
-        round_scores, reward_columns = [], [[] for _ in examples]  # --reward_funcs: per-function values
+        # each round's rewards (an empty batch first: every rank logs the same names); per-response function values
+        round_scores, reward_columns = [task.score([], [], [], [], step)], [[] for _ in examples]
 
         def sample_round(active: list[int], m: int) -> list[list[float]]:
             gens = generator.generate([prompts[i] for i in active], m, sampling)

@@ -94,6 +94,8 @@ class Task:
         if self.reward_funcs is None:
             total, values = [0.0 if truncated[i] else self.reward_fn(text, examples[i])
                              for i, text in enumerate(texts)], {}
+        elif not texts:  # nothing to score on this rank: the same metric names as the others', no call
+            total, values = [], {name: [] for name in self.reward_funcs.names}
         else:
             total, values = self._call(self.reward_funcs, texts, examples, completion_ids, f"step {step}")
             total = [0.0 if truncated[i] else value for i, value in enumerate(total)]
