@@ -132,8 +132,8 @@ def splice_replays(prompt_ids: list[int], completions: list[list[int]], rewards:
 
     A group needs it when `mode` is "always", or ("on_demand") when none of its fresh rollouts succeeded
     and its prompt's buffer is non-empty. The spliced slot gets reward 1 (or `success_reward` when higher, so that
-    it counts as a success). Returns log pi_old(y|x) of the
-    spliced responses as a [groups, K] tensor, NaN where nothing was spliced.
+    it counts as a success). Returns log pi_old(y|x) of the spliced responses as a [groups, K] tensor, NaN where
+    nothing was spliced.
     """
     k = rewards.shape[1]
     replay_logp_old = torch.full(rewards.shape, float("nan"))
