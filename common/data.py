@@ -97,7 +97,7 @@ class Task:
         elif not texts:  # nothing to score on this rank: the same metric names as the others', no call
             total, values = [], {name: [] for name in self.reward_funcs.names}
         else:
-            total, values = self._call(self.reward_funcs, texts, examples, completion_ids, f"step {step}")
+            total, values = self._call(self.reward_funcs, texts, examples, completion_ids, step)
             total = [0.0 if truncated[i] else value for i, value in enumerate(total)]
         return Scored(total, values, time.time() - start)
 
@@ -106,7 +106,7 @@ class Task:
         sample cut by max_new_tokens never passes)."""
         if self.eval_reward_funcs is None:
             return [self.eval_reward_fn(text, example) >= 1.0 for text, example in zip(texts, examples)]
-        total, _ = self._call(self.eval_reward_funcs, texts, examples, completion_ids, "the evaluation")
+        total, _ = self._call(self.eval_reward_funcs, texts, examples, completion_ids, None)
         return [value >= self.success_reward and not cut for value, cut in zip(total, truncated)]
 
 

@@ -11,8 +11,10 @@ import math
 import numbers
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
-TRL_KEYWORDS = ("prompts", "completions", "completion_ids")  # a dataset column of these names is not passed
+# the keywords every call passes: a dataset column of one of these names is not passed
+TRL_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
 
 
 def _load_one(spec: str, flag: str):
@@ -68,29 +70,35 @@ class RewardFuncs:
             raise SystemExit(f"{flag}: two functions share the name {self.names} (metrics are logged per name)")
         self.weights = _parse_weights(weights, len(self.funcs), "--reward_weights")
 
-    def _call(self, func, prompts, completions, completion_ids, columns, rows):
+    def _call(self, func, prompts, completions, completion_ids, columns, rows, state):
         return func(prompts=[prompts[i] for i in rows], completions=[completions[i] for i in rows],
-                    completion_ids=[completion_ids[i] for i in rows],
-                    **{key: [column[i] for i in rows] for key, column in columns.items()})
+                    completion_ids=[completion_ids[i] for i in rows], trainer_state=state, log_extra=_ignored,
+                    log_metric=_ignored, **{key: [column[i] for i in rows] for key, column in columns.items()})
 
     def __call__(self, prompts: list, completions: list, completion_ids: list, columns: dict[str, list],
-                 step: str) -> tuple[list[float], dict[str, list]]:
-        """`step` names the call in error messages ("step 3", "the evaluation")."""
-        n = len(completions)
-        values = {}
+                 step: int | None) -> tuple[list[float], dict[str, list]]:
+        """`step`: the training step being scored, None for the evaluation (`trainer_state.global_step`: the updates
+        done before it, as TRL's)."""
+        n, values = len(completions), {}
+        state = SimpleNamespace(global_step=None if step is None else step - 1)
+        when = "the evaluation" if step is None else f"step {step}"
         for name, func in zip(self.names, self.funcs):
             try:
-                out = self._call(func, prompts, completions, completion_ids, columns, range(n))
+                out = self._call(func, prompts, completions, completion_ids, columns, range(n), state)
             except Exception as error:  # noqa: BLE001 - the user's code: find the completion it fails on
-                index = next((i for i in range(n) if _raises(lambda: self._call(func, prompts, completions,
-                                                                               completion_ids, columns, [i]))), None)
+                index = next((i for i in range(n) if _raises(lambda: self._call(
+                    func, prompts, completions, completion_ids, columns, [i], state))), None)
                 where = "on the batch" if index is None else f"on completion {index}"
-                raise SystemExit(f"reward function {name} raised at {step} {where}: "
+                raise SystemExit(f"reward function {name} raised at {when} {where}: "
                                  f"{type(error).__name__}: {error}") from None
-            values[name] = _check(out, n, name, step)
+            values[name] = _check(out, n, name, when)
         totals = [sum(weight * values[name][i] for name, weight in zip(self.names, self.weights)
                       if values[name][i] is not None) for i in range(n)]
         return totals, values
+
+
+def _ignored(*args, **kwargs) -> None:
+    """TRL's `log_extra` / `log_metric` callbacks: accepted, so that functions calling them run; nothing is logged."""
 
 
 def _raises(call) -> bool:
@@ -101,28 +109,28 @@ def _raises(call) -> bool:
     return False
 
 
-def _check(out, n: int, name: str, step) -> list:
+def _check(out, n: int, name: str, when: str) -> list:
     """The function's values as floats or None; one line naming the function and the index for anything else."""
     try:
         out = list(out)
     except TypeError:
-        raise SystemExit(f"reward function {name} at {step}: returned {type(out).__name__}, not a list of "
+        raise SystemExit(f"reward function {name} at {when}: returned {type(out).__name__}, not a list of "
                          f"{n} numbers") from None
     if len(out) != n:
-        raise SystemExit(f"reward function {name} at {step}: returned {len(out)} values for {n} completions")
+        raise SystemExit(f"reward function {name} at {when}: returned {len(out)} values for {n} completions")
     clean = []
     for index, value in enumerate(out):
         if value is not None and not isinstance(value, numbers.Real):
-            raise SystemExit(f"reward function {name} at {step}: value {index} is {value!r}, not a number "
+            raise SystemExit(f"reward function {name} at {when}: value {index} is {value!r}, not a number "
                              "or None")
         if value is not None and not math.isfinite(value):
-            raise SystemExit(f"reward function {name} at {step}: value {index} is {value}, not finite")
+            raise SystemExit(f"reward function {name} at {when}: value {index} is {value}, not finite")
         clean.append(None if value is None else float(value))
     return clean
 
 
 def call_reward_funcs(funcs: RewardFuncs, texts: list[str], rows: list[dict], completion_ids: list,
-                      prompt_column: str, step: str) -> tuple[list[float], dict[str, list]]:
+                      prompt_column: str, step: int | None) -> tuple[list[float], dict[str, list]]:
     """`funcs` on completions `texts` (`rows[i]`: the dataset row of completion i's prompt) with TRL's keywords:
     the prompt column as `prompts`, completions as text or, for message prompts, as one assistant message."""
     prompts = [row.get(prompt_column) for row in rows]

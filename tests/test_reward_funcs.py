@@ -144,7 +144,7 @@ def test_bad_reward_functions_get_one_line(tmp_path):
     with pytest.raises(SystemExit, match="--reward_funcs: multi-turn keeps its binary reward"):
         parse_args(Args, ["--reward_funcs", f"{f}:fixed"])  # the embedded task's default mode: multi-turn
 
-    def score(body, n=4, step="step 3"):
+    def score(body, n=4, step=3):
         (tmp_path / "g.py").write_text(f"def g(completions, **kwargs):\n    {body}\n")
         sys.modules.pop("g", None)
         funcs = RewardFuncs(f"{tmp_path / 'g.py'}:g")
@@ -152,6 +152,7 @@ def test_bad_reward_functions_get_one_line(tmp_path):
                                  "prompt", step)
 
     assert score("return [None, 1, 2.5, True]")[0] == [0.0, 1.0, 2.5, 1.0]
+    assert score("return [kwargs['trainer_state'].global_step] * 4")[0] == [2.0] * 4  # TRL's: updates done
     bad = [("return [1, 2]", "g at step 3: returned 2 values for 4 completions"),
            ("return [0, float('nan'), 0, 0]", "g at step 3: value 1 is nan, not finite"),
            ("return [0, 0, float('inf'), 0]", "g at step 3: value 2 is inf, not finite"),
