@@ -50,7 +50,7 @@ from tqdm.auto import tqdm
 from common import checkpoint
 from common.args import BaseArgs, Range
 from common.cli import parse_args
-from common.data import PromptEncoder, PromptSampler, hf_task
+from common.data import PromptEncoder, PromptSampler
 from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig
 from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
@@ -62,6 +62,7 @@ from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate
 from common.output_dir import claim_output_dir
 from common.policy import DTYPES, autocast, load_policy
 from common.summary import run_summary
+from common.task import make_task
 
 
 @dataclass
@@ -92,6 +93,9 @@ class Args(BaseArgs):
     groups)"""
     positive_threshold: Annotated[float, Range(None, 1, hi_open=True)] = 0.7
     """[EST] a response counts as a success k_t for the estimator when its training reward (in [0, 1]) > this"""
+    success_reward: Annotated[Optional[float], Range()] = None
+    """a response succeeds (the successes k_t of its Beta counts, pass rates) when its total training reward >= this
+    (unset: --positive_threshold's rule)"""
     eps_low: Annotated[float, Range(0, 1, hi_open=True)] = 0.2
     """lower clip range of the ratio pi_theta/pi_old (clip-higher setup of the paper: [0.2, 0.28])"""
     eps_high: Annotated[float, Range(0)] = 0.28
@@ -221,12 +225,7 @@ def main(args: Args) -> None:
         from common.lora import AdaptersOff, add_lora
 
         policy = add_lora(policy, args.lora_r, args.lora_alpha, args.lora_target_modules, args.dtype)
-    if args.dataset == "countdown":  # the embedded demo task, imported only here
-        from common.countdown import countdown_task
-
-        task = countdown_task(args.reward, args.eval_prompts, args.prompt_pool)
-    else:
-        task = hf_task(args, tokenizer, log)
+    task = make_task(args, tokenizer, log)  # Countdown or a dataset; --reward_funcs: yours (docs/custom_task.md)
     ref_model = None
     if args.beta > 0:  # the KL reference: the initial weights, frozen
         ref_model = AdaptersOff(policy) if args.lora_r else \
@@ -271,7 +270,7 @@ def main(args: Args) -> None:
     def run_eval() -> dict:
         torch.set_num_threads(cpu_threads.count(torch.get_num_threads()))  # fit the free cores
         with gathered(policy, enabled=generator.reads_policy):  # FSDP + HF generate: whole weights (else no-op)
-            score = lambda examples: evaluate(generator, tokenizer, examples, encode, task.eval_reward_fn,  # noqa: E731
+            score = lambda examples: evaluate(generator, tokenizer, examples, encode, task.eval_success,  # noqa: E731
                                               eval_sampling, args.eval_samples, accelerator)
             train_fit = evaluate_train_prompts(score, train_prompt_sample(task.train, args.eval_train_prompts))
             return {**score(task.eval), **train_fit}  # eval_train_*: the pool's fit, to compare with held-out
@@ -304,6 +303,8 @@ def main(args: Args) -> None:
     progress = tqdm(range(start_step + 1, args.max_steps + 1), initial=start_step, total=args.max_steps,
                     desc="ada_est", disable=not accelerator.is_main_process)
     threshold, total_budget = args.positive_threshold, args.budget()
+    if args.success_reward is not None:  # reward >= success_reward: > the float just below it
+        threshold = math.nextafter(args.success_reward, -math.inf)
     # constant normaliser: the global sample count / world (DDP averages), times max length
     normaliser = total_budget / world * args.max_new_tokens
 
@@ -334,7 +335,8 @@ def main(args: Args) -> None:
         # ================ verify (a completion cut by max_new_tokens is never a success: reward 0) ================
         texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
         truncated = torch.tensor([reason == "length" for reason in gens.finish_reasons], dtype=torch.bool)
-        rewards = [0.0 if truncated[g] else task.reward_fn(text, examples[owner[g]]) for g, text in enumerate(texts)]
+        scored = task.score(texts, [examples[owner[g]] for g in range(len(texts))], completions, truncated, step)
+        rewards = scored.total
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
         groups = [rewards[start:start + size] for start, size in zip(starts, sizes)]
 
@@ -423,7 +425,7 @@ def main(args: Args) -> None:
             "step": step, "rollouts": counters["rollouts"], "gen_tokens": counters["gen_tokens"],
             "reward_mean": reward_mean,
             "reward_std": math.sqrt(max(0.0, totals["reward_sq_sum"] / samples - reward_mean ** 2)),
-            "pass_rate": totals["success"] / samples,
+            "pass_rate": totals["success"] / samples, **scored.metrics(accelerator),
             "frac_zero_var_groups": totals["zero_var"] / max(1.0, totals["groups"]),
             "completion_len_mean": totals["gen_tokens"] / samples,
             "clipped_ratio": totals["truncated"] / samples,  # responses cut by max_new_tokens
@@ -457,7 +459,8 @@ def main(args: Args) -> None:
             sample_log.log(step, [{"kind": "fresh", "prompt": tokenizer.decode(flat_prompts[g]),
                                    "completion": tokenizer.decode(completions[g]), "reward": rewards[g],
                                    "advantage": advantages[g].item(), "truncated": bool(truncated[g]),
-                                   "ada_budget": sizes[owner[g]], "ada_p_hat": p_hats[mine[owner[g]]]}
+                                   "ada_budget": sizes[owner[g]], "ada_p_hat": p_hats[mine[owner[g]]],
+                                   **scored.columns(g)}
                                   for g in sample_log.pick(["fresh"] * len(completions))])
         if evaluating:
             row.update(run_eval())

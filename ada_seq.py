@@ -109,7 +109,7 @@ from common import checkpoint
 from common.advantages import zero_variance
 from common.args import BaseArgs, Range
 from common.cli import parse_args
-from common.data import PromptEncoder, PromptSampler, hf_task
+from common.data import PromptEncoder, PromptSampler, Scored
 from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig
 from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
@@ -121,6 +121,7 @@ from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate
 from common.output_dir import claim_output_dir
 from common.policy import DTYPES, autocast, load_policy
 from common.summary import run_summary
+from common.task import make_task
 
 
 @dataclass
@@ -146,6 +147,9 @@ class Args(BaseArgs):
     """divide advantages by the std of the prompt's pool (eq. 2). Default (unset): true for GRPO-n (`--max_rounds 1`,
     eq. 2; false there = Dr. GRPO-n), false for Reinforce-Ada (`--max_rounds` > 1: A = r - mean(pool), Alg. 2 line
     19, as the authors' run script); the value used is written to args.json"""
+    success_reward: Annotated[Optional[float], Range()] = None
+    """a response succeeds (exits, downsampling, pass rates) when its total training reward >= this (unset:
+    --positive_threshold's rule)"""
     unfinished_downsample: Literal["balanced", "pass_ratio"] = "balanced"
     """[ADA] prompts still active after the last round: the balanced rule of Alg. 2 line 18 (as finished ones), or
     `pass_ratio`: about n x the pool's pass ratio positives (at least 1 if any), the public code's fallback"""
@@ -328,12 +332,7 @@ def main(args: Args) -> None:
         from common.lora import AdaptersOff, add_lora
 
         policy = add_lora(policy, args.lora_r, args.lora_alpha, args.lora_target_modules, args.dtype)
-    if args.dataset == "countdown":  # the embedded demo task, imported only here
-        from common.countdown import countdown_task
-
-        task = countdown_task(args.reward, args.eval_prompts, args.prompt_pool)
-    else:
-        task = hf_task(args, tokenizer, log)
+    task = make_task(args, tokenizer, log)  # Countdown or a dataset; --reward_funcs: yours (docs/custom_task.md)
     ref_model = None
     if args.beta > 0:  # the KL reference: the initial weights, frozen
         ref_model = AdaptersOff(policy) if args.lora_r else \
@@ -378,7 +377,7 @@ def main(args: Args) -> None:
     def run_eval() -> dict:
         torch.set_num_threads(cpu_threads.count(torch.get_num_threads()))  # fit the free cores
         with gathered(policy, enabled=generator.reads_policy):  # FSDP + HF generate: whole weights (else no-op)
-            score = lambda examples: evaluate(generator, tokenizer, examples, encode, task.eval_reward_fn,  # noqa: E731
+            score = lambda examples: evaluate(generator, tokenizer, examples, encode, task.eval_success,  # noqa: E731
                                               eval_sampling, args.eval_samples, accelerator)
             train_fit = evaluate_train_prompts(score, train_prompt_sample(task.train, args.eval_train_prompts))
             return {**score(task.eval), **train_fit}  # eval_train_*: the pool's fit, to compare with held-out
@@ -408,6 +407,8 @@ def main(args: Args) -> None:
     progress = tqdm(range(start_step + 1, args.max_steps + 1), initial=start_step, total=args.max_steps,
                     desc="ada_seq", disable=not accelerator.is_main_process)
     n, threshold = args.final_keep_per_prompt, args.positive_threshold
+    if args.success_reward is not None:  # reward >= success_reward: > the float just below it
+        threshold = math.nextafter(args.success_reward, -math.inf)
     k_pos, k_neg = args.quotas()
     # constant normaliser: every rank divides by the global kept count / world (DDP averages), times max length
     normaliser = args.prompts_per_step * n / world * args.max_new_tokens
@@ -421,18 +422,22 @@ def main(args: Args) -> None:
 
         # ================ sample + verify: [ADA] rounds of M for the still-active prompts (Alg. 2 lines 3-12) ====
         responses: list[list[tuple]] = [[] for _ in examples]  # per prompt: (ids, sampling logprobs, truncated)
+        # each round's rewards (an empty batch first: every rank logs the same names); per-response function values
+        round_scores, reward_columns = [task.score([], [], [], [], step)], [[] for _ in examples]
 
         def sample_round(active: list[int], m: int) -> list[list[float]]:
             gens = generator.generate([prompts[i] for i in active], m, sampling)
             texts = tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
+            scored = task.score(texts, [examples[i] for i in active for _ in range(m)], gens.completion_ids,
+                                [reason == "length" for reason in gens.finish_reasons], step)  # a cut one scores 0
+            round_scores.append(scored)
             out = []
             for j, i in enumerate(active):
                 rows = range(j * m, (j + 1) * m)
                 responses[i].extend((list(gens.completion_ids[g]), list(gens.logprobs[g]),
                                      gens.finish_reasons[g] == "length") for g in rows)
-                # a completion cut by max_new_tokens is never a success: reward 0
-                out.append([0.0 if gens.finish_reasons[g] == "length" else task.reward_fn(texts[g], examples[i])
-                            for g in rows])
+                out.append([scored.total[g] for g in rows])
+                reward_columns[i].extend(scored.columns(g) for g in rows)
             return out
 
         done = lambda rs: exit_reached(rs, args.exit_condition, k_pos, k_neg, threshold)  # noqa: E731
@@ -456,6 +461,7 @@ def main(args: Args) -> None:
                     examples += new
                     prompts += [encode(example.prompt) for example in new]
                     responses += [[] for _ in new]
+                    reward_columns += [[] for _ in new]
                     origin += [dapo_rounds] * len(new)
                     refill = sample_round(list(range(first, len(examples))), args.round_repeat)
                     pools += refill
@@ -466,7 +472,7 @@ def main(args: Args) -> None:
 
         # ================ [ADA] downsample every pool to n; advantages from the whole pool (Alg. 2 l. 14-20) =======
         flat_prompts, completions, old_logps, adv_list, kept_rewards = [], [], [], [], []
-        truncs, group_of = [], []  # per kept response: cut by max_new_tokens; its prompt's index
+        truncs, group_of, kept_columns = [], [], []  # per kept response: cut; its prompt's index; function values
         for i in train_ids:
             pool = pools[i]
             rule = "balanced" if exit_rounds[i] is not None else args.unfinished_downsample
@@ -480,6 +486,7 @@ def main(args: Args) -> None:
                 old_logps.append(responses[i][j][1])
                 truncs.append(responses[i][j][2])
                 group_of.append(i)
+                kept_columns.append(reward_columns[i][j])
         advantages = torch.tensor(adv_list, dtype=torch.float32, device=device)
         kept_zero_var = zero_variance(torch.tensor(kept_rewards).view(-1, n)).tolist() if kept_rewards else []
         # --mask_truncated_completions: kept responses cut by max_new_tokens get no gradient
@@ -553,7 +560,7 @@ def main(args: Args) -> None:
             "step": step, "rollouts": counters["rollouts"], "gen_tokens": counters["gen_tokens"],
             "reward_mean": reward_mean,  # every generated response of every round
             "reward_std": math.sqrt(max(0.0, totals["reward_sq_sum"] / samples - reward_mean ** 2)),
-            "pass_rate": totals["success"] / samples,
+            "pass_rate": totals["success"] / samples, **Scored.join(round_scores).metrics(accelerator),
             "frac_zero_var_groups": totals["zero_var"] / max(1.0, totals["groups"]),  # first n of each pool
             "completion_len_mean": totals["gen_tokens"] / samples,
             "clipped_ratio": totals["truncated"] / samples,  # responses cut by max_new_tokens
@@ -597,7 +604,7 @@ def main(args: Args) -> None:
             sample_log.log(step, [{"kind": kinds[k], "prompt": tokenizer.decode(flat_prompts[k]),
                                    "completion": tokenizer.decode(completions[k]), "reward": flat_rewards[k],
                                    "advantage": adv_list[k], "truncated": truncs[k],
-                                   "ada_pool_size": len(pools[g]), "ada_exit_round": exit_rounds[g]}
+                                   "ada_pool_size": len(pools[g]), "ada_exit_round": exit_rounds[g], **kept_columns[k]}
                                   for k in sample_log.pick(kinds) for g in (group_of[k],)])
         if evaluating:
             row.update(run_eval())

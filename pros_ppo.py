@@ -40,7 +40,7 @@ from common import checkpoint
 from common.advantages import gae_advantages, grpo_advantages, masked_whiten, zero_variance
 from common.args import BaseArgs, Range
 from common.cli import parse_args
-from common.data import PromptEncoder, PromptSampler, hf_task
+from common.data import PromptEncoder, PromptSampler
 from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig
 from common.gibbs import calibration_excess, gibbs_sweeps, update_counts
@@ -53,6 +53,7 @@ from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate
 from common.output_dir import claim_output_dir
 from common.policy import DTYPES, autocast, load_policy
 from common.summary import run_summary
+from common.task import make_task
 
 
 @dataclass
@@ -85,8 +86,8 @@ class Args(BaseArgs):
     """critic backbone; default (None): a copy of the policy's backbone + a zero-initialised scalar head"""
     kl_coef: Annotated[float, Range(0, zero="off, no reference model")] = 0.0
     """per-token k3 KL penalty to the initial policy, added to the policy loss"""
-    success_reward: Annotated[float, Range(0, 1)] = 1.0
-    """a rollout is correct (a PROS success and a prefix source) when its training reward >= this"""
+    success_reward: Annotated[float, Range()] = 1.0
+    """a rollout is correct (a PROS success and a prefix source) when its total training reward >= this"""
     pros: Literal["bayes", "random", "off"] = "bayes"
     """[PROS] bayes: prefix reuse + hierarchical Bayesian selection (paper); random: uniform selection; off: no PROS"""
     select_by: Literal["draw", "mean"] = "draw"
@@ -372,11 +373,7 @@ def main(args: Args) -> None:
     if args.lora_r:  # LoRA: only the adapters train (fp32); the frozen base is stored in the compute dtype
         from common.lora import AdaptersOff, add_lora
         policy = add_lora(policy, args.lora_r, args.lora_alpha, args.lora_target_modules, args.dtype)
-    if args.dataset == "countdown":  # the embedded demo task, imported only here
-        from common.countdown import countdown_task
-        task = countdown_task(args.reward, args.eval_prompts, args.prompt_pool)
-    else:
-        task = hf_task(args, tokenizer, log)
+    task = make_task(args, tokenizer, log)  # Countdown or a dataset; --reward_funcs: yours (docs/custom_task.md)
     ref_model = None if args.kl_coef <= 0 else AdaptersOff(policy) if args.lora_r else \
         copy.deepcopy(policy).to(DTYPES[args.dtype]).eval().requires_grad_(False)  # KL reference, frozen
     # PPO's critic: the policy's backbone copied + a zero scalar head (copied before any sharding)
@@ -422,7 +419,7 @@ def main(args: Args) -> None:
     def run_eval() -> dict:  # pass@k for every power of two k <= --eval_samples
         torch.set_num_threads(cpu_threads.count(torch.get_num_threads()))  # fit the free cores
         with gathered(policy, enabled=generator.reads_policy):  # FSDP + HF generate: whole weights (else no-op)
-            score = lambda examples: evaluate(generator, tokenizer, examples, encode, task.eval_reward_fn,  # noqa: E731
+            score = lambda examples: evaluate(generator, tokenizer, examples, encode, task.eval_success,  # noqa: E731
                                               eval_sampling, args.eval_samples, accelerator)
             train_fit = evaluate_train_prompts(score, train_prompt_sample(task.train, args.eval_train_prompts))
             return {**score(task.eval), **train_fit}  # eval_train_*: the pool's fit, to compare with held-out
@@ -486,11 +483,11 @@ def main(args: Args) -> None:
         num_rollouts = len(completions)
 
         # ================ verify: the reward reads prefix + continuation (PROS Sec. 3); cut by max_new_tokens: 0 =====
-        texts = tokenizer.batch_decode([prefixes[i // k] + c for i, c in enumerate(completions)],
-                                       skip_special_tokens=True)
+        whole = [prefixes[i // k] + c for i, c in enumerate(completions)]
+        texts = tokenizer.batch_decode(whole, skip_special_tokens=True)
         truncated = torch.tensor([reason == "length" for reason in gens.finish_reasons], dtype=torch.bool)
-        rewards = torch.tensor([0.0 if truncated[i] else task.reward_fn(text, examples[i // k])
-                                for i, text in enumerate(texts)], dtype=torch.float32).view(-1, k)
+        scored = task.score(texts, [examples[i // k] for i in range(len(texts))], whole, truncated, step)
+        rewards = torch.tensor(scored.total, dtype=torch.float32).view(-1, k)
         correct = (rewards >= args.success_reward) & ~truncated.view(-1, k)  # a cut rollout spawns no PROS child
 
         # ================ pi_old's log-probs, entropies, values (and reference log-probs): one no-grad pass ========
@@ -617,7 +614,7 @@ def main(args: Args) -> None:
             "step": step, "rollouts": counters["rollouts"], "gen_tokens": counters["gen_tokens"],
             "reward_mean": reward_mean,  # scored on prefix + continuation
             "reward_std": math.sqrt(max(0.0, totals["reward_sq_sum"] / samples - reward_mean ** 2)),
-            "pass_rate": totals["success"] / samples,  # reward >= success_reward
+            "pass_rate": totals["success"] / samples, **scored.metrics(accelerator),  # reward >= success_reward
             "frac_zero_var_groups": totals["zero_var"] / max(1.0, totals["groups"]),
             "completion_len_mean": totals["gen_tokens"] / samples,  # generated tokens (a child's prefix excluded)
             "clipped_ratio": totals["truncated"] / samples,  # completions cut by max_new_tokens
@@ -663,7 +660,7 @@ def main(args: Args) -> None:
                 "kind": kinds[i], "prompt": tokenizer.decode(prompts[i][:len(prompts[i]) - len(prefixes[i // k])]),
                 "pros_prefix": tokenizer.decode(prefixes[i // k]), "completion": tokenizer.decode(completions[i]),
                 "reward": rewards.view(-1)[i].item(), "truncated": bool(truncated[i]), "advantage": seq_adv[i].item(),
-                **tags[i // k]} for i in sample_log.pick(kinds)])
+                **tags[i // k], **scored.columns(i)} for i in sample_log.pick(kinds)])
         if evaluating:
             row.update(run_eval())
         row.update(compiled.metrics(accelerator) if compiled else {})  # --torch_compile: compile time, recompiles

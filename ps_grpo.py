@@ -61,7 +61,7 @@ from common import checkpoint
 from common.advantages import grpo_advantages, zero_variance
 from common.args import BaseArgs, Range
 from common.cli import parse_args
-from common.data import PromptEncoder, PromptSampler, hf_task
+from common.data import PromptEncoder, PromptSampler, Scored
 from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.episode import Episode
 from common.generation import HFGenerator, SamplingConfig
@@ -74,6 +74,7 @@ from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate
 from common.output_dir import claim_output_dir
 from common.policy import autocast, load_policy
 from common.summary import run_summary
+from common.task import make_task
 
 CATEGORIES = ("hard", "easy")  # [PS] too-hard tasks replay a success, too-easy tasks a failure
 ROUTES = ("all_fail", "all_pass", "normal", "too_hard", "too_easy")
@@ -114,6 +115,8 @@ class Args(BaseArgs):
     """[PS] pass rate below this (with at least one success) is too-hard"""
     high: Annotated[float, Range(0, 1, lo_open=True, hi_open=True)] = 0.7
     """[PS] pass rate above this (with at least one failure) is too-easy"""
+    success_reward: Annotated[float, Range()] = 1.0
+    """a rollout succeeds (routing, prefix sources, pass rates) when its total training reward >= this"""
     remaining_ratio: Annotated[float, Range(0, 1)] = 0.25
     """[PS] too-hard: replay T - min(int(T * remaining_ratio), remaining_cap) steps of a success (--adaptive: start)"""
     remaining_cap: Annotated[int, Range(0)] = 1000
@@ -154,8 +157,8 @@ class Args(BaseArgs):
         if self.multiturn:
             if self.dataset != "countdown":
                 raise SystemExit(f"--mode multiturn needs --dataset countdown, got {self.dataset}: use --mode text")
-            if self.reward != "binary":
-                raise SystemExit(f"--reward {self.reward}: the multi-turn environment's reward is binary")
+            if self.reward != "binary" or self.reward_funcs or self.eval_reward_funcs:  # they apply to --mode text
+                raise SystemExit(f"--reward {self.reward} / --reward_funcs: multi-turn keeps its binary reward")
         elif self.env_numbers:
             raise SystemExit(f"--env_numbers {self.env_numbers}: applies to --mode multiturn only")
 
@@ -290,9 +293,9 @@ def split_lines(ids: list[int], is_break) -> list[list[int]]:
 
 
 def rollout_text(generator, tokenizer, prompts: list[list[int]], prefixes: list[list], n: int, cfg: SamplingConfig,
-                 reward_fn, examples: list, is_break) -> tuple[list[Episode], list[bool]]:
+                 is_break) -> tuple[list[Episode], list[bool]]:
     """n single-turn completions per task. [PS] A prefix task's context is prompt + its first K lines
-    (mask 0); the continuation gets the rest of the max_new_tokens budget; the reward scores the whole text.
+    (mask 0); the continuation gets the rest of the max_new_tokens budget; the caller's reward scores the whole text.
     Returns (episodes, clipped): clipped[i] is True when completion i was cut by max_new_tokens or the budget."""
     contexts = [prompt + [t for action, _ in prefix for t in action] for prompt, prefix in zip(prompts, prefixes)]
     gens = generator.generate(contexts, n, cfg)
@@ -314,7 +317,6 @@ def rollout_text(generator, tokenizer, prompts: list[list[int]], prefixes: list[
         for line in lines:
             episode.add_turn(line, [], logprobs[position:position + len(line)])
             position += len(line)
-        episode.reward = reward_fn(tokenizer.decode(episode.ids, skip_special_tokens=True), examples[group])
         episodes.append(episode)
     return episodes, clipped
 
@@ -403,12 +405,8 @@ def main(args: Args) -> None:
 
         train, held_out = make_env_task(args.env_numbers, args.env_max_number, args.eval_prompts, args.prompt_pool)
         text_task, encode = None, PromptEncoder(tokenizer, templated=False)  # prompts: the reset observations
-    elif args.dataset == "countdown":  # the single-turn text form of the embedded task
-        from common.countdown import countdown_task
-
-        text_task = countdown_task(args.reward, args.eval_prompts, args.prompt_pool)
-    else:
-        text_task = hf_task(args, tokenizer, log)
+    else:  # Countdown's single-turn text form or a dataset; --reward_funcs: yours (docs/custom_task.md)
+        text_task = make_task(args, tokenizer, log)
     if text_task is not None:
         train, held_out, encode = text_task.train, text_task.eval, PromptEncoder(tokenizer, text_task.templated)
     sampler = PromptSampler(len(train), args.seed)
@@ -447,7 +445,7 @@ def main(args: Args) -> None:
                                                            accelerator, turn_config(tokenizer, args, eval_temperature))
             else:
                 score = lambda examples: evaluate(generator, tokenizer, examples, encode,  # noqa: E731
-                                                  text_task.eval_reward_fn, eval_sampling, args.eval_samples,
+                                                  text_task.eval_success, eval_sampling, args.eval_samples,
                                                   accelerator)
             train_fit = evaluate_train_prompts(score, train_prompt_sample(train, args.eval_train_prompts))
             return {**score(held_out), **train_fit}  # eval_train_*: the pool's fit, to compare with held-out
@@ -504,16 +502,18 @@ def main(args: Args) -> None:
                 episodes, clipped = rollout_multiturn(generator, tokenizer, prompts, problems, prefixes, n,
                                                       turn_sampling, args.max_turns, args.env_invalid)
             else:
-                episodes, clipped = rollout_text(generator, tokenizer, prompts, prefixes, n, sampling,
-                                                 text_task.reward_fn, examples, is_break)
+                episodes, clipped = rollout_text(generator, tokenizer, prompts, prefixes, n, sampling, is_break)
         generator.sleep()  # vLLM on a GPU: its memory goes to training; the push brings the weights back
         t_gen = time.time() - t_start
 
-        # ================ verify: rewards set by the rollout; one cut by a length limit gets 0 (never a success) ==
-        for episode in (episode for episode, cut in zip(episodes, clipped) if cut):
-            episode.reward = 0.0
+        # ================ verify: the environment's or the task's reward of the whole text; a cut rollout gets 0 ==
+        scored = Scored([ep.reward for ep in episodes], {}, 0.0) if args.multiturn else text_task.score(
+            tokenizer.batch_decode([ep.ids for ep in episodes], skip_special_tokens=True),
+            [examples[ep.group] for ep in episodes], [ep.ids for ep in episodes], clipped, step)
+        for episode, cut, total in zip(episodes, clipped, scored.total):
+            episode.reward = 0.0 if cut else total
         rewards = torch.tensor([episode.reward for episode in episodes]).view(-1, n).float()
-        success = rewards >= 1.0
+        success = rewards >= args.success_reward
         passes = success.sum(-1).tolist()  # k of N, per task
         fresh = [group for group, task in enumerate(tasks) if task["cat"] is None]
         prefix_groups = {category: [group for group, task in enumerate(tasks) if task["cat"] == category]
@@ -529,7 +529,7 @@ def main(args: Args) -> None:
             category, want_success, mode = (("hard", True, "remaining") if task_route == "too_hard"
                                             else ("easy", False, "prefix"))
             source = random.choice([episode for episode in episodes[group * n:(group + 1) * n]
-                                    if bool(episode.reward >= 1.0) == want_success])
+                                    if bool(episode.reward >= args.success_reward) == want_success])
             cap = args.remaining_cap if category == "hard" else args.prefix_cap
             steps = prefix_steps(len(source.steps), mode, controllers[category].ratio, cap)
             if steps is not None:
@@ -606,7 +606,7 @@ def main(args: Args) -> None:
             "step": step, "rollouts": counters["rollouts"], "gen_tokens": counters["gen_tokens"],
             "reward_mean": reward_mean,  # fresh tasks only: the paper's training score on no-prefix tasks
             "reward_std": math.sqrt(max(0.0, totals["reward_sq_sum"] / fresh_samples - reward_mean ** 2)),
-            "pass_rate": totals["success"] / fresh_samples,
+            "pass_rate": totals["success"] / fresh_samples, **scored.metrics(accelerator),
             "frac_zero_var_groups": totals["zero_var"] / max(1.0, totals["groups"]),  # fresh tasks only
             "completion_len_mean": totals["gen_tokens"] / samples,  # generated tokens per rollout (no replayed ones)
             "clipped_ratio": totals["truncated"] / samples,  # rollouts cut by a length limit
@@ -666,7 +666,7 @@ def main(args: Args) -> None:
                 "kind": kinds[i], "prompt": tokenizer.decode(prompts[i // n]), "completion": tokenizer.decode(ep.ids),
                 "reward": ep.reward, "advantage": advantages.flatten()[i].item() if keep[i // n] else 0.0,
                 "trained": bool(keep[i // n]), "truncated": clipped[i], "ps_prefix_steps": len(tasks[i // n]["steps"]),
-                **({"ps_ratio": tasks[i // n].get("ratio")} if kinds[i] != "fresh" else {})}
+                **({"ps_ratio": tasks[i // n].get("ratio")} if kinds[i] != "fresh" else {}), **scored.columns(i)}
                 for i, ep in ((i, episodes[i]) for i in sample_log.pick(kinds))])
         if evaluating:
             row.update(run_eval())

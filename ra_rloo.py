@@ -52,7 +52,7 @@ from common import checkpoint
 from common.advantages import zero_variance
 from common.args import BaseArgs, Range
 from common.cli import parse_args
-from common.data import PromptEncoder, PromptSampler, hf_task
+from common.data import PromptEncoder, PromptSampler
 from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig
 from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
@@ -64,6 +64,7 @@ from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate
 from common.output_dir import claim_output_dir
 from common.policy import DTYPES, autocast, load_policy
 from common.summary import run_summary
+from common.task import make_task
 
 
 @dataclass
@@ -82,8 +83,8 @@ class Args(BaseArgs):
     seed_buffer: bool = True
     """[RA-RLOO] seed the buffers at the start with demonstrations scored under the initial policy (Countdown:
     solver solutions; the paper's IPO seed); false = lazy buffers"""
-    success_reward: Annotated[float, Range(0, 1)] = 1.0
-    """a rollout is a success (buffered, and 'passes') when its training reward >= this"""
+    success_reward: Annotated[float, Range()] = 1.0
+    """a rollout is a success (buffered, and 'passes') when its total training reward >= this"""
     reward: Literal["auto", "binary", "tinyzero", "shaped"] = "auto"
     """[RA-RLOO setup] training reward: `auto` = the paper's {0, 0.1, 1} (`tinyzero`) on Countdown, `binary` on real
     datasets (their verifier has no format reward); evaluation is always binary"""
@@ -127,12 +128,14 @@ def seed_buffers(task, model, tokenizer, encode, args, device, temperature: floa
 
 
 def splice_replays(prompt_ids: list[int], completions: list[list[int]], rewards: torch.Tensor,
-                   fresh_success: torch.Tensor, buffers: dict[int, deque], mode: str, rng) -> torch.Tensor:
+                   fresh_success: torch.Tensor, buffers: dict[int, deque], mode: str, rng,
+                   success_reward: float = 1.0) -> torch.Tensor:
     """[RA-RLOO] Replace the last rollout of each group that needs it by a stored success, in place.
 
     A group needs it when `mode` is "always", or ("on_demand") when none of its fresh rollouts succeeded
-    and its prompt's buffer is non-empty. The spliced slot gets reward 1. Returns log pi_old(y|x) of the
-    spliced responses as a [groups, K] tensor, NaN where nothing was spliced.
+    and its prompt's buffer is non-empty. The spliced slot gets reward 1 (or `success_reward` when higher, so that
+    it counts as a success). Returns log pi_old(y|x) of the spliced responses as a [groups, K] tensor, NaN where
+    nothing was spliced.
     """
     k = rewards.shape[1]
     replay_logp_old = torch.full(rewards.shape, float("nan"))
@@ -142,7 +145,7 @@ def splice_replays(prompt_ids: list[int], completions: list[list[int]], rewards:
             response, logp_old = rng.choice(buffers[prompt_id])
             slot = k - 1  # rollouts are i.i.d., so which slot is replaced does not matter
             completions[group * k + slot] = list(response)
-            rewards[group, slot] = 1.0  # a stored success scores full reward (paper: "set its reward to 1")
+            rewards[group, slot] = max(1.0, success_reward)  # a stored success scores full reward (paper: 1)
             replay_logp_old[group, slot] = logp_old
     return replay_logp_old
 
@@ -194,12 +197,7 @@ def main(args: Args) -> None:
         from common.lora import AdaptersOff, add_lora
 
         policy = add_lora(policy, args.lora_r, args.lora_alpha, args.lora_target_modules, args.dtype)
-    if args.dataset == "countdown":  # the embedded demo task, imported only here
-        from common.countdown import countdown_task
-
-        task = countdown_task(args.reward, args.eval_prompts, args.prompt_pool)
-    else:
-        task = hf_task(args, tokenizer, log)
+    task = make_task(args, tokenizer, log)  # Countdown or a dataset; --reward_funcs: yours (docs/custom_task.md)
     ref_model = None
     if args.beta > 0:  # the KL reference: the initial weights, frozen
         ref_model = AdaptersOff(policy) if args.lora_r else \
@@ -243,12 +241,12 @@ def main(args: Args) -> None:
     def run_eval() -> dict:
         torch.set_num_threads(cpu_threads.count(torch.get_num_threads()))  # fit the free cores
         with gathered(policy, enabled=generator.reads_policy):  # FSDP + HF generate: whole weights (else no-op)
-            score = lambda examples: evaluate(generator, tokenizer, examples, encode, task.eval_reward_fn,  # noqa: E731
+            score = lambda examples: evaluate(generator, tokenizer, examples, encode, task.eval_success,  # noqa: E731
                                               eval_sampling, args.eval_samples, accelerator)
             out = score(task.eval)  # eval_train_*: the pool's fit, to compare with held-out
             out.update(evaluate_train_prompts(score, train_prompt_sample(task.train, args.eval_train_prompts)))
             # [RA-RLOO setup] the paper's report: pass@4 of n = 8 at T 0.6, top-p 0.95, top-k 20
-            paper = evaluate(generator, tokenizer, task.eval, encode, task.eval_reward_fn, paper_sampling,
+            paper = evaluate(generator, tokenizer, task.eval, encode, task.eval_success, paper_sampling,
                              args.paper_eval_samples, accelerator, ks=(1, 4)) if args.paper_eval_samples else {}
         return {**out, **{name.replace("eval_", "eval_paper_"): value for name, value in paper.items()}}
 
@@ -301,9 +299,8 @@ def main(args: Args) -> None:
         # ================ verify (a completion cut by max_new_tokens is never a success: reward 0) ================
         texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
         truncated = torch.tensor([reason == "length" for reason in gens.finish_reasons])
-        rewards = torch.tensor([0.0 if truncated[i] else task.reward_fn(text, examples[i // args.k])
-                                for i, text in enumerate(texts)])
-        rewards = rewards.view(-1, args.k).float()
+        scored = task.score(texts, [examples[i // args.k] for i in range(len(texts))], completions, truncated, step)
+        rewards = torch.tensor(scored.total).view(-1, args.k).float()
         fresh_success = rewards >= args.success_reward
         fresh_rewards = rewards.clone()  # [RA-RLOO] (also in RLOO: the same) the rewards before the splice
 
@@ -312,7 +309,7 @@ def main(args: Args) -> None:
         replay_logp_old = torch.full(rewards.shape, float("nan"))
         if args.replay != "none":  # [RA-RLOO]
             replay_logp_old = splice_replays([example.id for example in examples], completions, rewards,
-                                             fresh_success, buffers, args.replay, random)
+                                             fresh_success, buffers, args.replay, random, args.success_reward)
         is_replay = ~torch.isnan(replay_logp_old)
         # --mask_truncated_completions: cut completions get no gradient (a spliced replay is a whole success)
         keep = ~(truncated & ~is_replay.flatten()) if args.mask_truncated_completions else \
@@ -414,7 +411,7 @@ def main(args: Args) -> None:
             # the paper's degenerate groups (no success); all-pass groups are zero-variance too but never spliced
             "ra_no_success_frac_post": totals["no_success_post"] / groups,
             "ra_is_weight_mean": totals["w_sum"] / totals["w_n"] if totals["w_n"] else None,
-            "ra_buffer_prompts": sum(1 for buffer in buffers.values() if buffer),
+            "ra_buffer_prompts": sum(1 for buffer in buffers.values() if buffer), **scored.metrics(accelerator),
         }
 
         gap = row["sampler_logp_diff"]  # None: not measured this step
@@ -430,7 +427,8 @@ def main(args: Args) -> None:
             sample_log.log(step, [{"kind": kinds[i], "prompt": tokenizer.decode(flat_prompts[i]),
                                    "completion": tokenizer.decode(completions[i]), "reward": rewards.view(-1)[i].item(),
                                    "advantage": advantages[i].item(), "truncated": bool(truncated[i] & ~replayed[i]),
-                                   **({"is_weight": is_weights[i].item()} if kinds[i] == "replayed" else {})}
+                                   **({"is_weight": is_weights[i].item()} if kinds[i] == "replayed" else
+                                      scored.columns(i))}
                                   for i in sample_log.pick(kinds)])
         if evaluating:
             row.update(run_eval())

@@ -22,13 +22,29 @@ class BaseArgs:
     train_split: str = "train"
     """dataset split used for training"""
     eval_split: Optional[str] = "test"
-    """held-out split; if the dataset has none, `eval_prompts` rows are held out of training instead"""
+    """held-out split of a hub dataset (or of --eval_dataset); a single local file has none: then the last
+    min(--eval_prompts, rows / 5) rows are held out of training (the run logs the split)"""
+    eval_dataset: Optional[str] = None
+    """a separate evaluation dataset (hub name or local .json/.jsonl/.parquet file, same columns as --dataset)"""
     prompt_column: str = "question"
-    """column holding the problem text (real datasets)"""
+    """column holding the prompt (real datasets): text, or a list of {"role", "content"} messages"""
     answer_column: str = "answer"
-    """column holding the gold answer (real datasets); GSM8K-style `... #### 72` is understood"""
-    prompt_suffix: str = " Please reason step by step, and put your final answer within \\boxed{}."
-    """appended to every real-dataset question"""
+    """column holding the gold answer, read only by the built-in math reward (no --reward_funcs); GSM8K-style
+    `... #### 72` is understood"""
+    prompt_suffix: Optional[str] = None
+    """appended to every real-dataset text prompt (default: the math reward's "Please reason step by step, and put
+    your final answer within \\boxed{}." without --reward_funcs, nothing with them)"""
+    system_prompt: Optional[str] = None
+    """a system message put before every real-dataset text prompt (message prompts keep their own)"""
+    reward_funcs: Optional[str] = None
+    """your reward functions (TRL's calling convention), comma-separated `package.module:function` or
+    `path/to/file.py:function`, replacing the built-in reward (docs/custom_task.md); not the multi-turn mode"""
+    reward_weights: Optional[str] = None
+    """comma-separated weights of --reward_funcs (default 1.0 each); the reward is the weighted sum of the values
+    that are not None"""
+    eval_reward_funcs: Optional[str] = None
+    """reward functions of the evaluation, as --reward_funcs, weight 1 each (default: the training functions with
+    their weights, or the built-in binary verifier without them); a sample passes at a total >= --success_reward"""
     use_chat_template: Literal["auto", "yes", "no"] = "auto"
     """wrap real-dataset prompts in the tokenizer's chat template (`auto`: when it has one)"""
     max_prompt_tokens: Annotated[int, Range(1)] = 512

@@ -401,8 +401,12 @@ def countdown_task(reward: str, eval_prompts: int, prompt_pool: int = 0):
     from common.data import Example, Task
 
     train_problems, eval_problems = make_level_splits()
-    train = [Example(i, prompt_text(p), p, tag) for i, (tag, p) in enumerate(train_problems)]
-    evals = [Example(i, prompt_text(p), p, tag) for i, (tag, p) in enumerate(eval_problems[:eval_prompts])]
+    def example(i: int, tag: str, p: Problem) -> Example:  # its columns: what --reward_funcs functions see
+        text = prompt_text(p)
+        return Example(i, text, p, tag, {"prompt": text, "numbers": list(p.nums), "target": p.target})
+
+    train = [example(i, tag, p) for i, (tag, p) in enumerate(train_problems)]
+    evals = [example(i, tag, p) for i, (tag, p) in enumerate(eval_problems[:eval_prompts])]
     fn = REWARDS[reward]
     return Task(train[:prompt_pool] if prompt_pool > 0 else train, evals, lambda text, ex: fn(text, ex.answer),
                 lambda text, ex: reward_binary(text, ex.answer), "countdown")

@@ -172,10 +172,11 @@ def pass_metrics(counts: list[int], n_samples: int, tags: list[str] | None = Non
     return out
 
 
-def evaluate(generator, tokenizer, examples, encode, reward_fn, sampling, n_samples: int, accelerator,
+def evaluate(generator, tokenizer, examples, encode, success_fn, sampling, n_samples: int, accelerator,
              ks=None) -> dict:
     """Held-out pass@1 (mean over n_samples), unbiased pass@k (default: every power of two k <= n_samples) and
-    pass@1 per difficulty tag; prompts are split across ranks."""
+    pass@1 per difficulty tag; prompts are split across ranks. `success_fn(texts, examples, completion_ids,
+    truncated)` says which samples pass (`Task.eval_success`)."""
     from dataclasses import replace
 
     from accelerate.utils import gather_object
@@ -185,10 +186,10 @@ def evaluate(generator, tokenizer, examples, encode, reward_fn, sampling, n_samp
     counts = []
     if mine:
         gens = generator.generate([encode(e.prompt) for e in mine], n_samples, sampling)
-        for i, e in enumerate(mine):
-            texts = [tokenizer.decode(gens.completion_ids[i * n_samples + j], skip_special_tokens=True)
-                     for j in range(n_samples)]
-            counts.append((sum(reward_fn(t, e) >= 1.0 for t in texts), getattr(e, "tag", "")))
+        texts = tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
+        passed = success_fn(texts, [e for e in mine for _ in range(n_samples)], gens.completion_ids,
+                            [reason == "length" for reason in gens.finish_reasons])
+        counts = [(sum(passed[i * n_samples:(i + 1) * n_samples]), getattr(e, "tag", "")) for i, e in enumerate(mine)]
     counts = gather_object(counts) if accelerator.num_processes > 1 else counts
     return pass_metrics([c for c, _ in counts], n_samples, [t for _, t in counts], ks)
 

@@ -180,10 +180,10 @@ def test_text_mode_steps_are_lines_and_prefix_lines_are_replayed():
     g = Gen()
     prefix = [(ENC("x\n"), []), (ENC("y\n"), [])]
     eps, clipped = rollout_text(g, TOK, [ENC("Q:"), ENC("R:")], [[], prefix], 2, SamplingConfig(max_new_tokens=8),
-                                lambda text, ex: float(text.startswith("x")), [None, None], lambda t: t == NL)
+                                lambda t: t == NL)
     assert clipped == [True] * 4  # finish reason "length" (and the prefix task's continuation: cut by the budget)
     assert g.ctx == [ENC("Q:"), ENC("R:x\ny\n")]  # the prefix is context, not generated
-    assert [e.reward for e in eps] == [0.0, 0.0, 1.0, 1.0]  # the reward reads prefix + continuation
+    assert [TOK.decode(e.ids)[:4] for e in eps] == ["b\nc\n"] * 2 + ["x\ny\n"] * 2  # scored: prefix + continuation
     assert TOK.decode(eps[2].ids) == "x\ny\nb\nc\n"  # continuation cut to the remaining budget 8 - 4
     assert eps[2].mask == [0] * 4 + [1] * 4 and eps[2].replayed_tokens == 4 and len(eps[2].steps) == 4
     assert len(eps[0].steps) == 3 and eps[0].mask == [1] * 5
@@ -194,11 +194,11 @@ def test_text_mode_steps_are_lines_and_prefix_lines_are_replayed():
             return Generations(prompts, out, [[-1.0] * 5] * len(out), ["stop"] * len(out), n)
 
     eps, clipped = rollout_text(GenEos(), TOK, [ENC("Q:")], [[]], 1, SamplingConfig(max_new_tokens=8),
-                                lambda t, e: 1.0, [None], lambda t: t == NL)
+                                lambda t: t == NL)
     assert clipped == [False]  # stopped within the budget
     assert [a for a, _ in eps[0].steps] == [ENC("b\n"), ENC("c\n") + [TOK.eos_token_id]]
     _, clipped = rollout_text(GenEos(), TOK, [ENC("Q:")], [prefix], 1, SamplingConfig(max_new_tokens=8),
-                              lambda t, e: 1.0, [None], lambda t: t == NL)
+                              lambda t: t == NL)
     assert clipped == [True]  # stopped, but 5 tokens do not fit the 8 - 4 left after the prefix
 
 

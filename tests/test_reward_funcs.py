@@ -1,0 +1,231 @@
+"""--reward_funcs: TRL-style reward functions and message-format prompts in every script, the one success rule
+(--success_reward) in every method, and one line for each bad input."""
+import json
+import math
+import shutil
+import sys
+
+import pytest
+
+from conftest import ROOT, run_main
+
+SCRIPTS = ["ra_rloo.py", "pros_ppo.py", "ps_grpo.py", "ada_seq.py", "ada_est.py"]
+TINY = ["--max_steps", "2", "--eval_every", "0", "--eval_prompts", "2", "--eval_samples", "2",
+        "--eval_train_prompts", "0", "--prompts_per_step", "4", "--num_threads", "1", "--max_new_tokens", "32",
+        "--log_samples_every", "1", "--log_samples_per_kind", "64", "--prompt_column", "prompt"]
+FLAGS = {"ra_rloo.py": ["--k", "4", "--paper_eval_samples", "0", "--seed_buffer", "false"],
+         "pros_ppo.py": [], "ps_grpo.py": ["--mode", "text"],
+         "ada_seq.py": ["--max_rounds", "2", "--round_repeat", "4", "--exit_condition", "positive"],
+         "ada_est.py": ["--prompt_pool", "4"]}
+
+FUNCS = '''
+def fixed(completions, **kwargs):  # TRL's documented form
+    return [0.3] * len(completions)
+
+
+def none_or_zero(prompts, completions, completion_ids, numbers, target, **kwargs):
+    assert len(prompts) == len(completions) == len(completion_ids) == len(numbers) == len(target)
+    return [None if len(ids) % 2 else 0.0 for ids in completion_ids]
+
+
+def chat_length(prompts, completions, completion_ids, **kwargs):
+    # message prompts: the prompt as the dataset holds it, the completion as one assistant message
+    assert all(p[0]["role"] == "user" and c[0]["role"] == "assistant" for p, c in zip(prompts, completions))
+    return [None if len(ids) % 3 == 0 else len(c[0]["content"]) / 10 for c, ids in zip(completions, completion_ids)]
+
+
+def raises(completions, calls=[0], **kwargs):
+    calls[0] += len(completions) > 1  # batches: one a training step (evaluation has its own functions here)
+    if calls[0] >= 2:
+        raise ZeroDivisionError("division by zero")
+    return [0.0] * len(completions)
+'''
+
+
+@pytest.fixture(scope="module")
+def chat_base(tiny_base, tmp_path_factory):
+    """The embedded base with a chat template that renders a user message as the plain Countdown prompt (so the
+    model answers as it does on the embedded task), and the training rows as .jsonl, text and message prompts."""
+    from common.countdown import countdown_task
+
+    root = tmp_path_factory.mktemp("chat_base")
+    shutil.copytree(tiny_base, root / "model")
+    config = json.loads((root / "model" / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    (root / "model" / "tokenizer_config.json").write_text(json.dumps(config))
+    rows = [example.columns for example in countdown_task("binary", 0).train[:40]]
+    (root / "text.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    chat = [{**row, "prompt": [{"role": "user", "content": row["prompt"]}]} for row in rows]
+    (root / "chat.jsonl").write_text("".join(json.dumps(row) + "\n" for row in chat))
+    (root / "funcs.py").write_text(FUNCS)
+    return root
+
+
+def _rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _run(script, root, out, data, funcs, weights, *extra):
+    run_main([script, "--model_name_or_path", str(root / "model"), "--dataset", str(root / data),
+              "--output_dir", str(out), "--reward_funcs", ",".join(f"{root / 'funcs.py'}:{f}" for f in funcs),
+              "--reward_weights", weights, *TINY, *FLAGS[script], *extra])
+    return _rows(out / "metrics.jsonl"), _rows(out / "samples.jsonl") if (out / "samples.jsonl").exists() else []
+
+
+def _check_totals(rows, samples, names, weights):
+    for name in names:
+        assert all(f"reward/{name}_mean" in row and f"reward/{name}_std" in row for row in rows[1:]), name
+    checked = 0
+    for sample in samples:
+        if f"reward/{names[0]}" not in sample or sample["kind"] == "replayed":
+            continue
+        values = [sample[f"reward/{name}"] for name in names]
+        total = sum(w * v for w, v in zip(weights, values) if v is not None)
+        assert sample["reward"] == pytest.approx(0.0 if sample["truncated"] else total, abs=1e-6), sample
+        checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_two_reward_funcs_route_by_success_reward(chat_base, tmp_path, script):
+    # every total is 2 x 0.3 + (None or 0) = 0.6: a success at --success_reward 0.5, a failure at the default 1
+    # (and not positive by Ada's default > 0.7); each method must route every uncut rollout as a success
+    rows, samples = _run(script, chat_base, tmp_path / "text", "text.jsonl", ["fixed", "none_or_zero"], "2,1",
+                         "--success_reward", "0.5")
+    last = rows[-1]
+    uncut = 1.0 - last["clipped_ratio"]  # a cut rollout scores 0
+    assert uncut > 0.5 and last["reward_mean"] == pytest.approx(0.6 * uncut)
+    assert last["pass_rate"] == pytest.approx(uncut) and last["reward/fixed_mean"] == pytest.approx(0.3)
+    assert last["reward/none_or_zero_mean"] == 0.0 and last["time_reward_s"] >= 0.0
+    assert any(s["reward/none_or_zero"] is None for s in samples)
+    assert _check_totals(rows, samples, ["fixed", "none_or_zero"], [2.0, 1.0]) > 0
+    if script == "ps_grpo.py":  # [PS] every task of the step passes all N: 100% routing
+        assert last["ps_route_all_pass"] == 4 and last["ps_route_normal"] == 0
+    elif script == "ra_rloo.py":  # [RA-RLOO] every prompt's successes enter its buffer; no group needs a replay
+        assert last["ra_buffer_prompts"] == 8 and last["ra_replay_fired_frac"] == 0.0
+    elif script == "ada_seq.py":  # [ADA] positive exit: every prompt leaves after its first round
+        assert last["ada_active_after_round_1"] == 0.0
+    elif script == "ada_est.py":  # [EST] Beta counts: the step-1 trials were successes, so p_hat rose above its prior
+        assert rows[1]["est_p_hat_mean"] == pytest.approx(1 / 17) and last["est_p_hat_mean"] > 0.3
+    elif script == "pros_ppo.py":  # [PROS] correct rollouts spawn children
+        assert last["pros_children_created"] > 0
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_message_prompts_and_weighted_totals(chat_base, tmp_path, script):
+    rows, samples = _run(script, chat_base, tmp_path / "chat", "chat.jsonl", ["fixed", "chat_length"], "1,0.5")
+    assert all(math.isfinite(row["reward_mean"]) for row in rows[1:])
+    assert _check_totals(rows, samples, ["fixed", "chat_length"], [1.0, 0.5]) > 0
+    if script in ("ps_grpo.py", "pros_ppo.py", "ada_est.py"):  # samples.jsonl holds every rollout of the step
+        values = [s["reward/chat_length"] for s in samples if s["step"] == 2]
+        assert None in values  # not applicable: left out of the total and of the mean
+        given = [v for v in values if v is not None]
+        assert rows[-1]["reward/chat_length_mean"] == pytest.approx(sum(given) / len(given))
+
+
+def test_bad_reward_functions_get_one_line(tmp_path):
+    from common.rewards import RewardFuncs, call_reward_funcs
+
+    (tmp_path / "f.py").write_text(FUNCS + "\nimport_error = None\n")
+    (tmp_path / "broken.py").write_text("import no_such_module_here\n")
+    f = str(tmp_path / "f.py")
+    cases = [(f"{tmp_path / 'broken.py'}:g", r"cannot import .*broken.py \(ModuleNotFoundError: No module named"),
+             ("no_such_package.mod:g", r"cannot import no_such_package.mod \(ModuleNotFoundError"),
+             (f"{f}:missing", r"f.py has no function missing"), ("nocolon", "expected `package.module:function`"),
+             (f"{tmp_path / 'nope.py'}:g", "file .*nope.py not found")]
+    for spec, message in cases:
+        with pytest.raises(SystemExit, match=message):
+            RewardFuncs(spec)
+    with pytest.raises(SystemExit, match="--reward_weights '1,2': expected 1 finite numbers"):
+        RewardFuncs(f"{f}:fixed", "1,2")
+    from common.cli import parse_args
+    from ps_grpo import Args
+
+    with pytest.raises(SystemExit, match="--reward_funcs: multi-turn keeps its binary reward"):
+        parse_args(Args, ["--reward_funcs", f"{f}:fixed"])  # the embedded task's default mode: multi-turn
+
+    def score(body, n=4, step=3):
+        (tmp_path / "g.py").write_text(f"def g(completions, **kwargs):\n    {body}\n")
+        sys.modules.pop("g", None)
+        funcs = RewardFuncs(f"{tmp_path / 'g.py'}:g")
+        return call_reward_funcs(funcs, ["a", "bb", "ccc", "dddd"][:n], [{"prompt": "p", "x": 1}] * n, [[1]] * n,
+                                 "prompt", step)
+
+    assert score("return [None, 1, 2.5, True]")[0] == [0.0, 1.0, 2.5, 1.0]
+    assert score("return [kwargs['trainer_state'].global_step] * 4")[0] == [2.0] * 4  # TRL's: updates done
+    bad = [("return [1, 2]", "g at step 3: returned 2 values for 4 completions"),
+           ("return [0, float('nan'), 0, 0]", "g at step 3: value 1 is nan, not finite"),
+           ("return [0, 0, float('inf'), 0]", "g at step 3: value 2 is inf, not finite"),
+           ("return [0, 0, 0, 'yes']", "g at step 3: value 3 is 'yes', not a number or None"),
+           ("return 1.0", "g at step 3: returned float, not a list of 4 numbers"),
+           ("return [1 / (len(c) - 3) for c in completions]", "g raised at step 3 on completion 2: ZeroDivisionError")]
+    for body, message in bad:
+        with pytest.raises(SystemExit, match=message):
+            score(body)
+
+
+def test_a_raising_function_stops_the_run_and_the_checkpoint_before_resumes(chat_base, tmp_path, capsys):
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit, match="reward function raises raised at step 2 on completion 0: ZeroDivisionError"):
+        _run("ra_rloo.py", chat_base, out, "text.jsonl", ["raises"], "1", "--save_every", "1",
+             "--eval_reward_funcs", f"{chat_base / 'funcs.py'}:fixed")
+    assert [row["step"] for row in _rows(out / "metrics.jsonl")] == [0, 1]
+    rows, _ = _run("ra_rloo.py", chat_base, out, "text.jsonl", ["fixed"], "1", "--resume", "auto")
+    assert [row["step"] for row in rows] == [0, 1, 2] and rows[-1]["reward/fixed_mean"] == pytest.approx(0.3)
+    assert "resumed from" in capsys.readouterr().out
+
+
+def test_split_line_truncation_warning_and_a_separate_evaluation_file(chat_base, tmp_path, capsys):
+    # every completion cut at 3 tokens: the warning names the flag, once; the held-out prompts come from the file
+    rows = [json.loads(line) for line in (chat_base / "text.jsonl").read_text().splitlines()]
+    (tmp_path / "eval.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows[:3]))
+    _run("ra_rloo.py", chat_base, tmp_path / "run", "text.jsonl", ["fixed"], "1", "--max_new_tokens", "3",
+         "--eval_dataset", str(tmp_path / "eval.jsonl"))
+    out = capsys.readouterr().out
+    split = f"40 training prompts from {chat_base / 'text.jsonl'}; 2 held-out prompts from {tmp_path / 'eval.jsonl'}"
+    assert split + "\n" in out
+    assert out.count("completions hit --max_new_tokens 3") == 1
+
+
+def test_a_damaged_jsonl_line_is_named(tmp_path):
+    from common.args import BaseArgs
+    from common.data import hf_task
+
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"question": "a", "answer": "1"}\n{"question": "b", "answer": "2"}\n{"question": "c", "ans\n')
+    with pytest.raises(SystemExit, match=r"d.jsonl line 3: not valid JSON"):
+        hf_task(BaseArgs(dataset=str(path)), None)
+    path.write_text('{"question": "a", "answer": "1"}\n[1, 2]\n')
+    with pytest.raises(SystemExit, match=r"d.jsonl line 2: a row must be a JSON object, got list"):
+        hf_task(BaseArgs(dataset=str(path)), None)
+
+
+def test_the_worked_example(random_model_dir, tmp_path):
+    # examples/: the message-format .jsonl loads (through a chat template) and its two functions score it
+    from transformers import AutoTokenizer
+
+    from common.args import BaseArgs
+    from common.data import hf_task
+    from common.rewards import RewardFuncs, call_reward_funcs
+
+    tok = AutoTokenizer.from_pretrained(random_model_dir)
+    tok.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+    funcs = "examples/gsm8k_rewards.py:format_reward,examples/gsm8k_rewards.py:correctness_reward"
+    args = BaseArgs(dataset=str(ROOT / "examples" / "gsm8k_chat.jsonl"), prompt_column="prompt", eval_prompts=2,
+                    reward_funcs=funcs)
+    task = hf_task(args, tok)
+    assert task.train[0].prompt.startswith("system: Solve") and task.train[0].prompt.endswith("assistant:")
+    examples = [task.train[0], task.train[0], task.eval[-1]]  # the last row has no gold answer
+    texts = ["12 * 5 = 60\nAnswer: 60", "Answer: 61", "Answer: 12"]
+    with_root = RewardFuncs(",".join(f"{ROOT / spec}" for spec in funcs.split(",")), "0.2,1")
+    total, values = call_reward_funcs(with_root, texts, [e.columns for e in examples], [[1]] * 3, "prompt", 1)
+    assert values == {"format_reward": [1.0, 1.0, 1.0], "correctness_reward": [1.0, 0.0, None]}
+    assert total == pytest.approx([1.2, 0.2, 0.2])
+    # --system_prompt goes before text prompts; message prompts without a chat template: one line
+    text = tmp_path / "text.jsonl"
+    text.write_text("".join(json.dumps({"question": f"What is {i}?", "answer": str(i)}) + "\n" for i in range(10)))
+    task = hf_task(BaseArgs(dataset=str(text), system_prompt="Be brief.", eval_prompts=2), tok)
+    assert task.train[0].prompt.startswith("system: Be brief.\nuser: What is 0? Please reason step by step")
+    tok.chat_template = None
+    with pytest.raises(SystemExit, match="row 0: a message-format prompt needs a chat template"):
+        hf_task(args, tok)
