@@ -9,6 +9,15 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+# inductor's on-disk kernel cache does not key on ATEN_CPU_CAPABILITY: kernels built while the suite ran as on another
+# CPU (docs/development.md) were reused by a native run and gave wrong tokens and a corrupted heap. One cache per
+# capability, unless the caller chose a folder.
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
+        tempfile.gettempdir(), f"torchinductor-{os.getuid()}-{os.environ.get('ATEN_CPU_CAPABILITY') or 'native'}")
+
 
 @contextmanager
 def _cache(path: Path):

@@ -29,6 +29,15 @@ TOKEN_LOGP_TOL = 1e-5
 W_MAX = 5.0  # ra_rloo.py's default --w_max: the largest weight a replayed slot's advantage can carry
 
 
+def inductor_vectorises() -> bool:
+    """Whether inductor generates vectorised C++ here. Without a vector ISA (a CPU without AVX2, or
+    ATEN_CPU_CAPABILITY=default) torch 2.13's scalar code for the model's reductions names `at::vec` without its header
+    and g++ fails: every compiled pass must then fall back to eager, with its line."""
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    return bool(pick_vec_isa())
+
+
 def rows(out_dir) -> list[dict]:
     return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -62,6 +71,7 @@ def test_torch_compile_matches_eager_three_steps(tiny_base, tmp_path):
     assert compiled[0]["time_compile_s"] > 1.0 and compiled[1]["time_compile_s"] > 1.0
     assert all(row["time_compile_s"] == 0 for row in compiled[2:])
     assert all(row["compile_recompiles"] == 0 for row in compiled)
+    assert compiled[-1]["compile_eager_passes"] == (0 if inductor_vectorises() else 2)
 
 
 def tiny_generator_inputs():
@@ -87,6 +97,9 @@ def test_torch_compile_bf16_generation_matches_eager():
     compiled_generator = HFGenerator(model, tokenizer, batch_size=8, dtype="bfloat16",
                                      compiled=TorchCompile(log=logs.append))
     compiled = generate(compiled_generator, prompts, sampling)
+    if not inductor_vectorises():  # no vector ISA: the compile fails, the rows are eager's (inductor_vectorises)
+        assert len(logs) == 1 and "eagerly" in logs[0] and compiled.completion_ids == eager.completion_ids
+        return
     assert not logs and not compiled_generator.compiled.failed["decoding"]  # it did run compiled
     assert compiled.completion_ids == eager.completion_ids
     assert torch.allclose(torch.tensor(sum(compiled.logprobs, [])), torch.tensor(sum(eager.logprobs, [])), atol=1e-5)
@@ -167,7 +180,8 @@ def test_torch_compile_packed_forward_matches_eager_one_graph():
     from common.compile import compiled_graphs
 
     model, tokenizer, prompts, _ = tiny_generator_inputs()
-    compiled, graphs = TorchCompile(), compiled_graphs()
+    logs = []
+    compiled, graphs = TorchCompile(log=logs.append), compiled_graphs()
     batches = packed_batches(tokenizer, prompts)
     assert [batch.input_ids.shape[0] for batch in batches] == [3, 2]
     for batch in batches:  # log-probs and gradients, micro-batch by micro-batch
@@ -178,7 +192,10 @@ def test_torch_compile_packed_forward_matches_eager_one_graph():
             (logp * batch.loss_mask).sum().backward()
             grads.append(torch.cat([param.grad.flatten() for param in model.parameters()]))
         assert torch.allclose(grads[0], grads[1], atol=1e-6)
-    assert compiled_graphs() - graphs == 1  # one graph served both row counts
+    if not inductor_vectorises():  # no vector ISA: one line, then eager (whose gradients were just compared)
+        assert len(logs) == 1 and "the compiled training forward failed" in logs[0]
+        return
+    assert not logs and compiled_graphs() - graphs == 1  # one graph served both row counts
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # a bf16 scoring pass: a graph of its own
         compiled_bf16, eager_bf16 = (token_logprobs(model, batches[0], compiled=run)[0] for run in (compiled, None))
     assert torch.allclose(compiled_bf16, eager_bf16, atol=0.05)
