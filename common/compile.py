@@ -18,11 +18,12 @@ and the recompilations counted for metrics.jsonl. One `TorchCompile` per run ser
   runs without CUDA graphs (they would record, and keep the memory of, one graph per shape). Padded (not packed)
   batches stay eager.
 
-A compile failure, dynamo's recompile limit included, does not stop the run: that call is redone eagerly (generation from the same random state) and
-every later one of the same pass too, after one log line. The backward graph is compiled together with the forward
-(not lazily at the first `.backward()`, which runs in the method file, outside any fallback), so a backward that
-cannot compile falls back the same way. Under several processes each step's metrics call makes the ranks agree: a
-pass that failed on any rank runs eagerly on every rank from then on, and the line names the ranks it failed on.
+A compile failure, dynamo's recompile limit included, does not stop the run: that call is redone eagerly (generation
+from the same random state) and every later one of the same pass too, after one log line. The backward graph is compiled
+together with the forward (not lazily at the first `.backward()`, which runs in the method file, outside any fallback),
+so a backward that cannot compile falls back the same way. Under several processes each step's metrics call makes the
+ranks agree: a pass that failed on any rank runs eagerly on every rank from then on, and the line names the ranks it
+failed on.
 """
 
 from __future__ import annotations

@@ -125,8 +125,10 @@ def spy_generate(self, *a, **k):
     return generate(self, *a, **k)
 policy.load_policy, generation.HFGenerator.generate = spy_load, spy_generate
 sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-print("THREADS", seen)
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")  # a script ends with SystemExit (its exit status)
+finally:
+    print("THREADS", seen)
 """
 
 

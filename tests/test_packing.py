@@ -120,4 +120,9 @@ def test_every_script_trains_the_same_packed_and_padded(tiny_base, tmp_path, mon
     for packed, padded in zip(rows["true"], rows["false"]):
         for key in COMPARED:
             if padded.get(key) is not None:
-                assert packed[key] == pytest.approx(padded[key], rel=1e-4, abs=1e-6), (packed["step"], key)
+                # the loss sums advantage-weighted log-probs whose advantages cancel within each group, so its relative
+                # error is many times the log-probs'; bounded absolutely instead by the per-token difference (TOL)
+                # times a completion's tokens times the largest |advantage| (5: RA-RLOO's w_max, above GRPO's scaled
+                # ones); the other quantities are means of well-conditioned terms
+                loss_bound = TOL * padded["completion_len_mean"] * 5.0 if key == "loss" else 1e-6
+                assert packed[key] == pytest.approx(padded[key], rel=1e-4, abs=loss_bound), (packed["step"], key)

@@ -170,7 +170,9 @@ def test_a_raising_function_stops_the_run_and_the_checkpoint_before_resumes(chat
         _run("ra_rloo.py", chat_base, out, "text.jsonl", ["raises"], "1", "--save_every", "1",
              "--eval_reward_funcs", f"{chat_base / 'funcs.py'}:fixed")
     assert [row["step"] for row in _rows(out / "metrics.jsonl")] == [0, 1]
-    rows, _ = _run("ra_rloo.py", chat_base, out, "text.jsonl", ["fixed"], "1", "--resume", "auto")
+    # the fixed function is another flag value: the resume says so and records it (a function fixed in place is not)
+    rows, _ = _run("ra_rloo.py", chat_base, out, "text.jsonl", ["fixed"], "1", "--resume", "auto",
+                   "--eval_reward_funcs", f"{chat_base / 'funcs.py'}:fixed", "--accept_changed_flags")
     assert [row["step"] for row in rows] == [0, 1, 2] and rows[-1]["reward/fixed_mean"] == pytest.approx(0.3)
     assert "resumed from" in capsys.readouterr().out
 
