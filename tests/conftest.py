@@ -19,6 +19,21 @@ if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
         tempfile.gettempdir(), f"torchinductor-{os.getuid()}-{os.environ.get('ATEN_CPU_CAPABILITY') or 'native'}")
 
 
+# Two code paths of the same forward (another summation order, layout, kernel or vector width) give one float32
+# per-token log-prob or entropy to a few roundings of reductions over ~100 terms: far below this bound. A wrong mask,
+# position or weight moves one by 0.01-1.
+TOKEN_LOGP_TOL = 2e-5
+MAX_ABS_ADVANTAGE = 5.0  # RA-RLOO's default w_max times |A| <= 1; GRPO's std-scaled advantages stay below it (k <= 16)
+
+
+def loss_tolerance(row: dict) -> float:
+    """Absolute tolerance of a metrics row's policy `loss` compared across two code paths. Its advantages sum to about
+    zero within each group, so it is a difference of nearly cancelling terms and its relative error is many times the
+    log-probs' (1.8e-4 measured between two CPUs); its absolute error is at most the per-token one times a
+    completion's tokens times the largest |advantage|."""
+    return TOKEN_LOGP_TOL * row["completion_len_mean"] * MAX_ABS_ADVANTAGE
+
+
 @contextmanager
 def _cache(path: Path):
     """RLVR_CACHE pointed at `path` while a fixture builds or restores into it."""

@@ -9,6 +9,7 @@ from common.distributed import token_budget_cuts
 from common.logprobs import token_logprobs
 from common.masking import pack_sequences, pad_sequences
 from common.tiny_model import BaseRecipe, build_char_tokenizer, build_tiny_model
+from conftest import loss_tolerance
 
 TOL = 2e-5  # fp32: packed and padded differ only in summation order (measured <= 1.1e-5 on the gradients)
 
@@ -120,9 +121,6 @@ def test_every_script_trains_the_same_packed_and_padded(tiny_base, tmp_path, mon
     for packed, padded in zip(rows["true"], rows["false"]):
         for key in COMPARED:
             if padded.get(key) is not None:
-                # the loss sums advantage-weighted log-probs whose advantages cancel within each group, so its relative
-                # error is many times the log-probs'; bounded absolutely instead by the per-token difference (TOL)
-                # times a completion's tokens times the largest |advantage| (5: RA-RLOO's w_max, above GRPO's scaled
-                # ones); the other quantities are means of well-conditioned terms
-                loss_bound = TOL * padded["completion_len_mean"] * 5.0 if key == "loss" else 1e-6
+                # a loss's advantages cancel within each group: an absolute bound (conftest.loss_tolerance)
+                loss_bound = loss_tolerance(padded) if key == "loss" else 1e-6
                 assert packed[key] == pytest.approx(padded[key], rel=1e-4, abs=loss_bound), (packed["step"], key)

@@ -283,11 +283,13 @@ def spied_generate(self, *args, **kwargs):
 
 vllm_backend.VLLMGenerator.__init__, vllm_backend.VLLMGenerator.generate = spied_init, spied_generate
 sys.argv = sys.argv[1:]
-runpy.run_path(sys.argv[0], run_name="__main__")
-# one file per rank: the two ranks share one stdout pipe, where their lines can interleave
-report = os.path.join(os.environ["REPORT_DIR"], f"spy-rank{os.environ['RANK']}.txt")
-with open(report, "w") as handle:
-    handle.write(f"SPY rank {os.environ['RANK']}: {len(calls)} generates, sharded {sorted(set(calls))}")
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")  # a script ends with SystemExit (its exit status)
+finally:
+    # one file per rank: the two ranks share one stdout pipe, where their lines can interleave
+    report = os.path.join(os.environ["REPORT_DIR"], f"spy-rank{os.environ['RANK']}.txt")
+    with open(report, "w") as handle:
+        handle.write(f"SPY rank {os.environ['RANK']}: {len(calls)} generates, sharded {sorted(set(calls))}")
 """
 
 
