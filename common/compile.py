@@ -10,7 +10,10 @@ and the recompilations counted for metrics.jsonl. One `TorchCompile` per run ser
   positions, or of an eighth of the length's power of two for long caches (8 lengths per doubling), and a chunk of
   fewer rows than the generation batch size is padded with copies of its last prompt up to a power of two (the
   copies' samples are dropped; they draw random numbers, so such a chunk samples differently from an eager run with
-  the same seed). Each new (rows, cache length) pair compiles the step once more.
+  the same seed). The step is compiled with static shapes first; at the first new row count or cache length
+  dynamo compiles it once more with that dimension dynamic (`CompileConfig(dynamic=None)`), and that graph serves
+  every later size: a multi-turn episode's growing prompts compile it twice in all, not once per shape (which ran
+  past dynamo's recompile limit). The buckets still bound the CUDA graphs recorded on a GPU.
 - The training and scoring forward of a packed batch (common/masking.py `pack_sequences`; backward included, through
   AOTAutograd), compiled with dynamic shapes: the row count and the row width (at most --pack_row_tokens, or the
   longest sequence) are symbols, so one graph serves every micro-batch (a single row specialises once more). It
@@ -69,10 +72,11 @@ class TorchCompile:
         return {"mode": None, "options": {"cpp.dynamic_threads": True}}  # torch takes options or a mode
 
     def config(self, model):
-        """transformers' CompileConfig for the decoding step: static shapes."""
+        """transformers' CompileConfig for the decoding step: static shapes until a second shape makes dynamo mark
+        the dimension that changed dynamic (`dynamic=None`)."""
         from transformers import CompileConfig
 
-        config = CompileConfig(dynamic=False, backend=self.backend, **self.options(next(model.parameters()).device))
+        config = CompileConfig(dynamic=None, backend=self.backend, **self.options(next(model.parameters()).device))
         config._compile_all_devices = True  # transformers' switch for compiling off CUDA
         return config
 
