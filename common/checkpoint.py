@@ -22,7 +22,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch.distributed.fsdp import FSDPModule
 
-from common.distributed import gather_list, reduce_sums, stop_every_rank
+from common.distributed import first_failure, gather_list, stop_every_rank
+from common.folder_lock import lost_hold
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 MARKER = ".run.json"
@@ -120,6 +121,7 @@ def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, o
     final = Path(output_dir) / f"checkpoint-{step}"
     tmp = Path(output_dir) / f".tmp-checkpoint-{step}"
     main, failed = accelerator.is_main_process, []  # messages: an error object would keep its open file (traceback)
+    _stop_if_not_held(accelerator, output_dir)
     if main:
         try:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -163,6 +165,7 @@ def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, o
         except _WRITE_ERRORS as error:
             failed.append(str(error))
     _stop_if_failed(accelerator, failed, tmp, step)
+    _stop_if_not_held(accelerator, output_dir)  # writing took minutes on a large model: the rename and rotation delete
     if main:
         try:
             shutil.rmtree(final, ignore_errors=True)
@@ -178,14 +181,20 @@ def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, o
     return final
 
 
+def _stop_if_not_held(accelerator, output_dir: str) -> None:
+    """Every rank: stop every rank, removing nothing, when this launch no longer holds `output_dir`."""
+    mine = lost_hold(Path(output_dir)) if accelerator.is_main_process else None
+    lost = first_failure(accelerator, [mine] if mine else [])
+    if lost:
+        stop_every_rank(accelerator, lost)
+
+
 def _stop_if_failed(accelerator, failed: list, tmp: Path, step: int) -> None:
     """Every rank: when a write failed on any rank, remove the partial checkpoint and stop every rank with one line
     naming the folder, the error and the checkpoint a resume starts from."""
-    # a float all-reduce first: gather_list pickles into tensors that reference Python memory, and gloo may free
-    # those in its own thread while the run destroys its process group (a deadlock on the GIL); gather only to stop
-    if not reduce_sums(accelerator, {"failed": float(len(failed))})["failed"]:
+    reason = first_failure(accelerator, failed)
+    if reason is None:
         return
-    reasons = gather_list(accelerator, [str(error).strip().splitlines()[0] for error in failed])
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     found = list_checkpoints(str(tmp.parent))
@@ -193,7 +202,7 @@ def _stop_if_failed(accelerator, failed: list, tmp: Path, step: int) -> None:
         room = f" ({shutil.disk_usage(tmp.parent).free / 2 ** 20:,.0f} MiB free there)"
     except OSError:
         room = ""
-    stop_every_rank(accelerator, f"checkpoint-{step}: could not write it in {tmp.parent}: {reasons[0]}{room}; the run "
+    stop_every_rank(accelerator, f"checkpoint-{step}: could not write it in {tmp.parent}: {reason}{room}; the run "
                                  f"stops here. " + (f"{found[-1].name} is whole: make room (or fix the folder's "
                                  "permissions), then continue with --resume auto" if found else
                                  "There is no earlier checkpoint: fix the folder, then start the run again"))

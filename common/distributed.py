@@ -36,14 +36,25 @@ def gather_list(accelerator, items: list) -> list:
     return gather_object(list(items))
 
 
+def first_failure(accelerator, failed: list[str]) -> str | None:
+    """Every rank: None when no rank failed, else the first failing rank's first reason (the same on every rank)."""
+    # a float all-reduce first: gather_list pickles into tensors that reference Python memory, and gloo may free
+    # those in its own thread while the run destroys its process group (a deadlock on the GIL); gather only to stop
+    if not reduce_sums(accelerator, {"failed": float(len(failed))})["failed"]:
+        return None
+    return gather_list(accelerator, [str(reason).strip().splitlines()[0] for reason in failed])[0]
+
+
 def stop_every_rank(accelerator, message: str) -> None:
     """Stop the run on every rank (each calls this) with `message`: printed once per machine, by its first process,
-    before any rank exits (a launcher ends the other processes as soon as one exits), then exit status 1."""
+    before any rank exits (a launcher ends the other processes as soon as one exits); the process group ends, then
+    exit status 1."""
     if accelerator.num_processes == 1:
         raise SystemExit(message)
     if accelerator.is_local_main_process:
         print(message, file=sys.stderr, flush=True)
     accelerator.wait_for_everyone()
+    end_processes(accelerator)  # a gloo group alive at exit aborts its process (SIGABRT)
     raise SystemExit(1)
 
 

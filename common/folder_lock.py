@@ -58,6 +58,23 @@ def hold(folder: Path, token: str, script: str, log=print) -> None:
     _HOLDS[key] = (descriptor, threading.get_ident(), path)
 
 
+def lost_hold(folder: Path) -> str | None:
+    """Before a write that removes or replaces files in `folder`: None while its `.run.lock` is the file this launch
+    locked, else one line saying so (a folder cleared by hand, then taken by another launch). Unheld folders pass."""
+    descriptor, _, path = _HOLDS.get(str(folder.resolve()), (None, None, None))
+    if descriptor is None:
+        return None
+    try:
+        inode, now = os.stat(path).st_ino, path.read_bytes()
+    except OSError:  # removed, or its folder gone
+        inode, now = None, b""
+    if inode == os.fstat(descriptor).st_ino:
+        return None
+    holder = f"now held by {_holder(now)}" if now.strip() else f"its {LOCK} was removed"
+    return (f"--output_dir {folder}: this launch no longer holds it ({holder}); the run stops before removing anything "
+            "there")
+
+
 def release(folder: Path) -> None:
     """Give up this process's hold on `folder` (its lock file goes, then the lock)."""
     _release(str(folder.resolve()))
@@ -79,8 +96,9 @@ def _release(key: str) -> None:
     _DEFERRED.pop(key, None)
     descriptor, _, path = _HOLDS.pop(key, (None, None, None))
     if descriptor is not None:
-        try:
-            path.unlink()
+        try:  # never another launch's lock file, made after this one's was removed
+            if os.stat(path).st_ino == os.fstat(descriptor).st_ino:
+                path.unlink()
         except OSError:
             pass
         os.close(descriptor)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from common.folder_lock import write_deferred
+from common.distributed import first_failure, stop_every_rank
+from common.folder_lock import lost_hold, write_deferred
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -91,24 +92,40 @@ class MetricsLogger:
         self.acc = accelerator
         self.path = Path(output_dir) / "metrics.jsonl"
         self.trackers = report_to != "none"
-        if not accelerator.is_main_process:
-            return
-        write_deferred(Path(output_dir))  # a resume's records of its flags: its checkpoint has loaded
-        if resume_step is not None and self.path.exists():
-            # drop rows written after the checkpoint, so the file reads as one uninterrupted run
-            keep_rows_until(self.path, resume_step)
-        elif resume_step is None and self.path.exists():
-            self.path.unlink()
-        if self.trackers:
+        written_on_main(accelerator, output_dir, lambda: self._start(resume_step))
+        if self.trackers and accelerator.is_main_process:
             accelerator.init_trackers(project, config=config or {})
 
+    def _start(self, resume_step: int | None) -> None:
+        write_deferred(self.path.parent)  # a resume's records of its flags: its checkpoint has loaded
+        if self.path.exists():  # a resume drops rows written after its checkpoint (the file reads as one run)
+            keep_rows_until(self.path, resume_step)  # a new run: none
+
     def log(self, metrics: dict) -> None:
-        if not self.acc.is_main_process:
-            return
+        """Every rank (a failed write stops them all); the main process writes the row."""
         clean = {k: (float(v) if isinstance(v, (np.floating, np.integer)) else v) for k, v in metrics.items()}
-        append_rows(self.path, [clean])
-        if self.trackers:
+        written_on_main(self.acc, self.path.parent, lambda: append_rows(self.path, [clean]))
+        if self.trackers and self.acc.is_main_process:
             self.acc.log({k: v for k, v in clean.items() if isinstance(v, (int, float))}, step=clean["step"])
+
+
+def written_on_main(accelerator, output_dir, write) -> None:
+    """Every rank: `write()` on the main process, once this launch is known to still hold `output_dir`; a failure
+    stops every rank at once with one line naming the folder or file and the error."""
+    failed = []
+    if accelerator.is_main_process:
+        try:
+            lost = lost_hold(Path(output_dir))
+            if lost:
+                raise SystemExit(lost)
+            write()
+        except SystemExit as stop:  # append_rows's line, or the lost hold's
+            failed.append(str(stop))
+        except OSError as error:
+            failed.append(f"--output_dir {output_dir}: could not write its logs ({error}); the run stops here: make "
+                          "room (or fix the folder's permissions), then run the same command again")
+    if (reason := first_failure(accelerator, failed)) is not None:
+        stop_every_rank(accelerator, reason)
 
 
 class SampleLogger:
@@ -119,8 +136,8 @@ class SampleLogger:
     def __init__(self, output_dir: str, accelerator, every: int | None, per_kind: int, resume_step: int | None):
         self.acc, self.every, self.per_kind = accelerator, every, per_kind
         self.path = Path(output_dir) / "samples.jsonl"
-        if accelerator.is_main_process and self.path.exists():  # as metrics.jsonl: rows past the checkpoint go
-            keep_rows_until(self.path, resume_step)
+        written_on_main(accelerator, output_dir,  # as metrics.jsonl: rows past the checkpoint go
+                        lambda: keep_rows_until(self.path, resume_step) if self.path.exists() else None)
 
     def due(self, step: int, evaluating: bool) -> bool:
         """At each evaluation by default (`every` None), else every `every` steps (0: never)."""
@@ -141,11 +158,11 @@ class SampleLogger:
 
         rows = gather_object(rows) if self.acc.num_processes > 1 else rows
         rows = [rows[i] for i in self.pick([row["kind"] for row in rows])]  # the bound holds over all ranks
-        if not self.acc.is_main_process or not rows:
-            return
         clean = [{"step": step, **{k: float(v) if isinstance(v, (np.floating, np.integer)) else v
                                    for k, v in row.items()}} for row in rows]
-        append_rows(self.path, clean)
+        written_on_main(self.acc, self.path.parent, lambda: append_rows(self.path, clean) if clean else None)
+        if not self.acc.is_main_process or not rows:
+            return
         for tracker in self.acc.trackers:
             columns = sorted({key for row in clean for key in row})
             if tracker.name == "wandb":

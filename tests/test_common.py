@@ -118,7 +118,7 @@ def test_metrics_logger_truncates_rows_after_resume_step(tmp_path):
     rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["x"]) for r in rows] == [(0, 0), (1, 1), (2, 2), (3, 30)]
     MetricsLogger(str(tmp_path), acc)  # a fresh (non-resumed) run starts a new file
-    assert not (tmp_path / "metrics.jsonl").exists()
+    assert (tmp_path / "metrics.jsonl").read_text() == ""
 
 
 # ---------------- cli ----------------

@@ -232,3 +232,102 @@ def test_a_signal_stops_with_its_status_and_resume_auto_finishes(tiny_base, tmp_
     assert stopped < 50 and _steps(out) == list(range(stopped + 1))
     run_main(["ra_rloo.py", *argv, "--max_steps", str(stopped + 1), "--resume", "auto"])  # the run's length may change
     assert _steps(out) == list(range(stopped + 2))
+
+
+# The launched script: fails one write on one rank, as a full disk would (SPY_FAIL: "metrics:RANK:STEP", the
+# metrics.jsonl row of that step, or "checkpoint:RANK:STEP", that rank's first file of checkpoint-STEP)
+FULL_DISK_SPY = """
+import errno, os, runpy, sys
+import torch
+what, rank, step = os.environ["SPY_FAIL"].split(":")
+full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+if os.environ["RANK"] == rank and what == "metrics":
+    write = os.write
+    def spy_write(fd, data):
+        row = data.startswith(b'{"step": %s,' % step.encode())
+        if row and os.readlink(f"/proc/self/fd/{fd}").endswith("metrics.jsonl"):
+            raise full
+        return write(fd, data)
+    os.write = spy_write
+elif os.environ["RANK"] == rank:
+    save = torch.save
+    def spy_save(obj, path, *args, **kwargs):
+        if f".tmp-checkpoint-{step}" in str(path):
+            raise full
+        return save(obj, path, *args, **kwargs)
+    torch.save = spy_save
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.xdist_group("distributed")  # accelerate's default rendezvous port, as in tests/test_fsdp.py
+def test_a_failed_write_on_one_rank_stops_every_rank_with_one_line(tiny_base, tmp_path):
+    out, spy = tmp_path / "run", tmp_path / "spy.py"
+    spy.write_text(FULL_DISK_SPY)
+    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(spy), "ra_rloo.py",
+              "--model_name_or_path", tiny_base, "--output_dir", str(out), *SMALL]
+
+    def stopped(fail: str, flags: list[str], line: str) -> None:
+        run = subprocess.run([*launch, *flags], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                             env=dict(os.environ, OMP_NUM_THREADS="1", SPY_FAIL=fail, PYTHONPATH=str(ROOT)))
+        said = run.stdout + run.stderr
+        assert run.returncode != 0 and len(re.findall(line, said)) == 1, said[-4000:]
+        # the ranks stopped themselves with status 1 (the launcher may end the slower one with SIGTERM once the
+        # first has exited: both were past the line and their collectives), none aborted, no traceback passes
+        # through our files (the launcher prints its own summary of the failed ranks)
+        statuses = re.findall(r"exitcode\s*: (-?\d+) ", said)
+        assert len(statuses) == 2 and "1" in statuses and set(statuses) <= {"1", "-15"}, said[-4000:]
+        assert not re.search(r'File ".*(ra_rloo\.py|common/)', said), said[-4000:]
+
+    # rank 0 cannot append step 2's row: rank 1 stops as well, and checkpoint-1 is whole
+    stopped("metrics:0:2", ["--max_steps", "3"], rf"{re.escape(str(out))}/metrics.jsonl: could not append a row "
+                                                r"\(\[Errno 28\] No space left on device\); the run stops here")
+    assert _steps(out) == [0, 1] and sorted(path.name for path in out.glob("*checkpoint-*")) == ["checkpoint-1"]
+    # the resume from it: rank 1 cannot write its part of checkpoint-3 (rank 0 could): both stop, the partial goes
+    stopped("checkpoint:1:3", ["--max_steps", "3", "--resume", "auto"],
+            rf"checkpoint-3: could not write it in {re.escape(str(out))}: \[Errno 28\] No space left on device .*"
+            r"checkpoint-2 is whole")
+    assert _steps(out) == [0, 1, 2, 3] and sorted(path.name for path in out.glob("*checkpoint-*")) == [
+        "checkpoint-1", "checkpoint-2"]
+
+
+def test_a_launch_that_lost_its_folder_stops_before_removing_anything(tmp_path, random_model_dir):
+    import torch
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from common import checkpoint
+    from common.folder_lock import LOCK, hold, release
+    from common.metrics import MetricsLogger
+
+    acc, folder = Accelerator(cpu=True), tmp_path / "run"
+    tok, model = AutoTokenizer.from_pretrained(random_model_dir), AutoModelForCausalLM.from_pretrained(random_model_dir)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    hold(folder, "mine", "ra_rloo")
+    (folder / checkpoint.MARKER).write_text(json.dumps({"run_id": "mine"}))
+    logger = MetricsLogger(str(folder), acc)
+    logger.log({"step": 1})
+    checkpoint.save_checkpoint(str(folder), 1, acc, model, tok, opt, sched, {}, keep=1)
+    # the folder is cleared by hand (its lock file goes) and another launch takes it
+    (folder / LOCK).unlink()
+    other = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; from common.folder_lock "
+                              "import hold; hold(Path(sys.argv[1]), 'theirs', 'ps_grpo'); print('held', flush=True); "
+                              "sys.stdin.read()", str(folder)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert other.stdout.readline() == "held\n"
+        lost = rf"^--output_dir {re.escape(str(folder))}: this launch no longer holds it \(now held by ps_grpo, " \
+               rf"process {other.pid} .*\); the run stops before removing anything there$"
+        before = _snapshot(folder)
+        with pytest.raises(SystemExit, match=lost):  # rotation would remove checkpoint-1
+            checkpoint.save_checkpoint(str(folder), 2, acc, model, tok, opt, sched, {}, keep=1)
+        with pytest.raises(SystemExit, match=lost):
+            logger.log({"step": 2})
+        assert _snapshot(folder) == before and not list(folder.glob(".tmp-*"))
+        release(folder)  # this launch ends: the other launch's lock file stays
+        assert json.loads((folder / LOCK).read_text())["launch"] == "theirs"
+    finally:
+        other.communicate("", timeout=30)
