@@ -1,17 +1,18 @@
-"""`--torch_compile` measured: the default `ra_rloo.py` job eager vs compiled, the floor with a compiled bare loop too,
+"""`--torch_compile` measured: each script's default job eager vs compiled, the floor with a compiled bare loop too,
 and the TRL peer with `--torch_compile` on ours and with TRL's own `torch_compile=True`.
 
-1. job: `--rounds` pairs of `ra_rloo.py` runs (its defaults, `--max_steps --steps`, `--eval_every 0`), eager and
-   `--torch_compile`, alternating which goes first; median `time_step_s` and `time_gen_s` over steps 2..N-1 pooled over
-   the rounds, generation tokens/s (generated tokens / `time_gen_s`, which holds the sampling log-prob pass and the
-   verifier too), the compile time apart (`time_compile_s` summed over the run; each run starts with an empty cache of
-   compiled kernels, as a first run on a machine does) and the steps after which compiling has paid for itself
-   (compile time / the per-step saving);
+1. job: for each of `--scripts`, `--rounds` pairs of runs of its default job (`--max_steps --steps`, `--eval_every 0`),
+   eager and `--torch_compile`, alternating which goes first; median over steps 2..N-1, pooled over the rounds, of the
+   step time less the compiling done in that step (`time_step_s - time_compile_s`), generation tokens/s (generated
+   tokens / `time_gen_s`, which holds the sampling log-prob pass and the verifier too), the compile time apart
+   (`time_compile_s` summed over the run; each run starts with an empty cache of compiled kernels, as a first run on a
+   machine does) and the steps after which compiling has paid for itself (compile time / the per-step saving), to
+   set against the script's default `--max_steps`;
 2. floor: `benchmarks/floor.py`'s bare loop and our script (GRPO-n4), eager and compiled;
 3. peer: `benchmarks/trl_peer.py`'s setting, `--peer_rounds` rounds of four runs (TRL eager, TRL `torch_compile=True`,
    ours eager, ours `--torch_compile`, the order reversed every other round); steps/s ratios of each pair.
 
-    OMP_NUM_THREADS=2 python benchmarks/compile_speed.py          # -> benchmarks/results/compile.json (~20 min quiet)
+    OMP_NUM_THREADS=2 python benchmarks/compile_speed.py          # -> benchmarks/results/compile.json (~70 min quiet)
     python benchmarks/report.py --write_docs                        # its block on docs/benchmark.md
 """
 from __future__ import annotations
@@ -35,14 +36,17 @@ from common.cli import parse_args  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "compile.json"
 PARTS = ("job", "floor", "peer")
+SCRIPTS = ("ra_rloo", "ps_grpo", "pros_ppo", "ada_seq", "ada_est")
 
 
 @dataclass
 class Args:
-    steps: int = 40
-    """ra_rloo.py steps per run of the job part (steps 2..N-1 timed; needs >= 3)"""
+    scripts: str = ",".join(SCRIPTS)
+    """comma-separated scripts of the job part, each run with its defaults"""
+    steps: int = 20
+    """steps per run of the job part (steps 2..N-1 timed; needs >= 3)"""
     rounds: int = 2
-    """eager / compiled pairs of the job part, alternating which goes first"""
+    """eager / compiled pairs of the job part per script, alternating which goes first"""
     num_threads: int = 2
     """torch CPU threads of every run"""
     floor_repeats: int = 5
@@ -62,6 +66,10 @@ class Args:
         unknown = set(self.parts.split(",")) - set(PARTS)
         if unknown:
             raise SystemExit(f"--parts {self.parts}: unknown part(s) {sorted(unknown)}; choose from {', '.join(PARTS)}")
+        unknown = set(self.scripts.split(",")) - set(SCRIPTS)
+        if unknown:
+            raise SystemExit(f"--scripts {self.scripts}: unknown script(s) {sorted(unknown)}; choose from "
+                             f"{', '.join(SCRIPTS)}")
         if self.steps < 3 or self.peer_steps < 3:
             raise SystemExit("--steps and --peer_steps: need >= 3 (step 1 and the last step are not timed)")
         if min(self.rounds, self.peer_rounds, self.floor_repeats, self.floor_script_steps) < 1:
@@ -69,11 +77,11 @@ class Args:
 
 
 # ----------------------------------------------------------------------------------------------------
-# 1. the default job
+# 1. each script's default job
 # ----------------------------------------------------------------------------------------------------
 
-def job_run(args: Args, compiled: bool, output_dir: str) -> dict:
-    cmd = [sys.executable, "ra_rloo.py", "--max_steps", str(args.steps), "--eval_every", "0", "--save_every", "0",
+def job_run(args: Args, script: str, compiled: bool, output_dir: str) -> dict:
+    cmd = [sys.executable, f"{script}.py", "--max_steps", str(args.steps), "--eval_every", "0", "--save_every", "0",
            "--num_threads", str(args.num_threads), "--output_dir", output_dir,
            *(["--torch_compile"] if compiled else [])]
     # a cache of compiled kernels of its own: every run compiles from scratch, as a first run on a machine does
@@ -88,10 +96,11 @@ def job_run(args: Args, compiled: bool, output_dir: str) -> dict:
     steps = [row for row in rows if row["step"] >= 1]
     tokens = [b["gen_tokens"] - a["gen_tokens"] for a, b in zip([{"gen_tokens": 0}] + steps, steps)]
     timed = list(range(1, len(steps) - 1))  # steps 2..N-1: not the warm-up, not the final evaluation
-    return {"wall_s": wall, "step_s": [steps[i]["time_step_s"] for i in timed],
+    return {"wall_s": wall, "step_s": [steps[i]["time_step_s"] - steps[i].get("time_compile_s", 0.0) for i in timed],
             "gen_s": [steps[i]["time_gen_s"] for i in timed], "tokens": [tokens[i] for i in timed],
             "compile_s": sum(row.get("time_compile_s", 0.0) for row in rows),
-            "recompiles": rows[-1].get("compile_recompiles"), "fallback": "eagerly from here on" in r.stdout}
+            "recompiles": rows[-1].get("compile_recompiles"), "eager_passes": rows[-1].get("compile_eager_passes", 0),
+            "fallback": "eagerly from here on" in r.stdout + r.stderr}
 
 
 def job_figures(runs: list[dict]) -> dict:
@@ -101,24 +110,50 @@ def job_figures(runs: list[dict]) -> dict:
     return {"step_s": statistics.median(step), "gen_s": statistics.median(gen),
             "gen_tokens_per_s": sum(tokens) / sum(gen),
             "compile_s": statistics.median(r["compile_s"] for r in runs), "wall_s": [r["wall_s"] for r in runs],
-            "recompiles": max((r["recompiles"] or 0) for r in runs), "fallback": any(r["fallback"] for r in runs),
-            "timed_steps": len(step)}
+            "recompiles": max((r["recompiles"] or 0) for r in runs),
+            "fallback": any(r["fallback"] or r["eager_passes"] for r in runs), "timed_steps": len(step)}
+
+
+def default_max_steps(script: str) -> int:
+    import importlib
+
+    return importlib.import_module(script).Args().max_steps
 
 
 def job_part(args: Args) -> dict:
-    raw = {"eager": [], "compiled": []}
-    with tempfile.TemporaryDirectory(prefix="compile-job-") as tmp:
-        for k in range(args.rounds):
-            for mode in ("eager", "compiled") if k % 2 == 0 else ("compiled", "eager"):
-                print(f"job round {k + 1}/{args.rounds}: {mode}, {args.steps} steps ...", flush=True)
-                raw[mode].append(job_run(args, mode == "compiled", str(Path(tmp) / f"{mode}{k}")))
-    eager, compiled = job_figures(raw["eager"]), job_figures(raw["compiled"])
-    saving = eager["step_s"] - compiled["step_s"]
-    return {"eager": eager, "compiled": compiled, "speedup": eager["step_s"] / compiled["step_s"],
-            "gen_speedup": compiled["gen_tokens_per_s"] / eager["gen_tokens_per_s"],
-            "break_even_steps": compiled["compile_s"] / saving if saving > 0 else None, "raw": raw,
-            "command": f"python ra_rloo.py --max_steps {args.steps} --eval_every 0 --save_every 0 --num_threads "
-                       f"{args.num_threads} [--torch_compile]"}
+    out = {}
+    for script in args.scripts.split(","):
+        raw = {"eager": [], "compiled": []}
+        with tempfile.TemporaryDirectory(prefix=f"compile-{script}-") as tmp:
+            for k in range(args.rounds):
+                for mode in ("eager", "compiled") if k % 2 == 0 else ("compiled", "eager"):
+                    print(f"job {script} round {k + 1}/{args.rounds}: {mode}, {args.steps} steps ...", flush=True)
+                    raw[mode].append(job_run(args, script, mode == "compiled", str(Path(tmp) / f"{mode}{k}")))
+        eager, compiled = job_figures(raw["eager"]), job_figures(raw["compiled"])
+        saving = eager["step_s"] - compiled["step_s"]
+        out[script] = {"eager": eager, "compiled": compiled, "speedup": eager["step_s"] / compiled["step_s"],
+                       "gen_speedup": compiled["gen_tokens_per_s"] / eager["gen_tokens_per_s"],
+                       "break_even_steps": compiled["compile_s"] / saving if saving > 0 else None,
+                       "default_max_steps": default_max_steps(script), "raw": raw,
+                       "command": f"python {script}.py --max_steps {args.steps} --eval_every 0 --save_every 0 "
+                                  f"--num_threads {args.num_threads} [--torch_compile]"}
+        print(job_line(script, out[script]), flush=True)
+    return out
+
+
+def job_line(script: str, job: dict) -> str:
+    """One script's figures, and whether compiling pays in its default run (its default `--max_steps`)."""
+    e, c, even, default = job["eager"], job["compiled"], job["break_even_steps"], job["default_max_steps"]
+    if even is None:
+        verdict = "it does not pay back: no saving per step"
+    else:
+        verdict = (f"paid back after {even:.0f} steps: " + ("it pays" if even < default else "it does not pay")
+                   + f" within the default {default}-step run")
+    return (f"  - `{script}.py`: {e['step_s']:.3f} s/step eager, {c['step_s']:.3f} s/step with `--torch_compile` "
+            f"({job['speedup']:.2f}x); generation {e['gen_tokens_per_s']:,.0f} vs {c['gen_tokens_per_s']:,.0f} "
+            f"tokens/s ({job['gen_speedup']:.2f}x); compiling took {c['compile_s']:.0f} s apart "
+            f"({c['recompiles']} recompilation(s)); {verdict}"
+            + (" (a pass fell back to eager)" if c["fallback"] else ""))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -184,9 +219,13 @@ def main(args: Args) -> dict:
 
     out = ROOT / args.out
     res = json.loads(out.read_text()) if out.exists() else {}
+    for part in PARTS:  # figures kept from an earlier run keep that run's flags and machine
+        if part in res and "machine" not in res[part]:
+            res[part].update(args=res.get("args", {}), machine=res.get("machine", {}))
     started = time.perf_counter()
     for part in args.parts.split(","):
         res[part] = {"job": job_part, "floor": floor_part, "peer": peer_part}[part](args)
+        res[part].update(args=asdict(args), machine=machine_info(), date=time.strftime("%Y-%m-%d"))
     res.update(args=asdict(args), machine=machine_info(), wall_s=time.perf_counter() - started)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=2, default=str))
@@ -207,37 +246,43 @@ def docs_block(path: Path = RESULTS) -> str:
                              "benchmarks/report.py --write_docs` puts its figures here.", 120,
                              break_on_hyphens=False, break_long_words=False) + "\n"
     res = json.loads(path.read_text())
-    a, m = res.get("args", {}), res.get("machine", {})
-    lines = [f"`python benchmarks/compile_speed.py` ({a.get('num_threads')} threads, {m.get('cpu', 'CPU')}; "
-             f"`benchmarks/results/compile.json`):", ""]
+    a = res.get("args", {})
+    lines = ["`python benchmarks/compile_speed.py` (`benchmarks/results/compile.json`), each part with its threads and "
+             "machine:", ""]
+
+    def where(part: str) -> str:
+        flags, machine = res[part].get("args", a), res[part].get("machine", res.get("machine", {}))
+        return f"{flags.get('num_threads')} threads, {machine.get('cpu', 'CPU')}" + (
+            f", {res[part]['date']}" if "date" in res[part] else "")
+
     if "job" in res:
-        j, e, c = res["job"], res["job"]["eager"], res["job"]["compiled"]
-        even = j["break_even_steps"]
-        lines += [f"- the default `ra_rloo.py` job, {a.get('rounds')} rounds of {a.get('steps')} steps, median of "
-                  f"steps 2..N-1: {e['step_s']:.3f} s/step eager, {c['step_s']:.3f} s/step with `--torch_compile` "
-                  f"({j['speedup']:.2f}x); generation {e['gen_tokens_per_s']:,.0f} vs {c['gen_tokens_per_s']:,.0f} "
-                  f"tokens/s ({j['gen_speedup']:.2f}x); compiling (from an empty kernel cache) took "
-                  f"{c['compile_s']:.0f} s apart ({c['recompiles']} recompilation(s)), paid back after "
-                  + (f"{even:.0f} steps" if even is not None else "no number of steps (no saving per step)")
-                  + (" (a compile failed: the run fell back to eager)" if c["fallback"] else "")]
+        jobs = {script: job for script, job in res["job"].items() if script in SCRIPTS}
+        flags = res["job"].get("args", a)
+        lines += [f"- each script's default job ({where('job')}), {flags.get('rounds')} round(s) of "
+                  f"{flags.get('steps')} steps per mode; median of steps 2..N-1, each less its compiling; compiling "
+                  "from an empty kernel cache:"]
+        lines += [job_line(script, job) for script, job in jobs.items()]
     if "floor" in res:
         f = res["floor"]
-        lines += ["- the floor (bare `generate` + forward/backward + AdamW, 32 prompts x 4, <= 32 tokens; compiled: "
-                  "its decoding step and training forward): "
+        lines += [f"- the floor ({where('floor')}; bare `generate` + forward/backward + AdamW, 32 prompts x 4, <= "
+                  "32 tokens; compiled: its decoding step and training forward): "
                   f"{f['eager']['floor_s']:.3f} s eager, {f['compiled']['floor_s']:.3f} s compiled "
                   f"({f['floor_speedup']:.2f}x); our GRPO-n4 script step {f['eager']['script_ratio']:.2f}x the eager "
                   f"floor eager, {f['compiled']['script_ratio']:.2f}x the compiled floor with `--torch_compile`"]
     if "peer" in res:
         p, ratio = res["peer"], res["peer"]["ratios"]
         spread = lambda pair: "/".join(f"{x:.2f}" for x in p["rounds"][pair])  # noqa: E731
-        lines += [f"- against TRL {p['versions'].get('trl')} `GRPOTrainer` (`benchmarks/trl_peer.py`'s setting, "
-                  f"{a.get('peer_rounds')} rounds of {a.get('peer_steps')} steps), ours / TRL steps/s: both eager "
+        flags = p.get("args", a)
+        lines += [f"- against TRL {p['versions'].get('trl')} `GRPOTrainer` ({where('peer')}; "
+                  f"`benchmarks/trl_peer.py`'s setting, {flags.get('peer_rounds')} rounds of {flags.get('peer_steps')} "
+                  "steps), ours / TRL steps/s: both eager "
                   f"{ratio['ours_eager_vs_trl_eager']:.2f}x (rounds {spread('ours_eager_vs_trl_eager')}); ours "
                   f"`--torch_compile` vs TRL eager {ratio['ours_compiled_vs_trl_eager']:.2f}x (rounds "
                   f"{spread('ours_compiled_vs_trl_eager')}); ours `--torch_compile` vs TRL `torch_compile=True` "
                   f"{ratio['ours_compiled_vs_trl_compiled']:.2f}x (rounds {spread('ours_compiled_vs_trl_compiled')})"]
     # wrapped at 120 characters, as the hand-written docs are
-    return "\n".join(textwrap.fill(line, 120, subsequent_indent="  " if line.startswith("- ") else "",
+    return "\n".join(textwrap.fill(line, 120, subsequent_indent=" " * (len(line) - len(line.lstrip(" -")))
+                                   if line.lstrip().startswith("- ") else "",
                                    break_on_hyphens=False, break_long_words=False) if line else ""
                      for line in lines) + "\n"
 

@@ -225,8 +225,13 @@ def test_compile_speed_block_renders_every_part(tmp_path):
               "ours_compiled_vs_trl_compiled": [1.3, 1.25]}
     res = {"args": {"num_threads": 2, "rounds": 2, "steps": 40, "peer_rounds": 2, "peer_steps": 20},
            "machine": {"cpu": "a CPU"},
-           "job": {"eager": job, "compiled": {**job, "step_s": 0.5, "gen_tokens_per_s": 6000.0},
-                   "speedup": 1.2, "gen_speedup": 1.5, "break_even_steps": 300.0},
+           "job": {"ra_rloo": {"eager": job, "compiled": {**job, "step_s": 0.5, "gen_tokens_per_s": 6000.0},
+                               "speedup": 1.2, "gen_speedup": 1.5, "break_even_steps": 100.0,
+                               "default_max_steps": 300},
+                   "pros_ppo": {"eager": job, "compiled": {**job, "step_s": 0.55, "fallback": True}, "speedup": 1.09,
+                                "gen_speedup": 1.0, "break_even_steps": 600.0, "default_max_steps": 200},
+                   "ada_seq": {"eager": job, "compiled": {**job, "step_s": 0.7}, "speedup": 0.86, "gen_speedup": 1.0,
+                               "break_even_steps": None, "default_max_steps": 300}},
            "floor": {"eager": {"floor_s": 0.5, "script_ratio": 0.9},
                      "compiled": {"floor_s": 0.4, "script_ratio": 0.95}, "floor_speedup": 1.25},
            "peer": {"versions": {"trl": "1.16.0"}, "rounds": rounds,
@@ -235,8 +240,12 @@ def test_compile_speed_block_renders_every_part(tmp_path):
     path = tmp_path / "compile.json"
     path.write_text(json.dumps(res))
     text = " ".join(docs_block(path).split())
-    for figure in ("0.600 s/step eager, 0.500 s/step", "(1.20x)", "4,000 vs 6,000 tokens/s",
-                   "paid back after 300 steps", "0.500 s eager, 0.400 s compiled (1.25x)",
+    for figure in ("`ra_rloo.py`: 0.600 s/step eager, 0.500 s/step", "(1.20x)", "4,000 vs 6,000 tokens/s",
+                   "paid back after 100 steps: it pays within the default 300-step run",
+                   "`pros_ppo.py`: 0.600 s/step eager, 0.550 s/step", "paid back after 600 steps: it does not pay "
+                   "within the default 200-step run (a pass fell back to eager)",
+                   "`ada_seq.py`: 0.600 s/step eager, 0.700 s/step", "it does not pay back: no saving per step",
+                   "0.500 s eager, 0.400 s compiled (1.25x)", "default job (2 threads, a CPU), 2 round(s) of 40 steps",
                    "vs TRL eager 1.45x (rounds 1.40/1.50)",
                    "`torch_compile=True` 1.27x (rounds 1.30/1.25)"):
         assert figure in text, figure
