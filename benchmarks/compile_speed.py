@@ -3,11 +3,11 @@ and the TRL peer with `--torch_compile` on ours and with TRL's own `torch_compil
 
 1. job: for each of `--scripts`, `--rounds` pairs of runs of its default job (`--max_steps --steps`, `--eval_every 0`),
    eager and `--torch_compile`, alternating which goes first; median over steps 2..N-1, pooled over the rounds, of the
-   step time less the compiling done in that step (`time_step_s - time_compile_s`), generation tokens/s (generated
-   tokens / `time_gen_s`, which holds the sampling log-prob pass and the verifier too), the compile time apart
-   (`time_compile_s` summed over the run; each run starts with an empty cache of compiled kernels, as a first run on a
-   machine does) and the steps after which compiling has paid for itself (compile time / the per-step saving), to
-   set against the script's default `--max_steps`;
+   step time less the compiling done in that step (`time_step_s - time_compile_s`) and of the step's generation
+   tokens/s (generated tokens / `time_gen_s`, which holds the sampling log-prob pass and the verifier too), the compile
+   time apart (`time_compile_s` summed over the run; each run starts with an empty cache of compiled kernels, as a
+   first run on a machine does) and the steps after which compiling has paid for itself (compile time / the per-step
+   saving), to set against the script's default `--max_steps`;
 2. floor: `benchmarks/floor.py`'s bare loop and our script (GRPO-n4), eager and compiled;
 3. peer: `benchmarks/trl_peer.py`'s setting, `--peer_rounds` rounds of four runs (TRL eager, TRL `torch_compile=True`,
    ours eager, ours `--torch_compile`, the order reversed every other round); steps/s ratios of each pair.
@@ -59,6 +59,8 @@ class Args:
     """rounds of the peer part, each one run of the four trainers"""
     parts: str = "job,floor,peer"
     """comma-separated parts to run (job, floor, peer); the peer part needs trl"""
+    refigure: bool = False
+    """run nothing: recompute the job part's figures from the per-step times of its runs kept in --out"""
     out: str = str(RESULTS.relative_to(ROOT))
     """results file (relative to the repo root); the parts not run keep their figures from an existing file"""
 
@@ -107,8 +109,9 @@ def job_figures(runs: list[dict]) -> dict:
     step = [x for r in runs for x in r["step_s"]]
     gen = [x for r in runs for x in r["gen_s"]]
     tokens = [x for r in runs for x in r["tokens"]]
+    # a median per step, as the step time's: a step that compiles (a recompilation) would dominate a ratio of sums
     return {"step_s": statistics.median(step), "gen_s": statistics.median(gen),
-            "gen_tokens_per_s": sum(tokens) / sum(gen),
+            "gen_tokens_per_s": statistics.median(count / seconds for count, seconds in zip(tokens, gen)),
             "compile_s": statistics.median(r["compile_s"] for r in runs), "wall_s": [r["wall_s"] for r in runs],
             "recompiles": max((r["recompiles"] or 0) for r in runs),
             "fallback": any(r["fallback"] or r["eager_passes"] for r in runs), "timed_steps": len(step)}
@@ -129,16 +132,21 @@ def job_part(args: Args) -> dict:
                 for mode in ("eager", "compiled") if k % 2 == 0 else ("compiled", "eager"):
                     print(f"job {script} round {k + 1}/{args.rounds}: {mode}, {args.steps} steps ...", flush=True)
                     raw[mode].append(job_run(args, script, mode == "compiled", str(Path(tmp) / f"{mode}{k}")))
-        eager, compiled = job_figures(raw["eager"]), job_figures(raw["compiled"])
-        saving = eager["step_s"] - compiled["step_s"]
-        out[script] = {"eager": eager, "compiled": compiled, "speedup": eager["step_s"] / compiled["step_s"],
-                       "gen_speedup": compiled["gen_tokens_per_s"] / eager["gen_tokens_per_s"],
-                       "break_even_steps": compiled["compile_s"] / saving if saving > 0 else None,
-                       "default_max_steps": default_max_steps(script), "raw": raw,
+        out[script] = {**script_figures(script, raw), "raw": raw,
                        "command": f"python {script}.py --max_steps {args.steps} --eval_every 0 --save_every 0 "
                                   f"--num_threads {args.num_threads} [--torch_compile]"}
         print(job_line(script, out[script]), flush=True)
     return out
+
+
+def script_figures(script: str, raw: dict) -> dict:
+    """One script's figures from its runs' per-step times (`raw`: {"eager": [run...], "compiled": [run...]})."""
+    eager, compiled = job_figures(raw["eager"]), job_figures(raw["compiled"])
+    saving = eager["step_s"] - compiled["step_s"]
+    return {"eager": eager, "compiled": compiled, "speedup": eager["step_s"] / compiled["step_s"],
+            "gen_speedup": compiled["gen_tokens_per_s"] / eager["gen_tokens_per_s"],
+            "break_even_steps": compiled["compile_s"] / saving if saving > 0 else None,
+            "default_max_steps": default_max_steps(script)}
 
 
 def job_line(script: str, job: dict) -> str:
@@ -222,6 +230,13 @@ def main(args: Args) -> dict:
     for part in PARTS:  # figures kept from an earlier run keep that run's flags and machine
         if part in res and "machine" not in res[part]:
             res[part].update(args=res.get("args", {}), machine=res.get("machine", {}))
+    if args.refigure:
+        for script, job in res.get("job", {}).items():
+            if script in SCRIPTS:
+                job.update(script_figures(script, job["raw"]))
+        out.write_text(json.dumps(res, indent=2, default=str))
+        print(docs_block(out))
+        return res
     started = time.perf_counter()
     for part in args.parts.split(","):
         res[part] = {"job": job_part, "floor": floor_part, "peer": peer_part}[part](args)

@@ -7,13 +7,14 @@ and the recompilations counted for metrics.jsonl. One `TorchCompile` per run ser
   which is set here, so CPU runs compile too. The cache is HFGenerator's compute-dtype static cache
   (common/generation.py). The prefill (one call per batch, whose width varies) stays eager. Few shapes, so the
   compiled step is reused: the cache holds the batch's prompt width plus max_new_tokens rounded up to a step of 16
-  positions, or of an eighth of the length's power of two for long caches (8 lengths per doubling), and a chunk of
-  fewer rows than the generation batch size is padded with copies of its last prompt up to a power of two (the
-  copies' samples are dropped; they draw random numbers, so such a chunk samples differently from an eager run with
-  the same seed). The step is compiled with static shapes first; at the first new row count or cache length
-  dynamo compiles it once more with that dimension dynamic (`CompileConfig(dynamic=None)`), and that graph serves
-  every later size: a multi-turn episode's growing prompts compile it twice in all, not once per shape (which ran
-  past dynamo's recompile limit). The buckets still bound the CUDA graphs recorded on a GPU.
+  positions, or of an eighth of the length's power of two for long caches (8 lengths per doubling). The step is
+  compiled with static shapes first; at the first new row count or cache length dynamo compiles it once more with
+  that dimension dynamic (`CompileConfig(dynamic=None)`), and that graph serves every later size: a multi-turn
+  episode's growing prompts compile it twice in all, not once per shape (which ran past dynamo's recompile limit).
+  On a GPU, where CUDA graphs record one graph per shape, a chunk of fewer rows than the generation batch size is
+  also padded with copies of its last prompt up to a power of two (the copies' samples are dropped; they draw random
+  numbers, so such a chunk samples differently from an eager run with the same seed); on CPU rows are not padded,
+  so a compiled run samples as the eager run does.
 - The training and scoring forward of a packed batch (common/masking.py `pack_sequences`; backward included, through
   AOTAutograd), compiled with dynamic shapes: the row count and the row width (at most --pack_row_tokens, or the
   longest sequence) are symbols, so one graph serves every micro-batch (a single row specialises once more). It
@@ -55,6 +56,12 @@ class TorchCompile:
     def bucket(rows: int, batch_size: int) -> int:
         """Rows a generate chunk is padded to: the next power of two, at most the generation batch size."""
         return min(batch_size, 1 << max(0, rows - 1).bit_length())
+
+    def pads_rows(self, device: torch.device) -> bool:
+        """Whether generate chunks are padded to a `bucket`: only where CUDA graphs record one graph per shape. On
+        CPU the decoding step's dynamic row dimension serves every row count, and unpadded chunks draw the eager
+        run's random numbers."""
+        return self.options(device)["mode"] == "reduce-overhead"
 
     @staticmethod
     def cache_length(width: int, max_new_tokens: int) -> int:

@@ -116,8 +116,8 @@ class HFGenerator:
         for s in range(0, len(flat), self.batch_size):
             chunk = flat[s : s + self.batch_size]
             rows = len(chunk)
-            if self.compiled is not None and not self.compiled.failed["decoding"]:  # few shapes: pad to a bucket,
-                # cut after
+            compiled = self.compiled is not None and not self.compiled.failed["decoding"]
+            if compiled and self.compiled.pads_rows(device):  # few shapes for CUDA graphs: pad to a bucket, cut after
                 chunk = chunk + [chunk[-1]] * (self.compiled.bucket(rows, self.batch_size) - rows)
             width = max(len(p) for p in chunk)
             ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)

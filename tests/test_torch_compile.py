@@ -34,12 +34,9 @@ def rows(out_dir) -> list[dict]:
     return [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_torch_compile_matches_eager_three_steps(tiny_base, tmp_path):
-    for name, extra in (("eager", []), ("compiled", ["--torch_compile"])):
-        run_script(["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(tmp_path / name), *FLAGS,
-                    *extra])
-    eager, compiled = rows(tmp_path / "eager"), rows(tmp_path / "compiled")
-    assert [row["step"] for row in compiled] == [0, 1, 2, 3]
+def assert_rows_match(eager: list[dict], compiled: list[dict]) -> None:
+    """A compiled run's rows against the eager run's, each quantity to a tolerance from its conditioning."""
+    assert [row["step"] for row in compiled] == [row["step"] for row in eager]
     for a, b in zip(eager, compiled):
         # sampled tokens and the verifier's verdicts are discrete: the same seeds give the same completions, so what
         # is counted from them is equal exactly (a near-tie that flipped one sample would show here first)
@@ -52,6 +49,15 @@ def test_torch_compile_matches_eager_three_steps(tiny_base, tmp_path):
                 assert b[key] == pytest.approx(a[key], rel=0, abs=TOKEN_LOGP_TOL), (a["step"], key)
         if "loss" in a:  # advantages that cancel within each group: an absolute bound (conftest.loss_tolerance)
             assert b["loss"] == pytest.approx(a["loss"], rel=0, abs=loss_tolerance(a)), (a["step"], "loss")
+
+
+def test_torch_compile_matches_eager_three_steps(tiny_base, tmp_path):
+    for name, extra in (("eager", []), ("compiled", ["--torch_compile"])):
+        run_script(["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(tmp_path / name), *FLAGS,
+                    *extra])
+    eager, compiled = rows(tmp_path / "eager"), rows(tmp_path / "compiled")
+    assert [row["step"] for row in compiled] == [0, 1, 2, 3]
+    assert_rows_match(eager, compiled)
     assert "time_compile_s" not in eager[0]
     # the decoding step compiles in the step-0 evaluation, the training forward (and backward) in step 1, once:
     # every later call reuses them
@@ -262,7 +268,7 @@ SMALL = ["--max_steps", "3", "--eval_every", "3", "--eval_prompts", "8", "--eval
 
 
 @pytest.mark.parametrize("mode", list(DEFAULT_MODES))
-def test_every_default_mode_compiles_into_fewer_graphs_than_dynamos_limit(mode, tmp_path, monkeypatch):
+def test_every_default_mode_compiles_into_few_graphs_and_gives_the_eager_rows(mode, tmp_path, monkeypatch):
     """What recompiles is dynamo's guards, whatever the backend: the `eager` backend traces and guards exactly as
     inductor does without its minutes of code generation (the numbers of inductor's code: the tests above)."""
     import torch._dynamo
@@ -273,8 +279,12 @@ def test_every_default_mode_compiles_into_fewer_graphs_than_dynamos_limit(mode, 
     torch._dynamo.reset()  # graphs of earlier runs in this process would count against the same code objects' limit
     script = DEFAULT_MODES[mode]
     run_main([*script, "--output_dir", str(tmp_path / "compiled"), *SMALL, "--torch_compile"])
+    run_main([*script, "--output_dir", str(tmp_path / "eager"), *SMALL])
     compiled = rows(tmp_path / "compiled")
     assert [row["step"] for row in compiled] == [0, 1, 2, 3]
+    # the compiled path's own shapes (static cache, padded buckets, dynamic dimensions) give the eager run's rows
+    # (inductor's numerics against eager: test_torch_compile_matches_eager_three_steps)
+    assert_rows_match(rows(tmp_path / "eager"), compiled)
     # each compiled pass compiles a static graph first and, at its first new shape, one with that dimension dynamic,
     # which serves every later size (a static decoding step compiled once per (rows, cache length): 7 in the
     # multi-turn mode's 3 steps, past dynamo's limit soon after, where the pass falls back: the next test)
