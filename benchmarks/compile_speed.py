@@ -143,10 +143,27 @@ def script_figures(script: str, raw: dict) -> dict:
     """One script's figures from its runs' per-step times (`raw`: {"eager": [run...], "compiled": [run...]})."""
     eager, compiled = job_figures(raw["eager"]), job_figures(raw["compiled"])
     saving = eager["step_s"] - compiled["step_s"]
+    rest = {mode: statistics.median(step - gen for run in runs for step, gen in zip(run["step_s"], run["gen_s"]))
+            for mode, runs in raw.items()}  # a step less its generation: mostly the update's forward and backward
     return {"eager": eager, "compiled": compiled, "speedup": eager["step_s"] / compiled["step_s"],
             "gen_speedup": compiled["gen_tokens_per_s"] / eager["gen_tokens_per_s"],
+            "rest_speedup": rest["eager"] / rest["compiled"],
             "break_even_steps": compiled["compile_s"] / saving if saving > 0 else None,
             "default_max_steps": default_max_steps(script)}
+
+
+def job_summary(jobs: dict) -> str:
+    """Where the time goes, over the scripts: which pay within their default run, the compiled share of a step."""
+    pays = [f"`{script}.py`" for script, job in jobs.items()
+            if job["break_even_steps"] is not None and job["break_even_steps"] < job["default_max_steps"]]
+
+    def span(key: str) -> str:
+        return f"{min(job[key] for job in jobs.values()):.2f}-{max(job[key] for job in jobs.values()):.2f}x"
+
+    compile_s = [job["compiled"]["compile_s"] for job in jobs.values()]
+    return (f"  - in sum: it pays within the default run of {', '.join(pays) if pays else 'no script'}; a step less "
+            f"its generation (mostly the update's forward and backward) runs {span('rest_speedup')} as fast compiled, "
+            f"generation {span('gen_speedup')}, against {min(compile_s):.0f}-{max(compile_s):.0f} s of compiling")
 
 
 def job_line(script: str, job: dict) -> str:
@@ -277,6 +294,8 @@ def docs_block(path: Path = RESULTS) -> str:
                   f"{flags.get('steps')} steps per mode; median of steps 2..N-1, each less its compiling; compiling "
                   "from an empty kernel cache:"]
         lines += [job_line(script, job) for script, job in jobs.items()]
+        if jobs and all("rest_speedup" in job for job in jobs.values()):
+            lines += [job_summary(jobs)]
     if "floor" in res:
         f = res["floor"]
         lines += [f"- the floor ({where('floor')}; bare `generate` + forward/backward + AdamW, 32 prompts x 4, <= "
