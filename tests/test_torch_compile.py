@@ -120,6 +120,14 @@ def test_torch_compile_failure_falls_back_to_eager_with_one_line():
     assert all(torch.equal(logp, token_logprobs(model, batch)[0]) for logp in compiled_logp)
 
 
+def packed_gradient(model, batch, compiled) -> torch.Tensor:
+    """The gradient of a packed batch's summed completion log-probs, flat, through `compiled` (None: eager)."""
+    model.zero_grad()
+    logp, _ = token_logprobs(model, batch, compiled=compiled)
+    (logp * batch.loss_mask).sum().backward()
+    return torch.cat([param.grad.flatten() for param in model.parameters()])
+
+
 def test_a_backward_that_fails_to_compile_falls_back_to_eager_with_one_line():
     """AOTAutograd compiles a dynamic-shape backward at the forward and, when that fails, would retry at `.backward()`
     (in the method file, outside any fallback) and crash there: the failure must surface in the forward's fallback."""
@@ -135,12 +143,7 @@ def test_a_backward_that_fails_to_compile_falls_back_to_eager_with_one_line():
     logs = []
     compiled = TorchCompile(backend=backend, log=logs.append)
     for batch in packed_batches(tokenizer, prompts):
-        grads = []
-        for run in (compiled, None):
-            model.zero_grad()
-            logp, _ = token_logprobs(model, batch, compiled=run)
-            (logp * batch.loss_mask).sum().backward()
-            grads.append(torch.cat([param.grad.flatten() for param in model.parameters()]))
+        grads = [packed_gradient(model, batch, run) for run in (compiled, None)]
         assert torch.equal(grads[0], grads[1])  # the eager forward and backward: exactly eager's gradients
     assert len(logs) == 1 and "no backward compiler here" in logs[0] and "eagerly" in logs[0]
     assert compiled.failed == {"decoding": False, "forward": True}
@@ -178,12 +181,7 @@ def test_torch_compile_packed_forward_matches_eager_one_graph():
     batches = packed_batches(tokenizer, prompts)
     assert [batch.input_ids.shape[0] for batch in batches] == [3, 2]
     for batch in batches:  # log-probs and gradients, micro-batch by micro-batch
-        grads = []
-        for run in (None, compiled):
-            model.zero_grad()
-            logp, _ = token_logprobs(model, batch, compiled=run)
-            (logp * batch.loss_mask).sum().backward()
-            grads.append(torch.cat([param.grad.flatten() for param in model.parameters()]))
+        grads = [packed_gradient(model, batch, run) for run in (None, compiled)]
         assert torch.allclose(grads[0], grads[1], atol=1e-6)
     if not inductor_vectorises():  # no vector ISA: one line, then eager (whose gradients were just compared)
         assert len(logs) == 1 and "the compiled training forward failed" in logs[0]
