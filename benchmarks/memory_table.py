@@ -106,6 +106,9 @@ def gathers() -> str:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()  # no flags; --help says what it prints
     print("Computed, not measured: training states per GPU (weights, gradients, AdamW moments, frozen reference, "
           "optional bf16 vLLM copy), what PPO's critic and its scoring pass add; activations and the vLLM KV cache "
           "come on top.\n")

@@ -55,7 +55,8 @@ def build_parser(cls, description: str = "") -> argparse.ArgumentParser:
             hint = next(a for a in targs if a is not type(None))
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         accepts = f" [{ranges[f.name]}]" if ranges[f.name] else ""
-        kw: dict = {"default": default, "help": docs.get(f.name, "") + accepts}
+        # argparse %-formats every help string (for `%(default)s`): a docstring's own `%` is escaped
+        kw: dict = {"default": default, "help": (docs.get(f.name, "") + accepts).replace("%", "%%")}
         if hint is bool:
             kw.update(type=_str2bool, nargs="?", const=True, metavar="BOOL")
         elif typing.get_origin(hint) is typing.Literal:

@@ -1,0 +1,85 @@
+"""`--help` of every command a user is told to type: the five method scripts, every `benchmarks/` script, the
+commands the README and docs name (`python -m common.plot_run`, the report), each through its own `__main__`, exits 0
+and prints its usage and flags; a field docstring with any character (`%` included) shows as written."""
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from common.cli import build_parser, parse_args
+from conftest import ROOT
+
+METHOD_SCRIPTS = ("ra_rloo.py", "ps_grpo.py", "pros_ppo.py", "ada_seq.py", "ada_est.py")
+FLAGLESS = ("benchmarks/memory_table.py",)  # prints a computed table; --help says so
+COMMAND = re.compile(r"\bpython3? (-m [A-Za-z_][\w.]*|[\w/]+\.py)")
+
+
+def entry_points() -> list[str]:
+    """`path.py` or `-m module` for every command the README and docs name, every method script and every
+    `benchmarks/` script with a `__main__` block."""
+    found = set(METHOD_SCRIPTS)
+    for page in [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        found.update(COMMAND.findall(page.read_text()))
+    found.update(f"benchmarks/{p.name}" for p in (ROOT / "benchmarks").glob("*.py")
+                 if 'if __name__ == "__main__"' in p.read_text())
+    return sorted(c for c in found if c not in ("-m pytest", "-m venv"))
+
+
+# One interpreter runs each entry point as `python X --help` would (runpy, as __main__), so the imports they share are
+# paid once: a launch costs ~3 s of imports, 20 launches would cost a minute. Each one's exit status, output and any
+# traceback are printed between markers.
+RUNNER = r"""
+import contextlib, io, runpy, sys, traceback
+for command in sys.argv[1:]:
+    out, status = io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            if command.startswith("-m "):
+                sys.argv = [command[3:], "--help"]
+                runpy.run_module(command[3:], run_name="__main__", alter_sys=True)
+            else:
+                sys.argv = [command, "--help"]
+                runpy.run_path(command, run_name="__main__")
+        except SystemExit as e:
+            status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:
+            traceback.print_exc(file=out)
+            status = "traceback"
+    print(f"=== {command} -> {status}\n{out.getvalue()}=== end", flush=True)
+"""
+
+
+def test_help_of_every_command_exits_0_and_prints_its_flags():
+    commands = entry_points()
+    assert {"ra_rloo.py", "benchmarks/gpu_smoke.py", "benchmarks/run.py", "-m common.plot_run",
+            "-m benchmarks.report", "benchmarks/report.py"} <= set(commands), commands
+    r = subprocess.run([sys.executable, "-c", RUNNER, *commands], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    runs = re.findall(r"^=== (.+?) -> (.*?)\n(.*?)^=== end$", r.stdout, re.M | re.S)
+    statuses, got = {c: s for c, s, _ in runs}, {c: text for c, _, text in runs}
+    assert sorted(got) == commands, r.stdout[-3000:]
+    bad = {c: f"{statuses[c]}: {got[c][-1500:]}" for c in commands
+           if statuses[c] != "0" or "Traceback" in got[c] or "usage:" not in got[c] or "-h, --help" not in got[c]
+           or not (re.search(r"--(?!help\b)\w", got[c]) or c in FLAGLESS)}
+    assert not bad, bad
+
+
+@dataclass
+class PercentArgs:
+    warmup: int = 5
+    """linear warm-up over 5% of the steps; 100% of %(prog)s's batch, 50%% as typed, %s and %d untouched"""
+    name: str = "a%b"
+    """any text"""
+
+
+def test_a_docstring_with_percent_signs_shows_as_written(capsys):
+    help_text = " ".join(build_parser(PercentArgs).format_help().split())
+    assert ("linear warm-up over 5% of the steps; 100% of %(prog)s's batch, 50%% as typed, %s and %d untouched "
+            "(default: 5)") in help_text
+    assert "any text (default: a%b)" in help_text
+    try:
+        parse_args(PercentArgs, ["--help"])
+    except SystemExit as e:
+        assert e.code == 0
+    assert "over 5% of the steps" in capsys.readouterr().out
