@@ -459,10 +459,18 @@ def test_verdict_rules_on_constructed_intervals():
     assert greater(-0.005, 0.02) == "no gain as large as 0.03"  # [-0.025, 0.015]: neither side of 0 excluded
     assert greater(0.01, 0.03) == "inconclusive"  # [-0.02, 0.04]
     assert report.verdict_greater(iv(0.2, 0.3, 5), 1.0, "1 group") == "no gain as large as 1 group"
-    # the paper's own effect below the margin, or below what the seeds resolve: no verdict, whatever the interval
-    assert greater(0.05, 0.01, paper_effect=0.023) == "cannot resolve at this precision"  # 0.023 < m = 0.03
-    assert report.verdict_greater(iv(0.05, 0.06, 5), 0.03, paper_effect=0.04) == "cannot resolve at this precision"
-    assert report.verdict_greater(iv(0.05, 0.01, 5), 0.03, paper_effect=0.04) == "reproduced"  # resolvable
+    # in order: above 0, below 0 (however small the paper's effect: the sign is resolved); then, for an interval
+    # holding 0, the paper's own effect below the margin or below what the seeds resolve: no verdict
+    assert greater(0.05, 0.01, paper_effect=0.023) == "reproduced"  # [0.04, 0.06]: above 0, not holding +0.023
+    assert report.verdict_greater(iv(0.05, 0.01, 5), 0.03, paper_effect=0.04) == \
+        "reproduced (the interval holds the paper's +0.04)"
+    # RA-RLOO on the paper's metric (pass@4; the paper: +0.023 < m): the 256 pool's cell and the 2,048 pool's
+    assert greater(-0.024, 0.023, paper_effect=0.023) == "worse"  # [-0.047, -0.001]
+    assert greater(0.046, 0.025, paper_effect=0.023) == "reproduced (the interval holds the paper's +0.023)"
+    assert greater(0.01, 0.02, paper_effect=0.023) == "cannot resolve at this precision"  # holds 0; 0.023 < m
+    assert report.verdict_greater(iv(0.01, 0.05, 5), 0.03, paper_effect=0.04) == "cannot resolve at this precision"
+    assert report.verdict_greater(iv(0.02, 0.03, 5), 0.03, paper_effect=0.04) == "inconclusive"  # 0.04: resolvable
+    assert report.verdict_greater(iv(0.0, 0.02, 5), 0.03, paper_effect=0.04) == "no gain as large as 0.03"
     assert report.verdict_greater(iv(0.1, None, 1), 0.03) == "inconclusive (1 seed)"
     assert report.verdict_greater(None, 0.03) == "inconclusive (no runs)"
     not_below = lambda m, h: report.verdict_not_below(iv(m, h, 5), 0.03)  # noqa: E731
@@ -474,7 +482,7 @@ def test_verdict_rules_on_constructed_intervals():
     assert within(0.58, 0.05) == "inconclusive"
     # every interval-drawn verdict counts in the README's tally; pending and unresolved ones do not
     assert all(report.judged(v) for v in ("reproduced", "worse", "no gain as large as 0.03", "inconclusive",
-                                          "outside the band"))
+                                          "outside the band", "reproduced (the interval holds the paper's +0.023)"))
     assert not any(report.judged(v) for v in ("cannot resolve at this precision", "runs pending (1 seed)",
                                               "no 2,048-pool config"))
 
@@ -506,6 +514,11 @@ def test_readme_claims_block_shows_scope_effect_and_rules(tmp_path):
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2].startswith("no gain as large as 0.03: +0.001 [") and cells[2].endswith("]")
     assert cells[3].startswith("reproduced: +0.052 [")
+    # the conclusion under the table is drawn from these verdicts: it follows them when one changes
+    conclusion = " ".join(block.rstrip("\n").split("\n\n")[-1].split())
+    assert conclusion == ("In short: mechanisms 2 of 2 reproduced (PROS 2 of 2); outcomes (final pass@1 or pass@4, "
+                          "steps to the baseline's final pass@1, spread over seeds) 2: reproduced 1 (PPO+PROS beats "
+                          "PPO, 2,048-prompt pool), no gain as large as the margin 1.")
 
 
 def _pros_runs(runs: Path, gain: float, seeds=(0, 1, 2)):
@@ -564,8 +577,8 @@ def test_ra_rloo_claim_on_groups_without_a_success(tmp_path):
     beats = {c.claim.split(" (")[0]: c for c in rows if c.claim.startswith("RA-RLOO beats RLOO")}
     assert beats["RA-RLOO beats RLOO"].verdict == "inconclusive"  # +0.01 [-0.015, +0.035]: neither side of 0.03
     paper4 = [c for c in rows if "paper's metric" in c.claim][0]
-    # the paper's +0.023 is below the 0.03 margin: the interval is shown, no verdict drawn from it
-    assert paper4.verdict == "cannot resolve at this precision" and "+0.050" in paper4.measured
+    # +0.05 every seed: above 0, so reproduced although the paper's +0.023 is below the 0.03 margin
+    assert paper4.verdict == "reproduced" and "+0.050" in paper4.measured
     assert paper4.effect.startswith("+0.050 [")
 
 

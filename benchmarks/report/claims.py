@@ -34,13 +34,14 @@ with `--prompt_pool 2048`, each paired with its baseline on that pool: run.py's 
 config' where run.py has none). The last two columns give each compared config's training-prompt minus held-out
 pass@1 at the final evaluation (seed mean; in brackets the seeds that log `eval_train_pass@1`, '-' for runs made
 before it was logged): a large gap with no held-out gain says the method fits the pool's prompts, not the task.
-- **'X beats Y'** (interval of X - Y): *reproduced* if it lies above 0; *worse* if it lies below 0; *no gain as
-  large as m* if it lies below the claim's margin m but not below 0 (a gain smaller than m is not ruled out);
-  else *inconclusive*. m = {TARGET_HALF} for pass@1 (the precision target; ⚠ marks a half-width above it), 1 group
-  for trained groups per batch, 1 sample for samples per prompt, 0 for a falling calibration error.
-- **Cannot resolve at this precision**: a 'beats' claim whose paper reports an effect smaller than m, or smaller
-  than the interval's half-width (what these seeds can resolve), gets no verdict: an interval that cannot tell the
-  paper's effect from 0 neither reproduces nor refutes it. The measured interval is still shown.
+- **'X beats Y'** (interval of X - Y), in this order: *reproduced* if it lies above 0 (where the paper states its
+  effect and the interval holds it, the cell says so); *worse* if it lies below 0; *cannot resolve at this
+  precision* if it holds 0 and the paper reports an effect smaller than m or than the interval's half-width (what
+  these seeds can resolve: such an interval cannot tell the paper's effect from 0, so it neither reproduces nor
+  refutes it); *no gain as large as m* if it lies below the claim's margin m (a gain smaller than m is not ruled
+  out); else *inconclusive*. An interval that excludes 0 has resolved the sign, however small the paper's effect.
+  m = {TARGET_HALF} for pass@1 (the precision target; ⚠ marks a half-width above it), 1 group for trained groups
+  per batch, 1 sample for samples per prompt, 0 for a falling calibration error.
 - **'X at least matches Y'** (interval of X - Y): *worse* if it lies below 0; *reproduced* if it lies above
   -{TARGET_HALF} (X is at most {TARGET_HALF} worse); else *inconclusive*.
 - **'X is near v'** (interval of X): *reproduced* if it lies inside the stated band; *outside the band* if it lies
@@ -61,7 +62,12 @@ DECIDED = (REPRODUCED, WORSE, OUTSIDE, INCONCLUSIVE)  # verdicts drawn from an i
 
 def judged(verdict: str) -> bool:
     """A verdict read off an interval (not pending, not missing, not 'cannot resolve')."""
-    return verdict in DECIDED or verdict.startswith(("no gain as large as", "not reached ("))
+    return verdict in DECIDED or verdict.startswith(("no gain as large as", "not reached (", f"{REPRODUCED} ("))
+
+
+def holds_paper(paper_effect: float) -> str:
+    """The 'reproduced' verdict of an interval that holds the paper's own effect."""
+    return f"{REPRODUCED} (the interval holds the paper's {paper_effect:+g})"
 
 
 def _few(iv: Optional[Interval]) -> Optional[str]:
@@ -75,12 +81,12 @@ def verdict_greater(iv: Optional[Interval], margin: float, margin_text: Optional
     """'X beats Y' on the interval of X - Y; `paper_effect`, the gain the paper reports, when it states one."""
     if _few(iv):
         return _few(iv)
-    if paper_effect is not None and (paper_effect < margin or paper_effect < iv.half):
-        return CANNOT_RESOLVE
-    if iv.lo > 0:
-        return REPRODUCED
+    if iv.lo > 0:  # the sign is resolved, however small the paper's effect
+        return holds_paper(paper_effect) if paper_effect is not None and iv.lo <= paper_effect <= iv.hi else REPRODUCED
     if iv.hi < 0:
         return WORSE
+    if paper_effect is not None and (paper_effect < margin or paper_effect < iv.half):
+        return CANNOT_RESOLVE
     return no_gain(margin_text or f"{margin:g}") if iv.hi < margin else INCONCLUSIVE
 
 
@@ -335,6 +341,15 @@ CLAIMS: tuple[ClaimSpec, ...] = (
               "The pass-rate model's calibration error falls over training (PPO+PROS, first vs last quarter)",
               ("ppo_pros",), _calib_falls),
 )
+
+
+# Judges of an outcome (final held-out pass@1 or pass@k, steps to the baseline's final pass@1, spread over seeds); the
+# others judge a mechanism (what the method changes in a step: its splice, rates, samples, time, calibration)
+OUTCOME_JUDGES = ("_beats", "_fewer_to_reach", "_ada_matches", "_spread")
+
+
+def is_outcome(spec: ClaimSpec) -> bool:
+    return spec.judge.__qualname__.split(".")[0] in OUTCOME_JUDGES
 
 
 def pending(seeds: int) -> str:

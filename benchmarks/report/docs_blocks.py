@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from benchmarks.compile_speed import docs_block as compile_block
-from benchmarks.report.claims import RULES_LINK, Claim, claim_rows, judged
+import re
+
+from benchmarks.report.claims import (CANNOT_RESOLVE, CLAIMS, REPRODUCED, RULES_LINK, Claim, claim_rows, is_outcome,
+                                      judged)
 from benchmarks.report.commands import commands_text
 from benchmarks.report.curves import Agg, build_aggs
 from benchmarks.report.docs_pages import DOC_PAGES, method_block, recorded_setting, wrap
@@ -43,7 +46,45 @@ def readme_block(aggs: dict[str, Agg]) -> str:
     for rows in zip(*per):
         lines.append(f"| {rows[0].paper} | {cell_text(rows[0].claim)} | "
                      + " | ".join(verdict_cell(c) for c in rows) + " |")
-    return scope + "\n\n" + "\n".join(lines) + "\n"
+    return scope + "\n\n" + "\n".join(lines) + "\n\n" + conclusion(per) + "\n"
+
+
+# the kinds of verdict, in the conclusion's order
+KINDS = (REPRODUCED, "worse", "no gain as large as", "not reached", "outside the band", "inconclusive", CANNOT_RESOLVE)
+KIND_WORDS = {"no gain as large as": "no gain as large as the margin", "not reached": "not reached in most seeds"}
+
+
+def _kind(verdict: str) -> str:
+    return next(kind for kind in KINDS if verdict.startswith(kind))
+
+
+def _short_claim(claim: Claim) -> str:
+    """A claim without its closing parenthesis (the metric and the paper's figures), with its pool (the table's cell
+    says whether the interval holds the paper's effect)."""
+    text = re.sub(r" \((?:[^()]|\([^()]*\))*\)$", "", claim.claim)
+    return f"{text}, {claim.regime}-prompt pool"
+
+
+def conclusion(per: list[list[Claim]]) -> str:
+    """The README's short conclusion under the claims table, drawn from its verdicts (pending ones left out): how
+    many mechanism verdicts reproduce, per paper; what the outcome verdicts say, the reproduced ones named."""
+    mechanism: list[Claim] = []
+    outcome: list[Claim] = []
+    for spec, *cells in zip(CLAIMS, *per):
+        for c in cells:
+            if judged(c.verdict) or c.verdict == CANNOT_RESOLVE:
+                (outcome if is_outcome(spec) else mechanism).append(c)
+    papers = dict.fromkeys(c.paper for c in mechanism)
+    by_paper = ", ".join(f"{paper} {sum(_kind(c.verdict) == REPRODUCED for c in mechanism if c.paper == paper)} of "
+                         f"{sum(c.paper == paper for c in mechanism)}" for paper in papers)
+    cells = {kind: [c for c in outcome if _kind(c.verdict) == kind] for kind in KINDS}
+    parts = [f"{KIND_WORDS.get(kind, kind)} {len(of_kind)}"
+             + (" (" + "; ".join(_short_claim(c) for c in of_kind) + ")" if kind == REPRODUCED else "")
+             for kind, of_kind in cells.items() if of_kind]
+    reproduced = sum(_kind(c.verdict) == REPRODUCED for c in mechanism)
+    return wrap(f"In short: mechanisms {reproduced} of {len(mechanism)} reproduced ({by_paper}); outcomes (final "
+                f"pass@1 or pass@4, steps to the baseline's final pass@1, spread over seeds) {len(outcome)}: "
+                + (", ".join(parts) or "none") + ".")
 
 
 def default_steps(script: str) -> int:
