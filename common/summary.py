@@ -35,13 +35,22 @@ def run_summary(output_dir: str, mechanism: list[str]) -> str:
 
 def repeatability(rows: list[dict], output_dir: str) -> str:
     """Whether the same command gives the same numbers: on CPU torch's sums depend on the thread count, so a run is
-    repeatable only with a fixed `--num_threads` (args.json), not when the count followed the free cores
-    (`num_threads` in every row; docs/cpu_threads.md)."""
+    repeatable anywhere only with a fixed `--num_threads` (args.json); a count that followed the free cores
+    (`num_threads` in every row; docs/cpu_threads.md) repeats only where it would hold at the same value again."""
     args_path = Path(output_dir) / "args.json"
     fixed = json.loads(args_path.read_text()).get("num_threads", 0) if args_path.exists() else 0
     if fixed:
         return f"repeatable: yes (--num_threads {fixed}: the same command gives the same rows on CPU)"
-    counts = sorted({row["num_threads"] for row in rows if type(row.get("num_threads")) is int})
-    seen = f"{counts[0]}..{counts[-1]}" if counts else "not logged"
-    return (f"not repeatable: the thread count followed the free cores ({seen}); rerun with --num_threads N (e.g. "
-            f"--num_threads {counts[-1] if counts else 1}) to make a run repeatable")
+    logged = [(row.get("step"), row["num_threads"]) for row in rows if type(row.get("num_threads")) is int]
+    if not logged:
+        return "repeatable: unknown (no row logs num_threads); pass --num_threads N for a fixed count"
+    changes = [(step, before, after) for (_, before), (step, after) in zip(logged, logged[1:]) if before != after]
+    first = logged[0][1]
+    if not changes:
+        return (f"repeatable on a machine with the same free cores: the thread count followed them and held at "
+                f"{first}; pass --num_threads {first} for the same rows on a quiet or a busy machine")
+    step, before, after = changes[0]
+    more = (f" ({len(changes)} changes in all, {min(c for _, c in logged)}.."
+            f"{max(c for _, c in logged)})") if len(changes) > 1 else ""
+    return (f"not repeatable: the thread count followed the free cores and changed from {before} to {after} at step "
+            f"{step}{more}; pass --num_threads N (e.g. --num_threads {first}) for a fixed count")

@@ -100,9 +100,16 @@ def test_the_summary_says_whether_a_run_is_repeatable(tmp_path):
 
     rows = [{"step": 0, "num_threads": 2}, {"step": 1, "num_threads": 1}, {"step": 2, "num_threads": 2}]
     (tmp_path / "args.json").write_text(json.dumps({"num_threads": 0}))
-    text = repeatability(rows, str(tmp_path))
-    assert text.startswith("not repeatable: the thread count followed the free cores (1..2)") and \
-        "--num_threads" in text
+    assert repeatability(rows, str(tmp_path)) == (
+        "not repeatable: the thread count followed the free cores and changed from 2 to 1 at step 1 (2 changes in "
+        "all, 1..2); pass --num_threads N (e.g. --num_threads 2) for a fixed count")
+    assert repeatability(rows[:2], str(tmp_path)).startswith("not repeatable: the thread count followed the free "
+                                                             "cores and changed from 2 to 1 at step 1; pass")
+    held = [{"step": s, "num_threads": 2} for s in range(3)]
+    assert repeatability(held, str(tmp_path)) == (
+        "repeatable on a machine with the same free cores: the thread count followed them and held at 2; pass "
+        "--num_threads 2 for the same rows on a quiet or a busy machine")
+    assert repeatability([{"step": 0}], str(tmp_path)).startswith("repeatable: unknown (no row logs num_threads)")
     (tmp_path / "args.json").write_text(json.dumps({"num_threads": 3}))
     assert repeatability(rows, str(tmp_path)).startswith("repeatable: yes (--num_threads 3")
 
