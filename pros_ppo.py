@@ -51,7 +51,7 @@ from common.masking import pad_sequences, right_align
 from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate, evaluate_train_prompts,
                             train_prompt_sample)
 from common.output_dir import claim_output_dir
-from common.policy import DTYPES, autocast, load_policy
+from common.policy import DTYPES, autocast, library_bars_off, load_policy
 from common.summary import run_summary
 from common.task import make_task
 
@@ -301,7 +301,7 @@ def build_value_model(policy, path: str | None = None) -> ValueModel:
     if path:
         from transformers import AutoModel
         try:
-            with torch.random.fork_rng(devices=[]):  # loading must not consume the global RNG (exact resume)
+            with torch.random.fork_rng(devices=[]), library_bars_off():  # the RNG untouched (exact resume); no bar
                 backbone = AutoModel.from_pretrained(path, dtype=torch.float32)
         except OSError as e:
             raise SystemExit(f"--critic_model_name_or_path {path!r}: cannot load ({e})")

@@ -24,6 +24,7 @@ from torch.distributed.fsdp import FSDPModule
 
 from common.distributed import first_failure, gather_list, stop_every_rank
 from common.folder_lock import lost_hold
+from common.policy import library_bars_off
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 MARKER = ".run.json"
@@ -112,6 +113,7 @@ def resolve_resume(resume: str | None, output_dir: str) -> Path | None:
     return p
 
 
+@library_bars_off()  # transformers' "Writing model shards" bar: the step bar stays the run's only bar
 def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, optimizer, scheduler,
                     state: dict, keep: int = 2, merged_export: bool = False, rank_state: dict | None = None) -> Path:
     """With LoRA the model dir holds the adapter (adapter_model.safetensors, loads with peft on the base model);

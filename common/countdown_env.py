@@ -258,6 +258,7 @@ def ensure_multiturn_policy(base_path: str, recipe: MultiTurnRecipe | None = Non
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from common.policy import library_bars_off
     from common.tiny_model import cache_root, restore_shipped, weights_sha256
 
     recipe = recipe or MultiTurnRecipe()
@@ -269,13 +270,15 @@ def ensure_multiturn_policy(base_path: str, recipe: MultiTurnRecipe | None = Non
     log(f"building the multi-turn warm-up of {base} into {path} (once; {recipe.sft_steps} SFT steps)")
     t0 = time.time()
     tokenizer = AutoTokenizer.from_pretrained(base)
-    model = AutoModelForCausalLM.from_pretrained(base)
+    with library_bars_off():  # transformers' bars: the run's step bar stays its only one
+        model = AutoModelForCausalLM.from_pretrained(base)
     with torch.random.fork_rng(devices=[]):  # the warm-up seeds torch; the caller's random stream stays as it was
         info = sft_multiturn(model, tokenizer, recipe, log)
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp)
+    with library_bars_off():
+        model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     info.update(recipe=asdict(recipe), base=str(base), build_seconds=round(time.time() - t0, 1),
                 weights_sha256=weights_sha256(tmp))

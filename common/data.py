@@ -134,6 +134,8 @@ def _load_split(name: str, config, split: str, flag: str, required: bool):
     not `required` and absent."""
     import datasets
 
+    from common.policy import library_bars_off
+
     path = Path(name)
     if path.suffix in LOCAL:
         if not path.exists():
@@ -142,12 +144,14 @@ def _load_split(name: str, config, split: str, flag: str, required: bool):
             _check_jsonl(path)
         kind = LOCAL[path.suffix]
         try:
-            return datasets.load_dataset(kind, data_files=str(path), split="train")
+            with library_bars_off(datasets):
+                return datasets.load_dataset(kind, data_files=str(path), split="train")
         except Exception as error:  # noqa: BLE001 - a damaged file: one line, not the library's traceback chain
             cause = error.__cause__ or error
             raise SystemExit(f"{flag} {name}: cannot read it ({type(cause).__name__}: {str(cause)[:200]})") from None
     try:
-        return datasets.load_dataset(name, config, split=split)
+        with library_bars_off(datasets):
+            return datasets.load_dataset(name, config, split=split)
     except ValueError as e:  # unknown split
         if required:
             raise SystemExit(f"{flag} {name}: cannot load split {split!r} ({e})")

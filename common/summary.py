@@ -45,12 +45,11 @@ def repeatability(rows: list[dict], output_dir: str) -> str:
     if not logged:
         return "repeatable: unknown (no row logs num_threads); pass --num_threads N for a fixed count"
     changes = [(step, before, after) for (_, before), (step, after) in zip(logged, logged[1:]) if before != after]
-    first = logged[0][1]
+    counts = sorted({count for _, count in logged})
     if not changes:
         return (f"repeatable on a machine with the same free cores: the thread count followed them and held at "
-                f"{first}; pass --num_threads {first} for the same rows on a quiet or a busy machine")
-    step, before, after = changes[0]
-    more = (f" ({len(changes)} changes in all, {min(c for _, c in logged)}.."
-            f"{max(c for _, c in logged)})") if len(changes) > 1 else ""
-    return (f"not repeatable: the thread count followed the free cores and changed from {before} to {after} at step "
-            f"{step}{more}; pass --num_threads N (e.g. --num_threads {first}) for a fixed count")
+                f"{counts[0]}; pass --num_threads {counts[0]} for the same rows on a quiet or a busy machine")
+    more = f" ({len(changes)} changes in all, {counts[0]}..{counts[-1]})" if len(changes) > 1 else ""
+    return (f"not repeatable: the thread count followed the free cores and changed from {changes[0][1]} to "
+            f"{changes[0][2]} at step {changes[0][0]}{more}; pass --num_threads N (e.g. --num_threads "
+            f"{logged[0][1]}) for a fixed count")

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from common.cache import cache_root
+from common.policy import library_bars_off
 
 EMBEDDED = "embedded"
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
@@ -205,7 +206,8 @@ def ensure_embedded_base(recipe: BaseRecipe | None = None, log=print, eval_promp
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp)
+    with library_bars_off():  # transformers' "Writing model shards" bar: the SFT bar above stays the only one
+        model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     info.update(recipe=asdict(recipe), build_seconds=round(time.time() - t0, 1), torch_threads=torch_threads,
                 params=sum(p.numel() for p in model.parameters()), weights_sha256=weights_sha256(tmp))
