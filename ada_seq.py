@@ -93,7 +93,6 @@ Choices made here (the paper leaves them open):
 """
 from __future__ import annotations
 
-import copy
 import math
 import random
 import time
@@ -119,7 +118,7 @@ from common.masking import pad_sequences, right_align
 from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate, evaluate_train_prompts,
                             train_prompt_sample, trained_advantage_metrics)
 from common.output_dir import claim_output_dir
-from common.policy import DTYPES, autocast, load_policy
+from common.policy import autocast, frozen_reference, load_policy
 from common.summary import run_summary
 from common.task import make_task
 
@@ -336,7 +335,7 @@ def main(args: Args) -> None:
     ref_model = None
     if args.beta > 0:  # the KL reference: the initial weights, frozen
         ref_model = AdaptersOff(policy) if args.lora_r else \
-            copy.deepcopy(policy).to(DTYPES[args.dtype]).eval().requires_grad_(False)
+            frozen_reference(policy, args.dtype, args.fsdp)  # computes as the policy at step 0
     if args.fsdp:  # FSDP2: each rank keeps 1/world of every weight (common/fsdp.py); the optimizer sees the shards
         from common.fsdp import shard
 

@@ -51,7 +51,7 @@ from common.masking import pad_sequences, right_align
 from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate, evaluate_train_prompts,
                             train_prompt_sample)
 from common.output_dir import claim_output_dir
-from common.policy import DTYPES, autocast, load_policy
+from common.policy import autocast, frozen_reference, load_policy
 from common.summary import run_summary
 from common.task import make_task
 
@@ -375,7 +375,7 @@ def main(args: Args) -> None:
         policy = add_lora(policy, args.lora_r, args.lora_alpha, args.lora_target_modules, args.dtype)
     task = make_task(args, tokenizer, log)  # Countdown or a dataset; --reward_funcs: yours (docs/custom_task.md)
     ref_model = None if args.kl_coef <= 0 else AdaptersOff(policy) if args.lora_r else \
-        copy.deepcopy(policy).to(DTYPES[args.dtype]).eval().requires_grad_(False)  # KL reference, frozen
+        frozen_reference(policy, args.dtype, args.fsdp)  # KL reference: computes as the policy at step 0
     # PPO's critic: the policy's backbone copied + a zero scalar head (copied before any sharding)
     critic = build_value_model(policy, args.critic_model_name_or_path).to(device) if args.adv == "gae" else None
     if args.fsdp:  # FSDP2: each rank keeps 1/world of every weight (common/fsdp.py); the optimizers see the shards

@@ -35,7 +35,6 @@ full distribution (T = --temperature, no top-p/top-k: the paper does not say wha
 """
 from __future__ import annotations
 
-import copy
 import math
 import random
 import time
@@ -62,7 +61,7 @@ from common.masking import pad_sequences, right_align
 from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate, evaluate_train_prompts,
                             train_prompt_sample)
 from common.output_dir import claim_output_dir
-from common.policy import DTYPES, autocast, load_policy
+from common.policy import autocast, frozen_reference, load_policy
 from common.summary import run_summary
 from common.task import make_task
 
@@ -201,7 +200,7 @@ def main(args: Args) -> None:
     ref_model = None
     if args.beta > 0:  # the KL reference: the initial weights, frozen
         ref_model = AdaptersOff(policy) if args.lora_r else \
-            copy.deepcopy(policy).to(DTYPES[args.dtype]).eval().requires_grad_(False)
+            frozen_reference(policy, args.dtype, args.fsdp)  # computes as the policy at step 0
     if args.fsdp:  # FSDP2: each rank keeps 1/world of every weight (common/fsdp.py); the optimizer sees the shards
         from common.fsdp import shard
 
