@@ -1,7 +1,7 @@
 """Flags every method script shares, with the same names. Each script's `Args` subclasses this."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Literal, Optional
 
 from common.ranges import Range
@@ -110,10 +110,10 @@ class BaseArgs:
     """vLLM context length (prompt + completion)"""
     max_new_tokens: Annotated[int, Range(1)] = 48
     """maximum completion length; a completion cut by it never counts as a success (reward 0)"""
-    stop_token_ids: list[int] = field(default_factory=list)
-    """token ids that also end a completion (space-separated, e.g. `--stop_token_ids 151645 151643`), besides the
-    tokenizer's EOS and every id of the model's generation_config `eos_token_id`: the token is kept and the finish
-    reason is "stop" (not cut); the run's first lines name every stop token"""
+    stop_token_ids: Optional[str] = None
+    """comma-separated token ids that also end a completion (e.g. `151645,151643`), besides the tokenizer's EOS and
+    every id of the model's generation_config `eos_token_id`: the token is kept and the finish reason is "stop" (not
+    cut); the run's first lines name every stop token"""
     mask_truncated_completions: bool = False
     """completions cut by the length limit get no gradient (TRL's flag); `clipped_ratio` is logged either way"""
     logp_diff_warn: Annotated[float, Range(0)] = 0.05

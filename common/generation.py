@@ -43,10 +43,16 @@ def cache_kwargs(model, cache_implementation: str | None, dtype: str, max_cache_
     return {"cache_implementation": cache_implementation} if cache_implementation else {}
 
 
-def end_token_ids(tokenizer, model, stop_token_ids=(), log=None) -> list[int]:
+def end_token_ids(tokenizer, model, stop_token_ids: str | list[int] | None = (), log=None) -> list[int]:
     """The ids that end every completion, once each: the tokenizer's EOS, every id of the model's
     `generation_config.eos_token_id` (a chat model's end-of-turn token besides its EOS, e.g. Gemma's
-    `<end_of_turn>`) and the user's `stop_token_ids` (--stop_token_ids). `log`: one line naming them."""
+    `<end_of_turn>`) and the user's `stop_token_ids` (ids, or --stop_token_ids's comma-separated text). `log`: one
+    line naming them."""
+    if isinstance(stop_token_ids, str):
+        try:
+            stop_token_ids = [int(token) for token in stop_token_ids.split(",") if token.strip()]
+        except ValueError:
+            raise SystemExit(f"--stop_token_ids {stop_token_ids!r}: expected comma-separated token ids") from None
     if stop_token_ids:
         vocab = getattr(model.config.get_text_config(), "vocab_size", None) or len(tokenizer)
         for token in stop_token_ids:
@@ -55,7 +61,7 @@ def end_token_ids(tokenizer, model, stop_token_ids=(), log=None) -> list[int]:
     listed = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     sources = {"the tokenizer's EOS": [tokenizer.eos_token_id],
                "the model's generation_config": listed if isinstance(listed, (list, tuple)) else [listed],
-               "--stop_token_ids": list(stop_token_ids)}
+               "--stop_token_ids": list(stop_token_ids or ())}
     ids, named = [], []
     for source, tokens in sources.items():
         new = [token for token in dict.fromkeys(tokens) if token is not None and token not in ids]
