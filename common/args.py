@@ -153,7 +153,8 @@ class BaseArgs:
     small model on CPU)"""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """compute dtype: `bfloat16` runs the forward passes (generation, log-probs, critic) under autocast; the trained
-    weights and optimizer state stay fp32 (master weights, saved as such in checkpoints); frozen copies use it"""
+    weights and optimizer state stay fp32 (master weights, saved as such in checkpoints); the frozen KL reference stores
+    in it only what the policy's forward rounds to it, so that it computes as the policy did at step 0"""
     gradient_checkpointing: bool = False
     """recompute the policy's (and critic's) activations during backward instead of storing them: less memory, about
     one more forward pass of compute per update"""

@@ -81,8 +81,10 @@ def test_bf16_resume_is_exact(tiny_base, tmp_path, monkeypatch):
 
 
 KL_FLAGS = {"ra_rloo.py": ["--beta", "0.05", "--paper_eval_samples", "0", "--seed_buffer", "false"],
-            "ada_seq.py": ["--beta", "0.05", "--max_rounds", "1", "--round_repeat", "4", "--final_keep_per_prompt", "4"],
-            "ada_est.py": ["--beta", "0.05"], "pros_ppo.py": ["--kl_coef", "0.05", "--k", "4", "--num_minibatches", "1"]}
+            "ada_seq.py": ["--beta", "0.05", "--max_rounds", "1", "--round_repeat", "4",
+                           "--final_keep_per_prompt", "4"],
+            "ada_est.py": ["--beta", "0.05"],
+            "pros_ppo.py": ["--kl_coef", "0.05", "--k", "4", "--num_minibatches", "1"]}  # 1: KL before the step
 
 
 @pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
