@@ -1,6 +1,8 @@
 """Loading the policy and its tokenizer (hub name or local directory), and the compute dtype of forward passes."""
 from __future__ import annotations
 
+import copy
+
 import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -25,15 +27,12 @@ def autocast(device: torch.device, dtype: str):
     return torch.autocast(device.type, dtype=DTYPES[dtype], enabled=dtype != "float32")
 
 
-
 def frozen_reference(policy: torch.nn.Module, dtype: str, fsdp: bool = False) -> torch.nn.Module:
     """The KL reference: a frozen copy of the initial `policy` that computes exactly as the policy does at step 0
     (under the same autocast), so the KL before any update is 0. Stored in `dtype` only where the policy's forward
     rounds to it anyway: with `fsdp`, every parameter (FSDP's mixed precision gathers the policy's in `dtype`);
     without, the weights of linear layers (autocast casts them at each forward), while embeddings, norms and every
     buffer (e.g. rotary frequencies) stay fp32 as the policy keeps them."""
-    import copy
-
     reference = copy.deepcopy(policy).eval().requires_grad_(False)
     if dtype == "float32":
         return reference
