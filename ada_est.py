@@ -35,7 +35,6 @@ inference budget.
 """
 from __future__ import annotations
 
-import copy
 import math
 import random
 import time
@@ -52,7 +51,7 @@ from common.args import BaseArgs, Range
 from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler
 from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
-from common.generation import HFGenerator, SamplingConfig
+from common.generation import HFGenerator, SamplingConfig, end_token_ids
 from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
 from common.logprobs import token_logprobs
 from common.losses import clipped_surrogate, kl_k3
@@ -60,7 +59,7 @@ from common.masking import pad_sequences, right_align
 from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate, evaluate_train_prompts,
                             train_prompt_sample, trained_advantage_metrics)
 from common.output_dir import claim_output_dir
-from common.policy import DTYPES, autocast, load_policy
+from common.policy import autocast, frozen_reference, load_policy
 from common.summary import run_summary
 from common.task import make_task
 
@@ -229,7 +228,7 @@ def main(args: Args) -> None:
     ref_model = None
     if args.beta > 0:  # the KL reference: the initial weights, frozen
         ref_model = AdaptersOff(policy) if args.lora_r else \
-            copy.deepcopy(policy).to(DTYPES[args.dtype]).eval().requires_grad_(False)
+            frozen_reference(policy, args.dtype, args.fsdp)  # computes as the policy at step 0
     if args.fsdp:  # FSDP2: each rank keeps 1/world of every weight (common/fsdp.py); the optimizer sees the shards
         from common.fsdp import shard
 
@@ -258,6 +257,7 @@ def main(args: Args) -> None:
     else:
         generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype,
                                 cache_implementation=args.cache_implementation, compiled=compiled)
+    generator.end_ids = end_token_ids(tokenizer, policy, args.stop_token_ids, log)  # EOS, end-of-turn, flag
     # pi_old from the sampler only where it differs from the update's own first pass (`--old_logprobs`)
     sampler_logprobs = args.old_logprobs == "sampler" or args.use_vllm or args.ppo_epochs > 1
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,

@@ -42,7 +42,7 @@ from common.args import BaseArgs, Range
 from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler
 from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
-from common.generation import HFGenerator, SamplingConfig
+from common.generation import HFGenerator, SamplingConfig, end_token_ids
 from common.gibbs import calibration_excess, gibbs_sweeps, update_counts
 from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
 from common.logprobs import token_logprobs
@@ -51,7 +51,7 @@ from common.masking import pad_sequences, right_align
 from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate, evaluate_train_prompts,
                             train_prompt_sample)
 from common.output_dir import claim_output_dir
-from common.policy import DTYPES, autocast, library_bars_off, load_policy
+from common.policy import DTYPES, autocast, frozen_reference, library_bars_off, load_policy
 from common.summary import run_summary
 from common.task import make_task
 
@@ -375,7 +375,7 @@ def main(args: Args) -> None:
         policy = add_lora(policy, args.lora_r, args.lora_alpha, args.lora_target_modules, args.dtype)
     task = make_task(args, tokenizer, log)  # Countdown or a dataset; --reward_funcs: yours (docs/custom_task.md)
     ref_model = None if args.kl_coef <= 0 else AdaptersOff(policy) if args.lora_r else \
-        copy.deepcopy(policy).to(DTYPES[args.dtype]).eval().requires_grad_(False)  # KL reference, frozen
+        frozen_reference(policy, args.dtype, args.fsdp)  # KL reference: computes as the policy at step 0
     # PPO's critic: the policy's backbone copied + a zero scalar head (copied before any sharding)
     critic = build_value_model(policy, args.critic_model_name_or_path).to(device) if args.adv == "gae" else None
     if args.fsdp:  # FSDP2: each rank keeps 1/world of every weight (common/fsdp.py); the optimizers see the shards
@@ -408,11 +408,12 @@ def main(args: Args) -> None:
     else:
         generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype,
                                 cache_implementation=args.cache_implementation, compiled=compiled)
+    generator.end_ids = end_token_ids(tokenizer, policy, args.stop_token_ids, log)  # EOS, end-of-turn, flag
     # no sampler log-probs: pi_old's come from score_rollouts, with the entropies PROS needs
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, logprobs=False)
     temperature = args.temperature if args.temperature > 0 else 1.0  # greedy samples are scored at T=1
     pack = (args.pack_row_tokens or (2048 if device.type == "cuda" else 128)) if args.padding_free else 0  # rows
-    k, stop_ids, pros = args.k, {tokenizer.eos_token_id}, args.pros != "off"
+    k, stop_ids, pros = args.k, set(generator.end_ids), args.pros != "off"
     eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature  # 0: greedy
     eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=eval_temperature, logprobs=False)
 

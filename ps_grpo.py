@@ -64,7 +64,7 @@ from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler, Scored
 from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.episode import Episode
-from common.generation import HFGenerator, SamplingConfig
+from common.generation import HFGenerator, SamplingConfig, end_token_ids
 from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
 from common.logprobs import token_logprobs
 from common.losses import clipped_surrogate
@@ -273,7 +273,7 @@ def rollout_multiturn(generator, tokenizer, prompts: list[list[int]], problems: 
     while live := [i for i, episode in enumerate(episodes) if not episode.env.done]:
         gens = generator.generate([prompts[episodes[i].group] + episodes[i].ids for i in live], 1, cfg)
         for i, ids, logprobs, reason in zip(live, gens.completion_ids, gens.logprobs, gens.finish_reasons):
-            result = episodes[i].env.step(decode(ids), final=bool(ids) and ids[-1] == tokenizer.eos_token_id)
+            result = episodes[i].env.step(decode(ids), final=bool(ids) and ids[-1] in generator.end_ids)
             episodes[i].add_turn(ids, encode(result.observation), logprobs)  # action: mask 1; observation: mask 0
             clipped[i] = clipped[i] or reason == "length"
     for episode in episodes:
@@ -424,6 +424,7 @@ def main(args: Args) -> None:
     else:
         generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype,
                                 cache_implementation=args.cache_implementation, compiled=compiled)
+    generator.end_ids = end_token_ids(tokenizer, policy, args.stop_token_ids, log)  # EOS, end-of-turn, flag
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)  # text mode
     turn_sampling = turn_config(tokenizer, args, args.temperature)  # multi-turn: one action per generate call
     eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature  # 0: greedy

@@ -35,7 +35,6 @@ full distribution (T = --temperature, no top-p/top-k: the paper does not say wha
 """
 from __future__ import annotations
 
-import copy
 import math
 import random
 import time
@@ -54,7 +53,7 @@ from common.args import BaseArgs, Range
 from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler
 from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
-from common.generation import HFGenerator, SamplingConfig
+from common.generation import HFGenerator, SamplingConfig, end_token_ids
 from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
 from common.logprobs import score_completions, token_logprobs
 from common.losses import kl_k3
@@ -62,7 +61,7 @@ from common.masking import pad_sequences, right_align
 from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate, evaluate_train_prompts,
                             train_prompt_sample)
 from common.output_dir import claim_output_dir
-from common.policy import DTYPES, autocast, load_policy
+from common.policy import autocast, frozen_reference, load_policy
 from common.summary import run_summary
 from common.task import make_task
 
@@ -201,7 +200,7 @@ def main(args: Args) -> None:
     ref_model = None
     if args.beta > 0:  # the KL reference: the initial weights, frozen
         ref_model = AdaptersOff(policy) if args.lora_r else \
-            copy.deepcopy(policy).to(DTYPES[args.dtype]).eval().requires_grad_(False)
+            frozen_reference(policy, args.dtype, args.fsdp)  # computes as the policy at step 0
     if args.fsdp:  # FSDP2: each rank keeps 1/world of every weight (common/fsdp.py); the optimizer sees the shards
         from common.fsdp import shard
 
@@ -230,6 +229,7 @@ def main(args: Args) -> None:
     else:
         generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype,
                                 cache_implementation=args.cache_implementation, compiled=compiled)
+    generator.end_ids = end_token_ids(tokenizer, policy, args.stop_token_ids, log)  # EOS, end-of-turn, flag
     sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
     temperature = args.temperature if args.temperature > 0 else 1.0  # the generator scores greedy samples at T=1
     pack = (args.pack_row_tokens or (2048 if device.type == "cuda" else 128)) if args.padding_free else 0  # rows

@@ -2,7 +2,8 @@
 
 Per GPU, for one policy of P parameters trained with AdamW and fp32 master weights (what `--dtype bfloat16`
 does: bf16 compute, fp32 parameters, gradients and both Adam moments = 16 bytes per trained parameter), a frozen
-bf16 reference model (2 bytes per parameter; with LoRA the reference is the same weights with adapters off: 0),
+reference model (2 bytes per parameter; under DDP its embeddings and norms stay fp32, 2 more bytes each, so that it
+computes as the fp32 policy under autocast; with LoRA the reference is the same weights with adapters off: 0),
 and optionally a colocated bf16 vLLM copy (2 bytes per parameter, never sharded here: one engine per rank).
 DDP keeps everything on every GPU; FSDP shards the policy's states and the reference over the GPUs. With LoRA
 the base weights are frozen bf16 (2 bytes) and only the adapters carry the 16 bytes. Activations come on top
@@ -42,13 +43,21 @@ GATHERS = (
 )
 
 
-def state_gib(params: float, lora_params: float, gpus: int, fsdp: bool, lora: bool, vllm: bool) -> float:
+def state_gib(params: float, lora_params: float, gpus: int, fsdp: bool, lora: bool, vllm: bool,
+              reference_fp32: float = 0.0) -> float:
+    """`reference_fp32`: the reference's parameters kept fp32 under DDP (embeddings, norms: `reference_fp32_params`)."""
     shard = gpus if fsdp else 1
     if lora:  # frozen bf16 base (reference = adapters off), fp32 adapters + grads + Adam moments
         trained = (2 * params + 16 * lora_params) / shard
-    else:  # fp32 master + grads + 2 Adam moments, and a bf16 frozen reference
-        trained = (16 * params + 2 * params) / shard
+    else:  # fp32 master + grads + 2 Adam moments, and the frozen reference (bf16 but its fp32 part under DDP)
+        trained = (16 * params + 2 * params + (0 if fsdp else 2 * reference_fp32)) / shard
     return (trained + (2 * params if vllm else 0)) / GIB
+
+
+def reference_fp32_params(hidden: int, layers: int, vocab: int) -> float:
+    """The reference's parameters outside linear layers, kept fp32 under DDP: the embedding (with tied embeddings
+    also the head) and the norms (two per layer and the final one)."""
+    return vocab * hidden + hidden * (2 * layers + 1)
 
 
 def critic_params(params: float, hidden: int, vocab: int, tied: bool) -> float:
@@ -86,7 +95,8 @@ def table() -> str:
         for label, fsdp, lora in (("DDP", False, False), ("FSDP", True, False), ("DDP + LoRA r=16", False, True)):
             cells = []
             for gpus in (1, 8):
-                both = [state_gib(params, lora_params, gpus, fsdp, lora, vllm) for vllm in (False, True)]
+                both = [state_gib(params, lora_params, gpus, fsdp, lora, vllm,
+                                  reference_fp32_params(hidden, layers, vocab)) for vllm in (False, True)]
                 cells.append(f"{both[0]:.1f} GiB ({both[1]:.1f} with vLLM)")
             cells.append(" / ".join(f"{critic_gib(critic, gpus, fsdp):.1f} GiB" for gpus in (1, 8)))
             cells.append(f"{scoring_gib(params, hidden, layers, vocab, tied, lora_params, critic, fsdp, lora):.1f} GiB")

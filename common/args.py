@@ -110,6 +110,10 @@ class BaseArgs:
     """vLLM context length (prompt + completion)"""
     max_new_tokens: Annotated[int, Range(1)] = 48
     """maximum completion length; a completion cut by it never counts as a success (reward 0)"""
+    stop_token_ids: Optional[str] = None
+    """comma-separated token ids that also end a completion (e.g. `151645,151643`), besides the tokenizer's EOS and
+    every id of the model's generation_config `eos_token_id`: the token is kept and the finish reason is "stop" (not
+    cut); the run's first lines name every stop token"""
     mask_truncated_completions: bool = False
     """completions cut by the length limit get no gradient (TRL's flag); `clipped_ratio` is logged either way"""
     logp_diff_warn: Annotated[float, Range(0)] = 0.05
@@ -149,7 +153,8 @@ class BaseArgs:
     small model on CPU)"""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """compute dtype: `bfloat16` runs the forward passes (generation, log-probs, critic) under autocast; the trained
-    weights and optimizer state stay fp32 (master weights, saved as such in checkpoints); frozen copies use it"""
+    weights and optimizer state stay fp32 (master weights, saved as such in checkpoints); the frozen KL reference stores
+    in it only what the policy's forward rounds to it, so that it computes as the policy did at step 0"""
     gradient_checkpointing: bool = False
     """recompute the policy's (and critic's) activations during backward instead of storing them: less memory, about
     one more forward pass of compute per update"""

@@ -5,6 +5,8 @@ whole weights, and each rank's optimizer shard (and `rank_state`) is in `shards_
 tensors and plain containers, read back with no allowlist, so a resume runs no code from a checkpoint. It is written
 to a temporary dir and renamed when complete, so an interrupted save never leaves a half-written checkpoint behind;
 a failed write (a full disk, no permission) stops every rank with one line and leaves the earlier checkpoints whole.
+Objects registered with `accelerator.register_for_checkpointing` (the vLLM generator's request-seed counter) keep
+their `state_dict()` in each rank's `rng_rank<r>.pt`, restored on resume.
 `run.json` records the run that wrote it (its id, script, settings and flags; common/output_dir.py): rotation removes
 only that run's own, and a resume checks it before anything is written.
 """
@@ -132,7 +134,8 @@ def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, o
             failed.append(str(error))
     _stop_if_failed(accelerator, failed, tmp, step)  # a collective: also the barrier before the ranks write
     try:
-        torch.save(plain(rng_state()), tmp / f"rng_rank{accelerator.process_index}.pt")
+        objects = [obj.state_dict() for obj in getattr(accelerator, "_custom_objects", [])]  # this rank's
+        torch.save(plain({**rng_state(), "objects": objects}), tmp / f"rng_rank{accelerator.process_index}.pt")
     except _WRITE_ERRORS as error:
         failed.append(str(error))
     unwrapped, weights = accelerator.unwrap_model(model), None
@@ -233,6 +236,8 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tup
         refused.append(str(error))
     if refused := gather_list(accelerator, refused):
         raise SystemExit("; ".join(refused))
+    for obj, saved in zip(getattr(accelerator, "_custom_objects", []), rng.get("objects", [])):
+        obj.load_state_dict(saved)  # registered for checkpointing: the vLLM generator's seed counter
     if hasattr(unwrapped, "get_base_model"):  # LoRA: the adapters are the trained weights, the base is unchanged
         from peft import set_peft_model_state_dict
 

@@ -1,6 +1,8 @@
 """Generation backends with one output format: prompts as token-id lists in, `n` samples per prompt out,
 prompt-major, each with its token ids, the log-prob of each sampled token under the *sampling* distribution
-(logits / temperature) and a finish reason ("stop": a stop token ended it, "length": max_new_tokens did).
+(logits / temperature) and a finish reason ("stop": a stop token ended it, "length": max_new_tokens did). Stop
+tokens: the generator's `end_ids` (`end_token_ids`: EOS, the model's generation_config list, --stop_token_ids) and
+the call's own `SamplingConfig.stop_token_ids`.
 `HFGenerator` (default) runs `model.generate` on the training model itself; `VLLMGenerator` (common/vllm_backend.py)
 is a colocated in-process vLLM engine, to which the scripts push the weights once per update (`sync_weights`).
 """
@@ -41,13 +43,42 @@ def cache_kwargs(model, cache_implementation: str | None, dtype: str, max_cache_
     return {"cache_implementation": cache_implementation} if cache_implementation else {}
 
 
+def end_token_ids(tokenizer, model, stop_token_ids: str | list[int] | None = (), log=None) -> list[int]:
+    """The ids that end every completion, once each: the tokenizer's EOS, every id of the model's
+    `generation_config.eos_token_id` (a chat model's end-of-turn token besides its EOS, e.g. Gemma's
+    `<end_of_turn>`) and the user's `stop_token_ids` (ids, or --stop_token_ids's comma-separated text). `log`: one
+    line naming them."""
+    if isinstance(stop_token_ids, str):
+        try:
+            stop_token_ids = [int(token) for token in stop_token_ids.split(",") if token.strip()]
+        except ValueError:
+            raise SystemExit(f"--stop_token_ids {stop_token_ids!r}: expected comma-separated token ids") from None
+    if stop_token_ids:
+        vocab = getattr(model.config.get_text_config(), "vocab_size", None) or len(tokenizer)
+        for token in stop_token_ids:
+            if not 0 <= token < vocab:
+                raise SystemExit(f"--stop_token_ids {token}: not a token id of this model (0 to {vocab - 1})")
+    listed = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    sources = {"the tokenizer's EOS": [tokenizer.eos_token_id],
+               "the model's generation_config": listed if isinstance(listed, (list, tuple)) else [listed],
+               "--stop_token_ids": list(stop_token_ids or ())}
+    ids, named = [], []
+    for source, tokens in sources.items():
+        new = [token for token in dict.fromkeys(tokens) if token is not None and token not in ids]
+        ids += new
+        named += [f"{token} {tokenizer.convert_ids_to_tokens(token)!r} ({source})" for token in new] if log else []
+    if log is not None:
+        log(f"generation stops at token ids {', '.join(named)}")
+    return ids
+
+
 @dataclass
 class SamplingConfig:
     max_new_tokens: int = 32
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
-    stop_token_ids: list[int] = field(default_factory=list)  # besides EOS
+    stop_token_ids: list[int] = field(default_factory=list)  # besides the generator's `end_ids` (e.g. a newline)
     logprobs: bool = True  # False: skip them (evaluation), Generations.logprobs is then empty lists
 
 
@@ -75,6 +106,7 @@ class HFGenerator:
         self.batch_size = batch_size
         self.dtype = dtype  # compute dtype (autocast over the fp32 weights)
         self.cache_implementation = cache_implementation  # None: transformers' default (a dynamic cache)
+        self.end_ids = end_token_ids(tokenizer, model)  # the scripts add --stop_token_ids (`end_token_ids`)
         # --torch_compile: the run's TorchCompile (common/compile.py), the decoding step compiled on a static cache;
         # None: eager
         self.compiled = compiled
@@ -107,7 +139,7 @@ class HFGenerator:
         if cfg.logprobs and cfg.temperature > 0 and (cfg.top_p < 1 or cfg.top_k > 0):  # scoring ignores truncation
             raise ValueError(f"HFGenerator: log-probs with top_p={cfg.top_p} / top_k={cfg.top_k} would not be those of "
                              "the sampled distribution (pi_old); top-p / top-k are for evaluation (logprobs=False)")
-        stop_ids = [tok.eos_token_id] + [t for t in cfg.stop_token_ids if t != tok.eos_token_id]
+        stop_ids = self.end_ids + [t for t in cfg.stop_token_ids if t not in self.end_ids]
         was_training = self.model.training
         self.model.eval()
         device = next(self.model.parameters()).device

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from torch.distributed.fsdp import FSDPModule
 
-from common.generation import Generations, SamplingConfig
+from common.generation import Generations, SamplingConfig, end_token_ids
 from common.lora import merged_state_dict
 
 INSTALL_HINT = "--use_vllm needs vLLM: pip install -r requirements-vllm.txt"
@@ -82,6 +82,7 @@ class VLLMGenerator:
         self.tokenizer = tokenizer
         self.seed = seed
         self.calls = 0  # generate() counter: with the seed and the rank it fixes every request's seed
+        self.end_ids = end_token_ids(tokenizer, model)  # the scripts add --stop_token_ids (`end_token_ids`)
         self.on_cpu = not torch.cuda.is_available()
         self.rank, local_rank, world, distributed = _process_layout(accelerator)
         vllm = _import_vllm(self.on_cpu)
@@ -101,8 +102,8 @@ class VLLMGenerator:
             # Log-probs after temperature (and top-k/top-p), i.e. of the distribution actually sampled;
             # with top_p=1 and top_k off this is log_softmax(logits / T), what HFGenerator reports.
             logprobs_mode="processed_logprobs",
-            # Ignore the checkpoint's generation_config.json: stop tokens and sampling settings come only from
-            # SamplingConfig, as in HFGenerator (which passes eos_token_id explicitly).
+            # Ignore the checkpoint's generation_config.json: sampling settings come only from SamplingConfig, and
+            # the stop tokens from `end_ids` (which holds that file's eos_token_id list), as in HFGenerator.
             generation_config="vllm",
         )
         if self.on_cpu:
@@ -127,6 +128,16 @@ class VLLMGenerator:
 
         self.sleep_enabled = sleep and not self.on_cpu
         self._asleep: set[str] = set()  # memory tags currently offloaded/freed ("weights", "kv_cache")
+        if accelerator is not None:  # the checkpoints save `state_dict()` per rank (common/checkpoint.py)
+            accelerator.register_for_checkpointing(self)
+
+    def state_dict(self) -> dict:
+        """The request-seed counter, saved with every checkpoint (this rank's): a resumed run draws the seeds the
+        uninterrupted run would have, not the first steps' again."""
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.calls = int(state["calls"])
 
     @staticmethod
     def _prepare_distributed(rank: int, local_rank: int, world: int, on_cpu: bool) -> None:
@@ -203,8 +214,7 @@ class VLLMGenerator:
         return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") % (2**31 - 2**20)
 
     def generate(self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig) -> Generations:
-        eos = self.tokenizer.eos_token_id
-        stop_ids = [eos] + [t for t in cfg.stop_token_ids if t != eos]
+        stop_ids = self.end_ids + [t for t in cfg.stop_token_ids if t not in self.end_ids]
         greedy = cfg.temperature <= 0
         params = [
             self._sampling_params_cls(

@@ -885,6 +885,11 @@ def test_memory_table_arithmetic():
     # FSDP shards the policy and the reference, not the vLLM copy; DDP's per-GPU figure does not depend on GPUs
     assert mt.state_gib(7.616e9, 0, 8, True, False, True) == pytest.approx((18 * 7.616e9 / 8 + 2 * 7.616e9) / gib)
     assert mt.state_gib(1e9, 0, 8, False, False, False) == mt.state_gib(1e9, 0, 1, False, False, False)
+    # under DDP the reference keeps its embedding and norms in fp32 (2 more bytes each); FSDP shards a bf16 one
+    fp32 = mt.reference_fp32_params(3584, 28, 152064)
+    assert fp32 == 152064 * 3584 + 3584 * 57
+    assert mt.state_gib(7.616e9, 0, 1, False, False, False, fp32) == pytest.approx((18 * 7.616e9 + 2 * fp32) / gib)
+    assert mt.state_gib(7.616e9, 0, 8, True, False, False, fp32) == pytest.approx(18 * 7.616e9 / 8 / gib)
     # LoRA: frozen bf16 base (2 bytes) + 16 bytes per adapter parameter, no second copy for the reference
     assert mt.state_gib(1e9, 1e7, 1, False, True, False) == pytest.approx((2e9 + 16e7) / gib)
     assert mt.activation_mib_per_1k_tokens(1000, 10, True) < mt.activation_mib_per_1k_tokens(1000, 10, False)

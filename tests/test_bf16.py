@@ -16,7 +16,12 @@ from common.cli import parse_args
 from common.logprobs import token_logprobs
 from common.masking import pad_sequences
 from common.policy import autocast, load_policy
+from conftest import run_main
 
+# k3 KL of two forwards that differ only in batch layout (pros_ppo.py scores the reference in other micro-batches
+# than it trains): per-token log-probs within ~1e-4 under bf16 compute, so k3 ~ d^2 / 2 <= 5e-9 (4.7e-10 seen, fsdp);
+# a bf16 copy of the whole model as reference gave 1.5e-5, and one update at lr 1e-6 moves it ~3e-6
+KL_AT_START = 1e-8
 SMALL = ["--prompts_per_step", "4", "--prompt_pool", "8", "--eval_prompts", "4", "--eval_samples", "2",
          "--max_new_tokens", "16", "--num_threads", "1", "--eval_every", "0"]
 
@@ -73,3 +78,21 @@ def test_bf16_resume_is_exact(tiny_base, tmp_path, monkeypatch):
     assert rows("full") == rows("part") and len(rows("full")) == 4
     full, part = (load_file(str(tmp_path / name / "checkpoint-3" / "model.safetensors")) for name in ("full", "part"))
     assert all(torch.equal(full[k], part[k]) for k in full)
+
+
+KL_FLAGS = {"ra_rloo.py": ["--beta", "0.05", "--paper_eval_samples", "0", "--seed_buffer", "false"],
+            "ada_seq.py": ["--beta", "0.05", "--max_rounds", "1", "--round_repeat", "4",
+                           "--final_keep_per_prompt", "4"],
+            "ada_est.py": ["--beta", "0.05"],
+            "pros_ppo.py": ["--kl_coef", "0.05", "--k", "4", "--num_minibatches", "1"]}  # 1: KL before the step
+
+
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
+@pytest.mark.parametrize("script", sorted(KL_FLAGS))
+def test_bf16_kl_to_the_reference_is_zero_before_the_first_update(script, fsdp, tiny_base, tmp_path):
+    # the reference computes as the policy does at step 0 (same precision path, same autocast): step 1's KL, taken
+    # before its optimizer step, is that of two identical forwards (a bf16 copy of the whole model gave ~1e-5)
+    run_main([script, "--model_name_or_path", tiny_base, "--output_dir", str(tmp_path), "--max_steps", "1",
+              "--dtype", "bfloat16", "--eval_train_prompts", "0", *SMALL, *KL_FLAGS[script], *(["--fsdp"] * fsdp)])
+    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[1])
+    assert row["step"] == 1 and abs(row["kl"]) <= KL_AT_START, (script, row["kl"])

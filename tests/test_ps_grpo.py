@@ -134,6 +134,8 @@ def test_controller_is_fed_only_prefix_tasks_built_with_its_current_ratio():
 class ScriptedGenerator:
     """Plays the first solver step for the state in its context's last line; records every call."""
 
+    end_ids = [TOK.eos_token_id]  # what ends an episode's turn as its last (HFGenerator's: EOS, end-of-turn ids)
+
     def __init__(self):
         self.calls = []
 

@@ -6,6 +6,7 @@ kernels then agree with `transformers` to ~1e-5 in log-prob; bf16 would not (~0.
 import copy
 import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -170,6 +171,38 @@ def test_lora_policy_pushes_merged_weights(setup):
     assert gen.generate(prompts, 1, cfg).completion_ids == before.completion_ids
 
 
+def test_an_end_of_turn_id_of_the_generation_config_ends_vllm_generation(setup, policy_dir, tmp_path):
+    # a model dir whose generation_config lists a second end id beside EOS (a chat model's end-of-turn token): the
+    # ids the scripts give the engine (`end_token_ids` of the policy loaded from it) end vLLM's samples there, with
+    # finish reason "stop". The same request seeds (the counter rewound) draw the same tokens up to the end id.
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    from common.generation import end_token_ids
+
+    gen, model, tok, prompts = setup
+    cfg = SamplingConfig(max_new_tokens=16, temperature=1.0, logprobs=False)
+    start = gen.calls
+    free = gen.generate(prompts, 1, cfg).completion_ids
+    # the end-of-turn id: a token some sample draws first at a later position (so that sample must stop there)
+    row, cut = next((r, j) for r, ids in enumerate(free) for j in range(1, len(ids))
+                    if ids[j] not in ids[:j] and ids[j] != tok.eos_token_id)
+    turn_end = free[row][cut]
+    chat = tmp_path / "chat"
+    shutil.copytree(policy_dir, chat)
+    GenerationConfig(eos_token_id=[tok.eos_token_id, turn_end], pad_token_id=tok.pad_token_id).save_pretrained(chat)
+    chat_model = AutoModelForCausalLM.from_pretrained(chat, dtype=torch.float32).eval()
+    assert HFGenerator(chat_model, tok).end_ids == [tok.eos_token_id, turn_end]
+    before, gen.end_ids, gen.calls = gen.end_ids, end_token_ids(tok, chat_model), start
+    try:
+        stopped = gen.generate(prompts, 1, cfg)
+    finally:
+        gen.end_ids = before
+    assert stopped.completion_ids[row] == free[row][:cut + 1] and stopped.finish_reasons[row] == "stop"
+    for ids, reason, whole in zip(stopped.completion_ids, stopped.finish_reasons, free):  # each at its first end id
+        ends = [j for j, t in enumerate(whole) if t in (tok.eos_token_id, turn_end)]
+        assert (ids, reason) == ((whole[: ends[0] + 1], "stop") if ends else (whole, "length"))
+
+
 def test_same_seed_and_call_reproduces_samples(setup):
     # vLLM draws a seeded request's samples from its own torch.Generator (seed + sample index), so they do
     # not depend on what else is batched with it. The backend derives those seeds from (seed, rank, call
@@ -238,19 +271,26 @@ def test_one_engine_per_rank_under_torchrun(policy_dir, tmp_path):
     assert ok[0].split("OK")[1] != ok[1].split("OK")[1]  # same prompts and seed, yet the rank enters the seeds
 
 
-def test_ra_rloo_end_to_end_with_vllm(tiny_base, tmp_path):
-    """The whole script on the vLLM backend: generation, weight push each step, eval, checkpoint."""
+def test_ra_rloo_end_to_end_with_vllm_and_an_exact_resume(tiny_base, tmp_path):
+    """The whole script on the vLLM backend: generation, weight push each step, eval, checkpoint; and 2 steps +
+    resume + 2 steps give the 4-step run's rows (the engine's request-seed counter comes back with the checkpoint:
+    without it the resumed steps would draw the first steps' seeds again)."""
     import json
 
     from conftest import run_script
 
-    out = tmp_path / "ra_vllm"
-    run_script(["ra_rloo.py", "--use_vllm", "--model_name_or_path", tiny_base, "--output_dir", str(out),
-                "--max_steps", "3", "--eval_every", "3", "--prompt_pool", "24", "--prompts_per_step", "8",
-                "--eval_prompts", "8", "--eval_samples", "4", "--max_new_tokens", "20"])
+    out, resumed = tmp_path / "ra_vllm", tmp_path / "resumed"
+    flags = ["ra_rloo.py", "--use_vllm", "--model_name_or_path", tiny_base, "--max_steps", "4", "--save_every", "2",
+             "--eval_every", "3", "--prompt_pool", "24", "--prompts_per_step", "8", "--eval_prompts", "8",
+             "--eval_samples", "4", "--max_new_tokens", "20"]
+    run_script([*flags, "--output_dir", str(out)])
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2, 3] and rows[-1]["rollouts"] == 3 * 8 * 4
-    assert "eval_pass@1" in rows[-1] and (out / "checkpoint-3" / "model.safetensors").exists()
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4] and rows[-1]["rollouts"] == 4 * 8 * 4
+    assert "eval_pass@1" in rows[-1] and (out / "checkpoint-4" / "model.safetensors").exists()
+    run_script([*flags, "--output_dir", str(resumed), "--resume", str(out / "checkpoint-2")])
+    again = [json.loads(l) for l in (resumed / "metrics.jsonl").read_text().splitlines()]
+    timeless = lambda row: {k: v for k, v in row.items() if not k.startswith("time_")}  # noqa: E731
+    assert [timeless(r) for r in again if r["step"] > 2] == [timeless(r) for r in rows[3:]]
     # sampler/trainer agreement: vLLM's log-probs of the sampled tokens vs the trainer's first pass (fp32: ~1e-5),
     # after each weight push too (a stale engine would drift away as the policy trains)
     diffs = [r["sampler_logp_diff"] for r in rows[1:]]
