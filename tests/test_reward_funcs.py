@@ -131,7 +131,8 @@ def test_bad_reward_functions_get_one_line(tmp_path):
     f = str(tmp_path / "f.py")
     cases = [(f"{tmp_path / 'broken.py'}:g", r"cannot import .*broken.py \(ModuleNotFoundError: No module named"),
              ("no_such_package.mod:g", r"cannot import no_such_package.mod \(ModuleNotFoundError"),
-             (f"{f}:missing", r"f.py has no function missing"), ("nocolon", "expected `package.module:function`"),
+             (f"{f}:missing", r"f.py has no function missing"),
+             ("./no_such_model_dir", "no_such_model_dir: directory not found"),
              (f"{tmp_path / 'nope.py'}:g", "file .*nope.py not found")]
     for spec, message in cases:
         with pytest.raises(SystemExit, match=message):
@@ -151,10 +152,10 @@ def test_bad_reward_functions_get_one_line(tmp_path):
         return call_reward_funcs(funcs, ["a", "bb", "ccc", "dddd"][:n], [{"prompt": "p", "x": 1}] * n, [[1]] * n,
                                  "prompt", step)
 
-    assert score("return [None, 1, 2.5, True]")[0] == [0.0, 1.0, 2.5, 1.0]
+    total = score("return [None, 1, 2.5, True]")[0]
+    assert math.isnan(total[0]) and total[1:] == [1.0, 2.5, 1.0]  # no function scored completion 0: NaN, as TRL
     assert score("return [kwargs['trainer_state'].global_step] * 4")[0] == [2.0] * 4  # TRL's: updates done
     bad = [("return [1, 2]", "g at step 3: returned 2 values for 4 completions"),
-           ("return [0, float('nan'), 0, 0]", "g at step 3: value 1 is nan, not finite"),
            ("return [0, 0, float('inf'), 0]", "g at step 3: value 2 is inf, not finite"),
            ("return [0, 0, 0, 'yes']", "g at step 3: value 3 is 'yes', not a number or None"),
            ("return 1.0", "g at step 3: returned float, not a list of 4 numbers"),
