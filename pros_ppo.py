@@ -489,8 +489,7 @@ def main(args: Args) -> None:
         scored = task.score(texts, [examples[i // k] for i in range(len(texts))], whole, truncated, step)
         rewards = torch.tensor(scored.total, dtype=torch.float32).view(-1, k)  # NaN: no function scored it
         correct = torch.tensor(scored.success).view(-1, k)  # the task's rule (common/data.py `Task.passes`)
-        # a rollout no function scored: no policy gradient, out of the critic's targets, the whitening and the counts
-        rated = torch.tensor(scored.scored, dtype=torch.bool)
+        rated = torch.tensor(scored.scored, dtype=torch.bool)  # False: no reward (no gradient, critic target, count)
 
         # ================ pi_old's log-probs, entropies, values (and reference log-probs): one no-grad pass ========
         t_score_start = time.time()
@@ -517,11 +516,13 @@ def main(args: Args) -> None:
                 sources = (correct[group] & ~truncated.view(-1, k)[group]).tolist()  # a cut rollout spawns no child
                 candidates = child_candidates(queries[j][1], [completions[i] for i in rows], sources,
                                               entropies, values, stop_ids, args.value_top_frac)
-                outcomes.append((j, float(correct[group].sum()), candidates, float(rated.view(-1, k)[group].sum())))
+                outcomes.append((j, float(correct[group].sum()), candidates))
             outcomes = sorted(gather_list(accelerator, outcomes))
-            tree.observe([queries[j][2] for j, *_ in outcomes], [s for _, s, *_ in outcomes],
-                         [trials for *_, trials in outcomes], args.forget, step, args.forget_on)
-            for j, _, candidates, _ in outcomes:  # every distinct new cut of a correct rollout (capped if asked)
+            rated_groups = rated.view(-1, k).sum(-1).tolist()  # trials: the rollouts given a reward
+            trials = dict(gather_list(accelerator, list(zip(my_queries, rated_groups))))
+            tree.observe([queries[j][2] for j, _, _ in outcomes], [s for _, s, _ in outcomes],
+                         [trials[j] for j, _, _ in outcomes], args.forget, step, args.forget_on)
+            for j, _, candidates in outcomes:  # every distinct new cut of a correct rollout (capped if asked)
                 children_created += tree.add_children(queries[j][0], candidates, step, args.prior_mu,
                                                       args.max_children_per_group)
             tree.evict(args.pool_capacity)

@@ -25,20 +25,14 @@ class Example:
 
 @dataclass
 class Scored:
-    """One batch's rewards: the `total` per completion (NaN: every --reward_funcs function returned None: no reward,
-    left out of its group's baseline, advantage 0), whether each is a `success` (the task's one rule, `Task.passes`),
-    each function's `values` (None: does not apply), the `seconds` spent computing them, the functions' `log_metric`
-    values (`logged`) and `log_extra` columns (`extra`)."""
+    """One batch's rewards: `total` per completion (NaN: no function scored it), `success` (`Task.passes`), each
+    function's `values` (None: does not apply), the `seconds` spent, `log_metric`'s and `log_extra`'s logs."""
     total: list[float]
     values: dict[str, list]
     seconds: float
-    success: list[bool] = None
+    success: list[bool] = field(default_factory=list)
     logged: dict = field(default_factory=dict)
     extra: dict = field(default_factory=dict)
-
-    def __post_init__(self):
-        if self.success is None:
-            self.success = [False] * len(self.total)
 
     @property
     def scored(self) -> list[bool]:
@@ -103,7 +97,6 @@ class Task:
     max_new_tokens: int = 0  # named in that warning
     mask_truncated: bool = False  # --mask_truncated_completions (named in that warning)
     warned_truncation: bool = False
-    warned_none: bool = False  # the once-a-run warning for completions no function scored
     step: int | None = None  # the last training step scored (the evaluation's trainer_state)
 
     def _call(self, funcs, texts: list[str], examples: list[Example], completion_ids: list, step):
@@ -113,9 +106,8 @@ class Task:
                                  self.prompt_column, step)
 
     def passes(self, total: float) -> bool:
-        """The one success rule, in training and in the evaluation by --eval_reward_funcs: total >= success_reward.
-        A completion without a reward (NaN) never passes; a cut one passes only on its total (with the built-in
-        rewards that total is 0: a cut completion is never a success there)."""
+        """The one success rule, training and evaluation: total >= success_reward (NaN: never; a cut completion on
+        its total, which the built-in rewards make 0: never a success there)."""
         return total >= self.success_reward  # False for NaN
 
     def score(self, texts: list[str], examples: list[Example], completion_ids: list, truncated, step) -> Scored:
@@ -133,20 +125,13 @@ class Task:
                       f"(cut: {rule}); raise it if answers need more room")
         logged, extra = {}, {}
         if self.reward_funcs is None:
-            total, values = [0.0 if cut[i] else float(self.reward_fn(text, examples[i]))
-                             for i, text in enumerate(texts)], {}
+            total, values = [0.0 if cut[i] else float(self.reward_fn(t, examples[i])) for i, t in enumerate(texts)], {}
         elif not texts:  # nothing to score on this rank: the same metric names as the others', no call
             total, values = [], {name: [] for name in self.reward_funcs.names}
         else:
             self.step = step
             total, values = self._call(self.reward_funcs, texts, examples, completion_ids, step)
             logged, extra = self.reward_funcs.pop_logs()
-            missing = sum(1 for value in total if math.isnan(value))
-            if missing and self.warn and not self.warned_none:
-                self.warned_none = True
-                self.warn(f"warning: every reward function returned None for {missing} of {len(texts)} completions "
-                          f"at step {step} (no reward: advantage 0, never a success; counted in reward_none_frac); "
-                          "make sure at least one function scores every completion")
         builtin = self.reward_funcs is None  # a cut completion has no final answer there: never a success
         success = [not (builtin and cut[i]) and self.passes(value) for i, value in enumerate(total)]
         return Scored(total, values, time.time() - start, success, logged, extra)
@@ -327,8 +312,8 @@ class PromptSampler:
 
 
 def reward_sums(rewards) -> dict:
-    """A batch's reward sums for the logged reward_mean / reward_std: over the completions that got a reward (NaN:
-    none, counted as `unscored`); reduce them over ranks, then `reward_moments`."""
+    """Sums for reward_mean / reward_std over the completions given a reward (NaN: `unscored`); reduce, then
+    `reward_moments`."""
     values = np.asarray(rewards.tolist() if hasattr(rewards, "tolist") else rewards, dtype=np.float64).ravel()
     rated = values[~np.isnan(values)]
     return {"reward_sum": float(rated.sum()), "reward_sq_sum": float((rated ** 2).sum()),
@@ -336,15 +321,13 @@ def reward_sums(rewards) -> dict:
 
 
 def reward_moments(totals: dict, count: float) -> tuple[float, float]:
-    """(mean, population std) of the rewards given, from `reward_sums` reduced over ranks and the `count` of
-    completions they came from."""
+    """(mean, population std) from reduced `reward_sums` of `count` completions."""
     rated = max(1.0, count - totals["unscored"])
     mean = totals["reward_sum"] / rated
     return mean, math.sqrt(max(0.0, totals["reward_sq_sum"] / rated - mean ** 2))
 
 
 def fixed_scored(rewards: list[float], truncated: list[bool], success_reward: float) -> Scored:
-    """A built-in reward's batch (an environment's): a cut completion has no final answer, so it scores 0 and is
-    never a success; the others succeed at a reward >= success_reward."""
+    """A built-in (environment's) reward's batch: a cut completion has no final answer: 0, never a success."""
     total = [0.0 if cut else float(reward) for reward, cut in zip(rewards, truncated)]
     return Scored(total, {}, 0.0, [not cut and value >= success_reward for value, cut in zip(total, truncated)])

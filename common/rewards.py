@@ -135,7 +135,18 @@ class RewardFuncs:
         self.logged: dict[str, list[float]] = {}  # log_metric's values since the last `pop_logs`
         self.extra: dict[str, list] = {}  # log_extra's columns of the last batch
         self._loop = None  # one event loop for every async function, made on first use
+        self.warn, self.warned_none = None, False  # where the once-a-run "no reward" warning goes
         self.epoch_size = None  # steps per pass over the training prompts (trainer_state.epoch), set by the task
+
+    def fill_state(self, args, train_size: int, log) -> None:
+        """trainer_state as TRL fills it (the run's length; an epoch: one pass over the training prompts) and where
+        the once-a-run warning goes."""
+        self.state.max_steps, self.state.train_batch_size = args.max_steps, args.prompts_per_step
+        self.epoch_size = max(1, train_size) / args.prompts_per_step
+        self.state.num_train_epochs = math.ceil(args.max_steps / self.epoch_size)
+        self.state.logging_steps, self.state.eval_steps = 1, args.eval_every
+        self.state.save_steps = getattr(args, "save_every", 0) or 0
+        self.warn = log
 
     def _log_metric(self, name: str, value) -> None:
         self.logged.setdefault(str(name), []).append(float(value))
@@ -204,6 +215,12 @@ class RewardFuncs:
             given = [(weight, values[name][i]) for name, weight in zip(self.names, self.weights)
                      if values[name][i] is not None]
             totals.append(sum(weight * value for weight, value in given) if given else math.nan)
+        missing = sum(1 for total in totals if math.isnan(total))
+        if missing and self.warn and not self.warned_none:  # TRL's warning, once a run
+            self.warned_none = True
+            self.warn(f"warning: every reward function returned None for {missing} of {n} completions at {when} "
+                      "(no reward: left out of the group's baseline, advantage 0, never a success; counted in "
+                      "reward_none_frac); make sure at least one function scores every completion")
         return totals, values
 
 

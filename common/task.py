@@ -19,7 +19,7 @@ def make_task(args, tokenizer, log=print) -> Task:
         task = hf_task(args, tokenizer, log)
     task.success_reward = 1.0 if args.success_reward is None else args.success_reward
     if args.success_reward is None and getattr(args, "positive_threshold", None) is not None:
-        # [ADA] unset: reward > --positive_threshold, i.e. >= the next float above it, in training and evaluation
+        # ada_seq / ada_est unset: reward > --positive_threshold (>= the next float up), training and evaluation
         task.success_reward = math.nextafter(args.positive_threshold, math.inf)
     task.warn, task.max_new_tokens = log, args.max_new_tokens
     task.mask_truncated = bool(getattr(args, "mask_truncated_completions", False))
@@ -31,11 +31,5 @@ def make_task(args, tokenizer, log=print) -> Task:
         task.eval_reward_funcs = RewardFuncs(args.eval_reward_funcs, None, "--eval_reward_funcs", args.dtype) \
             if args.eval_reward_funcs else task.reward_funcs
         for funcs in {id(f): f for f in (task.reward_funcs, task.eval_reward_funcs) if f}.values():
-            # trainer_state as TRL fills it: the run's length, an epoch = one pass over the training prompts
-            funcs.state.max_steps = args.max_steps
-            funcs.state.num_train_epochs = math.ceil(args.max_steps * args.prompts_per_step / max(1, len(task.train)))
-            funcs.state.train_batch_size = args.prompts_per_step
-            funcs.state.logging_steps, funcs.state.save_steps = 1, getattr(args, "save_every", 0) or 0
-            funcs.state.eval_steps = args.eval_every
-            funcs.epoch_size = max(1, len(task.train)) / args.prompts_per_step
+            funcs.fill_state(args, len(task.train), log)
     return task
