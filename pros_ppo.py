@@ -536,7 +536,7 @@ def main(args: Args) -> None:
             token_rewards[:, -1] = rewards.flatten().nan_to_num(0.0)  # unrated rows: masked out below
             advantages, returns = gae_advantages(token_rewards, scores["value"], mask, args.gamma, args.gae_lambda)
             rated_mask = mask * rated[:, None]
-            advantages = masked_whiten(advantages, rated_mask) if args.whiten_advantages else advantages
+            advantages = masked_whiten(advantages, rated_mask) if args.whiten_advantages else advantages * rated_mask
         else:  # GRPO: the group-normalised outcome advantage on every token of the rollout
             advantages = grpo_advantages(rewards).flatten()[:, None] * mask
 

@@ -39,6 +39,19 @@ def raises(completions, calls=[0], **kwargs):
     if calls[0] >= 2:
         raise ZeroDivisionError("division by zero")
     return [0.0] * len(completions)
+
+
+async def overlong(completion_ids, trainer_state, log_metric, log_extra, **kwargs):
+    # TRL's DAPO overlong shaping, awaited as an LLM judge would be: -1 for a completion that reaches 10 tokens;
+    # no opinion (None, and no other function: no reward at all) on about a quarter of them
+    from trl.rewards import get_soft_overlong_punishment
+
+    assert trainer_state.max_steps == 2 and trainer_state.global_step in (0, 1, 2)
+    values = get_soft_overlong_punishment(max_completion_len=10, soft_punish_cache=8)(completion_ids=completion_ids)
+    log_metric("cut_share", sum(value == -1.0 for value in values) / len(values))
+    log_extra("n_ids", [len(ids) for ids in completion_ids])
+    unscored = [sum(i * j for j, i in enumerate(ids)) % 4 == 1 for ids in completion_ids]
+    return [None if none else value for none, value in zip(unscored, values)]
 '''
 
 
@@ -81,24 +94,24 @@ def _check_totals(rows, samples, names, weights):
             continue
         values = [sample[f"reward/{name}"] for name in names]
         total = sum(w * v for w, v in zip(weights, values) if v is not None)
-        assert sample["reward"] == pytest.approx(0.0 if sample["truncated"] else total, abs=1e-6), sample
+        assert sample["reward"] == pytest.approx(total, abs=1e-6), sample  # a cut completion keeps its total (TRL)
         checked += 1
     return checked
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_two_reward_funcs_route_by_success_reward(chat_base, tmp_path, script):
-    # every total is 2 x 0.3 + (None or 0) = 0.6: a success at --success_reward 0.5, a failure at the default 1
-    # (and not positive by Ada's default > 0.7); each method must route every uncut rollout as a success
-    rows, samples = _run(script, chat_base, tmp_path / "text", "text.jsonl", ["fixed", "none_or_zero"], "2,1",
-                         "--success_reward", "0.5")
+    # every total is 10 x 0.3 + (None or 0) = 3, cut or not (TRL's rule): a success at --success_reward 2.5, a failure
+    # at the default 1 (and positive by Ada's default > 0.7); each method must route every rollout as a success
+    rows, samples = _run(script, chat_base, tmp_path / "text", "text.jsonl", ["fixed", "none_or_zero"], "10,1",
+                         "--success_reward", "2.5", "--max_new_tokens", "14")
     last = rows[-1]
-    uncut = 1.0 - last["clipped_ratio"]  # a cut rollout scores 0
-    assert uncut > 0.5 and last["reward_mean"] == pytest.approx(0.6 * uncut)
-    assert last["pass_rate"] == pytest.approx(uncut) and last["reward/fixed_mean"] == pytest.approx(0.3)
+    assert any(s["truncated"] for s in samples)  # some completions were cut: they keep their total, succeed too
+    assert last["reward_mean"] == pytest.approx(3.0) and last["reward_none_frac"] == 0.0
+    assert last["pass_rate"] == pytest.approx(1.0) and last["reward/fixed_mean"] == pytest.approx(0.3)
     assert last["reward/none_or_zero_mean"] == 0.0 and last["time_reward_s"] >= 0.0
     assert any(s["reward/none_or_zero"] is None for s in samples)
-    assert _check_totals(rows, samples, ["fixed", "none_or_zero"], [2.0, 1.0]) > 0
+    assert _check_totals(rows, samples, ["fixed", "none_or_zero"], [10.0, 1.0]) > 0
     if script == "ps_grpo.py":  # [PS] every task of the step passes all N: 100% routing
         assert last["ps_route_all_pass"] == 4 and last["ps_route_normal"] == 0
     elif script == "ra_rloo.py":  # [RA-RLOO] every prompt's successes enter its buffer; no group needs a replay
@@ -121,6 +134,30 @@ def test_message_prompts_and_weighted_totals(chat_base, tmp_path, script):
         assert None in values  # not applicable: left out of the total and of the mean
         given = [v for v in values if v is not None]
         assert rows[-1]["reward/chat_length_mean"] == pytest.approx(sum(given) / len(given))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_cut_completion_keeps_its_negative_reward_and_unscored_ones_train_as_in_trl(chat_base, tmp_path, script):
+    # rewards in [-1, 0] from an async function; --max_new_tokens 10 cuts most answers (-1: DAPO's overlong
+    # punishment), a quarter get no reward; a success is a total >= -0.5: never a cut one here
+    rows, samples = _run(script, chat_base, tmp_path / "run", "text.jsonl", ["overlong"], "1", "--max_new_tokens",
+                         "10", "--success_reward", "-0.5")
+    fresh = [s for s in samples if s["kind"] != "replayed"]
+    cut = [s for s in fresh if s["truncated"] and s["reward/overlong"] is not None]
+    assert len(cut) > len(fresh) / 2 and all(s["reward"] == -1.0 for s in cut)  # not 0: TRL's rule
+    unscored = [s for s in fresh if s["reward/overlong"] is None]
+    assert unscored and all(s["reward"] is None for s in unscored)
+    assert all(s["advantage"] == 0.0 for s in unscored if "advantage" in s)  # no gradient
+    assert all(s["n_ids"] is not None for s in fresh)  # log_extra's column
+    for row in rows[1:]:
+        assert math.isfinite(row["reward_mean"]) and -1.0 <= row["reward_mean"] <= 0.0
+        assert 0 < row["reward_none_frac"] < 1 and 0 <= row["reward_fn/cut_share"] <= 1  # log_metric
+    if script in ("ps_grpo.py", "pros_ppo.py", "ada_est.py"):  # samples.jsonl holds every rollout of the step
+        step = [s for s in fresh if s["step"] == 2]
+        assert rows[-1]["pass_rate"] == pytest.approx(
+            sum(s["reward"] is not None and s["reward"] >= -0.5 for s in step) / len(step))
+        rated = [s["reward"] for s in step if s["reward"] is not None]
+        assert rows[-1]["reward_mean"] == pytest.approx(sum(rated) / len(rated))
 
 
 def test_bad_reward_functions_get_one_line(tmp_path):
