@@ -269,3 +269,95 @@ def test_the_worked_example(random_model_dir, tmp_path):
     tok.chat_template = None
     with pytest.raises(SystemExit, match="row 0: a message-format prompt needs a chat template"):
         hf_task(args, tok)
+
+
+PARITY = '''
+import asyncio
+
+import numpy as np
+import torch
+
+
+def length(completions, label, **kwargs):  # negative; a cut completion is long: its most negative value
+    text = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [None if lab == "skip" else -abs(8 - len(t)) / 4 for t, lab in zip(text, label)]
+
+
+def sometimes(completion_ids, label, **kwargs):  # None for some items, every kind of number for the others
+    kinds = [None, float("nan"), torch.tensor(0.5), np.float32(0.25), 2, True]
+    return [kinds[i % len(kinds)] if lab != "skip" else None for i, lab in enumerate(label)]
+
+
+def schedule(completions, trainer_state, log_metric, log_extra, **kwargs):  # a warm-up read from trainer_state
+    log_metric("progress", trainer_state.global_step / trainer_state.max_steps)
+    log_extra("seen", [1] * len(completions))
+    return [None if i in (2, 3) else min(1.0, trainer_state.global_step / trainer_state.max_steps)
+            for i in range(len(completions))]
+
+
+async def judge(prompts, completions, label, **kwargs):  # an async verifier: None wherever `label` says skip
+    await asyncio.sleep(0)
+    return [None if lab == "skip" else float(len(str(p)) % 3) for p, lab in zip(prompts, label)]
+'''
+
+
+def test_totals_match_trl_calculate_rewards(tmp_path):
+    # the same batches through TRL 1.16's own GRPOTrainer._calculate_rewards (on a stand-in for the trainer) and
+    # through Task.score: the same totals (NaN where no function scored), cut completions included
+    from types import SimpleNamespace
+
+    import torch
+    from accelerate import PartialState
+    from transformers import TrainerState
+    from trl.trainer.grpo_trainer import GRPOTrainer
+    from trl.trainer.utils import shutdown_event_loop_in_daemon, start_event_loop_in_daemon
+
+    from common.data import Example, Task
+    from common.rewards import RewardFuncs
+
+    (tmp_path / "parity.py").write_text(PARITY)
+    specs = ",".join(f"{tmp_path / 'parity.py'}:{name}" for name in ("length", "sometimes", "schedule", "judge"))
+    weights = [1.0, -2.0, 0.5, 3.0]
+    funcs = RewardFuncs(specs, ",".join(map(str, weights)))
+    funcs.state.max_steps = 8
+    task = Task([], [], None, None, "parity", reward_funcs=funcs, success_reward=0.0)
+    PartialState()  # one process: TRL's gather returns the batch
+    thread, loop, ready = start_event_loop_in_daemon(name="parity")
+    ready.wait()
+    trl_state = TrainerState(max_steps=8)
+    stand_in = SimpleNamespace(
+        accelerator=SimpleNamespace(device=torch.device("cpu"), is_main_process=True), reward_funcs=funcs.funcs,
+        reward_processing_classes=[None] * 4, reward_func_names=funcs.names, state=trl_state,
+        args=SimpleNamespace(report_to=[]), _log_completion_extra=lambda *a: None, _log_metric=lambda *a: None,
+        environments=None, async_loop=loop, chat_template_kwargs={})
+    texts = ["12+3=15", "a much longer answer cut at the limit", "x", "", "8 chars!", "cut again, and long"]
+    labels = ["ok", "ok", "skip", "ok", "ok", "ok"]  # item 2: every function says None
+    messages = [[{"role": "user", "content": f"q{i}"}] for i in range(6)]
+    try:
+        for prompts, step in ((["p"] * 6, 3), (messages, 5)):
+            rows = [{"prompt": p, "label": lab} for p, lab in zip(prompts, labels)]
+            ids = [list(range(len(t))) for t in texts]
+            cut = [len(t) > 15 for t in texts]  # cut completions: TRL scores them as any other
+            ours = task.score(texts, [Example(i, "", None, columns=row) for i, row in enumerate(rows)], ids, cut,
+                              step).total
+            completions = [[{"role": "assistant", "content": t}] if isinstance(p, list) else t
+                           for p, t in zip(prompts, texts)]
+            trl_state.global_step = step - 1
+            per_func = GRPOTrainer._calculate_rewards(stand_in, rows, prompts, completions, ids)
+            theirs = (per_func * torch.tensor(weights)).nansum(dim=1)
+            theirs[torch.isnan(per_func).all(dim=1)] = torch.nan
+            assert [math.isnan(v) for v in ours] == torch.isnan(theirs).tolist() == [False, False, True] + [False] * 3
+            scale = max(abs(v) for v in ours if not math.isnan(v))
+            for mine, trl_value in zip(ours, theirs.tolist()):
+                if not math.isnan(mine):  # float32 there, float64 here: a few ulps of float32 at this scale
+                    assert mine == pytest.approx(trl_value, abs=4 * scale * torch.finfo(torch.float32).eps)
+        # and one completion that no function scores: NaN in both
+        rows = [{"prompt": "p", "label": "skip"}]
+        solo = RewardFuncs(",".join(f"{tmp_path / 'parity.py'}:{n}" for n in ("sometimes", "judge")))
+        stand_in.reward_funcs, stand_in.reward_func_names = solo.funcs, solo.names
+        stand_in.reward_processing_classes = [None] * 2
+        assert math.isnan(Task([], [], None, None, "p", reward_funcs=solo).score(
+            ["t"], [Example(0, "", None, columns=rows[0])], [[1]], [False], 1).total[0])
+        assert torch.isnan(GRPOTrainer._calculate_rewards(stand_in, rows, ["p"], ["t"], [[1]])).all()
+    finally:
+        shutdown_event_loop_in_daemon(thread, loop)
