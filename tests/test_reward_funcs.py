@@ -74,13 +74,27 @@ def chat_base(tiny_base, tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="module")
+def reward_model(chat_base):
+    """A tiny random sequence-classification model (one label) with the chat base's tokenizer and chat template."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    path = chat_base / "rm"
+    config = AutoConfig.from_pretrained(chat_base / "model", num_labels=1)
+    config.hidden_size, config.intermediate_size, config.num_hidden_layers = 32, 64, 1
+    config.num_attention_heads = config.num_key_value_heads = 2
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(path)
+    AutoTokenizer.from_pretrained(chat_base / "model").save_pretrained(path)
+    return path
+
+
 def _rows(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def _run(script, root, out, data, funcs, weights, *extra):
     run_main([script, "--model_name_or_path", str(root / "model"), "--dataset", str(root / data),
-              "--output_dir", str(out), "--reward_funcs", ",".join(f"{root / 'funcs.py'}:{f}" for f in funcs),
+              "--output_dir", str(out), "--reward_funcs", ",".join(f if "/" in f else f"{root / 'funcs.py'}:{f}" for f in funcs),
               "--reward_weights", weights, *TINY, *FLAGS[script], *extra])
     return _rows(out / "metrics.jsonl"), _rows(out / "samples.jsonl") if (out / "samples.jsonl").exists() else []
 
@@ -125,10 +139,16 @@ def test_two_reward_funcs_route_by_success_reward(chat_base, tmp_path, script):
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_message_prompts_and_weighted_totals(chat_base, tmp_path, script):
-    rows, samples = _run(script, chat_base, tmp_path / "chat", "chat.jsonl", ["fixed", "chat_length"], "1,0.5")
+def test_message_prompts_and_weighted_totals(chat_base, reward_model, tmp_path, script):
+    # ra_rloo.py and ps_grpo.py also weigh in a reward model (its own tokenizer and chat template, prompt + completion)
+    model = [str(reward_model)] if script in ("ra_rloo.py", "ps_grpo.py") else []
+    rows, samples = _run(script, chat_base, tmp_path / "chat", "chat.jsonl", ["fixed", "chat_length", *model],
+                         "1,0.5" + ",2" * len(model))
     assert all(math.isfinite(row["reward_mean"]) for row in rows[1:])
-    assert _check_totals(rows, samples, ["fixed", "chat_length"], [1.0, 0.5]) > 0
+    names, weights = ["fixed", "chat_length", *["rm"] * len(model)], [1.0, 0.5, *[2.0] * len(model)]
+    assert _check_totals(rows, samples, names, weights) > 0
+    if model:  # a number for every completion, and not one number for all
+        assert len({s["reward/rm"] for s in samples if s["kind"] != "replayed"}) > 1
     if script in ("ps_grpo.py", "pros_ppo.py", "ada_est.py"):  # samples.jsonl holds every rollout of the step
         values = [s["reward/chat_length"] for s in samples if s["step"] == 2]
         assert None in values  # not applicable: left out of the total and of the mean
@@ -361,3 +381,94 @@ def test_totals_match_trl_calculate_rewards(tmp_path):
         assert torch.isnan(GRPOTrainer._calculate_rewards(stand_in, rows, ["p"], ["t"], [[1]])).all()
     finally:
         shutdown_event_loop_in_daemon(thread, loop)
+
+
+def test_reward_model_names_and_trainer_state(reward_model, tmp_path):
+    # a reward model scores prompt + completion (messages: through its own chat template) in eval mode; functions
+    # are named as TRL names them; trainer_state is a real TrainerState, the evaluation's at the last step's count
+    import torch
+    from transformers import TrainerState
+
+    from common.args import BaseArgs
+    from common.data import Example, Task
+    from common.rewards import RewardFuncs
+
+    (tmp_path / "named.py").write_text(
+        "import functools\n\n\ndef base(completions, scale, trainer_state, **kwargs):\n"
+        "    return [scale * trainer_state.global_step] * len(completions)\n\n\n"
+        "part = functools.partial(base, scale=2.0)\n\n\nclass Judge:\n"
+        "    def __call__(self, completions, trainer_state, **kwargs):\n"
+        "        assert isinstance(trainer_state.epoch, float) and trainer_state.max_steps == 10\n"
+        "        return [0.0] * len(completions)\n\n\njudge = Judge()\n")
+    funcs = RewardFuncs(f"{tmp_path / 'named.py'}:part,{tmp_path / 'named.py'}:judge,{reward_model}")
+    assert funcs.names == ["base", "Judge", "rm"]
+    assert isinstance(funcs.state, TrainerState)
+    model = funcs.funcs[2]
+    assert not model.model.training and model.model.dtype == torch.float32
+    funcs.fill_state(BaseArgs(max_steps=10, prompts_per_step=4), 40, print)
+    task = Task([], [], None, None, "t", reward_funcs=funcs, eval_reward_funcs=funcs)
+    messages = [{"role": "user", "content": "3 4 t7"}]
+    example = Example(0, "", None, columns={"prompt": messages})
+    total = task.score(["3+4=7"], [example], [[1]], [False], 4).total[0]
+    text = model.tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": "3+4=7"}], tokenize=False)
+    with torch.no_grad():
+        alone = model.model(**model.tokenizer([text], return_tensors="pt", add_special_tokens=False)).logits[0, 0]
+    assert total == pytest.approx(2.0 * 3 + float(alone), abs=1e-5)  # global_step: the 3 updates before step 4
+    # the evaluation after step 4: the 4 updates done
+    assert task.eval_success(["3+4=7"], [example], [[1]], [False]) == [2.0 * 4 + float(alone) >= 1.0]
+    assert funcs.state.global_step == 4 and funcs.state.epoch == pytest.approx(3 / 10)
+
+
+class _Answers:
+    """A stand-in generator: every sample answers `text`; the odd samples are cut by the token limit."""
+
+    def __init__(self, tokenizer, text):
+        self.ids = tokenizer(text, add_special_tokens=False).input_ids
+
+    def generate(self, prompts, n, sampling):
+        from common.generation import Generations
+
+        count = len(prompts) * n
+        return Generations(prompts, [list(self.ids) for _ in range(count)], [[] for _ in range(count)],
+                           ["length" if i % 2 else "stop" for i in range(count)], n)
+
+
+def test_a_cut_correct_answer_never_passes_the_evaluation(tiny_base, tmp_path):
+    # the evaluation every script runs (common/metrics.py `evaluate` with `Task.eval_success`; ps_grpo.py's episodes):
+    # of two correct answers, the one cut by the limit fails, as it does in training; pass@k counts the same
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    import ps_grpo
+    from common.countdown import Problem, countdown_task
+    from common.data import Example, Task
+    from common.generation import SamplingConfig
+    from common.metrics import evaluate
+    from common.rewards import RewardFuncs
+    from common.verifiers import math_reward
+
+    tok = AutoTokenizer.from_pretrained(tiny_base)
+    one = SimpleNamespace(process_index=0, num_processes=1)
+    encode = lambda text: tok(text).input_ids  # noqa: E731
+    problem = Problem((3, 4), 7)
+    countdown = countdown_task("binary", 4)
+    example = Example(0, "3 4 t7\n", problem)
+    math = Task([], [Example(0, "1+1?", "2")], None, lambda t, e: math_reward(t, e.answer), "math")
+    (tmp_path / "f.py").write_text("def right(completions, **kwargs):\n    return [1.0] * len(completions)\n")
+    funcs = Task([], [], None, None, "funcs", eval_reward_funcs=RewardFuncs(f"{tmp_path / 'f.py'}:right"))
+    sampling = SamplingConfig(max_new_tokens=8)
+    cases = [(countdown, example, "3+4=7\n"), (math, math.eval[0], "\\boxed{2}")]
+    for task, item, text in cases:  # (the char tokenizer has no backslash: the text itself for the decoded ids)
+        fixed = SimpleNamespace(batch_decode=lambda ids, **kwargs: [text] * len(ids))
+        out = evaluate(_Answers(tok, "1"), fixed, [item], encode, task.eval_success, sampling, 2, one)
+        assert out["eval_pass@1"] == 0.5 and out["eval_pass@2"] == 1.0, task.name  # the cut one fails
+    # --eval_reward_funcs: the training rule (a cut completion keeps its functions' total) in both places
+    assert funcs.eval_success(["a", "b"], [example] * 2, [[1], [1]], [False, True]) == [True, True]
+    assert Task([], [], None, None, "t", reward_funcs=funcs.eval_reward_funcs).score(
+        ["a", "b"], [example] * 2, [[1], [1]], [False, True], 1).success == [True, True]
+    # ps_grpo.py's multi-turn episodes: the one whose solving action was cut does not pass
+    args = ps_grpo.Args(eval_samples=2)
+    out = ps_grpo.evaluate_episodes(_Answers(tok, "3+4=7"), tok, encode, [example], args, one,
+                                    ps_grpo.turn_config(tok, args, 1.0))
+    assert out["eval_pass@1"] == 0.5
