@@ -472,3 +472,40 @@ def test_a_cut_correct_answer_never_passes_the_evaluation(tiny_base, tmp_path):
     out = ps_grpo.evaluate_episodes(_Answers(tok, "3+4=7"), tok, encode, [example], args, one,
                                     ps_grpo.turn_config(tok, args, 1.0))
     assert out["eval_pass@1"] == 0.5
+
+
+def test_each_method_reads_rewards_of_any_sign_and_leaves_unscored_ones_out():
+    # the methods' reward-reading helpers on a [-1, 0] reward with a completion no function scored (NaN)
+    import random
+    from collections import deque
+
+    import torch
+
+    from ada_est import est_advantages
+    from ada_seq import downsample, global_advantages
+    from common.advantages import grpo_advantages, zero_variance
+    from ra_rloo import rloo_advantages, splice_replays
+
+    nan = float("nan")
+    # RLOO: the NaN is out of the others' baselines; alone in its group a scored completion gets 0
+    adv = rloo_advantages(torch.tensor([[-1.0, nan, 0.0, -0.5], [nan, nan, -1.0, nan]]))
+    assert adv[0].tolist() == pytest.approx([-0.75, 0.0, 0.75, 0.0]) and adv[1].tolist() == [0.0] * 4
+    # GRPO: mean and std over the scored ones
+    adv = grpo_advantages(torch.tensor([[-1.0, nan, 0.0]]))
+    assert adv.tolist()[0] == pytest.approx([-1.0, 0.0, 1.0], abs=1e-5)
+    assert zero_variance(torch.tensor([[-1.0, nan, -1.0], [0.0, nan, -1.0]])).tolist() == [True, False]
+    # RA-RLOO: a spliced success carries the reward it was stored with (here -0.2 under a reward in [-1, 0])
+    rewards, comps = torch.tensor([[-1.0, -1.0]]), [[1], [2]]
+    buffers = {7: deque([([5, 6], -2.0, -0.2)])}
+    splice_replays([7], comps, rewards, torch.tensor([[False, False]]), buffers, "on_demand", random.Random(0),
+                   success_reward=-0.5)
+    assert comps[1] == [5, 6] and rewards.tolist() == [[-1.0, pytest.approx(-0.2)]]
+    # Ada-Seq: the pool's statistics leave the NaN out, it is kept only to fill up, with advantage 0
+    pool = [-1.0, nan, 0.0, -0.25]
+    assert global_advantages([-1.0, nan], pool, -0.5, False, "inv_sqrt_p") == pytest.approx(
+        [(-1.0 + 1.25 / 3) / math.sqrt(2 / 3), 0.0])
+    assert downsample(pool, 3, -0.5, random.Random(0)) == [0, 2, 3]
+    # Ada-Est: the hybrid weight reads the pass rate (rewards > threshold), finite for negative rewards
+    adv, alpha = est_advantages([-1.0, -0.9, nan, -0.1], "hybrid", 0.01, threshold=-0.5)
+    assert alpha == pytest.approx(1 / math.sqrt(1 / 3 + 0.01)) and adv[2] == 0.0
+    assert est_advantages([-1.0, -1.0], "hybrid", 0.01, threshold=-0.5)[1] == pytest.approx(10.0)
