@@ -95,8 +95,8 @@ class Args(BaseArgs):
     positive_threshold: Annotated[float, Range(None, 1, hi_open=True)] = 0.7
     """[EST] a response counts as a success k_t for the estimator when its training reward (in [0, 1]) > this"""
     success_reward: Annotated[Optional[float], Range()] = None
-    """a response succeeds (the successes k_t of its Beta counts, pass rates) when its total training reward >= this
-    (unset: --positive_threshold's rule)"""
+    """a response succeeds (the successes k_t of its Beta counts, the pass rate p_x of the hybrid weight, pass rates)
+    when its total training reward >= this (unset: --positive_threshold's rule)"""
     eps_low: Annotated[float, Range(0, 1, hi_open=True)] = 0.2
     """lower clip range of the ratio pi_theta/pi_old (clip-higher setup of the paper: [0.2, 0.28])"""
     eps_high: Annotated[float, Range(0)] = 0.28

@@ -149,7 +149,9 @@ class Args(BaseArgs):
     19, as the authors' run script); the value used is written to args.json"""
     success_reward: Annotated[Optional[float], Range()] = None
     """a response succeeds (exits, downsampling, pass rates) when its total training reward >= this (unset:
-    --positive_threshold's rule)"""
+    --positive_threshold's rule); one with no reward (every --reward_funcs function returned None) is left out of
+    the pool's statistics and of the exit counts, and kept for the update only when too few others remain
+    (advantage 0)"""
     unfinished_downsample: Literal["balanced", "pass_ratio"] = "balanced"
     """[ADA] prompts still active after the last round: the balanced rule of Alg. 2 line 18 (as finished ones), or
     `pass_ratio`: about n x the pool's pass ratio positives (at least 1 if any), the public code's fallback"""

@@ -116,7 +116,8 @@ class Args(BaseArgs):
     high: Annotated[float, Range(0, 1, lo_open=True, hi_open=True)] = 0.7
     """[PS] pass rate above this (with at least one failure) is too-easy"""
     success_reward: Annotated[float, Range()] = 1.0
-    """a rollout succeeds (routing, prefix sources, pass rates) when its total training reward >= this"""
+    """a rollout succeeds (routing, prefix sources, pass rates) when its total training reward >= this; one with no
+    reward (every --reward_funcs function returned None) is not left out of k of N: it counts as a non-success"""
     remaining_ratio: Annotated[float, Range(0, 1)] = 0.25
     """[PS] too-hard: replay T - min(int(T * remaining_ratio), remaining_cap) steps of a success (--adaptive: start)"""
     remaining_cap: Annotated[int, Range(0)] = 1000

@@ -84,7 +84,7 @@ class Args(BaseArgs):
     """[RA-RLOO] seed the buffers at the start with demonstrations scored under the initial policy (Countdown:
     solver solutions; the paper's IPO seed); false = lazy buffers"""
     success_reward: Annotated[float, Range()] = 1.0
-    """a rollout is a success (buffered, and 'passes') when its total training reward >= this"""
+    """a rollout is a success (buffered with its reward, and 'passes') when its total training reward >= this"""
     reward: Literal["auto", "binary", "tinyzero", "shaped"] = "auto"
     """[RA-RLOO setup] training reward: `auto` = the paper's {0, 0.1, 1} (`tinyzero`) on Countdown, `binary` on real
     datasets (their verifier has no format reward); evaluation is always binary"""
