@@ -94,7 +94,8 @@ def _rows(path):
 
 def _run(script, root, out, data, funcs, weights, *extra):
     run_main([script, "--model_name_or_path", str(root / "model"), "--dataset", str(root / data),
-              "--output_dir", str(out), "--reward_funcs", ",".join(f if "/" in f else f"{root / 'funcs.py'}:{f}" for f in funcs),
+              "--output_dir", str(out),
+              "--reward_funcs", ",".join(f if "/" in f else f"{root / 'funcs.py'}:{f}" for f in funcs),
               "--reward_weights", weights, *TINY, *FLAGS[script], *extra])
     return _rows(out / "metrics.jsonl"), _rows(out / "samples.jsonl") if (out / "samples.jsonl").exists() else []
 
@@ -157,11 +158,13 @@ def test_message_prompts_and_weighted_totals(chat_base, reward_model, tmp_path, 
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_a_cut_completion_keeps_its_negative_reward_and_unscored_ones_train_as_in_trl(chat_base, tmp_path, script):
+def test_a_cut_completion_keeps_its_negative_reward_and_unscored_ones_train_as_in_trl(chat_base, tmp_path, script,
+                                                                                       capsys):
     # rewards in [-1, 0] from an async function; --max_new_tokens 10 cuts most answers (-1: DAPO's overlong
     # punishment), a quarter get no reward; a success is a total >= -0.5: never a cut one here
     rows, samples = _run(script, chat_base, tmp_path / "run", "text.jsonl", ["overlong"], "1", "--max_new_tokens",
                          "10", "--success_reward", "-0.5")
+    assert capsys.readouterr().out.count("warning: every reward function returned None for") == 1  # once a run
     fresh = [s for s in samples if s["kind"] != "replayed"]
     cut = [s for s in fresh if s["truncated"] and s["reward/overlong"] is not None]
     assert len(cut) > len(fresh) / 2 and all(s["reward"] == -1.0 for s in cut)  # not 0: TRL's rule
