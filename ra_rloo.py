@@ -36,7 +36,6 @@ full distribution (T = --temperature, no top-p/top-k: the paper does not say wha
 from __future__ import annotations
 
 import copy
-import math
 import random
 import time
 from collections import deque
