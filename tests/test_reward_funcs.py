@@ -457,11 +457,11 @@ def test_a_cut_correct_answer_never_passes_the_evaluation(tiny_base, tmp_path):
     problem = Problem((3, 4), 7)
     countdown = countdown_task("binary", 4)
     example = Example(0, "3 4 t7\n", problem)
-    math = Task([], [Example(0, "1+1?", "2")], None, lambda t, e: math_reward(t, e.answer), "math")
+    maths = Task([], [Example(0, "1+1?", "2")], None, lambda t, e: math_reward(t, e.answer), "math")
     (tmp_path / "f.py").write_text("def right(completions, **kwargs):\n    return [1.0] * len(completions)\n")
     funcs = Task([], [], None, None, "funcs", eval_reward_funcs=RewardFuncs(f"{tmp_path / 'f.py'}:right"))
     sampling = SamplingConfig(max_new_tokens=8)
-    cases = [(countdown, example, "3+4=7\n"), (math, math.eval[0], "\\boxed{2}")]
+    cases = [(countdown, example, "3+4=7\n"), (maths, maths.eval[0], "\\boxed{2}")]
     for task, item, text in cases:  # (the char tokenizer has no backslash: the text itself for the decoded ids)
         fixed = SimpleNamespace(batch_decode=lambda ids, **kwargs: [text] * len(ids))
         out = evaluate(_Answers(tok, "1"), fixed, [item], encode, task.eval_success, sampling, 2, one)
