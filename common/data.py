@@ -114,7 +114,7 @@ class Task:
         """Training rewards of completions (`examples[i]`: completion i's prompt). A completion cut by
         max_new_tokens (`truncated[i]`) scores 0 under the built-in rewards (it has no final answer) and keeps its
         functions' total under --reward_funcs (TRL's rule; --mask_truncated_completions decides its gradient)."""
-        start = time.time()
+        start, self.step = time.time(), step
         cut = [bool(c) for c in truncated]
         if self.warn and not self.warned_truncation and sum(cut) > len(texts) / 4:
             self.warned_truncation = True
@@ -129,7 +129,6 @@ class Task:
         elif not texts:  # nothing to score on this rank: the same metric names as the others', no call
             total, values = [], {name: [] for name in self.reward_funcs.names}
         else:
-            self.step = step
             total, values = self._call(self.reward_funcs, texts, examples, completion_ids, step)
             logged, extra = self.reward_funcs.pop_logs()
         builtin = self.reward_funcs is None  # a cut completion has no final answer there: never a success
@@ -143,7 +142,7 @@ class Task:
             return [not cut and self.eval_reward_fn(text, example) >= 1.0
                     for text, example, cut in zip(texts, examples, truncated)]
         if self.step is not None:  # trainer_state: the updates done when the evaluation runs
-            self.eval_reward_funcs.state.global_step = self.step
+            self.eval_reward_funcs.updates_done(self.step)
         total, _ = self._call(self.eval_reward_funcs, texts, examples, completion_ids, None)
         self.eval_reward_funcs.pop_logs()
         return [self.passes(value) for value in total]

@@ -148,6 +148,11 @@ class RewardFuncs:
         self.state.save_steps = getattr(args, "save_every", 0) or 0
         self.warn = log
 
+    def updates_done(self, count: int) -> None:
+        """trainer_state.global_step and .epoch after `count` updates."""
+        self.state.global_step = count
+        self.state.epoch = count / self.epoch_size if self.epoch_size else None
+
     def _log_metric(self, name: str, value) -> None:
         self.logged.setdefault(str(name), []).append(float(value))
 
@@ -186,8 +191,7 @@ class RewardFuncs:
         for the evaluation (`trainer_state` as the last training step left it)."""
         n, values, outputs = len(completions), {}, {}
         if step is not None:
-            self.state.global_step = step - 1
-            self.state.epoch = (step - 1) / self.epoch_size if self.epoch_size else None
+            self.updates_done(step - 1)
         when = "the evaluation" if step is None else f"step {step}"
         args = (prompts, completions, completion_ids, columns)
         pending = [(name, func) for name, func in zip(self.names, self.funcs) if is_async(func)]

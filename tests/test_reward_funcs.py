@@ -419,7 +419,7 @@ def test_reward_model_names_and_trainer_state(reward_model, tmp_path):
     assert total == pytest.approx(2.0 * 3 + float(alone), abs=1e-5)  # global_step: the 3 updates before step 4
     # the evaluation after step 4: the 4 updates done
     assert task.eval_success(["3+4=7"], [example], [[1]], [False]) == [2.0 * 4 + float(alone) >= 1.0]
-    assert funcs.state.global_step == 4 and funcs.state.epoch == pytest.approx(3 / 10)
+    assert funcs.state.global_step == 4 and funcs.state.epoch == pytest.approx(4 / 10)
 
 
 class _Answers:
