@@ -19,8 +19,9 @@ state is identical everywhere), then each rank samples its slice; integer budget
 the proportionality constant plus largest-remainder rounding (see `allocate_budget`). Token losses are
 summed over ALL responses and divided by a constant (total_budget x max_new_tokens), so a prompt's weight
 in the update grows with its N_x (the sampling half of the weight). k_t counts responses with reward >
-positive_threshold; a response cut by max_new_tokens gets reward 0. pi_old is the sampling policy; one
-optimizer step per batch by default. Logged `loss`: that surrogate divided by (responses x max_new_tokens), as
+positive_threshold (or >= --success_reward); a cut response scores 0 under the built-in rewards, its
+functions' total under --reward_funcs. pi_old is the sampling policy; one optimizer step per batch by
+default. Logged `loss`: that surrogate divided by (responses x max_new_tokens), as
 optimised; the optimised loss also subtracts the entropy bonus (entropy_coef x summed token entropy over the same
 constant; the paper's set-up uses 1e-4, the authors' run script 0) and adds beta x the k3 KL summed over the same
 tokens and divided by the same constant (one normaliser; `kl` logs it per trained token). The advantage is
@@ -49,7 +50,7 @@ from tqdm.auto import tqdm
 from common import checkpoint
 from common.args import BaseArgs, Range
 from common.cli import parse_args
-from common.data import PromptEncoder, PromptSampler
+from common.data import PromptEncoder, PromptSampler, reward_moments, reward_sums
 from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig, end_token_ids
 from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
@@ -93,8 +94,8 @@ class Args(BaseArgs):
     positive_threshold: Annotated[float, Range(None, 1, hi_open=True)] = 0.7
     """[EST] a response counts as a success k_t for the estimator when its training reward (in [0, 1]) > this"""
     success_reward: Annotated[Optional[float], Range()] = None
-    """a response succeeds (the successes k_t of its Beta counts, pass rates) when its total training reward >= this
-    (unset: --positive_threshold's rule)"""
+    """a response succeeds (the successes k_t of its Beta counts, the pass rate p_x of the hybrid weight, pass rates)
+    when its total training reward >= this (unset: --positive_threshold's rule)"""
     eps_low: Annotated[float, Range(0, 1, hi_open=True)] = 0.2
     """lower clip range of the ratio pi_theta/pi_old (clip-higher setup of the paper: [0.2, 0.28])"""
     eps_high: Annotated[float, Range(0)] = 0.28
@@ -127,6 +128,12 @@ class Args(BaseArgs):
 def count_positive(rewards: list[float], threshold: float) -> int:
     """[ADA] Responses counting as positive: reward > threshold (strict, so shaped partial credit can stay negative)."""
     return sum(1 for reward in rewards if reward > threshold)
+
+
+def zero_variance_lists(groups: list[list[float]]) -> int:
+    """Groups whose rated responses all got the same reward (NaN: no reward, left out)."""
+    rated = [[r for r in g if not math.isnan(r)] for g in groups]
+    return sum(not g or max(g) - min(g) <= 1e-9 for g in rated)
 
 
 def estimate(counts: Optional[tuple[float, float]], alpha: float, beta: float) -> float:
@@ -184,12 +191,18 @@ def allocate_budget(weights: list[float], total: int, n_min: int, n_max: int) ->
     return alloc
 
 
-def est_advantages(rewards: list[float], mode: str, eps: float) -> tuple[list[float], float]:
+def est_advantages(rewards: list[float], mode: str, eps: float, threshold: float = 0.7) -> tuple[list[float], float]:
     """[EST] A_i = (r_i - mean_x) * alpha_x over all of the prompt's responses this step (Alg. 1 lines 14-16);
-    alpha_x = 1/sqrt(mean_x + eps) (hybrid: the residual half of the 1/p weight) or 1 (implicit)."""
-    mean = sum(rewards) / len(rewards)
-    alpha = 1.0 / math.sqrt(mean + eps) if mode == "hybrid" else 1.0
-    return [(r - mean) * alpha for r in rewards], alpha
+    alpha_x = 1/sqrt(p_x + eps) (hybrid: the residual half of the 1/p weight) or 1 (implicit). p_x is the step's
+    pass rate, the share of responses with reward > `threshold` (the success rule; = mean_x for 0/1 rewards), so a
+    reward of any sign or scale gives a finite weight. A NaN reward (no function scored it) is left out of mean_x
+    and p_x and gets A = 0."""
+    rated = [r for r in rewards if not math.isnan(r)]
+    if not rated:
+        return [0.0] * len(rewards), 1.0
+    mean = sum(rated) / len(rated)
+    alpha = 1.0 / math.sqrt(count_positive(rated, threshold) / len(rated) + eps) if mode == "hybrid" else 1.0
+    return [0.0 if math.isnan(r) else (r - mean) * alpha for r in rewards], alpha
 
 
 def main(args: Args) -> None:
@@ -332,7 +345,7 @@ def main(args: Args) -> None:
         t_gen = time.time() - t_start
         completions = [list(c) for c in gens.completion_ids]
 
-        # ================ verify (a completion cut by max_new_tokens is never a success: reward 0) ================
+        # ================ verify (a cut completion: the built-in rewards give 0, --reward_funcs their total) ======
         texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
         truncated = torch.tensor([reason == "length" for reason in gens.finish_reasons], dtype=torch.bool)
         scored = task.score(texts, [examples[owner[g]] for g in range(len(texts))], completions, truncated, step)
@@ -343,7 +356,7 @@ def main(args: Args) -> None:
         # ================ [EST] advantages from each prompt's own step mean, x the residual weight alpha_x ======
         adv_list, alphas = [], []
         for group_rewards in groups:
-            group_adv, alpha = est_advantages(group_rewards, args.weighting, args.eps)
+            group_adv, alpha = est_advantages(group_rewards, args.weighting, args.eps, threshold)
             adv_list += group_adv
             alphas.append(alpha)
         advantages = torch.tensor(adv_list, dtype=torch.float32, device=device)
@@ -400,31 +413,32 @@ def main(args: Args) -> None:
         generator.sync_weights(policy)
 
         # ================ [EST] update the estimator with this step's counts (Alg. 1 line 19), all ranks ========
-        records = gather_list(accelerator, [(example.id, len(group_rewards), count_positive(group_rewards, threshold))
+        # trials: the responses that got a reward (NaN: none from any function, left out of the Beta counts)
+        records = gather_list(accelerator, [(example.id, sum(not math.isnan(r) for r in group_rewards),
+                                             count_positive(group_rewards, threshold))
                                             for example, group_rewards in zip(examples, groups)])
         had_history = [prompt_id in counts for prompt_id in batch_ids]
         calibration = [abs(p_hat - k_t / n_t) for (_, n_t, k_t), p_hat, seen in zip(records, p_hats, had_history)
-                       if seen]
+                       if seen and n_t]
         for prompt_id, n_t, k_t in records:  # in global batch order, so every rank applies the same updates
             counts[prompt_id] = update_counts(counts.get(prompt_id), n_t, k_t, args.lam)
 
         # ================ metrics: one reduce of named sums over ranks, each ratio next to its name ================
         totals = reduce_sums(accelerator, {
             "groups": len(groups), "rollouts": len(completions), "gen_tokens": sum(map(len, completions)),
-            "reward_sum": float(sum(rewards)), "reward_sq_sum": float(sum(r * r for r in rewards)),
+            **reward_sums(rewards),  # NaN (no function scored it): out of reward_mean / _std
             "success": count_positive(rewards, threshold),
-            "zero_var": sum(max(g) - min(g) <= 1e-9 for g in groups),
+            "zero_var": float(zero_variance_lists(groups)),
             "truncated": sum(reason == "length" for reason in gens.finish_reasons), "seqs": len(completions),
             **sums, "alpha_sum": sum(alphas), "t_gen": t_gen, "t_train": t_train,
         })
         counters["rollouts"] += int(totals["rollouts"])
         counters["gen_tokens"] += int(totals["gen_tokens"])
         samples, tokens = max(1.0, totals["rollouts"]), max(1.0, totals["tok"])
-        reward_mean = totals["reward_sum"] / samples
+        reward_mean, reward_std = reward_moments(totals, totals["rollouts"])  # over the completions given a reward
         row = {
             "step": step, "rollouts": counters["rollouts"], "gen_tokens": counters["gen_tokens"],
-            "reward_mean": reward_mean,
-            "reward_std": math.sqrt(max(0.0, totals["reward_sq_sum"] / samples - reward_mean ** 2)),
+            "reward_mean": reward_mean, "reward_std": reward_std,
             "pass_rate": totals["success"] / samples, **scored.metrics(accelerator),
             "frac_zero_var_groups": totals["zero_var"] / max(1.0, totals["groups"]),
             "completion_len_mean": totals["gen_tokens"] / samples,

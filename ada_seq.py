@@ -108,7 +108,7 @@ from common import checkpoint
 from common.advantages import zero_variance
 from common.args import BaseArgs, Range
 from common.cli import parse_args
-from common.data import PromptEncoder, PromptSampler, Scored
+from common.data import PromptEncoder, PromptSampler, Scored, reward_moments, reward_sums
 from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig, end_token_ids
 from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
@@ -148,7 +148,9 @@ class Args(BaseArgs):
     19, as the authors' run script); the value used is written to args.json"""
     success_reward: Annotated[Optional[float], Range()] = None
     """a response succeeds (exits, downsampling, pass rates) when its total training reward >= this (unset:
-    --positive_threshold's rule)"""
+    --positive_threshold's rule); one with no reward (every --reward_funcs function returned None) is left out of
+    the pool's statistics and of the exit counts, and kept for the update only when too few others remain
+    (advantage 0)"""
     unfinished_downsample: Literal["balanced", "pass_ratio"] = "balanced"
     """[ADA] prompts still active after the last round: the balanced rule of Alg. 2 line 18 (as finished ones), or
     `pass_ratio`: about n x the pool's pass ratio positives (at least 1 if any), the public code's fallback"""
@@ -209,7 +211,7 @@ def exit_reached(rewards: list[float], rule: str, k_pos: int, k_neg: int, thresh
     pos = count_positive(rewards, threshold)
     if rule == "positive":
         return pos >= k_pos
-    return pos >= k_pos and len(rewards) - pos >= k_neg
+    return pos >= k_pos and sum(1 for reward in rewards if reward <= threshold) >= k_neg  # NaN (no reward): neither
 
 
 def multi_round_sampling(num_prompts: int, sample_round: Callable[[list[int], int], list[list[float]]],
@@ -251,11 +253,12 @@ def downsample(rewards: list[float], n: int, threshold: float, rng, rule: str = 
         raise ValueError(f"pool of {len(rewards)} responses cannot be downsampled to {n}")
     pos = [j for j, r in enumerate(rewards) if r > threshold]
     neg = [j for j, r in enumerate(rewards) if r <= threshold]
-    want_pos = n // 2 if rule == "balanced" else max(1, len(pos) * n // len(rewards))
+    unrated = [j for j, r in enumerate(rewards) if math.isnan(r)]  # no function scored them: kept only to fill up
+    want_pos = n // 2 if rule == "balanced" else max(1, len(pos) * n // max(1, len(pos) + len(neg)))
     n_pos = min(len(pos), want_pos)
     n_neg = min(len(neg), n - n_pos)
     n_pos = min(len(pos), n - n_neg)  # negatives ran short: top up with positives
-    return sorted(rng.sample(pos, n_pos) + rng.sample(neg, n_neg))
+    return sorted(rng.sample(pos, n_pos) + rng.sample(neg, n_neg) + rng.sample(unrated, n - n_pos - n_neg))
 
 
 def global_advantages(kept: list[float], pool: list[float], threshold: float, std_norm: bool, weight: str,
@@ -267,8 +270,9 @@ def global_advantages(kept: list[float], pool: list[float], threshold: float, st
     with p_hat = N_pos/N floored at 1/N
     (`inv_p`: the re-introduced explicit weight 1/p_hat of the Sec. 3.2 estimator; `inv_sqrt_p`: 1/sqrt(p_hat)).
     """
+    pool = [r for r in pool if not math.isnan(r)] or [0.0]  # NaN: no reward, out of the pool's statistics
     mean = sum(pool) / len(pool)
-    adv = [r - mean for r in kept]
+    adv = [0.0 if math.isnan(r) else r - mean for r in kept]  # and advantage 0
     if std_norm:
         std = math.sqrt(sum((r - mean) ** 2 for r in pool) / len(pool))
         adv = [a / (std + eps) for a in adv]
@@ -547,7 +551,7 @@ def main(args: Args) -> None:
         totals = reduce_sums(accelerator, {
             "groups": len(examples), "rollouts": len(all_rewards),
             "gen_tokens": sum(len(ids) for rs in responses for ids, _, _ in rs),
-            "reward_sum": float(sum(all_rewards)), "reward_sq_sum": float(sum(r * r for r in all_rewards)),
+            **reward_sums(all_rewards),  # NaN (no function scored it): out of reward_mean / _std
             "success": count_positive(all_rewards, threshold), "zero_var": zero_variance(first_n).sum().item(),
             "truncated": sum(cut for rs in responses for _, _, cut in rs), "seqs": len(completions), **sums,
             "t_gen": t_gen, "t_train": t_train, "kept_groups": len(train_ids),
@@ -555,11 +559,10 @@ def main(args: Args) -> None:
         counters["rollouts"] += int(totals["rollouts"])
         counters["gen_tokens"] += int(totals["gen_tokens"])
         samples, tokens = max(1.0, totals["rollouts"]), max(1.0, totals["tok"])
-        reward_mean = totals["reward_sum"] / samples
+        reward_mean, reward_std = reward_moments(totals, totals["rollouts"])  # over the completions given a reward
         row = {
             "step": step, "rollouts": counters["rollouts"], "gen_tokens": counters["gen_tokens"],
-            "reward_mean": reward_mean,  # every generated response of every round
-            "reward_std": math.sqrt(max(0.0, totals["reward_sq_sum"] / samples - reward_mean ** 2)),
+            "reward_mean": reward_mean, "reward_std": reward_std,  # every generated response of every round
             "pass_rate": totals["success"] / samples, **Scored.join(round_scores).metrics(accelerator),
             "frac_zero_var_groups": totals["zero_var"] / max(1.0, totals["groups"]),  # first n of each pool
             "completion_len_mean": totals["gen_tokens"] / samples,

@@ -40,7 +40,7 @@ from common import checkpoint
 from common.advantages import gae_advantages, grpo_advantages, masked_whiten, zero_variance
 from common.args import BaseArgs, Range
 from common.cli import parse_args
-from common.data import PromptEncoder, PromptSampler
+from common.data import PromptEncoder, PromptSampler, reward_moments, reward_sums
 from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig, end_token_ids
 from common.gibbs import calibration_excess, gibbs_sweeps, update_counts
@@ -51,7 +51,7 @@ from common.masking import pad_sequences, right_align
 from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate, evaluate_train_prompts,
                             train_prompt_sample)
 from common.output_dir import claim_output_dir
-from common.policy import DTYPES, autocast, frozen_reference, library_bars_off, load_policy
+from common.policy import autocast, frozen_reference, library_bars_off, load_policy
 from common.summary import run_summary
 from common.task import make_task
 
@@ -483,13 +483,14 @@ def main(args: Args) -> None:
         completions, prompts = [list(c) for c in gens.completion_ids], [ids for ids in query_ids for _ in range(k)]
         num_rollouts = len(completions)
 
-        # ================ verify: the reward reads prefix + continuation (PROS Sec. 3); cut by max_new_tokens: 0 =====
+        # ================ verify: the reward reads prefix + continuation (PROS Sec. 3); the task's cut rule ==========
         whole = [prefixes[i // k] + c for i, c in enumerate(completions)]
         texts = tokenizer.batch_decode(whole, skip_special_tokens=True)
         truncated = torch.tensor([reason == "length" for reason in gens.finish_reasons], dtype=torch.bool)
         scored = task.score(texts, [examples[i // k] for i in range(len(texts))], whole, truncated, step)
-        rewards = torch.tensor(scored.total, dtype=torch.float32).view(-1, k)
-        correct = (rewards >= args.success_reward) & ~truncated.view(-1, k)  # a cut rollout spawns no PROS child
+        rewards = torch.tensor(scored.total, dtype=torch.float32).view(-1, k)  # NaN: no function scored it
+        correct = torch.tensor(scored.success).view(-1, k)  # the task's rule (common/data.py `Task.passes`)
+        rated = torch.tensor(scored.scored, dtype=torch.bool)  # False: no reward (no gradient, critic target, count)
 
         # ================ pi_old's log-probs, entropies, values (and reference log-probs): one no-grad pass ========
         t_score_start = time.time()
@@ -500,6 +501,7 @@ def main(args: Args) -> None:
         t_score = time.time() - t_score_start
         # --mask_truncated_completions: cut rollouts get no policy gradient (the critic still fits their returns)
         policy_mask = mask * ~truncated[:, None] if args.mask_truncated_completions else mask
+        policy_mask = policy_mask * rated[:, None]
         sampler_logp = right_align(gens.logprobs, mask.shape[1]) if any(gens.logprobs) else None
 
         # ================ [PROS] the tree: child candidates (Sec. 3); forget + observe, add, evict, Gibbs (Sec. 4) ===
@@ -512,12 +514,15 @@ def main(args: Args) -> None:
                 starts = [mask.shape[1] - len(completions[i]) for i in rows]  # right-aligned continuations
                 entropies = [scores["ent"][i, s:].numpy() for i, s in zip(rows, starts)]
                 values = None if critic is None else [scores["value"][i, s:].numpy() for i, s in zip(rows, starts)]
-                candidates = child_candidates(queries[j][1], [completions[i] for i in rows], correct[group].tolist(),
+                sources = (correct[group] & ~truncated.view(-1, k)[group]).tolist()  # a cut rollout spawns no child
+                candidates = child_candidates(queries[j][1], [completions[i] for i in rows], sources,
                                               entropies, values, stop_ids, args.value_top_frac)
                 outcomes.append((j, float(correct[group].sum()), candidates))
             outcomes = sorted(gather_list(accelerator, outcomes))
-            tree.observe([queries[j][2] for j, _, _ in outcomes], [s for _, s, _ in outcomes], [k] * len(outcomes),
-                         args.forget, step, args.forget_on)
+            rated_groups = rated.view(-1, k).sum(-1).tolist()  # trials: the rollouts given a reward
+            trials = dict(gather_list(accelerator, list(zip(my_queries, rated_groups))))
+            tree.observe([queries[j][2] for j, _, _ in outcomes], [s for _, s, _ in outcomes],
+                         [trials[j] for j, _, _ in outcomes], args.forget, step, args.forget_on)
             for j, _, candidates in outcomes:  # every distinct new cut of a correct rollout (capped if asked)
                 children_created += tree.add_children(queries[j][0], candidates, step, args.prior_mu,
                                                       args.max_children_per_group)
@@ -529,9 +534,10 @@ def main(args: Args) -> None:
         # ================ advantages ================
         if args.adv == "gae":  # outcome reward on the last token (right-aligned: the last column), token-level GAE
             token_rewards = torch.zeros_like(mask)
-            token_rewards[:, -1] = rewards.flatten()
+            token_rewards[:, -1] = rewards.flatten().nan_to_num(0.0)  # unrated rows: masked out below
             advantages, returns = gae_advantages(token_rewards, scores["value"], mask, args.gamma, args.gae_lambda)
-            advantages = masked_whiten(advantages, mask) if args.whiten_advantages else advantages
+            rated_mask = mask * rated[:, None]
+            advantages = masked_whiten(advantages, rated_mask) if args.whiten_advantages else advantages * rated_mask
         else:  # GRPO: the group-normalised outcome advantage on every token of the rollout
             advantages = grpo_advantages(rewards).flatten()[:, None] * mask
 
@@ -583,7 +589,7 @@ def main(args: Args) -> None:
                             values = critic_model(batch)
                         per_token = value_loss(values, scores["value"][ids, cols].to(device),
                                                returns[ids, cols].to(device), args.vf_clip)
-                        loss = (per_token * batch.loss_mask).sum() / minibatch_tokens
+                        loss = (per_token * batch.loss_mask * rated[ids, None].to(device)).sum() / minibatch_tokens
                         accelerator.backward(loss)
                         value_loss_sum += loss.item()
                     accelerator.clip_grad_norm_(critic_model.parameters(), args.max_grad_norm)
@@ -598,7 +604,7 @@ def main(args: Args) -> None:
         # ================ metrics: one reduce of named sums over ranks, each ratio next to its name ================
         totals = reduce_sums(accelerator, {
             "groups": len(my_queries), "rollouts": num_rollouts, "gen_tokens": sum(map(len, completions)),
-            "reward_sum": float(rewards.sum()), "reward_sq_sum": float((rewards ** 2).sum()),
+            **reward_sums(rewards),  # NaN (no function scored it): out of reward_mean / _std
             "success": float(correct.sum()), "zero_var": float(zero_variance(rewards).sum()),
             "truncated": float(truncated.sum()), "gap_tok": float(mask.sum()) if sampler_logp is not None else 0.0,
             "gap_sum": float(((scores["logp"] - sampler_logp).abs() * mask).sum()) if sampler_logp is not None else 0.0,
@@ -610,11 +616,10 @@ def main(args: Args) -> None:
         })
         counters = {name: count + int(totals[name]) for name, count in counters.items()}  # rollouts, gen_tokens
         samples, tokens = max(1.0, totals["rollouts"]), max(1.0, totals["tok"])
-        reward_mean = totals["reward_sum"] / samples
+        reward_mean, reward_std = reward_moments(totals, totals["rollouts"])  # over the completions given a reward
         row = {
             "step": step, "rollouts": counters["rollouts"], "gen_tokens": counters["gen_tokens"],
-            "reward_mean": reward_mean,  # scored on prefix + continuation
-            "reward_std": math.sqrt(max(0.0, totals["reward_sq_sum"] / samples - reward_mean ** 2)),
+            "reward_mean": reward_mean, "reward_std": reward_std,  # scored on prefix + continuation
             "pass_rate": totals["success"] / samples, **scored.metrics(accelerator),  # reward >= success_reward
             "frac_zero_var_groups": totals["zero_var"] / max(1.0, totals["groups"]),
             "completion_len_mean": totals["gen_tokens"] / samples,  # generated tokens (a child's prefix excluded)

@@ -46,7 +46,6 @@ Design choices the paper leaves open (each is a flag or documented at its functi
 """
 from __future__ import annotations
 
-import math
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -61,7 +60,7 @@ from common import checkpoint
 from common.advantages import grpo_advantages, zero_variance
 from common.args import BaseArgs, Range
 from common.cli import parse_args
-from common.data import PromptEncoder, PromptSampler, Scored
+from common.data import PromptEncoder, PromptSampler, fixed_scored, reward_moments, reward_sums
 from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.episode import Episode
 from common.generation import HFGenerator, SamplingConfig, end_token_ids
@@ -116,7 +115,8 @@ class Args(BaseArgs):
     high: Annotated[float, Range(0, 1, lo_open=True, hi_open=True)] = 0.7
     """[PS] pass rate above this (with at least one failure) is too-easy"""
     success_reward: Annotated[float, Range()] = 1.0
-    """a rollout succeeds (routing, prefix sources, pass rates) when its total training reward >= this"""
+    """a rollout succeeds (routing, prefix sources, pass rates) when its total training reward >= this; one with no
+    reward (every --reward_funcs function returned None) is not left out of k of N: it counts as a non-success"""
     remaining_ratio: Annotated[float, Range(0, 1)] = 0.25
     """[PS] too-hard: replay T - min(int(T * remaining_ratio), remaining_cap) steps of a success (--adaptive: start)"""
     remaining_cap: Annotated[int, Range(0)] = 1000
@@ -334,11 +334,11 @@ def evaluate_episodes(generator, tokenizer, encode, examples: list, args: Args, 
     mine = examples[accelerator.process_index::accelerator.num_processes]
     counts = []
     if mine:
-        episodes, _ = rollout_multiturn(generator, tokenizer, [encode(example.prompt) for example in mine],
-                                        [example.answer for example in mine], [[] for _ in mine], samples,
-                                        cfg, args.max_turns, args.env_invalid)
-        counts = [(sum(episode.reward >= 1.0 for episode in episodes[i * samples:(i + 1) * samples]), example.tag)
-                  for i, example in enumerate(mine)]
+        episodes, clipped = rollout_multiturn(generator, tokenizer, [encode(example.prompt) for example in mine],
+                                              [example.answer for example in mine], [[] for _ in mine], samples,
+                                              cfg, args.max_turns, args.env_invalid)
+        passed = [episode.reward >= 1.0 and not cut for episode, cut in zip(episodes, clipped)]  # training's rule
+        counts = [(sum(passed[i * samples:(i + 1) * samples]), example.tag) for i, example in enumerate(mine)]
     counts = gather_list(accelerator, counts)
     return pass_metrics([c for c, _ in counts], samples, [t for _, t in counts])
 
@@ -508,13 +508,13 @@ def main(args: Args) -> None:
         t_gen = time.time() - t_start
 
         # ================ verify: the environment's or the task's reward of the whole text; a cut rollout gets 0 ==
-        scored = Scored([ep.reward for ep in episodes], {}, 0.0) if args.multiturn else text_task.score(
-            tokenizer.batch_decode([ep.ids for ep in episodes], skip_special_tokens=True),
-            [examples[ep.group] for ep in episodes], [ep.ids for ep in episodes], clipped, step)
-        for episode, cut, total in zip(episodes, clipped, scored.total):
-            episode.reward = 0.0 if cut else total
+        scored = fixed_scored([ep.reward for ep in episodes], clipped, args.success_reward) if args.multiturn else \
+            text_task.score(tokenizer.batch_decode([ep.ids for ep in episodes], skip_special_tokens=True),
+                            [examples[ep.group] for ep in episodes], [ep.ids for ep in episodes], clipped, step)
+        for episode, total in zip(episodes, scored.total):
+            episode.reward = total  # cut: 0 under the built-in rewards; NaN: no function scored it (advantage 0)
         rewards = torch.tensor([episode.reward for episode in episodes]).view(-1, n).float()
-        success = rewards >= args.success_reward
+        success = torch.tensor(scored.success).view(-1, n)
         passes = success.sum(-1).tolist()  # k of N, per task
         fresh = [group for group, task in enumerate(tasks) if task["cat"] is None]
         prefix_groups = {category: [group for group, task in enumerate(tasks) if task["cat"] == category]
@@ -529,8 +529,8 @@ def main(args: Args) -> None:
             # [PS] a skewed fresh task: one of its trajectories, cut to a prefix, is queued for the next batch
             category, want_success, mode = (("hard", True, "remaining") if task_route == "too_hard"
                                             else ("easy", False, "prefix"))
-            source = random.choice([episode for episode in episodes[group * n:(group + 1) * n]
-                                    if bool(episode.reward >= args.success_reward) == want_success])
+            source = random.choice([episode for i, episode in enumerate(episodes[group * n:(group + 1) * n])
+                                    if bool(success[group, i]) == want_success])  # unscored: not a success
             cap = args.remaining_cap if category == "hard" else args.prefix_cap
             steps = prefix_steps(len(source.steps), mode, controllers[category].ratio, cap)
             if steps is not None:
@@ -585,7 +585,7 @@ def main(args: Args) -> None:
             "groups": len(fresh), "fresh_rollouts": fresh_rewards.numel(), "rollouts": len(episodes),
             "gen_tokens": sum(episode.generated_tokens for episode in episodes),
             "replayed_tokens": sum(episode.replayed_tokens for episode in episodes),
-            "reward_sum": float(fresh_rewards.sum()), "reward_sq_sum": float((fresh_rewards ** 2).sum()),
+            **reward_sums(fresh_rewards),  # NaN (no function scored it): out of reward_mean / _std
             "success": float(success[fresh].sum()), "zero_var": float(zero_variance(fresh_rewards).sum()),
             "truncated": sum(clipped), "trained_groups": float(keep.sum()), **sums,
             "adv_sq_sum": float((trained_advantages ** 2).sum()),  # [PS] the appendix's signal strength, below
@@ -602,11 +602,10 @@ def main(args: Args) -> None:
         counters = {key: value + int(totals[key]) for key, value in counters.items()}  # rollouts, gen_tokens
         fresh_samples, samples, tokens = (max(1.0, totals["fresh_rollouts"]), max(1.0, totals["rollouts"]),
                                           max(1.0, totals["tok"]))
-        reward_mean = totals["reward_sum"] / fresh_samples
+        reward_mean, reward_std = reward_moments(totals, totals["fresh_rollouts"])  # the rewarded ones
         row = {
             "step": step, "rollouts": counters["rollouts"], "gen_tokens": counters["gen_tokens"],
-            "reward_mean": reward_mean,  # fresh tasks only: the paper's training score on no-prefix tasks
-            "reward_std": math.sqrt(max(0.0, totals["reward_sq_sum"] / fresh_samples - reward_mean ** 2)),
+            "reward_mean": reward_mean, "reward_std": reward_std,  # fresh tasks: the paper's training score
             "pass_rate": totals["success"] / fresh_samples, **scored.metrics(accelerator),
             "frac_zero_var_groups": totals["zero_var"] / max(1.0, totals["groups"]),  # fresh tasks only
             "completion_len_mean": totals["gen_tokens"] / samples,  # generated tokens per rollout (no replayed ones)

@@ -35,7 +35,6 @@ full distribution (T = --temperature, no top-p/top-k: the paper does not say wha
 """
 from __future__ import annotations
 
-import math
 import random
 import time
 from collections import deque
@@ -51,7 +50,7 @@ from common import checkpoint
 from common.advantages import zero_variance
 from common.args import BaseArgs, Range
 from common.cli import parse_args
-from common.data import PromptEncoder, PromptSampler
+from common.data import PromptEncoder, PromptSampler, reward_moments, reward_sums
 from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
 from common.generation import HFGenerator, SamplingConfig, end_token_ids
 from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
@@ -83,7 +82,7 @@ class Args(BaseArgs):
     """[RA-RLOO] seed the buffers at the start with demonstrations scored under the initial policy (Countdown:
     solver solutions; the paper's IPO seed); false = lazy buffers"""
     success_reward: Annotated[float, Range()] = 1.0
-    """a rollout is a success (buffered, and 'passes') when its total training reward >= this"""
+    """a rollout is a success (buffered with its reward, and 'passes') when its total training reward >= this"""
     reward: Literal["auto", "binary", "tinyzero", "shaped"] = "auto"
     """[RA-RLOO setup] training reward: `auto` = the paper's {0, 0.1, 1} (`tinyzero`) on Countdown, `binary` on real
     datasets (their verifier has no format reward); evaluation is always binary"""
@@ -99,12 +98,20 @@ class Args(BaseArgs):
 
 
 def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
-    """A_i = R_i - mean_{j != i} R_j  (leave-one-out baseline; = K/(K-1) (R_i - mean R), RA-RLOO eq. 1)."""
+    """A_i = R_i - mean_{j != i} R_j  (leave-one-out baseline; = K/(K-1) (R_i - mean R), RA-RLOO eq. 1).
+    A NaN reward (no function scored the completion) is left out of the others' baselines and gets A = 0, as does
+    the only scored completion of a group."""
     k = rewards.shape[-1]
     if k < 2:
         raise ValueError("RLOO needs at least 2 samples per group")
-    others = (rewards.sum(-1, keepdim=True) - rewards) / (k - 1)
-    return rewards - others
+    if not torch.isnan(rewards).any():
+        others = (rewards.sum(-1, keepdim=True) - rewards) / (k - 1)
+        return rewards - others
+    scored = ~torch.isnan(rewards)
+    filled = torch.nan_to_num(rewards, nan=0.0)
+    count = scored.sum(-1, keepdim=True)
+    others = (filled.sum(-1, keepdim=True) - filled) / (count - 1).clamp(min=1)
+    return torch.where(scored & (count > 1), filled - others, torch.zeros_like(filled))
 
 
 def seed_buffers(task, model, tokenizer, encode, args, device, temperature: float) -> dict[int, deque]:
@@ -122,7 +129,9 @@ def seed_buffers(task, model, tokenizer, encode, args, device, temperature: floa
                        add_special_tokens=False).input_ids + [eos] for example in task.train]
     logprobs = score_completions(model, prompts, demos, tokenizer.pad_token_id, 512, device, temperature)
     for example, demo, token_lps in zip(task.train, demos, logprobs):
-        buffers[example.id] = deque([(demo, sum(token_lps))], maxlen=args.buffer_capacity)
+        # a verified solution: the built-in reward 1 (or --success_reward when higher, so that it counts as one)
+        buffers[example.id] = deque([(demo, sum(token_lps), max(1.0, args.success_reward))],
+                                    maxlen=args.buffer_capacity)
     return buffers
 
 
@@ -132,19 +141,20 @@ def splice_replays(prompt_ids: list[int], completions: list[list[int]], rewards:
     """[RA-RLOO] Replace the last rollout of each group that needs it by a stored success, in place.
 
     A group needs it when `mode` is "always", or ("on_demand") when none of its fresh rollouts succeeded
-    and its prompt's buffer is non-empty. The spliced slot gets reward 1 (or `success_reward` when higher, so that
-    it counts as a success). Returns log pi_old(y|x) of the spliced responses as a [groups, K] tensor, NaN where
-    nothing was spliced.
+    and its prompt's buffer is non-empty. The spliced slot gets the reward its success was stored with (the buffer
+    holds (response, log pi_old, reward); an entry of an older checkpoint, stored without one: `success_reward`).
+    Returns log pi_old(y|x) of the spliced responses as a [groups, K] tensor, NaN where nothing was spliced.
     """
     k = rewards.shape[1]
     replay_logp_old = torch.full(rewards.shape, float("nan"))
     for group, prompt_id in enumerate(prompt_ids):
         needed = mode == "always" or not bool(fresh_success[group].any())
         if needed and buffers.get(prompt_id):
-            response, logp_old = rng.choice(buffers[prompt_id])
+            response, logp_old, *stored = rng.choice(buffers[prompt_id])
             slot = k - 1  # rollouts are i.i.d., so which slot is replaced does not matter
             completions[group * k + slot] = list(response)
-            rewards[group, slot] = max(1.0, success_reward)  # a stored success scores full reward (paper: 1)
+            # the reward it earned (paper: 1 under a 0/1 reward); older checkpoints stored none: success_reward
+            rewards[group, slot] = stored[0] if stored else success_reward
             replay_logp_old[group, slot] = logp_old
     return replay_logp_old
 
@@ -259,7 +269,7 @@ def main(args: Args) -> None:
         counters, method_state = state["counters"], state["method"]
         generator.sync_weights(policy)
         log(f"resumed from {resume_from} at step {start_step}")
-    # [RA-RLOO] (also in RLOO: empty) prompt id -> FIFO of (response ids, log pi_old(y|x)); identical on every rank
+    # [RA-RLOO] (also in RLOO: empty) prompt id -> FIFO of (response ids, log pi_old(y|x), reward); same on all ranks
     buffers = {prompt_id: deque(items, maxlen=args.buffer_capacity)
                for prompt_id, items in method_state.get("buffers", {}).items()}
     if start_step == 0 and args.replay != "none" and args.seed_buffer:  # [RA-RLOO] demonstrations
@@ -296,12 +306,12 @@ def main(args: Args) -> None:
         t_gen = time.time() - t_start
         completions = [list(c) for c in gens.completion_ids]
 
-        # ================ verify (a completion cut by max_new_tokens is never a success: reward 0) ================
+        # ================ verify (a cut completion: the built-in rewards give 0, --reward_funcs their total) ======
         texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
         truncated = torch.tensor([reason == "length" for reason in gens.finish_reasons])
         scored = task.score(texts, [examples[i // args.k] for i in range(len(texts))], completions, truncated, step)
-        rewards = torch.tensor(scored.total).view(-1, args.k).float()
-        fresh_success = rewards >= args.success_reward
+        rewards = torch.tensor(scored.total).view(-1, args.k).float()  # NaN: no function scored it
+        fresh_success = torch.tensor(scored.success).view(-1, args.k)  # the task's rule (common/data.py `passes`)
         fresh_rewards = rewards.clone()  # [RA-RLOO] (also in RLOO: the same) the rewards before the splice
 
         # ================ [RA-RLOO] splice one stored success into groups that need it (Section 3.1) ================
@@ -372,30 +382,29 @@ def main(args: Args) -> None:
 
         # ================ [RA-RLOO] append every fresh success to its prompt's FIFO (all ranks: same buffers) ====
         # [RA-RLOO] (also in RLOO: the filter keeps nothing)
-        new_successes = [(examples[i // args.k].id, list(c), float(sum(gens.logprobs[i])))
+        new_successes = [(examples[i // args.k].id, list(c), float(sum(gens.logprobs[i])), float(scored.total[i]))
                          for i, c in enumerate(gens.completion_ids)
                          if args.replay != "none" and fresh_success.view(-1)[i]]
-        for prompt_id, response, logp_old in gather_list(accelerator, new_successes):
-            buffers.setdefault(prompt_id, deque(maxlen=args.buffer_capacity)).append((response, logp_old))
+        for prompt_id, response, logp_old, reward in gather_list(accelerator, new_successes):
+            buffers.setdefault(prompt_id, deque(maxlen=args.buffer_capacity)).append((response, logp_old, reward))
 
         # ================ metrics: one reduce of named sums over ranks, each ratio next to its name ================
         totals = reduce_sums(accelerator, {
             "groups": len(examples), "rollouts": len(completions), "gen_tokens": sum(map(len, gens.completion_ids)),
-            "reward_sum": fresh_rewards.sum().item(), "reward_sq_sum": (fresh_rewards ** 2).sum().item(),
+            **reward_sums(fresh_rewards),  # NaN (no function scored it): out of reward_mean / _std
             "success": fresh_success.sum().item(), "zero_var": zero_variance(fresh_rewards).sum().item(),
             "truncated": sum(reason == "length" for reason in gens.finish_reasons),
             "zero_var_post": zero_variance(rewards).sum().item(), "fired": is_replay.any(-1).sum().item(), **sums,
-            "no_success_post": (~(rewards >= args.success_reward).any(-1)).sum().item(),
+            "no_success_post": (~(fresh_success | is_replay).any(-1)).sum().item(),
             "t_gen": t_gen, "t_train": t_train,
         })
         counters["rollouts"] += int(totals["rollouts"])
         counters["gen_tokens"] += int(totals["gen_tokens"])
         samples, groups = max(1.0, totals["rollouts"]), max(1.0, totals["groups"])
-        reward_mean = totals["reward_sum"] / samples
+        reward_mean, reward_std = reward_moments(totals, totals["rollouts"])  # over the completions given a reward
         row = {
             "step": step, "rollouts": counters["rollouts"], "gen_tokens": counters["gen_tokens"],
-            "reward_mean": reward_mean,  # fresh rollouts, before the splice
-            "reward_std": math.sqrt(max(0.0, totals["reward_sq_sum"] / samples - reward_mean ** 2)),
+            "reward_mean": reward_mean, "reward_std": reward_std,  # fresh rollouts, before the splice
             "pass_rate": totals["success"] / samples,
             "frac_zero_var_groups": totals["zero_var"] / groups,  # before the splice
             "completion_len_mean": totals["gen_tokens"] / samples,

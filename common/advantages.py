@@ -12,6 +12,12 @@ def grpo_advantages(rewards: torch.Tensor, scale: bool = True, eps: float = 1e-6
     (k - 1), so a mixed group's advantages here are sqrt(k / (k - 1)) times theirs: 1.155x at k = 4. The benchmark's
     GRPO runs (`pros_ppo.py --adv grpo`) were made with this std; docs/pros_ppo.md and docs/ps_grpo.md say so.
     """
+    if torch.isnan(rewards).any():  # NaN: no reward; left out of the group's mean and std, advantage 0 (as TRL)
+        mean = rewards.nanmean(-1, keepdim=True)
+        centred = rewards - mean
+        if scale:
+            centred = centred / ((centred ** 2).nanmean(-1, keepdim=True).sqrt() + eps)
+        return torch.nan_to_num(centred, nan=0.0)
     centred = rewards - rewards.mean(-1, keepdim=True)
     if not scale:
         return centred
@@ -19,7 +25,12 @@ def grpo_advantages(rewards: torch.Tensor, scale: bool = True, eps: float = 1e-6
 
 
 def zero_variance(rewards: torch.Tensor, tol: float = 1e-9) -> torch.Tensor:
-    """[num_groups] bool: every sample of the group got the same reward (so every advantage is 0)."""
+    """[num_groups] bool: every sample of the group got the same reward (so every advantage is 0); NaN rewards (none)
+    are left out."""
+    if torch.isnan(rewards).any():
+        high = torch.nan_to_num(rewards, nan=-torch.inf).max(-1).values
+        low = torch.nan_to_num(rewards, nan=torch.inf).min(-1).values
+        return ~(high - low > tol)  # a group with at most one reward has no spread either
     return (rewards.max(-1).values - rewards.min(-1).values) <= tol
 
 

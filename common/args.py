@@ -37,11 +37,12 @@ class BaseArgs:
     system_prompt: Optional[str] = None
     """a system message put before every real-dataset text prompt (message prompts keep their own)"""
     reward_funcs: Optional[str] = None
-    """your reward functions (TRL's calling convention), comma-separated `package.module:function` or
-    `path/to/file.py:function`, replacing the built-in reward (docs/custom_task.md); not the multi-turn mode"""
+    """your reward functions (TRL's calling convention, `async def` too), comma-separated `package.module:function`
+    or `path/to/file.py:function`, or a reward model's directory or hub id (no `:`), replacing the built-in reward
+    (docs/custom_task.md); not the multi-turn mode"""
     reward_weights: Optional[str] = None
     """comma-separated weights of --reward_funcs (default 1.0 each); the reward is the weighted sum of the values
-    that are not None"""
+    that are not None (none at all: no reward, advantage 0, never a success)"""
     eval_reward_funcs: Optional[str] = None
     """reward functions of the evaluation, as --reward_funcs, weight 1 each (default: the training functions with
     their weights, or the built-in binary verifier without them); a sample passes at a total >= --success_reward"""
@@ -109,7 +110,8 @@ class BaseArgs:
     vllm_max_model_len: Annotated[int, Range(1)] = 2048
     """vLLM context length (prompt + completion)"""
     max_new_tokens: Annotated[int, Range(1)] = 48
-    """maximum completion length; a completion cut by it never counts as a success (reward 0)"""
+    """maximum completion length; a completion cut by it gets reward 0 from the built-in rewards (never a success),
+    its functions' total from --reward_funcs"""
     stop_token_ids: Optional[str] = None
     """comma-separated token ids that also end a completion (e.g. `151645,151643`), besides the tokenizer's EOS and
     every id of the model's generation_config `eos_token_id`: the token is kept and the finish reason is "stop" (not

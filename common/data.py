@@ -25,17 +25,26 @@ class Example:
 
 @dataclass
 class Scored:
-    """One batch's rewards: the `total` per completion, each --reward_funcs function's `values` (None: does not
-    apply) and the `seconds` spent computing them."""
+    """One batch's rewards: `total` per completion (NaN: no function scored it), `success` (`Task.passes`), each
+    function's `values` (None: does not apply), the `seconds` spent, `log_metric`'s and `log_extra`'s logs."""
     total: list[float]
     values: dict[str, list]
     seconds: float
+    success: list[bool] = field(default_factory=list)
+    logged: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def scored(self) -> list[bool]:
+        """Whether each completion got a reward (not NaN)."""
+        return [not math.isnan(value) for value in self.total]
 
     def metrics(self, accelerator) -> dict:
-        """time_reward_s and reward/<name>_mean / _std over every rank's completions (call on every rank)."""
+        """time_reward_s, reward/<name>_mean / _std over every rank's completions; with --reward_funcs also
+        reward_none_frac and each `log_metric` name (common/rewards.py `logged_metrics`). Call on every rank."""
         from common.distributed import reduce_sums
 
-        sums = {"seconds": self.seconds}
+        sums = {"seconds": self.seconds, "none": sum(1 for ok in self.scored if not ok), "n": len(self.total)}
         for name, values in self.values.items():
             given = [value for value in values if value is not None]
             sums.update({f"{name}:n": len(given), f"{name}:sum": sum(given), f"{name}:sq": sum(v * v for v in given)})
@@ -46,19 +55,30 @@ class Scored:
             mean = sums[f"{name}:sum"] / count if count else None
             out[f"reward/{name}_mean"] = mean
             out[f"reward/{name}_std"] = math.sqrt(max(0.0, sums[f"{name}:sq"] / count - mean ** 2)) if count else None
+        if self.values:  # --reward_funcs (on every rank alike)
+            from common.rewards import logged_metrics
+
+            out.update(reward_none_frac=sums["none"] / max(1.0, sums["n"]), **logged_metrics(accelerator, self.logged))
         return out
 
     @staticmethod
     def join(parts: list[Scored]) -> Scored:
         """Several batches (e.g. sampling rounds) as one."""
         names = parts[0].values if parts else {}
-        return Scored([t for part in parts for t in part.total],
-                      {name: [v for part in parts for v in part.values[name]] for name in names},
-                      sum(part.seconds for part in parts))
+        joined = Scored([t for part in parts for t in part.total],
+                        {name: [v for part in parts for v in part.values[name]] for name in names},
+                        sum(part.seconds for part in parts), [s for part in parts for s in part.success])
+        if any(part.logged or part.extra for part in parts):
+            from common.rewards import join_logs
+
+            joined.logged, joined.extra = join_logs(parts)
+        return joined
 
     def columns(self, index: int) -> dict:
-        """Each function's value for completion `index`, for its samples.jsonl row."""
-        return {f"reward/{name}": values[index] for name, values in self.values.items()}
+        """Each function's value (and each `log_extra` column) for completion `index`, for its samples.jsonl row."""
+        out = {f"reward/{name}": values[index] for name, values in self.values.items()}
+        out.update({column: values[index] if index < len(values) else None for column, values in self.extra.items()})
+        return out
 
 
 @dataclass
@@ -71,11 +91,13 @@ class Task:
     templated: bool = False  # prompts went through the chat template (which already holds the special tokens)
     reward_funcs: Any = None  # --reward_funcs (common/rewards.py): replace reward_fn
     eval_reward_funcs: Any = None  # --eval_reward_funcs (default: reward_funcs): replace eval_reward_fn
-    success_reward: float = 1.0  # a sample scored by eval_reward_funcs passes at a total >= this
+    success_reward: float = 1.0  # a completion is a success at a total >= this (`passes`), in training and evaluation
     prompt_column: str = "prompt"  # the column passed to reward functions as `prompts`
     warn: Callable[[str], None] | None = None  # where the once-a-run truncation warning goes
     max_new_tokens: int = 0  # named in that warning
+    mask_truncated: bool = False  # --mask_truncated_completions (named in that warning)
     warned_truncation: bool = False
+    step: int | None = None  # the last training step scored (the evaluation's trainer_state)
 
     def _call(self, funcs, texts: list[str], examples: list[Example], completion_ids: list, step):
         from common.rewards import call_reward_funcs
@@ -83,31 +105,47 @@ class Task:
         return call_reward_funcs(funcs, texts, [example.columns for example in examples], completion_ids,
                                  self.prompt_column, step)
 
+    def passes(self, total: float) -> bool:
+        """The one success rule, training and evaluation: total >= success_reward (NaN: never; a cut completion on
+        its total, which the built-in rewards make 0: never a success there)."""
+        return total >= self.success_reward  # False for NaN
+
     def score(self, texts: list[str], examples: list[Example], completion_ids: list, truncated, step) -> Scored:
         """Training rewards of completions (`examples[i]`: completion i's prompt). A completion cut by
-        max_new_tokens (`truncated[i]`) scores 0 whatever the reward: it never counts as a success."""
-        start = time.time()
-        if self.warn and not self.warned_truncation and sum(map(bool, truncated)) > len(texts) / 4:
+        max_new_tokens (`truncated[i]`) scores 0 under the built-in rewards (it has no final answer) and keeps its
+        functions' total under --reward_funcs (TRL's rule; --mask_truncated_completions decides its gradient)."""
+        start, self.step = time.time(), step
+        cut = [bool(c) for c in truncated]
+        if self.warn and not self.warned_truncation and sum(cut) > len(texts) / 4:
             self.warned_truncation = True
-            self.warn(f"warning: {sum(map(bool, truncated))} of {len(texts)} completions hit --max_new_tokens "
-                      f"{self.max_new_tokens} (cut: reward 0, never a success); raise it if answers need more room")
+            rule = "reward 0, never a success" if self.reward_funcs is None else \
+                "they keep their functions' reward" + ("" if self.mask_truncated else
+                                                       "; --mask_truncated_completions leaves them out of the loss")
+            self.warn(f"warning: {sum(cut)} of {len(texts)} completions hit --max_new_tokens {self.max_new_tokens} "
+                      f"(cut: {rule}); raise it if answers need more room")
+        logged, extra = {}, {}
         if self.reward_funcs is None:
-            total, values = [0.0 if truncated[i] else self.reward_fn(text, examples[i])
-                             for i, text in enumerate(texts)], {}
+            total, values = [0.0 if cut[i] else float(self.reward_fn(t, examples[i])) for i, t in enumerate(texts)], {}
         elif not texts:  # nothing to score on this rank: the same metric names as the others', no call
             total, values = [], {name: [] for name in self.reward_funcs.names}
         else:
             total, values = self._call(self.reward_funcs, texts, examples, completion_ids, step)
-            total = [0.0 if truncated[i] else value for i, value in enumerate(total)]
-        return Scored(total, values, time.time() - start)
+            logged, extra = self.reward_funcs.pop_logs()
+        builtin = self.reward_funcs is None  # a cut completion has no final answer there: never a success
+        success = [not (builtin and cut[i]) and self.passes(value) for i, value in enumerate(total)]
+        return Scored(total, values, time.time() - start, success, logged, extra)
 
     def eval_success(self, texts: list[str], examples: list[Example], completion_ids: list, truncated) -> list[bool]:
-        """Whether each evaluation sample passes: the binary verifier, or --eval_reward_funcs at --success_reward (a
-        sample cut by max_new_tokens never passes)."""
+        """Whether each evaluation sample passes, by the training rule: the binary verifier (a cut sample scores 0,
+        so it never passes), or --eval_reward_funcs' total at --success_reward (`Task.passes`)."""
         if self.eval_reward_funcs is None:
-            return [self.eval_reward_fn(text, example) >= 1.0 for text, example in zip(texts, examples)]
+            return [not cut and self.eval_reward_fn(text, example) >= 1.0
+                    for text, example, cut in zip(texts, examples, truncated)]
+        if self.step is not None:  # trainer_state: the updates done when the evaluation runs
+            self.eval_reward_funcs.updates_done(self.step)
         total, _ = self._call(self.eval_reward_funcs, texts, examples, completion_ids, None)
-        return [value >= self.success_reward and not cut for value, cut in zip(total, truncated)]
+        self.eval_reward_funcs.pop_logs()
+        return [self.passes(value) for value in total]
 
 
 LOCAL = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}  # local files and their loaders
@@ -274,3 +312,25 @@ class PromptSampler:
             raise SystemExit(f"resume: the checkpoint's training set has {s['n']} prompts, this run has {self.n}")
         self.seed, self.epoch, self.pos = s["seed"], s["epoch"], s["pos"]
         self._perm = self._permutation()
+
+
+def reward_sums(rewards) -> dict:
+    """Sums for reward_mean / reward_std over the completions given a reward (NaN: `unscored`); reduce, then
+    `reward_moments`."""
+    values = np.asarray(rewards.tolist() if hasattr(rewards, "tolist") else rewards, dtype=np.float64).ravel()
+    rated = values[~np.isnan(values)]
+    return {"reward_sum": float(rated.sum()), "reward_sq_sum": float((rated ** 2).sum()),
+            "unscored": float(values.size - rated.size)}
+
+
+def reward_moments(totals: dict, count: float) -> tuple[float, float]:
+    """(mean, population std) from reduced `reward_sums` of `count` completions."""
+    rated = max(1.0, count - totals["unscored"])
+    mean = totals["reward_sum"] / rated
+    return mean, math.sqrt(max(0.0, totals["reward_sq_sum"] / rated - mean ** 2))
+
+
+def fixed_scored(rewards: list[float], truncated: list[bool], success_reward: float) -> Scored:
+    """A built-in (environment's) reward's batch: a cut completion has no final answer: 0, never a success."""
+    total = [0.0 if cut else float(reward) for reward, cut in zip(rewards, truncated)]
+    return Scored(total, {}, 0.0, [not cut and value >= success_reward for value, cut in zip(total, truncated)])

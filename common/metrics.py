@@ -67,6 +67,8 @@ def append_rows(path: Path, rows: list[dict]) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             for row in rows:
+                row = {key: None if isinstance(value, float) and value != value else value  # NaN (no reward): null
+                       for key, value in row.items()}
                 data = (json.dumps(row) + "\n").encode()
                 while data:  # a regular file takes it in one call; the loop covers a short write
                     data = data[os.write(fd, data):]

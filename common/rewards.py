@@ -1,17 +1,23 @@
 """User reward functions (`--reward_funcs`), called as TRL's GRPOTrainer calls them: once per batch with the keywords
 `prompts`, `completions`, `completion_ids` and every other dataset column as a list aligned with the completions.
 Each returns one number or None ("does not apply") per completion; the total is the weighted sum over the functions
-that gave a number (None skipped, as TRL's NaN-skipping sum). Imported only when `--reward_funcs` is given.
+that gave a number (None and NaN skipped, as TRL's NaN-skipping sum), NaN when none did. `async def` functions are
+awaited together in one event loop; a spec without `:` names a reward model. Imported only when `--reward_funcs` is
+given.
 """
 from __future__ import annotations
 
+import asyncio
+import functools
 import importlib
 import importlib.util
+import inspect
 import math
 import numbers
 import sys
 from pathlib import Path
-from types import SimpleNamespace
+
+from transformers import TrainerState
 
 # the keywords every call passes: a dataset column of one of these names is not passed
 TRL_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
@@ -57,48 +63,173 @@ def _parse_weights(weights: str | None, count: int, flag: str) -> list[float]:
     return values
 
 
-class RewardFuncs:
-    """The named functions and their weights; `__call__` scores one batch and returns (totals, values per name)."""
+class RewardModel:
+    """A reward model named by a directory or hub id (a spec without `:`), loaded and called as TRL loads its
+    string `reward_funcs`: a sequence-classification head with one label, its own tokenizer (and chat template for
+    message prompts), scored on prompt + completion, in eval mode and the compute dtype, a whole copy on every
+    process (it is never trained, so nothing is sharded)."""
 
-    def __init__(self, specs: str, weights: str | None = None, flag: str = "--reward_funcs"):
+    def __init__(self, spec: str, flag: str, dtype: str = "float32"):
+        import torch
+        from accelerate import PartialState
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        if not Path(spec).expanduser().is_dir() and spec.startswith((".", "/", "~")):
+            raise SystemExit(f"{flag} {spec}: directory not found (a reward function is `module:function` or "
+                             "`file.py:function`; a reward model a directory or hub id)")
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(spec)
+            self.model = AutoModelForSequenceClassification.from_pretrained(
+                spec, num_labels=1, dtype=getattr(torch, dtype))
+        except Exception as error:  # noqa: BLE001 - a missing or foreign model: one line
+            raise SystemExit(f"{flag} {spec}: cannot load it as a sequence-classification reward model "
+                             f"({type(error).__name__}: {str(error)[:200]})") from None
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        # the score is read at the last token that is not padding: the model must know the padding id
+        self.model.config.pad_token_id = self.tokenizer.pad_token_id
+        self.model.eval().to(PartialState().device)
+        self.__name__ = spec.rstrip("/").split("/")[-1]
+
+    def __call__(self, prompts, completions, **kwargs) -> list[float]:
+        import torch
+
+        if prompts and isinstance(prompts[0], list):  # messages: its own chat template over prompt + completion
+            texts = [self.tokenizer.apply_chat_template(list(p) + list(c), tokenize=False)
+                     for p, c in zip(prompts, completions)]
+        else:
+            texts = [p + c for p, c in zip(prompts, completions)]
+        inputs = self.tokenizer(texts, return_tensors="pt", padding=True, padding_side="right",
+                                add_special_tokens=False).to(self.model.device)
+        with torch.inference_mode():
+            return self.model(**inputs).logits[:, 0].float().tolist()
+
+
+def callable_name(func) -> str:
+    """A function's name as TRL names it: a partial after the function it wraps, a callable object after its class."""
+    while isinstance(func, functools.partial):
+        func = func.func
+    return getattr(func, "__name__", type(func).__name__)
+
+
+def is_async(func) -> bool:
+    while isinstance(func, functools.partial):
+        func = func.func
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None))
+
+
+class RewardFuncs:
+    """The named functions (and reward models) and their weights; `__call__` scores one batch and returns
+    (totals, values per name). A total is NaN when every function returned None for the completion."""
+
+    def __init__(self, specs: str, weights: str | None = None, flag: str = "--reward_funcs", dtype: str = "float32"):
         items = [item.strip() for item in specs.split(",") if item.strip()]
         if not items:
             raise SystemExit(f"{flag}: no function named")
-        self.funcs = [_load_one(item, flag) for item in items]
-        self.names = [getattr(func, "__name__", item.rpartition(":")[2]) for func, item in zip(self.funcs, items)]
+        self.funcs = [_load_one(item, flag) if ":" in item else RewardModel(item, flag, dtype) for item in items]
+        self.names = [callable_name(func) for func in self.funcs]
         if len(set(self.names)) != len(self.names):
             raise SystemExit(f"{flag}: two functions share the name {self.names} (metrics are logged per name)")
         self.weights = _parse_weights(weights, len(self.funcs), "--reward_weights")
+        self.state = TrainerState()  # the script fills max_steps, epoch, ... (common/task.py)
+        self.logged: dict[str, list[float]] = {}  # log_metric's values since the last `pop_logs`
+        self.extra: dict[str, list] = {}  # log_extra's columns of the last batch
+        self._loop = None  # one event loop for every async function, made on first use
+        self.warn, self.warned_none = None, False  # where the once-a-run "no reward" warning goes
+        self.epoch_size = None  # steps per pass over the training prompts (trainer_state.epoch), set by the task
 
-    def _call(self, func, prompts, completions, completion_ids, columns, rows, state):
+    def fill_state(self, args, train_size: int, log) -> None:
+        """trainer_state as TRL fills it (the run's length; an epoch: one pass over the training prompts) and where
+        the once-a-run warning goes."""
+        self.state.max_steps, self.state.train_batch_size = args.max_steps, args.prompts_per_step
+        self.epoch_size = max(1, train_size) / args.prompts_per_step
+        self.state.num_train_epochs = math.ceil(args.max_steps / self.epoch_size)
+        self.state.logging_steps, self.state.eval_steps = 1, args.eval_every
+        self.state.save_steps = getattr(args, "save_every", 0) or 0
+        self.warn = log
+
+    def updates_done(self, count: int) -> None:
+        """trainer_state.global_step and .epoch after `count` updates."""
+        self.state.global_step = count
+        self.state.epoch = count / self.epoch_size if self.epoch_size else None
+
+    def _log_metric(self, name: str, value) -> None:
+        self.logged.setdefault(str(name), []).append(float(value))
+
+    def _log_extra(self, column: str, values) -> None:
+        self.extra.setdefault(str(column), []).extend(list(values))
+
+    def pop_logs(self) -> tuple[dict, dict]:
+        logged, extra, self.logged, self.extra = self.logged, self.extra, {}, {}
+        return logged, extra
+
+    def _invoke(self, func, prompts, completions, completion_ids, columns, rows):
         return func(prompts=[prompts[i] for i in rows], completions=[completions[i] for i in rows],
-                    completion_ids=[completion_ids[i] for i in rows], trainer_state=state, log_extra=_ignored,
-                    log_metric=_ignored, **{key: [column[i] for i in rows] for key, column in columns.items()})
+                   completion_ids=[completion_ids[i] for i in rows], trainer_state=self.state,
+                   log_extra=self._log_extra, log_metric=self._log_metric,
+                   **{key: [column[i] for i in rows] for key, column in columns.items()})
+
+    def _call(self, func, *args):
+        out = self._invoke(func, *args)
+        if inspect.isawaitable(out):  # an async function called alone (one completion, to find the one it fails on)
+            out = self._run(_awaited(out))
+        return out
+
+    def _run(self, coroutine):
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(coroutine)
+
+    def _fail(self, name, func, error, args, n, when):
+        index = next((i for i in range(n) if _raises(lambda: self._call(func, *args, [i]))), None)
+        where = "on the batch" if index is None else f"on completion {index}"
+        raise SystemExit(f"reward function {name} raised at {when} {where}: {type(error).__name__}: {error}") from None
 
     def __call__(self, prompts: list, completions: list, completion_ids: list, columns: dict[str, list],
                  step: int | None) -> tuple[list[float], dict[str, list]]:
-        """`step`: the training step being scored, None for the evaluation (`trainer_state.global_step`: the updates
-        done before it, as TRL's)."""
-        n, values = len(completions), {}
-        state = SimpleNamespace(global_step=None if step is None else step - 1)
+        """`step`: the step being scored (`trainer_state.global_step`: the updates done before it, as TRL's), None
+        for the evaluation (`trainer_state` as the last training step left it)."""
+        n, values, outputs = len(completions), {}, {}
+        if step is not None:
+            self.updates_done(step - 1)
         when = "the evaluation" if step is None else f"step {step}"
+        args = (prompts, completions, completion_ids, columns)
+        pending = [(name, func) for name, func in zip(self.names, self.funcs) if is_async(func)]
         for name, func in zip(self.names, self.funcs):
+            if (name, func) in pending:
+                continue
             try:
-                out = self._call(func, prompts, completions, completion_ids, columns, range(n), state)
+                outputs[name] = self._call(func, *args, range(n))
             except Exception as error:  # noqa: BLE001 - the user's code: find the completion it fails on
-                index = next((i for i in range(n) if _raises(lambda: self._call(
-                    func, prompts, completions, completion_ids, columns, [i], state))), None)
-                where = "on the batch" if index is None else f"on completion {index}"
-                raise SystemExit(f"reward function {name} raised at {when} {where}: "
-                                 f"{type(error).__name__}: {error}") from None
-            values[name] = _check(out, n, name, when)
-        totals = [sum(weight * values[name][i] for name, weight in zip(self.names, self.weights)
-                      if values[name][i] is not None) for i in range(n)]
+                self._fail(name, func, error, args, n, when)
+        if pending:  # every async function of the batch at once, in one event loop
+            async def one(func):
+                return await self._invoke(func, *args, range(n))
+
+            async def gather():
+                return await asyncio.gather(*(one(func) for _, func in pending), return_exceptions=True)
+            for (name, func), out in zip(pending, self._run(gather())):
+                if isinstance(out, Exception):
+                    self._fail(name, func, out, args, n, when)
+                outputs[name] = out
+        for name in self.names:
+            values[name] = _check(outputs[name], n, name, when)
+        totals = []
+        for i in range(n):
+            given = [(weight, values[name][i]) for name, weight in zip(self.names, self.weights)
+                     if values[name][i] is not None]
+            totals.append(sum(weight * value for weight, value in given) if given else math.nan)
+        missing = sum(1 for total in totals if math.isnan(total))
+        if missing and self.warn and not self.warned_none:  # TRL's warning, once a run
+            self.warned_none = True
+            self.warn(f"warning: every reward function returned None for {missing} of {n} completions at {when} "
+                      "(no reward: left out of the group's baseline, advantage 0, never a success; counted in "
+                      "reward_none_frac); make sure at least one function scores every completion")
         return totals, values
 
 
-def _ignored(*args, **kwargs) -> None:
-    """TRL's `log_extra` / `log_metric` callbacks: accepted, so that functions calling them run; nothing is logged."""
+async def _awaited(awaitable):
+    return await awaitable
 
 
 def _raises(call) -> bool:
@@ -107,6 +238,23 @@ def _raises(call) -> bool:
     except Exception:  # noqa: BLE001
         return True
     return False
+
+
+def _number(value):
+    """A value as TRL reads it: None and NaN are "no reward"; a Python, numpy or one-element tensor number is a
+    float; anything else is None-valued (`False` returned: not a number)."""
+    if value is None:
+        return None
+    if not isinstance(value, numbers.Real) and callable(getattr(value, "item", None)) \
+            and getattr(value, "ndim", 0) == 0:
+        try:
+            value = value.item()
+        except Exception:  # noqa: BLE001
+            return False
+    if not isinstance(value, numbers.Real):
+        return False
+    value = float(value)
+    return None if math.isnan(value) else value
 
 
 def _check(out, n: int, name: str, when: str) -> list:
@@ -120,13 +268,40 @@ def _check(out, n: int, name: str, when: str) -> list:
         raise SystemExit(f"reward function {name} at {when}: returned {len(out)} values for {n} completions")
     clean = []
     for index, value in enumerate(out):
-        if value is not None and not isinstance(value, numbers.Real):
-            raise SystemExit(f"reward function {name} at {when}: value {index} is {value!r}, not a number "
+        number = _number(value)
+        if number is False:
+            raise SystemExit(f"reward function {name} at {when}: value {index} is {value!r:.80}, not a number "
                              "or None")
-        if value is not None and not math.isfinite(value):
-            raise SystemExit(f"reward function {name} at {when}: value {index} is {value}, not finite")
-        clean.append(None if value is None else float(value))
+        if number is not None and not math.isfinite(number):
+            raise SystemExit(f"reward function {name} at {when}: value {index} is {number}, not finite")
+        clean.append(number)
     return clean
+
+
+def logged_metrics(accelerator, logged: dict[str, list[float]]) -> dict:
+    """`log_metric`'s values as reward_fn/<name>: each name's mean over every rank's calls (call on every rank)."""
+    from common.distributed import gather_list, reduce_sums
+
+    names = sorted(set(gather_list(accelerator, sorted(logged))))  # every rank: the same names, in one order
+    sums = {}
+    for name in names:
+        sums.update({f"{name}:n": len(logged.get(name, [])), f"{name}:sum": sum(logged.get(name, []))})
+    sums = reduce_sums(accelerator, sums)
+    return {f"reward_fn/{name}": sums[f"{name}:sum"] / sums[f"{name}:n"] if sums[f"{name}:n"] else None
+            for name in names}
+
+
+def join_logs(parts: list) -> tuple[dict, dict]:
+    """Several batches' `log_metric` values and `log_extra` columns as one batch's (a column is None where a batch
+    did not log it, so that it stays aligned with the completions)."""
+    logged, extra = {}, {}
+    for part in parts:
+        for name, values in part.logged.items():
+            logged.setdefault(name, []).extend(values)
+    for column in {column for part in parts for column in part.extra}:
+        extra[column] = [value for part in parts for value in
+                         (list(part.extra.get(column, [])) + [None] * len(part.total))[:len(part.total)]]
+    return logged, extra
 
 
 def call_reward_funcs(funcs: RewardFuncs, texts: list[str], rows: list[dict], completion_ids: list,
