@@ -41,7 +41,8 @@ from common.advantages import gae_advantages, grpo_advantages, masked_whiten, ze
 from common.args import BaseArgs, Range
 from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler
-from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
+from common.distributed import (GracefulStop, collective_timeout, end_processes, gather_list, gathered,
+                                micro_batches, my_slice, reduce_sums)
 from common.generation import HFGenerator, SamplingConfig
 from common.gibbs import calibration_excess, gibbs_sweeps, update_counts
 from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
@@ -351,7 +352,8 @@ def main(args: Args) -> None:
     check_tracker(args.report_to)
     args.output_dir = args.output_dir or f"runs/pros_ppo-seed{args.seed}"
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), project_dir=args.output_dir,
-                              log_with=None if args.report_to == "none" else args.report_to)
+                              log_with=None if args.report_to == "none" else args.report_to,
+                              kwargs_handlers=collective_timeout(args.collective_timeout))  # one line on expiry
     device, world = accelerator.device, accelerator.num_processes
     log = lambda msg: print(msg, flush=True) if accelerator.is_main_process else None  # noqa: E731  (once a run)
     rank_seed = args.seed + accelerator.process_index  # ranks sample different rollouts
@@ -484,7 +486,7 @@ def main(args: Args) -> None:
 
         # ================ verify: the reward reads prefix + continuation (PROS Sec. 3); cut by max_new_tokens: 0 =====
         whole = [prefixes[i // k] + c for i, c in enumerate(completions)]
-        texts = tokenizer.batch_decode(whole, skip_special_tokens=True)
+        texts = [tokenizer.decode(c, skip_special_tokens=True) for c in whole]  # (batch_decode([]) is [''])
         truncated = torch.tensor([reason == "length" for reason in gens.finish_reasons], dtype=torch.bool)
         scored = task.score(texts, [examples[i // k] for i in range(len(texts))], whole, truncated, step)
         rewards = torch.tensor(scored.total, dtype=torch.float32).view(-1, k)
@@ -530,7 +532,7 @@ def main(args: Args) -> None:
             token_rewards = torch.zeros_like(mask)
             token_rewards[:, -1] = rewards.flatten()
             advantages, returns = gae_advantages(token_rewards, scores["value"], mask, args.gamma, args.gae_lambda)
-            advantages = masked_whiten(advantages, mask) if args.whiten_advantages else advantages
+            advantages = masked_whiten(advantages, mask, accelerator) if args.whiten_advantages else advantages
         else:  # GRPO: the group-normalised outcome advantage on every token of the rollout
             advantages = grpo_advantages(rewards).flatten()[:, None] * mask
 
@@ -541,7 +543,8 @@ def main(args: Args) -> None:
             order, parts = torch.randperm(num_rollouts).tolist(), args.num_minibatches
             for m in range(parts):
                 minibatch = order[m * num_rollouts // parts:(m + 1) * num_rollouts // parts]
-                policy_tokens, minibatch_tokens = (max(1.0, float(t[minibatch].sum())) for t in (policy_mask, mask))
+                policy_tokens, minibatch_tokens = (value / world or 1.0 for value in reduce_sums(accelerator, {  # rank_mean
+                    "policy": float(policy_mask[minibatch].sum()), "all": float(mask[minibatch].sum())}).values())
                 surrogate_sum, clipped_sum, minibatch_kl = 0.0, 0.0, 0.0
                 lengths = [len(prompts[i]) + len(completions[i]) for i in minibatch]  # --max_tokens_per_microbatch
                 for rows in micro_batches(len(minibatch), args.micro_batch_size, accelerator, model, lengths=lengths,
@@ -601,9 +604,9 @@ def main(args: Args) -> None:
             "success": float(correct.sum()), "zero_var": float(zero_variance(rewards).sum()),
             "truncated": float(truncated.sum()), "gap_tok": float(mask.sum()) if sampler_logp is not None else 0.0,
             "gap_sum": float(((scores["logp"] - sampler_logp).abs() * mask).sum()) if sampler_logp is not None else 0.0,
-            # per-step means weighted by this rank's rollouts: the ratios below are rollout-weighted over ranks
-            "loss_sum": np.mean(policy_losses) * num_rollouts, "clip_sum": np.mean(clip_fracs) * num_rollouts,
-            "value_loss_sum": float(np.mean(value_losses)) * num_rollouts if value_losses else 0.0,
+            # this rank's parts of the global token means (their sum over ranks), averaged over the update's steps
+            "loss_sum": np.mean(policy_losses) / world, "clip_sum": np.mean(clip_fracs) / world,
+            "value_loss_sum": float(np.mean(value_losses)) / world if value_losses else 0.0,
             "kl_sum": kl_sum, "ent_sum": float((scores["ent"] * mask).sum()), "tok": float(mask.sum()),
             "t_gen": t_gen, "t_train": t_train,
         })
@@ -618,11 +621,11 @@ def main(args: Args) -> None:
             "frac_zero_var_groups": totals["zero_var"] / max(1.0, totals["groups"]),
             "completion_len_mean": totals["gen_tokens"] / samples,  # generated tokens (a child's prefix excluded)
             "clipped_ratio": totals["truncated"] / samples,  # completions cut by max_new_tokens
-            "loss": totals["loss_sum"] / samples,  # per-token clipped surrogate, mean over steps (module doc)
+            "loss": totals["loss_sum"],  # per-token clipped surrogate, mean over steps (module doc)
             "kl": totals["kl_sum"] / tokens, "entropy": totals["ent_sum"] / tokens,  # per completion token
             "grad_norm": float(np.mean(grad_norms)), "lr": scheduler.get_last_lr()[0],
             "time_gen_s": totals["t_gen"] / world, "time_train_s": totals["t_train"] / world,
-            "ppo_clip_frac": totals["clip_sum"] / samples,  # clipped tokens / tokens, mean over steps
+            "ppo_clip_frac": totals["clip_sum"],  # clipped tokens / tokens, mean over steps
             "sampler_logp_diff": totals["gap_sum"] / totals["gap_tok"] if totals["gap_tok"] else None,
         }
         gap = row["sampler_logp_diff"]  # None: not measured this step
@@ -631,7 +634,7 @@ def main(args: Args) -> None:
             log(f"warning: sampler_logp_diff {gap:.4f} >= --logp_diff_warn {args.logp_diff_warn}: "
                 "the generator does not sample from the policy being trained (stale weights, dtype, temperature?)")
         if critic is not None:
-            row["ppo_value_loss"] = totals["value_loss_sum"] / samples  # per-token value loss, mean over steps
+            row["ppo_value_loss"] = totals["value_loss_sum"]  # per-token value loss, mean over steps
         if pros:  # [PROS] mechanism metrics (from the gathered outcomes: the same on every rank)
             child_lens = [len(prefix) for _, prefix, _ in queries if prefix]
             picks = np.array([(*picked[j], wins) for j, wins, _ in outcomes if j >= num_stream], float).reshape(-1, 4)
