@@ -97,7 +97,9 @@ def micro_batches(num_rows: int, size: int, accelerator, model, peers=(), length
     one; `common.fsdp.sharded_micro_batches`): a rank with fewer rows, or none, makes zero-weight passes through
     `model` (and `peers`, the sharded frozen models the body also runs, e.g. the reference: FSDP only) for the rest.
     Also under no_grad (scoring: no backward; FSDP gathers one layer at a time). An unwrapped model (one process,
-    or no-grad scoring through the bare policy under DDP) runs only its own micro-batches."""
+    or no-grad scoring through the bare policy under DDP) runs only its own micro-batches; with none, a zero loss
+    is back-propagated here (grad mode), so the optimizer steps on zero gradients as every rank of several
+    processes does then (Adam's momentum carries on)."""
     starts = token_budget_cuts(lengths, max_tokens) if max_tokens > 0 else list(range(0, num_rows, size))
     chunks = [list(range(start, end)) for start, end in zip(starts, starts[1:] + [num_rows])]
     if isinstance(model, FSDPModule) or (accelerator.num_processes > 1 and isinstance(model, DistributedDataParallel)):
@@ -107,6 +109,8 @@ def micro_batches(num_rows: int, size: int, accelerator, model, peers=(), length
         # all-gather, which join() does not shadow), every collective runs as usual, and a pass costs one token.
         yield from sharded_micro_batches(chunks, accelerator, model, peers if isinstance(model, FSDPModule) else ())
         return
+    if not chunks and torch.is_grad_enabled():  # zero gradients: the optimizer steps as a rank of several would
+        accelerator.backward(sum(p.sum() * 0.0 for p in model.parameters() if p.requires_grad))
     yield from chunks
 
 
@@ -195,7 +199,9 @@ def collective_timeout(seconds: int) -> list:
     def hook(kind, error, trace):
         if not _is_collective_error(error):
             return previous(kind, error, trace)
-        print(timeout_line(error, trace, seconds), file=sys.stderr, flush=True)
+        # the process's own stderr: torch.distributed's hook, installed over this one with the group, calls it with
+        # sys.stderr swapped for a buffer that it prints only after this hook returns, and this hook does not return
+        print(timeout_line(error, trace, seconds), file=sys.__stderr__, flush=True)
         sys.stdout.flush()
         from common.folder_lock import release_all
 

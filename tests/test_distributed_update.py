@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import run_script
+from conftest import ROOT, run_script
 
 # two-process launches share accelerate's default rendezvous port: one at a time (pytest-xdist group)
 pytestmark = pytest.mark.xdist_group("distributed")
@@ -35,11 +35,12 @@ STEPS = {"ra_rloo": 1, "ps_grpo": 2, "pros_ppo": 2, "ada_seq": 1, "ada_est": 1}
 
 
 def _harness_main(plan: str) -> None:
-    """This file run as a script (one process, or each rank of `accelerate launch`): each (name, args) of `plan` is
-    one main() whose rollouts do not depend on the rank or the batch they are sampled in (each prompt's k samples
-    are drawn alone, seeded by the prompt's tokens, the optimizer steps so far and how often this process sampled
-    it since, so a prompt gives the same rollouts on whichever rank holds it), `random`'s draws that pick rollouts (ps_grpo's prefix source, ada_seq's
-    downsampling) take the first ones, not a rank-seeded draw; every optimizer step's gradient is saved, as rank 0 has it (DDP made them equal)."""
+    """This file run as a script (one process, or each rank of `accelerate launch`): each (name, args[, stall]) of
+    `plan` is one main() whose rollouts do not depend on the rank or the batch they are sampled in (each prompt's k
+    samples are drawn alone, seeded by the prompt's tokens, the optimizer steps so far and how often this process
+    sampled it since, so a prompt gives the same rollouts on whichever rank holds it); `random`'s draws that pick
+    rollouts (ps_grpo's prefix source, ada_seq's downsampling) take the first ones, not a rank-seeded draw. Every
+    optimizer step's gradient is saved, as rank 0 has it (the all-reduce made them equal)."""
     import random
 
     from accelerate.state import AcceleratorState
@@ -109,9 +110,27 @@ def test_one_update_has_the_same_gradient_on_one_and_two_processes(tiny_base, tm
     one = _plan(tiny_base, tmp_path, "one", mb) + _plan(tiny_base, tmp_path, "alone1", mb, 1, 1)
     layout = _plan(tiny_base, tmp_path, "layout", ["--micro_batch_size", "64"])
     two = _plan(tiny_base, tmp_path, "two", mb) + _plan(tiny_base, tmp_path, "alone2", mb, 1, 1)
+    # last in the launch: rank 1 sleeps 12 s in step 2's generation, past a 4 s --collective_timeout
+    stalled = tmp_path / "stalled"
+    stall = ("ra_rloo", [*CASES["ra_rloo"], "--model_name_or_path", tiny_base, *COMMON, *mb, "--max_steps", "3",
+                         "--save_every", "1", "--collective_timeout", "4", "--output_dir", str(stalled)], [1, 1, 12])
     me = str(Path(__file__).relative_to(Path(__file__).parents[1]))
     run_script([me, json.dumps(one + layout)], timeout=600)
-    run_script([*LAUNCH, me, json.dumps(two)], timeout=600)
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    launch = subprocess.run([sys.executable, *LAUNCH, me, json.dumps([*two, stall])], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600, env=env)
+    output = launch.stdout + launch.stderr
+    assert launch.returncode != 0, output[-3000:]
+    # every rank stops with one line naming the step and the phase, and no traceback of ours
+    stops = re.findall(r"rank (\d): step (\S+), phase (.*?): a collective waited longer than --collective_timeout 4 s",
+                       output)
+    assert sorted((rank, step) for rank, step, _ in stops) == [("0", "2"), ("1", "2")], output[-5000:]
+    assert all("ra_rloo.py:" in phase for _, _, phase in stops), stops
+    assert not re.search(r'File ".*(ra_rloo|common/\w+)\.py"', output), output[-5000:]
+    from common.checkpoint import list_checkpoints
+
+    assert [path.name for path in list_checkpoints(str(stalled))] == ["checkpoint-1"]  # whole: its files are all there
+    assert all((stalled / "checkpoint-1" / name).is_file() for name in ("model.safetensors", "trainer_state.pt"))
     for name in CASES:
         grads = {tag: torch.load(tmp_path / f"{tag}-{name}" / "grads.pt") for tag in ("one", "layout", "two")}
         assert len(grads["one"]) == len(grads["layout"]) == len(grads["two"]) >= STEPS[name], name
