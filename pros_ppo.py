@@ -543,7 +543,8 @@ def main(args: Args) -> None:
             order, parts = torch.randperm(num_rollouts).tolist(), args.num_minibatches
             for m in range(parts):
                 minibatch = order[m * num_rollouts // parts:(m + 1) * num_rollouts // parts]
-                policy_tokens, minibatch_tokens = (value / world or 1.0 for value in reduce_sums(accelerator, {  # rank_mean
+                # token means of the minibatch on every rank: DDP / FSDP average the ranks' gradients (see rank_mean)
+                policy_tokens, minibatch_tokens = (count / world or 1.0 for count in reduce_sums(accelerator, {
                     "policy": float(policy_mask[minibatch].sum()), "all": float(mask[minibatch].sum())}).values())
                 surrogate_sum, clipped_sum, minibatch_kl = 0.0, 0.0, 0.0
                 lengths = [len(prompts[i]) + len(completions[i]) for i in minibatch]  # --max_tokens_per_microbatch
