@@ -96,8 +96,11 @@ def _plan(tiny_base, tmp_path, tag, extra=(), steps=None, per_step=None):
             for name, flags in CASES.items()]
 
 
-# --prompts_per_step 1 on 2 processes: rank 1 has no rows (ada_seq through DAPO's filter and trim)
-ALONE = {"ada_seq": ["--dynamic_sampling", "--max_dynamic_rounds", "0", "--max_rounds", "1"]}
+# --prompts_per_step 1 on 2 processes: rank 1 has no rows (ada_seq through DAPO's filter and trim); 16 samples, so
+# that the one prompt's group has a signal in every script (with the first prompt of --seed 0)
+ALONE = {"ps_grpo": ["--n", "16"], "pros_ppo": ["--k", "16"],
+         "ada_seq": ["--dynamic_sampling", "--max_dynamic_rounds", "0", "--max_rounds", "1", "--round_repeat", "16",
+                     "--final_keep_per_prompt", "16"]}
 
 
 def test_one_update_has_the_same_gradient_on_one_and_two_processes(tiny_base, tmp_path):
@@ -143,7 +146,8 @@ def test_one_update_has_the_same_gradient_on_one_and_two_processes(tiny_base, tm
             assert float((dist - ref).norm()) <= bound, (name, step, float((dist - ref).norm()), bound)
         alone = [torch.load(tmp_path / f"{tag}-{name}" / "grads.pt") for tag in ("alone1", "alone2")]
         assert len(alone[0]) == len(alone[1]) >= 1, name
-        for ref, dist in zip(*alone):  # (zero when the one prompt's group had no signal)
+        for ref, dist in zip(*alone):  # the update of rank 0's rows alone (a zero norm: the group had no signal)
+            assert float(ref.norm()) > 0, (name, "alone: a group without signal, choose another prompt")
             assert float((dist - ref).norm()) <= (10 * noise + 1e-6) * float(ref.norm()), (name, "alone")
 
 
