@@ -1,6 +1,7 @@
 """Multi-process helpers: this rank's share of a batch, sums and lists over ranks, micro-batches whose gradient
-all-reduce happens once, whole weights of FSDP-sharded models for generation, and a graceful stop on SIGINT /
-SIGTERM that every rank agrees on, and an end of the process group that exits cleanly."""
+all-reduce happens once (every rank joining it whatever its share), whole weights of FSDP-sharded models for
+generation, a graceful stop on SIGINT / SIGTERM that every rank agrees on, one line for a collective that timed out,
+and an end of the process group that exits cleanly."""
 from __future__ import annotations
 
 import contextlib
@@ -189,15 +190,15 @@ def end_processes(accelerator, settle_s: float = 0.2) -> None:
 def collective_timeout(seconds: int) -> list:
     """`Accelerator(kwargs_handlers=...)` for a process group whose collectives give up after `seconds`
     (--collective_timeout), and a `sys.excepthook` for what a rank raises then: one line naming the step and the
-    phase (`timeout_line`) and exit status 1, not a traceback per rank (any other error keeps its traceback). The
-    exit skips the interpreter's teardown, which would wait on the broken group; a checkpoint is written to a
-    temporary folder and renamed whole, so the last one stays whole."""
+    phase (`timeout_line`) and exit status 1, not a traceback per rank (any other error, or one process, keeps its
+    traceback). The exit skips the interpreter's teardown, which would wait on the broken group; a checkpoint is
+    written to a temporary folder and renamed whole, so the last one stays whole."""
     from accelerate.utils import InitProcessGroupKwargs
 
     previous = sys.excepthook
 
     def hook(kind, error, trace):
-        if not _is_collective_error(error):
+        if int(os.environ.get("WORLD_SIZE", "1")) < 2 or not _is_collective_error(error):
             return previous(kind, error, trace)
         # the process's own stderr: torch.distributed's hook, installed over this one with the group, calls it with
         # sys.stderr swapped for a buffer that it prints only after this hook returns, and this hook does not return
