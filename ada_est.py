@@ -51,7 +51,8 @@ from common import checkpoint
 from common.args import BaseArgs, Range
 from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler, reward_moments, reward_sums
-from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
+from common.distributed import (GracefulStop, collective_timeout, end_processes, gather_list, gathered,
+                                micro_batches, my_slice, reduce_sums)
 from common.generation import HFGenerator, SamplingConfig, end_token_ids
 from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
 from common.logprobs import token_logprobs
@@ -213,7 +214,8 @@ def main(args: Args) -> None:
     check_tracker(args.report_to)
     args.output_dir = args.output_dir or f"runs/ada_est-seed{args.seed}"
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), project_dir=args.output_dir,
-                              log_with=None if args.report_to == "none" else args.report_to)
+                              log_with=None if args.report_to == "none" else args.report_to,
+                              kwargs_handlers=collective_timeout(args.collective_timeout))  # one line on expiry
     device, world = accelerator.device, accelerator.num_processes
     log = lambda msg: print(msg, flush=True) if accelerator.is_main_process else None  # noqa: E731  (once a run)
     rank_seed = args.seed + accelerator.process_index  # ranks sample different rollouts
@@ -346,7 +348,7 @@ def main(args: Args) -> None:
         completions = [list(c) for c in gens.completion_ids]
 
         # ================ verify (a cut completion: the built-in rewards give 0, --reward_funcs their total) ======
-        texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
+        texts = [tokenizer.decode(c, skip_special_tokens=True) for c in completions]  # ([] for [])
         truncated = torch.tensor([reason == "length" for reason in gens.finish_reasons], dtype=torch.bool)
         scored = task.score(texts, [examples[owner[g]] for g in range(len(texts))], completions, truncated, step)
         rewards = scored.total

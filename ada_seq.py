@@ -109,7 +109,8 @@ from common.advantages import zero_variance
 from common.args import BaseArgs, Range
 from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler, Scored, reward_moments, reward_sums
-from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
+from common.distributed import (GracefulStop, collective_timeout, end_processes, gather_list, gathered,
+                                micro_batches, my_slice, reduce_sums)
 from common.generation import HFGenerator, SamplingConfig, end_token_ids
 from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
 from common.logprobs import token_logprobs
@@ -311,7 +312,8 @@ def main(args: Args) -> None:
     check_tracker(args.report_to)
     args.output_dir = args.output_dir or f"runs/ada_seq-seed{args.seed}"
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), project_dir=args.output_dir,
-                              log_with=None if args.report_to == "none" else args.report_to)
+                              log_with=None if args.report_to == "none" else args.report_to,
+                              kwargs_handlers=collective_timeout(args.collective_timeout))  # one line on expiry
     device, world = accelerator.device, accelerator.num_processes
     log = lambda msg: print(msg, flush=True) if accelerator.is_main_process else None  # noqa: E731  (once a run)
     rank_seed = args.seed + accelerator.process_index  # ranks sample different rollouts
@@ -431,7 +433,7 @@ def main(args: Args) -> None:
 
         def sample_round(active: list[int], m: int) -> list[list[float]]:
             gens = generator.generate([prompts[i] for i in active], m, sampling)
-            texts = tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
+            texts = [tokenizer.decode(c, skip_special_tokens=True) for c in gens.completion_ids]
             scored = task.score(texts, [examples[i] for i in active for _ in range(m)], gens.completion_ids,
                                 [reason == "length" for reason in gens.finish_reasons], step)  # a cut one scores 0
             round_scores.append(scored)

@@ -41,7 +41,8 @@ from common.advantages import gae_advantages, grpo_advantages, masked_whiten, ze
 from common.args import BaseArgs, Range
 from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler, reward_moments, reward_sums
-from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
+from common.distributed import (GracefulStop, collective_timeout, end_processes, gather_list, gathered,
+                                micro_batches, my_slice, reduce_sums)
 from common.generation import HFGenerator, SamplingConfig, end_token_ids
 from common.gibbs import calibration_excess, gibbs_sweeps, update_counts
 from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
@@ -321,11 +322,10 @@ def build_value_model(policy, path: str | None = None) -> ValueModel:
 def score_rollouts(policy, critic, ref_model, tokenizer, prompts: list[list[int]], completions: list[list[int]],
                    micro_batch_size: int, temperature: float, device, accelerator,
                    pack: int = 0, compiled=None) -> dict[str, torch.Tensor]:
-    """One no-grad pass: old log-probs `logp` and entropies `ent` (policy), `value` (critic, if any), `ref`
-    log-probs (reference, if any), all as right-aligned [N, Rmax] CPU tensors zeroed outside `mask`, the
-    completion mask. PROS reads t* from these same entropies. Under --fsdp the models stay sharded (a layer is
-    gathered only while it runs): `micro_batches` gives every rank the same number of passes. `compiled`:
-    --torch_compile's TorchCompile (common/compile.py)."""
+    """One no-grad pass: old log-probs `logp` and entropies `ent` (policy), `value` (critic, if any), `ref` log-probs
+    (reference, if any), all as right-aligned [N, Rmax] CPU tensors zeroed outside `mask`, the completion mask. PROS
+    reads t* from these same entropies. Under --fsdp the models stay sharded (a layer is gathered only while it runs):
+    `micro_batches` gives every rank the same number of passes. `compiled`: --torch_compile's (common/compile.py)."""
     num, width = len(prompts), max([1] + [len(c) for c in completions])
     names = ["logp", "ent", "mask"] + ["value"] * (critic is not None) + ["ref"] * (ref_model is not None)
     out = {name: torch.zeros(num, width) for name in names}
@@ -351,7 +351,8 @@ def main(args: Args) -> None:
     check_tracker(args.report_to)
     args.output_dir = args.output_dir or f"runs/pros_ppo-seed{args.seed}"
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), project_dir=args.output_dir,
-                              log_with=None if args.report_to == "none" else args.report_to)
+                              log_with=None if args.report_to == "none" else args.report_to,
+                              kwargs_handlers=collective_timeout(args.collective_timeout))  # one line on expiry
     device, world = accelerator.device, accelerator.num_processes
     log = lambda msg: print(msg, flush=True) if accelerator.is_main_process else None  # noqa: E731  (once a run)
     rank_seed = args.seed + accelerator.process_index  # ranks sample different rollouts
@@ -398,7 +399,6 @@ def main(args: Args) -> None:
     compiled = None  # --torch_compile: the decoding step and the packed training forward compiled (common/compile.py)
     if args.torch_compile:
         from common.compile import TorchCompile
-
         compiled = TorchCompile(log=log)
     if args.use_vllm:
         from common.vllm_backend import VLLMGenerator
@@ -485,7 +485,7 @@ def main(args: Args) -> None:
 
         # ================ verify: the reward reads prefix + continuation (PROS Sec. 3); the task's cut rule ==========
         whole = [prefixes[i // k] + c for i, c in enumerate(completions)]
-        texts = tokenizer.batch_decode(whole, skip_special_tokens=True)
+        texts = [tokenizer.decode(c, skip_special_tokens=True) for c in whole]  # (batch_decode([]) is [''])
         truncated = torch.tensor([reason == "length" for reason in gens.finish_reasons], dtype=torch.bool)
         scored = task.score(texts, [examples[i // k] for i in range(len(texts))], whole, truncated, step)
         rewards = torch.tensor(scored.total, dtype=torch.float32).view(-1, k)  # NaN: no function scored it
@@ -500,14 +500,12 @@ def main(args: Args) -> None:
         mask = scores["mask"]
         t_score = time.time() - t_score_start
         # --mask_truncated_completions: cut rollouts get no policy gradient (the critic still fits their returns)
-        policy_mask = mask * ~truncated[:, None] if args.mask_truncated_completions else mask
-        policy_mask = policy_mask * rated[:, None]
+        policy_mask = (mask * ~truncated[:, None] if args.mask_truncated_completions else mask) * rated[:, None]
         sampler_logp = right_align(gens.logprobs, mask.shape[1]) if any(gens.logprobs) else None
 
         # ================ [PROS] the tree: child candidates (Sec. 3); forget + observe, add, evict, Gibbs (Sec. 4) ===
-        # (from every rank's gathered outcomes, sorted, so the tree stays the same on every rank)
         children_created, gibbs_seconds = 0, 0.0  # [PROS] (also in PPO / GRPO: logged as 0)
-        if pros:  # [PROS]
+        if pros:  # [PROS] from every rank's gathered outcomes, sorted: the tree stays the same on every rank
             outcomes = []  # per group: (query index, successes, candidate child prefixes)
             for group, j in enumerate(my_queries):  # the candidates: cuts of the group's correct rollouts (if any)
                 rows = range(group * k, (group + 1) * k)
@@ -519,10 +517,9 @@ def main(args: Args) -> None:
                                               entropies, values, stop_ids, args.value_top_frac)
                 outcomes.append((j, float(correct[group].sum()), candidates))
             outcomes = sorted(gather_list(accelerator, outcomes))
-            rated_groups = rated.view(-1, k).sum(-1).tolist()  # trials: the rollouts given a reward
-            trials = dict(gather_list(accelerator, list(zip(my_queries, rated_groups))))
-            tree.observe([queries[j][2] for j, _, _ in outcomes], [s for _, s, _ in outcomes],
-                         [trials[j] for j, _, _ in outcomes], args.forget, step, args.forget_on)
+            rated_trials = dict(gather_list(accelerator, list(zip(my_queries, rated.view(-1, k).sum(-1).tolist()))))
+            tree.observe([queries[j][2] for j, _, _ in outcomes], [s for _, s, _ in outcomes],  # trials: rated rollouts
+                         [rated_trials[j] for j, _, _ in outcomes], args.forget, step, args.forget_on)
             for j, _, candidates in outcomes:  # every distinct new cut of a correct rollout (capped if asked)
                 children_created += tree.add_children(queries[j][0], candidates, step, args.prior_mu,
                                                       args.max_children_per_group)
@@ -536,8 +533,9 @@ def main(args: Args) -> None:
             token_rewards = torch.zeros_like(mask)
             token_rewards[:, -1] = rewards.flatten().nan_to_num(0.0)  # unrated rows: masked out below
             advantages, returns = gae_advantages(token_rewards, scores["value"], mask, args.gamma, args.gae_lambda)
-            rated_mask = mask * rated[:, None]
-            advantages = masked_whiten(advantages, rated_mask) if args.whiten_advantages else advantages * rated_mask
+            rated_mask = mask * rated[:, None]  # whitened over the rated rows' tokens only (global: all ranks)
+            advantages = (masked_whiten(advantages, rated_mask, accelerator) if args.whiten_advantages
+                          else advantages) * rated_mask
         else:  # GRPO: the group-normalised outcome advantage on every token of the rollout
             advantages = grpo_advantages(rewards).flatten()[:, None] * mask
 
@@ -548,8 +546,10 @@ def main(args: Args) -> None:
             order, parts = torch.randperm(num_rollouts).tolist(), args.num_minibatches
             for m in range(parts):
                 minibatch = order[m * num_rollouts // parts:(m + 1) * num_rollouts // parts]
-                policy_tokens, minibatch_tokens = (max(1.0, float(t[minibatch].sum())) for t in (policy_mask, mask))
-                surrogate_sum, clipped_sum, minibatch_kl = 0.0, 0.0, 0.0
+                # token means of the minibatch on every rank: DDP / FSDP average the ranks' gradients (see rank_mean)
+                policy_tokens, minibatch_tokens = (count / world or 1.0 for count in reduce_sums(accelerator, {
+                    "policy": float(policy_mask[minibatch].sum()), "all": float(mask[minibatch].sum())}).values())
+                surrogate_sum, clipped_sum, minibatch_kl, value_loss_sum = 0.0, 0.0, 0.0, 0.0
                 lengths = [len(prompts[i]) + len(completions[i]) for i in minibatch]  # --max_tokens_per_microbatch
                 for rows in micro_batches(len(minibatch), args.micro_batch_size, accelerator, model, lengths=lengths,
                                           max_tokens=args.max_tokens_per_microbatch):
@@ -578,7 +578,6 @@ def main(args: Args) -> None:
                 clip_fracs.append(clipped_sum / policy_tokens)
                 kl_sum += minibatch_kl if epoch == 0 else 0.0  # the on-policy epoch's KL is the one logged
                 if critic is not None:  # the critic: clipped value loss against the GAE returns, its own step
-                    value_loss_sum = 0.0
                     for rows in micro_batches(len(minibatch), args.micro_batch_size, accelerator, critic_model,
                                               lengths=lengths, max_tokens=args.max_tokens_per_microbatch):
                         ids = [minibatch[r] for r in rows]
@@ -608,9 +607,9 @@ def main(args: Args) -> None:
             "success": float(correct.sum()), "zero_var": float(zero_variance(rewards).sum()),
             "truncated": float(truncated.sum()), "gap_tok": float(mask.sum()) if sampler_logp is not None else 0.0,
             "gap_sum": float(((scores["logp"] - sampler_logp).abs() * mask).sum()) if sampler_logp is not None else 0.0,
-            # per-step means weighted by this rank's rollouts: the ratios below are rollout-weighted over ranks
-            "loss_sum": np.mean(policy_losses) * num_rollouts, "clip_sum": np.mean(clip_fracs) * num_rollouts,
-            "value_loss_sum": float(np.mean(value_losses)) * num_rollouts if value_losses else 0.0,
+            # this rank's parts of the global token means (their sum over ranks), averaged over the update's steps
+            "loss_sum": np.mean(policy_losses) / world, "clip_sum": np.mean(clip_fracs) / world,
+            "value_loss_sum": float(np.mean(value_losses)) / world if value_losses else 0.0,
             "kl_sum": kl_sum, "ent_sum": float((scores["ent"] * mask).sum()), "tok": float(mask.sum()),
             "t_gen": t_gen, "t_train": t_train,
         })
@@ -624,11 +623,11 @@ def main(args: Args) -> None:
             "frac_zero_var_groups": totals["zero_var"] / max(1.0, totals["groups"]),
             "completion_len_mean": totals["gen_tokens"] / samples,  # generated tokens (a child's prefix excluded)
             "clipped_ratio": totals["truncated"] / samples,  # completions cut by max_new_tokens
-            "loss": totals["loss_sum"] / samples,  # per-token clipped surrogate, mean over steps (module doc)
+            "loss": totals["loss_sum"],  # per-token clipped surrogate, mean over steps (module doc)
             "kl": totals["kl_sum"] / tokens, "entropy": totals["ent_sum"] / tokens,  # per completion token
             "grad_norm": float(np.mean(grad_norms)), "lr": scheduler.get_last_lr()[0],
             "time_gen_s": totals["t_gen"] / world, "time_train_s": totals["t_train"] / world,
-            "ppo_clip_frac": totals["clip_sum"] / samples,  # clipped tokens / tokens, mean over steps
+            "ppo_clip_frac": totals["clip_sum"],  # clipped tokens / tokens, mean over steps
             "sampler_logp_diff": totals["gap_sum"] / totals["gap_tok"] if totals["gap_tok"] else None,
         }
         gap = row["sampler_logp_diff"]  # None: not measured this step
@@ -637,7 +636,7 @@ def main(args: Args) -> None:
             log(f"warning: sampler_logp_diff {gap:.4f} >= --logp_diff_warn {args.logp_diff_warn}: "
                 "the generator does not sample from the policy being trained (stale weights, dtype, temperature?)")
         if critic is not None:
-            row["ppo_value_loss"] = totals["value_loss_sum"] / samples  # per-token value loss, mean over steps
+            row["ppo_value_loss"] = totals["value_loss_sum"]  # per-token value loss, mean over steps
         if pros:  # [PROS] mechanism metrics (from the gathered outcomes: the same on every rank)
             child_lens = [len(prefix) for _, prefix, _ in queries if prefix]
             picks = np.array([(*picked[j], wins) for j, wins, _ in outcomes if j >= num_stream], float).reshape(-1, 4)

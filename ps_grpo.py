@@ -61,7 +61,8 @@ from common.advantages import grpo_advantages, zero_variance
 from common.args import BaseArgs, Range
 from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler, fixed_scored, reward_moments, reward_sums
-from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
+from common.distributed import (GracefulStop, collective_timeout, end_processes, gather_list, gathered,
+                                micro_batches, my_slice, rank_mean, reduce_sums)
 from common.episode import Episode
 from common.generation import HFGenerator, SamplingConfig, end_token_ids
 from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
@@ -343,13 +344,13 @@ def evaluate_episodes(generator, tokenizer, encode, examples: list, args: Args, 
     return pass_metrics([c for c, _ in counts], samples, [t for _, t in counts])
 
 
-def ps_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, n_tok: int,
+def ps_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, n_tok: float,
             eps_low: float, eps_high: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-level GRPO clipped surrogate over tokens with mask 1 (DAPO token mean over the batch's n_tok),
+    """Token-level GRPO clipped surrogate over tokens with mask 1 (DAPO token mean: n_tok, the batch's tokens per rank),
     and the number of clipped tokens. [PS] Prefix masking: replayed prefix tokens (and observations) have
     mask 0, so they get no gradient."""
     per_token, clipped = clipped_surrogate(logp, old_logp, adv[:, None], eps_low, eps_high)
-    return (per_token * mask).sum() / max(1, n_tok), (clipped * mask).sum()
+    return (per_token * mask).sum() / (n_tok or 1), (clipped * mask).sum()
 
 
 def main(args: Args) -> None:
@@ -360,7 +361,8 @@ def main(args: Args) -> None:
     check_tracker(args.report_to)
     args.output_dir = args.output_dir or f"runs/ps_grpo-seed{args.seed}"
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), project_dir=args.output_dir,
-                              log_with=None if args.report_to == "none" else args.report_to)
+                              log_with=None if args.report_to == "none" else args.report_to,
+                              kwargs_handlers=collective_timeout(args.collective_timeout))  # one line on expiry
     device, world = accelerator.device, accelerator.num_processes
     log = lambda msg: print(msg, flush=True) if accelerator.is_main_process else None  # noqa: E731  (once a run)
     rank_seed = args.seed + accelerator.process_index  # ranks sample different rollouts
@@ -492,7 +494,7 @@ def main(args: Args) -> None:
         dropped = len(queue) - n_prefix  # dynamic on-policy: prefix tasks are never carried over
         tasks = queue[:n_prefix] + [{"id": i, "cat": None, "steps": []}
                                     for i in sampler.next_ids(args.prompts_per_step - n_prefix)]
-        tasks = my_slice(tasks, accelerator)
+        tasks = my_slice(tasks, accelerator)  # strided: every rank gets prefix and fresh tasks
         examples, prefixes = [train[task["id"]] for task in tasks], [task["steps"] for task in tasks]
         prompts = [encode(example.prompt) for example in examples]
 
@@ -509,7 +511,7 @@ def main(args: Args) -> None:
 
         # ================ verify: the environment's or the task's reward of the whole text; a cut rollout gets 0 ==
         scored = fixed_scored([ep.reward for ep in episodes], clipped, args.success_reward) if args.multiturn else \
-            text_task.score(tokenizer.batch_decode([ep.ids for ep in episodes], skip_special_tokens=True),
+            text_task.score([tokenizer.decode(ep.ids, skip_special_tokens=True) for ep in episodes],
                             [examples[ep.group] for ep in episodes], [ep.ids for ep in episodes], clipped, step)
         for episode, total in zip(episodes, scored.total):
             episode.reward = total  # cut: 0 under the built-in rewards; NaN: no function scored it (advantage 0)
@@ -534,9 +536,9 @@ def main(args: Args) -> None:
             cap = args.remaining_cap if category == "hard" else args.prefix_cap
             steps = prefix_steps(len(source.steps), mode, controllers[category].ratio, cap)
             if steps is not None:
-                new_tasks.append({"id": task["id"], "cat": category, "steps": source.steps[:steps],
-                                  "T": len(source.steps), "ratio": controllers[category].ratio})  # for `attributed`
-        new_tasks = gather_list(accelerator, new_tasks)  # every rank keeps the same queue
+                new_tasks.append((group * world + accelerator.process_index, {"id": task["id"], "cat": category,
+                    "steps": source.steps[:steps], "T": len(source.steps), "ratio": controllers[category].ratio}))
+        new_tasks = [new for _, new in sorted(gather_list(accelerator, new_tasks))]  # by place in the batch (my_slice)
 
         # ================ advantages: GRPO r - mean (appendix, Perspective 2; --scale_advantages: / std);
         #                  rejection sampling drops groups whose rollouts all fail or all pass (DeepSWE baseline) ====
@@ -547,7 +549,7 @@ def main(args: Args) -> None:
         trained = [episodes[i] for i in rows]
         masks = [[0] * len(episodes[i].mask) if args.mask_truncated_completions and clipped[i] else episodes[i].mask
                  for i in rows]  # --mask_truncated_completions: rollouts cut by a length limit get no gradient
-        n_tokens = sum(map(sum, masks))
+        n_tokens = rank_mean(accelerator, sum(map(sum, masks)))  # the DAPO token mean over the whole batch
 
         # ================ update: clipped surrogate on generated tokens only (a replayed prefix has mask 0) ========
         t_train_start = time.time()
@@ -564,7 +566,7 @@ def main(args: Args) -> None:
             loss, clipped_tokens = ps_loss(logp, old_logp, trained_advantages[batch_rows], mask, n_tokens,
                                            args.eps_low, args.eps_high)
             accelerator.backward(loss)
-            sums["loss_sum"] += loss.item() * max(1, n_tokens)  # back to a sum: normalised over ranks below
+            sums["loss_sum"] += loss.item() * (n_tokens or 1)  # back to a sum: normalised over ranks below
             sums["ent_sum"] += (entropy * mask).sum().item()
             sums["tok"] += mask.sum().item()
             sums["clip_sum"] += clipped_tokens.item()

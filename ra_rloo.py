@@ -51,7 +51,8 @@ from common.advantages import zero_variance
 from common.args import BaseArgs, Range
 from common.cli import parse_args
 from common.data import PromptEncoder, PromptSampler, reward_moments, reward_sums
-from common.distributed import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
+from common.distributed import (GracefulStop, collective_timeout, end_processes, gather_list, gathered,
+                                micro_batches, my_slice, reduce_sums)
 from common.generation import HFGenerator, SamplingConfig, end_token_ids
 from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
 from common.logprobs import score_completions, token_logprobs
@@ -182,7 +183,8 @@ def main(args: Args) -> None:
     if args.reward == "auto":  # [RA-RLOO setup] the paper trains on {0, 0.1, 1}; real datasets have a binary verifier
         args.reward = "tinyzero" if args.dataset == "countdown" else "binary"
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), project_dir=args.output_dir,
-                              log_with=None if args.report_to == "none" else args.report_to)
+                              log_with=None if args.report_to == "none" else args.report_to,
+                              kwargs_handlers=collective_timeout(args.collective_timeout))  # one line on expiry
     device, world = accelerator.device, accelerator.num_processes
     log = lambda msg: print(msg, flush=True) if accelerator.is_main_process else None  # noqa: E731  (once a run)
     rank_seed = args.seed + accelerator.process_index  # ranks sample different rollouts
@@ -307,7 +309,7 @@ def main(args: Args) -> None:
         completions = [list(c) for c in gens.completion_ids]
 
         # ================ verify (a cut completion: the built-in rewards give 0, --reward_funcs their total) ======
-        texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
+        texts = [tokenizer.decode(c, skip_special_tokens=True) for c in completions]  # (batch_decode([]) is [''])
         truncated = torch.tensor([reason == "length" for reason in gens.finish_reasons])
         scored = task.score(texts, [examples[i // args.k] for i in range(len(texts))], completions, truncated, step)
         rewards = torch.tensor(scored.total).view(-1, args.k).float()  # NaN: no function scored it
@@ -333,7 +335,7 @@ def main(args: Args) -> None:
         # ================ update: REINFORCE with the LOO baseline + k3 KL to the reference ================
         t_train_start = time.time()
         flat_prompts = [p for p in prompts for _ in range(args.k)]
-        normaliser = max(1, len(completions)) * args.max_new_tokens  # constant: no length bias
+        normaliser = args.prompts_per_step * args.k / world * args.max_new_tokens  # constant: no length bias (per rank)
         sums = {"loss_sum": 0.0, "kl_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "w_sum": 0.0, "w_n": 0.0,
                 "gap_sum": 0.0, "gap_tok": 0.0}
         is_weights = torch.ones(len(completions))  # [RA-RLOO] (also in RLOO: all 1) per row, for the sample log

@@ -1,6 +1,8 @@
 """Group-relative advantages. `rewards` is [num_groups, group_size] (one row per prompt)."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -56,9 +58,14 @@ def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tens
     return adv, (adv + values) * (mask > 0)
 
 
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """Zero mean, unit std over the masked entries; masked-out entries become 0."""
-    count = mask.sum().clamp(min=1)
-    mean = (values * mask).sum() / count
-    var = (((values - mean) * mask) ** 2).sum() / count
-    return (values - mean) / (var.sqrt() + eps) * mask
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, accelerator=None, eps: float = 1e-8) -> torch.Tensor:
+    """Zero mean, unit std over the masked entries; masked-out entries become 0. With `accelerator` the mean and std
+    are those of the whole batch, every process's rows (its sums reduced over ranks), as one process computes them."""
+    from common.distributed import reduce_sums
+
+    reduce = (lambda sums: reduce_sums(accelerator, sums)) if accelerator is not None else (lambda sums: sums)
+    sums = reduce({"sum": float((values * mask).sum()), "count": float(mask.sum())})
+    count = max(1.0, sums["count"])
+    mean = sums["sum"] / count
+    var = reduce({"sq": float((((values - mean) * mask) ** 2).sum())})["sq"] / count
+    return (values - mean) / (math.sqrt(var) + eps) * mask

@@ -66,7 +66,8 @@ class BaseArgs:
     max_steps: Annotated[int, Range(1)] = 300
     """number of policy updates (one batch of prompts each)"""
     prompts_per_step: Annotated[int, Range(1)] = 32
-    """prompts per step across all processes (split evenly between ranks)"""
+    """prompts per step across all processes (every rank takes every world-th one; with fewer prompts than processes
+    the ranks without one idle through the step)"""
     eval_every: Annotated[int, Range(0, zero="only at the start and end")] = 50
     """evaluate on the held-out set every N steps"""
     eval_prompts: Annotated[int, Range(1)] = 256
@@ -163,6 +164,10 @@ class BaseArgs:
     fsdp: bool = False
     """shard the policy, the reference and the critic over the processes with FSDP2 (one unit per decoder layer):
     each rank keeps 1/world of the weights, gradients and AdamW state; checkpoints still hold full fp32 weights"""
+    collective_timeout: Annotated[int, Range(1)] = 1800
+    """seconds a collective (gradient all-reduce, gather, metric sums) may wait for the other processes before every
+    rank stops with one line naming the step and phase (a stalled or dead process; the last checkpoint stays
+    whole): far longer than a step ever takes"""
     lora_r: Annotated[int, Range(0, zero="full fine-tuning")] = 0
     """LoRA rank (needs peft). Only the adapters train, the reference policy is the same model with the adapters off,
     vLLM gets merged weights, checkpoints save the adapter"""

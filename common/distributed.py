@@ -1,21 +1,40 @@
 """Multi-process helpers: this rank's share of a batch, sums and lists over ranks, micro-batches whose gradient
-all-reduce happens once, whole weights of FSDP-sharded models for generation, and a graceful stop on SIGINT /
-SIGTERM that every rank agrees on, and an end of the process group that exits cleanly."""
+all-reduce happens once (every rank joining it whatever its share), whole weights of FSDP-sharded models for
+generation, a graceful stop on SIGINT / SIGTERM that every rank agrees on, one line for a collective that timed out,
+and an end of the process group that exits cleanly."""
 from __future__ import annotations
 
 import contextlib
+import linecache
+import os
 import signal
 import sys
 import time
+from datetime import timedelta
+from pathlib import Path
 
 import torch
 from torch.distributed.fsdp import FSDPModule
+from torch.nn.parallel import DistributedDataParallel
 
 
-def my_slice(items: list, accelerator) -> list:
-    """This rank's contiguous share of a global list (shares differ by at most one item)."""
-    num, world, rank = len(items), accelerator.num_processes, accelerator.process_index
-    return items[rank * num // world:(rank + 1) * num // world]
+def my_indices(num: int, accelerator) -> list[int]:
+    """The positions of this rank's share of a global list of `num` items: every world-th one from its rank on
+    (shares differ by at most one item). Strided, not contiguous: a batch that puts one kind of row first (prefix
+    tasks, stream queries) gives every rank its part of each kind, as one process would see them."""
+    return list(range(accelerator.process_index, num, accelerator.num_processes))
+
+
+def my_slice(items, accelerator) -> list:
+    """This rank's share of a global list (`my_indices`)."""
+    return [items[i] for i in my_indices(len(items), accelerator)]
+
+
+def rank_mean(accelerator, value: float) -> float:
+    """The mean over ranks of a per-rank count (its global sum / the number of ranks). DDP and FSDP average the
+    ranks' gradients, so a rank's loss sum divided by this is, after that average, the global sum over the global
+    count: the same objective on any number of processes, whatever each rank's share of rows (zero included)."""
+    return reduce_sums(accelerator, {"value": value})["value"] / accelerator.num_processes
 
 
 def reduce_sums(accelerator, sums: dict[str, float]) -> dict[str, float]:
@@ -74,26 +93,26 @@ def micro_batches(num_rows: int, size: int, accelerator, model, peers=(), length
     """Yield the row indices of each micro-batch (`size` rows, or with `max_tokens` > 0 as many rows as fit that many
     of their `lengths` tokens); the loop body runs the forward and `backward`. Under DDP the all-reduce is skipped
     (`no_sync`) on all but the last, so gradients are summed locally and synced once. With no rows nothing is
-    yielded and a zero loss is back-propagated here, so the rank still joins that all-reduce (the optimizer then
-    steps on zero gradients, as on every rank: Adam's momentum carries on). Under `--fsdp` every rank runs the same
-    number of micro-batches (`common.fsdp.sharded_micro_batches`; `peers`: the sharded frozen models the body also
-    runs, e.g. the reference), also under no_grad (scoring: no backward, the layers gathered one at a time)."""
+    yielded. A wrapped model (DDP or `--fsdp`) communicates in its forwards (DDP: buffer broadcasts; FSDP:
+    all-gathers) and backward, so every rank runs the same number of micro-batches, the largest rank's (at least
+    one; `common.fsdp.sharded_micro_batches`): a rank with fewer rows, or none, makes zero-weight passes through
+    `model` (and `peers`, the sharded frozen models the body also runs, e.g. the reference: FSDP only) for the rest.
+    Also under no_grad (scoring: no backward; FSDP gathers one layer at a time). An unwrapped model (one process,
+    or no-grad scoring through the bare policy under DDP) runs only its own micro-batches; with none, a zero loss
+    is back-propagated here (grad mode), so the optimizer steps on zero gradients as every rank of several
+    processes does then (Adam's momentum carries on)."""
     starts = token_budget_cuts(lengths, max_tokens) if max_tokens > 0 else list(range(0, num_rows, size))
     chunks = [list(range(start, end)) for start, end in zip(starts, starts[1:] + [num_rows])]
-    if isinstance(model, FSDPModule):
+    if isinstance(model, FSDPModule) or (accelerator.num_processes > 1 and isinstance(model, DistributedDataParallel)):
         from common.fsdp import sharded_micro_batches
 
-        yield from sharded_micro_batches(chunks, accelerator, model, peers)
+        # Joining by zero-weight passes rather than DDP's join(): one mechanism for DDP and FSDP (whose forwards
+        # all-gather, which join() does not shadow), every collective runs as usual, and a pass costs one token.
+        yield from sharded_micro_batches(chunks, accelerator, model, peers if isinstance(model, FSDPModule) else ())
         return
-    if not chunks:
-        if torch.is_grad_enabled():  # (no-grad scoring has no all-reduce to join)
-            accelerator.backward(sum(p.sum() * 0.0 for p in model.parameters() if p.requires_grad))
-        return
-    for i, rows in enumerate(chunks):
-        last = i == len(chunks) - 1
-        sync = contextlib.nullcontext() if last or accelerator.num_processes == 1 else accelerator.no_sync(model)
-        with sync:
-            yield rows
+    if not chunks and torch.is_grad_enabled():  # zero gradients: the optimizer steps as a rank of several would
+        accelerator.backward(sum(p.sum() * 0.0 for p in model.parameters() if p.requires_grad))
+    yield from chunks
 
 
 def gathered(*models, enabled: bool = True):
@@ -166,3 +185,59 @@ def end_processes(accelerator, settle_s: float = 0.2) -> None:
         time.sleep(settle_s)
     accelerator.end_training()
     release_all()
+
+
+def collective_timeout(seconds: int) -> list:
+    """`Accelerator(kwargs_handlers=...)` for a process group whose collectives give up after `seconds`
+    (--collective_timeout), and a `sys.excepthook` for what a rank raises then: one line naming the step and the
+    phase (`timeout_line`) and exit status 1, not a traceback per rank (any other error, or one process, keeps its
+    traceback). The exit skips the interpreter's teardown, which would wait on the broken group; a checkpoint is
+    written to a temporary folder and renamed whole, so the last one stays whole."""
+    from accelerate.utils import InitProcessGroupKwargs
+
+    previous = sys.excepthook
+
+    def hook(kind, error, trace):
+        if int(os.environ.get("WORLD_SIZE", "1")) < 2 or not _is_collective_error(error):
+            return previous(kind, error, trace)
+        # the process's own stderr: torch.distributed's hook, installed over this one with the group, calls it with
+        # sys.stderr swapped for a buffer that it prints only after this hook returns, and this hook does not return
+        print(timeout_line(error, trace, seconds), file=sys.__stderr__, flush=True)
+        sys.stdout.flush()
+        from common.folder_lock import release_all
+
+        release_all(every_thread=True)
+        os._exit(1)
+
+    sys.excepthook = hook
+    return [InitProcessGroupKwargs(timeout=timedelta(seconds=seconds))]
+
+
+def _is_collective_error(error: BaseException) -> bool:
+    """A collective that timed out, or whose peer left (gloo, NCCL's blocking wait, the store)."""
+    if isinstance(error, torch.distributed.DistError):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(
+        mark in text for mark in ("Timed out", "timed out", "Connection closed by peer", "Connection reset by peer",
+                                  "gloo", "NCCL", "Broken pipe"))
+
+
+def timeout_line(error: BaseException, trace, seconds: int) -> str:
+    """One line for a collective that failed: the rank, the step (the `step` of the method script's main, or
+    set-up before its loop), the phase (the script's line that was running, with its source, and the innermost
+    line of this project's code that was waiting) and what to do."""
+    root, step, lines = Path(__file__).resolve().parents[1], None, []
+    while trace is not None:
+        frame, path = trace.tb_frame, Path(trace.tb_frame.f_code.co_filename).resolve()
+        if path.is_relative_to(root) and path.parent.name != "tests":
+            source = linecache.getline(str(path), trace.tb_lineno).strip()
+            lines.append(f"{path.relative_to(root)}:{trace.tb_lineno} `{source[:60]}`")
+            if frame.f_code.co_name == "main" and "step" in frame.f_locals:
+                step, lines = frame.f_locals["step"], lines[-1:]
+        trace = trace.tb_next
+    where = lines[0] + (f", waiting in {lines[-1]}" if len(lines) > 1 else "") if lines else "?"
+    return (f"rank {os.environ.get('RANK', '0')}: step {step if step is not None else '(set-up)'}, phase {where}: a "
+            f"collective waited longer than --collective_timeout {seconds} s or a peer process left "
+            f"({type(error).__name__}); stopping. Another rank is stalled or gone; the last checkpoint is whole: "
+            "continue with --resume auto")

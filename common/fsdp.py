@@ -69,11 +69,13 @@ def whole_weights(models: list):
 
 
 def sharded_micro_batches(chunks: list[list[int]], accelerator, model, peers=()):
-    """`micro_batches` under FSDP, where every forward all-gathers: all ranks run the largest rank's number of
-    micro-batches (at least one), a rank with fewer making zero-weight passes (`dummy_pass`) through `model` and
-    `peers` (the sharded models the loop body also runs, in that order); gradients reduce-scatter once, in the last
-    one. Under no_grad (scoring) each root is freed after its forward too (FSDP keeps a root whole for the backward,
-    and none follows), so one model's root and one layer are whole at a time."""
+    """`micro_batches` for a wrapped model (FSDP, whose every forward all-gathers, or DDP, whose forwards broadcast
+    buffers): all ranks run the largest rank's number of micro-batches (at least one), a rank with fewer making
+    zero-weight passes (`dummy_pass`) through `model` and `peers` (the sharded models the loop body also runs, in
+    that order); gradients are reduced once, in the last one. Under no_grad (scoring) each FSDP root is freed after
+    its forward too (FSDP keeps a root whole for the backward, and none follows), so one model's root and one layer
+    are whole at a time."""
+    sharded = isinstance(model, FSDPModule)
     roots = [net for net in (model, *peers) if isinstance(net, FSDPModule)] if not torch.is_grad_enabled() else []
     for root in roots:
         root.set_reshard_after_forward(True, recurse=False)
@@ -82,11 +84,13 @@ def sharded_micro_batches(chunks: list[list[int]], accelerator, model, peers=())
         dist.all_reduce(counts, op=dist.ReduceOp.MAX)
     total = max(1, int(counts.item()))
     for i in range(total):
-        model.set_requires_gradient_sync(i == total - 1)
-        if i < len(chunks):
-            yield chunks[i]
-        else:
-            dummy_pass(model, peers)
+        if sharded:
+            model.set_requires_gradient_sync(i == total - 1)
+        with contextlib.nullcontext() if sharded or i == total - 1 else accelerator.no_sync(model):
+            if i < len(chunks):
+                yield chunks[i]
+            else:
+                dummy_pass(model, peers)
     for root in roots:
         root.set_reshard_after_forward(False, recurse=False)  # a root's default: kept whole from forward to backward
 
@@ -162,7 +166,7 @@ def dummy_pass(model, peers=()) -> None:
     batch = pad_sequences([[0]], [[0]], 0).to(device)
 
     def forward(module):
-        if getattr(module, "config", None) is None:  # pros_ppo.py's critic: takes a Batch
+        if getattr(getattr(module, "module", module), "config", None) is None:  # pros_ppo.py's critic (or its DDP)
             return module(batch)
         return module(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
 

@@ -36,7 +36,7 @@ SHAPE = ("fsdp", "lora_r", "lora_target_modules")  # flags that shape a checkpoi
 SAME_RUN = ("output_dir", "resume", "overwrite_output_dir", "config", "accept_changed_flags",
             "discard_later_checkpoints")  # how a command reaches the run, not what it computes: not recorded
 FREE = ("max_steps", "eval_every", "save_every", "keep_checkpoints", "log_samples_every", "log_samples_per_kind",
-        "report_to", "num_threads", "lora_merged_export")  # the run's length and logging: change freely (recorded)
+        "report_to", "num_threads", "lora_merged_export", "collective_timeout")  # length, logging, patience: free
 
 
 def claim_output_dir(args, accelerator, log=print) -> None:

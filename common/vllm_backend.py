@@ -235,6 +235,8 @@ class VLLMGenerator:
             raise RuntimeError("VLLMGenerator.generate() after sleep() without a weight push: sleep level 2 discarded "
                                "the engine's weights; call sync_weights(policy) first")
         self._wake_up(("kv_cache",))
+        if not prompt_ids:  # a rank without a prompt this step (fewer prompts than processes): no request to make
+            return Generations(prompt_ids=[], completion_ids=[], logprobs=[], finish_reasons=[], n=n)
         outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], params, use_tqdm=False)
 
         completion_ids, logprobs, reasons = [], [], []

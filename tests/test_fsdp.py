@@ -158,8 +158,8 @@ def test_fsdp_pros_ppo_scores_sharded_as_the_whole_weights_do(tiny_base, tmp_pat
     # The no-grad scoring pass (old log-probs, entropies, values, reference log-probs) runs sharded: no model ever has
     # all its units gathered (the root, the running layer and one prefetched are allowed), the models in turn (each
     # root freed after its forward, none left gathered after scoring), the scores equal those of the whole weights,
-    # and so do the weights after 2 steps. 5 queries over 2 ranks (8 and 12 rollouts, micro-batches of 8): rank 0
-    # joins rank 1's second scoring pass with a dummy one. One launch, three runs: PPO+PROS, the same with scoring
+    # and so do the weights after 2 steps. 5 queries over 2 ranks (12 and 8 rollouts, micro-batches of 8): rank 1
+    # joins rank 0's second scoring pass with a dummy one. One launch, three runs: PPO+PROS, the same with scoring
     # under gathered(...) (the spy must see that), and --adv grpo; all with a reference (--kl_coef).
     flags = ["--model_name_or_path", tiny_base, "--prompt_pool", "48", "--prompts_per_step", "5", "--eval_prompts",
              "4", "--eval_samples", "2", "--micro_batch_size", "8", "--num_threads", "1", "--eval_every", "0",
@@ -179,7 +179,7 @@ def test_fsdp_pros_ppo_scores_sharded_as_the_whole_weights_do(tiny_base, tmp_pat
             assert set(spy["diff"]) == scores, spy
             assert set(spy["after"].values()) == {0}, spy  # the roots, kept gathered by FSDP after a forward, released
             assert max(spy["diff"].values()) <= 1e-5, spy
-        assert [spy["dummy_passes"] for spy in spies[name]] == [2, 0]  # one per scoring call, policy then its peers
+        assert [spy["dummy_passes"] for spy in spies[name]] == [0, 2]  # one per scoring call, policy then its peers
     for spy in spies["gathered"]:  # whole models gathered: the spy sees it
         assert all(spy["peak"][model] == units for model, units in spy["units"].items()), spy
     from safetensors.torch import load_file

@@ -1,0 +1,155 @@
+"""One update on 1 and on 2 CPU processes (gloo) from the same rollouts: the same gradient, for each script; a rank
+with no rows (fewer prompts than processes) idles through the step; a stalled rank stops the run with one line."""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import ROOT, run_script
+
+# two-process launches share accelerate's default rendezvous port: one at a time (pytest-xdist group)
+pytestmark = pytest.mark.xdist_group("distributed")
+LAUNCH = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+          "--mixed_precision", "no", "--dynamo_backend", "no"]
+COMMON = ["--prompt_pool", "24", "--eval_prompts", "2", "--eval_samples", "1", "--eval_every", "0",
+          "--eval_train_prompts", "0", "--num_threads", "1", "--max_new_tokens", "24", "--learning_rate", "1e-6",
+          "--warmup_steps", "0", "--save_every", "0"]
+# Each case: its flags. Two steps where the batch holds two kinds of rows from step 2 on (ps_grpo: prefix tasks
+# after fresh ones; pros_ppo: stream and pool queries); an odd --prompts_per_step, so the ranks' shares differ; and
+# micro-batches of 4 rows, so the ranks run different numbers of them.
+CASES = {
+    "ra_rloo": ["ra_rloo.py", "--prompts_per_step", "5", "--k", "4", "--reward", "binary"],
+    "ps_grpo": ["ps_grpo.py", "--mode", "text", "--prompts_per_step", "9", "--n", "4", "--max_prefix_frac", "0.5"],
+    "pros_ppo": ["pros_ppo.py", "--prompts_per_step", "5", "--k", "4", "--ppo_epochs", "1", "--num_minibatches", "1",
+                 "--fresh_frac", "0.5"],
+    "ada_seq": ["ada_seq.py", "--prompts_per_step", "5", "--max_rounds", "2", "--round_repeat", "4"],
+    "ada_est": ["ada_est.py", "--prompts_per_step", "5"],
+}
+STEPS = {"ra_rloo": 1, "ps_grpo": 2, "pros_ppo": 2, "ada_seq": 1, "ada_est": 1}
+
+
+def _harness_main(plan: str) -> None:
+    """This file run as a script (one process, or each rank of `accelerate launch`): each (name, args[, stall]) of
+    `plan` is one main() whose rollouts do not depend on the rank or the batch they are sampled in (each prompt's k
+    samples are drawn alone, seeded by the prompt's tokens, the optimizer steps so far and how often this process
+    sampled it since, so a prompt gives the same rollouts on whichever rank holds it); `random`'s draws that pick
+    rollouts (ps_grpo's prefix source, ada_seq's downsampling) take the first ones, not a rank-seeded draw. Every
+    optimizer step's gradient is saved, as rank 0 has it (the all-reduce made them equal)."""
+    import random
+
+    from accelerate.state import AcceleratorState
+
+    from common import generation
+    from common.cli import parse_args
+
+    generate, seen, grads = generation.HFGenerator.generate, {}, []
+
+    def per_prompt(self, prompt_ids, n, cfg):
+        if stall and int(os.environ.get("RANK", "0")) == stall[0] and len(grads) == stall[1]:
+            time.sleep(stall[2])  # this rank stalls (once) in the generation after that many optimizer steps
+            stall.clear()
+        parts = []
+        for prompt in prompt_ids:
+            key = (tuple(prompt), n, len(grads))  # the optimizer steps so far: the same on every rank
+            seen[key] = seen.get(key, 0) + 1
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(hash((key, seen[key])) % 2 ** 31)  # a tuple of ints hashes the same in every run
+                parts.append(generate(self, [prompt], n, cfg))
+        return generation.Generations(
+            [p for part in parts for p in part.prompt_ids], [c for part in parts for c in part.completion_ids],
+            [lp for part in parts for lp in part.logprobs], [f for part in parts for f in part.finish_reasons], n)
+
+    def record(optimizer, *_):
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        grads.append(torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().flatten().double()
+                                for p in params]))
+
+    generation.HFGenerator.generate = per_prompt
+    random.choice, random.sample = (lambda items: items[0]), (lambda items, count: list(items)[:count])
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    register_optimizer_step_pre_hook(record)
+    for i, (name, argv, *stall) in enumerate(json.loads(plan)):
+        stall = stall[0] if stall else []  # [rank, optimizer steps before it, seconds]
+        if i and "RANK" in os.environ:  # main() destroyed its process group: the next one meets on the next port
+            AcceleratorState._reset_state(True)
+            os.environ.update(MASTER_PORT=str(int(os.environ["MASTER_PORT"]) + 1), TORCHELASTIC_USE_AGENT_STORE="0")
+        seen.clear()
+        grads.clear()
+        module = __import__(Path(argv[0]).stem)
+        args = parse_args(module.Args, argv[1:])
+        module.main(args)
+        if os.environ.get("RANK", "0") == "0":
+            torch.save(grads, Path(args.output_dir) / "grads.pt")
+
+
+def _plan(tiny_base, tmp_path, tag, extra=(), steps=None, per_step=None):
+    return [(name, [*flags, "--model_name_or_path", tiny_base, *COMMON, "--max_steps", str(steps or STEPS[name]),
+                    *extra, *(["--prompts_per_step", str(per_step)] if per_step else []),
+                    *(ALONE.get(name, []) if per_step else []), "--output_dir", str(tmp_path / f"{tag}-{name}")])
+            for name, flags in CASES.items()]
+
+
+# --prompts_per_step 1 on 2 processes: rank 1 has no rows (ada_seq through DAPO's filter and trim); 16 samples, so
+# that the one prompt's group has a signal in every script (with the first prompt of --seed 0)
+ALONE = {"ps_grpo": ["--n", "16"], "pros_ppo": ["--k", "16"],
+         "ada_seq": ["--dynamic_sampling", "--max_dynamic_rounds", "0", "--max_rounds", "1", "--round_repeat", "16",
+                     "--final_keep_per_prompt", "16"]}
+
+
+def test_one_update_has_the_same_gradient_on_one_and_two_processes(tiny_base, tmp_path):
+    # One launch per process count, every script in each: two steps where the ranks' shares differ (ps_grpo with
+    # prefix tasks, pros_ppo with stream and pool queries), then one step of a single prompt (rank 1 trains nothing,
+    # so the update must be rank 0's rows alone, as on one process). Without the global token counts, whitening
+    # statistics and strided batch, the gradients differ by 1-20%; without every rank joining every collective,
+    # the launch hangs until the timeout below.
+    mb = ["--micro_batch_size", "4"]
+    one = _plan(tiny_base, tmp_path, "one", mb) + _plan(tiny_base, tmp_path, "alone1", mb, 1, 1)
+    layout = _plan(tiny_base, tmp_path, "layout", ["--micro_batch_size", "64"])
+    two = _plan(tiny_base, tmp_path, "two", mb) + _plan(tiny_base, tmp_path, "alone2", mb, 1, 1)
+    # last in the launch: rank 1 sleeps 10 s in step 2's generation, past a 5 s --collective_timeout
+    stalled = tmp_path / "stalled"
+    stall = ("ra_rloo", [*CASES["ra_rloo"], "--model_name_or_path", tiny_base, *COMMON, *mb, "--max_steps", "3",
+                         "--save_every", "1", "--collective_timeout", "5", "--output_dir", str(stalled)], [1, 1, 10])
+    me = str(Path(__file__).relative_to(Path(__file__).parents[1]))
+    run_script([me, json.dumps(one + layout)], timeout=600)
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    launch = subprocess.run([sys.executable, *LAUNCH, me, json.dumps([*two, stall])], cwd=ROOT,
+                            capture_output=True, text=True, timeout=600, env=env)
+    output = launch.stdout + launch.stderr
+    assert launch.returncode != 0, output[-3000:]
+    # every rank stops with one line naming the step and the phase, and no traceback of ours
+    stops = re.findall(r"rank (\d): step (\S+), phase (.*?): a collective waited longer than --collective_timeout 5 s",
+                       output)
+    assert sorted((rank, step) for rank, step, _ in stops) == [("0", "2"), ("1", "2")], output[-5000:]
+    assert all("ra_rloo.py:" in phase for _, _, phase in stops), stops
+    assert not re.search(r'File ".*(ra_rloo|common/\w+)\.py"', output), output[-5000:]
+    from common.checkpoint import list_checkpoints
+
+    assert [path.name for path in list_checkpoints(str(stalled))] == ["checkpoint-1"]  # whole: its files are all there
+    assert all((stalled / "checkpoint-1" / name).is_file() for name in ("model.safetensors", "trainer_state.pt"))
+    for name in CASES:
+        grads = {tag: torch.load(tmp_path / f"{tag}-{name}" / "grads.pt") for tag in ("one", "layout", "two")}
+        assert len(grads["one"]) == len(grads["layout"]) == len(grads["two"]) >= STEPS[name], name
+        for step, (ref, other, dist) in enumerate(zip(grads["one"], grads["layout"], grads["two"])):
+            # the float noise of this very gradient: one process, another micro-batch layout (other padding widths
+            # and summation order), x10, and at least 1e-6 of its norm
+            noise = float((other - ref).norm()) / float(ref.norm())
+            assert noise < 1e-3, (name, step, noise)
+            bound = (10 * noise + 1e-6) * float(ref.norm())
+            assert float((dist - ref).norm()) <= bound, (name, step, float((dist - ref).norm()), bound)
+        alone = [torch.load(tmp_path / f"{tag}-{name}" / "grads.pt") for tag in ("alone1", "alone2")]
+        assert len(alone[0]) == len(alone[1]) >= 1, name
+        for ref, dist in zip(*alone):  # the update of rank 0's rows alone (a zero norm: the group had no signal)
+            assert float(ref.norm()) > 0, (name, "alone: a group without signal, choose another prompt")
+            assert float((dist - ref).norm()) <= (10 * noise + 1e-6) * float(ref.norm()), (name, "alone")
+
+
+if __name__ == "__main__":
+    _harness_main(sys.argv[1])
