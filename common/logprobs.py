@@ -1,6 +1,13 @@
-"""Per-token log-probs and entropies of the completion region: the model returns logits only there
-(`logits_to_keep`), and log p(token) = logit[token] - logsumexp(logits) is computed a chunk of positions at a
-time, so no float32 copy of the whole [B, R, V] tensor is made. Entropy comes from the same chunks.
+"""Per-token log-probs and entropies of the completion region, log p(token) = logit[token] - logsumexp(logits),
+computed a chunk of tokens at a time by `ChunkedLogProbs`, which keeps for backward only its input (the hidden
+states before the output head, or the logits where the head cannot be applied here) and recomputes each chunk's
+float32 logits and softmax in backward. What autograd keeps for this step is then H (hidden width) values per token,
+not the 4 x V bytes (8 x V with the entropy bonus) that a float32 softmax kept per chunk would hold until backward.
+
+With gradient enabled and a plain linear head (`head_of`), the model is asked for its last hidden states
+(`output_hidden_states`) and no logits at all, and the head runs here one chunk at a time: no [tokens, V] tensor
+exists at any point. Otherwise (no gradient, a LoRA'd or sharded head, a head with a softcap, the compiled packed
+forward) the model's logits are the input, kept for backward in the model's dtype.
 """
 from __future__ import annotations
 
@@ -8,54 +15,158 @@ import torch
 
 from common.masking import Batch, pad_sequences, unpad_completion
 
+CHUNK_TOKENS = 1024  # tokens per chunk: a few float32 [chunk, V] temporaries (0.6 GB each at V = 152k)
+# model types whose output head is a plain linear map of the last hidden state (no softcap or logit scale)
+PLAIN_HEADS = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def _chunk_logits(inputs: torch.Tensor, weight, bias, dtype, temperature: float) -> torch.Tensor:
+    """float32 logits / temperature of one chunk: `inputs` are logits when `weight` is None, else hidden states that
+    the head (weight, bias; already in the compute `dtype`) maps to logits in `dtype`, as autocast would."""
+    logits = inputs if weight is None else torch.nn.functional.linear(inputs.to(dtype), weight, bias)
+    return logits.float() / temperature
+
+
+class ChunkedLogProbs(torch.autograd.Function):
+    """(log p(target), entropy) per token from hidden states [N, H] and the head (weight [V, H], bias), or from logits
+    [N, V] (weight None), `chunk` tokens at a time. Backward recomputes each chunk's logits and softmax from the saved
+    input: d log p / dx = onehot - p and d entropy / dx = -p (x - E_p[x]) for x = logits / temperature. The entropy
+    has a gradient only with `entropy_grad` (an entropy bonus)."""
+
+    @staticmethod
+    def forward(ctx, inputs, weight, bias, targets, temperature: float, chunk: int, entropy_grad: bool, dtype):
+        lps, ents = [inputs.new_zeros(0, dtype=torch.float32)], [inputs.new_zeros(0, dtype=torch.float32)]
+        with torch.autocast(inputs.device.type, enabled=False):  # the compute dtype is explicit: `dtype`
+            head = (None, None) if weight is None else (weight.to(dtype), None if bias is None else bias.to(dtype))
+            for start in range(0, inputs.shape[0], chunk):
+                x = _chunk_logits(inputs[start:start + chunk], *head, dtype, temperature)
+                lse = torch.logsumexp(x, dim=-1)
+                lps.append(x.gather(-1, targets[start:start + chunk, None]).squeeze(-1) - lse)
+                ents.append(lse - (torch.softmax(x, dim=-1) * x).sum(-1))
+        ctx.save_for_backward(inputs, weight, bias, targets)
+        ctx.settings = temperature, chunk, entropy_grad, dtype
+        lp, ent = torch.cat(lps), torch.cat(ents)
+        if not entropy_grad:
+            ctx.mark_non_differentiable(ent)
+        return lp, ent
+
+    @staticmethod
+    def backward(ctx, grad_lp, grad_ent):
+        inputs, weight, bias, targets = ctx.saved_tensors
+        temperature, chunk, entropy_grad, dtype = ctx.settings
+        need_inputs, need_weight, need_bias = ctx.needs_input_grad[:3]
+        grad_inputs = torch.empty_like(inputs) if need_inputs else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
+        grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_bias else None
+        with torch.autocast(inputs.device.type, enabled=False):
+            head = (None, None) if weight is None else (weight.to(dtype), None if bias is None else bias.to(dtype))
+            for start in range(0, inputs.shape[0], chunk):
+                end = start + chunk
+                x = _chunk_logits(inputs[start:end], *head, dtype, temperature)
+                probs = torch.softmax(x, dim=-1)
+                grad = probs * -grad_lp[start:end, None]
+                grad.scatter_add_(-1, targets[start:end, None], grad_lp[start:end, None])
+                if entropy_grad:
+                    grad -= grad_ent[start:end, None] * probs * (x - (probs * x).sum(-1, keepdim=True))
+                grad /= temperature
+                if weight is None:
+                    if need_inputs:
+                        grad_inputs[start:end] = grad
+                    continue
+                grad = grad.to(dtype)
+                if need_inputs:
+                    grad_inputs[start:end] = grad @ head[0]
+                if need_weight:
+                    grad_weight += grad.T @ inputs[start:end].to(dtype)
+                if need_bias:
+                    grad_bias += grad.sum(0, dtype=torch.float32)
+        return (grad_inputs, None if grad_weight is None else grad_weight.to(weight.dtype),
+                None if grad_bias is None else grad_bias.to(bias.dtype), None, None, None, None, None)
+
 
 def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                         chunk_size: int = 64, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [B, R, V], targets [B, R] -> (log p(target) [B, R], entropy [B, R]); chunked over R. `entropy_grad`
-    keeps the entropy in the graph (an entropy bonus; each chunk's softmax is then kept for backward)."""
-    lps, ents = [], []
-    for s in range(0, logits.shape[1], chunk_size):
-        x = logits[:, s:s + chunk_size].float() / temperature
-        lse = torch.logsumexp(x, dim=-1)
-        lps.append(x.gather(-1, targets[:, s:s + chunk_size, None]).squeeze(-1) - lse)
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            xe, lse_e = (x, lse) if entropy_grad else (x.detach(), lse.detach())
-            ents.append(lse_e - (torch.softmax(xe, dim=-1) * xe).sum(-1))
-    return torch.cat(lps, 1), torch.cat(ents, 1)
+                         chunk_size: int = CHUNK_TOKENS, entropy_grad: bool = False
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [B, R, V], targets [B, R] -> (log p(target) [B, R], entropy [B, R]), `chunk_size` tokens at a time;
+    backward keeps only `logits` (in their own dtype). `entropy_grad` keeps the entropy in the graph (an entropy
+    bonus)."""
+    lp, ent = ChunkedLogProbs.apply(logits.reshape(-1, logits.shape[-1]), None, None, targets.reshape(-1),
+                                    temperature, chunk_size, entropy_grad, logits.dtype)
+    return lp.view(targets.shape), ent.view(targets.shape)
 
 
-def token_logprobs(model, batch: Batch, temperature: float = 1.0, chunk_size: int = 64, entropy_grad: bool = False,
-                   compiled=None):
+def head_of(model):
+    """The output head's linear layer when the model's logits are exactly head(last hidden state) and the head can
+    run outside the model's forward; None otherwise (another architecture, a LoRA'd head, no head)."""
+    inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    config, get_head = getattr(inner, "config", None), getattr(inner, "get_output_embeddings", None)
+    if getattr(config, "model_type", None) not in PLAIN_HEADS or get_head is None:
+        return None
+    head = get_head()
+    return head if type(head) is torch.nn.Linear else None
+
+
+def _hidden_logprobs(model, head, kwargs: dict, pick, targets: torch.Tensor, temperature: float, chunk: int,
+                     entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's last hidden states (no logits computed: an empty `logits_to_keep`), `pick` applied to them (->
+    [N, H]), then `ChunkedLogProbs` through `head` in autocast's compute dtype."""
+    device = kwargs["input_ids"].device
+    out = model(**kwargs, logits_to_keep=torch.zeros(0, dtype=torch.long, device=device), output_hidden_states=True,
+                use_cache=False)
+    hidden = pick(out.hidden_states[-1])  # the final norm's output: what the head maps to logits
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(head.weight, DTensor):  # a sharded head outside its FSDP unit's forward: cannot run here
+        raise RuntimeError("token_logprobs: the output head is still sharded after the forward (FSDP)")
+    dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else head.weight.dtype
+    return ChunkedLogProbs.apply(hidden, head.weight, head.bias, targets, temperature, chunk, entropy_grad, dtype)
+
+
+def token_logprobs(model, batch: Batch, temperature: float = 1.0, chunk_size: int = CHUNK_TOKENS,
+                   entropy_grad: bool = False, compiled=None):
     """(log p, entropy) of every token in the completion region, shape [B, R] each.
 
     Column j of the result scores input column T - R + j. Gradient flows through log p when enabled, and through
     the entropy too with `entropy_grad`. `compiled` (--torch_compile's TorchCompile, common/compile.py) runs a
-    packed batch's forward compiled.
+    packed batch's forward compiled (from its logits). Under gradient, a model with a plain head (`head_of`) returns
+    hidden states and the head runs chunk by chunk in `ChunkedLogProbs`.
     """
     r = batch.completion_width
+    head = head_of(model) if torch.is_grad_enabled() else None
     if batch.gather_index is not None:  # packed: logits only at the columns that predict a completion token
         valid = batch.gather_index >= 0
         flat = batch.gather_index[valid]
         width = batch.input_ids.shape[1]
-        if compiled is not None:  # every position's logits: one graph for all micro-batches (common/compile.py)
-            logits = compiled.logits(model, batch.input_ids, batch.position_ids)
-            logits = logits.reshape(-1, logits.shape[-1])[flat]
+        targets = batch.input_ids.reshape(-1)[flat + 1]
+        if compiled is None and head is not None:
+            kwargs = dict(input_ids=batch.input_ids, attention_mask=None, position_ids=batch.position_ids)
+            lp, ent = _hidden_logprobs(model, head, kwargs, lambda hidden: hidden.reshape(-1, hidden.shape[-1])[flat],
+                                       targets, temperature, chunk_size, entropy_grad)
         else:
-            columns = torch.unique(flat % width)  # sorted; one set for all rows
-            out = model(input_ids=batch.input_ids, attention_mask=None, position_ids=batch.position_ids,
-                        logits_to_keep=columns, use_cache=False)
-            pick = (flat // width) * len(columns) + torch.searchsorted(columns, flat % width)
-            logits = out.logits.reshape(-1, out.logits.shape[-1])[pick]
-        lp, ent = logprobs_from_logits(logits[None], batch.input_ids.reshape(-1)[flat + 1][None], temperature,
-                                       chunk_size, entropy_grad)
+            if compiled is not None:  # every position's logits: one graph for all micro-batches (common/compile.py)
+                logits = compiled.logits(model, batch.input_ids, batch.position_ids)
+                logits = logits.reshape(-1, logits.shape[-1])[flat]
+            else:
+                columns = torch.unique(flat % width)  # sorted; one set for all rows
+                out = model(input_ids=batch.input_ids, attention_mask=None, position_ids=batch.position_ids,
+                            logits_to_keep=columns, use_cache=False)
+                pick = (flat // width) * len(columns) + torch.searchsorted(columns, flat % width)
+                logits = out.logits.reshape(-1, out.logits.shape[-1])[pick]
+            lp, ent = logprobs_from_logits(logits, targets, temperature, chunk_size, entropy_grad)
         full_lp, full_ent = lp.new_zeros(valid.shape), ent.new_zeros(valid.shape)
-        full_lp[valid], full_ent[valid] = lp[0], ent[0]
+        full_lp[valid], full_ent[valid] = lp, ent
         return full_lp, full_ent
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                position_ids=batch.position_ids, logits_to_keep=r + 1, use_cache=False)
-    logits = out.logits[:, :-1]  # position t predicts token t+1
+    kwargs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
     targets = batch.input_ids[:, -r:]
-    return logprobs_from_logits(logits, targets, temperature, chunk_size, entropy_grad)
+    if head is not None:  # position t predicts token t+1
+        def pick(hidden):
+            return hidden[:, -r - 1:-1].reshape(-1, hidden.shape[-1])
+
+        lp, ent = _hidden_logprobs(model, head, kwargs, pick, targets.reshape(-1), temperature, chunk_size,
+                                   entropy_grad)
+        return lp.view(targets.shape), ent.view(targets.shape)
+    out = model(**kwargs, logits_to_keep=r + 1, use_cache=False)
+    return logprobs_from_logits(out.logits[:, :-1], targets, temperature, chunk_size, entropy_grad)
 
 
 @torch.no_grad()
