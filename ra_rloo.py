@@ -123,7 +123,38 @@ def seed_buffers(task, model, tokenizer, encode, args, device, temperature: floa
                        add_special_tokens=False).input_ids + [eos] for example in task.train]
     logprobs = score_completions(model, prompts, demos, tokenizer.pad_token_id, 512, device, temperature)
     for example, demo, token_lps in zip(task.train, demos, logprobs):
-        buffers[example.id] = deque([(demo, sum(token_lps))], maxlen=args.buffer_capacity)
+        buffers[example.id] = deque([(np.asarray(demo, np.int32), sum(token_lps))], maxlen=args.buffer_capacity)
+    return buffers
+
+
+def buffers_state(buffers: dict[int, deque]) -> dict:
+    """The replay buffers (also in RLOO: empty) as tensors for the checkpoint: per entry its prompt id and log pi_old
+    (float64, the value itself), and the responses back to back in int32 (common/checkpoint.py `ragged_tensors`), in
+    FIFO order."""
+    entries = [(prompt_id, response, logp_old)
+               for prompt_id, buffer in buffers.items() for response, logp_old in buffer]
+    return {"prompt_ids": torch.tensor([entry[0] for entry in entries], dtype=torch.int64),
+            "logp_old": torch.tensor([entry[2] for entry in entries], dtype=torch.float64),
+            "responses": checkpoint.ragged_tensors([entry[1] for entry in entries])}
+
+
+def load_buffers(saved: dict, capacity: int, where: str) -> dict[int, deque]:
+    """Inverse of `buffers_state` (an older checkpoint's lists too); a damaged one stops the run with one line naming
+    `where`."""
+    if saved and "responses" not in saved:  # older checkpoints: prompt id -> [(token list, log pi_old)]
+        return {prompt_id: deque(((np.asarray(response, np.int32), logp_old) for response, logp_old in items),
+                                 maxlen=capacity) for prompt_id, items in saved.items()}
+    if not saved:
+        return {}
+    ids, logps = saved.get("prompt_ids"), saved.get("logp_old")
+    if not (torch.is_tensor(ids) and torch.is_tensor(logps) and ids.dim() == logps.dim() == 1
+            and ids.numel() == logps.numel() and not ids.is_floating_point() and logps.is_floating_point()):
+        raise SystemExit(f"{where}: damaged (prompt_ids and logp_old are not two 1-D tensors of one length); "
+                         "resume from another checkpoint")
+    buffers: dict[int, deque] = {}
+    responses = checkpoint.ragged_rows(saved["responses"], where, ids.numel())
+    for prompt_id, response, logp_old in zip(ids.tolist(), responses, logps.tolist()):
+        buffers.setdefault(prompt_id, deque(maxlen=capacity)).append((response, logp_old))
     return buffers
 
 
@@ -144,7 +175,7 @@ def splice_replays(prompt_ids: list[int], completions: list[list[int]], rewards:
         if needed and buffers.get(prompt_id):
             response, logp_old = rng.choice(buffers[prompt_id])
             slot = k - 1  # rollouts are i.i.d., so which slot is replaced does not matter
-            completions[group * k + slot] = list(response)
+            completions[group * k + slot] = np.asarray(response).tolist()
             rewards[group, slot] = max(1.0, success_reward)  # a stored success scores full reward (paper: 1)
             replay_logp_old[group, slot] = logp_old
     return replay_logp_old
@@ -259,9 +290,9 @@ def main(args: Args) -> None:
         counters, method_state = state["counters"], state["method"]
         generator.sync_weights(policy)
         log(f"resumed from {resume_from} at step {start_step}")
-    # [RA-RLOO] (also in RLOO: empty) prompt id -> FIFO of (response ids, log pi_old(y|x)); identical on every rank
-    buffers = {prompt_id: deque(items, maxlen=args.buffer_capacity)
-               for prompt_id, items in method_state.get("buffers", {}).items()}
+    # [RA-RLOO] (also in RLOO: empty) prompt id -> FIFO of (int32 response ids, log pi_old(y|x)); same on every rank
+    buffers = load_buffers(method_state.get("buffers"), args.buffer_capacity,
+                           f"{resume_from and resume_from.name}/trainer_state.pt replay buffers")
     if start_step == 0 and args.replay != "none" and args.seed_buffer:  # [RA-RLOO] demonstrations
         # FSDP: whole weights only where demonstrations are scored (the embedded task; real datasets seed nothing)
         with autocast(device, args.dtype), gathered(policy, enabled=task.name == "countdown"):
@@ -376,7 +407,8 @@ def main(args: Args) -> None:
                          for i, c in enumerate(gens.completion_ids)
                          if args.replay != "none" and fresh_success.view(-1)[i]]
         for prompt_id, response, logp_old in gather_list(accelerator, new_successes):
-            buffers.setdefault(prompt_id, deque(maxlen=args.buffer_capacity)).append((response, logp_old))
+            buffers.setdefault(prompt_id, deque(maxlen=args.buffer_capacity)).append(
+                (np.asarray(response, np.int32), logp_old))
 
         # ================ metrics: one reduce of named sums over ranks, each ratio next to its name ================
         totals = reduce_sums(accelerator, {
@@ -442,7 +474,7 @@ def main(args: Args) -> None:
         stopping = stop.agreed(accelerator)
         if (args.save_every and step % args.save_every == 0) or step == args.max_steps or stopping:
             state = {"sampler": sampler.state_dict(), "counters": counters,  # [RA-RLOO] (also in RLOO: empty) buffers
-                     "method": {"buffers": {prompt_id: list(b) for prompt_id, b in buffers.items()}}}
+                     "method": {"buffers": buffers_state(buffers)}}
             path = checkpoint.save_checkpoint(args.output_dir, step, accelerator, model, tokenizer, optimizer,
                                               scheduler, state, args.keep_checkpoints, args.lora_merged_export)
             if stopping:
