@@ -4,9 +4,9 @@ states before the output head, or the logits where the head cannot be applied he
 float32 logits and softmax in backward. What autograd keeps for this step is then H (hidden width) values per token,
 not the 4 x V bytes (8 x V with the entropy bonus) that a float32 softmax kept per chunk would hold until backward.
 
-With gradient enabled and a plain linear head (`head_of`), the model is asked for its last hidden states
-(`output_hidden_states`) and no logits at all, and the head runs here one chunk at a time: no [tokens, V] tensor
-exists at any point. Otherwise (no gradient, a LoRA'd or sharded head, a head with a softcap, the compiled packed
+With a plain linear head (`head_of`), the model is asked for its last hidden states (`output_hidden_states`) and no
+logits at all, and the head runs here one chunk at a time: no [tokens, V] tensor exists at any point, with or without
+gradient. Otherwise (a LoRA'd head, a head with a softcap or scale, FSDP's no-grad scoring, the compiled packed
 forward) the model's logits are the input, kept for backward in the model's dtype.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from common.masking import Batch, pad_sequences, unpad_completion
 
-CHUNK_TOKENS = 1024  # tokens per chunk: a few float32 [chunk, V] temporaries (0.6 GB each at V = 152k)
+CHUNK_TOKENS = 512  # tokens per chunk: a few float32 [chunk, V] temporaries (0.3 GB each at V = 152k)
 # model types whose output head is a plain linear map of the last hidden state (no softcap or logit scale)
 PLAIN_HEADS = ("llama", "qwen2", "qwen3", "mistral")
 
@@ -97,7 +97,12 @@ def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperatur
 
 def head_of(model):
     """The output head's linear layer when the model's logits are exactly head(last hidden state) and the head can
-    run outside the model's forward; None otherwise (another architecture, a LoRA'd head, no head)."""
+    run outside the model's forward; None otherwise (another architecture, a LoRA'd head, no head, or an FSDP model
+    under no_grad, whose root is sharded again right after its forward)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule) and not torch.is_grad_enabled():
+        return None
     inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
     config, get_head = getattr(inner, "config", None), getattr(inner, "get_output_embeddings", None)
     if getattr(config, "model_type", None) not in PLAIN_HEADS or get_head is None:
@@ -128,11 +133,11 @@ def token_logprobs(model, batch: Batch, temperature: float = 1.0, chunk_size: in
 
     Column j of the result scores input column T - R + j. Gradient flows through log p when enabled, and through
     the entropy too with `entropy_grad`. `compiled` (--torch_compile's TorchCompile, common/compile.py) runs a
-    packed batch's forward compiled (from its logits). Under gradient, a model with a plain head (`head_of`) returns
-    hidden states and the head runs chunk by chunk in `ChunkedLogProbs`.
+    packed batch's forward compiled (from its logits). A model with a plain head (`head_of`) returns hidden states and
+    the head runs chunk by chunk in `ChunkedLogProbs`.
     """
     r = batch.completion_width
-    head = head_of(model) if torch.is_grad_enabled() else None
+    head = head_of(model)
     if batch.gather_index is not None:  # packed: logits only at the columns that predict a completion token
         valid = batch.gather_index >= 0
         flat = batch.gather_index[valid]
