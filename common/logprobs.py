@@ -115,12 +115,15 @@ def _hidden_logprobs(model, head, kwargs: dict, pick, targets: torch.Tensor, tem
                      entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """The model's last hidden states (no logits computed: an empty `logits_to_keep`), `pick` applied to them (->
     [N, H]), then `ChunkedLogProbs` through `head` in autocast's compute dtype."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
     device = kwargs["input_ids"].device
+    if isinstance(model, FSDPModule):  # the root (embeddings, norm, head) whole from this forward to its backward:
+        model.set_reshard_after_forward(False, recurse=False)  # FSDP2's root default, which `whole_weights` undoes
     out = model(**kwargs, logits_to_keep=torch.zeros(0, dtype=torch.long, device=device), output_hidden_states=True,
                 use_cache=False)
     hidden = pick(out.hidden_states[-1])  # the final norm's output: what the head maps to logits
-    from torch.distributed.tensor import DTensor
-
     if isinstance(head.weight, DTensor):  # a sharded head outside its FSDP unit's forward: cannot run here
         raise RuntimeError("token_logprobs: the output head is still sharded after the forward (FSDP)")
     dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else head.weight.dtype
