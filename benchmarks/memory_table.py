@@ -186,6 +186,16 @@ def logprob_table() -> str:
     return "\n".join(lines)
 
 
+def recommended() -> str:
+    """The sentence on the largest model at the documented micro-batches (the log-prob step with the entropy bonus)."""
+    name, _, hidden, _, _, vocab, _ = MODELS[-1]
+    parts = [f"{logprob_step_gib(hidden, vocab, tokens, True, False):.1f} GiB for {label} "
+             f"({logprob_step_gib(hidden, vocab, tokens, True, True):.1f} GiB before)"
+             for label, tokens in MICRO_BATCHES]
+    return (f"For {name}, the log-prob step with the entropy bonus holds " + " and ".join(parts)
+            + ", on top of the training states and the activations of the table above.")
+
+
 def sources() -> str:
     """The line saying which figures of the log-prob table are measured and which computed, with the GPU spells'
     peaks read from benchmarks/results/gpu/*/mem.json."""
@@ -249,5 +259,7 @@ if __name__ == "__main__":
     print(gathers())
     print()
     print(logprob_table())
+    print()
+    print(recommended())
     print()
     print(sources())
