@@ -128,33 +128,43 @@ def seed_buffers(task, model, tokenizer, encode, args, device, temperature: floa
 
 
 def buffers_state(buffers: dict[int, deque]) -> dict:
-    """The replay buffers (also in RLOO: empty) as tensors for the checkpoint: per entry its prompt id and log pi_old
-    (float64, the value itself), and the responses back to back in int32 (common/checkpoint.py `ragged_tensors`), in
-    FIFO order."""
+    """The replay buffers (also in RLOO: empty) as tensors for the checkpoint, in FIFO order: per entry its prompt id,
+    log pi_old (float64, the value itself) and length, and every response back to back in int32 (`tokens`)."""
     entries = [(prompt_id, response, logp_old)
                for prompt_id, buffer in buffers.items() for response, logp_old in buffer]
+    tokens = np.concatenate([entry[1] for entry in entries]) if entries else np.zeros(0, np.int32)
     return {"prompt_ids": torch.tensor([entry[0] for entry in entries], dtype=torch.int64),
             "logp_old": torch.tensor([entry[2] for entry in entries], dtype=torch.float64),
-            "responses": checkpoint.ragged_tensors([entry[1] for entry in entries])}
+            "lengths": torch.tensor([len(entry[1]) for entry in entries], dtype=torch.int64),
+            "tokens": torch.from_numpy(tokens).to(torch.int32)}
 
 
 def load_buffers(saved: dict, capacity: int, where: str) -> dict[int, deque]:
     """Inverse of `buffers_state` (an older checkpoint's lists too); a damaged one stops the run with one line naming
-    `where`."""
-    if saved and "responses" not in saved:  # older checkpoints: prompt id -> [(token list, log pi_old)]
+    `where`. Each response is its own int32 array, so one the FIFO drops frees its memory."""
+    if saved and "tokens" not in saved:  # older checkpoints: prompt id -> [(token list, log pi_old)]
         return {prompt_id: deque(((np.asarray(response, np.int32), logp_old) for response, logp_old in items),
                                  maxlen=capacity) for prompt_id, items in saved.items()}
     if not saved:
         return {}
-    ids, logps = saved.get("prompt_ids"), saved.get("logp_old")
-    if not (torch.is_tensor(ids) and torch.is_tensor(logps) and ids.dim() == logps.dim() == 1
-            and ids.numel() == logps.numel() and not ids.is_floating_point() and logps.is_floating_point()):
-        raise SystemExit(f"{where}: damaged (prompt_ids and logp_old are not two 1-D tensors of one length); "
-                         "resume from another checkpoint")
+    ids, logps, lengths, tokens = (saved.get(key) for key in ("prompt_ids", "logp_old", "lengths", "tokens"))
+    problem = ""
+    if not all(torch.is_tensor(value) and value.dim() == 1 for value in (ids, logps, lengths, tokens)):
+        problem = "prompt_ids, logp_old, lengths and tokens are not four 1-D tensors"
+    elif any(value.is_floating_point() for value in (ids, lengths, tokens)) or not logps.is_floating_point():
+        problem = "integer prompt_ids, lengths and tokens and float logp_old expected"
+    elif not ids.numel() == logps.numel() == lengths.numel():
+        problem = "prompt_ids, logp_old and lengths differ in length"
+    elif (lengths < 0).any() or (tokens.numel() and tokens.min() < 0):
+        problem = "a negative length or token id"
+    elif int(lengths.sum()) != tokens.numel():
+        problem = f"lengths adding up to {int(lengths.sum())} for {tokens.numel()} tokens"
+    if problem:
+        raise SystemExit(f"{where}: damaged ({problem}); resume from another checkpoint")
     buffers: dict[int, deque] = {}
-    responses = checkpoint.ragged_rows(saved["responses"], where, ids.numel())
-    for prompt_id, response, logp_old in zip(ids.tolist(), responses, logps.tolist()):
-        buffers.setdefault(prompt_id, deque(maxlen=capacity)).append((response, logp_old))
+    flat, ends = tokens.to(torch.int32).numpy(), np.cumsum(lengths.numpy()).tolist()
+    for prompt_id, end, length, logp_old in zip(ids.tolist(), ends, lengths.tolist(), logps.tolist()):
+        buffers.setdefault(prompt_id, deque(maxlen=capacity)).append((flat[end - length:end].copy(), logp_old))
     return buffers
 
 

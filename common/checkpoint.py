@@ -70,37 +70,6 @@ def plain(obj):
     raise TypeError(f"checkpoint state holds a {type(obj).__name__}: keep to numbers, strings, tensors and containers")
 
 
-def ragged_tensors(rows: list[np.ndarray], dtype=torch.int32) -> dict:
-    """Rows of different lengths (a method's stored token sequences) as two tensors for a checkpoint: `flat`, every
-    row back to back in `dtype`, and `lengths`; `ragged_rows` reads them back."""
-    lengths = torch.tensor([len(row) for row in rows], dtype=torch.int64)
-    flat = torch.from_numpy(np.concatenate(rows)) if rows else torch.zeros(0)
-    return {"flat": flat.to(dtype), "lengths": lengths}
-
-
-def ragged_rows(saved, where: str, rows: int) -> list[np.ndarray]:
-    """Inverse of `ragged_tensors`: one int32 array per row (copies, so one evicted later frees its memory); a
-    damaged entry (a wrong type, a length that does not add up, a negative id, not `rows` rows) stops the run with
-    one line naming `where`."""
-    def damaged(problem: str) -> SystemExit:
-        return SystemExit(f"{where}: damaged ({problem}); resume from another checkpoint")
-
-    if not isinstance(saved, dict) or not all(torch.is_tensor(saved.get(key)) for key in ("flat", "lengths")):
-        raise damaged("not the tensors `flat` and `lengths`")
-    flat, lengths = saved["flat"], saved["lengths"]
-    if flat.dim() != 1 or lengths.dim() != 1 or flat.is_floating_point() or lengths.is_floating_point():
-        raise damaged("not one-dimensional integer tensors")
-    if lengths.numel() != rows:
-        raise damaged(f"{lengths.numel()} rows where {rows} were expected")
-    if (lengths < 0).any() or (flat.numel() and flat.min() < 0):
-        raise damaged("a negative length or token id")
-    if int(lengths.sum()) != flat.numel():
-        raise damaged(f"lengths adding up to {int(lengths.sum())} for {flat.numel()} tokens")
-    flat = flat.to(torch.int32).numpy()
-    ends = np.cumsum(lengths.numpy())
-    return [flat[end - length:end].copy() for end, length in zip(ends.tolist(), lengths.tolist())]
-
-
 def safe_load(path: Path, keys: tuple[str, ...] = ()) -> dict:
     """One checkpoint file read as data (safetensors, or tensors and plain containers: a tampered file cannot run
     code); a missing, truncated, tampered or foreign file stops the run with one line naming it."""

@@ -1,13 +1,9 @@
-"""Per-token log-probs and entropies of the completion region, log p(token) = logit[token] - logsumexp(logits),
-computed a chunk of tokens at a time by `ChunkedLogProbs`, which keeps for backward only its input (the hidden
-states before the output head, or the logits where the head cannot be applied here) and recomputes each chunk's
-float32 logits and softmax in backward. What autograd keeps for this step is then H (hidden width) values per token,
-not the 4 x V bytes (8 x V with the entropy bonus) that a float32 softmax kept per chunk would hold until backward.
-
-With a plain linear head (`head_of`), the model is asked for its last hidden states (`output_hidden_states`) and no
-logits at all, and the head runs here one chunk at a time: no [tokens, V] tensor exists at any point, with or without
-gradient. Otherwise (a LoRA'd head, a head with a softcap or scale, FSDP's no-grad scoring, the compiled packed
-forward) the model's logits are the input, kept for backward in the model's dtype.
+"""Per-token log-probs and entropies of the completion region, log p(token) = logit[token] - logsumexp(logits), a
+chunk of tokens at a time (`ChunkedLogProbs`), each chunk recomputed in backward from the saved input: autograd keeps
+H values per token, not 4 x V bytes (8 x V with the entropy bonus) of float32 softmax. With a plain linear head
+(`head_of`) the model returns its last hidden states and no logits, and the head runs here a chunk at a time, so no
+[tokens, V] tensor exists; otherwise (a LoRA'd or scaled head, FSDP's no-grad scoring, the compiled packed forward)
+the model's logits are the input, kept for backward in the model's dtype.
 """
 from __future__ import annotations
 
@@ -20,30 +16,27 @@ CHUNK_TOKENS = 512  # tokens per chunk: a few float32 [chunk, V] temporaries (0.
 PLAIN_HEADS = ("llama", "qwen2", "qwen3", "mistral")
 
 
-def _chunk_logits(inputs: torch.Tensor, weight, bias, dtype, temperature: float) -> torch.Tensor:
-    """float32 logits / temperature of one chunk: `inputs` are logits when `weight` is None, else hidden states that
-    the head (weight, bias; already in the compute `dtype`) maps to logits in `dtype`, as autocast would."""
-    logits = inputs if weight is None else torch.nn.functional.linear(inputs.to(dtype), weight, bias)
-    return logits.float() / temperature
+def _chunk_logits(inputs: torch.Tensor, weight, dtype, temperature: float) -> torch.Tensor:
+    """float32 logits / temperature of a chunk of logits, or of hidden states through `weight` in `dtype`."""
+    return (inputs if weight is None else torch.nn.functional.linear(inputs.to(dtype), weight)).float() / temperature
 
 
 class ChunkedLogProbs(torch.autograd.Function):
-    """(log p(target), entropy) per token from hidden states [N, H] and the head (weight [V, H], bias), or from logits
-    [N, V] (weight None), `chunk` tokens at a time. Backward recomputes each chunk's logits and softmax from the saved
-    input: d log p / dx = onehot - p and d entropy / dx = -p (x - E_p[x]) for x = logits / temperature. The entropy
-    has a gradient only with `entropy_grad` (an entropy bonus)."""
+    """(log p(target), entropy) per token from hidden states [N, H] and the head's weight [V, H] (or logits [N, V],
+    weight None), `chunk` tokens at a time; backward recomputes each chunk: for x = logits / temperature,
+    d log p / dx = onehot - p and d entropy / dx = -p (x - E_p[x]), the latter only with `entropy_grad`."""
 
     @staticmethod
-    def forward(ctx, inputs, weight, bias, targets, temperature: float, chunk: int, entropy_grad: bool, dtype):
+    def forward(ctx, inputs, weight, targets, temperature: float, chunk: int, entropy_grad: bool, dtype):
         lps, ents = [inputs.new_zeros(0, dtype=torch.float32)], [inputs.new_zeros(0, dtype=torch.float32)]
         with torch.autocast(inputs.device.type, enabled=False):  # the compute dtype is explicit: `dtype`
-            head = (None, None) if weight is None else (weight.to(dtype), None if bias is None else bias.to(dtype))
+            head = None if weight is None else weight.to(dtype)
             for start in range(0, inputs.shape[0], chunk):
-                x = _chunk_logits(inputs[start:start + chunk], *head, dtype, temperature)
+                x = _chunk_logits(inputs[start:start + chunk], head, dtype, temperature)
                 lse = torch.logsumexp(x, dim=-1)
                 lps.append(x.gather(-1, targets[start:start + chunk, None]).squeeze(-1) - lse)
                 ents.append(lse - (torch.softmax(x, dim=-1) * x).sum(-1))
-        ctx.save_for_backward(inputs, weight, bias, targets)
+        ctx.save_for_backward(inputs, weight, targets)
         ctx.settings = temperature, chunk, entropy_grad, dtype
         lp, ent = torch.cat(lps), torch.cat(ents)
         if not entropy_grad:
@@ -52,53 +45,43 @@ class ChunkedLogProbs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_lp, grad_ent):
-        inputs, weight, bias, targets = ctx.saved_tensors
+        inputs, weight, targets = ctx.saved_tensors
         temperature, chunk, entropy_grad, dtype = ctx.settings
-        need_inputs, need_weight, need_bias = ctx.needs_input_grad[:3]
+        need_inputs, need_weight = ctx.needs_input_grad[:2]
         grad_inputs = torch.empty_like(inputs) if need_inputs else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
-        grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) if need_bias else None
         with torch.autocast(inputs.device.type, enabled=False):
-            head = (None, None) if weight is None else (weight.to(dtype), None if bias is None else bias.to(dtype))
+            head = None if weight is None else weight.to(dtype)
             for start in range(0, inputs.shape[0], chunk):
                 end = start + chunk
-                x = _chunk_logits(inputs[start:end], *head, dtype, temperature)
+                x = _chunk_logits(inputs[start:end], head, dtype, temperature)
                 probs = torch.softmax(x, dim=-1)
                 grad = probs * -grad_lp[start:end, None]
                 grad.scatter_add_(-1, targets[start:end, None], grad_lp[start:end, None])
                 if entropy_grad:
                     grad -= grad_ent[start:end, None] * probs * (x - (probs * x).sum(-1, keepdim=True))
                 grad /= temperature
-                if weight is None:
-                    if need_inputs:
-                        grad_inputs[start:end] = grad
-                    continue
-                grad = grad.to(dtype)
+                if weight is not None:
+                    grad = grad.to(dtype)
+                    if need_weight:
+                        grad_weight += grad.T @ inputs[start:end].to(dtype)
                 if need_inputs:
-                    grad_inputs[start:end] = grad @ head[0]
-                if need_weight:
-                    grad_weight += grad.T @ inputs[start:end].to(dtype)
-                if need_bias:
-                    grad_bias += grad.sum(0, dtype=torch.float32)
-        return (grad_inputs, None if grad_weight is None else grad_weight.to(weight.dtype),
-                None if grad_bias is None else grad_bias.to(bias.dtype), None, None, None, None, None)
+                    grad_inputs[start:end] = grad if weight is None else grad @ head
+        return grad_inputs, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None, None, None
 
 
 def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                         chunk_size: int = CHUNK_TOKENS, entropy_grad: bool = False
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [B, R, V], targets [B, R] -> (log p(target) [B, R], entropy [B, R]), `chunk_size` tokens at a time;
-    backward keeps only `logits` (in their own dtype). `entropy_grad` keeps the entropy in the graph (an entropy
-    bonus)."""
-    lp, ent = ChunkedLogProbs.apply(logits.reshape(-1, logits.shape[-1]), None, None, targets.reshape(-1),
+                         chunk_size: int = CHUNK_TOKENS, entropy_grad: bool = False):
+    """logits [B, R, V], targets [B, R] -> (log p(target), entropy), each [B, R]; backward keeps only `logits`.
+    `entropy_grad` keeps the entropy in the graph (an entropy bonus)."""
+    lp, ent = ChunkedLogProbs.apply(logits.reshape(-1, logits.shape[-1]), None, targets.reshape(-1),
                                     temperature, chunk_size, entropy_grad, logits.dtype)
     return lp.view(targets.shape), ent.view(targets.shape)
 
 
 def head_of(model):
-    """The output head's linear layer when the model's logits are exactly head(last hidden state) and the head can
-    run outside the model's forward; None otherwise (another architecture, a LoRA'd head, no head, or an FSDP model
-    under no_grad, whose root is sharded again right after its forward)."""
+    """The output head when the logits are exactly head(last hidden state) and it can run after the forward; None
+    otherwise (another architecture, a LoRA'd head, an FSDP model under no_grad, its root sharded after forward)."""
     from torch.distributed.fsdp import FSDPModule
 
     if isinstance(model, FSDPModule) and not torch.is_grad_enabled():
@@ -108,15 +91,14 @@ def head_of(model):
     if getattr(config, "model_type", None) not in PLAIN_HEADS or get_head is None:
         return None
     head = get_head()
-    return head if type(head) is torch.nn.Linear else None
+    return head if type(head) is torch.nn.Linear and head.bias is None else None
 
 
 def _hidden_logprobs(model, head, kwargs: dict, pick, targets: torch.Tensor, temperature: float, chunk: int,
                      entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """The model's last hidden states (no logits computed: an empty `logits_to_keep`), `pick` applied to them (->
-    [N, H]), then `ChunkedLogProbs` through `head` in autocast's compute dtype."""
+    """`ChunkedLogProbs` through `head` (in autocast's dtype) on the model's last hidden states, `pick`ed to [N, H]
+    (the model computes no logits: an empty `logits_to_keep`)."""
     from torch.distributed.fsdp import FSDPModule
-    from torch.distributed.tensor import DTensor
 
     device = kwargs["input_ids"].device
     if isinstance(model, FSDPModule):  # the root (embeddings, norm, head) whole from this forward to its backward:
@@ -124,10 +106,8 @@ def _hidden_logprobs(model, head, kwargs: dict, pick, targets: torch.Tensor, tem
     out = model(**kwargs, logits_to_keep=torch.zeros(0, dtype=torch.long, device=device), output_hidden_states=True,
                 use_cache=False)
     hidden = pick(out.hidden_states[-1])  # the final norm's output: what the head maps to logits
-    if isinstance(head.weight, DTensor):  # a sharded head outside its FSDP unit's forward: cannot run here
-        raise RuntimeError("token_logprobs: the output head is still sharded after the forward (FSDP)")
     dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else head.weight.dtype
-    return ChunkedLogProbs.apply(hidden, head.weight, head.bias, targets, temperature, chunk, entropy_grad, dtype)
+    return ChunkedLogProbs.apply(hidden, head.weight, targets, temperature, chunk, entropy_grad, dtype)
 
 
 def token_logprobs(model, batch: Batch, temperature: float = 1.0, chunk_size: int = CHUNK_TOKENS,
@@ -136,8 +116,7 @@ def token_logprobs(model, batch: Batch, temperature: float = 1.0, chunk_size: in
 
     Column j of the result scores input column T - R + j. Gradient flows through log p when enabled, and through
     the entropy too with `entropy_grad`. `compiled` (--torch_compile's TorchCompile, common/compile.py) runs a
-    packed batch's forward compiled (from its logits). A model with a plain head (`head_of`) returns hidden states and
-    the head runs chunk by chunk in `ChunkedLogProbs`.
+    packed batch's forward compiled (from its logits). With a plain head (`head_of`) the head runs here, by chunks.
     """
     r = batch.completion_width
     head = head_of(model)
@@ -148,8 +127,8 @@ def token_logprobs(model, batch: Batch, temperature: float = 1.0, chunk_size: in
         targets = batch.input_ids.reshape(-1)[flat + 1]
         if compiled is None and head is not None:
             kwargs = dict(input_ids=batch.input_ids, attention_mask=None, position_ids=batch.position_ids)
-            lp, ent = _hidden_logprobs(model, head, kwargs, lambda hidden: hidden.reshape(-1, hidden.shape[-1])[flat],
-                                       targets, temperature, chunk_size, entropy_grad)
+            lp, ent = _hidden_logprobs(model, head, kwargs, lambda hidden: hidden.flatten(0, 1)[flat], targets,
+                                       temperature, chunk_size, entropy_grad)
         else:
             if compiled is not None:  # every position's logits: one graph for all micro-batches (common/compile.py)
                 logits = compiled.logits(model, batch.input_ids, batch.position_ids)
@@ -167,11 +146,8 @@ def token_logprobs(model, batch: Batch, temperature: float = 1.0, chunk_size: in
     kwargs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
     targets = batch.input_ids[:, -r:]
     if head is not None:  # position t predicts token t+1
-        def pick(hidden):
-            return hidden[:, -r - 1:-1].reshape(-1, hidden.shape[-1])
-
-        lp, ent = _hidden_logprobs(model, head, kwargs, pick, targets.reshape(-1), temperature, chunk_size,
-                                   entropy_grad)
+        lp, ent = _hidden_logprobs(model, head, kwargs, lambda hidden: hidden[:, -r - 1:-1].flatten(0, 1),
+                                   targets.reshape(-1), temperature, chunk_size, entropy_grad)
         return lp.view(targets.shape), ent.view(targets.shape)
     out = model(**kwargs, logits_to_keep=r + 1, use_cache=False)
     return logprobs_from_logits(out.logits[:, :-1], targets, temperature, chunk_size, entropy_grad)

@@ -54,12 +54,13 @@ def test_each_method_file_holds_its_update_and_is_at_most_700_lines():
         assert not {"common.runtime", "common.ada"} & common_imports(ROOT / script)
 
 
-def test_real_data_path_loads_no_demo_and_at_most_2620_lines_of_common(tmp_path):
+def test_real_data_path_loads_no_demo_and_at_most_2710_lines_of_common(tmp_path):
     # what a user copies with one method: the shared flags and their ranges, checkpoints with FSDP hooks, the output
     # folder's claim (its lock, re-checked before each removal, refusal of a used folder and of a resume that would
     # mix runs, the shared-folder check, a failed write stopping every rank), the sample log, the packed layout, the
     # accelerate config mapping, the CPU thread policy, the end-of-run summary, the training-prompt evaluation and the
-    # mechanism measures (pros_ppo.py loads the most: the Gibbs sampler);
+    # mechanism measures (pros_ppo.py loads the most: the Gibbs sampler), the log-prob step's autograd Function that
+    # recomputes each chunk in backward (~95 lines);
     # common/fsdp.py, common/config.py and common/lora.py load only with --fsdp / --config / --lora_r, so they are
     # not counted here
     import import_footprint
@@ -70,7 +71,7 @@ def test_real_data_path_loads_no_demo_and_at_most_2620_lines_of_common(tmp_path)
         assert not set(import_footprint.DEMO_MODULES) & set(modules), (script, sorted(modules))
         assert "common.verifiers" in modules  # it did take the real-data path (math-verify rewards)
         assert "common.rewards" not in modules  # user reward functions' loader: only with --reward_funcs
-        assert sum(modules.values()) <= 2620, (script, sum(modules.values()))
+        assert sum(modules.values()) <= 2710, (script, sum(modules.values()))
 
 
 def test_no_line_over_120_characters():

@@ -175,7 +175,7 @@ def test_resume_after_sigkill_and_cut_lines_reproduces_an_uninterrupted_run(tiny
     assert killed.returncode == -9, killed.stderr[-3000:]
     assert [p.name for p in part.glob("checkpoint-*")] == ["checkpoint-2"]
     saved = torch.load(part / "checkpoint-2" / "trainer_state.pt", weights_only=True)["state"]["method"]["buffers"]
-    assert saved["responses"]["flat"].dtype == torch.int32  # the buffers as tensors, some full (a FIFO that evicts)
+    assert saved["tokens"].dtype == torch.int32  # the buffers as tensors, some full (a FIFO that evicts)
     assert max(saved["prompt_ids"].bincount()) == 2
     assert not (part / "metrics.jsonl").read_text().endswith("\n")  # step 3's row, cut in half
     samples = (part / "samples.jsonl").read_bytes()  # its last row (step 3) cut too, as a full disk would
@@ -222,12 +222,12 @@ def test_buffers_store_int32_and_save_and_load_a_million_tokens_fast_and_exactly
             for (a, lp_a), (b, lp_b) in zip(loaded[key], buffers[key])) for key in buffers)
     # a damaged buffer stops the resume with one line naming it
     state = buffers_state(buffers)
-    state["responses"]["lengths"][3] += 1
+    state["lengths"][3] += 1
     with pytest.raises(SystemExit, match=r"^x: damaged \(lengths adding up to 1000001 for 1000000 tokens\)"):
         load_buffers(state, 16, "x")
     state = buffers_state(buffers)
     state["logp_old"] = state["logp_old"][:-1]
-    with pytest.raises(SystemExit, match=r"^x: damaged \(prompt_ids and logp_old"):
+    with pytest.raises(SystemExit, match=r"^x: damaged \(prompt_ids, logp_old and lengths differ in length\)"):
         load_buffers(state, 16, "x")
 
 
