@@ -79,6 +79,10 @@ def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperatur
     return lp.view(targets.shape), ent.view(targets.shape)
 
 
+def _unwrapped(model):
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
 def head_of(model):
     """The output head when the logits are exactly head(last hidden state) and it can run after the forward; None
     otherwise (another architecture, a LoRA'd head, an FSDP model under no_grad, its root sharded after forward)."""
@@ -86,7 +90,7 @@ def head_of(model):
 
     if isinstance(model, FSDPModule) and not torch.is_grad_enabled():
         return None
-    inner = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    inner = _unwrapped(model)
     config, get_head = getattr(inner, "config", None), getattr(inner, "get_output_embeddings", None)
     if getattr(config, "model_type", None) not in PLAIN_HEADS or get_head is None:
         return None
@@ -103,9 +107,10 @@ def _hidden_logprobs(model, head, kwargs: dict, pick, targets: torch.Tensor, tem
     device = kwargs["input_ids"].device
     if isinstance(model, FSDPModule):  # the root (embeddings, norm, head) whole from this forward to its backward:
         model.set_reshard_after_forward(False, recurse=False)  # FSDP2's root default, which `whole_weights` undoes
-    out = model(**kwargs, logits_to_keep=torch.zeros(0, dtype=torch.long, device=device), output_hidden_states=True,
+    last = [_unwrapped(model).config.num_hidden_layers - 1]  # only the last layer's state kept (not all: no_grad)
+    out = model(**kwargs, logits_to_keep=torch.zeros(0, dtype=torch.long, device=device), output_hidden_states=last,
                 use_cache=False)
-    hidden = pick(out.hidden_states[-1])  # the final norm's output: what the head maps to logits
+    hidden = pick(out.hidden_states[-1])  # replaced by the final norm's output: what the head maps to logits
     dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else head.weight.dtype
     return ChunkedLogProbs.apply(hidden, head.weight, targets, temperature, chunk, entropy_grad, dtype)
 

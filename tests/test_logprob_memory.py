@@ -72,6 +72,8 @@ def test_values_and_gradients_equal_the_plain_formula(model_type):
         for (name, _), a, b in zip(model.named_parameters(), got[2], want[2]):
             scale = b.abs().max().item()  # each gradient is a sum over tokens: tolerance relative to its largest entry
             assert torch.allclose(a, b, atol=1e-5 * scale + 1e-9, rtol=1e-4), name
+    with torch.no_grad():  # scoring passes take the same path, with the last layer's state only
+        assert torch.allclose(token_logprobs(model, packed, 0.7)[0][mask], want[0][mask], atol=1e-5, rtol=0)
     with torch.autocast("cpu", torch.bfloat16):  # bf16 compute over fp32 weights, as --dtype bfloat16 runs
         want, got = gradients(model, padded, reference), gradients(model, padded, ours)
     # the same bf16 logits (one rounding of 2^-8 at most apart per product sum): log p within a few bf16 ulps of 9
