@@ -144,7 +144,7 @@ def measure_logprob_bytes(hidden: int, vocab: int, tokens=(16, 48)) -> dict:
                 if entropy:
                     out = out + lse - (torch.softmax(x, dim=-1) * x).sum(-1)
             else:
-                lp, ent = ChunkedLogProbs.apply(hidden_states, weight, None, targets, 1.0, CHUNK_TOKENS, entropy,
+                lp, ent = ChunkedLogProbs.apply(hidden_states, weight, targets, 1.0, CHUNK_TOKENS, entropy,
                                                 torch.bfloat16)
                 out = lp + ent
         out.sum().backward()
