@@ -131,8 +131,55 @@ def seed_buffers(task, model, tokenizer, encode, args, device, temperature: floa
     logprobs = score_completions(model, prompts, demos, tokenizer.pad_token_id, 512, device, temperature)
     for example, demo, token_lps in zip(task.train, demos, logprobs):
         # a verified solution: the built-in reward 1 (or --success_reward when higher, so that it counts as one)
-        buffers[example.id] = deque([(demo, sum(token_lps), max(1.0, args.success_reward))],
+        buffers[example.id] = deque([(np.asarray(demo, np.int32), sum(token_lps), max(1.0, args.success_reward))],
                                     maxlen=args.buffer_capacity)
+    return buffers
+
+
+def buffers_state(buffers: dict[int, deque]) -> dict:
+    """The replay buffers (also in RLOO: empty) as tensors for the checkpoint, in FIFO order: per entry its prompt id,
+    log pi_old (float64, the value itself), stored reward and length, and every response back to back in int32."""
+    entries = [(prompt_id, response, logp_old, reward)
+               for prompt_id, buffer in buffers.items() for response, logp_old, reward in buffer]
+    tokens = np.concatenate([entry[1] for entry in entries]) if entries else np.zeros(0, np.int32)
+    return {"prompt_ids": torch.tensor([entry[0] for entry in entries], dtype=torch.int64),
+            "logp_old": torch.tensor([entry[2] for entry in entries], dtype=torch.float64),
+            "rewards": torch.tensor([entry[3] for entry in entries], dtype=torch.float64),
+            "lengths": torch.tensor([len(entry[1]) for entry in entries], dtype=torch.int64),
+            "tokens": torch.from_numpy(tokens).to(torch.int32)}
+
+
+def load_buffers(saved: dict, capacity: int, where: str, success_reward: float) -> dict[int, deque]:
+    """Inverse of `buffers_state` (an older checkpoint's lists too: their entries, stored without a reward, get
+    `success_reward`); a damaged one stops the run with one line naming `where`. Each response is its own int32 array,
+    so one the FIFO drops frees its memory."""
+    if saved and "tokens" not in saved:  # older checkpoints: prompt id -> [(token list, log pi_old)]
+        return {prompt_id: deque(((np.asarray(item[0], np.int32), item[1], success_reward) for item in items),
+                                 maxlen=capacity) for prompt_id, items in saved.items()}
+    if not saved:
+        return {}
+    keys = ("prompt_ids", "logp_old", "rewards", "lengths", "tokens")
+    ids, logps, rewards, lengths, tokens = (saved.get(key) for key in keys)
+    problem = ""
+    if not all(torch.is_tensor(value) and value.dim() == 1 for value in (ids, logps, rewards, lengths, tokens)):
+        problem = "prompt_ids, logp_old, rewards, lengths and tokens are not five 1-D tensors"
+    elif any(value.is_floating_point() for value in (ids, lengths, tokens)) or not (
+            logps.is_floating_point() and rewards.is_floating_point()):
+        problem = "integer prompt_ids, lengths and tokens and float logp_old and rewards expected"
+    elif not ids.numel() == logps.numel() == rewards.numel() == lengths.numel():
+        problem = "prompt_ids, logp_old, rewards and lengths differ in length"
+    elif (lengths < 0).any() or (tokens.numel() and tokens.min() < 0):
+        problem = "a negative length or token id"
+    elif int(lengths.sum()) != tokens.numel():
+        problem = f"lengths adding up to {int(lengths.sum())} for {tokens.numel()} tokens"
+    if problem:
+        raise SystemExit(f"{where}: damaged ({problem}); resume from another checkpoint")
+    buffers: dict[int, deque] = {}
+    flat, ends = tokens.to(torch.int32).numpy(), np.cumsum(lengths.numpy()).tolist()
+    for prompt_id, end, length, logp_old, reward in zip(ids.tolist(), ends, lengths.tolist(), logps.tolist(),
+                                                         rewards.tolist()):
+        buffers.setdefault(prompt_id, deque(maxlen=capacity)).append(
+            (flat[end - length:end].copy(), logp_old, reward))
     return buffers
 
 
@@ -153,7 +200,7 @@ def splice_replays(prompt_ids: list[int], completions: list[list[int]], rewards:
         if needed and buffers.get(prompt_id):
             response, logp_old, *stored = rng.choice(buffers[prompt_id])
             slot = k - 1  # rollouts are i.i.d., so which slot is replaced does not matter
-            completions[group * k + slot] = list(response)
+            completions[group * k + slot] = np.asarray(response).tolist()
             # the reward it earned (paper: 1 under a 0/1 reward); older checkpoints stored none: success_reward
             rewards[group, slot] = stored[0] if stored else success_reward
             replay_logp_old[group, slot] = logp_old
@@ -271,9 +318,9 @@ def main(args: Args) -> None:
         counters, method_state = state["counters"], state["method"]
         generator.sync_weights(policy)
         log(f"resumed from {resume_from} at step {start_step}")
-    # [RA-RLOO] (also in RLOO: empty) prompt id -> FIFO of (response ids, log pi_old(y|x), reward); same on all ranks
-    buffers = {prompt_id: deque(items, maxlen=args.buffer_capacity)
-               for prompt_id, items in method_state.get("buffers", {}).items()}
+    # [RA-RLOO] (also in RLOO: empty) prompt id -> FIFO of (int32 response, log pi_old(y|x), reward), same on every rank
+    buffers = load_buffers(method_state.get("buffers"), args.buffer_capacity,
+                           f"{resume_from and resume_from.name}/trainer_state.pt replay buffers", args.success_reward)
     if start_step == 0 and args.replay != "none" and args.seed_buffer:  # [RA-RLOO] demonstrations
         # FSDP: whole weights only where demonstrations are scored (the embedded task; real datasets seed nothing)
         with autocast(device, args.dtype), gathered(policy, enabled=task.name == "countdown"):
@@ -388,7 +435,8 @@ def main(args: Args) -> None:
                          for i, c in enumerate(gens.completion_ids)
                          if args.replay != "none" and fresh_success.view(-1)[i]]
         for prompt_id, response, logp_old, reward in gather_list(accelerator, new_successes):
-            buffers.setdefault(prompt_id, deque(maxlen=args.buffer_capacity)).append((response, logp_old, reward))
+            buffers.setdefault(prompt_id, deque(maxlen=args.buffer_capacity)).append(
+                (np.asarray(response, np.int32), logp_old, reward))
 
         # ================ metrics: one reduce of named sums over ranks, each ratio next to its name ================
         totals = reduce_sums(accelerator, {
@@ -453,7 +501,7 @@ def main(args: Args) -> None:
         stopping = stop.agreed(accelerator)
         if (args.save_every and step % args.save_every == 0) or step == args.max_steps or stopping:
             state = {"sampler": sampler.state_dict(), "counters": counters,  # [RA-RLOO] (also in RLOO: empty) buffers
-                     "method": {"buffers": {prompt_id: list(b) for prompt_id, b in buffers.items()}}}
+                     "method": {"buffers": buffers_state(buffers)}}
             path = checkpoint.save_checkpoint(args.output_dir, step, accelerator, model, tokenizer, optimizer,
                                               scheduler, state, args.keep_checkpoints, args.lora_merged_export)
             if stopping:

@@ -911,6 +911,20 @@ def test_memory_table_arithmetic():
     assert {script for script, *_ in mt.GATHERS} == {"ra_rloo.py", "ada_seq.py", "ada_est.py", "ps_grpo.py",
                                                      "pros_ppo.py"}
     assert all(f"{2 * 7.616e9 / gib:.1f} GiB; --use_vllm: none" in line for line in lines[1:])
+    # the log-prob step: the fp32 hidden state and target per token now, 4 x V (8 x V with the entropy) before; the
+    # chunk is common/logprobs.py's, and --measure's saved-tensor figures agree with the formula
+    from common.logprobs import CHUNK_TOKENS
+
+    assert mt.CHUNK_TOKENS == CHUNK_TOKENS
+    assert mt.logprob_kept_per_token(3584, 152064, True, False) == 4 * 3584 + 8
+    before = [mt.logprob_kept_per_token(3584, 152064, entropy, True) for entropy in (False, True)]
+    assert before == [4 * 152064, 8 * 152064]
+    for name, _, hidden, _, _, vocab, _ in mt.MODELS:
+        for key, value in mt.measured()[name].items():
+            formula = mt.logprob_kept_per_token(hidden, vocab, key.endswith("entropy"), key.startswith("before"))
+            assert abs(value - formula) <= 16, (name, key)
+    logprob = mt.logprob_table().splitlines()
+    assert len(logprob) == 2 + len(mt.MODELS) and all(row.count("|") == 7 for row in logprob)
 
 
 def test_packing_benchmark_times_both_layouts(tiny_base):

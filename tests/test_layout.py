@@ -63,7 +63,7 @@ def test_real_data_path_loads_no_demo_and_at_most_2900_lines_of_common(tmp_path)
     # the mechanism measures (pros_ppo.py loads the most: the Gibbs sampler), the loaders' switch for library
     # progress bars, the stop tokens (EOS, the model's end-of-turn ids, --stop_token_ids), a KL reference that
     # computes as the policy, the one success rule and the reward statistics every method shares (NaN-aware:
-    # completions no reward function scored are left out);
+    # completions no reward function scored are left out), the log-prob step recomputed chunk by chunk in backward;
     # common/fsdp.py, common/config.py and common/lora.py load only with --fsdp / --config / --lora_r, so they are
     # not counted here
     import import_footprint
