@@ -117,6 +117,11 @@ def make_rows(recipe: DataRecipe = DataRecipe()) -> tuple[list[dict], list[dict]
     return rows[:recipe.train_rows], rows[recipe.train_rows:]
 
 
+def data_sha256(recipe: DataRecipe = DataRecipe()) -> str:
+    """A hash of the rows `recipe` gives (build_info.json keeps it: a changed generator is caught by its test)."""
+    return hashlib.sha256(json.dumps(make_rows(recipe), sort_keys=True).encode()).hexdigest()
+
+
 def write_data(folder: Path, recipe: DataRecipe = DataRecipe()) -> dict[str, Path]:
     """The four files: train.jsonl / heldout.jsonl (text prompts: `question`, `answer`, `level`) and
     train_messages.jsonl / heldout_messages.jsonl (`prompt` as messages, `answer`, `level`)."""
@@ -136,6 +141,17 @@ def write_data(folder: Path, recipe: DataRecipe = DataRecipe()) -> dict[str, Pat
 
 SPECIAL = ("<pad>", "<s>", "</s>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>")
 CHARS = [chr(c) for c in range(32, 127)] + ["\n"]
+
+
+def phrases() -> list[str]:
+    """Multi-character tokens, as a trained BPE vocabulary would have them: the task's recurring words and phrases,
+    the math reward's default suffix and the system message. Prompts are ~40 tokens instead of ~170 characters (RL
+    and SFT cost what they hold); numbers, answers and any other text stay one token per character."""
+    from common.data import MATH_SUFFIX
+
+    words = [*NAMES, *ITEMS, *(verb.split(" {n}")[0] + " " for verb in (*GAINS, *LOSSES))]
+    return [MATH_SUFFIX, SYSTEM, *words, " more", " has ", " bags with ", " in each.", "How many ", " does ",
+            " have now?"]
 CHAT_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{{ '<|' + message['role'] + '|>' + message['content'] + "
                  "'\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
 
@@ -155,12 +171,13 @@ class ModelRecipe:
 
     def key(self) -> str:
         spec = {**asdict(self), "levels": [asdict(level) for level in LEVELS], "system": SYSTEM,
-                "chat_template": CHAT_TEMPLATE, "vocab": [*SPECIAL, *CHARS]}
+                "chat_template": CHAT_TEMPLATE, "vocab": [*SPECIAL, *CHARS, *phrases()]}
         return hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
 
 
 def build_tokenizer():
-    """One token per character (printable ASCII and newline), the chat roles as special tokens, a chat template."""
+    """One token per character (printable ASCII and newline) and per phrase of `phrases()`, the chat roles as special
+    tokens, a chat template."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -170,8 +187,22 @@ def build_tokenizer():
     core.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
                                         unk_token="<unk>", additional_special_tokens=list(SPECIAL[4:]))
+    tokenizer.add_tokens(phrases())
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
+
+
+def build_model(recipe: ModelRecipe, tokenizer):
+    """The untrained decoder (seeded: call inside torch.random.fork_rng to leave the caller's stream alone)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(recipe.seed)
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=recipe.hidden_size, num_hidden_layers=recipe.num_layers,
+        num_attention_heads=recipe.num_heads, num_key_value_heads=recipe.num_kv_heads,
+        intermediate_size=recipe.intermediate_size, max_position_embeddings=512, tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id))
 
 
 def renderings(row: dict, tokenizer) -> list[str]:
@@ -260,7 +291,6 @@ def ensure_base(recipe: ModelRecipe = ModelRecipe(), log=print) -> Path:
     """The built base's directory (in the cache; copied from assets/ when a build of this recipe ships there, else
     built: SFT, then the held-out measurement into build_info.json)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from common.cache import cache_root
     from common.tiny_model import restore_shipped, weights_sha256
@@ -272,13 +302,7 @@ def ensure_base(recipe: ModelRecipe = ModelRecipe(), log=print) -> Path:
     start, threads = time.time(), torch.get_num_threads()
     tokenizer = build_tokenizer()
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(recipe.seed)
-        model = LlamaForCausalLM(LlamaConfig(
-            vocab_size=len(tokenizer), hidden_size=recipe.hidden_size, num_hidden_layers=recipe.num_layers,
-            num_attention_heads=recipe.num_heads, num_key_value_heads=recipe.num_kv_heads,
-            intermediate_size=recipe.intermediate_size, max_position_embeddings=512, tie_word_embeddings=True,
-            pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id))
+        model = build_model(recipe, tokenizer)
         info = sft(model, tokenizer, recipe, log=log)
         info.update(evaluate(model, tokenizer, make_rows(recipe.data)[1]))
     log(f"word-problem base: {info}")
@@ -288,7 +312,8 @@ def ensure_base(recipe: ModelRecipe = ModelRecipe(), log=print) -> Path:
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     info.update(recipe=asdict(recipe), build_seconds=round(time.time() - start, 1), torch_threads=threads,
-                params=sum(p.numel() for p in model.parameters()), weights_sha256=weights_sha256(tmp))
+                params=sum(p.numel() for p in model.parameters()), weights_sha256=weights_sha256(tmp),
+                data_sha256=data_sha256(recipe.data))
     (tmp / "build_info.json").write_text(json.dumps(info, indent=2))
     if path.exists():
         shutil.rmtree(tmp, ignore_errors=True)
