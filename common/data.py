@@ -105,7 +105,8 @@ class Task:
         """Whether each evaluation sample passes: the binary verifier, or --eval_reward_funcs at --success_reward (a
         sample cut by max_new_tokens never passes)."""
         if self.eval_reward_funcs is None:
-            return [self.eval_reward_fn(text, example) >= 1.0 for text, example in zip(texts, examples)]
+            return [not cut and self.eval_reward_fn(text, example) >= 1.0
+                    for text, example, cut in zip(texts, examples, truncated)]
         total, _ = self._call(self.eval_reward_funcs, texts, examples, completion_ids, None)
         return [value >= self.success_reward and not cut for value, cut in zip(total, truncated)]
 

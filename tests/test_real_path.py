@@ -62,3 +62,40 @@ def test_the_shipped_word_problem_base_and_data_match_their_recipe(word_base, tm
         ids = shipped(text.train[i].prompt, add_special_tokens=False).input_ids
         assert ids == tokenizer(text.train[i].prompt, add_special_tokens=False).input_ids
         assert shipped.decode(ids) == text.train[i].prompt
+
+
+def test_a_short_seeded_run_on_the_real_path_raises_its_training_reward(word_base, tmp_path):
+    # the path a user takes, whole: a model directory, .jsonl files through `datasets`, the tokenizer's chat template,
+    # the default suffix, math-verify on the last \boxed{} against the `#### N` gold. The base passes ~0.23 of its
+    # samples and RL moves it fast (measured: steps 1-3 mean 0.23, steps 8-10 0.57); a prompt the base was not
+    # trained on (measured without the chat template: 0.08-0.11 a step), an answer never parsed or a reward that
+    # inverts starts near 0 or does not rise.
+    data = word_problems.write_data(tmp_path / "data")
+    out = tmp_path / "run"
+    run_main(["ra_rloo.py", "--model_name_or_path", str(word_base), "--dataset", str(data["train"]),
+              "--eval_dataset", str(data["heldout"]), "--max_steps", "10", "--prompts_per_step", "16",
+              "--learning_rate", "3e-4", "--beta", "0", "--num_threads", "1", "--eval_every", "0", "--eval_prompts",
+              "4", "--eval_samples", "1", "--paper_eval_samples", "0", "--save_every", "0", "--seed", "0",
+              "--output_dir", str(out)])
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    rewards = [row["reward_mean"] for row in rows if row["step"] >= 1]
+    assert len(rewards) == 10
+    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    # a mean of three steps is over 192 binary rewards (sd ~0.03 at 0.23): the bounds sit 2.5 or more of those below
+    # what was measured, and above what a broken path gives
+    assert first >= 0.15, rewards
+    assert last - first >= 0.15 and last >= 0.4, rewards
+
+
+def test_a_cut_completion_never_passes_the_built_in_evaluation():
+    # training scores a completion cut by --max_new_tokens 0 (Task.score); the evaluation of the built-in verifier
+    # must not count the same completion as a pass, or eval_pass@k and the training reward disagree on one sample
+    from common.data import Example, Task
+    from common.verifiers import math_reward
+
+    reward = lambda text, example: math_reward(text, example.answer)  # noqa: E731
+    task = Task([], [], reward, reward, "rows")
+    example = Example(0, "How many?", "13")
+    texts = ["13\n\\boxed{13}\nand then some more text that ran into the limit", "\\boxed{13}"]
+    assert task.score(texts, [example] * 2, [[1], [1]], [True, False], 1).total == [0.0, 1.0]
+    assert task.eval_success(texts, [example] * 2, [[1], [1]], [True, False]) == [False, True]
