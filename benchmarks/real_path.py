@@ -48,7 +48,7 @@ class Args:
     rewards: str = ",".join(REWARDS)
     """comma-separated rewards: `math` (the built-in math reward on text prompts, the default suffix) and `funcs`
     (examples/boxed_rewards.py's format and correctness functions, weights 0.2 and 1, on message prompts)"""
-    max_steps: int = 60
+    max_steps: int = 50
     """policy updates per run"""
     learning_rate: float = 1e-4
     """every run's --learning_rate"""
