@@ -135,6 +135,7 @@ def main(args: Args) -> list[dict]:
     import torch
 
     from benchmarks import word_problems
+    from benchmarks.run import machine_info
 
     out_path = ROOT / args.out
     rows = json.loads(out_path.read_text()) if out_path.exists() else []
@@ -169,17 +170,12 @@ def main(args: Args) -> list[dict]:
                    "train_reward_last10": round(sum(rewards[-10:]) / len(rewards[-10:]), 4),
                    "command": " ".join(["python", *cmd[1:]]).replace(str(ROOT) + "/", ""),
                    "settings": {k: v for k, v in asdict(args).items() if k not in ("out", "refigure")},
-                   "date": time.strftime("%Y-%m-%d")}
+                   "date": time.strftime("%Y-%m-%d"), "machine": machine_info()}
             print(row_line(row), flush=True)
             rows = [r for r in rows if (r["script"], r["reward"]) != (script, reward)] + [row]
             rows.sort(key=lambda r: (SCRIPTS.index(r["script"]), REWARDS.index(r["reward"])))
             out_path.parent.mkdir(parents=True, exist_ok=True)
             out_path.write_text(json.dumps(rows, indent=2) + "\n")  # after every run: a cut sitting keeps its rows
-    from benchmarks.run import machine_info
-
-    for row in rows:
-        row.setdefault("machine", machine_info())
-    out_path.write_text(json.dumps(rows, indent=2) + "\n")
     plot(rows, PLOT)
     print(docs_block(out_path))
     return rows
