@@ -32,7 +32,6 @@ if str(ROOT) not in sys.path:
 from common.cli import parse_args  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "real_path.json"
-PLOT = RESULTS.with_suffix(".png")
 SCRIPTS = ("ra_rloo", "ps_grpo", "pros_ppo", "ada_seq", "ada_est")
 REWARDS = ("math", "funcs")
 FUNCS = ("examples/boxed_rewards.py:boxed_format_reward,examples/boxed_rewards.py:boxed_correctness_reward")
@@ -63,7 +62,8 @@ class Args:
     work_dir: str = "runs/real_path"
     """the data files, the runs' output folders (relative to the repo root; not committed)"""
     out: str = str(RESULTS.relative_to(ROOT))
-    """results file (relative to the repo root); rows of the runs not made keep their figures"""
+    """results file (relative to the repo root; the plot is written beside it as .png); rows of the runs not made
+    keep their figures"""
     refigure: bool = False
     """run nothing: redraw the plot from --out"""
 
@@ -140,7 +140,7 @@ def main(args: Args) -> list[dict]:
     out_path = ROOT / args.out
     rows = json.loads(out_path.read_text()) if out_path.exists() else []
     if args.refigure:
-        plot(rows, PLOT)
+        plot(rows, out_path.with_suffix(".png"))
         print(docs_block(out_path))
         return rows
     torch.set_num_threads(args.num_threads)
@@ -176,7 +176,7 @@ def main(args: Args) -> list[dict]:
             rows.sort(key=lambda r: (SCRIPTS.index(r["script"]), REWARDS.index(r["reward"])))
             out_path.parent.mkdir(parents=True, exist_ok=True)
             out_path.write_text(json.dumps(rows, indent=2) + "\n")  # after every run: a cut sitting keeps its rows
-    plot(rows, PLOT)
+    plot(rows, out_path.with_suffix(".png"))
     print(docs_block(out_path))
     return rows
 
