@@ -211,7 +211,8 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_xticks(list(xs), [r["script"] for r in mine], fontsize=8)
         ax.set_title("built-in math reward" if reward == "math" else "--reward_funcs (format + correctness)")
     axes[0].set_ylabel("held-out pass@1")
-    axes[0].legend(fontsize=8)
+    axes[0].set_ylim(0, 1.08)  # room above the bars for the legend
+    axes[0].legend(fontsize=8, ncol=2, loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
