@@ -7,7 +7,7 @@ three graded kinds (`LEVELS`): one step (a gain or a loss), two steps (a gain an
 product followed by a loss. The same rows are also written as message prompts (`prompt`: a system message saying how
 to answer, then the question), for `--reward_funcs`. Training and held-out rows are disjoint questions.
 
-    python benchmarks/word_problems.py --out data/          # data/{train,heldout}{,_messages}.jsonl, the model
+    python benchmarks/word_problems.py --out runs/wp/   # runs/wp/{train,heldout}{,_messages}.jsonl; the base model
 
 The base: a char-level tokenizer with a chat template and a ~1M-parameter Llama decoder, SFT'd on both prompt
 renderings (a text prompt with the math reward's default suffix, and the message prompt) to answer with one
@@ -326,7 +326,7 @@ if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="data", help="folder for the four .jsonl files")
+    parser.add_argument("--out", default="runs/word_problems", help="folder for the four .jsonl files")
     parser.add_argument("--no_model", action="store_true", help="write the data only")
     flags = parser.parse_args()
     for name, file in write_data(Path(flags.out)).items():
