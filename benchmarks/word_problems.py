@@ -13,7 +13,7 @@ The base: a char-level tokenizer with a chat template and a ~1M-parameter Llama 
 renderings (a text prompt with the math reward's default suffix, and the message prompt) to answer with one
 `a+b=c` line per step and a last line `\\boxed{N}`. Like the embedded Countdown base, a share of its SFT answers is
 careless (every loss read as a gain, a product read as a sum): the base writes the right steps often enough that RL
-finds them and wrongly often enough that it has room (held-out pass@1 about 0.3, `build_info.json`). Built once
+finds them and wrongly often enough that it has room (held-out pass@1 in `build_info.json`). Built once
 under `$RLVR_CACHE` keyed by a hash of its recipe, or copied from `assets/` when a build of that recipe ships there.
 """
 from __future__ import annotations
