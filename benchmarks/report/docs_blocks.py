@@ -2,7 +2,8 @@
 `end NAME` markers, rewritten from the committed runs (`--write_docs`, or a report on benchmarks/runs) and checked by
 tests/test_docs.py. `BLOCKS` lists every block with its renderer: the method pages' results, the README's durations
 of each default run and its list of claim verdicts with the conclusion drawn from them, docs/benchmark.md's re-run
-commands and its `--torch_compile` figures (from benchmarks/results/compile.json), and the newest GPU spell's figures
+commands and its `--torch_compile` figures (from benchmarks/results/compile.json), the real path's figures
+(benchmarks/results/real_path.json) on docs/custom_task.md and docs/benchmark.md, and the newest GPU spell's figures
 (benchmarks/results/gpu/) on docs/scaling.md and docs/benchmark.md."""
 from __future__ import annotations
 
@@ -141,6 +142,13 @@ def durations_block(aggs: dict[str, Agg]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def real_path_block() -> str:
+    """The real path's figures (benchmarks/real_path.py, results/real_path.json)."""
+    from benchmarks.real_path import docs_block
+
+    return docs_block()
+
+
 def gpu_block() -> str:
     """The newest GPU spell's figures (benchmarks/gpu_smoke.py, which imports torch: loaded only to render)."""
     from benchmarks.gpu_smoke import docs_block
@@ -160,6 +168,8 @@ BLOCKS: dict[tuple[str, str], Renderer] = {
     ("docs/benchmark.md", "compile"): lambda runs, aggs: compile_block(),  # benchmarks/results/compile.json
     ("docs/benchmark.md", "gpu"): lambda runs, aggs: gpu_block(),  # the newest benchmarks/results/gpu/*/smoke.json
     ("docs/scaling.md", "gpu"): lambda runs, aggs: gpu_block(),
+    ("docs/custom_task.md", "real_path"): lambda runs, aggs: real_path_block(),  # benchmarks/results/real_path.json
+    ("docs/benchmark.md", "real_path"): lambda runs, aggs: real_path_block(),
 }
 
 
