@@ -489,7 +489,7 @@ def main(args: Args) -> None:
         truncated = torch.tensor([reason == "length" for reason in gens.finish_reasons], dtype=torch.bool)
         scored = task.score(texts, [examples[i // k] for i in range(len(texts))], whole, truncated, step)
         rewards = torch.tensor(scored.total, dtype=torch.float32).view(-1, k)  # NaN: no function scored it
-        correct = torch.tensor(scored.success).view(-1, k)  # the task's rule (common/data.py `Task.passes`)
+        correct = torch.tensor(scored.success, dtype=torch.bool).view(-1, k)  # the task's rule (Task.passes)
         rated = torch.tensor(scored.scored, dtype=torch.bool)  # False: no reward (no gradient, critic target, count)
 
         # ================ pi_old's log-probs, entropies, values (and reference log-probs): one no-grad pass ========

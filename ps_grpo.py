@@ -516,7 +516,7 @@ def main(args: Args) -> None:
         for episode, total in zip(episodes, scored.total):
             episode.reward = total  # cut: 0 under the built-in rewards; NaN: no function scored it (advantage 0)
         rewards = torch.tensor([episode.reward for episode in episodes]).view(-1, n).float()
-        success = torch.tensor(scored.success).view(-1, n)
+        success = torch.tensor(scored.success, dtype=torch.bool).view(-1, n)
         passes = success.sum(-1).tolist()  # k of N, per task
         fresh = [group for group, task in enumerate(tasks) if task["cat"] is None]
         prefix_groups = {category: [group for group, task in enumerate(tasks) if task["cat"] == category]

@@ -360,7 +360,7 @@ def main(args: Args) -> None:
         truncated = torch.tensor([reason == "length" for reason in gens.finish_reasons])
         scored = task.score(texts, [examples[i // args.k] for i in range(len(texts))], completions, truncated, step)
         rewards = torch.tensor(scored.total).view(-1, args.k).float()  # NaN: no function scored it
-        fresh_success = torch.tensor(scored.success).view(-1, args.k)  # the task's rule (common/data.py `passes`)
+        fresh_success = torch.tensor(scored.success, dtype=torch.bool).view(-1, args.k)  # the task rule (Task.passes)
         fresh_rewards = rewards.clone()  # [RA-RLOO] (also in RLOO: the same) the rewards before the splice
 
         # ================ [RA-RLOO] splice one stored success into groups that need it (Section 3.1) ================

@@ -54,7 +54,7 @@ def test_each_method_file_holds_its_update_and_is_at_most_700_lines():
         assert not {"common.runtime", "common.ada"} & common_imports(ROOT / script)
 
 
-def test_real_data_path_loads_no_demo_and_at_most_2900_lines_of_common(tmp_path):
+def test_real_data_path_loads_no_demo_and_at_most_2990_lines_of_common(tmp_path):
     # what a user copies with one method: the shared flags and their ranges, checkpoints with FSDP hooks, the output
     # folder's claim (its lock, re-checked before each removal, refusal of a used folder and of a resume that would
     # mix runs, the shared-folder check, a failed write stopping every rank), several processes' shares and global
@@ -74,7 +74,7 @@ def test_real_data_path_loads_no_demo_and_at_most_2900_lines_of_common(tmp_path)
         assert not set(import_footprint.DEMO_MODULES) & set(modules), (script, sorted(modules))
         assert "common.verifiers" in modules  # it did take the real-data path (math-verify rewards)
         assert "common.rewards" not in modules  # user reward functions' loader: only with --reward_funcs
-        assert sum(modules.values()) <= 2900, (script, sum(modules.values()))
+        assert sum(modules.values()) <= 2990, (script, sum(modules.values()))
 
 
 def test_no_line_over_120_characters():

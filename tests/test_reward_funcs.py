@@ -427,6 +427,7 @@ class _Answers:
 
     def __init__(self, tokenizer, text):
         self.ids = tokenizer(text, add_special_tokens=False).input_ids
+        self.end_ids = [tokenizer.eos_token_id]  # what ends a turn, as the generators' (EOS, end-of-turn ids)
 
     def generate(self, prompts, n, sampling):
         from common.generation import Generations
