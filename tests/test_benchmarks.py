@@ -17,7 +17,7 @@ import pytest
 from conftest import ROOT
 from scipy import stats
 
-from benchmarks import floor, report, run
+from benchmarks.speed import floor, report, run
 
 
 def _write_rows(d: Path, rows: list[dict]) -> None:
@@ -306,7 +306,7 @@ def test_runner_runs_skips_finished_and_resumes_unfinished(tmp_path, monkeypatch
     assert not list(a.glob("checkpoint-*"))  # finished: checkpoints removed (only metrics are needed)
     assert json.loads((a / "bench.json").read_text())["finished"]
     assert json.loads((runs / "sweep.json").read_text())["invocations"][0]["command"].startswith(
-        "python benchmarks/run.py")
+        "python benchmarks/sweep/run.py")
 
     # second invocation: both finished -> skipped, the fake script is not called again
     assert run.main(args, argv) == 0
@@ -509,7 +509,7 @@ def test_readme_claims_block_shows_scope_effect_and_rules(tmp_path):
     assert len(decided) == 4  # PPO+PROS beats PPO and takes PPO's time per step, on both pools
     assert "~1M-parameter model" in scope and "3-3 paired seeds, 95% intervals" in scope and "95% intervals" in scope
     assert "of 4 verdicts ~0 would flip by chance alone" in " ".join(scope.split())
-    assert "(benchmarks/results/README.md#the-papers-claims-verdicts)" in scope.replace("\n", "")
+    assert "(benchmarks/sweep/results/README.md#the-papers-claims-verdicts)" in scope.replace("\n", "")
     (row,) = [ln for ln in table.splitlines() if ln.startswith("| PROS | PPO+PROS beats PPO")]
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2].startswith("no gain as large as 0.03: +0.001 [") and cells[2].endswith("]")
@@ -816,10 +816,10 @@ def test_report_writes_the_docs_figures(tmp_path):
 
 
 def test_both_report_commands_write_the_same_page(tmp_path):
-    # `python benchmarks/report.py` (the old path) and `python -m benchmarks.report` take the same flags
+    # `python benchmarks/sweep/report.py` (the old path) and `python -m benchmarks.sweep.report` take the same flags
     runs = _fake_results(tmp_path)
     pages = []
-    for command in (["benchmarks/report.py"], ["-m", "benchmarks.report"]):
+    for command in (["benchmarks/sweep/report.py"], ["-m", "benchmarks.sweep.report"]):
         out = tmp_path / "out"  # the same folder: the page names it
         subprocess.run([sys.executable, *command, "--runs_dir", str(runs), "--out_dir", str(out), "--plots", "false"],
                        cwd=ROOT, check=True, capture_output=True)
@@ -830,7 +830,7 @@ def test_both_report_commands_write_the_same_page(tmp_path):
 
 
 def test_modules_do_not_import_matplotlib_or_torch_at_import_time():
-    code = ("import sys; import benchmarks.run, benchmarks.report, benchmarks.floor; "
+    code = ("import sys; import benchmarks.sweep.run, benchmarks.sweep.report, benchmarks.speed.floor; "
             "bad = [m for m in ('matplotlib', 'torch') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
@@ -862,7 +862,7 @@ def test_floor_breakdown_parts_sum_to_the_script_step():
 
 
 def test_gibbs_speed_reports_the_fraction_of_a_step(tmp_path, capsys):
-    from benchmarks import gibbs_speed
+    from benchmarks.speed import gibbs_speed
 
     parent, s, n = gibbs_speed.synthetic_pool(50, 4, __import__("numpy").random.default_rng(0))
     assert len(parent) == 50 and (parent[:10] == -1).all() and (parent[10:] >= 0).all() and (parent[10:] < 10).all()
@@ -877,7 +877,7 @@ def test_gibbs_speed_reports_the_fraction_of_a_step(tmp_path, capsys):
 
 
 def test_memory_table_arithmetic():
-    from benchmarks import memory_table as mt
+    from benchmarks.speed import memory_table as mt
 
     gib = 2 ** 30
     # 7B, DDP: 16 bytes per trained parameter (fp32 weights, grads, 2 Adam moments) + a bf16 reference (2 bytes)
@@ -928,7 +928,7 @@ def test_memory_table_arithmetic():
 
 
 def test_packing_benchmark_times_both_layouts(tiny_base):
-    from benchmarks import packing
+    from benchmarks.speed import packing
 
     rows = packing.main(packing.Args(caps="16", row_tokens="64", sequences=6, repeats=1, num_threads=1,
                                      model_name_or_path=tiny_base))
@@ -938,8 +938,8 @@ def test_packing_benchmark_times_both_layouts(tiny_base):
 
 
 def test_the_measured_default_run_heads_the_durations_block(tmp_path):
-    from benchmarks import default_run
-    from benchmarks.report import docs_blocks
+    from benchmarks.speed import default_run
+    from benchmarks.sweep.report import docs_blocks
 
     rows = [{"step": 0, "eval_pass@1": 0.2, "eval_pass@8": 0.5, "num_threads": 2},
             *({"step": s, "loss": 0.1, "num_threads": 2} for s in range(1, 300)),

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_smoke.py's control of its own time: a budget that fits nothing writes a report and stops cleanly, a
+"""benchmarks/gpu/smoke.py's control of its own time: a budget that fits nothing writes a report and stops cleanly, a
 SIGTERM ends the whole command (not only the running script) with its results written, the budget timer stops a
 running script; its warm start trains and caches; its small pieces of arithmetic. The full command at CPU size runs
 in tests/test_gpu_smoke_image.py."""
@@ -21,7 +21,7 @@ def _env(tmp_path) -> dict:
 
 
 def _smoke(out, *flags) -> list[str]:
-    return [sys.executable, "benchmarks/gpu_smoke.py", "--size", "tiny", "--dtype", "float32", "--prompts_per_step",
+    return [sys.executable, "benchmarks/gpu/smoke.py", "--size", "tiny", "--dtype", "float32", "--prompts_per_step",
             "4", "--max_new_tokens", "24", "--smoke_eval_prompts", "4", "--output_dir", str(out), *flags]
 
 
