@@ -17,7 +17,8 @@ import pytest
 from conftest import ROOT
 from scipy import stats
 
-from benchmarks.speed import floor, report, run
+from benchmarks.speed import floor
+from benchmarks.sweep import report, run
 
 
 def _write_rows(d: Path, rows: list[dict]) -> None:

@@ -240,7 +240,7 @@ def peer_part(args: Args) -> dict:
 
 
 def main(args: Args) -> dict:
-    from benchmarks.sweep.run import machine_info
+    from benchmarks.sweep.run_dirs import machine_info
 
     out = ROOT / args.out
     res = json.loads(out.read_text()) if out.exists() else {}

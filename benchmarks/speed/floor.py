@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.sweep.run import Config, check_config, machine_info, read_rows  # noqa: E402
+from benchmarks.sweep.configs import Config, check_config  # noqa: E402
+from benchmarks.sweep.run_dirs import machine_info, read_rows  # noqa: E402
 from common.cli import parse_args  # noqa: E402
 
 

@@ -135,7 +135,7 @@ def main(args: Args) -> list[dict]:
     import torch
 
     from benchmarks.sweep import word_problems
-    from benchmarks.sweep.run import machine_info
+    from benchmarks.sweep.run_dirs import machine_info
 
     out_path = ROOT / args.out
     rows = json.loads(out_path.read_text()) if out_path.exists() else []

@@ -18,18 +18,14 @@ metrics.jsonl, args.json and bench.json (plus the sweep's sweep.json) are what g
 """
 from __future__ import annotations
 
-import ast
-import fcntl
 import json
 import os
-import platform
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -37,133 +33,10 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.sweep.configs import BY_NAME, CONFIGS, FULL, QUICK, Config, check_config  # noqa: E402
+from benchmarks.sweep.run_dirs import (FileLock, compact_run, conflict_diff, is_finished, machine_info,  # noqa: E402
+                                       read_rows, run_state, testbed_id)
 from common.cli import parse_args  # noqa: E402  (light: no torch import)
-
-# ----------------------------------------------------------------------------------------------------
-# The configs: one method or baseline each, as flags of the method's own script
-# ----------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Config:
-    name: str
-    script: str
-    flags: tuple[str, ...]  # method flags; the shared budget flags are added by `build_command`
-    label: str
-    baseline: Optional[str] = None  # the config whose final pass@1 this one is measured against
-    mechanism: tuple[str, ...] = ()  # the method's own metric names in metrics.jsonl (the table shows them)
-    note: str = ""
-
-
-CONFIGS: tuple[Config, ...] = (
-    Config("grpo_n4", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "4", "--final_keep_per_prompt", "4",
-                                     "--adv_std_norm", "true"),
-           "GRPO-n4", None, ("frac_zero_var_groups",),
-           "Reinforce-Ada's baseline: one round of 4 samples, nothing adaptive, A = (r - mean) / std (eq. 2)"),
-    Config("dr_grpo_n4", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "4", "--final_keep_per_prompt", "4",
-                                        "--adv_std_norm", "false"),
-           "Dr. GRPO-n4", "grpo_n4", ("frac_zero_var_groups",), "GRPO-n4 without the std division: A = r - mean"),
-    Config("grpo_n8", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "8", "--final_keep_per_prompt", "8",
-                                     "--adv_std_norm", "true"),
-           "GRPO-n8", "grpo_n4", ("frac_zero_var_groups",), "twice the samples of GRPO-n4, all trained on (eq. 2)"),
-    Config("grpo_n16", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "16", "--final_keep_per_prompt", "16",
-                                      "--adv_std_norm", "true"),
-           "GRPO-n16", "grpo_n4", ("frac_zero_var_groups",),
-           "Reinforce-Ada's strong baseline: 16 samples per prompt, all trained on (SEQ-BALANCE is claimed to match "
-           "it while training on 4)"),
-    Config("dapo_n4", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "4", "--final_keep_per_prompt", "4",
-                                     "--adv_std_norm", "true", "--dynamic_sampling", "true"),
-           "DAPO dynamic sampling (n4)", "grpo_n4",
-           ("frac_zero_var_groups", "dapo_rounds", "dapo_kept_groups", "dapo_sampled_groups", "ada_inference_cost_rel"),
-           "Reinforce-Ada's Table 2 baseline: GRPO-n4 dropping zero-variance groups and refilling the batch with new "
-           "prompts (up to 4 extra rounds)"),
-    Config("rloo", "ra_rloo.py", ("--replay", "none"), "RLOO", None,
-           ("frac_zero_var_groups", "ra_zero_var_frac_post"), "RA-RLOO's baseline (K=4, reward {0, 0.1, 1})"),
-    Config("ra_rloo", "ra_rloo.py", ("--replay", "on_demand"), "RA-RLOO", "rloo",
-           ("ra_zero_var_frac_post", "ra_replay_fired_frac", "ra_is_weight_mean"),
-           "stored successes spliced into groups without a fresh success"),
-    Config("ps_off", "ps_grpo.py", ("--mode", "multiturn", "--prefix_sampling", "false"),
-           "GRPO-n8 (r - mean) + rejection, multi-turn", None, ("ps_trained_groups", "ps_solve_partial"),
-           "Prefix Sampling's baseline in the Countdown environment (one action per turn, the paper's agentic "
-           "setting): GRPO with A = r - mean (the paper's appendix), all-fail / all-pass groups dropped. Multi-turn "
-           "runs start from the multi-turn warm-up of the base policy and are evaluated as episodes, so the PS rows "
-           "compare with each other only"),
-    Config("ps_fixed", "ps_grpo.py", ("--mode", "multiturn", "--prefix_sampling", "true", "--adaptive", "false"),
-           "PS (fixed), multi-turn", "ps_off",
-           ("ps_prefix_pass_rate", "ps_trained_groups", "ps_solve_partial", "ps_prefix_tasks"),
-           "a prefix task replays the first K actions of a stored episode in a fresh environment"),
-    Config("ps_adaptive", "ps_grpo.py", ("--mode", "multiturn", "--prefix_sampling", "true", "--adaptive", "true",
-                                         "--ema_reset", "false"),
-           "PS (adaptive), multi-turn", "ps_off",
-           ("ps_prefix_pass_rate", "ps_trained_groups", "ps_solve_partial", "ps_ratio_hard", "ps_ratio_easy"),
-           "the paper's EMA controller (one EMA, never reset) steering prefix tasks to a 50% pass rate"),
-    Config("ps_adaptive_reset", "ps_grpo.py", ("--mode", "multiturn", "--prefix_sampling", "true", "--adaptive",
-                                               "true", "--ema_reset", "true"),
-           "PS (adaptive, EMA reset), multi-turn", "ps_off",
-           ("ps_prefix_pass_rate", "ps_trained_groups", "ps_solve_partial", "ps_ratio_hard", "ps_ratio_easy"),
-           "our variant of the controller: the EMA restarts after every move (sees only the current ratio)"),
-    Config("seq_pos", "ada_seq.py", ("--exit_condition", "positive"), "SEQ-POS", "grpo_n4",
-           ("ada_samples_per_prompt_mean", "ada_samples_per_prompt_max", "ada_frac_zero_var_groups_post",
-            "ada_inference_cost_rel"), "n=4 trained per prompt, up to 4 rounds of 8 samples"),
-    Config("seq_balance", "ada_seq.py", ("--exit_condition", "balanced"), "SEQ-BALANCE", "grpo_n4",
-           ("ada_samples_per_prompt_mean", "ada_samples_per_prompt_max", "ada_frac_zero_var_groups_post",
-            "ada_inference_cost_rel"), "n=4 trained per prompt, up to 4 rounds of 8 samples"),
-    Config("est", "ada_est.py", (), "EST", "grpo_n8",
-           ("est_calibration_error", "est_alloc_min", "est_alloc_max", "est_p_hat_mean"),
-           "8 x prompts samples per step, allocated by the pass-rate estimate (compare GRPO-n8)"),
-    Config("est_pool2048", "ada_est.py", ("--prompt_pool", "2048"), "EST (2048-prompt pool)", "grpo_n8_pool2048",
-           ("est_calibration_error", "est_alloc_min", "est_alloc_max", "est_p_hat_mean"),
-           "EST on ada_est.py's own default pool (a prompt returns every 64 steps): does the sweep's shared 256-prompt "
-           "pool hold EST back? (its flag wins over the harness's --prompt_pool; compared with GRPO-n8 on the same "
-           "pool, and with `est` on the results page)"),
-    Config("grpo_n8_pool2048", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "8", "--final_keep_per_prompt",
-                                              "8", "--adv_std_norm", "true", "--prompt_pool", "2048"),
-           "GRPO-n8 (2048-prompt pool)", "grpo_n8", ("frac_zero_var_groups",),
-           "EST's baseline on EST's own pool: whatever the larger pool does for every method is not credited to EST"),
-    Config("ppo", "pros_ppo.py", ("--pros", "off"), "PPO", None, ("frac_zero_var_groups",),
-           "PROS's baseline: PPO with a critic (GAE), K=4"),
-    Config("ppo_pros", "pros_ppo.py", ("--pros", "bayes"), "PPO+PROS", "ppo",
-           ("pros_calib_error", "pros_frac_children_in_batch", "pros_prefix_len_mean"),
-           "augmented prefix queries picked by the Polya-Gamma Gibbs pass-rate model"),
-    Config("ppo_pros_random", "pros_ppo.py", ("--pros", "random"), "PPO+PROS (random selection)", "ppo",
-           ("pros_calib_error", "pros_frac_children_in_batch", "pros_prefix_len_mean"),
-           "PROS's ablation: the same prefix queries, picked uniformly from the pool"),
-    Config("grpo_k4", "pros_ppo.py", ("--adv", "grpo", "--pros", "off"), "GRPO (pros_ppo.py)", None,
-           ("frac_zero_var_groups",),
-           "critic-free GRPO advantage in pros_ppo.py's PPO loop (2 epochs x 2 minibatches)"),
-    Config("grpo_pros", "pros_ppo.py", ("--adv", "grpo", "--pros", "bayes"), "GRPO+PROS", "grpo_k4",
-           ("pros_calib_error", "pros_frac_children_in_batch", "pros_prefix_len_mean"),
-           "PROS on the critic-free GRPO advantage (the paper runs it on both)"),
-)
-
-
-def on_pool2048(cfg: Config) -> Config:
-    """The same config in the second data regime: a 2,048-prompt pool (the harness's 32 prompts a step return to a
-    prompt about every 64 steps instead of every 8, so 200 steps visit each about 3 times instead of 25), paired with
-    its baseline on the same pool."""
-    return replace(cfg, name=f"{cfg.name}_pool2048", flags=(*cfg.flags, "--prompt_pool", "2048"),
-                   label=f"{cfg.label} (2048-prompt pool)",
-                   baseline=cfg.baseline and f"{cfg.baseline}_pool2048", note=f"{cfg.note}; on the 2,048-prompt pool")
-
-
-SECOND_REGIME = ("grpo_n4", "grpo_n16", "dapo_n4", "seq_pos", "seq_balance", "rloo", "ra_rloo", "ps_off",
-                 "ps_adaptive", "ppo", "ppo_pros", "ppo_pros_random", "grpo_k4", "grpo_pros")
-_BY_NAME = {c.name: c for c in CONFIGS}
-CONFIGS += tuple(on_pool2048(_BY_NAME[name]) for name in SECOND_REGIME) + (
-    replace(on_pool2048(_BY_NAME["ppo_pros"]), name="ppo_pros_visit_pool2048",
-            flags=(*_BY_NAME["ppo_pros"].flags, "--forget_on", "visit", "--prompt_pool", "2048"),
-            label="PPO+PROS, forgetting on visit (2048-prompt pool)",
-            note="PROS's ablation: a node's counts decay only when it is observed again (on a large pool a node is "
-                 "rarely revisited, so per-iteration forgetting leaves it about one effective trial)"),)
-BY_NAME = {c.name: c for c in CONFIGS}
-
-# Budgets of the two settings (a flag given on the command line wins).
-FULL = {"seeds": [0, 1, 2, 3, 4], "max_steps": 200, "prompts_per_step": 32, "eval_every": 25, "eval_prompts": 256,
-        "eval_samples": 8}
-# --quick is a smoke check of all 21 configs (GRPO-n16 and multi-turn PS among them, 48-token answers) that must stay
-# under 10 minutes: 20 steps of 8 prompts, evaluations at steps 0 and 20 on 32 x 2
-QUICK = {"seeds": [0], "max_steps": 20, "prompts_per_step": 8, "eval_every": 20, "eval_prompts": 32,
-         "eval_samples": 2}
 
 
 @dataclass
@@ -261,65 +134,7 @@ def resolve(args: Args) -> tuple[Settings, Path]:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Checking a config against its script (read from the source: nothing is imported or run)
-# ----------------------------------------------------------------------------------------------------
-
-
-def _class_fields(cls: ast.ClassDef) -> dict[str, Optional[list]]:
-    """{field: Literal choices or None} of a dataclass body."""
-    out: dict[str, Optional[list]] = {}
-    for node in cls.body:
-        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            ann, choices = node.annotation, None
-            if isinstance(ann, ast.Subscript) and getattr(ann.value, "id", getattr(ann.value, "attr", "")) == "Literal":
-                elts = ann.slice.elts if isinstance(ann.slice, ast.Tuple) else [ann.slice]
-                choices = [e.value for e in elts if isinstance(e, ast.Constant)]
-            out[node.target.id] = choices
-    return out
-
-
-def script_flags(script: Path) -> Optional[dict[str, Optional[list]]]:
-    """Every `--flag` of a script's `Args` (its own fields and, if it subclasses BaseArgs, the shared ones)
-    with its Literal choices; None when the script has no `Args` class."""
-    tree = ast.parse(script.read_text())
-    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
-    if "Args" not in classes:
-        return None
-    fields: dict[str, Optional[list]] = {}
-    if any(getattr(b, "id", "") == "BaseArgs" for b in classes["Args"].bases):
-        base = {n.name: n for n in ast.parse((ROOT / "common" / "args.py").read_text()).body
-                if isinstance(n, ast.ClassDef)}
-        fields.update(_class_fields(base["BaseArgs"]))
-    fields.update(_class_fields(classes["Args"]))
-    return fields
-
-
-def check_config(cfg: Config, root: Path = ROOT) -> Optional[str]:
-    """None when the config can run, else why not ("missing: ...")."""
-    path = root / cfg.script
-    if not path.exists():
-        return f"missing: {cfg.script} does not exist yet"
-    try:
-        flags = script_flags(path)
-    except SyntaxError as e:
-        return f"missing: {cfg.script} does not parse ({e.msg}, line {e.lineno})"
-    if flags is None:
-        return f"missing: {cfg.script} has no Args dataclass"
-    toks = list(cfg.flags)
-    for i, t in enumerate(toks):
-        if not t.startswith("--"):
-            continue
-        name = t[2:]
-        if name not in flags:
-            return f"missing: {cfg.script} has no --{name}"
-        value = toks[i + 1] if i + 1 < len(toks) and not toks[i + 1].startswith("--") else None
-        if flags[name] is not None and value is not None and value not in [str(c) for c in flags[name]]:
-            return f"missing: {cfg.script} --{name} has no choice {value!r} (choices: {flags[name]})"
-    return None
-
-
-# ----------------------------------------------------------------------------------------------------
-# Commands and run state
+# Commands
 # ----------------------------------------------------------------------------------------------------
 
 
@@ -353,140 +168,9 @@ def build_command(cfg: Config, s: Settings, seed: int, out_dir: Path) -> list[st
     return [cfg.script, *cfg.flags, *kept]
 
 
-def read_rows(run_dir: Path) -> list[dict]:
-    """metrics.jsonl rows; a torn last line (a run killed mid-write) is ignored."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
-
-
-def is_finished(rows: list[dict], max_steps: int) -> bool:
-    """Finished = the final step's row is there and carries the final evaluation."""
-    return any(r.get("step") == max_steps and r.get("eval_pass@1") is not None for r in rows)
-
-
-def has_checkpoint(run_dir: Path) -> bool:
-    return any((p / "trainer_state.pt").exists() for p in Path(run_dir).glob("checkpoint-*"))
-
-
-def testbed_id(model_name_or_path: str) -> str:
-    """What a run trains: the embedded base's cache name (it hashes the base recipe and the task's levels, so a
-    changed testbed gets a new name), or the model given."""
-    if model_name_or_path != "embedded":
-        return model_name_or_path
-    from common.tiny_model import BaseRecipe  # imports torch: only here
-
-    return f"countdown-base-{BaseRecipe().key()}"
-
-
-def run_state(run_dir: Path, cmd: list[str], max_steps: int, testbed: Optional[str] = None) -> str:
-    """new | done | resume | restart | conflict | stale.
-
-    resume: unfinished with a checkpoint; restart: unfinished without one (`--resume auto` then starts
-    fresh); conflict: the directory holds a run of a different command (changed flags or budget), which
-    is neither skipped nor overwritten; stale: a run of the same command on another testbed (`testbed`, see
-    `testbed_id`; runs recorded without one count as another), likewise left alone.
-    """
-    run_dir = Path(run_dir)
-    meta_path = run_dir / "bench.json"
-    rows = read_rows(run_dir)
-    if not meta_path.exists():
-        return "new" if not rows and not has_checkpoint(run_dir) else "conflict"
-    meta = json.loads(meta_path.read_text())
-    if meta.get("cmd") != cmd:
-        return "conflict"
-    if testbed is not None and meta.get("testbed") != testbed:
-        return "stale"
-    if is_finished(rows, max_steps):
-        return "done"
-    return "resume" if has_checkpoint(run_dir) else ("restart" if rows or meta.get("attempts") else "new")
-
-
-def conflict_diff(run_dir: Path, cmd: list[str]) -> str:
-    path = Path(run_dir) / "bench.json"
-    if not path.exists():
-        return "the directory holds files but no bench.json (not written by this runner)"
-    old = json.loads(path.read_text()).get("cmd", [])
-    a, b = " ".join(old), " ".join(cmd)
-    return f"recorded: {a}\n        wanted:   {b}" if a != b else ""
-
-
-def clean_checkpoints(run_dir: Path) -> None:
-    for p in list(Path(run_dir).glob("checkpoint-*")) + list(Path(run_dir).glob(".tmp-checkpoint-*")):
-        shutil.rmtree(p, ignore_errors=True)
-
-
-LOG_KEEP_LINES = 200  # a finished run's log.txt keeps its tail (the final evaluation, timings, any warning)
-
-
-def compact_run(run_dir: Path, keep_checkpoints: bool = False) -> None:
-    """Shrink a finished run to what the report and the skip check read (metrics.jsonl, args.json, bench.json)
-    plus a short log: checkpoints and samples.jsonl go unless `keep_checkpoints`."""
-    run_dir = Path(run_dir)
-    if not keep_checkpoints:
-        clean_checkpoints(run_dir)
-        (run_dir / "samples.jsonl").unlink(missing_ok=True)
-    log = run_dir / "log.txt"
-    if log.exists():
-        lines = log.read_text(errors="replace").splitlines(keepends=True)
-        if len(lines) > LOG_KEEP_LINES + 1:  # + 1: the note of an earlier cut (compacting twice changes nothing)
-            cut = len(lines) - LOG_KEEP_LINES
-            log.write_text(f"[{cut} earlier lines cut by benchmarks/sweep/run.py]\n" + "".join(lines[cut:]))
-
-
-def machine_info() -> dict:
-    info = {"platform": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count()}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        from importlib.metadata import version
-
-        info["torch"] = version("torch")
-        info["transformers"] = version("transformers")
-    except Exception:  # noqa: BLE001 (informational only)
-        pass
-    return info
-
-
 # ----------------------------------------------------------------------------------------------------
 # Running
 # ----------------------------------------------------------------------------------------------------
-
-
-class FileLock:
-    """flock on a file around one run; prints when it has to wait."""
-
-    def __init__(self, path: str):
-        self.path, self.fd = path, None
-
-    def __enter__(self):
-        if not self.path:
-            return self
-        self.fd = open(self.path, "a")
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"    waiting for the lock {self.path} ...", flush=True)
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            self.fd.close()
-            self.fd = None
 
 
 def _raise_interrupt(signum, frame):

@@ -13,7 +13,7 @@ from benchmarks.sweep.report.curves import LEVELS, Agg, final_value, median_step
 from benchmarks.sweep.report.load import POOL256, Regime
 from benchmarks.sweep.report.stats import (TARGET_HALF, Interval, fmt, iv_text, over_seeds, paired, reach_ratios, seeds_of,
                                      std_ratio_interval)
-from benchmarks.sweep.run import BY_NAME
+from benchmarks.sweep.configs import BY_NAME
 
 
 REPRODUCED, WORSE, INCONCLUSIVE = "reproduced", "worse", "inconclusive"

@@ -9,7 +9,7 @@ from typing import Optional
 
 from benchmarks.sweep import run as run_mod
 from benchmarks.sweep.report.load import RUNS_DIR, RunData, recorded_settings
-from benchmarks.sweep.run import BY_NAME
+from benchmarks.sweep.configs import BY_NAME
 
 
 def runner_flags(s: run_mod.Settings) -> list[str]:

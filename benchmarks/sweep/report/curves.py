@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from benchmarks.sweep.report.load import RunData
-from benchmarks.sweep.run import BY_NAME, CONFIGS, Config
+from benchmarks.sweep.configs import BY_NAME, CONFIGS, Config
 
 
 def _number(v) -> Optional[float]:

@@ -151,7 +151,7 @@ def real_path_block() -> str:
 
 def gpu_block() -> str:
     """The newest GPU spell's figures (benchmarks/gpu/smoke.py, which imports torch: loaded only to render)."""
-    from benchmarks.gpu_smoke import docs_block
+    from benchmarks.gpu.report import docs_block
 
     return docs_block()
 

@@ -16,7 +16,7 @@ from benchmarks.sweep.report.load import (POOL256, POOL2048, REGIMES, Regime, Ru
                                     recorded_settings)
 from benchmarks.sweep.report.stats import equal_tokens_diffs, fmt, iv_text, over_seeds, paired
 from benchmarks.sweep.report.tables import cell_text, mech_text
-from benchmarks.sweep.run import BY_NAME
+from benchmarks.sweep.configs import BY_NAME
 
 
 def _short(name: str) -> str:

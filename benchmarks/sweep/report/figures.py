@@ -9,7 +9,7 @@ from pathlib import Path
 
 from benchmarks.sweep.report.curves import Agg, eval_curve, metric_series
 from benchmarks.sweep.report.load import REGIMES, RunData, base_name, page_baselines
-from benchmarks.sweep.run import BY_NAME, CONFIGS
+from benchmarks.sweep.configs import BY_NAME, CONFIGS
 
 
 STYLE = {  # colour by family; baselines dashed

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Optional
 
 from benchmarks.sweep import run as run_mod
-from benchmarks.sweep.run import BY_NAME, is_finished, read_rows
+from benchmarks.sweep.configs import BY_NAME
+from benchmarks.sweep.run_dirs import is_finished, read_rows
 
 ROOT = Path(__file__).resolve().parents[3]
 RUNS_DIR = ROOT / "benchmarks" / "sweep" / "runs"

@@ -9,7 +9,7 @@ from benchmarks.sweep.report.curves import Agg, final_value, gap_cell, mech_valu
 from benchmarks.sweep.report.load import REGIMES, RunData, base_name, flag_value
 from benchmarks.sweep.report.stats import (PROS_TRIALS, TARGET_HALF, binomial_abs_floor, equal_tokens_diffs, fmt, iv_text,
                                      paired, reach_ratios, seeds_for, si)
-from benchmarks.sweep.run import BY_NAME, CONFIGS
+from benchmarks.sweep.configs import BY_NAME, CONFIGS
 
 
 def reach_cells(a: Agg, aggs: dict[str, Agg]) -> tuple[str, str, str]:
