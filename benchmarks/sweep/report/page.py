@@ -127,10 +127,10 @@ def write_report(runs_dir: Path, out_dir: Path, plots: bool = True, figures_dir:
                   "dashed):\n")
         for p in doc_pngs:
             md.append(f"![{p.stem}.py: learning curves, both pools]({Path(os.path.relpath(p, out_dir)).as_posix()})\n")
-    floor = out_dir / "floor.md"
+    floor = ROOT / "benchmarks" / "speed" / "results" / "floor.md"  # the speed room's measurement
     md.append("## Throughput against the floor\n")
     md.append(floor.read_text() + "\n" if floor.exists() else
-              "Not measured yet: `python benchmarks/speed/floor.py` writes `floor.md` here.\n")
+              "Not measured yet: `python benchmarks/speed/floor.py` writes `benchmarks/speed/results/floor.md`.\n")
     incomplete = [(n, r) for n in order for r in aggs[n].unfinished]
     if incomplete:
         md.append("## Unfinished runs (not in the table)\n")
