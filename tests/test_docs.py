@@ -60,7 +60,8 @@ def anchors(page: Path) -> set[str]:
 
 
 def figure_pending(target: Path) -> bool:
-    """docs/figures/<script>.png are drawn by benchmarks/sweep/report.py; until it draws them, a link to one may wait."""
+    """docs/figures/<script>.png are drawn by benchmarks/sweep/report.py; until it draws them, a link to one may
+    wait."""
     report = "".join(p.read_text() for p in (ROOT / "benchmarks" / "sweep" / "report").glob("*.py"))
     return target.parent == ROOT / "docs" / "figures" and not re.search(r"docs.{0,12}figures", report)
 
@@ -188,8 +189,8 @@ def test_the_docs_generated_blocks_are_what_the_committed_runs_give():
 
 
 def test_every_committed_run_is_remade_by_a_command_on_the_results_page():
-    """The results page lists `python benchmarks/sweep/run.py ...` commands built from the runs' bench.json: together they
-    cover every committed run, and for each run run.py builds exactly the command its bench.json recorded."""
+    """The results page lists `python benchmarks/sweep/run.py ...` commands built from the runs' bench.json: together
+    they cover every committed run, and for each run run.py builds exactly the command its bench.json recorded."""
     from benchmarks.sweep import report, run
     from common.cli import parse_args
 

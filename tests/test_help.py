@@ -62,7 +62,8 @@ for command in sys.argv[1:]:
 def test_help_of_every_command_exits_0_and_prints_its_flags():
     commands = entry_points()
     assert {"ra_rloo.py", "benchmarks/gpu/smoke.py", "benchmarks/sweep/run.py", "-m common.plot_run",
-            "-m benchmarks.sweep.report", "benchmarks/sweep/report.py", "benchmarks/speed/default_run.py"} <= set(commands), commands
+            "-m benchmarks.sweep.report", "benchmarks/sweep/report.py", "benchmarks/speed/default_run.py",
+            "benchmarks/speed/trl_peer.py", "benchmarks/gpu/smoke.py"} <= set(commands), commands
     ours = [c for c in commands if "parse_args(Args" in source(c) or "cli()" in source(c)]
     own = {c: subprocess.Popen([sys.executable, *c.split(), "--help"], cwd=ROOT, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True) for c in commands if c not in ours}

@@ -65,7 +65,7 @@ def test_real_data_path_loads_no_demo_and_at_most_2900_lines_of_common(tmp_path)
     # completions no reward function scored are left out), the log-prob step recomputed chunk by chunk in backward;
     # common/fsdp.py, common/config.py and common/lora.py load only with --fsdp / --config / --lora_r, so they are
     # not counted here
-    import import_footprint
+    from benchmarks.speed import import_footprint
 
     model_dir, data = import_footprint.make_inputs(tmp_path)
     for script in SCRIPTS:
@@ -77,7 +77,8 @@ def test_real_data_path_loads_no_demo_and_at_most_2900_lines_of_common(tmp_path)
 
 
 def test_no_line_over_120_characters():
-    files = [*SCRIPTS, *(str(p.relative_to(ROOT)) for folder in ("common", "tests") for p in (ROOT / folder).glob("*.py")),
+    files = [*SCRIPTS, *(str(p.relative_to(ROOT)) for folder in ("common", "tests")
+                         for p in (ROOT / folder).glob("*.py")),
              *(str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").rglob("*.py"))]
     long = [f"{name}:{i}" for name in files for i, line in enumerate((ROOT / name).read_text().splitlines(), 1)
             if len(line) > 120]

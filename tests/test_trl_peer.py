@@ -89,7 +89,8 @@ def test_results_page_shows_the_measured_figures_and_ratio():
            "warmup_steps": 5, "trl": trl, "ours": ours, "ratio": trl_peer.compare(trl, ours),
            "versions": {"trl": "9.9.9", "torch": "2.x", "transformers": "5.x"},
            "machine": {"nproc": 2, "cpu": "test cpu", "python": "3.x"},
-           "commands": {"this": "python benchmarks/speed/trl_peer.py --steps 5", "ours": "python ada_seq.py --max_rounds 1",
+           "commands": {"this": "python benchmarks/speed/trl_peer.py --steps 5",
+                        "ours": "python ada_seq.py --max_rounds 1",
                         "trl_config": "loss_type='dr_grpo'"}}
     md = trl_peer.render_md(res)
     # pooled: TRL steps 2,1,3,2,1,3 (median 2.0, 1200 tokens / 12 s); ours 1,0.5,1.5,2,4,2 (median 1.75, 1200 / 11 s)

@@ -9,11 +9,12 @@ and the TRL peer with `--torch_compile` on ours and with TRL's own `torch_compil
    first run on a machine does) and the steps after which compiling has paid for itself (compile time / the per-step
    saving), to set against the script's default `--max_steps`;
 2. floor: `benchmarks/speed/floor.py`'s bare loop and our script (GRPO-n4), eager and compiled;
-3. peer: `benchmarks/speed/trl_peer.py`'s setting, `--peer_rounds` rounds of four runs (TRL eager, TRL `torch_compile=True`,
-   ours eager, ours `--torch_compile`, the order reversed every other round); steps/s ratios of each pair.
+3. peer: `benchmarks/speed/trl_peer.py`'s setting, `--peer_rounds` rounds of four runs (TRL eager, TRL
+   `torch_compile=True`, ours eager, ours `--torch_compile`, the order reversed every other round); steps/s ratios of
+   each pair.
 
-    OMP_NUM_THREADS=2 python benchmarks/speed/compile_speed.py          # -> benchmarks/speed/results/compile.json (~70 min quiet)
-    python benchmarks/sweep/report.py --write_docs                        # its block on docs/benchmark.md
+    OMP_NUM_THREADS=2 python benchmarks/speed/compile_speed.py   # -> benchmarks/speed/results/compile.json (~70 min)
+    python benchmarks/sweep/report.py --write_docs               # its block on docs/benchmark.md
 """
 from __future__ import annotations
 
@@ -274,13 +275,14 @@ def docs_block(path: Path = RESULTS) -> str:
     """docs/benchmark.md's `compile` block from the results file (a line saying how to make it when there is none)."""
     if not path.exists():
         return textwrap.fill("`--torch_compile` has not been measured on this machine yet: `OMP_NUM_THREADS=2 python "
-                             "benchmarks/speed/compile_speed.py` writes `benchmarks/speed/results/compile.json`, then `python "
+                             "benchmarks/speed/compile_speed.py` writes `benchmarks/speed/results/compile.json`, "
+                             "then `python "
                              "benchmarks/sweep/report.py --write_docs` puts its figures here.", 120,
                              break_on_hyphens=False, break_long_words=False) + "\n"
     res = json.loads(path.read_text())
     a = res.get("args", {})
-    lines = ["`python benchmarks/speed/compile_speed.py` (`benchmarks/speed/results/compile.json`), each part with its threads and "
-             "machine:", ""]
+    lines = ["`python benchmarks/speed/compile_speed.py` (`benchmarks/speed/results/compile.json`), each part with its "
+             "threads and machine:", ""]
 
     def where(part: str) -> str:
         flags, machine = res[part].get("args", a), res[part].get("machine", res.get("machine", {}))
@@ -308,7 +310,8 @@ def docs_block(path: Path = RESULTS) -> str:
         spread = lambda pair: "/".join(f"{x:.2f}" for x in p["rounds"][pair])  # noqa: E731
         flags = p.get("args", a)
         lines += [f"- against TRL {p['versions'].get('trl')} `GRPOTrainer` ({where('peer')}; "
-                  f"`benchmarks/speed/trl_peer.py`'s setting, {flags.get('peer_rounds')} rounds of {flags.get('peer_steps')} "
+                  f"`benchmarks/speed/trl_peer.py`'s setting, {flags.get('peer_rounds')} rounds of "
+                  f"{flags.get('peer_steps')} "
                   "steps), ours / TRL steps/s: both eager "
                   f"{ratio['ours_eager_vs_trl_eager']:.2f}x (rounds {spread('ours_eager_vs_trl_eager')}); ours "
                   f"`--torch_compile` vs TRL eager {ratio['ours_compiled_vs_trl_eager']:.2f}x (rounds "

@@ -17,7 +17,7 @@ The script's logged step is split into generation / log-prob pass / verifier (by
 proportions of (2), since the script times them together as time_gen_s), update (time_train_s) and
 book-keeping (the rest of time_step_s, plus the verifier), and reported as a ratio to the floor (1).
 
-    OMP_NUM_THREADS=2 python benchmarks/speed/floor.py --num_threads 2          # writes benchmarks/speed/results/floor.{md,json}
+    OMP_NUM_THREADS=2 python benchmarks/speed/floor.py --num_threads 2  # -> benchmarks/speed/results/floor.{md,json}
 """
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ buffers per rank (host memory, every rank holds the same): int32 token ids plus 
 Python int lists before (REPLAY_BYTES_PER_TOKEN, measured by tracemalloc at 500-token successes).
 
     python benchmarks/speed/memory_table.py            # the markdown tables and lines of docs/scaling.md
-    python benchmarks/speed/memory_table.py --measure  # first measure the log-prob step's bytes (~1 min, 4 GB of memory)
+    python benchmarks/speed/memory_table.py --measure  # first measure the log-prob step's bytes (~1 min, 4 GB)
 """
 from __future__ import annotations
 

@@ -10,12 +10,12 @@ options are measured in turn, `--repeats` rounds each, so slow stretches of the 
     python benchmarks/speed/threads.py                              # every option, 2 rounds (about 25 minutes)
     python benchmarks/speed/threads.py --options default,policy --repeats 1
     python benchmarks/speed/threads.py --lock /tmp/a.lock --lock /tmp/b.lock   # wait for (and hold) a benchmark's locks
-    python benchmarks/speed/threads.py --startup --options threads1,policy,default   # the start of a run (a few minutes)
+    python benchmarks/speed/threads.py --startup --options threads1,policy,default   # the start of a run (minutes)
 
-Writes benchmarks/speed/results/threads.json (every measurement) and threads.md (the table docs/cpu_threads.md quotes); with
---startup, threads_startup.json / .md: per option, the wall time of a one-step run and the seconds to its first
-training step, alone and two side by side, and the cores it used over its whole life (user + sys CPU / wall). Needs
-a machine with nothing else running: other jobs change every figure.
+Writes benchmarks/speed/results/threads.json (every measurement) and threads.md (the table docs/cpu_threads.md quotes);
+with --startup, threads_startup.json / .md: per option, the wall time of a one-step run and the seconds to its first
+training step, alone and two side by side, and the cores it used over its whole life (user + sys CPU / wall). Needs a
+machine with nothing else running: other jobs change every figure.
 """
 from __future__ import annotations
 
@@ -181,7 +181,8 @@ def main_startup(args: Args, out: Path) -> int:
                             "options": {o: {"env": OPTIONS[o][0], "num_threads": OPTIONS[o][1]} for o in options},
                             "date": time.strftime("%Y-%m-%d %H:%M")}
                     (out / "threads_startup.json").write_text(json.dumps(meta, indent=2))
-    md = (f"*Written by `benchmarks/speed/threads.py --startup` ({time.strftime('%Y-%m-%d')}, {CORES} cores): `{args.script} "
+    md = (f"*Written by `benchmarks/speed/threads.py --startup` ({time.strftime('%Y-%m-%d')}, {CORES} cores): "
+          f"`{args.script} "
           f"{' '.join(STARTUP_FLAGS)} --num_threads N` (set-up, the step-0 evaluation of 256 held-out prompts x 8 and "
           f"one step), median of {args.repeats} rounds; pair = two started together; cores used = (user + sys CPU) / "
           f"wall over the run's life.*\n\n" + startup_table(results, options))

@@ -248,7 +248,8 @@ def render_md(res: dict) -> str:
     lines = [
         "# TRL GRPOTrainer as a throughput peer of our Dr. GRPO-n4",
         "",
-        f"Written by `benchmarks/speed/trl_peer.py`. Same base policy ({res.get('model', 'the cached embedded tiny model')}),"
+        "Written by `benchmarks/speed/trl_peer.py`. Same base policy "
+        f"({res.get('model', 'the cached embedded tiny model')}),"
         " the first "
         f"{res['prompt_pool']} Countdown training prompts, binary verifier reward, {res['prompts_per_step']} prompts x "
         f"{res['num_generations']} completions of at most {res['max_new_tokens']} tokens per optimizer step, "

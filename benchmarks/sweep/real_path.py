@@ -9,9 +9,9 @@ prompts rendered as the run rendered them (`common.data.hf_task`), a sample pass
 answer equal to the gold. pass@1 is the mean over samples; the interval is a 95% normal interval, over prompts, of
 the per-prompt difference end - start (paired: the same prompts).
 
-    python benchmarks/sweep/real_path.py                        # -> benchmarks/sweep/results/real_path.json and real_path.png
-    python benchmarks/sweep/real_path.py --scripts ra_rloo --rewards math     # one run (the others keep their rows)
-    python benchmarks/sweep/report.py --write_docs              # its blocks on docs/custom_task.md and docs/benchmark.md
+    python benchmarks/sweep/real_path.py                  # -> benchmarks/sweep/results/real_path.json, real_path.png
+    python benchmarks/sweep/real_path.py --scripts ra_rloo --rewards math   # one run (the others keep their rows)
+    python benchmarks/sweep/report.py --write_docs        # its blocks on docs/custom_task.md and docs/benchmark.md
 """
 from __future__ import annotations
 
@@ -223,14 +223,16 @@ def docs_block(path: Path = RESULTS) -> str:
     file is absent)."""
     if not path.exists():
         return textwrap.fill("The real path has not been measured yet: `python benchmarks/sweep/real_path.py` writes "
-                             "`benchmarks/sweep/results/real_path.json`, then `python benchmarks/sweep/report.py --write_docs` "
+                             "`benchmarks/sweep/results/real_path.json`, then `python benchmarks/sweep/report.py "
+                             "--write_docs` "
                              "puts its figures here.", 120, break_on_hyphens=False, break_long_words=False) + "\n"
     rows = json.loads(path.read_text())
     settings = rows[0]["settings"]
     missing = [f"`{s}.py` ({r})" for s in SCRIPTS for r in REWARDS
                if not any((row["script"], row["reward"]) == (s, r) for row in rows)]
-    head = (f"`python benchmarks/sweep/real_path.py` (`benchmarks/sweep/results/real_path.json`, plot `real_path.png`): the "
-            f"word-problem base and task of `benchmarks/sweep/word_problems.py`, {settings['max_steps']} steps per run at "
+    head = (f"`python benchmarks/sweep/real_path.py` (`benchmarks/sweep/results/real_path.json`, plot "
+            f"`real_path.png`): the word-problem base and task of `benchmarks/sweep/word_problems.py`, "
+            f"{settings['max_steps']} steps per run at "
             f"`--learning_rate {settings['learning_rate']}` and `--num_threads {settings['num_threads']}` on "
             f"{rows[0].get('machine', {}).get('cpu', 'a CPU')} ({rows[0]['date']}); held-out pass@1 of "
             f"{settings['eval_prompts']} prompts x {settings['eval_samples']} samples, start and end, the 95% "

@@ -129,7 +129,8 @@ def resolve(args: Args) -> tuple[Settings, Path]:
                  max_new_tokens=args.max_new_tokens, prompt_pool=args.prompt_pool, learning_rate=args.learning_rate,
                  warmup_steps=args.warmup_steps, model_name_or_path=args.model_name_or_path,
                  num_threads=args.num_threads, extra=args.extra.split())
-    runs_dir = Path(args.runs_dir) if args.runs_dir else ROOT / "benchmarks" / "sweep" / ("runs-quick" if args.quick else "runs")
+    default_runs = ROOT / "benchmarks" / "sweep" / ("runs-quick" if args.quick else "runs")
+    runs_dir = Path(args.runs_dir) if args.runs_dir else default_runs
     return s, runs_dir
 
 

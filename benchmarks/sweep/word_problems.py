@@ -1,13 +1,13 @@
 """A small, learnable task in the real format and a small base model for it, both built offline and deterministically:
-what `benchmarks/sweep/real_path.py` trains every script on through the path a user takes (a Hugging Face model directory,
-`.jsonl` files through `datasets`, the chat template, the built-in math reward or `--reward_funcs`).
+what `benchmarks/sweep/real_path.py` trains every script on through the path a user takes (a Hugging Face model
+directory, `.jsonl` files through `datasets`, the chat template, the built-in math reward or `--reward_funcs`).
 
 The task: short arithmetic word problems, GSM8K-shaped (`question`, and an `answer` whose last line is `#### N`), of
 three graded kinds (`LEVELS`): one step (a gain or a loss), two steps (a gain and a loss in either order), and a
 product followed by a loss. The same rows are also written as message prompts (`prompt`: a system message saying how
 to answer, then the question), for `--reward_funcs`. Training and held-out rows are disjoint questions.
 
-    python benchmarks/sweep/word_problems.py --out runs/wp/   # runs/wp/{train,heldout}{,_messages}.jsonl; the base model
+    python benchmarks/sweep/word_problems.py --out runs/wp/  # runs/wp/{train,heldout}{,_messages}.jsonl, the base model
 
 The base: a char-level tokenizer with a chat template and a ~1M-parameter Llama decoder, SFT'd on both prompt
 renderings (a text prompt with the math reward's default suffix, and the message prompt) to answer with one

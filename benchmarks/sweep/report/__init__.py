@@ -1,6 +1,6 @@
 """The benchmark report: the committed runs in, the results page, the docs' generated blocks and the figures out
-(`python -m benchmarks.sweep.report`, or `python benchmarks/sweep/report.py`; flags in cli.py). One module per stage, each
-importing only the stages before it:
+(`python -m benchmarks.sweep.report`, or `python benchmarks/sweep/report.py`; flags in cli.py). One module per
+stage, each importing only the stages before it:
 
     load.py         the runs of a runs folder, their recorded settings, the two data regimes (256 / 2,048 prompts)
     commands.py     the benchmarks/sweep/run.py commands that re-make the runs

@@ -11,8 +11,8 @@ from typing import Callable, Optional
 
 from benchmarks.sweep.report.curves import LEVELS, Agg, final_value, median_step_s, run_summary
 from benchmarks.sweep.report.load import POOL256, Regime
-from benchmarks.sweep.report.stats import (TARGET_HALF, Interval, fmt, iv_text, over_seeds, paired, reach_ratios, seeds_of,
-                                     std_ratio_interval)
+from benchmarks.sweep.report.stats import (TARGET_HALF, Interval, fmt, iv_text, over_seeds, paired, reach_ratios,
+                                           seeds_of, std_ratio_interval)
 from benchmarks.sweep.configs import BY_NAME
 
 

@@ -1,5 +1,5 @@
-"""Re-making the runs: the `python benchmarks/sweep/run.py ...` commands that build each committed run's recorded command
-from the settings in its bench.json (the results page and docs/benchmark.md list them)."""
+"""Re-making the runs: the `python benchmarks/sweep/run.py ...` commands that build each committed run's recorded
+command from the settings in its bench.json (the results page and docs/benchmark.md list them)."""
 from __future__ import annotations
 
 import dataclasses

@@ -229,7 +229,8 @@ def method_block(runs: dict[str, dict[int, RunData]], aggs: dict[str, Agg], page
     setting = (f"{st.max_steps} steps of {st.prompts_per_step} prompts, answers <= {st.max_new_tokens} tokens, lr "
                f"{st.learning_rate} with a {st.warmup_steps}-step warm-up, held-out evaluation every {st.eval_every} "
                f"steps on {st.eval_prompts} prompts x {st.eval_samples} samples" if st else "no finished run yet")
-    out = [f"Every figure below is computed by `benchmarks/sweep/report.py` from the committed runs (`benchmarks/sweep/runs/`): "
+    out = [f"Every figure below is computed by `benchmarks/sweep/report.py` from the committed runs "
+           f"(`benchmarks/sweep/runs/`): "
            f"{setting}; Δ columns are paired by seed with 95% t-intervals "
            "(the setting and the statistics: [benchmark.md](benchmark.md); all configs: [the results page]"
            f"(../benchmarks/sweep/results/README.md)).{page.setting} These commands re-make the rows:",

@@ -5,10 +5,11 @@ from __future__ import annotations
 import statistics
 
 from benchmarks.sweep.report.claims import claim_rows, have_runs, pending
-from benchmarks.sweep.report.curves import Agg, final_value, gap_cell, mech_value, mechanism_summary, metric_series, reach
+from benchmarks.sweep.report.curves import (Agg, final_value, gap_cell, mech_value, mechanism_summary, metric_series,
+                                            reach)
 from benchmarks.sweep.report.load import REGIMES, RunData, base_name, flag_value
-from benchmarks.sweep.report.stats import (PROS_TRIALS, TARGET_HALF, binomial_abs_floor, equal_tokens_diffs, fmt, iv_text,
-                                     paired, reach_ratios, seeds_for, si)
+from benchmarks.sweep.report.stats import (PROS_TRIALS, TARGET_HALF, binomial_abs_floor, equal_tokens_diffs, fmt,
+                                           iv_text, paired, reach_ratios, seeds_for, si)
 from benchmarks.sweep.configs import BY_NAME, CONFIGS
 
 
