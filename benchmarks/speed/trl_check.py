@@ -3,6 +3,7 @@
 summed clipped surrogate): advantages, loss and gradient, each cited to the installed TRL's lines."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import tempfile
@@ -102,7 +103,7 @@ def definition_check(args: Args) -> dict:
             raise RuntimeError(f"rollout_func got {len(prompts)} prompts, expected {len(completions)}")
         return {"prompt_ids": prompt_ids, "completion_ids": completions, "logprobs": old}
 
-    cfg_args = Args(**{**vars(args), "steps": 1, "dtype": "float32"})  # the check compares fp32 sums
+    cfg_args = dataclasses.replace(args, steps=1, dtype="float32")  # the check compares fp32 sums
     with tempfile.TemporaryDirectory(prefix="trl-check-") as tmp:
         trainer = GRPOTrainer(model=trl_model, reward_funcs=[CountdownReward(examples, reward_fn)],
                               args=grpo_config(cfg_args, tmp, len(completions), len(completions)),
