@@ -818,7 +818,7 @@ def test_report_writes_the_docs_figures(tmp_path):
 
 
 def test_both_report_commands_write_the_same_page(tmp_path):
-    # `python benchmarks/sweep/report.py` (the old path) and `python -m benchmarks.sweep.report` take the same flags
+    # `python benchmarks/sweep/report.py` and `python -m benchmarks.sweep.report` take the same flags
     runs = _fake_results(tmp_path)
     pages = []
     for command in (["benchmarks/sweep/report.py"], ["-m", "benchmarks.sweep.report"]):
