@@ -1,7 +1,7 @@
 """Reward functions for GSM8K-shaped rows answered in `\\boxed{}` (a message `prompt` or a `question`, an `answer`
 ending in `#### 72`), in TRL's calling convention: each gets the batch's `prompts`, `completions` and
 `completion_ids` and every other column of the dataset as a list, and returns one number (or None: "does not apply")
-per completion. `benchmarks/real_path.py` trains every script with them on the word-problem task:
+per completion. `benchmarks/sweep/real_path.py` trains every script with them on the word-problem task:
 
     python ra_rloo.py --model_name_or_path <dir> --dataset train_messages.jsonl --prompt_column prompt \
         --reward_funcs examples/boxed_rewards.py:boxed_format_reward,examples/boxed_rewards.py:boxed_correctness_reward \

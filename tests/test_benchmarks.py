@@ -17,7 +17,8 @@ import pytest
 from conftest import ROOT
 from scipy import stats
 
-from benchmarks import floor, report, run
+from benchmarks.speed import floor
+from benchmarks.sweep import configs, report, run, run_dirs
 
 
 def _write_rows(d: Path, rows: list[dict]) -> None:
@@ -38,7 +39,7 @@ def _settings(**kw) -> run.Settings:
 
 def test_every_config_flag_exists_in_its_script():
     # a renamed flag in a method script must show up here (the runner would report the config "missing")
-    problems = {c.name: run.check_config(c) for c in run.CONFIGS if run.check_config(c)}
+    problems = {c.name: configs.check_config(c) for c in run.CONFIGS if configs.check_config(c)}
     assert not problems, problems
     names = [c.name for c in run.CONFIGS]
     assert len(names) == len(set(names))
@@ -50,8 +51,8 @@ def test_every_config_flag_exists_in_its_script():
                "ps_adaptive", "seq_pos", "seq_balance", "est", "ppo", "ppo_pros", "ppo_pros_random", "grpo_k4",
                "grpo_pros", "ps_adaptive_reset", "est_pool2048", "grpo_n8_pool2048"}
     # the second data regime: a config's twin on the 2,048-prompt pool, paired with its baseline's twin
-    assert pool256 | {f"{n}_pool2048" for n in run.SECOND_REGIME} | {"ppo_pros_visit_pool2048"} == set(names)
-    for name in run.SECOND_REGIME:
+    assert pool256 | {f"{n}_pool2048" for n in configs.SECOND_REGIME} | {"ppo_pros_visit_pool2048"} == set(names)
+    for name in configs.SECOND_REGIME:
         c, twin = run.BY_NAME[name], run.BY_NAME[f"{name}_pool2048"]
         assert twin.flags == (*c.flags, "--prompt_pool", "2048") and twin.script == c.script
         assert twin.baseline == (c.baseline and f"{c.baseline}_pool2048")
@@ -95,13 +96,13 @@ def test_check_config_reports_missing_script_flag_and_choice(tmp_path):
             mode: Literal["a", "b"] = "a"
             """doc"""
     '''))
-    ok = run.Config("x", "m.py", ("--mode", "b", "--max_steps", "3"), "x")
-    assert run.check_config(ok, root=tmp_path) is None  # own field + a BaseArgs field
-    assert "no --nope" in run.check_config(run.Config("x", "m.py", ("--nope", "1"), "x"), root=tmp_path)
-    assert "no choice 'c'" in run.check_config(run.Config("x", "m.py", ("--mode", "c"), "x"), root=tmp_path)
-    assert "does not exist" in run.check_config(run.Config("x", "gone.py", (), "x"), root=tmp_path)
+    ok = configs.Config("x", "m.py", ("--mode", "b", "--max_steps", "3"), "x")
+    assert configs.check_config(ok, root=tmp_path) is None  # own field + a BaseArgs field
+    assert "no --nope" in configs.check_config(configs.Config("x", "m.py", ("--nope", "1"), "x"), root=tmp_path)
+    assert "no choice 'c'" in configs.check_config(configs.Config("x", "m.py", ("--mode", "c"), "x"), root=tmp_path)
+    assert "does not exist" in configs.check_config(configs.Config("x", "gone.py", (), "x"), root=tmp_path)
     (tmp_path / "bad.py").write_text("def f(:\n")
-    assert run.check_config(run.Config("x", "bad.py", (), "x"), root=tmp_path).startswith("missing:")
+    assert configs.check_config(configs.Config("x", "bad.py", (), "x"), root=tmp_path).startswith("missing:")
 
 
 def test_budget_flags_are_shared_and_quick_overrides():
@@ -137,25 +138,25 @@ def test_every_runner_and_report_flag_is_documented():
 def test_run_state_on_fake_dirs(tmp_path):
     cmd = ["ra_rloo.py", "--max_steps", "4"]
     d = tmp_path / "r"
-    assert run.run_state(d, cmd, 4) == "new"
+    assert run_dirs.run_state(d, cmd, 4) == "new"
     d.mkdir()
     (d / "bench.json").write_text(json.dumps({"cmd": cmd, "attempts": 1}))
-    assert run.run_state(d, cmd, 4) == "restart"  # tried, nothing to resume from
+    assert run_dirs.run_state(d, cmd, 4) == "restart"  # tried, nothing to resume from
     _write_rows(d, [{"step": 0, "eval_pass@1": 0.1}, {"step": 1}, {"step": 2, "eval_pass@1": 0.2}])
-    assert run.run_state(d, cmd, 4) == "restart"
+    assert run_dirs.run_state(d, cmd, 4) == "restart"
     (d / "checkpoint-2").mkdir()
-    assert run.run_state(d, cmd, 4) == "restart"  # an interrupted save has no trainer_state.pt
+    assert run_dirs.run_state(d, cmd, 4) == "restart"  # an interrupted save has no trainer_state.pt
     (d / "checkpoint-2" / "trainer_state.pt").write_text("x")
-    assert run.run_state(d, cmd, 4) == "resume"
+    assert run_dirs.run_state(d, cmd, 4) == "resume"
     _write_rows(d, [{"step": 0, "eval_pass@1": 0.1}, {"step": 4}])
-    assert run.run_state(d, cmd, 4) == "resume"  # last step without its evaluation is not finished
+    assert run_dirs.run_state(d, cmd, 4) == "resume"  # last step without its evaluation is not finished
     with (d / "metrics.jsonl").open("a") as f:
         f.write(json.dumps({"step": 4, "eval_pass@1": 0.3}) + "\n" + '{"step": 5, "tru')  # torn last line
-    assert run.run_state(d, cmd, 4) == "done"
-    assert run.run_state(d, cmd + ["--seed", "1"], 4) == "conflict"  # another command's run: never overwritten
+    assert run_dirs.run_state(d, cmd, 4) == "done"
+    assert run_dirs.run_state(d, cmd + ["--seed", "1"], 4) == "conflict"  # another command's run: never overwritten
     stray = tmp_path / "stray"
     _write_rows(stray, [{"step": 0}])
-    assert run.run_state(stray, cmd, 4) == "conflict"  # files without bench.json: not ours
+    assert run_dirs.run_state(stray, cmd, 4) == "conflict"  # files without bench.json: not ours
 
 
 def test_a_committed_finished_run_is_done_on_a_fresh_clone(tmp_path):
@@ -166,10 +167,10 @@ def test_a_committed_finished_run_is_done_on_a_fresh_clone(tmp_path):
     cmd = run.build_command(cfg, s, 0, run._portable(d))
     _write_rows(d, [{"step": 0, "eval_pass@1": 0.1}, {"step": 2, "eval_pass@1": 0.2}, {"step": 4, "eval_pass@1": 0.3}])
     (d / "args.json").write_text("{}")
-    testbed = run.testbed_id(s.model_name_or_path)
+    testbed = run_dirs.testbed_id(s.model_name_or_path)
     meta = {"cmd": cmd, "attempts": 1, "finished": True, "testbed": testbed}
     (d / "bench.json").write_text(json.dumps(meta))
-    assert run.run_state(d, cmd, 4) == "done"
+    assert run_dirs.run_state(d, cmd, 4) == "done"
     args = run.Args(only="rloo", runs_dir=str(tmp_path / "runs"), seeds=[0])
     (item,) = run.plan(args, s, tmp_path / "runs")
     assert item["state"] == "done" and item["cmd"] == cmd
@@ -181,16 +182,16 @@ def test_a_run_on_another_testbed_is_stale_not_skipped(tmp_path, monkeypatch):
     d = tmp_path / "runs" / "rloo" / "seed0"
     cmd = run.build_command(run.BY_NAME["rloo"], s, 0, run._portable(d))
     _write_rows(d, [{"step": 0, "eval_pass@1": 0.1}, {"step": 4, "eval_pass@1": 0.3}])
-    now = run.testbed_id("embedded")
-    assert now.startswith("countdown-base-") and run.testbed_id("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
+    now = run_dirs.testbed_id("embedded")
+    assert now.startswith("countdown-base-") and run_dirs.testbed_id("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
     for recorded, state in ((now, "done"), ("countdown-base-0000000000", "stale"), (None, "stale")):
         (d / "bench.json").write_text(json.dumps({"cmd": cmd, "attempts": 1, "finished": True, "testbed": recorded}))
-        assert run.run_state(d, cmd, 4, now) == state, recorded
+        assert run_dirs.run_state(d, cmd, 4, now) == state, recorded
     # the testbed id follows the task's levels, not only the base recipe
     from common import countdown
 
     monkeypatch.setattr(countdown, "LEVELS", countdown.LEVELS[:2])
-    assert run.testbed_id("embedded") != now
+    assert run_dirs.testbed_id("embedded") != now
 
 
 def test_compact_run_keeps_what_git_tracks(tmp_path):
@@ -201,11 +202,11 @@ def test_compact_run_keeps_what_git_tracks(tmp_path):
     (d / "checkpoint-4").mkdir()
     (d / "checkpoint-4" / "trainer_state.pt").write_text("x")
     (d / "log.txt").write_text("".join(f"line {i}\n" for i in range(500)))
-    run.compact_run(d, keep_checkpoints=True)
+    run_dirs.compact_run(d, keep_checkpoints=True)
     assert (d / "checkpoint-4").exists() and (d / "samples.jsonl").exists()
     log = (d / "log.txt").read_text().splitlines()
-    assert len(log) == run.LOG_KEEP_LINES + 1 and log[-1] == "line 499" and "300 earlier lines cut" in log[0]
-    run.compact_run(d)
+    assert len(log) == run_dirs.LOG_KEEP_LINES + 1 and log[-1] == "line 499" and "300 earlier lines cut" in log[0]
+    run_dirs.compact_run(d)
     assert sorted(p.name for p in d.iterdir()) == ["args.json", "bench.json", "log.txt", "metrics.jsonl"]
     assert (d / "log.txt").read_text().splitlines() == log  # compacting again changes nothing
 
@@ -256,9 +257,9 @@ for s in range(start + 1, int(a.max_steps) + 1):
 def _fake_sweep(tmp_path, monkeypatch, extra=""):
     script = tmp_path / "fake_method.py"
     script.write_text(FAKE)
-    cfgs = (run.Config("fake_a", str(script), ("--knob", "1"), "A"),
-            run.Config("fake_b", str(script), ("--knob", "2"), "B", baseline="fake_a"),
-            run.Config("fake_missing", str(script), ("--no_such_flag", "1"), "M"))
+    cfgs = (configs.Config("fake_a", str(script), ("--knob", "1"), "A"),
+            configs.Config("fake_b", str(script), ("--knob", "2"), "B", baseline="fake_a"),
+            configs.Config("fake_missing", str(script), ("--no_such_flag", "1"), "M"))
     monkeypatch.setattr(run, "CONFIGS", cfgs)
     monkeypatch.setattr(run, "BY_NAME", {c.name: c for c in cfgs})
     argv = ["--runs_dir", str(tmp_path / "runs"), "--seeds", "0", "--max_steps", "4", "--eval_every", "2",
@@ -275,7 +276,7 @@ def test_runner_ctrl_c_stops_gracefully_and_the_same_command_continues(tmp_path,
 
     def interrupt_once_running():  # Ctrl-C once the run has written its first step
         for _ in range(400):
-            if len(run.read_rows(d)) >= 2:
+            if len(run_dirs.read_rows(d)) >= 2:
                 break
             time.sleep(0.025)
         os.kill(os.getpid(), signal.SIGINT)
@@ -284,11 +285,12 @@ def test_runner_ctrl_c_stops_gracefully_and_the_same_command_continues(tmp_path,
     assert run.main(run.parse_args(run.Args, argv), argv) == 0
     out = capsys.readouterr().out
     assert "interrupted" in out and "sweep interrupted" in out
-    stopped_at = run.read_rows(d)[-1]["step"]
-    assert 1 <= stopped_at < 40 and run.run_state(d, json.loads((d / "bench.json").read_text())["cmd"], 40) == "resume"
+    stopped_at = run_dirs.read_rows(d)[-1]["step"]
+    recorded = json.loads((d / "bench.json").read_text())["cmd"]
+    assert 1 <= stopped_at < 40 and run_dirs.run_state(d, recorded, 40) == "resume"
     assert run.main(run.parse_args(run.Args, argv), argv) == 0
     assert _calls(d)[-1] == f"resume=auto start={stopped_at}"
-    assert [r["step"] for r in run.read_rows(d)] == list(range(41))
+    assert [r["step"] for r in run_dirs.read_rows(d)] == list(range(41))
 
 
 def _calls(d: Path) -> list[str]:
@@ -302,11 +304,11 @@ def test_runner_runs_skips_finished_and_resumes_unfinished(tmp_path, monkeypatch
     out = capsys.readouterr().out
     assert "fake_missing seed0: missing: " in out and "no --no_such_flag" in out
     a, b = runs / "fake_a" / "seed0", runs / "fake_b" / "seed0"
-    assert run.is_finished(run.read_rows(a), 4) and run.is_finished(run.read_rows(b), 4)
+    assert run_dirs.is_finished(run_dirs.read_rows(a), 4) and run_dirs.is_finished(run_dirs.read_rows(b), 4)
     assert not list(a.glob("checkpoint-*"))  # finished: checkpoints removed (only metrics are needed)
     assert json.loads((a / "bench.json").read_text())["finished"]
     assert json.loads((runs / "sweep.json").read_text())["invocations"][0]["command"].startswith(
-        "python benchmarks/run.py")
+        "python benchmarks/sweep/run.py")
 
     # second invocation: both finished -> skipped, the fake script is not called again
     assert run.main(args, argv) == 0
@@ -314,14 +316,14 @@ def test_runner_runs_skips_finished_and_resumes_unfinished(tmp_path, monkeypatch
     assert len(_calls(a)) == 1
 
     # make fake_b unfinished with a checkpoint at step 2: the runner continues it with --resume auto
-    _write_rows(b, run.read_rows(b)[:3])
+    _write_rows(b, run_dirs.read_rows(b)[:3])
     (b / "checkpoint-2").mkdir()
     (b / "checkpoint-2" / "trainer_state.pt").write_text("x")
-    assert run.run_state(b, json.loads((b / "bench.json").read_text())["cmd"], 4) == "resume"
+    assert run_dirs.run_state(b, json.loads((b / "bench.json").read_text())["cmd"], 4) == "resume"
     assert run.main(args, argv) == 0
     assert "fake_b seed0: resume from step 2" in capsys.readouterr().out
     assert _calls(b)[-1] == "resume=auto start=2" and len(_calls(a)) == 1
-    assert [r["step"] for r in run.read_rows(b)] == [0, 1, 2, 3, 4]
+    assert [r["step"] for r in run_dirs.read_rows(b)] == [0, 1, 2, 3, 4]
 
     # changed budget -> conflict, nothing overwritten
     argv2 = [x if x != "4" else "6" for x in argv]
@@ -340,7 +342,7 @@ def test_runner_dry_run_and_failure(tmp_path, monkeypatch, capsys):
     d = runs / "fake_a" / "seed0"
     out = capsys.readouterr().out
     assert "FAILED (exit code 3)" in out and "summary: failed 1" in out
-    assert run.run_state(d, json.loads((d / "bench.json").read_text())["cmd"], 4) == "resume"
+    assert run_dirs.run_state(d, json.loads((d / "bench.json").read_text())["cmd"], 4) == "resume"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -410,7 +412,7 @@ def test_report_numbers_on_hand_made_runs(tmp_path):
     _, down = report.build_aggs(report.load_runs(tmp_path / "down"))
     assert report.reach_cells(down["ppo_pros"], down)[1:] == ("target <= step 0", "-")
     # wall time: step 2 evaluates, so its 51 s (evaluation included) is replaced by gen + train + book-keeping
-    walls = report.step_walls(run.read_rows(runs / "rloo" / "seed0"))
+    walls = report.step_walls(run_dirs.read_rows(runs / "rloo" / "seed0"))
     assert walls[2] == pytest.approx(0.6 + 0.3 + 0.1) and walls[1] == 1.0
     assert ra.step_s == pytest.approx(1.0)
     m = ra.mechanism["ra_zero_var_frac_post"]
@@ -509,7 +511,7 @@ def test_readme_claims_block_shows_scope_effect_and_rules(tmp_path):
     assert len(decided) == 4  # PPO+PROS beats PPO and takes PPO's time per step, on both pools
     assert "~1M-parameter model" in scope and "3-3 paired seeds, 95% intervals" in scope and "95% intervals" in scope
     assert "of 4 verdicts ~0 would flip by chance alone" in " ".join(scope.split())
-    assert "(benchmarks/results/README.md#the-papers-claims-verdicts)" in scope.replace("\n", "")
+    assert "(benchmarks/sweep/results/README.md#the-papers-claims-verdicts)" in scope.replace("\n", "")
     (row,) = [ln for ln in table.splitlines() if ln.startswith("| PROS | PPO+PROS beats PPO")]
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2].startswith("no gain as large as 0.03: +0.001 [") and cells[2].endswith("]")
@@ -816,10 +818,10 @@ def test_report_writes_the_docs_figures(tmp_path):
 
 
 def test_both_report_commands_write_the_same_page(tmp_path):
-    # `python benchmarks/report.py` (the old path) and `python -m benchmarks.report` take the same flags
+    # `python benchmarks/sweep/report.py` and `python -m benchmarks.sweep.report` take the same flags
     runs = _fake_results(tmp_path)
     pages = []
-    for command in (["benchmarks/report.py"], ["-m", "benchmarks.report"]):
+    for command in (["benchmarks/sweep/report.py"], ["-m", "benchmarks.sweep.report"]):
         out = tmp_path / "out"  # the same folder: the page names it
         subprocess.run([sys.executable, *command, "--runs_dir", str(runs), "--out_dir", str(out), "--plots", "false"],
                        cwd=ROOT, check=True, capture_output=True)
@@ -830,7 +832,7 @@ def test_both_report_commands_write_the_same_page(tmp_path):
 
 
 def test_modules_do_not_import_matplotlib_or_torch_at_import_time():
-    code = ("import sys; import benchmarks.run, benchmarks.report, benchmarks.floor; "
+    code = ("import sys; import benchmarks.sweep.run, benchmarks.sweep.report, benchmarks.speed.floor; "
             "bad = [m for m in ('matplotlib', 'torch') if m in sys.modules]; assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
@@ -862,7 +864,7 @@ def test_floor_breakdown_parts_sum_to_the_script_step():
 
 
 def test_gibbs_speed_reports_the_fraction_of_a_step(tmp_path, capsys):
-    from benchmarks import gibbs_speed
+    from benchmarks.speed import gibbs_speed
 
     parent, s, n = gibbs_speed.synthetic_pool(50, 4, __import__("numpy").random.default_rng(0))
     assert len(parent) == 50 and (parent[:10] == -1).all() and (parent[10:] >= 0).all() and (parent[10:] < 10).all()
@@ -877,7 +879,7 @@ def test_gibbs_speed_reports_the_fraction_of_a_step(tmp_path, capsys):
 
 
 def test_memory_table_arithmetic():
-    from benchmarks import memory_table as mt
+    from benchmarks.speed import memory_table as mt
 
     gib = 2 ** 30
     # 7B, DDP: 16 bytes per trained parameter (fp32 weights, grads, 2 Adam moments) + a bf16 reference (2 bytes)
@@ -928,7 +930,7 @@ def test_memory_table_arithmetic():
 
 
 def test_packing_benchmark_times_both_layouts(tiny_base):
-    from benchmarks import packing
+    from benchmarks.speed import packing
 
     rows = packing.main(packing.Args(caps="16", row_tokens="64", sequences=6, repeats=1, num_threads=1,
                                      model_name_or_path=tiny_base))
@@ -938,8 +940,8 @@ def test_packing_benchmark_times_both_layouts(tiny_base):
 
 
 def test_the_measured_default_run_heads_the_durations_block(tmp_path):
-    from benchmarks import default_run
-    from benchmarks.report import docs_blocks
+    from benchmarks.speed import default_run
+    from benchmarks.sweep.report import docs_blocks
 
     rows = [{"step": 0, "eval_pass@1": 0.2, "eval_pass@8": 0.5, "num_threads": 2},
             *({"step": s, "loss": 0.1, "num_threads": 2} for s in range(1, 300)),

@@ -1,5 +1,5 @@
 """The CPU thread policy (common/launch.py `CpuThreads`): --num_threads wins; otherwise the count follows
-the cores the rest of the machine leaves free, read from /proc at every step (measured: benchmarks/threads.py)."""
+the cores the rest of the machine leaves free, read from /proc at every step (measured: benchmarks/speed/threads.py)."""
 import pytest
 
 from common.launch import CpuThreads

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_smoke.py's control of its own time: a budget that fits nothing writes a report and stops cleanly, a
+"""benchmarks/gpu/smoke.py's control of its own time: a budget that fits nothing writes a report and stops cleanly, a
 SIGTERM ends the whole command (not only the running script) with its results written, the budget timer stops a
 running script; its warm start trains and caches; its small pieces of arithmetic. The full command at CPU size runs
 in tests/test_gpu_smoke_image.py."""
@@ -11,7 +11,12 @@ import time
 
 import pytest
 
-from benchmarks import gpu_smoke
+from benchmarks.gpu import budget as gpu_budget
+from benchmarks.gpu import learning as gpu_learning
+from benchmarks.gpu import plain as gpu_plain
+from benchmarks.gpu import report as gpu_report
+from benchmarks.gpu import speed as gpu_speed
+from benchmarks.gpu import warm_start as gpu_warm
 from conftest import ROOT
 
 
@@ -21,13 +26,13 @@ def _env(tmp_path) -> dict:
 
 
 def _smoke(out, *flags) -> list[str]:
-    return [sys.executable, "benchmarks/gpu_smoke.py", "--size", "tiny", "--dtype", "float32", "--prompts_per_step",
+    return [sys.executable, "benchmarks/gpu/smoke.py", "--size", "tiny", "--dtype", "float32", "--prompts_per_step",
             "4", "--max_new_tokens", "24", "--smoke_eval_prompts", "4", "--output_dir", str(out), *flags]
 
 
 def test_a_budget_that_fits_nothing_skips_every_part_and_writes_the_report(tmp_path):
     out = tmp_path / "smoke"
-    budget = gpu_smoke.STOP_MARGIN_S + 1  # one second of work: the model folder, then nothing fits
+    budget = gpu_budget.STOP_MARGIN_S + 1  # one second of work: the model folder, then nothing fits
     r = subprocess.run(_smoke(out, "--budget_s", str(budget), "--scripts", "ra_rloo,ps_grpo", "--parts",
                               "speed,plain,learning"), cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True,
                        timeout=300)
@@ -70,7 +75,7 @@ def test_sigterm_ends_the_whole_command_with_its_results_written(tmp_path):
 
 
 def test_the_budget_timer_stops_the_command_as_ctrl_c_does():
-    stop = gpu_smoke.Stop(gpu_smoke.STOP_MARGIN_S + 0.3)
+    stop = gpu_budget.Stop(gpu_budget.STOP_MARGIN_S + 0.3)
     try:
         deadline = time.time() + 10
         while stop.reason is None and time.time() < deadline:
@@ -85,16 +90,16 @@ def test_the_budget_timer_stops_the_command_as_ctrl_c_does():
 
 
 def test_warm_start_trains_a_random_model_and_caches_it(tmp_path):
-    args = gpu_smoke.Args(output_dir=str(tmp_path), size="test", dtype="float32", warm_max_steps=40,
+    args = gpu_budget.Args(output_dir=str(tmp_path), size="test", dtype="float32", warm_max_steps=40,
                           warm_check_every=20, warm_batch_size=16, warm_lr=3e-3, max_new_tokens=24)
-    random_dir = gpu_smoke.build_model_dir(tmp_path / "model-test", "test")
-    stop = gpu_smoke.Stop(3600)
+    random_dir = gpu_warm.build_model_dir(tmp_path / "model-test", "test")
+    stop = gpu_budget.Stop(3600)
     try:
-        info = gpu_smoke.warm_start(random_dir, tmp_path / "warm", args, stop)
+        info = gpu_warm.warm_start(random_dir, tmp_path / "warm", args, stop)
         assert info["status"] == "ok" and info["steps"] in (20, 40) and info["trace"]
         assert info["trace"][-1]["loss"] < info["first_loss"]  # it learned something
         assert (tmp_path / "warm" / "model.safetensors").exists() and (tmp_path / "warm" / "warm_start.json").exists()
-        again = gpu_smoke.warm_start(random_dir, tmp_path / "warm", args, stop)
+        again = gpu_warm.warm_start(random_dir, tmp_path / "warm", args, stop)
         assert again["cached"] and again["steps"] == info["steps"]
     finally:
         stop.close()
@@ -102,9 +107,9 @@ def test_warm_start_trains_a_random_model_and_caches_it(tmp_path):
 
 def test_learning_steps_fit_what_is_left_and_the_interval_is_over_prompts():
     # 100 s left, 10 s fixed per run (3 held-out measurements ~ 3 fixed costs), 2 s per step, two runs: 17 steps
-    assert gpu_smoke.plan_learning_steps(100, 10, 2, 500) == 17
-    assert gpu_smoke.plan_learning_steps(100, 10, 2, 5) == 5 and gpu_smoke.plan_learning_steps(20, 10, 2, 5) == 0
-    mean, half = gpu_smoke.mean_ci([0.0, 1.0, 0.5, 0.5])
+    assert gpu_learning.plan_learning_steps(100, 10, 2, 500) == 17
+    assert gpu_learning.plan_learning_steps(100, 10, 2, 5) == 5 and gpu_learning.plan_learning_steps(20, 10, 2, 5) == 0
+    mean, half = gpu_learning.mean_ci([0.0, 1.0, 0.5, 0.5])
     assert mean == 0.5 and half == pytest.approx(1.959964 * (1 / 6) ** 0.5 / 2)
 
 
@@ -113,7 +118,7 @@ def test_verdict_counts_errors_as_not_updated_and_names_them():
             {"script": "ps_grpo", "variant": "plain", "status": "ok", "policy_changed_frac": 0.0},
             {"script": "pros_ppo", "variant": "lora", "status": "error: RuntimeError: boom"},
             {"script": "ada_seq", "variant": "fsdp", "status": "skipped: budget"}]
-    assert gpu_smoke.verdict(runs) == ("policy updated in 1 of 3 runs; not updated: ps_grpo/plain, pros_ppo/lora "
+    assert gpu_report.verdict(runs) == ("policy updated in 1 of 3 runs; not updated: ps_grpo/plain, pros_ppo/lora "
                                        "(error: RuntimeError: boom); 1 skipped")
 
 
@@ -135,11 +140,11 @@ def _fake_run(fail_when):
 
 
 def test_a_failing_speed_run_keeps_the_other_runs_figures(tmp_path, monkeypatch):
-    monkeypatch.setattr(gpu_smoke, "run_script", _fake_run(lambda flags: "--cache_implementation" in flags))
-    args, report, stop = gpu_smoke.Args(output_dir=str(tmp_path), size="tiny", speed_steps=4), {"speed": []}, \
-        gpu_smoke.Stop(3600)
+    monkeypatch.setattr(gpu_plain, "run_script", _fake_run(lambda flags: "--cache_implementation" in flags))
+    args, report, stop = gpu_budget.Args(output_dir=str(tmp_path), size="tiny", speed_steps=4), {"speed": []}, \
+        gpu_budget.Stop(3600)
     try:
-        speed = gpu_smoke.speed_part(tmp_path, tmp_path, args, stop, dict(gpu_smoke.GUESS["tiny"]), report)
+        speed = gpu_speed.speed_part(tmp_path, tmp_path, args, stop, dict(gpu_budget.GUESS["tiny"]), report)
     finally:
         stop.close()
     assert [s["cache_implementation"] for s in speed] == ["default", "static", "torch_compile"]
@@ -155,13 +160,13 @@ def test_a_failing_speed_run_keeps_the_other_runs_figures(tmp_path, monkeypatch)
 
 
 def test_a_failing_learning_arm_keeps_the_other_arms_figures(tmp_path, monkeypatch):
-    monkeypatch.setattr(gpu_smoke, "run_script", _fake_run(lambda flags: flags[flags.index("--replay") + 1] == "none"))
-    monkeypatch.setattr(gpu_smoke, "heldout_pass_rates", lambda model_dir, args: [0.25, 0.5, 0.75, 0.5])
-    monkeypatch.setattr(gpu_smoke, "plot_learning", lambda learning, path: "no plot in this test")
-    args, report, stop = gpu_smoke.Args(output_dir=str(tmp_path), size="tiny", learning_max_steps=3), {}, \
-        gpu_smoke.Stop(3600)
+    monkeypatch.setattr(gpu_plain, "run_script", _fake_run(lambda flags: flags[flags.index("--replay") + 1] == "none"))
+    monkeypatch.setattr(gpu_learning, "heldout_pass_rates", lambda model_dir, args: [0.25, 0.5, 0.75, 0.5])
+    monkeypatch.setattr(gpu_learning, "plot_learning", lambda learning, path: "no plot in this test")
+    args, report, stop = gpu_budget.Args(output_dir=str(tmp_path), size="tiny", learning_max_steps=3), {}, \
+        gpu_budget.Stop(3600)
     try:
-        learning = gpu_smoke.learning_part(tmp_path, tmp_path, args, stop, dict(gpu_smoke.GUESS["tiny"]), "CPU",
+        learning = gpu_learning.learning_part(tmp_path, tmp_path, args, stop, dict(gpu_budget.GUESS["tiny"]), "CPU",
                                            report)
     finally:
         stop.close()
@@ -184,13 +189,13 @@ def test_a_run_stopped_before_its_checkpoint_reports_its_steps_without_an_update
         (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         raise KeyboardInterrupt
 
-    fake = types.SimpleNamespace(main=main, Args=gpu_smoke.Args)
-    monkeypatch.setattr(gpu_smoke.importlib, "import_module", lambda name: fake)
-    monkeypatch.setattr(gpu_smoke, "parse_args", lambda cls, argv: None)
-    stop = gpu_smoke.Stop(3600)
+    fake = types.SimpleNamespace(main=main, Args=gpu_budget.Args)
+    monkeypatch.setattr(gpu_plain.importlib, "import_module", lambda name: fake)
+    monkeypatch.setattr(gpu_plain, "parse_args", lambda cls, argv: None)
+    stop = gpu_budget.Stop(3600)
     stop.reason = "budget"
     try:
-        result = gpu_smoke.run_script("ra_rloo", [], tmp_path / "run", tmp_path, 5, gpu_smoke.Args(), stop)
+        result = gpu_plain.run_script("ra_rloo", [], tmp_path / "run", tmp_path, 5, gpu_budget.Args(), stop)
     finally:
         stop.close()
     assert result["status"] == "stopped at step 2 of 5 (budget; no checkpoint, update not measured)"

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_smoke.py starts on the lent GPU image, which has torch, transformers, accelerate and peft but not
+"""benchmarks/gpu/smoke.py starts on the lent GPU image, which has torch, transformers, accelerate and peft but not
 vllm, datasets, math-verify or latex2sympy2_extended: run here with those four made unimportable."""
 import json
 import os
@@ -60,7 +60,7 @@ SMALL = ["--size", "tiny", "--steps", "2", "--dtype", "float32", "--prompts_per_
 
 
 def _smoke(env: dict, out, parts: str, scripts: str) -> dict:
-    r = subprocess.run([sys.executable, "benchmarks/gpu_smoke.py", *SMALL, "--parts", parts, "--scripts", scripts,
+    r = subprocess.run([sys.executable, "benchmarks/gpu/smoke.py", *SMALL, "--parts", parts, "--scripts", scripts,
                         "--output_dir", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     assert "No module named" not in r.stdout + r.stderr

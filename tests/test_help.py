@@ -10,7 +10,7 @@ from common.cli import build_parser, parse_args
 from conftest import ROOT
 
 METHOD_SCRIPTS = ("ra_rloo.py", "ps_grpo.py", "pros_ppo.py", "ada_seq.py", "ada_est.py")
-FLAGLESS = ("benchmarks/memory_table.py",)  # prints a computed table; --help says so
+FLAGLESS = ("benchmarks/speed/memory_table.py",)  # prints a computed table; --help says so
 COMMAND = re.compile(r"\bpython3? (-m [A-Za-z_][\w.]*|[\w/]+\.py)")
 
 
@@ -18,9 +18,10 @@ def entry_points() -> list[str]:
     """`path.py` or `-m module` for every command the README and docs name, every method script and every
     `benchmarks/` script with a `__main__` block."""
     found = set(METHOD_SCRIPTS)
-    for page in [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    rooms = [ROOT / "benchmarks" / room / "README.md" for room in ("", "sweep", "speed", "gpu")]
+    for page in [ROOT / "README.md", *rooms, *sorted((ROOT / "docs").glob("*.md"))]:
         found.update(COMMAND.findall(page.read_text()))
-    found.update(f"benchmarks/{p.name}" for p in (ROOT / "benchmarks").glob("*.py")
+    found.update(str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").glob("*/*.py")
                  if 'if __name__ == "__main__"' in p.read_text())
     return sorted(c for c in found if c not in ("-m pytest", "-m venv"))
 
@@ -60,8 +61,9 @@ for command in sys.argv[1:]:
 
 def test_help_of_every_command_exits_0_and_prints_its_flags():
     commands = entry_points()
-    assert {"ra_rloo.py", "benchmarks/gpu_smoke.py", "benchmarks/run.py", "-m common.plot_run",
-            "-m benchmarks.report", "benchmarks/report.py", "benchmarks/default_run.py"} <= set(commands), commands
+    assert {"ra_rloo.py", "benchmarks/gpu/smoke.py", "benchmarks/sweep/run.py", "-m common.plot_run",
+            "-m benchmarks.sweep.report", "benchmarks/sweep/report.py", "benchmarks/speed/default_run.py",
+            "benchmarks/speed/trl_peer.py", "benchmarks/gpu/smoke.py"} <= set(commands), commands
     ours = [c for c in commands if "parse_args(Args" in source(c) or "cli()" in source(c)]
     own = {c: subprocess.Popen([sys.executable, *c.split(), "--help"], cwd=ROOT, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True) for c in commands if c not in ours}

@@ -7,7 +7,6 @@ from pathlib import Path
 
 from conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
 SCRIPTS = ("ra_rloo.py", "ada_seq.py", "ada_est.py", "ps_grpo.py", "pros_ppo.py")
 
 
@@ -66,7 +65,7 @@ def test_real_data_path_loads_no_demo_and_at_most_2990_lines_of_common(tmp_path)
     # completions no reward function scored are left out), the log-prob step recomputed chunk by chunk in backward;
     # common/fsdp.py, common/config.py and common/lora.py load only with --fsdp / --config / --lora_r, so they are
     # not counted here
-    import import_footprint
+    from benchmarks.speed import import_footprint
 
     model_dir, data = import_footprint.make_inputs(tmp_path)
     for script in SCRIPTS:
@@ -78,8 +77,9 @@ def test_real_data_path_loads_no_demo_and_at_most_2990_lines_of_common(tmp_path)
 
 
 def test_no_line_over_120_characters():
-    files = [*SCRIPTS, *(str(p.relative_to(ROOT)) for folder in ("common", "benchmarks", "benchmarks/report", "tests")
-                         for p in (ROOT / folder).glob("*.py"))]
+    files = [*SCRIPTS, *(str(p.relative_to(ROOT)) for folder in ("common", "tests")
+                         for p in (ROOT / folder).glob("*.py")),
+             *(str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").rglob("*.py"))]
     long = [f"{name}:{i}" for name in files for i, line in enumerate((ROOT / name).read_text().splitlines(), 1)
             if len(line) > 120]
     assert not long, long
@@ -94,9 +94,9 @@ def test_no_unrestricted_torch_load():
 
 
 def test_the_report_package_reads_along_its_pipeline():
-    # benchmarks/report/__init__.py lists its modules in pipeline order; each imports only the ones listed before it,
-    # opens with a docstring and stays short enough to read
-    package = ROOT / "benchmarks" / "report"
+    # benchmarks/sweep/report/__init__.py lists its modules in pipeline order; each imports only the ones listed before
+    # it, opens with a docstring and stays short enough to read
+    package = ROOT / "benchmarks" / "sweep" / "report"
     order = re.findall(r"^    (\w+)\.py ", ast.get_docstring(ast.parse((package / "__init__.py").read_text())), re.M)
     assert sorted(order) == sorted(p.stem for p in package.glob("*.py") if not p.stem.startswith("__")), order
     for i, name in enumerate(order):
@@ -104,5 +104,5 @@ def test_the_report_package_reads_along_its_pipeline():
         assert ast.get_docstring(tree), name
         assert len((package / f"{name}.py").read_text().splitlines()) <= 400, name
         imported = {node.module.rsplit(".", 1)[1] for node in ast.walk(tree)
-                    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("benchmarks.report.")}
+                    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("benchmarks.sweep.report.")}
         assert imported <= set(order[:i]), (name, imported - set(order[:i]))

@@ -1,6 +1,6 @@
-"""The real path learns: the word-problem task and its base (benchmarks/word_problems.py) ship as their recipe builds
-them, the path renders each row as the base was trained on it, and a short seeded run through it (a model directory,
-a .jsonl file, the chat template, the default suffix, math-verify) raises its training reward."""
+"""The real path learns: the word-problem task and its base (benchmarks/sweep/word_problems.py) ship as their recipe
+builds them, the path renders each row as the base was trained on it, and a short seeded run through it (a model
+directory, a .jsonl file, the chat template, the default suffix, math-verify) raises its training reward."""
 import json
 import sys
 from dataclasses import asdict
@@ -10,7 +10,7 @@ import torch
 
 from conftest import ROOT, run_main
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "sweep"))
 import word_problems  # noqa: E402
 
 from common import tiny_model  # noqa: E402
@@ -24,7 +24,8 @@ def word_base(tmp_path_factory):
     """The shipped word-problem base, copied into a cache of its own (no SFT)."""
     path = tmp_path_factory.mktemp("wpcache") / f"wordproblems-base-{RECIPE.key()}"
     if not tiny_model.restore_shipped(path, log=lambda *_: None):
-        pytest.fail(f"assets/ holds no valid build named {path.name}: rebuild it (python benchmarks/word_problems.py)")
+        pytest.fail(f"assets/ holds no valid build named {path.name}: rebuild it "
+                    "(python benchmarks/sweep/word_problems.py)")
     return path
 
 

@@ -217,7 +217,7 @@ def test_torch_compile_refuses_what_it_cannot_run_with(flags, clash):
 def test_compile_speed_block_renders_every_part(tmp_path):
     from dataclasses import fields
 
-    from benchmarks.compile_speed import Args, docs_block
+    from benchmarks.speed.compile_speed import Args, docs_block
     from common.cli import field_docs
 
     assert not [f.name for f in fields(Args) if not field_docs(Args).get(f.name)]  # every flag has its help

@@ -1,4 +1,4 @@
-"""benchmarks/trl_peer.py without trl (the main venv has none): the prompts and reward it hands TRL, the install
+"""benchmarks/speed/trl_peer.py without trl (the main venv has none): the prompts and reward it hands TRL, the install
 hint when trl is missing, and the results page's arithmetic on hand-made numbers. The TRL runs themselves
 (throughput and the definition check) need trl and are run by hand; their output is results/trl_peer.md."""
 import importlib.util
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import trl_peer
+from benchmarks.speed import trl_peer
 from common import countdown
 from common.countdown import countdown_task
 
@@ -38,10 +38,10 @@ def test_dataset_holds_the_training_prompts_in_order_and_the_reward_scores_them(
 
 def test_missing_trl_exits_with_the_install_hint():
     # this venv has no trl; where it has, the import is blocked so the test still runs (never skips)
-    script = ["benchmarks/trl_peer.py", "--check"]
+    script = ["benchmarks/speed/trl_peer.py", "--check"]
     if importlib.util.find_spec("trl") is not None:
         script = ["-c", "import runpy, sys; sys.modules['trl'] = None; sys.argv = ['trl_peer.py', '--check']; "
-                        "runpy.run_path('benchmarks/trl_peer.py', run_name='__main__')"]
+                        "runpy.run_path('benchmarks/speed/trl_peer.py', run_name='__main__')"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     r = subprocess.run([sys.executable, *script], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode != 0
@@ -89,7 +89,8 @@ def test_results_page_shows_the_measured_figures_and_ratio():
            "warmup_steps": 5, "trl": trl, "ours": ours, "ratio": trl_peer.compare(trl, ours),
            "versions": {"trl": "9.9.9", "torch": "2.x", "transformers": "5.x"},
            "machine": {"nproc": 2, "cpu": "test cpu", "python": "3.x"},
-           "commands": {"this": "python benchmarks/trl_peer.py --steps 5", "ours": "python ada_seq.py --max_rounds 1",
+           "commands": {"this": "python benchmarks/speed/trl_peer.py --steps 5",
+                        "ours": "python ada_seq.py --max_rounds 1",
                         "trl_config": "loss_type='dr_grpo'"}}
     md = trl_peer.render_md(res)
     # pooled: TRL steps 2,1,3,2,1,3 (median 2.0, 1200 tokens / 12 s); ours 1,0.5,1.5,2,4,2 (median 1.75, 1200 / 11 s)
@@ -166,4 +167,4 @@ def test_grpo_advantages_are_sqrt_k_over_k_minus_1_times_trls_group_scaled_ones(
     # with each side's epsilon: the ratio results/trl_peer.md records (ours / TRL 1.1549 from the real trainer)
     ours, trl_group = grpo_advantages(rewards), centred / (std_trl + 1e-4)
     assert torch.allclose(ours / trl_group, torch.full_like(ours, 1.1549), rtol=0, atol=1e-4)
-    assert "ratio ours/TRL 1.1549" in (ROOT / "benchmarks" / "results" / "trl_peer.md").read_text()
+    assert "ratio ours/TRL 1.1549" in (ROOT / "benchmarks" / "speed" / "results" / "trl_peer.md").read_text()

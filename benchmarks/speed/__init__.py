@@ -1,0 +1,1 @@
+"""Speed and footprint measurements, each a command of its own writing to results/."""
