@@ -213,9 +213,8 @@ def sft_multiturn(model, tokenizer, recipe: MultiTurnRecipe, log=print) -> dict:
     import numpy as np
     import torch
 
-    from common.logprobs import token_logprobs
     from common.masking import pad_sequences
-    from common.tiny_model import BaseRecipe
+    from common.tiny_model import BaseRecipe, sft_step
 
     rng = random.Random(recipe.seed)
     torch.manual_seed(recipe.seed)
@@ -234,14 +233,7 @@ def sft_multiturn(model, tokenizer, recipe: MultiTurnRecipe, log=print) -> dict:
                               max_turns=len(p.nums)) for tag, p in picks]
         batch = pad_sequences([encode(countdown.prompt_text(p)) for _, p in picks], [e.ids for e in eps],
                               tokenizer.pad_token_id, [e.mask for e in eps])
-        lp, _ = token_logprobs(model, batch)
-        loss = -(lp * batch.loss_mask).sum() / batch.loss_mask.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
+        losses.append(sft_step(model, opt, sched, batch))
     model.eval()
     return {"mt_sft_final_loss": float(np.mean(losses[-20:]))}
 

@@ -113,6 +113,21 @@ def restore_shipped(path: Path, log=print) -> bool:
 TRACE_STEPS = 20  # build_info.json keeps the first SFT losses: a rebuild must retrace them (test_shipped_base.py)
 
 
+def sft_step(model, optimizer, scheduler, batch) -> float:
+    """One supervised step of the offline builders: mean negative log-likelihood of the batch's loss-mask tokens,
+    gradients clipped at norm 1; returns the loss."""
+    from common.logprobs import token_logprobs
+
+    logp, _ = token_logprobs(model, batch)
+    loss = -(logp * batch.loss_mask).sum() / batch.loss_mask.sum()
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    scheduler.step()
+    return loss.item()
+
+
 def sft_base_policy(model, tokenizer, recipe: BaseRecipe, log=print, stop_after: int | None = None) -> dict:
     """Supervised warm-up on the training problems of every level (loss on the answer only): a random solver
     solution, or with the level's `careless` probability a random valid chain that misses the target.
@@ -120,7 +135,6 @@ def sft_base_policy(model, tokenizer, recipe: BaseRecipe, log=print, stop_after:
     from tqdm.auto import tqdm
 
     from common import countdown
-    from common.logprobs import token_logprobs
     from common.masking import pad_sequences
 
     rng = random.Random(recipe.seed)
@@ -139,15 +153,7 @@ def sft_base_policy(model, tokenizer, recipe: BaseRecipe, log=print, stop_after:
         prompts = [tokenizer(countdown.prompt_text(p), add_special_tokens=False).input_ids for _, p in picks]
         answers = [tokenizer(countdown.solution_text(countdown.sample_steps(p, rng, rng.random() >= careless[tag])),
                              add_special_tokens=False).input_ids + [eos] for tag, p in picks]
-        batch = pad_sequences(prompts, answers, tokenizer.pad_token_id)
-        lp, _ = token_logprobs(model, batch)
-        loss = -(lp * batch.loss_mask).sum() / batch.loss_mask.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
+        losses.append(sft_step(model, opt, sched, pad_sequences(prompts, answers, tokenizer.pad_token_id)))
         bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}", refresh=False)
     return {"sft_final_loss": float(np.mean(losses[-50:])),
             "sft_loss_trace": [round(x, 6) for x in losses[:TRACE_STEPS]]}

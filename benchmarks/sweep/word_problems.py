@@ -221,7 +221,7 @@ def sft(model, tokenizer, recipe: ModelRecipe, stop_after: int | None = None, lo
     import numpy as np
     import torch
 
-    from common.logprobs import token_logprobs
+    from common.tiny_model import sft_step
     from common.masking import pad_sequences
 
     rng = random.Random(recipe.seed)
@@ -243,15 +243,7 @@ def sft(model, tokenizer, recipe: ModelRecipe, stop_after: int | None = None, lo
             prompts.append(tokenizer(rng.choice(renderings(row, tokenizer)), add_special_tokens=False).input_ids)
             answers.append(tokenizer(solution_text(steps), add_special_tokens=False).input_ids
                            + [tokenizer.eos_token_id])
-        batch = pad_sequences(prompts, answers, tokenizer.pad_token_id)
-        logp, _ = token_logprobs(model, batch)
-        loss = -(logp * batch.loss_mask).sum() / batch.loss_mask.sum()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
+        losses.append(sft_step(model, opt, sched, pad_sequences(prompts, answers, tokenizer.pad_token_id)))
         if step % 50 == 0:
             log(f"SFT step {step}: loss {np.mean(losses[-50:]):.3f} ({time.time() - start:.0f} s)")
     return {"sft_final_loss": float(np.mean(losses[-50:])), "sft_loss_trace": [round(x, 6) for x in losses[:20]]}
