@@ -12,7 +12,7 @@ minibatches. PROS is a plug-in that changes only *which queries* are trained on:
      generated from q + prefix; only the continuation is trained (the prefix is part of the prompt, so it gets no
      gradient and no credit); its reward is scored on prefix + continuation.
   2. Hierarchical Bayesian selection (Sec. 4): θ = σ(ψ), ψ_root ~ N(μ0, τ0²), ψ_child ~ N(ψ_root, σ²), counts
-     with exponential forgetting, Pólya-Gamma Gibbs sweeps (common/gibbs.py); the batch takes the nodes whose
+     with exponential forgetting, Pólya-Gamma Gibbs sweeps (common/rl/gibbs.py); the batch takes the nodes whose
      current Gibbs draw θ̃ is nearest 0.5, at most one node per root.
 [PROS] lines are the plug-in; `--pros off` (vanilla PPO / GRPO) runs none but no-ops marked "(also in PPO / GRPO)".
 Departures from the paper (docs/pros_ppo.md says why): ⌈fresh_frac·P⌉ queries per batch from the data stream, the
@@ -36,25 +36,25 @@ import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
-from common import checkpoint
-from common.advantages import gae_advantages, grpo_advantages, masked_whiten, zero_variance
-from common.args import BaseArgs, Range
-from common.cli import parse_args
-from common.data import PromptEncoder, PromptSampler, reward_moments, reward_sums
-from common.distributed import (GracefulStop, collective_timeout, end_processes, gather_list, gathered,
-                                micro_batches, my_slice, reduce_sums)
-from common.generation import HFGenerator, SamplingConfig, end_token_ids
-from common.gibbs import calibration_excess, gibbs_sweeps, update_counts
-from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
-from common.logprobs import token_logprobs
-from common.losses import clipped_surrogate, kl_k3, value_loss
-from common.masking import pad_sequences, right_align
-from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate, evaluate_train_prompts,
-                            train_prompt_sample)
-from common.output_dir import claim_output_dir
-from common.policy import autocast, frozen_reference, library_bars_off, load_policy
-from common.summary import run_summary
-from common.task import make_task
+from common.run import checkpoint
+from common.rl.advantages import gae_advantages, grpo_advantages, masked_whiten, zero_variance
+from common.run.flags import BaseArgs, Range
+from common.run.flags import parse_args
+from common.tasks.loading import PromptEncoder, PromptSampler
+from common.tasks.scoring import reward_moments, reward_sums
+from common.distributed.ranks import GracefulStop, collective_timeout, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
+from common.generation.hf import HFGenerator, SamplingConfig, end_token_ids
+from common.rl.gibbs import calibration_excess, gibbs_sweeps, update_counts
+from common.run.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
+from common.rl.logprobs import token_logprobs
+from common.rl.losses import clipped_surrogate, kl_k3, value_loss
+from common.rl.masking import pad_sequences, right_align
+from common.run.logs import MetricsLogger, SampleLogger, check_tracker
+from common.tasks.evaluation import evaluate, evaluate_train_prompts, train_prompt_sample
+from common.run.output_dir import claim_output_dir
+from common.model.policy import autocast, frozen_reference, library_bars_off, load_policy
+from common.run.summary import run_summary
+from common.tasks.task import make_task
 
 
 @dataclass
@@ -117,7 +117,7 @@ class Args(BaseArgs):
     pool_capacity: Annotated[int, Range(2)] = 10000
     """[PROS] maximum number of nodes (roots + children) in the pool; least recently observed are evicted"""
 
-    def validate(self) -> None:  # single values: their declarations (common/ranges.py); here, combinations
+    def validate(self) -> None:  # single values: their declarations (common/run/flags.py); here, combinations
         if self.pool_capacity < 2 * self.prompts_per_step:
             raise SystemExit(f"--pool_capacity {self.pool_capacity}: must be >= 2 x --prompts_per_step")
 
@@ -325,7 +325,7 @@ def score_rollouts(policy, critic, ref_model, tokenizer, prompts: list[list[int]
     """One no-grad pass: old log-probs `logp` and entropies `ent` (policy), `value` (critic, if any), `ref` log-probs
     (reference, if any), all as right-aligned [N, Rmax] CPU tensors zeroed outside `mask`, the completion mask. PROS
     reads t* from these same entropies. Under --fsdp the models stay sharded (a layer is gathered only while it runs):
-    `micro_batches` gives every rank the same number of passes. `compiled`: --torch_compile's (common/compile.py)."""
+    `micro_batches` gives every rank the same number of passes. `compiled`: --torch_compile's (common/generation/compile.py)."""
     num, width = len(prompts), max([1] + [len(c) for c in completions])
     names = ["logp", "ent", "mask"] + ["value"] * (critic is not None) + ["ref"] * (ref_model is not None)
     out = {name: torch.zeros(num, width) for name in names}
@@ -364,7 +364,7 @@ def main(args: Args) -> None:
     # ---------------- policy, frozen reference, critic, optimizers ----------------
     model_path = args.model_name_or_path
     if model_path == "embedded":  # the tiny Countdown model: rank 0 builds it once, the others find it cached
-        from common.tiny_model import ensure_embedded_base
+        from common.demo.tiny_model import ensure_embedded_base
         with accelerator.main_process_first():
             model_path = str(ensure_embedded_base(log=log))
     policy, tokenizer = load_policy(model_path)  # fp32 master weights; --dtype is the compute dtype (autocast)
@@ -372,15 +372,15 @@ def main(args: Args) -> None:
     if args.gradient_checkpointing:  # activations recomputed in backward (training passes only; generate is eval)
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if args.lora_r:  # LoRA: only the adapters train (fp32); the frozen base is stored in the compute dtype
-        from common.lora import AdaptersOff, add_lora
+        from common.model.lora import AdaptersOff, add_lora
         policy = add_lora(policy, args.lora_r, args.lora_alpha, args.lora_target_modules, args.dtype)
     task = make_task(args, tokenizer, log)  # Countdown or a dataset; --reward_funcs: yours (docs/custom_task.md)
     ref_model = None if args.kl_coef <= 0 else AdaptersOff(policy) if args.lora_r else \
         frozen_reference(policy, args.dtype, args.fsdp)  # KL reference: computes as the policy at step 0
     # PPO's critic: the policy's backbone copied + a zero scalar head (copied before any sharding)
     critic = build_value_model(policy, args.critic_model_name_or_path).to(device) if args.adv == "gae" else None
-    if args.fsdp:  # FSDP2: each rank keeps 1/world of every weight (common/fsdp.py); the optimizers see the shards
-        from common import fsdp
+    if args.fsdp:  # FSDP2: each rank keeps 1/world of every weight (common/distributed/fsdp.py); the optimizers see the shards
+        from common.distributed import fsdp
         policy, ref_model, critic = (net and fsdp.shard(net, args.dtype) for net in (policy, ref_model, critic))
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
                                   weight_decay=args.weight_decay)  # lr: linear warm-up, then constant
@@ -396,12 +396,12 @@ def main(args: Args) -> None:
     # ---------------- data and generator ----------------
     encode = PromptEncoder(tokenizer, task.templated)
     sampler = PromptSampler(len(task.train), args.seed)
-    compiled = None  # --torch_compile: the decoding step and the packed training forward compiled (common/compile.py)
+    compiled = None  # --torch_compile: the decoding step and the packed training forward compiled (common/generation/compile.py)
     if args.torch_compile:
-        from common.compile import TorchCompile
+        from common.generation.compile import TorchCompile
         compiled = TorchCompile(log=log)
     if args.use_vllm:
-        from common.vllm_backend import VLLMGenerator
+        from common.generation.vllm_backend import VLLMGenerator
         generator = VLLMGenerator(model_path, policy, tokenizer, seed=args.seed, dtype=args.dtype,
                                   max_model_len=args.vllm_max_model_len,
                                   gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)

@@ -16,7 +16,7 @@ restoring its state and the conversation -- and the policy generates only the co
 mask 0. An optional EMA controller moves each category's ratio so that prefix tasks pass about 50% of the time.
 [PS] lines are the paper's; `--prefix_sampling false` runs none of them but no-ops marked "(also in GRPO: ...)".
 
-Default task: multi-turn Countdown (common/countdown_env.py), one arithmetic step per turn, the environment answers
+Default task: multi-turn Countdown (common/demo/countdown_env.py), one arithmetic step per turn, the environment answers
 with the remaining numbers; observation tokens are context with loss mask 0. Real math datasets use the single-turn
 text mode, where a step is a line of the response and a prefix is its first K lines.
 
@@ -56,25 +56,25 @@ import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
-from common import checkpoint
-from common.advantages import grpo_advantages, zero_variance
-from common.args import BaseArgs, Range
-from common.cli import parse_args
-from common.data import PromptEncoder, PromptSampler, fixed_scored, reward_moments, reward_sums
-from common.distributed import (GracefulStop, collective_timeout, end_processes, gather_list, gathered,
-                                micro_batches, my_slice, rank_mean, reduce_sums)
-from common.episode import Episode
-from common.generation import HFGenerator, SamplingConfig, end_token_ids
-from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
-from common.logprobs import token_logprobs
-from common.losses import clipped_surrogate
-from common.masking import pad_sequences, right_align
-from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate, evaluate_train_prompts,
-                            pass_metrics, train_prompt_sample)
-from common.output_dir import claim_output_dir
-from common.policy import autocast, load_policy
-from common.summary import run_summary
-from common.task import make_task
+from common.run import checkpoint
+from common.rl.advantages import grpo_advantages, zero_variance
+from common.run.flags import BaseArgs, Range
+from common.run.flags import parse_args
+from common.tasks.loading import PromptEncoder, PromptSampler
+from common.tasks.scoring import fixed_scored, reward_moments, reward_sums
+from common.distributed.ranks import GracefulStop, collective_timeout, end_processes, gather_list, gathered, micro_batches, my_slice, rank_mean, reduce_sums
+from common.rl.episode import Episode
+from common.generation.hf import HFGenerator, SamplingConfig, end_token_ids
+from common.run.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
+from common.rl.logprobs import token_logprobs
+from common.rl.losses import clipped_surrogate
+from common.rl.masking import pad_sequences, right_align
+from common.run.logs import MetricsLogger, SampleLogger, check_tracker
+from common.tasks.evaluation import evaluate, evaluate_train_prompts, pass_metrics, train_prompt_sample
+from common.run.output_dir import claim_output_dir
+from common.model.policy import autocast, load_policy
+from common.run.summary import run_summary
+from common.tasks.task import make_task
 
 CATEGORIES = ("hard", "easy")  # [PS] too-hard tasks replay a success, too-easy tasks a failure
 ROUTES = ("all_fail", "all_pass", "normal", "too_hard", "too_easy")
@@ -147,7 +147,7 @@ class Args(BaseArgs):
     ema_reset: bool = False
     """[PS] adaptive: restart the EMA after each move (our variant); false = one EMA throughout, the paper's"""
 
-    def validate(self) -> None:  # single values: their declarations (common/ranges.py); here, combinations
+    def validate(self) -> None:  # single values: their declarations (common/run/flags.py); here, combinations
         for lo, hi in (("low", "high"), ("ratio_min", "ratio_max"), ("deadzone_low", "deadzone_high")):
             if getattr(self, lo) > getattr(self, hi):
                 raise SystemExit(f"--{lo} {getattr(self, lo)} --{hi} {getattr(self, hi)}: need {lo} <= {hi}")
@@ -264,7 +264,7 @@ def rollout_multiturn(generator, tokenizer, prompts: list[list[int]], problems: 
     cost no generation. Observations are context with mask 0 too. Returns (episodes, clipped): clipped[i] is True
     when an action of episode i hit cfg.max_new_tokens.
     """
-    from common.countdown_env import replay_episode
+    from common.demo.countdown_env import replay_episode
 
     encode = lambda text: tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
@@ -373,12 +373,12 @@ def main(args: Args) -> None:
     # ---------------- policy, optimizer (no reference model: no KL term) ----------------
     model_path = args.model_name_or_path
     if model_path == "embedded":  # the tiny Countdown model: rank 0 builds it once, the others find it cached
-        from common.tiny_model import ensure_embedded_base
+        from common.demo.tiny_model import ensure_embedded_base
 
         with accelerator.main_process_first():
             model_path = str(ensure_embedded_base(log=log))
             if args.multiturn and args.mt_sft_steps > 0:  # warmed up on solver episodes of the environment
-                from common.countdown_env import MultiTurnRecipe, ensure_multiturn_policy
+                from common.demo.countdown_env import MultiTurnRecipe, ensure_multiturn_policy
 
                 recipe = MultiTurnRecipe(args.env_numbers, args.env_max_number, args.mt_sft_steps)
                 model_path = str(ensure_multiturn_policy(model_path, recipe, log=log))
@@ -387,11 +387,11 @@ def main(args: Args) -> None:
     if args.gradient_checkpointing:  # activations recomputed in backward (training passes only; generate is eval)
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if args.lora_r:  # LoRA: only the adapters train (fp32); the frozen base is stored in the compute dtype
-        from common.lora import add_lora
+        from common.model.lora import add_lora
 
         policy = add_lora(policy, args.lora_r, args.lora_alpha, args.lora_target_modules, args.dtype)
-    if args.fsdp:  # FSDP2: each rank keeps 1/world of every weight (common/fsdp.py); the optimizer sees the shards
-        from common.fsdp import shard
+    if args.fsdp:  # FSDP2: each rank keeps 1/world of every weight (common/distributed/fsdp.py); the optimizer sees the shards
+        from common.distributed.fsdp import shard
 
         policy = shard(policy, args.dtype)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
@@ -403,7 +403,7 @@ def main(args: Args) -> None:
 
     # ---------------- data (multi-turn: the environment's problems; text: the dataset) and generator ----------------
     if args.multiturn:
-        from common.countdown_env import make_env_task
+        from common.demo.countdown_env import make_env_task
 
         train, held_out = make_env_task(args.env_numbers, args.env_max_number, args.eval_prompts, args.prompt_pool)
         text_task, encode = None, PromptEncoder(tokenizer, templated=False)  # prompts: the reset observations
@@ -412,13 +412,13 @@ def main(args: Args) -> None:
     if text_task is not None:
         train, held_out, encode = text_task.train, text_task.eval, PromptEncoder(tokenizer, text_task.templated)
     sampler = PromptSampler(len(train), args.seed)
-    compiled = None  # --torch_compile: the decoding step and the packed training forward compiled (common/compile.py)
+    compiled = None  # --torch_compile: the decoding step and the packed training forward compiled (common/generation/compile.py)
     if args.torch_compile:
-        from common.compile import TorchCompile
+        from common.generation.compile import TorchCompile
 
         compiled = TorchCompile(log=log)
     if args.use_vllm:
-        from common.vllm_backend import VLLMGenerator
+        from common.generation.vllm_backend import VLLMGenerator
 
         generator = VLLMGenerator(model_path, policy, tokenizer, seed=args.seed, dtype=args.dtype,
                                   max_model_len=args.vllm_max_model_len,

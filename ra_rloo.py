@@ -46,24 +46,24 @@ import torch
 from accelerate import Accelerator
 from tqdm.auto import tqdm
 
-from common import checkpoint
-from common.advantages import zero_variance
-from common.args import BaseArgs, Range
-from common.cli import parse_args
-from common.data import PromptEncoder, PromptSampler, reward_moments, reward_sums
-from common.distributed import (GracefulStop, collective_timeout, end_processes, gather_list, gathered,
-                                micro_batches, my_slice, reduce_sums)
-from common.generation import HFGenerator, SamplingConfig, end_token_ids
-from common.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
-from common.logprobs import score_completions, token_logprobs
-from common.losses import kl_k3
-from common.masking import pad_sequences, right_align
-from common.metrics import (MetricsLogger, SampleLogger, check_tracker, evaluate, evaluate_train_prompts,
-                            train_prompt_sample)
-from common.output_dir import claim_output_dir
-from common.policy import autocast, frozen_reference, load_policy
-from common.summary import run_summary
-from common.task import make_task
+from common.run import checkpoint
+from common.rl.advantages import zero_variance
+from common.run.flags import BaseArgs, Range
+from common.run.flags import parse_args
+from common.tasks.loading import PromptEncoder, PromptSampler
+from common.tasks.scoring import reward_moments, reward_sums
+from common.distributed.ranks import GracefulStop, collective_timeout, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
+from common.generation.hf import HFGenerator, SamplingConfig, end_token_ids
+from common.run.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
+from common.rl.logprobs import score_completions, token_logprobs
+from common.rl.losses import kl_k3
+from common.rl.masking import pad_sequences, right_align
+from common.run.logs import MetricsLogger, SampleLogger, check_tracker
+from common.tasks.evaluation import evaluate, evaluate_train_prompts, train_prompt_sample
+from common.run.output_dir import claim_output_dir
+from common.model.policy import autocast, frozen_reference, load_policy
+from common.run.summary import run_summary
+from common.tasks.task import make_task
 
 
 @dataclass
@@ -121,7 +121,7 @@ def seed_buffers(task, model, tokenizer, encode, args, device, temperature: floa
     buffers: dict[int, deque] = {}
     if task.name != "countdown":
         return buffers  # real datasets: lazy buffers (no verified demonstrations to seed from)
-    from common import countdown
+    from common.demo import countdown
 
     rng = random.Random(args.seed)
     eos = tokenizer.eos_token_id
@@ -243,7 +243,7 @@ def main(args: Args) -> None:
     # ---------------- policy, frozen reference, optimizer ----------------
     model_path = args.model_name_or_path
     if model_path == "embedded":  # the tiny Countdown model: rank 0 builds it once, the others find it cached
-        from common.tiny_model import ensure_embedded_base
+        from common.demo.tiny_model import ensure_embedded_base
 
         with accelerator.main_process_first():
             model_path = str(ensure_embedded_base(log=log))
@@ -252,7 +252,7 @@ def main(args: Args) -> None:
     if args.gradient_checkpointing:  # activations recomputed in backward (training passes only; generate is eval)
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if args.lora_r:  # LoRA: only the adapters train (fp32); the frozen base is stored in the compute dtype
-        from common.lora import AdaptersOff, add_lora
+        from common.model.lora import AdaptersOff, add_lora
 
         policy = add_lora(policy, args.lora_r, args.lora_alpha, args.lora_target_modules, args.dtype)
     task = make_task(args, tokenizer, log)  # Countdown or a dataset; --reward_funcs: yours (docs/custom_task.md)
@@ -260,8 +260,8 @@ def main(args: Args) -> None:
     if args.beta > 0:  # the KL reference: the initial weights, frozen
         ref_model = AdaptersOff(policy) if args.lora_r else \
             frozen_reference(policy, args.dtype, args.fsdp)  # computes as the policy at step 0
-    if args.fsdp:  # FSDP2: each rank keeps 1/world of every weight (common/fsdp.py); the optimizer sees the shards
-        from common.fsdp import shard
+    if args.fsdp:  # FSDP2: each rank keeps 1/world of every weight (common/distributed/fsdp.py); the optimizer sees the shards
+        from common.distributed.fsdp import shard
 
         policy, ref_model = shard(policy, args.dtype), None if ref_model is None else shard(ref_model, args.dtype)
     optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
@@ -274,13 +274,13 @@ def main(args: Args) -> None:
     # ---------------- data and generator ----------------
     encode = PromptEncoder(tokenizer, task.templated)
     sampler = PromptSampler(len(task.train), args.seed)
-    compiled = None  # --torch_compile: the decoding step and the packed training forward compiled (common/compile.py)
+    compiled = None  # --torch_compile: the decoding step and the packed training forward compiled (common/generation/compile.py)
     if args.torch_compile:
-        from common.compile import TorchCompile
+        from common.generation.compile import TorchCompile
 
         compiled = TorchCompile(log=log)
     if args.use_vllm:
-        from common.vllm_backend import VLLMGenerator
+        from common.generation.vllm_backend import VLLMGenerator
 
         generator = VLLMGenerator(model_path, policy, tokenizer, seed=args.seed, dtype=args.dtype,
                                   max_model_len=args.vllm_max_model_len,

@@ -52,7 +52,7 @@ def _cache(path: Path):
 def tiny_base(tmp_path_factory) -> str:
     """The embedded base policy every default run starts from, copied from assets/ (no SFT: a copy of 3.9 MB), so the
     mechanics tests see the real testbed's skewed pass rates and its short, EOS-terminated answers."""
-    from common.tiny_model import BaseRecipe, restore_shipped
+    from common.demo.tiny_model import BaseRecipe, restore_shipped
 
     path = tmp_path_factory.mktemp("cache") / f"countdown-base-{BaseRecipe().key()}"
     no_shipped = os.environ.pop("RLVR_NO_SHIPPED", None)  # that switch is for runs; the tests need the copy
@@ -70,7 +70,7 @@ def built_base(tmp_path_factory) -> str:
     """A base built from a 2-step recipe (the build path itself: SFT, measurement, build_info.json)."""
     import torch
 
-    from common.tiny_model import BaseRecipe, ensure_embedded_base
+    from common.demo.tiny_model import BaseRecipe, ensure_embedded_base
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # its measurement is small generate calls: 2.5x faster at 1 thread on a busy 2-core box
@@ -84,7 +84,7 @@ def built_base(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def random_model_dir(tmp_path_factory) -> str:
     """An untrained tiny Llama + char tokenizer saved as an HF dir."""
-    from common.tiny_model import BaseRecipe, build_char_tokenizer, build_tiny_model
+    from common.demo.tiny_model import BaseRecipe, build_char_tokenizer, build_tiny_model
 
     d = tmp_path_factory.mktemp("random_model")
     tok = build_char_tokenizer()
@@ -106,7 +106,7 @@ def run_main(args: list[str]) -> None:
     ~5 s of imports a fresh interpreter pays (for tests that run a script several times, e.g. run, cut, resume)."""
     import importlib
 
-    from common.cli import parse_args
+    from common.run.flags import parse_args
 
     module = importlib.import_module(Path(args[0]).stem)
     module.main(parse_args(module.Args, args[1:]))
@@ -129,7 +129,8 @@ SHORT_RUN_FLAGS = {"ra_rloo.py": ["--prompt_pool", "64", "--reward", "binary"],
 THREAD_SPY = """
 import runpy, sys, torch
 torch.set_num_threads(2)
-from common import generation, policy
+from common.generation import hf as generation
+from common.model import policy
 seen = {}
 load, generate = policy.load_policy, generation.HFGenerator.generate
 def spy_load(*a, **k):

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from common.launch import accelerate_sharding, resolve_accelerate_precision, resolve_accelerate_sharding
+from common.run.launch import accelerate_sharding, resolve_accelerate_precision, resolve_accelerate_sharding
 from conftest import ROOT, run_script
 
 SCRIPTS = ("ra_rloo.py", "ps_grpo.py", "pros_ppo.py", "ada_seq.py", "ada_est.py")

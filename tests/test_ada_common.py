@@ -10,8 +10,8 @@ import torch
 import ada_est
 import ada_seq
 from ada_seq import count_positive
-from common.losses import clipped_surrogate
-from common.masking import pad_sequences, right_align
+from common.rl.losses import clipped_surrogate
+from common.rl.masking import pad_sequences, right_align
 
 
 def surrogate_sum(logp, old_logp, adv, mask, eps_low, eps_high):
@@ -61,8 +61,8 @@ def test_pi_old_from_the_update_pass_equals_the_scored_sampler_logprobs(tiny_bas
     # one epoch, HF weights: pi_old read from the update's own pass (`--old_logprobs auto`) gives the same update
     # as the generator's extra scoring pass (`--old_logprobs sampler`), in both Reinforce-Ada scripts. The tiny
     # test base solves nothing, so the training reward is replaced by one that varies (odd text length = success).
-    from common import countdown
-    from common.cli import parse_args
+    from common.demo import countdown
+    from common.run.flags import parse_args
 
     monkeypatch.setitem(countdown.REWARDS, "binary", lambda text, problem: float(len(text) % 2))
     for module in (ada_seq, ada_est):
@@ -89,7 +89,7 @@ def test_pi_old_from_the_update_pass_equals_the_scored_sampler_logprobs(tiny_bas
 
 
 def test_entropy_gradient_only_when_asked():
-    from common.logprobs import logprobs_from_logits
+    from common.rl.logprobs import logprobs_from_logits
 
     logits = torch.randn(2, 3, 7, requires_grad=True)
     targets = torch.randint(0, 7, (2, 3))
@@ -104,8 +104,8 @@ def test_entropy_gradient_only_when_asked():
 
 
 def test_entropy_bonus_changes_the_update_not_the_logged_surrogate(tiny_base, tmp_path, monkeypatch):
-    from common import countdown
-    from common.cli import parse_args
+    from common.demo import countdown
+    from common.run.flags import parse_args
 
     monkeypatch.setitem(countdown.REWARDS, "binary", lambda text, problem: float(len(text) % 2))
     for module in (ada_seq, ada_est):
@@ -130,7 +130,7 @@ def test_the_kl_is_divided_by_the_policy_gradients_constant(tiny_base, tmp_path,
     rank's own token count instead would add up to beta whatever the lengths."""
     from accelerate import Accelerator
 
-    from common.cli import parse_args
+    from common.run.flags import parse_args
 
     monkeypatch.setattr(module, "clipped_surrogate",
                         lambda logp, old, adv, lo, hi: (logp * 0.0, torch.zeros_like(logp, dtype=torch.bool)))

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from ada_est import Args, allocate_budget, allocation_weights, est_advantages, estimate, update_counts
-from common.cli import parse_args
+from common.run.flags import parse_args
 from conftest import run_main, run_script
 
 
@@ -69,7 +69,7 @@ def test_args_validation():
 def test_every_flag_is_documented():
     from dataclasses import fields
 
-    from common.cli import field_docs
+    from common.run.flags import field_docs
 
     docs = field_docs(Args)
     assert not [f.name for f in fields(Args) if not docs.get(f.name)]
@@ -122,14 +122,14 @@ SMALL = ["--prompt_pool", "8", "--prompts_per_step", "4", "--total_budget", "16"
 def _main(out, extra):
     """ada_est.main in process."""
     import ada_est
-    from common.cli import parse_args
+    from common.run.flags import parse_args
 
     ada_est.main(parse_args(ada_est.Args, ["--output_dir", str(out), *SMALL, *extra]))
     return _rows(out)
 
 
 def test_sample_log_pass_at_k_and_sampler_agreement(tiny_base, tmp_path, monkeypatch):
-    from common import countdown
+    from common.demo import countdown
 
     # an eval reward that varies with the text: greedy evaluation (--eval_temperature 0) gives 0 or 4 of 4 per prompt
     monkeypatch.setattr(countdown, "reward_binary", lambda text, answer: float(len(text) % 2))
@@ -153,7 +153,7 @@ def test_sample_log_pass_at_k_and_sampler_agreement(tiny_base, tmp_path, monkeyp
 
 
 def test_truncated_completions_get_reward_zero_and_optionally_no_gradient(tiny_base, tmp_path, monkeypatch):
-    from common import countdown
+    from common.demo import countdown
 
     monkeypatch.setitem(countdown.REWARDS, "binary", lambda text, answer: 1.0)  # every finished completion succeeds
     base = ["--model_name_or_path", tiny_base, "--max_steps", "1", "--eval_samples", "1", "--max_new_tokens", "2"]

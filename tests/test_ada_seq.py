@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from ada_seq import (Args, downsample, exit_reached, global_advantages, multi_round_sampling, seq_metrics)
-from common.advantages import grpo_advantages
-from common.cli import parse_args
+from common.rl.advantages import grpo_advantages
+from common.run.flags import parse_args
 from conftest import run_main, run_script
 
 THR = 0.7
@@ -241,7 +241,7 @@ def test_args_validation_and_defaults():
 def test_every_flag_is_documented():
     from dataclasses import fields
 
-    from common.cli import field_docs
+    from common.run.flags import field_docs
 
     docs = field_docs(Args)
     assert not [f.name for f in fields(Args) if not docs.get(f.name)]
@@ -320,8 +320,8 @@ def test_balanced_run_and_exact_resume(tiny_base, tmp_path):
 def _main(out, extra, monkeypatch, reward=lambda text, problem: float(len(text) % 3 == 0)):
     """ada_seq.main in process; the training reward (`--reward tinyzero`, patched) varies, unlike the test base's."""
     import ada_seq
-    from common import countdown
-    from common.cli import parse_args
+    from common.demo import countdown
+    from common.run.flags import parse_args
 
     monkeypatch.setitem(countdown.REWARDS, "tinyzero", reward)
     ada_seq.main(parse_args(ada_seq.Args, ["--output_dir", str(out), "--eval_every", "0", "--reward", "tinyzero",

@@ -90,7 +90,7 @@ def test_check_config_reports_missing_script_flag_and_choice(tmp_path):
     (tmp_path / "m.py").write_text(textwrap.dedent('''
         from typing import Literal
         from dataclasses import dataclass
-        from common.args import BaseArgs
+        from common.run.flags import BaseArgs
         @dataclass
         class Args(BaseArgs):
             mode: Literal["a", "b"] = "a"
@@ -123,7 +123,7 @@ def test_budget_flags_are_shared_and_quick_overrides():
 
 
 def test_every_runner_and_report_flag_is_documented():
-    from common.cli import field_docs
+    from common.run.flags import field_docs
 
     for cls in (run.Args, report.Args, floor.Args):
         docs = field_docs(cls)
@@ -188,7 +188,7 @@ def test_a_run_on_another_testbed_is_stale_not_skipped(tmp_path, monkeypatch):
         (d / "bench.json").write_text(json.dumps({"cmd": cmd, "attempts": 1, "finished": True, "testbed": recorded}))
         assert run_dirs.run_state(d, cmd, 4, now) == state, recorded
     # the testbed id follows the task's levels, not only the base recipe
-    from common import countdown
+    from common.demo import countdown
 
     monkeypatch.setattr(countdown, "LEVELS", countdown.LEVELS[:2])
     assert run_dirs.testbed_id("embedded") != now
@@ -914,8 +914,8 @@ def test_memory_table_arithmetic():
                                                      "pros_ppo.py"}
     assert all(f"{2 * 7.616e9 / gib:.1f} GiB; --use_vllm: none" in line for line in lines[1:])
     # the log-prob step: the fp32 hidden state and target per token now, 4 x V (8 x V with the entropy) before; the
-    # chunk is common/logprobs.py's, and --measure's saved-tensor figures agree with the formula
-    from common.logprobs import CHUNK_TOKENS
+    # chunk is common/rl/logprobs.py's, and --measure's saved-tensor figures agree with the formula
+    from common.rl.logprobs import CHUNK_TOKENS
 
     assert mt.CHUNK_TOKENS == CHUNK_TOKENS
     assert mt.logprob_kept_per_token(3584, 152064, True, False) == 4 * 3584 + 8

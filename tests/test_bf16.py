@@ -11,11 +11,11 @@ import ada_seq
 import pros_ppo
 import ps_grpo
 import ra_rloo
-from common import countdown
-from common.cli import parse_args
-from common.logprobs import token_logprobs
-from common.masking import pad_sequences
-from common.policy import autocast, load_policy
+from common.demo import countdown
+from common.run.flags import parse_args
+from common.rl.logprobs import token_logprobs
+from common.rl.masking import pad_sequences
+from common.model.policy import autocast, load_policy
 from conftest import run_main
 
 # k3 KL of two forwards that differ only in batch layout (pros_ppo.py scores the reference in other micro-batches

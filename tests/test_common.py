@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from common.advantages import grpo_advantages, zero_variance
+from common.rl.advantages import grpo_advantages, zero_variance
 from ra_rloo import rloo_advantages
-from common.cli import build_parser, field_docs, parse_args
-from common.logprobs import logprobs_from_logits, score_completions, token_logprobs
-from common.masking import pad_sequences, unpad_completion
-from common.metrics import pass_at_k
+from common.run.flags import build_parser, field_docs, parse_args
+from common.rl.logprobs import logprobs_from_logits, score_completions, token_logprobs
+from common.rl.masking import pad_sequences, unpad_completion
+from common.tasks.evaluation import pass_at_k
 
 
 # ---------------- masking ----------------
@@ -108,7 +108,7 @@ def test_pass_at_k_matches_brute_force():
 def test_metrics_logger_truncates_rows_after_resume_step(tmp_path):
     from accelerate import Accelerator
 
-    from common.metrics import MetricsLogger
+    from common.run.logs import MetricsLogger
 
     acc = Accelerator(cpu=True)
     lg = MetricsLogger(str(tmp_path), acc)
@@ -151,7 +151,7 @@ def test_cli_reads_docstrings_and_types():
 
 # ---------------- data ----------------
 def test_prompt_sampler_epochs_and_exact_resume():
-    from common.data import PromptSampler
+    from common.tasks.loading import PromptSampler
 
     s = PromptSampler(10, seed=3)
     first = s.next_ids(10)
@@ -168,7 +168,7 @@ def test_prompt_sampler_epochs_and_exact_resume():
 
 
 def _hf_args(path, **kw):
-    from common.args import BaseArgs
+    from common.run.flags import BaseArgs
 
     return BaseArgs(dataset=str(path), **kw)
 
@@ -176,7 +176,7 @@ def _hf_args(path, **kw):
 def test_hf_task_from_local_jsonl(tmp_path, random_model_dir):
     from transformers import AutoTokenizer
 
-    from common.data import hf_task
+    from common.tasks.loading import hf_task
 
     rows = [{"question": f"What is {i}+{i}?", "answer": f"Double it. #### {2 * i:,}"} for i in range(600, 650)]
     p = tmp_path / "gsm.jsonl"
@@ -195,7 +195,7 @@ def test_hf_task_from_local_jsonl(tmp_path, random_model_dir):
 def test_hf_task_errors_name_the_input(tmp_path, random_model_dir):
     from transformers import AutoTokenizer
 
-    from common.data import hf_task
+    from common.tasks.loading import hf_task
 
     tok = AutoTokenizer.from_pretrained(random_model_dir)
     p = tmp_path / "d.jsonl"
@@ -213,8 +213,8 @@ def test_hf_task_errors_name_the_input(tmp_path, random_model_dir):
 
 
 def test_countdown_task_and_prompt_pool():
-    from common.args import BaseArgs
-    from common.countdown import countdown_task
+    from common.run.flags import BaseArgs
+    from common.demo.countdown import countdown_task
 
     args = BaseArgs(prompt_pool=64, eval_prompts=32)
     task = countdown_task(args.reward, args.eval_prompts, args.prompt_pool)
@@ -223,7 +223,7 @@ def test_countdown_task_and_prompt_pool():
     held = {e.prompt for e in task.eval}
     assert not held & {e.prompt for e in task.train}
     ex = task.train[0]
-    from common import countdown
+    from common.demo import countdown
 
     sol = countdown.solution_text(countdown.solutions(ex.answer)[0])
     assert task.reward_fn(sol, ex) == 1.0 and task.eval_reward_fn("1+1=2\n", ex) == 0.0
@@ -242,7 +242,7 @@ def test_char_tokenizer_round_trips_after_reload(random_model_dir):
 
 
 def test_load_policy_sets_pad_and_rejects_bad_path(random_model_dir, tmp_path):
-    from common.policy import load_policy
+    from common.model.policy import load_policy
 
     model, tok = load_policy(random_model_dir)
     assert tok.pad_token_id is not None and model.config.vocab_size == len(tok)
@@ -254,7 +254,7 @@ def test_load_policy_sets_pad_and_rejects_bad_path(random_model_dir, tmp_path):
 def test_hf_generator_format_and_logprobs(random_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from common.generation import HFGenerator, SamplingConfig
+    from common.generation.hf import HFGenerator, SamplingConfig
 
     tok = AutoTokenizer.from_pretrained(random_model_dir)
     model = AutoModelForCausalLM.from_pretrained(random_model_dir)
@@ -280,7 +280,7 @@ def test_checkpoint_round_trip_and_auto_resume(tmp_path, random_model_dir):
     from accelerate import Accelerator
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from common import checkpoint as ck
+    from common.run import checkpoint as ck
 
     acc = Accelerator(cpu=True)
     tok = AutoTokenizer.from_pretrained(random_model_dir)
@@ -320,7 +320,7 @@ def test_checkpoint_files_are_plain_data_and_a_bad_file_stops_the_resume_with_on
     from accelerate import Accelerator
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from common import checkpoint as ck
+    from common.run import checkpoint as ck
 
     acc = Accelerator(cpu=True)
     model = AutoModelForCausalLM.from_pretrained(random_model_dir)
@@ -362,8 +362,8 @@ def test_micro_batches_sum_to_the_full_batch_gradient(random_model_dir):
     from accelerate import Accelerator
     from transformers import AutoModelForCausalLM
 
-    from common.distributed import micro_batches, my_slice
-    from common.logprobs import token_logprobs
+    from common.distributed.ranks import micro_batches, my_slice
+    from common.rl.logprobs import token_logprobs
 
     acc = Accelerator(cpu=True)
     prompts = [[4, 5], [6], [7, 8, 9], [10]]
@@ -394,7 +394,7 @@ def test_micro_batches_sum_to_the_full_batch_gradient(random_model_dir):
 
 # ---------------- losses ----------------
 def test_kl_k3_is_zero_at_equality_and_positive_otherwise():
-    from common.losses import kl_k3
+    from common.rl.losses import kl_k3
 
     lp = torch.log(torch.tensor([0.2, 0.5, 0.9]))
     assert torch.allclose(kl_k3(lp, lp), torch.zeros(3))
@@ -405,7 +405,7 @@ def test_kl_k3_is_zero_at_equality_and_positive_otherwise():
 
 
 def test_clipped_surrogate_clips_asymmetrically():
-    from common.losses import clipped_surrogate
+    from common.rl.losses import clipped_surrogate
 
     old = torch.zeros(4)
     logp = torch.log(torch.tensor([1.5, 1.5, 0.5, 1.1]))
@@ -423,7 +423,7 @@ def test_checkpoint_loads_sharded_weights(tmp_path, random_model_dir):
     from accelerate import Accelerator
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from common import checkpoint as ck
+    from common.run import checkpoint as ck
 
     acc = Accelerator(cpu=True)
     model = AutoModelForCausalLM.from_pretrained(random_model_dir)
@@ -445,7 +445,7 @@ def test_checkpoint_loads_sharded_weights(tmp_path, random_model_dir):
 def test_report_to_without_the_package_is_a_clear_error(monkeypatch, tmp_path):
     import importlib.util
 
-    from common.metrics import check_tracker
+    from common.run.logs import check_tracker
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
@@ -475,7 +475,7 @@ def test_embedded_base_build_records_its_quality(built_base):
 def test_vllm_push_maps_a_sleeping_engines_weights_and_leaves_them_awake(random_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from common.vllm_backend import VLLMGenerator
+    from common.generation.vllm_backend import VLLMGenerator
 
     calls = []
 
@@ -518,7 +518,7 @@ def test_graceful_stop_flags_the_first_signal_and_gives_the_handlers_back():
     import os
     import signal
 
-    from common.distributed import GracefulStop
+    from common.distributed.ranks import GracefulStop
 
     before = signal.getsignal(signal.SIGINT)
     stop = GracefulStop(log=lambda *_: None)
@@ -535,7 +535,7 @@ def test_vllm_takes_the_gpu_accelerate_picked_not_the_launchers_local_rank():
     # launcher reads LOCAL_RANK as the GPU index, so it must be the accelerator's device index
     from types import SimpleNamespace
 
-    from common.vllm_backend import _process_layout
+    from common.generation.vllm_backend import _process_layout
 
     acc = SimpleNamespace(process_index=5, local_process_index=1, num_processes=8, device=torch.device("cuda", 0))
     assert _process_layout(acc) == (5, 0, 8, True)

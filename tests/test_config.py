@@ -4,7 +4,7 @@ from dataclasses import asdict
 
 import pytest
 
-from common.cli import build_parser, parse_args
+from common.run.flags import build_parser, parse_args
 from ra_rloo import Args
 
 

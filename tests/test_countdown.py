@@ -3,8 +3,8 @@ from collections import Counter
 
 import pytest
 
-from common import countdown as cd
-from common.countdown import Problem, check, reward_binary, reward_shaped, reward_tinyzero
+from common.demo import countdown as cd
+from common.demo.countdown import Problem, check, reward_binary, reward_shaped, reward_tinyzero
 
 P = Problem((14, 1, 10), 5)
 
@@ -214,7 +214,7 @@ def test_sample_steps_aims_or_ignores_the_target():
 
 
 def test_countdown_task_tags_and_per_level_eval_metrics():
-    from common.metrics import pass_metrics
+    from common.tasks.evaluation import pass_metrics
 
     task = cd.countdown_task("binary", 256)
     assert {e.tag for e in task.eval} == {"easy", "mid", "hard"}

@@ -3,11 +3,10 @@ import random
 
 import pytest
 
-from common import countdown
-from common.countdown import Problem
-from common.countdown_env import (CountdownEnv, Episode, make_env_task, replay, replay_episode, solver_episode,
-                                  state_text)
-from common.tiny_model import build_char_tokenizer
+from common.demo import countdown
+from common.demo.countdown import Problem
+from common.demo.countdown_env import CountdownEnv, Episode, make_env_task, replay, replay_episode, solver_episode, state_text
+from common.demo.tiny_model import build_char_tokenizer
 
 P = Problem((14, 1, 10), 5)
 TOK = build_char_tokenizer()
@@ -144,7 +143,7 @@ def test_episode_masks_and_token_counts():
 
 def test_state_text_and_task_match_the_single_turn_task():
     assert state_text([1, 4], 5) == "1 4 t5\n"
-    from common.countdown import countdown_task
+    from common.demo.countdown import countdown_task
 
     train, evals = make_env_task(eval_prompts=16)
     ref = countdown_task("binary", 16)

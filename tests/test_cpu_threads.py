@@ -1,8 +1,8 @@
-"""The CPU thread policy (common/launch.py `CpuThreads`): --num_threads wins; otherwise the count follows
+"""The CPU thread policy (common/run/launch.py `CpuThreads`): --num_threads wins; otherwise the count follows
 the cores the rest of the machine leaves free, read from /proc at every step (measured: benchmarks/speed/threads.py)."""
 import pytest
 
-from common.launch import CpuThreads
+from common.run.launch import CpuThreads
 
 
 def _write(proc, busy, idle, own):
@@ -48,7 +48,7 @@ def test_num_threads_wins_and_without_proc_torch_keeps_its_default(tmp_path):
 
 def test_settle_measures_the_machine_at_set_up(tmp_path, monkeypatch):
     """The call right after the arguments are parsed has no earlier sample: it measures over `settle` seconds."""
-    import common.launch as launch
+    import common.run.launch as launch
 
     proc = tmp_path / "proc"
     _write(proc, busy=0, idle=0, own=0)
@@ -96,7 +96,7 @@ def test_the_same_command_at_a_fixed_thread_count_gives_the_same_rows(short_run,
 def test_the_summary_says_whether_a_run_is_repeatable(tmp_path):
     import json
 
-    from common.summary import repeatability
+    from common.run.summary import repeatability
 
     rows = [{"step": 0, "num_threads": 2}, {"step": 1, "num_threads": 1}, {"step": 2, "num_threads": 2}]
     (tmp_path / "args.json").write_text(json.dumps({"num_threads": 0}))

@@ -45,8 +45,8 @@ def _harness_main(plan: str) -> None:
 
     from accelerate.state import AcceleratorState
 
-    from common import generation
-    from common.cli import parse_args
+    from common.generation import hf as generation
+    from common.run.flags import parse_args
 
     generate, seen, grads = generation.HFGenerator.generate, {}, []
 
@@ -130,7 +130,7 @@ def test_one_update_has_the_same_gradient_on_one_and_two_processes(tiny_base, tm
     assert sorted((rank, step) for rank, step, _ in stops) == [("0", "2"), ("1", "2")], output[-5000:]
     assert all("ra_rloo.py:" in phase for _, _, phase in stops), stops
     assert not re.search(r'File ".*(ra_rloo|common/\w+)\.py"', output), output[-5000:]
-    from common.checkpoint import list_checkpoints
+    from common.run.checkpoint import list_checkpoints
 
     assert [path.name for path in list_checkpoints(str(stalled))] == ["checkpoint-1"]  # whole: its files are all there
     assert all((stalled / "checkpoint-1" / name).is_file() for name in ("model.safetensors", "trainer_state.pt"))

@@ -135,7 +135,7 @@ def test_a_run_ends_with_its_summary_and_the_plot_command_draws_it(short_run, sc
     first, last = rows[0]["eval_pass@1"], rows[-1]["eval_pass@1"]  # the step-0 and the final evaluation
     assert re.search(rf"held-out pass@1 +{first:.3f} \(step 0\) -> {last:.3f} \(step 3\)", summary), summary
     assert "repeatable: yes (--num_threads 1" in summary  # the short runs fix the thread count
-    command = shlex.split(re.search(r"curves: +(python -m common\.plot_run .+)", summary).group(1))
+    command = shlex.split(re.search(r"curves: +(python -m common\.run\.plot_run .+)", summary).group(1))
     assert "--metrics" in command  # the method's own metrics are plotted too
     pytest.importorskip("matplotlib")
     png = tmp_path / "curves.png"
@@ -144,18 +144,18 @@ def test_a_run_ends_with_its_summary_and_the_plot_command_draws_it(short_run, sc
 
 
 def test_the_plot_command_names_what_is_missing(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "common.plot_run", str(tmp_path)], cwd=ROOT, capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "common.run.plot_run", str(tmp_path)], cwd=ROOT, capture_output=True,
                        text=True)
     assert r.returncode != 0 and "metrics.jsonl: not found" in r.stderr
     (tmp_path / "metrics.jsonl").write_text("")
-    r = subprocess.run([sys.executable, "-m", "common.plot_run", str(tmp_path)], cwd=ROOT, capture_output=True,
+    r = subprocess.run([sys.executable, "-m", "common.run.plot_run", str(tmp_path)], cwd=ROOT, capture_output=True,
                        text=True)
     assert r.returncode != 0 and "metrics.jsonl: empty" in r.stderr
 
 
 def test_the_plot_command_names_matplotlib_when_it_is_missing(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 0, "eval_pass@1": 0.5}\n')
-    hide = ("import sys; sys.modules['matplotlib'] = None; from common.plot_run import main; "
+    hide = ("import sys; sys.modules['matplotlib'] = None; from common.run.plot_run import main; "
             f"main([{str(tmp_path)!r}])")
     r = subprocess.run([sys.executable, "-c", hide], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode != 0 and "pip install matplotlib" in r.stderr
@@ -192,7 +192,7 @@ def test_every_committed_run_is_remade_by_a_command_on_the_results_page():
     """The results page lists `python benchmarks/sweep/run.py ...` commands built from the runs' bench.json: together
     they cover every committed run, and for each run run.py builds exactly the command its bench.json recorded."""
     from benchmarks.sweep import report, run
-    from common.cli import parse_args
+    from common.run.flags import parse_args
 
     page = (ROOT / "benchmarks" / "sweep" / "results" / "README.md").read_text()
     built = {}

@@ -1,4 +1,4 @@
-"""Every numeric flag of the five scripts declares what it accepts where it is defined (common/ranges.py): a value
+"""Every numeric flag of the five scripts declares what it accepts where it is defined (common/run/flags.py): a value
 outside that stops the run at once with one line naming the flag, before anything is loaded or written."""
 import importlib
 import math
@@ -9,8 +9,8 @@ import typing
 
 import pytest
 
-from common.cli import build_parser, parse_args
-from common.ranges import declared
+from common.run.flags import build_parser, parse_args
+from common.run.flags import declared
 from conftest import ROOT
 
 SCRIPTS = ("ra_rloo", "ps_grpo", "pros_ppo", "ada_seq", "ada_est")

@@ -110,9 +110,9 @@ def _scoring_spy_main(runs: str) -> None:
     from accelerate.state import AcceleratorState
 
     import pros_ppo
-    from common import fsdp
-    from common.cli import parse_args
-    from common.distributed import gathered
+    from common.distributed import fsdp
+    from common.run.flags import parse_args
+    from common.distributed.ranks import gathered
 
     score_rollouts, dummy_pass = pros_ppo.score_rollouts, fsdp.dummy_pass
     watched, report = {}, {"peak": {}}
@@ -201,7 +201,7 @@ def test_ra_rloo_gathers_the_policy_for_seeding_only_where_it_seeds(random_model
     # is gathered around the seeding, nor inside it; on the embedded task the demonstrations are scored with the
     # whole policy (and so, under vLLM, its shards are back before the engine generates: tests/test_vllm.py).
     import ra_rloo
-    from common.cli import parse_args
+    from common.run.flags import parse_args
 
     watched, peak, seen = {}, {}, []
     _spy_on_unshard(monkeypatch.setattr, watched, peak)
@@ -250,9 +250,9 @@ def test_one_process_fsdp_runs_and_resume_refuses_a_layout_change(tiny_base, tmp
 
 
 def test_fsdp_refuses_lora(random_model_dir):
-    from common.fsdp import shard
-    from common.lora import add_lora
-    from common.policy import load_policy
+    from common.distributed.fsdp import shard
+    from common.model.lora import add_lora
+    from common.model.policy import load_policy
 
     policy, _ = load_policy(random_model_dir)
     with pytest.raises(SystemExit, match="--fsdp with --lora_r"):
@@ -267,7 +267,7 @@ def test_every_script_destroys_its_process_group_before_returning(script, tiny_b
 
     import torch.distributed as dist
 
-    from common.cli import parse_args
+    from common.run.flags import parse_args
 
     module = importlib.import_module(script)
     module.main(parse_args(module.Args, ["--model_name_or_path", tiny_base, *SMALL, "--eval_every", "0",
@@ -294,7 +294,7 @@ def test_resume_refuses_a_pickle_payload_in_every_file_it_reads_and_runs_none(ti
     import torch.distributed as dist
 
     import ra_rloo
-    from common.cli import parse_args
+    from common.run.flags import parse_args
     from conftest import ROOT
 
     out, marker = tmp_path / "run", tmp_path / "payload-ran"

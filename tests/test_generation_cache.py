@@ -5,7 +5,7 @@ import importlib
 import pytest
 from transformers.generation.utils import GenerationMixin
 
-from common.cli import parse_args
+from common.run.flags import parse_args
 
 
 class FirstGenerate(Exception):

@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers.generation.utils import GenerationMixin
 
-from common.cli import parse_args
-from common.generation import ComputeDtypeStaticCache, HFGenerator, SamplingConfig
-from common.policy import load_policy
+from common.run.flags import parse_args
+from common.generation.hf import ComputeDtypeStaticCache, HFGenerator, SamplingConfig
+from common.model.policy import load_policy
 
 VALUES = [None, "dynamic", "static", "offloaded", "offloaded_static"]
 ARGV = ["--max_steps", "1", "--eval_prompts", "2", "--eval_samples", "1", "--eval_train_prompts", "0",

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from common.gibbs import _PI2, gibbs_sweeps, pg_moment_sums, sample_pg, update_counts
+from common.rl.gibbs import _PI2, gibbs_sweeps, pg_moment_sums, sample_pg, update_counts
 
 
 def pg_mean(b, c) -> np.ndarray:
@@ -157,7 +157,7 @@ def test_default_terms_keep_the_lower_tail_at_small_b():
 def test_calibration_excess_removes_the_sampling_floor():
     """|θ̂ - s/n| of a perfectly calibrated model still averages ~0.2 at n = 4; the excess over its expectation is ~0,
     and a model that calls mostly-failing nodes 50/50 shows a clear excess."""
-    from common.gibbs import calibration_excess
+    from common.rl.gibbs import calibration_excess
 
     rng = np.random.default_rng(0)
     theta = rng.uniform(0, 1, 20000)

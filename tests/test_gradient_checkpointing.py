@@ -7,8 +7,8 @@ import pytest
 import ada_seq
 import pros_ppo
 import ra_rloo
-from common import countdown
-from common.cli import parse_args
+from common.demo import countdown
+from common.run.flags import parse_args
 
 SMALL = ["--prompts_per_step", "4", "--prompt_pool", "8", "--eval_prompts", "4", "--eval_samples", "2",
          "--max_new_tokens", "16", "--num_threads", "1", "--eval_every", "0", "--max_steps", "2"]

@@ -1,12 +1,12 @@
 """`--help` of every command a user is told to type: the five method scripts, every `benchmarks/` script, the
-commands the README and docs name (`python -m common.plot_run`, the report), each through its own `__main__`, exits 0
+commands the README and docs name (`python -m common.run.plot_run`, the report), each through its own `__main__`, exits 0
 and prints its usage and flags; a field docstring with any character (`%` included) shows as written."""
 import re
 import subprocess
 import sys
 from dataclasses import dataclass
 
-from common.cli import build_parser, parse_args
+from common.run.flags import build_parser, parse_args
 from conftest import ROOT
 
 METHOD_SCRIPTS = ("ra_rloo.py", "ps_grpo.py", "pros_ppo.py", "ada_seq.py", "ada_est.py")
@@ -34,7 +34,7 @@ def source(command: str) -> str:
     return (path / "__main__.py" if path.is_dir() else path.with_suffix(".py")).read_text()
 
 
-# The commands whose flags come from common/cli.py run in one interpreter, each as `python X --help` would run it
+# The commands whose flags come from common/run/flags.py run in one interpreter, each as `python X --help` would run it
 # (runpy, as __main__), so the imports they share (torch, transformers) are paid once: ~3 s, where a launch each would
 # cost a minute. Each one's exit status, output and any traceback are printed between markers. The commands with a
 # parser of their own are launched as typed (a launch costs them ~0.1 s: they import no torch).
@@ -61,7 +61,7 @@ for command in sys.argv[1:]:
 
 def test_help_of_every_command_exits_0_and_prints_its_flags():
     commands = entry_points()
-    assert {"ra_rloo.py", "benchmarks/gpu/smoke.py", "benchmarks/sweep/run.py", "-m common.plot_run",
+    assert {"ra_rloo.py", "benchmarks/gpu/smoke.py", "benchmarks/sweep/run.py", "-m common.run.plot_run",
             "-m benchmarks.sweep.report", "benchmarks/sweep/report.py", "benchmarks/speed/default_run.py",
             "benchmarks/speed/trl_peer.py", "benchmarks/gpu/smoke.py"} <= set(commands), commands
     ours = [c for c in commands if "parse_args(Args" in source(c) or "cli()" in source(c)]

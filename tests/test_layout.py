@@ -39,7 +39,7 @@ def test_common_import_graph_has_no_cycle():
 
     for module in graph:
         visit(module, [])
-    assert "common.generation" in graph["common.vllm_backend"]  # the former cycle, now one-way
+    assert "common.generation.hf" in graph["common.generation.vllm_backend"]  # the former cycle, now one-way
 
 
 def test_each_method_file_holds_its_update_and_is_at_most_700_lines():
@@ -63,7 +63,7 @@ def test_real_data_path_loads_no_demo_and_at_most_2990_lines_of_common(tmp_path)
     # progress bars, the stop tokens (EOS, the model's end-of-turn ids, --stop_token_ids), a KL reference that
     # computes as the policy, the one success rule and the reward statistics every method shares (NaN-aware:
     # completions no reward function scored are left out), the log-prob step recomputed chunk by chunk in backward;
-    # common/fsdp.py, common/config.py and common/lora.py load only with --fsdp / --config / --lora_r, so they are
+    # common/distributed/fsdp.py, common/run/flags.py and common/model/lora.py load only with --fsdp / --config / --lora_r, so they are
     # not counted here
     from benchmarks.speed import import_footprint
 
@@ -71,8 +71,8 @@ def test_real_data_path_loads_no_demo_and_at_most_2990_lines_of_common(tmp_path)
     for script in SCRIPTS:
         modules = import_footprint.footprint(script, model_dir, data, tmp_path)
         assert not set(import_footprint.DEMO_MODULES) & set(modules), (script, sorted(modules))
-        assert "common.verifiers" in modules  # it did take the real-data path (math-verify rewards)
-        assert "common.rewards" not in modules  # user reward functions' loader: only with --reward_funcs
+        assert "common.rl.verifiers" in modules  # it did take the real-data path (math-verify rewards)
+        assert "common.tasks.rewards" not in modules  # user reward functions' loader: only with --reward_funcs
         assert sum(modules.values()) <= 2990, (script, sum(modules.values()))
 
 

@@ -6,8 +6,8 @@ import random
 import pytest
 import torch
 
-from common.logprobs import head_of, token_logprobs
-from common.masking import pack_sequences, pad_sequences
+from common.rl.logprobs import head_of, token_logprobs
+from common.rl.masking import pack_sequences, pad_sequences
 
 VOCAB = 8192  # large next to the hidden width (32), as a real model's 152k is next to its 896-3584
 

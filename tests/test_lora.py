@@ -13,10 +13,10 @@ import ada_seq
 import pros_ppo
 import ps_grpo
 import ra_rloo
-from common import countdown
-from common.cli import parse_args
-from common.lora import AdaptersOff, add_lora, merged_state_dict
-from common.policy import load_policy
+from common.demo import countdown
+from common.run.flags import parse_args
+from common.model.lora import AdaptersOff, add_lora, merged_state_dict
+from common.model.policy import load_policy
 
 SMALL = ["--prompts_per_step", "4", "--prompt_pool", "8", "--eval_prompts", "4", "--eval_samples", "2",
          "--max_new_tokens", "16", "--num_threads", "1"]

@@ -32,7 +32,7 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
 
 def _ra_rloo(argv: list[str]) -> None:
     import ra_rloo
-    from common.cli import parse_args
+    from common.run.flags import parse_args
 
     ra_rloo.main(parse_args(ra_rloo.Args, argv))
 
@@ -40,7 +40,7 @@ def _ra_rloo(argv: list[str]) -> None:
 def test_a_used_folder_is_refused_and_overwrite_starts_over(tiny_base, tmp_path):
     import importlib
 
-    from common.cli import parse_args
+    from common.run.flags import parse_args
 
     out = tmp_path / "run"
     _ra_rloo(["--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "2", "--save_every", "1",
@@ -78,7 +78,7 @@ def test_rotation_never_removes_the_writing_runs_checkpoint(tmp_path, random_mod
     from accelerate import Accelerator
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from common import checkpoint
+    from common.run import checkpoint
 
     acc = Accelerator(cpu=True)
     tok = AutoTokenizer.from_pretrained(random_model_dir)

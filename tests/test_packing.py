@@ -5,10 +5,10 @@ import random
 import pytest
 import torch
 
-from common.distributed import token_budget_cuts
-from common.logprobs import token_logprobs
-from common.masking import pack_sequences, pad_sequences
-from common.tiny_model import BaseRecipe, build_char_tokenizer, build_tiny_model
+from common.distributed.ranks import token_budget_cuts
+from common.rl.logprobs import token_logprobs
+from common.rl.masking import pack_sequences, pad_sequences
+from common.demo.tiny_model import BaseRecipe, build_char_tokenizer, build_tiny_model
 from conftest import loss_tolerance
 
 TOL = 2e-5  # fp32: packed and padded differ only in summation order (measured <= 1.1e-5 on the gradients)
@@ -101,8 +101,8 @@ def test_every_script_trains_the_same_packed_and_padded(tiny_base, tmp_path, mon
     import importlib
     import json
 
-    from common import countdown
-    from common.cli import parse_args
+    from common.demo import countdown
+    from common.run.flags import parse_args
 
     for name in ("binary", "tinyzero"):
         monkeypatch.setitem(countdown.REWARDS, name, lambda text, problem: float(len(text) % 2))

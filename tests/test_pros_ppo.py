@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from common.advantages import gae_advantages
-from common.cli import parse_args
-from common.losses import value_loss
+from common.rl.advantages import gae_advantages
+from common.run.flags import parse_args
+from common.rl.losses import value_loss
 from conftest import run_main, run_script
 from pros_ppo import Args, QueryTree, child_candidates, choose_cut, select_nodes
 
@@ -166,9 +166,9 @@ def test_prefix_tokens_get_zero_gradient(random_model_dir):
     tokens (checked on the full logits, so a prefix wrongly trained as completion would show up)."""
     from transformers import AutoModelForCausalLM
 
-    from common.logprobs import token_logprobs
-    from common.losses import clipped_surrogate
-    from common.masking import pad_sequences
+    from common.rl.logprobs import token_logprobs
+    from common.rl.losses import clipped_surrogate
+    from common.rl.masking import pad_sequences
 
     model = AutoModelForCausalLM.from_pretrained(random_model_dir)
     root, prefix, cont = [5, 6, 7, 8], [9, 10, 11], [12, 13, 2]
@@ -198,7 +198,7 @@ def test_prefix_tokens_get_zero_gradient(random_model_dir):
 def test_every_flag_is_documented():
     from dataclasses import fields
 
-    from common.cli import field_docs
+    from common.run.flags import field_docs
 
     docs = field_docs(Args)
     missing = [f.name for f in fields(Args) if not docs.get(f.name)]
@@ -261,8 +261,8 @@ def test_vanilla_grpo_has_no_prefix_reuse(tiny_base, tmp_path):
 def _main_rows(out, extra, monkeypatch, reward=None):
     """pros_ppo.main in process (optionally with a patched training reward); its metrics rows."""
     import pros_ppo
-    from common import countdown
-    from common.cli import parse_args
+    from common.demo import countdown
+    from common.run.flags import parse_args
 
     if reward is not None:
         monkeypatch.setitem(countdown.REWARDS, "tinyzero", reward)
@@ -273,7 +273,7 @@ def _main_rows(out, extra, monkeypatch, reward=None):
 def test_sample_log_has_root_and_augmented_rows_and_eval_logs_pass_at_powers_of_two(tiny_base, tmp_path,
                                                                                       monkeypatch):
     import pros_ppo
-    from common.generation import SamplingConfig
+    from common.generation.hf import SamplingConfig
 
     # the generator made to return log-probs: sampler_logp_diff is then measured against score_rollouts' pi_old
     monkeypatch.setattr(pros_ppo, "SamplingConfig", lambda **kw: SamplingConfig(**{**kw, "logprobs": True}))

@@ -8,12 +8,12 @@ from itertools import pairwise
 import pytest
 import torch
 
-from common import countdown
-from common.countdown import Problem
-from common.countdown_env import Episode, solver_episode
-from common.generation import Generations, SamplingConfig
-from common.tiny_model import build_char_tokenizer
-from common.cli import parse_args
+from common.demo import countdown
+from common.demo.countdown import Problem
+from common.demo.countdown_env import Episode, solver_episode
+from common.generation.hf import Generations, SamplingConfig
+from common.demo.tiny_model import build_char_tokenizer
+from common.run.flags import parse_args
 from conftest import run_main, run_script
 from ps_grpo import (Args, PrefixController, attributed, prefix_steps, ps_loss, rollout_multiturn, rollout_text,
                      route, split_lines)
@@ -208,8 +208,8 @@ def test_text_mode_steps_are_lines_and_prefix_lines_are_replayed():
 def test_prefix_tokens_get_exactly_zero_gradient(random_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from common.logprobs import token_logprobs
-    from common.masking import pad_sequences
+    from common.rl.logprobs import token_logprobs
+    from common.rl.masking import pad_sequences
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(random_model_dir)
@@ -251,7 +251,7 @@ def test_prefix_tokens_get_exactly_zero_gradient(random_model_dir):
 def test_every_flag_is_documented():
     from dataclasses import fields
 
-    from common.cli import field_docs
+    from common.run.flags import field_docs
 
     docs = field_docs(Args)
     assert not [f.name for f in fields(Args) if not docs.get(f.name)]
@@ -262,8 +262,8 @@ def test_every_flag_is_documented():
 def test_default_advantage_is_the_papers_r_minus_mean():
     """The appendix (Perspective 2) argues with A = r - mean, whose group variance p(1-p) peaks at p = 0.5; dividing
     by the std (--scale_advantages) gives every mixed group Var(A) = 1 and removes that signal-strength gap."""
-    from common.advantages import grpo_advantages
-    from common.cli import parse_args
+    from common.rl.advantages import grpo_advantages
+    from common.run.flags import parse_args
 
     rewards = torch.tensor([[1.0] + [0.0] * 7, [1.0] * 4 + [0.0] * 4])  # p = 1/8 and 1/2
     args = parse_args(Args, [])
@@ -277,7 +277,7 @@ def test_default_advantage_is_the_papers_r_minus_mean():
 
 
 def test_bad_flags_exit_with_a_message():
-    from common.cli import parse_args
+    from common.run.flags import parse_args
 
     for argv, msg in [(["--n", "1"], "--n 1"), (["--low", "0.8", "--high", "0.7"], "--low"),
                       (["--dataset", "openai/gsm8k", "--mode", "multiturn"], "--mode multiturn"),
@@ -290,7 +290,7 @@ def test_bad_flags_exit_with_a_message():
 @pytest.fixture(scope="session")  # built once per worker (its tests share one, conftest.py)
 def mt_base(tiny_base, tmp_path_factory) -> str:
     """tiny_base after a short multi-turn warm-up on a tiny problem space (numbers 1..3): mixed outcomes."""
-    from common.countdown_env import MultiTurnRecipe, ensure_multiturn_policy
+    from common.demo.countdown_env import MultiTurnRecipe, ensure_multiturn_policy
 
     old, threads = os.environ.get("RLVR_CACHE"), torch.get_num_threads()
     os.environ["RLVR_CACHE"] = str(tmp_path_factory.mktemp("mtcache"))
@@ -388,8 +388,8 @@ def test_text_mode_runs(mt_base, tmp_path):
 def test_episode_eval_gives_pass_at_every_power_of_two_at_the_eval_temperature():
     from types import SimpleNamespace
 
-    from common.cli import parse_args
-    from common.data import Example
+    from common.run.flags import parse_args
+    from common.tasks.task import Example
     from ps_grpo import evaluate_episodes, turn_config
 
     class Gen(ScriptedGenerator):
@@ -408,7 +408,7 @@ def test_episode_eval_gives_pass_at_every_power_of_two_at_the_eval_temperature()
 def _text_main(out, extra, monkeypatch, reward):
     """ps_grpo.main in process, single-turn text mode, with a stand-in training reward."""
     import ps_grpo
-    from common.cli import parse_args
+    from common.run.flags import parse_args
 
     monkeypatch.setitem(countdown.REWARDS, "binary", reward)
     ps_grpo.main(parse_args(Args, ["--mode", "text", "--output_dir", str(out), "--prompt_pool", "16", "--n", "4",

@@ -41,7 +41,7 @@ def test_replay_weight_is_clipped_ratio():
 
 
 def test_every_flag_is_documented():
-    from common.cli import field_docs
+    from common.run.flags import field_docs
     from dataclasses import fields
 
     docs = field_docs(Args)
@@ -86,8 +86,8 @@ def test_replay_removes_zero_variance_groups_and_vanilla_does_not(random_model_d
 def _main_rows(out, extra, monkeypatch, reward=lambda text, problem: float(len(text) % 2)):
     """ra_rloo.main in process, with a training reward that varies (the tiny test base solves almost nothing)."""
     import ra_rloo
-    from common import countdown
-    from common.cli import parse_args
+    from common.demo import countdown
+    from common.run.flags import parse_args
 
     monkeypatch.setitem(countdown.REWARDS, "tinyzero", reward)
     ra_rloo.main(parse_args(ra_rloo.Args, ["--output_dir", str(out), "--eval_every", "0", *COMMON, *extra]))
@@ -123,8 +123,8 @@ def test_paper_reward_and_paper_evaluation_by_default(tiny_base, tmp_path, monke
 
 
 def test_top_k_reaches_generate_and_truncated_logprobs_are_refused(random_model_dir):
-    from common.generation import HFGenerator, SamplingConfig
-    from common.policy import load_policy
+    from common.generation.hf import HFGenerator, SamplingConfig
+    from common.model.policy import load_policy
 
     torch.manual_seed(0)
     model, tok = load_policy(random_model_dir, "float32")
@@ -145,7 +145,7 @@ def _strip(rows):
 # killed (SIGKILL) at step 3 while writing its metrics row, after that step's samples were written: checkpoints at 2, 4
 KILLED_MID_ROW = """
 import json, os, runpy, signal, sys
-from common import metrics
+from common.run import logs as metrics
 log = metrics.MetricsLogger.log
 def killed_mid_row(self, row):
     if row["step"] == 3:
@@ -196,7 +196,7 @@ def test_buffers_store_int32_and_save_and_load_a_million_tokens_fast_and_exactly
 
     import numpy as np
 
-    from common.checkpoint import safe_load
+    from common.run.checkpoint import safe_load
     from ra_rloo import buffers_state, load_buffers
 
     rng = np.random.default_rng(0)  # 125 prompts x 16 successes x 500 tokens: 1M tokens, a full buffer everywhere
@@ -232,7 +232,7 @@ def test_buffers_store_int32_and_save_and_load_a_million_tokens_fast_and_exactly
 
 
 def test_a_damaged_row_before_the_last_stops_the_resume_with_its_line_number(tmp_path):
-    from common.metrics import read_rows
+    from common.run.logs import read_rows
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 0}\n{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')

@@ -13,7 +13,7 @@ from conftest import ROOT, run_main
 sys.path.insert(0, str(ROOT / "benchmarks" / "sweep"))
 import word_problems  # noqa: E402
 
-from common import tiny_model  # noqa: E402
+from common.demo import tiny_model  # noqa: E402
 
 RECIPE = word_problems.ModelRecipe()
 RETRACE = 10  # SFT steps retraced (of the 20 whose losses build_info.json keeps)
@@ -46,12 +46,12 @@ def test_the_shipped_word_problem_base_and_data_match_their_recipe(word_base, tm
         torch.set_num_threads(threads)
     assert got["sft_loss_trace"] == pytest.approx(info["sft_loss_trace"][:RETRACE], abs=1e-4)
     assert got["sft_loss_trace"][-1] < got["sft_loss_trace"][0] - 0.3  # it is learning, not a constant
-    # the real path (AutoTokenizer on the directory, common.data on the .jsonl files) renders both kinds of row as
+    # the real path (AutoTokenizer on the directory, common.tasks.loading on the .jsonl files) renders both kinds of row as
     # the base was trained on them: the chat template, the default suffix, the system message
     from transformers import AutoTokenizer
 
-    from common.args import BaseArgs
-    from common.data import hf_task
+    from common.run.flags import BaseArgs
+    from common.tasks.loading import hf_task
 
     shipped = AutoTokenizer.from_pretrained(word_base)
     data = word_problems.write_data(tmp_path)
@@ -92,8 +92,8 @@ def test_a_short_seeded_run_on_the_real_path_raises_its_training_reward(word_bas
 def test_a_cut_completion_never_passes_the_built_in_evaluation():
     # training scores a completion cut by --max_new_tokens 0 (Task.score); the evaluation of the built-in verifier
     # must not count the same completion as a pass, or eval_pass@k and the training reward disagree on one sample
-    from common.data import Example, Task
-    from common.verifiers import math_reward
+    from common.tasks.task import Example, Task
+    from common.rl.verifiers import math_reward
 
     reward = lambda text, example: math_reward(text, example.answer)  # noqa: E731
     task = Task([], [], reward, reward, "rows")

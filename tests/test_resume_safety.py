@@ -57,7 +57,7 @@ def _copy(two_steps: Path, tmp_path: Path) -> Path:
 
 
 def test_a_resume_by_another_script_or_into_another_shape_is_refused_before_any_write(two_steps, tmp_path):
-    from common.folder_lock import release_all
+    from common.run.folder_lock import release_all
 
     out = _copy(two_steps, tmp_path)
     before = _snapshot(out)
@@ -143,7 +143,7 @@ def test_a_held_folder_refuses_a_second_launch_and_a_dead_holder_is_reported(tin
     out = tmp_path / "run"
     # the first launch holds the folder while it loads its model (nothing else written yet)
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from common.folder_lock import hold; hold(Path(sys.argv[1]), 'token', 'ps_grpo'); "
+                               "from common.run.folder_lock import hold; hold(Path(sys.argv[1]), 'token', 'ps_grpo'); "
                                "print('held', flush=True); time.sleep(120)", str(out)],
                               cwd=ROOT, stdout=subprocess.PIPE, text=True)
     try:
@@ -186,8 +186,8 @@ def test_a_failed_weights_write_stops_with_one_line_and_the_previous_checkpoint_
 
 
 def test_a_real_full_disk_stops_the_run_with_one_line_and_the_previous_checkpoint_resumes(tiny_base, tmp_path):
-    from common.folder_lock import release_all
-    from common.metrics import append_rows
+    from common.run.folder_lock import release_all
+    from common.run.logs import append_rows
 
     with pytest.raises(SystemExit, match=r"^/dev/full: could not append a row \(\[Errno 28\] No space left on "
                                          r"device\); .*--resume auto$"):
@@ -298,9 +298,9 @@ def test_a_launch_that_lost_its_folder_stops_before_removing_anything(tmp_path, 
     from accelerate import Accelerator
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from common import checkpoint
-    from common.folder_lock import LOCK, hold, release
-    from common.metrics import MetricsLogger
+    from common.run import checkpoint
+    from common.run.folder_lock import LOCK, hold, release
+    from common.run.logs import MetricsLogger
 
     acc, folder = Accelerator(cpu=True), tmp_path / "run"
     tok, model = AutoTokenizer.from_pretrained(random_model_dir), AutoModelForCausalLM.from_pretrained(random_model_dir)
@@ -313,7 +313,7 @@ def test_a_launch_that_lost_its_folder_stops_before_removing_anything(tmp_path, 
     checkpoint.save_checkpoint(str(folder), 1, acc, model, tok, opt, sched, {}, keep=1)
     # the folder is cleared by hand (its lock file goes) and another launch takes it
     (folder / LOCK).unlink()
-    other = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; from common.folder_lock "
+    other = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; from common.run.folder_lock "
                               "import hold; hold(Path(sys.argv[1]), 'theirs', 'ps_grpo'); print('held', flush=True); "
                               "sys.stdin.read()", str(folder)], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True)

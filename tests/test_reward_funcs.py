@@ -59,7 +59,7 @@ async def overlong(completion_ids, trainer_state, log_metric, log_extra, **kwarg
 def chat_base(tiny_base, tmp_path_factory):
     """The embedded base with a chat template that renders a user message as the plain Countdown prompt (so the
     model answers as it does on the embedded task), and the training rows as .jsonl, text and message prompts."""
-    from common.countdown import countdown_task
+    from common.demo.countdown import countdown_task
 
     root = tmp_path_factory.mktemp("chat_base")
     shutil.copytree(tiny_base, root / "model")
@@ -184,7 +184,7 @@ def test_a_cut_completion_keeps_its_negative_reward_and_unscored_ones_train_as_i
 
 
 def test_bad_reward_functions_get_one_line(tmp_path):
-    from common.rewards import RewardFuncs, call_reward_funcs
+    from common.tasks.rewards import RewardFuncs, call_reward_funcs
 
     (tmp_path / "f.py").write_text(FUNCS + "\nimport_error = None\n")
     (tmp_path / "broken.py").write_text("import no_such_module_here\n")
@@ -199,7 +199,7 @@ def test_bad_reward_functions_get_one_line(tmp_path):
             RewardFuncs(spec)
     with pytest.raises(SystemExit, match="--reward_weights '1,2': expected 1 finite numbers"):
         RewardFuncs(f"{f}:fixed", "1,2")
-    from common.cli import parse_args
+    from common.run.flags import parse_args
     from ps_grpo import Args
 
     with pytest.raises(SystemExit, match="--reward_funcs: multi-turn keeps its binary reward"):
@@ -251,8 +251,8 @@ def test_split_line_truncation_warning_and_a_separate_evaluation_file(chat_base,
 
 
 def test_a_damaged_jsonl_line_is_named(tmp_path):
-    from common.args import BaseArgs
-    from common.data import hf_task
+    from common.run.flags import BaseArgs
+    from common.tasks.loading import hf_task
 
     path = tmp_path / "d.jsonl"
     path.write_text('{"question": "a", "answer": "1"}\n{"question": "b", "answer": "2"}\n{"question": "c", "ans\n')
@@ -267,9 +267,9 @@ def test_the_worked_example(random_model_dir, tmp_path):
     # examples/: the message-format .jsonl loads (through a chat template) and its two functions score it
     from transformers import AutoTokenizer
 
-    from common.args import BaseArgs
-    from common.data import hf_task
-    from common.rewards import RewardFuncs, call_reward_funcs
+    from common.run.flags import BaseArgs
+    from common.tasks.loading import hf_task
+    from common.tasks.rewards import RewardFuncs, call_reward_funcs
 
     tok = AutoTokenizer.from_pretrained(random_model_dir)
     tok.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
@@ -335,8 +335,8 @@ def test_totals_match_trl_calculate_rewards(tmp_path):
     from trl.trainer.grpo_trainer import GRPOTrainer
     from trl.trainer.utils import shutdown_event_loop_in_daemon, start_event_loop_in_daemon
 
-    from common.data import Example, Task
-    from common.rewards import RewardFuncs
+    from common.tasks.task import Example, Task
+    from common.tasks.rewards import RewardFuncs
 
     (tmp_path / "parity.py").write_text(PARITY)
     specs = ",".join(f"{tmp_path / 'parity.py'}:{name}" for name in ("length", "sometimes", "schedule", "judge"))
@@ -392,9 +392,9 @@ def test_reward_model_names_and_trainer_state(reward_model, tmp_path):
     import torch
     from transformers import TrainerState
 
-    from common.args import BaseArgs
-    from common.data import Example, Task
-    from common.rewards import RewardFuncs
+    from common.run.flags import BaseArgs
+    from common.tasks.task import Example, Task
+    from common.tasks.rewards import RewardFuncs
 
     (tmp_path / "named.py").write_text(
         "import functools\n\n\ndef base(completions, scale, trainer_state, **kwargs):\n"
@@ -430,7 +430,7 @@ class _Answers:
         self.end_ids = [tokenizer.eos_token_id]  # what ends a turn, as the generators' (EOS, end-of-turn ids)
 
     def generate(self, prompts, n, sampling):
-        from common.generation import Generations
+        from common.generation.hf import Generations
 
         count = len(prompts) * n
         return Generations(prompts, [list(self.ids) for _ in range(count)], [[] for _ in range(count)],
@@ -438,19 +438,19 @@ class _Answers:
 
 
 def test_a_cut_correct_answer_never_passes_the_evaluation(tiny_base, tmp_path):
-    # the evaluation every script runs (common/metrics.py `evaluate` with `Task.eval_success`; ps_grpo.py's episodes):
+    # the evaluation every script runs (common/run/logs.py `evaluate` with `Task.eval_success`; ps_grpo.py's episodes):
     # of two correct answers, the one cut by the limit fails, as it does in training; pass@k counts the same
     from types import SimpleNamespace
 
     from transformers import AutoTokenizer
 
     import ps_grpo
-    from common.countdown import Problem, countdown_task
-    from common.data import Example, Task
-    from common.generation import SamplingConfig
-    from common.metrics import evaluate
-    from common.rewards import RewardFuncs
-    from common.verifiers import math_reward
+    from common.demo.countdown import Problem, countdown_task
+    from common.tasks.task import Example, Task
+    from common.generation.hf import SamplingConfig
+    from common.tasks.evaluation import evaluate
+    from common.tasks.rewards import RewardFuncs
+    from common.rl.verifiers import math_reward
 
     tok = AutoTokenizer.from_pretrained(tiny_base)
     one = SimpleNamespace(process_index=0, num_processes=1)
@@ -487,7 +487,7 @@ def test_each_method_reads_rewards_of_any_sign_and_leaves_unscored_ones_out():
 
     from ada_est import est_advantages
     from ada_seq import downsample, global_advantages
-    from common.advantages import grpo_advantages, zero_variance
+    from common.rl.advantages import grpo_advantages, zero_variance
     from ra_rloo import rloo_advantages, splice_replays
 
     nan = float("nan")

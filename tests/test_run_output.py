@@ -33,7 +33,7 @@ def test_command_1_prints_one_bar_and_a_true_repeatability_line(tmp_path):
     assert names == {"ra_rloo"}, names
     assert sum(" 0%|" in part for part in refreshes) == 1, refreshes  # one bar, started once
     lines = r.stdout.rstrip("\n").splitlines()
-    assert lines[-1].startswith("  curves:  python -m common.plot_run") and "run ended at step 2" in r.stdout
+    assert lines[-1].startswith("  curves:  python -m common.run.plot_run") and "run ended at step 2" in r.stdout
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert json.loads((out / "args.json").read_text())["num_threads"] == 0
     (line,) = [ln.strip() for ln in lines if "repeatable" in ln]

@@ -7,8 +7,8 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from common import countdown_env, tiny_model
-from common.tiny_model import BaseRecipe, build_char_tokenizer, build_tiny_model, ensure_embedded_base
+from common.demo import countdown_env, tiny_model
+from common.demo.tiny_model import BaseRecipe, build_char_tokenizer, build_tiny_model, ensure_embedded_base
 
 
 def _no_build(*_args, **_kwargs):

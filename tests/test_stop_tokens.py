@@ -6,8 +6,8 @@ import shutil
 import pytest
 from transformers import GenerationConfig
 
-from common.generation import HFGenerator, SamplingConfig, end_token_ids
-from common.policy import load_policy
+from common.generation.hf import HFGenerator, SamplingConfig, end_token_ids
+from common.model.policy import load_policy
 from conftest import SHORT_RUN_FLAGS, run_main
 
 PROMPTS = ["14 9 3 t2\n", "5 7 2 t24\n", "8 3 6 t30\n", "9 4 1 t5\n"]  # Countdown prompts: two-line answers + EOS

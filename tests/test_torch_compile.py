@@ -1,4 +1,4 @@
-"""`--torch_compile`: HF generate's decoding step and the packed training forward compiled (common/compile.py) give
+"""`--torch_compile`: HF generate's decoding step and the packed training forward compiled (common/generation/compile.py) give
 the eager run's rows, in fp32 and under bf16 autocast; one graph serves micro-batches of any row count; a compile
 failure falls back to eager with one log line; the flags it cannot run with are refused at start-up. Compiling costs
 seconds, so few tests compile, on small models."""
@@ -7,11 +7,11 @@ import json
 import pytest
 import torch
 
-from common.cli import parse_args
-from common.compile import TorchCompile
-from common.generation import HFGenerator, SamplingConfig
-from common.logprobs import token_logprobs
-from common.masking import pack_sequences
+from common.run.flags import parse_args
+from common.generation.compile import TorchCompile
+from common.generation.hf import HFGenerator, SamplingConfig
+from common.rl.logprobs import token_logprobs
+from common.rl.masking import pack_sequences
 from conftest import TOKEN_LOGP_TOL, loss_tolerance, run_script
 
 # one shape for every generate call of the run (32 rows, a 32-position cache): the step compiles once
@@ -68,7 +68,7 @@ def test_torch_compile_matches_eager_three_steps(tiny_base, tmp_path):
 
 
 def tiny_generator_inputs():
-    from common.tiny_model import BaseRecipe, build_char_tokenizer, build_tiny_model
+    from common.demo.tiny_model import BaseRecipe, build_char_tokenizer, build_tiny_model
 
     tokenizer = build_char_tokenizer()
     recipe = BaseRecipe(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=64)
@@ -173,7 +173,7 @@ def packed_batches(tokenizer, prompts):
 
 
 def test_torch_compile_packed_forward_matches_eager_one_graph():
-    from common.compile import compiled_graphs
+    from common.generation.compile import compiled_graphs
 
     model, tokenizer, prompts, _ = tiny_generator_inputs()
     logs = []
@@ -218,7 +218,7 @@ def test_compile_speed_block_renders_every_part(tmp_path):
     from dataclasses import fields
 
     from benchmarks.speed.compile_speed import Args, docs_block
-    from common.cli import field_docs
+    from common.run.flags import field_docs
 
     assert not [f.name for f in fields(Args) if not field_docs(Args).get(f.name)]  # every flag has its help
 

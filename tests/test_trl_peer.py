@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.speed import trl_peer
-from common import countdown
-from common.countdown import countdown_task
+from common.demo import countdown
+from common.demo.countdown import countdown_task
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,7 +124,7 @@ def test_our_command_is_grpo_n_with_the_shared_budget():
     assert flags["--max_rounds"] == "1" and flags["--round_repeat"] == flags["--final_keep_per_prompt"] == "4"
     assert flags["--max_steps"] == "7" and flags["--prompts_per_step"] == "32" and flags["--prompt_pool"] == "256"
     assert flags["--max_new_tokens"] == "32" and flags["--eval_every"] == "0"
-    src = (ROOT / "ada_seq.py").read_text() + (ROOT / "common" / "args.py").read_text()
+    src = (ROOT / "ada_seq.py").read_text() + (ROOT / "common" / "run" / "flags.py").read_text()
     for flag in flags:  # every flag exists in the script (BaseArgs or its Args)
         assert f"    {flag[2:]}:" in src, flag
 
@@ -153,7 +153,7 @@ def test_grpo_advantages_are_sqrt_k_over_k_minus_1_times_trls_group_scaled_ones(
     import torch
     from trl.trainer.utils import nanstd
 
-    from common.advantages import grpo_advantages
+    from common.rl.advantages import grpo_advantages
 
     source = Path(importlib.util.find_spec("trl.trainer.grpo_trainer").origin).read_text()
     assert "std_rewards = nanstd(rewards.view(-1, num_generations), dim=1)" in source  # the 'group' scaling

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from common.verifiers import _too_costly, extract_boxed, gsm8k_gold, math_reward
+from common.rl.verifiers import _too_costly, extract_boxed, gsm8k_gold, math_reward
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,7 +102,7 @@ def test_hostile_answers_in_worker_thread_do_not_hang():
     # Off the main thread there is no timeout and a hang would hold the GIL, so run in a subprocess.
     code = (
         "import threading, sys\n"
-        "from common.verifiers import math_reward\n"
+        "from common.rl.verifiers import math_reward\n"
         f"answers = {HOSTILE!r}\n"
         "out = []\n"
         "t = threading.Thread(target=lambda: out.extend(math_reward('\\\\boxed{' + a + '}', '72') for a in answers))\n"

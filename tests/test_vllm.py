@@ -20,10 +20,10 @@ if importlib.util.find_spec("vllm") is None:
     pytest.skip("vLLM not installed (pip install -r requirements-vllm.txt, or bash .ci/vllm.sh)",
                 allow_module_level=True)
 
-from common.generation import Generations, HFGenerator, SamplingConfig  # noqa: E402
-from common.logprobs import token_logprobs  # noqa: E402
-from common.masking import pad_sequences, unpad_completion  # noqa: E402
-from common.tiny_model import BaseRecipe, build_char_tokenizer, build_tiny_model  # noqa: E402
+from common.generation.hf import Generations, HFGenerator, SamplingConfig  # noqa: E402
+from common.rl.logprobs import token_logprobs  # noqa: E402
+from common.rl.masking import pad_sequences, unpad_completion  # noqa: E402
+from common.demo.tiny_model import BaseRecipe, build_char_tokenizer, build_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -49,7 +49,7 @@ def policy_dir(tmp_path_factory) -> Path:
 def setup(policy_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from common.vllm_backend import VLLMGenerator
+    from common.generation.vllm_backend import VLLMGenerator
 
     tok = AutoTokenizer.from_pretrained(policy_dir)
     model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).eval()
@@ -144,7 +144,7 @@ def test_greedy_follows_pushed_weights(setup):
 def test_lora_policy_pushes_merged_weights(setup):
     # a LoRA policy (peft) reaches vLLM as plain weights with the adapters folded in: greedy output and
     # log-probs then follow the adapted HF model
-    from common.lora import add_lora
+    from common.model.lora import add_lora
 
     gen, model, tok, prompts = setup
     cfg = SamplingConfig(max_new_tokens=16, temperature=0.0)
@@ -177,7 +177,7 @@ def test_an_end_of_turn_id_of_the_generation_config_ends_vllm_generation(setup, 
     # finish reason "stop". The same request seeds (the counter rewound) draw the same tokens up to the end id.
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    from common.generation import end_token_ids
+    from common.generation.hf import end_token_ids
 
     gen, model, tok, prompts = setup
     cfg = SamplingConfig(max_new_tokens=16, temperature=1.0, logprobs=False)
@@ -220,7 +220,7 @@ def test_same_seed_and_call_reproduces_samples(setup):
 
 
 def test_missing_vllm_message(monkeypatch):
-    from common import vllm_backend
+    from common.generation import vllm_backend
 
     monkeypatch.setattr(vllm_backend.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(SystemExit, match="--use_vllm needs vLLM: pip install -r requirements-vllm.txt"):
@@ -230,8 +230,8 @@ def test_missing_vllm_message(monkeypatch):
 WORKER = """
 import os, sys, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from common.generation import HFGenerator, SamplingConfig
-from common.vllm_backend import VLLMGenerator
+from common.generation.hf import HFGenerator, SamplingConfig
+from common.generation.vllm_backend import VLLMGenerator
 
 path = sys.argv[1]
 tok = AutoTokenizer.from_pretrained(path)
@@ -301,7 +301,7 @@ SPY = """
 import os, runpy, sys
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
-from common import vllm_backend
+from common.generation import vllm_backend
 
 init, generate = vllm_backend.VLLMGenerator.__init__, vllm_backend.VLLMGenerator.generate
 calls = []  # per vLLM generate: was the policy sharded?

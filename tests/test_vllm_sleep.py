@@ -6,8 +6,8 @@ import types
 import pytest
 import torch
 
-from common import vllm_backend
-from common.generation import SamplingConfig
+from common.generation import vllm_backend
+from common.generation.hf import SamplingConfig
 
 
 class StubLLM:

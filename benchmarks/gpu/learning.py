@@ -17,10 +17,10 @@ def heldout_pass_rates(model_dir: Path, args: Args) -> list[float]:
     """Per held-out prompt: the fraction of `--learning_eval_samples` samples (T = 1) the binary verifier accepts."""
     import torch
 
-    from common.countdown import countdown_task
-    from common.data import PromptEncoder
-    from common.generation import HFGenerator, SamplingConfig
-    from common.policy import load_policy
+    from common.demo.countdown import countdown_task
+    from common.tasks.loading import PromptEncoder
+    from common.generation.hf import HFGenerator, SamplingConfig
+    from common.model.policy import load_policy
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer = load_policy(str(model_dir))

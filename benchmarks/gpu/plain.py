@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from benchmarks.gpu.budget import Args, Stop
-from common.cli import parse_args
-from common.distributed import GracefulStop
+from common.run.flags import parse_args
+from common.distributed.ranks import GracefulStop
 
 
 def changed_fraction(start: dict, end: dict, names: dict[str, str]) -> float:
@@ -46,7 +46,7 @@ def critic_changed(model_dir: Path, ckpt: Path) -> float | None:
     import torch
     from safetensors.torch import load_file
 
-    from common.checkpoint import safe_load
+    from common.run.checkpoint import safe_load
 
     critic = safe_load(ckpt / "trainer_state.pt", ("state",))["state"].get("method", {}).get("critic")
     if not critic:

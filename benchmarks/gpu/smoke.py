@@ -54,7 +54,7 @@ from benchmarks.gpu.plain import drop_checkpoint, run_script  # noqa: E402
 from benchmarks.gpu.report import table, write  # noqa: E402
 from benchmarks.gpu.speed import speed_part  # noqa: E402
 from benchmarks.gpu.warm_start import build_model_dir, embedded_warm_dir, warm_start  # noqa: E402
-from common.cli import parse_args  # noqa: E402
+from common.run.flags import parse_args  # noqa: E402
 
 
 def main(args: Args) -> dict:

@@ -19,7 +19,7 @@ def build_model_dir(path: Path, size: str) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-    from common import countdown
+    from common.demo import countdown
 
     if (path / "config.json").exists():
         return path
@@ -51,9 +51,9 @@ def build_model_dir(path: Path, size: str) -> Path:
 
 def greedy_pass_rate(model, tokenizer, problems, max_new_tokens: int, dtype: str) -> float:
     """Greedy pass@1 (binary verifier) of `model` on (level tag, problem) pairs."""
-    from common import countdown
-    from common.data import PromptEncoder
-    from common.generation import HFGenerator, SamplingConfig
+    from common.demo import countdown
+    from common.tasks.loading import PromptEncoder
+    from common.generation.hf import HFGenerator, SamplingConfig
 
     encode = PromptEncoder(tokenizer, templated=False)  # as the scripts encode Countdown prompts
     prompts = [encode(countdown.prompt_text(p)) for _, p in problems]
@@ -65,15 +65,15 @@ def greedy_pass_rate(model, tokenizer, problems, max_new_tokens: int, dtype: str
 
 def warm_start(random_dir: Path, warm_dir: Path, args: Args, stop: Stop) -> dict:
     """SFT of the random model on generated Countdown demonstrations until greedy pass@1 on 128 training prompts
-    reaches `--warm_target` (the embedded base's recipe, common/tiny_model.py: solver solutions and, per level, its
+    reaches `--warm_target` (the embedded base's recipe, common/demo/tiny_model.py: solver solutions and, per level, its
     share of careless answers; loss on the answer only). Saved to `warm_dir` with warm_start.json; cached."""
     import torch
 
-    from common import countdown
-    from common.logprobs import token_logprobs
-    from common.masking import pad_sequences
-    from common.policy import autocast, load_policy
-    from common.tiny_model import BaseRecipe
+    from common.demo import countdown
+    from common.rl.logprobs import token_logprobs
+    from common.rl.masking import pad_sequences
+    from common.model.policy import autocast, load_policy
+    from common.demo.tiny_model import BaseRecipe
 
     if (warm_dir / "warm_start.json").exists():
         info = json.loads((warm_dir / "warm_start.json").read_text())
@@ -137,9 +137,9 @@ def warm_start(random_dir: Path, warm_dir: Path, args: Args, stop: Stop) -> dict
 
 def embedded_warm_dir(path: Path) -> Path:
     """`--size tiny`: the shipped embedded base (already SFT'd by the same recipe), copied into the output dir."""
-    from common import countdown
-    from common.policy import load_policy
-    from common.tiny_model import ensure_embedded_base
+    from common.demo import countdown
+    from common.model.policy import load_policy
+    from common.demo.tiny_model import ensure_embedded_base
 
     if not (path / "warm_start.json").exists():
         base = ensure_embedded_base()

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from common.cli import parse_args  # noqa: E402
+from common.run.flags import parse_args  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "speed" / "results" / "compile.json"
 PARTS = ("job", "floor", "peer")

@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.sweep.configs import Config, check_config  # noqa: E402
 from benchmarks.sweep.run_dirs import machine_info, read_rows  # noqa: E402
-from common.cli import parse_args  # noqa: E402
+from common.run.flags import parse_args  # noqa: E402
 
 
 @dataclass
@@ -71,7 +71,7 @@ class Args:
     write: bool = True
     """write floor.md and floor.json (false: print only)"""
     torch_compile: bool = False
-    """both loops compiled: generation through the compiled decoding step (common/compile.py), the bare loop's
+    """both loops compiled: generation through the compiled decoding step (common/generation/compile.py), the bare loop's
     training forward by torch.compile, ours and the script with --torch_compile; the warm-up repeat takes the
     compile"""
 
@@ -93,13 +93,13 @@ def in_process(args: Args) -> dict:
     import torch
     from accelerate import Accelerator
 
-    from common.countdown import countdown_task
-    from common.generation import HFGenerator, SamplingConfig, cache_kwargs
-    from common.logprobs import score_completions
-    from common.distributed import micro_batches
-    from common.logprobs import token_logprobs
-    from common.masking import pad_sequences
-    from common.policy import load_policy
+    from common.demo.countdown import countdown_task
+    from common.generation.hf import HFGenerator, SamplingConfig, cache_kwargs
+    from common.rl.logprobs import score_completions
+    from common.distributed.ranks import micro_batches
+    from common.rl.logprobs import token_logprobs
+    from common.rl.masking import pad_sequences
+    from common.model.policy import load_policy
 
     torch.set_num_threads(args.num_threads)
     random.seed(args.seed)
@@ -107,7 +107,7 @@ def in_process(args: Args) -> dict:
     torch.manual_seed(args.seed)
     path = args.model_name_or_path
     if path == "embedded":  # the cached tiny Countdown model (built once)
-        from common.tiny_model import ensure_embedded_base
+        from common.demo.tiny_model import ensure_embedded_base
 
         path = str(ensure_embedded_base())
     model, tok = load_policy(path, "float32")
@@ -135,7 +135,7 @@ def in_process(args: Args) -> dict:
         bare.eval()
         compiled = {}
         if args.torch_compile:  # the same static cache and compiled step as HFGenerator's
-            from common.compile import TorchCompile
+            from common.generation.compile import TorchCompile
 
             decoding = TorchCompile()
             compiled = {"compile_config": decoding.config(bare), **cache_kwargs(
@@ -168,7 +168,7 @@ def in_process(args: Args) -> dict:
     opt = torch.optim.AdamW(ours.parameters(), lr=args.learning_rate)
     ours, opt = acc.prepare(ours, opt)
     policy = acc.unwrap_model(ours)
-    from common.compile import TorchCompile
+    from common.generation.compile import TorchCompile
 
     compiled = TorchCompile() if args.torch_compile else None
     gen = HFGenerator(policy, tok, batch_size=256, compiled=compiled)

@@ -24,8 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from common.cli import parse_args  # noqa: E402
-from common.gibbs import gibbs_sweeps  # noqa: E402
+from common.run.flags import parse_args  # noqa: E402
+from common.rl.gibbs import gibbs_sweeps  # noqa: E402
 
 
 @dataclass

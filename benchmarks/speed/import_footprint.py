@@ -21,10 +21,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from common.cli import parse_args  # noqa: E402
+from common.run.flags import parse_args  # noqa: E402
 
 SCRIPTS = ("ra_rloo.py", "ada_seq.py", "ada_est.py", "ps_grpo.py", "pros_ppo.py")
-DEMO_MODULES = ("common.countdown", "common.countdown_env", "common.tiny_model")  # the embedded demo only
+DEMO_MODULES = ("common.demo.countdown", "common.demo.countdown_env", "common.demo.tiny_model")  # the embedded demo only
 
 PROBE = """
 import atexit, json, runpy, sys
@@ -56,7 +56,7 @@ class Args:
 
 def make_inputs(tmp: Path) -> tuple[str, str]:
     """An untrained tiny model directory and a 40-row local jsonl dataset."""
-    from common.tiny_model import BaseRecipe, build_char_tokenizer, build_tiny_model
+    from common.demo.tiny_model import BaseRecipe, build_char_tokenizer, build_tiny_model
 
     model_dir = tmp / "model"
     tokenizer = build_char_tokenizer()

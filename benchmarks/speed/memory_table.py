@@ -19,7 +19,7 @@ at a time (the policy's, the largest); under DDP nothing is gathered, but autoca
 weight it casts until the pass ends (torch's autocast weight cache): the policy's (with LoRA its adapters only, the
 base being bf16) and the critic's. Last, one line per script: the whole models gathered with `--fsdp`.
 
-The second table: the log-prob step (common/logprobs.py) per micro-batch, now and before it recomputed each chunk in
+The second table: the log-prob step (common/rl/logprobs.py) per micro-batch, now and before it recomputed each chunk in
 backward. Now autograd keeps the fp32 last hidden state and the target id per completion token (4·h + 8 bytes), and
 the step's working memory is one chunk of CHUNK_TOKENS tokens: float32 logits, softmax and gradient plus the bf16
 gradient (14·V bytes per chunk token), whatever the micro-batch. Before, the model's bf16 logits of the whole
@@ -48,7 +48,7 @@ MODELS = (
 )
 GIB = 2 ** 30
 MEASURED = Path(__file__).resolve().parent / "results" / "logprob_memory.json"
-CHUNK_TOKENS = 512  # common/logprobs.py CHUNK_TOKENS (tests/test_benchmarks.py checks they agree)
+CHUNK_TOKENS = 512  # common/rl/logprobs.py CHUNK_TOKENS (tests/test_benchmarks.py checks they agree)
 # micro-batch tokens: the token budget docs/custom_task.md recommends (--max_tokens_per_microbatch 16384), and the
 # default --micro_batch_size 64 with 1k-token completions
 MICRO_BATCHES = (("16k tokens (recommended)", 16384), ("64 x 1k tokens (default)", 65536))
@@ -130,7 +130,7 @@ def measure_logprob_bytes(hidden: int, vocab: int, tokens=(16, 48)) -> dict:
     weights: "before" is the formula the step used before (the head's logits, a float32 copy, logsumexp)."""
     import torch
 
-    from common.logprobs import ChunkedLogProbs
+    from common.rl.logprobs import ChunkedLogProbs
 
     torch.manual_seed(0)
     weight = torch.randn(vocab, hidden) / hidden ** 0.5

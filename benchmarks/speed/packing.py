@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from common.cli import parse_args  # noqa: E402
+from common.run.flags import parse_args  # noqa: E402
 
 
 @dataclass
@@ -46,14 +46,14 @@ class Args:
 def main(args: Args) -> list[dict]:
     import torch
 
-    from common.logprobs import token_logprobs
-    from common.masking import pad_sequences
-    from common.policy import load_policy
+    from common.rl.logprobs import token_logprobs
+    from common.rl.masking import pad_sequences
+    from common.model.policy import load_policy
 
     torch.set_num_threads(args.num_threads)
     path = args.model_name_or_path
     if path == "embedded":
-        from common.tiny_model import ensure_embedded_base
+        from common.demo.tiny_model import ensure_embedded_base
 
         path = str(ensure_embedded_base())
     model, tokenizer = load_policy(path)

@@ -36,10 +36,10 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from common.cli import parse_args  # noqa: E402  (light: no torch import)
+from common.run.flags import parse_args  # noqa: E402  (light: no torch import)
 
 # name -> (environment, --num_threads); "default" is torch's own count (one thread per core, OpenMP's default wait)
-# held fixed, "policy" is what the scripts do when nothing is set (common/launch.py CpuThreads)
+# held fixed, "policy" is what the scripts do when nothing is set (common/run/launch.py CpuThreads)
 CORES = os.cpu_count() or 1
 OPTIONS: dict[str, tuple[dict[str, str], int]] = {
     "default": ({}, CORES),

@@ -27,7 +27,7 @@ def cite(path: str, needle: str) -> str:
 def fixed_batch(examples, tokenizer, max_new_tokens: int):
     """2 prompts x 4 completions of varied length, some correct, one group with rewards (1, 0, 0, 1) and one with
     (0, 0, 0, 1): both with a stop token and truncated at max_new_tokens, an empty answer (stop token only)."""
-    from common import countdown
+    from common.demo import countdown
 
     eos = tokenizer.eos_token_id
     enc = lambda s: tokenizer(s, add_special_tokens=False).input_ids  # noqa: E731
@@ -58,9 +58,9 @@ def definition_check(args: Args) -> dict:
     from trl.trainer import utils as trl_utils
 
     import ada_seq
-    from common.logprobs import token_logprobs
-    from common.losses import clipped_surrogate
-    from common.masking import pad_sequences, right_align
+    from common.rl.logprobs import token_logprobs
+    from common.rl.losses import clipped_surrogate
+    from common.rl.masking import pad_sequences, right_align
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is flagged experimental
     n, L = args.num_generations, args.max_new_tokens

@@ -41,7 +41,7 @@ if str(ROOT) not in sys.path:
 from benchmarks.speed.trl_check import definition_check, render_check  # noqa: E402
 from benchmarks.speed.trl_setup import (CountdownReward, build_dataset, countdown_examples, grpo_config,  # noqa: E402
                                         load_base, require_trl)
-from common.cli import parse_args  # noqa: E402
+from common.run.flags import parse_args  # noqa: E402
 
 
 @dataclass

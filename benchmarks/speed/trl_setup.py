@@ -28,16 +28,16 @@ def load_base(model_name_or_path: str = "embedded"):
     inside a timed benchmark). `load_policy` is what every script uses; the round trip guards against a tokenizer
     reloaded as a class that drops characters (spaces, newlines), which would silently change every prompt.
     """
-    from common import countdown
-    from common.policy import load_policy
-    from common.tiny_model import BaseRecipe, cache_root
+    from common.demo import countdown
+    from common.model.policy import load_policy
+    from common.demo.tiny_model import BaseRecipe, cache_root
 
     path = Path(model_name_or_path)
     if model_name_or_path == "embedded":
         path = cache_root() / f"countdown-base-{BaseRecipe().key()}"
         if not (path / "build_info.json").exists():
             raise SystemExit(f"no embedded base policy at {path}: build it first with "
-                             "python -c 'from common.tiny_model import ensure_embedded_base; ensure_embedded_base()'")
+                             "python -c 'from common.demo.tiny_model import ensure_embedded_base; ensure_embedded_base()'")
     elif not (path / "config.json").exists():
         raise SystemExit(f"--model_name_or_path {model_name_or_path}: not a local Hugging Face model dir")
     model, tokenizer = load_policy(str(path))
@@ -49,8 +49,8 @@ def load_base(model_name_or_path: str = "embedded"):
 
 
 def countdown_examples(prompt_pool: int):
-    """The training prompts our scripts see with `--prompt_pool N` (common/countdown.py countdown_task)."""
-    from common.countdown import countdown_task
+    """The training prompts our scripts see with `--prompt_pool N` (common/demo/countdown.py countdown_task)."""
+    from common.demo.countdown import countdown_task
 
     task = countdown_task("binary", eval_prompts=1)
     return task.train[:prompt_pool] if prompt_pool > 0 else task.train, task.reward_fn

@@ -158,7 +158,7 @@ def script_flags(script: Path) -> Optional[dict[str, Optional[list]]]:
         return None
     fields: dict[str, Optional[list]] = {}
     if any(getattr(b, "id", "") == "BaseArgs" for b in classes["Args"].bases):
-        base = {n.name: n for n in ast.parse((ROOT / "common" / "args.py").read_text()).body
+        base = {n.name: n for n in ast.parse((ROOT / "common" / "run" / "flags.py").read_text()).body
                 if isinstance(n, ast.ClassDef)}
         fields.update(_class_fields(base["BaseArgs"]))
     fields.update(_class_fields(classes["Args"]))

@@ -5,7 +5,7 @@ of `benchmarks/sweep/word_problems.py`, from its built base, for a fixed number 
 
 Each run is judged on the held-out file, outside the script, by one evaluator for all: the base and the run's final
 checkpoint, each loaded as a model directory, `--eval_samples` samples (T=1) of each of `--eval_prompts` held-out
-prompts rendered as the run rendered them (`common.data.hf_task`), a sample passing when math-verify finds its boxed
+prompts rendered as the run rendered them (`common.tasks.loading.hf_task`), a sample passing when math-verify finds its boxed
 answer equal to the gold. pass@1 is the mean over samples; the interval is a 95% normal interval, over prompts, of
 the per-prompt difference end - start (paired: the same prompts).
 
@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from common.cli import parse_args  # noqa: E402
+from common.run.flags import parse_args  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "sweep" / "results" / "real_path.json"
 SCRIPTS = ("ra_rloo", "ps_grpo", "pros_ppo", "ada_seq", "ada_est")
@@ -96,10 +96,10 @@ def heldout_counts(args: Args, model_dir: Path, reward: str, data: dict) -> list
     """Passing samples per held-out prompt of the model in `model_dir`, its prompts rendered by the real path."""
     import torch
 
-    from common.args import BaseArgs
-    from common.data import PromptEncoder, hf_task
-    from common.generation import HFGenerator, SamplingConfig
-    from common.policy import load_policy
+    from common.run.flags import BaseArgs
+    from common.tasks.loading import PromptEncoder, hf_task
+    from common.generation.hf import HFGenerator, SamplingConfig
+    from common.model.policy import load_policy
 
     model, tokenizer = load_policy(str(model_dir))
     flags = BaseArgs(model_name_or_path=str(model_dir), eval_prompts=args.eval_prompts)

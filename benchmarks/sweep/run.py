@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:
 from benchmarks.sweep.configs import BY_NAME, CONFIGS, FULL, QUICK, Config, check_config  # noqa: E402
 from benchmarks.sweep.run_dirs import (FileLock, compact_run, conflict_diff, is_finished, machine_info,  # noqa: E402
                                        read_rows, run_state, testbed_id)
-from common.cli import parse_args  # noqa: E402  (light: no torch import)
+from common.run.flags import parse_args  # noqa: E402  (light: no torch import)
 
 
 @dataclass

@@ -39,7 +39,7 @@ def testbed_id(model_name_or_path: str) -> str:
     changed testbed gets a new name), or the model given."""
     if model_name_or_path != "embedded":
         return model_name_or_path
-    from common.tiny_model import BaseRecipe  # imports torch: only here
+    from common.demo.tiny_model import BaseRecipe  # imports torch: only here
 
     return f"countdown-base-{BaseRecipe().key()}"
 

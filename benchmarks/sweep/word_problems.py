@@ -147,7 +147,7 @@ def phrases() -> list[str]:
     """Multi-character tokens, as a trained BPE vocabulary would have them: the task's recurring words and phrases,
     the math reward's default suffix and the system message. Prompts are ~40 tokens instead of ~170 characters (RL
     and SFT cost what they hold); numbers, answers and any other text stay one token per character."""
-    from common.data import MATH_SUFFIX
+    from common.tasks.loading import MATH_SUFFIX
 
     words = [*NAMES, *ITEMS, *(verb.split(" {n}")[0] + " " for verb in (*GAINS, *LOSSES))]
     return [MATH_SUFFIX, SYSTEM, *words, " more", " has ", " bags with ", " in each.", "How many ", " does ",
@@ -208,7 +208,7 @@ def build_model(recipe: ModelRecipe, tokenizer):
 def renderings(row: dict, tokenizer) -> list[str]:
     """The two prompts a row is trained on: the question with the math reward's default suffix (as `--dataset
     train.jsonl` renders it) and the message prompt (as `--prompt_column prompt` renders it)."""
-    from common.data import MATH_SUFFIX
+    from common.tasks.loading import MATH_SUFFIX
 
     user = [{"role": "user", "content": row["question"] + MATH_SUFFIX}]
     return [tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -221,8 +221,8 @@ def sft(model, tokenizer, recipe: ModelRecipe, stop_after: int | None = None, lo
     import numpy as np
     import torch
 
-    from common.tiny_model import sft_step
-    from common.masking import pad_sequences
+    from common.demo.tiny_model import sft_step
+    from common.rl.masking import pad_sequences
 
     rng = random.Random(recipe.seed)
     train, _ = make_rows(recipe.data)
@@ -261,8 +261,8 @@ def evaluate(model, tokenizer, rows: list[dict], samples: int = 4, max_new_token
     """Held-out pass@1 (T=1, math-verify on the last `\\boxed{}`) of each rendering, overall and per level."""
     import numpy as np
 
-    from common.generation import HFGenerator, SamplingConfig
-    from common.verifiers import gsm8k_gold, math_reward
+    from common.generation.hf import HFGenerator, SamplingConfig
+    from common.rl.verifiers import gsm8k_gold, math_reward
 
     generator, out = HFGenerator(model, tokenizer), {}
     for k, name in enumerate(("text_suffix", "messages")):
@@ -284,8 +284,8 @@ def ensure_base(recipe: ModelRecipe = ModelRecipe(), log=print) -> Path:
     built: SFT, then the held-out measurement into build_info.json)."""
     import torch
 
-    from common.cache import cache_root
-    from common.tiny_model import restore_shipped, weights_sha256
+    from common.demo.cache import cache_root
+    from common.demo.tiny_model import restore_shipped, weights_sha256
 
     path = cache_root() / f"wordproblems-base-{recipe.key()}"
     if (path / "build_info.json").exists() or restore_shipped(path, log):

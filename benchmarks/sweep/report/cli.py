@@ -24,7 +24,7 @@ from benchmarks.sweep.report.docs_blocks import write_doc_blocks
 from benchmarks.sweep.report.figures import DOC_FIGURES
 from benchmarks.sweep.report.load import ROOT, RUNS_DIR, load_runs
 from benchmarks.sweep.report.page import rel_path, write_report
-from common.cli import parse_args
+from common.run.flags import parse_args
 
 
 @dataclass

@@ -89,7 +89,7 @@ def conclusion(per: list[list[Claim]]) -> str:
 
 
 def default_steps(script: str) -> int:
-    """A script's default --max_steps, read from its source (its Args, else common/args.py's BaseArgs)."""
+    """A script's default --max_steps, read from its source (its Args, else common/run/flags.py's BaseArgs)."""
     import ast
 
     for path, cls in ((ROOT / script, "Args"), (ROOT / "common" / "args.py", "BaseArgs")):

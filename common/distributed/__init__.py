@@ -1,0 +1,1 @@
+"""Several processes: each rank's share, reductions, micro-batches every rank joins, FSDP2."""

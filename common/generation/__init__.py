@@ -1,0 +1,1 @@
+"""Generation backends (HF generate, colocated vLLM) and compiled passes."""

@@ -1,0 +1,1 @@
+"""Loading the policy, its compute dtype, the frozen reference, LoRA."""

@@ -1,0 +1,165 @@
+"""One JSON object per step in <output_dir>/metrics.jsonl (main process), plus optional trackers, and a few sampled
+rollouts per kind in <output_dir>/samples.jsonl (`SampleLogger`). Core names
+every script logs (each script computes them where it logs them): step, rollouts, gen_tokens,
+reward_mean, reward_std, pass_rate, frac_zero_var_groups, completion_len_mean, clipped_ratio, loss, kl, entropy,
+grad_norm, lr, time_step_s, time_gen_s, time_train_s; eval_pass@1 / eval_pass@k when evaluating, and the same
+measured on a fixed sample of training-pool prompts as eval_train_pass@1 / eval_train_pass@k.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from common.distributed.ranks import first_failure, stop_every_rank
+from common.run.folder_lock import lost_hold, write_deferred
+
+
+def check_tracker(report_to: str) -> None:
+    """A clear error before anything starts when `--report_to` names a tracker that is not installed."""
+    import importlib.util
+
+    need = {"none": (), "tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}[report_to]
+    if need and not any(importlib.util.find_spec(module) for module in need):
+        raise SystemExit(f"--report_to {report_to}: install it first (pip install {need[0]})")
+
+
+def read_rows(path: Path, announce=lambda message: print(message, flush=True)) -> list[str]:
+    """The rows of a log file (`metrics.jsonl`, `samples.jsonl`) as their JSON lines, for a resume. A last line cut
+    short (a run killed, or a disk filled, while writing it) is dropped and `announce`d in one line; a damaged line
+    before it stops the run with one line naming the file and line number (the file is left as it is)."""
+    lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
+    numbered = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    kept = []
+    for index, (number, line) in enumerate(numbered):
+        try:
+            row = json.loads(line)
+            int(row["step"])
+        except (ValueError, KeyError, TypeError) as error:
+            if index < len(numbered) - 1:
+                raise SystemExit(f"{path} line {number}: not a row this project writes ({type(error).__name__}: "
+                                 f"{str(error)[:80]}); repair or delete that line, then resume")
+            announce(f"{path}: dropped its last line (line {number}), cut short at {len(line.encode())} bytes by an "
+                     "interrupted write")
+            continue
+        kept.append(line)
+    return kept
+
+
+def append_rows(path: Path, rows: list[dict]) -> None:
+    """Append each row as one JSON line with one write call, straight to the OS (no Python buffer): a killed process
+    leaves whole rows behind (a full disk may still cut the last one: a resume drops it). A failed write (a full
+    disk, no permission) stops the run with one line naming the file and the error."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            for row in rows:
+                row = {key: None if isinstance(value, float) and value != value else value  # NaN (no reward): null
+                       for key, value in row.items()}
+                data = (json.dumps(row) + "\n").encode()
+                while data:  # a regular file takes it in one call; the loop covers a short write
+                    data = data[os.write(fd, data):]
+        finally:
+            os.close(fd)
+    except OSError as error:
+        raise SystemExit(f"{path}: could not append a row ({error}); the run stops here: make room (or fix the "
+                         "folder's permissions), then continue from its last checkpoint with --resume auto") from None
+
+
+def keep_rows_until(path: Path, resume_step: int | None) -> None:
+    """Rewrite `path` with its rows up to `resume_step` (None: none), replacing the file whole, so that a crash
+    while rewriting never loses the rows a resume keeps."""
+    kept = [] if resume_step is None else [line for line in read_rows(path) if json.loads(line)["step"] <= resume_step]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
+
+
+class MetricsLogger:
+    def __init__(self, output_dir: str, accelerator, report_to: str = "none", config: dict | None = None,
+                 resume_step: int | None = None, project: str = "rlvr-sampling"):
+        self.acc = accelerator
+        self.path = Path(output_dir) / "metrics.jsonl"
+        self.trackers = report_to != "none"
+        written_on_main(accelerator, output_dir, lambda: self._start(resume_step))
+        if self.trackers and accelerator.is_main_process:
+            accelerator.init_trackers(project, config=config or {})
+
+    def _start(self, resume_step: int | None) -> None:
+        write_deferred(self.path.parent)  # a resume's records of its flags: its checkpoint has loaded
+        if self.path.exists():  # a resume drops rows written after its checkpoint (the file reads as one run)
+            keep_rows_until(self.path, resume_step)  # a new run: none
+
+    def log(self, metrics: dict) -> None:
+        """Every rank (a failed write stops them all); the main process writes the row."""
+        clean = {k: (float(v) if isinstance(v, (np.floating, np.integer)) else v) for k, v in metrics.items()}
+        written_on_main(self.acc, self.path.parent, lambda: append_rows(self.path, [clean]))
+        if self.trackers and self.acc.is_main_process:
+            self.acc.log({k: v for k, v in clean.items() if isinstance(v, (int, float))}, step=clean["step"])
+
+
+def written_on_main(accelerator, output_dir, write) -> None:
+    """Every rank: `write()` on the main process, once this launch is known to still hold `output_dir`; a failure
+    stops every rank at once with one line naming the folder or file and the error."""
+    failed = []
+    if accelerator.is_main_process:
+        try:
+            lost = lost_hold(Path(output_dir))
+            if lost:
+                raise SystemExit(lost)
+            write()
+        except SystemExit as stop:  # append_rows's line, or the lost hold's
+            failed.append(str(stop))
+        except OSError as error:
+            failed.append(f"--output_dir {output_dir}: could not write its logs ({error}); the run stops here: make "
+                          "room (or fix the folder's permissions), then run the same command again")
+    if (reason := first_failure(accelerator, failed)) is not None:
+        stop_every_rank(accelerator, reason)
+
+
+class SampleLogger:
+    """samples.jsonl: at chosen steps, up to `per_kind` rollouts of each kind (fresh, replayed, prefix...) as JSON rows
+    (step, kind, prompt, completion, reward, advantage and the method's tags), also sent to the tracker as a table
+    (wandb) or text (tensorboard). `due` and `log` must be called on every rank (rows are gathered)."""
+
+    def __init__(self, output_dir: str, accelerator, every: int | None, per_kind: int, resume_step: int | None):
+        self.acc, self.every, self.per_kind = accelerator, every, per_kind
+        self.path = Path(output_dir) / "samples.jsonl"
+        written_on_main(accelerator, output_dir,  # as metrics.jsonl: rows past the checkpoint go
+                        lambda: keep_rows_until(self.path, resume_step) if self.path.exists() else None)
+
+    def due(self, step: int, evaluating: bool) -> bool:
+        """At each evaluation by default (`every` None), else every `every` steps (0: never)."""
+        return evaluating if self.every is None else self.every > 0 and step % self.every == 0
+
+    def pick(self, kinds: list[str]) -> list[int]:
+        """Indices of the first `per_kind` items of each kind (the rows worth decoding)."""
+        seen: dict[str, int] = {}
+        chosen = []
+        for i, kind in enumerate(kinds):
+            if seen.get(kind, 0) < self.per_kind:
+                seen[kind] = seen.get(kind, 0) + 1
+                chosen.append(i)
+        return chosen
+
+    def log(self, step: int, rows: list[dict]) -> None:
+        from accelerate.utils import gather_object
+
+        rows = gather_object(rows) if self.acc.num_processes > 1 else rows
+        rows = [rows[i] for i in self.pick([row["kind"] for row in rows])]  # the bound holds over all ranks
+        clean = [{"step": step, **{k: float(v) if isinstance(v, (np.floating, np.integer)) else v
+                                   for k, v in row.items()}} for row in rows]
+        written_on_main(self.acc, self.path.parent, lambda: append_rows(self.path, clean) if clean else None)
+        if not self.acc.is_main_process or not rows:
+            return
+        for tracker in self.acc.trackers:
+            columns = sorted({key for row in clean for key in row})
+            if tracker.name == "wandb":
+                import wandb
+
+                tracker.log({"samples": wandb.Table(columns=columns, data=[[row.get(c) for c in columns]
+                                                                         for row in clean])}, step=step)
+            elif tracker.name == "tensorboard":
+                tracker.writer.add_text("samples", "\n\n".join(f"    {json.dumps(row)}" for row in clean), step)
