@@ -31,7 +31,7 @@ inference budget.
 
     python ada_est.py                                  # hybrid 1/sqrt(p) on 2048 recurring Countdown prompts
     python ada_est.py --weighting implicit             # N_x ∝ 1/p, no residual weight (App. C.2 ablation)
-    accelerate launch ada_est.py --model_name_or_path Qwen/Qwen2.5-Math-1.5B --dataset openai/gsm8k \
+    accelerate launch ada_est.py --model_name_or_path Qwen/Qwen2.5-Math-1.5B --dataset_name openai/gsm8k \
         --dataset_config main --prompt_pool 2048 --use_vllm --dtype bfloat16 --learning_rate 1e-6
 """
 from __future__ import annotations
@@ -95,14 +95,11 @@ class Args(BaseArgs):
     groups)"""
     positive_threshold: Annotated[float, Range(None, 1, hi_open=True)] = 0.7
     """[EST] a response counts as a success k_t for the estimator when its training reward (in [0, 1]) > this"""
-    success_reward: Annotated[Optional[float], Range()] = None
-    """a response succeeds (the successes k_t of its Beta counts, the pass rate p_x of the hybrid weight, pass rates)
-    when its total training reward >= this (unset: --positive_threshold's rule)"""
-    eps_low: Annotated[float, Range(0, 1, hi_open=True)] = 0.2
+    epsilon: Annotated[float, Range(0, 1, hi_open=True)] = 0.2
     """lower clip range of the ratio pi_theta/pi_old (clip-higher setup of the paper: [0.2, 0.28])"""
-    eps_high: Annotated[float, Range(0)] = 0.28
+    epsilon_high: Annotated[float, Range(0)] = 0.28
     """upper clip range of the ratio pi_theta/pi_old"""
-    ppo_epochs: Annotated[int, Range(1)] = 1
+    num_iterations: Annotated[int, Range(1)] = 1
     """optimizer steps per batch (each a full pass over all responses); with 1 the ratio is 1 and clipping is
     inactive"""
     beta: Annotated[float, Range(0, zero="off, no reference model")] = 0.0
@@ -268,18 +265,18 @@ def main(args: Args) -> None:
         from common.generation.vllm_backend import VLLMGenerator
 
         generator = VLLMGenerator(model_path, policy, tokenizer, seed=args.seed, dtype=args.dtype,
-                                  max_model_len=args.vllm_max_model_len,
+                                  max_model_len=args.vllm_max_model_length,
                                   gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
     else:
         generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype,
                                 cache_implementation=args.cache_implementation, compiled=compiled)
     generator.end_ids = end_token_ids(tokenizer, policy, args.stop_token_ids, log)  # EOS, end-of-turn, flag
     # pi_old from the sampler only where it differs from the update's own first pass (`--old_logprobs`)
-    sampler_logprobs = args.old_logprobs == "sampler" or args.use_vllm or args.ppo_epochs > 1
-    sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+    sampler_logprobs = args.old_logprobs == "sampler" or args.use_vllm or args.num_iterations > 1
+    sampling = SamplingConfig(max_new_tokens=args.max_completion_length, temperature=args.temperature,
                               logprobs=sampler_logprobs)
     eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature  # 0: greedy
-    eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=eval_temperature, logprobs=False)
+    eval_sampling = SamplingConfig(max_new_tokens=args.max_completion_length, temperature=eval_temperature, logprobs=False)
     temperature = args.temperature if args.temperature > 0 else 1.0  # the generator scores greedy samples at T=1
     pack = (args.pack_row_tokens or (2048 if device.type == "cuda" else 128)) if args.padding_free else 0  # rows
 
@@ -293,7 +290,7 @@ def main(args: Args) -> None:
 
     # ---------------- resume ----------------
     start_step, counters, method_state = 0, {"rollouts": 0, "gen_tokens": 0}, {}
-    resume_from = checkpoint.resolve_resume(args.resume, args.output_dir)
+    resume_from = checkpoint.resolve_resume(args.resume_from_checkpoint, args.output_dir)
     if resume_from is not None:
         start_step, state = checkpoint.load_checkpoint(resume_from, accelerator, model, optimizer, scheduler)
         sampler.load_state_dict(state["sampler"])
@@ -322,7 +319,7 @@ def main(args: Args) -> None:
     if args.success_reward is not None:  # reward >= success_reward: > the float just below it
         threshold = math.nextafter(args.success_reward, -math.inf)
     # constant normaliser: the global sample count / world (DDP averages), times max length
-    normaliser = total_budget / world * args.max_new_tokens
+    normaliser = total_budget / world * args.max_completion_length
 
     for step in range(start_step + 1, args.max_steps + 1):
         t_start = time.time()
@@ -373,7 +370,7 @@ def main(args: Args) -> None:
                 "gap_sum": 0.0, "gap_tok": 0.0}
         grad_norms = []
         lengths = [len(p) + len(c) for p, c in zip(flat_prompts, completions)]  # --max_tokens_per_microbatch
-        for epoch in range(args.ppo_epochs):
+        for epoch in range(args.num_iterations):
             for rows in micro_batches(len(completions), args.micro_batch_size, accelerator, model, peers=(ref_model,),
                                       lengths=lengths, max_tokens=args.max_tokens_per_microbatch):
                 batch = pad_sequences([flat_prompts[r] for r in rows], [completions[r] for r in rows],
@@ -388,8 +385,8 @@ def main(args: Args) -> None:
                 if epoch == 0 and sampler_logprobs:  # sampler/trainer agreement, before any update (the first pass)
                     sums["gap_sum"] += ((logp.detach() - old_logp).abs() * batch.loss_mask).sum().item()
                     sums["gap_tok"] += batch.loss_mask.sum().item()
-                per_token, clipped = clipped_surrogate(logp, old_logp, advantages[rows, None], args.eps_low,
-                                                       args.eps_high)
+                per_token, clipped = clipped_surrogate(logp, old_logp, advantages[rows, None], args.epsilon,
+                                                       args.epsilon_high)
                 surrogate_sum = (per_token * mask).sum()
                 entropy_sum = (entropy * mask).sum()
                 loss = (surrogate_sum - args.entropy_coef * entropy_sum) / normaliser  # entropy bonus (Sec. 4 set-up)
@@ -400,7 +397,7 @@ def main(args: Args) -> None:
                     loss = loss + args.beta * kl.sum() / normaliser  # one constant for PG and KL
                 accelerator.backward(loss)
                 if epoch == 0:  # the on-policy epoch's numbers are the ones logged
-                    sums["loss_sum"] += surrogate_sum.item() / args.max_new_tokens
+                    sums["loss_sum"] += surrogate_sum.item() / args.max_completion_length
                     sums["ent_sum"] += entropy_sum.item()
                     sums["tok"] += mask.sum().item()
                     sums["clip_sum"] += (clipped * mask).sum().item()
@@ -471,7 +468,7 @@ def main(args: Args) -> None:
                 "the generator does not sample from the policy being trained (stale weights, dtype, temperature?)")
 
         # ================ sample log / evaluate / log / checkpoint / stop ================
-        evaluating = (args.eval_every and step % args.eval_every == 0) or step == args.max_steps
+        evaluating = (args.eval_steps and step % args.eval_steps == 0) or step == args.max_steps
         if sample_log.due(step, evaluating):  # a few fresh rollouts with [EST] N_x and p_hat -> samples.jsonl
             sample_log.log(step, [{"kind": "fresh", "prompt": tokenizer.decode(flat_prompts[g]),
                                    "completion": tokenizer.decode(completions[g]), "reward": rewards[g],
@@ -489,13 +486,13 @@ def main(args: Args) -> None:
         progress.set_postfix({"reward": f"{row['reward_mean']:.3f}", "zero_var": f"{row['frac_zero_var_groups']:.2f}",
                               **({"eval": f"{row['eval_pass@1']:.3f}"} if "eval_pass@1" in row else {})})
         stopping = stop.agreed(accelerator)
-        if (args.save_every and step % args.save_every == 0) or step == args.max_steps or stopping:
+        if (args.save_steps and step % args.save_steps == 0) or step == args.max_steps or stopping:
             state = {"sampler": sampler.state_dict(), "counters": counters,
                      "method": {"counts": dict(counts)}}
             path = checkpoint.save_checkpoint(args.output_dir, step, accelerator, model, tokenizer, optimizer,
-                                              scheduler, state, args.keep_checkpoints, args.lora_merged_export)
+                                              scheduler, state, args.save_total_limit, args.lora_merged_export)
             if stopping:
-                log(f"stopped at step {step}; continue with --resume auto (checkpoint {path})")
+                log(f"stopped at step {step}; continue with --resume_from_checkpoint auto (checkpoint {path})")
                 break
     progress.close()
     end_processes(accelerator)  # trackers finish and the process group ends now, not at exit: no hang, no abort

@@ -11,14 +11,14 @@ GRPO with a small group (n = 4) often sees a prompt's rollouts all fail (or all 
            at most `max_rounds` rounds (N_max = M * max_rounds responses per prompt).
   phase 2: each pool is downsampled to exactly n responses (up to n//2 positives, the rest negatives,
            topping up from the other side), and advantages use the *whole pool's* statistics:
-           A_i = r_i - mean(pool) (Alg. 2 line 19; `--adv_std_norm true` divides by std(pool)), optionally
+           A_i = r_i - mean(pool) (Alg. 2 line 19; `--scale_rewards true` divides by std(pool)), optionally
            x w(p_hat).
 The update is a GRPO-style clipped policy gradient on n responses per prompt (plus the paper's entropy bonus),
 so the backward cost is that of GRPO-n; only inference grows. Lines marked [ADA] are what the paper adds to GRPO;
 GRPO-n runs them too, with one round of n (the pool is the group, nothing is downsampled, no prompt exits early).
 
 The baseline, GRPO-n, is this file with one round of n (`--max_rounds 1 --round_repeat n`): the pool is the
-group, and the advantage is the paper's eq. (2), (r - mean) / std over the group. `--adv_std_norm false` turns
+group, and the advantage is the paper's eq. (2), (r - mean) / std over the group. `--scale_rewards false` turns
 either into its Dr. GRPO variant, A = r - mean (named "Dr. GRPO-n" in the docs and benchmark tables).
 
 The paper's other baseline (Sec. 3.3, Table 2), DAPO's dynamic sampling (Yu et al., 2025), is GRPO-n plus
@@ -38,7 +38,7 @@ Where this file follows the authors' public code rather than the paper's text (b
   estimator, and the authors' run script (RLHFlow/Reinforce-Ada `scripts/run_reinforce_ada.sh` at 6895ad3 sets
   `norm_adv_by_std_in_grpo=False`; the line came with the commit "correct training script error", 2025-10-07).
   Their GRPO script (`scripts/run_grpo.sh` at 05be605) leaves verl's std on, eq. (2): so GRPO-n (`--max_rounds 1`)
-  divides by the group's std by default. `--adv_std_norm true/false` overrides both. With the std, a kept
+  divides by the group's std by default. `--scale_rewards true/false` overrides both. With the std, a kept
   positive of a pool with 1 success in 32 would get A = 5.6 instead of 0.97: the update tilts toward rare wins.
 - Warm-up: 10 steps (the paper's set-up, Sec. 4; `run_reinforce_ada.sh`: `lr_warmup_steps=10`).
 - Loss aggregation: the authors' script uses verl's `token-mean` (the surrogate averaged over the batch's
@@ -63,7 +63,7 @@ Choices made here (the paper leaves them open):
   with no 1/p_hat factor. `inv_p` re-introduces the Sec. 3.2 weight, which can scale a hard prompt's
   gradient by up to N_max (the learning rate may need lowering).
 - pi_old is the sampling policy; one optimizer step per batch by default, so the clipped surrogate equals
-  the policy gradient unless `--ppo_epochs` > 1 or the backends disagree. With the HF backend and one epoch
+  the policy gradient unless `--num_iterations` > 1 or the backends disagree. With the HF backend and one epoch
   pi_old's log-probs are read from the update's own forward pass (no extra scoring pass after sampling);
   with vLLM or more epochs they are the sampler's (`--old_logprobs`).
 - Logged `loss`: the clipped surrogate summed over tokens and divided by (kept responses x max_new_tokens),
@@ -85,10 +85,10 @@ Choices made here (the paper leaves them open):
     python ada_seq.py                                         # SEQ-BALANCE on the embedded Countdown task
     python ada_seq.py --exit_condition positive               # SEQ-POS
     python ada_seq.py --max_rounds 1 --round_repeat 4         # GRPO-n4 (one round of n: nothing adaptive)
-    python ada_seq.py --max_rounds 1 --round_repeat 4 --adv_std_norm false   # Dr. GRPO-n4 (A = r - mean)
-    python ada_seq.py --max_rounds 1 --round_repeat 8 --final_keep_per_prompt 8   # GRPO-n8 (n16 likewise)
+    python ada_seq.py --max_rounds 1 --round_repeat 4 --scale_rewards false   # Dr. GRPO-n4 (A = r - mean)
+    python ada_seq.py --max_rounds 1 --round_repeat 8 --num_generations 8   # GRPO-n8 (n16 likewise)
     python ada_seq.py --max_rounds 1 --round_repeat 4 --dynamic_sampling   # DAPO dynamic sampling on GRPO-n4
-    accelerate launch ada_seq.py --model_name_or_path Qwen/Qwen2.5-Math-1.5B --dataset openai/gsm8k \
+    accelerate launch ada_seq.py --model_name_or_path Qwen/Qwen2.5-Math-1.5B --dataset_name openai/gsm8k \
         --dataset_config main --use_vllm --dtype bfloat16 --learning_rate 1e-6
 """
 from __future__ import annotations
@@ -127,7 +127,7 @@ from common.tasks.task import make_task
 
 @dataclass
 class Args(BaseArgs):
-    final_keep_per_prompt: Annotated[int, Range(2)] = 4
+    num_generations: Annotated[int, Range(2)] = 4
     """[ADA] update group size n: each prompt's pool is downsampled to exactly n responses (backward cost = GRPO-n)"""
     round_repeat: Annotated[int, Range(2)] = 8
     """[ADA] M, responses drawn per active prompt in each round (Alg. 2 requires M >= n)"""
@@ -144,26 +144,21 @@ class Args(BaseArgs):
     """[ADA] K_neg, negatives needed to exit under `balanced` (default n - n//2)"""
     positive_threshold: Annotated[float, Range(None, 1, hi_open=True)] = 0.7
     """[ADA] a response is positive when its training reward (in [0, 1], may be shaped) > this; < 0: every response"""
-    adv_std_norm: Optional[bool] = None
+    scale_rewards: Optional[bool] = None
     """divide advantages by the std of the prompt's pool (eq. 2). Default (unset): true for GRPO-n (`--max_rounds 1`,
     eq. 2; false there = Dr. GRPO-n), false for Reinforce-Ada (`--max_rounds` > 1: A = r - mean(pool), Alg. 2 line
     19, as the authors' run script); the value used is written to args.json"""
-    success_reward: Annotated[Optional[float], Range()] = None
-    """a response succeeds (exits, downsampling, pass rates) when its total training reward >= this (unset:
-    --positive_threshold's rule); one with no reward (every --reward_funcs function returned None) is left out of
-    the pool's statistics and of the exit counts, and kept for the update only when too few others remain
-    (advantage 0)"""
     unfinished_downsample: Literal["balanced", "pass_ratio"] = "balanced"
     """[ADA] prompts still active after the last round: the balanced rule of Alg. 2 line 18 (as finished ones), or
     `pass_ratio`: about n x the pool's pass ratio positives (at least 1 if any), the public code's fallback"""
     prompt_weight: Literal["none", "inv_p", "inv_sqrt_p"] = "none"
     """[ADA] explicit per-prompt gradient weight w(p_hat), p_hat = N_pos/N of the full pool: `none` (the public code's
     default), `inv_p` (the re-introduced 1/p_hat of Sec. 3.2), `inv_sqrt_p`"""
-    eps_low: Annotated[float, Range(0, 1, hi_open=True)] = 0.2
+    epsilon: Annotated[float, Range(0, 1, hi_open=True)] = 0.2
     """lower clip range of the ratio pi_theta/pi_old (clip-higher setup of the paper: [0.2, 0.28])"""
-    eps_high: Annotated[float, Range(0)] = 0.28
+    epsilon_high: Annotated[float, Range(0)] = 0.28
     """upper clip range of the ratio pi_theta/pi_old"""
-    ppo_epochs: Annotated[int, Range(1)] = 1
+    num_iterations: Annotated[int, Range(1)] = 1
     """optimizer steps per batch (each a full pass over the kept responses); with 1 the ratio is 1 and clipping is
     inactive"""
     beta: Annotated[float, Range(0, zero="off, no reference model")] = 0.0
@@ -185,18 +180,18 @@ class Args(BaseArgs):
 
     def quotas(self) -> tuple[int, int]:
         """(K_pos, K_neg) with the n-derived defaults filled in."""
-        n = self.final_keep_per_prompt
+        n = self.num_generations
         default_pos = 1 if self.exit_condition == "positive" else n // 2
         return (default_pos if self.k_pos is None else self.k_pos), (n - n // 2 if self.k_neg is None else self.k_neg)
 
     def __post_init__(self) -> None:
-        if self.adv_std_norm is None:  # [ADA] Reinforce-Ada: r - mean(pool) (Alg. 2 line 19); GRPO-n: eq. (2)
-            self.adv_std_norm = self.max_rounds == 1
+        if self.scale_rewards is None:  # [ADA] Reinforce-Ada: r - mean(pool) (Alg. 2 line 19); GRPO-n: eq. (2)
+            self.scale_rewards = self.max_rounds == 1
 
     def validate(self) -> None:  # single values: their declarations (common/run/flags.py); here, combinations
-        n = self.final_keep_per_prompt
+        n = self.num_generations
         if self.round_repeat < n:
-            raise SystemExit(f"--round_repeat {self.round_repeat}: must be >= --final_keep_per_prompt {n} "
+            raise SystemExit(f"--round_repeat {self.round_repeat}: must be >= --num_generations {n} "
                              "(Alg. 2: M >= n)")
         if self.dynamic_sampling and self.max_rounds != 1:  # [DAPO] a fixed group size: GRPO-n's one round
             raise SystemExit(f"--dynamic_sampling samples one round of --round_repeat responses per prompt (DAPO); "
@@ -366,18 +361,18 @@ def main(args: Args) -> None:
         from common.generation.vllm_backend import VLLMGenerator
 
         generator = VLLMGenerator(model_path, policy, tokenizer, seed=args.seed, dtype=args.dtype,
-                                  max_model_len=args.vllm_max_model_len,
+                                  max_model_len=args.vllm_max_model_length,
                                   gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
     else:
         generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype,
                                 cache_implementation=args.cache_implementation, compiled=compiled)
     generator.end_ids = end_token_ids(tokenizer, policy, args.stop_token_ids, log)  # EOS, end-of-turn, flag
     # pi_old from the sampler only where it differs from the update's own first pass (`--old_logprobs`)
-    sampler_logprobs = args.old_logprobs == "sampler" or args.use_vllm or args.ppo_epochs > 1
-    sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+    sampler_logprobs = args.old_logprobs == "sampler" or args.use_vllm or args.num_iterations > 1
+    sampling = SamplingConfig(max_new_tokens=args.max_completion_length, temperature=args.temperature,
                               logprobs=sampler_logprobs)
     eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature  # 0: greedy
-    eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=eval_temperature, logprobs=False)
+    eval_sampling = SamplingConfig(max_new_tokens=args.max_completion_length, temperature=eval_temperature, logprobs=False)
     temperature = args.temperature if args.temperature > 0 else 1.0  # the generator scores greedy samples at T=1
     pack = (args.pack_row_tokens or (2048 if device.type == "cuda" else 128)) if args.padding_free else 0  # rows
 
@@ -391,7 +386,7 @@ def main(args: Args) -> None:
 
     # ---------------- resume ----------------
     start_step, counters = 0, {"rollouts": 0, "gen_tokens": 0}
-    resume_from = checkpoint.resolve_resume(args.resume, args.output_dir)
+    resume_from = checkpoint.resolve_resume(args.resume_from_checkpoint, args.output_dir)
     if resume_from is not None:  # all sampling state is in the checkpointed RNGs and the prompt sampler
         start_step, state = checkpoint.load_checkpoint(resume_from, accelerator, model, optimizer, scheduler)
         sampler.load_state_dict(state["sampler"])
@@ -413,12 +408,12 @@ def main(args: Args) -> None:
     stop = GracefulStop(log)
     progress = tqdm(range(start_step + 1, args.max_steps + 1), initial=start_step, total=args.max_steps,
                     desc="ada_seq", disable=not accelerator.is_main_process)
-    n, threshold = args.final_keep_per_prompt, args.positive_threshold
+    n, threshold = args.num_generations, args.positive_threshold
     if args.success_reward is not None:  # reward >= success_reward: > the float just below it
         threshold = math.nextafter(args.success_reward, -math.inf)
     k_pos, k_neg = args.quotas()
     # constant normaliser: every rank divides by the global kept count / world (DDP averages), times max length
-    normaliser = args.prompts_per_step * n / world * args.max_new_tokens
+    normaliser = args.prompts_per_step * n / world * args.max_completion_length
 
     for step in range(start_step + 1, args.max_steps + 1):
         t_start = time.time()
@@ -485,7 +480,7 @@ def main(args: Args) -> None:
             rule = "balanced" if exit_rounds[i] is not None else args.unfinished_downsample
             keep = downsample(pool, n, threshold, random, rule)
             kept = [pool[j] for j in keep]
-            adv_list += global_advantages(kept, pool, threshold, args.adv_std_norm, args.prompt_weight)
+            adv_list += global_advantages(kept, pool, threshold, args.scale_rewards, args.prompt_weight)
             kept_rewards.append(kept)
             for j in keep:
                 flat_prompts.append(prompts[i])
@@ -507,7 +502,7 @@ def main(args: Args) -> None:
                 "gap_tok": 0.0}
         grad_norms = []
         lengths = [len(p) + len(c) for p, c in zip(flat_prompts, completions)]  # --max_tokens_per_microbatch
-        for epoch in range(args.ppo_epochs):
+        for epoch in range(args.num_iterations):
             for rows in micro_batches(len(completions), args.micro_batch_size, accelerator, model, peers=(ref_model,),
                                       lengths=lengths, max_tokens=args.max_tokens_per_microbatch):
                 batch = pad_sequences([flat_prompts[r] for r in rows], [completions[r] for r in rows],
@@ -519,8 +514,8 @@ def main(args: Args) -> None:
                 # without sampler log-probs pi_old is this very pass (one epoch, HF weights: exact, ratio 1)
                 old_logp = right_align([old_logps[r] for r in rows], batch.completion_width).to(device) \
                     if sampler_logprobs else logp.detach()
-                per_token, clipped = clipped_surrogate(logp, old_logp, advantages[rows, None], args.eps_low,
-                                                       args.eps_high)
+                per_token, clipped = clipped_surrogate(logp, old_logp, advantages[rows, None], args.epsilon,
+                                                       args.epsilon_high)
                 surrogate_sum = (per_token * mask).sum()
                 entropy_sum = (entropy * mask).sum()
                 loss = (surrogate_sum - args.entropy_coef * entropy_sum) / normaliser  # entropy bonus (Sec. 4 set-up)
@@ -531,7 +526,7 @@ def main(args: Args) -> None:
                     loss = loss + args.beta * kl.sum() / normaliser  # one constant for PG and KL
                 accelerator.backward(loss)
                 if epoch == 0:  # the on-policy epoch's numbers are the ones logged
-                    sums["loss_sum"] += surrogate_sum.item() / args.max_new_tokens
+                    sums["loss_sum"] += surrogate_sum.item() / args.max_completion_length
                     sums["ent_sum"] += entropy_sum.item()
                     sums["tok"] += mask.sum().item()
                     sums["clip_sum"] += (clipped * mask).sum().item()
@@ -603,7 +598,7 @@ def main(args: Args) -> None:
                 "the generator does not sample from the policy being trained (stale weights, dtype, temperature?)")
 
         # ================ sample log / evaluate / log / checkpoint / stop ================
-        evaluating = (args.eval_every and step % args.eval_every == 0) or step == args.max_steps
+        evaluating = (args.eval_steps and step % args.eval_steps == 0) or step == args.max_steps
         if sample_log.due(step, evaluating):  # a few kept rollouts (DAPO's refills apart) -> samples.jsonl
             kinds = ["dynamic_refill" if origin[g] else "fresh" for g in group_of]
             flat_rewards = [r for kept in kept_rewards for r in kept]
@@ -622,12 +617,12 @@ def main(args: Args) -> None:
         progress.set_postfix({"reward": f"{row['reward_mean']:.3f}", "zero_var": f"{row['frac_zero_var_groups']:.2f}",
                               **({"eval": f"{row['eval_pass@1']:.3f}"} if "eval_pass@1" in row else {})})
         stopping = stop.agreed(accelerator)
-        if (args.save_every and step % args.save_every == 0) or step == args.max_steps or stopping:
+        if (args.save_steps and step % args.save_steps == 0) or step == args.max_steps or stopping:
             state = {"sampler": sampler.state_dict(), "counters": counters, "method": {}}
             path = checkpoint.save_checkpoint(args.output_dir, step, accelerator, model, tokenizer, optimizer,
-                                              scheduler, state, args.keep_checkpoints, args.lora_merged_export)
+                                              scheduler, state, args.save_total_limit, args.lora_merged_export)
             if stopping:
-                log(f"stopped at step {step}; continue with --resume auto (checkpoint {path})")
+                log(f"stopped at step {step}; continue with --resume_from_checkpoint auto (checkpoint {path})")
                 break
     progress.close()
     end_processes(accelerator)  # trackers finish and the process group ends now, not at exit: no hang, no abort

@@ -61,7 +61,7 @@ from common.tasks.task import make_task
 class Args(BaseArgs):
     max_steps: Annotated[int, Range(1)] = 200
     """number of iterations (each: one batch of queries, then ppo_epochs x num_minibatches updates)"""
-    k: Annotated[int, Range(2)] = 4
+    num_generations: Annotated[int, Range(2)] = 4
     """rollouts per query (group size; GRPO's baseline and PROS's per-node pass-rate observations need >= 2)"""
     adv: Literal["gae", "grpo"] = "gae"
     """advantage estimator: token-level GAE with a learned critic (PPO), or critic-free group-normalised GRPO"""
@@ -71,24 +71,22 @@ class Args(BaseArgs):
     """GAE λ"""
     whiten_advantages: bool = True
     """(GAE) normalise advantages to zero mean / unit std over the batch's tokens"""
-    ppo_epochs: Annotated[int, Range(1)] = 2
+    num_iterations: Annotated[int, Range(1)] = 2
     """passes over each batch of rollouts"""
-    num_minibatches: Annotated[int, Range(1)] = 2
+    num_mini_batches: Annotated[int, Range(1)] = 2
     """optimizer steps per epoch (the batch's rollouts are shuffled and split)"""
-    clip_low: Annotated[float, Range(0, 1, lo_open=True, hi_open=True)] = 0.2
+    epsilon: Annotated[float, Range(0, 1, lo_open=True, hi_open=True)] = 0.2
     """policy ratio clip 1 - clip_low"""
-    clip_high: Annotated[float, Range(0, lo_open=True)] = 0.2
+    epsilon_high: Annotated[float, Range(0, lo_open=True)] = 0.2
     """policy ratio clip 1 + clip_high (vanilla PPO: symmetric)"""
-    vf_clip: Annotated[float, Range(0, lo_open=True)] = 0.2
+    cliprange_value: Annotated[float, Range(0, lo_open=True)] = 0.2
     """value clip: V is kept within ±vf_clip of its old prediction in the clipped value loss"""
     critic_lr: Annotated[float, Range(0)] = 5e-4
     """critic AdamW learning rate (constant)"""
     critic_model_name_or_path: Optional[str] = None
     """critic backbone; default (None): a copy of the policy's backbone + a zero-initialised scalar head"""
-    kl_coef: Annotated[float, Range(0, zero="off, no reference model")] = 0.0
+    beta: Annotated[float, Range(0, zero="off, no reference model")] = 0.0
     """per-token k3 KL penalty to the initial policy, added to the policy loss"""
-    success_reward: Annotated[float, Range()] = 1.0
-    """a rollout is correct (a PROS success and a prefix source) when its total training reward >= this"""
     pros: Literal["bayes", "random", "off"] = "bayes"
     """[PROS] bayes: prefix reuse + hierarchical Bayesian selection (paper); random: uniform selection; off: no PROS"""
     select_by: Literal["draw", "mean"] = "draw"
@@ -375,7 +373,7 @@ def main(args: Args) -> None:
         from common.model.lora import AdaptersOff, add_lora
         policy = add_lora(policy, args.lora_r, args.lora_alpha, args.lora_target_modules, args.dtype)
     task = make_task(args, tokenizer, log)  # Countdown or a dataset; --reward_funcs: yours (docs/custom_task.md)
-    ref_model = None if args.kl_coef <= 0 else AdaptersOff(policy) if args.lora_r else \
+    ref_model = None if args.beta <= 0 else AdaptersOff(policy) if args.lora_r else \
         frozen_reference(policy, args.dtype, args.fsdp)  # KL reference: computes as the policy at step 0
     # PPO's critic: the policy's backbone copied + a zero scalar head (copied before any sharding)
     critic = build_value_model(policy, args.critic_model_name_or_path).to(device) if args.adv == "gae" else None
@@ -403,19 +401,19 @@ def main(args: Args) -> None:
     if args.use_vllm:
         from common.generation.vllm_backend import VLLMGenerator
         generator = VLLMGenerator(model_path, policy, tokenizer, seed=args.seed, dtype=args.dtype,
-                                  max_model_len=args.vllm_max_model_len,
+                                  max_model_len=args.vllm_max_model_length,
                                   gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
     else:
         generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype,
                                 cache_implementation=args.cache_implementation, compiled=compiled)
     generator.end_ids = end_token_ids(tokenizer, policy, args.stop_token_ids, log)  # EOS, end-of-turn, flag
     # no sampler log-probs: pi_old's come from score_rollouts, with the entropies PROS needs
-    sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, logprobs=False)
+    sampling = SamplingConfig(max_new_tokens=args.max_completion_length, temperature=args.temperature, logprobs=False)
     temperature = args.temperature if args.temperature > 0 else 1.0  # greedy samples are scored at T=1
     pack = (args.pack_row_tokens or (2048 if device.type == "cuda" else 128)) if args.padding_free else 0  # rows
-    k, stop_ids, pros = args.k, set(generator.end_ids), args.pros != "off"
+    k, stop_ids, pros = args.num_generations, set(generator.end_ids), args.pros != "off"
     eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature  # 0: greedy
-    eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=eval_temperature, logprobs=False)
+    eval_sampling = SamplingConfig(max_new_tokens=args.max_completion_length, temperature=eval_temperature, logprobs=False)
 
     def run_eval() -> dict:  # pass@k for every power of two k <= --eval_samples
         torch.set_num_threads(cpu_threads.count(torch.get_num_threads()))  # fit the free cores
@@ -427,7 +425,7 @@ def main(args: Args) -> None:
 
     # ---------------- resume ----------------
     start_step, counters, method_state = 0, {"rollouts": 0, "gen_tokens": 0}, {}
-    resume_from = checkpoint.resolve_resume(args.resume, args.output_dir)
+    resume_from = checkpoint.resolve_resume(args.resume_from_checkpoint, args.output_dir)
     if resume_from is not None:
         start_step, state = checkpoint.load_checkpoint(resume_from, accelerator, model, optimizer, scheduler)
         sampler.load_state_dict(state["sampler"])
@@ -542,8 +540,8 @@ def main(args: Args) -> None:
         # ================ update: ppo_epochs x num_minibatches clipped steps of the policy, the critic alongside ====
         t_update_start = time.time()
         policy_losses, clip_fracs, grad_norms, value_losses, kl_sum = [], [], [], [], 0.0
-        for epoch in range(args.ppo_epochs):
-            order, parts = torch.randperm(num_rollouts).tolist(), args.num_minibatches
+        for epoch in range(args.num_iterations):
+            order, parts = torch.randperm(num_rollouts).tolist(), args.num_mini_batches
             for m in range(parts):
                 minibatch = order[m * num_rollouts // parts:(m + 1) * num_rollouts // parts]
                 # token means of the minibatch on every rank: DDP / FSDP average the ranks' gradients (see rank_mean)
@@ -561,13 +559,13 @@ def main(args: Args) -> None:
                     with autocast(device, args.dtype):
                         logp, _ = token_logprobs(model, batch, temperature, compiled=compiled)
                     old_logp, adv = scores["logp"][ids, cols].to(device), advantages[ids, cols].to(device)
-                    per_token, clipped = clipped_surrogate(logp, old_logp, adv, args.clip_low, args.clip_high)
+                    per_token, clipped = clipped_surrogate(logp, old_logp, adv, args.epsilon, args.epsilon_high)
                     loss = (per_token * token_mask).sum() / policy_tokens
                     surrogate_sum += loss.item()
                     clipped_sum += (clipped * token_mask).sum().item()
                     if ref_model is not None:
                         kl = kl_k3(logp, scores["ref"][ids, cols].to(device)) * token_mask
-                        loss = loss + args.kl_coef * kl.sum() / policy_tokens
+                        loss = loss + args.beta * kl.sum() / policy_tokens
                         minibatch_kl += kl.sum().item()
                     accelerator.backward(loss)
                 grad_norms.append(float(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)))
@@ -587,7 +585,7 @@ def main(args: Args) -> None:
                         with autocast(device, args.dtype):
                             values = critic_model(batch)
                         per_token = value_loss(values, scores["value"][ids, cols].to(device),
-                                               returns[ids, cols].to(device), args.vf_clip)
+                                               returns[ids, cols].to(device), args.cliprange_value)
                         loss = (per_token * batch.loss_mask * rated[ids, None].to(device)).sum() / minibatch_tokens
                         accelerator.backward(loss)
                         value_loss_sum += loss.item()
@@ -656,7 +654,7 @@ def main(args: Args) -> None:
             })
 
         # ================ sample log / evaluate / log / checkpoint / stop ================
-        evaluating = (args.eval_every and step % args.eval_every == 0) or step == args.max_steps
+        evaluating = (args.eval_steps and step % args.eval_steps == 0) or step == args.max_steps
         if sample_log.due(step, evaluating):  # a few root and (with PROS) augmented rollouts -> samples.jsonl
             kinds = ["augmented" if prefixes[i // k] else "root" for i in range(num_rollouts)]
             tags = [{"pros_node": queries[j][2], "pros_parent": parent_ids[j]} if pros else {} for j in my_queries]
@@ -676,7 +674,7 @@ def main(args: Args) -> None:
         progress.set_postfix({"reward": f"{row['reward_mean']:.3f}", "zero_var": f"{row['frac_zero_var_groups']:.2f}",
                               **({"eval": f"{row['eval_pass@1']:.3f}"} if "eval_pass@1" in row else {})})
         stopping = stop.agreed(accelerator)
-        if (args.save_every and step % args.save_every == 0) or step == args.max_steps or stopping:
+        if (args.save_steps and step % args.save_steps == 0) or step == args.max_steps or stopping:
             method_state = {"tree": tree.state_dict(), "rng": pros_rng.bit_generator.state}
             rank_state = {"critic_opt": fsdp.local_optimizer_state(critic_optimizer)} if critic and args.fsdp else None
             if rank_state:  # FSDP: the critic's whole weights gathered to rank 0; each rank keeps its optimizer shard
@@ -685,10 +683,10 @@ def main(args: Args) -> None:
                 method_state.update(critic=critic.state_dict(), critic_opt=critic_optimizer.state_dict())
             state = {"sampler": sampler.state_dict(), "counters": counters, "method": method_state}
             path = checkpoint.save_checkpoint(args.output_dir, step, accelerator, model, tokenizer, optimizer,
-                                              scheduler, state, args.keep_checkpoints, args.lora_merged_export,
+                                              scheduler, state, args.save_total_limit, args.lora_merged_export,
                                               rank_state)
             if stopping:
-                log(f"stopped at step {step}; continue with --resume auto (checkpoint {path})")
+                log(f"stopped at step {step}; continue with --resume_from_checkpoint auto (checkpoint {path})")
                 break
     progress.close()
     end_processes(accelerator)  # trackers finish and the process group ends now, not at exit: no hang, no abort

@@ -6,7 +6,7 @@ Qianfan technical blog, 2026. Docs: docs/ps_grpo.md.
 Baseline (`--prefix_sampling false`): GRPO with A = r - mean (the paper's appendix, Perspective 2: a group's Var(A) =
 p(1-p) is the signal strength that peaks at p = 0.5), N rollouts per task, the clipped surrogate (DAPO clip-higher,
 token mean), no KL, and rejection of tasks whose N rollouts all fail or all pass (the paper's DeepSWE baseline).
---scale_advantages gives the original GRPO (DeepSeekMath) A = (r - mean) / std, which sets every mixed group's Var(A)
+--scale_rewards gives the original GRPO (DeepSeekMath) A = (r - mean) / std, which sets every mixed group's Var(A)
 to 1 and so removes the p(1-p) the paper argues with.
 PS routes every fresh task by its rollout pass rate p = k/N: normal (low <= p <= high) trains as is; too-hard (0 < p <
 low) and too-easy (high < p < 1) train as is AND send one trajectory to "Prefix & Mask": the first K steps of a rare
@@ -41,8 +41,8 @@ Design choices the paper leaves open (each is a flag or documented at its functi
     python ps_grpo.py                                   # PS (fixed ratios), multi-turn Countdown, CPU
     python ps_grpo.py --adaptive                        # PS with adaptive prefix control
     python ps_grpo.py --prefix_sampling false           # GRPO + rejection sampling baseline
-    accelerate launch ps_grpo.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset openai/gsm8k \
-        --dataset_config main --use_vllm --dtype bfloat16 --learning_rate 1e-6 --max_new_tokens 512
+    accelerate launch ps_grpo.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name openai/gsm8k \
+        --dataset_config main --use_vllm --dtype bfloat16 --learning_rate 1e-6 --max_completion_length 512
 """
 from __future__ import annotations
 
@@ -84,17 +84,17 @@ ROUTES = ("all_fail", "all_pass", "normal", "too_hard", "too_easy")
 class Args(BaseArgs):
     max_steps: Annotated[int, Range(1)] = 150
     """number of policy updates (one batch of tasks each)"""
-    n: Annotated[int, Range(2)] = 8
+    num_generations: Annotated[int, Range(2)] = 8
     """rollouts per task (N); the group for GRPO advantages and for the pass rate k/N"""
-    eps_low: Annotated[float, Range(0, 1, hi_open=True)] = 0.2
+    epsilon: Annotated[float, Range(0, 1, hi_open=True)] = 0.2
     """clipped surrogate: lower clip range (ratio >= 1 - eps_low)"""
-    eps_high: Annotated[float, Range(0)] = 0.28
+    epsilon_high: Annotated[float, Range(0)] = 0.28
     """clipped surrogate: upper clip range (ratio <= 1 + eps_high; DAPO clip-higher)"""
-    scale_advantages: bool = False
+    scale_rewards: bool = False
     """GRPO advantages: false = r - mean (the paper's appendix: a group's Var(A) = p(1-p), the signal PS raises);
     true = (r - mean) / std (original GRPO, DeepSeekMath: every mixed group gets Var(A) = 1)"""
     mode: Literal["auto", "multiturn", "text"] = "auto"
-    """`multiturn`: the Countdown environment, a step per turn; `text`: a line per step; `auto`: by --dataset
+    """`multiturn`: the Countdown environment, a step per turn; `text`: a line per step; `auto`: by --dataset_name
     (multiturn for countdown)"""
     env_numbers: Annotated[int, Range(2, zero="the embedded task's level mix of 2, 3 and 5 numbers")] = 0
     """[multiturn] numbers per Countdown problem (an episode takes env_numbers - 1 steps; the level mix: 1, 2 and
@@ -106,7 +106,7 @@ class Args(BaseArgs):
     env_invalid: Literal["end", "retry"] = "end"
     """[multiturn] an invalid action: `end` the episode (reward 0), or `retry` (answered with an error + the state)"""
     max_action_tokens: Annotated[int, Range(1)] = 16
-    """[multiturn] token cap of one action (a turn ends at a newline or EOS); text mode: --max_new_tokens"""
+    """[multiturn] token cap of one action (a turn ends at a newline or EOS); text mode: --max_completion_length"""
     mt_sft_steps: Annotated[int, Range(0, zero="none")] = 400
     """[multiturn] embedded model: SFT steps on solver-built episodes before RL (built once, cached)"""
     prefix_sampling: bool = True
@@ -115,9 +115,6 @@ class Args(BaseArgs):
     """[PS] pass rate below this (with at least one success) is too-hard"""
     high: Annotated[float, Range(0, 1, lo_open=True, hi_open=True)] = 0.7
     """[PS] pass rate above this (with at least one failure) is too-easy"""
-    success_reward: Annotated[float, Range()] = 1.0
-    """a rollout succeeds (routing, prefix sources, pass rates) when its total training reward >= this; one with no
-    reward (every --reward_funcs function returned None) is not left out of k of N: it counts as a non-success"""
     remaining_ratio: Annotated[float, Range(0, 1)] = 0.25
     """[PS] too-hard: replay T - min(int(T * remaining_ratio), remaining_cap) steps of a success (--adaptive: start)"""
     remaining_cap: Annotated[int, Range(0)] = 1000
@@ -156,8 +153,8 @@ class Args(BaseArgs):
         if self.max_turns < (self.env_numbers or 5) - 1:
             raise SystemExit(f"--max_turns {self.max_turns}: {self.env_numbers} numbers need more turns")
         if self.multiturn:
-            if self.dataset != "countdown":
-                raise SystemExit(f"--mode multiturn needs --dataset countdown, got {self.dataset}: use --mode text")
+            if self.dataset_name != "countdown":
+                raise SystemExit(f"--mode multiturn needs --dataset_name countdown, got {self.dataset_name}: use --mode text")
             if self.reward != "binary" or self.reward_funcs or self.eval_reward_funcs:  # they apply to --mode text
                 raise SystemExit(f"--reward {self.reward} / --reward_funcs: multi-turn keeps its binary reward")
         elif self.env_numbers:
@@ -165,7 +162,7 @@ class Args(BaseArgs):
 
     @property
     def multiturn(self) -> bool:
-        return self.mode == "multiturn" or (self.mode == "auto" and self.dataset == "countdown")
+        return self.mode == "multiturn" or (self.mode == "auto" and self.dataset_name == "countdown")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -210,12 +207,12 @@ class PrefixController:
     """
     ratio: float
     raw: float = 0.0  # EMA accumulator, bias-corrected by 1 - (1 - alpha)^n
-    n: int = 0  # observations in the accumulator
+    num_generations: int = 0  # observations in the accumulator
     wait: int = 0  # observations left before the next move is allowed
     moves: int = 0
 
     def ema(self, alpha: float) -> float | None:
-        return self.raw / (1 - (1 - alpha) ** self.n) if self.n else None
+        return self.raw / (1 - (1 - alpha) ** self.num_generations) if self.num_generations else None
 
     def update(self, pass_rate: float | None, alpha: float, lo: float, hi: float, step: float, cooldown: int,
                rmin: float, rmax: float, reset: bool = False) -> float:
@@ -223,7 +220,7 @@ class PrefixController:
         if pass_rate is None:
             return 0.0
         self.raw = (1 - alpha) * self.raw + alpha * pass_rate
-        self.n += 1
+        self.num_generations += 1
         if self.wait > 0:
             self.wait -= 1
             return 0.0
@@ -234,7 +231,7 @@ class PrefixController:
         if move != 0:
             self.ratio, self.wait, self.moves = new, cooldown, self.moves + 1
             if reset:
-                self.raw, self.n = 0.0, 0
+                self.raw, self.num_generations = 0.0, 0
         return move
 
 
@@ -421,16 +418,16 @@ def main(args: Args) -> None:
         from common.generation.vllm_backend import VLLMGenerator
 
         generator = VLLMGenerator(model_path, policy, tokenizer, seed=args.seed, dtype=args.dtype,
-                                  max_model_len=args.vllm_max_model_len,
+                                  max_model_len=args.vllm_max_model_length,
                                   gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
     else:
         generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype,
                                 cache_implementation=args.cache_implementation, compiled=compiled)
     generator.end_ids = end_token_ids(tokenizer, policy, args.stop_token_ids, log)  # EOS, end-of-turn, flag
-    sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)  # text mode
+    sampling = SamplingConfig(max_new_tokens=args.max_completion_length, temperature=args.temperature)  # text mode
     turn_sampling = turn_config(tokenizer, args, args.temperature)  # multi-turn: one action per generate call
     eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature  # 0: greedy
-    eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=eval_temperature, logprobs=False)
+    eval_sampling = SamplingConfig(max_new_tokens=args.max_completion_length, temperature=eval_temperature, logprobs=False)
     temperature = args.temperature if args.temperature > 0 else 1.0  # the generator scores greedy samples at T=1
     pack = (args.pack_row_tokens or (2048 if device.type == "cuda" else 128)) if args.padding_free else 0  # rows
     line_ends: dict[int, bool] = {}
@@ -455,7 +452,7 @@ def main(args: Args) -> None:
 
     # ---------------- resume ----------------
     start_step, counters, method_state = 0, {"rollouts": 0, "gen_tokens": 0}, {}
-    resume_from = checkpoint.resolve_resume(args.resume, args.output_dir)
+    resume_from = checkpoint.resolve_resume(args.resume_from_checkpoint, args.output_dir)
     if resume_from is not None:
         start_step, state = checkpoint.load_checkpoint(resume_from, accelerator, model, optimizer, scheduler)
         counters, method_state = state["counters"], state["method"]
@@ -483,7 +480,7 @@ def main(args: Args) -> None:
     stop = GracefulStop(log)
     progress = tqdm(range(start_step + 1, args.max_steps + 1), initial=start_step, total=args.max_steps,
                     desc="ps_grpo", disable=not accelerator.is_main_process)
-    n = args.n
+    n = args.num_generations
 
     for step in range(start_step + 1, args.max_steps + 1):
         t_start = time.time()
@@ -510,7 +507,7 @@ def main(args: Args) -> None:
         t_gen = time.time() - t_start
 
         # ================ verify: the environment's or the task's reward of the whole text; a cut rollout gets 0 ==
-        scored = fixed_scored([ep.reward for ep in episodes], clipped, args.success_reward) if args.multiturn else \
+        scored = fixed_scored([ep.reward for ep in episodes], clipped, task.success_reward) if args.multiturn else \
             text_task.score([tokenizer.decode(ep.ids, skip_special_tokens=True) for ep in episodes],
                             [examples[ep.group] for ep in episodes], [ep.ids for ep in episodes], clipped, step)
         for episode, total in zip(episodes, scored.total):
@@ -540,10 +537,10 @@ def main(args: Args) -> None:
                     "steps": source.steps[:steps], "T": len(source.steps), "ratio": controllers[category].ratio}))
         new_tasks = [new for _, new in sorted(gather_list(accelerator, new_tasks))]  # by place in the batch (my_slice)
 
-        # ================ advantages: GRPO r - mean (appendix, Perspective 2; --scale_advantages: / std);
+        # ================ advantages: GRPO r - mean (appendix, Perspective 2; --scale_rewards: / std);
         #                  rejection sampling drops groups whose rollouts all fail or all pass (DeepSWE baseline) ====
         keep = ~zero_variance(rewards)
-        advantages = grpo_advantages(rewards, scale=args.scale_advantages)
+        advantages = grpo_advantages(rewards, scale=args.scale_rewards)
         rows = [i for i in range(len(episodes)) if keep[i // n]]
         trained_advantages = advantages.flatten()[rows].to(device)
         trained = [episodes[i] for i in rows]
@@ -564,7 +561,7 @@ def main(args: Args) -> None:
             mask = batch.loss_mask
             old_logp = right_align([trained[i].old_logp for i in batch_rows], batch.completion_width).to(device)
             loss, clipped_tokens = ps_loss(logp, old_logp, trained_advantages[batch_rows], mask, n_tokens,
-                                           args.eps_low, args.eps_high)
+                                           args.epsilon, args.epsilon_high)
             accelerator.backward(loss)
             sums["loss_sum"] += loss.item() * (n_tokens or 1)  # back to a sum: normalised over ranks below
             sums["ent_sum"] += (entropy * mask).sum().item()
@@ -661,7 +658,7 @@ def main(args: Args) -> None:
         queue = new_tasks  # [PS] (also in GRPO: empty) injected into the next batch
 
         # ================ sample log / evaluate / log / checkpoint / stop ================
-        evaluating = (args.eval_every and step % args.eval_every == 0) or step == args.max_steps
+        evaluating = (args.eval_steps and step % args.eval_steps == 0) or step == args.max_steps
         if sample_log.due(step, evaluating):  # a few fresh and (with PS) prefix-task rollouts -> samples.jsonl
             kinds = ["fresh" if task["cat"] is None else f"prefix_{task['cat']}" for task in tasks for _ in range(n)]
             sample_log.log(step, [{  # advantage 0 and trained False: a group dropped by rejection sampling
@@ -680,15 +677,15 @@ def main(args: Args) -> None:
         progress.set_postfix({"reward": f"{row['reward_mean']:.3f}", "zero_var": f"{row['frac_zero_var_groups']:.2f}",
                               **({"eval": f"{row['eval_pass@1']:.3f}"} if "eval_pass@1" in row else {})})
         stopping = stop.agreed(accelerator)
-        if (args.save_every and step % args.save_every == 0) or step == args.max_steps or stopping:
+        if (args.save_steps and step % args.save_steps == 0) or step == args.max_steps or stopping:
             method = {"queue": queue, "ctrl": {category: asdict(controllers[category]) for category in CATEGORIES}}
             if args.multiturn:  # where older checkpoints kept the environment's sampler
                 method["sampler"] = sampler.state_dict()
             state = {"sampler": sampler.state_dict(), "counters": counters, "method": method}
             path = checkpoint.save_checkpoint(args.output_dir, step, accelerator, model, tokenizer, optimizer,
-                                              scheduler, state, args.keep_checkpoints, args.lora_merged_export)
+                                              scheduler, state, args.save_total_limit, args.lora_merged_export)
             if stopping:
-                log(f"stopped at step {step}; continue with --resume auto (checkpoint {path})")
+                log(f"stopped at step {step}; continue with --resume_from_checkpoint auto (checkpoint {path})")
                 break
     progress.close()
     end_processes(accelerator)  # trackers finish and the process group ends now, not at exit: no hang, no abort

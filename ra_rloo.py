@@ -14,7 +14,7 @@ setup (its training reward, its evaluation), which both run.
 Logged `loss`: the policy-gradient term per sequence, -mean_i A_i log pi(y_i|x) over the step's samples (the
 KL term is logged separately as `kl`, per completion token). The optimised loss divides the same sum, plus beta x
 the KL summed over the same tokens, by samples x max_new_tokens (`rloo_loss`: one constant normaliser, so no length
-bias and beta keeps its weight against the policy gradient at any --max_new_tokens).
+bias and beta keeps its weight against the policy gradient at any --max_completion_length).
 
 As in the paper (Sec. 4): the Countdown training reward is {0 no parse, 0.1 well-formed but wrong, 1 exact}
 (`--reward tinyzero`, the default here) while evaluation is binary, and besides the periodic eval_pass@1 /
@@ -31,7 +31,7 @@ full distribution (T = --temperature, no top-p/top-k: the paper does not say wha
     python ra_rloo.py                                   # embedded Countdown default, CPU, minutes
     python ra_rloo.py --replay none                     # vanilla RLOO baseline
     accelerate launch ra_rloo.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \
-        --dataset openai/gsm8k --dataset_config main --use_vllm --dtype bfloat16 --learning_rate 1e-6
+        --dataset_name openai/gsm8k --dataset_config main --use_vllm --dtype bfloat16 --learning_rate 1e-6
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ from common.tasks.task import make_task
 
 @dataclass
 class Args(BaseArgs):
-    k: Annotated[int, Range(2)] = 4
+    num_generations: Annotated[int, Range(2)] = 4
     """rollouts per prompt (K); RLOO needs K >= 2"""
     beta: Annotated[float, Range(0, zero="off, no reference model")] = 0.05
     """KL coefficient to the reference (initial) policy; per-token k3 estimator exp(r)-r-1, r = log ref - log pi"""
@@ -82,8 +82,6 @@ class Args(BaseArgs):
     seed_buffer: bool = True
     """[RA-RLOO] seed the buffers at the start with demonstrations scored under the initial policy (Countdown:
     solver solutions; the paper's IPO seed); false = lazy buffers"""
-    success_reward: Annotated[float, Range()] = 1.0
-    """a rollout is a success (buffered with its reward, and 'passes') when its total training reward >= this"""
     reward: Literal["auto", "binary", "tinyzero", "shaped"] = "auto"
     """[RA-RLOO setup] training reward: `auto` = the paper's {0, 0.1, 1} (`tinyzero`) on Countdown, `binary` on real
     datasets (their verifier has no format reward); evaluation is always binary"""
@@ -131,7 +129,7 @@ def seed_buffers(task, model, tokenizer, encode, args, device, temperature: floa
     logprobs = score_completions(model, prompts, demos, tokenizer.pad_token_id, 512, device, temperature)
     for example, demo, token_lps in zip(task.train, demos, logprobs):
         # a verified solution: the built-in reward 1 (or --success_reward when higher, so that it counts as one)
-        buffers[example.id] = deque([(np.asarray(demo, np.int32), sum(token_lps), max(1.0, args.success_reward))],
+        buffers[example.id] = deque([(np.asarray(demo, np.int32), sum(token_lps), max(1.0, task.success_reward))],
                                     maxlen=args.buffer_capacity)
     return buffers
 
@@ -216,7 +214,7 @@ def replay_weights(seq_logp: torch.Tensor, logp_old: torch.Tensor, w_max: float)
 def rloo_loss(pg_sum: torch.Tensor, kl_sum: torch.Tensor | float, beta: float, normaliser: float) -> torch.Tensor:
     """The optimised loss: the policy-gradient sum -sum_i A_i log pi(y_i|x) plus beta x the k3 KL summed over the
     same tokens, both divided by one constant (samples x max_new_tokens), so the KL weighs beta against the policy
-    gradient whatever --max_new_tokens is (the paper gives beta = 0.05 only)."""
+    gradient whatever --max_completion_length is (the paper gives beta = 0.05 only)."""
     return (pg_sum + beta * kl_sum) / normaliser
 
 
@@ -228,7 +226,7 @@ def main(args: Args) -> None:
     check_tracker(args.report_to)
     args.output_dir = args.output_dir or f"runs/ra_rloo-seed{args.seed}"
     if args.reward == "auto":  # [RA-RLOO setup] the paper trains on {0, 0.1, 1}; real datasets have a binary verifier
-        args.reward = "tinyzero" if args.dataset == "countdown" else "binary"
+        args.reward = "tinyzero" if args.dataset_name == "countdown" else "binary"
     accelerator = Accelerator(cpu=not torch.cuda.is_available(), project_dir=args.output_dir,
                               log_with=None if args.report_to == "none" else args.report_to,
                               kwargs_handlers=collective_timeout(args.collective_timeout))  # one line on expiry
@@ -283,18 +281,18 @@ def main(args: Args) -> None:
         from common.generation.vllm_backend import VLLMGenerator
 
         generator = VLLMGenerator(model_path, policy, tokenizer, seed=args.seed, dtype=args.dtype,
-                                  max_model_len=args.vllm_max_model_len,
+                                  max_model_len=args.vllm_max_model_length,
                                   gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
     else:
         generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype,
                                 cache_implementation=args.cache_implementation, compiled=compiled)
     generator.end_ids = end_token_ids(tokenizer, policy, args.stop_token_ids, log)  # EOS, end-of-turn, flag
-    sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature)
+    sampling = SamplingConfig(max_new_tokens=args.max_completion_length, temperature=args.temperature)
     temperature = args.temperature if args.temperature > 0 else 1.0  # the generator scores greedy samples at T=1
     pack = (args.pack_row_tokens or (2048 if device.type == "cuda" else 128)) if args.padding_free else 0  # rows
     eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature  # 0: greedy
-    eval_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=eval_temperature, logprobs=False)
-    paper_sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.paper_eval_temperature,
+    eval_sampling = SamplingConfig(max_new_tokens=args.max_completion_length, temperature=eval_temperature, logprobs=False)
+    paper_sampling = SamplingConfig(max_new_tokens=args.max_completion_length, temperature=args.paper_eval_temperature,
                                     top_p=args.paper_eval_top_p, top_k=args.paper_eval_top_k, logprobs=False)
 
     def run_eval() -> dict:
@@ -311,7 +309,7 @@ def main(args: Args) -> None:
 
     # ---------------- resume ----------------
     start_step, counters, method_state = 0, {"rollouts": 0, "gen_tokens": 0}, {}
-    resume_from = checkpoint.resolve_resume(args.resume, args.output_dir)
+    resume_from = checkpoint.resolve_resume(args.resume_from_checkpoint, args.output_dir)
     if resume_from is not None:
         start_step, state = checkpoint.load_checkpoint(resume_from, accelerator, model, optimizer, scheduler)
         sampler.load_state_dict(state["sampler"])
@@ -320,7 +318,7 @@ def main(args: Args) -> None:
         log(f"resumed from {resume_from} at step {start_step}")
     # [RA-RLOO] (also in RLOO: empty) prompt id -> FIFO of (int32 response, log pi_old(y|x), reward), same on every rank
     buffers = load_buffers(method_state.get("buffers"), args.buffer_capacity,
-                           f"{resume_from and resume_from.name}/trainer_state.pt replay buffers", args.success_reward)
+                           f"{resume_from and resume_from.name}/trainer_state.pt replay buffers", task.success_reward)
     if start_step == 0 and args.replay != "none" and args.seed_buffer:  # [RA-RLOO] demonstrations
         # FSDP: whole weights only where demonstrations are scored (the embedded task; real datasets seed nothing)
         with autocast(device, args.dtype), gathered(policy, enabled=task.name == "countdown"):
@@ -350,7 +348,7 @@ def main(args: Args) -> None:
         examples = [task.train[i] for i in my_slice(sampler.next_ids(args.prompts_per_step), accelerator)]
         prompts = [encode(example.prompt) for example in examples]
         with gathered(policy, enabled=generator.reads_policy):  # FSDP + HF generate: whole weights (else no-op)
-            gens = generator.generate(prompts, args.k, sampling)
+            gens = generator.generate(prompts, args.num_generations, sampling)
         generator.sleep()  # vLLM on a GPU: its memory goes to training; the push brings the weights back
         t_gen = time.time() - t_start
         completions = [list(c) for c in gens.completion_ids]
@@ -358,9 +356,9 @@ def main(args: Args) -> None:
         # ================ verify (a cut completion: the built-in rewards give 0, --reward_funcs their total) ======
         texts = [tokenizer.decode(c, skip_special_tokens=True) for c in completions]  # (batch_decode([]) is [''])
         truncated = torch.tensor([reason == "length" for reason in gens.finish_reasons])
-        scored = task.score(texts, [examples[i // args.k] for i in range(len(texts))], completions, truncated, step)
-        rewards = torch.tensor(scored.total).view(-1, args.k).float()  # NaN: no function scored it
-        fresh_success = torch.tensor(scored.success, dtype=torch.bool).view(-1, args.k)  # the task rule (Task.passes)
+        scored = task.score(texts, [examples[i // args.num_generations] for i in range(len(texts))], completions, truncated, step)
+        rewards = torch.tensor(scored.total).view(-1, args.num_generations).float()  # NaN: no function scored it
+        fresh_success = torch.tensor(scored.success, dtype=torch.bool).view(-1, args.num_generations)  # the task rule (Task.passes)
         fresh_rewards = rewards.clone()  # [RA-RLOO] (also in RLOO: the same) the rewards before the splice
 
         # ================ [RA-RLOO] splice one stored success into groups that need it (Section 3.1) ================
@@ -368,7 +366,7 @@ def main(args: Args) -> None:
         replay_logp_old = torch.full(rewards.shape, float("nan"))
         if args.replay != "none":  # [RA-RLOO]
             replay_logp_old = splice_replays([example.id for example in examples], completions, rewards,
-                                             fresh_success, buffers, args.replay, random, args.success_reward)
+                                             fresh_success, buffers, args.replay, random, task.success_reward)
         is_replay = ~torch.isnan(replay_logp_old)
         # --mask_truncated_completions: cut completions get no gradient (a spliced replay is a whole success)
         keep = ~(truncated & ~is_replay.flatten()) if args.mask_truncated_completions else \
@@ -381,8 +379,8 @@ def main(args: Args) -> None:
 
         # ================ update: REINFORCE with the LOO baseline + k3 KL to the reference ================
         t_train_start = time.time()
-        flat_prompts = [p for p in prompts for _ in range(args.k)]
-        normaliser = args.prompts_per_step * args.k / world * args.max_new_tokens  # constant: no length bias (per rank)
+        flat_prompts = [p for p in prompts for _ in range(args.num_generations)]
+        normaliser = args.prompts_per_step * args.num_generations / world * args.max_completion_length  # constant: no length bias (per rank)
         sums = {"loss_sum": 0.0, "kl_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "w_sum": 0.0, "w_n": 0.0,
                 "gap_sum": 0.0, "gap_tok": 0.0}
         is_weights = torch.ones(len(completions))  # [RA-RLOO] (also in RLOO: all 1) per row, for the sample log
@@ -431,7 +429,7 @@ def main(args: Args) -> None:
 
         # ================ [RA-RLOO] append every fresh success to its prompt's FIFO (all ranks: same buffers) ====
         # [RA-RLOO] (also in RLOO: the filter keeps nothing)
-        new_successes = [(examples[i // args.k].id, list(c), float(sum(gens.logprobs[i])), float(scored.total[i]))
+        new_successes = [(examples[i // args.num_generations].id, list(c), float(sum(gens.logprobs[i])), float(scored.total[i]))
                          for i, c in enumerate(gens.completion_ids)
                          if args.replay != "none" and fresh_success.view(-1)[i]]
         for prompt_id, response, logp_old, reward in gather_list(accelerator, new_successes):
@@ -480,7 +478,7 @@ def main(args: Args) -> None:
                 "the generator does not sample from the policy being trained (stale weights, dtype, temperature?)")
 
         # ================ sample log / evaluate / log / checkpoint / stop ================
-        evaluating = (args.eval_every and step % args.eval_every == 0) or step == args.max_steps
+        evaluating = (args.eval_steps and step % args.eval_steps == 0) or step == args.max_steps
         if sample_log.due(step, evaluating):  # a few fresh and (with replay) replayed rollouts -> samples.jsonl
             kinds = ["replayed" if rep else "fresh" for rep in is_replay.flatten().tolist()]
             sample_log.log(step, [{"kind": kinds[i], "prompt": tokenizer.decode(flat_prompts[i]),
@@ -499,13 +497,13 @@ def main(args: Args) -> None:
         progress.set_postfix({"reward": f"{row['reward_mean']:.3f}", "zero_var": f"{row['frac_zero_var_groups']:.2f}",
                               **({"eval": f"{row['eval_pass@1']:.3f}"} if "eval_pass@1" in row else {})})
         stopping = stop.agreed(accelerator)
-        if (args.save_every and step % args.save_every == 0) or step == args.max_steps or stopping:
+        if (args.save_steps and step % args.save_steps == 0) or step == args.max_steps or stopping:
             state = {"sampler": sampler.state_dict(), "counters": counters,  # [RA-RLOO] (also in RLOO: empty) buffers
                      "method": {"buffers": buffers_state(buffers)}}
             path = checkpoint.save_checkpoint(args.output_dir, step, accelerator, model, tokenizer, optimizer,
-                                              scheduler, state, args.keep_checkpoints, args.lora_merged_export)
+                                              scheduler, state, args.save_total_limit, args.lora_merged_export)
             if stopping:
-                log(f"stopped at step {step}; continue with --resume auto (checkpoint {path})")
+                log(f"stopped at step {step}; continue with --resume_from_checkpoint auto (checkpoint {path})")
                 break
     progress.close()
     end_processes(accelerator)  # trackers finish and the process group ends now, not at exit: no hang, no abort

@@ -2,7 +2,7 @@
 in TRL's calling convention: each gets the batch's `prompts`, `completions` and `completion_ids` and every other
 column of the dataset as a list, and returns one number (or None: "does not apply") per completion.
 
-    python ra_rloo.py --dataset examples/gsm8k_chat.jsonl --prompt_column prompt \
+    python ra_rloo.py --dataset_name examples/gsm8k_chat.jsonl --prompt_column prompt \
         --reward_funcs examples/gsm8k_rewards.py:format_reward,examples/gsm8k_rewards.py:correctness_reward \
         --reward_weights 0.2,1 --success_reward 1 ...
 """

@@ -113,10 +113,10 @@ def run_main(args: list[str]) -> None:
 
 
 # One short real run per script, shared by the tests that read its outputs (core metrics, docs): flags that keep it
-# to seconds; --max_new_tokens 16 cuts some Countdown answers (two lines of ~7 characters + EOS) and not others;
+# to seconds; --max_completion_length 16 cuts some Countdown answers (two lines of ~7 characters + EOS) and not others;
 # binary rewards everywhere (ra_rloo.py's default is the paper's {0, 0.1, 1}), so pass rate and reward mean agree.
-SHORT_RUN = ["--max_steps", "3", "--eval_every", "0", "--eval_prompts", "4", "--eval_samples", "2",
-             "--prompts_per_step", "8", "--max_new_tokens", "16", "--num_threads", "1", "--learning_rate", "1e-4",
+SHORT_RUN = ["--max_steps", "3", "--eval_steps", "0", "--eval_prompts", "4", "--eval_samples", "2",
+             "--prompts_per_step", "8", "--max_completion_length", "16", "--num_threads", "1", "--learning_rate", "1e-4",
              "--warmup_steps", "5"]
 SHORT_RUN_FLAGS = {"ra_rloo.py": ["--prompt_pool", "64", "--reward", "binary"],
                    "ada_seq.py": ["--max_rounds", "2", "--round_repeat", "4"], "ada_est.py": ["--prompt_pool", "16"],

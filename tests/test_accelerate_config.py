@@ -21,7 +21,7 @@ FSDP_V2 = {**FSDP_V1, "FSDP_VERSION": "2"}
 DEEPSPEED = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3",
              "ACCELERATE_CONFIG_DS_FIELDS": "", "ACCELERATE_MIXED_PRECISION": "no"}
 SMALL = ["--prompt_pool", "48", "--prompts_per_step", "8", "--eval_prompts", "8", "--eval_samples", "4",
-         "--max_new_tokens", "20", "--micro_batch_size", "8", "--num_threads", "1", "--eval_every", "0",
+         "--max_completion_length", "20", "--micro_batch_size", "8", "--num_threads", "1", "--eval_steps", "0",
          "--max_steps", "1"]
 
 

@@ -70,9 +70,9 @@ def test_pi_old_from_the_update_pass_equals_the_scored_sampler_logprobs(tiny_bas
         for mode in ("auto", "sampler"):
             out = tmp_path / f"{module.__name__}-{mode}"
             module.main(parse_args(module.Args, [
-                "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "2", "--eval_every", "0",
+                "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "2", "--eval_steps", "0",
                 "--eval_prompts", "4", "--eval_samples", "2", "--prompts_per_step", "4", "--prompt_pool", "16",
-                "--max_new_tokens", "16", "--num_threads", "1", "--old_logprobs", mode, "--learning_rate", "1e-3"]))
+                "--max_completion_length", "16", "--num_threads", "1", "--old_logprobs", mode, "--learning_rate", "1e-3"]))
             rows[mode] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1:]
         for auto, sampler in zip(rows["auto"], rows["sampler"]):
             assert auto["reward_mean"] == sampler["reward_mean"]  # same samples
@@ -113,9 +113,9 @@ def test_entropy_bonus_changes_the_update_not_the_logged_surrogate(tiny_base, tm
         for coef in ("0", "1.0"):
             out = tmp_path / f"{module.__name__}-{coef}"
             module.main(parse_args(module.Args, [
-                "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "1", "--eval_every", "0",
+                "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "1", "--eval_steps", "0",
                 "--eval_prompts", "4", "--eval_samples", "2", "--prompts_per_step", "4", "--prompt_pool", "16",
-                "--max_new_tokens", "16", "--num_threads", "1", "--entropy_coef", coef]))
+                "--max_completion_length", "16", "--num_threads", "1", "--entropy_coef", coef]))
             rows[coef] = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1]
         off, on = rows["0"], rows["1.0"]
         assert off["reward_mean"] == on["reward_mean"] and off["loss"] == pytest.approx(on["loss"], rel=1e-6)
@@ -142,9 +142,9 @@ def test_the_kl_is_divided_by_the_policy_gradients_constant(tiny_base, tmp_path,
     out = tmp_path / module.__name__
     own = ["--max_rounds", "1", "--round_repeat", "4"] if module is ada_seq else []  # GRPO-n4: every response trains
     module.main(parse_args(module.Args, [
-        "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "1", "--eval_every", "0",
+        "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "1", "--eval_steps", "0",
         "--eval_prompts", "4", "--eval_samples", "1", "--prompts_per_step", "4", "--prompt_pool", "16",
-        "--max_new_tokens", str(max_new), "--num_threads", "1", "--entropy_coef", "0", "--beta", str(beta), *own]))
+        "--max_completion_length", str(max_new), "--num_threads", "1", "--entropy_coef", "0", "--beta", str(beta), *own]))
     row = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1]
     responses, tokens = row["rollouts"], row["gen_tokens"]  # step 1: this step's, all of them trained
     assert responses == (16 if module is ada_seq else 32) and row["kl"] == pytest.approx(1.0)  # 4 x 4; 4 x 8

@@ -90,12 +90,12 @@ def test_recurring_prompts_and_exact_resume(random_model_dir, tmp_path):
     # 12 prompts, 8 per step: from step 2 on, the batch mixes prompts seen before with unseen ones. The
     # untrained test policy fails everything, so a prompt with history has p_hat below the prior mean
     # 1/17 and gets more of the budget than an unseen one.
-    base = ["ada_est.py", "--model_name_or_path", random_model_dir, "--eval_every", "2", "--save_every", "2",
+    base = ["ada_est.py", "--model_name_or_path", random_model_dir, "--eval_steps", "2", "--save_steps", "2",
             "--prompt_pool", "12", "--prompts_per_step", "8", "--total_budget", "80", "--n_min", "2", "--n_max", "20",
-            "--eval_prompts", "8", "--eval_samples", "4", "--max_new_tokens", "20", "--num_threads", "1"]
+            "--eval_prompts", "8", "--eval_samples", "4", "--max_completion_length", "20", "--num_threads", "1"]
     run_main([*base, "--output_dir", str(full), "--max_steps", "4"])
     run_main([*base, "--output_dir", str(part), "--max_steps", "2"])  # "killed" after step 2
-    run_main([*base, "--output_dir", str(part), "--max_steps", "4", "--resume", "auto"])
+    run_main([*base, "--output_dir", str(part), "--max_steps", "4", "--resume_from_checkpoint", "auto"])
     a, b = _strip(_rows(full)), _strip(_rows(part))
     assert [r["step"] for r in b] == [0, 1, 2, 3, 4]
     assert a == b  # the per-prompt counts were restored: same estimates, allocations and losses
@@ -135,7 +135,7 @@ def test_sample_log_pass_at_k_and_sampler_agreement(tiny_base, tmp_path, monkeyp
     monkeypatch.setattr(countdown, "reward_binary", lambda text, answer: float(len(text) % 2))
     rows = _main(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "1", "--eval_samples", "4",
                             "--eval_temperature", "0", "--old_logprobs", "sampler", "--log_samples_per_kind", "3",
-                            "--max_new_tokens", "16"])
+                            "--max_completion_length", "16"])
     for r in rows:  # pass@k for every power of two up to --eval_samples; greedy: all k agree
         assert {"eval_pass@1", "eval_pass@2", "eval_pass@4"} <= set(r) and "eval_pass@3" not in r
         assert r["eval_pass@1"] == r["eval_pass@2"] == r["eval_pass@4"]
@@ -148,7 +148,7 @@ def test_sample_log_pass_at_k_and_sampler_agreement(tiny_base, tmp_path, monkeyp
     assert all(2 <= s["ada_budget"] <= 8 and s["ada_p_hat"] == pytest.approx(1 / 17) for s in samples)
     # without sampler log-probs (HF, one epoch: pi_old is the first pass itself) there is nothing to compare
     rows = _main(tmp_path / "auto", ["--model_name_or_path", tiny_base, "--max_steps", "1", "--eval_samples", "1",
-                                     "--max_new_tokens", "4", "--log_samples_every", "0"])
+                                     "--max_completion_length", "4", "--log_samples_every", "0"])
     assert rows[1]["sampler_logp_diff"] is None and not (tmp_path / "auto" / "samples.jsonl").exists()
 
 
@@ -156,7 +156,7 @@ def test_truncated_completions_get_reward_zero_and_optionally_no_gradient(tiny_b
     from common.demo import countdown
 
     monkeypatch.setitem(countdown.REWARDS, "binary", lambda text, answer: 1.0)  # every finished completion succeeds
-    base = ["--model_name_or_path", tiny_base, "--max_steps", "1", "--eval_samples", "1", "--max_new_tokens", "2"]
+    base = ["--model_name_or_path", tiny_base, "--max_steps", "1", "--eval_samples", "1", "--max_completion_length", "2"]
     plain = _main(tmp_path / "plain", base)[1]
     assert plain["clipped_ratio"] == 1.0 and plain["reward_mean"] == 0.0 and plain["pass_rate"] == 0.0
     assert plain["entropy"] > 0 and plain["grad_norm"] > 0  # the entropy bonus still trains on them

@@ -142,8 +142,8 @@ def test_reinforce_ada_default_advantage_has_no_std_and_grpo_n_keeps_eq2():
     assert global_advantages(group, group, THR, grpo.adv_std_norm, grpo.prompt_weight)[0] == pytest.approx(
         0.75 / math.sqrt(0.1875), rel=1e-4)
     # one flag overrides both, and the parsed value is what a run writes to args.json
-    assert parse_args(Args, ["--adv_std_norm", "true"]).adv_std_norm is True
-    assert parse_args(Args, ["--max_rounds", "1", "--round_repeat", "4", "--adv_std_norm", "false"]).adv_std_norm \
+    assert parse_args(Args, ["--scale_rewards", "true"]).adv_std_norm is True
+    assert parse_args(Args, ["--max_rounds", "1", "--round_repeat", "4", "--scale_rewards", "false"]).adv_std_norm \
         is False
     assert parse_args(Args, ["--max_rounds", "1", "--round_repeat", "4"]).adv_std_norm is True
     assert parse_args(Args, []).adv_std_norm is False and parse_args(Args, []).warmup_steps == 10
@@ -232,7 +232,7 @@ def test_args_validation_and_defaults():
     assert Args(exit_condition="positive", k_pos=16).quotas() == (16, 2)
     with pytest.raises(SystemExit, match="--entropy_coef -1.0: must be >= 0"):
         parse_args(Args, ["--entropy_coef", "-1"])
-    with pytest.raises(SystemExit, match="--round_repeat 2: must be >= --final_keep_per_prompt 4"):
+    with pytest.raises(SystemExit, match="--round_repeat 2: must be >= --num_generations 4"):
         parse_args(Args, ["--round_repeat", "2"])  # M < n
     with pytest.raises(SystemExit, match="--max_rounds 0: must be >= 1"):
         parse_args(Args, ["--max_rounds", "0"])
@@ -252,7 +252,7 @@ def test_every_flag_is_documented():
 # ---------------------------------------------------------------- end to end
 
 
-COMMON = ["--prompts_per_step", "8", "--eval_prompts", "8", "--eval_samples", "4", "--max_new_tokens", "20",
+COMMON = ["--prompts_per_step", "8", "--eval_prompts", "8", "--eval_samples", "4", "--max_completion_length", "20",
           "--num_threads", "1"]
 
 
@@ -266,35 +266,35 @@ def _strip(rows):
 
 def test_grpo_n_mode_generates_exactly_n(tiny_base, tmp_path):
     run_main(["ada_seq.py", "--model_name_or_path", tiny_base, "--output_dir", str(tmp_path), "--max_steps", "2",
-              "--eval_every", "0", "--prompt_pool", "48", "--max_rounds", "1", "--round_repeat", "4", *COMMON])
+              "--eval_steps", "0", "--prompt_pool", "48", "--max_rounds", "1", "--round_repeat", "4", *COMMON])
     rows = _rows(tmp_path)[1:]
     assert [r["rollouts"] for r in rows] == [32, 64]
     assert all(r["ada_inference_cost_rel"] == 1.0 and r["ada_rounds_used"] == 1 for r in rows)
     assert all(r["ada_frac_zero_var_groups_post"] == r["frac_zero_var_groups"] for r in rows)
     saved = json.loads((tmp_path / "args.json").read_text())  # GRPO-n: eq. (2)'s std, recorded as used
-    assert saved["adv_std_norm"] is True and saved["warmup_steps"] == 10
+    assert saved["scale_rewards"] is True and saved["warmup_steps"] == 10
 
 
 def test_exit_condition_stops_sampling(tiny_base, tmp_path):
     # threshold -1: every response is "positive", so SEQ-POS retires every prompt after round 1, while
     # SEQ-BALANCE (in the resume test below) never finds a negative and runs all rounds
     run_main(["ada_seq.py", "--model_name_or_path", tiny_base, "--output_dir", str(tmp_path), "--max_steps", "2",
-              "--eval_every", "0", "--prompt_pool", "48", "--exit_condition", "positive", "--positive_threshold",
+              "--eval_steps", "0", "--prompt_pool", "48", "--exit_condition", "positive", "--positive_threshold",
                 "-1", "--round_repeat", "8", "--max_rounds", "3", *COMMON])
     rows = _rows(tmp_path)[1:]
     assert [r["rollouts"] for r in rows] == [64, 128] and all(r["pass_rate"] == 1.0 for r in rows)
     assert all(r["ada_rounds_used"] == 1 and r["ada_active_after_round_1"] == 0.0 for r in rows)
     assert all(r["ada_inference_cost_rel"] == 2.0 and r["ada_frac_unfinished"] == 0.0 for r in rows)
-    assert json.loads((tmp_path / "args.json").read_text())["adv_std_norm"] is False  # Reinforce-Ada: r - mean(pool)
+    assert json.loads((tmp_path / "args.json").read_text())["scale_rewards"] is False  # Reinforce-Ada: r - mean(pool)
 
 
 def test_balanced_run_and_exact_resume(tiny_base, tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
-    base = ["ada_seq.py", "--model_name_or_path", tiny_base, "--eval_every", "2", "--save_every", "2",
+    base = ["ada_seq.py", "--model_name_or_path", tiny_base, "--eval_steps", "2", "--save_steps", "2",
             "--prompt_pool", "16", "--round_repeat", "4", "--max_rounds", "3", *COMMON]
     run_main([*base, "--output_dir", str(full), "--max_steps", "4"])
     run_main([*base, "--output_dir", str(part), "--max_steps", "2"])  # "killed" after step 2
-    run_main([*base, "--output_dir", str(part), "--max_steps", "4", "--resume", "auto"])
+    run_main([*base, "--output_dir", str(part), "--max_steps", "4", "--resume_from_checkpoint", "auto"])
     a, b = _strip(_rows(full)), _strip(_rows(part))
     assert [r["step"] for r in b] == [0, 1, 2, 3, 4]
     assert a == b  # same rounds, downsampling draws, losses and eval after the resume
@@ -324,7 +324,7 @@ def _main(out, extra, monkeypatch, reward=lambda text, problem: float(len(text) 
     from common.run.flags import parse_args
 
     monkeypatch.setitem(countdown.REWARDS, "tinyzero", reward)
-    ada_seq.main(parse_args(ada_seq.Args, ["--output_dir", str(out), "--eval_every", "0", "--reward", "tinyzero",
+    ada_seq.main(parse_args(ada_seq.Args, ["--output_dir", str(out), "--eval_steps", "0", "--reward", "tinyzero",
                                            "--prompt_pool", "48", *COMMON, *extra]))
     return _rows(out)
 
@@ -361,7 +361,7 @@ def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_base, tmp_path, mon
 def test_training_prompt_evaluation_leaves_the_training_steps_unchanged(tiny_base, tmp_path, monkeypatch):
     """eval_train_* samples in a copy of the random state: evaluating every step with and without it gives the same
     training rows (rounds, downsampling draws, losses), so runs made before it stay comparable."""
-    seq = ["--model_name_or_path", tiny_base, "--max_steps", "3", "--eval_every", "1", "--max_rounds", "2"]
+    seq = ["--model_name_or_path", tiny_base, "--max_steps", "3", "--eval_steps", "1", "--max_rounds", "2"]
     on = _main(tmp_path / "on", seq, monkeypatch)
     off = _main(tmp_path / "off", [*seq, "--eval_train_prompts", "0"], monkeypatch)
     training = lambda rows: [{k: v for k, v in r.items() if not k.startswith(("time_", "eval_"))} for r in rows]  # noqa
@@ -383,16 +383,16 @@ def test_training_prompt_evaluation_leaves_the_training_steps_unchanged(tiny_bas
 def test_dynamic_sampling_resumes_exactly(tiny_base, tmp_path, monkeypatch):
     # [DAPO] the refill prompts come from the checkpointed sampler: a resumed run draws the same ones
     base = ["--model_name_or_path", tiny_base, "--max_rounds", "1", "--round_repeat", "4", "--dynamic_sampling",
-            "--save_every", "1", "--eval_every", "1", "--eval_prompts", "4", "--eval_samples", "2"]
+            "--save_steps", "1", "--eval_steps", "1", "--eval_prompts", "4", "--eval_samples", "2"]
     full = _main(tmp_path / "full", [*base, "--max_steps", "2"], monkeypatch)
     _main(tmp_path / "part", [*base, "--max_steps", "1"], monkeypatch)
-    part = _main(tmp_path / "part", [*base, "--max_steps", "2", "--resume", "auto"], monkeypatch)
+    part = _main(tmp_path / "part", [*base, "--max_steps", "2", "--resume_from_checkpoint", "auto"], monkeypatch)
     assert _strip(full) == _strip(part) and any(r.get("dapo_rounds") for r in full)
 
 
 def test_truncated_completions_get_reward_zero_and_optionally_no_gradient(tiny_base, tmp_path, monkeypatch):
     # every completion is cut at 2 tokens: reward 0 though the (patched) reward would give 1
-    base = ["--model_name_or_path", tiny_base, "--max_steps", "1", "--max_new_tokens", "2", "--max_rounds", "1",
+    base = ["--model_name_or_path", tiny_base, "--max_steps", "1", "--max_completion_length", "2", "--max_rounds", "1",
             "--round_repeat", "4"]
     one = lambda text, problem: 1.0  # noqa: E731
     masked = _main(tmp_path / "masked", [*base, "--mask_truncated_completions"], monkeypatch, one)[1]
@@ -404,7 +404,7 @@ def test_truncated_completions_get_reward_zero_and_optionally_no_gradient(tiny_b
 
 
 def test_sample_log_pass_at_k_and_sampler_logp_diff(tiny_base, tmp_path, monkeypatch, capsys):
-    rows = _main(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "2", "--eval_every", "1",
+    rows = _main(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "2", "--eval_steps", "1",
                             "--round_repeat", "4", "--max_rounds", "2", "--old_logprobs", "sampler",
                             "--log_samples_per_kind", "3", "--logp_diff_warn", "0"], monkeypatch)
     assert all({"eval_pass@1", "eval_pass@2", "eval_pass@4"} <= set(r) for r in rows)

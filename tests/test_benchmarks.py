@@ -61,7 +61,7 @@ def test_every_config_flag_exists_in_its_script():
     # the GRPO-n baselines say which advantage they use, so a changed script default cannot relabel them
     assert "true" in run.BY_NAME["grpo_n4"].flags and "false" in run.BY_NAME["dr_grpo_n4"].flags
     n16 = run.BY_NAME["grpo_n16"].flags
-    assert n16[n16.index("--round_repeat") + 1] == n16[n16.index("--final_keep_per_prompt") + 1] == "16"
+    assert n16[n16.index("--round_repeat") + 1] == n16[n16.index("--num_generations") + 1] == "16"
     # Prefix Sampling runs in the environment (its paper's agentic setting), baseline included
     ps = [c for c in run.CONFIGS if c.script == "ps_grpo.py"]
     assert len([c for c in ps if not c.name.endswith("_pool2048")]) == 4
@@ -70,7 +70,7 @@ def test_every_config_flag_exists_in_its_script():
     # runs its own default advantage (r - mean(pool), recorded in args.json), not an explicit std flag
     flag = lambda name, key: run.BY_NAME[name].flags[run.BY_NAME[name].flags.index(key) + 1]  # noqa: E731
     assert flag("ps_adaptive", "--ema_reset") == "false" and flag("ps_adaptive_reset", "--ema_reset") == "true"
-    assert all("--adv_std_norm" not in run.BY_NAME[n].flags for n in ("seq_pos", "seq_balance"))
+    assert all("--scale_rewards" not in run.BY_NAME[n].flags for n in ("seq_pos", "seq_balance"))
     # EST on its own 2,048-prompt pool is measured against GRPO-n8 on that pool: GRPO-n8's flags plus the pool only
     pooled = run.BY_NAME["grpo_n8_pool2048"].flags
     assert run.BY_NAME["est_pool2048"].baseline == "grpo_n8_pool2048"
@@ -119,7 +119,7 @@ def test_budget_flags_are_shared_and_quick_overrides():
     b = run.build_command(run.BY_NAME["ps_fixed"], full, 1, Path("d"))
     tail = run.shared_flags(full, 1, Path("d"))
     assert a[-len(tail):] == b[-len(tail):] == tail  # every config gets the same budget flags
-    assert "--resume" not in a and a[a.index("--max_steps") + 1] == str(full.max_steps)
+    assert "--resume_from_checkpoint" not in a and a[a.index("--max_steps") + 1] == str(full.max_steps)
 
 
 def test_every_runner_and_report_flag_is_documented():
@@ -226,15 +226,15 @@ class Args(BaseArgs):
 stop_requested = []
 signal.signal(signal.SIGINT, lambda *_: stop_requested.append(1))
 p = argparse.ArgumentParser()
-for name in ("--seed", "--max_steps", "--eval_every", "--output_dir", "--resume", "--knob", "--stop_at", "--sleep"):
+for name in ("--seed", "--max_steps", "--eval_steps", "--output_dir", "--resume_from_checkpoint", "--knob", "--stop_at", "--sleep"):
     p.add_argument(name)
 a, _ = p.parse_known_args()
 out = Path(a.output_dir)
 out.mkdir(parents=True, exist_ok=True)
 ckpts = sorted(out.glob("checkpoint-*"), key=lambda q: int(q.name.split("-")[1]))
-start = int(ckpts[-1].name.split("-")[1]) if a.resume == "auto" and ckpts else 0
+start = int(ckpts[-1].name.split("-")[1]) if a.resume_from_checkpoint == "auto" and ckpts else 0
 with open(out / "calls.txt", "a") as f:
-    f.write(f"resume={a.resume} start={start}\\n")
+    f.write(f"resume={a.resume_from_checkpoint} start={start}\\n")
 rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()] if start else []
 rows = [r for r in rows if r["step"] <= start] or [{"step": 0, "eval_pass@1": 0.1, "gen_tokens": 0}]
 stop = int(a.stop_at or 10**9)
@@ -262,7 +262,7 @@ def _fake_sweep(tmp_path, monkeypatch, extra=""):
             configs.Config("fake_missing", str(script), ("--no_such_flag", "1"), "M"))
     monkeypatch.setattr(run, "CONFIGS", cfgs)
     monkeypatch.setattr(run, "BY_NAME", {c.name: c for c in cfgs})
-    argv = ["--runs_dir", str(tmp_path / "runs"), "--seeds", "0", "--max_steps", "4", "--eval_every", "2",
+    argv = ["--runs_dir", str(tmp_path / "runs"), "--seeds", "0", "--max_steps", "4", "--eval_steps", "2",
             "--progress_every", "0", *extra.split()]
     return argv, tmp_path / "runs"
 
@@ -315,7 +315,7 @@ def test_runner_runs_skips_finished_and_resumes_unfinished(tmp_path, monkeypatch
     assert "finished, skipped" in capsys.readouterr().out
     assert len(_calls(a)) == 1
 
-    # make fake_b unfinished with a checkpoint at step 2: the runner continues it with --resume auto
+    # make fake_b unfinished with a checkpoint at step 2: the runner continues it with --resume_from_checkpoint auto
     _write_rows(b, run_dirs.read_rows(b)[:3])
     (b / "checkpoint-2").mkdir()
     (b / "checkpoint-2" / "trainer_state.pt").write_text("x")

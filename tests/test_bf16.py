@@ -23,7 +23,7 @@ from conftest import run_main
 # a bf16 copy of the whole model as reference gave 1.5e-5, and one update at lr 1e-6 moves it ~3e-6
 KL_AT_START = 1e-8
 SMALL = ["--prompts_per_step", "4", "--prompt_pool", "8", "--eval_prompts", "4", "--eval_samples", "2",
-         "--max_new_tokens", "16", "--num_threads", "1", "--eval_every", "0"]
+         "--max_completion_length", "16", "--num_threads", "1", "--eval_steps", "0"]
 
 
 def test_bf16_logprobs_are_close_to_fp32(random_model_dir):
@@ -43,9 +43,9 @@ def test_bf16_logprobs_are_close_to_fp32(random_model_dir):
 
 
 @pytest.mark.parametrize("module,extra", [
-    (ra_rloo, []), (ada_seq, ["--max_rounds", "1", "--round_repeat", "4", "--final_keep_per_prompt", "4"]),
+    (ra_rloo, []), (ada_seq, ["--max_rounds", "1", "--round_repeat", "4", "--num_generations", "4"]),
     (ada_est, []),
-    (ps_grpo, ["--mode", "text", "--n", "4"]), (pros_ppo, ["--k", "4"])])
+    (ps_grpo, ["--mode", "text", "--num_generations", "4"]), (pros_ppo, ["--num_generations", "4"])])
 def test_bf16_at_lr_1e6_moves_most_weights_and_saves_fp32_masters(module, extra, tiny_base, tmp_path, monkeypatch):
     # a reward that varies, so every script has a gradient (the tiny test base solves almost nothing)
     for name in ("binary", "tinyzero"):
@@ -66,11 +66,11 @@ def test_bf16_at_lr_1e6_moves_most_weights_and_saves_fp32_masters(module, extra,
 def test_bf16_resume_is_exact(tiny_base, tmp_path, monkeypatch):
     monkeypatch.setitem(countdown.REWARDS, "tinyzero", lambda text, problem: float(len(text) % 2))
     # evaluations at every step, so the stopped run's final evaluation is one the full run makes too
-    base = ["--model_name_or_path", tiny_base, "--dtype", "bfloat16", "--save_every", "1", *SMALL, "--eval_every", "1"]
+    base = ["--model_name_or_path", tiny_base, "--dtype", "bfloat16", "--save_steps", "1", *SMALL, "--eval_steps", "1"]
     ra_rloo.main(parse_args(ra_rloo.Args, [*base, "--output_dir", str(tmp_path / "full"), "--max_steps", "3"]))
     ra_rloo.main(parse_args(ra_rloo.Args, [*base, "--output_dir", str(tmp_path / "part"), "--max_steps", "1"]))
     ra_rloo.main(parse_args(ra_rloo.Args, [*base, "--output_dir", str(tmp_path / "part"), "--max_steps", "3",
-                                           "--resume", "auto"]))
+                                           "--resume_from_checkpoint", "auto"]))
 
     def rows(name):
         return [{k: v for k, v in json.loads(line).items() if not k.startswith("time_")}
@@ -82,9 +82,9 @@ def test_bf16_resume_is_exact(tiny_base, tmp_path, monkeypatch):
 
 KL_FLAGS = {"ra_rloo.py": ["--beta", "0.05", "--paper_eval_samples", "0", "--seed_buffer", "false"],
             "ada_seq.py": ["--beta", "0.05", "--max_rounds", "1", "--round_repeat", "4",
-                           "--final_keep_per_prompt", "4"],
+                           "--num_generations", "4"],
             "ada_est.py": ["--beta", "0.05"],
-            "pros_ppo.py": ["--kl_coef", "0.05", "--k", "4", "--num_minibatches", "1"]}  # 1: KL before the step
+            "pros_ppo.py": ["--beta", "0.05", "--num_generations", "4", "--num_mini_batches", "1"]}  # 1: KL before the step
 
 
 @pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])

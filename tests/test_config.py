@@ -15,15 +15,15 @@ def _write(tmp_path, text, name="run.yaml"):
 
 
 def test_config_sets_defaults_and_the_command_line_wins(tmp_path):
-    config = _write(tmp_path, "learning_rate: 1e-6\nk: 6\nreplay: none\nseed_buffer: no\neval_split: null\n")
-    args = parse_args(Args, ["--config", config, "--k", "5"])
+    config = _write(tmp_path, "learning_rate: 1e-6\nnum_generations: 6\nreplay: none\nseed_buffer: no\ndataset_test_split: null\n")
+    args = parse_args(Args, ["--config", config, "--num_generations", "5"])
     assert args.learning_rate == 1e-6 and isinstance(args.learning_rate, float)  # YAML reads 1e-6 as a string
-    assert args.k == 5 and args.replay == "none" and args.seed_buffer is False and args.eval_split is None
-    assert parse_args(Args, []).k == 4  # no config: the dataclass defaults
+    assert args.num_generations == 5 and args.replay == "none" and args.seed_buffer is False and args.dataset_test_split is None
+    assert parse_args(Args, []).num_generations == 4  # no config: the dataclass defaults
 
 
 def test_a_runs_args_json_repeats_the_run(tmp_path):
-    original = parse_args(Args, ["--k", "3", "--w_max", "2.5", "--output_dir", str(tmp_path / "run"),
+    original = parse_args(Args, ["--num_generations", "3", "--w_max", "2.5", "--output_dir", str(tmp_path / "run"),
                                  "--dataset_config", "main", "--report_to", "none", "--max_steps", "7"])
     saved = _write(tmp_path, json.dumps(asdict(original), indent=2), "args.json")
     repeated = parse_args(Args, ["--config", saved])
@@ -32,12 +32,12 @@ def test_a_runs_args_json_repeats_the_run(tmp_path):
 
 @pytest.mark.parametrize("text, message", [
     ("kk: 4\n", "key 'kk' is not a flag"),
-    ("k: 4.5\n", "key 'k': expected int, got the YAML float 4.5"),
-    ("k: true\n", "key 'k': expected int, got the YAML bool"),
+    ("num_generations: 4.5\n", "key 'num_generations': expected int, got the YAML float 4.5"),
+    ("num_generations: true\n", "key 'num_generations': expected int, got the YAML bool"),
     ("replay: sometimes\n", "key 'replay': 'sometimes' is not one of"),
-    ("dataset: 5\n", "key 'dataset': expected str, got the YAML int 5 (quote it)"),
+    ("dataset_name: 5\n", "key 'dataset_name': expected str, got the YAML int 5 (quote it)"),
     ("learning_rate: fast\n", "key 'learning_rate': 'fast' is not a valid float"),
-    ("k: null\n", "key 'k': null is not allowed"),
+    ("num_generations: null\n", "key 'num_generations': null is not allowed"),
     ("prompts_per_step: 0\n", "key 'prompts_per_step': 0 must be >= 1"),  # the flag's declared range
     ("temperature: .nan\n", "key 'temperature': nan must be >= 0; 0 = greedy"),
     ("learning_rate: -1e-6\n", "key 'learning_rate': -1e-06 must be >= 0"),
@@ -51,7 +51,7 @@ def test_bad_configs_name_the_key_and_leave_a_run_dir_alone(tmp_path, text, mess
     (run / "metrics.jsonl").write_text('{"step": 0}\n')
     config = _write(tmp_path, text)
     with pytest.raises(SystemExit, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
-        parse_args(Args, ["--config", config, "--output_dir", str(run), "--resume", "auto"])
+        parse_args(Args, ["--config", config, "--output_dir", str(run), "--resume_from_checkpoint", "auto"])
     assert (run / "metrics.jsonl").read_text() == '{"step": 0}\n' and sorted(p.name for p in run.iterdir()) == [
         "metrics.jsonl"]
 
@@ -67,7 +67,7 @@ def test_help_documents_the_config_flag():
 
 
 def test_an_optional_bool_flag_reads_a_yaml_bool(tmp_path):
-    # ada_seq's --adv_std_norm is Optional[bool] (unset: the method's own default); its args.json holds true/false
+    # ada_seq's --scale_rewards is Optional[bool] (unset: the method's own default); its args.json holds true/false
     import ada_seq
 
     for text, expected in (("adv_std_norm: false\n", False), ("adv_std_norm: true\n", True)):

@@ -17,16 +17,16 @@ from conftest import ROOT, run_script
 pytestmark = pytest.mark.xdist_group("distributed")
 LAUNCH = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
           "--mixed_precision", "no", "--dynamo_backend", "no"]
-COMMON = ["--prompt_pool", "24", "--eval_prompts", "2", "--eval_samples", "1", "--eval_every", "0",
-          "--eval_train_prompts", "0", "--num_threads", "1", "--max_new_tokens", "24", "--learning_rate", "1e-6",
-          "--warmup_steps", "0", "--save_every", "0"]
+COMMON = ["--prompt_pool", "24", "--eval_prompts", "2", "--eval_samples", "1", "--eval_steps", "0",
+          "--eval_train_prompts", "0", "--num_threads", "1", "--max_completion_length", "24", "--learning_rate", "1e-6",
+          "--warmup_steps", "0", "--save_steps", "0"]
 # Each case: its flags. Two steps where the batch holds two kinds of rows from step 2 on (ps_grpo: prefix tasks
 # after fresh ones; pros_ppo: stream and pool queries); an odd --prompts_per_step, so the ranks' shares differ; and
 # micro-batches of 4 rows, so the ranks run different numbers of them.
 CASES = {
-    "ra_rloo": ["ra_rloo.py", "--prompts_per_step", "5", "--k", "4", "--reward", "binary"],
-    "ps_grpo": ["ps_grpo.py", "--mode", "text", "--prompts_per_step", "9", "--n", "4", "--max_prefix_frac", "0.5"],
-    "pros_ppo": ["pros_ppo.py", "--prompts_per_step", "5", "--k", "4", "--ppo_epochs", "1", "--num_minibatches", "1",
+    "ra_rloo": ["ra_rloo.py", "--prompts_per_step", "5", "--num_generations", "4", "--reward", "binary"],
+    "ps_grpo": ["ps_grpo.py", "--mode", "text", "--prompts_per_step", "9", "--num_generations", "4", "--max_prefix_frac", "0.5"],
+    "pros_ppo": ["pros_ppo.py", "--prompts_per_step", "5", "--num_generations", "4", "--num_iterations", "1", "--num_mini_batches", "1",
                  "--fresh_frac", "0.5"],
     "ada_seq": ["ada_seq.py", "--prompts_per_step", "5", "--max_rounds", "2", "--round_repeat", "4"],
     "ada_est": ["ada_est.py", "--prompts_per_step", "5"],
@@ -98,9 +98,9 @@ def _plan(tiny_base, tmp_path, tag, extra=(), steps=None, per_step=None):
 
 # --prompts_per_step 1 on 2 processes: rank 1 has no rows (ada_seq through DAPO's filter and trim); 16 samples, so
 # that the one prompt's group has a signal in every script (with the first prompt of --seed 0)
-ALONE = {"ps_grpo": ["--n", "16"], "pros_ppo": ["--k", "16"],
+ALONE = {"ps_grpo": ["--num_generations", "16"], "pros_ppo": ["--num_generations", "16"],
          "ada_seq": ["--dynamic_sampling", "--max_dynamic_rounds", "0", "--max_rounds", "1", "--round_repeat", "16",
-                     "--final_keep_per_prompt", "16"]}
+                     "--num_generations", "16"]}
 
 
 def test_one_update_has_the_same_gradient_on_one_and_two_processes(tiny_base, tmp_path):
@@ -116,7 +116,7 @@ def test_one_update_has_the_same_gradient_on_one_and_two_processes(tiny_base, tm
     # last in the launch: rank 1 sleeps 10 s in step 2's generation, past a 5 s --collective_timeout
     stalled = tmp_path / "stalled"
     stall = ("ra_rloo", [*CASES["ra_rloo"], "--model_name_or_path", tiny_base, *COMMON, *mb, "--max_steps", "3",
-                         "--save_every", "1", "--collective_timeout", "5", "--output_dir", str(stalled)], [1, 1, 10])
+                         "--save_steps", "1", "--collective_timeout", "5", "--output_dir", str(stalled)], [1, 1, 10])
     me = str(Path(__file__).relative_to(Path(__file__).parents[1]))
     run_script([me, json.dumps(one + layout)], timeout=600)
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")

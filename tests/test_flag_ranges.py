@@ -63,8 +63,8 @@ def test_boundary_values_of_every_numeric_flag(script):
 @pytest.mark.parametrize("script, flag, value", [
     ("ra_rloo", "learning_rate", "-1"),  # AdamW's own error, after the model was loaded
     ("ps_grpo", "env_max_number", "0"),  # a multi-turn warm-up for an environment with no problems
-    ("pros_ppo", "kl_coef", "nan"),  # NaN weights, found by sampling
-    ("ada_seq", "max_new_tokens", "0"),  # transformers' error at the first generate
+    ("pros_ppo", "beta", "nan"),  # NaN weights, found by sampling
+    ("ada_seq", "max_completion_length", "0"),  # transformers' error at the first generate
     ("ada_est", "gen_batch_size", "0"),  # range() with step 0
 ])
 def test_a_bad_value_stops_the_run_with_one_line(tmp_path, script, flag, value):

@@ -45,7 +45,7 @@ def _optimizer_numel_of(path, key):
 
 @pytest.mark.parametrize("script", ["pros_ppo.py"])  # the policy, the reference and the critic are sharded
 def test_fsdp_matches_ddp_shards_states_and_resumes_exactly(script, tiny_base, tmp_path):
-    base = [*LAUNCH, script, "--model_name_or_path", tiny_base, *SMALL, "--eval_every", "2", "--save_every", "2"]
+    base = [*LAUNCH, script, "--model_name_or_path", tiny_base, *SMALL, "--eval_steps", "2", "--save_steps", "2"]
     run_script([*base, "--max_steps", "3", "--output_dir", str(tmp_path / "ddp")], timeout=900)
     run_script([*base, "--fsdp", "--max_steps", "2", "--output_dir", str(tmp_path / "fsdp")], timeout=900)
     ckpt = tmp_path / "fsdp" / "checkpoint-2"
@@ -56,7 +56,7 @@ def test_fsdp_matches_ddp_shards_states_and_resumes_exactly(script, tiny_base, t
     critic = [_optimizer_numel_of(ckpt / f"shards_rank{rank}.pt", "critic_opt") for rank in (0, 1)]
     assert all(0.45 <= part / sum(critic) <= 0.55 for part in critic)  # the critic's AdamW state is halved too
     # "killed" after step 2: resume under --fsdp, compare with the uninterrupted DDP run
-    run_script([*base, "--fsdp", "--max_steps", "3", "--resume", "auto", "--output_dir", str(tmp_path / "fsdp")],
+    run_script([*base, "--fsdp", "--max_steps", "3", "--resume_from_checkpoint", "auto", "--output_dir", str(tmp_path / "fsdp")],
                timeout=900)
     _assert_same_run(_rows(tmp_path / "ddp"), _rows(tmp_path / "fsdp"))
     # the checkpoint's model dir holds the whole fp32 weights, equal to the DDP run's
@@ -160,10 +160,10 @@ def test_fsdp_pros_ppo_scores_sharded_as_the_whole_weights_do(tiny_base, tmp_pat
     # root freed after its forward, none left gathered after scoring), the scores equal those of the whole weights,
     # and so do the weights after 2 steps. 5 queries over 2 ranks (12 and 8 rollouts, micro-batches of 8): rank 1
     # joins rank 0's second scoring pass with a dummy one. One launch, three runs: PPO+PROS, the same with scoring
-    # under gathered(...) (the spy must see that), and --adv grpo; all with a reference (--kl_coef).
+    # under gathered(...) (the spy must see that), and --adv grpo; all with a reference (--beta).
     flags = ["--model_name_or_path", tiny_base, "--prompt_pool", "48", "--prompts_per_step", "5", "--eval_prompts",
-             "4", "--eval_samples", "2", "--micro_batch_size", "8", "--num_threads", "1", "--eval_every", "0",
-             "--max_steps", "2", "--kl_coef", "0.05", "--fsdp"]
+             "4", "--eval_samples", "2", "--micro_batch_size", "8", "--num_threads", "1", "--eval_steps", "0",
+             "--max_steps", "2", "--beta", "0.05", "--fsdp"]
     runs = {"ppo": ("sharded", []), "gathered": ("gathered", []), "grpo": ("sharded", ["--adv", "grpo"])}
     plan = [(mode, [*flags, *extra, "--output_dir", str(tmp_path / name)]) for name, (mode, extra) in runs.items()]
     run_script([*LAUNCH, "tests/test_fsdp.py", json.dumps(plan)], timeout=600)
@@ -220,9 +220,9 @@ def test_ra_rloo_gathers_the_policy_for_seeding_only_where_it_seeds(random_model
     data = tmp_path / "gsm.jsonl"
     data.write_text("".join(json.dumps({"question": f"What is {i} plus {i}?", "answer": f"#### {2 * i}"}) + "\n"
                             for i in range(40)))
-    tiny = ["--prompts_per_step", "4", "--eval_prompts", "4", "--eval_samples", "2", "--max_new_tokens", "8",
-            "--num_threads", "1", "--max_steps", "1", "--eval_every", "0", "--fsdp"]
-    ra_rloo.main(parse_args(ra_rloo.Args, ["--model_name_or_path", random_model_dir, "--dataset", str(data), *tiny,
+    tiny = ["--prompts_per_step", "4", "--eval_prompts", "4", "--eval_samples", "2", "--max_completion_length", "8",
+            "--num_threads", "1", "--max_steps", "1", "--eval_steps", "0", "--fsdp"]
+    ra_rloo.main(parse_args(ra_rloo.Args, ["--model_name_or_path", random_model_dir, "--dataset_name", str(data), *tiny,
                                            "--output_dir", str(tmp_path / "real")]))
     ra_rloo.main(parse_args(ra_rloo.Args, ["--model_name_or_path", tiny_base, "--prompt_pool", "48", *tiny,
                                            "--output_dir", str(tmp_path / "embedded")]))
@@ -234,19 +234,19 @@ def test_ra_rloo_gathers_the_policy_for_seeding_only_where_it_seeds(random_model
 def test_fsdp_ada_seq_rounds_differ_per_rank_without_deadlock(tiny_base, tmp_path):
     # Ada-Seq's ranks run different numbers of sampling rounds and micro-batches: the case FSDP's lock-step breaks
     # (it deadlocked before generation ran outside lock-step). Equality with DDP is tested above; here: it finishes.
-    run_script([*LAUNCH, "ada_seq.py", "--model_name_or_path", tiny_base, *SMALL, "--eval_every", "2", "--max_steps",
+    run_script([*LAUNCH, "ada_seq.py", "--model_name_or_path", tiny_base, *SMALL, "--eval_steps", "2", "--max_steps",
                 "2", "--fsdp", "--output_dir", str(tmp_path / "fsdp")], timeout=600)
     rows = _rows(tmp_path / "fsdp")
     assert [r["step"] for r in rows] == [0, 1, 2] and all(r["grad_norm"] >= 0 for r in rows[1:])
 
 
 def test_one_process_fsdp_runs_and_resume_refuses_a_layout_change(tiny_base, tmp_path):
-    base = ["ra_rloo.py", "--model_name_or_path", tiny_base, *SMALL, "--eval_every", "0", "--max_steps", "1",
+    base = ["ra_rloo.py", "--model_name_or_path", tiny_base, *SMALL, "--eval_steps", "0", "--max_steps", "1",
             "--output_dir", str(tmp_path / "one")]
     run_script([*base, "--fsdp"])  # a world of one: FSDP still wraps the model (how gpu_smoke runs it on one GPU)
     assert (tmp_path / "one" / "checkpoint-1" / "shards_rank0.pt").exists()
     with pytest.raises(AssertionError, match="saved with --fsdp, resumed without it"):
-        run_script([*base[:-2], "--max_steps", "2", "--resume", "auto", "--output_dir", str(tmp_path / "one")])
+        run_script([*base[:-2], "--max_steps", "2", "--resume_from_checkpoint", "auto", "--output_dir", str(tmp_path / "one")])
 
 
 def test_fsdp_refuses_lora(random_model_dir):
@@ -270,7 +270,7 @@ def test_every_script_destroys_its_process_group_before_returning(script, tiny_b
     from common.run.flags import parse_args
 
     module = importlib.import_module(script)
-    module.main(parse_args(module.Args, ["--model_name_or_path", tiny_base, *SMALL, "--eval_every", "0",
+    module.main(parse_args(module.Args, ["--model_name_or_path", tiny_base, *SMALL, "--eval_steps", "0",
                                          "--max_steps", "1", "--fsdp", "--output_dir", str(tmp_path / script)]))
     assert (tmp_path / script / "checkpoint-1" / "shards_rank0.pt").exists()  # it did run sharded
     assert not dist.is_initialized()
@@ -298,7 +298,7 @@ def test_resume_refuses_a_pickle_payload_in_every_file_it_reads_and_runs_none(ti
     from conftest import ROOT
 
     out, marker = tmp_path / "run", tmp_path / "payload-ran"
-    base = ["ra_rloo.py", "--model_name_or_path", tiny_base, *SMALL, "--eval_every", "0", "--fsdp", "--output_dir",
+    base = ["ra_rloo.py", "--model_name_or_path", tiny_base, *SMALL, "--eval_steps", "0", "--fsdp", "--output_dir",
             str(out)]
     run_script([*base, "--max_steps", "1"])
     pickle.loads(pickle.dumps(_Payload(tmp_path / "control")))
@@ -319,14 +319,14 @@ def test_resume_refuses_a_pickle_payload_in_every_file_it_reads_and_runs_none(ti
     for name, plant in plants.items():
         plant(ckpt / name)
         if name == "trainer_state.pt":  # as a user runs it: a non-zero exit, one line on stderr, no traceback
-            r = subprocess.run([sys.executable, *base, "--max_steps", "2", "--resume", "auto"], cwd=ROOT,
+            r = subprocess.run([sys.executable, *base, "--max_steps", "2", "--resume_from_checkpoint", "auto"], cwd=ROOT,
                                capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
             assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
             assert re.match(message.format(re.escape(name)), r.stderr.strip().splitlines()[-1]), r.stderr[-3000:]
         else:  # in process (faster); the failed resume leaves its world-of-one process group behind
             try:
                 with pytest.raises(SystemExit, match=message.format(re.escape(name))):
-                    ra_rloo.main(parse_args(ra_rloo.Args, [*base[1:], "--max_steps", "2", "--resume", "auto"]))
+                    ra_rloo.main(parse_args(ra_rloo.Args, [*base[1:], "--max_steps", "2", "--resume_from_checkpoint", "auto"]))
             finally:
                 if dist.is_initialized():
                     dist.destroy_process_group()

@@ -27,7 +27,7 @@ def _env(tmp_path) -> dict:
 
 def _smoke(out, *flags) -> list[str]:
     return [sys.executable, "benchmarks/gpu/smoke.py", "--size", "tiny", "--dtype", "float32", "--prompts_per_step",
-            "4", "--max_new_tokens", "24", "--smoke_eval_prompts", "4", "--output_dir", str(out), *flags]
+            "4", "--max_completion_length", "24", "--smoke_eval_prompts", "4", "--output_dir", str(out), *flags]
 
 
 def test_a_budget_that_fits_nothing_skips_every_part_and_writes_the_report(tmp_path):
@@ -51,7 +51,7 @@ def test_a_budget_that_fits_nothing_skips_every_part_and_writes_the_report(tmp_p
 def test_sigterm_ends_the_whole_command_with_its_results_written(tmp_path):
     out = tmp_path / "smoke"
     cmd = _smoke(out, "--budget_s", "900", "--steps", "40", "--scripts", "ra_rloo,ada_seq", "--parts", "plain,fsdp",
-                 "--keep_checkpoints")
+                 "--save_total_limit")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     metrics = out / "ra_rloo-plain" / "metrics.jsonl"

@@ -53,7 +53,7 @@ def _image_env(tmp_path) -> dict:
                 CUDA_VISIBLE_DEVICES="", RLVR_CACHE=str(tmp_path / "cache"))
 
 
-SMALL = ["--size", "tiny", "--steps", "2", "--dtype", "float32", "--prompts_per_step", "4", "--max_new_tokens", "24",
+SMALL = ["--size", "tiny", "--steps", "2", "--dtype", "float32", "--prompts_per_step", "4", "--max_completion_length", "24",
          "--budget_s", "1200", "--learning_max_steps", "2", "--learning_eval_prompts", "16",
          "--learning_eval_samples", "2", "--speed_steps", "2", "--speed_runs", "default,static",
          "--smoke_eval_prompts", "4", "--prompt_pool", "256"]

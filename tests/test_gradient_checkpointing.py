@@ -11,12 +11,12 @@ from common.demo import countdown
 from common.run.flags import parse_args
 
 SMALL = ["--prompts_per_step", "4", "--prompt_pool", "8", "--eval_prompts", "4", "--eval_samples", "2",
-         "--max_new_tokens", "16", "--num_threads", "1", "--eval_every", "0", "--max_steps", "2"]
+         "--max_completion_length", "16", "--num_threads", "1", "--eval_steps", "0", "--max_steps", "2"]
 
 
 @pytest.mark.parametrize("module,extra", [
-    (ra_rloo, []), (ada_seq, ["--max_rounds", "1", "--round_repeat", "4", "--final_keep_per_prompt", "4"]),
-    (pros_ppo, ["--k", "4"])])
+    (ra_rloo, []), (ada_seq, ["--max_rounds", "1", "--round_repeat", "4", "--num_generations", "4"]),
+    (pros_ppo, ["--num_generations", "4"])])
 def test_recomputes_layers_and_changes_no_number(module, extra, tiny_base, tmp_path, monkeypatch):
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 

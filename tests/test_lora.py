@@ -19,7 +19,7 @@ from common.model.lora import AdaptersOff, add_lora, merged_state_dict
 from common.model.policy import load_policy
 
 SMALL = ["--prompts_per_step", "4", "--prompt_pool", "8", "--eval_prompts", "4", "--eval_samples", "2",
-         "--max_new_tokens", "16", "--num_threads", "1"]
+         "--max_completion_length", "16", "--num_threads", "1"]
 
 
 def test_only_adapters_train_and_the_reference_is_the_base(random_model_dir):
@@ -58,14 +58,14 @@ def test_bad_lora_flags_exit_with_a_message(random_model_dir, monkeypatch):
 
 
 @pytest.mark.parametrize("module,extra", [
-    (ra_rloo, []), (ada_seq, ["--max_rounds", "1", "--round_repeat", "4", "--final_keep_per_prompt", "4",
+    (ra_rloo, []), (ada_seq, ["--max_rounds", "1", "--round_repeat", "4", "--num_generations", "4",
                               "--beta", "0.05"]),
-    (ada_est, []), (ps_grpo, ["--mode", "text", "--n", "4"]), (pros_ppo, ["--k", "4", "--kl_coef", "0.05"])])
+    (ada_est, []), (ps_grpo, ["--mode", "text", "--num_generations", "4"]), (pros_ppo, ["--num_generations", "4", "--beta", "0.05"])])
 def test_scripts_train_adapters_only_and_export_merged_weights(module, extra, tiny_base, tmp_path, monkeypatch):
     for name in ("binary", "tinyzero"):  # a reward that varies: every script has a gradient
         monkeypatch.setitem(countdown.REWARDS, name, lambda text, problem: float(len(text) % 2))
     module.main(parse_args(module.Args, ["--model_name_or_path", tiny_base, "--output_dir", str(tmp_path),
-                                         "--max_steps", "2", "--eval_every", "0", "--lora_r", "4",
+                                         "--max_steps", "2", "--eval_steps", "0", "--lora_r", "4",
                                          "--lora_merged_export", "--learning_rate", "1e-2", *SMALL, *extra]))
     ckpt = tmp_path / "checkpoint-2"
     assert (ckpt / "adapter_model.safetensors").exists() and (ckpt / "adapter_config.json").exists()
@@ -80,12 +80,12 @@ def test_scripts_train_adapters_only_and_export_merged_weights(module, extra, ti
 
 def test_lora_resume_is_exact(tiny_base, tmp_path, monkeypatch):
     monkeypatch.setitem(countdown.REWARDS, "tinyzero", lambda text, problem: float(len(text) % 2))
-    base = ["--model_name_or_path", tiny_base, "--lora_r", "4", "--learning_rate", "1e-2", "--save_every", "1",
-            "--eval_every", "1", *SMALL]
+    base = ["--model_name_or_path", tiny_base, "--lora_r", "4", "--learning_rate", "1e-2", "--save_steps", "1",
+            "--eval_steps", "1", *SMALL]
     ra_rloo.main(parse_args(ra_rloo.Args, [*base, "--output_dir", str(tmp_path / "full"), "--max_steps", "3"]))
     ra_rloo.main(parse_args(ra_rloo.Args, [*base, "--output_dir", str(tmp_path / "part"), "--max_steps", "1"]))
     ra_rloo.main(parse_args(ra_rloo.Args, [*base, "--output_dir", str(tmp_path / "part"), "--max_steps", "3",
-                                           "--resume", "auto"]))
+                                           "--resume_from_checkpoint", "auto"]))
 
     def rows(name):
         return [{k: v for k, v in json.loads(line).items() if not k.startswith("time_")}
@@ -93,4 +93,4 @@ def test_lora_resume_is_exact(tiny_base, tmp_path, monkeypatch):
     assert rows("full") == rows("part") and len(rows("full")) == 4
     with pytest.raises(SystemExit, match="saved with LoRA adapters, resumed without"):  # needs --lora_r again
         ra_rloo.main(parse_args(ra_rloo.Args, [*base[:2], *base[4:], "--output_dir", str(tmp_path / "part"),
-                                               "--max_steps", "4", "--resume", "auto"]))
+                                               "--max_steps", "4", "--resume_from_checkpoint", "auto"]))

@@ -18,8 +18,8 @@ from conftest import ROOT, run_script
 
 SCRIPTS = ["ra_rloo", "ps_grpo", "pros_ppo", "ada_seq", "ada_est"]
 SMALL = ["--prompt_pool", "48", "--prompts_per_step", "4", "--eval_prompts", "4", "--eval_samples", "2",
-         "--max_new_tokens", "12", "--num_threads", "1", "--eval_every", "0"]
-REFUSED = r"--output_dir .* holds a run \(metrics\.jsonl to step 2, checkpoint-1, checkpoint-2\): add --resume auto"
+         "--max_completion_length", "12", "--num_threads", "1", "--eval_steps", "0"]
+REFUSED = r"--output_dir .* holds a run \(metrics\.jsonl to step 2, checkpoint-1, checkpoint-2\): add --resume_from_checkpoint auto"
 
 
 def _rows(path: Path, name: str = "metrics.jsonl") -> list[dict]:
@@ -43,7 +43,7 @@ def test_a_used_folder_is_refused_and_overwrite_starts_over(tiny_base, tmp_path)
     from common.run.flags import parse_args
 
     out = tmp_path / "run"
-    _ra_rloo(["--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "2", "--save_every", "1",
+    _ra_rloo(["--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "2", "--save_steps", "1",
               *SMALL])
     (out / "notes.txt").write_text("the user's own file")
     before = _snapshot(out)
@@ -56,7 +56,7 @@ def test_a_used_folder_is_refused_and_overwrite_starts_over(tiny_base, tmp_path)
     assert "--overwrite_output_dir" in r.stderr and "another --output_dir" in r.stderr
     assert _snapshot(out) == before
     # every script checks before it loads a model (the model path does not exist: loading it would fail otherwise);
-    # the other scripts are told whose run it is (--resume auto would not continue it)
+    # the other scripts are told whose run it is (--resume_from_checkpoint auto would not continue it)
     for script in SCRIPTS:
         module = importlib.import_module(script)
         with pytest.raises(SystemExit, match=REFUSED if script == "ra_rloo" else r"holds a run of ra_rloo\.py \(.*"
@@ -65,7 +65,7 @@ def test_a_used_folder_is_refused_and_overwrite_starts_over(tiny_base, tmp_path)
                                                  str(out), *SMALL]))
     assert _snapshot(out) == before
     # --overwrite_output_dir: the old run's checkpoints and logs go first; the user's file stays
-    _ra_rloo(["--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "1", "--save_every", "1",
+    _ra_rloo(["--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "1", "--save_steps", "1",
               "--overwrite_output_dir", *SMALL])
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
         "args.json", "checkpoint-1", "metrics.jsonl", "notes.txt", "samples.jsonl"]
@@ -103,7 +103,7 @@ def test_rotation_never_removes_the_writing_runs_checkpoint(tmp_path, random_mod
 
 def test_a_failed_checkpoint_write_stops_with_one_line_and_the_previous_resumes(tiny_base, tmp_path, monkeypatch):
     out = tmp_path / "run"
-    argv = ["--model_name_or_path", tiny_base, "--output_dir", str(out), "--save_every", "1", *SMALL]
+    argv = ["--model_name_or_path", tiny_base, "--output_dir", str(out), "--save_steps", "1", *SMALL]
     real_save = torch.save
 
     def full_disk(obj, path, *args, **kwargs):  # the disk fills while checkpoint-2 is written
@@ -122,10 +122,10 @@ def test_a_failed_checkpoint_write_stops_with_one_line_and_the_previous_resumes(
     message = str(stopped.value)
     assert "\n" not in message and stopped.value.code != 0
     assert re.match(rf"checkpoint-2: could not write it in {re.escape(str(out))}: \[Errno 28\] No space left on "
-                    r"device .*checkpoint-1 is whole: .* --resume auto", message), message
+                    r"device .*checkpoint-1 is whole: .* --resume_from_checkpoint auto", message), message
     assert not (out / ".tmp-checkpoint-2").exists() and not (out / "checkpoint-2").exists()
     monkeypatch.setattr(torch, "save", real_save)
-    _ra_rloo([*argv, "--max_steps", "3", "--resume", "auto"])  # the previous checkpoint loads and resumes
+    _ra_rloo([*argv, "--max_steps", "3", "--resume_from_checkpoint", "auto"])  # the previous checkpoint loads and resumes
     assert [row["step"] for row in _rows(out)] == [0, 1, 2, 3]
     assert [path.name for path in sorted(out.glob("checkpoint-*"))] == ["checkpoint-2", "checkpoint-3"]
 
@@ -185,7 +185,7 @@ def _two_machines(cwds: list[Path], flags: list[str]) -> list[tuple[int, str]]:
 
 def _shared_run_and_resume(copies: list[Path], flags: list[str], shared: Path) -> list[tuple[int, str]]:
     """2 steps and a checkpoint in one shared folder, then a resume to 4 steps; the last launch's results."""
-    for steps, extra in (("2", []), ("4", ["--resume", "auto"])):
+    for steps, extra in (("2", []), ("4", ["--resume_from_checkpoint", "auto"])):
         results = _two_machines(copies, [*flags, "--output_dir", str(shared), "--max_steps", steps, *extra])
         assert all(code == 0 for code, _ in results), [log[-3000:] for _, log in results]
         assert sum(log.count(f"run ended at step {steps}") for _, log in results) == 1
@@ -223,7 +223,7 @@ def _strip(rows: list[dict]) -> list[dict]:
 
 @pytest.mark.xdist_group("distributed")  # several launches: one at a time, beside the other two-process tests
 def test_two_machines_need_a_shared_folder_and_print_the_summary_once(tiny_base, tmp_path):
-    flags = ["--model_name_or_path", tiny_base, *SMALL, "--eval_every", "2", "--save_every", "2", "--seed_buffer",
+    flags = ["--model_name_or_path", tiny_base, *SMALL, "--eval_steps", "2", "--save_steps", "2", "--seed_buffer",
              "false", "--paper_eval_samples", "0", "--eval_train_prompts", "0"]
     # each "machine" starts in its own copy (working directory) with a relative --output_dir: not the same folder
     copies = [tmp_path / "machine0", tmp_path / "machine1"]

@@ -111,7 +111,7 @@ def test_every_script_trains_the_same_packed_and_padded(tiny_base, tmp_path, mon
     rows = {}
     for padding_free in ("true", "false"):
         out = tmp_path / padding_free
-        argv = ["--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "1", "--eval_every", "0",
+        argv = ["--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "1", "--eval_steps", "0",
                 "--eval_prompts", "4", "--eval_samples", "2", "--prompts_per_step", "8", "--learning_rate", "1e-4",
                 "--micro_batch_size", "16", "--padding_free", padding_free, "--pack_row_tokens", "40", *flags]
         module.main(parse_args(module.Args, argv))

@@ -219,16 +219,16 @@ def _strip(rows):
 # --success_reward 0: the 30-step test base almost never answers correctly, so every rollout counts as a
 # success (a prefix source) here, to make the tree grow children within a few steps
 COMMON = ["--prompt_pool", "48", "--prompts_per_step", "8", "--eval_prompts", "8", "--eval_samples", "4",
-          "--max_new_tokens", "20", "--num_threads", "1", "--reward", "tinyzero", "--success_reward", "0",
+          "--max_completion_length", "20", "--num_threads", "1", "--reward", "tinyzero", "--success_reward", "0",
           "--pool_capacity", "20"]
 
 
 def test_pros_ppo_runs_resumes_exactly_and_grows_the_tree(tiny_base, tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
-    base = ["pros_ppo.py", "--model_name_or_path", tiny_base, "--eval_every", "2", "--save_every", "2", *COMMON]
+    base = ["pros_ppo.py", "--model_name_or_path", tiny_base, "--eval_steps", "2", "--save_steps", "2", *COMMON]
     run_main([*base, "--output_dir", str(full), "--max_steps", "4"])
     run_main([*base, "--output_dir", str(part), "--max_steps", "2"])
-    run_main([*base, "--output_dir", str(part), "--max_steps", "4", "--resume", "auto"])
+    run_main([*base, "--output_dir", str(part), "--max_steps", "4", "--resume_from_checkpoint", "auto"])
     a, b = _rows(full), _rows(part)
     assert _strip(a) == _strip(b)  # tree, counts, Gibbs RNG, critic and its optimizer were restored
     rows = a[1:]
@@ -252,7 +252,7 @@ def test_pros_ppo_runs_resumes_exactly_and_grows_the_tree(tiny_base, tmp_path):
 def test_vanilla_grpo_has_no_prefix_reuse(tiny_base, tmp_path):
     out = tmp_path / "van"
     run_main(["pros_ppo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "2",
-              "--eval_every", "2", "--pros", "off", "--adv", "grpo", *COMMON])
+              "--eval_steps", "2", "--pros", "off", "--adv", "grpo", *COMMON])
     rows = _rows(out)[1:]
     assert all(not any(k.startswith("pros_") for k in r) for r in rows)
     assert "ppo_value_loss" not in rows[0] and rows[-1]["rollouts"] == 2 * 8 * 4
@@ -277,7 +277,7 @@ def test_sample_log_has_root_and_augmented_rows_and_eval_logs_pass_at_powers_of_
 
     # the generator made to return log-probs: sampler_logp_diff is then measured against score_rollouts' pi_old
     monkeypatch.setattr(pros_ppo, "SamplingConfig", lambda **kw: SamplingConfig(**{**kw, "logprobs": True}))
-    rows = _main_rows(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "3", "--eval_every", "3",
+    rows = _main_rows(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "3", "--eval_steps", "3",
                                  "--log_samples_every", "1", "--log_samples_per_kind", "2", "--eval_temperature", "0"],
                       monkeypatch)
     assert {"eval_pass@1", "eval_pass@2", "eval_pass@4"} <= set(rows[0]) and "eval_pass@3" not in rows[0]
@@ -301,8 +301,8 @@ def test_truncated_completions_get_reward_zero_and_spawn_no_child(tiny_base, tmp
     # every rollout would score 1 (a success, --success_reward 0, long enough for a cut), but greedy decoding cut at
     # 4 tokens stops none (the shortest answer, one step, is 6 characters + EOS): reward 0, never a success, no child;
     # --mask_truncated_completions: no policy gradient
-    rows = _main_rows(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "2", "--max_new_tokens", "4",
-                                 "--temperature", "0", "--mask_truncated_completions", "--eval_every", "0"],
+    rows = _main_rows(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "2", "--max_completion_length", "4",
+                                 "--temperature", "0", "--mask_truncated_completions", "--eval_steps", "0"],
                       monkeypatch, reward=lambda text, problem: 1.0)[1:]
     assert all(r["clipped_ratio"] == 1.0 and r["reward_mean"] == 0.0 and r["pass_rate"] == 0.0 for r in rows)
     assert all(r["pros_children_created"] == 0 and r["pros_pool_children"] == 0 for r in rows)

@@ -261,26 +261,26 @@ def test_every_flag_is_documented():
 
 def test_default_advantage_is_the_papers_r_minus_mean():
     """The appendix (Perspective 2) argues with A = r - mean, whose group variance p(1-p) peaks at p = 0.5; dividing
-    by the std (--scale_advantages) gives every mixed group Var(A) = 1 and removes that signal-strength gap."""
+    by the std (--scale_rewards) gives every mixed group Var(A) = 1 and removes that signal-strength gap."""
     from common.rl.advantages import grpo_advantages
     from common.run.flags import parse_args
 
     rewards = torch.tensor([[1.0] + [0.0] * 7, [1.0] * 4 + [0.0] * 4])  # p = 1/8 and 1/2
     args = parse_args(Args, [])
-    assert args.scale_advantages is False
-    adv = grpo_advantages(rewards, scale=args.scale_advantages)  # main()'s call
+    assert args.scale_rewards is False
+    adv = grpo_advantages(rewards, scale=args.scale_rewards)  # main()'s call
     assert torch.equal(adv, rewards - rewards.mean(-1, keepdim=True))
     p = rewards.mean(-1)
     assert torch.allclose((adv ** 2).mean(-1), p * (1 - p))  # 7/64 < 16/64: the balanced task weighs more
-    scaled = grpo_advantages(rewards, scale=parse_args(Args, ["--scale_advantages"]).scale_advantages)
+    scaled = grpo_advantages(rewards, scale=parse_args(Args, ["--scale_rewards"]).scale_advantages)
     assert torch.allclose((scaled ** 2).mean(-1), torch.ones(2), atol=1e-4)  # the option: equal weight
 
 
 def test_bad_flags_exit_with_a_message():
     from common.run.flags import parse_args
 
-    for argv, msg in [(["--n", "1"], "--n 1"), (["--low", "0.8", "--high", "0.7"], "--low"),
-                      (["--dataset", "openai/gsm8k", "--mode", "multiturn"], "--mode multiturn"),
+    for argv, msg in [(["--num_generations", "1"], "--num_generations 1"), (["--low", "0.8", "--high", "0.7"], "--low"),
+                      (["--dataset_name", "openai/gsm8k", "--mode", "multiturn"], "--mode multiturn"),
                       (["--reward", "shaped"], "--reward shaped"), (["--prefix_ratio", "1.5"], "--prefix_ratio"),
                       (["--env_numbers", "4", "--max_turns", "2"], "--max_turns 2")]:
         with pytest.raises(SystemExit, match=msg):
@@ -321,9 +321,9 @@ def _strip(rows):
 
 def test_prefix_sampling_on_and_off(mt_base, tmp_path):
     run_main(["ps_grpo.py", "--model_name_or_path", mt_base, "--output_dir", str(tmp_path / "ps"), "--max_steps", "3",
-              "--eval_every", "3", *COMMON])
+              "--eval_steps", "3", *COMMON])
     run_main(["ps_grpo.py", "--model_name_or_path", mt_base, "--output_dir", str(tmp_path / "base"), "--max_steps",
-              "3", "--eval_every", "3", "--prefix_sampling", "false", *COMMON])
+              "3", "--eval_steps", "3", "--prefix_sampling", "false", *COMMON])
     ps, base = _rows(tmp_path / "ps"), _rows(tmp_path / "base")
     assert "eval_pass@1" in ps[0] and "eval_pass@4" in ps[-1] and ps[0]["step"] == 0
     keys = {"ps_solve_partial", "ps_prefix_tasks", "ps_prefix_pass_rate_hard", "ps_prefix_pass_rate_easy",
@@ -352,13 +352,13 @@ def test_prefix_sampling_on_and_off(mt_base, tmp_path):
 
 def test_resume_restores_queue_and_controller(mt_base, tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
-    base = ["ps_grpo.py", "--model_name_or_path", mt_base, "--eval_every", "2", "--save_every", "2", "--adaptive",
+    base = ["ps_grpo.py", "--model_name_or_path", mt_base, "--eval_steps", "2", "--save_steps", "2", "--adaptive",
             "--cooldown", "0", *COMMON]
     run_main([*base, "--output_dir", str(full), "--max_steps", "4"])
     run_main([*base, "--output_dir", str(part), "--max_steps", "2"])  # "killed" after step 2
     state = torch.load(part / "checkpoint-2" / "trainer_state.pt", weights_only=True)["state"]["method"]
     assert set(state) == {"queue", "ctrl", "sampler"} and set(state["ctrl"]) == {"hard", "easy"}
-    run_main([*base, "--output_dir", str(part), "--max_steps", "4", "--resume", "auto"])
+    run_main([*base, "--output_dir", str(part), "--max_steps", "4", "--resume_from_checkpoint", "auto"])
     a, b = _strip(_rows(full)), _strip(_rows(part))
     assert [r["step"] for r in b] == [0, 1, 2, 3, 4] and a == b
     assert state["queue"] and b[3]["ps_prefix_tasks"] > 0  # step 3 ran the prefix tasks queued before the "kill"
@@ -377,7 +377,7 @@ def test_resume_restores_queue_and_controller(mt_base, tmp_path):
 def test_text_mode_runs(mt_base, tmp_path):
     """The single-turn path (used for real datasets), here on the Countdown text form."""
     run_main(["ps_grpo.py", "--model_name_or_path", mt_base, "--mode", "text", "--output_dir", str(tmp_path),
-              "--max_steps", "1", "--max_new_tokens", "16",
+              "--max_steps", "1", "--max_completion_length", "16",
               *COMMON[4:]])  # (--env_max_number/--env_numbers: multiturn only)
     rows = _rows(tmp_path)
     assert [r["step"] for r in rows] == [0, 1] and "eval_pass@1" in rows[1] and rows[1]["rollouts"] == 8 * 8
@@ -411,7 +411,7 @@ def _text_main(out, extra, monkeypatch, reward):
     from common.run.flags import parse_args
 
     monkeypatch.setitem(countdown.REWARDS, "binary", reward)
-    ps_grpo.main(parse_args(Args, ["--mode", "text", "--output_dir", str(out), "--prompt_pool", "16", "--n", "4",
+    ps_grpo.main(parse_args(Args, ["--mode", "text", "--output_dir", str(out), "--prompt_pool", "16", "--num_generations", "4",
                                    "--prompts_per_step", "4", "--eval_prompts", "4", "--num_threads", "1", *extra]))
     return _rows(out)
 
@@ -422,8 +422,8 @@ def test_text_mode_sample_log_pass_at_k_and_sampler_agreement(tiny_base, tmp_pat
     temps = []
     real = ps_grpo.evaluate
     monkeypatch.setattr(ps_grpo, "evaluate", lambda *a, **k: temps.append(a[5].temperature) or real(*a, **k))
-    rows = _text_main(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "2", "--eval_every", "0",
-                                 "--eval_samples", "8", "--eval_temperature", "0", "--max_new_tokens", "48",
+    rows = _text_main(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "2", "--eval_steps", "0",
+                                 "--eval_samples", "8", "--eval_temperature", "0", "--max_completion_length", "48",
                                  "--log_samples_every", "1", "--log_samples_per_kind", "2", "--prompts_per_step", "8"],
                       monkeypatch,
                       lambda text, problem: float(len(text) % 2))
@@ -446,7 +446,7 @@ def test_text_mode_sample_log_pass_at_k_and_sampler_agreement(tiny_base, tmp_pat
 
 def test_truncated_completions_get_reward_zero(tiny_base, tmp_path, monkeypatch):
     rows = _text_main(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "1", "--eval_samples", "1",
-                                 "--max_new_tokens", "2", "--mask_truncated_completions"], monkeypatch,
+                                 "--max_completion_length", "2", "--mask_truncated_completions"], monkeypatch,
                       lambda text, problem: 1.0)  # every completion would pass, but each one is cut
     assert rows[1]["clipped_ratio"] == 1.0 and rows[1]["reward_mean"] == 0.0 and rows[1]["pass_rate"] == 0.0
     assert rows[1]["ps_trained_groups"] == 0 and rows[1]["sampler_logp_diff"] is None  # all-fail: rejected
@@ -461,7 +461,7 @@ def test_truncated_completions_get_reward_zero(tiny_base, tmp_path, monkeypatch)
         (int(mask.sum()), n_tok)) or loss(logp, old, adv, mask, n_tok, *a))
     # 16 tokens: the base's two-line mid answers (~7 characters a line + EOS) straddle it
     rows = _text_main(tmp_path / "mixed", ["--model_name_or_path", tiny_base, "--max_steps", "1", "--eval_samples",
-                                           "1", "--max_new_tokens", "16", "--mask_truncated_completions"],
+                                           "1", "--max_completion_length", "16", "--mask_truncated_completions"],
                       monkeypatch, lambda text, problem: 1.0)
     episodes, clipped = seen["out"]
     assert 0 < rows[1]["clipped_ratio"] < 1 and rows[1]["reward_mean"] == pytest.approx(1 - rows[1]["clipped_ratio"])

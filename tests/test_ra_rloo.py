@@ -57,16 +57,16 @@ def _rows(path):
 
 
 COMMON = ["--prompt_pool", "48", "--prompts_per_step", "8", "--eval_prompts", "8", "--eval_samples", "4",
-          "--max_new_tokens", "20", "--num_threads", "1"]
+          "--max_completion_length", "20", "--num_threads", "1"]
 
 
 def test_replay_removes_zero_variance_groups_and_vanilla_does_not(random_model_dir, tmp_path):
     # an untrained policy fails every problem: each fresh group is all-fail, the case the splice exists for (a trained
     # base also has all-pass groups, which the on-demand rule leaves alone)
     run_main(["ra_rloo.py", "--model_name_or_path", random_model_dir, "--output_dir", str(tmp_path / "ra"),
-              "--max_steps", "3", "--eval_every", "3", *COMMON])
+              "--max_steps", "3", "--eval_steps", "3", *COMMON])
     run_main(["ra_rloo.py", "--model_name_or_path", random_model_dir, "--output_dir", str(tmp_path / "van"),
-              "--max_steps", "3", "--eval_every", "3", "--replay", "none", *COMMON])
+              "--max_steps", "3", "--eval_steps", "3", "--replay", "none", *COMMON])
     ra, van = _rows(tmp_path / "ra")[1:], _rows(tmp_path / "van")[1:]
     core = {"step", "rollouts", "gen_tokens", "reward_mean", "pass_rate", "frac_zero_var_groups", "loss", "kl",
             "entropy", "lr", "time_step_s", "time_gen_s", "time_train_s", "ra_zero_var_frac_post",
@@ -90,7 +90,7 @@ def _main_rows(out, extra, monkeypatch, reward=lambda text, problem: float(len(t
     from common.run.flags import parse_args
 
     monkeypatch.setitem(countdown.REWARDS, "tinyzero", reward)
-    ra_rloo.main(parse_args(ra_rloo.Args, ["--output_dir", str(out), "--eval_every", "0", *COMMON, *extra]))
+    ra_rloo.main(parse_args(ra_rloo.Args, ["--output_dir", str(out), "--eval_steps", "0", *COMMON, *extra]))
     return _rows(out)
 
 
@@ -167,7 +167,7 @@ def test_resume_after_sigkill_and_cut_lines_reproduces_an_uninterrupted_run(tiny
     from conftest import ROOT
 
     full, part = tmp_path / "full", tmp_path / "part"
-    base = ["ra_rloo.py", "--model_name_or_path", tiny_base, "--eval_every", "2", "--save_every", "2",
+    base = ["ra_rloo.py", "--model_name_or_path", tiny_base, "--eval_steps", "2", "--save_steps", "2",
             "--log_samples_every", "1", "--prompt_pool", "6", "--buffer_capacity", "2", *COMMON[2:]]
     run_main([*base, "--output_dir", str(full), "--max_steps", "4"])
     killed = subprocess.run([sys.executable, "-c", KILLED_MID_ROW, *base, "--output_dir", str(part), "--max_steps",
@@ -180,7 +180,7 @@ def test_resume_after_sigkill_and_cut_lines_reproduces_an_uninterrupted_run(tiny
     assert not (part / "metrics.jsonl").read_text().endswith("\n")  # step 3's row, cut in half
     samples = (part / "samples.jsonl").read_bytes()  # its last row (step 3) cut too, as a full disk would
     (part / "samples.jsonl").write_bytes(samples[:len(samples) - 40])
-    r = run_script([*base, "--output_dir", str(part), "--max_steps", "4", "--resume", "auto"])
+    r = run_script([*base, "--output_dir", str(part), "--max_steps", "4", "--resume_from_checkpoint", "auto"])
     for name in ("metrics.jsonl", "samples.jsonl"):
         assert r.stdout.count(f"{name}: dropped its last line") == 1, r.stdout[-3000:]
     a, b = _strip(_rows(full)), _strip(_rows(part))
@@ -249,7 +249,7 @@ def test_two_processes_on_cpu(tiny_base, tmp_path):
     out = tmp_path / "ddp"
     cmd = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "ra_rloo.py", "--model_name_or_path", tiny_base,
-           "--output_dir", str(out), "--eval_every", "2", *COMMON]
+           "--output_dir", str(out), "--eval_steps", "2", *COMMON]
     run_script([*cmd, "--max_steps", "2"], timeout=900)
     rows = _rows(out)
     assert [r["step"] for r in rows] == [0, 1, 2]  # one writer, no duplicated rows
@@ -261,7 +261,7 @@ def test_two_processes_on_cpu(tiny_base, tmp_path):
     metrics = (out / "metrics.jsonl").read_bytes()
     torch.save({"python": "not an RNG state"}, out / "checkpoint-2" / "rng_rank1.pt")
     with pytest.raises(AssertionError, match="checkpoint-2/rng_rank1.pt: not a checkpoint written by this project"):
-        run_script([*cmd, "--max_steps", "3", "--resume", "auto"], timeout=300)
+        run_script([*cmd, "--max_steps", "3", "--resume_from_checkpoint", "auto"], timeout=300)
     assert (out / "metrics.jsonl").read_bytes() == metrics
 
 
@@ -276,7 +276,7 @@ def test_sigint_saves_a_checkpoint_and_resume_continues(tiny_base, tmp_path):
 
     out = tmp_path / "sig"
     cmd = [sys.executable, "ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out),
-           "--max_steps", "200", "--eval_every", "0", "--save_every", "0", *COMMON]
+           "--max_steps", "200", "--eval_steps", "0", "--save_steps", "0", *COMMON]
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          env=dict(os.environ, OMP_NUM_THREADS="1"))
     deadline = time.time() + 300
@@ -288,9 +288,9 @@ def test_sigint_saves_a_checkpoint_and_resume_continues(tiny_base, tmp_path):
     steps = [r["step"] for r in _rows(out)]
     last = steps[-1]
     assert 1 <= last < 200 and (out / f"checkpoint-{last}" / "trainer_state.pt").exists()
-    assert "--resume auto" in log
+    assert "--resume_from_checkpoint auto" in log
     run_main(["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps",
-              str(last + 1), "--eval_every", "0", "--resume", "auto", *COMMON])
+              str(last + 1), "--eval_steps", "0", "--resume_from_checkpoint", "auto", *COMMON])
     assert [r["step"] for r in _rows(out)] == steps + [last + 1]
 
 
@@ -303,9 +303,9 @@ def test_real_dataset_path_with_a_local_jsonl(random_model_dir, tmp_path):
     data.write_text("".join(json.dumps({"question": f"What is {i} plus {i}?", "answer": f"#### {2 * i}"}) + "\n"
                             for i in range(40)))
     out = tmp_path / "real"
-    run_script(["ra_rloo.py", "--model_name_or_path", random_model_dir, "--dataset", str(data), "--output_dir",
-                str(out), "--max_steps", "2", "--eval_every", "2", "--prompts_per_step", "4", "--eval_prompts", "4",
-                "--eval_samples", "2", "--max_new_tokens", "8", "--num_threads", "1"])
+    run_script(["ra_rloo.py", "--model_name_or_path", random_model_dir, "--dataset_name", str(data), "--output_dir",
+                str(out), "--max_steps", "2", "--eval_steps", "2", "--prompts_per_step", "4", "--eval_prompts", "4",
+                "--eval_samples", "2", "--max_completion_length", "8", "--num_threads", "1"])
     rows = _rows(out)
     assert [r["step"] for r in rows] == [0, 1, 2] and rows[-1]["rollouts"] == 2 * 4 * 4
     assert rows[-1]["ra_buffer_prompts"] == 0  # real datasets: lazy buffers, nothing to seed from
@@ -324,7 +324,7 @@ def test_samples_log_truncation_and_sampler_agreement(tiny_base, tmp_path, monke
     assert rows[1]["sampler_logp_diff"] < 1e-4
     # every completion cut at 2 tokens: no success (reward 0, though the test reward would pay 1 for odd lengths),
     # and with --mask_truncated_completions no gradient from them (vanilla RLOO: no replay either)
-    cut = ["--model_name_or_path", tiny_base, "--max_steps", "1", "--max_new_tokens", "2", "--replay", "none",
+    cut = ["--model_name_or_path", tiny_base, "--max_steps", "1", "--max_completion_length", "2", "--replay", "none",
            "--paper_eval_samples", "0", "--log_samples_every", "0"]
     rows = _main_rows(tmp_path / "b", [*cut, "--mask_truncated_completions"], monkeypatch, lambda t, p: 1.0)
     assert rows[1]["clipped_ratio"] == 1.0 and rows[1]["reward_mean"] == 0.0 and rows[1]["grad_norm"] == 0.0
@@ -333,7 +333,7 @@ def test_samples_log_truncation_and_sampler_agreement(tiny_base, tmp_path, monke
 
 def test_kl_weighs_beta_against_the_policy_gradient_at_any_completion_cap():
     # one normaliser for both sums: the KL sum divided by the actual token count instead would weigh against the PG
-    # by a factor that moves with --max_new_tokens (~3x at 48 tokens, 18-token answers)
+    # by a factor that moves with --max_completion_length (~3x at 48 tokens, 18-token answers)
     for max_new_tokens in (16, 48, 512):
         pg_sum, kl_sum = torch.tensor(2.0, requires_grad=True), torch.tensor(0.5, requires_grad=True)
         rloo_loss(pg_sum, kl_sum, 0.05, 8 * max_new_tokens).backward()

@@ -74,10 +74,10 @@ def test_a_short_seeded_run_on_the_real_path_raises_its_training_reward(word_bas
     # or a reward that inverts starts near 0 or does not rise.
     data = word_problems.write_data(tmp_path / "data")
     out = tmp_path / "run"
-    run_main(["ra_rloo.py", "--model_name_or_path", str(word_base), "--dataset", str(data["train"]),
+    run_main(["ra_rloo.py", "--model_name_or_path", str(word_base), "--dataset_name", str(data["train"]),
               "--eval_dataset", str(data["heldout"]), "--max_steps", "10", "--prompts_per_step", "16",
-              "--learning_rate", "3e-4", "--beta", "0", "--num_threads", "1", "--eval_every", "0", "--eval_prompts",
-              "4", "--eval_samples", "1", "--paper_eval_samples", "0", "--save_every", "0", "--seed", "0",
+              "--learning_rate", "3e-4", "--beta", "0", "--num_threads", "1", "--eval_steps", "0", "--eval_prompts",
+              "4", "--eval_samples", "1", "--paper_eval_samples", "0", "--save_steps", "0", "--seed", "0",
               "--output_dir", str(out)])
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     rewards = [row["reward_mean"] for row in rows if row["step"] >= 1]
@@ -90,7 +90,7 @@ def test_a_short_seeded_run_on_the_real_path_raises_its_training_reward(word_bas
 
 
 def test_a_cut_completion_never_passes_the_built_in_evaluation():
-    # training scores a completion cut by --max_new_tokens 0 (Task.score); the evaluation of the built-in verifier
+    # training scores a completion cut by --max_completion_length 0 (Task.score); the evaluation of the built-in verifier
     # must not count the same completion as a pass, or eval_pass@k and the training reward disagree on one sample
     from common.tasks.task import Example, Task
     from common.rl.verifiers import math_reward

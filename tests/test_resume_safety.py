@@ -16,8 +16,8 @@ from conftest import ROOT, run_main
 
 SCRIPTS = ["ra_rloo", "ps_grpo", "pros_ppo", "ada_seq", "ada_est"]
 SMALL = ["--prompt_pool", "48", "--prompts_per_step", "4", "--eval_prompts", "4", "--eval_samples", "2",
-         "--max_new_tokens", "12", "--num_threads", "1", "--eval_every", "0", "--save_every", "1",
-         "--keep_checkpoints", "0"]
+         "--max_completion_length", "12", "--num_threads", "1", "--eval_steps", "0", "--save_steps", "1",
+         "--save_total_limit", "0"]
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
@@ -63,10 +63,10 @@ def test_a_resume_by_another_script_or_into_another_shape_is_refused_before_any_
     before = _snapshot(out)
     no_model = ["--model_name_or_path", str(tmp_path / "no-model")]  # a load would fail: the refusal comes first
     for script in SCRIPTS[1:]:
-        _refused([f"{script}.py", *no_model, "--output_dir", str(out), "--resume", "auto", *SMALL],
+        _refused([f"{script}.py", *no_model, "--output_dir", str(out), "--resume_from_checkpoint", "auto", *SMALL],
                  rf"--output_dir .* holds a run of ra_rloo\.py .*not of {script}\.py")
         fresh = tmp_path / f"into-{script}"  # its checkpoint into an empty folder: the checkpoint names its script
-        _refused([f"{script}.py", *no_model, "--output_dir", str(fresh), "--resume", str(out / "checkpoint-2"),
+        _refused([f"{script}.py", *no_model, "--output_dir", str(fresh), "--resume_from_checkpoint", str(out / "checkpoint-2"),
                   *SMALL], rf"checkpoint-2: written by ra_rloo\.py, not {script}\.py")
         assert not fresh.exists()
     # and ra_rloo.py into a run another script wrote (its records say so)
@@ -75,19 +75,19 @@ def test_a_resume_by_another_script_or_into_another_shape_is_refused_before_any_
     for record in [other / ".run.json", *other.glob("checkpoint-*/run.json")]:
         record.write_text(json.dumps({**json.loads(record.read_text()), "script": "ps_grpo"}))
     other_before = _snapshot(other)
-    _refused(["ra_rloo.py", *no_model, "--output_dir", str(other), "--resume", "auto", *SMALL],
+    _refused(["ra_rloo.py", *no_model, "--output_dir", str(other), "--resume_from_checkpoint", "auto", *SMALL],
              r"holds a run of ps_grpo\.py .*not of ra_rloo\.py")
     assert _snapshot(other) == other_before
     # the checkpoint's shape: LoRA adapters instead of full weights
     _refused(["ra_rloo.py", "--model_name_or_path", str(json.loads((out / "args.json").read_text())[
-        "model_name_or_path"]), "--output_dir", str(out), "--resume", "auto", "--lora_r", "4", *SMALL],
+        "model_name_or_path"]), "--output_dir", str(out), "--resume_from_checkpoint", "auto", "--lora_r", "4", *SMALL],
         r"checkpoint-2: saved without LoRA adapters, resumed with them \(match --lora_r\)")
     assert _snapshot(out) == before  # args.json and every other file byte for byte
     # a resume that passes the checks (a longer run) and fails while loading (a damaged file) writes nothing
     (out / "checkpoint-2" / "trainer_state.pt").write_bytes(b"cut")
     before = _snapshot(out)
     _refused(["ra_rloo.py", "--model_name_or_path", json.loads((out / "args.json").read_text())["model_name_or_path"],
-              "--output_dir", str(out), "--resume", "auto", "--max_steps", "3", *SMALL],
+              "--output_dir", str(out), "--resume_from_checkpoint", "auto", "--max_steps", "3", *SMALL],
              r"checkpoint-2/trainer_state\.pt: not a checkpoint written by this project")
     release_all()  # the stopped run's hold, which its process would have given back on exit
     assert _snapshot(out) == before
@@ -97,20 +97,20 @@ def test_changed_flags_stop_unless_accepted_and_are_recorded_with_their_step(two
                                                                              capsys):
     out = _copy(two_steps, tmp_path)
     before = _snapshot(out)
-    argv = ["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--resume", "auto", *SMALL]
-    _refused([*argv, "--k", "8", "--max_steps", "3"], r"flags differ from the run's: --k 4 -> 8: .*"
+    argv = ["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--resume_from_checkpoint", "auto", *SMALL]
+    _refused([*argv, "--num_generations", "8", "--max_steps", "3"], r"flags differ from the run's: --num_generations 4 -> 8: .*"
                                                       r"--accept_changed_flags")
     assert _snapshot(out) == before
     capsys.readouterr()
-    run_main([*argv, "--k", "8", "--max_steps", "3", "--accept_changed_flags"])
-    assert re.search(r"checkpoint-2: from step 3 with --max_steps 2 -> 3, --k 4 -> 8 \(in args\.json\)",
+    run_main([*argv, "--num_generations", "8", "--max_steps", "3", "--accept_changed_flags"])
+    assert re.search(r"checkpoint-2: from step 3 with --max_steps 2 -> 3, --num_generations 4 -> 8 \(in args\.json\)",
                      capsys.readouterr().out)
     recorded = json.loads((out / "args.json").read_text())
     assert recorded["k"] == 8 and recorded["resumes"] == [{"from_step": 3, "changed": {"k": [4, 8],
                                                                                       "max_steps": [2, 3]}}]
     assert _steps(out) == [0, 1, 2, 3]
     # the length alone changes freely (and is recorded); the run's k is now 8
-    run_main([*argv, "--k", "8", "--max_steps", "4"])
+    run_main([*argv, "--num_generations", "8", "--max_steps", "4"])
     assert json.loads((out / "args.json").read_text())["resumes"][-1] == {"from_step": 4,
                                                                           "changed": {"max_steps": [3, 4]}}
 
@@ -118,7 +118,7 @@ def test_changed_flags_stop_unless_accepted_and_are_recorded_with_their_step(two
 def test_an_older_checkpoint_resumes_only_into_one_history(two_steps, tiny_base, tmp_path):
     out = _copy(two_steps, tmp_path)
     before = _snapshot(out)
-    argv = ["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--resume",
+    argv = ["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--resume_from_checkpoint",
             str(out / "checkpoint-1"), "--max_steps", "2", *SMALL]
     _refused(argv, r"holds later checkpoints of this run \(checkpoint-2\): add --discard_later_checkpoints")
     assert _snapshot(out) == before
@@ -170,7 +170,7 @@ def test_a_failed_weights_write_stops_with_one_line_and_the_previous_checkpoint_
     from transformers import modeling_utils
 
     out = _copy(two_steps, tmp_path)
-    argv = ["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--resume", "auto",
+    argv = ["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--resume_from_checkpoint", "auto",
             "--max_steps", "3", *SMALL]
 
     def full_disk(*args, **kwargs):
@@ -178,7 +178,7 @@ def test_a_failed_weights_write_stops_with_one_line_and_the_previous_checkpoint_
 
     monkeypatch.setattr(modeling_utils, "safe_save_file", full_disk)
     message = _refused(argv, r"checkpoint-3: could not write it in .*: Error while serializing: .*No space left "
-                             r"on device .*checkpoint-2 is whole: .*--resume auto")
+                             r"on device .*checkpoint-2 is whole: .*--resume_from_checkpoint auto")
     assert not (out / ".tmp-checkpoint-3").exists() and not (out / "checkpoint-3").exists(), message
     monkeypatch.undo()
     run_main(argv)
@@ -190,7 +190,7 @@ def test_a_real_full_disk_stops_the_run_with_one_line_and_the_previous_checkpoin
     from common.run.logs import append_rows
 
     with pytest.raises(SystemExit, match=r"^/dev/full: could not append a row \(\[Errno 28\] No space left on "
-                                         r"device\); .*--resume auto$"):
+                                         r"device\); .*--resume_from_checkpoint auto$"):
         append_rows(Path("/dev/full"), [{"step": 1}])  # a device that is always full
     disk = tmp_path / "disk"
     disk.mkdir()
@@ -203,11 +203,11 @@ def test_a_real_full_disk_stops_the_run_with_one_line_and_the_previous_checkpoin
         argv = ["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "2",
                 *SMALL]
         _refused(argv, rf"^checkpoint-2: could not write it in {re.escape(str(out))}: .* MiB free there\); the run "
-                       r"stops here\. checkpoint-1 is whole: make room .*--resume auto$")
+                       r"stops here\. checkpoint-1 is whole: make room .*--resume_from_checkpoint auto$")
         assert not list(out.glob(".tmp-checkpoint-*")) and _steps(out) == [0, 1, 2]
         release_all()  # the stopped run's hold (its process would have exited)
         subprocess.run(["mount", "-o", "remount,size=40m", str(disk)], check=True)  # room made
-        run_main([*argv, "--resume", "auto"])
+        run_main([*argv, "--resume_from_checkpoint", "auto"])
         assert _steps(out) == [0, 1, 2] and (out / "checkpoint-2" / "trainer_state.pt").exists()
     finally:
         release_all()
@@ -228,9 +228,9 @@ def test_a_signal_stops_with_its_status_and_resume_auto_finishes(tiny_base, tmp_
     run.send_signal(signal.SIGTERM)
     seen += run.stdout.read()
     assert run.wait(timeout=120) == 128 + signal.SIGTERM, seen[-3000:]
-    stopped = int(re.search(rb"stopped at step (\d+); continue with --resume auto", seen).group(1))
+    stopped = int(re.search(rb"stopped at step (\d+); continue with --resume_from_checkpoint auto", seen).group(1))
     assert stopped < 50 and _steps(out) == list(range(stopped + 1))
-    run_main(["ra_rloo.py", *argv, "--max_steps", str(stopped + 1), "--resume", "auto"])  # the run's length may change
+    run_main(["ra_rloo.py", *argv, "--max_steps", str(stopped + 1), "--resume_from_checkpoint", "auto"])  # the run's length may change
     assert _steps(out) == list(range(stopped + 2))
 
 
@@ -286,7 +286,7 @@ def test_a_failed_write_on_one_rank_stops_every_rank_with_one_line(tiny_base, tm
                                                 r"\(\[Errno 28\] No space left on device\); the run stops here")
     assert _steps(out) == [0, 1] and sorted(path.name for path in out.glob("*checkpoint-*")) == ["checkpoint-1"]
     # the resume from it: rank 1 cannot write its part of checkpoint-3 (rank 0 could): both stop, the partial goes
-    stopped("checkpoint:1:3", ["--max_steps", "3", "--resume", "auto"],
+    stopped("checkpoint:1:3", ["--max_steps", "3", "--resume_from_checkpoint", "auto"],
             rf"checkpoint-3: could not write it in {re.escape(str(out))}: \[Errno 28\] No space left on device .*"
             r"checkpoint-2 is whole")
     assert _steps(out) == [0, 1, 2, 3] and sorted(path.name for path in out.glob("*checkpoint-*")) == [

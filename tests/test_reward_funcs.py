@@ -10,10 +10,10 @@ import pytest
 from conftest import ROOT, run_main
 
 SCRIPTS = ["ra_rloo.py", "pros_ppo.py", "ps_grpo.py", "ada_seq.py", "ada_est.py"]
-TINY = ["--max_steps", "2", "--eval_every", "0", "--eval_prompts", "2", "--eval_samples", "2",
-        "--eval_train_prompts", "0", "--prompts_per_step", "4", "--num_threads", "1", "--max_new_tokens", "32",
+TINY = ["--max_steps", "2", "--eval_steps", "0", "--eval_prompts", "2", "--eval_samples", "2",
+        "--eval_train_prompts", "0", "--prompts_per_step", "4", "--num_threads", "1", "--max_completion_length", "32",
         "--log_samples_every", "1", "--log_samples_per_kind", "64", "--prompt_column", "prompt"]
-FLAGS = {"ra_rloo.py": ["--k", "4", "--paper_eval_samples", "0", "--seed_buffer", "false"],
+FLAGS = {"ra_rloo.py": ["--num_generations", "4", "--paper_eval_samples", "0", "--seed_buffer", "false"],
          "pros_ppo.py": [], "ps_grpo.py": ["--mode", "text"],
          "ada_seq.py": ["--max_rounds", "2", "--round_repeat", "4", "--exit_condition", "positive"],
          "ada_est.py": ["--prompt_pool", "4"]}
@@ -93,7 +93,7 @@ def _rows(path):
 
 
 def _run(script, root, out, data, funcs, weights, *extra):
-    run_main([script, "--model_name_or_path", str(root / "model"), "--dataset", str(root / data),
+    run_main([script, "--model_name_or_path", str(root / "model"), "--dataset_name", str(root / data),
               "--output_dir", str(out),
               "--reward_funcs", ",".join(f if "/" in f else f"{root / 'funcs.py'}:{f}" for f in funcs),
               "--reward_weights", weights, *TINY, *FLAGS[script], *extra])
@@ -119,7 +119,7 @@ def test_two_reward_funcs_route_by_success_reward(chat_base, tmp_path, script):
     # every total is 10 x 0.3 + (None or 0) = 3, cut or not (TRL's rule): a success at --success_reward 2.5, a failure
     # at the default 1 (and positive by Ada's default > 0.7); each method must route every rollout as a success
     rows, samples = _run(script, chat_base, tmp_path / "text", "text.jsonl", ["fixed", "none_or_zero"], "10,1",
-                         "--success_reward", "2.5", "--max_new_tokens", "14")
+                         "--success_reward", "2.5", "--max_completion_length", "14")
     last = rows[-1]
     assert any(s["truncated"] for s in samples)  # some completions were cut: they keep their total, succeed too
     assert last["reward_mean"] == pytest.approx(3.0) and last["reward_none_frac"] == 0.0
@@ -160,9 +160,9 @@ def test_message_prompts_and_weighted_totals(chat_base, reward_model, tmp_path, 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_a_cut_completion_keeps_its_negative_reward_and_unscored_ones_train_as_in_trl(chat_base, tmp_path, script,
                                                                                        capsys):
-    # rewards in [-1, 0] from an async function; --max_new_tokens 10 cuts most answers (-1: DAPO's overlong
+    # rewards in [-1, 0] from an async function; --max_completion_length 10 cuts most answers (-1: DAPO's overlong
     # punishment), a quarter get no reward; a success is a total >= -0.5: never a cut one here
-    rows, samples = _run(script, chat_base, tmp_path / "run", "text.jsonl", ["overlong"], "1", "--max_new_tokens",
+    rows, samples = _run(script, chat_base, tmp_path / "run", "text.jsonl", ["overlong"], "1", "--max_completion_length",
                          "10", "--success_reward", "-0.5")
     assert capsys.readouterr().out.count("warning: every reward function returned None for") == 1  # once a run
     fresh = [s for s in samples if s["kind"] != "replayed"]
@@ -228,11 +228,11 @@ def test_bad_reward_functions_get_one_line(tmp_path):
 def test_a_raising_function_stops_the_run_and_the_checkpoint_before_resumes(chat_base, tmp_path, capsys):
     out = tmp_path / "run"
     with pytest.raises(SystemExit, match="reward function raises raised at step 2 on completion 0: ZeroDivisionError"):
-        _run("ra_rloo.py", chat_base, out, "text.jsonl", ["raises"], "1", "--save_every", "1",
+        _run("ra_rloo.py", chat_base, out, "text.jsonl", ["raises"], "1", "--save_steps", "1",
              "--eval_reward_funcs", f"{chat_base / 'funcs.py'}:fixed")
     assert [row["step"] for row in _rows(out / "metrics.jsonl")] == [0, 1]
     # the fixed function is another flag value: the resume says so and records it (a function fixed in place is not)
-    rows, _ = _run("ra_rloo.py", chat_base, out, "text.jsonl", ["fixed"], "1", "--resume", "auto",
+    rows, _ = _run("ra_rloo.py", chat_base, out, "text.jsonl", ["fixed"], "1", "--resume_from_checkpoint", "auto",
                    "--eval_reward_funcs", f"{chat_base / 'funcs.py'}:fixed", "--accept_changed_flags")
     assert [row["step"] for row in rows] == [0, 1, 2] and rows[-1]["reward/fixed_mean"] == pytest.approx(0.3)
     assert "resumed from" in capsys.readouterr().out
@@ -242,12 +242,12 @@ def test_split_line_truncation_warning_and_a_separate_evaluation_file(chat_base,
     # every completion cut at 3 tokens: the warning names the flag, once; the held-out prompts come from the file
     rows = [json.loads(line) for line in (chat_base / "text.jsonl").read_text().splitlines()]
     (tmp_path / "eval.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows[:3]))
-    _run("ra_rloo.py", chat_base, tmp_path / "run", "text.jsonl", ["fixed"], "1", "--max_new_tokens", "3",
+    _run("ra_rloo.py", chat_base, tmp_path / "run", "text.jsonl", ["fixed"], "1", "--max_completion_length", "3",
          "--eval_dataset", str(tmp_path / "eval.jsonl"))
     out = capsys.readouterr().out
     split = f"40 training prompts from {chat_base / 'text.jsonl'}; 2 held-out prompts from {tmp_path / 'eval.jsonl'}"
     assert split + "\n" in out
-    assert out.count("completions hit --max_new_tokens 3") == 1
+    assert out.count("completions hit --max_completion_length 3") == 1
 
 
 def test_a_damaged_jsonl_line_is_named(tmp_path):

@@ -24,7 +24,7 @@ def test_command_1_prints_one_bar_and_a_true_repeatability_line(tmp_path):
     flags = [flag for i, flag in enumerate(SHORT_RUN) if "--num_threads" not in SHORT_RUN[max(0, i - 1):i + 1]]
     flags[flags.index("--max_steps") + 1] = "2"
     out = tmp_path / "run"
-    r = run_script(["ra_rloo.py", "--output_dir", str(out), "--save_every", "1", *flags,
+    r = run_script(["ra_rloo.py", "--output_dir", str(out), "--save_steps", "1", *flags,
                     *SHORT_RUN_FLAGS["ra_rloo.py"]], env_extra={"RLVR_CACHE": str(tmp_path / "cache")})
     assert (out / "checkpoint-1").is_dir() and (out / "checkpoint-2").is_dir()
     # a tqdm bar's every refresh holds its elapsed time, `[00:01...`: what stands before its first ': ' names it

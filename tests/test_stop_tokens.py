@@ -44,7 +44,7 @@ def test_stop_token_ids_flag_ends_generation_and_is_named_first(tiny_base, tmp_p
     equals = tok("=", add_special_tokens=False).input_ids[-1]
     run_main(["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(tmp_path), "--max_steps", "1",
               "--prompts_per_step", "4", "--prompt_pool", "8", "--eval_prompts", "4", "--eval_samples", "2",
-              "--eval_train_prompts", "0", "--paper_eval_samples", "0", "--num_threads", "1", "--eval_every", "0",
+              "--eval_train_prompts", "0", "--paper_eval_samples", "0", "--num_threads", "1", "--eval_steps", "0",
               "--log_samples_every", "1", "--stop_token_ids", str(equals)])
     out = capsys.readouterr().out
     assert f"generation stops at token ids {tok.eos_token_id} '</s>' (the tokenizer's EOS), {equals} '=' " \

@@ -28,8 +28,8 @@ BASELINES = {
     "pros_ppo.py": ("pros_ppo.py", ("PROS",), ["--pros", "off"]),
     "ada_seq.py": ("ada_seq.py", ("DAPO",), ["--max_rounds", "1", "--round_repeat", "4"]),
 }
-TINY = ["--max_steps", "1", "--eval_every", "0", "--eval_prompts", "2", "--eval_samples", "1", "--prompts_per_step",
-        "4", "--max_new_tokens", "8", "--num_threads", "1", "--eval_train_prompts", "0", "--save_every", "0"]
+TINY = ["--max_steps", "1", "--eval_steps", "0", "--eval_prompts", "2", "--eval_samples", "1", "--prompts_per_step",
+        "4", "--max_completion_length", "8", "--num_threads", "1", "--eval_train_prompts", "0", "--save_steps", "0"]
 
 
 def _statement_lines(stmt: ast.stmt) -> set[int]:

@@ -15,8 +15,8 @@ from common.rl.masking import pack_sequences
 from conftest import TOKEN_LOGP_TOL, loss_tolerance, run_script
 
 # one shape for every generate call of the run (32 rows, a 32-position cache): the step compiles once
-FLAGS = ["--max_steps", "3", "--eval_every", "0", "--eval_prompts", "8", "--eval_samples", "4", "--prompts_per_step",
-         "8", "--max_new_tokens", "16", "--num_threads", "1", "--learning_rate", "1e-4", "--warmup_steps", "5",
+FLAGS = ["--max_steps", "3", "--eval_steps", "0", "--eval_prompts", "8", "--eval_samples", "4", "--prompts_per_step",
+         "8", "--max_completion_length", "16", "--num_threads", "1", "--learning_rate", "1e-4", "--warmup_steps", "5",
          "--prompt_pool", "64", "--reward", "binary", "--paper_eval_samples", "4", "--eval_train_prompts", "8",
          "--beta", "0"]  # no reference model: its no-grad graph would add a compile (test_torch_compile_packed_...)
 
@@ -262,7 +262,7 @@ def test_compile_speed_block_renders_every_part(tmp_path):
 DEFAULT_MODES = {"ra_rloo": ["ra_rloo.py", "--prompt_pool", "64"], "ada_seq": ["ada_seq.py"], "ada_est": ["ada_est.py"],
                  "ps_grpo-multiturn": ["ps_grpo.py"], "ps_grpo-text": ["ps_grpo.py", "--mode", "text"],
                  "pros_ppo": ["pros_ppo.py"]}
-SMALL = ["--max_steps", "3", "--eval_every", "3", "--eval_prompts", "8", "--eval_samples", "2", "--num_threads", "1",
+SMALL = ["--max_steps", "3", "--eval_steps", "3", "--eval_prompts", "8", "--eval_samples", "2", "--num_threads", "1",
          "--prompts_per_step", "8"]
 
 

@@ -85,7 +85,7 @@ def test_results_page_shows_the_measured_figures_and_ratio():
                     run([5.0, 2.0, 4.0, 2.0, 60.0], [100, 300, 100, 200, 1])]}
     trl, ours = trl_peer.throughput(raw["trl"]), trl_peer.throughput(raw["ours"])
     res = {"steps": 5, "repeats": 2, "num_threads": 2, "prompt_pool": 256, "prompts_per_step": 32,
-           "num_generations": 4, "max_new_tokens": 32, "micro_batch_size": 64, "learning_rate": 5e-5,
+           "num_generations": 4, "max_completion_length": 32, "micro_batch_size": 64, "learning_rate": 5e-5,
            "warmup_steps": 5, "trl": trl, "ours": ours, "ratio": trl_peer.compare(trl, ours),
            "versions": {"trl": "9.9.9", "torch": "2.x", "transformers": "5.x"},
            "machine": {"nproc": 2, "cpu": "test cpu", "python": "3.x"},
@@ -121,9 +121,9 @@ def test_our_command_is_grpo_n_with_the_shared_budget():
     cmd = trl_peer.ours_command(trl_peer.Args(steps=7), "/tmp/x")
     flags = dict(zip(cmd[2::2], cmd[3::2]))
     assert cmd[1] == "ada_seq.py"
-    assert flags["--max_rounds"] == "1" and flags["--round_repeat"] == flags["--final_keep_per_prompt"] == "4"
+    assert flags["--max_rounds"] == "1" and flags["--round_repeat"] == flags["--num_generations"] == "4"
     assert flags["--max_steps"] == "7" and flags["--prompts_per_step"] == "32" and flags["--prompt_pool"] == "256"
-    assert flags["--max_new_tokens"] == "32" and flags["--eval_every"] == "0"
+    assert flags["--max_completion_length"] == "32" and flags["--eval_steps"] == "0"
     src = (ROOT / "ada_seq.py").read_text() + (ROOT / "common" / "run" / "flags.py").read_text()
     for flag in flags:  # every flag exists in the script (BaseArgs or its Args)
         assert f"    {flag[2:]}:" in src, flag

@@ -280,14 +280,14 @@ def test_ra_rloo_end_to_end_with_vllm_and_an_exact_resume(tiny_base, tmp_path):
     from conftest import run_script
 
     out, resumed = tmp_path / "ra_vllm", tmp_path / "resumed"
-    flags = ["ra_rloo.py", "--use_vllm", "--model_name_or_path", tiny_base, "--max_steps", "4", "--save_every", "2",
-             "--eval_every", "3", "--prompt_pool", "24", "--prompts_per_step", "8", "--eval_prompts", "8",
-             "--eval_samples", "4", "--max_new_tokens", "20"]
+    flags = ["ra_rloo.py", "--use_vllm", "--model_name_or_path", tiny_base, "--max_steps", "4", "--save_steps", "2",
+             "--eval_steps", "3", "--prompt_pool", "24", "--prompts_per_step", "8", "--eval_prompts", "8",
+             "--eval_samples", "4", "--max_completion_length", "20"]
     run_script([*flags, "--output_dir", str(out)])
     rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4] and rows[-1]["rollouts"] == 4 * 8 * 4
     assert "eval_pass@1" in rows[-1] and (out / "checkpoint-4" / "model.safetensors").exists()
-    run_script([*flags, "--output_dir", str(resumed), "--resume", str(out / "checkpoint-2")])
+    run_script([*flags, "--output_dir", str(resumed), "--resume_from_checkpoint", str(out / "checkpoint-2")])
     again = [json.loads(l) for l in (resumed / "metrics.jsonl").read_text().splitlines()]
     timeless = lambda row: {k: v for k, v in row.items() if not k.startswith("time_")}  # noqa: E731
     assert [timeless(r) for r in again if r["step"] > 2] == [timeless(r) for r in rows[3:]]
@@ -354,8 +354,8 @@ def test_ra_rloo_on_two_ranks_each_with_its_own_engine(tiny_base, tmp_path, fsdp
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(tmp_path / "spy.py"), "ra_rloo.py",
            "--use_vllm", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "3",
-           "--eval_every", "3", "--prompt_pool", "24", "--prompts_per_step", "8", "--eval_prompts", "8",
-           "--eval_samples", "2", "--max_new_tokens", "20", "--learning_rate", "1e-3", "--warmup_steps", "1",
+           "--eval_steps", "3", "--prompt_pool", "24", "--prompts_per_step", "8", "--eval_prompts", "8",
+           "--eval_samples", "2", "--max_completion_length", "20", "--learning_rate", "1e-3", "--warmup_steps", "1",
            "--num_threads", "1", *(["--fsdp"] if fsdp else [])]
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]

@@ -25,8 +25,8 @@ PARTS = ("plain", "fsdp", "gc_lora", "learning", "speed", "peer")  # priority or
 VARIANTS = {"plain": [], "fsdp": ["--fsdp"], "gradient_checkpointing": ["--gradient_checkpointing"],
             "lora": ["--lora_r", "16"]}
 PART_VARIANTS = {"plain": ["plain"], "fsdp": ["fsdp"], "gc_lora": ["gradient_checkpointing", "lora"]}
-SCRIPT_FLAGS = {"ada_seq": ["--max_rounds", "2", "--round_repeat", "4"], "ps_grpo": ["--mode", "text", "--n", "4"],
-                "pros_ppo": ["--k", "4"], "ada_est": ["--prompt_pool", "64"], "ra_rloo": ["--k", "4"]}
+SCRIPT_FLAGS = {"ada_seq": ["--max_rounds", "2", "--round_repeat", "4"], "ps_grpo": ["--mode", "text", "--num_generations", "4"],
+                "pros_ppo": ["--num_generations", "4"], "ada_est": ["--prompt_pool", "64"], "ra_rloo": ["--num_generations", "4"]}
 # first guesses for the plan (seconds), replaced by measured ones as the command goes: a smoke run's fixed cost
 # (model load, step-0 and final evaluation, checkpoint) and one step (150m: the 2026-11-26 H200 smoke of the random
 # model, 64-token completions: ~22 s per 5-step run)
@@ -62,7 +62,7 @@ class Args:
     """compute dtype passed to the scripts (`--dtype`)"""
     prompts_per_step: int = 16
     """prompts per step in every run"""
-    max_new_tokens: int = 64
+    max_completion_length: int = 64
     """completion length limit in every run"""
     prompt_pool: int = 0
     """training prompts every run draws from (0: each script's own default; ra_rloo.py scores a demonstration for

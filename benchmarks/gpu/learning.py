@@ -31,7 +31,7 @@ def heldout_pass_rates(model_dir: Path, args: Args) -> list[float]:
         torch.manual_seed(1234)  # the same draws for every policy measured
         gens = HFGenerator(model, tokenizer, dtype=args.dtype).generate(
             [PromptEncoder(tokenizer, task.templated)(ex.prompt) for ex in task.eval], n,
-            SamplingConfig(max_new_tokens=args.max_new_tokens, logprobs=False))
+            SamplingConfig(max_new_tokens=args.max_completion_length, logprobs=False))
     texts = tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
     del model
     gc.collect()
@@ -105,7 +105,7 @@ def learning_part(model_dir: Path, out: Path, args: Args, stop: Stop, guess: dic
     for arm, label in (("method", "RA-RLOO"), ("baseline", "RLOO (--replay none)")):
         if stop.reason:
             break
-        flags = [*LEARNING[arm], "--k", "4", "--learning_rate", repr(args.learning_lr), "--save_every", "0",
+        flags = [*LEARNING[arm], "--num_generations", "4", "--learning_rate", repr(args.learning_lr), "--save_steps", "0",
                  "--reward", "binary"]
         run_dir = out / f"learning-{arm}"
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -38,7 +38,7 @@ def run_peer(model_dir: Path, out: Path, args: Args, stop: Stop, timeout_s: floa
     device = "cuda" if torch.cuda.is_available() else "cpu"
     cmd = [python, "benchmarks/speed/trl_peer.py", "--device", device, "--model_name_or_path", str(model_dir),
            "--dtype", args.dtype, "--steps", "5", "--repeats", "1", "--prompts_per_step", str(args.prompts_per_step),
-           "--max_new_tokens", str(args.max_new_tokens), "--micro_batch_size", str(args.prompts_per_step * 4),
+           "--max_completion_length", str(args.max_completion_length), "--micro_batch_size", str(args.prompts_per_step * 4),
            "--out", str(out / "trl_peer.md"), "--json", str(out / "trl_peer.json")]
     print("peer:", how, "\n  " + " ".join(cmd), flush=True)
     proc = subprocess.Popen(cmd, cwd=ROOT)

@@ -69,10 +69,10 @@ def run_script(script: str, flags: list[str], out: Path, model_dir: Path, steps:
 
     module = importlib.import_module(script)
     argv = ["--model_name_or_path", str(model_dir), "--output_dir", str(out), "--max_steps", str(steps),
-            "--dtype", args.dtype, "--prompts_per_step", str(args.prompts_per_step), "--max_new_tokens",
-            str(args.max_new_tokens), "--eval_every", "0", "--eval_prompts", str(args.smoke_eval_prompts),
+            "--dtype", args.dtype, "--prompts_per_step", str(args.prompts_per_step), "--max_completion_length",
+            str(args.max_completion_length), "--eval_steps", "0", "--eval_prompts", str(args.smoke_eval_prompts),
             "--eval_samples", "2",
-            "--eval_train_prompts", "0", "--save_every", "0", "--warmup_steps", "1",
+            "--eval_train_prompts", "0", "--save_steps", "0", "--warmup_steps", "1",
             *(["--prompt_pool", str(args.prompt_pool)] if args.prompt_pool else []),
             "--overwrite_output_dir", *flags]  # a repeated smoke command replaces its own earlier runs
     cuda = torch.cuda.is_available()
@@ -124,8 +124,8 @@ def run_script(script: str, flags: list[str], out: Path, model_dir: Path, steps:
 
 
 def drop_checkpoint(result: dict, args: Args) -> None:
-    """Delete a measured run's checkpoint unless --keep_checkpoints (a GPU machine's disk holds only a few)."""
-    if not args.keep_checkpoints and result.get("checkpoint"):
+    """Delete a measured run's checkpoint unless --save_total_limit (a GPU machine's disk holds only a few)."""
+    if not args.save_total_limit and result.get("checkpoint"):
         shutil.rmtree(result["checkpoint"], ignore_errors=True)
 
 

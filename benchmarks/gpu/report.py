@@ -107,7 +107,7 @@ def docs_block(results: Path = GPU_RESULTS) -> str:
              f"{report['versions']}; budget {report['budget_s']:.0f} s, {report['elapsed_s']:.0f} s used"
              + (f" (stopped: {report['stopped']})" if report.get("stopped") else "") + f"; parts `{args['parts']}`, "
              f"--size {args['size']}, --dtype {args['dtype']}, {args['prompts_per_step']} prompts a step, at most "
-             f"{args['max_new_tokens']} new tokens.", ""]
+             f"{args['max_completion_length']} new tokens.", ""]
     warm = report.get("warm_start") or {}
     if "pass_rate" in warm or "greedy_pass@1" in warm:
         rate = warm.get("greedy_pass@1", warm.get("pass_rate"))

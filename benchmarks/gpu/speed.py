@@ -25,7 +25,7 @@ def speed_part(model_dir: Path, out: Path, args: Args, stop: Stop, guess: dict, 
         run_dir = out / f"speed-{cache}"
         shutil.rmtree(run_dir, ignore_errors=True)
         try:
-            result = plain.run_script("ra_rloo", ["--k", "4", "--save_every", "0", *extra], run_dir, model_dir,
+            result = plain.run_script("ra_rloo", ["--num_generations", "4", "--save_steps", "0", *extra], run_dir, model_dir,
                                 args.speed_steps, args, stop)
         except Exception as error:  # this run's failure is its own: the other runs' figures stay in the report
             result = {"status": error_status(error)}

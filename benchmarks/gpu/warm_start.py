@@ -110,7 +110,7 @@ def warm_start(random_dir: Path, warm_dir: Path, args: Args, stop: Stop) -> dict
         first_loss = first_loss if first_loss is not None else loss.item()
         last = step == args.warm_max_steps or time.time() - t0 >= args.warm_max_s
         if step % args.warm_check_every == 0 or last:
-            rate = greedy_pass_rate(model, tokenizer, probe, args.max_new_tokens, args.dtype)
+            rate = greedy_pass_rate(model, tokenizer, probe, args.max_completion_length, args.dtype)
             model.train()
             trace.append({"step": step, "seconds": round(time.time() - t0, 1), "loss": round(loss.item(), 4),
                           "greedy_pass@1": rate})

@@ -1,7 +1,7 @@
 """`--torch_compile` measured: each script's default job eager vs compiled, the floor with a compiled bare loop too,
 and the TRL peer with `--torch_compile` on ours and with TRL's own `torch_compile=True`.
 
-1. job: for each of `--scripts`, `--rounds` pairs of runs of its default job (`--max_steps --steps`, `--eval_every 0`),
+1. job: for each of `--scripts`, `--rounds` pairs of runs of its default job (`--max_steps --steps`, `--eval_steps 0`),
    eager and `--torch_compile`, alternating which goes first; median over steps 2..N-1, pooled over the rounds, of the
    step time less the compiling done in that step (`time_step_s - time_compile_s`) and of the step's generation
    tokens/s (generated tokens / `time_gen_s`, which holds the sampling log-prob pass and the verifier too), the compile
@@ -84,7 +84,7 @@ class Args:
 # ----------------------------------------------------------------------------------------------------
 
 def job_run(args: Args, script: str, compiled: bool, output_dir: str) -> dict:
-    cmd = [sys.executable, f"{script}.py", "--max_steps", str(args.steps), "--eval_every", "0", "--save_every", "0",
+    cmd = [sys.executable, f"{script}.py", "--max_steps", str(args.steps), "--eval_steps", "0", "--save_steps", "0",
            "--num_threads", str(args.num_threads), "--output_dir", output_dir,
            *(["--torch_compile"] if compiled else [])]
     # a cache of compiled kernels of its own: every run compiles from scratch, as a first run on a machine does
@@ -134,7 +134,7 @@ def job_part(args: Args) -> dict:
                     print(f"job {script} round {k + 1}/{args.rounds}: {mode}, {args.steps} steps ...", flush=True)
                     raw[mode].append(job_run(args, script, mode == "compiled", str(Path(tmp) / f"{mode}{k}")))
         out[script] = {**script_figures(script, raw), "raw": raw,
-                       "command": f"python {script}.py --max_steps {args.steps} --eval_every 0 --save_every 0 "
+                       "command": f"python {script}.py --max_steps {args.steps} --eval_steps 0 --save_steps 0 "
                                   f"--num_threads {args.num_threads} [--torch_compile]"}
         print(job_line(script, out[script]), flush=True)
     return out

@@ -46,7 +46,7 @@ class Args:
     """prompts per step (P)"""
     n: int = 4
     """samples per prompt (GRPO group size)"""
-    max_new_tokens: int = 32
+    max_completion_length: int = 32
     """completion length cap (L)"""
     repeats: int = 5
     """timed repeats of the in-process loops (median reported; one extra warm-up first)"""
@@ -139,10 +139,10 @@ def in_process(args: Args) -> dict:
 
             decoding = TorchCompile()
             compiled = {"compile_config": decoding.config(bare), **cache_kwargs(
-                bare, "static", "float32", decoding.cache_length(width, args.max_new_tokens))}
+                bare, "static", "float32", decoding.cache_length(width, args.max_completion_length))}
         with torch.no_grad():
             return bare.generate(input_ids=ids, attention_mask=att, do_sample=True, temperature=1.0, top_p=None,
-                                 top_k=None, max_new_tokens=args.max_new_tokens, eos_token_id=[eos],
+                                 top_k=None, max_new_tokens=args.max_completion_length, eos_token_id=[eos],
                                  pad_token_id=pad, **compiled)
 
     # --torch_compile: the bare loop's training forward (and backward) compiled too, batch and length dynamic
@@ -156,7 +156,7 @@ def in_process(args: Args) -> dict:
         logits = bare_forward(input_ids=seqs, attention_mask=mask, logits_to_keep=keep).logits[:, :-1]
         logp = torch.log_softmax(logits.float(), -1).gather(-1, seqs[:, width:, None]).squeeze(-1)
         adv = torch.randn(len(seqs))
-        loss = -(adv[:, None] * logp * mask[:, width:]).sum() / (len(seqs) * args.max_new_tokens)
+        loss = -(adv[:, None] * logp * mask[:, width:]).sum() / (len(seqs) * args.max_completion_length)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(bare.parameters(), 1.0)
         bare_opt.step()
@@ -172,7 +172,7 @@ def in_process(args: Args) -> dict:
 
     compiled = TorchCompile() if args.torch_compile else None
     gen = HFGenerator(policy, tok, batch_size=256, compiled=compiled)
-    cfg = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=1.0, logprobs=False)
+    cfg = SamplingConfig(max_new_tokens=args.max_completion_length, temperature=1.0, logprobs=False)
 
     def our_step():
         g, t_gen = timed(lambda: gen.generate(prompts, args.n, cfg))
@@ -186,7 +186,7 @@ def in_process(args: Args) -> dict:
         rewards, t_ver = timed(verify)
         r = torch.tensor(rewards).view(-1, args.n)
         adv = ((r - r.mean(1, keepdim=True))).flatten()
-        norm = len(comps) * args.max_new_tokens
+        norm = len(comps) * args.max_completion_length
 
         def update():  # the scripts' update: micro-batches, loss, backward, clip, step
             for rows in micro_batches(len(comps), args.micro_batch_size, acc, ours):
@@ -220,17 +220,17 @@ def in_process(args: Args) -> dict:
 
 def script_run(args: Args) -> dict:
     grpo = Config("grpo", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", str(args.n),  # the floor has no bonus
-                                         "--final_keep_per_prompt", str(args.n), "--entropy_coef", "0"),
+                                         "--num_generations", str(args.n), "--entropy_coef", "0"),
                   f"GRPO-n{args.n}")
-    rloo = Config("rloo", "ra_rloo.py", ("--replay", "none", "--beta", "0", "--k", str(args.n)), "RLOO")
+    rloo = Config("rloo", "ra_rloo.py", ("--replay", "none", "--beta", "0", "--num_generations", str(args.n)), "RLOO")
     cfg = grpo if check_config(grpo) is None else rloo
     why = check_config(cfg)
     if why:
         return {"error": why}
     with tempfile.TemporaryDirectory(prefix="floor-") as tmp:
         cmd = [sys.executable, cfg.script, *cfg.flags, "--prompts_per_step", str(args.prompts),
-               "--max_new_tokens", str(args.max_new_tokens), "--max_steps", str(args.script_steps),
-               "--eval_every", "0", "--eval_prompts", "8", "--eval_samples", "2", "--save_every", "0",
+               "--max_completion_length", str(args.max_completion_length), "--max_steps", str(args.script_steps),
+               "--eval_steps", "0", "--eval_prompts", "8", "--eval_samples", "2", "--save_steps", "0",
                "--num_threads", str(args.num_threads), "--seed", str(args.seed), "--output_dir", tmp,
                "--model_name_or_path", args.model_name_or_path, "--learning_rate", repr(args.learning_rate),
                *(["--torch_compile"] if args.torch_compile else [])]
@@ -272,12 +272,12 @@ def breakdown(res: dict) -> dict:
 
 def render(args: Args, res: dict, bd: dict) -> str:
     f, o, s = res["floor"], res["ours"], res.get("script") or {}
-    lines = [(f"GRPO setting: {args.prompts} prompts x n={args.n}, completions <= {args.max_new_tokens} tokens, "
+    lines = [(f"GRPO setting: {args.prompts} prompts x n={args.n}, completions <= {args.max_completion_length} tokens, "
               f"{res['params'] / 1e6:.2f}M-parameter policy (`{args.model_name_or_path}`), {args.num_threads} torch "
               f"thread(s); medians of {args.repeats} repeats (in-process) and of script steps "
               f"{s.get('steps', '-')} (`{s.get('script', '-')} {s.get('flags', '')}`). Command: "
               f"`python benchmarks/speed/floor.py --prompts {args.prompts} --n {args.n} "
-              f"--max_new_tokens {args.max_new_tokens} --repeats {args.repeats} --script_steps {args.script_steps} "
+              f"--max_completion_length {args.max_completion_length} --repeats {args.repeats} --script_steps {args.script_steps} "
               f"--num_threads {args.num_threads}`.\n"),
              "| part | floor (bare loop) | our components (same batch) | our script step (logged, split) |",
              "|---|---|---|---|"]

@@ -71,9 +71,9 @@ def make_inputs(tmp: Path) -> tuple[str, str]:
 def footprint(script: str, model_dir: str, data: str, tmp: Path) -> dict[str, int]:
     """{module: lines} of the `common` modules `script` has loaded when it exits after one real-data step."""
     out = tmp / f"{script}.json"
-    flags = ["--model_name_or_path", model_dir, "--dataset", data, "--output_dir", str(tmp / f"run-{script}"),
-             "--max_steps", "1", "--eval_every", "0", "--prompts_per_step", "4", "--eval_prompts", "4",
-             "--eval_samples", "2", "--max_new_tokens", "8", "--num_threads", "1"]
+    flags = ["--model_name_or_path", model_dir, "--dataset_name", data, "--output_dir", str(tmp / f"run-{script}"),
+             "--max_steps", "1", "--eval_steps", "0", "--prompts_per_step", "4", "--eval_prompts", "4",
+             "--eval_samples", "2", "--max_completion_length", "8", "--num_threads", "1"]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.run([sys.executable, "-c", PROBE, str(out), script, *flags], cwd=ROOT, env=env,
                           capture_output=True, text=True)

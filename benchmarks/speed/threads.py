@@ -52,7 +52,7 @@ OPTIONS: dict[str, tuple[dict[str, str], int]] = {
 # the start of a run: the whole step-0 evaluation (256 held-out prompts x 8) and one step, as measured before the
 # thread count was set from the first line (the training-prompt evaluation off, so the work is the same)
 STARTUP_FLAGS = ["--replay", "none", "--max_steps", "1", "--prompt_pool", "2048", "--eval_train_prompts", "0",
-                 "--save_every", "0", "--log_samples_every", "0"]
+                 "--save_steps", "0", "--log_samples_every", "0"]
 SCENARIOS = ("alone", "busy", "pair")
 
 
@@ -105,8 +105,8 @@ def start_run(args: Args, option: str, out_dir: Path) -> subprocess.Popen:
     env_extra, threads = OPTIONS[option]
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     env.update(env_extra, TOKENIZERS_PARALLELISM="false")
-    cmd = [args.python, args.script, "--max_steps", str(args.steps), "--eval_every", "0", "--eval_prompts", "16",
-           "--eval_samples", "1", "--save_every", "0", "--output_dir", str(out_dir), "--log_samples_every", "0"]
+    cmd = [args.python, args.script, "--max_steps", str(args.steps), "--eval_steps", "0", "--eval_prompts", "16",
+           "--eval_samples", "1", "--save_steps", "0", "--output_dir", str(out_dir), "--log_samples_every", "0"]
     if threads:
         cmd += ["--num_threads", str(threads)]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(out_dir / "stderr", "w"))

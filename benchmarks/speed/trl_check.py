@@ -63,7 +63,7 @@ def definition_check(args: Args) -> dict:
     from common.rl.masking import pad_sequences, right_align
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is flagged experimental
-    n, L = args.num_generations, args.max_new_tokens
+    n, L = args.num_generations, args.max_completion_length
     if n != 4:
         raise SystemExit("--check uses a fixed batch of 2 prompts x 4 completions: run it with --num_generations 4")
     device = torch.device(args.device)
@@ -182,7 +182,7 @@ def render_check(c: dict) -> str:
         "",
         f"**{'Agree' if c['agree'] else 'DO NOT agree'}** (advantages and loss to 1e-6; gradient to 1e-4 of its "
         "largest entry, fp32 sums in different orders). "
-        "Ours (Dr. GRPO-n4 = `ada_seq.py --max_rounds 1 --round_repeat 4 --adv_std_norm false --entropy_coef 0`, "
+        "Ours (Dr. GRPO-n4 = `ada_seq.py --max_rounds 1 --round_repeat 4 --scale_rewards false --entropy_coef 0`, "
         "`--prompt_weight none`) corresponds to TRL `loss_type='dr_grpo'`, `scale_rewards='none'`, `beta=0`, "
         "`epsilon=0.2`, `epsilon_high=0.28`.",
         "",
@@ -191,7 +191,7 @@ def render_check(c: dict) -> str:
         + " (`dapo`/`bnpo` divide by the token count, `grpo` by each completion's length: they differ from ours "
         "whenever completion lengths vary).",
         "",
-        f"With std scaling the two differ: ours `--adv_std_norm` {f(c['adv_ours_std'])} vs TRL `scale_rewards='group'` "
+        f"With std scaling the two differ: ours `--scale_rewards` {f(c['adv_ours_std'])} vs TRL `scale_rewards='group'` "
         f"{f(c['adv_trl_group'])}: ours divides by the population std + 1e-6, TRL by the sample (n-1) std + 1e-4 "
         + (f"(ratio ours/TRL {c['std_ratio_ours_over_trl']:.4f}, about sqrt(n/(n-1)) = 1.1547 for n = 4)."
            if c["std_ratio_ours_over_trl"] else "."),

@@ -1,7 +1,7 @@
 """TRL's GRPOTrainer as a throughput peer of our Dr. GRPO-n4, and a check that both define the same update.
 
 Throughput: `--steps` TRL GRPO steps, then `--steps` steps of our Dr. GRPO-n4 (`ada_seq.py --max_rounds 1
---round_repeat 4 --adv_std_norm false --entropy_coef 0`), same base policy (the cached embedded tiny model), same
+--round_repeat 4 --scale_rewards false --entropy_coef 0`), same base policy (the cached embedded tiny model), same
 first `--prompt_pool` Countdown training prompts, same reward (the binary verifier), same batch (32 prompts x 4
 completions of at most 32 tokens per optimizer step), same optimiser settings, fp32 on CPU. `--repeats` rounds,
 alternating which trainer goes first, so that a slow spell of the shared machine does not land on one of them
@@ -56,7 +56,7 @@ class Args:
     """prompts per optimizer step"""
     num_generations: int = 4
     """completions per prompt (the group size n of GRPO-n)"""
-    max_new_tokens: int = 32
+    max_completion_length: int = 32
     """maximum completion length (TRL: max_completion_length)"""
     micro_batch_size: int = 64
     """sequences per forward/backward (ours: --micro_batch_size; TRL: per_device_train_batch_size)"""
@@ -92,8 +92,8 @@ class Args:
             raise SystemExit(f"--steps {self.steps}: need >= 3 (step 1 and the last step are not timed)")
         if self.repeats < 1:
             raise SystemExit(f"--repeats {self.repeats}: need >= 1")
-        if self.num_generations < 2 or self.prompts_per_step < 1 or self.max_new_tokens < 1:
-            raise SystemExit("--num_generations >= 2, --prompts_per_step >= 1 and --max_new_tokens >= 1 please")
+        if self.num_generations < 2 or self.prompts_per_step < 1 or self.max_completion_length < 1:
+            raise SystemExit("--num_generations >= 2, --prompts_per_step >= 1 and --max_completion_length >= 1 please")
         batch = self.prompts_per_step * self.num_generations
         if batch % self.micro_batch_size:
             raise SystemExit(f"--micro_batch_size {self.micro_batch_size}: must divide prompts_per_step x "
@@ -171,17 +171,17 @@ def run_trl(args: Args, output_dir: str) -> dict:
 
 
 def ours_command(args: Args, output_dir: str) -> list[str]:
-    """Our Dr. GRPO-n (`ada_seq.py --max_rounds 1 --round_repeat n --adv_std_norm false`, no entropy bonus: the
+    """Our Dr. GRPO-n (`ada_seq.py --max_rounds 1 --round_repeat n --scale_rewards false`, no entropy bonus: the
     update TRL's `loss_type='dr_grpo'`, `scale_rewards='none'` makes), the sweep's budget flags, a tiny final
     evaluation (it runs inside the last step, which is not timed) and no intermediate checkpoints."""
     n = str(args.num_generations)
-    return [sys.executable, "ada_seq.py", "--max_rounds", "1", "--round_repeat", n, "--final_keep_per_prompt", n,
-            "--adv_std_norm", "false", "--entropy_coef", "0",
+    return [sys.executable, "ada_seq.py", "--max_rounds", "1", "--round_repeat", n, "--num_generations", n,
+            "--scale_rewards", "false", "--entropy_coef", "0",
             "--prompt_pool", str(args.prompt_pool), "--prompts_per_step", str(args.prompts_per_step),
-            "--max_new_tokens", str(args.max_new_tokens), "--micro_batch_size", str(args.micro_batch_size),
+            "--max_completion_length", str(args.max_completion_length), "--micro_batch_size", str(args.micro_batch_size),
             "--learning_rate", repr(args.learning_rate), "--warmup_steps", str(args.warmup_steps),
-            "--max_steps", str(args.steps), "--eval_every", "0", "--eval_prompts", "8", "--eval_samples", "1",
-            "--save_every", "0", "--num_threads", str(args.num_threads), "--seed", str(args.seed),
+            "--max_steps", str(args.steps), "--eval_steps", "0", "--eval_prompts", "8", "--eval_samples", "1",
+            "--save_steps", "0", "--num_threads", str(args.num_threads), "--seed", str(args.seed),
             "--output_dir", output_dir, "--model_name_or_path", args.model_name_or_path, "--dtype", args.dtype,
             *(["--torch_compile"] if args.torch_compile else [])]
 
@@ -252,7 +252,7 @@ def render_md(res: dict) -> str:
         f"({res.get('model', 'the cached embedded tiny model')}),"
         " the first "
         f"{res['prompt_pool']} Countdown training prompts, binary verifier reward, {res['prompts_per_step']} prompts x "
-        f"{res['num_generations']} completions of at most {res['max_new_tokens']} tokens per optimizer step, "
+        f"{res['num_generations']} completions of at most {res['max_completion_length']} tokens per optimizer step, "
         f"micro-batches of {res['micro_batch_size']}, AdamW lr {res['learning_rate']:g} with {res['warmup_steps']} "
         f"warm-up steps, no reference model, {res.get('dtype', 'float32')}, HF `generate` on "
         f"{res['machine'].get('gpu') or 'CPU'}, {res['num_threads']} torch threads. {res['repeats']} rounds of one "
@@ -330,12 +330,12 @@ def main(args: Args) -> dict:
     cfg = (f"use_cpu={args.device == 'cpu'}, bf16={args.dtype == 'bfloat16'}, gradient_checkpointing=False, "
            f"per_device_train_batch_size={args.micro_batch_size}, gradient_accumulation_steps="
            f"{args.prompts_per_step * args.num_generations // args.micro_batch_size}, steps_per_generation=same, "
-           f"num_generations={args.num_generations}, max_completion_length={args.max_new_tokens}, temperature=1.0, "
+           f"num_generations={args.num_generations}, max_completion_length={args.max_completion_length}, temperature=1.0, "
            f"learning_rate={args.learning_rate:g}, optim='adamw_torch', lr_scheduler_type='constant_with_warmup', "
            f"warmup_steps={args.warmup_steps}, max_grad_norm=1.0, beta=0.0, epsilon=0.2, epsilon_high=0.28, "
            "loss_type='dr_grpo', scale_rewards='none', use_vllm=False, max_steps=<steps>"
            + (", torch_compile=True" if args.trl_torch_compile else ""))
-    keys = ("steps", "repeats", "num_threads", "prompt_pool", "prompts_per_step", "num_generations", "max_new_tokens",
+    keys = ("steps", "repeats", "num_threads", "prompt_pool", "prompts_per_step", "num_generations", "max_completion_length",
             "micro_batch_size", "learning_rate", "warmup_steps", "device", "dtype")
     res = {**{k: getattr(args, k) for k in keys},
            "trl": trl_fig, "ours": ours_fig, "ratio": compare(trl_fig, ours_fig), "rounds": rounds,

@@ -94,7 +94,7 @@ def grpo_config(args: Args, output_dir: str, batch: int, micro: int):
         gradient_checkpointing=False,  # TRL defaults it on; we never recompute activations
         max_steps=args.steps, per_device_train_batch_size=micro, gradient_accumulation_steps=accum,
         steps_per_generation=accum,  # = accumulation: one generate per optimizer step, on-policy (no old-logp pass)
-        num_generations=args.num_generations, max_completion_length=args.max_new_tokens, temperature=1.0,
+        num_generations=args.num_generations, max_completion_length=args.max_completion_length, temperature=1.0,
         learning_rate=args.learning_rate, optim="adamw_torch", weight_decay=0.0, max_grad_norm=1.0,
         lr_scheduler_type="constant_with_warmup", warmup_steps=args.warmup_steps,
         beta=0.0, epsilon=0.2, epsilon_high=0.28,  # ada_seq's eps_low / eps_high (inactive on-policy)

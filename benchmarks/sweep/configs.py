@@ -23,23 +23,23 @@ class Config:
 
 
 CONFIGS: tuple[Config, ...] = (
-    Config("grpo_n4", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "4", "--final_keep_per_prompt", "4",
-                                     "--adv_std_norm", "true"),
+    Config("grpo_n4", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "4", "--num_generations", "4",
+                                     "--scale_rewards", "true"),
            "GRPO-n4", None, ("frac_zero_var_groups",),
            "Reinforce-Ada's baseline: one round of 4 samples, nothing adaptive, A = (r - mean) / std (eq. 2)"),
-    Config("dr_grpo_n4", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "4", "--final_keep_per_prompt", "4",
-                                        "--adv_std_norm", "false"),
+    Config("dr_grpo_n4", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "4", "--num_generations", "4",
+                                        "--scale_rewards", "false"),
            "Dr. GRPO-n4", "grpo_n4", ("frac_zero_var_groups",), "GRPO-n4 without the std division: A = r - mean"),
-    Config("grpo_n8", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "8", "--final_keep_per_prompt", "8",
-                                     "--adv_std_norm", "true"),
+    Config("grpo_n8", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "8", "--num_generations", "8",
+                                     "--scale_rewards", "true"),
            "GRPO-n8", "grpo_n4", ("frac_zero_var_groups",), "twice the samples of GRPO-n4, all trained on (eq. 2)"),
-    Config("grpo_n16", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "16", "--final_keep_per_prompt", "16",
-                                      "--adv_std_norm", "true"),
+    Config("grpo_n16", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "16", "--num_generations", "16",
+                                      "--scale_rewards", "true"),
            "GRPO-n16", "grpo_n4", ("frac_zero_var_groups",),
            "Reinforce-Ada's strong baseline: 16 samples per prompt, all trained on (SEQ-BALANCE is claimed to match "
            "it while training on 4)"),
-    Config("dapo_n4", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "4", "--final_keep_per_prompt", "4",
-                                     "--adv_std_norm", "true", "--dynamic_sampling", "true"),
+    Config("dapo_n4", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "4", "--num_generations", "4",
+                                     "--scale_rewards", "true", "--dynamic_sampling", "true"),
            "DAPO dynamic sampling (n4)", "grpo_n4",
            ("frac_zero_var_groups", "dapo_rounds", "dapo_kept_groups", "dapo_sampled_groups", "ada_inference_cost_rel"),
            "Reinforce-Ada's Table 2 baseline: GRPO-n4 dropping zero-variance groups and refilling the batch with new "
@@ -83,8 +83,8 @@ CONFIGS: tuple[Config, ...] = (
            "EST on ada_est.py's own default pool (a prompt returns every 64 steps): does the sweep's shared 256-prompt "
            "pool hold EST back? (its flag wins over the harness's --prompt_pool; compared with GRPO-n8 on the same "
            "pool, and with `est` on the results page)"),
-    Config("grpo_n8_pool2048", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "8", "--final_keep_per_prompt",
-                                              "8", "--adv_std_norm", "true", "--prompt_pool", "2048"),
+    Config("grpo_n8_pool2048", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "8", "--num_generations",
+                                              "8", "--scale_rewards", "true", "--prompt_pool", "2048"),
            "GRPO-n8 (2048-prompt pool)", "grpo_n8", ("frac_zero_var_groups",),
            "EST's baseline on EST's own pool: whatever the larger pool does for every method is not credited to EST"),
     Config("ppo", "pros_ppo.py", ("--pros", "off"), "PPO", None, ("frac_zero_var_groups",),
@@ -128,11 +128,11 @@ BY_NAME = {c.name: c for c in CONFIGS}
 
 
 # Budgets of the two settings (a flag given on the command line wins).
-FULL = {"seeds": [0, 1, 2, 3, 4], "max_steps": 200, "prompts_per_step": 32, "eval_every": 25, "eval_prompts": 256,
+FULL = {"seeds": [0, 1, 2, 3, 4], "max_steps": 200, "prompts_per_step": 32, "eval_steps": 25, "eval_prompts": 256,
         "eval_samples": 8}
 # --quick is a smoke check of all 21 configs (GRPO-n16 and multi-turn PS among them, 48-token answers) that must stay
 # under 10 minutes: 20 steps of 8 prompts, evaluations at steps 0 and 20 on 32 x 2
-QUICK = {"seeds": [0], "max_steps": 20, "prompts_per_step": 8, "eval_every": 20, "eval_prompts": 32,
+QUICK = {"seeds": [0], "max_steps": 20, "prompts_per_step": 8, "eval_steps": 20, "eval_prompts": 32,
          "eval_samples": 2}
 
 

@@ -80,16 +80,16 @@ def task_flags(reward: str, data: dict[str, Path]) -> list[str]:
     """The data and reward flags of a run: text prompts with the built-in math reward, or message prompts with the
     reward functions (a sample succeeds at a total >= 1: correct, whatever its format)."""
     if reward == "math":
-        return ["--dataset", str(data["train"]), "--eval_dataset", str(data["heldout"])]
-    return ["--dataset", str(data["train_messages"]), "--eval_dataset", str(data["heldout_messages"]),
+        return ["--dataset_name", str(data["train"]), "--eval_dataset", str(data["heldout"])]
+    return ["--dataset_name", str(data["train_messages"]), "--eval_dataset", str(data["heldout_messages"]),
             "--prompt_column", "prompt", "--reward_funcs", FUNCS, "--reward_weights", "0.2,1", "--success_reward", "1"]
 
 
 def run_command(args: Args, script: str, reward: str, base: Path, data: dict, out: Path) -> list[str]:
     return [sys.executable, f"{script}.py", "--model_name_or_path", str(base), *task_flags(reward, data),
             "--max_steps", str(args.max_steps), "--learning_rate", str(args.learning_rate), "--seed", str(args.seed),
-            "--num_threads", str(args.num_threads), "--eval_every", "0", "--eval_prompts", "32", "--eval_samples", "2",
-            "--save_every", "0", "--output_dir", str(out), "--overwrite_output_dir", *SCRIPT_FLAGS.get(script, [])]
+            "--num_threads", str(args.num_threads), "--eval_steps", "0", "--eval_prompts", "32", "--eval_samples", "2",
+            "--save_steps", "0", "--output_dir", str(out), "--overwrite_output_dir", *SCRIPT_FLAGS.get(script, [])]
 
 
 def heldout_counts(args: Args, model_dir: Path, reward: str, data: dict) -> list[int]:

@@ -3,7 +3,7 @@
 Each (config, seed) is one subprocess of the method's own script writing to
 `<runs_dir>/<config>/seed<k>/` (metrics.jsonl, args.json, log.txt, bench.json). A run is finished when its
 metrics.jsonl holds the final step's row with eval metrics: finished runs are skipped, unfinished ones are
-continued with `--resume auto`, so re-running the same command completes a half-finished sweep. A config
+continued with `--resume_from_checkpoint auto`, so re-running the same command completes a half-finished sweep. A config
 whose script or flags do not exist (yet) is reported as "missing" and skipped.
 
 A finished run is compacted (`compact_run`): checkpoints and samples.jsonl deleted, log.txt cut to its last lines.
@@ -56,13 +56,13 @@ class Args:
     """policy updates per run, the same for every config (default 200; --quick: 20)"""
     prompts_per_step: Optional[int] = None
     """prompts per step, the same for every config (default 32; --quick: 8)"""
-    eval_every: Optional[int] = None
+    eval_steps: Optional[int] = None
     """held-out evaluation every N steps, plus step 0 and the last (default 25; --quick: 20)"""
     eval_prompts: Optional[int] = None
     """held-out prompts per evaluation (default 256; --quick: 32)"""
     eval_samples: Optional[int] = None
     """samples per held-out prompt (default 8; --quick: 2)"""
-    max_new_tokens: int = 48
+    max_completion_length: int = 48
     """completion length cap, the same for every config (answers take up to 4 lines)"""
     prompt_pool: int = 256
     """every config trains on the same first N training prompts, so prompts recur (EST's estimates, RA-RLOO's
@@ -109,10 +109,10 @@ class Settings:
     seeds: list[int]
     max_steps: int
     prompts_per_step: int
-    eval_every: int
+    eval_steps: int
     eval_prompts: int
     eval_samples: int
-    max_new_tokens: int = 48
+    max_completion_length: int = 48
     prompt_pool: int = 256
     learning_rate: float = 5e-5
     warmup_steps: int = 5
@@ -125,8 +125,8 @@ def resolve(args: Args) -> tuple[Settings, Path]:
     base = QUICK if args.quick else FULL
     pick = lambda name: getattr(args, name) if getattr(args, name) is not None else base[name]  # noqa: E731
     s = Settings(seeds=list(pick("seeds")), max_steps=pick("max_steps"), prompts_per_step=pick("prompts_per_step"),
-                 eval_every=pick("eval_every"), eval_prompts=pick("eval_prompts"), eval_samples=pick("eval_samples"),
-                 max_new_tokens=args.max_new_tokens, prompt_pool=args.prompt_pool, learning_rate=args.learning_rate,
+                 eval_steps=pick("eval_steps"), eval_prompts=pick("eval_prompts"), eval_samples=pick("eval_samples"),
+                 max_completion_length=args.max_completion_length, prompt_pool=args.prompt_pool, learning_rate=args.learning_rate,
                  warmup_steps=args.warmup_steps, model_name_or_path=args.model_name_or_path,
                  num_threads=args.num_threads, extra=args.extra.split())
     default_runs = ROOT / "benchmarks" / "sweep" / ("runs-quick" if args.quick else "runs")
@@ -141,12 +141,12 @@ def resolve(args: Args) -> tuple[Settings, Path]:
 
 def shared_flags(s: Settings, seed: int, out_dir: Path) -> list[str]:
     flags = ["--seed", str(seed), "--max_steps", str(s.max_steps), "--prompts_per_step", str(s.prompts_per_step),
-             "--eval_every", str(s.eval_every), "--eval_prompts", str(s.eval_prompts),
-             "--eval_samples", str(s.eval_samples), "--max_new_tokens", str(s.max_new_tokens),
+             "--eval_steps", str(s.eval_steps), "--eval_prompts", str(s.eval_prompts),
+             "--eval_samples", str(s.eval_samples), "--max_completion_length", str(s.max_completion_length),
              "--prompt_pool", str(s.prompt_pool), "--model_name_or_path", s.model_name_or_path,
              "--num_threads", str(s.num_threads),
              # checkpoints at every evaluation make an interrupted run resumable; keep only the latest
-             "--save_every", str(s.eval_every or s.max_steps), "--keep_checkpoints", "1",
+             "--save_steps", str(s.eval_steps or s.max_steps), "--save_total_limit", "1",
              "--output_dir", str(out_dir)]
     if s.learning_rate > 0:
         flags += ["--learning_rate", repr(s.learning_rate)]
@@ -156,7 +156,7 @@ def shared_flags(s: Settings, seed: int, out_dir: Path) -> list[str]:
 
 
 def build_command(cfg: Config, s: Settings, seed: int, out_dir: Path) -> list[str]:
-    """The run's command without interpreter and without `--resume` (this is what bench.json records). A flag the
+    """The run's command without interpreter and without `--resume_from_checkpoint` (this is what bench.json records). A flag the
     config sets itself (e.g. `est_pool2048`'s --prompt_pool) wins: the shared one is left out."""
     own = {t for t in cfg.flags if t.startswith("--")}
     shared, kept = shared_flags(s, seed, out_dir), []
@@ -197,7 +197,7 @@ def execute(cfg: Config, s: Settings, seed: int, run_dir: Path, cmd: list[str], 
     meta["attempts"] += 1
     meta["settings"] = asdict(s)
     meta_path.write_text(json.dumps(meta, indent=2))
-    full = [args.python, *cmd] + (["--resume", "auto"] if state in ("resume", "restart") else [])
+    full = [args.python, *cmd] + (["--resume_from_checkpoint", "auto"] if state in ("resume", "restart") else [])
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     env.pop("OMP_NUM_THREADS", None)
     if s.num_threads > 0:
@@ -297,7 +297,7 @@ def main(args: Args, argv: list[str]) -> int:
     s, runs_dir = resolve(args)
     items = plan(args, s, runs_dir)
     print(f"benchmark: {len(items)} runs in {runs_dir} (steps {s.max_steps}, prompts/step {s.prompts_per_step}, "
-          f"eval every {s.eval_every} on {s.eval_prompts}x{s.eval_samples}, seeds {s.seeds})", flush=True)
+          f"eval every {s.eval_steps} on {s.eval_prompts}x{s.eval_samples}, seeds {s.seeds})", flush=True)
     if not args.dry_run:
         record_invocation(runs_dir, s, argv)
     results: dict[str, int] = {}
@@ -324,7 +324,7 @@ def main(args: Args, argv: list[str]) -> int:
             results["stale"] = results.get("stale", 0) + 1
             continue
         resume = state in ("resume", "restart")
-        full = [args.python, *it["cmd"]] + (["--resume", "auto"] if resume else [])
+        full = [args.python, *it["cmd"]] + (["--resume_from_checkpoint", "auto"] if resume else [])
         if args.dry_run:
             threads = f"OMP_NUM_THREADS={s.num_threads} " if s.num_threads > 0 else ""
             print(f"{head}: {state}\n    {threads}{' '.join(full)}", flush=True)

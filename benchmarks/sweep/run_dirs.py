@@ -47,7 +47,7 @@ def testbed_id(model_name_or_path: str) -> str:
 def run_state(run_dir: Path, cmd: list[str], max_steps: int, testbed: Optional[str] = None) -> str:
     """new | done | resume | restart | conflict | stale.
 
-    resume: unfinished with a checkpoint; restart: unfinished without one (`--resume auto` then starts
+    resume: unfinished with a checkpoint; restart: unfinished without one (`--resume_from_checkpoint auto` then starts
     fresh); conflict: the directory holds a run of a different command (changed flags or budget), which
     is neither skipped nor overwritten; stale: a run of the same command on another testbed (`testbed`, see
     `testbed_id`; runs recorded without one count as another), likewise left alone.

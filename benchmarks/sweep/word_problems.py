@@ -206,7 +206,7 @@ def build_model(recipe: ModelRecipe, tokenizer):
 
 
 def renderings(row: dict, tokenizer) -> list[str]:
-    """The two prompts a row is trained on: the question with the math reward's default suffix (as `--dataset
+    """The two prompts a row is trained on: the question with the math reward's default suffix (as `--dataset_name
     train.jsonl` renders it) and the message prompt (as `--prompt_column prompt` renders it)."""
     from common.tasks.loading import MATH_SUFFIX
 

@@ -240,4 +240,4 @@ def timeout_line(error: BaseException, trace, seconds: int) -> str:
     return (f"rank {os.environ.get('RANK', '0')}: step {step if step is not None else '(set-up)'}, phase {where}: a "
             f"collective waited longer than --collective_timeout {seconds} s or a peer process left "
             f"({type(error).__name__}); stopping. Another rank is stalled or gone; the last checkpoint is whole: "
-            "continue with --resume auto")
+            "continue with --resume_from_checkpoint auto")

@@ -192,5 +192,5 @@ class HFGenerator:
         """`model.generate`, with --torch_compile through its compiled decoding step on a static cache."""
         if self.compiled is None:
             return self.model.generate(**kwargs)
-        length = self.compiled.cache_length(kwargs["input_ids"].shape[1], kwargs["max_new_tokens"])
+        length = self.compiled.cache_length(kwargs["input_ids"].shape[1], kwargs["max_completion_length"])
         return self.compiled.generate(self.model, kwargs, cache_kwargs(self.model, "static", self.dtype, length))

@@ -111,7 +111,7 @@ def resolve_resume(resume: str | None, output_dir: str) -> Path | None:
         return ckpts[-1] if ckpts else None  # nothing yet: start fresh
     p = Path(resume)
     if not (p / "trainer_state.pt").exists():
-        raise SystemExit(f"--resume {resume}: not a checkpoint dir (no trainer_state.pt)")
+        raise SystemExit(f"--resume_from_checkpoint {resume}: not a checkpoint dir (no trainer_state.pt)")
     return p
 
 
@@ -209,7 +209,7 @@ def _stop_if_failed(accelerator, failed: list, tmp: Path, step: int) -> None:
         room = ""
     stop_every_rank(accelerator, f"checkpoint-{step}: could not write it in {tmp.parent}: {reason}{room}; the run "
                                  f"stops here. " + (f"{found[-1].name} is whole: make room (or fix the folder's "
-                                 "permissions), then continue with --resume auto" if found else
+                                 "permissions), then continue with --resume_from_checkpoint auto" if found else
                                  "There is no earlier checkpoint: fix the folder, then start the run again"))
 
 
@@ -218,15 +218,15 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tup
     method state). Under `--fsdp` the method state also holds this rank's `rank_state` under the key "rank_state"."""
     ts = safe_load(path / "trainer_state.pt", ("step", "optimizer", "scheduler", "state", "world_size"))
     if ts["world_size"] != accelerator.num_processes:
-        raise SystemExit(f"--resume {path}: saved with {ts['world_size']} processes, now {accelerator.num_processes}")
+        raise SystemExit(f"--resume_from_checkpoint {path}: saved with {ts['world_size']} processes, now {accelerator.num_processes}")
     unwrapped = accelerator.unwrap_model(model)
     sharded = isinstance(unwrapped, FSDPModule)
     if sharded != (ts["optimizer"] is None):
-        raise SystemExit(f"--resume {path}: saved {'without' if sharded else 'with'} --fsdp, resumed "
+        raise SystemExit(f"--resume_from_checkpoint {path}: saved {'without' if sharded else 'with'} --fsdp, resumed "
                          f"{'with' if sharded else 'without'} it (the optimizer state is laid out differently)")
     saved_lora = (path / "adapter_model.safetensors").exists()
     if saved_lora != hasattr(unwrapped, "get_base_model"):
-        raise SystemExit(f"--resume {path}: saved {'with' if saved_lora else 'without'} LoRA adapters, resumed "
+        raise SystemExit(f"--resume_from_checkpoint {path}: saved {'with' if saved_lora else 'without'} LoRA adapters, resumed "
                          f"{'without' if saved_lora else 'with'} them (match --lora_r)")
     rank, refused = accelerator.process_index, []
     try:  # this rank's own files: all ranks stop if one is refused (a rank leaving alone would hang the others)
@@ -243,7 +243,7 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tup
 
         result = set_peft_model_state_dict(unwrapped, safe_load(path / "adapter_model.safetensors"))
         if result.unexpected_keys:
-            raise SystemExit(f"--resume {path}: adapter does not match the model ({result.unexpected_keys[:3]})")
+            raise SystemExit(f"--resume_from_checkpoint {path}: adapter does not match the model ({result.unexpected_keys[:3]})")
         return _finish_load(ts, rng, shards, optimizer, scheduler)
     index = path / "model.safetensors.index.json"
     if index.exists():  # large models are saved in shards
@@ -260,7 +260,7 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tup
         unwrapped.load_state_dict(weights, strict=False)
     missing = [k for k in missing if k not in _tied_keys(unwrapped)]
     if missing or unexpected:
-        raise SystemExit(f"--resume {path}: weights do not match the model (missing {missing[:3]}, "
+        raise SystemExit(f"--resume_from_checkpoint {path}: weights do not match the model (missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]})")
     return _finish_load(ts, rng, shards, optimizer, scheduler)
 

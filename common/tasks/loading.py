@@ -67,16 +67,16 @@ def hf_task(args, tokenizer, log=print) -> Task:
 
     if args.reward != "binary":
         raise SystemExit(f"--reward {args.reward} is defined for the Countdown task only; use --reward binary")
-    single_file = Path(args.dataset).suffix in LOCAL
-    train_ds = _load_split(args.dataset, args.dataset_config, args.train_split, "--dataset", True)
+    single_file = Path(args.dataset_name).suffix in LOCAL
+    train_ds = _load_split(args.dataset_name, args.dataset_config, args.dataset_train_split, "--dataset_name", True)
     if args.eval_dataset:
-        eval_ds = _load_split(args.eval_dataset, args.dataset_config, args.eval_split or "test", "--eval_dataset",
+        eval_ds = _load_split(args.eval_dataset, args.dataset_config, args.dataset_test_split or "test", "--eval_dataset",
                               True)
     else:  # a single local file holds no evaluation split: rows are held out of it instead
-        eval_ds = _load_split(args.dataset, args.dataset_config, args.eval_split, "--dataset", False) \
-            if args.eval_split and not single_file else None
+        eval_ds = _load_split(args.dataset_name, args.dataset_config, args.dataset_test_split, "--dataset_name", False) \
+            if args.dataset_test_split and not single_file else None
     need_answer = not args.reward_funcs  # only the built-in math reward reads the answer column
-    for ds, flag in ((train_ds, "--dataset"), (eval_ds, "--eval_dataset")):
+    for ds, flag in ((train_ds, "--dataset_name"), (eval_ds, "--eval_dataset")):
         for col in (args.prompt_column, *([args.answer_column] if need_answer else [])):
             if ds is not None and col not in ds.column_names:
                 raise SystemExit(f"--prompt_column/--answer_column: column {col!r} not in {flag} "
@@ -107,33 +107,33 @@ def hf_task(args, tokenizer, log=print) -> Task:
             else:
                 raise SystemExit(f"{name} row {row_i}: a message-format prompt needs a chat template and the tokenizer "
                                  f"of {args.model_name_or_path} has none (or --use_chat_template no)")
-            if len(tokenizer(text, add_special_tokens=False).input_ids) > args.max_prompt_tokens:
+            if len(tokenizer(text, add_special_tokens=False).input_ids) > args.max_prompt_length:
                 dropped += 1
                 continue
             gold = None if a is None else str(a)
             gold = gsm8k_gold(gold) if gold is not None and "####" in gold else gold
             out.append(Example(len(out), text, gold, columns=dict(row)))
         if dropped:
-            log(f"dropped {dropped} prompts longer than --max_prompt_tokens {args.max_prompt_tokens}")
+            log(f"dropped {dropped} prompts longer than --max_prompt_length {args.max_prompt_length}")
         return out
 
-    train = to_examples(train_ds, args.dataset)
+    train = to_examples(train_ds, args.dataset_name)
     if eval_ds is not None:
-        evals = to_examples(eval_ds, args.eval_dataset or args.dataset)[: args.eval_prompts]
-        name = args.eval_dataset or args.dataset
-        source = name if Path(name).suffix in LOCAL else f"{name} split {args.eval_split or 'test'}"
+        evals = to_examples(eval_ds, args.eval_dataset or args.dataset_name)[: args.eval_prompts]
+        name = args.eval_dataset or args.dataset_name
+        source = name if Path(name).suffix in LOCAL else f"{name} split {args.dataset_test_split or 'test'}"
     else:  # hold out the last rows, deterministically, and keep them out of training
         n_hold = min(args.eval_prompts, len(train) // 5)  # at most a fifth of a small file
         evals = [Example(i, e.prompt, e.answer, columns=e.columns) for i, e in enumerate(train[len(train) - n_hold:])]
         train = train[:len(train) - n_hold]
-        source = f"the last {n_hold} rows of {args.dataset} (at most --eval_prompts, at most a fifth of the rows)"
+        source = f"the last {n_hold} rows of {args.dataset_name} (at most --eval_prompts, at most a fifth of the rows)"
     if not train:
-        raise SystemExit(f"--dataset {args.dataset}: no usable training prompts")
+        raise SystemExit(f"--dataset_name {args.dataset_name}: no usable training prompts")
     if args.prompt_pool > 0:
         train = train[:args.prompt_pool]
-    log(f"{len(train)} training prompts from {args.dataset}; {len(evals)} held-out prompts from {source}")
+    log(f"{len(train)} training prompts from {args.dataset_name}; {len(evals)} held-out prompts from {source}")
     fn = lambda text, ex: math_reward(text, ex.answer)  # noqa: E731
-    return Task(train, evals, fn, fn, args.dataset, templated=bool(chat), prompt_column=args.prompt_column)
+    return Task(train, evals, fn, fn, args.dataset_name, templated=bool(chat), prompt_column=args.prompt_column)
 
 
 class PromptEncoder:

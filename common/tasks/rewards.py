@@ -144,8 +144,8 @@ class RewardFuncs:
         self.state.max_steps, self.state.train_batch_size = args.max_steps, args.prompts_per_step
         self.epoch_size = max(1, train_size) / args.prompts_per_step
         self.state.num_train_epochs = math.ceil(args.max_steps / self.epoch_size)
-        self.state.logging_steps, self.state.eval_steps = 1, args.eval_every
-        self.state.save_steps = getattr(args, "save_every", 0) or 0
+        self.state.logging_steps, self.state.eval_steps = 1, args.eval_steps
+        self.state.save_steps = getattr(args, "save_steps", 0) or 0
         self.warn = log
 
     def updates_done(self, count: int) -> None:

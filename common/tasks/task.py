@@ -62,7 +62,7 @@ class Task:
             rule = "reward 0, never a success" if self.reward_funcs is None else \
                 "they keep their functions' reward" + ("" if self.mask_truncated else
                                                        "; --mask_truncated_completions leaves them out of the loss")
-            self.warn(f"warning: {sum(cut)} of {len(texts)} completions hit --max_new_tokens {self.max_new_tokens} "
+            self.warn(f"warning: {sum(cut)} of {len(texts)} completions hit --max_completion_length {self.max_new_tokens} "
                       f"(cut: {rule}); raise it if answers need more room")
         logged, extra = {}, {}
         if self.reward_funcs is None:
@@ -92,7 +92,7 @@ class Task:
 def make_task(args, tokenizer, log=print) -> Task:
     """The run's task: the embedded Countdown task or a real dataset; with --reward_funcs / --eval_reward_funcs
     their functions (common/tasks/rewards.py, imported only then) score it instead of the built-in rewards."""
-    if args.dataset == "countdown":  # the embedded demo task, imported only here
+    if args.dataset_name == "countdown":  # the embedded demo task, imported only here
         from common.demo.countdown import countdown_task
 
         task = countdown_task(args.reward, args.eval_prompts, args.prompt_pool)
@@ -104,7 +104,7 @@ def make_task(args, tokenizer, log=print) -> Task:
     if args.success_reward is None and getattr(args, "positive_threshold", None) is not None:
         # ada_seq / ada_est unset: reward > --positive_threshold (>= the next float up), training and evaluation
         task.success_reward = math.nextafter(args.positive_threshold, math.inf)
-    task.warn, task.max_new_tokens = log, args.max_new_tokens
+    task.warn, task.max_new_tokens = log, args.max_completion_length
     task.mask_truncated = bool(getattr(args, "mask_truncated_completions", False))
     if args.reward_funcs or args.eval_reward_funcs:
         from common.tasks.rewards import RewardFuncs

@@ -113,7 +113,7 @@ def _ada_seq_facts(aggs: dict[str, Agg], r: Regime) -> list[str]:
     lengths = [(n, mech_value(aggs, r.name(n), "completion_len_mean")) for n in ("grpo_n4", "seq_pos", "seq_balance",
                                                                           "dapo_n4", "grpo_n16") if r.name(n)]
     lengths = [(n, v) for n, v in lengths if v is not None]
-    cap = recorded_setting(aggs, n4, "max_new_tokens")
+    cap = recorded_setting(aggs, n4, "max_completion_length")
     if lengths and cap:
         lo, hi = min(v for _, v in lengths), max(v for _, v in lengths)
         out.append(f"Completion length (`completion_len_mean`, mean over steps and seeds, of {cap} tokens): "
@@ -226,8 +226,8 @@ def method_block(runs: dict[str, dict[int, RunData]], aggs: dict[str, Agg], page
     names = [n for b in page.configs for r in REGIMES for n in [r.name(b)] if n]
     first = next((a.finished[0] for n in names for a in [aggs.get(n)] if a and a.finished), None)
     st = recorded_settings(first) if first else None
-    setting = (f"{st.max_steps} steps of {st.prompts_per_step} prompts, answers <= {st.max_new_tokens} tokens, lr "
-               f"{st.learning_rate} with a {st.warmup_steps}-step warm-up, held-out evaluation every {st.eval_every} "
+    setting = (f"{st.max_steps} steps of {st.prompts_per_step} prompts, answers <= {st.max_completion_length} tokens, lr "
+               f"{st.learning_rate} with a {st.warmup_steps}-step warm-up, held-out evaluation every {st.eval_steps} "
                f"steps on {st.eval_prompts} prompts x {st.eval_samples} samples" if st else "no finished run yet")
     out = [f"Every figure below is computed by `benchmarks/sweep/report.py` from the committed runs "
            f"(`benchmarks/sweep/runs/`): "

@@ -61,9 +61,9 @@ def write_report(runs_dir: Path, out_dir: Path, plots: bool = True, figures_dir:
                   f"{st['max_steps']} steps x {st['prompts_per_step']} prompts "
                   "from a pool of "
                   f"{st['prompt_pool'] or 'all'} training prompts (the `_pool2048` configs: 2,048), completions <= "
-                  f"{st['max_new_tokens']} tokens, lr {st['learning_rate'] or 'script default'}, base policy "
+                  f"{st['max_completion_length']} tokens, lr {st['learning_rate'] or 'script default'}, base policy "
                   f"`{st['model_name_or_path']}`, seeds {_seeds_seen(runs_dir)} (per config: the table's `seeds` "
-                  f"column); held-out evaluation every {st['eval_every']} steps on {st['eval_prompts']} prompts x "
+                  f"column); held-out evaluation every {st['eval_steps']} steps on {st['eval_prompts']} prompts x "
                   f"{st['eval_samples']} samples (temperature 1), {threads}.\n")
     md.append("**Commands** that re-make every finished run, built from each run's `bench.json` (run.py builds "
               "exactly the command the run recorded from these; `--dry_run` prints each one):\n\n"

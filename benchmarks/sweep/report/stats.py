@@ -13,7 +13,7 @@ from scipy import stats
 from benchmarks.sweep.report.curves import Agg, cost_to_reach, eval_curve, value_at
 
 TARGET_HALF = 0.03  # the precision target: a 95% interval of at most about +-0.03
-PROS_TRIALS = 4  # pros_ppo.py's rollouts per query (--k); no config changes it
+PROS_TRIALS = 4  # pros_ppo.py's rollouts per query (--num_generations); no config changes it
 
 
 def t975(dof: int) -> float:
