@@ -26,7 +26,7 @@ optimised; the optimised loss also subtracts the entropy bonus (entropy_coef x s
 constant; the paper's set-up uses 1e-4, the authors' run script 0) and adds beta x the k3 KL summed over the same
 tokens and divided by the same constant (one normaliser; `kl` logs it per trained token). The advantage is
 Alg. 1 line 16's (r - mean_x) x alpha_x, with no std division (the residual weight alpha_x is the prompt's scale);
-its baseline is GRPO-n8 (`ada_seq.py --max_rounds 1 --round_repeat 8 --final_keep_per_prompt 8`, eq. 2), the same
+its baseline is GRPO-n8 (`ada_seq.py --max_rounds 1 --round_repeat 8 --num_generations 8`, eq. 2), the same
 inference budget.
 
     python ada_est.py                                  # hybrid 1/sqrt(p) on 2048 recurring Countdown prompts

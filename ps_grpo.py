@@ -408,6 +408,7 @@ def main(args: Args) -> None:
         text_task = make_task(args, tokenizer, log)
     if text_task is not None:
         train, held_out, encode = text_task.train, text_task.eval, PromptEncoder(tokenizer, text_task.templated)
+    success_reward = text_task.success_reward if text_task else (1.0 if args.success_reward is None else args.success_reward)
     sampler = PromptSampler(len(train), args.seed)
     compiled = None  # --torch_compile: the decoding step and the packed training forward compiled (common/generation/compile.py)
     if args.torch_compile:
@@ -507,7 +508,7 @@ def main(args: Args) -> None:
         t_gen = time.time() - t_start
 
         # ================ verify: the environment's or the task's reward of the whole text; a cut rollout gets 0 ==
-        scored = fixed_scored([ep.reward for ep in episodes], clipped, task.success_reward) if args.multiturn else \
+        scored = fixed_scored([ep.reward for ep in episodes], clipped, success_reward) if args.multiturn else \
             text_task.score([tokenizer.decode(ep.ids, skip_special_tokens=True) for ep in episodes],
                             [examples[ep.group] for ep in episodes], [ep.ids for ep in episodes], clipped, step)
         for episode, total in zip(episodes, scored.total):

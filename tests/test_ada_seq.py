@@ -119,11 +119,11 @@ def test_default_baseline_is_grpo_eq2_and_dr_grpo_is_the_flag():
     # GRPO-n = one round of n with the default flags: the paper's eq. (2), (r - mean) / std over the group
     a = Args(max_rounds=1, round_repeat=4)
     rewards = [1.0, 0.0, 0.0, 0.0]
-    adv = global_advantages(rewards, rewards, THR, a.adv_std_norm, a.prompt_weight)
+    adv = global_advantages(rewards, rewards, THR, a.scale_rewards, a.prompt_weight)
     assert adv == pytest.approx(grpo_advantages(torch.tensor([rewards]), scale=True)[0].tolist(), rel=1e-4)
     assert adv[0] == pytest.approx(0.75 / math.sqrt(0.1875), rel=1e-4)
-    dr = Args(max_rounds=1, round_repeat=4, adv_std_norm=False)  # Dr. GRPO-n: r - mean
-    assert global_advantages(rewards, rewards, THR, dr.adv_std_norm, dr.prompt_weight) == [0.75, -0.25, -0.25, -0.25]
+    dr = Args(max_rounds=1, round_repeat=4, scale_rewards=False)  # Dr. GRPO-n: r - mean
+    assert global_advantages(rewards, rewards, THR, dr.scale_rewards, dr.prompt_weight) == [0.75, -0.25, -0.25, -0.25]
 
 
 def test_reinforce_ada_default_advantage_has_no_std_and_grpo_n_keeps_eq2():
@@ -131,22 +131,22 @@ def test_reinforce_ada_default_advantage_has_no_std_and_grpo_n_keeps_eq2():
     # gets A = 1 - 1/32 (with the std it would be 5.6)
     pool = [1.0] + [0.0] * 31
     ada = Args()  # SEQ-BALANCE defaults: 4 rounds
-    assert ada.max_rounds > 1 and ada.adv_std_norm is False
-    assert Args(exit_condition="positive").adv_std_norm is False
-    kept_adv = global_advantages([1.0, 0.0, 0.0, 0.0], pool, THR, ada.adv_std_norm, ada.prompt_weight)
+    assert ada.max_rounds > 1 and ada.scale_rewards is False
+    assert Args(exit_condition="positive").scale_rewards is False
+    kept_adv = global_advantages([1.0, 0.0, 0.0, 0.0], pool, THR, ada.scale_rewards, ada.prompt_weight)
     assert kept_adv[0] == pytest.approx(1 - 1 / 32) and kept_adv[1] == pytest.approx(-1 / 32)
     # GRPO-n (one round) keeps eq. (2): a group of 4 with one success gives (1 - 0.25) / sqrt(0.25 * 0.75)
     grpo = Args(max_rounds=1, round_repeat=4)
-    assert grpo.adv_std_norm is True
+    assert grpo.scale_rewards is True
     group = [1.0, 0.0, 0.0, 0.0]
-    assert global_advantages(group, group, THR, grpo.adv_std_norm, grpo.prompt_weight)[0] == pytest.approx(
+    assert global_advantages(group, group, THR, grpo.scale_rewards, grpo.prompt_weight)[0] == pytest.approx(
         0.75 / math.sqrt(0.1875), rel=1e-4)
     # one flag overrides both, and the parsed value is what a run writes to args.json
-    assert parse_args(Args, ["--scale_rewards", "true"]).adv_std_norm is True
-    assert parse_args(Args, ["--max_rounds", "1", "--round_repeat", "4", "--scale_rewards", "false"]).adv_std_norm \
+    assert parse_args(Args, ["--scale_rewards", "true"]).scale_rewards is True
+    assert parse_args(Args, ["--max_rounds", "1", "--round_repeat", "4", "--scale_rewards", "false"]).scale_rewards \
         is False
-    assert parse_args(Args, ["--max_rounds", "1", "--round_repeat", "4"]).adv_std_norm is True
-    assert parse_args(Args, []).adv_std_norm is False and parse_args(Args, []).warmup_steps == 10
+    assert parse_args(Args, ["--max_rounds", "1", "--round_repeat", "4"]).scale_rewards is True
+    assert parse_args(Args, []).scale_rewards is False and parse_args(Args, []).warmup_steps == 10
 
 
 def test_unfinished_prompts_pass_ratio_fallback():

@@ -170,7 +170,7 @@ def test_prompt_sampler_epochs_and_exact_resume():
 def _hf_args(path, **kw):
     from common.run.flags import BaseArgs
 
-    return BaseArgs(dataset=str(path), **kw)
+    return BaseArgs(dataset_name=str(path), **kw)
 
 
 def test_hf_task_from_local_jsonl(tmp_path, random_model_dir):

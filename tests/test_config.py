@@ -70,5 +70,5 @@ def test_an_optional_bool_flag_reads_a_yaml_bool(tmp_path):
     # ada_seq's --scale_rewards is Optional[bool] (unset: the method's own default); its args.json holds true/false
     import ada_seq
 
-    for text, expected in (("adv_std_norm: false\n", False), ("adv_std_norm: true\n", True)):
-        assert parse_args(ada_seq.Args, ["--config", _write(tmp_path, text)]).adv_std_norm is expected
+    for text, expected in (("scale_rewards: false\n", False), ("scale_rewards: true\n", True)):
+        assert parse_args(ada_seq.Args, ["--config", _write(tmp_path, text)]).scale_rewards is expected

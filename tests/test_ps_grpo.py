@@ -272,7 +272,7 @@ def test_default_advantage_is_the_papers_r_minus_mean():
     assert torch.equal(adv, rewards - rewards.mean(-1, keepdim=True))
     p = rewards.mean(-1)
     assert torch.allclose((adv ** 2).mean(-1), p * (1 - p))  # 7/64 < 16/64: the balanced task weighs more
-    scaled = grpo_advantages(rewards, scale=parse_args(Args, ["--scale_rewards"]).scale_advantages)
+    scaled = grpo_advantages(rewards, scale=parse_args(Args, ["--scale_rewards"]).scale_rewards)
     assert torch.allclose((scaled ** 2).mean(-1), torch.ones(2), atol=1e-4)  # the option: equal weight
 
 
