@@ -43,26 +43,34 @@ from typing import Annotated, Literal
 
 import numpy as np
 import torch
-from accelerate import Accelerator
-from tqdm.auto import tqdm
 
-from common.run import checkpoint
+from common.distributed.ranks import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice
+from common.distributed.ranks import reduce_sums
+from common.generation.hf import SamplingConfig
+from common.model.policy import autocast
 from common.rl.advantages import zero_variance
-from common.run.flags import BaseArgs, Range
-from common.run.flags import parse_args
-from common.tasks.loading import PromptEncoder, PromptSampler
-from common.tasks.scoring import reward_moments, reward_sums
-from common.distributed.ranks import GracefulStop, collective_timeout, end_processes, gather_list, gathered, micro_batches, my_slice, reduce_sums
-from common.generation.hf import HFGenerator, SamplingConfig, end_token_ids
-from common.run.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
 from common.rl.logprobs import score_completions, token_logprobs
 from common.rl.losses import kl_k3
 from common.rl.masking import pad_sequences, right_align
-from common.run.logs import MetricsLogger, SampleLogger, check_tracker
-from common.tasks.evaluation import evaluate, evaluate_train_prompts, train_prompt_sample
-from common.run.output_dir import claim_output_dir
-from common.model.policy import autocast, frozen_reference, load_policy
+from common.run.checkpoint import Checkpoints
+from common.run.flags import BaseArgs, Range, parse_args
+from common.run.logs import RunLog
+from common.run.setup import (
+    load_training_policy,
+    make_compiled,
+    make_generator,
+    make_optimizer,
+    make_reference,
+    packed_row_tokens,
+    prepare_training,
+    sampling_configs,
+    shard_models,
+    start_run,
+)
 from common.run.summary import run_summary
+from common.tasks.evaluation import evaluate, evaluate_policy
+from common.tasks.loading import PromptEncoder, PromptSampler
+from common.tasks.scoring import reward_moments, reward_sums
 from common.tasks.task import make_task
 
 
@@ -147,13 +155,9 @@ def buffers_state(buffers: dict[int, deque]) -> dict:
             "tokens": torch.from_numpy(tokens).to(torch.int32)}
 
 
-def load_buffers(saved: dict, capacity: int, where: str, success_reward: float) -> dict[int, deque]:
-    """Inverse of `buffers_state` (an older checkpoint's lists too: their entries, stored without a reward, get
-    `success_reward`); a damaged one stops the run with one line naming `where`. Each response is its own int32 array,
-    so one the FIFO drops frees its memory."""
-    if saved and "tokens" not in saved:  # older checkpoints: prompt id -> [(token list, log pi_old)]
-        return {prompt_id: deque(((np.asarray(item[0], np.int32), item[1], success_reward) for item in items),
-                                 maxlen=capacity) for prompt_id, items in saved.items()}
+def load_buffers(saved: dict, capacity: int, where: str) -> dict[int, deque]:
+    """Inverse of `buffers_state`; a damaged one stops the run with one line naming `where`. Each response is its own
+    int32 array, so one the FIFO drops frees its memory."""
     if not saved:
         return {}
     keys = ("prompt_ids", "logp_old", "rewards", "lengths", "tokens")
@@ -162,7 +166,8 @@ def load_buffers(saved: dict, capacity: int, where: str, success_reward: float) 
     if not all(torch.is_tensor(value) and value.dim() == 1 for value in (ids, logps, rewards, lengths, tokens)):
         problem = "prompt_ids, logp_old, rewards, lengths and tokens are not five 1-D tensors"
     elif any(value.is_floating_point() for value in (ids, lengths, tokens)) or not (
-            logps.is_floating_point() and rewards.is_floating_point()):
+        logps.is_floating_point() and rewards.is_floating_point()
+    ):
         problem = "integer prompt_ids, lengths and tokens and float logp_old and rewards expected"
     elif not ids.numel() == logps.numel() == rewards.numel() == lengths.numel():
         problem = "prompt_ids, logp_old, rewards and lengths differ in length"
@@ -173,22 +178,22 @@ def load_buffers(saved: dict, capacity: int, where: str, success_reward: float) 
     if problem:
         raise SystemExit(f"{where}: damaged ({problem}); resume from another checkpoint")
     buffers: dict[int, deque] = {}
-    flat, ends = tokens.to(torch.int32).numpy(), np.cumsum(lengths.numpy()).tolist()
-    for prompt_id, end, length, logp_old, reward in zip(ids.tolist(), ends, lengths.tolist(), logps.tolist(),
-                                                         rewards.tolist()):
-        buffers.setdefault(prompt_id, deque(maxlen=capacity)).append(
-            (flat[end - length:end].copy(), logp_old, reward))
+    flat = tokens.to(torch.int32).numpy()
+    ends = np.cumsum(lengths.numpy()).tolist()
+    entries = zip(ids.tolist(), ends, lengths.tolist(), logps.tolist(), rewards.tolist())
+    for prompt_id, end, length, logp_old, reward in entries:
+        buffer = buffers.setdefault(prompt_id, deque(maxlen=capacity))
+        buffer.append((flat[end - length : end].copy(), logp_old, reward))
     return buffers
 
 
 def splice_replays(prompt_ids: list[int], completions: list[list[int]], rewards: torch.Tensor,
-                   fresh_success: torch.Tensor, buffers: dict[int, deque], mode: str, rng,
-                   success_reward: float = 1.0) -> torch.Tensor:
+                   fresh_success: torch.Tensor, buffers: dict[int, deque], mode: str, rng) -> torch.Tensor:
     """[RA-RLOO] Replace the last rollout of each group that needs it by a stored success, in place.
 
     A group needs it when `mode` is "always", or ("on_demand") when none of its fresh rollouts succeeded
     and its prompt's buffer is non-empty. The spliced slot gets the reward its success was stored with (the buffer
-    holds (response, log pi_old, reward); an entry of an older checkpoint, stored without one: `success_reward`).
+    holds (response, log pi_old, reward); the paper's 1 under a 0/1 reward).
     Returns log pi_old(y|x) of the spliced responses as a [groups, K] tensor, NaN where nothing was spliced.
     """
     k = rewards.shape[1]
@@ -196,11 +201,10 @@ def splice_replays(prompt_ids: list[int], completions: list[list[int]], rewards:
     for group, prompt_id in enumerate(prompt_ids):
         needed = mode == "always" or not bool(fresh_success[group].any())
         if needed and buffers.get(prompt_id):
-            response, logp_old, *stored = rng.choice(buffers[prompt_id])
+            response, logp_old, reward = rng.choice(buffers[prompt_id])
             slot = k - 1  # rollouts are i.i.d., so which slot is replaced does not matter
             completions[group * k + slot] = np.asarray(response).tolist()
-            # the reward it earned (paper: 1 under a 0/1 reward); older checkpoints stored none: success_reward
-            rewards[group, slot] = stored[0] if stored else success_reward
+            rewards[group, slot] = reward
             replay_logp_old[group, slot] = logp_old
     return replay_logp_old
 
@@ -218,159 +222,172 @@ def rloo_loss(pg_sum: torch.Tensor, kl_sum: torch.Tensor | float, beta: float, n
     return (pg_sum + beta * kl_sum) / normaliser
 
 
+def sample_rows(step_samples: dict, tokenizer, picks: list[int]) -> list[dict]:
+    """samples.jsonl rows of the picked rollouts: fresh ones with their reward columns, replayed ones with their
+    importance weight."""
+    rows = []
+    for i in picks:
+        replayed = bool(step_samples["is_replay"][i])
+        row = {
+            "kind": "replayed" if replayed else "fresh",
+            "prompt": tokenizer.decode(step_samples["prompts"][i]),
+            "completion": tokenizer.decode(step_samples["completions"][i]),
+            "reward": step_samples["rewards"][i].item(),
+            "advantage": step_samples["advantages"][i].item(),
+            "truncated": bool(step_samples["truncated"][i]) and not replayed,
+        }
+        if replayed:
+            row["is_weight"] = step_samples["is_weights"][i].item()
+        else:
+            row.update(step_samples["scored"].columns(i))
+        rows.append(row)
+    return rows
+
+
+def ra_rloo_metrics(accelerator, step: int, counters: dict, sums: dict, fresh_rewards, rewards, fresh_success,
+                    is_replay, gens, scored, buffers, grad_norm, lr: float, times: dict) -> dict:
+    """The step's row: one reduce of named sums over ranks, then each metric from them (docs/ra_rloo.md)."""
+    world = accelerator.num_processes
+    totals = reduce_sums(accelerator, {
+        "groups": len(rewards),
+        "rollouts": rewards.numel(),
+        "gen_tokens": sum(map(len, gens.completion_ids)),
+        **reward_sums(fresh_rewards),  # NaN (no function scored it): out of reward_mean / _std
+        "success": fresh_success.sum().item(),
+        "zero_var": zero_variance(fresh_rewards).sum().item(),
+        "truncated": sum(reason == "length" for reason in gens.finish_reasons),
+        "zero_var_post": zero_variance(rewards).sum().item(),
+        "fired": is_replay.any(-1).sum().item(),
+        "no_success_post": (~(fresh_success | is_replay).any(-1)).sum().item(),
+        **sums,
+        **times,
+    })
+    counters["rollouts"] += int(totals["rollouts"])
+    counters["gen_tokens"] += int(totals["gen_tokens"])
+    samples = max(1.0, totals["rollouts"])
+    groups = max(1.0, totals["groups"])
+    tokens = max(1.0, totals["tok"])
+    reward_mean, reward_std = reward_moments(totals, totals["rollouts"])  # over the completions given a reward
+    return {
+        "step": step,
+        "rollouts": counters["rollouts"],
+        "gen_tokens": counters["gen_tokens"],
+        "reward_mean": reward_mean,  # fresh rollouts, before the splice
+        "reward_std": reward_std,
+        "pass_rate": totals["success"] / samples,
+        "frac_zero_var_groups": totals["zero_var"] / groups,  # before the splice
+        "completion_len_mean": totals["gen_tokens"] / samples,
+        "clipped_ratio": totals["truncated"] / samples,  # completions cut by --max_completion_length
+        "loss": totals["loss_sum"] / samples,  # -A log pi(y|x) per sequence, KL excluded
+        "kl": totals["kl_sum"] / tokens,
+        "entropy": totals["ent_sum"] / tokens,
+        "grad_norm": float(grad_norm),
+        "lr": lr,
+        "time_gen_s": totals["t_gen"] / world,
+        "time_train_s": totals["t_train"] / world,
+        "sampler_logp_diff": totals["gap_sum"] / totals["gap_tok"] if totals["gap_tok"] else None,
+        # [RA-RLOO] (also in RLOO, as its reference) mechanism metrics
+        "ra_zero_var_frac_post": totals["zero_var_post"] / groups,
+        "ra_replay_fired_frac": totals["fired"] / groups,
+        # the paper's degenerate groups (no success); all-pass groups are zero-variance too but never spliced
+        "ra_no_success_frac_post": totals["no_success_post"] / groups,
+        "ra_is_weight_mean": totals["w_sum"] / totals["w_n"] if totals["w_n"] else None,
+        "ra_buffer_prompts": sum(1 for buffer in buffers.values() if buffer),
+        **scored.metrics(accelerator),
+    }
+
+
 def main(args: Args) -> None:
-    # ---------------- set-up: accelerator, seeds, output dir ----------------
-    args.fsdp, args.dtype = resolve_accelerate_sharding(args.fsdp), resolve_accelerate_precision(args.dtype)
-    cpu_threads = CpuThreads(args.num_threads, hold=args.torch_compile)  # --num_threads, or free cores: launch.py
-    torch.set_num_threads(cpu_threads.count(torch.get_num_threads(), settle=0.2))  # before any torch work
-    check_tracker(args.report_to)
-    args.output_dir = args.output_dir or f"runs/ra_rloo-seed{args.seed}"
-    if args.reward == "auto":  # [RA-RLOO setup] the paper trains on {0, 0.1, 1}; real datasets have a binary verifier
+    # ---------------- set-up: the launch, policy, reference, optimizer, generator ----------------
+    if args.reward == "auto":  # [RA-RLOO setup] the paper trains on {0, 0.1, 1}; real datasets: binary verifier
         args.reward = "tinyzero" if args.dataset_name == "countdown" else "binary"
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), project_dir=args.output_dir,
-                              log_with=None if args.report_to == "none" else args.report_to,
-                              kwargs_handlers=collective_timeout(args.collective_timeout))  # one line on expiry
-    device, world = accelerator.device, accelerator.num_processes
-    log = lambda msg: print(msg, flush=True) if accelerator.is_main_process else None  # noqa: E731  (once a run)
-    rank_seed = args.seed + accelerator.process_index  # ranks sample different rollouts
-    random.seed(rank_seed)
-    np.random.seed(rank_seed)
-    torch.manual_seed(rank_seed)
-    claim_output_dir(args, accelerator, log)  # before any model: refuses a used or unshared folder
-
-    # ---------------- policy, frozen reference, optimizer ----------------
-    model_path = args.model_name_or_path
-    if model_path == "embedded":  # the tiny Countdown model: rank 0 builds it once, the others find it cached
-        from common.demo.tiny_model import ensure_embedded_base
-
-        with accelerator.main_process_first():
-            model_path = str(ensure_embedded_base(log=log))
-    policy, tokenizer = load_policy(model_path)  # fp32 master weights; --dtype is the compute dtype (autocast)
-    policy.to(device).train()  # training mode: from_pretrained returns eval mode (checkpointing needs train)
-    if args.gradient_checkpointing:  # activations recomputed in backward (training passes only; generate is eval)
-        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if args.lora_r:  # LoRA: only the adapters train (fp32); the frozen base is stored in the compute dtype
-        from common.model.lora import AdaptersOff, add_lora
-
-        policy = add_lora(policy, args.lora_r, args.lora_alpha, args.lora_target_modules, args.dtype)
-    task = make_task(args, tokenizer, log)  # Countdown or a dataset; --reward_funcs: yours (docs/custom_task.md)
-    ref_model = None
-    if args.beta > 0:  # the KL reference: the initial weights, frozen
-        ref_model = AdaptersOff(policy) if args.lora_r else \
-            frozen_reference(policy, args.dtype, args.fsdp)  # computes as the policy at step 0
-    if args.fsdp:  # FSDP2: each rank keeps 1/world of every weight (common/distributed/fsdp.py); the optimizer sees the shards
-        from common.distributed.fsdp import shard
-
-        policy, ref_model = shard(policy, args.dtype), None if ref_model is None else shard(ref_model, args.dtype)
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
-                                  weight_decay=args.weight_decay)
-    warmup = max(1, args.warmup_steps)  # linear warm-up, then constant
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
-    # `model`: DDP-wrapped for the backward pass (FSDP: the sharded policy is its own wrapper)
-    model, optimizer = (policy, accelerator.prepare(optimizer)) if args.fsdp else accelerator.prepare(policy, optimizer)
-
-    # ---------------- data and generator ----------------
+    accelerator, cpu_threads, log = start_run(args, "ra_rloo")
+    device = accelerator.device
+    policy, tokenizer, model_path = load_training_policy(args, accelerator, log)
+    task = make_task(args, tokenizer, log)  # Countdown or a dataset; --reward_funcs: yours
+    ref_model = make_reference(policy, args)  # None at --beta 0
+    policy, ref_model = shard_models(args, policy, ref_model)  # --fsdp only
+    optimizer, scheduler = make_optimizer(policy, args)
+    model, optimizer = prepare_training(accelerator, policy, optimizer, args.fsdp)  # `model`: DDP-wrapped
     encode = PromptEncoder(tokenizer, task.templated)
     sampler = PromptSampler(len(task.train), args.seed)
-    compiled = None  # --torch_compile: the decoding step and the packed training forward compiled (common/generation/compile.py)
-    if args.torch_compile:
-        from common.generation.compile import TorchCompile
-
-        compiled = TorchCompile(log=log)
-    if args.use_vllm:
-        from common.generation.vllm_backend import VLLMGenerator
-
-        generator = VLLMGenerator(model_path, policy, tokenizer, seed=args.seed, dtype=args.dtype,
-                                  max_model_len=args.vllm_max_model_length,
-                                  gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
-    else:
-        generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype,
-                                cache_implementation=args.cache_implementation, compiled=compiled)
-    generator.end_ids = end_token_ids(tokenizer, policy, args.stop_token_ids, log)  # EOS, end-of-turn, flag
-    sampling = SamplingConfig(max_new_tokens=args.max_completion_length, temperature=args.temperature)
-    temperature = args.temperature if args.temperature > 0 else 1.0  # the generator scores greedy samples at T=1
-    pack = (args.pack_row_tokens or (2048 if device.type == "cuda" else 128)) if args.padding_free else 0  # rows
-    eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature  # 0: greedy
-    eval_sampling = SamplingConfig(max_new_tokens=args.max_completion_length, temperature=eval_temperature, logprobs=False)
-    paper_sampling = SamplingConfig(max_new_tokens=args.max_completion_length, temperature=args.paper_eval_temperature,
-                                    top_p=args.paper_eval_top_p, top_k=args.paper_eval_top_k, logprobs=False)
+    compiled = make_compiled(args, log)
+    generator = make_generator(args, model_path, policy, tokenizer, accelerator, compiled, log)
+    sampling, eval_sampling = sampling_configs(args)
+    temperature = args.temperature if args.temperature > 0 else 1.0  # greedy samples are scored at T = 1
+    pack = packed_row_tokens(args, device)
+    # [RA-RLOO setup] the paper's own report: pass@4 of n = 8 at T 0.6, top-p 0.95, top-k 20
+    paper_sampling = SamplingConfig(
+        max_new_tokens=args.max_completion_length,
+        temperature=args.paper_eval_temperature,
+        top_p=args.paper_eval_top_p,
+        top_k=args.paper_eval_top_k,
+        logprobs=False,
+    )
 
     def run_eval() -> dict:
         torch.set_num_threads(cpu_threads.count(torch.get_num_threads()))  # fit the free cores
-        with gathered(policy, enabled=generator.reads_policy):  # FSDP + HF generate: whole weights (else no-op)
-            score = lambda examples: evaluate(generator, tokenizer, examples, encode, task.eval_success,  # noqa: E731
-                                              eval_sampling, args.eval_samples, accelerator)
-            out = score(task.eval)  # eval_train_*: the pool's fit, to compare with held-out
-            out.update(evaluate_train_prompts(score, train_prompt_sample(task.train, args.eval_train_prompts)))
-            # [RA-RLOO setup] the paper's report: pass@4 of n = 8 at T 0.6, top-p 0.95, top-k 20
-            paper = evaluate(generator, tokenizer, task.eval, encode, task.eval_success, paper_sampling,
-                             args.paper_eval_samples, accelerator, ks=(1, 4)) if args.paper_eval_samples else {}
-        return {**out, **{name.replace("eval_", "eval_paper_"): value for name, value in paper.items()}}
+        with gathered(policy, enabled=generator.reads_policy):  # FSDP + HF generate: whole weights
+            out = evaluate_policy(generator, tokenizer, task, encode, eval_sampling, args, accelerator)
+            if args.paper_eval_samples:  # [RA-RLOO setup]
+                paper = evaluate(generator, tokenizer, task.eval, encode, task.eval_success, paper_sampling,
+                                 args.paper_eval_samples, accelerator, ks=(1, 4))
+                out.update({name.replace("eval_", "eval_paper_"): value for name, value in paper.items()})
+        return out
 
-    # ---------------- resume ----------------
-    start_step, counters, method_state = 0, {"rollouts": 0, "gen_tokens": 0}, {}
-    resume_from = checkpoint.resolve_resume(args.resume_from_checkpoint, args.output_dir)
-    if resume_from is not None:
-        start_step, state = checkpoint.load_checkpoint(resume_from, accelerator, model, optimizer, scheduler)
-        sampler.load_state_dict(state["sampler"])
-        counters, method_state = state["counters"], state["method"]
-        generator.sync_weights(policy)
-        log(f"resumed from {resume_from} at step {start_step}")
-    # [RA-RLOO] (also in RLOO: empty) prompt id -> FIFO of (int32 response, log pi_old(y|x), reward), same on every rank
-    buffers = load_buffers(method_state.get("buffers"), args.buffer_capacity,
-                           f"{resume_from and resume_from.name}/trainer_state.pt replay buffers", task.success_reward)
+    # ---------------- resume, replay buffers, logs, step-0 evaluation ----------------
+    checkpoints = Checkpoints(args, accelerator, model, tokenizer, optimizer, scheduler, log)
+    start_step, saved = checkpoints.resume(sampler, generator, policy)
+    counters = saved["counters"] if saved else {"rollouts": 0, "gen_tokens": 0}
+    # [RA-RLOO] (also in RLOO: empty) prompt id -> FIFO of (int32 response, log pi_old(y|x), reward), same on all ranks
+    saved_buffers = saved["method"]["buffers"] if saved else {}
+    where = f"{saved and checkpoints.resumed_from.name}/trainer_state.pt replay buffers"
+    buffers = load_buffers(saved_buffers, args.buffer_capacity, where)
     if start_step == 0 and args.replay != "none" and args.seed_buffer:  # [RA-RLOO] demonstrations
         # FSDP: whole weights only where demonstrations are scored (the embedded task; real datasets seed nothing)
         with autocast(device, args.dtype), gathered(policy, enabled=task.name == "countdown"):
             buffers = seed_buffers(task, policy, tokenizer, encode, args, device, temperature)
         log(f"[RA-RLOO] seeded {len(buffers)} prompt buffers with demonstrations")
-
-    # ---------------- logging, step-0 evaluation, graceful stop ----------------
-    logger = MetricsLogger(args.output_dir, accelerator, args.report_to, vars(args),
-                           resume_step=start_step if resume_from is not None else None)
-    sample_log = SampleLogger(args.output_dir, accelerator, args.log_samples_every, args.log_samples_per_kind,
-                              resume_step=start_step if resume_from is not None else None)
-    warned_logp_diff = False
+    run_log = RunLog(args, accelerator, "ra_rloo", start_step, saved is not None, log)
     if start_step == 0:
-        row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads(),
-               **(compiled.metrics(accelerator) if compiled else {})}
-        logger.log(row)
-        log(f"step 0 (starting policy): {row}")
+        run_log.first_row(run_eval(), compiled)
     stop = GracefulStop(log)
-    progress = tqdm(range(start_step + 1, args.max_steps + 1), initial=start_step, total=args.max_steps,
-                    desc="ra_rloo", disable=not accelerator.is_main_process)
+    k = args.num_generations
 
     for step in range(start_step + 1, args.max_steps + 1):
         t_start = time.time()
         threads = cpu_threads.count(torch.get_num_threads())  # a shared CPU: fit the free cores
         torch.set_num_threads(threads)
+
         # ================ sample: K rollouts for each of this rank's prompts ================
-        examples = [task.train[i] for i in my_slice(sampler.next_ids(args.prompts_per_step), accelerator)]
+        prompt_ids = my_slice(sampler.next_ids(args.prompts_per_step), accelerator)  # strided over ranks
+        examples = [task.train[i] for i in prompt_ids]
         prompts = [encode(example.prompt) for example in examples]
-        with gathered(policy, enabled=generator.reads_policy):  # FSDP + HF generate: whole weights (else no-op)
-            gens = generator.generate(prompts, args.num_generations, sampling)
+        with gathered(policy, enabled=generator.reads_policy):  # FSDP + HF generate: whole weights
+            gens = generator.generate(prompts, k, sampling)
         generator.sleep()  # vLLM on a GPU: its memory goes to training; the push brings the weights back
         t_gen = time.time() - t_start
-        completions = [list(c) for c in gens.completion_ids]
+        completions = [list(completion) for completion in gens.completion_ids]
 
-        # ================ verify (a cut completion: the built-in rewards give 0, --reward_funcs their total) ======
-        texts = [tokenizer.decode(c, skip_special_tokens=True) for c in completions]  # (batch_decode([]) is [''])
+        # ================ verify: a cut completion gets 0 from the built-in rewards, its total from yours ========
+        texts = [tokenizer.decode(completion, skip_special_tokens=True) for completion in completions]
         truncated = torch.tensor([reason == "length" for reason in gens.finish_reasons])
-        scored = task.score(texts, [examples[i // args.num_generations] for i in range(len(texts))], completions, truncated, step)
-        rewards = torch.tensor(scored.total).view(-1, args.num_generations).float()  # NaN: no function scored it
-        fresh_success = torch.tensor(scored.success, dtype=torch.bool).view(-1, args.num_generations)  # the task rule (Task.passes)
+        prompt_of = [examples[i // k] for i in range(len(texts))]
+        scored = task.score(texts, prompt_of, completions, truncated, step)
+        rewards = torch.tensor(scored.total).view(-1, k).float()  # [groups, K]; NaN: no function scored it
+        fresh_success = torch.tensor(scored.success, dtype=torch.bool).view(-1, k)  # `Task.passes`
         fresh_rewards = rewards.clone()  # [RA-RLOO] (also in RLOO: the same) the rewards before the splice
 
-        # ================ [RA-RLOO] splice one stored success into groups that need it (Section 3.1) ================
-        # [RA-RLOO] (also in RLOO: nothing spliced, `is_replay` all False) the replay mask
-        replay_logp_old = torch.full(rewards.shape, float("nan"))
+        # ================ [RA-RLOO] splice one stored success into groups that need it (Section 3.1) ============
+        replay_logp_old = torch.full(rewards.shape, float("nan"))  # [RA-RLOO] (also in RLOO: no replay)
         if args.replay != "none":  # [RA-RLOO]
             replay_logp_old = splice_replays([example.id for example in examples], completions, rewards,
-                                             fresh_success, buffers, args.replay, random, task.success_reward)
+                                             fresh_success, buffers, args.replay, random)
         is_replay = ~torch.isnan(replay_logp_old)
         # --mask_truncated_completions: cut completions get no gradient (a spliced replay is a whole success)
-        keep = ~(truncated & ~is_replay.flatten()) if args.mask_truncated_completions else \
-            torch.ones(len(texts), dtype=torch.bool)
+        keep = torch.ones(len(texts), dtype=torch.bool)
+        if args.mask_truncated_completions:
+            keep = ~(truncated & ~is_replay.flatten())
 
         # ================ advantages: leave-one-out baseline on the (possibly mixed) group, eq. (1) ================
         advantages = rloo_advantages(rewards).flatten().to(device)
@@ -379,21 +396,23 @@ def main(args: Args) -> None:
 
         # ================ update: REINFORCE with the LOO baseline + k3 KL to the reference ================
         t_train_start = time.time()
-        flat_prompts = [p for p in prompts for _ in range(args.num_generations)]
-        normaliser = args.prompts_per_step * args.num_generations / world * args.max_completion_length  # constant: no length bias (per rank)
-        sums = {"loss_sum": 0.0, "kl_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "w_sum": 0.0, "w_n": 0.0,
-                "gap_sum": 0.0, "gap_tok": 0.0}
+        flat_prompts = [prompt for prompt in prompts for _ in range(k)]
+        # one constant normaliser, samples x max tokens over all ranks: no length bias, any process count
+        normaliser = args.prompts_per_step * k / accelerator.num_processes * args.max_completion_length  # per rank
+        sums = dict.fromkeys(("loss_sum", "kl_sum", "ent_sum", "tok", "w_sum", "w_n", "gap_sum", "gap_tok"), 0.0)
         is_weights = torch.ones(len(completions))  # [RA-RLOO] (also in RLOO: all 1) per row, for the sample log
-        lengths = [len(p) + len(c) for p, c in zip(flat_prompts, completions)]  # for --max_tokens_per_microbatch
-        for rows in micro_batches(len(completions), args.micro_batch_size, accelerator, model, peers=(ref_model,),
-                                  lengths=lengths, max_tokens=args.max_tokens_per_microbatch):
+        lengths = [len(prompt) + len(completion) for prompt, completion in zip(flat_prompts, completions)]
+        micro = micro_batches(len(completions), args.micro_batch_size, accelerator, model, peers=(ref_model,),
+                              lengths=lengths, max_tokens=args.max_tokens_per_microbatch)
+        for rows in micro:
             batch = pad_sequences([flat_prompts[r] for r in rows], [completions[r] for r in rows],
-                                  tokenizer.pad_token_id, pack_tokens=pack).to(device)  # packed: --padding_free
+                                  tokenizer.pad_token_id, pack_tokens=pack).to(device)
             with autocast(device, args.dtype):  # the sampled distribution: logits / T
                 logp, entropy = token_logprobs(model, batch, temperature, compiled=compiled)
             mask = batch.loss_mask * keep[rows].to(device)[:, None]
             seq_logp = (logp * mask).sum(-1)
-            adv, rep = advantages[rows], replayed[rows]
+            adv = advantages[rows]
+            rep = replayed[rows]
             # [RA-RLOO] (also in RLOO: no row is a replay, `adv` unchanged) the replayed slot's advantage x w =
             # min(pi_theta/pi_old, w_max), no gradient through w
             weight = replay_weights(seq_logp, replay_logp_old[rows], args.w_max)
@@ -401,23 +420,24 @@ def main(args: Args) -> None:
             is_weights[rows] = torch.where(rep, weight, torch.ones_like(weight)).cpu()
             # sampler/trainer agreement on fresh rollouts, before any update (this pass is the first)
             fresh_mask = batch.loss_mask * (~rep)[:, None]
-            sampler_logp = right_align([gens.logprobs[r] if not rep[j] else [] for j, r in enumerate(rows)],
+            sampler_logp = right_align([[] if rep[j] else gens.logprobs[r] for j, r in enumerate(rows)],
                                        batch.completion_width).to(device)
-            sums["gap_sum"] += ((logp.detach() - sampler_logp).abs() * fresh_mask).sum().item()
-            sums["gap_tok"] += fresh_mask.sum().item()
-            pg_sum, kl_sum = -(adv * seq_logp).sum(), 0.0
+            pg_sum = -(adv * seq_logp).sum()
+            kl_sum = 0.0
             if ref_model is not None:
                 with torch.no_grad(), autocast(device, args.dtype):
                     ref_logp, _ = token_logprobs(ref_model, batch, temperature, compiled=compiled)
                 kl_sum = (kl_k3(logp, ref_logp) * mask).sum()
-                sums["kl_sum"] += kl_sum.item()
             loss = rloo_loss(pg_sum, kl_sum, args.beta, normaliser)
             accelerator.backward(loss)
             sums["loss_sum"] += pg_sum.item()
+            sums["kl_sum"] += float(kl_sum)
             sums["ent_sum"] += (entropy * mask).sum().item()
             sums["tok"] += mask.sum().item()
             sums["w_sum"] += torch.where(rep, weight, torch.zeros_like(weight)).sum().item()
             sums["w_n"] += rep.sum().item()
+            sums["gap_sum"] += ((logp.detach() - sampler_logp).abs() * fresh_mask).sum().item()
+            sums["gap_tok"] += fresh_mask.sum().item()
         grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         optimizer.step()
         scheduler.step()
@@ -428,85 +448,41 @@ def main(args: Args) -> None:
         generator.sync_weights(policy)
 
         # ================ [RA-RLOO] append every fresh success to its prompt's FIFO (all ranks: same buffers) ====
-        # [RA-RLOO] (also in RLOO: the filter keeps nothing)
-        new_successes = [(examples[i // args.num_generations].id, list(c), float(sum(gens.logprobs[i])), float(scored.total[i]))
-                         for i, c in enumerate(gens.completion_ids)
-                         if args.replay != "none" and fresh_success.view(-1)[i]]
+        new_successes = []  # [RA-RLOO] (also in RLOO: nothing to keep)
+        if args.replay != "none":
+            for i, completion in enumerate(gens.completion_ids):
+                if fresh_success.view(-1)[i]:
+                    logp_old = float(sum(gens.logprobs[i]))
+                    new_successes.append((examples[i // k].id, list(completion), logp_old, float(scored.total[i])))
         for prompt_id, response, logp_old, reward in gather_list(accelerator, new_successes):
-            buffers.setdefault(prompt_id, deque(maxlen=args.buffer_capacity)).append(
-                (np.asarray(response, np.int32), logp_old, reward))
+            buffer = buffers.setdefault(prompt_id, deque(maxlen=args.buffer_capacity))
+            buffer.append((np.asarray(response, np.int32), logp_old, reward))
 
-        # ================ metrics: one reduce of named sums over ranks, each ratio next to its name ================
-        totals = reduce_sums(accelerator, {
-            "groups": len(examples), "rollouts": len(completions), "gen_tokens": sum(map(len, gens.completion_ids)),
-            **reward_sums(fresh_rewards),  # NaN (no function scored it): out of reward_mean / _std
-            "success": fresh_success.sum().item(), "zero_var": zero_variance(fresh_rewards).sum().item(),
-            "truncated": sum(reason == "length" for reason in gens.finish_reasons),
-            "zero_var_post": zero_variance(rewards).sum().item(), "fired": is_replay.any(-1).sum().item(), **sums,
-            "no_success_post": (~(fresh_success | is_replay).any(-1)).sum().item(),
-            "t_gen": t_gen, "t_train": t_train,
-        })
-        counters["rollouts"] += int(totals["rollouts"])
-        counters["gen_tokens"] += int(totals["gen_tokens"])
-        samples, groups = max(1.0, totals["rollouts"]), max(1.0, totals["groups"])
-        reward_mean, reward_std = reward_moments(totals, totals["rollouts"])  # over the completions given a reward
-        row = {
-            "step": step, "rollouts": counters["rollouts"], "gen_tokens": counters["gen_tokens"],
-            "reward_mean": reward_mean, "reward_std": reward_std,  # fresh rollouts, before the splice
-            "pass_rate": totals["success"] / samples,
-            "frac_zero_var_groups": totals["zero_var"] / groups,  # before the splice
-            "completion_len_mean": totals["gen_tokens"] / samples,
-            "clipped_ratio": totals["truncated"] / samples,  # completions cut by max_new_tokens
-            "loss": totals["loss_sum"] / samples,  # -A log pi(y|x) per sequence, KL excluded
-            "kl": totals["kl_sum"] / max(1.0, totals["tok"]), "entropy": totals["ent_sum"] / max(1.0, totals["tok"]),
-            "grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0],
-            "time_gen_s": totals["t_gen"] / world, "time_train_s": totals["t_train"] / world,
-            "sampler_logp_diff": totals["gap_sum"] / totals["gap_tok"] if totals["gap_tok"] else None,
-            # [RA-RLOO] (also in RLOO, as its reference) mechanism metrics
-            "ra_zero_var_frac_post": totals["zero_var_post"] / groups,
-            "ra_replay_fired_frac": totals["fired"] / groups,
-            # the paper's degenerate groups (no success); all-pass groups are zero-variance too but never spliced
-            "ra_no_success_frac_post": totals["no_success_post"] / groups,
-            "ra_is_weight_mean": totals["w_sum"] / totals["w_n"] if totals["w_n"] else None,
-            "ra_buffer_prompts": sum(1 for buffer in buffers.values() if buffer), **scored.metrics(accelerator),
-        }
+        # ================ metrics ================
+        times = {"t_gen": t_gen, "t_train": t_train}
+        row = ra_rloo_metrics(accelerator, step, counters, sums, fresh_rewards, rewards, fresh_success, is_replay,
+                              gens, scored, buffers, grad_norm, scheduler.get_last_lr()[0], times)
 
-        gap = row["sampler_logp_diff"]  # None: not measured this step
-        if not warned_logp_diff and gap is not None and gap >= args.logp_diff_warn:
-            warned_logp_diff = True
-            log(f"warning: sampler_logp_diff {gap:.4f} >= --logp_diff_warn {args.logp_diff_warn}: "
-                "the generator does not sample from the policy being trained (stale weights, dtype, temperature?)")
-
-        # ================ sample log / evaluate / log / checkpoint / stop ================
-        evaluating = (args.eval_steps and step % args.eval_steps == 0) or step == args.max_steps
-        if sample_log.due(step, evaluating):  # a few fresh and (with replay) replayed rollouts -> samples.jsonl
+        # ================ sample log, evaluation, the row, checkpoint, stop ================
+        evaluating = run_log.evaluation_due(step)
+        if run_log.samples.due(step, evaluating):  # a few fresh and (with replay) replayed rollouts
             kinds = ["replayed" if rep else "fresh" for rep in is_replay.flatten().tolist()]
-            sample_log.log(step, [{"kind": kinds[i], "prompt": tokenizer.decode(flat_prompts[i]),
-                                   "completion": tokenizer.decode(completions[i]), "reward": rewards.view(-1)[i].item(),
-                                   "advantage": advantages[i].item(), "truncated": bool(truncated[i] & ~replayed[i]),
-                                   **({"is_weight": is_weights[i].item()} if kinds[i] == "replayed" else
-                                      scored.columns(i))}
-                                  for i in sample_log.pick(kinds)])
+            step_samples = {"prompts": flat_prompts, "completions": completions, "rewards": rewards.view(-1),
+                            "advantages": advantages, "truncated": truncated, "is_replay": is_replay.flatten(),
+                            "is_weights": is_weights, "scored": scored}
+            run_log.samples.log(step, sample_rows(step_samples, tokenizer, run_log.samples.pick(kinds)))
         if evaluating:
             row.update(run_eval())
-        row.update(compiled.metrics(accelerator) if compiled else {})  # --torch_compile: compile time, recompiles
-        row["time_step_s"] = time.time() - t_start
-        row["num_threads"] = threads  # the step's count: with a fixed one the run repeats exactly
-        logger.log(row)
-        progress.update(1)
-        progress.set_postfix({"reward": f"{row['reward_mean']:.3f}", "zero_var": f"{row['frac_zero_var_groups']:.2f}",
-                              **({"eval": f"{row['eval_pass@1']:.3f}"} if "eval_pass@1" in row else {})})
+        run_log.end_step(row, time.time() - t_start, threads, compiled)
         stopping = stop.agreed(accelerator)
-        if (args.save_steps and step % args.save_steps == 0) or step == args.max_steps or stopping:
-            state = {"sampler": sampler.state_dict(), "counters": counters,  # [RA-RLOO] (also in RLOO: empty) buffers
-                     "method": {"buffers": buffers_state(buffers)}}
-            path = checkpoint.save_checkpoint(args.output_dir, step, accelerator, model, tokenizer, optimizer,
-                                              scheduler, state, args.save_total_limit, args.lora_merged_export)
-            if stopping:
-                log(f"stopped at step {step}; continue with --resume_from_checkpoint auto (checkpoint {path})")
-                break
-    progress.close()
-    end_processes(accelerator)  # trackers finish and the process group ends now, not at exit: no hang, no abort
+        if checkpoints.due(step, stopping):
+            state = {"sampler": sampler.state_dict(), "counters": counters,
+                     "method": {"buffers": buffers_state(buffers)}}  # [RA-RLOO] (also in RLOO: empty)
+            checkpoints.save(step, state, stopping)
+        if stopping:
+            break
+    run_log.close()
+    end_processes(accelerator)  # trackers finish and the process group ends now, not at exit: no hang
     stop.close()
     log(run_summary(args.output_dir, ["ra_zero_var_frac_post", "ra_replay_fired_frac", "ra_is_weight_mean"]))
 

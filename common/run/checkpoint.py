@@ -279,3 +279,48 @@ def _finish_load(ts: dict, rng: dict, shards: dict | None, optimizer, scheduler)
 
 def _tied_keys(model) -> set[str]:
     return {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+
+
+class Checkpoints:
+    """The run's checkpoints, the same in every method script: the resume at set-up, a save every --save_steps
+    steps, at the last step and when a stop (Ctrl-C / SIGTERM) is agreed."""
+
+    def __init__(self, args, accelerator, model, tokenizer, optimizer, scheduler, log=print):
+        self.args, self.accelerator, self.log = args, accelerator, log
+        self.model, self.tokenizer, self.optimizer, self.scheduler = model, tokenizer, optimizer, scheduler
+        self.resumed_from = resolve_resume(args.resume_from_checkpoint, args.output_dir)
+
+    def resume(self, sampler, generator, policy) -> tuple[int, dict | None]:
+        """(step, saved state) of --resume_from_checkpoint, the weights, optimizer, scheduler, RNG and prompt sampler
+        restored and the generator given the weights; (0, None) for a fresh run."""
+        if self.resumed_from is None:
+            return 0, None
+        step, state = load_checkpoint(self.resumed_from, self.accelerator, self.model, self.optimizer, self.scheduler)
+        sampler.load_state_dict(state["sampler"])
+        generator.sync_weights(policy)
+        self.log(f"resumed from {self.resumed_from} at step {step}")
+        return step, state
+
+    def due(self, step: int, stopping: bool) -> bool:
+        every = self.args.save_steps
+        return bool(every and step % every == 0) or step == self.args.max_steps or stopping
+
+    def save(self, step: int, state: dict, stopping: bool, rank_state: dict | None = None) -> Path:
+        """Every rank; `state` (the sampler, counters and the method's own state) goes to trainer_state.pt,
+        `rank_state` (this rank's optimizer shards under --fsdp) to its own file."""
+        path = save_checkpoint(
+            self.args.output_dir,
+            step,
+            self.accelerator,
+            self.model,
+            self.tokenizer,
+            self.optimizer,
+            self.scheduler,
+            state,
+            self.args.save_total_limit,
+            self.args.lora_merged_export,
+            rank_state=rank_state,
+        )
+        if stopping:
+            self.log(f"stopped at step {step}; continue with --resume_from_checkpoint auto (checkpoint {path})")
+        return path

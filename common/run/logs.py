@@ -163,3 +163,80 @@ class SampleLogger:
                                                                          for row in clean])}, step=step)
             elif tracker.name == "tensorboard":
                 tracker.writer.add_text("samples", "\n\n".join(f"    {json.dumps(row)}" for row in clean), step)
+
+
+class RunLog:
+    """What a step leaves besides its checkpoint, the same in every method script: the row in metrics.jsonl (and
+    the tracker) with the step's time, thread count and compile figures, a few rollouts in samples.jsonl, the
+    progress bar, and one warning when the generator stops sampling from the policy being trained."""
+
+    def __init__(self, args, accelerator, script: str, start_step: int, resumed: bool, log=print):
+        resume_step = start_step if resumed else None  # a resume drops rows written after its checkpoint
+        self.args, self.accelerator, self.log_line = args, accelerator, log
+        self.metrics = MetricsLogger(args.output_dir, accelerator, args.report_to, vars(args), resume_step)
+        self.samples = SampleLogger(
+            args.output_dir, accelerator, args.log_samples_every, args.log_samples_per_kind, resume_step
+        )
+        self.warned_sampler_gap = False
+        self.script, self.start_step, self.progress = script, start_step, None
+        if resumed:  # a fresh run opens the bar after its step-0 line (`first_row`)
+            self._open_progress()
+
+    def evaluation_due(self, step: int) -> bool:
+        """Every --eval_steps steps and at the last step."""
+        every = self.args.eval_steps
+        return bool(every and step % every == 0) or step == self.args.max_steps
+
+    def first_row(self, evaluation: dict, compiled) -> None:
+        """Step 0: the starting policy's evaluation."""
+        row = {"step": 0, **evaluation, "num_threads": _threads()}
+        row.update(compiled.metrics(self.accelerator) if compiled else {})
+        self.metrics.log(row)
+        self.log_line(f"step 0 (starting policy): {row}")
+        self._open_progress()
+
+    def end_step(self, row: dict, step_seconds: float, threads: int, compiled) -> None:
+        """The step's row, completed (compile figures, time, threads), written on every rank's call; the bar moves."""
+        self._warn_sampler_gap(row.get("sampler_logp_diff"))
+        row.update(compiled.metrics(self.accelerator) if compiled else {})  # compile time, recompiles
+        row["time_step_s"] = step_seconds
+        row["num_threads"] = threads  # with a fixed count the run repeats exactly
+        self.metrics.log(row)
+        if self.progress is None:
+            self._open_progress()
+        self.progress.update(1)
+        postfix = {"reward": f"{row['reward_mean']:.3f}", "zero_var": f"{row['frac_zero_var_groups']:.2f}"}
+        if "eval_pass@1" in row:
+            postfix["eval"] = f"{row['eval_pass@1']:.3f}"
+        self.progress.set_postfix(postfix)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
+
+    def _open_progress(self) -> None:
+        from tqdm.auto import tqdm
+
+        self.progress = tqdm(
+            total=self.args.max_steps,
+            initial=self.start_step,
+            desc=self.script,
+            disable=not self.accelerator.is_main_process,
+        )
+
+    def _warn_sampler_gap(self, gap) -> None:
+        """Once a run: the mean |log-prob| gap between the generator and the trainer's first pass reached
+        --logp_diff_warn (None: not measured this step)."""
+        if self.warned_sampler_gap or gap is None or gap < self.args.logp_diff_warn:
+            return
+        self.warned_sampler_gap = True
+        self.log_line(
+            f"warning: sampler_logp_diff {gap:.4f} >= --logp_diff_warn {self.args.logp_diff_warn}: the "
+            "generator does not sample from the policy being trained (stale weights, dtype, temperature?)"
+        )
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()

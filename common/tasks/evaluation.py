@@ -80,3 +80,18 @@ def evaluate_train_prompts(score, examples: list) -> dict:
     random.setstate(py_state)
     np.random.set_state(np_state)
     return {name.replace("eval_", "eval_train_", 1): value for name, value in out.items()}
+
+
+def evaluate_policy(generator, tokenizer, task, encode, sampling, args, accelerator) -> dict:
+    """The evaluation every script logs: held-out pass@1 / pass@k (eval_*) and the same on a fixed sample of
+    --eval_train_prompts training prompts (eval_train_*), the gap between the two being how much of the training
+    pool's fit carries over to new prompts."""
+
+    def score(examples):
+        return evaluate(
+            generator, tokenizer, examples, encode, task.eval_success, sampling, args.eval_samples, accelerator
+        )
+
+    out = score(task.eval)
+    out.update(evaluate_train_prompts(score, train_prompt_sample(task.train, args.eval_train_prompts)))
+    return out

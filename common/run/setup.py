@@ -1,0 +1,177 @@
+"""A run's set-up, one call per piece, the same in every method script: the launch (accelerator, threads, seeds,
+output folder), the trainable policy, the frozen KL reference, the optimizer and its schedule, the wrapped model and
+the generator. Each takes what it needs as arguments; the method's own pieces (a critic, an environment) stay in its
+file."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+
+from common.distributed.ranks import collective_timeout
+from common.generation.hf import HFGenerator, end_token_ids
+from common.model.policy import frozen_reference, load_policy
+from common.run.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
+from common.run.logs import check_tracker
+from common.run.output_dir import claim_output_dir
+
+
+def start_run(args, script: str):
+    """The launch: accelerate's settings mapped onto --fsdp / --dtype, torch's CPU threads (before any torch work),
+    the tracker checked, the Accelerator, per-rank seeds and the output folder claimed before any model loads.
+    Returns (accelerator, cpu_threads, log); `log` prints once a run (main process)."""
+    args.fsdp = resolve_accelerate_sharding(args.fsdp)
+    args.dtype = resolve_accelerate_precision(args.dtype)
+    cpu_threads = CpuThreads(args.num_threads, hold=args.torch_compile)  # --num_threads, or the free cores
+    torch.set_num_threads(cpu_threads.count(torch.get_num_threads(), settle=0.2))
+    check_tracker(args.report_to)
+    args.output_dir = args.output_dir or f"runs/{script}-seed{args.seed}"
+    accelerator = Accelerator(
+        cpu=not torch.cuda.is_available(),
+        project_dir=args.output_dir,
+        log_with=None if args.report_to == "none" else args.report_to,
+        kwargs_handlers=collective_timeout(args.collective_timeout),  # one line on expiry
+    )
+    log = main_process_log(accelerator)
+    seed_everything(args.seed + accelerator.process_index)  # ranks sample different rollouts
+    claim_output_dir(args, accelerator, log)  # refuses a used or unshared folder
+    return accelerator, cpu_threads, log
+
+
+def main_process_log(accelerator):
+    """print, on the main process only (a line once a run, not once a rank)."""
+
+    def log(message: str) -> None:
+        if accelerator.is_main_process:
+            print(message, flush=True)
+
+    return log
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def load_training_policy(args, accelerator, log):
+    """The policy in fp32 master weights (--dtype is the compute dtype, under autocast), in training mode, with
+    gradient checkpointing and LoRA as the flags ask. `embedded`: rank 0 builds (or copies) the tiny Countdown model
+    once and the others find it cached. Returns (policy, tokenizer, model_path)."""
+    model_path = args.model_name_or_path
+    if model_path == "embedded":
+        from common.demo.tiny_model import ensure_embedded_base
+
+        with accelerator.main_process_first():
+            model_path = str(ensure_embedded_base(log=log))
+    policy, tokenizer = load_policy(model_path)
+    policy.to(accelerator.device).train()  # from_pretrained returns eval mode (checkpointing needs train)
+    if args.gradient_checkpointing:  # training passes only; generate runs in eval mode
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if args.lora_r:  # only the adapters train (fp32); the frozen base is stored in the compute dtype
+        from common.model.lora import add_lora
+
+        policy = add_lora(policy, args.lora_r, args.lora_alpha, args.lora_target_modules, args.dtype)
+    return policy, tokenizer, model_path
+
+
+def make_reference(policy, args):
+    """The KL reference: the initial weights, frozen, computing as the policy did at step 0 (under LoRA: the same
+    model with the adapters off); None when --beta is 0."""
+    if args.beta <= 0:
+        return None
+    if args.lora_r:
+        from common.model.lora import AdaptersOff
+
+        return AdaptersOff(policy)
+    return frozen_reference(policy, args.dtype, args.fsdp)
+
+
+def shard_models(args, *models):
+    """--fsdp: FSDP2 over the processes, each rank keeping 1/world of every weight (common/distributed/fsdp.py);
+    without it, the models unchanged. A None stays None."""
+    if not args.fsdp:
+        return models
+    from common.distributed.fsdp import shard
+
+    return tuple(None if model is None else shard(model, args.dtype) for model in models)
+
+
+def make_optimizer(policy, args):
+    """AdamW over the trainable parameters, with a linear warm-up over --warmup_steps, then a constant rate."""
+    trainable = [param for param in policy.parameters() if param.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, weight_decay=args.weight_decay)
+    warmup = max(1, args.warmup_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    return optimizer, scheduler
+
+
+def prepare_training(accelerator, model, optimizer, fsdp: bool):
+    """(model, optimizer) for the backward pass: DDP-wrapped by accelerate, or, under FSDP, the sharded model as its
+    own wrapper with the optimizer prepared alone."""
+    if fsdp:
+        return model, accelerator.prepare(optimizer)
+    return accelerator.prepare(model, optimizer)
+
+
+def make_compiled(args, log):
+    """--torch_compile: the decoding step and the packed training forward compiled (common/generation/compile.py);
+    None otherwise."""
+    if not args.torch_compile:
+        return None
+    from common.generation.compile import TorchCompile
+
+    return TorchCompile(log=log)
+
+
+def make_generator(args, model_path: str, policy, tokenizer, accelerator, compiled, log):
+    """HF generate on the policy, or a colocated vLLM engine (--use_vllm), ending completions at every stop token
+    (EOS, the model's end-of-turn ids, --stop_token_ids), which the run's first lines name."""
+    if args.use_vllm:
+        from common.generation.vllm_backend import VLLMGenerator
+
+        generator = VLLMGenerator(
+            model_path,
+            policy,
+            tokenizer,
+            seed=args.seed,
+            dtype=args.dtype,
+            max_model_len=args.vllm_max_model_length,
+            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+            accelerator=accelerator,
+        )
+    else:
+        generator = HFGenerator(
+            policy,
+            tokenizer,
+            batch_size=args.gen_batch_size,
+            dtype=args.dtype,
+            cache_implementation=args.cache_implementation,
+            compiled=compiled,
+        )
+    generator.end_ids = end_token_ids(tokenizer, policy, args.stop_token_ids, log)
+    return generator
+
+
+def packed_row_tokens(args, device) -> int:
+    """Row length of the packed training layout (--padding_free), 0 when off: 128 tokens on a CPU, 2048 on a GPU
+    unless --pack_row_tokens says."""
+    if not args.padding_free:
+        return 0
+    return args.pack_row_tokens or (2048 if device.type == "cuda" else 128)
+
+
+def sampling_configs(args):
+    """(training, evaluation) sampling: rollouts at --temperature with their log-probs; the evaluation at
+    --eval_temperature (default: --temperature; 0: greedy) without."""
+    from common.generation.hf import SamplingConfig
+
+    eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature
+    sampling = SamplingConfig(max_new_tokens=args.max_completion_length, temperature=args.temperature)
+    eval_sampling = SamplingConfig(
+        max_new_tokens=args.max_completion_length, temperature=eval_temperature, logprobs=False
+    )
+    return sampling, eval_sampling
