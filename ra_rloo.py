@@ -33,6 +33,7 @@ full distribution (T = --temperature, no top-p/top-k: the paper does not say wha
     accelerate launch ra_rloo.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \
         --dataset_name openai/gsm8k --dataset_config main --use_vllm --dtype bfloat16 --learning_rate 1e-6
 """
+
 from __future__ import annotations
 
 import random
@@ -44,8 +45,15 @@ from typing import Annotated, Literal
 import numpy as np
 import torch
 
-from common.distributed.ranks import GracefulStop, end_processes, gather_list, gathered, micro_batches, my_slice
-from common.distributed.ranks import reduce_sums
+from common.distributed.ranks import (
+    GracefulStop,
+    end_processes,
+    gather_list,
+    gathered,
+    micro_batches,
+    my_slice,
+    reduce_sums,
+)
 from common.generation.hf import SamplingConfig
 from common.model.policy import autocast
 from common.rl.advantages import zero_variance
@@ -121,7 +129,9 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
     return torch.where(scored & (count > 1), filled - others, torch.zeros_like(filled))
 
 
-def seed_buffers(task, model, tokenizer, encode, args, device, temperature: float) -> dict[int, deque]:
+def seed_buffers(
+    task, model, tokenizer, encode, args, device, temperature: float
+) -> dict[int, deque]:
     """[RA-RLOO] One solver solution per training prompt, with its log-prob under the initial policy's sampling
     distribution (logits / temperature, as fresh entries store theirs)."""
     buffers: dict[int, deque] = {}
@@ -132,27 +142,42 @@ def seed_buffers(task, model, tokenizer, encode, args, device, temperature: floa
     rng = random.Random(args.seed)
     eos = tokenizer.eos_token_id
     prompts = [encode(example.prompt) for example in task.train]
-    demos = [tokenizer(countdown.solution_text(countdown.sample_steps(example.answer, rng)),
-                       add_special_tokens=False).input_ids + [eos] for example in task.train]
-    logprobs = score_completions(model, prompts, demos, tokenizer.pad_token_id, 512, device, temperature)
+    demos = [
+        tokenizer(
+            countdown.solution_text(countdown.sample_steps(example.answer, rng)),
+            add_special_tokens=False,
+        ).input_ids
+        + [eos]
+        for example in task.train
+    ]
+    logprobs = score_completions(
+        model, prompts, demos, tokenizer.pad_token_id, 512, device, temperature
+    )
     for example, demo, token_lps in zip(task.train, demos, logprobs):
         # a verified solution: the built-in reward 1 (or --success_reward when higher, so that it counts as one)
-        buffers[example.id] = deque([(np.asarray(demo, np.int32), sum(token_lps), max(1.0, task.success_reward))],
-                                    maxlen=args.buffer_capacity)
+        buffers[example.id] = deque(
+            [(np.asarray(demo, np.int32), sum(token_lps), max(1.0, task.success_reward))],
+            maxlen=args.buffer_capacity,
+        )
     return buffers
 
 
 def buffers_state(buffers: dict[int, deque]) -> dict:
     """The replay buffers (also in RLOO: empty) as tensors for the checkpoint, in FIFO order: per entry its prompt id,
     log pi_old (float64, the value itself), stored reward and length, and every response back to back in int32."""
-    entries = [(prompt_id, response, logp_old, reward)
-               for prompt_id, buffer in buffers.items() for response, logp_old, reward in buffer]
+    entries = [
+        (prompt_id, response, logp_old, reward)
+        for prompt_id, buffer in buffers.items()
+        for response, logp_old, reward in buffer
+    ]
     tokens = np.concatenate([entry[1] for entry in entries]) if entries else np.zeros(0, np.int32)
-    return {"prompt_ids": torch.tensor([entry[0] for entry in entries], dtype=torch.int64),
-            "logp_old": torch.tensor([entry[2] for entry in entries], dtype=torch.float64),
-            "rewards": torch.tensor([entry[3] for entry in entries], dtype=torch.float64),
-            "lengths": torch.tensor([len(entry[1]) for entry in entries], dtype=torch.int64),
-            "tokens": torch.from_numpy(tokens).to(torch.int32)}
+    return {
+        "prompt_ids": torch.tensor([entry[0] for entry in entries], dtype=torch.int64),
+        "logp_old": torch.tensor([entry[2] for entry in entries], dtype=torch.float64),
+        "rewards": torch.tensor([entry[3] for entry in entries], dtype=torch.float64),
+        "lengths": torch.tensor([len(entry[1]) for entry in entries], dtype=torch.int64),
+        "tokens": torch.from_numpy(tokens).to(torch.int32),
+    }
 
 
 def load_buffers(saved: dict, capacity: int, where: str) -> dict[int, deque]:
@@ -163,7 +188,10 @@ def load_buffers(saved: dict, capacity: int, where: str) -> dict[int, deque]:
     keys = ("prompt_ids", "logp_old", "rewards", "lengths", "tokens")
     ids, logps, rewards, lengths, tokens = (saved.get(key) for key in keys)
     problem = ""
-    if not all(torch.is_tensor(value) and value.dim() == 1 for value in (ids, logps, rewards, lengths, tokens)):
+    if not all(
+        torch.is_tensor(value) and value.dim() == 1
+        for value in (ids, logps, rewards, lengths, tokens)
+    ):
         problem = "prompt_ids, logp_old, rewards, lengths and tokens are not five 1-D tensors"
     elif any(value.is_floating_point() for value in (ids, lengths, tokens)) or not (
         logps.is_floating_point() and rewards.is_floating_point()
@@ -187,8 +215,15 @@ def load_buffers(saved: dict, capacity: int, where: str) -> dict[int, deque]:
     return buffers
 
 
-def splice_replays(prompt_ids: list[int], completions: list[list[int]], rewards: torch.Tensor,
-                   fresh_success: torch.Tensor, buffers: dict[int, deque], mode: str, rng) -> torch.Tensor:
+def splice_replays(
+    prompt_ids: list[int],
+    completions: list[list[int]],
+    rewards: torch.Tensor,
+    fresh_success: torch.Tensor,
+    buffers: dict[int, deque],
+    mode: str,
+    rng,
+) -> torch.Tensor:
     """[RA-RLOO] Replace the last rollout of each group that needs it by a stored success, in place.
 
     A group needs it when `mode` is "always", or ("on_demand") when none of its fresh rollouts succeeded
@@ -215,7 +250,9 @@ def replay_weights(seq_logp: torch.Tensor, logp_old: torch.Tensor, w_max: float)
     return torch.exp(seq_logp.detach() - logp_old).clamp(max=w_max)
 
 
-def rloo_loss(pg_sum: torch.Tensor, kl_sum: torch.Tensor | float, beta: float, normaliser: float) -> torch.Tensor:
+def rloo_loss(
+    pg_sum: torch.Tensor, kl_sum: torch.Tensor | float, beta: float, normaliser: float
+) -> torch.Tensor:
     """The optimised loss: the policy-gradient sum -sum_i A_i log pi(y_i|x) plus beta x the k3 KL summed over the
     same tokens, both divided by one constant (samples x max_new_tokens), so the KL weighs beta against the policy
     gradient whatever --max_completion_length is (the paper gives beta = 0.05 only)."""
@@ -244,30 +281,49 @@ def sample_rows(step_samples: dict, tokenizer, picks: list[int]) -> list[dict]:
     return rows
 
 
-def ra_rloo_metrics(accelerator, step: int, counters: dict, sums: dict, fresh_rewards, rewards, fresh_success,
-                    is_replay, gens, scored, buffers, grad_norm, lr: float, times: dict) -> dict:
+def ra_rloo_metrics(
+    accelerator,
+    step: int,
+    counters: dict,
+    sums: dict,
+    fresh_rewards,
+    rewards,
+    fresh_success,
+    is_replay,
+    gens,
+    scored,
+    buffers,
+    grad_norm,
+    lr: float,
+    times: dict,
+) -> dict:
     """The step's row: one reduce of named sums over ranks, then each metric from them (docs/ra_rloo.md)."""
     world = accelerator.num_processes
-    totals = reduce_sums(accelerator, {
-        "groups": len(rewards),
-        "rollouts": rewards.numel(),
-        "gen_tokens": sum(map(len, gens.completion_ids)),
-        **reward_sums(fresh_rewards),  # NaN (no function scored it): out of reward_mean / _std
-        "success": fresh_success.sum().item(),
-        "zero_var": zero_variance(fresh_rewards).sum().item(),
-        "truncated": sum(reason == "length" for reason in gens.finish_reasons),
-        "zero_var_post": zero_variance(rewards).sum().item(),
-        "fired": is_replay.any(-1).sum().item(),
-        "no_success_post": (~(fresh_success | is_replay).any(-1)).sum().item(),
-        **sums,
-        **times,
-    })
+    totals = reduce_sums(
+        accelerator,
+        {
+            "groups": len(rewards),
+            "rollouts": rewards.numel(),
+            "gen_tokens": sum(map(len, gens.completion_ids)),
+            **reward_sums(fresh_rewards),  # NaN (no function scored it): out of reward_mean / _std
+            "success": fresh_success.sum().item(),
+            "zero_var": zero_variance(fresh_rewards).sum().item(),
+            "truncated": sum(reason == "length" for reason in gens.finish_reasons),
+            "zero_var_post": zero_variance(rewards).sum().item(),
+            "fired": is_replay.any(-1).sum().item(),
+            "no_success_post": (~(fresh_success | is_replay).any(-1)).sum().item(),
+            **sums,
+            **times,
+        },
+    )
     counters["rollouts"] += int(totals["rollouts"])
     counters["gen_tokens"] += int(totals["gen_tokens"])
     samples = max(1.0, totals["rollouts"])
     groups = max(1.0, totals["groups"])
     tokens = max(1.0, totals["tok"])
-    reward_mean, reward_std = reward_moments(totals, totals["rollouts"])  # over the completions given a reward
+    reward_mean, reward_std = reward_moments(
+        totals, totals["rollouts"]
+    )  # over the completions given a reward
     return {
         "step": step,
         "rollouts": counters["rollouts"],
@@ -277,7 +333,8 @@ def ra_rloo_metrics(accelerator, step: int, counters: dict, sums: dict, fresh_re
         "pass_rate": totals["success"] / samples,
         "frac_zero_var_groups": totals["zero_var"] / groups,  # before the splice
         "completion_len_mean": totals["gen_tokens"] / samples,
-        "clipped_ratio": totals["truncated"] / samples,  # completions cut by --max_completion_length
+        "clipped_ratio": totals["truncated"]
+        / samples,  # completions cut by --max_completion_length
         "loss": totals["loss_sum"] / samples,  # -A log pi(y|x) per sequence, KL excluded
         "kl": totals["kl_sum"] / tokens,
         "entropy": totals["ent_sum"] / tokens,
@@ -299,7 +356,9 @@ def ra_rloo_metrics(accelerator, step: int, counters: dict, sums: dict, fresh_re
 
 def main(args: Args) -> None:
     # ---------------- set-up: the launch, policy, reference, optimizer, generator ----------------
-    if args.reward == "auto":  # [RA-RLOO setup] the paper trains on {0, 0.1, 1}; real datasets: binary verifier
+    if (
+        args.reward == "auto"
+    ):  # [RA-RLOO setup] the paper trains on {0, 0.1, 1}; real datasets: binary verifier
         args.reward = "tinyzero" if args.dataset_name == "countdown" else "binary"
     accelerator, cpu_threads, log = start_run(args, "ra_rloo")
     device = accelerator.device
@@ -308,13 +367,17 @@ def main(args: Args) -> None:
     ref_model = make_reference(policy, args)  # None at --beta 0
     policy, ref_model = shard_models(args, policy, ref_model)  # --fsdp only
     optimizer, scheduler = make_optimizer(policy, args)
-    model, optimizer = prepare_training(accelerator, policy, optimizer, args.fsdp)  # `model`: DDP-wrapped
+    model, optimizer = prepare_training(
+        accelerator, policy, optimizer, args.fsdp
+    )  # `model`: DDP-wrapped
     encode = PromptEncoder(tokenizer, task.templated)
     sampler = PromptSampler(len(task.train), args.seed)
     compiled = make_compiled(args, log)
     generator = make_generator(args, model_path, policy, tokenizer, accelerator, compiled, log)
     sampling, eval_sampling = sampling_configs(args)
-    temperature = args.temperature if args.temperature > 0 else 1.0  # greedy samples are scored at T = 1
+    temperature = (
+        args.temperature if args.temperature > 0 else 1.0
+    )  # greedy samples are scored at T = 1
     pack = packed_row_tokens(args, device)
     # [RA-RLOO setup] the paper's own report: pass@4 of n = 8 at T 0.6, top-p 0.95, top-k 20
     paper_sampling = SamplingConfig(
@@ -328,11 +391,24 @@ def main(args: Args) -> None:
     def run_eval() -> dict:
         torch.set_num_threads(cpu_threads.count(torch.get_num_threads()))  # fit the free cores
         with gathered(policy, enabled=generator.reads_policy):  # FSDP + HF generate: whole weights
-            out = evaluate_policy(generator, tokenizer, task, encode, eval_sampling, args, accelerator)
+            out = evaluate_policy(
+                generator, tokenizer, task, encode, eval_sampling, args, accelerator
+            )
             if args.paper_eval_samples:  # [RA-RLOO setup]
-                paper = evaluate(generator, tokenizer, task.eval, encode, task.eval_success, paper_sampling,
-                                 args.paper_eval_samples, accelerator, ks=(1, 4))
-                out.update({name.replace("eval_", "eval_paper_"): value for name, value in paper.items()})
+                paper = evaluate(
+                    generator,
+                    tokenizer,
+                    task.eval,
+                    encode,
+                    task.eval_success,
+                    paper_sampling,
+                    args.paper_eval_samples,
+                    accelerator,
+                    ks=(1, 4),
+                )
+                out.update(
+                    {name.replace("eval_", "eval_paper_"): value for name, value in paper.items()}
+                )
         return out
 
     # ---------------- resume, replay buffers, logs, step-0 evaluation ----------------
@@ -360,7 +436,9 @@ def main(args: Args) -> None:
         torch.set_num_threads(threads)
 
         # ================ sample: K rollouts for each of this rank's prompts ================
-        prompt_ids = my_slice(sampler.next_ids(args.prompts_per_step), accelerator)  # strided over ranks
+        prompt_ids = my_slice(
+            sampler.next_ids(args.prompts_per_step), accelerator
+        )  # strided over ranks
         examples = [task.train[i] for i in prompt_ids]
         prompts = [encode(example.prompt) for example in examples]
         with gathered(policy, enabled=generator.reads_policy):  # FSDP + HF generate: whole weights
@@ -370,19 +448,34 @@ def main(args: Args) -> None:
         completions = [list(completion) for completion in gens.completion_ids]
 
         # ================ verify: a cut completion gets 0 from the built-in rewards, its total from yours ========
-        texts = [tokenizer.decode(completion, skip_special_tokens=True) for completion in completions]
+        texts = [
+            tokenizer.decode(completion, skip_special_tokens=True) for completion in completions
+        ]
         truncated = torch.tensor([reason == "length" for reason in gens.finish_reasons])
         prompt_of = [examples[i // k] for i in range(len(texts))]
         scored = task.score(texts, prompt_of, completions, truncated, step)
-        rewards = torch.tensor(scored.total).view(-1, k).float()  # [groups, K]; NaN: no function scored it
+        rewards = (
+            torch.tensor(scored.total).view(-1, k).float()
+        )  # [groups, K]; NaN: no function scored it
         fresh_success = torch.tensor(scored.success, dtype=torch.bool).view(-1, k)  # `Task.passes`
-        fresh_rewards = rewards.clone()  # [RA-RLOO] (also in RLOO: the same) the rewards before the splice
+        fresh_rewards = (
+            rewards.clone()
+        )  # [RA-RLOO] (also in RLOO: the same) the rewards before the splice
 
         # ================ [RA-RLOO] splice one stored success into groups that need it (Section 3.1) ============
-        replay_logp_old = torch.full(rewards.shape, float("nan"))  # [RA-RLOO] (also in RLOO: no replay)
+        replay_logp_old = torch.full(
+            rewards.shape, float("nan")
+        )  # [RA-RLOO] (also in RLOO: no replay)
         if args.replay != "none":  # [RA-RLOO]
-            replay_logp_old = splice_replays([example.id for example in examples], completions, rewards,
-                                             fresh_success, buffers, args.replay, random)
+            replay_logp_old = splice_replays(
+                [example.id for example in examples],
+                completions,
+                rewards,
+                fresh_success,
+                buffers,
+                args.replay,
+                random,
+            )
         is_replay = ~torch.isnan(replay_logp_old)
         # --mask_truncated_completions: cut completions get no gradient (a spliced replay is a whole success)
         keep = torch.ones(len(texts), dtype=torch.bool)
@@ -398,15 +491,34 @@ def main(args: Args) -> None:
         t_train_start = time.time()
         flat_prompts = [prompt for prompt in prompts for _ in range(k)]
         # one constant normaliser, samples x max tokens over all ranks: no length bias, any process count
-        normaliser = args.prompts_per_step * k / accelerator.num_processes * args.max_completion_length  # per rank
-        sums = dict.fromkeys(("loss_sum", "kl_sum", "ent_sum", "tok", "w_sum", "w_n", "gap_sum", "gap_tok"), 0.0)
-        is_weights = torch.ones(len(completions))  # [RA-RLOO] (also in RLOO: all 1) per row, for the sample log
-        lengths = [len(prompt) + len(completion) for prompt, completion in zip(flat_prompts, completions)]
-        micro = micro_batches(len(completions), args.micro_batch_size, accelerator, model, peers=(ref_model,),
-                              lengths=lengths, max_tokens=args.max_tokens_per_microbatch)
+        normaliser = (
+            args.prompts_per_step * k / accelerator.num_processes * args.max_completion_length
+        )  # per rank
+        sums = dict.fromkeys(
+            ("loss_sum", "kl_sum", "ent_sum", "tok", "w_sum", "w_n", "gap_sum", "gap_tok"), 0.0
+        )
+        is_weights = torch.ones(
+            len(completions)
+        )  # [RA-RLOO] (also in RLOO: all 1) per row, for the sample log
+        lengths = [
+            len(prompt) + len(completion) for prompt, completion in zip(flat_prompts, completions)
+        ]
+        micro = micro_batches(
+            len(completions),
+            args.micro_batch_size,
+            accelerator,
+            model,
+            peers=(ref_model,),
+            lengths=lengths,
+            max_tokens=args.max_tokens_per_microbatch,
+        )
         for rows in micro:
-            batch = pad_sequences([flat_prompts[r] for r in rows], [completions[r] for r in rows],
-                                  tokenizer.pad_token_id, pack_tokens=pack).to(device)
+            batch = pad_sequences(
+                [flat_prompts[r] for r in rows],
+                [completions[r] for r in rows],
+                tokenizer.pad_token_id,
+                pack_tokens=pack,
+            ).to(device)
             with autocast(device, args.dtype):  # the sampled distribution: logits / T
                 logp, entropy = token_logprobs(model, batch, temperature, compiled=compiled)
             mask = batch.loss_mask * keep[rows].to(device)[:, None]
@@ -420,8 +532,10 @@ def main(args: Args) -> None:
             is_weights[rows] = torch.where(rep, weight, torch.ones_like(weight)).cpu()
             # sampler/trainer agreement on fresh rollouts, before any update (this pass is the first)
             fresh_mask = batch.loss_mask * (~rep)[:, None]
-            sampler_logp = right_align([[] if rep[j] else gens.logprobs[r] for j, r in enumerate(rows)],
-                                       batch.completion_width).to(device)
+            sampler_logp = right_align(
+                [[] if rep[j] else gens.logprobs[r] for j, r in enumerate(rows)],
+                batch.completion_width,
+            ).to(device)
             pg_sum = -(adv * seq_logp).sum()
             kl_sum = 0.0
             if ref_model is not None:
@@ -453,39 +567,75 @@ def main(args: Args) -> None:
             for i, completion in enumerate(gens.completion_ids):
                 if fresh_success.view(-1)[i]:
                     logp_old = float(sum(gens.logprobs[i]))
-                    new_successes.append((examples[i // k].id, list(completion), logp_old, float(scored.total[i])))
+                    new_successes.append(
+                        (examples[i // k].id, list(completion), logp_old, float(scored.total[i]))
+                    )
         for prompt_id, response, logp_old, reward in gather_list(accelerator, new_successes):
             buffer = buffers.setdefault(prompt_id, deque(maxlen=args.buffer_capacity))
             buffer.append((np.asarray(response, np.int32), logp_old, reward))
 
         # ================ metrics ================
         times = {"t_gen": t_gen, "t_train": t_train}
-        row = ra_rloo_metrics(accelerator, step, counters, sums, fresh_rewards, rewards, fresh_success, is_replay,
-                              gens, scored, buffers, grad_norm, scheduler.get_last_lr()[0], times)
+        row = ra_rloo_metrics(
+            accelerator,
+            step,
+            counters,
+            sums,
+            fresh_rewards,
+            rewards,
+            fresh_success,
+            is_replay,
+            gens,
+            scored,
+            buffers,
+            grad_norm,
+            scheduler.get_last_lr()[0],
+            times,
+        )
 
         # ================ sample log, evaluation, the row, checkpoint, stop ================
         evaluating = run_log.evaluation_due(step)
         if run_log.samples.due(step, evaluating):  # a few fresh and (with replay) replayed rollouts
             kinds = ["replayed" if rep else "fresh" for rep in is_replay.flatten().tolist()]
-            step_samples = {"prompts": flat_prompts, "completions": completions, "rewards": rewards.view(-1),
-                            "advantages": advantages, "truncated": truncated, "is_replay": is_replay.flatten(),
-                            "is_weights": is_weights, "scored": scored}
-            run_log.samples.log(step, sample_rows(step_samples, tokenizer, run_log.samples.pick(kinds)))
+            step_samples = {
+                "prompts": flat_prompts,
+                "completions": completions,
+                "rewards": rewards.view(-1),
+                "advantages": advantages,
+                "truncated": truncated,
+                "is_replay": is_replay.flatten(),
+                "is_weights": is_weights,
+                "scored": scored,
+            }
+            run_log.samples.log(
+                step, sample_rows(step_samples, tokenizer, run_log.samples.pick(kinds))
+            )
         if evaluating:
             row.update(run_eval())
         run_log.end_step(row, time.time() - t_start, threads, compiled)
         stopping = stop.agreed(accelerator)
         if checkpoints.due(step, stopping):
-            state = {"sampler": sampler.state_dict(), "counters": counters,
-                     "method": {"buffers": buffers_state(buffers)}}  # [RA-RLOO] (also in RLOO: empty)
+            state = {
+                "sampler": sampler.state_dict(),
+                "counters": counters,
+                "method": {"buffers": buffers_state(buffers)},
+            }  # [RA-RLOO] (also in RLOO: empty)
             checkpoints.save(step, state, stopping)
         if stopping:
             break
     run_log.close()
-    end_processes(accelerator)  # trackers finish and the process group ends now, not at exit: no hang
+    end_processes(
+        accelerator
+    )  # trackers finish and the process group ends now, not at exit: no hang
     stop.close()
-    log(run_summary(args.output_dir, ["ra_zero_var_frac_post", "ra_replay_fired_frac", "ra_is_weight_mean"]))
+    log(
+        run_summary(
+            args.output_dir, ["ra_zero_var_frac_post", "ra_replay_fired_frac", "ra_is_weight_mean"]
+        )
+    )
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(parse_args(Args, description=__doc__.split("\n\n")[0])) or GracefulStop.exit_status())
+    raise SystemExit(
+        main(parse_args(Args, description=__doc__.split("\n\n")[0])) or GracefulStop.exit_status()
+    )

@@ -10,6 +10,7 @@ their `state_dict()` in each rank's `rng_rank<r>.pt`, restored on resume.
 `run.json` records the run that wrote it (its id, script, settings and flags; common/run/output_dir.py): rotation removes
 only that run's own, and a resume checks it before anything is written.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,7 +46,11 @@ def run_id(record: Path) -> str:
 
 
 def rng_state() -> dict:
-    s = {"python": random.getstate(), "numpy": np.random.get_state(legacy=False), "torch": torch.get_rng_state()}
+    s = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(legacy=False),
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         s["cuda"] = torch.cuda.get_rng_state_all()
     return s
@@ -70,7 +75,9 @@ def plain(obj):
         return torch.from_numpy(obj.copy()) if isinstance(obj, np.ndarray) else obj.item()
     if obj is None or isinstance(obj, (bool, int, float, str, torch.Tensor)):
         return obj
-    raise TypeError(f"checkpoint state holds a {type(obj).__name__}: keep to numbers, strings, tensors and containers")
+    raise TypeError(
+        f"checkpoint state holds a {type(obj).__name__}: keep to numbers, strings, tensors and containers"
+    )
 
 
 def safe_load(path: Path, keys: tuple[str, ...] = ()) -> dict:
@@ -78,19 +85,37 @@ def safe_load(path: Path, keys: tuple[str, ...] = ()) -> dict:
     code); a missing, truncated, tampered or foreign file stops the run with one line naming it."""
     where = f"{path.parent.name}/{path.name}"
     try:
-        content = load_file(str(path)) if path.suffix == ".safetensors" else torch.load(path, weights_only=True)
-    except Exception as error:  # whatever failed, the file is at fault: name it, without torch's traceback
+        content = (
+            load_file(str(path))
+            if path.suffix == ".safetensors"
+            else torch.load(path, weights_only=True)
+        )
+    except (
+        Exception
+    ) as error:  # whatever failed, the file is at fault: name it, without torch's traceback
         try:
             found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
         except Exception:
             found = []
-        if found and all(name.startswith("numpy.") for name in found):  # older checkpoints pickled numpy objects
-            raise SystemExit(f"{where}: an older checkpoint format (numpy objects) that a resume no longer unpickles; "
-                             f"restart from its weights with --model_name_or_path {path.parent}")
-        reason = f"it calls {', '.join(found)}" if found else str(error).split(". ")[0].strip() or "empty or cut short"
-        raise SystemExit(f"{where}: not a checkpoint written by this project (unsafe or unreadable content): {reason}")
+        if found and all(
+            name.startswith("numpy.") for name in found
+        ):  # older checkpoints pickled numpy objects
+            raise SystemExit(
+                f"{where}: an older checkpoint format (numpy objects) that a resume no longer unpickles; "
+                f"restart from its weights with --model_name_or_path {path.parent}"
+            )
+        reason = (
+            f"it calls {', '.join(found)}"
+            if found
+            else str(error).split(". ")[0].strip() or "empty or cut short"
+        )
+        raise SystemExit(
+            f"{where}: not a checkpoint written by this project (unsafe or unreadable content): {reason}"
+        )
     if not isinstance(content, dict) or not set(keys) <= set(content):
-        raise SystemExit(f"{where}: not a checkpoint written by this project (expected the keys {', '.join(keys)})")
+        raise SystemExit(
+            f"{where}: not a checkpoint written by this project (expected the keys {', '.join(keys)})"
+        )
     return content
 
 
@@ -98,8 +123,11 @@ def list_checkpoints(output_dir: str) -> list[Path]:
     d = Path(output_dir)
     if not d.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in d.iterdir() if p.is_dir() and (m := _NAME.match(p.name))
-             and (p / "trainer_state.pt").exists()]
+    found = [
+        (int(m.group(1)), p)
+        for p in d.iterdir()
+        if p.is_dir() and (m := _NAME.match(p.name)) and (p / "trainer_state.pt").exists()
+    ]
     return [p for _, p in sorted(found)]
 
 
@@ -111,20 +139,36 @@ def resolve_resume(resume: str | None, output_dir: str) -> Path | None:
         return ckpts[-1] if ckpts else None  # nothing yet: start fresh
     p = Path(resume)
     if not (p / "trainer_state.pt").exists():
-        raise SystemExit(f"--resume_from_checkpoint {resume}: not a checkpoint dir (no trainer_state.pt)")
+        raise SystemExit(
+            f"--resume_from_checkpoint {resume}: not a checkpoint dir (no trainer_state.pt)"
+        )
     return p
 
 
 @library_bars_off()  # transformers' "Writing model shards" bar: the step bar stays the run's only bar
-def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, optimizer, scheduler,
-                    state: dict, keep: int = 2, merged_export: bool = False, rank_state: dict | None = None) -> Path:
+def save_checkpoint(
+    output_dir: str,
+    step: int,
+    accelerator,
+    model,
+    tokenizer,
+    optimizer,
+    scheduler,
+    state: dict,
+    keep: int = 2,
+    merged_export: bool = False,
+    rank_state: dict | None = None,
+) -> Path:
     """With LoRA the model dir holds the adapter (adapter_model.safetensors, loads with peft on the base model);
     `merged_export` adds `merged/`, a plain model dir with the adapters folded in. Every rank must call this. `keep`
     > 0: afterwards the run writing in `output_dir` keeps its `keep` latest checkpoints (another run's are never
     removed); a failed write stops every rank with one line naming the folder and the error."""
     final = Path(output_dir) / f"checkpoint-{step}"
     tmp = Path(output_dir) / f".tmp-checkpoint-{step}"
-    main, failed = accelerator.is_main_process, []  # messages: an error object would keep its open file (traceback)
+    main, failed = (
+        accelerator.is_main_process,
+        [],
+    )  # messages: an error object would keep its open file (traceback)
     _stop_if_not_held(accelerator, output_dir)
     if main:
         try:
@@ -132,20 +176,34 @@ def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, o
             tmp.mkdir(parents=True)
         except OSError as error:
             failed.append(str(error))
-    _stop_if_failed(accelerator, failed, tmp, step)  # a collective: also the barrier before the ranks write
+    _stop_if_failed(
+        accelerator, failed, tmp, step
+    )  # a collective: also the barrier before the ranks write
     try:
-        objects = [obj.state_dict() for obj in getattr(accelerator, "_custom_objects", [])]  # this rank's
-        torch.save(plain({**rng_state(), "objects": objects}), tmp / f"rng_rank{accelerator.process_index}.pt")
+        objects = [
+            obj.state_dict() for obj in getattr(accelerator, "_custom_objects", [])
+        ]  # this rank's
+        torch.save(
+            plain({**rng_state(), "objects": objects}),
+            tmp / f"rng_rank{accelerator.process_index}.pt",
+        )
     except _WRITE_ERRORS as error:
         failed.append(str(error))
     unwrapped, weights = accelerator.unwrap_model(model), None
-    sharded = isinstance(unwrapped, FSDPModule)  # --fsdp (common.distributed.fsdp is imported only then)
+    sharded = isinstance(
+        unwrapped, FSDPModule
+    )  # --fsdp (common.distributed.fsdp is imported only then)
     if sharded:  # every rank takes part; rank 0 receives the whole fp32 weights
         from common.distributed.fsdp import save_shards
 
         try:
-            weights = save_shards(unwrapped, optimizer, plain(rank_state),
-                                  tmp / f"shards_rank{accelerator.process_index}.pt", skip=_tied_keys(unwrapped))
+            weights = save_shards(
+                unwrapped,
+                optimizer,
+                plain(rank_state),
+                tmp / f"shards_rank{accelerator.process_index}.pt",
+                skip=_tied_keys(unwrapped),
+            )
         except _WRITE_ERRORS as error:
             failed.append(str(error))
     try:  # the run writing here (common/run/output_dir.py): its id, script, settings and flags go into run.json
@@ -161,16 +219,25 @@ def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, o
             if merged_export and hasattr(unwrapped, "get_base_model"):
                 from common.model.lora import merged_state_dict
 
-                unwrapped.get_base_model().save_pretrained(tmp / "merged", state_dict=merged_state_dict(unwrapped))
+                unwrapped.get_base_model().save_pretrained(
+                    tmp / "merged", state_dict=merged_state_dict(unwrapped)
+                )
                 tokenizer.save_pretrained(tmp / "merged")
-            trainer = {"step": step, "optimizer": None if sharded else optimizer.state_dict(),
-                       "scheduler": scheduler.state_dict(), "state": state, "world_size": accelerator.num_processes}
+            trainer = {
+                "step": step,
+                "optimizer": None if sharded else optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(),
+                "state": state,
+                "world_size": accelerator.num_processes,
+            }
             torch.save(plain(trainer), tmp / "trainer_state.pt")
             (tmp / "run.json").write_text(json.dumps({**record, "run_id": writing}))
         except _WRITE_ERRORS as error:
             failed.append(str(error))
     _stop_if_failed(accelerator, failed, tmp, step)
-    _stop_if_not_held(accelerator, output_dir)  # writing took minutes on a large model: the rename and rotation delete
+    _stop_if_not_held(
+        accelerator, output_dir
+    )  # writing took minutes on a large model: the rename and rotation delete
     if main:
         try:
             shutil.rmtree(final, ignore_errors=True)
@@ -178,9 +245,15 @@ def save_checkpoint(output_dir: str, step: int, accelerator, model, tokenizer, o
         except OSError as error:
             failed.append(str(error))
     _stop_if_failed(accelerator, failed, tmp, step)
-    if main and keep > 0:  # this run's older checkpoints, never the one just written nor another run's
-        mine = [path for path in list_checkpoints(output_dir) if path != final and run_id(path / "run.json") == writing]
-        for old in mine[:max(0, len(mine) - (keep - 1))]:
+    if (
+        main and keep > 0
+    ):  # this run's older checkpoints, never the one just written nor another run's
+        mine = [
+            path
+            for path in list_checkpoints(output_dir)
+            if path != final and run_id(path / "run.json") == writing
+        ]
+        for old in mine[: max(0, len(mine) - (keep - 1))]:
             shutil.rmtree(old, ignore_errors=True)
     accelerator.wait_for_everyone()
     return final
@@ -204,30 +277,45 @@ def _stop_if_failed(accelerator, failed: list, tmp: Path, step: int) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
     found = list_checkpoints(str(tmp.parent))
     try:
-        room = f" ({shutil.disk_usage(tmp.parent).free / 2 ** 20:,.0f} MiB free there)"
+        room = f" ({shutil.disk_usage(tmp.parent).free / 2**20:,.0f} MiB free there)"
     except OSError:
         room = ""
-    stop_every_rank(accelerator, f"checkpoint-{step}: could not write it in {tmp.parent}: {reason}{room}; the run "
-                                 f"stops here. " + (f"{found[-1].name} is whole: make room (or fix the folder's "
-                                 "permissions), then continue with --resume_from_checkpoint auto" if found else
-                                 "There is no earlier checkpoint: fix the folder, then start the run again"))
+    stop_every_rank(
+        accelerator,
+        f"checkpoint-{step}: could not write it in {tmp.parent}: {reason}{room}; the run "
+        f"stops here. "
+        + (
+            f"{found[-1].name} is whole: make room (or fix the folder's "
+            "permissions), then continue with --resume_from_checkpoint auto"
+            if found
+            else "There is no earlier checkpoint: fix the folder, then start the run again"
+        ),
+    )
 
 
 def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tuple[int, dict]:
     """Restore weights, optimizer, scheduler and this rank's RNG (each file checked by `safe_load`); returns (step,
     method state). Under `--fsdp` the method state also holds this rank's `rank_state` under the key "rank_state"."""
-    ts = safe_load(path / "trainer_state.pt", ("step", "optimizer", "scheduler", "state", "world_size"))
+    ts = safe_load(
+        path / "trainer_state.pt", ("step", "optimizer", "scheduler", "state", "world_size")
+    )
     if ts["world_size"] != accelerator.num_processes:
-        raise SystemExit(f"--resume_from_checkpoint {path}: saved with {ts['world_size']} processes, now {accelerator.num_processes}")
+        raise SystemExit(
+            f"--resume_from_checkpoint {path}: saved with {ts['world_size']} processes, now {accelerator.num_processes}"
+        )
     unwrapped = accelerator.unwrap_model(model)
     sharded = isinstance(unwrapped, FSDPModule)
     if sharded != (ts["optimizer"] is None):
-        raise SystemExit(f"--resume_from_checkpoint {path}: saved {'without' if sharded else 'with'} --fsdp, resumed "
-                         f"{'with' if sharded else 'without'} it (the optimizer state is laid out differently)")
+        raise SystemExit(
+            f"--resume_from_checkpoint {path}: saved {'without' if sharded else 'with'} --fsdp, resumed "
+            f"{'with' if sharded else 'without'} it (the optimizer state is laid out differently)"
+        )
     saved_lora = (path / "adapter_model.safetensors").exists()
     if saved_lora != hasattr(unwrapped, "get_base_model"):
-        raise SystemExit(f"--resume_from_checkpoint {path}: saved {'with' if saved_lora else 'without'} LoRA adapters, resumed "
-                         f"{'without' if saved_lora else 'with'} them (match --lora_r)")
+        raise SystemExit(
+            f"--resume_from_checkpoint {path}: saved {'with' if saved_lora else 'without'} LoRA adapters, resumed "
+            f"{'without' if saved_lora else 'with'} them (match --lora_r)"
+        )
     rank, refused = accelerator.process_index, []
     try:  # this rank's own files: all ranks stop if one is refused (a rank leaving alone would hang the others)
         rng = safe_load(path / f"rng_rank{rank}.pt", ("python", "numpy", "torch"))
@@ -237,13 +325,19 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tup
     if refused := gather_list(accelerator, refused):
         raise SystemExit("; ".join(refused))
     for obj, saved in zip(getattr(accelerator, "_custom_objects", []), rng.get("objects", [])):
-        obj.load_state_dict(saved)  # registered for checkpointing: the vLLM generator's seed counter
-    if hasattr(unwrapped, "get_base_model"):  # LoRA: the adapters are the trained weights, the base is unchanged
+        obj.load_state_dict(
+            saved
+        )  # registered for checkpointing: the vLLM generator's seed counter
+    if hasattr(
+        unwrapped, "get_base_model"
+    ):  # LoRA: the adapters are the trained weights, the base is unchanged
         from peft import set_peft_model_state_dict
 
         result = set_peft_model_state_dict(unwrapped, safe_load(path / "adapter_model.safetensors"))
         if result.unexpected_keys:
-            raise SystemExit(f"--resume_from_checkpoint {path}: adapter does not match the model ({result.unexpected_keys[:3]})")
+            raise SystemExit(
+                f"--resume_from_checkpoint {path}: adapter does not match the model ({result.unexpected_keys[:3]})"
+            )
         return _finish_load(ts, rng, shards, optimizer, scheduler)
     index = path / "model.safetensors.index.json"
     if index.exists():  # large models are saved in shards
@@ -256,16 +350,23 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tup
         weights = safe_load(path / "model.safetensors")
     if sharded:  # --fsdp: every rank reads the whole weights and keeps its shards
         from common.distributed.fsdp import load_full_state_dict
-    missing, unexpected = load_full_state_dict(unwrapped, weights) if sharded else \
-        unwrapped.load_state_dict(weights, strict=False)
+    missing, unexpected = (
+        load_full_state_dict(unwrapped, weights)
+        if sharded
+        else unwrapped.load_state_dict(weights, strict=False)
+    )
     missing = [k for k in missing if k not in _tied_keys(unwrapped)]
     if missing or unexpected:
-        raise SystemExit(f"--resume_from_checkpoint {path}: weights do not match the model (missing {missing[:3]}, "
-                         f"unexpected {unexpected[:3]})")
+        raise SystemExit(
+            f"--resume_from_checkpoint {path}: weights do not match the model (missing {missing[:3]}, "
+            f"unexpected {unexpected[:3]})"
+        )
     return _finish_load(ts, rng, shards, optimizer, scheduler)
 
 
-def _finish_load(ts: dict, rng: dict, shards: dict | None, optimizer, scheduler) -> tuple[int, dict]:
+def _finish_load(
+    ts: dict, rng: dict, shards: dict | None, optimizer, scheduler
+) -> tuple[int, dict]:
     if shards is not None:  # --fsdp: this rank's optimizer shard
         from common.distributed.fsdp import load_shards
 
@@ -287,7 +388,12 @@ class Checkpoints:
 
     def __init__(self, args, accelerator, model, tokenizer, optimizer, scheduler, log=print):
         self.args, self.accelerator, self.log = args, accelerator, log
-        self.model, self.tokenizer, self.optimizer, self.scheduler = model, tokenizer, optimizer, scheduler
+        self.model, self.tokenizer, self.optimizer, self.scheduler = (
+            model,
+            tokenizer,
+            optimizer,
+            scheduler,
+        )
         self.resumed_from = resolve_resume(args.resume_from_checkpoint, args.output_dir)
 
     def resume(self, sampler, generator, policy) -> tuple[int, dict | None]:
@@ -295,7 +401,9 @@ class Checkpoints:
         restored and the generator given the weights; (0, None) for a fresh run."""
         if self.resumed_from is None:
             return 0, None
-        step, state = load_checkpoint(self.resumed_from, self.accelerator, self.model, self.optimizer, self.scheduler)
+        step, state = load_checkpoint(
+            self.resumed_from, self.accelerator, self.model, self.optimizer, self.scheduler
+        )
         sampler.load_state_dict(state["sampler"])
         generator.sync_weights(policy)
         self.log(f"resumed from {self.resumed_from} at step {step}")
@@ -322,5 +430,7 @@ class Checkpoints:
             rank_state=rank_state,
         )
         if stopping:
-            self.log(f"stopped at step {step}; continue with --resume_from_checkpoint auto (checkpoint {path})")
+            self.log(
+                f"stopped at step {step}; continue with --resume_from_checkpoint auto (checkpoint {path})"
+            )
         return path

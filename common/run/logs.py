@@ -5,6 +5,7 @@ reward_mean, reward_std, pass_rate, frac_zero_var_groups, completion_len_mean, c
 grad_norm, lr, time_step_s, time_gen_s, time_train_s; eval_pass@1 / eval_pass@k when evaluating, and the same
 measured on a fixed sample of training-pool prompts as eval_train_pass@1 / eval_train_pass@k.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,7 +22,9 @@ def check_tracker(report_to: str) -> None:
     """A clear error before anything starts when `--report_to` names a tracker that is not installed."""
     import importlib.util
 
-    need = {"none": (), "tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}[report_to]
+    need = {"none": (), "tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}[
+        report_to
+    ]
     if need and not any(importlib.util.find_spec(module) for module in need):
         raise SystemExit(f"--report_to {report_to}: install it first (pip install {need[0]})")
 
@@ -39,10 +42,14 @@ def read_rows(path: Path, announce=lambda message: print(message, flush=True)) -
             int(row["step"])
         except (ValueError, KeyError, TypeError) as error:
             if index < len(numbered) - 1:
-                raise SystemExit(f"{path} line {number}: not a row this project writes ({type(error).__name__}: "
-                                 f"{str(error)[:80]}); repair or delete that line, then resume")
-            announce(f"{path}: dropped its last line (line {number}), cut short at {len(line.encode())} bytes by an "
-                     "interrupted write")
+                raise SystemExit(
+                    f"{path} line {number}: not a row this project writes ({type(error).__name__}: "
+                    f"{str(error)[:80]}); repair or delete that line, then resume"
+                )
+            announce(
+                f"{path}: dropped its last line (line {number}), cut short at {len(line.encode())} bytes by an "
+                "interrupted write"
+            )
             continue
         kept.append(line)
     return kept
@@ -56,30 +63,47 @@ def append_rows(path: Path, rows: list[dict]) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             for row in rows:
-                row = {key: None if isinstance(value, float) and value != value else value  # NaN (no reward): null
-                       for key, value in row.items()}
+                row = {
+                    key: None
+                    if isinstance(value, float) and value != value
+                    else value  # NaN (no reward): null
+                    for key, value in row.items()
+                }
                 data = (json.dumps(row) + "\n").encode()
                 while data:  # a regular file takes it in one call; the loop covers a short write
-                    data = data[os.write(fd, data):]
+                    data = data[os.write(fd, data) :]
         finally:
             os.close(fd)
     except OSError as error:
-        raise SystemExit(f"{path}: could not append a row ({error}); the run stops here: make room (or fix the "
-                         "folder's permissions), then continue from its last checkpoint with --resume_from_checkpoint auto") from None
+        raise SystemExit(
+            f"{path}: could not append a row ({error}); the run stops here: make room (or fix the "
+            "folder's permissions), then continue from its last checkpoint with --resume_from_checkpoint auto"
+        ) from None
 
 
 def keep_rows_until(path: Path, resume_step: int | None) -> None:
     """Rewrite `path` with its rows up to `resume_step` (None: none), replacing the file whole, so that a crash
     while rewriting never loses the rows a resume keeps."""
-    kept = [] if resume_step is None else [line for line in read_rows(path) if json.loads(line)["step"] <= resume_step]
+    kept = (
+        []
+        if resume_step is None
+        else [line for line in read_rows(path) if json.loads(line)["step"] <= resume_step]
+    )
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text("".join(line + "\n" for line in kept))
     os.replace(tmp, path)
 
 
 class MetricsLogger:
-    def __init__(self, output_dir: str, accelerator, report_to: str = "none", config: dict | None = None,
-                 resume_step: int | None = None, project: str = "rlvr-sampling"):
+    def __init__(
+        self,
+        output_dir: str,
+        accelerator,
+        report_to: str = "none",
+        config: dict | None = None,
+        resume_step: int | None = None,
+        project: str = "rlvr-sampling",
+    ):
         self.acc = accelerator
         self.path = Path(output_dir) / "metrics.jsonl"
         self.trackers = report_to != "none"
@@ -88,16 +112,25 @@ class MetricsLogger:
             accelerator.init_trackers(project, config=config or {})
 
     def _start(self, resume_step: int | None) -> None:
-        write_deferred(self.path.parent)  # a resume's records of its flags: its checkpoint has loaded
-        if self.path.exists():  # a resume drops rows written after its checkpoint (the file reads as one run)
+        write_deferred(
+            self.path.parent
+        )  # a resume's records of its flags: its checkpoint has loaded
+        if (
+            self.path.exists()
+        ):  # a resume drops rows written after its checkpoint (the file reads as one run)
             keep_rows_until(self.path, resume_step)  # a new run: none
 
     def log(self, metrics: dict) -> None:
         """Every rank (a failed write stops them all); the main process writes the row."""
-        clean = {k: (float(v) if isinstance(v, (np.floating, np.integer)) else v) for k, v in metrics.items()}
+        clean = {
+            k: (float(v) if isinstance(v, (np.floating, np.integer)) else v)
+            for k, v in metrics.items()
+        }
         written_on_main(self.acc, self.path.parent, lambda: append_rows(self.path, [clean]))
         if self.trackers and self.acc.is_main_process:
-            self.acc.log({k: v for k, v in clean.items() if isinstance(v, (int, float))}, step=clean["step"])
+            self.acc.log(
+                {k: v for k, v in clean.items() if isinstance(v, (int, float))}, step=clean["step"]
+            )
 
 
 def written_on_main(accelerator, output_dir, write) -> None:
@@ -113,8 +146,10 @@ def written_on_main(accelerator, output_dir, write) -> None:
         except SystemExit as stop:  # append_rows's line, or the lost hold's
             failed.append(str(stop))
         except OSError as error:
-            failed.append(f"--output_dir {output_dir}: could not write its logs ({error}); the run stops here: make "
-                          "room (or fix the folder's permissions), then run the same command again")
+            failed.append(
+                f"--output_dir {output_dir}: could not write its logs ({error}); the run stops here: make "
+                "room (or fix the folder's permissions), then run the same command again"
+            )
     if (reason := first_failure(accelerator, failed)) is not None:
         stop_every_rank(accelerator, reason)
 
@@ -124,11 +159,21 @@ class SampleLogger:
     (step, kind, prompt, completion, reward, advantage and the method's tags), also sent to the tracker as a table
     (wandb) or text (tensorboard). `due` and `log` must be called on every rank (rows are gathered)."""
 
-    def __init__(self, output_dir: str, accelerator, every: int | None, per_kind: int, resume_step: int | None):
+    def __init__(
+        self,
+        output_dir: str,
+        accelerator,
+        every: int | None,
+        per_kind: int,
+        resume_step: int | None,
+    ):
         self.acc, self.every, self.per_kind = accelerator, every, per_kind
         self.path = Path(output_dir) / "samples.jsonl"
-        written_on_main(accelerator, output_dir,  # as metrics.jsonl: rows past the checkpoint go
-                        lambda: keep_rows_until(self.path, resume_step) if self.path.exists() else None)
+        written_on_main(
+            accelerator,
+            output_dir,  # as metrics.jsonl: rows past the checkpoint go
+            lambda: keep_rows_until(self.path, resume_step) if self.path.exists() else None,
+        )
 
     def due(self, step: int, evaluating: bool) -> bool:
         """At each evaluation by default (`every` None), else every `every` steps (0: never)."""
@@ -148,10 +193,22 @@ class SampleLogger:
         from accelerate.utils import gather_object
 
         rows = gather_object(rows) if self.acc.num_processes > 1 else rows
-        rows = [rows[i] for i in self.pick([row["kind"] for row in rows])]  # the bound holds over all ranks
-        clean = [{"step": step, **{k: float(v) if isinstance(v, (np.floating, np.integer)) else v
-                                   for k, v in row.items()}} for row in rows]
-        written_on_main(self.acc, self.path.parent, lambda: append_rows(self.path, clean) if clean else None)
+        rows = [
+            rows[i] for i in self.pick([row["kind"] for row in rows])
+        ]  # the bound holds over all ranks
+        clean = [
+            {
+                "step": step,
+                **{
+                    k: float(v) if isinstance(v, (np.floating, np.integer)) else v
+                    for k, v in row.items()
+                },
+            }
+            for row in rows
+        ]
+        written_on_main(
+            self.acc, self.path.parent, lambda: append_rows(self.path, clean) if clean else None
+        )
         if not self.acc.is_main_process or not rows:
             return
         for tracker in self.acc.trackers:
@@ -159,10 +216,18 @@ class SampleLogger:
             if tracker.name == "wandb":
                 import wandb
 
-                tracker.log({"samples": wandb.Table(columns=columns, data=[[row.get(c) for c in columns]
-                                                                         for row in clean])}, step=step)
+                tracker.log(
+                    {
+                        "samples": wandb.Table(
+                            columns=columns, data=[[row.get(c) for c in columns] for row in clean]
+                        )
+                    },
+                    step=step,
+                )
             elif tracker.name == "tensorboard":
-                tracker.writer.add_text("samples", "\n\n".join(f"    {json.dumps(row)}" for row in clean), step)
+                tracker.writer.add_text(
+                    "samples", "\n\n".join(f"    {json.dumps(row)}" for row in clean), step
+                )
 
 
 class RunLog:
@@ -171,11 +236,19 @@ class RunLog:
     progress bar, and one warning when the generator stops sampling from the policy being trained."""
 
     def __init__(self, args, accelerator, script: str, start_step: int, resumed: bool, log=print):
-        resume_step = start_step if resumed else None  # a resume drops rows written after its checkpoint
+        resume_step = (
+            start_step if resumed else None
+        )  # a resume drops rows written after its checkpoint
         self.args, self.accelerator, self.log_line = args, accelerator, log
-        self.metrics = MetricsLogger(args.output_dir, accelerator, args.report_to, vars(args), resume_step)
+        self.metrics = MetricsLogger(
+            args.output_dir, accelerator, args.report_to, vars(args), resume_step
+        )
         self.samples = SampleLogger(
-            args.output_dir, accelerator, args.log_samples_every, args.log_samples_per_kind, resume_step
+            args.output_dir,
+            accelerator,
+            args.log_samples_every,
+            args.log_samples_per_kind,
+            resume_step,
         )
         self.warned_sampler_gap = False
         self.script, self.start_step, self.progress = script, start_step, None
@@ -198,14 +271,19 @@ class RunLog:
     def end_step(self, row: dict, step_seconds: float, threads: int, compiled) -> None:
         """The step's row, completed (compile figures, time, threads), written on every rank's call; the bar moves."""
         self._warn_sampler_gap(row.get("sampler_logp_diff"))
-        row.update(compiled.metrics(self.accelerator) if compiled else {})  # compile time, recompiles
+        row.update(
+            compiled.metrics(self.accelerator) if compiled else {}
+        )  # compile time, recompiles
         row["time_step_s"] = step_seconds
         row["num_threads"] = threads  # with a fixed count the run repeats exactly
         self.metrics.log(row)
         if self.progress is None:
             self._open_progress()
         self.progress.update(1)
-        postfix = {"reward": f"{row['reward_mean']:.3f}", "zero_var": f"{row['frac_zero_var_groups']:.2f}"}
+        postfix = {
+            "reward": f"{row['reward_mean']:.3f}",
+            "zero_var": f"{row['frac_zero_var_groups']:.2f}",
+        }
         if "eval_pass@1" in row:
             postfix["eval"] = f"{row['eval_pass@1']:.3f}"
         self.progress.set_postfix(postfix)

@@ -25,7 +25,9 @@ def start_run(args, script: str):
     Returns (accelerator, cpu_threads, log); `log` prints once a run (main process)."""
     args.fsdp = resolve_accelerate_sharding(args.fsdp)
     args.dtype = resolve_accelerate_precision(args.dtype)
-    cpu_threads = CpuThreads(args.num_threads, hold=args.torch_compile)  # --num_threads, or the free cores
+    cpu_threads = CpuThreads(
+        args.num_threads, hold=args.torch_compile
+    )  # --num_threads, or the free cores
     torch.set_num_threads(cpu_threads.count(torch.get_num_threads(), settle=0.2))
     check_tracker(args.report_to)
     args.output_dir = args.output_dir or f"runs/{script}-seed{args.seed}"
@@ -68,13 +70,19 @@ def load_training_policy(args, accelerator, log):
         with accelerator.main_process_first():
             model_path = str(ensure_embedded_base(log=log))
     policy, tokenizer = load_policy(model_path)
-    policy.to(accelerator.device).train()  # from_pretrained returns eval mode (checkpointing needs train)
+    policy.to(
+        accelerator.device
+    ).train()  # from_pretrained returns eval mode (checkpointing needs train)
     if args.gradient_checkpointing:  # training passes only; generate runs in eval mode
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if args.lora_r:  # only the adapters train (fp32); the frozen base is stored in the compute dtype
+    if (
+        args.lora_r
+    ):  # only the adapters train (fp32); the frozen base is stored in the compute dtype
         from common.model.lora import add_lora
 
-        policy = add_lora(policy, args.lora_r, args.lora_alpha, args.lora_target_modules, args.dtype)
+        policy = add_lora(
+            policy, args.lora_r, args.lora_alpha, args.lora_target_modules, args.dtype
+        )
     return policy, tokenizer, model_path
 
 
@@ -105,7 +113,9 @@ def make_optimizer(policy, args):
     trainable = [param for param in policy.parameters() if param.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, weight_decay=args.weight_decay)
     warmup = max(1, args.warmup_steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / warmup)
+    )
     return optimizer, scheduler
 
 
@@ -170,7 +180,9 @@ def sampling_configs(args):
     from common.generation.hf import SamplingConfig
 
     eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature
-    sampling = SamplingConfig(max_new_tokens=args.max_completion_length, temperature=args.temperature)
+    sampling = SamplingConfig(
+        max_new_tokens=args.max_completion_length, temperature=args.temperature
+    )
     eval_sampling = SamplingConfig(
         max_new_tokens=args.max_completion_length, temperature=eval_temperature, logprobs=False
     )

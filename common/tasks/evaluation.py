@@ -1,5 +1,6 @@
 """Held-out evaluation: pass@1 and unbiased pass@k of a task's prompts (held-out, or a fixed sample of the
 training pool), sampled by the run's generator and scored by the task's success rule."""
+
 from __future__ import annotations
 
 import math
@@ -19,21 +20,35 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def powers_of_two(n: int) -> list[int]:
     """1, 2, 4, ... up to n: the k of the eval_pass@k metrics logged from n samples."""
-    return [2 ** i for i in range(max(1, n).bit_length())]
+    return [2**i for i in range(max(1, n).bit_length())]
 
 
 def pass_metrics(counts: list[int], n_samples: int, tags: list[str] | None = None, ks=None) -> dict:
     """eval_pass@k (unbiased; default every power of two k <= n_samples) from per-prompt success counts, and
     eval_pass@1_<tag> per difficulty level when the prompts carry tags."""
-    out = {f"eval_pass@{k}": float(np.mean([pass_at_k(n_samples, c, k) for c in counts]))
-           for k in (powers_of_two(n_samples) if ks is None else ks) if k <= n_samples}
+    out = {
+        f"eval_pass@{k}": float(np.mean([pass_at_k(n_samples, c, k) for c in counts]))
+        for k in (powers_of_two(n_samples) if ks is None else ks)
+        if k <= n_samples
+    }
     for tag in sorted(set(tags or []) - {""}):
-        out[f"eval_pass@1_{tag}"] = float(np.mean([c / n_samples for c, t in zip(counts, tags) if t == tag]))
+        out[f"eval_pass@1_{tag}"] = float(
+            np.mean([c / n_samples for c, t in zip(counts, tags) if t == tag])
+        )
     return out
 
 
-def evaluate(generator, tokenizer, examples, encode, success_fn, sampling, n_samples: int, accelerator,
-             ks=None) -> dict:
+def evaluate(
+    generator,
+    tokenizer,
+    examples,
+    encode,
+    success_fn,
+    sampling,
+    n_samples: int,
+    accelerator,
+    ks=None,
+) -> dict:
     """Held-out pass@1 (mean over n_samples), unbiased pass@k (default: every power of two k <= n_samples) and
     pass@1 per difficulty tag; prompts are split across ranks. `success_fn(texts, examples, completion_ids,
     truncated)` says which samples pass (`Task.eval_success`)."""
@@ -42,14 +57,21 @@ def evaluate(generator, tokenizer, examples, encode, success_fn, sampling, n_sam
     from accelerate.utils import gather_object
 
     sampling = replace(sampling, logprobs=False)
-    mine = examples[accelerator.process_index::accelerator.num_processes]
+    mine = examples[accelerator.process_index :: accelerator.num_processes]
     counts = []
     if mine:
         gens = generator.generate([encode(e.prompt) for e in mine], n_samples, sampling)
         texts = tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
-        passed = success_fn(texts, [e for e in mine for _ in range(n_samples)], gens.completion_ids,
-                            [reason == "length" for reason in gens.finish_reasons])
-        counts = [(sum(passed[i * n_samples:(i + 1) * n_samples]), getattr(e, "tag", "")) for i, e in enumerate(mine)]
+        passed = success_fn(
+            texts,
+            [e for e in mine for _ in range(n_samples)],
+            gens.completion_ids,
+            [reason == "length" for reason in gens.finish_reasons],
+        )
+        counts = [
+            (sum(passed[i * n_samples : (i + 1) * n_samples]), getattr(e, "tag", ""))
+            for i, e in enumerate(mine)
+        ]
     counts = gather_object(counts) if accelerator.num_processes > 1 else counts
     return pass_metrics([c for c, _ in counts], n_samples, [t for _, t in counts], ks)
 
@@ -89,9 +111,18 @@ def evaluate_policy(generator, tokenizer, task, encode, sampling, args, accelera
 
     def score(examples):
         return evaluate(
-            generator, tokenizer, examples, encode, task.eval_success, sampling, args.eval_samples, accelerator
+            generator,
+            tokenizer,
+            examples,
+            encode,
+            task.eval_success,
+            sampling,
+            args.eval_samples,
+            accelerator,
         )
 
     out = score(task.eval)
-    out.update(evaluate_train_prompts(score, train_prompt_sample(task.train, args.eval_train_prompts)))
+    out.update(
+        evaluate_train_prompts(score, train_prompt_sample(task.train, args.eval_train_prompts))
+    )
     return out
