@@ -1,37 +1,42 @@
 """Replay-Augmented RLOO (RA-RLOO), one file.
 
-Paper: Hao Xu, "Replay-Augmented RLOO: Restoring Within-Group Reward Variance in Sparse-Reward Policy
-Gradients", Stanford University course project report. Docs: docs/ra_rloo.md.
+Paper: Hao Xu, "Replay-Augmented RLOO: Restoring Within-Group Reward Variance in Sparse-Reward
+Policy Gradients", Stanford University course project report. Docs: docs/ra_rloo.md.
 
 Plain RLOO samples K rollouts per prompt and uses the leave-one-out baseline. When all K rewards are
 equal (no rollout succeeded), every advantage is 0 and the group gives no gradient. RA-RLOO keeps a
-small per-prompt FIFO buffer of past successes and, *on demand* (only in groups with no fresh success),
-replaces one rollout by a stored success, importance-weighted by w = min(pi_theta / pi_old, w_max).
-Lines marked [RA-RLOO] are what the paper adds to RLOO; `--replay none` never runs them, except those marked
-"[RA-RLOO] (also in RLOO: ...)", which run there and change nothing. [RA-RLOO setup] marks the paper's experimental
-setup (its training reward, its evaluation), which both run.
+small per-prompt FIFO buffer of past successes and, *on demand* (only in groups with no fresh
+success), replaces one rollout by a stored success, importance-weighted by w = min(pi_theta /
+pi_old, w_max). Lines marked [RA-RLOO] are what the paper adds to RLOO; `--replay none` never runs
+them, except those marked "[RA-RLOO] (also in RLOO: ...)", which run there and change nothing.
+[RA-RLOO setup] marks the paper's experimental setup (its training reward, its evaluation), which
+both run.
 
-Logged `loss`: the policy-gradient term per sequence, -mean_i A_i log pi(y_i|x) over the step's samples (the
-KL term is logged separately as `kl`, per completion token). The optimised loss divides the same sum, plus beta x
-the KL summed over the same tokens, by samples x max_new_tokens (`rloo_loss`: one constant normaliser, so no length
-bias and beta keeps its weight against the policy gradient at any --max_completion_length).
+Logged `loss`: the policy-gradient term per sequence, -mean_i A_i log pi(y_i|x) over the step's
+samples (the KL term is logged separately as `kl`, per completion token). The optimised loss divides
+the same sum, plus beta x the KL summed over the same tokens, by samples x max_new_tokens
+(`rloo_loss`: one constant normaliser, so no length bias and beta keeps its weight against the
+policy gradient at any --max_completion_length).
 
-As in the paper (Sec. 4): the Countdown training reward is {0 no parse, 0.1 well-formed but wrong, 1 exact}
-(`--reward tinyzero`, the default here) while evaluation is binary, and besides the periodic eval_pass@1 /
-eval_pass@8 at the training temperature the paper's own report is logged: eval_paper_pass@4 (and @1) from 8
-samples per held-out prompt at T = 0.6, top-p 0.95, top-k 20 (`--paper_eval_*`). Every log-prob (the stored
-log pi_old of fresh and seeded buffer entries, the weight's numerator, the gradient and the KL) is taken under
-the sampling distribution logits / T, so an unchanged policy gives w = 1 at any temperature.
+As in the paper (Sec. 4): the Countdown training reward is {0 no parse, 0.1 well-formed but wrong, 1
+exact} (`--reward tinyzero`, the default here) while evaluation is binary, and besides the periodic
+eval_pass@1 / eval_pass@8 at the training temperature the paper's own report is logged:
+eval_paper_pass@4 (and @1) from 8 samples per held-out prompt at T = 0.6, top-p 0.95, top-k 20
+(`--paper_eval_*`). Every log-prob (the stored log pi_old of fresh and seeded buffer entries, the
+weight's numerator, the gradient and the KL) is taken under the sampling distribution logits / T, so
+an unchanged policy gives w = 1 at any temperature.
 
-Where this file departs from the paper: the seed is one solver-written solution per training prompt (the paper
-seeds from its IPO pipeline's successes), scored under the initial policy; the default run is 300 steps of 32
-prompts on the embedded model (the paper: 600 steps of 2 prompts, Qwen SFT, LR 1e-6), and training samples at the
-full distribution (T = --temperature, no top-p/top-k: the paper does not say what it trains at).
+Where this file departs from the paper: the seed is one solver-written solution per training prompt
+(the paper seeds from its IPO pipeline's successes), scored under the initial policy; the default
+run is 300 steps of 32 prompts on the embedded model (the paper: 600 steps of 2 prompts, Qwen SFT,
+LR 1e-6), and training samples at the full distribution (T = --temperature, no top-p/top-k: the
+paper does not say what it trains at).
 
     python ra_rloo.py                                   # embedded Countdown default, CPU, minutes
     python ra_rloo.py --replay none                     # vanilla RLOO baseline
     accelerate launch ra_rloo.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \
-        --dataset_name openai/gsm8k --dataset_config main --use_vllm --dtype bfloat16 --learning_rate 1e-6
+        --dataset_name openai/gsm8k --dataset_config main --use_vllm --dtype bfloat16 \
+        --learning_rate 1e-6
 """
 
 from __future__ import annotations
@@ -87,23 +92,25 @@ class Args(BaseArgs):
     num_generations: Annotated[int, Range(2)] = 4
     """rollouts per prompt (K); RLOO needs K >= 2"""
     beta: Annotated[float, Range(0, zero="off, no reference model")] = 0.05
-    """KL coefficient to the reference (initial) policy; per-token k3 estimator exp(r)-r-1, r = log ref - log pi"""
+    """KL coefficient to the reference (initial) policy; per-token k3 estimator exp(r)-r-1, r = log
+    ref - log pi"""
     replay: Literal["on_demand", "always", "none"] = "on_demand"
-    """[RA-RLOO] when to splice a stored success: only into groups with no fresh success (paper), into every
-    group (ablation E3), or never (vanilla RLOO)"""
+    """[RA-RLOO] when to splice a stored success: only into groups with no fresh success (paper),
+    into every group (ablation E3), or never (vanilla RLOO)"""
     buffer_capacity: Annotated[int, Range(1)] = 16
     """[RA-RLOO] per-prompt FIFO capacity C"""
     w_max: Annotated[float, Range(0, lo_open=True)] = 5.0
-    """[RA-RLOO] clip of the replay's importance weight w = min(exp(log pi_theta(y|x) - log pi_old(y|x)), w_max)"""
+    """[RA-RLOO] clip of the replay's importance weight w = min(exp(log pi_theta(y|x) - log
+    pi_old(y|x)), w_max)"""
     seed_buffer: bool = True
-    """[RA-RLOO] seed the buffers at the start with demonstrations scored under the initial policy (Countdown:
-    solver solutions; the paper's IPO seed); false = lazy buffers"""
+    """[RA-RLOO] seed the buffers at the start with demonstrations scored under the initial policy
+    (Countdown: solver solutions; the paper's IPO seed); false = lazy buffers"""
     reward: Literal["auto", "binary", "tinyzero", "shaped"] = "auto"
-    """[RA-RLOO setup] training reward: `auto` = the paper's {0, 0.1, 1} (`tinyzero`) on Countdown, `binary` on real
-    datasets (their verifier has no format reward); evaluation is always binary"""
+    """[RA-RLOO setup] training reward: `auto` = the paper's {0, 0.1, 1} (`tinyzero`) on Countdown,
+    `binary` on real datasets (their verifier has no format reward); evaluation is always binary"""
     paper_eval_samples: Annotated[int, Range(0, zero="off")] = 8
-    """[RA-RLOO setup] the paper's evaluation, logged as eval_paper_pass@1/@4 at each evaluation: samples per held-out
-    prompt"""
+    """[RA-RLOO setup] the paper's evaluation, logged as eval_paper_pass@1/@4 at each evaluation:
+    samples per held-out prompt"""
     paper_eval_temperature: Annotated[float, Range(0, zero="greedy")] = 0.6
     """[RA-RLOO setup] sampling temperature of the paper's evaluation"""
     paper_eval_top_p: Annotated[float, Range(0, 1, lo_open=True)] = 0.95
@@ -113,9 +120,9 @@ class Args(BaseArgs):
 
 
 def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
-    """A_i = R_i - mean_{j != i} R_j  (leave-one-out baseline; = K/(K-1) (R_i - mean R), RA-RLOO eq. 1).
-    A NaN reward (no function scored the completion) is left out of the others' baselines and gets A = 0, as does
-    the only scored completion of a group."""
+    """A_i = R_i - mean_{j != i} R_j  (leave-one-out baseline; = K/(K-1) (R_i - mean R), RA-RLOO eq.
+    1). A NaN reward (no function scored the completion) is left out of the others' baselines and
+    gets A = 0, as does the only scored completion of a group."""
     k = rewards.shape[-1]
     if k < 2:
         raise ValueError("RLOO needs at least 2 samples per group")
@@ -132,8 +139,8 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
 def seed_buffers(
     task, model, tokenizer, encode, args, device, temperature: float
 ) -> dict[int, deque]:
-    """[RA-RLOO] One solver solution per training prompt, with its log-prob under the initial policy's sampling
-    distribution (logits / temperature, as fresh entries store theirs)."""
+    """[RA-RLOO] One solver solution per training prompt, with its log-prob under the initial
+    policy's sampling distribution (logits / temperature, as fresh entries store theirs)."""
     buffers: dict[int, deque] = {}
     if task.name != "countdown":
         return buffers  # real datasets: lazy buffers (no verified demonstrations to seed from)
@@ -154,7 +161,8 @@ def seed_buffers(
         model, prompts, demos, tokenizer.pad_token_id, 512, device, temperature
     )
     for example, demo, token_lps in zip(task.train, demos, logprobs):
-        # a verified solution: the built-in reward 1 (or --success_reward when higher, so that it counts as one)
+        # a verified solution: the built-in reward 1 (or --success_reward when higher, so that it
+        # counts as one)
         buffers[example.id] = deque(
             [(np.asarray(demo, np.int32), sum(token_lps), max(1.0, task.success_reward))],
             maxlen=args.buffer_capacity,
@@ -163,8 +171,9 @@ def seed_buffers(
 
 
 def buffers_state(buffers: dict[int, deque]) -> dict:
-    """The replay buffers (also in RLOO: empty) as tensors for the checkpoint, in FIFO order: per entry its prompt id,
-    log pi_old (float64, the value itself), stored reward and length, and every response back to back in int32."""
+    """The replay buffers (also in RLOO: empty) as tensors for the checkpoint, in FIFO order: per
+    entry its prompt id, log pi_old (float64, the value itself), stored reward and length, and every
+    response back to back in int32."""
     entries = [
         (prompt_id, response, logp_old, reward)
         for prompt_id, buffer in buffers.items()
@@ -181,8 +190,8 @@ def buffers_state(buffers: dict[int, deque]) -> dict:
 
 
 def load_buffers(saved: dict, capacity: int, where: str) -> dict[int, deque]:
-    """Inverse of `buffers_state`; a damaged one stops the run with one line naming `where`. Each response is its own
-    int32 array, so one the FIFO drops frees its memory."""
+    """Inverse of `buffers_state`; a damaged one stops the run with one line naming `where`. Each
+    response is its own int32 array, so one the FIFO drops frees its memory."""
     if not saved:
         return {}
     keys = ("prompt_ids", "logp_old", "rewards", "lengths", "tokens")
@@ -226,10 +235,11 @@ def splice_replays(
 ) -> torch.Tensor:
     """[RA-RLOO] Replace the last rollout of each group that needs it by a stored success, in place.
 
-    A group needs it when `mode` is "always", or ("on_demand") when none of its fresh rollouts succeeded
-    and its prompt's buffer is non-empty. The spliced slot gets the reward its success was stored with (the buffer
-    holds (response, log pi_old, reward); the paper's 1 under a 0/1 reward).
-    Returns log pi_old(y|x) of the spliced responses as a [groups, K] tensor, NaN where nothing was spliced.
+    A group needs it when `mode` is "always", or ("on_demand") when none of its fresh rollouts
+    succeeded and its prompt's buffer is non-empty. The spliced slot gets the reward its success was
+    stored with (the buffer holds (response, log pi_old, reward); the paper's 1 under a 0/1 reward).
+    Returns log pi_old(y|x) of the spliced responses as a [groups, K] tensor, NaN where nothing was
+    spliced.
     """
     k = rewards.shape[1]
     replay_logp_old = torch.full(rewards.shape, float("nan"))
@@ -245,23 +255,24 @@ def splice_replays(
 
 
 def replay_weights(seq_logp: torch.Tensor, logp_old: torch.Tensor, w_max: float) -> torch.Tensor:
-    """[RA-RLOO] (also in RLOO: computed, unused: no row is a replay) w = min(exp(log pi_theta(y|x) -
-    log pi_old(y|x)), w_max); sequence-level IS, no gradient."""
+    """[RA-RLOO] (also in RLOO: computed, unused: no row is a replay) w = min(exp(log pi_theta(y|x)
+    - log pi_old(y|x)), w_max); sequence-level IS, no gradient."""
     return torch.exp(seq_logp.detach() - logp_old).clamp(max=w_max)
 
 
 def rloo_loss(
     pg_sum: torch.Tensor, kl_sum: torch.Tensor | float, beta: float, normaliser: float
 ) -> torch.Tensor:
-    """The optimised loss: the policy-gradient sum -sum_i A_i log pi(y_i|x) plus beta x the k3 KL summed over the
-    same tokens, both divided by one constant (samples x max_new_tokens), so the KL weighs beta against the policy
-    gradient whatever --max_completion_length is (the paper gives beta = 0.05 only)."""
+    """The optimised loss: the policy-gradient sum -sum_i A_i log pi(y_i|x) plus beta x the k3 KL
+    summed over the same tokens, both divided by one constant (samples x max_new_tokens), so the KL
+    weighs beta against the policy gradient whatever --max_completion_length is (the paper gives
+    beta = 0.05 only)."""
     return (pg_sum + beta * kl_sum) / normaliser
 
 
 def sample_rows(step_samples: dict, tokenizer, picks: list[int]) -> list[dict]:
-    """samples.jsonl rows of the picked rollouts: fresh ones with their reward columns, replayed ones with their
-    importance weight."""
+    """samples.jsonl rows of the picked rollouts: fresh ones with their reward columns, replayed
+    ones with their importance weight."""
     rows = []
     for i in picks:
         replayed = bool(step_samples["is_replay"][i])
@@ -297,7 +308,8 @@ def ra_rloo_metrics(
     lr: float,
     times: dict,
 ) -> dict:
-    """The step's row: one reduce of named sums over ranks, then each metric from them (docs/ra_rloo.md)."""
+    """The step's row: one reduce of named sums over ranks, then each metric from them
+    (docs/ra_rloo.md)."""
     world = accelerator.num_processes
     totals = reduce_sums(
         accelerator,
@@ -346,7 +358,8 @@ def ra_rloo_metrics(
         # [RA-RLOO] (also in RLOO, as its reference) mechanism metrics
         "ra_zero_var_frac_post": totals["zero_var_post"] / groups,
         "ra_replay_fired_frac": totals["fired"] / groups,
-        # the paper's degenerate groups (no success); all-pass groups are zero-variance too but never spliced
+        # the paper's degenerate groups (no success); all-pass groups are zero-variance too but
+        # never spliced
         "ra_no_success_frac_post": totals["no_success_post"] / groups,
         "ra_is_weight_mean": totals["w_sum"] / totals["w_n"] if totals["w_n"] else None,
         "ra_buffer_prompts": sum(1 for buffer in buffers.values() if buffer),
@@ -356,28 +369,26 @@ def ra_rloo_metrics(
 
 def main(args: Args) -> None:
     # ---------------- set-up: the launch, policy, reference, optimizer, generator ----------------
-    if (
-        args.reward == "auto"
-    ):  # [RA-RLOO setup] the paper trains on {0, 0.1, 1}; real datasets: binary verifier
+    # [RA-RLOO setup] the paper trains on {0, 0.1, 1}; a real dataset's verifier is binary
+    if args.reward == "auto":
         args.reward = "tinyzero" if args.dataset_name == "countdown" else "binary"
     accelerator, cpu_threads, log = start_run(args, "ra_rloo")
     device = accelerator.device
     policy, tokenizer, model_path = load_training_policy(args, accelerator, log)
-    task = make_task(args, tokenizer, log)  # Countdown or a dataset; --reward_funcs: yours
-    ref_model = make_reference(policy, args)  # None at --beta 0
-    policy, ref_model = shard_models(args, policy, ref_model)  # --fsdp only
+    # the embedded Countdown task or a dataset; --reward_funcs: yours (docs/custom_task.md)
+    task = make_task(args, tokenizer, log)
+    ref_model = make_reference(policy, args)
+    policy, ref_model = shard_models(args, policy, ref_model)
     optimizer, scheduler = make_optimizer(policy, args)
-    model, optimizer = prepare_training(
-        accelerator, policy, optimizer, args.fsdp
-    )  # `model`: DDP-wrapped
+    # `model` is what backward runs through (DDP-wrapped); `policy` is the module itself
+    model, optimizer = prepare_training(accelerator, policy, optimizer, args.fsdp)
     encode = PromptEncoder(tokenizer, task.templated)
     sampler = PromptSampler(len(task.train), args.seed)
     compiled = make_compiled(args, log)
     generator = make_generator(args, model_path, policy, tokenizer, accelerator, compiled, log)
     sampling, eval_sampling = sampling_configs(args)
-    temperature = (
-        args.temperature if args.temperature > 0 else 1.0
-    )  # greedy samples are scored at T = 1
+    # every log-prob is taken under the sampling distribution logits / T (greedy samples: T = 1)
+    temperature = args.temperature if args.temperature > 0 else 1.0
     pack = packed_row_tokens(args, device)
     # [RA-RLOO setup] the paper's own report: pass@4 of n = 8 at T 0.6, top-p 0.95, top-k 20
     paper_sampling = SamplingConfig(
@@ -389,12 +400,14 @@ def main(args: Args) -> None:
     )
 
     def run_eval() -> dict:
-        torch.set_num_threads(cpu_threads.count(torch.get_num_threads()))  # fit the free cores
-        with gathered(policy, enabled=generator.reads_policy):  # FSDP + HF generate: whole weights
+        torch.set_num_threads(cpu_threads.count(torch.get_num_threads()))
+        # FSDP with HF generate: whole weights while sampling (otherwise a no-op)
+        with gathered(policy, enabled=generator.reads_policy):
             out = evaluate_policy(
                 generator, tokenizer, task, encode, eval_sampling, args, accelerator
             )
-            if args.paper_eval_samples:  # [RA-RLOO setup]
+            # [RA-RLOO setup]
+            if args.paper_eval_samples:
                 paper = evaluate(
                     generator,
                     tokenizer,
@@ -406,24 +419,25 @@ def main(args: Args) -> None:
                     accelerator,
                     ks=(1, 4),
                 )
-                out.update(
-                    {name.replace("eval_", "eval_paper_"): value for name, value in paper.items()}
-                )
+                out.update({key.replace("eval_", "eval_paper_"): val for key, val in paper.items()})
         return out
 
     # ---------------- resume, replay buffers, logs, step-0 evaluation ----------------
     checkpoints = Checkpoints(args, accelerator, model, tokenizer, optimizer, scheduler, log)
     start_step, saved = checkpoints.resume(sampler, generator, policy)
     counters = saved["counters"] if saved else {"rollouts": 0, "gen_tokens": 0}
-    # [RA-RLOO] (also in RLOO: empty) prompt id -> FIFO of (int32 response, log pi_old(y|x), reward), same on all ranks
+    # [RA-RLOO] (also in RLOO: empty) prompt id -> FIFO of (int32 response, log pi_old(y|x),
+    # reward), the same on every rank
     saved_buffers = saved["method"]["buffers"] if saved else {}
     where = f"{saved and checkpoints.resumed_from.name}/trainer_state.pt replay buffers"
     buffers = load_buffers(saved_buffers, args.buffer_capacity, where)
-    if start_step == 0 and args.replay != "none" and args.seed_buffer:  # [RA-RLOO] demonstrations
-        # FSDP: whole weights only where demonstrations are scored (the embedded task; real datasets seed nothing)
+    # [RA-RLOO] demonstrations; under FSDP whole weights only where they are scored (the embedded
+    # task: real datasets seed nothing)
+    if start_step == 0 and args.replay != "none" and args.seed_buffer:
         with autocast(device, args.dtype), gathered(policy, enabled=task.name == "countdown"):
             buffers = seed_buffers(task, policy, tokenizer, encode, args, device, temperature)
         log(f"[RA-RLOO] seeded {len(buffers)} prompt buffers with demonstrations")
+
     run_log = RunLog(args, accelerator, "ra_rloo", start_step, saved is not None, log)
     if start_step == 0:
         run_log.first_row(run_eval(), compiled)
@@ -432,77 +446,68 @@ def main(args: Args) -> None:
 
     for step in range(start_step + 1, args.max_steps + 1):
         t_start = time.time()
-        threads = cpu_threads.count(torch.get_num_threads())  # a shared CPU: fit the free cores
+        # a shared CPU: fit the cores the other processes leave free (fixed by --num_threads)
+        threads = cpu_threads.count(torch.get_num_threads())
         torch.set_num_threads(threads)
 
         # ================ sample: K rollouts for each of this rank's prompts ================
-        prompt_ids = my_slice(
-            sampler.next_ids(args.prompts_per_step), accelerator
-        )  # strided over ranks
+        # strided: rank r takes every world-th prompt of the step
+        prompt_ids = my_slice(sampler.next_ids(args.prompts_per_step), accelerator)
         examples = [task.train[i] for i in prompt_ids]
         prompts = [encode(example.prompt) for example in examples]
-        with gathered(policy, enabled=generator.reads_policy):  # FSDP + HF generate: whole weights
+        with gathered(policy, enabled=generator.reads_policy):
             gens = generator.generate(prompts, k, sampling)
-        generator.sleep()  # vLLM on a GPU: its memory goes to training; the push brings the weights back
+        # vLLM on a GPU: its memory goes to training; the weight push brings it back
+        generator.sleep()
         t_gen = time.time() - t_start
         completions = [list(completion) for completion in gens.completion_ids]
 
-        # ================ verify: a cut completion gets 0 from the built-in rewards, its total from yours ========
-        texts = [
-            tokenizer.decode(completion, skip_special_tokens=True) for completion in completions
-        ]
+        # ================ verify: cut completions get 0 from the built-in rewards ================
+        texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in completions]
         truncated = torch.tensor([reason == "length" for reason in gens.finish_reasons])
         prompt_of = [examples[i // k] for i in range(len(texts))]
         scored = task.score(texts, prompt_of, completions, truncated, step)
-        rewards = (
-            torch.tensor(scored.total).view(-1, k).float()
-        )  # [groups, K]; NaN: no function scored it
-        fresh_success = torch.tensor(scored.success, dtype=torch.bool).view(-1, k)  # `Task.passes`
-        fresh_rewards = (
-            rewards.clone()
-        )  # [RA-RLOO] (also in RLOO: the same) the rewards before the splice
+        # NaN: no reward function scored the completion
+        rewards = torch.tensor(scored.total).view(-1, k).float()  # [groups, K]
+        fresh_success = torch.tensor(scored.success, dtype=torch.bool).view(-1, k)  # [groups, K]
+        # [RA-RLOO] (also in RLOO: the same) the rewards before the splice
+        fresh_rewards = rewards.clone()
 
-        # ================ [RA-RLOO] splice one stored success into groups that need it (Section 3.1) ============
-        replay_logp_old = torch.full(
-            rewards.shape, float("nan")
-        )  # [RA-RLOO] (also in RLOO: no replay)
-        if args.replay != "none":  # [RA-RLOO]
+        # ================ [RA-RLOO] splice a stored success into groups that need one (Sec. 3.1)
+        # [RA-RLOO] (also in RLOO: NaN everywhere, no replay)
+        replay_logp_old = torch.full(rewards.shape, float("nan"))
+        # [RA-RLOO]
+        if args.replay != "none":
+            group_prompt_ids = [example.id for example in examples]
             replay_logp_old = splice_replays(
-                [example.id for example in examples],
-                completions,
-                rewards,
-                fresh_success,
-                buffers,
-                args.replay,
-                random,
+                group_prompt_ids, completions, rewards, fresh_success, buffers, args.replay, random
             )
+
         is_replay = ~torch.isnan(replay_logp_old)
-        # --mask_truncated_completions: cut completions get no gradient (a spliced replay is a whole success)
+        # --mask_truncated_completions: cut completions get no gradient (a replay is a whole
+        # success)
         keep = torch.ones(len(texts), dtype=torch.bool)
         if args.mask_truncated_completions:
             keep = ~(truncated & ~is_replay.flatten())
 
-        # ================ advantages: leave-one-out baseline on the (possibly mixed) group, eq. (1) ================
+        # ================ advantages: leave-one-out baseline on the (possibly mixed) group, eq. (1)
         advantages = rloo_advantages(rewards).flatten().to(device)
         replay_logp_old = replay_logp_old.flatten().to(device)
         replayed = is_replay.flatten().to(device)
 
-        # ================ update: REINFORCE with the LOO baseline + k3 KL to the reference ================
+        # ================ update: REINFORCE with the LOO baseline + k3 KL to the reference ========
         t_train_start = time.time()
         flat_prompts = [prompt for prompt in prompts for _ in range(k)]
-        # one constant normaliser, samples x max tokens over all ranks: no length bias, any process count
+        # one constant normaliser, samples x max tokens over all ranks: no length bias
         normaliser = (
             args.prompts_per_step * k / accelerator.num_processes * args.max_completion_length
-        )  # per rank
+        )
         sums = dict.fromkeys(
             ("loss_sum", "kl_sum", "ent_sum", "tok", "w_sum", "w_n", "gap_sum", "gap_tok"), 0.0
         )
-        is_weights = torch.ones(
-            len(completions)
-        )  # [RA-RLOO] (also in RLOO: all 1) per row, for the sample log
-        lengths = [
-            len(prompt) + len(completion) for prompt, completion in zip(flat_prompts, completions)
-        ]
+        # [RA-RLOO] (also in RLOO: all 1) each row's importance weight, for the sample log
+        is_weights = torch.ones(len(completions))
+        lengths = [len(prompt) + len(ids) for prompt, ids in zip(flat_prompts, completions)]
         micro = micro_batches(
             len(completions),
             args.micro_batch_size,
@@ -513,29 +518,27 @@ def main(args: Args) -> None:
             max_tokens=args.max_tokens_per_microbatch,
         )
         for rows in micro:
+            batch_prompts = [flat_prompts[r] for r in rows]
+            batch_completions = [completions[r] for r in rows]
             batch = pad_sequences(
-                [flat_prompts[r] for r in rows],
-                [completions[r] for r in rows],
-                tokenizer.pad_token_id,
-                pack_tokens=pack,
+                batch_prompts, batch_completions, tokenizer.pad_token_id, pack_tokens=pack
             ).to(device)
-            with autocast(device, args.dtype):  # the sampled distribution: logits / T
+            with autocast(device, args.dtype):
                 logp, entropy = token_logprobs(model, batch, temperature, compiled=compiled)
-            mask = batch.loss_mask * keep[rows].to(device)[:, None]
-            seq_logp = (logp * mask).sum(-1)
+            mask = batch.loss_mask * keep[rows].to(device)[:, None]  # [rows, width]
+            seq_logp = (logp * mask).sum(-1)  # [rows]
             adv = advantages[rows]
             rep = replayed[rows]
-            # [RA-RLOO] (also in RLOO: no row is a replay, `adv` unchanged) the replayed slot's advantage x w =
-            # min(pi_theta/pi_old, w_max), no gradient through w
+            # [RA-RLOO] (also in RLOO: no row is a replay, `adv` unchanged) the replayed slot's
+            # advantage x w = min(pi_theta / pi_old, w_max), no gradient through w
             weight = replay_weights(seq_logp, replay_logp_old[rows], args.w_max)
             adv = torch.where(rep, adv * weight, adv)
             is_weights[rows] = torch.where(rep, weight, torch.ones_like(weight)).cpu()
-            # sampler/trainer agreement on fresh rollouts, before any update (this pass is the first)
+            # sampler/trainer agreement on fresh rollouts, before any update (this pass is the
+            # first)
             fresh_mask = batch.loss_mask * (~rep)[:, None]
-            sampler_logp = right_align(
-                [[] if rep[j] else gens.logprobs[r] for j, r in enumerate(rows)],
-                batch.completion_width,
-            ).to(device)
+            fresh_logprobs = [[] if rep[j] else gens.logprobs[r] for j, r in enumerate(rows)]
+            sampler_logp = right_align(fresh_logprobs, batch.completion_width).to(device)
             pg_sum = -(adv * seq_logp).sum()
             kl_sum = 0.0
             if ref_model is not None:
@@ -558,24 +561,26 @@ def main(args: Args) -> None:
         optimizer.zero_grad(set_to_none=True)
         t_train = time.time() - t_train_start
 
-        # ================ push the new weights to the generator (a no-op for HF generate) ================
+        # ================ push the new weights to the generator (a no-op for HF generate) =========
         generator.sync_weights(policy)
 
-        # ================ [RA-RLOO] append every fresh success to its prompt's FIFO (all ranks: same buffers) ====
-        new_successes = []  # [RA-RLOO] (also in RLOO: nothing to keep)
+        # ================ [RA-RLOO] append each fresh success to its prompt's FIFO ================
+        # [RA-RLOO] (also in RLOO: nothing to keep) gathered: every rank keeps the same buffers
+        new_successes = []
         if args.replay != "none":
-            for i, completion in enumerate(gens.completion_ids):
+            for i, ids in enumerate(gens.completion_ids):
                 if fresh_success.view(-1)[i]:
                     logp_old = float(sum(gens.logprobs[i]))
                     new_successes.append(
-                        (examples[i // k].id, list(completion), logp_old, float(scored.total[i]))
+                        (examples[i // k].id, list(ids), logp_old, scored.total[i])
                     )
         for prompt_id, response, logp_old, reward in gather_list(accelerator, new_successes):
             buffer = buffers.setdefault(prompt_id, deque(maxlen=args.buffer_capacity))
-            buffer.append((np.asarray(response, np.int32), logp_old, reward))
+            buffer.append((np.asarray(response, np.int32), logp_old, float(reward)))
 
         # ================ metrics ================
         times = {"t_gen": t_gen, "t_train": t_train}
+        lr = scheduler.get_last_lr()[0]
         row = ra_rloo_metrics(
             accelerator,
             step,
@@ -589,13 +594,14 @@ def main(args: Args) -> None:
             scored,
             buffers,
             grad_norm,
-            scheduler.get_last_lr()[0],
+            lr,
             times,
         )
 
         # ================ sample log, evaluation, the row, checkpoint, stop ================
         evaluating = run_log.evaluation_due(step)
-        if run_log.samples.due(step, evaluating):  # a few fresh and (with replay) replayed rollouts
+        # a few fresh and (with replay) replayed rollouts to samples.jsonl
+        if run_log.samples.due(step, evaluating):
             kinds = ["replayed" if rep else "fresh" for rep in is_replay.flatten().tolist()]
             step_samples = {
                 "prompts": flat_prompts,
@@ -607,35 +613,28 @@ def main(args: Args) -> None:
                 "is_weights": is_weights,
                 "scored": scored,
             }
-            run_log.samples.log(
-                step, sample_rows(step_samples, tokenizer, run_log.samples.pick(kinds))
-            )
+            picks = run_log.samples.pick(kinds)
+            run_log.samples.log(step, sample_rows(step_samples, tokenizer, picks))
         if evaluating:
             row.update(run_eval())
         run_log.end_step(row, time.time() - t_start, threads, compiled)
         stopping = stop.agreed(accelerator)
         if checkpoints.due(step, stopping):
-            state = {
-                "sampler": sampler.state_dict(),
-                "counters": counters,
-                "method": {"buffers": buffers_state(buffers)},
-            }  # [RA-RLOO] (also in RLOO: empty)
+            # [RA-RLOO] (also in RLOO: empty) the buffers
+            method_state = {"buffers": buffers_state(buffers)}
+            state = {"sampler": sampler.state_dict(), "counters": counters, "method": method_state}
             checkpoints.save(step, state, stopping)
         if stopping:
             break
+
     run_log.close()
-    end_processes(
-        accelerator
-    )  # trackers finish and the process group ends now, not at exit: no hang
+    # trackers finish and the process group ends now, not at exit: no hang, no abort
+    end_processes(accelerator)
     stop.close()
-    log(
-        run_summary(
-            args.output_dir, ["ra_zero_var_frac_post", "ra_replay_fired_frac", "ra_is_weight_mean"]
-        )
-    )
+    mechanism = ["ra_zero_var_frac_post", "ra_replay_fired_frac", "ra_is_weight_mean"]
+    log(run_summary(args.output_dir, mechanism))
 
 
 if __name__ == "__main__":
-    raise SystemExit(
-        main(parse_args(Args, description=__doc__.split("\n\n")[0])) or GracefulStop.exit_status()
-    )
+    args = parse_args(Args, description=__doc__.split("\n\n")[0])
+    raise SystemExit(main(args) or GracefulStop.exit_status())
