@@ -545,10 +545,10 @@ def main(args: Args) -> None:
                 with torch.no_grad(), autocast(device, args.dtype):
                     ref_logp, _ = token_logprobs(ref_model, batch, temperature, compiled=compiled)
                 kl_sum = (kl_k3(logp, ref_logp) * mask).sum()
+                sums["kl_sum"] += kl_sum.item()
             loss = rloo_loss(pg_sum, kl_sum, args.beta, normaliser)
             accelerator.backward(loss)
             sums["loss_sum"] += pg_sum.item()
-            sums["kl_sum"] += float(kl_sum)
             sums["ent_sum"] += (entropy * mask).sum().item()
             sums["tok"] += mask.sum().item()
             sums["w_sum"] += torch.where(rep, weight, torch.zeros_like(weight)).sum().item()

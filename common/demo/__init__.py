@@ -1,1 +1,2 @@
-"""The embedded demo, loaded only on the embedded path: Countdown, its multi-turn environment and the tiny model built offline."""
+"""The embedded demo, loaded only on the embedded path: Countdown, its multi-turn environment and
+the tiny model built offline."""

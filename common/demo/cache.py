@@ -1,4 +1,6 @@
-"""Where the embedded default's built pieces are kept between runs (the base policy, the task's splits)."""
+"""Where the embedded default's built pieces are kept between runs (the base policy, the task's
+splits)."""
+
 import os
 from pathlib import Path
 

@@ -1,11 +1,13 @@
-"""Generation backends with one output format: prompts as token-id lists in, `n` samples per prompt out,
-prompt-major, each with its token ids, the log-prob of each sampled token under the *sampling* distribution
-(logits / temperature) and a finish reason ("stop": a stop token ended it, "length": max_new_tokens did). Stop
-tokens: the generator's `end_ids` (`end_token_ids`: EOS, the model's generation_config list, --stop_token_ids) and
-the call's own `SamplingConfig.stop_token_ids`.
-`HFGenerator` (default) runs `model.generate` on the training model itself; `VLLMGenerator` (common/generation/vllm_backend.py)
-is a colocated in-process vLLM engine, to which the scripts push the weights once per update (`sync_weights`).
+"""Generation backends with one output format: prompts as token-id lists in, `n` samples per prompt
+out, prompt-major, each with its token ids, the log-prob of each sampled token under the *sampling*
+distribution (logits / temperature) and a finish reason ("stop": a stop token ended it, "length":
+max_new_tokens did). Stop tokens: the generator's `end_ids` (`end_token_ids`: EOS, the model's
+generation_config list, --stop_token_ids) and the call's own `SamplingConfig.stop_token_ids`.
+`HFGenerator` (default) runs `model.generate` on the training model itself; `VLLMGenerator`
+(common/generation/vllm_backend.py) is a colocated in-process vLLM engine, to which the scripts push
+the weights once per update (`sync_weights`).
 """
+
 from __future__ import annotations
 
 import warnings
@@ -17,56 +19,82 @@ from transformers import StaticCache
 from common.model.policy import DTYPES, autocast
 from common.rl.logprobs import score_completions
 
-STATIC_CACHES = ("static", "offloaded_static")  # the preallocated caches (transformers' StaticCache)
+# the preallocated caches (transformers' StaticCache)
+STATIC_CACHES = ("static", "offloaded_static")
 
 
 class ComputeDtypeStaticCache(StaticCache):
-    """transformers' `StaticCache` holding `--dtype`: under bf16 autocast over fp32 weights, keys come out of the
-    rotary embedding in fp32 and values in bf16, which transformers' own static cache cannot store (docs/scaling.md)."""
+    """transformers' `StaticCache` holding `--dtype`: under bf16 autocast over fp32 weights, keys
+    come out of the rotary embedding in fp32 and values in bf16, which transformers' own static
+    cache cannot store (docs/scaling.md)."""
 
-    def __init__(self, config, max_cache_len: int, compute_dtype: torch.dtype, offloading: bool = False):
+    def __init__(
+        self, config, max_cache_len: int, compute_dtype: torch.dtype, offloading: bool = False
+    ):
         super().__init__(config=config, max_cache_len=max_cache_len, offloading=offloading)
         self.compute_dtype = compute_dtype
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        return super().update(key_states.to(self.compute_dtype), value_states.to(self.compute_dtype), layer_idx,
-                              *args, **kwargs)
+        return super().update(
+            key_states.to(self.compute_dtype),
+            value_states.to(self.compute_dtype),
+            layer_idx,
+            *args,
+            **kwargs,
+        )
 
 
 def cache_kwargs(model, cache_implementation: str | None, dtype: str, max_cache_len: int) -> dict:
-    """`generate`'s keywords for `--cache_implementation`: none (the default dynamic cache), the name, or a static
-    cache built in the compute dtype (still one transformers compiles the decoding step for on a GPU)."""
+    """`generate`'s keywords for `--cache_implementation`: none (the default dynamic cache), the
+    name, or a static cache built in the compute dtype (still one transformers compiles the decoding
+    step for on a GPU)."""
     if cache_implementation in STATIC_CACHES:
-        cache = ComputeDtypeStaticCache(model.config, max_cache_len, DTYPES[dtype],
-                                        offloading=cache_implementation == "offloaded_static")
+        cache = ComputeDtypeStaticCache(
+            model.config,
+            max_cache_len,
+            DTYPES[dtype],
+            offloading=cache_implementation == "offloaded_static",
+        )
         return {"past_key_values": cache}
     return {"cache_implementation": cache_implementation} if cache_implementation else {}
 
 
-def end_token_ids(tokenizer, model, stop_token_ids: str | list[int] | None = (), log=None) -> list[int]:
+def end_token_ids(
+    tokenizer, model, stop_token_ids: str | list[int] | None = (), log=None
+) -> list[int]:
     """The ids that end every completion, once each: the tokenizer's EOS, every id of the model's
     `generation_config.eos_token_id` (a chat model's end-of-turn token besides its EOS, e.g. Gemma's
-    `<end_of_turn>`) and the user's `stop_token_ids` (ids, or --stop_token_ids's comma-separated text). `log`: one
-    line naming them."""
+    `<end_of_turn>`) and the user's `stop_token_ids` (ids, or --stop_token_ids's comma-separated
+    text). `log`: one line naming them."""
     if isinstance(stop_token_ids, str):
         try:
             stop_token_ids = [int(token) for token in stop_token_ids.split(",") if token.strip()]
         except ValueError:
-            raise SystemExit(f"--stop_token_ids {stop_token_ids!r}: expected comma-separated token ids") from None
+            raise SystemExit(
+                f"--stop_token_ids {stop_token_ids!r}: expected comma-separated token ids"
+            ) from None
     if stop_token_ids:
         vocab = getattr(model.config.get_text_config(), "vocab_size", None) or len(tokenizer)
         for token in stop_token_ids:
             if not 0 <= token < vocab:
-                raise SystemExit(f"--stop_token_ids {token}: not a token id of this model (0 to {vocab - 1})")
+                raise SystemExit(
+                    f"--stop_token_ids {token}: not a token id of this model (0 to {vocab - 1})"
+                )
     listed = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    sources = {"the tokenizer's EOS": [tokenizer.eos_token_id],
-               "the model's generation_config": listed if isinstance(listed, (list, tuple)) else [listed],
-               "--stop_token_ids": list(stop_token_ids or ())}
+    sources = {
+        "the tokenizer's EOS": [tokenizer.eos_token_id],
+        "the model's generation_config": listed if isinstance(listed, (list, tuple)) else [listed],
+        "--stop_token_ids": list(stop_token_ids or ()),
+    }
     ids, named = [], []
     for source, tokens in sources.items():
         new = [token for token in dict.fromkeys(tokens) if token is not None and token not in ids]
         ids += new
-        named += [f"{token} {tokenizer.convert_ids_to_tokens(token)!r} ({source})" for token in new] if log else []
+        named += (
+            [f"{token} {tokenizer.convert_ids_to_tokens(token)!r} ({source})" for token in new]
+            if log
+            else []
+        )
     if log is not None:
         log(f"generation stops at token ids {', '.join(named)}")
     return ids
@@ -78,14 +106,16 @@ class SamplingConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
-    stop_token_ids: list[int] = field(default_factory=list)  # besides the generator's `end_ids` (e.g. a newline)
+    # besides the generator's `end_ids` (e.g. a newline)
+    stop_token_ids: list[int] = field(default_factory=list)
     logprobs: bool = True  # False: skip them (evaluation), Generations.logprobs is then empty lists
 
 
 @dataclass
 class Generations:
     prompt_ids: list[list[int]]  # len P (one per prompt)
-    completion_ids: list[list[int]]  # len P*n, prompt-major; includes the stop token if one ended it
+    # len P*n, prompt-major; includes the stop token if one ended it
+    completion_ids: list[list[int]]
     logprobs: list[list[float]]  # len P*n, one float per completion token
     finish_reasons: list[str]  # len P*n, "stop" | "length"
     n: int
@@ -97,35 +127,53 @@ class Generations:
 class HFGenerator:
     """Sampling with `transformers` generate, batched, left-padded."""
 
-    reads_policy = True  # generate() runs the training model: under --fsdp it must be gathered (`gathered`)
+    # generate() runs the training model: under --fsdp it must be gathered (`gathered`)
+    reads_policy = True
 
-    def __init__(self, model, tokenizer, batch_size: int = 256, dtype: str = "float32",
-                 cache_implementation: str | None = None, compiled=None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        batch_size: int = 256,
+        dtype: str = "float32",
+        cache_implementation: str | None = None,
+        compiled=None,
+    ):
         self.model = model  # the (unwrapped) training model: always current, nothing to sync
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.dtype = dtype  # compute dtype (autocast over the fp32 weights)
-        self.cache_implementation = cache_implementation  # None: transformers' default (a dynamic cache)
-        self.end_ids = end_token_ids(tokenizer, model)  # the scripts add --stop_token_ids (`end_token_ids`)
-        # --torch_compile: the run's TorchCompile (common/generation/compile.py), the decoding step compiled on a static cache;
-        # None: eager
+        # None: transformers' default (a dynamic cache)
+        self.cache_implementation = cache_implementation
+        # the scripts add --stop_token_ids (`end_token_ids`)
+        self.end_ids = end_token_ids(tokenizer, model)
+        # --torch_compile: the run's TorchCompile (common/generation/compile.py), the decoding step
+        # compiled on a static cache; None: eager
         self.compiled = compiled
         on_cpu = next(model.parameters()).device.type == "cpu"
-        if on_cpu and cache_implementation in ("offloaded", "offloaded_static"):  # they move layers with CUDA streams
-            self.cache_implementation = {"offloaded": "dynamic", "offloaded_static": "static"}[cache_implementation]
-            warnings.warn(f"--cache_implementation {cache_implementation} on CPU: the cache already lives in host "
-                          f"memory (offloading needs CUDA); using {self.cache_implementation}")
+        # they move layers with CUDA streams
+        if on_cpu and cache_implementation in ("offloaded", "offloaded_static"):
+            self.cache_implementation = {"offloaded": "dynamic", "offloaded_static": "static"}[
+                cache_implementation
+            ]
+            warnings.warn(
+                f"--cache_implementation {cache_implementation} on CPU: the cache already lives in "
+                "host "
+                f"memory (offloading needs CUDA); using {self.cache_implementation}"
+            )
 
     def sync_weights(self, model) -> None:
         self.model = model
 
     def sleep(self) -> None:
-        """Nothing to free: generation runs on the training model (VLLMGenerator's frees its engine's memory)."""
+        """Nothing to free: generation runs on the training model (VLLMGenerator's frees its
+        engine's memory)."""
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig) -> Generations:
-        # eval mode while generating (the scripts train in train mode): no dropout, and measured ~20% faster on CPU
-        # (tiny model, 128 x 32 tokens: 0.19-0.21 s eval vs 0.24-0.26 s train); the mode is restored after
+        # eval mode while generating (the scripts train in train mode): no dropout, and measured
+        # ~20% faster on CPU (tiny model, 128 x 32 tokens: 0.19-0.21 s eval vs 0.24-0.26 s train);
+        # the mode is restored after
         was_training = self.model.training
         self.model.eval()
         try:
@@ -136,9 +184,14 @@ class HFGenerator:
 
     def _generate(self, prompt_ids: list[list[int]], n: int, cfg: SamplingConfig) -> Generations:
         tok = self.tokenizer
-        if cfg.logprobs and cfg.temperature > 0 and (cfg.top_p < 1 or cfg.top_k > 0):  # scoring ignores truncation
-            raise ValueError(f"HFGenerator: log-probs with top_p={cfg.top_p} / top_k={cfg.top_k} would not be those of "
-                             "the sampled distribution (pi_old); top-p / top-k are for evaluation (logprobs=False)")
+        # scoring ignores truncation
+        if cfg.logprobs and cfg.temperature > 0 and (cfg.top_p < 1 or cfg.top_k > 0):
+            raise ValueError(
+                f"HFGenerator: log-probs with top_p={cfg.top_p} / top_k={cfg.top_k} would not be "
+                "those of "
+                "the sampled distribution (pi_old); top-p / top-k are for evaluation "
+                "(logprobs=False)"
+            )
         stop_ids = self.end_ids + [t for t in cfg.stop_token_ids if t not in self.end_ids]
         was_training = self.model.training
         self.model.eval()
@@ -149,7 +202,8 @@ class HFGenerator:
             chunk = flat[s : s + self.batch_size]
             rows = len(chunk)
             compiled = self.compiled is not None and not self.compiled.failed["decoding"]
-            if compiled and self.compiled.pads_rows(device):  # few shapes for CUDA graphs: pad to a bucket, cut after
+            # few shapes for CUDA graphs: pad to a bucket, cut after
+            if compiled and self.compiled.pads_rows(device):
                 chunk = chunk + [chunk[-1]] * (self.compiled.bucket(rows, self.batch_size) - rows)
             width = max(len(p) for p in chunk)
             ids = torch.full((len(chunk), width), tok.pad_token_id, dtype=torch.long)
@@ -167,9 +221,12 @@ class HFGenerator:
                 max_new_tokens=cfg.max_new_tokens,
                 eos_token_id=stop_ids,
                 pad_token_id=tok.pad_token_id,
-                **cache_kwargs(self.model, self.cache_implementation, self.dtype, width + cfg.max_new_tokens),
-                # transformers runs FSDP models in lock-step (an all-reduce per token); --fsdp generates inside
-                # `gathered` (whole weights, no communication), where ranks finish independently
+                **cache_kwargs(
+                    self.model, self.cache_implementation, self.dtype, width + cfg.max_new_tokens
+                ),
+                # transformers runs FSDP models in lock-step (an all-reduce per token); --fsdp
+                # generates inside `gathered` (whole weights, no communication), where ranks finish
+                # independently
                 synced_gpus=False,
             )[:rows, width:].tolist()
             for row in gen:
@@ -181,16 +238,34 @@ class HFGenerator:
                     out_ids.append(row[: cut + 1])
                     out_reasons.append("stop")
         logps = [[] for _ in out_ids]
-        if cfg.logprobs:  # under logits / T, by one extra pass (keeping generate's scores holds [B, V] per token)
-            logps = score_completions(self.model, flat, out_ids, tok.pad_token_id, self.batch_size, device,
-                                      cfg.temperature if cfg.temperature > 0 else 1.0)
+        # under logits / T, by one extra pass (keeping generate's scores holds [B, V] per token)
+        if cfg.logprobs:
+            logps = score_completions(
+                self.model,
+                flat,
+                out_ids,
+                tok.pad_token_id,
+                self.batch_size,
+                device,
+                cfg.temperature if cfg.temperature > 0 else 1.0,
+            )
         self.model.train(was_training)
-        return Generations(prompt_ids=[list(p) for p in prompt_ids], completion_ids=out_ids,
-                           logprobs=logps, finish_reasons=out_reasons, n=n)
+        return Generations(
+            prompt_ids=[list(p) for p in prompt_ids],
+            completion_ids=out_ids,
+            logprobs=logps,
+            finish_reasons=out_reasons,
+            n=n,
+        )
 
     def _model_generate(self, **kwargs):
-        """`model.generate`, with --torch_compile through its compiled decoding step on a static cache."""
+        """`model.generate`, with --torch_compile through its compiled decoding step on a static
+        cache."""
         if self.compiled is None:
             return self.model.generate(**kwargs)
-        length = self.compiled.cache_length(kwargs["input_ids"].shape[1], kwargs["max_completion_length"])
-        return self.compiled.generate(self.model, kwargs, cache_kwargs(self.model, "static", self.dtype, length))
+        length = self.compiled.cache_length(
+            kwargs["input_ids"].shape[1], kwargs["max_completion_length"]
+        )
+        return self.compiled.generate(
+            self.model, kwargs, cache_kwargs(self.model, "static", self.dtype, length)
+        )

@@ -1,1 +1,2 @@
-"""The RL primitives: advantages, losses, masking, per-token log-probs, answer verifiers, the multi-turn episode record, PROS's Gibbs sampler."""
+"""The RL primitives: advantages, losses, masking, per-token log-probs, answer verifiers, the
+multi-turn episode record, PROS's Gibbs sampler."""

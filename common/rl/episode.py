@@ -1,6 +1,8 @@
-"""The token-level record of one rollout: prompt + interleaved (action, observation) turns, with the loss mask
-and the sampling log-probs. Used by the multi-turn environment (common/demo/countdown_env.py) and by ps_grpo.py's
-single-turn text mode, where a "turn" is a line of the completion and there is no observation."""
+"""The token-level record of one rollout: prompt + interleaved (action, observation) turns, with the
+loss mask and the sampling log-probs. Used by the multi-turn environment
+(common/demo/countdown_env.py) and by ps_grpo.py's single-turn text mode, where a "turn" is a line
+of the completion and there is no observation."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -10,11 +12,12 @@ from dataclasses import dataclass, field
 class Episode:
     """One rollout as the trainer sees it: prompt + interleaved (action, observation) turns.
 
-    `ids` is the completion (every turn's action tokens then its observation tokens), `mask` is 1 only on
-    action tokens the current policy generated (observations and replayed actions are context, mask 0),
-    `old_logp` the sampling log-prob of each generated token (0 where masked). `steps` keeps each turn's
-    (action ids, observation ids): a prefix of K steps is `steps[:K]`.
+    `ids` is the completion (every turn's action tokens then its observation tokens), `mask` is 1
+    only on action tokens the current policy generated (observations and replayed actions are
+    context, mask 0), `old_logp` the sampling log-prob of each generated token (0 where masked).
+    `steps` keeps each turn's (action ids, observation ids): a prefix of K steps is `steps[:K]`.
     """
+
     group: int  # index of the task this rollout belongs to
     ids: list[int] = field(default_factory=list)
     mask: list[int] = field(default_factory=list)
@@ -24,12 +27,16 @@ class Episode:
     reward: float = 0.0
     env: object = None  # the environment being played (multi-turn), None for single-turn text
 
-    def add_turn(self, action_ids: list[int], obs_ids: list[int], logps: list[float] | None = None) -> None:
+    def add_turn(
+        self, action_ids: list[int], obs_ids: list[int], logps: list[float] | None = None
+    ) -> None:
         """Append a turn; `logps` None means the action was replayed, not generated (mask 0)."""
         replayed = logps is None
         self.ids += list(action_ids) + list(obs_ids)
         self.mask += [0 if replayed else 1] * len(action_ids) + [0] * len(obs_ids)
-        self.old_logp += ([0.0] * len(action_ids) if replayed else list(logps)) + [0.0] * len(obs_ids)
+        self.old_logp += ([0.0] * len(action_ids) if replayed else list(logps)) + [0.0] * len(
+            obs_ids
+        )
         self.steps.append((list(action_ids), list(obs_ids)))
         self.replayed_steps += replayed
 
@@ -40,4 +47,4 @@ class Episode:
     @property
     def replayed_tokens(self) -> int:
         """Action tokens taken from a stored trajectory instead of being generated."""
-        return sum(len(a) for a, _ in self.steps[:self.replayed_steps])
+        return sum(len(a) for a, _ in self.steps[: self.replayed_steps])

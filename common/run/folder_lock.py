@@ -1,8 +1,10 @@
-"""The output folder held by one launch: an exclusive lock on `<output_dir>/.run.lock`, taken before anything is
-written there (common/run/output_dir.py) and given back when the run ends (common/distributed/ranks.py `end_processes`) or its
-process exits. The lock is the operating system's (flock): it dies with its process, so a launch that was killed
-leaves only the file, which the next launch recognises and reports. Also a resume's records, kept until its
-checkpoint has loaded (`defer_writes`)."""
+"""The output folder held by one launch: an exclusive lock on `<output_dir>/.run.lock`, taken before
+anything is written there (common/run/output_dir.py) and given back when the run ends
+(common/distributed/ranks.py `end_processes`) or its process exits. The lock is the operating
+system's (flock): it dies with its process, so a launch that was killed leaves only the file, which
+the next launch recognises and reports. Also a resume's records, kept until its checkpoint has
+loaded (`defer_writes`)."""
+
 from __future__ import annotations
 
 import atexit
@@ -15,16 +17,19 @@ import time
 from pathlib import Path
 
 LOCK = ".run.lock"  # held by the launch writing in the folder; it records that launch
-_HOLDS: dict[str, tuple] = {}  # this process's held folders: resolved path -> (lock descriptor, thread, lock path)
-_DEFERRED: dict[str, dict] = {}  # resolved path -> {file: text}: a resume's records, written once its checkpoint loaded
+# this process's held folders: resolved path -> (lock descriptor, thread, lock path)
+_HOLDS: dict[str, tuple] = {}
+# resolved path -> {file: text}: a resume's records, written once its checkpoint loaded
+_DEFERRED: dict[str, dict] = {}
 
 
 def hold(folder: Path, token: str, script: str, log=print) -> None:
-    """Hold `folder` for this launch: an exclusive lock on `<folder>/.run.lock` (which records this launch: process,
-    host, script, token), kept until the run ends or its process exits. A folder another live launch holds stops
-    this one with one line naming it; a lock file left by a launch that died without releasing it is reported, then
-    taken over (the lock died with its process). A second claim from the same thread of this process means its
-    earlier main() has returned or raised: that hold is released first."""
+    """Hold `folder` for this launch: an exclusive lock on `<folder>/.run.lock` (which records this
+    launch: process, host, script, token), kept until the run ends or its process exits. A folder
+    another live launch holds stops this one with one line naming it; a lock file left by a launch
+    that died without releasing it is reported, then taken over (the lock died with its process). A
+    second claim from the same thread of this process means its earlier main() has returned or
+    raised: that hold is released first."""
     folder.mkdir(parents=True, exist_ok=True)
     path, key = folder / LOCK, str(folder.resolve())
     if key in _HOLDS:
@@ -38,9 +43,14 @@ def hold(folder: Path, token: str, script: str, log=print) -> None:
         except BlockingIOError:
             holder = _holder(os.read(descriptor, 1 << 16))
             os.close(descriptor)
-            raise SystemExit(f"--output_dir {folder}: another launch writes there ({holder}); wait for it to end, "
-                             "stop it, or choose another --output_dir") from None
-        try:  # the lock file may have been released (removed) between the open and the lock: lock the new one
+            raise SystemExit(
+                f"--output_dir {folder}: another launch writes there ({holder}); wait for it to "
+                "end, "
+                "stop it, or choose another --output_dir"
+            ) from None
+        # the lock file may have been released (removed) between the open and the lock: lock the new
+        # one
+        try:
             if os.stat(path).st_ino == os.fstat(descriptor).st_ino:
                 break
         except FileNotFoundError:
@@ -48,19 +58,29 @@ def hold(folder: Path, token: str, script: str, log=print) -> None:
         os.close(descriptor)
     left = os.read(descriptor, 1 << 16)
     if left.strip():
-        log(f"--output_dir {folder}: the launch that held it ({_holder(left)}) ended without releasing it (killed, or "
-            "its machine went down); this launch takes the folder over")
-    record = {"pid": os.getpid(), "host": socket.gethostname(), "script": script, "launch": token,
-              "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        log(
+            f"--output_dir {folder}: the launch that held it ({_holder(left)}) ended without "
+            "releasing it (killed, or "
+            "its machine went down); this launch takes the folder over"
+        )
+    record = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "script": script,
+        "launch": token,
+        "since": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     os.ftruncate(descriptor, 0)
     os.pwrite(descriptor, json.dumps(record).encode(), 0)
-    os.fsync(descriptor)  # the other machines read the token from a shared filesystem while this file stays open
+    # the other machines read the token from a shared filesystem while this file stays open
+    os.fsync(descriptor)
     _HOLDS[key] = (descriptor, threading.get_ident(), path)
 
 
 def lost_hold(folder: Path) -> str | None:
-    """Before a write that removes or replaces files in `folder`: None while its `.run.lock` is the file this launch
-    locked, else one line saying so (a folder cleared by hand, then taken by another launch). Unheld folders pass."""
+    """Before a write that removes or replaces files in `folder`: None while its `.run.lock` is the
+    file this launch locked, else one line saying so (a folder cleared by hand, then taken by
+    another launch). Unheld folders pass."""
     descriptor, _, path = _HOLDS.get(str(folder.resolve()), (None, None, None))
     if descriptor is None:
         return None
@@ -71,8 +91,11 @@ def lost_hold(folder: Path) -> str | None:
     if inode == os.fstat(descriptor).st_ino:
         return None
     holder = f"now held by {_holder(now)}" if now.strip() else f"its {LOCK} was removed"
-    return (f"--output_dir {folder}: this launch no longer holds it ({holder}); the run stops before removing anything "
-            "there")
+    return (
+        f"--output_dir {folder}: this launch no longer holds it ({holder}); the run stops before "
+        "removing anything "
+        "there"
+    )
 
 
 def release(folder: Path) -> None:
@@ -81,13 +104,14 @@ def release(folder: Path) -> None:
 
 
 def defer_writes(folder: Path, files: dict[Path, str]) -> None:
-    """Write `files` (path: text) at `write_deferred(folder)`, not now: a resume records its flags only once its
-    checkpoint has loaded, so that a resume that fails leaves every file as it was."""
+    """Write `files` (path: text) at `write_deferred(folder)`, not now: a resume records its flags
+    only once its checkpoint has loaded, so that a resume that fails leaves every file as it was."""
     _DEFERRED[str(folder.resolve())] = files
 
 
 def write_deferred(folder: Path) -> None:
-    """The run has started writing in `folder` (common/run/logs.py `MetricsLogger`): the deferred records go now."""
+    """The run has started writing in `folder` (common/run/logs.py `MetricsLogger`): the deferred
+    records go now."""
     for path, text in _DEFERRED.pop(str(Path(folder).resolve()), {}).items():
         path.write_text(text)
 
@@ -114,9 +138,11 @@ def release_all(every_thread: bool = False) -> None:
 def _holder(raw: bytes) -> str:
     try:
         record = json.loads(raw)
-        return f"{record['script']}, process {record['pid']} on {record['host']}, since {record['since']}"
+        host, since = record["host"], record["since"]
+        return f"{record['script']}, process {record['pid']} on {host}, since {since}"
     except (ValueError, KeyError, TypeError):
         return "an unreadable lock record"
 
 
-atexit.register(release_all, every_thread=True)  # a run that stopped with one line: its process exits
+# a run that stopped with one line: its process exits
+atexit.register(release_all, every_thread=True)

@@ -1,9 +1,10 @@
-"""One JSON object per step in <output_dir>/metrics.jsonl (main process), plus optional trackers, and a few sampled
-rollouts per kind in <output_dir>/samples.jsonl (`SampleLogger`). Core names
-every script logs (each script computes them where it logs them): step, rollouts, gen_tokens,
-reward_mean, reward_std, pass_rate, frac_zero_var_groups, completion_len_mean, clipped_ratio, loss, kl, entropy,
-grad_norm, lr, time_step_s, time_gen_s, time_train_s; eval_pass@1 / eval_pass@k when evaluating, and the same
-measured on a fixed sample of training-pool prompts as eval_train_pass@1 / eval_train_pass@k.
+"""One JSON object per step in <output_dir>/metrics.jsonl (main process), plus optional trackers,
+and a few sampled rollouts per kind in <output_dir>/samples.jsonl (`SampleLogger`). Core names every
+script logs (each script computes them where it logs them): step, rollouts, gen_tokens, reward_mean,
+reward_std, pass_rate, frac_zero_var_groups, completion_len_mean, clipped_ratio, loss, kl, entropy,
+grad_norm, lr, time_step_s, time_gen_s, time_train_s; eval_pass@1 / eval_pass@k when evaluating, and
+the same measured on a fixed sample of training-pool prompts as eval_train_pass@1 /
+eval_train_pass@k.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from common.run.folder_lock import lost_hold, write_deferred
 
 
 def check_tracker(report_to: str) -> None:
-    """A clear error before anything starts when `--report_to` names a tracker that is not installed."""
+    """A clear error before anything starts when `--report_to` names a tracker that is not
+    installed."""
     import importlib.util
 
     need = {"none": (), "tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}[
@@ -30,9 +32,10 @@ def check_tracker(report_to: str) -> None:
 
 
 def read_rows(path: Path, announce=lambda message: print(message, flush=True)) -> list[str]:
-    """The rows of a log file (`metrics.jsonl`, `samples.jsonl`) as their JSON lines, for a resume. A last line cut
-    short (a run killed, or a disk filled, while writing it) is dropped and `announce`d in one line; a damaged line
-    before it stops the run with one line naming the file and line number (the file is left as it is)."""
+    """The rows of a log file (`metrics.jsonl`, `samples.jsonl`) as their JSON lines, for a resume.
+    A last line cut short (a run killed, or a disk filled, while writing it) is dropped and
+    `announce`d in one line; a damaged line before it stops the run with one line naming the file
+    and line number (the file is left as it is)."""
     lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
     numbered = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
     kept = []
@@ -47,7 +50,8 @@ def read_rows(path: Path, announce=lambda message: print(message, flush=True)) -
                     f"{str(error)[:80]}); repair or delete that line, then resume"
                 )
             announce(
-                f"{path}: dropped its last line (line {number}), cut short at {len(line.encode())} bytes by an "
+                f"{path}: dropped its last line (line {number}), cut short at {len(line.encode())} "
+                "bytes by an "
                 "interrupted write"
             )
             continue
@@ -56,9 +60,10 @@ def read_rows(path: Path, announce=lambda message: print(message, flush=True)) -
 
 
 def append_rows(path: Path, rows: list[dict]) -> None:
-    """Append each row as one JSON line with one write call, straight to the OS (no Python buffer): a killed process
-    leaves whole rows behind (a full disk may still cut the last one: a resume drops it). A failed write (a full
-    disk, no permission) stops the run with one line naming the file and the error."""
+    """Append each row as one JSON line with one write call, straight to the OS (no Python buffer):
+    a killed process leaves whole rows behind (a full disk may still cut the last one: a resume
+    drops it). A failed write (a full disk, no permission) stops the run with one line naming the
+    file and the error."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
@@ -77,13 +82,14 @@ def append_rows(path: Path, rows: list[dict]) -> None:
     except OSError as error:
         raise SystemExit(
             f"{path}: could not append a row ({error}); the run stops here: make room (or fix the "
-            "folder's permissions), then continue from its last checkpoint with --resume_from_checkpoint auto"
+            "folder's permissions), then continue from its last checkpoint with "
+            "--resume_from_checkpoint auto"
         ) from None
 
 
 def keep_rows_until(path: Path, resume_step: int | None) -> None:
-    """Rewrite `path` with its rows up to `resume_step` (None: none), replacing the file whole, so that a crash
-    while rewriting never loses the rows a resume keeps."""
+    """Rewrite `path` with its rows up to `resume_step` (None: none), replacing the file whole, so
+    that a crash while rewriting never loses the rows a resume keeps."""
     kept = (
         []
         if resume_step is None
@@ -134,8 +140,9 @@ class MetricsLogger:
 
 
 def written_on_main(accelerator, output_dir, write) -> None:
-    """Every rank: `write()` on the main process, once this launch is known to still hold `output_dir`; a failure
-    stops every rank at once with one line naming the folder or file and the error."""
+    """Every rank: `write()` on the main process, once this launch is known to still hold
+    `output_dir`; a failure stops every rank at once with one line naming the folder or file and the
+    error."""
     failed = []
     if accelerator.is_main_process:
         try:
@@ -147,7 +154,8 @@ def written_on_main(accelerator, output_dir, write) -> None:
             failed.append(str(stop))
         except OSError as error:
             failed.append(
-                f"--output_dir {output_dir}: could not write its logs ({error}); the run stops here: make "
+                f"--output_dir {output_dir}: could not write its logs ({error}); the run stops "
+                "here: make "
                 "room (or fix the folder's permissions), then run the same command again"
             )
     if (reason := first_failure(accelerator, failed)) is not None:
@@ -155,9 +163,10 @@ def written_on_main(accelerator, output_dir, write) -> None:
 
 
 class SampleLogger:
-    """samples.jsonl: at chosen steps, up to `per_kind` rollouts of each kind (fresh, replayed, prefix...) as JSON rows
-    (step, kind, prompt, completion, reward, advantage and the method's tags), also sent to the tracker as a table
-    (wandb) or text (tensorboard). `due` and `log` must be called on every rank (rows are gathered)."""
+    """samples.jsonl: at chosen steps, up to `per_kind` rollouts of each kind (fresh, replayed,
+    prefix...) as JSON rows (step, kind, prompt, completion, reward, advantage and the method's
+    tags), also sent to the tracker as a table (wandb) or text (tensorboard). `due` and `log` must
+    be called on every rank (rows are gathered)."""
 
     def __init__(
         self,
@@ -231,9 +240,10 @@ class SampleLogger:
 
 
 class RunLog:
-    """What a step leaves besides its checkpoint, the same in every method script: the row in metrics.jsonl (and
-    the tracker) with the step's time, thread count and compile figures, a few rollouts in samples.jsonl, the
-    progress bar, and one warning when the generator stops sampling from the policy being trained."""
+    """What a step leaves besides its checkpoint, the same in every method script: the row in
+    metrics.jsonl (and the tracker) with the step's time, thread count and compile figures, a few
+    rollouts in samples.jsonl, the progress bar, and one warning when the generator stops sampling
+    from the policy being trained."""
 
     def __init__(self, args, accelerator, script: str, start_step: int, resumed: bool, log=print):
         resume_step = (
@@ -269,7 +279,8 @@ class RunLog:
         self._open_progress()
 
     def end_step(self, row: dict, step_seconds: float, threads: int, compiled) -> None:
-        """The step's row, completed (compile figures, time, threads), written on every rank's call; the bar moves."""
+        """The step's row, completed (compile figures, time, threads), written on every rank's call;
+        the bar moves."""
         self._warn_sampler_gap(row.get("sampler_logp_diff"))
         row.update(
             compiled.metrics(self.accelerator) if compiled else {}
@@ -303,14 +314,16 @@ class RunLog:
         )
 
     def _warn_sampler_gap(self, gap) -> None:
-        """Once a run: the mean |log-prob| gap between the generator and the trainer's first pass reached
-        --logp_diff_warn (None: not measured this step)."""
+        """Once a run: the mean |log-prob| gap between the generator and the trainer's first pass
+        reached --logp_diff_warn (None: not measured this step)."""
         if self.warned_sampler_gap or gap is None or gap < self.args.logp_diff_warn:
             return
         self.warned_sampler_gap = True
         self.log_line(
-            f"warning: sampler_logp_diff {gap:.4f} >= --logp_diff_warn {self.args.logp_diff_warn}: the "
-            "generator does not sample from the policy being trained (stale weights, dtype, temperature?)"
+            f"warning: sampler_logp_diff {gap:.4f} >= --logp_diff_warn {self.args.logp_diff_warn}: "
+            "the "
+            "generator does not sample from the policy being trained (stale weights, dtype, "
+            "temperature?)"
         )
 
 

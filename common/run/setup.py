@@ -1,7 +1,7 @@
-"""A run's set-up, one call per piece, the same in every method script: the launch (accelerator, threads, seeds,
-output folder), the trainable policy, the frozen KL reference, the optimizer and its schedule, the wrapped model and
-the generator. Each takes what it needs as arguments; the method's own pieces (a critic, an environment) stay in its
-file."""
+"""A run's set-up, one call per piece, the same in every method script: the launch (accelerator,
+threads, seeds, output folder), the trainable policy, the frozen KL reference, the optimizer and its
+schedule, the wrapped model and the generator. Each takes what it needs as arguments; the method's
+own pieces (a critic, an environment) stay in its file."""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ from common.run.output_dir import claim_output_dir
 
 
 def start_run(args, script: str):
-    """The launch: accelerate's settings mapped onto --fsdp / --dtype, torch's CPU threads (before any torch work),
-    the tracker checked, the Accelerator, per-rank seeds and the output folder claimed before any model loads.
-    Returns (accelerator, cpu_threads, log); `log` prints once a run (main process)."""
+    """The launch: accelerate's settings mapped onto --fsdp / --dtype, torch's CPU threads (before
+    any torch work), the tracker checked, the Accelerator, per-rank seeds and the output folder
+    claimed before any model loads. Returns (accelerator, cpu_threads, log); `log` prints once a run
+    (main process)."""
     args.fsdp = resolve_accelerate_sharding(args.fsdp)
     args.dtype = resolve_accelerate_precision(args.dtype)
     cpu_threads = CpuThreads(
@@ -60,9 +61,10 @@ def seed_everything(seed: int) -> None:
 
 
 def load_training_policy(args, accelerator, log):
-    """The policy in fp32 master weights (--dtype is the compute dtype, under autocast), in training mode, with
-    gradient checkpointing and LoRA as the flags ask. `embedded`: rank 0 builds (or copies) the tiny Countdown model
-    once and the others find it cached. Returns (policy, tokenizer, model_path)."""
+    """The policy in fp32 master weights (--dtype is the compute dtype, under autocast), in training
+    mode, with gradient checkpointing and LoRA as the flags ask. `embedded`: rank 0 builds (or
+    copies) the tiny Countdown model once and the others find it cached. Returns (policy, tokenizer,
+    model_path)."""
     model_path = args.model_name_or_path
     if model_path == "embedded":
         from common.demo.tiny_model import ensure_embedded_base
@@ -87,8 +89,8 @@ def load_training_policy(args, accelerator, log):
 
 
 def make_reference(policy, args):
-    """The KL reference: the initial weights, frozen, computing as the policy did at step 0 (under LoRA: the same
-    model with the adapters off); None when --beta is 0."""
+    """The KL reference: the initial weights, frozen, computing as the policy did at step 0 (under
+    LoRA: the same model with the adapters off); None when --beta is 0."""
     if args.beta <= 0:
         return None
     if args.lora_r:
@@ -99,8 +101,8 @@ def make_reference(policy, args):
 
 
 def shard_models(args, *models):
-    """--fsdp: FSDP2 over the processes, each rank keeping 1/world of every weight (common/distributed/fsdp.py);
-    without it, the models unchanged. A None stays None."""
+    """--fsdp: FSDP2 over the processes, each rank keeping 1/world of every weight
+    (common/distributed/fsdp.py); without it, the models unchanged. A None stays None."""
     if not args.fsdp:
         return models
     from common.distributed.fsdp import shard
@@ -109,7 +111,8 @@ def shard_models(args, *models):
 
 
 def make_optimizer(policy, args):
-    """AdamW over the trainable parameters, with a linear warm-up over --warmup_steps, then a constant rate."""
+    """AdamW over the trainable parameters, with a linear warm-up over --warmup_steps, then a
+    constant rate."""
     trainable = [param for param in policy.parameters() if param.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, weight_decay=args.weight_decay)
     warmup = max(1, args.warmup_steps)
@@ -120,16 +123,16 @@ def make_optimizer(policy, args):
 
 
 def prepare_training(accelerator, model, optimizer, fsdp: bool):
-    """(model, optimizer) for the backward pass: DDP-wrapped by accelerate, or, under FSDP, the sharded model as its
-    own wrapper with the optimizer prepared alone."""
+    """(model, optimizer) for the backward pass: DDP-wrapped by accelerate, or, under FSDP, the
+    sharded model as its own wrapper with the optimizer prepared alone."""
     if fsdp:
         return model, accelerator.prepare(optimizer)
     return accelerator.prepare(model, optimizer)
 
 
 def make_compiled(args, log):
-    """--torch_compile: the decoding step and the packed training forward compiled (common/generation/compile.py);
-    None otherwise."""
+    """--torch_compile: the decoding step and the packed training forward compiled
+    (common/generation/compile.py); None otherwise."""
     if not args.torch_compile:
         return None
     from common.generation.compile import TorchCompile
@@ -138,8 +141,9 @@ def make_compiled(args, log):
 
 
 def make_generator(args, model_path: str, policy, tokenizer, accelerator, compiled, log):
-    """HF generate on the policy, or a colocated vLLM engine (--use_vllm), ending completions at every stop token
-    (EOS, the model's end-of-turn ids, --stop_token_ids), which the run's first lines name."""
+    """HF generate on the policy, or a colocated vLLM engine (--use_vllm), ending completions at
+    every stop token (EOS, the model's end-of-turn ids, --stop_token_ids), which the run's first
+    lines name."""
     if args.use_vllm:
         from common.generation.vllm_backend import VLLMGenerator
 
@@ -167,16 +171,16 @@ def make_generator(args, model_path: str, policy, tokenizer, accelerator, compil
 
 
 def packed_row_tokens(args, device) -> int:
-    """Row length of the packed training layout (--padding_free), 0 when off: 128 tokens on a CPU, 2048 on a GPU
-    unless --pack_row_tokens says."""
+    """Row length of the packed training layout (--padding_free), 0 when off: 128 tokens on a CPU,
+    2048 on a GPU unless --pack_row_tokens says."""
     if not args.padding_free:
         return 0
     return args.pack_row_tokens or (2048 if device.type == "cuda" else 128)
 
 
 def sampling_configs(args):
-    """(training, evaluation) sampling: rollouts at --temperature with their log-probs; the evaluation at
-    --eval_temperature (default: --temperature; 0: greedy) without."""
+    """(training, evaluation) sampling: rollouts at --temperature with their log-probs; the
+    evaluation at --eval_temperature (default: --temperature; 0: greedy) without."""
     from common.generation.hf import SamplingConfig
 
     eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature

@@ -1,1 +1,1 @@
-"""The run's task: datasets and their prompts, scoring, user reward functions, held-out evaluation."""
+"""The run's task: datasets and prompts, scoring, user reward functions, held-out evaluation."""

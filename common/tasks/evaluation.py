@@ -1,5 +1,5 @@
-"""Held-out evaluation: pass@1 and unbiased pass@k of a task's prompts (held-out, or a fixed sample of the
-training pool), sampled by the run's generator and scored by the task's success rule."""
+"""Held-out evaluation: pass@1 and unbiased pass@k of a task's prompts (held-out, or a fixed sample
+of the training pool), sampled by the run's generator and scored by the task's success rule."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k) (Chen et al., 2021)."""
+    """Unbiased pass@k from n samples, c correct: 1 - C(n-c, k) / C(n, k) (Chen et al., 2021)."""
     if k > n:
         raise ValueError(f"pass@{k} needs at least {k} samples, got {n}")
     if n - c < k:
@@ -24,8 +24,8 @@ def powers_of_two(n: int) -> list[int]:
 
 
 def pass_metrics(counts: list[int], n_samples: int, tags: list[str] | None = None, ks=None) -> dict:
-    """eval_pass@k (unbiased; default every power of two k <= n_samples) from per-prompt success counts, and
-    eval_pass@1_<tag> per difficulty level when the prompts carry tags."""
+    """eval_pass@k (unbiased; default every power of two k <= n_samples) from per-prompt success
+    counts, and eval_pass@1_<tag> per difficulty level when the prompts carry tags."""
     out = {
         f"eval_pass@{k}": float(np.mean([pass_at_k(n_samples, c, k) for c in counts]))
         for k in (powers_of_two(n_samples) if ks is None else ks)
@@ -49,9 +49,9 @@ def evaluate(
     accelerator,
     ks=None,
 ) -> dict:
-    """Held-out pass@1 (mean over n_samples), unbiased pass@k (default: every power of two k <= n_samples) and
-    pass@1 per difficulty tag; prompts are split across ranks. `success_fn(texts, examples, completion_ids,
-    truncated)` says which samples pass (`Task.eval_success`)."""
+    """Held-out pass@1 (mean over n_samples), unbiased pass@k (default: every power of two k <=
+    n_samples) and pass@1 per difficulty tag; prompts are split across ranks. `success_fn(texts,
+    examples, completion_ids, truncated)` says which samples pass (`Task.eval_success`)."""
     from dataclasses import replace
 
     from accelerate.utils import gather_object
@@ -77,8 +77,9 @@ def evaluate(
 
 
 def train_prompt_sample(train: list, count: int) -> list:
-    """The training-pool prompts that eval_train_* is measured on: `count` of them drawn with a fixed seed of their
-    own (the same prompts for every run seed and method on one pool), the whole pool when it is smaller; [] for 0."""
+    """The training-pool prompts that eval_train_* is measured on: `count` of them drawn with a
+    fixed seed of their own (the same prompts for every run seed and method on one pool), the whole
+    pool when it is smaller; [] for 0."""
     if count <= 0:
         return []
     if count >= len(train):
@@ -87,10 +88,11 @@ def train_prompt_sample(train: list, count: int) -> list:
 
 
 def evaluate_train_prompts(score, examples: list) -> dict:
-    """`score(examples)` (the held-out evaluation's own function) on training-pool prompts, renamed eval_train_*:
-    the gap to eval_* is how much of the training pool's fit carries over to new prompts. Its sampling runs on a
-    copy of the random state (torch, CUDA, numpy, Python), so a run's training steps are the same with or without
-    it (HF generation; vLLM's per-call request seeds still advance)."""
+    """`score(examples)` (the held-out evaluation's own function) on training-pool prompts, renamed
+    eval_train_*: the gap to eval_* is how much of the training pool's fit carries over to new
+    prompts. Its sampling runs on a copy of the random state (torch, CUDA, numpy, Python), so a
+    run's training steps are the same with or without it (HF generation; vLLM's per-call request
+    seeds still advance)."""
     if not examples:
         return {}
     import torch
@@ -105,9 +107,9 @@ def evaluate_train_prompts(score, examples: list) -> dict:
 
 
 def evaluate_policy(generator, tokenizer, task, encode, sampling, args, accelerator) -> dict:
-    """The evaluation every script logs: held-out pass@1 / pass@k (eval_*) and the same on a fixed sample of
-    --eval_train_prompts training prompts (eval_train_*), the gap between the two being how much of the training
-    pool's fit carries over to new prompts."""
+    """The evaluation every script logs: held-out pass@1 / pass@k (eval_*) and the same on a fixed
+    sample of --eval_train_prompts training prompts (eval_train_*), the gap between the two being
+    how much of the training pool's fit carries over to new prompts."""
 
     def score(examples):
         return evaluate(

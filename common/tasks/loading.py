@@ -1,8 +1,10 @@
-"""Prompts of a real dataset through `datasets` (the embedded Countdown task: common/demo/countdown.py): the
-training and held-out `Example`s, the prompt encoder and the sampler that walks the training prompts in epochs.
-Every prompt is an `Example` with a stable integer `id` (its index in the training list), so that per-prompt
-state (replay buffers, pass-rate estimates) survives across steps, epochs and resumes.
+"""Prompts of a real dataset through `datasets` (the embedded Countdown task:
+common/demo/countdown.py): the training and held-out `Example`s, the prompt encoder and the sampler
+that walks the training prompts in epochs. Every prompt is an `Example` with a stable integer `id`
+(its index in the training list), so that per-prompt state (replay buffers, pass-rate estimates)
+survives across steps, epochs and resumes.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,15 +14,16 @@ import numpy as np
 
 from common.tasks.task import Example, Task
 
-LOCAL = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}  # local files and their loaders
+# local files and their loaders
+LOCAL = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
 MATH_SUFFIX = " Please reason step by step, and put your final answer within \\boxed{}."
 
 
 def _check_jsonl(path: Path) -> None:
-    """One line naming the file and line for a .jsonl line that is not a JSON object (`datasets` raises a chain of
-    tracebacks instead)."""
+    """One line naming the file and line for a .jsonl line that is not a JSON object (`datasets`
+    raises a chain of tracebacks instead)."""
     with path.open(encoding="utf-8", errors="replace") as lines:
         for number, line in enumerate(lines, 1):
             if not line.strip():
@@ -30,12 +33,14 @@ def _check_jsonl(path: Path) -> None:
             except ValueError as error:
                 raise SystemExit(f"{path} line {number}: not valid JSON ({error})") from None
             if not isinstance(row, dict):
-                raise SystemExit(f"{path} line {number}: a row must be a JSON object, got {type(row).__name__}")
+                raise SystemExit(
+                    f"{path} line {number}: a row must be a JSON object, got {type(row).__name__}"
+                )
 
 
 def _load_split(name: str, config, split: str, flag: str, required: bool):
-    """`split` of a hub dataset or a local file (which holds one split: any `split` reads it whole); None when it is
-    not `required` and absent."""
+    """`split` of a hub dataset or a local file (which holds one split: any `split` reads it whole);
+    None when it is not `required` and absent."""
     import datasets
 
     from common.model.policy import library_bars_off
@@ -52,7 +57,9 @@ def _load_split(name: str, config, split: str, flag: str, required: bool):
                 return datasets.load_dataset(kind, data_files=str(path), split="train")
         except Exception as error:  # noqa: BLE001 - a damaged file: one line, not the library's traceback chain
             cause = error.__cause__ or error
-            raise SystemExit(f"{flag} {name}: cannot read it ({type(cause).__name__}: {str(cause)[:200]})") from None
+            raise SystemExit(
+                f"{flag} {name}: cannot read it ({type(cause).__name__}: {str(cause)[:200]})"
+            ) from None
     try:
         with library_bars_off(datasets):
             return datasets.load_dataset(name, config, split=split)
@@ -66,47 +73,85 @@ def hf_task(args, tokenizer, log=print) -> Task:
     from common.rl.verifiers import gsm8k_gold, math_reward
 
     if args.reward != "binary":
-        raise SystemExit(f"--reward {args.reward} is defined for the Countdown task only; use --reward binary")
+        raise SystemExit(
+            f"--reward {args.reward} is defined for the Countdown task only; use --reward binary"
+        )
     single_file = Path(args.dataset_name).suffix in LOCAL
-    train_ds = _load_split(args.dataset_name, args.dataset_config, args.dataset_train_split, "--dataset_name", True)
+    train_ds = _load_split(
+        args.dataset_name, args.dataset_config, args.dataset_train_split, "--dataset_name", True
+    )
     if args.eval_dataset:
-        eval_ds = _load_split(args.eval_dataset, args.dataset_config, args.dataset_test_split or "test", "--eval_dataset",
-                              True)
+        eval_ds = _load_split(
+            args.eval_dataset,
+            args.dataset_config,
+            args.dataset_test_split or "test",
+            "--eval_dataset",
+            True,
+        )
     else:  # a single local file holds no evaluation split: rows are held out of it instead
-        eval_ds = _load_split(args.dataset_name, args.dataset_config, args.dataset_test_split, "--dataset_name", False) \
-            if args.dataset_test_split and not single_file else None
+        eval_ds = (
+            _load_split(
+                args.dataset_name,
+                args.dataset_config,
+                args.dataset_test_split,
+                "--dataset_name",
+                False,
+            )
+            if args.dataset_test_split and not single_file
+            else None
+        )
     need_answer = not args.reward_funcs  # only the built-in math reward reads the answer column
     for ds, flag in ((train_ds, "--dataset_name"), (eval_ds, "--eval_dataset")):
         for col in (args.prompt_column, *([args.answer_column] if need_answer else [])):
             if ds is not None and col not in ds.column_names:
-                raise SystemExit(f"--prompt_column/--answer_column: column {col!r} not in {flag} "
-                                 f"(columns: {ds.column_names})")
-    chat = args.use_chat_template == "yes" or (args.use_chat_template == "auto" and tokenizer.chat_template)
-    suffix = args.prompt_suffix if args.prompt_suffix is not None else ("" if args.reward_funcs else MATH_SUFFIX)
+                raise SystemExit(
+                    f"--prompt_column/--answer_column: column {col!r} not in {flag} "
+                    f"(columns: {ds.column_names})"
+                )
+    chat = args.use_chat_template == "yes" or (
+        args.use_chat_template == "auto" and tokenizer.chat_template
+    )
+    suffix = (
+        args.prompt_suffix
+        if args.prompt_suffix is not None
+        else ("" if args.reward_funcs else MATH_SUFFIX)
+    )
     system = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
 
     def is_messages(q) -> bool:
-        return isinstance(q, list) and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in q) and q
+        return (
+            isinstance(q, list)
+            and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in q)
+            and q
+        )
 
     def to_examples(ds, name) -> list[Example]:
         out, dropped = [], 0
         for row_i, row in enumerate(ds):
             q, a = row[args.prompt_column], row.get(args.answer_column)
             if not (isinstance(q, str) or is_messages(q)) or (need_answer and a is None):
-                raise SystemExit(f"{name} row {row_i}: {args.prompt_column!r} must be text or a list of "
-                                 f"{{role, content}} messages" + (f" and {args.answer_column!r} present" if
-                                                                  need_answer else "") + f" (got {q!r:.80}, {a!r:.40})")
+                raise SystemExit(
+                    f"{name} row {row_i}: {args.prompt_column!r} must be text or a list of "
+                    f"{{role, content}} messages"
+                    + (f" and {args.answer_column!r} present" if need_answer else "")
+                    + f" (got {q!r:.80}, {a!r:.40})"
+                )
             if isinstance(q, str):
                 messages = [*system, {"role": "user", "content": q + suffix}]
             else:
                 messages = list(q)
             if chat:
-                text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+                text = tokenizer.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=True
+                )
             elif isinstance(q, str):
                 text = (args.system_prompt + "\n\n" if args.system_prompt else "") + q + suffix
             else:
-                raise SystemExit(f"{name} row {row_i}: a message-format prompt needs a chat template and the tokenizer "
-                                 f"of {args.model_name_or_path} has none (or --use_chat_template no)")
+                raise SystemExit(
+                    f"{name} row {row_i}: a message-format prompt needs a chat template and the "
+                    "tokenizer "
+                    f"of {args.model_name_or_path} has none (or --use_chat_template no)"
+                )
             if len(tokenizer(text, add_special_tokens=False).input_ids) > args.max_prompt_length:
                 dropped += 1
                 continue
@@ -114,31 +159,55 @@ def hf_task(args, tokenizer, log=print) -> Task:
             gold = gsm8k_gold(gold) if gold is not None and "####" in gold else gold
             out.append(Example(len(out), text, gold, columns=dict(row)))
         if dropped:
-            log(f"dropped {dropped} prompts longer than --max_prompt_length {args.max_prompt_length}")
+            log(
+                f"dropped {dropped} prompts longer than --max_prompt_length "
+                f"{args.max_prompt_length}"
+            )
         return out
 
     train = to_examples(train_ds, args.dataset_name)
     if eval_ds is not None:
         evals = to_examples(eval_ds, args.eval_dataset or args.dataset_name)[: args.eval_prompts]
         name = args.eval_dataset or args.dataset_name
-        source = name if Path(name).suffix in LOCAL else f"{name} split {args.dataset_test_split or 'test'}"
+        source = (
+            name
+            if Path(name).suffix in LOCAL
+            else f"{name} split {args.dataset_test_split or 'test'}"
+        )
     else:  # hold out the last rows, deterministically, and keep them out of training
         n_hold = min(args.eval_prompts, len(train) // 5)  # at most a fifth of a small file
-        evals = [Example(i, e.prompt, e.answer, columns=e.columns) for i, e in enumerate(train[len(train) - n_hold:])]
-        train = train[:len(train) - n_hold]
-        source = f"the last {n_hold} rows of {args.dataset_name} (at most --eval_prompts, at most a fifth of the rows)"
+        evals = [
+            Example(i, e.prompt, e.answer, columns=e.columns)
+            for i, e in enumerate(train[len(train) - n_hold :])
+        ]
+        train = train[: len(train) - n_hold]
+        source = (
+            f"the last {n_hold} rows of {args.dataset_name} (at most --eval_prompts, at most a "
+            "fifth of the rows)"
+        )
     if not train:
         raise SystemExit(f"--dataset_name {args.dataset_name}: no usable training prompts")
     if args.prompt_pool > 0:
-        train = train[:args.prompt_pool]
-    log(f"{len(train)} training prompts from {args.dataset_name}; {len(evals)} held-out prompts from {source}")
+        train = train[: args.prompt_pool]
+    log(
+        f"{len(train)} training prompts from {args.dataset_name}; {len(evals)} held-out prompts "
+        f"from {source}"
+    )
     fn = lambda text, ex: math_reward(text, ex.answer)  # noqa: E731
-    return Task(train, evals, fn, fn, args.dataset_name, templated=bool(chat), prompt_column=args.prompt_column)
+    return Task(
+        train,
+        evals,
+        fn,
+        fn,
+        args.dataset_name,
+        templated=bool(chat),
+        prompt_column=args.prompt_column,
+    )
 
 
 class PromptEncoder:
-    """Token ids of a prompt text, cached (prompts recur across epochs). Special tokens (BOS) are added
-    unless the chat template already put them in the text."""
+    """Token ids of a prompt text, cached (prompts recur across epochs). Special tokens (BOS) are
+    added unless the chat template already put them in the text."""
 
     def __init__(self, tokenizer, templated: bool):
         self.tokenizer, self.templated, self.cache = tokenizer, templated, {}
@@ -150,7 +219,8 @@ class PromptEncoder:
 
 
 class PromptSampler:
-    """Epoch-wise seeded shuffles of the training set; its state is (epoch, position) for exact resume."""
+    """Epoch-wise seeded shuffles of the training set; its state is (epoch, position) for exact
+    resume."""
 
     def __init__(self, n: int, seed: int):
         self.n, self.seed, self.epoch, self.pos = n, seed, 0, 0
@@ -166,7 +236,7 @@ class PromptSampler:
                 self.epoch, self.pos = self.epoch + 1, 0
                 self._perm = self._permutation()
             take = min(k - len(out), self.n - self.pos)
-            out.extend(int(i) for i in self._perm[self.pos:self.pos + take])
+            out.extend(int(i) for i in self._perm[self.pos : self.pos + take])
             self.pos += take
         return out
 
@@ -175,6 +245,8 @@ class PromptSampler:
 
     def load_state_dict(self, s: dict) -> None:
         if s["n"] != self.n:
-            raise SystemExit(f"resume: the checkpoint's training set has {s['n']} prompts, this run has {self.n}")
+            raise SystemExit(
+                f"resume: the checkpoint's training set has {s['n']} prompts, this run has {self.n}"
+            )
         self.seed, self.epoch, self.pos = s["seed"], s["epoch"], s["pos"]
         self._perm = self._permutation()

@@ -1,10 +1,12 @@
-"""User reward functions (`--reward_funcs`), called as TRL's GRPOTrainer calls them: once per batch with the keywords
-`prompts`, `completions`, `completion_ids` and every other dataset column as a list aligned with the completions.
-Each returns one number or None ("does not apply") per completion; the total is the weighted sum over the functions
-that gave a number (None and NaN skipped, as TRL's NaN-skipping sum), NaN when none did. `async def` functions are
-awaited together in one event loop; a spec without `:` names a reward model. Imported only when `--reward_funcs` is
+"""User reward functions (`--reward_funcs`), called as TRL's GRPOTrainer calls them: once per batch
+with the keywords `prompts`, `completions`, `completion_ids` and every other dataset column as a
+list aligned with the completions. Each returns one number or None ("does not apply") per
+completion; the total is the weighted sum over the functions that gave a number (None and NaN
+skipped, as TRL's NaN-skipping sum), NaN when none did. `async def` functions are awaited together
+in one event loop; a spec without `:` names a reward model. Imported only when `--reward_funcs` is
 given.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -20,20 +22,31 @@ from pathlib import Path
 from transformers import TrainerState
 
 # the keywords every call passes: a dataset column of one of these names is not passed
-TRL_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+TRL_KEYWORDS = (
+    "prompts",
+    "completions",
+    "completion_ids",
+    "trainer_state",
+    "log_extra",
+    "log_metric",
+)
 
 
 def _load_one(spec: str, flag: str):
-    """`package.module:function` or `path/to/file.py:function` -> the function (one line naming it on failure)."""
+    """`package.module:function` or `path/to/file.py:function` -> the function (one line naming it
+    on failure)."""
     target, sep, name = spec.rpartition(":")
     if not sep or not target or not name.isidentifier():
-        raise SystemExit(f"{flag} {spec!r}: expected `package.module:function` or `path/to/file.py:function`")
+        raise SystemExit(
+            f"{flag} {spec!r}: expected `package.module:function` or `path/to/file.py:function`"
+        )
     try:
         if target.endswith(".py") or "/" in target or "\\" in target:
             path = Path(target)
             if not path.is_file():
                 raise SystemExit(f"{flag} {spec}: file {target} not found")
-            # a module name of its own per file, so two files with the same stem do not replace each other
+            # a module name of its own per file, so two files with the same stem do not replace each
+            # other
             module_name = f"rlvr_reward_{abs(hash(str(path.resolve())))}"
             module_spec = importlib.util.spec_from_file_location(module_name, path)
             module = importlib.util.module_from_spec(module_spec)
@@ -44,7 +57,9 @@ def _load_one(spec: str, flag: str):
     except SystemExit:
         raise
     except BaseException as error:  # noqa: BLE001 - whatever the user's module raises while importing
-        raise SystemExit(f"{flag} {spec}: cannot import {target} ({type(error).__name__}: {error})") from None
+        raise SystemExit(
+            f"{flag} {spec}: cannot import {target} ({type(error).__name__}: {error})"
+        ) from None
     func = getattr(module, name, None)
     if not callable(func):
         raise SystemExit(f"{flag} {spec}: {target} has no function {name}")
@@ -59,15 +74,18 @@ def _parse_weights(weights: str | None, count: int, flag: str) -> list[float]:
     except ValueError:
         raise SystemExit(f"{flag} {weights!r}: expected comma-separated numbers") from None
     if len(values) != count or not all(math.isfinite(value) for value in values):
-        raise SystemExit(f"{flag} {weights!r}: expected {count} finite numbers, one per reward function")
+        raise SystemExit(
+            f"{flag} {weights!r}: expected {count} finite numbers, one per reward function"
+        )
     return values
 
 
 class RewardModel:
-    """A reward model named by a directory or hub id (a spec without `:`), loaded and called as TRL loads its
-    string `reward_funcs`: a sequence-classification head with one label, its own tokenizer (and chat template for
-    message prompts), scored on prompt + completion, in eval mode and the compute dtype, a whole copy on every
-    process (it is never trained, so nothing is sharded)."""
+    """A reward model named by a directory or hub id (a spec without `:`), loaded and called as TRL
+    loads its string `reward_funcs`: a sequence-classification head with one label, its own
+    tokenizer (and chat template for message prompts), scored on prompt + completion, in eval mode
+    and the compute dtype, a whole copy on every process (it is never trained, so nothing is
+    sharded)."""
 
     def __init__(self, spec: str, flag: str, dtype: str = "float32"):
         import torch
@@ -75,18 +93,24 @@ class RewardModel:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         if not Path(spec).expanduser().is_dir() and spec.startswith((".", "/", "~")):
-            raise SystemExit(f"{flag} {spec}: directory not found (a reward function is `module:function` or "
-                             "`file.py:function`; a reward model a directory or hub id)")
+            raise SystemExit(
+                f"{flag} {spec}: directory not found (a reward function is `module:function` or "
+                "`file.py:function`; a reward model a directory or hub id)"
+            )
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(spec)
             self.model = AutoModelForSequenceClassification.from_pretrained(
-                spec, num_labels=1, dtype=getattr(torch, dtype))
+                spec, num_labels=1, dtype=getattr(torch, dtype)
+            )
         except Exception as error:  # noqa: BLE001 - a missing or foreign model: one line
-            raise SystemExit(f"{flag} {spec}: cannot load it as a sequence-classification reward model "
-                             f"({type(error).__name__}: {str(error)[:200]})") from None
+            raise SystemExit(
+                f"{flag} {spec}: cannot load it as a sequence-classification reward model "
+                f"({type(error).__name__}: {str(error)[:200]})"
+            ) from None
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        # the score is read at the last token that is not padding: the model must know the padding id
+        # the score is read at the last token that is not padding: the model must know the padding
+        # id
         self.model.config.pad_token_id = self.tokenizer.pad_token_id
         self.model.eval().to(PartialState().device)
         self.__name__ = spec.rstrip("/").split("/")[-1]
@@ -94,19 +118,24 @@ class RewardModel:
     def __call__(self, prompts, completions, **kwargs) -> list[float]:
         import torch
 
-        if prompts and isinstance(prompts[0], list):  # messages: its own chat template over prompt + completion
-            texts = [self.tokenizer.apply_chat_template(list(p) + list(c), tokenize=False)
-                     for p, c in zip(prompts, completions)]
+        # messages: its own chat template over prompt + completion
+        if prompts and isinstance(prompts[0], list):
+            texts = [
+                self.tokenizer.apply_chat_template(list(p) + list(c), tokenize=False)
+                for p, c in zip(prompts, completions)
+            ]
         else:
             texts = [p + c for p, c in zip(prompts, completions)]
-        inputs = self.tokenizer(texts, return_tensors="pt", padding=True, padding_side="right",
-                                add_special_tokens=False).to(self.model.device)
+        inputs = self.tokenizer(
+            texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False
+        ).to(self.model.device)
         with torch.inference_mode():
             return self.model(**inputs).logits[:, 0].float().tolist()
 
 
 def callable_name(func) -> str:
-    """A function's name as TRL names it: a partial after the function it wraps, a callable object after its class."""
+    """A function's name as TRL names it: a partial after the function it wraps, a callable object
+    after its class."""
     while isinstance(func, functools.partial):
         func = func.func
     return getattr(func, "__name__", type(func).__name__)
@@ -115,32 +144,47 @@ def callable_name(func) -> str:
 def is_async(func) -> bool:
     while isinstance(func, functools.partial):
         func = func.func
-    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(getattr(func, "__call__", None))
+    return inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
+        getattr(func, "__call__", None)
+    )
 
 
 class RewardFuncs:
-    """The named functions (and reward models) and their weights; `__call__` scores one batch and returns
-    (totals, values per name). A total is NaN when every function returned None for the completion."""
+    """The named functions (and reward models) and their weights; `__call__` scores one batch and
+    returns (totals, values per name). A total is NaN when every function returned None for the
+    completion."""
 
-    def __init__(self, specs: str, weights: str | None = None, flag: str = "--reward_funcs", dtype: str = "float32"):
+    def __init__(
+        self,
+        specs: str,
+        weights: str | None = None,
+        flag: str = "--reward_funcs",
+        dtype: str = "float32",
+    ):
         items = [item.strip() for item in specs.split(",") if item.strip()]
         if not items:
             raise SystemExit(f"{flag}: no function named")
-        self.funcs = [_load_one(item, flag) if ":" in item else RewardModel(item, flag, dtype) for item in items]
+        self.funcs = [
+            _load_one(item, flag) if ":" in item else RewardModel(item, flag, dtype)
+            for item in items
+        ]
         self.names = [callable_name(func) for func in self.funcs]
         if len(set(self.names)) != len(self.names):
-            raise SystemExit(f"{flag}: two functions share the name {self.names} (metrics are logged per name)")
+            raise SystemExit(
+                f"{flag}: two functions share the name {self.names} (metrics are logged per name)"
+            )
         self.weights = _parse_weights(weights, len(self.funcs), "--reward_weights")
         self.state = TrainerState()  # the script fills max_steps, epoch, ... (common/tasks/task.py)
         self.logged: dict[str, list[float]] = {}  # log_metric's values since the last `pop_logs`
         self.extra: dict[str, list] = {}  # log_extra's columns of the last batch
         self._loop = None  # one event loop for every async function, made on first use
         self.warn, self.warned_none = None, False  # where the once-a-run "no reward" warning goes
-        self.epoch_size = None  # steps per pass over the training prompts (trainer_state.epoch), set by the task
+        # steps per pass over the training prompts (trainer_state.epoch), set by the task
+        self.epoch_size = None
 
     def fill_state(self, args, train_size: int, log) -> None:
-        """trainer_state as TRL fills it (the run's length; an epoch: one pass over the training prompts) and where
-        the once-a-run warning goes."""
+        """trainer_state as TRL fills it (the run's length; an epoch: one pass over the training
+        prompts) and where the once-a-run warning goes."""
         self.state.max_steps, self.state.train_batch_size = args.max_steps, args.prompts_per_step
         self.epoch_size = max(1, train_size) / args.prompts_per_step
         self.state.num_train_epochs = math.ceil(args.max_steps / self.epoch_size)
@@ -164,14 +208,20 @@ class RewardFuncs:
         return logged, extra
 
     def _invoke(self, func, prompts, completions, completion_ids, columns, rows):
-        return func(prompts=[prompts[i] for i in rows], completions=[completions[i] for i in rows],
-                   completion_ids=[completion_ids[i] for i in rows], trainer_state=self.state,
-                   log_extra=self._log_extra, log_metric=self._log_metric,
-                   **{key: [column[i] for i in rows] for key, column in columns.items()})
+        return func(
+            prompts=[prompts[i] for i in rows],
+            completions=[completions[i] for i in rows],
+            completion_ids=[completion_ids[i] for i in rows],
+            trainer_state=self.state,
+            log_extra=self._log_extra,
+            log_metric=self._log_metric,
+            **{key: [column[i] for i in rows] for key, column in columns.items()},
+        )
 
     def _call(self, func, *args):
         out = self._invoke(func, *args)
-        if inspect.isawaitable(out):  # an async function called alone (one completion, to find the one it fails on)
+        # an async function called alone (one completion, to find the one it fails on)
+        if inspect.isawaitable(out):
             out = self._run(_awaited(out))
         return out
 
@@ -183,12 +233,20 @@ class RewardFuncs:
     def _fail(self, name, func, error, args, n, when):
         index = next((i for i in range(n) if _raises(lambda: self._call(func, *args, [i]))), None)
         where = "on the batch" if index is None else f"on completion {index}"
-        raise SystemExit(f"reward function {name} raised at {when} {where}: {type(error).__name__}: {error}") from None
+        raise SystemExit(
+            f"reward function {name} raised at {when} {where}: {type(error).__name__}: {error}"
+        ) from None
 
-    def __call__(self, prompts: list, completions: list, completion_ids: list, columns: dict[str, list],
-                 step: int | None) -> tuple[list[float], dict[str, list]]:
-        """`step`: the step being scored (`trainer_state.global_step`: the updates done before it, as TRL's), None
-        for the evaluation (`trainer_state` as the last training step left it)."""
+    def __call__(
+        self,
+        prompts: list,
+        completions: list,
+        completion_ids: list,
+        columns: dict[str, list],
+        step: int | None,
+    ) -> tuple[list[float], dict[str, list]]:
+        """`step`: the step being scored (`trainer_state.global_step`: the updates done before it,
+        as TRL's), None for the evaluation (`trainer_state` as the last training step left it)."""
         n, values, outputs = len(completions), {}, {}
         if step is not None:
             self.updates_done(step - 1)
@@ -203,11 +261,15 @@ class RewardFuncs:
             except Exception as error:  # noqa: BLE001 - the user's code: find the completion it fails on
                 self._fail(name, func, error, args, n, when)
         if pending:  # every async function of the batch at once, in one event loop
+
             async def one(func):
                 return await self._invoke(func, *args, range(n))
 
             async def gather():
-                return await asyncio.gather(*(one(func) for _, func in pending), return_exceptions=True)
+                return await asyncio.gather(
+                    *(one(func) for _, func in pending), return_exceptions=True
+                )
+
             for (name, func), out in zip(pending, self._run(gather())):
                 if isinstance(out, Exception):
                     self._fail(name, func, out, args, n, when)
@@ -216,15 +278,22 @@ class RewardFuncs:
             values[name] = _check(outputs[name], n, name, when)
         totals = []
         for i in range(n):
-            given = [(weight, values[name][i]) for name, weight in zip(self.names, self.weights)
-                     if values[name][i] is not None]
+            given = [
+                (weight, values[name][i])
+                for name, weight in zip(self.names, self.weights)
+                if values[name][i] is not None
+            ]
             totals.append(sum(weight * value for weight, value in given) if given else math.nan)
         missing = sum(1 for total in totals if math.isnan(total))
         if missing and self.warn and not self.warned_none:  # TRL's warning, once a run
             self.warned_none = True
-            self.warn(f"warning: every reward function returned None for {missing} of {n} completions at {when} "
-                      "(no reward: left out of the group's baseline, advantage 0, never a success; counted in "
-                      "reward_none_frac); make sure at least one function scores every completion")
+            self.warn(
+                f"warning: every reward function returned None for {missing} of {n} completions at "
+                f"{when} "
+                "(no reward: left out of the group's baseline, advantage 0, never a success; "
+                "counted in "
+                "reward_none_frac); make sure at least one function scores every completion"
+            )
         return totals, values
 
 
@@ -241,12 +310,15 @@ def _raises(call) -> bool:
 
 
 def _number(value):
-    """A value as TRL reads it: None and NaN are "no reward"; a Python, numpy or one-element tensor number is a
-    float; anything else is None-valued (`False` returned: not a number)."""
+    """A value as TRL reads it: None and NaN are "no reward"; a Python, numpy or one-element tensor
+    number is a float; anything else is None-valued (`False` returned: not a number)."""
     if value is None:
         return None
-    if not isinstance(value, numbers.Real) and callable(getattr(value, "item", None)) \
-            and getattr(value, "ndim", 0) == 0:
+    if (
+        not isinstance(value, numbers.Real)
+        and callable(getattr(value, "item", None))
+        and getattr(value, "ndim", 0) == 0
+    ):
         try:
             value = value.item()
         except Exception:  # noqa: BLE001
@@ -258,59 +330,88 @@ def _number(value):
 
 
 def _check(out, n: int, name: str, when: str) -> list:
-    """The function's values as floats or None; one line naming the function and the index for anything else."""
+    """The function's values as floats or None; one line naming the function and the index for
+    anything else."""
     try:
         out = list(out)
     except TypeError:
-        raise SystemExit(f"reward function {name} at {when}: returned {type(out).__name__}, not a list of "
-                         f"{n} numbers") from None
+        raise SystemExit(
+            f"reward function {name} at {when}: returned {type(out).__name__}, not a list of "
+            f"{n} numbers"
+        ) from None
     if len(out) != n:
-        raise SystemExit(f"reward function {name} at {when}: returned {len(out)} values for {n} completions")
+        raise SystemExit(
+            f"reward function {name} at {when}: returned {len(out)} values for {n} completions"
+        )
     clean = []
     for index, value in enumerate(out):
         number = _number(value)
         if number is False:
-            raise SystemExit(f"reward function {name} at {when}: value {index} is {value!r:.80}, not a number "
-                             "or None")
+            raise SystemExit(
+                f"reward function {name} at {when}: value {index} is {value!r:.80}, not a number "
+                "or None"
+            )
         if number is not None and not math.isfinite(number):
-            raise SystemExit(f"reward function {name} at {when}: value {index} is {number}, not finite")
+            raise SystemExit(
+                f"reward function {name} at {when}: value {index} is {number}, not finite"
+            )
         clean.append(number)
     return clean
 
 
 def logged_metrics(accelerator, logged: dict[str, list[float]]) -> dict:
-    """`log_metric`'s values as reward_fn/<name>: each name's mean over every rank's calls (call on every rank)."""
+    """`log_metric`'s values as reward_fn/<name>: each name's mean over every rank's calls (call on
+    every rank)."""
     from common.distributed.ranks import gather_list, reduce_sums
 
-    names = sorted(set(gather_list(accelerator, sorted(logged))))  # every rank: the same names, in one order
+    # every rank: the same names, in one order
+    names = sorted(set(gather_list(accelerator, sorted(logged))))
     sums = {}
     for name in names:
-        sums.update({f"{name}:n": len(logged.get(name, [])), f"{name}:sum": sum(logged.get(name, []))})
+        sums.update(
+            {f"{name}:n": len(logged.get(name, [])), f"{name}:sum": sum(logged.get(name, []))}
+        )
     sums = reduce_sums(accelerator, sums)
-    return {f"reward_fn/{name}": sums[f"{name}:sum"] / sums[f"{name}:n"] if sums[f"{name}:n"] else None
-            for name in names}
+    return {
+        f"reward_fn/{name}": sums[f"{name}:sum"] / sums[f"{name}:n"] if sums[f"{name}:n"] else None
+        for name in names
+    }
 
 
 def join_logs(parts: list) -> tuple[dict, dict]:
-    """Several batches' `log_metric` values and `log_extra` columns as one batch's (a column is None where a batch
-    did not log it, so that it stays aligned with the completions)."""
+    """Several batches' `log_metric` values and `log_extra` columns as one batch's (a column is None
+    where a batch did not log it, so that it stays aligned with the completions)."""
     logged, extra = {}, {}
     for part in parts:
         for name, values in part.logged.items():
             logged.setdefault(name, []).extend(values)
     for column in {column for part in parts for column in part.extra}:
-        extra[column] = [value for part in parts for value in
-                         (list(part.extra.get(column, [])) + [None] * len(part.total))[:len(part.total)]]
+        extra[column] = [
+            value
+            for part in parts
+            for value in (list(part.extra.get(column, [])) + [None] * len(part.total))[
+                : len(part.total)
+            ]
+        ]
     return logged, extra
 
 
-def call_reward_funcs(funcs: RewardFuncs, texts: list[str], rows: list[dict], completion_ids: list,
-                      prompt_column: str, step: int | None) -> tuple[list[float], dict[str, list]]:
-    """`funcs` on completions `texts` (`rows[i]`: the dataset row of completion i's prompt) with TRL's keywords:
-    the prompt column as `prompts`, completions as text or, for message prompts, as one assistant message."""
+def call_reward_funcs(
+    funcs: RewardFuncs,
+    texts: list[str],
+    rows: list[dict],
+    completion_ids: list,
+    prompt_column: str,
+    step: int | None,
+) -> tuple[list[float], dict[str, list]]:
+    """`funcs` on completions `texts` (`rows[i]`: the dataset row of completion i's prompt) with
+    TRL's keywords: the prompt column as `prompts`, completions as text or, for message prompts, as
+    one assistant message."""
     prompts = [row.get(prompt_column) for row in rows]
-    completions = [[{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
-                   for prompt, text in zip(prompts, texts)]
+    completions = [
+        [{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
+        for prompt, text in zip(prompts, texts)
+    ]
     keys = [key for key in (rows[0] if rows else {}) if key not in (prompt_column, *TRL_KEYWORDS)]
     columns = {key: [row.get(key) for row in rows] for key in keys}
     return funcs(prompts, completions, [list(ids) for ids in completion_ids], columns, step)

@@ -1,8 +1,10 @@
-"""The run's task, as every script builds it: its training and held-out `Example`s and how a completion is scored
-(`Task.score`) and passes (`Task.passes`). `make_task` builds the embedded Countdown task (common/demo/countdown.py,
-imported only for it) or a real dataset (common/tasks/loading.py), scored by the built-in rewards or by your
---reward_funcs (common/tasks/rewards.py, imported only with them).
+"""The run's task, as every script builds it: its training and held-out `Example`s and how a
+completion is scored (`Task.score`) and passes (`Task.passes`). `make_task` builds the embedded
+Countdown task (common/demo/countdown.py, imported only for it) or a real dataset
+(common/tasks/loading.py), scored by the built-in rewards or by your --reward_funcs
+(common/tasks/rewards.py, imported only with them).
 """
+
 from __future__ import annotations
 
 import math
@@ -19,7 +21,8 @@ class Example:
     prompt: str  # exactly the text the model sees (chat template applied if any)
     answer: Any  # countdown.Problem, or a gold answer string
     tag: str = ""  # difficulty level of an embedded problem (eval_pass@1_<tag> is logged per level)
-    columns: dict = field(default_factory=dict)  # the row as the dataset holds it: what --reward_funcs see
+    # the row as the dataset holds it: what --reward_funcs see
+    columns: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -29,10 +32,13 @@ class Task:
     reward_fn: Callable[[str, Example], float]  # training reward
     eval_reward_fn: Callable[[str, Example], float]  # binary correctness
     name: str
-    templated: bool = False  # prompts went through the chat template (which already holds the special tokens)
+    # prompts went through the chat template (which already holds the special tokens)
+    templated: bool = False
     reward_funcs: Any = None  # --reward_funcs (common/tasks/rewards.py): replace reward_fn
-    eval_reward_funcs: Any = None  # --eval_reward_funcs (default: reward_funcs): replace eval_reward_fn
-    success_reward: float = 1.0  # a completion is a success at a total >= this (`passes`), in training and evaluation
+    # --eval_reward_funcs (default: reward_funcs): replace eval_reward_fn
+    eval_reward_funcs: Any = None
+    # a completion is a success at a total >= this (`passes`), in training and evaluation
+    success_reward: float = 1.0
     prompt_column: str = "prompt"  # the column passed to reward functions as `prompts`
     warn: Callable[[str], None] | None = None  # where the once-a-run truncation warning goes
     max_new_tokens: int = 0  # named in that warning
@@ -43,45 +49,77 @@ class Task:
     def _call(self, funcs, texts: list[str], examples: list[Example], completion_ids: list, step):
         from common.tasks.rewards import call_reward_funcs
 
-        return call_reward_funcs(funcs, texts, [example.columns for example in examples], completion_ids,
-                                 self.prompt_column, step)
+        return call_reward_funcs(
+            funcs,
+            texts,
+            [example.columns for example in examples],
+            completion_ids,
+            self.prompt_column,
+            step,
+        )
 
     def passes(self, total: float) -> bool:
-        """The one success rule, training and evaluation: total >= success_reward (NaN: never; a cut completion on
-        its total, which the built-in rewards make 0: never a success there)."""
+        """The one success rule, training and evaluation: total >= success_reward (NaN: never; a cut
+        completion on its total, which the built-in rewards make 0: never a success there)."""
         return total >= self.success_reward  # False for NaN
 
-    def score(self, texts: list[str], examples: list[Example], completion_ids: list, truncated, step) -> Scored:
-        """Training rewards of completions (`examples[i]`: completion i's prompt). A completion cut by
-        max_new_tokens (`truncated[i]`) scores 0 under the built-in rewards (it has no final answer) and keeps its
-        functions' total under --reward_funcs (TRL's rule; --mask_truncated_completions decides its gradient)."""
+    def score(
+        self, texts: list[str], examples: list[Example], completion_ids: list, truncated, step
+    ) -> Scored:
+        """Training rewards of completions (`examples[i]`: completion i's prompt). A completion cut
+        by max_new_tokens (`truncated[i]`) scores 0 under the built-in rewards (it has no final
+        answer) and keeps its functions' total under --reward_funcs (TRL's rule;
+        --mask_truncated_completions decides its gradient)."""
         start, self.step = time.time(), step
         cut = [bool(c) for c in truncated]
         if self.warn and not self.warned_truncation and sum(cut) > len(texts) / 4:
             self.warned_truncation = True
-            rule = "reward 0, never a success" if self.reward_funcs is None else \
-                "they keep their functions' reward" + ("" if self.mask_truncated else
-                                                       "; --mask_truncated_completions leaves them out of the loss")
-            self.warn(f"warning: {sum(cut)} of {len(texts)} completions hit --max_completion_length {self.max_new_tokens} "
-                      f"(cut: {rule}); raise it if answers need more room")
+            rule = (
+                "reward 0, never a success"
+                if self.reward_funcs is None
+                else "they keep their functions' reward"
+                + (
+                    ""
+                    if self.mask_truncated
+                    else "; --mask_truncated_completions leaves them out of the loss"
+                )
+            )
+            self.warn(
+                f"warning: {sum(cut)} of {len(texts)} completions hit --max_completion_length "
+                f"{self.max_new_tokens} "
+                f"(cut: {rule}); raise it if answers need more room"
+            )
         logged, extra = {}, {}
         if self.reward_funcs is None:
-            total, values = [0.0 if cut[i] else float(self.reward_fn(t, examples[i])) for i, t in enumerate(texts)], {}
-        elif not texts:  # nothing to score on this rank: the same metric names as the others', no call
+            total, values = (
+                [
+                    0.0 if cut[i] else float(self.reward_fn(t, examples[i]))
+                    for i, t in enumerate(texts)
+                ],
+                {},
+            )
+        # nothing to score on this rank: the same metric names as the others', no call
+        elif not texts:
             total, values = [], {name: [] for name in self.reward_funcs.names}
         else:
             total, values = self._call(self.reward_funcs, texts, examples, completion_ids, step)
             logged, extra = self.reward_funcs.pop_logs()
-        builtin = self.reward_funcs is None  # a cut completion has no final answer there: never a success
+        # a cut completion has no final answer there: never a success
+        builtin = self.reward_funcs is None
         success = [not (builtin and cut[i]) and self.passes(value) for i, value in enumerate(total)]
         return Scored(total, values, time.time() - start, success, logged, extra)
 
-    def eval_success(self, texts: list[str], examples: list[Example], completion_ids: list, truncated) -> list[bool]:
-        """Whether each evaluation sample passes, by the training rule: the binary verifier (a cut sample scores 0,
-        so it never passes), or --eval_reward_funcs' total at --success_reward (`Task.passes`)."""
+    def eval_success(
+        self, texts: list[str], examples: list[Example], completion_ids: list, truncated
+    ) -> list[bool]:
+        """Whether each evaluation sample passes, by the training rule: the binary verifier (a cut
+        sample scores 0, so it never passes), or --eval_reward_funcs' total at --success_reward
+        (`Task.passes`)."""
         if self.eval_reward_funcs is None:
-            return [not cut and self.eval_reward_fn(text, example) >= 1.0
-                    for text, example, cut in zip(texts, examples, truncated)]
+            return [
+                not cut and self.eval_reward_fn(text, example) >= 1.0
+                for text, example, cut in zip(texts, examples, truncated)
+            ]
         if self.step is not None:  # trainer_state: the updates done when the evaluation runs
             self.eval_reward_funcs.updates_done(self.step)
         total, _ = self._call(self.eval_reward_funcs, texts, examples, completion_ids, None)
@@ -90,8 +128,9 @@ class Task:
 
 
 def make_task(args, tokenizer, log=print) -> Task:
-    """The run's task: the embedded Countdown task or a real dataset; with --reward_funcs / --eval_reward_funcs
-    their functions (common/tasks/rewards.py, imported only then) score it instead of the built-in rewards."""
+    """The run's task: the embedded Countdown task or a real dataset; with --reward_funcs /
+    --eval_reward_funcs their functions (common/tasks/rewards.py, imported only then) score it
+    instead of the built-in rewards."""
     if args.dataset_name == "countdown":  # the embedded demo task, imported only here
         from common.demo.countdown import countdown_task
 
@@ -102,17 +141,24 @@ def make_task(args, tokenizer, log=print) -> Task:
         task = hf_task(args, tokenizer, log)
     task.success_reward = 1.0 if args.success_reward is None else args.success_reward
     if args.success_reward is None and getattr(args, "positive_threshold", None) is not None:
-        # ada_seq / ada_est unset: reward > --positive_threshold (>= the next float up), training and evaluation
+        # ada_seq / ada_est unset: reward > --positive_threshold (>= the next float up), training
+        # and evaluation
         task.success_reward = math.nextafter(args.positive_threshold, math.inf)
     task.warn, task.max_new_tokens = log, args.max_completion_length
     task.mask_truncated = bool(getattr(args, "mask_truncated_completions", False))
     if args.reward_funcs or args.eval_reward_funcs:
         from common.tasks.rewards import RewardFuncs
 
-        task.reward_funcs = RewardFuncs(args.reward_funcs, args.reward_weights, dtype=args.dtype) \
-            if args.reward_funcs else None
-        task.eval_reward_funcs = RewardFuncs(args.eval_reward_funcs, None, "--eval_reward_funcs", args.dtype) \
-            if args.eval_reward_funcs else task.reward_funcs
+        task.reward_funcs = (
+            RewardFuncs(args.reward_funcs, args.reward_weights, dtype=args.dtype)
+            if args.reward_funcs
+            else None
+        )
+        task.eval_reward_funcs = (
+            RewardFuncs(args.eval_reward_funcs, None, "--eval_reward_funcs", args.dtype)
+            if args.eval_reward_funcs
+            else task.reward_funcs
+        )
         for funcs in {id(f): f for f in (task.reward_funcs, task.eval_reward_funcs) if f}.values():
             funcs.fill_state(args, len(task.train), log)
     return task
