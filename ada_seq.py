@@ -122,7 +122,7 @@ from common.rl.advantages import trained_advantage_metrics
 from common.run.output_dir import claim_output_dir
 from common.model.policy import autocast, frozen_reference, load_policy
 from common.run.summary import run_summary
-from common.tasks.task import make_task
+from common.tasks.loading import make_task
 
 
 @dataclass

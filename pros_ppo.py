@@ -54,7 +54,7 @@ from common.tasks.evaluation import evaluate, evaluate_train_prompts, train_prom
 from common.run.output_dir import claim_output_dir
 from common.model.policy import autocast, frozen_reference, library_bars_off, load_policy
 from common.run.summary import run_summary
-from common.tasks.task import make_task
+from common.tasks.loading import make_task
 
 
 @dataclass

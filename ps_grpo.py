@@ -74,7 +74,7 @@ from common.tasks.evaluation import evaluate, evaluate_train_prompts, pass_metri
 from common.run.output_dir import claim_output_dir
 from common.model.policy import autocast, load_policy
 from common.run.summary import run_summary
-from common.tasks.task import make_task
+from common.tasks.loading import make_task
 
 CATEGORIES = ("hard", "easy")  # [PS] too-hard tasks replay a success, too-easy tasks a failure
 ROUTES = ("all_fail", "all_pass", "normal", "too_hard", "too_easy")

@@ -82,9 +82,8 @@ from common.run.setup import (
 )
 from common.run.summary import run_summary
 from common.tasks.evaluation import evaluate, evaluate_policy
-from common.tasks.loading import PromptEncoder, PromptSampler
+from common.tasks.loading import PromptEncoder, PromptSampler, make_task
 from common.tasks.scoring import reward_moments, reward_sums
-from common.tasks.task import make_task
 
 
 @dataclass
@@ -105,9 +104,6 @@ class Args(BaseArgs):
     seed_buffer: bool = True
     """[RA-RLOO] seed the buffers at the start with demonstrations scored under the initial policy
     (Countdown: solver solutions; the paper's IPO seed); false = lazy buffers"""
-    reward: Literal["auto", "binary", "tinyzero", "shaped"] = "auto"
-    """[RA-RLOO setup] training reward: `auto` = the paper's {0, 0.1, 1} (`tinyzero`) on Countdown,
-    `binary` on real datasets (their verifier has no format reward); evaluation is always binary"""
     paper_eval_samples: Annotated[int, Range(0, zero="off")] = 8
     """[RA-RLOO setup] the paper's evaluation, logged as eval_paper_pass@1/@4 at each evaluation:
     samples per held-out prompt"""

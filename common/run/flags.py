@@ -129,8 +129,10 @@ class BaseArgs:
     """a completion is a success (it 'passes') when its total reward >= this, in training and
     evaluation (unset: 1.0; ada_seq / ada_est: above --positive_threshold); a cut completion never
     passes under the built-in rewards"""
-    reward: Literal["binary", "tinyzero", "shaped"] = "binary"
-    """training reward (Countdown only; evaluation always uses the binary verifier)"""
+    reward: Literal["auto", "binary", "tinyzero", "shaped"] = "auto"
+    """training reward of the embedded Countdown task (evaluation always uses the binary verifier):
+    `auto` is the method's (RA-RLOO: the paper's {0, 0.1, 1}, `tinyzero`; the others: `binary`);
+    real datasets: their verifier"""
     # --- run ---
     output_dir: str = ""
     """where metrics.jsonl and checkpoints go (default: runs/<script>-seed<seed>); a fresh run
@@ -338,8 +340,6 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
     pre.add_argument("--config")
     config = pre.parse_known_args(argv)[0].config
     if config:
-        from common.run.flags import load_config
-
         parser.set_defaults(**load_config(config, parser, cls))
     ns = parser.parse_args(argv)
     args = cls(**vars(ns))

@@ -20,10 +20,12 @@ from common.run.output_dir import claim_output_dir
 
 
 def start_run(args, script: str):
-    """The launch: accelerate's settings mapped onto --fsdp / --dtype, torch's CPU threads (before
-    any torch work), the tracker checked, the Accelerator, per-rank seeds and the output folder
-    claimed before any model loads. Returns (accelerator, cpu_threads, log); `log` prints once a run
-    (main process)."""
+    """The launch: --reward `auto` resolved, accelerate's settings mapped onto --fsdp / --dtype,
+    torch's CPU threads (before any torch work), the tracker checked, the Accelerator, per-rank
+    seeds and the output folder claimed before any model loads. Returns (accelerator, cpu_threads,
+    log); `log` prints once a run (main process)."""
+    if args.reward == "auto":  # a method with its own training reward has set it before this
+        args.reward = "binary"
     args.fsdp = resolve_accelerate_sharding(args.fsdp)
     args.dtype = resolve_accelerate_precision(args.dtype)
     cpu_threads = CpuThreads(

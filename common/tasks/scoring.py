@@ -1,4 +1,5 @@
-"""One batch's rewards (`Scored`) and the sums behind reward_mean / reward_std, reduced over ranks."""
+"""One batch's rewards (`Scored`) and the sums behind reward_mean / reward_std over ranks."""
+
 from __future__ import annotations
 
 import math
@@ -9,8 +10,10 @@ import numpy as np
 
 @dataclass
 class Scored:
-    """One batch's rewards: `total` per completion (NaN: no function scored it), `success` (`Task.passes`), each
-    function's `values` (None: does not apply), the `seconds` spent, `log_metric`'s and `log_extra`'s logs."""
+    """One batch's rewards: `total` per completion (NaN: no function scored it), `success`
+    (`Task.passes`), each function's `values` (None: does not apply), the `seconds` spent,
+    `log_metric`'s and `log_extra`'s logs."""
+
     total: list[float]
     values: dict[str, list]
     seconds: float
@@ -24,34 +27,53 @@ class Scored:
         return [not math.isnan(value) for value in self.total]
 
     def metrics(self, accelerator) -> dict:
-        """time_reward_s, reward/<name>_mean / _std over every rank's completions; with --reward_funcs also
-        reward_none_frac and each `log_metric` name (common/tasks/rewards.py `logged_metrics`). Call on every rank."""
+        """time_reward_s, reward/<name>_mean / _std over every rank's completions; with
+        --reward_funcs also reward_none_frac and each `log_metric` name (common/tasks/rewards.py
+        `logged_metrics`). Call on every rank."""
         from common.distributed.ranks import reduce_sums
 
-        sums = {"seconds": self.seconds, "none": sum(1 for ok in self.scored if not ok), "n": len(self.total)}
+        sums = {
+            "seconds": self.seconds,
+            "none": sum(1 for ok in self.scored if not ok),
+            "n": len(self.total),
+        }
         for name, values in self.values.items():
             given = [value for value in values if value is not None]
-            sums.update({f"{name}:n": len(given), f"{name}:sum": sum(given), f"{name}:sq": sum(v * v for v in given)})
+            sums.update(
+                {
+                    f"{name}:n": len(given),
+                    f"{name}:sum": sum(given),
+                    f"{name}:sq": sum(v * v for v in given),
+                }
+            )
         sums = reduce_sums(accelerator, sums)
         out = {"time_reward_s": sums["seconds"] / accelerator.num_processes}
         for name in self.values:
             count = sums[f"{name}:n"]
             mean = sums[f"{name}:sum"] / count if count else None
             out[f"reward/{name}_mean"] = mean
-            out[f"reward/{name}_std"] = math.sqrt(max(0.0, sums[f"{name}:sq"] / count - mean ** 2)) if count else None
+            out[f"reward/{name}_std"] = (
+                math.sqrt(max(0.0, sums[f"{name}:sq"] / count - mean**2)) if count else None
+            )
         if self.values:  # --reward_funcs (on every rank alike)
             from common.tasks.rewards import logged_metrics
 
-            out.update(reward_none_frac=sums["none"] / max(1.0, sums["n"]), **logged_metrics(accelerator, self.logged))
+            out.update(
+                reward_none_frac=sums["none"] / max(1.0, sums["n"]),
+                **logged_metrics(accelerator, self.logged),
+            )
         return out
 
     @staticmethod
     def join(parts: list[Scored]) -> Scored:
         """Several batches (e.g. sampling rounds) as one."""
         names = parts[0].values if parts else {}
-        joined = Scored([t for part in parts for t in part.total],
-                        {name: [v for part in parts for v in part.values[name]] for name in names},
-                        sum(part.seconds for part in parts), [s for part in parts for s in part.success])
+        joined = Scored(
+            [t for part in parts for t in part.total],
+            {name: [v for part in parts for v in part.values[name]] for name in names},
+            sum(part.seconds for part in parts),
+            [s for part in parts for s in part.success],
+        )
         if any(part.logged or part.extra for part in parts):
             from common.tasks.rewards import join_logs
 
@@ -59,29 +81,46 @@ class Scored:
         return joined
 
     def columns(self, index: int) -> dict:
-        """Each function's value (and each `log_extra` column) for completion `index`, for its samples.jsonl row."""
+        """Each function's value (and each `log_extra` column) for completion `index`, for its
+        samples.jsonl row."""
         out = {f"reward/{name}": values[index] for name, values in self.values.items()}
-        out.update({column: values[index] if index < len(values) else None for column, values in self.extra.items()})
+        out.update(
+            {
+                column: values[index] if index < len(values) else None
+                for column, values in self.extra.items()
+            }
+        )
         return out
 
 
 def reward_sums(rewards) -> dict:
-    """Sums for reward_mean / reward_std over the completions given a reward (NaN: `unscored`); reduce, then
-    `reward_moments`."""
-    values = np.asarray(rewards.tolist() if hasattr(rewards, "tolist") else rewards, dtype=np.float64).ravel()
+    """Sums for reward_mean / reward_std over the completions given a reward (NaN: `unscored`);
+    reduce, then `reward_moments`."""
+    values = np.asarray(
+        rewards.tolist() if hasattr(rewards, "tolist") else rewards, dtype=np.float64
+    ).ravel()
     rated = values[~np.isnan(values)]
-    return {"reward_sum": float(rated.sum()), "reward_sq_sum": float((rated ** 2).sum()),
-            "unscored": float(values.size - rated.size)}
+    return {
+        "reward_sum": float(rated.sum()),
+        "reward_sq_sum": float((rated**2).sum()),
+        "unscored": float(values.size - rated.size),
+    }
 
 
 def reward_moments(totals: dict, count: float) -> tuple[float, float]:
     """(mean, population std) from reduced `reward_sums` of `count` completions."""
     rated = max(1.0, count - totals["unscored"])
     mean = totals["reward_sum"] / rated
-    return mean, math.sqrt(max(0.0, totals["reward_sq_sum"] / rated - mean ** 2))
+    return mean, math.sqrt(max(0.0, totals["reward_sq_sum"] / rated - mean**2))
 
 
 def fixed_scored(rewards: list[float], truncated: list[bool], success_reward: float) -> Scored:
-    """A built-in (environment's) reward's batch: a cut completion has no final answer: 0, never a success."""
+    """A built-in (environment's) reward's batch: a cut completion has no final answer: 0, never a
+    success."""
     total = [0.0 if cut else float(reward) for reward, cut in zip(rewards, truncated)]
-    return Scored(total, {}, 0.0, [not cut and value >= success_reward for value, cut in zip(total, truncated)])
+    return Scored(
+        total,
+        {},
+        0.0,
+        [not cut and value >= success_reward for value, cut in zip(total, truncated)],
+    )
