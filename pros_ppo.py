@@ -37,7 +37,7 @@ from accelerate import Accelerator
 from tqdm.auto import tqdm
 
 from common.run import checkpoint
-from common.rl.advantages import gae_advantages, grpo_advantages, masked_whiten, zero_variance
+from common.rl.advantages import grpo_advantages, zero_variance
 from common.run.flags import BaseArgs, Range
 from common.run.flags import parse_args
 from common.tasks.loading import PromptEncoder, PromptSampler
@@ -47,7 +47,7 @@ from common.generation.hf import HFGenerator, SamplingConfig, end_token_ids
 from common.rl.gibbs import calibration_excess, gibbs_sweeps, update_counts
 from common.run.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
 from common.rl.logprobs import token_logprobs
-from common.rl.losses import clipped_surrogate, kl_k3, value_loss
+from common.rl.losses import clipped_surrogate, kl_k3
 from common.rl.masking import pad_sequences, right_align
 from common.run.logs import MetricsLogger, SampleLogger, check_tracker
 from common.tasks.evaluation import evaluate, evaluate_train_prompts, train_prompt_sample
@@ -339,6 +339,45 @@ def score_rollouts(policy, critic, ref_model, tokenizer, prompts: list[list[int]
         if ref_model is not None:
             out["ref"][rows, cols] = token_logprobs(ref_model, batch, temperature, compiled=compiled)[0].cpu()
     return {name: value if name == "mask" else value * out["mask"] for name, value in out.items()}
+
+
+def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+                   lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-level GAE (Schulman et al., 2016) over [B, R] tensors: (advantages, returns = advantages + values).
+
+    δ_t = r_t + γ V_{t+1} - V_t,  A_t = δ_t + γλ A_{t+1}; the state after a row's last valid token is terminal
+    (V = 0). Positions with mask 0 (padding, masked tokens) are skipped: they are not actions, carry nothing
+    through, and get A = R = 0. Put rewards on valid positions (outcome reward: the last valid token).
+    """
+    b, r = rewards.shape
+    adv = torch.zeros_like(rewards)
+    last_adv = rewards.new_zeros(b)
+    next_value = rewards.new_zeros(b)
+    for t in reversed(range(r)):
+        valid = mask[:, t] > 0
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        a = delta + gamma * lam * last_adv
+        adv[:, t] = torch.where(valid, a, torch.zeros_like(a))
+        last_adv = torch.where(valid, a, last_adv)
+        next_value = torch.where(valid, values[:, t], next_value)
+    return adv, (adv + values) * (mask > 0)
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, accelerator=None, eps: float = 1e-8) -> torch.Tensor:
+    """Zero mean, unit std over the masked entries; masked-out entries become 0. With `accelerator` the mean and std
+    are those of the whole batch, every process's rows (its sums reduced over ranks), as one process computes them."""
+    reduce = (lambda sums: reduce_sums(accelerator, sums)) if accelerator is not None else (lambda sums: sums)
+    sums = reduce({"sum": float((values * mask).sum()), "count": float(mask.sum())})
+    count = max(1.0, sums["count"])
+    mean = sums["sum"] / count
+    var = reduce({"sq": float((((values - mean) * mask) ** 2).sum())})["sq"] / count
+    return (values - mean) / (math.sqrt(var) + eps) * mask
+
+
+def value_loss(v: torch.Tensor, v_old: torch.Tensor, returns: torch.Tensor, clip: float) -> torch.Tensor:
+    """Per-token clipped value loss 0.5·max((V - R)², (V_old + clip(V - V_old, ±c) - R)²) (PPO)."""
+    v_clipped = v_old + (v - v_old).clamp(-clip, clip)
+    return 0.5 * torch.max((v - returns) ** 2, (v_clipped - returns) ** 2)
 
 
 def main(args: Args) -> None:
