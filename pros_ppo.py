@@ -903,6 +903,7 @@ def pros_ppo_metrics(
     # [PROS] mechanism metrics
     if args.pros != "off":
         row.update(pros_mechanism_metrics(queries, tree, tree_update, k=args.num_generations))
+
     return row
 
 
