@@ -137,8 +137,10 @@ def _scoring_spy_main(runs: str) -> None:
         if report["mode"] == "sharded":
             with gathered(policy, critic, ref_model):
                 whole = score_rollouts(policy, critic, ref_model, *args, **kwargs)
-            for key, value in scores.items():
-                report["diff"][key] = max(report["diff"].get(key, 0.0), float((value - whole[key]).abs().max()))
+            for key, value in vars(scores).items():
+                if value is not None:
+                    gap = float((value - getattr(whole, key)).abs().max())
+                    report["diff"][key] = max(report["diff"].get(key, 0.0), gap)
         report["calls"] += 1
         return scores
 
@@ -169,7 +171,7 @@ def test_fsdp_pros_ppo_scores_sharded_as_the_whole_weights_do(tiny_base, tmp_pat
     run_script([*LAUNCH, "tests/test_fsdp.py", json.dumps(plan)], timeout=600)
     spies = {name: [json.loads((tmp_path / name / f"scoring_spy_rank{rank}.json").read_text()) for rank in (0, 1)]
              for name in runs}
-    scored = {"logp", "ent", "mask", "ref"}
+    scored = {"logp", "entropy", "mask", "ref_logp"}
     for name, models, scores in (("ppo", {"policy", "critic", "ref"}, scored | {"value"}),
                                  ("grpo", {"policy", "ref"}, scored)):
         for spy in spies[name]:

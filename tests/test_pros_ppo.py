@@ -5,11 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from common.rl.advantages import gae_advantages
 from common.run.flags import parse_args
-from common.rl.losses import value_loss
 from conftest import run_main, run_script
-from pros_ppo import Args, QueryTree, child_candidates, choose_cut, select_nodes
+from pros_ppo import Args, QueryTree, child_candidates, choose_cut, gae_advantages, select_nodes, value_loss
 
 
 # ---------------------------------------------------------------- t* (Section 3)

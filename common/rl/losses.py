@@ -21,9 +21,3 @@ def clipped_surrogate(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Ten
     unclipped = ratio * adv
     clipped = ratio.clamp(1 - eps_low, 1 + eps_high) * adv
     return -torch.min(unclipped, clipped), (clipped < unclipped).float()
-
-
-def value_loss(v: torch.Tensor, v_old: torch.Tensor, returns: torch.Tensor, clip: float) -> torch.Tensor:
-    """Per-token clipped value loss 0.5·max((V - R)², (V_old + clip(V - V_old, ±c) - R)²) (PPO)."""
-    v_clipped = v_old + (v - v_old).clamp(-clip, clip)
-    return 0.5 * torch.max((v - returns) ** 2, (v_clipped - returns) ** 2)
