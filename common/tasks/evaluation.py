@@ -104,10 +104,14 @@ def evaluate_train_prompts(score, examples: list) -> dict:
     return {name.replace("eval_", "eval_train_", 1): value for name, value in out.items()}
 
 
-def evaluate_policy(generator, tokenizer, task, encode, sampling, args, accelerator) -> dict:
+def evaluate_policy(
+    generator, tokenizer, task, encode, sampling, args, accelerator, train_first: bool = False
+) -> dict:
     """The evaluation every script logs: held-out pass@1 / pass@k (eval_*) and the same on a fixed sample of
     --eval_train_prompts training prompts (eval_train_*), the gap between the two being how much of the training
-    pool's fit carries over to new prompts."""
+    pool's fit carries over to new prompts. The training-pool sample runs on a copy of the random state: with
+    `train_first` it runs before the held-out one and both draw from the same state; else after it, from the state
+    the held-out evaluation leaves."""
 
     def score(examples):
         return evaluate(
@@ -121,8 +125,12 @@ def evaluate_policy(generator, tokenizer, task, encode, sampling, args, accelera
             accelerator,
         )
 
-    out = score(task.eval)
-    out.update(
-        evaluate_train_prompts(score, train_prompt_sample(task.train, args.eval_train_prompts))
-    )
+    train_examples = train_prompt_sample(task.train, args.eval_train_prompts)
+    if train_first:
+        train_fit = evaluate_train_prompts(score, train_examples)
+        out = score(task.eval)
+    else:
+        out = score(task.eval)
+        train_fit = evaluate_train_prompts(score, train_examples)
+    out.update(train_fit)
     return out
