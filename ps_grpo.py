@@ -1,80 +1,111 @@
 """Prefix Sampling (PS) on GRPO, one file.
 
-Paper: Zhu et al., "Prefix Sampling: Targeting 50% Rollout Pass Rate for More Efficient Agentic RL", Baidu AI Cloud
-Qianfan technical blog, 2026. Docs: docs/ps_grpo.md.
+Paper: Zhu et al., "Prefix Sampling: Targeting 50% Rollout Pass Rate for More Efficient Agentic RL",
+Baidu AI Cloud Qianfan technical blog, 2026. Docs: docs/ps_grpo.md.
 
-Baseline (`--prefix_sampling false`): GRPO with A = r - mean (the paper's appendix, Perspective 2: a group's Var(A) =
-p(1-p) is the signal strength that peaks at p = 0.5), N rollouts per task, the clipped surrogate (DAPO clip-higher,
-token mean), no KL, and rejection of tasks whose N rollouts all fail or all pass (the paper's DeepSWE baseline).
---scale_rewards gives the original GRPO (DeepSeekMath) A = (r - mean) / std, which sets every mixed group's Var(A)
-to 1 and so removes the p(1-p) the paper argues with.
-PS routes every fresh task by its rollout pass rate p = k/N: normal (low <= p <= high) trains as is; too-hard (0 < p <
-low) and too-easy (high < p < 1) train as is AND send one trajectory to "Prefix & Mask": the first K steps of a rare
-success (too-hard: a head start) or of a rare failure (too-easy: a handicap) become a prefix task injected into the
-next batch. A prefix task is run by *replaying* those K steps -- a fresh environment re-executes the stored actions,
-restoring its state and the conversation -- and the policy generates only the continuation; replayed tokens get loss
-mask 0. An optional EMA controller moves each category's ratio so that prefix tasks pass about 50% of the time.
-[PS] lines are the paper's; `--prefix_sampling false` runs none of them but no-ops marked "(also in GRPO: ...)".
+Baseline (`--prefix_sampling false`): GRPO with A = r - mean (the paper's appendix, Perspective 2: a
+group's Var(A) = p(1-p) is the signal strength that peaks at p = 0.5), N rollouts per task, the
+clipped surrogate (DAPO clip-higher, token mean), no KL, and rejection of tasks whose N rollouts all
+fail or all pass (the paper's DeepSWE baseline). --scale_rewards gives the original GRPO
+(DeepSeekMath) A = (r - mean) / std, which sets every mixed group's Var(A) to 1 and so removes the
+p(1-p) the paper argues with.
+PS routes every fresh task by its rollout pass rate p = k/N: normal (low <= p <= high) trains as is;
+too-hard (0 < p < low) and too-easy (high < p < 1) train as is AND send one trajectory to "Prefix &
+Mask": the first K steps of a rare success (too-hard: a head start) or of a rare failure (too-easy:
+a handicap) become a prefix task injected into the next batch. A prefix task is run by *replaying*
+those K steps -- a fresh environment re-executes the stored actions, restoring its state and the
+conversation -- and the policy generates only the continuation; replayed tokens get loss mask 0. An
+optional EMA controller moves each category's ratio so that prefix tasks pass about 50% of the time.
+[PS] lines are the paper's; `--prefix_sampling false` runs none of them but no-ops marked "(also in
+GRPO: ...)".
 
-Default task: multi-turn Countdown (common/demo/countdown_env.py), one arithmetic step per turn, the environment answers
-with the remaining numbers; observation tokens are context with loss mask 0. Real math datasets use the single-turn
-text mode, where a step is a line of the response and a prefix is its first K lines.
+Default task: multi-turn Countdown (common/demo/countdown_env.py), one arithmetic step per turn, the
+environment answers with the remaining numbers; observation tokens are context with loss mask 0.
+Real math datasets use the single-turn text mode, where a step is a line of the response and a
+prefix is its first K lines.
 
 Design choices the paper leaves open (each is a flag or documented at its function):
-- Batch: constant size --prompts_per_step; the previous step's prefix tasks come first, at most --max_prefix_frac of
-  the batch, the rest are fresh tasks. Prefix tasks over the cap are dropped, never carried over (dynamic on-policy:
-  only the current step's trajectories), and prefix tasks are never routed to Prefix & Mask again. A too-hard/too-easy
-  task contributes one trajectory (chosen at random).
-- Prefix length K is clamped to [1, T-1] (`prefix_steps`: 0 is the fresh task, T leaves nothing); T = 1: no prefix.
-- Adaptive control keeps one EMA through its moves, as the paper's controller does (`PrefixController`); our variant
-  `--ema_reset true` restarts it after each move (benchmark: `ps_adaptive` vs `ps_adaptive_reset`). A prefix task
-  records the ratio that built it and runs one step later, after the controller's update, so only tasks built with
-  the current ratio feed the controller (`attributed`); stale ones are discarded (ps_ctrl_stale_*) but still count in
+- Batch: constant size --prompts_per_step; the previous step's prefix tasks come first, at most
+  --max_prefix_frac of the batch, the rest are fresh tasks. Prefix tasks over the cap are dropped,
+  never carried over (dynamic on-policy: only the current step's trajectories), and prefix tasks are
+  never routed to Prefix & Mask again. A too-hard/too-easy task contributes one trajectory (chosen
+  at random).
+- Prefix length K is clamped to [1, T-1] (`prefix_steps`: 0 is the fresh task, T leaves nothing);
+  T = 1: no prefix.
+- Adaptive control keeps one EMA through its moves, as the paper's controller does
+  (`PrefixController`); our variant `--ema_reset true` restarts it after each move (benchmark:
+  `ps_adaptive` vs `ps_adaptive_reset`). A prefix task records the ratio that built it and runs one
+  step later, after the controller's update, so only tasks built with the current ratio feed the
+  controller (`attributed`); stale ones are discarded (ps_ctrl_stale_*) but still count in
   ps_prefix_pass_rate_*.
-- Loss: the token-level clipped surrogate on generated tokens only (replayed prefix and observations: mask 0), DAPO
-  token mean: each rank divides its sum by its own trained-token count (DDP then averages the ranks). No KL term (`kl`
-  is logged as 0). Logged `loss`: the clipped surrogate per trained token (its sum over all ranks / their trained
-  tokens); rejected (all-fail / all-pass) groups are not trained and not counted.
-- Metrics (each one's meaning: docs/ps_grpo.md): reward_mean, reward_std, pass_rate and frac_zero_var_groups cover
-  fresh tasks only (the paper's training score on no-prefix tasks); ps_* metrics cover prefix tasks.
+- Loss: the token-level clipped surrogate on generated tokens only (replayed prefix and
+  observations: mask 0), DAPO token mean: each rank divides its sum by the ranks' mean trained-token
+  count, so that DDP's average over the ranks is the batch's sum over its trained tokens. No KL term
+  (`kl` is logged as 0). Logged `loss`: the clipped surrogate per trained token (its sum over all
+  ranks / their trained tokens); rejected (all-fail / all-pass) groups are not trained and not
+  counted.
+- Metrics (each one's meaning: docs/ps_grpo.md): reward_mean, reward_std, pass_rate and
+  frac_zero_var_groups cover fresh tasks only (the paper's training score on no-prefix tasks); ps_*
+  metrics cover prefix tasks.
 
-    python ps_grpo.py                                   # PS (fixed ratios), multi-turn Countdown, CPU
+    python ps_grpo.py                                   # PS (fixed ratios), multi-turn Countdown
     python ps_grpo.py --adaptive                        # PS with adaptive prefix control
     python ps_grpo.py --prefix_sampling false           # GRPO + rejection sampling baseline
-    accelerate launch ps_grpo.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct --dataset_name openai/gsm8k \
-        --dataset_config main --use_vllm --dtype bfloat16 --learning_rate 1e-6 --max_completion_length 512
+    accelerate launch ps_grpo.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \
+        --dataset_name openai/gsm8k --dataset_config main --use_vllm --dtype bfloat16 \
+        --learning_rate 1e-6 --max_completion_length 512
 """
+
 from __future__ import annotations
 
+import functools
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Annotated, Literal
 
-import numpy as np
 import torch
-from accelerate import Accelerator
-from tqdm.auto import tqdm
 
-from common.run import checkpoint
+from common.distributed.ranks import (
+    GracefulStop,
+    end_processes,
+    gather_list,
+    gathered,
+    micro_batches,
+    my_slice,
+    rank_mean,
+    reduce_sums,
+)
+from common.generation.hf import SamplingConfig
+from common.model.policy import autocast
 from common.rl.advantages import grpo_advantages, zero_variance
-from common.run.flags import BaseArgs, Range
-from common.run.flags import parse_args
-from common.tasks.loading import PromptEncoder, PromptSampler
-from common.tasks.scoring import fixed_scored, reward_moments, reward_sums
-from common.distributed.ranks import GracefulStop, collective_timeout, end_processes, gather_list, gathered, micro_batches, my_slice, rank_mean, reduce_sums
 from common.rl.episode import Episode
-from common.generation.hf import HFGenerator, SamplingConfig, end_token_ids
-from common.run.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
 from common.rl.logprobs import token_logprobs
 from common.rl.losses import clipped_surrogate
 from common.rl.masking import pad_sequences, right_align
-from common.run.logs import MetricsLogger, SampleLogger, check_tracker
-from common.tasks.evaluation import evaluate, evaluate_train_prompts, pass_metrics, train_prompt_sample
-from common.run.output_dir import claim_output_dir
-from common.model.policy import autocast, load_policy
+from common.run.checkpoint import Checkpoints
+from common.run.flags import BaseArgs, Range, parse_args
+from common.run.logs import RunLog
+from common.run.setup import (
+    load_training_policy,
+    make_compiled,
+    make_generator,
+    make_optimizer,
+    packed_row_tokens,
+    prepare_training,
+    sampling_configs,
+    shard_models,
+    start_run,
+)
 from common.run.summary import run_summary
-from common.tasks.loading import make_task
+from common.tasks.evaluation import (
+    evaluate_policy,
+    evaluate_train_prompts,
+    pass_metrics,
+    train_prompt_sample,
+)
+from common.tasks.loading import PromptEncoder, PromptSampler, make_task
+from common.tasks.scoring import Scored, reward_moments, reward_sums
 
 CATEGORIES = ("hard", "easy")  # [PS] too-hard tasks replay a success, too-easy tasks a failure
 ROUTES = ("all_fail", "all_pass", "normal", "too_hard", "too_easy")
@@ -87,48 +118,61 @@ class Args(BaseArgs):
     num_generations: Annotated[int, Range(2)] = 8
     """rollouts per task (N); the group for GRPO advantages and for the pass rate k/N"""
     epsilon: Annotated[float, Range(0, 1, hi_open=True)] = 0.2
-    """clipped surrogate: lower clip range (ratio >= 1 - eps_low)"""
+    """clipped surrogate: lower clip range (ratio >= 1 - epsilon)"""
     epsilon_high: Annotated[float, Range(0)] = 0.28
-    """clipped surrogate: upper clip range (ratio <= 1 + eps_high; DAPO clip-higher)"""
+    """clipped surrogate: upper clip range (ratio <= 1 + epsilon_high; DAPO clip-higher)"""
     scale_rewards: bool = False
-    """GRPO advantages: false = r - mean (the paper's appendix: a group's Var(A) = p(1-p), the signal PS raises);
-    true = (r - mean) / std (original GRPO, DeepSeekMath: every mixed group gets Var(A) = 1)"""
+    """GRPO advantages: false = r - mean (the paper's appendix: a group's Var(A) = p(1-p), the
+    signal PS raises); true = (r - mean) / std (original GRPO, DeepSeekMath: every mixed group gets
+    Var(A) = 1)"""
     mode: Literal["auto", "multiturn", "text"] = "auto"
-    """`multiturn`: the Countdown environment, a step per turn; `text`: a line per step; `auto`: by --dataset_name
-    (multiturn for countdown)"""
-    env_numbers: Annotated[int, Range(2, zero="the embedded task's level mix of 2, 3 and 5 numbers")] = 0
-    """[multiturn] numbers per Countdown problem (an episode takes env_numbers - 1 steps; the level mix: 1, 2 and
-    4 steps)"""
+    """`multiturn`: the Countdown environment, a step per turn; `text`: a line per step; `auto`: by
+    --dataset_name (multiturn for countdown)"""
+    env_numbers: Annotated[
+        int, Range(2, zero="the embedded task's level mix of 2, 3 and 5 numbers")
+    ] = 0
+    """[multiturn] numbers per Countdown problem (an episode takes env_numbers - 1 steps; the level
+    mix: 1, 2 and 4 steps)"""
     env_max_number: Annotated[int, Range(2)] = 10
     """[multiturn] with --env_numbers > 0, problem numbers are drawn from 1..env_max_number"""
     max_turns: Annotated[int, Range(1)] = 4
-    """[multiturn] turn budget of an episode (it also ends with one number left, an invalid action or a stop)"""
+    """[multiturn] turn budget of an episode (it also ends with one number left, an invalid action
+    or a stop)"""
     env_invalid: Literal["end", "retry"] = "end"
-    """[multiturn] an invalid action: `end` the episode (reward 0), or `retry` (answered with an error + the state)"""
+    """[multiturn] an invalid action: `end` the episode (reward 0), or `retry` (answered with an
+    error + the state)"""
     max_action_tokens: Annotated[int, Range(1)] = 16
-    """[multiturn] token cap of one action (a turn ends at a newline or EOS); text mode: --max_completion_length"""
+    """[multiturn] token cap of one action (a turn ends at a newline or EOS); text mode:
+    --max_completion_length"""
     mt_sft_steps: Annotated[int, Range(0, zero="none")] = 400
-    """[multiturn] embedded model: SFT steps on solver-built episodes before RL (built once, cached)"""
+    """[multiturn] embedded model: SFT steps on solver-built episodes before RL (built once,
+    cached)"""
     prefix_sampling: bool = True
-    """[PS] route skewed tasks to Prefix & Mask and inject prefix tasks into the next batch; false = the baseline"""
+    """[PS] route skewed tasks to Prefix & Mask and inject prefix tasks into the next batch; false =
+    the baseline"""
     low: Annotated[float, Range(0, 1, lo_open=True, hi_open=True)] = 0.3
     """[PS] pass rate below this (with at least one success) is too-hard"""
     high: Annotated[float, Range(0, 1, lo_open=True, hi_open=True)] = 0.7
     """[PS] pass rate above this (with at least one failure) is too-easy"""
     remaining_ratio: Annotated[float, Range(0, 1)] = 0.25
-    """[PS] too-hard: replay T - min(int(T * remaining_ratio), remaining_cap) steps of a success (--adaptive: start)"""
+    """[PS] too-hard: replay T - min(int(T * remaining_ratio), remaining_cap) steps of a success
+    (--adaptive: start)"""
     remaining_cap: Annotated[int, Range(0)] = 1000
     """[PS] cap on the remaining steps of a too-hard prefix task"""
     prefix_ratio: Annotated[float, Range(0, 1)] = 0.25
-    """[PS] too-easy: replay min(int(T * prefix_ratio), prefix_cap) steps of a failure (--adaptive: start value)"""
+    """[PS] too-easy: replay min(int(T * prefix_ratio), prefix_cap) steps of a failure (--adaptive:
+    start value)"""
     prefix_cap: Annotated[int, Range(0)] = 1000
     """[PS] cap on the replayed steps of a too-easy prefix task"""
     max_prefix_frac: Annotated[float, Range(0, 1)] = 0.5
-    """[PS] at most this fraction of the batch's tasks are prefix tasks (the rest fresh; those over it: dropped)"""
+    """[PS] at most this fraction of the batch's tasks are prefix tasks (the rest fresh; those over
+    it: dropped)"""
     adaptive: bool = False
-    """[PS] adaptive prefix control: move each category's ratio toward a prefix-task pass rate of 0.5"""
+    """[PS] adaptive prefix control: move each category's ratio toward a prefix-task pass rate of
+    0.5"""
     ema_alpha: Annotated[float, Range(0, 1, lo_open=True)] = 0.05
-    """[PS] adaptive: EMA coefficient of the per-category pass rate of prefix tasks built with the current ratio"""
+    """[PS] adaptive: EMA coefficient of the per-category pass rate of prefix tasks built with the
+    current ratio"""
     deadzone_low: Annotated[float, Range(0, 1)] = 0.47
     """[PS] adaptive: no adjustment while the EMA is within [deadzone_low, deadzone_high]"""
     deadzone_high: Annotated[float, Range(0, 1)] = 0.53
@@ -136,143 +180,326 @@ class Args(BaseArgs):
     ratio_step: Annotated[float, Range(0, 1, lo_open=True)] = 0.05
     """[PS] adaptive: size of one ratio adjustment"""
     cooldown: Annotated[int, Range(0)] = 5
-    """[PS] adaptive: steps (with prefix tasks built with the current ratio) between two moves of a category's ratio"""
+    """[PS] adaptive: steps (with prefix tasks built with the current ratio) between two moves of a
+    category's ratio"""
     ratio_min: Annotated[float, Range(0, 1)] = 0.05
     """[PS] adaptive: lower clamp of both ratios"""
     ratio_max: Annotated[float, Range(0, 1)] = 0.95
     """[PS] adaptive: upper clamp of both ratios"""
     ema_reset: bool = False
-    """[PS] adaptive: restart the EMA after each move (our variant); false = one EMA throughout, the paper's"""
+    """[PS] adaptive: restart the EMA after each move (our variant); false = one EMA throughout, the
+    paper's"""
 
-    def validate(self) -> None:  # single values: their declarations (common/run/flags.py); here, combinations
-        for lo, hi in (("low", "high"), ("ratio_min", "ratio_max"), ("deadzone_low", "deadzone_high")):
+    def validate(self) -> None:
+        """The flags' combinations (single values: their declarations, common/run/flags.py)."""
+        pairs = (("low", "high"), ("ratio_min", "ratio_max"), ("deadzone_low", "deadzone_high"))
+        for lo, hi in pairs:
             if getattr(self, lo) > getattr(self, hi):
-                raise SystemExit(f"--{lo} {getattr(self, lo)} --{hi} {getattr(self, hi)}: need {lo} <= {hi}")
-        if self.env_max_number != 10 and not (self.multiturn and self.env_numbers):  # 10: the default, unused
-            raise SystemExit(f"--env_max_number {self.env_max_number}: applies to multiturn with --env_numbers > 0")
+                raise SystemExit(
+                    f"--{lo} {getattr(self, lo)} --{hi} {getattr(self, hi)}: need {lo} <= {hi}"
+                )
+        # 10: the default, unused unless drawing numbers
+        if self.env_max_number != 10 and not (self.multiturn and self.env_numbers):
+            raise SystemExit(
+                f"--env_max_number {self.env_max_number}: applies to multiturn with "
+                "--env_numbers > 0"
+            )
         if self.max_turns < (self.env_numbers or 5) - 1:
-            raise SystemExit(f"--max_turns {self.max_turns}: {self.env_numbers} numbers need more turns")
+            raise SystemExit(
+                f"--max_turns {self.max_turns}: {self.env_numbers} numbers need more turns"
+            )
         if self.multiturn:
             if self.dataset_name != "countdown":
-                raise SystemExit(f"--mode multiturn needs --dataset_name countdown, got {self.dataset_name}: use --mode text")
-            if self.reward != "binary" or self.reward_funcs or self.eval_reward_funcs:  # they apply to --mode text
-                raise SystemExit(f"--reward {self.reward} / --reward_funcs: multi-turn keeps its binary reward")
+                raise SystemExit(
+                    f"--mode multiturn needs --dataset_name countdown, got {self.dataset_name}: "
+                    "use --mode text"
+                )
+            # they apply to --mode text
+            if self.reward != "binary" or self.reward_funcs or self.eval_reward_funcs:
+                raise SystemExit(
+                    f"--reward {self.reward} / --reward_funcs: multi-turn keeps its binary reward"
+                )
         elif self.env_numbers:
             raise SystemExit(f"--env_numbers {self.env_numbers}: applies to --mode multiturn only")
 
     @property
     def multiturn(self) -> bool:
-        return self.mode == "multiturn" or (self.mode == "auto" and self.dataset_name == "countdown")
+        if self.mode == "auto":
+            return self.dataset_name == "countdown"
+        return self.mode == "multiturn"
 
 
-# ----------------------------------------------------------------------------------------------------
-# [PS] Routing, prefix selection and adaptive prefix control (pure functions)
-# ----------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------
+# The batch's tasks, and [PS] routing, prefix selection and adaptive prefix control
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class BatchTask:
+    """One task of a step's batch: a fresh task from the pool (`category` None, nothing to replay),
+    or [PS] a prefix task, the first K steps of one of a skewed task's trajectories, replayed before
+    the policy generates the rest."""
+
+    prompt_id: int
+    category: str | None = None  # [PS] "hard" (a success's prefix) or "easy" (a failure's)
+    steps: list = field(default_factory=list)  # [PS] the K (action ids, observation ids) replayed
+    source_steps: int = 0  # [PS] T, the length of the trajectory the prefix was cut from
+    ratio: float | None = None  # [PS] the category's ratio that built it (`attributed`)
+
+    @property
+    def kind(self) -> str:
+        """`fresh`, `prefix_hard` or `prefix_easy` (samples.jsonl's kinds)."""
+        if self.category is None:
+            return "fresh"
+        return f"prefix_{self.category}"
+
 
 def route(k: int, n: int, low: float, high: float) -> str:
-    """[PS] (also in GRPO: counted in `ps_route_*`) The paper's five paths for k of n rollouts passing (Figure 2)."""
-    if k in (0, n):  # discarded: no success (all_fail) / no failure (all_pass) to build a prefix from
-        return "all_fail" if k == 0 else "all_pass"
-    return "too_hard" if k / n < low else "too_easy" if k / n > high else "normal"
+    """[PS] (also in GRPO: counted in `ps_route_*`) The paper's five paths for k of n rollouts
+    passing (Figure 2)."""
+    # discarded: no success (all_fail) / no failure (all_pass) to build a prefix from
+    if k == 0:
+        return "all_fail"
+    if k == n:
+        return "all_pass"
+    if k / n < low:
+        return "too_hard"
+    if k / n > high:
+        return "too_easy"
+    return "normal"
 
 
 def prefix_steps(total: int, mode: str, ratio: float, cap: int) -> int | None:
     """[PS] Prefix length K (section "Prefix Selection"), or None when no useful prefix exists.
 
-    remaining mode (too-hard): remaining = min(int(T * ratio), cap), K = T - remaining; prefix mode (too-easy):
-    K = min(int(T * ratio), cap). K is then clamped to [1, T - 1]: K = 0 would replay nothing (the same fresh task
-    again, no change of difficulty) and K = T would replay the whole trajectory, leaving nothing to generate (its
-    outcome is already decided). So a 1-step trajectory (T < 2) yields no prefix task.
+    remaining mode (too-hard): remaining = min(int(T * ratio), cap), K = T - remaining; prefix mode
+    (too-easy): K = min(int(T * ratio), cap). K is then clamped to [1, T - 1]: K = 0 would replay
+    nothing (the same fresh task again, no change of difficulty) and K = T would replay the whole
+    trajectory, leaving nothing to generate (its outcome is already decided). So a 1-step trajectory
+    (T < 2) yields no prefix task.
     """
     if mode not in ("remaining", "prefix"):
         raise ValueError(f"mode must be 'remaining' or 'prefix', got {mode!r}")
-    k = min(int(total * ratio), cap)  # prefix mode: K; remaining mode: the steps left to generate
-    return None if total < 2 else min(max(k if mode == "prefix" else total - k, 1), total - 1)
+    if total < 2:
+        return None
+    # prefix mode: K; remaining mode: the steps left to generate
+    k = min(int(total * ratio), cap)
+    if mode == "remaining":
+        k = total - k
+    return min(max(k, 1), total - 1)
+
+
+def make_prefix_task(
+    task: BatchTask, category: str, group: list[Episode], passed: list[bool], ratio: float, args
+) -> BatchTask | None:
+    """[PS] Prefix & Mask (Figure 2) for a skewed fresh task: one of its trajectories, drawn at
+    random, cut to its first K steps at the category's current `ratio` (`prefix_steps`), as a task
+    for the next batch; None when that trajectory has no proper prefix. Too-hard: a success, K by
+    the steps left (--remaining_ratio, --remaining_cap); too-easy: a failure, K replayed
+    (--prefix_ratio, --prefix_cap). An unscored rollout is not a success."""
+    want_success = category == "hard"
+    sources = [episode for episode, ok in zip(group, passed) if ok == want_success]
+    source = random.choice(sources)
+    total = len(source.steps)
+    if category == "hard":
+        steps = prefix_steps(total, "remaining", ratio, args.remaining_cap)
+    else:
+        steps = prefix_steps(total, "prefix", ratio, args.prefix_cap)
+    if steps is None:
+        return None
+    return BatchTask(task.prompt_id, category, source.steps[:steps], total, ratio)
 
 
 @dataclass
 class PrefixController:
-    """[PS] (also in GRPO: built, never moved) Adaptive prefix control for one category (section "Adaptive Prefix").
+    """[PS] (also in GRPO: built, never moved) Adaptive prefix control for one category (section
+    "Adaptive Prefix").
 
-    EMA (alpha) of the category's prefix-task pass rate; when it leaves [lo, hi] the ratio moves by +-step
-    toward a 50% pass rate, then `cooldown` observations pass before the next move. Both ratios move *up*
-    when prefix tasks pass too often: too-hard's remaining_ratio up = fewer replayed success steps = harder,
-    too-easy's prefix_ratio up = more replayed failure steps = harder (and down when they fail too often).
-    The EMA is bias-corrected (its first value is the first observation) and kept through the moves (the paper);
-    with `reset` (our variant) it restarts after every move, so it only averages pass rates measured at the
-    current ratio: a never-restarted EMA keeps reporting the old ratio for ~1/alpha steps and the controller
-    overshoots (see tests). The caller feeds only
-    prefix tasks built with the current ratio (`attributed`): those run one step after they were built, so the
-    first batch after a move still measures the old ratio.
+    EMA (alpha) of the category's prefix-task pass rate; when it leaves [lo, hi] the ratio moves by
+    +-step toward a 50% pass rate, then `cooldown` observations pass before the next move. Both
+    ratios move *up* when prefix tasks pass too often: too-hard's remaining_ratio up = fewer
+    replayed success steps = harder, too-easy's prefix_ratio up = more replayed failure steps =
+    harder (and down when they fail too often). The EMA is bias-corrected (its first value is the
+    first observation) and kept through the moves (the paper); with `reset` (our variant) it
+    restarts after every move, so it only averages pass rates measured at the current ratio: a
+    never-restarted EMA keeps reporting the old ratio for ~1/alpha steps and the controller
+    overshoots (see tests). The caller feeds only prefix tasks built with the current ratio
+    (`attributed`): those run one step after they were built, so the first batch after a move still
+    measures the old ratio.
     """
+
     ratio: float
-    raw: float = 0.0  # EMA accumulator, bias-corrected by 1 - (1 - alpha)^n
-    num_generations: int = 0  # observations in the accumulator
+    raw: float = 0.0  # EMA accumulator, bias-corrected by 1 - (1 - alpha)^observations
+    observations: int = 0  # pass rates in the accumulator
     wait: int = 0  # observations left before the next move is allowed
     moves: int = 0
 
     def ema(self, alpha: float) -> float | None:
-        return self.raw / (1 - (1 - alpha) ** self.num_generations) if self.num_generations else None
+        if not self.observations:
+            return None
+        return self.raw / (1 - (1 - alpha) ** self.observations)
 
-    def update(self, pass_rate: float | None, alpha: float, lo: float, hi: float, step: float, cooldown: int,
-               rmin: float, rmax: float, reset: bool = False) -> float:
-        """Feed one step's prefix-task pass rate (None: no prefix task of this category); returns the move."""
+    def update(
+        self,
+        pass_rate: float | None,
+        alpha: float,
+        lo: float,
+        hi: float,
+        step: float,
+        cooldown: int,
+        rmin: float,
+        rmax: float,
+        reset: bool = False,
+    ) -> float:
+        """Feed one step's prefix-task pass rate (None: no prefix task of this category); returns
+        the move."""
         if pass_rate is None:
             return 0.0
         self.raw = (1 - alpha) * self.raw + alpha * pass_rate
-        self.num_generations += 1
+        self.observations += 1
         if self.wait > 0:
             self.wait -= 1
             return 0.0
         ema = self.ema(alpha)
-        target = self.ratio + step if ema > hi else self.ratio - step if ema < lo else self.ratio
+        target = self.ratio
+        if ema > hi:
+            target = self.ratio + step
+        elif ema < lo:
+            target = self.ratio - step
         new = round(min(rmax, max(rmin, target)), 10)
         move = new - self.ratio
         if move != 0:
-            self.ratio, self.wait, self.moves = new, cooldown, self.moves + 1
+            self.ratio = new
+            self.wait = cooldown
+            self.moves += 1
             if reset:
-                self.raw, self.num_generations = 0.0, 0
+                self.raw = 0.0
+                self.observations = 0
         return move
 
 
-def attributed(tasks: list[dict], passes: list[int], category: str, ratio: float) -> dict[str, int]:
-    """[PS] (also in GRPO: counts none) Controller input: `category`'s prefix tasks built with `ratio`, its current one.
+def make_controllers(args: Args, saved: dict | None) -> dict[str, PrefixController]:
+    """[PS] (also in GRPO: built, never moved) One controller per category at its starting ratio,
+    its first move after --cooldown observations; a resume's as saved."""
+    if saved is not None:
+        return {category: PrefixController(**saved["ctrl"][category]) for category in CATEGORIES}
+    start = {"hard": args.remaining_ratio, "easy": args.prefix_ratio}
+    return {
+        category: PrefixController(start[category], wait=args.cooldown) for category in CATEGORIES
+    }
 
-    A prefix task is built at step t with the ratio before the controller's update at the end of step t, and runs
-    at step t + 1; after a move its pass rate measures the old ratio. Such stale tasks (and tasks queued by older
-    checkpoints, which recorded no ratio) are counted but discarded, never attributed to the new ratio. Returns
-    {"tasks", "success" (passing rollouts), "stale"}; the caller sums them over ranks.
+
+@dataclass
+class Attributed:
+    """[PS] (also in GRPO: all 0) A controller's input (`attributed`): its category's prefix tasks
+    built with its current ratio, their passing rollouts, and the stale ones built with an earlier
+    ratio (counted, never fed)."""
+
+    tasks: float
+    success: float
+    stale: float
+
+    def pass_rate(self, n: int) -> float | None:
+        """Passing rollouts per rollout of the attributed tasks, n each (None: no such task)."""
+        if not self.tasks:
+            return None
+        return self.success / (self.tasks * n)
+
+
+def attributed(
+    tasks: list[BatchTask], passes: list[int], category: str, ratio: float
+) -> Attributed:
+    """[PS] (also in GRPO: counts none) `category`'s prefix tasks built with `ratio`, its current
+    one.
+
+    A prefix task is built at step t with the ratio before the controller's update at the end of
+    step t, and runs at step t + 1; after a move its pass rate measures the old ratio. Such stale
+    tasks are counted but discarded, never attributed to the new ratio. This rank's counts; the
+    caller sums them over ranks (`controller_input`).
     """
-    mine = [group for group, task in enumerate(tasks) if task["cat"] == category]
-    current = [group for group in mine if tasks[group].get("ratio") == ratio]
-    return {"tasks": len(current), "success": sum(passes[g] for g in current), "stale": len(mine) - len(current)}
+    mine = [group for group, task in enumerate(tasks) if task.category == category]
+    current = [group for group in mine if tasks[group].ratio == ratio]
+    success = sum(passes[group] for group in current)
+    return Attributed(len(current), success, len(mine) - len(current))
 
 
-# ----------------------------------------------------------------------------------------------------
+def controller_input(
+    accelerator, tasks: list[BatchTask], passes: list[int], controllers: dict
+) -> dict[str, Attributed]:
+    """[PS] (also in GRPO: all 0) Each category's `attributed` counts at its controller's current
+    ratio, summed over ranks (the same on every rank)."""
+    mine = {}
+    for category in CATEGORIES:
+        counts = attributed(tasks, passes, category, controllers[category].ratio)
+        mine.update({f"{category}:{name}": value for name, value in asdict(counts).items()})
+    summed = reduce_sums(accelerator, mine)
+    return {
+        category: Attributed(
+            summed[f"{category}:tasks"], summed[f"{category}:success"], summed[f"{category}:stale"]
+        )
+        for category in CATEGORIES
+    }
+
+
+def method_state(queue: list[BatchTask], controllers: dict) -> dict:
+    """[PS] (also in GRPO: an empty queue, unmoved controllers) What a resume needs of the method:
+    the queued prefix tasks and the controllers, as plain data (checkpoints load with torch's
+    restricted unpickler)."""
+    return {
+        "queue": [asdict(task) for task in queue],
+        "ctrl": {category: asdict(controllers[category]) for category in CATEGORIES},
+    }
+
+
+# ----------------------------------------------------------------------------------------------
 # Rollouts: fresh tasks start from the reset state, prefix tasks from a replayed one
-# ----------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------
 
-def rollout_multiturn(generator, tokenizer, prompts: list[list[int]], problems: list, prefixes: list[list], n: int,
-                      cfg: SamplingConfig, max_turns: int, invalid: str) -> tuple[list[Episode], list[bool]]:
+
+def rollout_multiturn(
+    generator,
+    tokenizer,
+    prompts: list[list[int]],
+    problems: list,
+    prefixes: list[list],
+    n: int,
+    cfg: SamplingConfig,
+    max_turns: int,
+    invalid: str,
+) -> tuple[list[Episode], list[bool]]:
     """n episodes per task, played turn by turn; one generate call per turn for every live episode.
 
-    [PS] Prefix replay: each episode of a prefix task starts from a fresh environment that re-executes the stored
-    actions (restoring the numbers, the turn count and the conversation); those tokens are context with mask 0 and
-    cost no generation. Observations are context with mask 0 too. Returns (episodes, clipped): clipped[i] is True
-    when an action of episode i hit cfg.max_new_tokens.
+    [PS] Prefix replay: each episode of a prefix task starts from a fresh environment that
+    re-executes the stored actions (restoring the numbers, the turn count and the conversation);
+    those tokens are context with mask 0 and cost no generation. Observations are context with mask
+    0 too. Returns (episodes, clipped): clipped[i] is True when an action of episode i hit
+    cfg.max_new_tokens.
     """
     from common.demo.countdown_env import replay_episode
 
-    encode = lambda text: tokenizer(text, add_special_tokens=False).input_ids  # noqa: E731
-    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-    episodes = [replay_episode(problems[group], prefixes[group], group, decode, encode, max_turns, invalid)
-                for group in range(len(prompts)) for _ in range(n)]
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False).input_ids
+
+    def decode(ids: list[int]) -> str:
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    episodes = []
+    for group in range(len(prompts)):
+        for _ in range(n):
+            episode = replay_episode(
+                problems[group], prefixes[group], group, decode, encode, max_turns, invalid
+            )
+            episodes.append(episode)
     clipped = [False] * len(episodes)
     while live := [i for i, episode in enumerate(episodes) if not episode.env.done]:
-        gens = generator.generate([prompts[episodes[i].group] + episodes[i].ids for i in live], 1, cfg)
-        for i, ids, logprobs, reason in zip(live, gens.completion_ids, gens.logprobs, gens.finish_reasons):
-            result = episodes[i].env.step(decode(ids), final=bool(ids) and ids[-1] in generator.end_ids)
-            episodes[i].add_turn(ids, encode(result.observation), logprobs)  # action: mask 1; observation: mask 0
+        contexts = [prompts[episodes[i].group] + episodes[i].ids for i in live]
+        gens = generator.generate(contexts, 1, cfg)
+        turns = zip(live, gens.completion_ids, gens.logprobs, gens.finish_reasons)
+        for i, ids, logprobs, reason in turns:
+            final = bool(ids) and ids[-1] in generator.end_ids
+            result = episodes[i].env.step(decode(ids), final=final)
+            # the action: mask 1; the observation: mask 0
+            episodes[i].add_turn(ids, encode(result.observation), logprobs)
             clipped[i] = clipped[i] or reason == "length"
     for episode in episodes:
         episode.reward = episode.env.reward
@@ -280,295 +507,571 @@ def rollout_multiturn(generator, tokenizer, prompts: list[list[int]], problems: 
 
 
 def split_lines(ids: list[int], is_break) -> list[list[int]]:
-    """Token ids cut into lines: a line ends after a token whose text holds a newline (text-mode steps)."""
+    """Token ids cut into lines: a line ends after a token whose text holds a newline (text-mode
+    steps)."""
     lines, current = [], []
     for token in ids:
         current.append(token)
         if is_break(token):
             lines.append(current)
             current = []
-    return lines + ([current] if current else [])
+    if current:
+        lines.append(current)
+    return lines
 
 
-def rollout_text(generator, tokenizer, prompts: list[list[int]], prefixes: list[list], n: int, cfg: SamplingConfig,
-                 is_break) -> tuple[list[Episode], list[bool]]:
-    """n single-turn completions per task. [PS] A prefix task's context is prompt + its first K lines
-    (mask 0); the continuation gets the rest of the max_new_tokens budget; the caller's reward scores the whole text.
-    Returns (episodes, clipped): clipped[i] is True when completion i was cut by max_new_tokens or the budget."""
-    contexts = [prompt + [t for action, _ in prefix for t in action] for prompt, prefix in zip(prompts, prefixes)]
+def line_breaks(tokenizer):
+    """Text mode: `is_break(token)`, whether a token's text holds a newline (ends a step);
+    cached."""
+
+    @functools.cache
+    def is_break(token: int) -> bool:
+        return "\n" in tokenizer.decode([token])
+
+    return is_break
+
+
+def rollout_text(
+    generator,
+    tokenizer,
+    prompts: list[list[int]],
+    prefixes: list[list],
+    n: int,
+    cfg: SamplingConfig,
+    is_break,
+) -> tuple[list[Episode], list[bool]]:
+    """n single-turn completions per task. [PS] A prefix task's context is prompt + its first K
+    lines (mask 0); the continuation gets the rest of the max_new_tokens budget; the caller's reward
+    scores the whole text. Returns (episodes, clipped): clipped[i] is True when completion i was cut
+    by max_new_tokens or the budget."""
+    contexts = []
+    for prompt, prefix in zip(prompts, prefixes):
+        replayed = [token for action, _ in prefix for token in action]
+        contexts.append(prompt + replayed)
     gens = generator.generate(contexts, n, cfg)
     episodes, clipped = [], []
     for i, (ids, logprobs) in enumerate(zip(gens.completion_ids, gens.logprobs)):
         group = i // n
         episode = Episode(group)
         for action, _ in prefixes[group]:
-            episode.add_turn(action, [])  # [PS] replayed line, mask 0
+            # [PS] a replayed line, mask 0
+            episode.add_turn(action, [])
         budget = max(0, cfg.max_new_tokens - len(episode.ids))
         clipped.append(gens.finish_reasons[i] == "length" or len(ids) > budget)
-        ids, logprobs = ids[:budget], logprobs[:budget]
+        ids = ids[:budget]
+        logprobs = logprobs[:budget]
         lines = split_lines(ids, is_break)
         if len(lines) > 1 and not tokenizer.decode(lines[-1], skip_special_tokens=True).strip():
-            # a tail with no text (the stop token after the last newline) is not a step of its own: otherwise
-            # "all but the last step" would replay the whole answer and leave only the stop token to generate
+            # a tail with no text (the stop token after the last newline) is not a step of its own:
+            # otherwise "all but the last step" would replay the whole answer and leave only the
+            # stop token to generate
             lines[-2:] = [lines[-2] + lines[-1]]
         position = 0
         for line in lines:
-            episode.add_turn(line, [], logprobs[position:position + len(line)])
+            episode.add_turn(line, [], logprobs[position : position + len(line)])
             position += len(line)
         episodes.append(episode)
     return episodes, clipped
 
 
 def turn_config(tokenizer, args: Args, temperature: float) -> SamplingConfig:
-    """Sampling for one turn at `temperature`: an action ends at the end of its line (or EOS), max_action_tokens."""
+    """Sampling for one turn at `temperature`: an action ends at the end of its line (or EOS),
+    max_action_tokens."""
     newline = tokenizer("\n", add_special_tokens=False).input_ids[-1]
-    return SamplingConfig(max_new_tokens=args.max_action_tokens, temperature=temperature, stop_token_ids=[newline])
+    return SamplingConfig(
+        max_new_tokens=args.max_action_tokens, temperature=temperature, stop_token_ids=[newline]
+    )
 
 
-def evaluate_episodes(generator, tokenizer, encode, examples: list, args: Args, accelerator, cfg) -> dict:
-    """Held-out pass@1 / pass@k (every power of two k <= --eval_samples) of whole episodes in the environment,
-    turns sampled with `cfg` (prompts split across ranks)."""
+def multiturn_warm_up(args: Args, accelerator, log) -> str | None:
+    """[multiturn] The embedded model warmed up on solver-built episodes of the environment (built
+    once by rank 0, cached: the others find it); None when the run loads --model_name_or_path as it
+    is."""
+    if args.model_name_or_path != "embedded" or not args.multiturn or args.mt_sft_steps <= 0:
+        return None
+    from common.demo.countdown_env import MultiTurnRecipe, ensure_multiturn_policy
+    from common.demo.tiny_model import ensure_embedded_base
+
+    recipe = MultiTurnRecipe(args.env_numbers, args.env_max_number, args.mt_sft_steps)
+    with accelerator.main_process_first():
+        base = str(ensure_embedded_base(log=log))
+        return str(ensure_multiturn_policy(base, recipe, log=log))
+
+
+def fixed_scored(rewards: list[float], truncated: list[bool], success_reward: float) -> Scored:
+    """The environment's rewards as a batch's `Scored`: a cut episode has no final answer: 0, never
+    a success."""
+    total = [0.0 if cut else float(reward) for reward, cut in zip(rewards, truncated)]
+    success = [not cut and value >= success_reward for value, cut in zip(total, truncated)]
+    return Scored(total, {}, 0.0, success)
+
+
+def evaluate_episodes(
+    generator, tokenizer, encode, examples: list, args: Args, accelerator, cfg
+) -> dict:
+    """Held-out pass@1 / pass@k (every power of two k <= --eval_samples) of whole episodes in the
+    environment, turns sampled with `cfg` (prompts split across ranks)."""
     samples = args.eval_samples
-    mine = examples[accelerator.process_index::accelerator.num_processes]
+    mine = examples[accelerator.process_index :: accelerator.num_processes]
     counts = []
     if mine:
-        episodes, clipped = rollout_multiturn(generator, tokenizer, [encode(example.prompt) for example in mine],
-                                              [example.answer for example in mine], [[] for _ in mine], samples,
-                                              cfg, args.max_turns, args.env_invalid)
-        passed = [episode.reward >= 1.0 and not cut for episode, cut in zip(episodes, clipped)]  # training's rule
-        counts = [(sum(passed[i * samples:(i + 1) * samples]), example.tag) for i, example in enumerate(mine)]
+        prompts = [encode(example.prompt) for example in mine]
+        problems = [example.answer for example in mine]
+        no_prefixes = [[] for _ in mine]
+        episodes, clipped = rollout_multiturn(
+            generator,
+            tokenizer,
+            prompts,
+            problems,
+            no_prefixes,
+            samples,
+            cfg,
+            args.max_turns,
+            args.env_invalid,
+        )
+        # a success at reward 1 (the default --success_reward); a cut episode never passes
+        passed = [episode.reward >= 1.0 and not cut for episode, cut in zip(episodes, clipped)]
+        for i, example in enumerate(mine):
+            counts.append((sum(passed[i * samples : (i + 1) * samples]), example.tag))
     counts = gather_list(accelerator, counts)
-    return pass_metrics([c for c, _ in counts], samples, [t for _, t in counts])
+    return pass_metrics([count for count, _ in counts], samples, [tag for _, tag in counts])
 
 
-def ps_loss(logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor, n_tok: float,
-            eps_low: float, eps_high: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-level GRPO clipped surrogate over tokens with mask 1 (DAPO token mean: n_tok, the batch's tokens per rank),
-    and the number of clipped tokens. [PS] Prefix masking: replayed prefix tokens (and observations) have
-    mask 0, so they get no gradient."""
+def evaluate_multiturn(generator, tokenizer, encode, train, held_out, args, accelerator, cfg):
+    """[multiturn] The evaluation every script logs, of whole episodes: eval_* on the held-out
+    problems and eval_train_* on a fixed sample of the training pool."""
+
+    def score(examples):
+        return evaluate_episodes(generator, tokenizer, encode, examples, args, accelerator, cfg)
+
+    # the training-pool sample first: it runs on a copy of the random state, so both draw from the
+    # same state (`evaluate_policy`'s train_first)
+    train_fit = evaluate_train_prompts(score, train_prompt_sample(train, args.eval_train_prompts))
+    out = score(held_out)
+    out.update(train_fit)
+    return out
+
+
+def ps_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    n_tok: float,
+    eps_low: float,
+    eps_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-level GRPO clipped surrogate over tokens with mask 1 (DAPO token mean: n_tok, the
+    batch's tokens per rank), and the number of clipped tokens. [PS] Prefix masking: replayed prefix
+    tokens (and observations) have mask 0, so they get no gradient."""
     per_token, clipped = clipped_surrogate(logp, old_logp, adv[:, None], eps_low, eps_high)
     return (per_token * mask).sum() / (n_tok or 1), (clipped * mask).sum()
 
 
+def sample_rows(
+    tasks, episodes, prompts, advantages, keep, clipped, scored, n, tokenizer, picks
+) -> list[dict]:
+    """samples.jsonl rows of the picked rollouts; advantage 0 and trained False: a group dropped by
+    rejection sampling."""
+    rows = []
+    for i in picks:
+        task = tasks[i // n]
+        trained = bool(keep[i // n])
+        row = {
+            "kind": task.kind,
+            "prompt": tokenizer.decode(prompts[i // n]),
+            "completion": tokenizer.decode(episodes[i].ids),
+            "reward": episodes[i].reward,
+            "advantage": advantages.flatten()[i].item() if trained else 0.0,
+            "trained": trained,
+            "truncated": clipped[i],
+            "ps_prefix_steps": len(task.steps),
+        }
+        if task.category is not None:
+            row["ps_ratio"] = task.ratio
+        row.update(scored.columns(i))
+        rows.append(row)
+    return rows
+
+
+def ps_grpo_metrics(
+    accelerator,
+    args: Args,
+    step: int,
+    counters: dict,
+    sums: dict,
+    tasks: list[BatchTask],
+    episodes: list[Episode],
+    rewards,
+    success,
+    passes: list[int],
+    routes: list[str],
+    clipped: list[bool],
+    keep,
+    trained_advantages,
+    scored: Scored,
+    control: dict[str, Attributed],
+    controllers: dict[str, PrefixController],
+    queued: int,
+    dropped: int,
+    grad_norm,
+    lr: float,
+    times: dict,
+) -> dict:
+    """The step's row: one reduce of named sums over ranks, then each metric from them
+    (docs/ps_grpo.md). reward_mean, reward_std, pass_rate and frac_zero_var_groups: fresh tasks only
+    (the paper's training score); ps_*: the mechanism, prefix tasks."""
+    n = args.num_generations
+    world = accelerator.num_processes
+    fresh = [group for group, task in enumerate(tasks) if task.category is None]
+    prefix_groups = {}
+    for category in CATEGORIES:
+        prefix_groups[category] = [
+            group for group, task in enumerate(tasks) if task.category == category
+        ]
+    fresh_rewards = rewards[fresh]
+    sums_to_reduce = {
+        "groups": len(fresh),
+        "fresh_rollouts": fresh_rewards.numel(),
+        "rollouts": len(episodes),
+        "gen_tokens": sum(episode.generated_tokens for episode in episodes),
+        "replayed_tokens": sum(episode.replayed_tokens for episode in episodes),
+        # NaN (no function scored it): out of reward_mean / _std
+        **reward_sums(fresh_rewards),
+        "success": float(success[fresh].sum()),
+        "zero_var": float(zero_variance(fresh_rewards).sum()),
+        "truncated": sum(clipped),
+        "trained_groups": float(keep.sum()),
+        **sums,
+        # [PS] (also in GRPO) the appendix's signal strength, below
+        "adv_sq_sum": float((trained_advantages**2).sum()),
+        # [PS] (also in GRPO) every task of the batch, prefix tasks too
+        "solve_partial": sum(0 < k < n for k in passes),
+    }
+    for name in ROUTES:
+        sums_to_reduce[f"route_{name}"] = sum(routes[group] == name for group in fresh)
+    for category in CATEGORIES:
+        groups = prefix_groups[category]
+        sums_to_reduce[f"prefix_{category}_tasks"] = len(groups)
+        sums_to_reduce[f"prefix_{category}_success"] = float(success[groups].sum())
+        sums_to_reduce[f"prefix_{category}_steps"] = sum(len(tasks[g].steps) for g in groups)
+    sums_to_reduce.update(times)
+    totals = reduce_sums(accelerator, sums_to_reduce)
+    counters["rollouts"] += int(totals["rollouts"])
+    counters["gen_tokens"] += int(totals["gen_tokens"])
+    fresh_samples = max(1.0, totals["fresh_rollouts"])
+    samples = max(1.0, totals["rollouts"])
+    tokens = max(1.0, totals["tok"])
+    # over the fresh rollouts given a reward
+    reward_mean, reward_std = reward_moments(totals, totals["fresh_rollouts"])
+    pass_rate = totals["success"] / fresh_samples
+
+    # [PS] (also in GRPO, as its reference) the mechanism's figures
+    prefix_tasks = {category: totals[f"prefix_{category}_tasks"] for category in CATEGORIES}
+    prefix_success = {category: totals[f"prefix_{category}_success"] for category in CATEGORIES}
+    prefix_pass_rates = {}
+    prefix_steps_mean = {}
+    for category in CATEGORIES:
+        rollouts = prefix_tasks[category] * n
+        prefix_pass_rates[category] = prefix_success[category] / rollouts if rollouts else None
+        steps = totals[f"prefix_{category}_steps"]
+        prefix_steps_mean[category] = (
+            steps / prefix_tasks[category] if prefix_tasks[category] else None
+        )
+    all_prefix_rollouts = prefix_tasks["hard"] * n + prefix_tasks["easy"] * n
+    all_prefix_success = prefix_success["hard"] + prefix_success["easy"]
+    prefix_pass_rate = None
+    if all_prefix_rollouts:
+        prefix_pass_rate = all_prefix_success / all_prefix_rollouts
+    # mean A^2 of trained rollouts: a group's p(1-p) with A = r - mean (appendix, Perspective 2); 1
+    # with / std
+    signal_strength = None
+    if totals["trained_groups"]:
+        signal_strength = totals["adv_sq_sum"] / (n * totals["trained_groups"])
+    return {
+        "step": step,
+        "rollouts": counters["rollouts"],
+        "gen_tokens": counters["gen_tokens"],
+        "reward_mean": reward_mean,
+        "reward_std": reward_std,
+        "pass_rate": pass_rate,
+        **scored.metrics(accelerator),
+        "frac_zero_var_groups": totals["zero_var"] / max(1.0, totals["groups"]),
+        # generated tokens per rollout (no replayed ones)
+        "completion_len_mean": totals["gen_tokens"] / samples,
+        # rollouts cut by a length limit
+        "clipped_ratio": totals["truncated"] / samples,
+        # the clipped surrogate per trained token
+        "loss": totals["loss_sum"] / tokens,
+        # no KL term
+        "kl": 0.0,
+        "entropy": totals["ent_sum"] / tokens,
+        "grad_norm": float(grad_norm),
+        "lr": lr,
+        "time_gen_s": totals["t_gen"] / world,
+        "time_train_s": totals["t_train"] / world,
+        "sampler_logp_diff": totals["gap_sum"] / totals["gap_tok"] if totals["gap_tok"] else None,
+        "ps_solve_partial": totals["solve_partial"],
+        "ps_prefix_tasks": prefix_tasks["hard"] + prefix_tasks["easy"],
+        "ps_prefix_pass_rate": prefix_pass_rate,
+        "ps_prefix_pass_rate_hard": prefix_pass_rates["hard"],
+        "ps_prefix_pass_rate_easy": prefix_pass_rates["easy"],
+        # the controllers' input: prefix tasks built with the ratio they ran at
+        "ps_ctrl_pass_rate_hard": control["hard"].pass_rate(n),
+        "ps_ctrl_pass_rate_easy": control["easy"].pass_rate(n),
+        "ps_ctrl_stale_hard": control["hard"].stale,
+        "ps_ctrl_stale_easy": control["easy"].stale,
+        # mean K
+        "ps_prefix_steps_hard": prefix_steps_mean["hard"],
+        "ps_prefix_steps_easy": prefix_steps_mean["easy"],
+        # after this step's update: the ratios the next prefix tasks are built with
+        "ps_ratio_hard": controllers["hard"].ratio,
+        "ps_ratio_easy": controllers["easy"].ratio,
+        "ps_ema_hard": controllers["hard"].ema(args.ema_alpha),
+        "ps_ema_easy": controllers["easy"].ema(args.ema_alpha),
+        "ps_replayed_tokens": totals["replayed_tokens"],
+        "ps_generated_tokens": totals["gen_tokens"],
+        "ps_fresh_pass_rate": pass_rate,
+        "ps_trained_groups": totals["trained_groups"],
+        "ps_clip_frac": totals["clip_sum"] / tokens,
+        "ps_signal_strength": signal_strength,
+        "ps_queued": queued,
+        "ps_dropped": dropped,
+        # fresh tasks
+        **{f"ps_route_{name}": totals[f"route_{name}"] for name in ROUTES},
+    }
+
+
 def main(args: Args) -> None:
-    # ---------------- set-up: accelerator, seeds, output dir ----------------
-    args.fsdp, args.dtype = resolve_accelerate_sharding(args.fsdp), resolve_accelerate_precision(args.dtype)
-    cpu_threads = CpuThreads(args.num_threads, hold=args.torch_compile)  # --num_threads, or free cores: launch.py
-    torch.set_num_threads(cpu_threads.count(torch.get_num_threads(), settle=0.2))  # before any torch work
-    check_tracker(args.report_to)
-    args.output_dir = args.output_dir or f"runs/ps_grpo-seed{args.seed}"
-    accelerator = Accelerator(cpu=not torch.cuda.is_available(), project_dir=args.output_dir,
-                              log_with=None if args.report_to == "none" else args.report_to,
-                              kwargs_handlers=collective_timeout(args.collective_timeout))  # one line on expiry
-    device, world = accelerator.device, accelerator.num_processes
-    log = lambda msg: print(msg, flush=True) if accelerator.is_main_process else None  # noqa: E731  (once a run)
-    rank_seed = args.seed + accelerator.process_index  # ranks sample different rollouts
-    for seed in (random.seed, np.random.seed, torch.manual_seed):
-        seed(rank_seed)
-    claim_output_dir(args, accelerator, log)  # before any model: refuses a used or unshared folder
-
-    # ---------------- policy, optimizer (no reference model: no KL term) ----------------
-    model_path = args.model_name_or_path
-    if model_path == "embedded":  # the tiny Countdown model: rank 0 builds it once, the others find it cached
-        from common.demo.tiny_model import ensure_embedded_base
-
-        with accelerator.main_process_first():
-            model_path = str(ensure_embedded_base(log=log))
-            if args.multiturn and args.mt_sft_steps > 0:  # warmed up on solver episodes of the environment
-                from common.demo.countdown_env import MultiTurnRecipe, ensure_multiturn_policy
-
-                recipe = MultiTurnRecipe(args.env_numbers, args.env_max_number, args.mt_sft_steps)
-                model_path = str(ensure_multiturn_policy(model_path, recipe, log=log))
-    policy, tokenizer = load_policy(model_path)  # fp32 master weights; --dtype is the compute dtype (autocast)
-    policy.to(device).train()  # training mode: from_pretrained returns eval mode (checkpointing needs train)
-    if args.gradient_checkpointing:  # activations recomputed in backward (training passes only; generate is eval)
-        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if args.lora_r:  # LoRA: only the adapters train (fp32); the frozen base is stored in the compute dtype
-        from common.model.lora import add_lora
-
-        policy = add_lora(policy, args.lora_r, args.lora_alpha, args.lora_target_modules, args.dtype)
-    if args.fsdp:  # FSDP2: each rank keeps 1/world of every weight (common/distributed/fsdp.py); the optimizer sees the shards
-        from common.distributed.fsdp import shard
-
-        policy = shard(policy, args.dtype)
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=args.learning_rate,
-                                  weight_decay=args.weight_decay)
-    warmup = max(1, args.warmup_steps)  # linear warm-up, then constant
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
-    # `model`: DDP-wrapped for the backward pass (FSDP: the sharded policy is its own wrapper)
-    model, optimizer = (policy, accelerator.prepare(optimizer)) if args.fsdp else accelerator.prepare(policy, optimizer)
-
-    # ---------------- data (multi-turn: the environment's problems; text: the dataset) and generator ----------------
+    # ---------------- set-up: the launch, policy, optimizer (no KL term: no reference), generator
+    accelerator, cpu_threads, log = start_run(args, "ps_grpo")
+    device = accelerator.device
+    world = accelerator.num_processes
+    # [multiturn] the embedded model starts from its warm-up on the environment's episodes
+    warmed_up = multiturn_warm_up(args, accelerator, log)
+    policy, tokenizer, model_path = load_training_policy(args, accelerator, log, warmed_up)
+    # --fsdp: FSDP2 shards of the policy (else the policy as it is)
+    (policy,) = shard_models(args, policy)
+    optimizer, scheduler = make_optimizer(policy, args)
+    # `model`: DDP-wrapped for the backward pass
+    model, optimizer = prepare_training(accelerator, policy, optimizer, args.fsdp)
     if args.multiturn:
         from common.demo.countdown_env import make_env_task
 
-        train, held_out = make_env_task(args.env_numbers, args.env_max_number, args.eval_prompts, args.prompt_pool)
-        text_task, encode = None, PromptEncoder(tokenizer, templated=False)  # prompts: the reset observations
-    else:  # Countdown's single-turn text form or a dataset; --reward_funcs: yours (docs/custom_task.md)
-        text_task = make_task(args, tokenizer, log)
-    if text_task is not None:
-        train, held_out, encode = text_task.train, text_task.eval, PromptEncoder(tokenizer, text_task.templated)
-    success_reward = text_task.success_reward if text_task else (1.0 if args.success_reward is None else args.success_reward)
-    sampler = PromptSampler(len(train), args.seed)
-    compiled = None  # --torch_compile: the decoding step and the packed training forward compiled (common/generation/compile.py)
-    if args.torch_compile:
-        from common.generation.compile import TorchCompile
-
-        compiled = TorchCompile(log=log)
-    if args.use_vllm:
-        from common.generation.vllm_backend import VLLMGenerator
-
-        generator = VLLMGenerator(model_path, policy, tokenizer, seed=args.seed, dtype=args.dtype,
-                                  max_model_len=args.vllm_max_model_length,
-                                  gpu_memory_utilization=args.vllm_gpu_memory_utilization, accelerator=accelerator)
+        text_task = None
+        train, held_out = make_env_task(
+            args.env_numbers, args.env_max_number, args.eval_prompts, args.prompt_pool
+        )
+        # the prompts: the environment's reset observations
+        encode = PromptEncoder(tokenizer, templated=False)
     else:
-        generator = HFGenerator(policy, tokenizer, batch_size=args.gen_batch_size, dtype=args.dtype,
-                                cache_implementation=args.cache_implementation, compiled=compiled)
-    generator.end_ids = end_token_ids(tokenizer, policy, args.stop_token_ids, log)  # EOS, end-of-turn, flag
-    sampling = SamplingConfig(max_new_tokens=args.max_completion_length, temperature=args.temperature)  # text mode
-    turn_sampling = turn_config(tokenizer, args, args.temperature)  # multi-turn: one action per generate call
-    eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature  # 0: greedy
-    eval_sampling = SamplingConfig(max_new_tokens=args.max_completion_length, temperature=eval_temperature, logprobs=False)
-    temperature = args.temperature if args.temperature > 0 else 1.0  # the generator scores greedy samples at T=1
-    pack = (args.pack_row_tokens or (2048 if device.type == "cuda" else 128)) if args.padding_free else 0  # rows
-    line_ends: dict[int, bool] = {}
-
-    def is_break(token: int) -> bool:  # text mode: does this token end a line (a step)?
-        if token not in line_ends:
-            line_ends[token] = "\n" in tokenizer.decode([token])
-        return line_ends[token]
+        # Countdown's single-turn text form or a dataset; --reward_funcs: yours
+        text_task = make_task(args, tokenizer, log)
+        train = text_task.train
+        encode = PromptEncoder(tokenizer, text_task.templated)
+    # [multiturn] an episode succeeds at an environment reward >= this
+    env_success_reward = 1.0 if args.success_reward is None else args.success_reward
+    sampler = PromptSampler(len(train), args.seed)
+    compiled = make_compiled(args, log)
+    generator = make_generator(args, model_path, policy, tokenizer, accelerator, compiled, log)
+    # text mode: whole completions; multi-turn: one action per generate call
+    sampling, eval_sampling = sampling_configs(args)
+    turn_sampling = turn_config(tokenizer, args, args.temperature)
+    eval_turn_sampling = turn_config(tokenizer, args, eval_sampling.temperature)
+    # the generator scores greedy samples at T = 1
+    temperature = args.temperature if args.temperature > 0 else 1.0
+    pack = packed_row_tokens(args, device)
+    is_break = line_breaks(tokenizer)
 
     def run_eval() -> dict:
-        torch.set_num_threads(cpu_threads.count(torch.get_num_threads()))  # fit the free cores
-        with gathered(policy, enabled=generator.reads_policy):  # FSDP + HF generate: whole weights (else no-op)
-            if args.multiturn:  # whole episodes in the environment
-                score = lambda examples: evaluate_episodes(generator, tokenizer, encode, examples, args,  # noqa: E731
-                                                           accelerator, turn_config(tokenizer, args, eval_temperature))
-            else:
-                score = lambda examples: evaluate(generator, tokenizer, examples, encode,  # noqa: E731
-                                                  text_task.eval_success, eval_sampling, args.eval_samples,
-                                                  accelerator)
-            train_fit = evaluate_train_prompts(score, train_prompt_sample(train, args.eval_train_prompts))
-            return {**score(held_out), **train_fit}  # eval_train_*: the pool's fit, to compare with held-out
+        # fit the free cores
+        torch.set_num_threads(cpu_threads.count(torch.get_num_threads()))
+        # FSDP + HF generate: whole weights (else a no-op)
+        with gathered(policy, enabled=generator.reads_policy):
+            if args.multiturn:
+                return evaluate_multiturn(
+                    generator,
+                    tokenizer,
+                    encode,
+                    train,
+                    held_out,
+                    args,
+                    accelerator,
+                    eval_turn_sampling,
+                )
+            return evaluate_policy(
+                generator,
+                tokenizer,
+                text_task,
+                encode,
+                eval_sampling,
+                args,
+                accelerator,
+                train_prompts_first=True,
+            )
 
-    # ---------------- resume ----------------
-    start_step, counters, method_state = 0, {"rollouts": 0, "gen_tokens": 0}, {}
-    resume_from = checkpoint.resolve_resume(args.resume_from_checkpoint, args.output_dir)
-    if resume_from is not None:
-        start_step, state = checkpoint.load_checkpoint(resume_from, accelerator, model, optimizer, scheduler)
-        counters, method_state = state["counters"], state["method"]
-        sampler.load_state_dict(method_state.get("sampler", state["sampler"]))  # multi-turn: under "method"
-        generator.sync_weights(policy)
-        log(f"resumed from {resume_from} at step {start_step}")
-    # [PS] (also in GRPO: empty) prefix tasks for the next batch (the same on every rank), one controller per category
-    queue: list[dict] = method_state.get("queue", [])
-    initial_ratio = {"hard": args.remaining_ratio, "easy": args.prefix_ratio}
-    controllers = {category: PrefixController(**method_state["ctrl"][category]) if "ctrl" in method_state
-                   else PrefixController(initial_ratio[category], wait=args.cooldown)  # first move after `cooldown`
-                   for category in CATEGORIES}
-
-    # ---------------- logging, step-0 evaluation, graceful stop ----------------
-    logger = MetricsLogger(args.output_dir, accelerator, args.report_to, vars(args),
-                           resume_step=start_step if resume_from is not None else None)
-    sample_log = SampleLogger(args.output_dir, accelerator, args.log_samples_every, args.log_samples_per_kind,
-                              resume_step=start_step if resume_from is not None else None)
-    warned_logp_diff = False
+    # ---------------- resume, prefix-task queue and controllers, logs, step-0 evaluation ----------
+    checkpoints = Checkpoints(args, accelerator, model, tokenizer, optimizer, scheduler, log)
+    start_step, saved = checkpoints.resume(sampler, generator, policy)
+    counters = saved["counters"] if saved else {"rollouts": 0, "gen_tokens": 0}
+    saved_method = saved["method"] if saved else None
+    # [PS] (also in GRPO: empty) prefix tasks for the next batch, the same on every rank
+    queue = [BatchTask(**queued) for queued in saved_method["queue"]] if saved else []
+    # [PS] (also in GRPO: built, never moved) one prefix controller per category
+    controllers = make_controllers(args, saved_method)
+    run_log = RunLog(args, accelerator, "ps_grpo", start_step, saved is not None, log)
     if start_step == 0:
-        row = {"step": 0, **run_eval(), "num_threads": torch.get_num_threads(),
-               **(compiled.metrics(accelerator) if compiled else {})}
-        logger.log(row)
-        log(f"step 0 (starting policy): {row}")
+        run_log.first_row(run_eval(), compiled)
     stop = GracefulStop(log)
-    progress = tqdm(range(start_step + 1, args.max_steps + 1), initial=start_step, total=args.max_steps,
-                    desc="ps_grpo", disable=not accelerator.is_main_process)
     n = args.num_generations
 
     for step in range(start_step + 1, args.max_steps + 1):
         t_start = time.time()
-        threads = cpu_threads.count(torch.get_num_threads())  # a shared CPU: fit the free cores
+        # a shared CPU: fit the free cores
+        threads = cpu_threads.count(torch.get_num_threads())
         torch.set_num_threads(threads)
-        # ================ [PS] (also in GRPO: all fresh) the batch: prefix tasks (<= max_prefix_frac), then fresh ===
+
+        # ================ [PS] (also in GRPO: all fresh) the batch: prefix tasks (at most
+        #                  --max_prefix_frac of it), then fresh tasks
         n_prefix = min(len(queue), int(args.max_prefix_frac * args.prompts_per_step))
-        dropped = len(queue) - n_prefix  # dynamic on-policy: prefix tasks are never carried over
-        tasks = queue[:n_prefix] + [{"id": i, "cat": None, "steps": []}
-                                    for i in sampler.next_ids(args.prompts_per_step - n_prefix)]
-        tasks = my_slice(tasks, accelerator)  # strided: every rank gets prefix and fresh tasks
-        examples, prefixes = [train[task["id"]] for task in tasks], [task["steps"] for task in tasks]
+        # dynamic on-policy: prefix tasks over the cap are dropped, never carried over
+        dropped = len(queue) - n_prefix
+        fresh_ids = sampler.next_ids(args.prompts_per_step - n_prefix)
+        batch_tasks = queue[:n_prefix] + [BatchTask(prompt_id) for prompt_id in fresh_ids]
+        # strided: every rank gets prefix and fresh tasks
+        tasks = my_slice(batch_tasks, accelerator)
+        examples = [train[task.prompt_id] for task in tasks]
+        prefixes = [task.steps for task in tasks]
         prompts = [encode(example.prompt) for example in examples]
 
-        # ================ sample: N rollouts per task (a prefix task replays its prefix, generates the rest) ========
-        with gathered(policy, enabled=generator.reads_policy):  # FSDP + HF generate: whole weights (else no-op)
+        # ================ sample: N rollouts per task (a prefix task replays its prefix, then
+        #                  generates the rest)
+        # FSDP + HF generate: whole weights (else a no-op)
+        with gathered(policy, enabled=generator.reads_policy):
             if args.multiturn:
                 problems = [example.answer for example in examples]
-                episodes, clipped = rollout_multiturn(generator, tokenizer, prompts, problems, prefixes, n,
-                                                      turn_sampling, args.max_turns, args.env_invalid)
+                episodes, clipped = rollout_multiturn(
+                    generator,
+                    tokenizer,
+                    prompts,
+                    problems,
+                    prefixes,
+                    n,
+                    turn_sampling,
+                    args.max_turns,
+                    args.env_invalid,
+                )
             else:
-                episodes, clipped = rollout_text(generator, tokenizer, prompts, prefixes, n, sampling, is_break)
-        generator.sleep()  # vLLM on a GPU: its memory goes to training; the push brings the weights back
+                episodes, clipped = rollout_text(
+                    generator, tokenizer, prompts, prefixes, n, sampling, is_break
+                )
+        # vLLM on a GPU: its memory goes to training; the push brings the weights back
+        generator.sleep()
         t_gen = time.time() - t_start
 
-        # ================ verify: the environment's or the task's reward of the whole text; a cut rollout gets 0 ==
-        scored = fixed_scored([ep.reward for ep in episodes], clipped, success_reward) if args.multiturn else \
-            text_task.score([tokenizer.decode(ep.ids, skip_special_tokens=True) for ep in episodes],
-                            [examples[ep.group] for ep in episodes], [ep.ids for ep in episodes], clipped, step)
+        # ================ verify: the environment's or the task's reward of the whole text; a cut
+        #                  rollout gets 0 from the built-in rewards
+        if args.multiturn:
+            env_rewards = [episode.reward for episode in episodes]
+            scored = fixed_scored(env_rewards, clipped, env_success_reward)
+        else:
+            texts = [tokenizer.decode(ep.ids, skip_special_tokens=True) for ep in episodes]
+            rollout_examples = [examples[episode.group] for episode in episodes]
+            completions = [episode.ids for episode in episodes]
+            scored = text_task.score(texts, rollout_examples, completions, clipped, step)
+        # NaN: no function scored it (advantage 0)
         for episode, total in zip(episodes, scored.total):
-            episode.reward = total  # cut: 0 under the built-in rewards; NaN: no function scored it (advantage 0)
+            episode.reward = total
         rewards = torch.tensor([episode.reward for episode in episodes]).view(-1, n).float()
-        success = torch.tensor(scored.success, dtype=torch.bool).view(-1, n)
-        passes = success.sum(-1).tolist()  # k of N, per task
-        fresh = [group for group, task in enumerate(tasks) if task["cat"] is None]
-        prefix_groups = {category: [group for group, task in enumerate(tasks) if task["cat"] == category]
-                         for category in CATEGORIES}
+        success = torch.tensor(scored.success, dtype=torch.bool).view(-1, n)  # [tasks, N]
+        # k of N, per task
+        passes = success.sum(-1).tolist()
 
-        # ================ [PS] (also in GRPO: skips all) route fresh tasks; too-hard / too-easy -> Prefix & Mask ====
+        # ================ [PS] (also in GRPO: skips all) route fresh tasks; too-hard / too-easy ->
+        #                  Prefix & Mask, queued for the next batch
         routes = [route(k, n, args.low, args.high) for k in passes]
-        new_tasks = []
-        for group, (task, task_route) in enumerate(zip(tasks, routes)):
-            if not args.prefix_sampling or task["cat"] is not None or task_route not in ("too_hard", "too_easy"):
-                continue  # prefix tasks are not recycled again
-            # [PS] a skewed fresh task: one of its trajectories, cut to a prefix, is queued for the next batch
-            category, want_success, mode = (("hard", True, "remaining") if task_route == "too_hard"
-                                            else ("easy", False, "prefix"))
-            source = random.choice([episode for i, episode in enumerate(episodes[group * n:(group + 1) * n])
-                                    if bool(success[group, i]) == want_success])  # unscored: not a success
-            cap = args.remaining_cap if category == "hard" else args.prefix_cap
-            steps = prefix_steps(len(source.steps), mode, controllers[category].ratio, cap)
-            if steps is not None:
-                new_tasks.append((group * world + accelerator.process_index, {"id": task["id"], "cat": category,
-                    "steps": source.steps[:steps], "T": len(source.steps), "ratio": controllers[category].ratio}))
-        new_tasks = [new for _, new in sorted(gather_list(accelerator, new_tasks))]  # by place in the batch (my_slice)
+        built = []
+        for group, task in enumerate(tasks):
+            # prefix tasks are not routed again
+            skewed = task.category is None and routes[group] in ("too_hard", "too_easy")
+            if not (args.prefix_sampling and skewed):
+                continue
+            # [PS] one of its trajectories, cut to a prefix, makes a task of the next batch
+            category = "hard" if routes[group] == "too_hard" else "easy"
+            group_episodes = episodes[group * n : (group + 1) * n]
+            group_success = success[group].tolist()
+            ratio = controllers[category].ratio
+            prefix_task = make_prefix_task(
+                task, category, group_episodes, group_success, ratio, args
+            )
+            if prefix_task is not None:
+                # its place in the whole batch, which my_slice strides over the ranks
+                place = group * world + accelerator.process_index
+                built.append((place, prefix_task))
+        # every rank's, by place in the batch: the same queue on every rank
+        queue = [prefix_task for _, prefix_task in sorted(gather_list(accelerator, built))]
 
-        # ================ advantages: GRPO r - mean (appendix, Perspective 2; --scale_rewards: / std);
-        #                  rejection sampling drops groups whose rollouts all fail or all pass (DeepSWE baseline) ====
-        keep = ~zero_variance(rewards)
-        advantages = grpo_advantages(rewards, scale=args.scale_rewards)
+        # ================ advantages: GRPO r - mean (appendix, Perspective 2; --scale_rewards: /
+        #                  std); rejection sampling drops groups whose rollouts all fail or all pass
+        #                  (the DeepSWE baseline)
+        keep = ~zero_variance(rewards)  # [tasks]
+        advantages = grpo_advantages(rewards, scale=args.scale_rewards)  # [tasks, N]
         rows = [i for i in range(len(episodes)) if keep[i // n]]
         trained_advantages = advantages.flatten()[rows].to(device)
         trained = [episodes[i] for i in rows]
-        masks = [[0] * len(episodes[i].mask) if args.mask_truncated_completions and clipped[i] else episodes[i].mask
-                 for i in rows]  # --mask_truncated_completions: rollouts cut by a length limit get no gradient
-        n_tokens = rank_mean(accelerator, sum(map(sum, masks)))  # the DAPO token mean over the whole batch
+        # --mask_truncated_completions: rollouts cut by a length limit get no gradient
+        masks = []
+        for i in rows:
+            if args.mask_truncated_completions and clipped[i]:
+                masks.append([0] * len(episodes[i].mask))
+            else:
+                masks.append(episodes[i].mask)
+        # the DAPO token mean over the whole batch
+        n_tokens = rank_mean(accelerator, sum(map(sum, masks)))
 
-        # ================ update: clipped surrogate on generated tokens only (a replayed prefix has mask 0) ========
+        # ================ update: clipped surrogate on generated tokens only (replayed: mask 0)
         t_train_start = time.time()
-        sums = {"loss_sum": 0.0, "ent_sum": 0.0, "tok": 0.0, "clip_sum": 0.0, "gap_sum": 0.0, "gap_tok": 0.0}
+        sums = dict.fromkeys(("loss_sum", "ent_sum", "tok", "clip_sum", "gap_sum", "gap_tok"), 0.0)
         lengths = [len(prompts[episode.group]) + len(episode.ids) for episode in trained]
-        for batch_rows in micro_batches(len(trained), args.micro_batch_size, accelerator, model, lengths=lengths,
-                                        max_tokens=args.max_tokens_per_microbatch):
-            batch = pad_sequences([prompts[trained[i].group] for i in batch_rows], [trained[i].ids for i in batch_rows],
-                                  tokenizer.pad_token_id, [masks[i] for i in batch_rows], pack).to(device)
-            with autocast(device, args.dtype):  # bf16 compute over fp32 weights with --dtype bfloat16
+        micro = micro_batches(
+            len(trained),
+            args.micro_batch_size,
+            accelerator,
+            model,
+            lengths=lengths,
+            max_tokens=args.max_tokens_per_microbatch,
+        )
+        for batch_rows in micro:
+            batch = pad_sequences(
+                [prompts[trained[i].group] for i in batch_rows],
+                [trained[i].ids for i in batch_rows],
+                tokenizer.pad_token_id,
+                [masks[i] for i in batch_rows],
+                pack,
+            ).to(device)
+            # bf16 compute over fp32 weights with --dtype bfloat16
+            with autocast(device, args.dtype):
                 logp, entropy = token_logprobs(model, batch, temperature, compiled=compiled)
             mask = batch.loss_mask
-            old_logp = right_align([trained[i].old_logp for i in batch_rows], batch.completion_width).to(device)
-            loss, clipped_tokens = ps_loss(logp, old_logp, trained_advantages[batch_rows], mask, n_tokens,
-                                           args.epsilon, args.epsilon_high)
+            old_logps = [trained[i].old_logp for i in batch_rows]
+            old_logp = right_align(old_logps, batch.completion_width).to(device)
+            loss, clipped_tokens = ps_loss(
+                logp,
+                old_logp,
+                trained_advantages[batch_rows],
+                mask,
+                n_tokens,
+                args.epsilon,
+                args.epsilon_high,
+            )
             accelerator.backward(loss)
-            sums["loss_sum"] += loss.item() * (n_tokens or 1)  # back to a sum: normalised over ranks below
+            # back to a sum: normalised over ranks in the metrics
+            sums["loss_sum"] += loss.item() * (n_tokens or 1)
             sums["ent_sum"] += (entropy * mask).sum().item()
             sums["tok"] += mask.sum().item()
             sums["clip_sum"] += clipped_tokens.item()
-            sums["gap_sum"] += ((logp.detach() - old_logp).abs() * mask).sum().item()  # sampler vs first pass
+            # sampler vs the first training pass
+            sums["gap_sum"] += ((logp.detach() - old_logp).abs() * mask).sum().item()
             sums["gap_tok"] += mask.sum().item()
         grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
         optimizer.step()
@@ -576,123 +1079,86 @@ def main(args: Args) -> None:
         optimizer.zero_grad(set_to_none=True)
         t_train = time.time() - t_train_start
 
-        # ================ push the new weights to the generator, once per update phase (no-op for HF) ============
+        # ================ push the new weights to the generator (a no-op for HF generate) ========
         generator.sync_weights(policy)
 
-        # ================ metrics: one reduce of named sums over ranks, each ratio next to its name ================
-        fresh_rewards = rewards[fresh]
-        totals = reduce_sums(accelerator, {
-            "groups": len(fresh), "fresh_rollouts": fresh_rewards.numel(), "rollouts": len(episodes),
-            "gen_tokens": sum(episode.generated_tokens for episode in episodes),
-            "replayed_tokens": sum(episode.replayed_tokens for episode in episodes),
-            **reward_sums(fresh_rewards),  # NaN (no function scored it): out of reward_mean / _std
-            "success": float(success[fresh].sum()), "zero_var": float(zero_variance(fresh_rewards).sum()),
-            "truncated": sum(clipped), "trained_groups": float(keep.sum()), **sums,
-            "adv_sq_sum": float((trained_advantages ** 2).sum()),  # [PS] the appendix's signal strength, below
-            "solve_partial": sum(0 < k < n for k in passes),  # [PS] every task of the batch, prefix tasks too
-            **{f"route_{name}": sum(routes[group] == name for group in fresh) for name in ROUTES},
-            **{f"prefix_{category}_tasks": len(prefix_groups[category]) for category in CATEGORIES},
-            **{f"prefix_{category}_success": float(success[prefix_groups[category]].sum()) for category in CATEGORIES},
-            **{f"prefix_{category}_steps": sum(len(tasks[group]["steps"]) for group in prefix_groups[category])
-               for category in CATEGORIES},
-            **{f"ctrl_{category}_{key}": value for category in CATEGORIES  # [PS] controller input (`attributed`)
-               for key, value in attributed(tasks, passes, category, controllers[category].ratio).items()},
-            "t_gen": t_gen, "t_train": t_train,
-        })
-        counters = {key: value + int(totals[key]) for key, value in counters.items()}  # rollouts, gen_tokens
-        fresh_samples, samples, tokens = (max(1.0, totals["fresh_rollouts"]), max(1.0, totals["rollouts"]),
-                                          max(1.0, totals["tok"]))
-        reward_mean, reward_std = reward_moments(totals, totals["fresh_rollouts"])  # the rewarded ones
-        row = {
-            "step": step, "rollouts": counters["rollouts"], "gen_tokens": counters["gen_tokens"],
-            "reward_mean": reward_mean, "reward_std": reward_std,  # fresh tasks: the paper's training score
-            "pass_rate": totals["success"] / fresh_samples, **scored.metrics(accelerator),
-            "frac_zero_var_groups": totals["zero_var"] / max(1.0, totals["groups"]),  # fresh tasks only
-            "completion_len_mean": totals["gen_tokens"] / samples,  # generated tokens per rollout (no replayed ones)
-            "clipped_ratio": totals["truncated"] / samples,  # rollouts cut by a length limit
-            "loss": totals["loss_sum"] / tokens,  # clipped surrogate per trained token
-            "kl": 0.0, "entropy": totals["ent_sum"] / tokens,  # kl: no KL term
-            "grad_norm": float(grad_norm), "lr": scheduler.get_last_lr()[0],
-            "time_gen_s": totals["t_gen"] / world, "time_train_s": totals["t_train"] / world,
-            "sampler_logp_diff": totals["gap_sum"] / totals["gap_tok"] if totals["gap_tok"] else None,
-        }
-        gap = row["sampler_logp_diff"]  # None: not measured this step
-        if not warned_logp_diff and gap is not None and gap >= args.logp_diff_warn:
-            warned_logp_diff = True
-            log(f"warning: sampler_logp_diff {gap:.4f} >= --logp_diff_warn {args.logp_diff_warn}: "
-                "the generator does not sample from the policy being trained (stale weights, dtype, temperature?)")
-
-        # ================ [PS] (also in GRPO: no pass rate) adaptive prefix control (the same on all ranks) ========
-        prefix_rollouts = {category: totals[f"prefix_{category}_tasks"] * n for category in CATEGORIES}
-        prefix_pass_rates = {category: totals[f"prefix_{category}_success"] / prefix_rollouts[category]
-                             if prefix_rollouts[category] else None for category in CATEGORIES}
-        # the controller sees only prefix tasks built with its current ratio (stale ones measure the previous ratio)
-        ctrl_pass_rates = {category: totals[f"ctrl_{category}_success"] / (totals[f"ctrl_{category}_tasks"] * n)
-                           if totals[f"ctrl_{category}_tasks"] else None for category in CATEGORIES}
-        if args.prefix_sampling and args.adaptive:  # [PS]
+        # ================ [PS] (also in GRPO: no pass rate, never moved) adaptive prefix control,
+        #                  the same on all ranks: fed the prefix tasks built with the current ratio
+        control = controller_input(accelerator, tasks, passes, controllers)
+        # [PS] --adaptive: each controller moves its category's ratio toward a 50% pass rate
+        if args.prefix_sampling and args.adaptive:
             for category in CATEGORIES:
-                controllers[category].update(ctrl_pass_rates[category], args.ema_alpha, args.deadzone_low,
-                                             args.deadzone_high, args.ratio_step, args.cooldown, args.ratio_min,
-                                             args.ratio_max, args.ema_reset)
-        all_prefix_rollouts = prefix_rollouts["hard"] + prefix_rollouts["easy"]
-        row.update({  # [PS] (also in GRPO, as its reference) mechanism metrics
-            "ps_solve_partial": totals["solve_partial"],
-            "ps_prefix_tasks": totals["prefix_hard_tasks"] + totals["prefix_easy_tasks"],
-            "ps_prefix_pass_rate": (totals["prefix_hard_success"] + totals["prefix_easy_success"]) / all_prefix_rollouts
-            if all_prefix_rollouts else None,
-            **{f"ps_prefix_pass_rate_{category}": prefix_pass_rates[category] for category in CATEGORIES},
-            **{f"ps_ctrl_pass_rate_{category}": ctrl_pass_rates[category] for category in CATEGORIES},  # its input
-            **{f"ps_ctrl_stale_{category}": totals[f"ctrl_{category}_stale"] for category in CATEGORIES},
-            **{f"ps_prefix_steps_{category}": totals[f"prefix_{category}_steps"] / totals[f"prefix_{category}_tasks"]
-               if totals[f"prefix_{category}_tasks"] else None for category in CATEGORIES},  # mean K
-            "ps_ratio_hard": controllers["hard"].ratio, "ps_ratio_easy": controllers["easy"].ratio,
-            **{f"ps_ema_{category}": controllers[category].ema(args.ema_alpha) for category in CATEGORIES},
-            "ps_replayed_tokens": totals["replayed_tokens"], "ps_generated_tokens": totals["gen_tokens"],
-            "ps_fresh_pass_rate": row["pass_rate"], "ps_trained_groups": totals["trained_groups"],
-            "ps_clip_frac": totals["clip_sum"] / tokens,
-            # mean A^2 of trained rollouts: a group's p(1-p) with A = r - mean (appendix, Perspective 2); 1 with / std
-            "ps_signal_strength": totals["adv_sq_sum"] / (n * totals["trained_groups"]) if totals["trained_groups"]
-            else None,
-            "ps_queued": len(new_tasks), "ps_dropped": dropped,
-            **{f"ps_route_{name}": totals[f"route_{name}"] for name in ROUTES},  # fresh tasks
-        })
-        queue = new_tasks  # [PS] (also in GRPO: empty) injected into the next batch
+                controllers[category].update(
+                    control[category].pass_rate(n),
+                    args.ema_alpha,
+                    args.deadzone_low,
+                    args.deadzone_high,
+                    args.ratio_step,
+                    args.cooldown,
+                    args.ratio_min,
+                    args.ratio_max,
+                    args.ema_reset,
+                )
 
-        # ================ sample log / evaluate / log / checkpoint / stop ================
-        evaluating = (args.eval_steps and step % args.eval_steps == 0) or step == args.max_steps
-        if sample_log.due(step, evaluating):  # a few fresh and (with PS) prefix-task rollouts -> samples.jsonl
-            kinds = ["fresh" if task["cat"] is None else f"prefix_{task['cat']}" for task in tasks for _ in range(n)]
-            sample_log.log(step, [{  # advantage 0 and trained False: a group dropped by rejection sampling
-                "kind": kinds[i], "prompt": tokenizer.decode(prompts[i // n]), "completion": tokenizer.decode(ep.ids),
-                "reward": ep.reward, "advantage": advantages.flatten()[i].item() if keep[i // n] else 0.0,
-                "trained": bool(keep[i // n]), "truncated": clipped[i], "ps_prefix_steps": len(tasks[i // n]["steps"]),
-                **({"ps_ratio": tasks[i // n].get("ratio")} if kinds[i] != "fresh" else {}), **scored.columns(i)}
-                for i, ep in ((i, episodes[i]) for i in sample_log.pick(kinds))])
+        # ================ metrics ================
+        times = {"t_gen": t_gen, "t_train": t_train}
+        row = ps_grpo_metrics(
+            accelerator,
+            args,
+            step,
+            counters,
+            sums,
+            tasks,
+            episodes,
+            rewards,
+            success,
+            passes,
+            routes,
+            clipped,
+            keep,
+            trained_advantages,
+            scored,
+            control,
+            controllers,
+            len(queue),
+            dropped,
+            grad_norm,
+            scheduler.get_last_lr()[0],
+            times,
+        )
+
+        # ================ sample log, evaluation, the row, checkpoint, stop ================
+        evaluating = run_log.evaluation_due(step)
+        # a few fresh and (with PS) prefix-task rollouts
+        if run_log.samples.due(step, evaluating):
+            kinds = [task.kind for task in tasks for _ in range(n)]
+            picks = run_log.samples.pick(kinds)
+            step_samples = sample_rows(
+                tasks, episodes, prompts, advantages, keep, clipped, scored, n, tokenizer, picks
+            )
+            run_log.samples.log(step, step_samples)
         if evaluating:
             row.update(run_eval())
-        row.update(compiled.metrics(accelerator) if compiled else {})  # --torch_compile: compile time, recompiles
-        row["time_step_s"] = time.time() - t_start
-        row["num_threads"] = threads  # the step's count: with a fixed one the run repeats exactly
-        logger.log(row)
-        progress.update(1)
-        progress.set_postfix({"reward": f"{row['reward_mean']:.3f}", "zero_var": f"{row['frac_zero_var_groups']:.2f}",
-                              **({"eval": f"{row['eval_pass@1']:.3f}"} if "eval_pass@1" in row else {})})
+        run_log.end_step(row, time.time() - t_start, threads, compiled)
         stopping = stop.agreed(accelerator)
-        if (args.save_steps and step % args.save_steps == 0) or step == args.max_steps or stopping:
-            method = {"queue": queue, "ctrl": {category: asdict(controllers[category]) for category in CATEGORIES}}
-            if args.multiturn:  # where older checkpoints kept the environment's sampler
-                method["sampler"] = sampler.state_dict()
-            state = {"sampler": sampler.state_dict(), "counters": counters, "method": method}
-            path = checkpoint.save_checkpoint(args.output_dir, step, accelerator, model, tokenizer, optimizer,
-                                              scheduler, state, args.save_total_limit, args.lora_merged_export)
-            if stopping:
-                log(f"stopped at step {step}; continue with --resume_from_checkpoint auto (checkpoint {path})")
-                break
-    progress.close()
-    end_processes(accelerator)  # trackers finish and the process group ends now, not at exit: no hang, no abort
+        if checkpoints.due(step, stopping):
+            state = {
+                "sampler": sampler.state_dict(),
+                "counters": counters,
+                "method": method_state(queue, controllers),
+            }
+            checkpoints.save(step, state, stopping)
+        if stopping:
+            break
+    run_log.close()
+    # trackers finish and the process group ends now, not at exit: no hang
+    end_processes(accelerator)
     stop.close()
-    log(run_summary(args.output_dir, ["ps_prefix_pass_rate", "ps_trained_groups", "ps_ratio_hard", "ps_ratio_easy"]))
+    summary_keys = ["ps_prefix_pass_rate", "ps_trained_groups", "ps_ratio_hard", "ps_ratio_easy"]
+    log(run_summary(args.output_dir, summary_keys))
 
 
 if __name__ == "__main__":
-    raise SystemExit(main(parse_args(Args, description=__doc__.split("\n\n")[0])) or GracefulStop.exit_status())
+    raise SystemExit(
+        main(parse_args(Args, description=__doc__.split("\n\n")[0])) or GracefulStop.exit_status()
+    )

@@ -15,8 +15,8 @@ from common.generation.hf import Generations, SamplingConfig
 from common.demo.tiny_model import build_char_tokenizer
 from common.run.flags import parse_args
 from conftest import run_main, run_script
-from ps_grpo import (Args, PrefixController, attributed, prefix_steps, ps_loss, rollout_multiturn, rollout_text,
-                     route, split_lines)
+from ps_grpo import (Args, Attributed, BatchTask, PrefixController, attributed, prefix_steps, ps_loss,
+                     rollout_multiturn, rollout_text, route, split_lines)
 
 TOK = build_char_tokenizer()
 ENC = lambda s: TOK(s, add_special_tokens=False).input_ids
@@ -85,15 +85,15 @@ def test_default_controller_is_the_papers_single_ema():
     assert parse_args(Args, []).ema_reset is False and parse_args(Args, ["--ema_reset", "true"]).ema_reset is True
     c = PrefixController(0.25)
     assert c.update(0.9, **CTRL) == pytest.approx(0.05)  # a move...
-    assert c.n == 1 and c.ema(CTRL["alpha"]) == pytest.approx(0.9)  # ...keeps the EMA (the paper: never reset)
+    assert c.observations == 1 and c.ema(CTRL["alpha"]) == pytest.approx(0.9)  # ...keeps the EMA (the paper)
     c = PrefixController(0.25)
     c.update(0.9, **CTRL, reset=True)
-    assert c.n == 0 and c.ema(CTRL["alpha"]) is None  # our variant restarts it
+    assert c.observations == 0 and c.ema(CTRL["alpha"]) is None  # our variant restarts it
 
 
 def test_controller_ignores_steps_without_prefix_tasks_and_clamps():
     c = PrefixController(0.25)
-    assert c.update(None, **CTRL) == 0 and c.n == 0 and c.ema(0.05) is None
+    assert c.update(None, **CTRL) == 0 and c.observations == 0 and c.ema(0.05) is None
     c = PrefixController(0.93)
     assert c.update(1.0, **CTRL) == pytest.approx(0.02) and c.ratio == 0.95  # clamped to ratio_max
     for _ in range(20):
@@ -109,25 +109,23 @@ def test_controller_is_fed_only_prefix_tasks_built_with_its_current_ratio():
     c, cfg = PrefixController(0.25), {**CTRL, "cooldown": 0, "reset": True}
 
     def step(queue, k):  # run the queued prefix tasks (k of 8 pass), route a fresh one, then the controller update
-        tasks = queue + [{"id": 1, "cat": None, "steps": []}]
-        built = [{"id": 1, "cat": "hard", "steps": [None] * prefix_steps(20, "remaining", c.ratio, 1000),
-                  "T": 20, "ratio": c.ratio}]  # as in main(): tagged with the ratio that built it
+        tasks = queue + [BatchTask(1)]
+        # as in main(): tagged with the ratio that built it
+        built = [BatchTask(1, "hard", [None] * prefix_steps(20, "remaining", c.ratio, 1000), 20, c.ratio)]
         got = attributed(tasks, [k, 4], "hard", c.ratio)
-        c.update(got["success"] / (8 * got["tasks"]) if got["tasks"] else None, **cfg)
+        c.update(got.pass_rate(8), **cfg)
         return built, got
 
     queue, _ = step([], 4)  # no prefix task yet
     queue, got = step(queue, 8)  # tasks built at 0.25 all pass: harder
-    assert got == {"tasks": 1, "success": 8, "stale": 0} and c.ratio == pytest.approx(0.30) and c.n == 0
-    assert queue[0]["ratio"] == 0.25 and len(queue[0]["steps"]) == 15  # built in this step, before the move
+    assert got == Attributed(1, 8, 0) and c.ratio == pytest.approx(0.30) and c.observations == 0
+    assert queue[0].ratio == 0.25 and len(queue[0].steps) == 15  # built in this step, before the move
     queue, got = step(queue, 8)  # they replay 15 steps (ratio 0.25), not the 14 of 0.30
-    assert got == {"tasks": 0, "success": 0, "stale": 1}  # discarded as stale
-    assert c.ratio == pytest.approx(0.30) and c.n == 0 and c.ema(0.05) is None  # no second move on 0.25's evidence
+    assert got == Attributed(0, 0, 1)  # discarded as stale
+    # no second move on 0.25's evidence
+    assert c.ratio == pytest.approx(0.30) and c.observations == 0 and c.ema(0.05) is None
     queue, got = step(queue, 4)  # built at 0.30: the new EMA's first value
-    assert got["tasks"] == 1 and c.ema(0.05) == pytest.approx(0.5) and c.ratio == pytest.approx(0.30)
-    old_queue = [{"id": 0, "cat": "hard", "steps": [None], "T": 2}, {"id": 2, "cat": "easy", "steps": [None], "T": 2}]
-    assert attributed(old_queue, [8, 3], "hard", 0.25) == {"tasks": 0, "success": 0, "stale": 1}  # older checkpoints
-    assert attributed(old_queue, [8, 3], "easy", 0.25)["stale"] == 1  # recorded no ratio: not attributed either
+    assert got.tasks == 1 and c.ema(0.05) == pytest.approx(0.5) and c.ratio == pytest.approx(0.30)
 
 
 # ---------------- rollouts with a scripted policy ----------------
@@ -357,7 +355,7 @@ def test_resume_restores_queue_and_controller(mt_base, tmp_path):
     run_main([*base, "--output_dir", str(full), "--max_steps", "4"])
     run_main([*base, "--output_dir", str(part), "--max_steps", "2"])  # "killed" after step 2
     state = torch.load(part / "checkpoint-2" / "trainer_state.pt", weights_only=True)["state"]["method"]
-    assert set(state) == {"queue", "ctrl", "sampler"} and set(state["ctrl"]) == {"hard", "easy"}
+    assert set(state) == {"queue", "ctrl"} and set(state["ctrl"]) == {"hard", "easy"}
     run_main([*base, "--output_dir", str(part), "--max_steps", "4", "--resume_from_checkpoint", "auto"])
     a, b = _strip(_rows(full)), _strip(_rows(part))
     assert [r["step"] for r in b] == [0, 1, 2, 3, 4] and a == b
@@ -417,11 +415,11 @@ def _text_main(out, extra, monkeypatch, reward):
 
 
 def test_text_mode_sample_log_pass_at_k_and_sampler_agreement(tiny_base, tmp_path, monkeypatch):
-    import ps_grpo
+    from common.tasks import evaluation
 
     temps = []
-    real = ps_grpo.evaluate
-    monkeypatch.setattr(ps_grpo, "evaluate", lambda *a, **k: temps.append(a[5].temperature) or real(*a, **k))
+    real = evaluation.evaluate
+    monkeypatch.setattr(evaluation, "evaluate", lambda *a, **k: temps.append(a[5].temperature) or real(*a, **k))
     rows = _text_main(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "2", "--eval_steps", "0",
                                  "--eval_samples", "8", "--eval_temperature", "0", "--max_completion_length", "48",
                                  "--log_samples_every", "1", "--log_samples_per_kind", "2", "--prompts_per_step", "8"],

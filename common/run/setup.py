@@ -62,12 +62,13 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def load_training_policy(args, accelerator, log):
+def load_training_policy(args, accelerator, log, model_path: str | None = None):
     """The policy in fp32 master weights (--dtype is the compute dtype, under autocast), in training
     mode, with gradient checkpointing and LoRA as the flags ask. `embedded`: rank 0 builds (or
-    copies) the tiny Countdown model once and the others find it cached. Returns (policy, tokenizer,
-    model_path)."""
-    model_path = args.model_name_or_path
+    copies) the tiny Countdown model once and the others find it cached. `model_path`: the weights
+    to start from instead of --model_name_or_path (a script's own starting point, e.g. ps_grpo.py's
+    multi-turn warm-up). Returns (policy, tokenizer, model_path)."""
+    model_path = model_path or args.model_name_or_path
     if model_path == "embedded":
         from common.demo.tiny_model import ensure_embedded_base
 

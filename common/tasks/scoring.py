@@ -112,15 +112,3 @@ def reward_moments(totals: dict, count: float) -> tuple[float, float]:
     rated = max(1.0, count - totals["unscored"])
     mean = totals["reward_sum"] / rated
     return mean, math.sqrt(max(0.0, totals["reward_sq_sum"] / rated - mean**2))
-
-
-def fixed_scored(rewards: list[float], truncated: list[bool], success_reward: float) -> Scored:
-    """A built-in (environment's) reward's batch: a cut completion has no final answer: 0, never a
-    success."""
-    total = [0.0 if cut else float(reward) for reward, cut in zip(rewards, truncated)]
-    return Scored(
-        total,
-        {},
-        0.0,
-        [not cut and value >= success_reward for value, cut in zip(total, truncated)],
-    )
