@@ -104,10 +104,13 @@ def evaluate_train_prompts(score, examples: list) -> dict:
     return {name.replace("eval_", "eval_train_", 1): value for name, value in out.items()}
 
 
-def evaluate_policy(generator, tokenizer, task, encode, sampling, args, accelerator) -> dict:
+def evaluate_policy(
+    generator, tokenizer, task, encode, sampling, args, accelerator, train_first: bool = False
+) -> dict:
     """The evaluation every script logs: held-out pass@1 / pass@k (eval_*) and the same on a fixed sample of
     --eval_train_prompts training prompts (eval_train_*), the gap between the two being how much of the training
-    pool's fit carries over to new prompts."""
+    pool's fit carries over to new prompts. `train_first`: the training prompts are evaluated first; their sampling
+    runs on a copy of the random state, so the held-out samples are the same either way, and theirs are not."""
 
     def score(examples):
         return evaluate(
@@ -121,8 +124,12 @@ def evaluate_policy(generator, tokenizer, task, encode, sampling, args, accelera
             accelerator,
         )
 
-    out = score(task.eval)
-    out.update(
-        evaluate_train_prompts(score, train_prompt_sample(task.train, args.eval_train_prompts))
-    )
+    train_prompts = train_prompt_sample(task.train, args.eval_train_prompts)
+    if train_first:
+        train_fit = evaluate_train_prompts(score, train_prompts)
+        out = score(task.eval)
+    else:
+        out = score(task.eval)
+        train_fit = evaluate_train_prompts(score, train_prompts)
+    out.update(train_fit)
     return out
