@@ -9,7 +9,7 @@ import torch
 
 import ada_est
 import ada_seq
-from ada_seq import count_positive
+from common.rl.ada import count_positive
 from common.rl.losses import clipped_surrogate
 from common.rl.masking import pad_sequences, right_align
 
