@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
 
@@ -71,14 +70,3 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, accelerator=None, ep
     var = reduce({"sq": float((((values - mean) * mask) ** 2).sum())})["sq"] / count
     return (values - mean) / (math.sqrt(var) + eps) * mask
 
-
-def trained_advantage_metrics(trained: list[tuple[float, str]], prefix: str = "ada") -> dict:
-    """From (advantage, level tag) of every trained response (all ranks): <prefix>_trained_responses and the mean
-    advantage of the trained responses, overall and per level. Group-centred advantages (GRPO-n) average 0 within
-    each group; a pool-wide baseline applied to a downsampled group (Reinforce-Ada, Alg. 2 l. 18-19) need not, and
-    its sign per level says which prompts the step pushes up on net."""
-    out = {f"{prefix}_trained_responses": len(trained),
-           f"{prefix}_adv_mean_trained": float(np.mean([adv for adv, _ in trained])) if trained else None}
-    for tag in sorted({tag for _, tag in trained} - {""}):
-        out[f"{prefix}_adv_mean_trained_{tag}"] = float(np.mean([adv for adv, t in trained if t == tag]))
-    return out
