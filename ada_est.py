@@ -406,7 +406,7 @@ def main(args: Args) -> None:
                 train_first=True,
             )
 
-    # ---------------- resume, [EST] estimates, logs, step-0 evaluation ----------------
+    # ---------------- resume, the estimates, logs, step-0 evaluation ----------------
     checkpoints = Checkpoints(args, accelerator, model, tokenizer, optimizer, scheduler, log)
     start_step, saved = checkpoints.resume(sampler, generator, policy)
     counters = saved["counters"] if saved else {"rollouts": 0, "gen_tokens": 0}
@@ -627,7 +627,7 @@ def main(args: Args) -> None:
         run_log.end_step(row, time.time() - t_start, threads, compiled)
         stopping = stop.agreed(accelerator)
         if checkpoints.due(step, stopping):
-            # [EST] the estimator's counts
+            # the method's state: the estimator's counts
             method = {"counts": dict(counts)}
             state = {"sampler": sampler.state_dict(), "counters": counters, "method": method}
             checkpoints.save(step, state, stopping)
