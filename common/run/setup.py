@@ -175,9 +175,9 @@ def packed_row_tokens(args, device) -> int:
 
 
 def sampling_configs(args, logprobs: bool = True):
-    """(training, evaluation) sampling: rollouts at --temperature with their log-probs (`logprobs` False: without,
-    for a script that does not read them); the evaluation at --eval_temperature (default: --temperature; 0:
-    greedy) without."""
+    """(training, evaluation) sampling: rollouts at --temperature with their log-probs
+    (`logprobs` False: without, for a script that does not read them); the evaluation at
+    --eval_temperature (default: --temperature; 0: greedy) without."""
     from common.generation.hf import SamplingConfig
 
     eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature

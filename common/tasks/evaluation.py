@@ -109,8 +109,9 @@ def evaluate_policy(
 ) -> dict:
     """The evaluation every script logs: held-out pass@1 / pass@k (eval_*) and the same on a fixed sample of
     --eval_train_prompts training prompts (eval_train_*), the gap between the two being how much of the training
-    pool's fit carries over to new prompts. `train_first`: the training prompts are evaluated first; their sampling
-    runs on a copy of the random state, so the held-out samples are the same either way, and theirs are not."""
+    pool's fit carries over to new prompts.
+    `train_first`: the training prompts are evaluated first; their sampling runs on a copy of the
+    random state, so the held-out samples are the same either way, and theirs are not."""
 
     def score(examples):
         return evaluate(
