@@ -645,7 +645,7 @@ def evaluate_multiturn(generator, tokenizer, encode, train, held_out, args, acce
         return evaluate_episodes(generator, tokenizer, encode, examples, args, accelerator, cfg)
 
     # the training-pool sample first: it runs on a copy of the random state, so both draw from the
-    # same state (`evaluate_policy`'s train_first)
+    # same state (`evaluate_policy`'s train_prompts_first)
     train_fit = evaluate_train_prompts(score, train_prompt_sample(train, args.eval_train_prompts))
     out = score(held_out)
     out.update(train_fit)

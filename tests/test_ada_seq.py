@@ -226,7 +226,7 @@ def test_balanced_cost_is_u_shaped_in_p():
 
 def test_args_validation_and_defaults():
     a = Args()
-    assert a.quotas() == (2, 2) and Args(final_keep_per_prompt=5).quotas() == (2, 3)
+    assert a.quotas() == (2, 2) and Args(num_generations=5).quotas() == (2, 3)
     # SEQ-POS exits after one positive by default (the authors' code); the text's K_pos is a flag
     assert Args(exit_condition="positive").quotas() == (1, 2)
     assert Args(exit_condition="positive", k_pos=16).quotas() == (16, 2)

@@ -1,23 +1,26 @@
 """Group-relative advantages. `rewards` is [num_groups, group_size] (one row per prompt)."""
+
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 
 def grpo_advantages(rewards: torch.Tensor, scale: bool = True, eps: float = 1e-6) -> torch.Tensor:
     """A_i = (R_i - mean R) / (std R + eps) when `scale`, else R_i - mean R (Dr. GRPO).
 
-    std is the group's population std (divided by k). TRL 1.16's GRPOTrainer (`scale_rewards='group'`: its `nanstd`,
-    Bessel-corrected, + 1e-4) and verl's `compute_grpo_outcome_advantage` (`torch.std`, + 1e-6) take the sample std
-    (k - 1), so a mixed group's advantages here are sqrt(k / (k - 1)) times theirs: 1.155x at k = 4. The benchmark's
-    GRPO runs (`pros_ppo.py --adv grpo`) were made with this std; docs/pros_ppo.md and docs/ps_grpo.md say so.
+    std is the group's population std (divided by k). TRL 1.16's GRPOTrainer
+    (`scale_rewards='group'`: its `nanstd`, Bessel-corrected, + 1e-4) and verl's
+    `compute_grpo_outcome_advantage` (`torch.std`, + 1e-6) take the sample std (k - 1), so a mixed
+    group's advantages here are sqrt(k / (k - 1)) times theirs: 1.155x at k = 4. The benchmark's
+    GRPO runs (`pros_ppo.py --adv grpo`) were made with this std; docs/pros_ppo.md and
+    docs/ps_grpo.md say so.
     """
-    if torch.isnan(rewards).any():  # NaN: no reward; left out of the group's mean and std, advantage 0 (as TRL)
+    # NaN: no reward; left out of the group's mean and std, advantage 0 (as TRL)
+    if torch.isnan(rewards).any():
         mean = rewards.nanmean(-1, keepdim=True)
         centred = rewards - mean
         if scale:
-            centred = centred / ((centred ** 2).nanmean(-1, keepdim=True).sqrt() + eps)
+            centred = centred / ((centred**2).nanmean(-1, keepdim=True).sqrt() + eps)
         return torch.nan_to_num(centred, nan=0.0)
     centred = rewards - rewards.mean(-1, keepdim=True)
     if not scale:
@@ -26,22 +29,10 @@ def grpo_advantages(rewards: torch.Tensor, scale: bool = True, eps: float = 1e-6
 
 
 def zero_variance(rewards: torch.Tensor, tol: float = 1e-9) -> torch.Tensor:
-    """[num_groups] bool: every sample of the group got the same reward (so every advantage is 0); NaN rewards (none)
-    are left out."""
+    """[num_groups] bool: every sample of the group got the same reward (so every advantage is 0);
+    NaN rewards (none) are left out."""
     if torch.isnan(rewards).any():
         high = torch.nan_to_num(rewards, nan=-torch.inf).max(-1).values
         low = torch.nan_to_num(rewards, nan=torch.inf).min(-1).values
         return ~(high - low > tol)  # a group with at most one reward has no spread either
     return (rewards.max(-1).values - rewards.min(-1).values) <= tol
-
-
-def trained_advantage_metrics(trained: list[tuple[float, str]], prefix: str = "ada") -> dict:
-    """From (advantage, level tag) of every trained response (all ranks): <prefix>_trained_responses and the mean
-    advantage of the trained responses, overall and per level. Group-centred advantages (GRPO-n) average 0 within
-    each group; a pool-wide baseline applied to a downsampled group (Reinforce-Ada, Alg. 2 l. 18-19) need not, and
-    its sign per level says which prompts the step pushes up on net."""
-    out = {f"{prefix}_trained_responses": len(trained),
-           f"{prefix}_adv_mean_trained": float(np.mean([adv for adv, _ in trained])) if trained else None}
-    for tag in sorted({tag for _, tag in trained} - {""}):
-        out[f"{prefix}_adv_mean_trained_{tag}"] = float(np.mean([adv for adv, t in trained if t == tag]))
-    return out

@@ -181,14 +181,15 @@ def packed_row_tokens(args, device) -> int:
     return args.pack_row_tokens or (2048 if device.type == "cuda" else 128)
 
 
-def sampling_configs(args):
-    """(training, evaluation) sampling: rollouts at --temperature with their log-probs; the
-    evaluation at --eval_temperature (default: --temperature; 0: greedy) without."""
+def sampling_configs(args, logprobs: bool = True):
+    """(training, evaluation) sampling: rollouts at --temperature with their log-probs
+    (`logprobs` False: without, for a script that does not read them); the evaluation at
+    --eval_temperature (default: --temperature; 0: greedy) without."""
     from common.generation.hf import SamplingConfig
 
     eval_temperature = args.temperature if args.eval_temperature is None else args.eval_temperature
     sampling = SamplingConfig(
-        max_new_tokens=args.max_completion_length, temperature=args.temperature
+        max_new_tokens=args.max_completion_length, temperature=args.temperature, logprobs=logprobs
     )
     eval_sampling = SamplingConfig(
         max_new_tokens=args.max_completion_length, temperature=eval_temperature, logprobs=False
