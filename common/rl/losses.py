@@ -1,4 +1,4 @@
-"""Per-token loss terms shared by the scripts. All take [B, R] tensors over the completion region."""
+"""Per-token loss terms the scripts share; all take [B, R] tensors over the completion region."""
 
 from __future__ import annotations
 
