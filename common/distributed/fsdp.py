@@ -48,37 +48,50 @@ def shard(model: torch.nn.Module, compute_dtype: str = "float32") -> torch.nn.Mo
         if compute_dtype != "float32" and storage == torch.float32 else MixedPrecisionPolicy()
     for layer in layers:
         fully_shard(layer, mp_policy=mixed)
-    fully_shard(model, mp_policy=mixed)
+    fully_shard(model, mp_policy=mixed, reshard_after_forward=reshards_after_forward(model, model))
     return model
+
+
+def reshards_after_forward(unit, model) -> bool:
+    """The reshard-after-forward setting `shard` gives `unit` of `model` (`whole_weights` restores
+    it): a decoder layer frees its weights after each forward (gathered again in backward); the root
+    (embeddings, final norm, head) of a trained model stays whole until its backward frees it
+    (FSDP2's root default); a frozen model's root, which no backward frees, after each forward."""
+    return unit is not model or not any(param.requires_grad for param in model.parameters())
 
 
 @contextlib.contextmanager
 def whole_weights(models: list):
     """Whole weights of the sharded `models` for the duration: one all-gather per unit on entry (every rank must
     enter), no communication inside, shards restored on exit."""
-    units = [module for model in models for module in model.modules() if isinstance(module, FSDPModule)]
-    for unit in units:
+    units = [(unit, model) for model in models for unit in model.modules()
+             if isinstance(unit, FSDPModule)]
+    for unit, _ in units:
         unit.unshard()
         unit.set_reshard_after_forward(False, recurse=False)
     try:
         yield
     finally:
-        for unit in units:
+        for unit, model in units:
             unit.reshard()
-            unit.set_reshard_after_forward(True, recurse=False)
+            unit.set_reshard_after_forward(reshards_after_forward(unit, model), recurse=False)
 
 
 def sharded_micro_batches(chunks: list[list[int]], accelerator, model, peers=()):
     """`micro_batches` for a wrapped model (FSDP, whose every forward all-gathers, or DDP, whose forwards broadcast
     buffers): all ranks run the largest rank's number of micro-batches (at least one), a rank with fewer making
     zero-weight passes (`dummy_pass`) through `model` and `peers` (the sharded models the loop body also runs, in
-    that order); gradients are reduced once, in the last one. Under no_grad (scoring) each FSDP root is freed after
-    its forward too (FSDP keeps a root whole for the backward, and none follows), so one model's root and one layer
-    are whole at a time."""
+    that order); gradients are reduced once, in the last one. Every FSDP root is freed after its
+    forward, except `model`'s in grad mode, kept whole until its backward: one model's root and one
+    layer are whole at a time, and nothing stays gathered after the passes (a frozen peer's root
+    included)."""
     sharded = isinstance(model, FSDPModule)
-    roots = [net for net in (model, *peers) if isinstance(net, FSDPModule)] if not torch.is_grad_enabled() else []
+    # every rank sets its roots before its first pass, whatever path its rows take (none:
+    # zero-weight passes only), so all ranks issue the same gathers in forward and backward
+    roots = [net for net in (model, *peers) if isinstance(net, FSDPModule)]
     for root in roots:
-        root.set_reshard_after_forward(True, recurse=False)
+        keep = root is model and torch.is_grad_enabled()
+        root.set_reshard_after_forward(not keep, recurse=False)
     counts = torch.tensor([len(chunks)], device=accelerator.device)
     if accelerator.num_processes > 1:
         dist.all_reduce(counts, op=dist.ReduceOp.MAX)
@@ -92,7 +105,7 @@ def sharded_micro_batches(chunks: list[list[int]], accelerator, model, peers=())
             else:
                 dummy_pass(model, peers)
     for root in roots:
-        root.set_reshard_after_forward(False, recurse=False)  # a root's default: kept whole from forward to backward
+        root.set_reshard_after_forward(reshards_after_forward(root, root), recurse=False)
 
 
 def full_state_dict(model) -> dict:

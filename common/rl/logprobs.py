@@ -102,11 +102,8 @@ def _hidden_logprobs(model, head, kwargs: dict, pick, targets: torch.Tensor, tem
                      entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """`ChunkedLogProbs` through `head` (in autocast's dtype) on the model's last hidden states, `pick`ed to [N, H]
     (the model computes no logits: an empty `logits_to_keep`)."""
-    from torch.distributed.fsdp import FSDPModule
-
     device = kwargs["input_ids"].device
-    if isinstance(model, FSDPModule):  # the root (embeddings, norm, head) whole from this forward to its backward:
-        model.set_reshard_after_forward(False, recurse=False)  # FSDP2's root default, which `whole_weights` undoes
+    # under FSDP the head's weight is whole here: a trained root stays gathered until its backward
     last = [_unwrapped(model).config.num_hidden_layers - 1]  # only the last layer's state kept (not all: no_grad)
     out = model(**kwargs, logits_to_keep=torch.zeros(0, dtype=torch.long, device=device), output_hidden_states=last,
                 use_cache=False)
