@@ -1,7 +1,8 @@
-"""Multi-process helpers: this rank's share of a batch, sums and lists over ranks, micro-batches whose gradient
-all-reduce happens once (every rank joining it whatever its share), whole weights of FSDP-sharded models for
-generation, a graceful stop on SIGINT / SIGTERM that every rank agrees on, one line for a collective that timed out,
-and an end of the process group that exits cleanly."""
+"""Multi-process helpers: this rank's share of a batch, sums and lists over ranks, micro-batches
+whose gradient all-reduce happens once (every rank joining it whatever its share), whole weights of
+FSDP-sharded models for generation, a graceful stop on SIGINT / SIGTERM that every rank agrees on,
+one line for a collective that timed out, and an end of the process group that exits cleanly."""
+
 from __future__ import annotations
 
 import contextlib
@@ -19,9 +20,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 
 def my_indices(num: int, accelerator) -> list[int]:
-    """The positions of this rank's share of a global list of `num` items: every world-th one from its rank on
-    (shares differ by at most one item). Strided, not contiguous: a batch that puts one kind of row first (prefix
-    tasks, stream queries) gives every rank its part of each kind, as one process would see them."""
+    """The positions of this rank's share of a global list of `num` items: every world-th one from
+    its rank on (shares differ by at most one item). Strided, not contiguous: a batch that puts one
+    kind of row first (prefix tasks, stream queries) gives every rank its part of each kind, as one
+    process would see them."""
     return list(range(accelerator.process_index, num, accelerator.num_processes))
 
 
@@ -31,9 +33,10 @@ def my_slice(items, accelerator) -> list:
 
 
 def rank_mean(accelerator, value: float) -> float:
-    """The mean over ranks of a per-rank count (its global sum / the number of ranks). DDP and FSDP average the
-    ranks' gradients, so a rank's loss sum divided by this is, after that average, the global sum over the global
-    count: the same objective on any number of processes, whatever each rank's share of rows (zero included)."""
+    """The mean over ranks of a per-rank count (its global sum / the number of ranks). DDP and FSDP
+    average the ranks' gradients, so a rank's loss sum divided by this is, after that average, the
+    global sum over the global count: the same objective on any number of processes, whatever each
+    rank's share of rows (zero included)."""
     return reduce_sums(accelerator, {"value": value})["value"] / accelerator.num_processes
 
 
@@ -42,7 +45,9 @@ def reduce_sums(accelerator, sums: dict[str, float]) -> dict[str, float]:
     if accelerator.num_processes == 1:
         return {key: float(value) for key, value in sums.items()}
     keys = list(sums)
-    packed = torch.tensor([float(sums[key]) for key in keys], dtype=torch.float64, device=accelerator.device)
+    packed = torch.tensor(
+        [float(sums[key]) for key in keys], dtype=torch.float64, device=accelerator.device
+    )
     return dict(zip(keys, accelerator.reduce(packed, reduction="sum").tolist()))
 
 
@@ -56,18 +61,20 @@ def gather_list(accelerator, items: list) -> list:
 
 
 def first_failure(accelerator, failed: list[str]) -> str | None:
-    """Every rank: None when no rank failed, else the first failing rank's first reason (the same on every rank)."""
-    # a float all-reduce first: gather_list pickles into tensors that reference Python memory, and gloo may free
-    # those in its own thread while the run destroys its process group (a deadlock on the GIL); gather only to stop
+    """Every rank: None when no rank failed, else the first failing rank's first reason (the same on
+    every rank)."""
+    # a float all-reduce first: gather_list pickles into tensors that reference Python memory, and
+    # gloo may free those in its own thread while the run destroys its process group (a deadlock on
+    # the GIL); gather only to stop
     if not reduce_sums(accelerator, {"failed": float(len(failed))})["failed"]:
         return None
     return gather_list(accelerator, [str(reason).strip().splitlines()[0] for reason in failed])[0]
 
 
 def stop_every_rank(accelerator, message: str) -> None:
-    """Stop the run on every rank (each calls this) with `message`: printed once per machine, by its first process,
-    before any rank exits (a launcher ends the other processes as soon as one exits); the process group ends, then
-    exit status 1."""
+    """Stop the run on every rank (each calls this) with `message`: printed once per machine, by its
+    first process, before any rank exits (a launcher ends the other processes as soon as one exits);
+    the process group ends, then exit status 1."""
     if accelerator.num_processes == 1:
         raise SystemExit(message)
     if accelerator.is_local_main_process:
@@ -78,7 +85,8 @@ def stop_every_rank(accelerator, message: str) -> None:
 
 
 def token_budget_cuts(lengths: list[int], max_tokens: int) -> list[int]:
-    """Start rows of consecutive micro-batches of at most `max_tokens` tokens (a longer row goes alone)."""
+    """Start rows of consecutive micro-batches of at most `max_tokens` tokens (a longer row goes
+    alone)."""
     starts, used = [], max_tokens + 1
     for i, length in enumerate(lengths):
         if used + length > max_tokens:
@@ -88,38 +96,56 @@ def token_budget_cuts(lengths: list[int], max_tokens: int) -> list[int]:
     return starts
 
 
-def micro_batches(num_rows: int, size: int, accelerator, model, peers=(), lengths: list[int] | None = None,
-                  max_tokens: int = 0):
-    """Yield the row indices of each micro-batch (`size` rows, or with `max_tokens` > 0 as many rows as fit that many
-    of their `lengths` tokens); the loop body runs the forward and `backward`. Under DDP the all-reduce is skipped
-    (`no_sync`) on all but the last, so gradients are summed locally and synced once. With no rows nothing is
-    yielded. A wrapped model (DDP or `--fsdp`) communicates in its forwards (DDP: buffer broadcasts; FSDP:
-    all-gathers) and backward, so every rank runs the same number of micro-batches, the largest rank's (at least
-    one; `common.distributed.fsdp.sharded_micro_batches`): a rank with fewer rows, or none, makes zero-weight passes through
-    `model` (and `peers`, the sharded frozen models the body also runs, e.g. the reference: FSDP only) for the rest.
-    Also under no_grad (scoring: no backward; FSDP gathers one layer at a time). An unwrapped model (one process,
-    or no-grad scoring through the bare policy under DDP) runs only its own micro-batches; with none, a zero loss
-    is back-propagated here (grad mode), so the optimizer steps on zero gradients as every rank of several
-    processes does then (Adam's momentum carries on)."""
-    starts = token_budget_cuts(lengths, max_tokens) if max_tokens > 0 else list(range(0, num_rows, size))
+def micro_batches(
+    num_rows: int,
+    size: int,
+    accelerator,
+    model,
+    peers=(),
+    lengths: list[int] | None = None,
+    max_tokens: int = 0,
+):
+    """Yield the row indices of each micro-batch (`size` rows, or with `max_tokens` > 0 as many rows
+    as fit that many of their `lengths` tokens); the loop body runs the forward and `backward`.
+    Under DDP the all-reduce is skipped (`no_sync`) on all but the last, so gradients are summed
+    locally and synced once. With no rows nothing is yielded. A wrapped model (DDP or `--fsdp`)
+    communicates in its forwards (DDP: buffer broadcasts; FSDP: all-gathers) and backward, so every
+    rank runs the same number of micro-batches, the largest rank's (at least one;
+    `common.distributed.fsdp.sharded_micro_batches`): a rank with fewer rows, or none, makes
+    zero-weight passes through `model` (and `peers`, the sharded frozen models the body also runs,
+    e.g. the reference: FSDP only) for the rest. Also under no_grad (scoring: no backward; FSDP
+    gathers one layer at a time). An unwrapped model (one process, or no-grad scoring through the
+    bare policy under DDP) runs only its own micro-batches; with none, a zero loss is
+    back-propagated here (grad mode), so the optimizer steps on zero gradients as every rank of
+    several processes does then (Adam's momentum carries on)."""
+    starts = (
+        token_budget_cuts(lengths, max_tokens) if max_tokens > 0 else list(range(0, num_rows, size))
+    )
     chunks = [list(range(start, end)) for start, end in zip(starts, starts[1:] + [num_rows])]
-    if isinstance(model, FSDPModule) or (accelerator.num_processes > 1 and isinstance(model, DistributedDataParallel)):
+    if isinstance(model, FSDPModule) or (
+        accelerator.num_processes > 1 and isinstance(model, DistributedDataParallel)
+    ):
         from common.distributed.fsdp import sharded_micro_batches
 
-        # Joining by zero-weight passes rather than DDP's join(): one mechanism for DDP and FSDP (whose forwards
-        # all-gather, which join() does not shadow), every collective runs as usual, and a pass costs one token.
-        yield from sharded_micro_batches(chunks, accelerator, model, peers if isinstance(model, FSDPModule) else ())
+        # Joining by zero-weight passes rather than DDP's join(): one mechanism for DDP and FSDP
+        # (whose forwards all-gather, which join() does not shadow), every collective runs as usual,
+        # and a pass costs one token.
+        yield from sharded_micro_batches(
+            chunks, accelerator, model, peers if isinstance(model, FSDPModule) else ()
+        )
         return
-    if not chunks and torch.is_grad_enabled():  # zero gradients: the optimizer steps as a rank of several would
+    # zero gradients: the optimizer steps as a rank of several would
+    if not chunks and torch.is_grad_enabled():
         accelerator.backward(sum(p.sum() * 0.0 for p in model.parameters() if p.requires_grad))
     yield from chunks
 
 
 def gathered(*models, enabled: bool = True):
-    """Context: whole weights of the FSDP-sharded `models` inside the block (HF generation, the demo's seed scoring:
-    see common/distributed/fsdp.py); a no-op for unsharded models and None, and with `enabled=False`: the scripts pass
-    `enabled=generator.reads_policy` around generation, since a vLLM engine samples from its own pushed copy and
-    gathering would only put the whole policy next to vLLM's weights and KV cache on every rank."""
+    """Context: whole weights of the FSDP-sharded `models` inside the block (HF generation, the
+    demo's seed scoring: see common/distributed/fsdp.py); a no-op for unsharded models and None, and
+    with `enabled=False`: the scripts pass `enabled=generator.reads_policy` around generation, since
+    a vLLM engine samples from its own pushed copy and gathering would only put the whole policy
+    next to vLLM's weights and KV cache on every rank."""
     sharded = [model for model in models if isinstance(model, FSDPModule)] if enabled else []
     if not sharded:
         return contextlib.nullcontext()
@@ -129,13 +155,13 @@ def gathered(*models, enabled: bool = True):
 
 
 class GracefulStop:
-    """First Ctrl-C / SIGTERM: finish the current step, then stop (the script saves a checkpoint, and its process
-    exits with `exit_status()`: 128 + the signal's number, as a shell reports a process the signal ended).
-    A second signal raises KeyboardInterrupt at once."""
+    """First Ctrl-C / SIGTERM: finish the current step, then stop (the script saves a checkpoint,
+    and its process exits with `exit_status()`: 128 + the signal's number, as a shell reports a
+    process the signal ended). A second signal raises KeyboardInterrupt at once."""
 
     received: list[int] = []
-    """every signal any GracefulStop of this process took: a program that runs a script's main() in its own process
-    learns from it that a stop was asked for while the script held the signals"""
+    """every signal any GracefulStop of this process took: a program that runs a script's main() in
+    its own process learns from it that a stop was asked for while the script held the signals"""
     stopped = 0
     """the exit status of a run that a signal stopped (0: none did), for the script's process"""
 
@@ -143,10 +169,13 @@ class GracefulStop:
         self.requested = False
         GracefulStop.stopped = 0
         self.log = log
-        self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        self.previous = {
+            sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)
+        }
 
     def close(self) -> None:
-        """Give the signals back to their previous handlers (a script's main() may run inside another program)."""
+        """Give the signals back to their previous handlers (a script's main() may run inside
+        another program)."""
         for sig, handler in self.previous.items():
             signal.signal(sig, handler)
 
@@ -155,30 +184,39 @@ class GracefulStop:
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        self.log(f"\nsignal {signum}: saving a checkpoint after this step, then stopping (again to abort)")
+        self.log(
+            f"\nsignal {signum}: saving a checkpoint after this step, then stopping (again to "
+            "abort)"
+        )
 
     def agreed(self, accelerator) -> bool:
-        """True on every rank when any rank was signalled (all must stop together, or a collective hangs)."""
+        """True on every rank when any rank was signalled (all must stop together, or a collective
+        hangs)."""
         if reduce_sums(accelerator, {"stop": float(self.requested)})["stop"] == 0:
             return False
         # this rank's signal, or (another rank was signalled) the scheduler's usual one
-        GracefulStop.stopped = 128 + (GracefulStop.received[-1] if self.requested else signal.SIGTERM)
+        GracefulStop.stopped = 128 + (
+            GracefulStop.received[-1] if self.requested else signal.SIGTERM
+        )
         return True
 
     @staticmethod
     def exit_status() -> int:
-        """0 for a finished run, 128 + the signal's number (130 SIGINT, 143 SIGTERM) for one a signal stopped."""
+        """0 for a finished run, 128 + the signal's number (130 SIGINT, 143 SIGTERM) for one a
+        signal stopped."""
         return GracefulStop.stopped
 
 
 def end_processes(accelerator, settle_s: float = 0.2) -> None:
-    """Finish the trackers, destroy the process group and give back the output folder, at the end of a run.
+    """Finish the trackers, destroy the process group and give back the output folder, at the end of
+    a run.
 
-    The group is destroyed here, not at interpreter exit (a gloo group alive at exit can abort the process). Its last
-    reference may go later, with the DDP/FSDP model, and that destructor joins gloo's worker threads while holding
-    the GIL. A worker still dropping its last collective's tensors needs the GIL for that (torch keeps a tensor's
-    Python object alive while C++ holds the tensor), so the join would wait forever: a hang after the run's last
-    line. Sleeping `settle_s` first releases the GIL so every worker finishes; no collective starts after it."""
+    The group is destroyed here, not at interpreter exit (a gloo group alive at exit can abort the
+    process). Its last reference may go later, with the DDP/FSDP model, and that destructor joins
+    gloo's worker threads while holding the GIL. A worker still dropping its last collective's
+    tensors needs the GIL for that (torch keeps a tensor's Python object alive while C++ holds the
+    tensor), so the join would wait forever: a hang after the run's last line. Sleeping `settle_s`
+    first releases the GIL so every worker finishes; no collective starts after it."""
     from common.run.folder_lock import release_all
 
     if accelerator.num_processes > 1:
@@ -188,11 +226,12 @@ def end_processes(accelerator, settle_s: float = 0.2) -> None:
 
 
 def collective_timeout(seconds: int) -> list:
-    """`Accelerator(kwargs_handlers=...)` for a process group whose collectives give up after `seconds`
-    (--collective_timeout), and a `sys.excepthook` for what a rank raises then: one line naming the step and the
-    phase (`timeout_line`) and exit status 1, not a traceback per rank (any other error, or one process, keeps its
-    traceback). The exit skips the interpreter's teardown, which would wait on the broken group; a checkpoint is
-    written to a temporary folder and renamed whole, so the last one stays whole."""
+    """`Accelerator(kwargs_handlers=...)` for a process group whose collectives give up after
+    `seconds` (--collective_timeout), and a `sys.excepthook` for what a rank raises then: one line
+    naming the step and the phase (`timeout_line`) and exit status 1, not a traceback per rank (any
+    other error, or one process, keeps its traceback). The exit skips the interpreter's teardown,
+    which would wait on the broken group; a checkpoint is written to a temporary folder and renamed
+    whole, so the last one stays whole."""
     from accelerate.utils import InitProcessGroupKwargs
 
     previous = sys.excepthook
@@ -200,8 +239,9 @@ def collective_timeout(seconds: int) -> list:
     def hook(kind, error, trace):
         if int(os.environ.get("WORLD_SIZE", "1")) < 2 or not _is_collective_error(error):
             return previous(kind, error, trace)
-        # the process's own stderr: torch.distributed's hook, installed over this one with the group, calls it with
-        # sys.stderr swapped for a buffer that it prints only after this hook returns, and this hook does not return
+        # the process's own stderr: torch.distributed's hook, installed over this one with the
+        # group, calls it with sys.stderr swapped for a buffer that it prints only after this hook
+        # returns, and this hook does not return
         print(timeout_line(error, trace, seconds), file=sys.__stderr__, flush=True)
         sys.stdout.flush()
         from common.run.folder_lock import release_all
@@ -219,14 +259,23 @@ def _is_collective_error(error: BaseException) -> bool:
         return True
     text = str(error)
     return isinstance(error, RuntimeError) and any(
-        mark in text for mark in ("Timed out", "timed out", "Connection closed by peer", "Connection reset by peer",
-                                  "gloo", "NCCL", "Broken pipe"))
+        mark in text
+        for mark in (
+            "Timed out",
+            "timed out",
+            "Connection closed by peer",
+            "Connection reset by peer",
+            "gloo",
+            "NCCL",
+            "Broken pipe",
+        )
+    )
 
 
 def timeout_line(error: BaseException, trace, seconds: int) -> str:
-    """One line for a collective that failed: the rank, the step (the `step` of the method script's main, or
-    set-up before its loop), the phase (the script's line that was running, with its source, and the innermost
-    line of this project's code that was waiting) and what to do."""
+    """One line for a collective that failed: the rank, the step (the `step` of the method script's
+    main, or set-up before its loop), the phase (the script's line that was running, with its
+    source, and the innermost line of this project's code that was waiting) and what to do."""
     root, step, lines = Path(__file__).resolve().parents[2], None, []
     while trace is not None:
         frame, path = trace.tb_frame, Path(trace.tb_frame.f_code.co_filename).resolve()
@@ -237,7 +286,11 @@ def timeout_line(error: BaseException, trace, seconds: int) -> str:
                 step, lines = frame.f_locals["step"], lines[-1:]
         trace = trace.tb_next
     where = lines[0] + (f", waiting in {lines[-1]}" if len(lines) > 1 else "") if lines else "?"
-    return (f"rank {os.environ.get('RANK', '0')}: step {step if step is not None else '(set-up)'}, phase {where}: a "
-            f"collective waited longer than --collective_timeout {seconds} s or a peer process left "
-            f"({type(error).__name__}); stopping. Another rank is stalled or gone; the last checkpoint is whole: "
-            "continue with --resume_from_checkpoint auto")
+    return (
+        f"rank {os.environ.get('RANK', '0')}: step {step if step is not None else '(set-up)'}, "
+        f"phase {where}: a "
+        f"collective waited longer than --collective_timeout {seconds} s or a peer process left "
+        f"({type(error).__name__}); stopping. Another rank is stalled or gone; the last checkpoint "
+        "is whole: "
+        "continue with --resume_from_checkpoint auto"
+    )

@@ -1,40 +1,54 @@
-"""Per-token log-probs and entropies of the completion region, log p(token) = logit[token] - logsumexp(logits), a
-chunk of tokens at a time (`ChunkedLogProbs`), each chunk recomputed in backward from the saved input: autograd keeps
-H values per token, not 4 x V bytes (8 x V with the entropy bonus) of float32 softmax. With a plain linear head
-(`head_of`) the model returns its last hidden states and no logits, and the head runs here a chunk at a time, so no
-[tokens, V] tensor exists; otherwise (a LoRA'd or scaled head, FSDP's no-grad scoring, the compiled packed forward)
-the model's logits are the input, kept for backward in the model's dtype.
+"""Per-token log-probs and entropies of the completion region, log p(token) = logit[token] -
+logsumexp(logits), a chunk of tokens at a time (`ChunkedLogProbs`), each chunk recomputed in
+backward from the saved input: autograd keeps H values per token, not 4 x V bytes (8 x V with the
+entropy bonus) of float32 softmax. With a plain linear head (`head_of`) the model returns its last
+hidden states and no logits, and the head runs here a chunk at a time, so no [tokens, V] tensor
+exists; otherwise (a LoRA'd or scaled head, FSDP's no-grad scoring, the compiled packed forward) the
+model's logits are the input, kept for backward in the model's dtype.
 """
+
 from __future__ import annotations
 
 import torch
 
 from common.rl.masking import Batch, pad_sequences, unpad_completion
 
-CHUNK_TOKENS = 512  # tokens per chunk: a few float32 [chunk, V] temporaries (0.3 GB each at V = 152k)
-# model types whose output head is a plain linear map of the last hidden state (no softcap or logit scale)
+# tokens per chunk: a few float32 [chunk, V] temporaries (0.3 GB each at V = 152k)
+CHUNK_TOKENS = 512
+# model types whose output head is a plain linear map of the last hidden state (no softcap or logit
+# scale)
 PLAIN_HEADS = ("llama", "qwen2", "qwen3", "mistral")
 
 
 def _chunk_logits(inputs: torch.Tensor, weight, dtype, temperature: float) -> torch.Tensor:
-    """float32 logits / temperature of a chunk of logits, or of hidden states through `weight` in `dtype`."""
-    return (inputs if weight is None else torch.nn.functional.linear(inputs.to(dtype), weight)).float() / temperature
+    """float32 logits / temperature of a chunk of logits, or of hidden states through `weight` in
+    `dtype`."""
+    return (
+        inputs if weight is None else torch.nn.functional.linear(inputs.to(dtype), weight)
+    ).float() / temperature
 
 
 class ChunkedLogProbs(torch.autograd.Function):
-    """(log p(target), entropy) per token from hidden states [N, H] and the head's weight [V, H] (or logits [N, V],
-    weight None), `chunk` tokens at a time; backward recomputes each chunk: for x = logits / temperature,
-    d log p / dx = onehot - p and d entropy / dx = -p (x - E_p[x]), the latter only with `entropy_grad`."""
+    """(log p(target), entropy) per token from hidden states [N, H] and the head's weight [V, H] (or
+    logits [N, V], weight None), `chunk` tokens at a time; backward recomputes each chunk: for x =
+    logits / temperature, d log p / dx = onehot - p and d entropy / dx = -p (x - E_p[x]), the latter
+    only with `entropy_grad`."""
 
     @staticmethod
-    def forward(ctx, inputs, weight, targets, temperature: float, chunk: int, entropy_grad: bool, dtype):
-        lps, ents = [inputs.new_zeros(0, dtype=torch.float32)], [inputs.new_zeros(0, dtype=torch.float32)]
-        with torch.autocast(inputs.device.type, enabled=False):  # the compute dtype is explicit: `dtype`
+    def forward(
+        ctx, inputs, weight, targets, temperature: float, chunk: int, entropy_grad: bool, dtype
+    ):
+        lps, ents = (
+            [inputs.new_zeros(0, dtype=torch.float32)],
+            [inputs.new_zeros(0, dtype=torch.float32)],
+        )
+        # the compute dtype is explicit: `dtype`
+        with torch.autocast(inputs.device.type, enabled=False):
             head = None if weight is None else weight.to(dtype)
             for start in range(0, inputs.shape[0], chunk):
-                x = _chunk_logits(inputs[start:start + chunk], head, dtype, temperature)
+                x = _chunk_logits(inputs[start : start + chunk], head, dtype, temperature)
                 lse = torch.logsumexp(x, dim=-1)
-                lps.append(x.gather(-1, targets[start:start + chunk, None]).squeeze(-1) - lse)
+                lps.append(x.gather(-1, targets[start : start + chunk, None]).squeeze(-1) - lse)
                 ents.append(lse - (torch.softmax(x, dim=-1) * x).sum(-1))
         ctx.save_for_backward(inputs, weight, targets)
         ctx.settings = temperature, chunk, entropy_grad, dtype
@@ -49,7 +63,11 @@ class ChunkedLogProbs(torch.autograd.Function):
         temperature, chunk, entropy_grad, dtype = ctx.settings
         need_inputs, need_weight = ctx.needs_input_grad[:2]
         grad_inputs = torch.empty_like(inputs) if need_inputs else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_weight else None
+        grad_weight = (
+            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+            if need_weight
+            else None
+        )
         with torch.autocast(inputs.device.type, enabled=False):
             head = None if weight is None else weight.to(dtype)
             for start in range(0, inputs.shape[0], chunk):
@@ -59,7 +77,9 @@ class ChunkedLogProbs(torch.autograd.Function):
                 grad = probs * -grad_lp[start:end, None]
                 grad.scatter_add_(-1, targets[start:end, None], grad_lp[start:end, None])
                 if entropy_grad:
-                    grad -= grad_ent[start:end, None] * probs * (x - (probs * x).sum(-1, keepdim=True))
+                    grad -= (
+                        grad_ent[start:end, None] * probs * (x - (probs * x).sum(-1, keepdim=True))
+                    )
                 grad /= temperature
                 if weight is not None:
                     grad = grad.to(dtype)
@@ -67,15 +87,35 @@ class ChunkedLogProbs(torch.autograd.Function):
                         grad_weight += grad.T @ inputs[start:end].to(dtype)
                 if need_inputs:
                     grad_inputs[start:end] = grad if weight is None else grad @ head
-        return grad_inputs, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None, None, None
+        return (
+            grad_inputs,
+            None if grad_weight is None else grad_weight.to(weight.dtype),
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 
-def logprobs_from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0,
-                         chunk_size: int = CHUNK_TOKENS, entropy_grad: bool = False):
-    """logits [B, R, V], targets [B, R] -> (log p(target), entropy), each [B, R]; backward keeps only `logits`.
-    `entropy_grad` keeps the entropy in the graph (an entropy bonus)."""
-    lp, ent = ChunkedLogProbs.apply(logits.reshape(-1, logits.shape[-1]), None, targets.reshape(-1),
-                                    temperature, chunk_size, entropy_grad, logits.dtype)
+def logprobs_from_logits(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = CHUNK_TOKENS,
+    entropy_grad: bool = False,
+):
+    """logits [B, R, V], targets [B, R] -> (log p(target), entropy), each [B, R]; backward keeps
+    only `logits`. `entropy_grad` keeps the entropy in the graph (an entropy bonus)."""
+    lp, ent = ChunkedLogProbs.apply(
+        logits.reshape(-1, logits.shape[-1]),
+        None,
+        targets.reshape(-1),
+        temperature,
+        chunk_size,
+        entropy_grad,
+        logits.dtype,
+    )
     return lp.view(targets.shape), ent.view(targets.shape)
 
 
@@ -84,8 +124,9 @@ def _unwrapped(model):
 
 
 def head_of(model):
-    """The output head when the logits are exactly head(last hidden state) and it can run after the forward; None
-    otherwise (another architecture, a LoRA'd head, an FSDP model under no_grad, its root sharded after forward)."""
+    """The output head when the logits are exactly head(last hidden state) and it can run after the
+    forward; None otherwise (another architecture, a LoRA'd head, an FSDP model under no_grad, its
+    root sharded after forward)."""
     from torch.distributed.fsdp import FSDPModule
 
     if isinstance(model, FSDPModule) and not torch.is_grad_enabled():
@@ -98,70 +139,136 @@ def head_of(model):
     return head if type(head) is torch.nn.Linear and head.bias is None else None
 
 
-def _hidden_logprobs(model, head, kwargs: dict, pick, targets: torch.Tensor, temperature: float, chunk: int,
-                     entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """`ChunkedLogProbs` through `head` (in autocast's dtype) on the model's last hidden states, `pick`ed to [N, H]
-    (the model computes no logits: an empty `logits_to_keep`)."""
+def _hidden_logprobs(
+    model,
+    head,
+    kwargs: dict,
+    pick,
+    targets: torch.Tensor,
+    temperature: float,
+    chunk: int,
+    entropy_grad: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`ChunkedLogProbs` through `head` (in autocast's dtype) on the model's last hidden states,
+    `pick`ed to [N, H] (the model computes no logits: an empty `logits_to_keep`)."""
     device = kwargs["input_ids"].device
     # under FSDP the head's weight is whole here: a trained root stays gathered until its backward
-    last = [_unwrapped(model).config.num_hidden_layers - 1]  # only the last layer's state kept (not all: no_grad)
-    out = model(**kwargs, logits_to_keep=torch.zeros(0, dtype=torch.long, device=device), output_hidden_states=last,
-                use_cache=False)
-    hidden = pick(out.hidden_states[-1])  # replaced by the final norm's output: what the head maps to logits
-    dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else head.weight.dtype
-    return ChunkedLogProbs.apply(hidden, head.weight, targets, temperature, chunk, entropy_grad, dtype)
+    # only the last layer's state kept (not all: no_grad)
+    last = [_unwrapped(model).config.num_hidden_layers - 1]
+    out = model(
+        **kwargs,
+        logits_to_keep=torch.zeros(0, dtype=torch.long, device=device),
+        output_hidden_states=last,
+        use_cache=False,
+    )
+    # replaced by the final norm's output: what the head maps to logits
+    hidden = pick(out.hidden_states[-1])
+    dtype = (
+        torch.get_autocast_dtype(device.type)
+        if torch.is_autocast_enabled(device.type)
+        else head.weight.dtype
+    )
+    return ChunkedLogProbs.apply(
+        hidden, head.weight, targets, temperature, chunk, entropy_grad, dtype
+    )
 
 
-def token_logprobs(model, batch: Batch, temperature: float = 1.0, chunk_size: int = CHUNK_TOKENS,
-                   entropy_grad: bool = False, compiled=None):
+def token_logprobs(
+    model,
+    batch: Batch,
+    temperature: float = 1.0,
+    chunk_size: int = CHUNK_TOKENS,
+    entropy_grad: bool = False,
+    compiled=None,
+):
     """(log p, entropy) of every token in the completion region, shape [B, R] each.
 
-    Column j of the result scores input column T - R + j. Gradient flows through log p when enabled, and through
-    the entropy too with `entropy_grad`. `compiled` (--torch_compile's TorchCompile, common/generation/compile.py) runs a
-    packed batch's forward compiled (from its logits). With a plain head (`head_of`) the head runs here, by chunks.
+    Column j of the result scores input column T - R + j. Gradient flows through log p when enabled,
+    and through the entropy too with `entropy_grad`. `compiled` (--torch_compile's TorchCompile,
+    common/generation/compile.py) runs a packed batch's forward compiled (from its logits). With a
+    plain head (`head_of`) the head runs here, by chunks.
     """
     r = batch.completion_width
     head = head_of(model)
-    if batch.gather_index is not None:  # packed: logits only at the columns that predict a completion token
+    # packed: logits only at the columns that predict a completion token
+    if batch.gather_index is not None:
         valid = batch.gather_index >= 0
         flat = batch.gather_index[valid]
         width = batch.input_ids.shape[1]
         targets = batch.input_ids.reshape(-1)[flat + 1]
         if compiled is None and head is not None:
-            kwargs = dict(input_ids=batch.input_ids, attention_mask=None, position_ids=batch.position_ids)
-            lp, ent = _hidden_logprobs(model, head, kwargs, lambda hidden: hidden.flatten(0, 1)[flat], targets,
-                                       temperature, chunk_size, entropy_grad)
+            kwargs = dict(
+                input_ids=batch.input_ids, attention_mask=None, position_ids=batch.position_ids
+            )
+            lp, ent = _hidden_logprobs(
+                model,
+                head,
+                kwargs,
+                lambda hidden: hidden.flatten(0, 1)[flat],
+                targets,
+                temperature,
+                chunk_size,
+                entropy_grad,
+            )
         else:
-            if compiled is not None:  # every position's logits: one graph for all micro-batches (common/generation/compile.py)
+            # every position's logits: one graph for all micro-batches
+            # (common/generation/compile.py)
+            if compiled is not None:
                 logits = compiled.logits(model, batch.input_ids, batch.position_ids)
                 logits = logits.reshape(-1, logits.shape[-1])[flat]
             else:
                 columns = torch.unique(flat % width)  # sorted; one set for all rows
-                out = model(input_ids=batch.input_ids, attention_mask=None, position_ids=batch.position_ids,
-                            logits_to_keep=columns, use_cache=False)
+                out = model(
+                    input_ids=batch.input_ids,
+                    attention_mask=None,
+                    position_ids=batch.position_ids,
+                    logits_to_keep=columns,
+                    use_cache=False,
+                )
                 pick = (flat // width) * len(columns) + torch.searchsorted(columns, flat % width)
                 logits = out.logits.reshape(-1, out.logits.shape[-1])[pick]
             lp, ent = logprobs_from_logits(logits, targets, temperature, chunk_size, entropy_grad)
         full_lp, full_ent = lp.new_zeros(valid.shape), ent.new_zeros(valid.shape)
         full_lp[valid], full_ent[valid] = lp, ent
         return full_lp, full_ent
-    kwargs = dict(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids)
+    kwargs = dict(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+    )
     targets = batch.input_ids[:, -r:]
     if head is not None:  # position t predicts token t+1
-        lp, ent = _hidden_logprobs(model, head, kwargs, lambda hidden: hidden[:, -r - 1:-1].flatten(0, 1),
-                                   targets.reshape(-1), temperature, chunk_size, entropy_grad)
+        lp, ent = _hidden_logprobs(
+            model,
+            head,
+            kwargs,
+            lambda hidden: hidden[:, -r - 1 : -1].flatten(0, 1),
+            targets.reshape(-1),
+            temperature,
+            chunk_size,
+            entropy_grad,
+        )
         return lp.view(targets.shape), ent.view(targets.shape)
     out = model(**kwargs, logits_to_keep=r + 1, use_cache=False)
     return logprobs_from_logits(out.logits[:, :-1], targets, temperature, chunk_size, entropy_grad)
 
 
 @torch.no_grad()
-def score_completions(model, prompts: list[list[int]], completions: list[list[int]], pad_id: int,
-                      batch_size: int, device, temperature: float = 1.0) -> list[list[float]]:
+def score_completions(
+    model,
+    prompts: list[list[int]],
+    completions: list[list[int]],
+    pad_id: int,
+    batch_size: int,
+    device,
+    temperature: float = 1.0,
+) -> list[list[float]]:
     """Per-token log-probs (one list per completion) under `model`, without gradient."""
     out: list[list[float]] = []
     for s in range(0, len(prompts), batch_size):
-        batch = pad_sequences(prompts[s:s + batch_size], completions[s:s + batch_size], pad_id).to(device)
+        batch = pad_sequences(
+            prompts[s : s + batch_size], completions[s : s + batch_size], pad_id
+        ).to(device)
         lp, _ = token_logprobs(model, batch, temperature)
         out.extend(unpad_completion(lp, batch.completion_lens))
     return out
