@@ -215,7 +215,7 @@ class Args(BaseArgs):
                     "use --mode text"
                 )
             # they apply to --mode text
-            if self.reward != "binary" or self.reward_funcs or self.eval_reward_funcs:
+            if self.reward not in ("auto", "binary") or self.reward_funcs or self.eval_reward_funcs:
                 raise SystemExit(
                     f"--reward {self.reward} / --reward_funcs: multi-turn keeps its binary reward"
                 )

@@ -260,7 +260,9 @@ def make_task(args, tokenizer, log=print) -> Task:
     if args.dataset_name == "countdown":  # the embedded demo task, imported only here
         from common.demo.countdown import countdown_task
 
-        task = countdown_task(args.reward, args.eval_prompts, args.prompt_pool)
+        task = countdown_task(
+            "binary" if args.reward == "auto" else args.reward, args.eval_prompts, args.prompt_pool
+        )
     else:
         task = hf_task(args, tokenizer, log)
     task.success_reward = 1.0 if args.success_reward is None else args.success_reward
