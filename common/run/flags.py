@@ -339,10 +339,15 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
     config = pre.parse_known_args(argv)[0].config
-    if config:
-        parser.set_defaults(**load_config(config, parser, cls))
+    from_config = load_config(config, parser, cls) if config else {}
+    parser.set_defaults(**from_config)
     ns = parser.parse_args(argv)
     args = cls(**vars(ns))
+    # which flags the user set, and where: such a flag wins over accelerate's environment
+    args._given = {
+        **{name: f"--config {config}" for name in from_config if name != "config"},
+        **{name: "the command line" for name in typed_flags(cls, argv) if name != "config"},
+    }
     if getattr(args, "eval_train_prompts", 0) is None:  # recorded in args.json as the count used
         args.eval_train_prompts = args.eval_prompts
     for name, declaration in declared(cls).items():  # before anything is loaded or written
@@ -367,6 +372,21 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
     if hasattr(args, "validate"):
         args.validate()
     return args
+
+
+def given_flags(args) -> dict[str, str]:
+    """{flag: where the user set it ("the command line" or "--config FILE")} for `args` made by
+    `parse_args`; empty for Args built in code (every value then counts as a default)."""
+    return getattr(args, "_given", {})
+
+
+def typed_flags(cls, argv: list[str]) -> set[str]:
+    """The flags `argv` itself sets (abbreviations included): parsed again with no defaults, so
+    that only the flags it names are in the result."""
+    parser = build_parser(cls)
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv)))
 
 
 def load_config(path: str, parser: argparse.ArgumentParser, cls) -> dict:

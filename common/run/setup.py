@@ -14,20 +14,29 @@ from accelerate import Accelerator
 from common.distributed.ranks import collective_timeout
 from common.generation.hf import HFGenerator, end_token_ids
 from common.model.policy import frozen_reference, load_policy
-from common.run.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
+from common.run.flags import given_flags
+from common.run.launch import (
+    CpuThreads,
+    refuse_accelerate_accumulation,
+    resolve_accelerate_precision,
+    resolve_accelerate_sharding,
+)
 from common.run.logs import check_tracker
 from common.run.output_dir import claim_output_dir
 
 
 def start_run(args, script: str):
-    """The launch: --reward `auto` resolved, accelerate's settings mapped onto --fsdp / --dtype,
-    torch's CPU threads (before any torch work), the tracker checked, the Accelerator, per-rank
-    seeds and the output folder claimed before any model loads. Returns (accelerator, cpu_threads,
-    log); `log` prints once a run (main process)."""
+    """The launch: --reward `auto` resolved, accelerate's settings mapped onto --fsdp / --dtype
+    (a flag the user set wins; its gradient accumulation refused), torch's CPU threads (before any
+    torch work), the trackers checked, the Accelerator, per-rank seeds and the output folder claimed
+    before any model loads. Returns (accelerator, cpu_threads, log); `log` prints once a run (main
+    process)."""
     if args.reward == "auto":  # a method with its own training reward has set it before this
         args.reward = "binary"
-    args.fsdp = resolve_accelerate_sharding(args.fsdp)
-    args.dtype = resolve_accelerate_precision(args.dtype)
+    given = given_flags(args)  # a flag the user set wins over accelerate's environment
+    args.fsdp = resolve_accelerate_sharding(args.fsdp, given=given.get("fsdp"))
+    args.dtype = resolve_accelerate_precision(args.dtype, given=given.get("dtype"))
+    refuse_accelerate_accumulation()
     cpu_threads = CpuThreads(
         args.num_threads, hold=args.torch_compile
     )  # --num_threads, or the free cores
