@@ -179,8 +179,15 @@ class BaseArgs:
     discard_later_checkpoints: bool = False
     """with --resume_from_checkpoint naming a checkpoint older than --output_dir's latest: remove
     the later checkpoints (and the rows logged after it) so that the folder holds one history"""
-    report_to: Literal["none", "tensorboard", "wandb"] = "none"
-    """extra tracker via accelerate (metrics.jsonl is always written)"""
+    report_to: str = "none"
+    """trackers that also get every metrics row and the run's flags, through accelerate: `none`,
+    `all` (every one installed), or comma-separated names among tensorboard, wandb, trackio, mlflow,
+    comet_ml, aim, clearml, dvclive, swanlab (metrics.jsonl is always written)"""
+    project: str = "rlvr-sampling"
+    """the trackers' project (wandb's and trackio's project, mlflow's experiment; tensorboard: the
+    events folder inside --output_dir)"""
+    run_name: Optional[str] = None
+    """the run's name in the trackers (default: the name of --output_dir's folder)"""
     num_threads: Annotated[int, Range(0, zero="auto")] = 0
     """torch CPU threads, set before any model is loaded; auto: as many as the cores other processes
     leave free, measured at set-up and re-measured before every step and evaluation"""

@@ -41,12 +41,12 @@ def start_run(args, script: str):
         args.num_threads, hold=args.torch_compile
     )  # --num_threads, or the free cores
     torch.set_num_threads(cpu_threads.count(torch.get_num_threads(), settle=0.2))
-    check_tracker(args.report_to)
+    trackers = check_tracker(args.report_to)
     args.output_dir = args.output_dir or f"runs/{script}-seed{args.seed}"
     accelerator = Accelerator(
         cpu=not torch.cuda.is_available(),
         project_dir=args.output_dir,
-        log_with=None if args.report_to == "none" else args.report_to,
+        log_with=trackers,
         kwargs_handlers=collective_timeout(args.collective_timeout),  # one line on expiry
     )
     log = main_process_log(accelerator)
