@@ -12,6 +12,7 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import json
 import math
 import sys
 import textwrap
@@ -233,7 +234,30 @@ class BaseArgs:
     """AdamW learning rate (5e-5 suits the embedded model; real 0.5B-7B models: about 1e-6;
     docs/benchmark.md)"""
     warmup_steps: Annotated[int, Range(0)] = 5
-    """linear warm-up steps, then constant"""
+    """linear warm-up steps (of every --lr_scheduler_type that warms up)"""
+    warmup_ratio: Annotated[float, Range(0, 1, hi_open=True)] = 0.0
+    """if > 0, the warm-up lasts ceil(warmup_ratio x --max_steps) steps instead of --warmup_steps"""
+    lr_scheduler_type: Literal[
+        "warmup_constant",
+        "linear",
+        "cosine",
+        "cosine_with_restarts",
+        "polynomial",
+        "constant",
+        "constant_with_warmup",
+        "inverse_sqrt",
+        "cosine_with_min_lr",
+        "cosine_warmup_with_min_lr",
+        "warmup_stable_decay",
+    ] = "warmup_constant"
+    """learning-rate schedule: `warmup_constant` ramps up linearly, its first update already at
+    1/warm-up of the rate, then holds it; the others are transformers' `get_scheduler` (TRL's
+    `lr_scheduler_type`) over --max_steps, with the same warm-up (its `constant_with_warmup` starts
+    at 0, one update later)"""
+    lr_scheduler_kwargs: Optional[str] = None
+    """the schedule's own settings as a JSON object (transformers' `lr_scheduler_kwargs`), e.g.
+    `{"min_lr_rate": 0.1}` for cosine_with_min_lr, `{"num_decay_steps": 50}` for
+    warmup_stable_decay"""
     weight_decay: Annotated[float, Range(0)] = 0.0
     """AdamW weight decay"""
     max_grad_norm: Annotated[float, Range(0, lo_open=True)] = 1.0
@@ -376,6 +400,22 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
             f"--torch_compile: not with --{clash[0]} (it compiles HF generate's decoding step on a "
             "static KV cache of its own, on whole weights): drop one of the two flags"
         )
+    both = {"warmup_steps", "warmup_ratio"} <= set(args._given)
+    if both and getattr(args, "warmup_steps", 0) > 0 and getattr(args, "warmup_ratio", 0) > 0:
+        raise SystemExit(
+            f"--warmup_ratio {args.warmup_ratio} and --warmup_steps {args.warmup_steps} both set "
+            "the warm-up: give one of the two"
+        )
+    if getattr(args, "lr_scheduler_kwargs", None) is not None:
+        try:
+            settings = json.loads(args.lr_scheduler_kwargs)
+        except ValueError:
+            settings = None
+        if not isinstance(settings, dict):
+            raise SystemExit(
+                f"--lr_scheduler_kwargs {args.lr_scheduler_kwargs}: must be a JSON object, e.g. "
+                "'{\"min_lr_rate\": 0.1}'"
+            )
     if hasattr(args, "validate"):
         args.validate()
     return args

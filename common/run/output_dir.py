@@ -356,7 +356,11 @@ def _compare(
         for key, value in mine["args"].items()
         if key in before and before[key] != value and key not in SAME_RUN
     }
-    computing = [key for key in changed if key not in FREE]
+    computing = [
+        key
+        for key in changed
+        if key not in FREE or key == "max_steps" and schedule_reads_max_steps(mine["args"])
+    ]
     if computing and not args.accept_changed_flags:
         return (
             (
@@ -382,6 +386,15 @@ def _compare(
             + " (in args.json)"
         )
     return None, history + ([{"from_step": start, "changed": changed}] if changed else []), before
+
+
+def schedule_reads_max_steps(flags: dict) -> bool:
+    """Whether the learning-rate schedule is laid over --max_steps (transformers' decaying ones, or
+    a warm-up given as --warmup_ratio of it): there a new --max_steps changes every later step's
+    rate, so a resume treats it as a flag that changes what the run computes."""
+    fixed = ("warmup_constant", "constant", "constant_with_warmup", "inverse_sqrt")
+    schedule = flags.get("lr_scheduler_type", "warmup_constant")
+    return flags.get("warmup_ratio", 0) > 0 or schedule not in fixed
 
 
 def _shape_change(saved: dict, mine: dict) -> str | None:

@@ -5,6 +5,8 @@ own pieces (a critic, an environment) stay in its file."""
 
 from __future__ import annotations
 
+import json
+import math
 import random
 
 import numpy as np
@@ -122,15 +124,42 @@ def shard_models(args, *models):
 
 
 def make_optimizer(policy, args):
-    """AdamW over the trainable parameters, with a linear warm-up over --warmup_steps, then a
-    constant rate."""
+    """AdamW over the trainable parameters, and its learning-rate schedule (`make_scheduler`)."""
     trainable = [param for param in policy.parameters() if param.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, weight_decay=args.weight_decay)
-    warmup = max(1, args.warmup_steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / warmup)
-    )
-    return optimizer, scheduler
+    return optimizer, make_scheduler(optimizer, args)
+
+
+def make_scheduler(optimizer, args):
+    """--lr_scheduler_type over --max_steps updates, warming up over --warmup_steps (or
+    --warmup_ratio of --max_steps): `warmup_constant` ramps up linearly, its first update already
+    at 1/warm-up of the rate, then holds it; any other name is transformers' `get_scheduler`. Each
+    is a LambdaLR of the update count, rebuilt from the flags: a checkpoint's scheduler state (the
+    count) continues it exactly."""
+    warmup = args.warmup_steps
+    if args.warmup_ratio > 0:
+        warmup = math.ceil(args.warmup_ratio * args.max_steps)
+    if args.lr_scheduler_type == "warmup_constant":
+        ramp = max(1, warmup)
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: min(1.0, (step + 1) / ramp)
+        )
+    from transformers import get_scheduler
+
+    settings = json.loads(args.lr_scheduler_kwargs or "{}")
+    try:
+        return get_scheduler(
+            args.lr_scheduler_type,
+            optimizer,
+            num_warmup_steps=warmup,
+            num_training_steps=args.max_steps,
+            scheduler_specific_kwargs=settings,
+        )
+    except (TypeError, ValueError) as error:  # a setting it lacks, or one it does not take
+        raise SystemExit(
+            f"--lr_scheduler_type {args.lr_scheduler_type} with --lr_scheduler_kwargs "
+            f"{args.lr_scheduler_kwargs}: {error}"
+        ) from None
 
 
 def prepare_training(accelerator, model, optimizer, fsdp: bool):
