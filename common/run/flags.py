@@ -188,7 +188,7 @@ class BaseArgs:
     """the trackers' project (wandb's and trackio's project, mlflow's experiment; tensorboard: the
     events folder inside --output_dir)"""
     run_name: Optional[str] = None
-    """the run's name in the trackers (default: the name of --output_dir's folder)"""
+    """the run's name in the trackers (unset: the name of --output_dir's folder)"""
     num_threads: Annotated[int, Range(0, zero="auto")] = 0
     """torch CPU threads, set before any model is loaded; auto: as many as the cores other processes
     leave free, measured at set-up and re-measured before every step and evaluation"""
