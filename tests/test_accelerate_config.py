@@ -147,8 +147,62 @@ def test_accelerate_mixed_precision_maps_bf16_onto_dtype_and_stops_on_fp16():
     assert resolve_accelerate_precision("float32", environ, logs.append) == "bfloat16"
     assert "ACCELERATE_MIXED_PRECISION" not in environ and "--dtype bfloat16" in logs[0]
     environ, logs = {"ACCELERATE_MIXED_PRECISION": "no"}, []
-    assert resolve_accelerate_precision("float32", environ, logs.append) == "float32" and logs == [] and not environ
-    assert resolve_accelerate_precision("bfloat16", {}, logs.append) == "bfloat16" and logs == []
+    assert resolve_accelerate_precision("float32", environ, logs.append) == "float32" and not environ
+    assert logs == ["compute dtype float32 (--dtype's default)"]  # the source, every run
+    assert resolve_accelerate_precision("bfloat16", {}, logs.append, "the command line") == "bfloat16"
+    assert logs[-1] == "compute dtype bfloat16 (--dtype, set on the command line)"
     for mode in ("fp16", "fp8"):
         with pytest.raises(SystemExit, match=f"ACCELERATE_MIXED_PRECISION={mode}.*--dtype bfloat16"):
             resolve_accelerate_precision("float32", {"ACCELERATE_MIXED_PRECISION": mode}, logs.append)
+
+
+# ---------------- a flag the user set wins; accelerate's gradient accumulation never divides the loss ----------------
+def _start(argv: list[str], capsys):
+    """start_run on `argv` (ra_rloo.py's flags): (args, the lines it printed); no model loads."""
+    from common.run.flags import parse_args
+    from common.run.folder_lock import release_all
+    from common.run.setup import start_run
+    from ra_rloo import Args
+
+    args = parse_args(Args, [*argv, "--num_threads", "1"])
+    try:
+        start_run(args, "ra_rloo")
+    finally:
+        release_all()
+    return args, capsys.readouterr().out.splitlines()
+
+
+def test_a_dtype_from_config_wins_over_accelerate_mixed_precision_and_the_first_line_says_so(tmp_path, monkeypatch,
+                                                                                                capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("dtype: float32\n")
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    args, lines = _start(["--config", str(config), "--output_dir", str(tmp_path / "a")], capsys)
+    assert args.dtype == "float32" and "ACCELERATE_MIXED_PRECISION" not in os.environ
+    assert lines[0] == (f"compute dtype float32 (--dtype, set on --config {config}; accelerate's "
+                        "ACCELERATE_MIXED_PRECISION=bf16 is not applied)")
+    # not given: accelerate's setting applies, and the line names it
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    args, lines = _start(["--output_dir", str(tmp_path / "b")], capsys)
+    assert args.dtype == "bfloat16" and lines[0].startswith("compute dtype bfloat16 (accelerate's ACCELERATE_MIXED")
+
+
+def test_an_explicit_fsdp_flag_wins_over_accelerate_use_fsdp():
+    environ, logs = dict(FSDP_V2), []
+    assert resolve_accelerate_sharding(False, environ, logs.append, "the command line") is False
+    assert "ACCELERATE_USE_FSDP" not in environ  # still kept out of the Accelerator
+    assert logs == ["--fsdp False (set on the command line) wins over accelerate's ACCELERATE_USE_FSDP; accelerate's "
+                    "FSDP_* options are ignored"]
+
+
+def test_accelerate_gradient_accumulation_is_refused_in_one_line_before_anything_loads(tmp_path, monkeypatch, capsys):
+    # accelerator.backward would divide every loss by it: the same step at a quarter of the gradient, silently
+    monkeypatch.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4")
+    with pytest.raises(SystemExit) as stopped:
+        _start(["--output_dir", str(tmp_path / "out")], capsys)
+    assert str(stopped.value).startswith("ACCELERATE_GRADIENT_ACCUMULATION_STEPS=4 (from the environment")
+    assert "\n" not in str(stopped.value) and "unset it" in str(stopped.value)
+    assert not (tmp_path / "out").exists()  # refused before the folder was claimed
+    from common.run.launch import refuse_accelerate_accumulation
+
+    refuse_accelerate_accumulation({"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "1"})  # 1 changes nothing

@@ -12,6 +12,7 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import json
 import math
 import sys
 import textwrap
@@ -179,8 +180,15 @@ class BaseArgs:
     discard_later_checkpoints: bool = False
     """with --resume_from_checkpoint naming a checkpoint older than --output_dir's latest: remove
     the later checkpoints (and the rows logged after it) so that the folder holds one history"""
-    report_to: Literal["none", "tensorboard", "wandb"] = "none"
-    """extra tracker via accelerate (metrics.jsonl is always written)"""
+    report_to: str = "none"
+    """trackers that also get every metrics row and the run's flags, through accelerate: `none`,
+    `all` (every one installed), or comma-separated names among tensorboard, wandb, trackio, mlflow,
+    comet_ml, aim, clearml, dvclive, swanlab (metrics.jsonl is always written)"""
+    project: str = "rlvr-sampling"
+    """the trackers' project (wandb's and trackio's project, mlflow's experiment; tensorboard: the
+    events folder inside --output_dir)"""
+    run_name: Optional[str] = None
+    """the run's name in the trackers (unset: the name of --output_dir's folder)"""
     num_threads: Annotated[int, Range(0, zero="auto")] = 0
     """torch CPU threads, set before any model is loaded; auto: as many as the cores other processes
     leave free, measured at set-up and re-measured before every step and evaluation"""
@@ -226,7 +234,30 @@ class BaseArgs:
     """AdamW learning rate (5e-5 suits the embedded model; real 0.5B-7B models: about 1e-6;
     docs/benchmark.md)"""
     warmup_steps: Annotated[int, Range(0)] = 5
-    """linear warm-up steps, then constant"""
+    """linear warm-up steps (of every --lr_scheduler_type that warms up)"""
+    warmup_ratio: Annotated[float, Range(0, 1, hi_open=True)] = 0.0
+    """if > 0, the warm-up lasts ceil(warmup_ratio x --max_steps) steps instead of --warmup_steps"""
+    lr_scheduler_type: Literal[
+        "warmup_constant",
+        "linear",
+        "cosine",
+        "cosine_with_restarts",
+        "polynomial",
+        "constant",
+        "constant_with_warmup",
+        "inverse_sqrt",
+        "cosine_with_min_lr",
+        "cosine_warmup_with_min_lr",
+        "warmup_stable_decay",
+    ] = "warmup_constant"
+    """learning-rate schedule: `warmup_constant` ramps up linearly, its first update already at
+    1/warm-up of the rate, then holds it; the others are transformers' `get_scheduler` (TRL's
+    `lr_scheduler_type`) over --max_steps, with the same warm-up (its `constant_with_warmup` starts
+    at 0, one update later)"""
+    lr_scheduler_kwargs: Optional[str] = None
+    """the schedule's own settings as a JSON object (transformers' `lr_scheduler_kwargs`), e.g.
+    `{"min_lr_rate": 0.1}` for cosine_with_min_lr, `{"num_decay_steps": 50}` for
+    warmup_stable_decay"""
     weight_decay: Annotated[float, Range(0)] = 0.0
     """AdamW weight decay"""
     max_grad_norm: Annotated[float, Range(0, lo_open=True)] = 1.0
@@ -339,10 +370,15 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
     config = pre.parse_known_args(argv)[0].config
-    if config:
-        parser.set_defaults(**load_config(config, parser, cls))
+    from_config = load_config(config, parser, cls) if config else {}
+    parser.set_defaults(**from_config)
     ns = parser.parse_args(argv)
     args = cls(**vars(ns))
+    # which flags the user set, and where: such a flag wins over accelerate's environment
+    args._given = {
+        **{name: f"--config {config}" for name in from_config if name != "config"},
+        **{name: "the command line" for name in typed_flags(cls, argv) if name != "config"},
+    }
     if getattr(args, "eval_train_prompts", 0) is None:  # recorded in args.json as the count used
         args.eval_train_prompts = args.eval_prompts
     for name, declaration in declared(cls).items():  # before anything is loaded or written
@@ -364,9 +400,40 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
             f"--torch_compile: not with --{clash[0]} (it compiles HF generate's decoding step on a "
             "static KV cache of its own, on whole weights): drop one of the two flags"
         )
+    both = {"warmup_steps", "warmup_ratio"} <= set(args._given)
+    if both and getattr(args, "warmup_steps", 0) > 0 and getattr(args, "warmup_ratio", 0) > 0:
+        raise SystemExit(
+            f"--warmup_ratio {args.warmup_ratio} and --warmup_steps {args.warmup_steps} both set "
+            "the warm-up: give one of the two"
+        )
+    if getattr(args, "lr_scheduler_kwargs", None) is not None:
+        try:
+            settings = json.loads(args.lr_scheduler_kwargs)
+        except ValueError:
+            settings = None
+        if not isinstance(settings, dict):
+            raise SystemExit(
+                f"--lr_scheduler_kwargs {args.lr_scheduler_kwargs}: must be a JSON object, e.g. "
+                "'{\"min_lr_rate\": 0.1}'"
+            )
     if hasattr(args, "validate"):
         args.validate()
     return args
+
+
+def given_flags(args) -> dict[str, str]:
+    """{flag: where the user set it ("the command line" or "--config FILE")} for `args` made by
+    `parse_args`; empty for Args built in code (every value then counts as a default)."""
+    return getattr(args, "_given", {})
+
+
+def typed_flags(cls, argv: list[str]) -> set[str]:
+    """The flags `argv` itself sets (abbreviations included): parsed again with no defaults, so
+    that only the flags it names are in the result."""
+    parser = build_parser(cls)
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_args(argv)))
 
 
 def load_config(path: str, parser: argparse.ArgumentParser, cls) -> dict:

@@ -26,15 +26,18 @@ def accelerate_sharding(environ) -> str | None:
     return None
 
 
-def resolve_accelerate_sharding(args_fsdp: bool, environ=None, log=print) -> bool:
+def resolve_accelerate_sharding(
+    args_fsdp: bool, environ=None, log=print, given: str | None = None
+) -> bool:
     """The `--fsdp` value to run with; call it first in main(), before the Accelerator and any model
     exist. accelerate's FSDP (version 1 or 2) becomes our `--fsdp` (FSDP2,
-    common/distributed/fsdp.py), and ACCELERATE_USE_FSDP is deleted from `environ` (default
-    os.environ): Accelerator() would build its FSDP plugin from it and wrap the policy a second way,
-    its clip_grad_norm_ re-reads it, and transformers' from_pretrained with it (and
-    FSDP_CPU_RAM_EFFICIENT_LOADING) loads real weights on rank 0 only. The other FSDP_* settings are
-    inert without it. DeepSpeed stops here with SystemExit: generation, the weight push and
-    checkpoints are written for DDP or our FSDP2."""
+    common/distributed/fsdp.py), unless --fsdp was set explicitly (`given`: where, as
+    common/run/flags.py `given_flags` says), which wins; either way ACCELERATE_USE_FSDP is deleted
+    from `environ` (default os.environ): Accelerator() would build its FSDP plugin from it and wrap
+    the policy a second way, its clip_grad_norm_ re-reads it, and transformers' from_pretrained with
+    it (and FSDP_CPU_RAM_EFFICIENT_LOADING) loads real weights on rank 0 only. The other FSDP_*
+    settings are inert without it. DeepSpeed stops here with SystemExit: generation, the weight push
+    and checkpoints are written for DDP or our FSDP2."""
     environ = os.environ if environ is None else environ
     kind = accelerate_sharding(environ)
     if kind == "deepspeed":
@@ -48,39 +51,75 @@ def resolve_accelerate_sharding(args_fsdp: bool, environ=None, log=print) -> boo
     if kind != "fsdp":
         return args_fsdp
     del environ["ACCELERATE_USE_FSDP"]
-    if environ.get("RANK", "0") == "0":  # one line, not one per rank (no Accelerator to ask yet)
+    if environ.get("RANK", "0") != "0":  # one line, not one per rank (no Accelerator to ask yet)
+        return args_fsdp if given else True
+    if given:
         log(
-            f"ACCELERATE_USE_FSDP is set (FSDP_VERSION={environ.get('FSDP_VERSION', '1')}, from "
-            "`accelerate config` or "
-            "--use_fsdp): mapped onto this script's --fsdp (FSDP2); accelerate's FSDP_* options "
-            "are ignored"
+            f"--fsdp {args_fsdp} (set on {given}) wins over accelerate's ACCELERATE_USE_FSDP; "
+            "accelerate's FSDP_* options are ignored"
         )
+        return args_fsdp
+    log(
+        f"ACCELERATE_USE_FSDP is set (FSDP_VERSION={environ.get('FSDP_VERSION', '1')}, from "
+        "`accelerate config` or "
+        "--use_fsdp): mapped onto this script's --fsdp (FSDP2); accelerate's FSDP_* options "
+        "are ignored"
+    )
     return True
 
 
-def resolve_accelerate_precision(args_dtype: str, environ=None, log=print) -> str:
-    """The `--dtype` to run with. `accelerate config`'s mixed precision (ACCELERATE_MIXED_PRECISION)
-    would make `accelerator.prepare` wrap the policy's forward in autocast, under the DDP path only,
-    while the reference, the critic's copy and vLLM stay in --dtype: bf16 becomes `--dtype bfloat16`
-    (our autocast, fp32 master weights, every path alike), fp16 / fp8 stop here; the variable is
-    deleted so the Accelerator keeps full precision."""
+def resolve_accelerate_precision(
+    args_dtype: str, environ=None, log=print, given: str | None = None
+) -> str:
+    """The `--dtype` to run with, named in one line with the source that set it: --dtype set
+    explicitly (`given`: where), else `accelerate config`'s mixed precision
+    (ACCELERATE_MIXED_PRECISION), else --dtype's default. accelerate's setting would make
+    `accelerator.prepare` wrap the policy's forward in autocast, under the DDP path only, while the
+    reference, the critic's copy and vLLM stay in --dtype: bf16 becomes `--dtype bfloat16` (our
+    autocast, fp32 master weights, every path alike), fp16 / fp8 stop here; the variable is deleted
+    so the Accelerator keeps full precision."""
     environ = os.environ if environ is None else environ
     mode = environ.pop("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
-    if mode in ("", "no"):
-        return args_dtype
-    if mode != "bf16":
-        raise SystemExit(
-            f"ACCELERATE_MIXED_PRECISION={mode} (from `accelerate config` or --mixed_precision) is "
-            "not "
-            "supported: relaunch with --mixed_precision no and pass --dtype bfloat16 for bf16 "
-            "compute"
+    accelerate_set = mode not in ("", "no")
+    if given:
+        dtype, source = args_dtype, f"--dtype, set on {given}"
+        if accelerate_set:
+            source += f"; accelerate's ACCELERATE_MIXED_PRECISION={mode} is not applied"
+    elif accelerate_set:
+        if mode != "bf16":
+            raise SystemExit(
+                f"ACCELERATE_MIXED_PRECISION={mode} (from `accelerate config` or "
+                "--mixed_precision) is not supported: relaunch with --mixed_precision no and pass "
+                "--dtype bfloat16 for bf16 compute"
+            )
+        dtype = "bfloat16"
+        source = (
+            "accelerate's ACCELERATE_MIXED_PRECISION=bf16 (from `accelerate config` or "
+            "--mixed_precision), as --dtype bfloat16: fp32 master weights"
         )
-    if environ.get("RANK", "0") == "0":
-        log(
-            "ACCELERATE_MIXED_PRECISION=bf16: mapped onto this script's --dtype bfloat16 (fp32 "
-            "master weights)"
-        )
-    return "bfloat16"
+    else:
+        dtype, source = args_dtype, "--dtype's default"
+    if environ.get("RANK", "0") == "0":  # one line, not one per rank
+        log(f"compute dtype {dtype} ({source})")
+    return dtype
+
+
+def refuse_accelerate_accumulation(environ=None) -> None:
+    """accelerate's gradient accumulation (ACCELERATE_GRADIENT_ACCUMULATION_STEPS, from the
+    environment or `accelerate launch --gradient_accumulation_steps`) makes `accelerator.backward`
+    divide every loss by it: each gradient, its norm and the clipping change and nothing else. Every
+    step here already accumulates the gradient of its whole batch over micro-batches, so a value
+    other than 1 stops with one line; 1 does nothing."""
+    environ = os.environ if environ is None else environ
+    value = environ.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "1").strip()
+    if value in ("", "1"):
+        return
+    raise SystemExit(
+        f"ACCELERATE_GRADIENT_ACCUMULATION_STEPS={value} (from the environment or `accelerate "
+        "launch --gradient_accumulation_steps`) would divide every loss by it; each step here "
+        "already accumulates its whole batch's gradient over micro-batches (--prompts_per_step "
+        "sets the batch, --micro_batch_size or --max_tokens_per_microbatch the memory): unset it"
+    )
 
 
 class CpuThreads:

@@ -9,8 +9,10 @@ eval_train_pass@k.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -18,17 +20,67 @@ import numpy as np
 from common.distributed.ranks import first_failure, stop_every_rank
 from common.run.folder_lock import lost_hold, write_deferred
 
+# the trackers accelerate supports, each with the modules one of which must be installed for it
+TRACKERS = {
+    "tensorboard": ("tensorboard", "tensorboardX"),
+    "wandb": ("wandb",),
+    "trackio": ("trackio",),
+    "mlflow": ("mlflow",),
+    "comet_ml": ("comet_ml",),
+    "aim": ("aim",),
+    "clearml": ("clearml",),
+    "dvclive": ("dvclive",),
+    "swanlab": ("swanlab",),
+}
+# the keyword each tracker's start takes for the run's name (the others have no such name)
+RUN_NAME_KEY = {
+    "wandb": "name",
+    "trackio": "name",
+    "mlflow": "run_name",
+    "clearml": "task_name",
+    "swanlab": "experiment_name",
+}
 
-def check_tracker(report_to: str) -> None:
-    """A clear error before anything starts when `--report_to` names a tracker that is not
-    installed."""
+
+def check_tracker(report_to: str) -> list[str] | None:
+    """The trackers `--report_to` names, as accelerate's `log_with` (None for `none`), checked
+    before anything starts: an unknown name or a tracker that is not installed stops with one
+    line."""
     import importlib.util
 
-    need = {"none": (), "tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}[
-        report_to
-    ]
-    if need and not any(importlib.util.find_spec(module) for module in need):
-        raise SystemExit(f"--report_to {report_to}: install it first (pip install {need[0]})")
+    names = [name.strip() for name in report_to.split(",") if name.strip()]
+    if names in ([], ["none"]):
+        return None
+    if names == ["all"]:  # accelerate's own: every tracker installed (none installed: none)
+        return names
+    for name in names:
+        if name not in TRACKERS:
+            raise SystemExit(
+                f"--report_to {report_to}: {name!r} is not a tracker accelerate supports (one of "
+                f"{', '.join(TRACKERS)}, several comma-separated, `all` or `none`)"
+            )
+        if not any(importlib.util.find_spec(module) for module in TRACKERS[name]):
+            raise SystemExit(f"--report_to {name}: install it first (pip install {name})")
+    return names
+
+
+def tracker_keys(tracker: str, values: dict) -> dict:
+    """`values` under the names `tracker` accepts: MLflow takes letters, digits and `_-. :/` only,
+    so there eval_pass@1 is eval_pass_at_1 (any other character becomes `_`); the others take
+    metrics.jsonl's names."""
+    if tracker != "mlflow":
+        return values
+    return {re.sub(r"[^\w\-. :/]", "_", key.replace("@", "_at_")): v for key, v in values.items()}
+
+
+def tracker_config(flags: dict) -> dict:
+    """The run's flags as every tracker stores them: numbers, strings, booleans and None as they
+    are, anything else (a list) as its text; `_private` attributes left out."""
+    return {
+        key: value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
+        for key, value in flags.items()
+        if not key.startswith("_")
+    }
 
 
 def read_rows(path: Path, announce=lambda message: print(message, flush=True)) -> list[str]:
@@ -109,13 +161,20 @@ class MetricsLogger:
         config: dict | None = None,
         resume_step: int | None = None,
         project: str = "rlvr-sampling",
+        run_name: str | None = None,
     ):
         self.acc = accelerator
         self.path = Path(output_dir) / "metrics.jsonl"
         self.trackers = report_to != "none"
         written_on_main(accelerator, output_dir, lambda: self._start(resume_step))
         if self.trackers and accelerator.is_main_process:
-            accelerator.init_trackers(project, config=config or {})
+            # the run's name: the output folder's unless --run_name gives one
+            run_name = run_name or Path(output_dir).resolve().name
+            accelerator.init_trackers(
+                project,
+                config=tracker_config(config or {}),
+                init_kwargs={name: {key: run_name} for name, key in RUN_NAME_KEY.items()},
+            )
 
     def _start(self, resume_step: int | None) -> None:
         write_deferred(
@@ -134,9 +193,10 @@ class MetricsLogger:
         }
         written_on_main(self.acc, self.path.parent, lambda: append_rows(self.path, [clean]))
         if self.trackers and self.acc.is_main_process:
-            self.acc.log(
-                {k: v for k, v in clean.items() if isinstance(v, (int, float))}, step=clean["step"]
-            )
+            # the numbers of the row (None: not measured), at its step (the x axis, not a value)
+            values = {k: v for k, v in clean.items() if isinstance(v, (int, float)) and k != "step"}
+            for tracker in self.acc.trackers:
+                tracker.log(tracker_keys(tracker.name, values), step=clean["step"])
 
 
 def written_on_main(accelerator, output_dir, write) -> None:
@@ -165,8 +225,8 @@ def written_on_main(accelerator, output_dir, write) -> None:
 class SampleLogger:
     """samples.jsonl: at chosen steps, up to `per_kind` rollouts of each kind (fresh, replayed,
     prefix...) as JSON rows (step, kind, prompt, completion, reward, advantage and the method's
-    tags), also sent to the tracker as a table (wandb) or text (tensorboard). `due` and `log` must
-    be called on every rank (rows are gathered)."""
+    tags), also sent to the tracker as a table (wandb, trackio) or text (tensorboard). `due` and
+    `log` must be called on every rank (rows are gathered)."""
 
     def __init__(
         self,
@@ -233,6 +293,13 @@ class SampleLogger:
                     },
                     step=step,
                 )
+            elif tracker.name == "trackio":
+                import trackio
+
+                table = trackio.Table(
+                    columns=columns, data=[[row.get(c) for c in columns] for row in clean]
+                )
+                tracker.log({"samples": table}, step=step)
             elif tracker.name == "tensorboard":
                 tracker.writer.add_text(
                     "samples", "\n\n".join(f"    {json.dumps(row)}" for row in clean), step
@@ -251,7 +318,13 @@ class RunLog:
         )  # a resume drops rows written after its checkpoint
         self.args, self.accelerator, self.log_line = args, accelerator, log
         self.metrics = MetricsLogger(
-            args.output_dir, accelerator, args.report_to, vars(args), resume_step
+            args.output_dir,
+            accelerator,
+            args.report_to,
+            dataclasses.asdict(args),
+            resume_step,
+            args.project,
+            args.run_name,
         )
         self.samples = SampleLogger(
             args.output_dir,

@@ -32,7 +32,7 @@ from common.run.logs import read_rows
 
 # a run's files besides its checkpoints
 LOGS = ("metrics.jsonl", "samples.jsonl", "args.json", "curves.png")
-# --report_to tensorboard's events (the project common.run.logs.MetricsLogger names)
+# --report_to tensorboard's events: the folder named by --project (this its default)
 TRACKER_DIR = "rlvr-sampling"
 _CHECKPOINT_DIR = re.compile(r"^(\.tmp-)?checkpoint-(\d+)$")
 # args.json's key for the run's flag changes: [{"from_step": N, "changed": {flag: [old, new]}}]
@@ -55,6 +55,8 @@ FREE = (
     "log_samples_every",
     "log_samples_per_kind",
     "report_to",
+    "project",
+    "run_name",
     "num_threads",
     "lora_merged_export",
     "collective_timeout",
@@ -144,15 +146,16 @@ def describe(folder: Path) -> str:
     return ", ".join(parts + checkpoints)
 
 
-def clear_run(folder: Path) -> list[str]:
+def clear_run(folder: Path, tracker_dir: str = TRACKER_DIR) -> list[str]:
     """Remove a run's files from `folder` (checkpoints, half-written ones, logs, marker, tracker
-    events); other files stay. Everything is checked first: a link among them (or inside a
-    checkpoint) stops with one line naming it and nothing is removed, since the run never writes
-    links and removing through one would reach outside the folder. Returns the names removed."""
+    events in `tracker_dir`); other files stay. Everything is checked first: a link among them (or
+    inside a checkpoint) stops with one line naming it and nothing is removed, since the run never
+    writes links and removing through one would reach outside the folder. Returns the names
+    removed."""
     doomed = [
         path
         for path in (sorted(folder.iterdir()) if folder.is_dir() else [])
-        if (_CHECKPOINT_DIR.match(path.name) or path.name == TRACKER_DIR)
+        if (_CHECKPOINT_DIR.match(path.name) or path.name in (TRACKER_DIR, tracker_dir))
         and (path.is_dir() or path.is_symlink())
         or path.name in (*LOGS, MARKER)
         and (path.is_file() or path.is_symlink())
@@ -306,7 +309,7 @@ def _claim(args, world_size: int, log) -> str | None:
     if overwrite and used:
         log(
             f"--overwrite_output_dir: removed the earlier run from {folder}: "
-            f"{', '.join(clear_run(folder))}"
+            f"{', '.join(clear_run(folder, getattr(args, 'project', TRACKER_DIR)))}"
         )
     records = {
         folder / MARKER: json.dumps({"run_id": this_run, **mine}),
@@ -353,7 +356,11 @@ def _compare(
         for key, value in mine["args"].items()
         if key in before and before[key] != value and key not in SAME_RUN
     }
-    computing = [key for key in changed if key not in FREE]
+    computing = [
+        key
+        for key in changed
+        if key not in FREE or key == "max_steps" and schedule_reads_max_steps(mine["args"])
+    ]
     if computing and not args.accept_changed_flags:
         return (
             (
@@ -379,6 +386,15 @@ def _compare(
             + " (in args.json)"
         )
     return None, history + ([{"from_step": start, "changed": changed}] if changed else []), before
+
+
+def schedule_reads_max_steps(flags: dict) -> bool:
+    """Whether the learning-rate schedule is laid over --max_steps (transformers' decaying ones, or
+    a warm-up given as --warmup_ratio of it): there a new --max_steps changes every later step's
+    rate, so a resume treats it as a flag that changes what the run computes."""
+    fixed = ("warmup_constant", "constant", "constant_with_warmup", "inverse_sqrt")
+    schedule = flags.get("lr_scheduler_type", "warmup_constant")
+    return flags.get("warmup_ratio", 0) > 0 or schedule not in fixed
 
 
 def _shape_change(saved: dict, mine: dict) -> str | None:

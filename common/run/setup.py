@@ -5,6 +5,8 @@ own pieces (a critic, an environment) stay in its file."""
 
 from __future__ import annotations
 
+import json
+import math
 import random
 
 import numpy as np
@@ -14,30 +16,39 @@ from accelerate import Accelerator
 from common.distributed.ranks import collective_timeout
 from common.generation.hf import HFGenerator, end_token_ids
 from common.model.policy import frozen_reference, load_policy
-from common.run.launch import CpuThreads, resolve_accelerate_precision, resolve_accelerate_sharding
+from common.run.flags import given_flags
+from common.run.launch import (
+    CpuThreads,
+    refuse_accelerate_accumulation,
+    resolve_accelerate_precision,
+    resolve_accelerate_sharding,
+)
 from common.run.logs import check_tracker
 from common.run.output_dir import claim_output_dir
 
 
 def start_run(args, script: str):
-    """The launch: --reward `auto` resolved, accelerate's settings mapped onto --fsdp / --dtype,
-    torch's CPU threads (before any torch work), the tracker checked, the Accelerator, per-rank
-    seeds and the output folder claimed before any model loads. Returns (accelerator, cpu_threads,
-    log); `log` prints once a run (main process)."""
+    """The launch: --reward `auto` resolved, accelerate's settings mapped onto --fsdp / --dtype
+    (a flag the user set wins; its gradient accumulation refused), torch's CPU threads (before any
+    torch work), the trackers checked, the Accelerator, per-rank seeds and the output folder claimed
+    before any model loads. Returns (accelerator, cpu_threads, log); `log` prints once a run (main
+    process)."""
     if args.reward == "auto":  # a method with its own training reward has set it before this
         args.reward = "binary"
-    args.fsdp = resolve_accelerate_sharding(args.fsdp)
-    args.dtype = resolve_accelerate_precision(args.dtype)
+    given = given_flags(args)  # a flag the user set wins over accelerate's environment
+    args.fsdp = resolve_accelerate_sharding(args.fsdp, given=given.get("fsdp"))
+    args.dtype = resolve_accelerate_precision(args.dtype, given=given.get("dtype"))
+    refuse_accelerate_accumulation()
     cpu_threads = CpuThreads(
         args.num_threads, hold=args.torch_compile
     )  # --num_threads, or the free cores
     torch.set_num_threads(cpu_threads.count(torch.get_num_threads(), settle=0.2))
-    check_tracker(args.report_to)
+    trackers = check_tracker(args.report_to)
     args.output_dir = args.output_dir or f"runs/{script}-seed{args.seed}"
     accelerator = Accelerator(
         cpu=not torch.cuda.is_available(),
         project_dir=args.output_dir,
-        log_with=None if args.report_to == "none" else args.report_to,
+        log_with=trackers,
         kwargs_handlers=collective_timeout(args.collective_timeout),  # one line on expiry
     )
     log = main_process_log(accelerator)
@@ -114,15 +125,42 @@ def shard_models(args, *models):
 
 
 def make_optimizer(policy, args):
-    """AdamW over the trainable parameters, with a linear warm-up over --warmup_steps, then a
-    constant rate."""
+    """AdamW over the trainable parameters, and its learning-rate schedule (`make_scheduler`)."""
     trainable = [param for param in policy.parameters() if param.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=args.learning_rate, weight_decay=args.weight_decay)
-    warmup = max(1, args.warmup_steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / warmup)
-    )
-    return optimizer, scheduler
+    return optimizer, make_scheduler(optimizer, args)
+
+
+def make_scheduler(optimizer, args):
+    """--lr_scheduler_type over --max_steps updates, warming up over --warmup_steps (or
+    --warmup_ratio of --max_steps): `warmup_constant` ramps up linearly, its first update already
+    at 1/warm-up of the rate, then holds it; any other name is transformers' `get_scheduler`. Each
+    is a LambdaLR of the update count, rebuilt from the flags: a checkpoint's scheduler state (the
+    count) continues it exactly."""
+    warmup = args.warmup_steps
+    if args.warmup_ratio > 0:
+        warmup = math.ceil(args.warmup_ratio * args.max_steps)
+    if args.lr_scheduler_type == "warmup_constant":
+        ramp = max(1, warmup)
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: min(1.0, (step + 1) / ramp)
+        )
+    from transformers import get_scheduler
+
+    settings = json.loads(args.lr_scheduler_kwargs or "{}")
+    try:
+        return get_scheduler(
+            args.lr_scheduler_type,
+            optimizer,
+            num_warmup_steps=warmup,
+            num_training_steps=args.max_steps,
+            scheduler_specific_kwargs=settings,
+        )
+    except (TypeError, ValueError) as error:  # a setting it lacks, or one it does not take
+        raise SystemExit(
+            f"--lr_scheduler_type {args.lr_scheduler_type} with --lr_scheduler_kwargs "
+            f"{args.lr_scheduler_kwargs}: {error}"
+        ) from None
 
 
 def prepare_training(accelerator, model, optimizer, fsdp: bool):
