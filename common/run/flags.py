@@ -85,19 +85,21 @@ class BaseArgs:
     """hub name or local dir of the policy; `embedded` builds (once, cached) the tiny Countdown
     model"""
     dataset_name: str = "countdown"
-    """`countdown` (the embedded task), a hub dataset name, or a local .json/.jsonl/.parquet file"""
+    """`countdown` (the embedded task), a hub dataset name, a local .json/.jsonl/.parquet/.csv file,
+    or a folder written by `datasets`' save_to_disk (a `Dataset` or a `DatasetDict`)"""
     dataset_config: Optional[str] = None
     """config name passed to `datasets.load_dataset` (e.g. `main` for gsm8k)"""
     dataset_train_split: str = "train"
     """dataset split used for training"""
     dataset_test_split: Optional[str] = "test"
-    """held-out split of a hub dataset (or of --eval_dataset); a single local file has none: then
-    the last min(--eval_prompts, rows / 5) rows are held out of training (the run logs the split)"""
+    """held-out split of a hub dataset (or of --eval_dataset); a single local file or a saved
+    `Dataset` has none: then the last min(--eval_prompts, rows / 5) rows are held out of training
+    (the run logs the split)"""
     eval_dataset: Optional[str] = None
-    """a separate evaluation dataset (hub name or local .json/.jsonl/.parquet file, same columns as
-    --dataset_name)"""
-    prompt_column: str = "question"
-    """column holding the prompt (real datasets): text, or a list of {"role", "content"} messages"""
+    """a separate evaluation dataset (what --dataset_name takes, with the same columns)"""
+    prompt_column: Optional[str] = None
+    """column holding the prompt (real datasets): text, or a list of {"role", "content"} messages
+    (default: `prompt`, TRL's name, when the dataset has one, else `question`)"""
     answer_column: str = "answer"
     """column holding the gold answer, read only by the built-in math reward (no --reward_funcs);
     GSM8K-style `... #### 72` is understood"""
@@ -119,7 +121,9 @@ class BaseArgs:
     functions with their weights, or the built-in binary verifier without them); a sample passes at
     a total >= --success_reward"""
     use_chat_template: Literal["auto", "yes", "no"] = "auto"
-    """wrap real-dataset prompts in the tokenizer's chat template (`auto`: when it has one)"""
+    """put real-dataset text prompts through the tokenizer's chat template (`auto`: when it has one;
+    TRL leaves text prompts as they are: `no`); message prompts always go through it; the run's
+    first lines say which"""
     max_prompt_length: Annotated[int, Range(1)] = 512
     """real-dataset prompts longer than this are dropped (counted in the log)"""
     prompt_pool: Annotated[int, Range(0, zero="all")] = 0
