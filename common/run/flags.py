@@ -13,6 +13,7 @@ import ast
 import dataclasses
 import inspect
 import math
+import os
 import sys
 import textwrap
 import typing
@@ -374,10 +375,13 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
 
 
 def load_config(path: str, parser: argparse.ArgumentParser, cls) -> dict:
-    """Flag values from a YAML/JSON file (a run's args.json works), checked like the command line:
-    every key must be a flag, every value of the flag's type, among its choices and in its declared
-    range; errors name the file and the key."""
+    """Flag values from a YAML/JSON file (a run's args.json works, and a TRL GRPOConfig file: its
+    keys through common/run/trl_config.py's table), checked like the command line: every key must
+    be a flag, every value of the flag's type, among its choices and in its declared range; errors
+    name the file and the key."""
     import yaml  # PyYAML (a dependency of transformers and accelerate); JSON is YAML
+
+    from common.run.trl_config import translate
 
     try:
         data = yaml.safe_load(Path(path).read_text())
@@ -393,13 +397,20 @@ def load_config(path: str, parser: argparse.ArgumentParser, cls) -> dict:
     # Optional[...] flags
     optional = {name for name, hint in hints.items() if type(None) in typing.get_args(hint)}
     ranges = declared(cls)
-    values = {}
-    for key, value in data.items():
-        where = f"--config {path}: key {key!r}"
+    settings, notes = translate(data, cls, path)
+    if os.environ.get("RANK", "0") == "0":  # the run's first lines, once a run
+        for note in notes:
+            print(note, flush=True)
+    values, set_by = {}, {}
+    for source, key, value in settings:
+        where = f"--config {path}: key {source!r}" + (f" (--{key})" if key != source else "")
         if key == "resumes":  # a saved args.json's record of flag changes at resumes: not a flag
             continue
         if key not in actions:
-            raise SystemExit(f"{where} is not a flag of this script (see --help)")
+            raise SystemExit(
+                f"{where} is not a flag of this script nor a TRL GRPOConfig key (see --help and "
+                "docs/custom_task.md)"
+            )
         # a saved args.json names the config it was made from; it is not followed
         if key == "config":
             continue
@@ -422,7 +433,12 @@ def load_config(path: str, parser: argparse.ArgumentParser, cls) -> dict:
             why = refusal(ranges[key], value)
             if why:
                 raise SystemExit(f"{where}: {value!r} {why}")
-        values[key] = value
+        if key in values and values[key] != value:  # two keys of the file, one flag
+            raise SystemExit(
+                f"--config {path}: keys {set_by[key]!r} and {source!r} set --{key} to "
+                f"{values[key]!r} and {value!r}: keep one"
+            )
+        values[key], set_by[key] = value, source
     return values
 
 
