@@ -45,7 +45,7 @@ import random
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -88,6 +88,9 @@ from common.tasks.scoring import reward_moments, reward_sums
 
 @dataclass
 class Args(BaseArgs):
+    # the method in TRL GRPOConfig's terms, so that a --config GRPOConfig file may say so: the loss
+    # divides by samples x max_completion_length (rloo_loss), the advantages are not std-scaled
+    trl_equivalents: ClassVar[dict] = {"loss_type": "dr_grpo", "scale_rewards": "none"}
     num_generations: Annotated[int, Range(2)] = 4
     """rollouts per prompt (K); RLOO needs K >= 2"""
     beta: Annotated[float, Range(0, zero="off, no reference model")] = 0.05

@@ -14,6 +14,7 @@ import dataclasses
 import inspect
 import json
 import math
+import os
 import sys
 import textwrap
 import typing
@@ -86,19 +87,21 @@ class BaseArgs:
     """hub name or local dir of the policy; `embedded` builds (once, cached) the tiny Countdown
     model"""
     dataset_name: str = "countdown"
-    """`countdown` (the embedded task), a hub dataset name, or a local .json/.jsonl/.parquet file"""
+    """`countdown` (the embedded task), a hub dataset name, a local .json/.jsonl/.parquet/.csv file,
+    or a folder written by `datasets`' save_to_disk (a `Dataset` or a `DatasetDict`)"""
     dataset_config: Optional[str] = None
     """config name passed to `datasets.load_dataset` (e.g. `main` for gsm8k)"""
     dataset_train_split: str = "train"
     """dataset split used for training"""
     dataset_test_split: Optional[str] = "test"
-    """held-out split of a hub dataset (or of --eval_dataset); a single local file has none: then
-    the last min(--eval_prompts, rows / 5) rows are held out of training (the run logs the split)"""
+    """held-out split of a hub dataset (or of --eval_dataset); a single local file or a saved
+    `Dataset` has none: then the last min(--eval_prompts, rows / 5) rows are held out of training
+    (the run logs the split)"""
     eval_dataset: Optional[str] = None
-    """a separate evaluation dataset (hub name or local .json/.jsonl/.parquet file, same columns as
-    --dataset_name)"""
-    prompt_column: str = "question"
-    """column holding the prompt (real datasets): text, or a list of {"role", "content"} messages"""
+    """a separate evaluation dataset (what --dataset_name takes, with the same columns)"""
+    prompt_column: Optional[str] = None
+    """column holding the prompt (real datasets): text, or a list of {"role", "content"} messages
+    (default: `prompt`, TRL's name, when the dataset has one, else `question`)"""
     answer_column: str = "answer"
     """column holding the gold answer, read only by the built-in math reward (no --reward_funcs);
     GSM8K-style `... #### 72` is understood"""
@@ -120,7 +123,9 @@ class BaseArgs:
     functions with their weights, or the built-in binary verifier without them); a sample passes at
     a total >= --success_reward"""
     use_chat_template: Literal["auto", "yes", "no"] = "auto"
-    """wrap real-dataset prompts in the tokenizer's chat template (`auto`: when it has one)"""
+    """put real-dataset text prompts through the tokenizer's chat template (`auto`: when it has one;
+    TRL leaves text prompts as they are: `no`); message prompts always go through it; the run's
+    first lines say which"""
     max_prompt_length: Annotated[int, Range(1)] = 512
     """real-dataset prompts longer than this are dropped (counted in the log)"""
     prompt_pool: Annotated[int, Range(0, zero="all")] = 0
@@ -437,10 +442,13 @@ def typed_flags(cls, argv: list[str]) -> set[str]:
 
 
 def load_config(path: str, parser: argparse.ArgumentParser, cls) -> dict:
-    """Flag values from a YAML/JSON file (a run's args.json works), checked like the command line:
-    every key must be a flag, every value of the flag's type, among its choices and in its declared
-    range; errors name the file and the key."""
+    """Flag values from a YAML/JSON file (a run's args.json works, and a TRL GRPOConfig file: its
+    keys through common/run/trl_config.py's table), checked like the command line: every key must
+    be a flag, every value of the flag's type, among its choices and in its declared range; errors
+    name the file and the key."""
     import yaml  # PyYAML (a dependency of transformers and accelerate); JSON is YAML
+
+    from common.run.trl_config import translate
 
     try:
         data = yaml.safe_load(Path(path).read_text())
@@ -456,13 +464,20 @@ def load_config(path: str, parser: argparse.ArgumentParser, cls) -> dict:
     # Optional[...] flags
     optional = {name for name, hint in hints.items() if type(None) in typing.get_args(hint)}
     ranges = declared(cls)
-    values = {}
-    for key, value in data.items():
-        where = f"--config {path}: key {key!r}"
+    settings, notes = translate(data, cls, path)
+    if os.environ.get("RANK", "0") == "0":  # the run's first lines, once a run
+        for note in notes:
+            print(note, flush=True)
+    values, set_by = {}, {}
+    for source, key, value in settings:
+        where = f"--config {path}: key {source!r}" + (f" (--{key})" if key != source else "")
         if key == "resumes":  # a saved args.json's record of flag changes at resumes: not a flag
             continue
         if key not in actions:
-            raise SystemExit(f"{where} is not a flag of this script (see --help)")
+            raise SystemExit(
+                f"{where} is not a flag of this script nor a TRL GRPOConfig key (see --help and "
+                "docs/custom_task.md)"
+            )
         # a saved args.json names the config it was made from; it is not followed
         if key == "config":
             continue
@@ -485,7 +500,12 @@ def load_config(path: str, parser: argparse.ArgumentParser, cls) -> dict:
             why = refusal(ranges[key], value)
             if why:
                 raise SystemExit(f"{where}: {value!r} {why}")
-        values[key] = value
+        if key in values and values[key] != value:  # two keys of the file, one flag
+            raise SystemExit(
+                f"--config {path}: keys {set_by[key]!r} and {source!r} set --{key} to "
+                f"{values[key]!r} and {value!r}: keep one"
+            )
+        values[key], set_by[key] = value, source
     return values
 
 

@@ -39,9 +39,27 @@ def _check_jsonl(path: Path) -> None:
                 )
 
 
+def saved_to_disk(name: str) -> str | None:
+    """`dataset` or `dict` when `name` is a folder written by `save_to_disk` (of one `Dataset`, of
+    a `DatasetDict`), else None."""
+    path = Path(name)
+    if (path / "dataset_dict.json").is_file():
+        return "dict"
+    if (path / "state.json").is_file() and (path / "dataset_info.json").is_file():
+        return "dataset"
+    return None
+
+
+def one_split(name: str) -> bool:
+    """A source that holds one split: a local file or a saved `Dataset` (a `DatasetDict` has its
+    own splits)."""
+    return Path(name).suffix in LOCAL or saved_to_disk(name) == "dataset"
+
+
 def _load_split(name: str, config, split: str, flag: str, required: bool):
-    """`split` of a hub dataset or a local file (which holds one split: any `split` reads it whole);
-    None when it is not `required` and absent."""
+    """`split` of a hub dataset, of a local file or of a folder written by `save_to_disk` (a file
+    or a saved `Dataset` holds one split: any `split` reads it whole); None when it is not
+    `required` and absent. A hub name that cannot be reached stops the run with one line."""
     import datasets
 
     from common.model.policy import library_bars_off
@@ -61,9 +79,29 @@ def _load_split(name: str, config, split: str, flag: str, required: bool):
             raise SystemExit(
                 f"{flag} {name}: cannot read it ({type(cause).__name__}: {str(cause)[:200]})"
             ) from None
+    saved = saved_to_disk(name)
+    if saved:
+        loaded = datasets.load_from_disk(str(path))
+        if saved == "dataset":
+            return loaded
+        if split in loaded:
+            return loaded[split]
+        if required:
+            raise SystemExit(f"{flag} {name}: no split {split!r} (splits: {list(loaded)})")
+        return None
+    if name.startswith(("./", "../", "/", "~")) and not path.exists():  # a path, not a hub name
+        raise SystemExit(f"{flag} {name}: no such file or folder")
     try:
         with library_bars_off(datasets):
             return datasets.load_dataset(name, config, split=split)
+    except ConnectionError as error:  # no network, or the hub down: the cause in a few words
+        raise SystemExit(
+            f"{flag} {name}: cannot reach the Hugging Face hub ({str(error)[:120]}); without a "
+            "network, name a local copy: a .jsonl / .json / .parquet / .csv file, or a folder "
+            "written by `datasets`' save_to_disk (e.g. `--dataset_name data/train.jsonl`)"
+        ) from None
+    except datasets.exceptions.DatasetNotFoundError as error:
+        raise SystemExit(f"{flag} {name}: not a local file or folder, nor a hub dataset ({error})")
     except ValueError as e:  # unknown split
         if required:
             raise SystemExit(f"{flag} {name}: cannot load split {split!r} ({e})")
@@ -77,7 +115,7 @@ def hf_task(args, tokenizer, log=print) -> Task:
         raise SystemExit(
             f"--reward {args.reward} is defined for the Countdown task only; use --reward binary"
         )
-    single_file = Path(args.dataset_name).suffix in LOCAL
+    single_file = one_split(args.dataset_name)
     train_ds = _load_split(
         args.dataset_name, args.dataset_config, args.dataset_train_split, "--dataset_name", True
     )
@@ -102,16 +140,21 @@ def hf_task(args, tokenizer, log=print) -> Task:
             else None
         )
     need_answer = not args.reward_funcs  # only the built-in math reward reads the answer column
+    prompt_column = args.prompt_column or prompt_column_of(train_ds)
     for ds, flag in ((train_ds, "--dataset_name"), (eval_ds, "--eval_dataset")):
-        for col in (args.prompt_column, *([args.answer_column] if need_answer else [])):
+        for col in (prompt_column, *([args.answer_column] if need_answer else [])):
             if ds is not None and col not in ds.column_names:
+                named = repr(col)
+                if col == prompt_column and not args.prompt_column:  # neither default column
+                    named = "'prompt' or 'question'"
                 raise SystemExit(
-                    f"--prompt_column/--answer_column: column {col!r} not in {flag} "
+                    f"--prompt_column/--answer_column: column {named} not in {flag} "
                     f"(columns: {ds.column_names})"
                 )
     chat = args.use_chat_template == "yes" or (
         args.use_chat_template == "auto" and tokenizer.chat_template
     )
+    log(prompt_rendering(args, prompt_column, bool(chat), bool(tokenizer.chat_template)))
     suffix = (
         args.prompt_suffix
         if args.prompt_suffix is not None
@@ -129,10 +172,10 @@ def hf_task(args, tokenizer, log=print) -> Task:
     def to_examples(ds, name) -> list[Example]:
         out, dropped = [], 0
         for row_i, row in enumerate(ds):
-            q, a = row[args.prompt_column], row.get(args.answer_column)
+            q, a = row[prompt_column], row.get(args.answer_column)
             if not (isinstance(q, str) or is_messages(q)) or (need_answer and a is None):
                 raise SystemExit(
-                    f"{name} row {row_i}: {args.prompt_column!r} must be text or a list of "
+                    f"{name} row {row_i}: {prompt_column!r} must be text or a list of "
                     f"{{role, content}} messages"
                     + (f" and {args.answer_column!r} present" if need_answer else "")
                     + f" (got {q!r:.80}, {a!r:.40})"
@@ -170,11 +213,7 @@ def hf_task(args, tokenizer, log=print) -> Task:
     if eval_ds is not None:
         evals = to_examples(eval_ds, args.eval_dataset or args.dataset_name)[: args.eval_prompts]
         name = args.eval_dataset or args.dataset_name
-        source = (
-            name
-            if Path(name).suffix in LOCAL
-            else f"{name} split {args.dataset_test_split or 'test'}"
-        )
+        source = name if one_split(name) else f"{name} split {args.dataset_test_split or 'test'}"
     else:  # hold out the last rows, deterministically, and keep them out of training
         n_hold = min(args.eval_prompts, len(train) // 5)  # at most a fifth of a small file
         evals = [
@@ -202,8 +241,36 @@ def hf_task(args, tokenizer, log=print) -> Task:
         fn,
         args.dataset_name,
         templated=bool(chat),
-        prompt_column=args.prompt_column,
+        prompt_column=prompt_column,
     )
+
+
+def prompt_column_of(dataset) -> str:
+    """The prompt column when --prompt_column is not given: TRL's `prompt` when the dataset has
+    one, else `question` (GSM8K's)."""
+    return "prompt" if "prompt" in dataset.column_names else "question"
+
+
+def prompt_rendering(args, column: str, chat: bool, has_template: bool) -> str:
+    """The run's line saying how prompts reach the model: which column, and whether text prompts
+    go through the chat template (and how to change it); message prompts always do."""
+    source = "--prompt_column" if args.prompt_column else "found by name; --prompt_column to choose"
+    if chat:
+        how = (
+            "text prompts go through the tokenizer's chat template (TRL leaves them as they are: "
+            "--use_chat_template no to do so)"
+        )
+    elif has_template:
+        how = (
+            "text prompts are used as they are (--use_chat_template no; `auto` or `yes` puts "
+            "them through the chat template)"
+        )
+    else:
+        how = (
+            "text prompts are used as they are (the tokenizer has no chat template; message "
+            "prompts need one)"
+        )
+    return f"prompts: column {column!r} ({source}); {how}"
 
 
 class PromptEncoder:

@@ -1,0 +1,229 @@
+"""A TRL GRPOConfig file through --config (common/run/trl_config.py): it runs a script, a method
+the script does not implement is refused in one line, this project's own flag names keep their
+meaning beside TRL's keys, every key of TRL's `grpo` command has an entry, and the docs' table is
+the code's."""
+
+import json
+import re
+from dataclasses import asdict
+
+import pytest
+from conftest import run_main
+
+from common.run import trl_config
+from common.run.flags import parse_args
+
+# written as a TRL user writes one for `trl grpo --config`, keys from TRL's GRPOConfig, TrainingArguments,
+# ScriptArguments and ModelConfig documentation; the dataset, the rewards module and the folders filled in below
+TRL_USER_CONFIG = """\
+model_name_or_path: {model}
+dataset_name: {data}
+reward_funcs:
+  - trl_user_rewards.length_reward
+  - trl_user_rewards.digit_reward
+reward_weights: [0.5, 1.0]
+output_dir: {out}
+bf16: true
+learning_rate: 1.0e-5
+warmup_steps: 1
+max_steps: 2
+per_device_train_batch_size: 4
+gradient_accumulation_steps: 1
+num_generations: 2
+max_completion_length: 8
+temperature: 1.0
+top_p: 1.0
+beta: 0.0
+epsilon: 0.2
+loss_type: dr_grpo
+scale_rewards: false
+mask_truncated_completions: true
+gradient_checkpointing: false
+use_vllm: false
+eval_strategy: "no"
+save_strategy: "no"
+logging_steps: 1
+report_to: none
+seed: 42
+push_to_hub: false
+hub_model_id: me/tiny-grpo
+"""
+
+REWARDS = """
+def length_reward(completions, **kwargs):
+    return [len(c) / 10 for c in completions]
+
+
+def digit_reward(completions, **kwargs):
+    return [float(any(ch.isdigit() for ch in c)) for c in completions]
+"""
+
+
+def _write(tmp_path, text, name="grpo_config.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def _prompt_rows(path, n=20):
+    rows = [{"prompt": f"{i} {i + 1} t{2 * i + 1}\n", "answer": str(2 * i + 1)} for i in range(n)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def test_a_trl_grpo_config_runs_the_script(tiny_base, tmp_path, monkeypatch, capsys):
+    (tmp_path / "trl_user_rewards.py").write_text(REWARDS)
+    # TRL's CLI imports a dotted reward path from the working folder
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data, out = _prompt_rows(tmp_path / "train.jsonl"), tmp_path / "Tiny-GRPO"
+    config = _write(tmp_path, TRL_USER_CONFIG.format(model=tiny_base, data=data, out=out))
+    # the run kept tiny by flags of this project's own (the command line wins over the file)
+    tiny = "--eval_prompts 4 --eval_samples 1 --eval_train_prompts 0 --paper_eval_samples 0 --num_threads 1"
+    run_main(["ra_rloo.py", "--config", config, *tiny.split()])
+    lines = capsys.readouterr().out.splitlines()
+    saved = json.loads((out / "args.json").read_text())
+    batch = [saved[flag] for flag in ("dtype", "prompts_per_step", "micro_batch_size")]
+    assert batch == ["bfloat16", 2, 4]
+    assert saved["reward_funcs"] == "trl_user_rewards:length_reward,trl_user_rewards:digit_reward"
+    assert (saved["reward_weights"], saved["eval_steps"], saved["save_steps"]) == ("0.5,1", 0, 0)
+    assert (saved["seed"], saved["warmup_steps"], saved["max_completion_length"]) == (42, 1, 8)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows if "loss" in row] == [1, 2]
+    # the first lines: what became of TRL's keys, and how the prompts reach the model
+    assert lines[0].startswith(
+        f"--config {config}: TRL keys read as flags: reward_funcs -> --reward_funcs "
+    )
+    assert "bf16 -> --dtype bfloat16" in lines[0]
+    assert (
+        "per_device_train_batch_size, gradient_accumulation_steps -> --prompts_per_step 2 --micro_batch_size 4"
+        in lines[0]
+    )
+    assert "eval_strategy -> --eval_steps 0; save_strategy -> --save_steps 0" in lines[0]
+    assert lines[1] == (
+        f"--config {config}: TRL keys as ra_rloo.py does already: top_p 1, epsilon 0.2, "
+        "loss_type dr_grpo, scale_rewards false"
+    )
+    assert (
+        lines[2]
+        == f"--config {config}: TRL keys ignored (no effect here): logging_steps, push_to_hub, hub_model_id"
+    )
+    assert (
+        "prompts: column 'prompt' (found by name; --prompt_column to choose); text prompts are used as they are "
+        "(the tokenizer has no chat template; message prompts need one)"
+    ) in lines
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        (
+            "loss_type: grpo\n",
+            "key 'loss_type': grpo is refused: ra_rloo.py implements loss_type dr_grpo",
+        ),
+        (
+            "scale_rewards: batch\n",
+            "key 'scale_rewards': batch is refused: ra_rloo.py implements scale_rewards none",
+        ),
+        (
+            "num_iterations: 2\n",
+            "key 'num_iterations': 2 is refused: ra_rloo.py has no --num_iterations (accepted: `1`)",
+        ),
+        (
+            "top_p: 0.9\n",
+            "key 'top_p': 0.9 is refused: training samples the model's full distribution",
+        ),
+        (
+            "vllm_mode: server\n",
+            "key 'vllm_mode': server is refused: vLLM runs in the training process",
+        ),
+        ("fp16: true\n", "key 'fp16': float16 is not a compute dtype here"),
+        (
+            "per_device_train_batch_size: 3\n",
+            "key 'per_device_train_batch_size': 3 x 1 x 1 process(es) = 3 completions "
+            "a step, not a multiple of num_generations 4",
+        ),
+        ("max_steps: -1\nnum_train_epochs: 3\n", "key 'max_steps': -1 trains by num_train_epochs"),
+        (
+            "per_device_train_batch_size: 8\nprompts_per_step: 3\n",
+            "keys 'per_device_train_batch_size' and "
+            "'prompts_per_step' set --prompts_per_step to 2 and 3",
+        ),
+        (
+            "use_liger_loss: true\n",
+            "key 'use_liger_loss' is not a flag of this script nor a TRL GRPOConfig key",
+        ),
+    ],
+)
+def test_a_method_the_script_does_not_implement_is_refused_in_one_line(tmp_path, text, message):
+    from ra_rloo import Args
+
+    with pytest.raises(SystemExit) as stop:
+        parse_args(Args, ["--config", _write(tmp_path, text)])
+    assert message in str(stop.value) and "\n" not in str(stop.value)
+
+
+def test_transformers_warmup_ratio_goes_to_warmup_ratio(tmp_path):
+    # transformers 5 reads a warmup_steps below 1 as a ratio of the run: --warmup_ratio where the script has it
+    from ra_rloo import Args
+
+    config = _write(tmp_path, "warmup_steps: 0.1\n")
+    if "warmup_ratio" in Args.__dataclass_fields__:
+        assert parse_args(Args, ["--config", config]).warmup_ratio == 0.1
+    else:
+        with pytest.raises(
+            SystemExit,
+            match="key 'warmup_steps': 0.1 needs --warmup_ratio, which ra_rloo.py has not",
+        ):
+            parse_args(Args, ["--config", config])
+
+
+@pytest.mark.parametrize(
+    "script, extra",
+    [
+        ("ra_rloo", []),
+        ("ps_grpo", ["--mode", "text"]),
+        ("pros_ppo", []),
+        ("ada_seq", []),
+        ("ada_est", []),
+    ],
+)
+def test_own_flag_names_keep_their_meaning_beside_trl_keys(tmp_path, script, extra, capsys):
+    # a run's args.json (this project's names, several of them TRL's too: dtype, lora_r, reward_funcs,
+    # save_total_limit...) with TRL-only keys added reads back as it was; the TRL-only keys are named
+    import importlib
+
+    args = importlib.import_module(script).Args
+    original = parse_args(args, extra)
+    config = _write(
+        tmp_path,
+        json.dumps({**asdict(original), "push_to_hub": True, "logging_steps": 5}),
+        "args.json",
+    )
+    assert asdict(parse_args(args, ["--config", config])) == {**asdict(original), "config": config}
+    assert capsys.readouterr().out.splitlines() == [
+        f"--config {config}: TRL keys ignored (no effect here): push_to_hub, logging_steps"
+    ]
+
+
+def test_every_key_of_trls_grpo_command_has_an_entry():
+    pytest.importorskip("trl")  # benchmarks/requirements.txt installs it
+    import dataclasses
+
+    from trl import DatasetMixtureConfig, GRPOConfig, ModelConfig
+    from trl.scripts.grpo import GRPOScriptArguments
+
+    keys = {
+        f.name
+        for kind in (GRPOConfig, ModelConfig, GRPOScriptArguments, DatasetMixtureConfig)
+        for f in dataclasses.fields(kind)
+    }
+    assert keys - set(trl_config.TABLE) == set()
+
+
+def test_the_docs_table_is_the_code_table():
+    text = trl_config.DOCS.read_text()
+    assert trl_config.docs_block(text) == trl_config.markdown(), (
+        "docs/custom_task.md: run `python -m common.run.trl_config --write_docs`"
+    )
+    documented = set(re.findall(r"`(\w+)`", trl_config.docs_block(text).split("\n\n")[0]))
+    assert set(trl_config.TABLE) <= documented
