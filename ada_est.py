@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Annotated, Literal, Optional
+from typing import Annotated, ClassVar, Literal, Optional
 
 import numpy as np
 import torch
@@ -94,6 +94,8 @@ from common.tasks.scoring import reward_moments, reward_sums
 
 @dataclass
 class Args(BaseArgs):
+    # TRL's names for what this file does: a constant normaliser, no std scaling
+    trl_equivalents: ClassVar[dict] = {"loss_type": "dr_grpo", "scale_rewards": "none"}
     prompt_pool: Annotated[int, Range(0, zero="all")] = 2048
     """[EST] train on only the first N prompts so that they recur and the estimates have history (at
     32 prompts per step a prompt of the 2048 returns every 64 steps)"""

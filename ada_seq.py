@@ -111,7 +111,7 @@ import random
 import time
 from dataclasses import dataclass
 from functools import partial
-from typing import Annotated, Callable, Literal, Optional
+from typing import Annotated, Callable, ClassVar, Literal, Optional
 
 import numpy as np
 import torch
@@ -159,6 +159,8 @@ from common.tasks.scoring import Scored, reward_moments, reward_sums
 
 @dataclass
 class Args(BaseArgs):
+    # TRL's names for what this file does: a constant normaliser (samples x max tokens)
+    trl_equivalents: ClassVar[dict] = {"loss_type": "dr_grpo"}
     num_generations: Annotated[int, Range(2)] = 4
     """[ADA] update group size n: each prompt's pool is downsampled to exactly n responses (backward
     cost = GRPO-n)"""

@@ -35,7 +35,7 @@ import copy
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Annotated, Literal, Optional
+from typing import Annotated, ClassVar, Literal, Optional
 
 import numpy as np
 import torch
@@ -79,6 +79,8 @@ from common.tasks.scoring import reward_moments, reward_sums
 
 @dataclass
 class Args(BaseArgs):
+    # TRL's names for what this file does: a token mean per mini-batch
+    trl_equivalents: ClassVar[dict] = {"loss_type": "dapo"}
     max_steps: Annotated[int, Range(1)] = 200
     """number of iterations (each: one batch of queries, then num_iterations x num_mini_batches
     updates)"""

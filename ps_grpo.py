@@ -62,7 +62,7 @@ import functools
 import random
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 import torch
 
@@ -113,6 +113,8 @@ ROUTES = ("all_fail", "all_pass", "normal", "too_hard", "too_easy")
 
 @dataclass
 class Args(BaseArgs):
+    # TRL's names for what this file does: the loss divides by the batch's completion tokens
+    trl_equivalents: ClassVar[dict] = {"loss_type": "dapo"}
     max_steps: Annotated[int, Range(1)] = 150
     """number of policy updates (one batch of tasks each)"""
     num_generations: Annotated[int, Range(2)] = 8
