@@ -217,7 +217,7 @@ def test_countdown_task_and_prompt_pool():
     from common.demo.countdown import countdown_task
 
     args = BaseArgs(prompt_pool=64, eval_prompts=32)
-    task = countdown_task(args.reward, args.eval_prompts, args.prompt_pool)
+    task = countdown_task("binary", args.eval_prompts, args.prompt_pool)
     assert len(task.train) == 64 and len(task.eval) == 32
     assert [e.id for e in task.train] == list(range(64))
     held = {e.prompt for e in task.eval}

@@ -56,8 +56,8 @@ def test_the_shipped_word_problem_base_and_data_match_their_recipe(word_base, tm
     shipped = AutoTokenizer.from_pretrained(word_base)
     data = word_problems.write_data(tmp_path)
     rows, _ = word_problems.make_rows(RECIPE.data)
-    text = hf_task(BaseArgs(dataset=str(data["train"])), shipped, log=lambda *_: None)
-    messages = hf_task(BaseArgs(dataset=str(data["train_messages"]), prompt_column="prompt"), shipped,
+    text = hf_task(BaseArgs(dataset_name=str(data["train"])), shipped, log=lambda *_: None)
+    messages = hf_task(BaseArgs(dataset_name=str(data["train_messages"]), prompt_column="prompt"), shipped,
                        log=lambda *_: None)
     for i in (0, 1, 2):
         assert [text.train[i].prompt, messages.train[i].prompt] == word_problems.renderings(rows[i], tokenizer)

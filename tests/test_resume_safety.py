@@ -106,7 +106,7 @@ def test_changed_flags_stop_unless_accepted_and_are_recorded_with_their_step(two
     assert re.search(r"checkpoint-2: from step 3 with --max_steps 2 -> 3, --num_generations 4 -> 8 \(in args\.json\)",
                      capsys.readouterr().out)
     recorded = json.loads((out / "args.json").read_text())
-    assert recorded["k"] == 8 and recorded["resumes"] == [{"from_step": 3, "changed": {"k": [4, 8],
+    assert recorded["num_generations"] == 8 and recorded["resumes"] == [{"from_step": 3, "changed": {"num_generations": [4, 8],
                                                                                       "max_steps": [2, 3]}}]
     assert _steps(out) == [0, 1, 2, 3]
     # the length alone changes freely (and is recorded); the run's k is now 8

@@ -257,10 +257,10 @@ def test_a_damaged_jsonl_line_is_named(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text('{"question": "a", "answer": "1"}\n{"question": "b", "answer": "2"}\n{"question": "c", "ans\n')
     with pytest.raises(SystemExit, match=r"d.jsonl line 3: not valid JSON"):
-        hf_task(BaseArgs(dataset=str(path)), None)
+        hf_task(BaseArgs(dataset_name=str(path)), None)
     path.write_text('{"question": "a", "answer": "1"}\n[1, 2]\n')
     with pytest.raises(SystemExit, match=r"d.jsonl line 2: a row must be a JSON object, got list"):
-        hf_task(BaseArgs(dataset=str(path)), None)
+        hf_task(BaseArgs(dataset_name=str(path)), None)
 
 
 def test_the_worked_example(random_model_dir, tmp_path):
@@ -274,7 +274,7 @@ def test_the_worked_example(random_model_dir, tmp_path):
     tok = AutoTokenizer.from_pretrained(random_model_dir)
     tok.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
     funcs = "examples/gsm8k_rewards.py:format_reward,examples/gsm8k_rewards.py:correctness_reward"
-    args = BaseArgs(dataset=str(ROOT / "examples" / "gsm8k_chat.jsonl"), prompt_column="prompt", eval_prompts=2,
+    args = BaseArgs(dataset_name=str(ROOT / "examples" / "gsm8k_chat.jsonl"), prompt_column="prompt", eval_prompts=2,
                     reward_funcs=funcs)
     task = hf_task(args, tok)
     assert task.train[0].prompt.startswith("system: Solve") and task.train[0].prompt.endswith("assistant:")
@@ -287,7 +287,7 @@ def test_the_worked_example(random_model_dir, tmp_path):
     # --system_prompt goes before text prompts; message prompts without a chat template: one line
     text = tmp_path / "text.jsonl"
     text.write_text("".join(json.dumps({"question": f"What is {i}?", "answer": str(i)}) + "\n" for i in range(10)))
-    task = hf_task(BaseArgs(dataset=str(text), system_prompt="Be brief.", eval_prompts=2), tok)
+    task = hf_task(BaseArgs(dataset_name=str(text), system_prompt="Be brief.", eval_prompts=2), tok)
     assert task.train[0].prompt.startswith("system: Be brief.\nuser: What is 0? Please reason step by step")
     tok.chat_template = None
     with pytest.raises(SystemExit, match="row 0: a message-format prompt needs a chat template"):
