@@ -1,15 +1,18 @@
-"""Reward functions for GSM8K-shaped rows answered in `\\boxed{}` (a message `prompt` or a `question`, an `answer`
-ending in `#### 72`), in TRL's calling convention: each gets the batch's `prompts`, `completions` and
-`completion_ids` and every other column of the dataset as a list, and returns one number (or None: "does not apply")
-per completion. `benchmarks/sweep/real_path.py` trains every script with them on the word-problem task:
+"""Reward functions for GSM8K-shaped rows answered in `\\boxed{}` (a message `prompt` or a
+`question`, an `answer` ending in `#### 72`), in TRL's calling convention: each gets the batch's
+`prompts`, `completions` and `completion_ids` and every other column of the dataset as a list, and
+returns one number (or None: "does not apply") per completion. `benchmarks/sweep/real_path.py`
+trains every script with them on the word-problem task:
 
     python ra_rloo.py --model_name_or_path <dir> --dataset_name train_messages.jsonl --prompt_column prompt \
         --reward_funcs examples/boxed_rewards.py:boxed_format_reward,examples/boxed_rewards.py:boxed_correctness_reward \
         --reward_weights 0.2,1 --success_reward 1
 """
+
 import re
 
-BOXED = re.compile(r"\\boxed\{\s*(-?[0-9][0-9,]*(?:\.[0-9]+)?)\s*\}\s*$")  # a number in the box that ends the text
+# a number in the box that ends the text
+BOXED = re.compile(r"\\boxed\{\s*(-?[0-9][0-9,]*(?:\.[0-9]+)?)\s*\}\s*$")
 
 
 def _text(completion) -> str:
@@ -28,8 +31,8 @@ def boxed_format_reward(completions, **kwargs):
 
 
 def boxed_correctness_reward(completions, answer, **kwargs):
-    """1 when the boxed number that ends the completion equals the gold number after `####`, else 0; None for a row
-    without a gold answer (left out of the total and of this function's metrics)."""
+    """1 when the boxed number that ends the completion equals the gold number after `####`, else 0;
+    None for a row without a gold answer (left out of the total and of this function's metrics)."""
     scores = []
     for completion, gold in zip(completions, answer):
         if not gold or "####" not in gold:

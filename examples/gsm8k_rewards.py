@@ -1,11 +1,13 @@
-"""Reward functions for GSM8K-shaped rows (a `question` or message `prompt`, an `answer` ending in `#### 72`), written
-in TRL's calling convention: each gets the batch's `prompts`, `completions` and `completion_ids` and every other
-column of the dataset as a list, and returns one number (or None: "does not apply") per completion.
+"""Reward functions for GSM8K-shaped rows (a `question` or message `prompt`, an `answer` ending in
+`#### 72`), written in TRL's calling convention: each gets the batch's `prompts`, `completions` and
+`completion_ids` and every other column of the dataset as a list, and returns one number (or None:
+"does not apply") per completion.
 
     python ra_rloo.py --dataset_name examples/gsm8k_chat.jsonl --prompt_column prompt \
         --reward_funcs examples/gsm8k_rewards.py:format_reward,examples/gsm8k_rewards.py:correctness_reward \
         --reward_weights 0.2,1 --success_reward 1 ...
 """
+
 import re
 
 FINAL = re.compile(r"Answer:\s*(-?[\d,]*\.?\d+)\s*$")  # the last line: "Answer: 1,234"
@@ -22,8 +24,8 @@ def format_reward(completions, **kwargs):
 
 
 def correctness_reward(completions, answer, **kwargs):
-    """1 when the final answer equals the gold number after `####`, else 0; None for a row without a gold answer
-    (it is then left out of the total and of this function's metrics)."""
+    """1 when the final answer equals the gold number after `####`, else 0; None for a row without a
+    gold answer (it is then left out of the total and of this function's metrics)."""
     scores = []
     for completion, gold in zip(completions, answer):
         if not gold or "####" not in gold:
