@@ -4,8 +4,9 @@
 returns one number (or None: "does not apply") per completion. `benchmarks/sweep/real_path.py`
 trains every script with them on the word-problem task:
 
-    python ra_rloo.py --model_name_or_path <dir> --dataset_name train_messages.jsonl --prompt_column prompt \
-        --reward_funcs examples/boxed_rewards.py:boxed_format_reward,examples/boxed_rewards.py:boxed_correctness_reward \
+    R=examples/boxed_rewards.py
+    python ra_rloo.py --model_name_or_path <dir> --dataset_name train_messages.jsonl \
+        --prompt_column prompt --reward_funcs $R:boxed_format_reward,$R:boxed_correctness_reward \
         --reward_weights 0.2,1 --success_reward 1
 """
 

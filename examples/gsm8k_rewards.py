@@ -3,8 +3,9 @@
 `completion_ids` and every other column of the dataset as a list, and returns one number (or None:
 "does not apply") per completion.
 
+    R=examples/gsm8k_rewards.py
     python ra_rloo.py --dataset_name examples/gsm8k_chat.jsonl --prompt_column prompt \
-        --reward_funcs examples/gsm8k_rewards.py:format_reward,examples/gsm8k_rewards.py:correctness_reward \
+        --reward_funcs $R:format_reward,$R:correctness_reward \
         --reward_weights 0.2,1 --success_reward 1 ...
 """
 
