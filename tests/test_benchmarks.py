@@ -672,8 +672,8 @@ def test_report_page_without_plots(tmp_path):
 
 
 def test_report_writes_the_plots(tmp_path):
-    pytest.importorskip("matplotlib", reason="matplotlib is an optional benchmark dependency "
-                                             "(benchmarks/requirements.txt); the plots are not tested without it")
+    pytest.importorskip("matplotlib", reason="matplotlib (requirements.txt) is not installed; the plots "
+                                             "are not tested without it")
     runs = _fake_results(tmp_path)
     page = report.write_report(runs, tmp_path / "out", plots=True).read_text()
     for name in ("pass1_vs_tokens.png", "pass1_vs_wall.png", "zero_var.png", "mechanisms.png",
@@ -800,8 +800,8 @@ def test_mechanism_tables_and_the_calibration_floor(tmp_path):
 
 
 def test_report_writes_the_docs_figures(tmp_path):
-    pytest.importorskip("matplotlib", reason="matplotlib is an optional benchmark dependency "
-                                             "(benchmarks/requirements.txt); the plots are not tested without it")
+    pytest.importorskip("matplotlib", reason="matplotlib (requirements.txt) is not installed; the plots "
+                                             "are not tested without it")
     runs = tmp_path / "runs"
     _two_regime_runs(runs)
     figures = tmp_path / "docs" / "figures"

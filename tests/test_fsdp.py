@@ -276,6 +276,11 @@ def test_every_script_destroys_its_process_group_before_returning(script, tiny_b
                                          "--max_steps", "1", "--fsdp", "--output_dir", str(tmp_path / script)]))
     assert (tmp_path / script / "checkpoint-1" / "shards_rank0.pt").exists()  # it did run sharded
     assert not dist.is_initialized()
+    if script == "ra_rloo":  # its trained model holds the whole weights, gathered from the shards
+        from safetensors.torch import load_file
+
+        export, ckpt = (load_file(str(tmp_path / script / name / "model.safetensors")) for name in ("model", "checkpoint-1"))
+        assert export.keys() == ckpt.keys() and all(torch.equal(export[key], ckpt[key]) for key in ckpt)
 
 
 class _Payload:

@@ -19,7 +19,8 @@ from conftest import ROOT, run_script
 SCRIPTS = ["ra_rloo", "ps_grpo", "pros_ppo", "ada_seq", "ada_est"]
 SMALL = ["--prompt_pool", "48", "--prompts_per_step", "4", "--eval_prompts", "4", "--eval_samples", "2",
          "--max_completion_length", "12", "--num_threads", "1", "--eval_steps", "0"]
-REFUSED = r"--output_dir .* holds a run \(metrics\.jsonl to step 2, checkpoint-1, checkpoint-2\): add --resume_from_checkpoint auto"
+REFUSED = r"--output_dir .* holds a run \(metrics\.jsonl to step 2, checkpoint-1, checkpoint-2, model/\): add " \
+          r"--resume_from_checkpoint auto"
 
 
 def _rows(path: Path, name: str = "metrics.jsonl") -> list[dict]:
@@ -60,7 +61,7 @@ def test_a_used_folder_is_refused_and_overwrite_starts_over(tiny_base, tmp_path)
     for script in SCRIPTS:
         module = importlib.import_module(script)
         with pytest.raises(SystemExit, match=REFUSED if script == "ra_rloo" else r"holds a run of ra_rloo\.py \(.*"
-                                                                                  rf"checkpoint-2\), not of {script}"):
+                                                                                  rf"model/\), not of {script}"):
             module.main(parse_args(module.Args, ["--model_name_or_path", str(tmp_path / "no-model"), "--output_dir",
                                                  str(out), *SMALL]))
     assert _snapshot(out) == before
@@ -68,7 +69,7 @@ def test_a_used_folder_is_refused_and_overwrite_starts_over(tiny_base, tmp_path)
     _ra_rloo(["--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "1", "--save_steps", "1",
               "--overwrite_output_dir", *SMALL])
     assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
-        "args.json", "checkpoint-1", "metrics.jsonl", "notes.txt", "samples.jsonl"]
+        "args.json", "checkpoint-1", "metrics.jsonl", "model", "notes.txt", "samples.jsonl"]
     assert [row["step"] for row in _rows(out)] == [0, 1] and {row["step"] for row in _rows(out, "samples.jsonl")} == {1}
     assert json.loads((out / "args.json").read_text())["max_steps"] == 1
     assert (out / "checkpoint-1" / "run.json").read_bytes() != before["checkpoint-1/run.json"]  # the new run's

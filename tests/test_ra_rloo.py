@@ -254,6 +254,7 @@ def test_two_processes_on_cpu(tiny_base, tmp_path):
     rows = _rows(out)
     assert [r["step"] for r in rows] == [0, 1, 2]  # one writer, no duplicated rows
     assert rows[-1]["rollouts"] == 2 * 8 * 4  # both ranks' rollouts are counted
+    assert (out / "model" / "model.safetensors").exists() and not (out / ".tmp-model").exists()  # written once
     state = torch.load(out / "checkpoint-2" / "trainer_state.pt", weights_only=True)
     assert state["world_size"] == 2 and len(set(state["state"]["method"]["buffers"]["prompt_ids"].tolist())) == 48
     # only rank 1's RNG file refused: rank 0 stops too (no hang) before its loggers touch metrics.jsonl

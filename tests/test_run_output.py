@@ -39,3 +39,50 @@ def test_command_1_prints_one_bar_and_a_true_repeatability_line(tmp_path):
     (line,) = [ln.strip() for ln in lines if "repeatable" in ln]
     assert line.startswith(expected_repeatability(rows)), (line, [row["num_threads"] for row in rows])
     assert "--num_threads" in line
+
+
+# the printed plot command, run as typed, then the modules it imported (the interpreter's own at start-up left out)
+PLOT_SPY = """
+import json, runpy, sys
+start = set(sys.modules)
+sys.argv = sys.argv[1:]
+runpy.run_module("common.run.plot_run", run_name="__main__", alter_sys=True)
+print(json.dumps(sorted({name.split(".")[0] for name in set(sys.modules) - start})))
+"""
+
+
+def test_the_printed_plot_command_needs_only_what_command_1_installs(tmp_path):
+    # command 1 installs requirements.txt (after torch): every package the printed plot command imports must be
+    # one it names or one of theirs needs, or the command ends in "plotting needs matplotlib"
+    import importlib.metadata as metadata
+    import shlex
+    import subprocess
+    import sys
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    from common.run.summary import run_summary
+    from conftest import ROOT
+
+    rows = [{"step": 0, "eval_pass@1": 0.2}, {"step": 1, "loss": 0.5}, {"step": 2, "eval_pass@1": 0.3, "loss": 0.4}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    printed = run_summary(str(tmp_path), ["loss"]).splitlines()[-1].split("curves:", 1)[1]
+    python, *argv = shlex.split(printed)
+    assert python == "python" and argv[:2] == ["-m", "common.run.plot_run"]
+    r = subprocess.run([sys.executable, "-c", PLOT_SPY, "plot_run", *argv[2:]], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert r.returncode == 0 and (tmp_path / "curves.png").exists(), r.stderr[-2000:]
+    owners = metadata.packages_distributions()
+    imported = {canonicalize_name(dist) for name in json.loads(r.stdout.splitlines()[-1])
+                if name not in sys.stdlib_module_names for dist in owners.get(name, [])}
+    lines = [line.split("#")[0].strip() for line in (ROOT / "requirements.txt").read_text().splitlines()]
+    todo, installed = [Requirement(line) for line in lines if line] + [Requirement("torch")], set()
+    while todo:  # what pip installs for them: each requirement and, in turn, what it requires
+        requirement = todo.pop()
+        name = canonicalize_name(requirement.name)
+        if name in installed or requirement.marker and not requirement.marker.evaluate({"extra": ""}):
+            continue
+        installed.add(name)
+        todo += [Requirement(text) for text in metadata.requires(name) or []]
+    assert "matplotlib" in imported and imported <= installed, sorted(imported - installed)

@@ -369,3 +369,49 @@ def test_ra_rloo_on_two_ranks_each_with_its_own_engine(tiny_base, tmp_path, fsdp
     spied = [(tmp_path / f"spy-rank{rank}.txt").read_text() for rank in (0, 1)]
     assert [line.split(":")[0] for line in spied] == ["SPY rank 0", "SPY rank 1"], spied
     assert all(line.endswith(f"generates, sharded [{fsdp}]") and int(line.split()[3]) >= 5 for line in spied), spied
+
+
+SERVE = """
+import json, sys
+from vllm import LLM, SamplingParams
+
+path, prompts = sys.argv[1], json.loads(sys.argv[2])
+llm = LLM(model=path, max_model_len=256, seed=0, enforce_eager=True)  # what a user types, the folder as it is
+outs = llm.chat([[{"role": "user", "content": prompt}] for prompt in prompts],
+                SamplingParams(temperature=0.0, max_tokens=24))
+for out in outs:
+    print("SERVED", json.dumps([out.prompt_token_ids, list(out.outputs[0].token_ids), out.outputs[0].finish_reason]))
+"""
+
+
+def test_vllm_serves_the_trained_model_and_stops_where_training_did(tiny_base, tmp_path):
+    """The model a run leaves in <output_dir>/model/, loaded by vLLM's own `LLM` in a fresh process as a user serves
+    it: `chat` applies the tokenizer's chat template, and greedy answers end at the --stop_token_ids id the run's
+    generation_config.json lists (vLLM reads that file), finish reason "stop"."""
+    import json
+
+    from conftest import run_script
+    from transformers import AutoTokenizer
+
+    chat_base = tmp_path / "chat-base"
+    shutil.copytree(tiny_base, chat_base)
+    tokenizer = AutoTokenizer.from_pretrained(chat_base)
+    tokenizer.chat_template = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+    tokenizer.save_pretrained(chat_base)
+    equals = tokenizer("=", add_special_tokens=False).input_ids[-1]
+    out = tmp_path / "run"
+    run_script(["ra_rloo.py", "--model_name_or_path", str(chat_base), "--output_dir", str(out), "--max_steps", "2",
+                "--prompts_per_step", "4", "--num_generations", "2", "--prompt_pool", "8", "--eval_prompts", "4",
+                "--eval_samples", "1", "--eval_train_prompts", "0", "--paper_eval_samples", "0",
+                "--max_completion_length", "16", "--num_threads", "1", "--save_steps", "0",
+                "--stop_token_ids", str(equals)])
+    prompts = ["14 9 3 t2\n", "5 7 2 t24\n"]  # Countdown prompts: the base answers "a op b = c" lines
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
+    served = subprocess.run([sys.executable, "-c", SERVE, str(out / "model"), json.dumps(prompts)], env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert served.returncode == 0, served.stdout[-3000:] + served.stderr[-5000:]
+    rows = [json.loads(line[len("SERVED "):]) for line in served.stdout.splitlines() if line.startswith("SERVED ")]
+    assert len(rows) == len(prompts)
+    for prompt, (prompt_ids, ids, reason) in zip(prompts, rows):
+        assert prompt_ids == tokenizer(prompt, add_special_tokens=False).input_ids  # the template, applied
+        assert reason == "stop" and ids[-1] == equals and ids.count(equals) == 1, (prompt, ids, reason)

@@ -141,9 +141,10 @@ class BaseArgs:
     real datasets: their verifier"""
     # --- run ---
     output_dir: str = ""
-    """where metrics.jsonl and checkpoints go (default: runs/<script>-seed<seed>); a fresh run
-    refuses a folder that holds a run (continue it with --resume_from_checkpoint auto, or start over
-    with --overwrite_output_dir); on several machines, a folder every machine shares"""
+    """where metrics.jsonl, the checkpoints and, at the run's end, the trained model (`model/`) go
+    (default: runs/<script>-seed<seed>); a fresh run refuses a folder that holds a run (continue it
+    with --resume_from_checkpoint auto, or start over with --overwrite_output_dir); on several
+    machines, a folder every machine shares"""
     overwrite_output_dir: bool = False
     """start over in an --output_dir that holds a run: its checkpoints and logs are removed first
     (other files stay)"""
@@ -176,6 +177,9 @@ class BaseArgs:
     """checkpoint every N steps; a checkpoint allows exact resume"""
     save_total_limit: Annotated[int, Range(0, zero="all")] = 2
     """how many recent checkpoints to keep"""
+    save_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None
+    """dtype of the weights in the trained model the run leaves in <output_dir>/model/ (default: the
+    dtype they train in, fp32 master weights; checkpoints always keep that)"""
     resume_from_checkpoint: Optional[str] = None
     """checkpoint dir to resume from, or `auto` for the latest in output_dir"""
     accept_changed_flags: bool = False
@@ -305,7 +309,7 @@ class BaseArgs:
     layer but the output head)"""
     lora_merged_export: bool = False
     """with LoRA, also save merged full weights (a plain Hugging Face model dir) in `merged/` of
-    every checkpoint"""
+    every checkpoint and of the trained model (<output_dir>/model/merged/)"""
 
 
 def field_docs(cls) -> dict[str, str]:

@@ -34,6 +34,11 @@ from common.run.logs import read_rows
 LOGS = ("metrics.jsonl", "samples.jsonl", "args.json", "curves.png")
 # --report_to tensorboard's events: the folder named by --project (this its default)
 TRACKER_DIR = "rlvr-sampling"
+# the trained model the run leaves at its end (common/run/export.py), and its folder while written
+EXPORT = "model"
+# under LoRA with --lora_merged_export: the adapters folded into the base, a plain model
+EXPORT_MERGED = "model-merged"
+_EXPORT_DIRS = (EXPORT, EXPORT_MERGED, f".tmp-{EXPORT}")
 _CHECKPOINT_DIR = re.compile(r"^(\.tmp-)?checkpoint-(\d+)$")
 # args.json's key for the run's flag changes: [{"from_step": N, "changed": {flag: [old, new]}}]
 RESUMES = "resumes"
@@ -59,6 +64,7 @@ FREE = (
     "run_name",
     "num_threads",
     "lora_merged_export",
+    "save_dtype",
     "collective_timeout",
 )  # length, logging, patience: free
 
@@ -143,23 +149,34 @@ def describe(folder: Path) -> str:
     checkpoints, last, logs = held(folder)
     # samples.jsonl: only when alone
     parts = [f"metrics.jsonl to step {last}"] if last is not None else logs
-    return ", ".join(parts + checkpoints)
+    model = [f"{name}/" for name in (EXPORT, EXPORT_MERGED) if (folder / name).is_dir()]
+    return ", ".join(parts + checkpoints + model)
 
 
-def clear_run(folder: Path, tracker_dir: str = TRACKER_DIR) -> list[str]:
-    """Remove a run's files from `folder` (checkpoints, half-written ones, logs, marker, tracker
-    events in `tracker_dir`); other files stay. Everything is checked first: a link among them (or
-    inside a checkpoint) stops with one line naming it and nothing is removed, since the run never
-    writes links and removing through one would reach outside the folder. Returns the names
-    removed."""
-    doomed = [
+def run_files(folder: Path, tracker_dir: str = TRACKER_DIR) -> list[Path]:
+    """The run's files in `folder`: checkpoints (half-written ones too), logs, marker, tracker
+    events (in `tracker_dir`, the run's --project) and the trained model (`model/`,
+    `model-merged/`); a user's other files are not among them."""
+    return [
         path
         for path in (sorted(folder.iterdir()) if folder.is_dir() else [])
-        if (_CHECKPOINT_DIR.match(path.name) or path.name in (TRACKER_DIR, tracker_dir))
+        if (
+            _CHECKPOINT_DIR.match(path.name)
+            or path.name in (TRACKER_DIR, tracker_dir)
+            or path.name in _EXPORT_DIRS
+        )
         and (path.is_dir() or path.is_symlink())
         or path.name in (*LOGS, MARKER)
         and (path.is_file() or path.is_symlink())
     ]
+
+
+def clear_run(folder: Path, tracker_dir: str = TRACKER_DIR) -> list[str]:
+    """Remove a run's files from `folder` (`run_files`); other files stay. Everything is checked
+    first: a link among them (or inside a checkpoint) stops with one line naming it and nothing is
+    removed, since the run never writes links and removing through one would reach outside the
+    folder. Returns the names removed."""
+    doomed = run_files(folder, tracker_dir)
     check_removable(folder, doomed, "--overwrite_output_dir")
     for path in doomed:
         shutil.rmtree(path) if path.is_dir() else path.unlink()
@@ -307,6 +324,15 @@ def _claim(args, world_size: int, log) -> str | None:
                 "--output_dir"
             )
     if overwrite and used:
+        # e.g. training on from the run's own trained model, in the same folder
+        source_model = Path(args.model_name_or_path).resolve()
+        for path in run_files(folder):
+            if source_model == path.resolve() or path.resolve() in source_model.parents:
+                return (
+                    f"--overwrite_output_dir would remove --model_name_or_path "
+                    f"{args.model_name_or_path} ({path.name} is a file of the run in {folder}): "
+                    "copy it out of the folder first, or choose another --output_dir"
+                )
         log(
             f"--overwrite_output_dir: removed the earlier run from {folder}: "
             f"{', '.join(clear_run(folder, getattr(args, 'project', TRACKER_DIR)))}"

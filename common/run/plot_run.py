@@ -7,7 +7,7 @@ steps.
     python -m common.run.plot_run runs/ra_rloo-seed0 --metrics ra_replay_fired_frac --out ra.png
 
 Every script prints this command, with its own mechanism metrics, when its run ends. Needs
-matplotlib.
+matplotlib, which requirements.txt installs.
 """
 
 from __future__ import annotations
@@ -55,8 +55,7 @@ def plot(output_dir: str, metrics: list[str], out: str | None = None) -> Path:
         import matplotlib
     except ImportError:
         raise SystemExit(
-            "plotting needs matplotlib: pip install matplotlib (or pip install -r "
-            "benchmarks/requirements.txt)"
+            "plotting needs matplotlib: pip install matplotlib (requirements.txt installs it)"
         ) from None
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt

@@ -1,28 +1,38 @@
 """The lines a script prints when its run ends: held-out pass@1 / pass@k at the first and the last
 evaluation (read back from metrics.jsonl), whether the run can be repeated number for number (its
-thread count), what the output directory holds, and the command that draws the run's curves."""
+thread count), what the output directory holds, the trained model and the command that uploads
+it, and the command that draws the run's curves."""
 
 import json
 import shlex
 from pathlib import Path
 
+from common.run.output_dir import EXPORT, EXPORT_MERGED
+
 LEVELS = ("easy", "mid", "hard")
 
 
-def run_summary(output_dir: str, mechanism: list[str]) -> str:
-    """The summary; `mechanism`: the method's own metrics for the plot command (those the run
-    logged)."""
+def read_metrics(output_dir: str) -> list[dict]:
+    """The rows of `<output_dir>/metrics.jsonl` (none when it does not exist)."""
     path = Path(output_dir) / "metrics.jsonl"
-    rows = (
-        [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        if path.exists()
-        else []
-    )
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _number(value) -> bool:
+    # None / missing: not logged
+    return type(value) in (int, float)
+
+
+def evaluations(rows: list[dict]) -> tuple[dict, dict, list[tuple[str, str]]] | None:
+    """(first, last, [(label, key)]) of the run's held-out evaluations: the first and the last row
+    that evaluated, and the pass rates both hold as numbers (pass@1, pass@k at the largest k, by
+    level, on training prompts); None when no row evaluated."""
     evals = [row for row in rows if "eval_pass@1" in row]
     if not evals:
-        return f"{output_dir}: no evaluation in {path.name} to summarise"
-    # None / missing: not logged
-    first, last, number = evals[0], evals[-1], lambda v: type(v) in (int, float)
+        return None
+    first, last = evals[0], evals[-1]
     k = max(int(key[10:]) for key in last if key[:10] == "eval_pass@" and key[10:].isdigit())
     names = [
         ("held-out pass@1", "eval_pass@1"),
@@ -30,12 +40,27 @@ def run_summary(output_dir: str, mechanism: list[str]) -> str:
         *((f"held-out pass@1, {level}", f"eval_pass@1_{level}") for level in LEVELS),
         ("training-prompt pass@1", "eval_train_pass@1"),
     ]
+    kept = [
+        (label, key)
+        for label, key in filter(None, names)
+        if _number(first.get(key)) and _number(last.get(key))
+    ]
+    return first, last, kept
+
+
+def run_summary(output_dir: str, mechanism: list[str]) -> str:
+    """The summary; `mechanism`: the method's own metrics for the plot command (those the run
+    logged)."""
+    rows = read_metrics(output_dir)
+    found = evaluations(rows)
+    if found is None:
+        return f"{output_dir}: no evaluation in metrics.jsonl to summarise"
+    first, last, names = found
     lines = [f"run ended at step {rows[-1]['step']}: {output_dir}"]
     lines += [
         f"  {label:<26} {first[key]:.3f} (step {first['step']}) -> {last[key]:.3f} (step "
         f"{last['step']})"
-        for label, key in filter(None, names)
-        if number(first.get(key)) and number(last.get(key))
+        for label, key in names
     ]
     lines.append(f"  {repeatability(rows, output_dir)}")
     files = ", ".join(
@@ -46,13 +71,39 @@ def run_summary(output_dir: str, mechanism: list[str]) -> str:
         )
     )  # dot files: the run's marker, temporary files
     lines.append(f"  outputs: {files} (metrics.jsonl: one row per step; the keys: docs/metrics.md)")
+    lines += export_lines(output_dir)
     # a baseline: none
-    logged = ",".join(key for key in mechanism if any(number(row.get(key)) for row in rows))
+    logged = ",".join(key for key in mechanism if any(_number(row.get(key)) for row in rows))
     lines.append(
         f"  curves:  python -m common.run.plot_run {shlex.quote(str(output_dir))}"
         + (f" --metrics {logged}" if logged else "")
     )
     return "\n".join(lines)
+
+
+def export_lines(output_dir: str) -> list[str]:
+    """The lines that name the run's trained model (common/run/export.py) and the command that
+    uploads it to the Hugging Face Hub; none when the run wrote none."""
+    name = Path(output_dir).resolve().name
+    lines = []
+    for folder_name, repo, label in (
+        (EXPORT, name, "model:"),
+        (EXPORT_MERGED, f"{name}-merged", "merged:"),
+    ):
+        folder = Path(output_dir) / folder_name
+        if not folder.is_dir():
+            continue
+        where = shlex.quote(str(folder))
+        what = (
+            "a LoRA adapter (AutoPeftModelForCausalLM)"
+            if (folder / "adapter_config.json").exists()
+            else "a Hugging Face model (from_pretrained, vLLM)"
+        )
+        lines += [
+            f"  {label:<8} {where}: {what}, with its tokenizer and model card (README.md)",
+            f"  upload:  hf upload <your-username>/{repo} {where}  (once logged in: hf auth login)",
+        ]
+    return lines
 
 
 def repeatability(rows: list[dict], output_dir: str) -> str:

@@ -45,7 +45,7 @@ def write_report(runs_dir: Path, out_dir: Path, plots: bool = True, figures_dir:
             pngs = make_plots(order, aggs, out_dir)
             doc_pngs = make_doc_figures(aggs, figures_dir) if figures_dir is not None else []
         except ImportError:
-            plot_note = "Plots skipped: matplotlib is not installed (`pip install -r benchmarks/requirements.txt`).\n"
+            plot_note = "Plots skipped: matplotlib is not installed (`pip install -r requirements.txt`).\n"
     elif plots:
         plot_note = "No finished run to plot.\n"
 
