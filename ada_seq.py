@@ -137,6 +137,7 @@ from common.rl.logprobs import token_logprobs
 from common.rl.losses import clipped_surrogate, kl_k3
 from common.rl.masking import pad_sequences, right_align
 from common.run.checkpoint import Checkpoints
+from common.run.export import export_model
 from common.run.flags import BaseArgs, Range, parse_args
 from common.run.logs import RunLog
 from common.run.setup import (
@@ -850,6 +851,7 @@ def main(args: Args) -> None:
         if stopping:
             break
     run_log.close()
+    export_model(args, accelerator, policy, tokenizer, generator.end_ids, "ada_seq", __doc__)
     # trackers finish and the process group ends now, not at exit: no hang, no abort
     end_processes(accelerator)
     stop.close()

@@ -84,6 +84,7 @@ from common.rl.logprobs import token_logprobs
 from common.rl.losses import clipped_surrogate
 from common.rl.masking import pad_sequences, right_align
 from common.run.checkpoint import Checkpoints
+from common.run.export import export_model
 from common.run.flags import BaseArgs, Range, parse_args
 from common.run.logs import RunLog
 from common.run.setup import (
@@ -1153,6 +1154,7 @@ def main(args: Args) -> None:
         if stopping:
             break
     run_log.close()
+    export_model(args, accelerator, policy, tokenizer, generator.end_ids, "ps_grpo", __doc__)
     # trackers finish and the process group ends now, not at exit: no hang
     end_processes(accelerator)
     stop.close()

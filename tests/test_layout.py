@@ -35,7 +35,6 @@ SINGLE_USER = {
     "common.demo.countdown": "the embedded task, whose solver writes RA-RLOO's seeded demonstrations",
     "common.rl.episode": "the multi-turn rollout record, filled by the environment (common/demo)",
     # until the other four scripts call export_model at the end of their main (then remove this entry)
-    "common.run.export": "the trained model a run leaves: ra_rloo.py calls it so far",
 }
 # names a concept had before it took TRL's (or the paper's) one name
 RETIRED_FLAGS = {
