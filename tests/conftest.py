@@ -16,7 +16,9 @@ if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
     import tempfile
 
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
-        tempfile.gettempdir(), f"torchinductor-{os.getuid()}-{os.environ.get('ATEN_CPU_CAPABILITY') or 'native'}")
+        tempfile.gettempdir(),
+        f"torchinductor-{os.getuid()}-{os.environ.get('ATEN_CPU_CAPABILITY') or 'native'}",
+    )
 
 
 # Two code paths of the same forward (another summation order, layout, kernel or vector width) give one float32
@@ -55,10 +57,16 @@ def tiny_base(tmp_path_factory) -> str:
     from common.demo.tiny_model import BaseRecipe, restore_shipped
 
     path = tmp_path_factory.mktemp("cache") / f"countdown-base-{BaseRecipe().key()}"
-    no_shipped = os.environ.pop("RLVR_NO_SHIPPED", None)  # that switch is for runs; the tests need the copy
+    no_shipped = os.environ.pop(
+        "RLVR_NO_SHIPPED", None
+    )  # that switch is for runs; the tests need the copy
     try:
-        if not restore_shipped(path, log=lambda *_: None):  # building it instead would take ~17 minutes
-            pytest.fail(f"assets/ holds no valid build named {path.name}: rebuild it (docs/development.md)")
+        if not restore_shipped(
+            path, log=lambda *_: None
+        ):  # building it instead would take ~17 minutes
+            pytest.fail(
+                f"assets/ holds no valid build named {path.name}: rebuild it (docs/development.md)"
+            )
     finally:
         if no_shipped is not None:
             os.environ["RLVR_NO_SHIPPED"] = no_shipped
@@ -73,10 +81,14 @@ def built_base(tmp_path_factory) -> str:
     from common.demo.tiny_model import BaseRecipe, ensure_embedded_base
 
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # its measurement is small generate calls: 2.5x faster at 1 thread on a busy 2-core box
+    torch.set_num_threads(
+        1
+    )  # its measurement is small generate calls: 2.5x faster at 1 thread on a busy 2-core box
     try:
         with _cache(tmp_path_factory.mktemp("build")):
-            return str(ensure_embedded_base(BaseRecipe(sft_steps=2), log=lambda *_: None, eval_prompts=16))
+            return str(
+                ensure_embedded_base(BaseRecipe(sft_steps=2), log=lambda *_: None, eval_prompts=16)
+            )
     finally:
         torch.set_num_threads(threads)
 
@@ -93,11 +105,17 @@ def random_model_dir(tmp_path_factory) -> str:
     return str(d)
 
 
-def run_script(args: list[str], timeout: int = 600, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+def run_script(
+    args: list[str], timeout: int = 600, env_extra: dict | None = None
+) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", **(env_extra or {}))
-    r = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    r = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env
+    )
     if r.returncode != 0:
-        raise AssertionError(f"{args} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}")
+        raise AssertionError(
+            f"{args} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-5000:]}"
+        )
     return r
 
 
@@ -115,12 +133,33 @@ def run_main(args: list[str]) -> None:
 # One short real run per script, shared by the tests that read its outputs (core metrics, docs): flags that keep it
 # to seconds; --max_completion_length 16 cuts some Countdown answers (two lines of ~7 characters + EOS) and not others;
 # binary rewards everywhere (ra_rloo.py's default is the paper's {0, 0.1, 1}), so pass rate and reward mean agree.
-SHORT_RUN = ["--max_steps", "3", "--eval_steps", "0", "--eval_prompts", "4", "--eval_samples", "2",
-             "--prompts_per_step", "8", "--max_completion_length", "16", "--num_threads", "1", "--learning_rate", "1e-4",
-             "--warmup_steps", "5"]
-SHORT_RUN_FLAGS = {"ra_rloo.py": ["--prompt_pool", "64", "--reward", "binary"],
-                   "ada_seq.py": ["--max_rounds", "2", "--round_repeat", "4"], "ada_est.py": ["--prompt_pool", "16"],
-                   "ps_grpo.py": ["--mode", "text"], "pros_ppo.py": []}
+SHORT_RUN = [
+    "--max_steps",
+    "3",
+    "--eval_steps",
+    "0",
+    "--eval_prompts",
+    "4",
+    "--eval_samples",
+    "2",
+    "--prompts_per_step",
+    "8",
+    "--max_completion_length",
+    "16",
+    "--num_threads",
+    "1",
+    "--learning_rate",
+    "1e-4",
+    "--warmup_steps",
+    "5",
+]
+SHORT_RUN_FLAGS = {
+    "ra_rloo.py": ["--prompt_pool", "64", "--reward", "binary"],
+    "ada_seq.py": ["--max_rounds", "2", "--round_repeat", "4"],
+    "ada_est.py": ["--prompt_pool", "16"],
+    "ps_grpo.py": ["--mode", "text"],
+    "pros_ppo.py": [],
+}
 
 
 # The short runs go through this wrapper: torch's thread count starts at 2 (torch's default on a 2-core machine,
@@ -156,8 +195,19 @@ def short_run(tiny_base, tmp_path_factory):
     def run(script: str) -> tuple[Path, str]:
         if script not in done:
             out = tmp_path_factory.mktemp(Path(script).stem)
-            r = run_script(["-c", THREAD_SPY, script, "--model_name_or_path", tiny_base, "--output_dir", str(out),
-                            *SHORT_RUN, *SHORT_RUN_FLAGS[script]])
+            r = run_script(
+                [
+                    "-c",
+                    THREAD_SPY,
+                    script,
+                    "--model_name_or_path",
+                    tiny_base,
+                    "--output_dir",
+                    str(out),
+                    *SHORT_RUN,
+                    *SHORT_RUN_FLAGS[script],
+                ]
+            )
             done[script] = (out, r.stdout)
         return done[script]
 
@@ -168,7 +218,9 @@ def short_run(tiny_base, tmp_path_factory):
 SHARED_FIXTURES = ("short_run", "mt_base", "built_base")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own, which reads the groups into the test ids
+@pytest.hookimpl(
+    tryfirst=True
+)  # before pytest-xdist's own, which reads the groups into the test ids
 def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("xdist_group"):

@@ -2,6 +2,7 @@
 DDP backward passes, an all-reduce, a barrier, then common.distributed.ranks.end_processes, then the model freed.
 Usage: python tests/gloo_teardown.py ITERATIONS SETTLE_S STORE_DIR (prints "done" when every round ended); a negative
 SETTLE_S destroys the group without end_processes."""
+
 import sys
 from pathlib import Path
 
@@ -39,7 +40,10 @@ def rounds(rank: int, iterations: int, settle_s: float, store_dir: str) -> None:
             _Accelerator.end_training()
         else:
             end_processes(_Accelerator(), settle_s=settle_s)
-        del model, store  # the DDP reducer holds the group: its destructor joins gloo's worker threads here
+        del (
+            model,
+            store,
+        )  # the DDP reducer holds the group: its destructor joins gloo's worker threads here
 
 
 if __name__ == "__main__":

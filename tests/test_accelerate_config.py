@@ -1,28 +1,64 @@
 """`accelerate config` chose FSDP or DeepSpeed: FSDP is mapped onto the scripts' own --fsdp and
 accelerate's plugin is kept out of the Accelerator; DeepSpeed stops before anything loads."""
+
 import json
 import os
 import sys
 
 import pytest
-
-from common.run.launch import accelerate_sharding, resolve_accelerate_precision, resolve_accelerate_sharding
 from conftest import ROOT, run_script
+
+from common.run.launch import (
+    accelerate_sharding,
+    resolve_accelerate_precision,
+    resolve_accelerate_sharding,
+)
 
 SCRIPTS = ("ra_rloo.py", "ps_grpo.py", "pros_ppo.py", "ada_seq.py", "ada_est.py")
 # what accelerate 1.x's launcher exports (accelerate/utils/launch.py: prepare_multi_gpu_env for --use_fsdp,
 # prepare_deepspeed_cmd_env for --use_deepspeed), here as `accelerate launch --use_fsdp [--fsdp_version 2]` sets it
-FSDP_V1 = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1", "FSDP_SHARDING_STRATEGY": "FULL_SHARD",
-           "FSDP_RESHARD_AFTER_FORWARD": "true", "FSDP_OFFLOAD_PARAMS": "false", "FSDP_MIN_NUM_PARAMS": "100000000",
-           "FSDP_FORWARD_PREFETCH": "false", "FSDP_USE_ORIG_PARAMS": "true", "FSDP_CPU_RAM_EFFICIENT_LOADING": "true",
-           "FSDP_SYNC_MODULE_STATES": "true", "FSDP_ACTIVATION_CHECKPOINTING": "false",
-           "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD": "false", "ACCELERATE_MIXED_PRECISION": "no"}
+FSDP_V1 = {
+    "ACCELERATE_USE_FSDP": "true",
+    "FSDP_VERSION": "1",
+    "FSDP_SHARDING_STRATEGY": "FULL_SHARD",
+    "FSDP_RESHARD_AFTER_FORWARD": "true",
+    "FSDP_OFFLOAD_PARAMS": "false",
+    "FSDP_MIN_NUM_PARAMS": "100000000",
+    "FSDP_FORWARD_PREFETCH": "false",
+    "FSDP_USE_ORIG_PARAMS": "true",
+    "FSDP_CPU_RAM_EFFICIENT_LOADING": "true",
+    "FSDP_SYNC_MODULE_STATES": "true",
+    "FSDP_ACTIVATION_CHECKPOINTING": "false",
+    "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD": "false",
+    "ACCELERATE_MIXED_PRECISION": "no",
+}
 FSDP_V2 = {**FSDP_V1, "FSDP_VERSION": "2"}
-DEEPSPEED = {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3",
-             "ACCELERATE_CONFIG_DS_FIELDS": "", "ACCELERATE_MIXED_PRECISION": "no"}
-SMALL = ["--prompt_pool", "48", "--prompts_per_step", "8", "--eval_prompts", "8", "--eval_samples", "4",
-         "--max_completion_length", "20", "--micro_batch_size", "8", "--num_threads", "1", "--eval_steps", "0",
-         "--max_steps", "1"]
+DEEPSPEED = {
+    "ACCELERATE_USE_DEEPSPEED": "true",
+    "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3",
+    "ACCELERATE_CONFIG_DS_FIELDS": "",
+    "ACCELERATE_MIXED_PRECISION": "no",
+}
+SMALL = [
+    "--prompt_pool",
+    "48",
+    "--prompts_per_step",
+    "8",
+    "--eval_prompts",
+    "8",
+    "--eval_samples",
+    "4",
+    "--max_completion_length",
+    "20",
+    "--micro_batch_size",
+    "8",
+    "--num_threads",
+    "1",
+    "--eval_steps",
+    "0",
+    "--max_steps",
+    "1",
+]
 
 
 # ---------------- detection and mapping (fake environments) ----------------
@@ -33,18 +69,30 @@ def test_fsdp_any_version_maps_onto_our_fsdp_and_leaves_accelerate_without_it(en
     assert resolve_accelerate_sharding(False, environ, logs.append) is True
     assert "ACCELERATE_USE_FSDP" not in environ  # what Accelerator() and transformers read: gone
     assert accelerate_sharding(environ) is None
-    assert {k: v for k, v in env.items() if k != "ACCELERATE_USE_FSDP"} == environ  # nothing else touched
+    assert {
+        k: v for k, v in env.items() if k != "ACCELERATE_USE_FSDP"
+    } == environ  # nothing else touched
     assert len(logs) == 1 and "ACCELERATE_USE_FSDP" in logs[0] and "--fsdp" in logs[0]
     assert f"FSDP_VERSION={env['FSDP_VERSION']}" in logs[0]
 
 
 def test_fsdp_logs_on_rank_zero_only_and_reads_truth_values():
     logs = []
-    assert resolve_accelerate_sharding(False, {**FSDP_V2, "RANK": "1"}, logs.append) is True and logs == []
-    for value in ("True", "1", "yes"):  # accelerate's own helpers write "True" (enable_fsdp_ram_efficient_loading)
+    assert (
+        resolve_accelerate_sharding(False, {**FSDP_V2, "RANK": "1"}, logs.append) is True
+        and logs == []
+    )
+    for value in (
+        "True",
+        "1",
+        "yes",
+    ):  # accelerate's own helpers write "True" (enable_fsdp_ram_efficient_loading)
         assert accelerate_sharding({"ACCELERATE_USE_FSDP": value}) == "fsdp"
     for value in ("false", "0", ""):
-        assert accelerate_sharding({"ACCELERATE_USE_FSDP": value, "ACCELERATE_USE_DEEPSPEED": value}) is None
+        assert (
+            accelerate_sharding({"ACCELERATE_USE_FSDP": value, "ACCELERATE_USE_DEEPSPEED": value})
+            is None
+        )
 
 
 def test_deepspeed_stops_with_a_message_naming_the_variable_and_fsdp():
@@ -59,7 +107,10 @@ def test_no_accelerate_sharding_keeps_the_flag_and_the_environment(fsdp):
     environ, logs = {"ACCELERATE_MIXED_PRECISION": "bf16", "FSDP_VERSION": "2", "RANK": "0"}, []
     assert accelerate_sharding(environ) is None
     assert resolve_accelerate_sharding(fsdp, environ, logs.append) is fsdp
-    assert environ == {"ACCELERATE_MIXED_PRECISION": "bf16", "FSDP_VERSION": "2", "RANK": "0"} and logs == []
+    assert (
+        environ == {"ACCELERATE_MIXED_PRECISION": "bf16", "FSDP_VERSION": "2", "RANK": "0"}
+        and logs == []
+    )
 
 
 def test_the_accelerator_built_after_it_has_no_fsdp_plugin(monkeypatch):
@@ -100,42 +151,78 @@ def _run(args, env):
     import subprocess
 
     full = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", **env)
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=full)
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300, env=full
+    )
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_deepspeed_launch_stops_every_script_before_loading(script, tmp_path):
     # a model path that does not exist: a script that went on to load it would fail with another message
-    r = _run([script, "--model_name_or_path", str(tmp_path / "no-model"), "--output_dir", str(tmp_path / "out"),
-              *SMALL], DEEPSPEED)
+    r = _run(
+        [
+            script,
+            "--model_name_or_path",
+            str(tmp_path / "no-model"),
+            "--output_dir",
+            str(tmp_path / "out"),
+            *SMALL,
+        ],
+        DEEPSPEED,
+    )
     assert r.returncode != 0
     assert "ACCELERATE_USE_DEEPSPEED" in r.stderr and "--fsdp" in r.stderr, r.stderr[-3000:]
     assert "Traceback" not in r.stderr, r.stderr[-3000:]  # a clean SystemExit message, not a crash
-    assert not (tmp_path / "out").exists()  # stopped before the output dir (and args.json) was written
+    assert not (
+        tmp_path / "out"
+    ).exists()  # stopped before the output dir (and args.json) was written
 
 
 def _assert_mapped(stdout: str, out):
-    assert "ACCELERATE_USE_FSDP" in stdout and "mapped onto this script's --fsdp" in stdout, stdout[-3000:]
+    assert "ACCELERATE_USE_FSDP" in stdout and "mapped onto this script's --fsdp" in stdout, stdout[
+        -3000:
+    ]
     assert json.loads((out / "args.json").read_text())["fsdp"] is True
-    assert (out / "checkpoint-1" / "shards_rank0.pt").exists()  # written only for a model our FSDP2 sharded
+    assert (
+        out / "checkpoint-1" / "shards_rank0.pt"
+    ).exists()  # written only for a model our FSDP2 sharded
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
 
 
 def test_accelerate_launch_use_fsdp_runs_ra_rloo_with_our_fsdp(tiny_base, tmp_path):
     # the real launcher (`accelerate config` with FSDP is the same as these flags): one process, FSDP2 asked for
-    launch = ["-m", "accelerate.commands.launch", "--use_fsdp", "--fsdp_version", "2", "--num_processes", "1",
-              "--num_machines", "1", "--main_process_port", "0", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    launch = [
+        "-m",
+        "accelerate.commands.launch",
+        "--use_fsdp",
+        "--fsdp_version",
+        "2",
+        "--num_processes",
+        "1",
+        "--num_machines",
+        "1",
+        "--main_process_port",
+        "0",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+    ]
     out = tmp_path / "ra"
-    r = run_script([*launch, "ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), *SMALL])
+    r = run_script(
+        [*launch, "ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), *SMALL]
+    )
     _assert_mapped(r.stdout, out)
 
 
 def test_fsdp_v1_environment_runs_ada_seq_with_our_fsdp(tiny_base, tmp_path):
     # a plain single process with what accelerate exports for FSDP v1 (the default of `accelerate config`)
     out = tmp_path / "ada_seq"
-    r = run_script(["ada_seq.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), *SMALL],
-                   env_extra=FSDP_V1)
+    r = run_script(
+        ["ada_seq.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), *SMALL],
+        env_extra=FSDP_V1,
+    )
     _assert_mapped(r.stdout, out)
     assert r.stdout.count("ACCELERATE_USE_FSDP") == 1
 
@@ -147,13 +234,21 @@ def test_accelerate_mixed_precision_maps_bf16_onto_dtype_and_stops_on_fp16():
     assert resolve_accelerate_precision("float32", environ, logs.append) == "bfloat16"
     assert "ACCELERATE_MIXED_PRECISION" not in environ and "--dtype bfloat16" in logs[0]
     environ, logs = {"ACCELERATE_MIXED_PRECISION": "no"}, []
-    assert resolve_accelerate_precision("float32", environ, logs.append) == "float32" and not environ
+    assert (
+        resolve_accelerate_precision("float32", environ, logs.append) == "float32" and not environ
+    )
     assert logs == ["compute dtype float32 (--dtype's default)"]  # the source, every run
-    assert resolve_accelerate_precision("bfloat16", {}, logs.append, "the command line") == "bfloat16"
+    assert (
+        resolve_accelerate_precision("bfloat16", {}, logs.append, "the command line") == "bfloat16"
+    )
     assert logs[-1] == "compute dtype bfloat16 (--dtype, set on the command line)"
     for mode in ("fp16", "fp8"):
-        with pytest.raises(SystemExit, match=f"ACCELERATE_MIXED_PRECISION={mode}.*--dtype bfloat16"):
-            resolve_accelerate_precision("float32", {"ACCELERATE_MIXED_PRECISION": mode}, logs.append)
+        with pytest.raises(
+            SystemExit, match=f"ACCELERATE_MIXED_PRECISION={mode}.*--dtype bfloat16"
+        ):
+            resolve_accelerate_precision(
+                "float32", {"ACCELERATE_MIXED_PRECISION": mode}, logs.append
+            )
 
 
 # ---------------- a flag the user set wins; accelerate's gradient accumulation never divides the loss ----------------
@@ -172,37 +267,50 @@ def _start(argv: list[str], capsys):
     return args, capsys.readouterr().out.splitlines()
 
 
-def test_a_dtype_from_config_wins_over_accelerate_mixed_precision_and_the_first_line_says_so(tmp_path, monkeypatch,
-                                                                                                capsys):
+def test_a_dtype_from_config_wins_over_accelerate_mixed_precision_and_the_first_line_says_so(
+    tmp_path, monkeypatch, capsys
+):
     config = tmp_path / "run.yaml"
     config.write_text("dtype: float32\n")
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
     args, lines = _start(["--config", str(config), "--output_dir", str(tmp_path / "a")], capsys)
     assert args.dtype == "float32" and "ACCELERATE_MIXED_PRECISION" not in os.environ
-    assert lines[0] == (f"compute dtype float32 (--dtype, set on --config {config}; accelerate's "
-                        "ACCELERATE_MIXED_PRECISION=bf16 is not applied)")
+    assert lines[0] == (
+        f"compute dtype float32 (--dtype, set on --config {config}; accelerate's "
+        "ACCELERATE_MIXED_PRECISION=bf16 is not applied)"
+    )
     # not given: accelerate's setting applies, and the line names it
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
     args, lines = _start(["--output_dir", str(tmp_path / "b")], capsys)
-    assert args.dtype == "bfloat16" and lines[0].startswith("compute dtype bfloat16 (accelerate's ACCELERATE_MIXED")
+    assert args.dtype == "bfloat16" and lines[0].startswith(
+        "compute dtype bfloat16 (accelerate's ACCELERATE_MIXED"
+    )
 
 
 def test_an_explicit_fsdp_flag_wins_over_accelerate_use_fsdp():
     environ, logs = dict(FSDP_V2), []
     assert resolve_accelerate_sharding(False, environ, logs.append, "the command line") is False
     assert "ACCELERATE_USE_FSDP" not in environ  # still kept out of the Accelerator
-    assert logs == ["--fsdp False (set on the command line) wins over accelerate's ACCELERATE_USE_FSDP; accelerate's "
-                    "FSDP_* options are ignored"]
+    assert logs == [
+        "--fsdp False (set on the command line) wins over accelerate's ACCELERATE_USE_FSDP; accelerate's "
+        "FSDP_* options are ignored"
+    ]
 
 
-def test_accelerate_gradient_accumulation_is_refused_in_one_line_before_anything_loads(tmp_path, monkeypatch, capsys):
+def test_accelerate_gradient_accumulation_is_refused_in_one_line_before_anything_loads(
+    tmp_path, monkeypatch, capsys
+):
     # accelerator.backward would divide every loss by it: the same step at a quarter of the gradient, silently
     monkeypatch.setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4")
     with pytest.raises(SystemExit) as stopped:
         _start(["--output_dir", str(tmp_path / "out")], capsys)
-    assert str(stopped.value).startswith("ACCELERATE_GRADIENT_ACCUMULATION_STEPS=4 (from the environment")
+    assert str(stopped.value).startswith(
+        "ACCELERATE_GRADIENT_ACCUMULATION_STEPS=4 (from the environment"
+    )
     assert "\n" not in str(stopped.value) and "unset it" in str(stopped.value)
     assert not (tmp_path / "out").exists()  # refused before the folder was claimed
     from common.run.launch import refuse_accelerate_accumulation
 
-    refuse_accelerate_accumulation({"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "1"})  # 1 changes nothing
+    refuse_accelerate_accumulation(
+        {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "1"}
+    )  # 1 changes nothing

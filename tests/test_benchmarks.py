@@ -1,6 +1,7 @@
 """The benchmark harness without training: config/flag checks, skip/resume on fake run dirs (a fake method
 script stands in for the real ones), the report's table and 'tokens to reach the baseline' on hand-made
 metrics.jsonl files, the plots (when matplotlib is installed), and the floor's breakdown arithmetic."""
+
 import json
 import os
 import signal
@@ -27,7 +28,9 @@ def _write_rows(d: Path, rows: list[dict]) -> None:
 
 
 def _settings(**kw) -> run.Settings:
-    base = dict(seeds=[0], max_steps=4, prompts_per_step=2, eval_every=2, eval_prompts=2, eval_samples=2)
+    base = dict(
+        seeds=[0], max_steps=4, prompts_per_step=2, eval_every=2, eval_prompts=2, eval_samples=2
+    )
     base.update(kw)
     return run.Settings(**base)
 
@@ -47,11 +50,33 @@ def test_every_config_flag_exists_in_its_script():
     # PPO, PPO+PROS)
     # plus PROS's random-selection ablation, GRPO / GRPO+PROS, Dr. GRPO-n4 (GRPO-n4 without the std), DAPO's
     # dynamic sampling on GRPO-n4 (Reinforce-Ada's Table 2 baseline) and GRPO-n16 (its SEQ-BALANCE claim)
-    pool256 = {"grpo_n4", "dr_grpo_n4", "grpo_n8", "grpo_n16", "dapo_n4", "rloo", "ra_rloo", "ps_off", "ps_fixed",
-               "ps_adaptive", "seq_pos", "seq_balance", "est", "ppo", "ppo_pros", "ppo_pros_random", "grpo_k4",
-               "grpo_pros", "ps_adaptive_reset", "est_pool2048", "grpo_n8_pool2048"}
+    pool256 = {
+        "grpo_n4",
+        "dr_grpo_n4",
+        "grpo_n8",
+        "grpo_n16",
+        "dapo_n4",
+        "rloo",
+        "ra_rloo",
+        "ps_off",
+        "ps_fixed",
+        "ps_adaptive",
+        "seq_pos",
+        "seq_balance",
+        "est",
+        "ppo",
+        "ppo_pros",
+        "ppo_pros_random",
+        "grpo_k4",
+        "grpo_pros",
+        "ps_adaptive_reset",
+        "est_pool2048",
+        "grpo_n8_pool2048",
+    }
     # the second data regime: a config's twin on the 2,048-prompt pool, paired with its baseline's twin
-    assert pool256 | {f"{n}_pool2048" for n in configs.SECOND_REGIME} | {"ppo_pros_visit_pool2048"} == set(names)
+    assert pool256 | {f"{n}_pool2048" for n in configs.SECOND_REGIME} | {
+        "ppo_pros_visit_pool2048"
+    } == set(names)
     for name in configs.SECOND_REGIME:
         c, twin = run.BY_NAME[name], run.BY_NAME[f"{name}_pool2048"]
         assert twin.flags == (*c.flags, "--prompt_pool", "2048") and twin.script == c.script
@@ -69,7 +94,10 @@ def test_every_config_flag_exists_in_its_script():
     # the paper's controller (one EMA) is `ps_adaptive`, ours (EMA reset) a named variant; Reinforce-Ada
     # runs its own default advantage (r - mean(pool), recorded in args.json), not an explicit std flag
     flag = lambda name, key: run.BY_NAME[name].flags[run.BY_NAME[name].flags.index(key) + 1]  # noqa: E731
-    assert flag("ps_adaptive", "--ema_reset") == "false" and flag("ps_adaptive_reset", "--ema_reset") == "true"
+    assert (
+        flag("ps_adaptive", "--ema_reset") == "false"
+        and flag("ps_adaptive_reset", "--ema_reset") == "true"
+    )
     assert all("--scale_rewards" not in run.BY_NAME[n].flags for n in ("seq_pos", "seq_balance"))
     # EST on its own 2,048-prompt pool is measured against GRPO-n8 on that pool: GRPO-n8's flags plus the pool only
     pooled = run.BY_NAME["grpo_n8_pool2048"].flags
@@ -82,12 +110,17 @@ def test_shared_settings_reach_every_run_and_a_config_flag_wins(tmp_path):
     cmd = run.build_command(run.BY_NAME["est_pool2048"], s, 0, tmp_path)
     assert cmd.count("--prompt_pool") == 1 and cmd[cmd.index("--prompt_pool") + 1] == "2048"
     cmd = run.build_command(run.BY_NAME["seq_pos"], s, 3, tmp_path)
-    assert cmd[cmd.index("--prompt_pool") + 1] == "256" and cmd[cmd.index("--warmup_steps") + 1] == "5"
-    assert cmd[cmd.index("--seed") + 1] == "3" and cmd[cmd.index("--output_dir") + 1] == str(tmp_path)
+    assert (
+        cmd[cmd.index("--prompt_pool") + 1] == "256" and cmd[cmd.index("--warmup_steps") + 1] == "5"
+    )
+    assert cmd[cmd.index("--seed") + 1] == "3" and cmd[cmd.index("--output_dir") + 1] == str(
+        tmp_path
+    )
 
 
 def test_check_config_reports_missing_script_flag_and_choice(tmp_path):
-    (tmp_path / "m.py").write_text(textwrap.dedent('''
+    (tmp_path / "m.py").write_text(
+        textwrap.dedent('''
         from typing import Literal
         from dataclasses import dataclass
         from common.run.flags import BaseArgs
@@ -95,31 +128,52 @@ def test_check_config_reports_missing_script_flag_and_choice(tmp_path):
         class Args(BaseArgs):
             mode: Literal["a", "b"] = "a"
             """doc"""
-    '''))
+    ''')
+    )
     ok = configs.Config("x", "m.py", ("--mode", "b", "--max_steps", "3"), "x")
     assert configs.check_config(ok, root=tmp_path) is None  # own field + a BaseArgs field
-    assert "no --nope" in configs.check_config(configs.Config("x", "m.py", ("--nope", "1"), "x"), root=tmp_path)
-    assert "no choice 'c'" in configs.check_config(configs.Config("x", "m.py", ("--mode", "c"), "x"), root=tmp_path)
-    assert "does not exist" in configs.check_config(configs.Config("x", "gone.py", (), "x"), root=tmp_path)
+    assert "no --nope" in configs.check_config(
+        configs.Config("x", "m.py", ("--nope", "1"), "x"), root=tmp_path
+    )
+    assert "no choice 'c'" in configs.check_config(
+        configs.Config("x", "m.py", ("--mode", "c"), "x"), root=tmp_path
+    )
+    assert "does not exist" in configs.check_config(
+        configs.Config("x", "gone.py", (), "x"), root=tmp_path
+    )
     (tmp_path / "bad.py").write_text("def f(:\n")
-    assert configs.check_config(configs.Config("x", "bad.py", (), "x"), root=tmp_path).startswith("missing:")
+    assert configs.check_config(configs.Config("x", "bad.py", (), "x"), root=tmp_path).startswith(
+        "missing:"
+    )
 
 
 def test_budget_flags_are_shared_and_quick_overrides():
     full, _ = run.resolve(run.Args())
     quick, qdir = run.resolve(run.Args(quick=True))
     assert full.seeds == [0, 1, 2, 3, 4] and quick.seeds == [0] and quick.max_steps < full.max_steps
-    assert (full.max_steps, full.prompts_per_step, full.eval_every, full.eval_prompts, full.eval_samples) == (
-        200, 32, 25, 256, 8)
-    assert (quick.max_steps, quick.prompts_per_step, quick.eval_prompts, quick.eval_samples) == (20, 8, 32, 2)
+    assert (
+        full.max_steps,
+        full.prompts_per_step,
+        full.eval_every,
+        full.eval_prompts,
+        full.eval_samples,
+    ) == (200, 32, 25, 256, 8)
+    assert (quick.max_steps, quick.prompts_per_step, quick.eval_prompts, quick.eval_samples) == (
+        20,
+        8,
+        32,
+        2,
+    )
     assert full.max_new_tokens == quick.max_new_tokens == 48 and qdir.name == "runs-quick"
     mine, _ = run.resolve(run.Args(quick=True, max_steps=7, seeds=[3, 4]))
     assert mine.max_steps == 7 and mine.seeds == [3, 4] and mine.eval_prompts == quick.eval_prompts
     a = run.build_command(run.BY_NAME["rloo"], full, 1, Path("d"))
     b = run.build_command(run.BY_NAME["ps_fixed"], full, 1, Path("d"))
     tail = run.shared_flags(full, 1, Path("d"))
-    assert a[-len(tail):] == b[-len(tail):] == tail  # every config gets the same budget flags
-    assert "--resume_from_checkpoint" not in a and a[a.index("--max_steps") + 1] == str(full.max_steps)
+    assert a[-len(tail) :] == b[-len(tail) :] == tail  # every config gets the same budget flags
+    assert "--resume_from_checkpoint" not in a and a[a.index("--max_steps") + 1] == str(
+        full.max_steps
+    )
 
 
 def test_every_runner_and_report_flag_is_documented():
@@ -149,11 +203,17 @@ def test_run_state_on_fake_dirs(tmp_path):
     (d / "checkpoint-2" / "trainer_state.pt").write_text("x")
     assert run_dirs.run_state(d, cmd, 4) == "resume"
     _write_rows(d, [{"step": 0, "eval_pass@1": 0.1}, {"step": 4}])
-    assert run_dirs.run_state(d, cmd, 4) == "resume"  # last step without its evaluation is not finished
+    assert (
+        run_dirs.run_state(d, cmd, 4) == "resume"
+    )  # last step without its evaluation is not finished
     with (d / "metrics.jsonl").open("a") as f:
-        f.write(json.dumps({"step": 4, "eval_pass@1": 0.3}) + "\n" + '{"step": 5, "tru')  # torn last line
+        f.write(
+            json.dumps({"step": 4, "eval_pass@1": 0.3}) + "\n" + '{"step": 5, "tru'
+        )  # torn last line
     assert run_dirs.run_state(d, cmd, 4) == "done"
-    assert run_dirs.run_state(d, cmd + ["--seed", "1"], 4) == "conflict"  # another command's run: never overwritten
+    assert (
+        run_dirs.run_state(d, cmd + ["--seed", "1"], 4) == "conflict"
+    )  # another command's run: never overwritten
     stray = tmp_path / "stray"
     _write_rows(stray, [{"step": 0}])
     assert run_dirs.run_state(stray, cmd, 4) == "conflict"  # files without bench.json: not ours
@@ -165,7 +225,14 @@ def test_a_committed_finished_run_is_done_on_a_fresh_clone(tmp_path):
     cfg = run.BY_NAME["rloo"]
     d = tmp_path / "runs" / "rloo" / "seed0"
     cmd = run.build_command(cfg, s, 0, run._portable(d))
-    _write_rows(d, [{"step": 0, "eval_pass@1": 0.1}, {"step": 2, "eval_pass@1": 0.2}, {"step": 4, "eval_pass@1": 0.3}])
+    _write_rows(
+        d,
+        [
+            {"step": 0, "eval_pass@1": 0.1},
+            {"step": 2, "eval_pass@1": 0.2},
+            {"step": 4, "eval_pass@1": 0.3},
+        ],
+    )
     (d / "args.json").write_text("{}")
     testbed = run_dirs.testbed_id(s.model_name_or_path)
     meta = {"cmd": cmd, "attempts": 1, "finished": True, "testbed": testbed}
@@ -183,9 +250,14 @@ def test_a_run_on_another_testbed_is_stale_not_skipped(tmp_path, monkeypatch):
     cmd = run.build_command(run.BY_NAME["rloo"], s, 0, run._portable(d))
     _write_rows(d, [{"step": 0, "eval_pass@1": 0.1}, {"step": 4, "eval_pass@1": 0.3}])
     now = run_dirs.testbed_id("embedded")
-    assert now.startswith("countdown-base-") and run_dirs.testbed_id("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
+    assert (
+        now.startswith("countdown-base-")
+        and run_dirs.testbed_id("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"
+    )
     for recorded, state in ((now, "done"), ("countdown-base-0000000000", "stale"), (None, "stale")):
-        (d / "bench.json").write_text(json.dumps({"cmd": cmd, "attempts": 1, "finished": True, "testbed": recorded}))
+        (d / "bench.json").write_text(
+            json.dumps({"cmd": cmd, "attempts": 1, "finished": True, "testbed": recorded})
+        )
         assert run_dirs.run_state(d, cmd, 4, now) == state, recorded
     # the testbed id follows the task's levels, not only the base recipe
     from common.demo import countdown
@@ -205,9 +277,18 @@ def test_compact_run_keeps_what_git_tracks(tmp_path):
     run_dirs.compact_run(d, keep_checkpoints=True)
     assert (d / "checkpoint-4").exists() and (d / "samples.jsonl").exists()
     log = (d / "log.txt").read_text().splitlines()
-    assert len(log) == run_dirs.LOG_KEEP_LINES + 1 and log[-1] == "line 499" and "300 earlier lines cut" in log[0]
+    assert (
+        len(log) == run_dirs.LOG_KEEP_LINES + 1
+        and log[-1] == "line 499"
+        and "300 earlier lines cut" in log[0]
+    )
     run_dirs.compact_run(d)
-    assert sorted(p.name for p in d.iterdir()) == ["args.json", "bench.json", "log.txt", "metrics.jsonl"]
+    assert sorted(p.name for p in d.iterdir()) == [
+        "args.json",
+        "bench.json",
+        "log.txt",
+        "metrics.jsonl",
+    ]
     assert (d / "log.txt").read_text().splitlines() == log  # compacting again changes nothing
 
 
@@ -257,19 +338,36 @@ for s in range(start + 1, int(a.max_steps) + 1):
 def _fake_sweep(tmp_path, monkeypatch, extra=""):
     script = tmp_path / "fake_method.py"
     script.write_text(FAKE)
-    cfgs = (configs.Config("fake_a", str(script), ("--knob", "1"), "A"),
-            configs.Config("fake_b", str(script), ("--knob", "2"), "B", baseline="fake_a"),
-            configs.Config("fake_missing", str(script), ("--no_such_flag", "1"), "M"))
+    cfgs = (
+        configs.Config("fake_a", str(script), ("--knob", "1"), "A"),
+        configs.Config("fake_b", str(script), ("--knob", "2"), "B", baseline="fake_a"),
+        configs.Config("fake_missing", str(script), ("--no_such_flag", "1"), "M"),
+    )
     monkeypatch.setattr(run, "CONFIGS", cfgs)
     monkeypatch.setattr(run, "BY_NAME", {c.name: c for c in cfgs})
-    argv = ["--runs_dir", str(tmp_path / "runs"), "--seeds", "0", "--max_steps", "4", "--eval_steps", "2",
-            "--progress_every", "0", *extra.split()]
+    argv = [
+        "--runs_dir",
+        str(tmp_path / "runs"),
+        "--seeds",
+        "0",
+        "--max_steps",
+        "4",
+        "--eval_steps",
+        "2",
+        "--progress_every",
+        "0",
+        *extra.split(),
+    ]
     return argv, tmp_path / "runs"
 
 
-def test_runner_ctrl_c_stops_gracefully_and_the_same_command_continues(tmp_path, monkeypatch, capsys):
+def test_runner_ctrl_c_stops_gracefully_and_the_same_command_continues(
+    tmp_path, monkeypatch, capsys
+):
     # 40 steps of 0.2 s: room for the interrupt to land mid-run on a loaded machine
-    argv, runs = _fake_sweep(tmp_path, monkeypatch, "--only fake_a --max_steps 40 --extra=--sleep=0.2")
+    argv, runs = _fake_sweep(
+        tmp_path, monkeypatch, "--only fake_a --max_steps 40 --extra=--sleep=0.2"
+    )
     # the runner turns Ctrl-C into KeyboardInterrupt: make sure no earlier in-process code left another handler
     signal.signal(signal.SIGINT, signal.default_int_handler)
     d = runs / "fake_a" / "seed0"
@@ -304,11 +402,16 @@ def test_runner_runs_skips_finished_and_resumes_unfinished(tmp_path, monkeypatch
     out = capsys.readouterr().out
     assert "fake_missing seed0: missing: " in out and "no --no_such_flag" in out
     a, b = runs / "fake_a" / "seed0", runs / "fake_b" / "seed0"
-    assert run_dirs.is_finished(run_dirs.read_rows(a), 4) and run_dirs.is_finished(run_dirs.read_rows(b), 4)
-    assert not list(a.glob("checkpoint-*"))  # finished: checkpoints removed (only metrics are needed)
+    assert run_dirs.is_finished(run_dirs.read_rows(a), 4) and run_dirs.is_finished(
+        run_dirs.read_rows(b), 4
+    )
+    assert not list(
+        a.glob("checkpoint-*")
+    )  # finished: checkpoints removed (only metrics are needed)
     assert json.loads((a / "bench.json").read_text())["finished"]
     assert json.loads((runs / "sweep.json").read_text())["invocations"][0]["command"].startswith(
-        "python benchmarks/sweep/run.py")
+        "python benchmarks/sweep/run.py"
+    )
 
     # second invocation: both finished -> skipped, the fake script is not called again
     assert run.main(args, argv) == 0
@@ -350,21 +453,44 @@ def test_runner_dry_run_and_failure(tmp_path, monkeypatch, capsys):
 # ----------------------------------------------------------------------------------------------------
 
 
-def _fake_run(runs: Path, cfg: str, seed: int, evals: dict[int, float], tok_per_step: int, max_steps: int = 4,
-              extra: dict | None = None, finished: bool = True, levels: bool = False, step_s: float = 1.0,
-              train_gap: float | None = None):
+def _fake_run(
+    runs: Path,
+    cfg: str,
+    seed: int,
+    evals: dict[int, float],
+    tok_per_step: int,
+    max_steps: int = 4,
+    extra: dict | None = None,
+    finished: bool = True,
+    levels: bool = False,
+    step_s: float = 1.0,
+    train_gap: float | None = None,
+):
     def at(v):  # held-out pass@1 by difficulty (the newer runs log it): hard v/2, easy (1+v)/2
         out = {"eval_pass@1_hard": v / 2, "eval_pass@1_easy": (1 + v) / 2} if levels else {}
-        if train_gap is not None:  # the same evaluation on training-pool prompts (the newer runs log it)
+        if (
+            train_gap is not None
+        ):  # the same evaluation on training-pool prompts (the newer runs log it)
             out["eval_train_pass@1"] = v + train_gap
         return out
 
-    rows = [{"step": 0, "eval_pass@1": evals[0], "eval_pass@2": 0.4, "eval_pass@8": 0.5, **at(evals[0])}]
+    rows = [
+        {"step": 0, "eval_pass@1": evals[0], "eval_pass@2": 0.4, "eval_pass@8": 0.5, **at(evals[0])}
+    ]
     for s in range(1, max_steps + 1):
-        r = {"step": s, "gen_tokens": tok_per_step * s, "rollouts": 4 * s, "time_step_s": step_s + (s == 2) * 50,
-             "time_gen_s": 0.6, "time_train_s": 0.3, "frac_zero_var_groups": 0.4}
+        r = {
+            "step": s,
+            "gen_tokens": tok_per_step * s,
+            "rollouts": 4 * s,
+            "time_step_s": step_s + (s == 2) * 50,
+            "time_gen_s": 0.6,
+            "time_train_s": 0.3,
+            "frac_zero_var_groups": 0.4,
+        }
         if s in evals:
-            r.update({"eval_pass@1": evals[s], "eval_pass@2": 0.5, "eval_pass@8": 0.6, **at(evals[s])})
+            r.update(
+                {"eval_pass@1": evals[s], "eval_pass@2": 0.5, "eval_pass@8": 0.6, **at(evals[s])}
+            )
         r.update((extra or {}).get(s, {}))
         rows.append(r)
     if not finished:
@@ -383,7 +509,9 @@ def _fake_results(tmp_path) -> Path:
     post = {s: {"ra_zero_var_frac_post": v} for s, v in zip(range(1, 5), (0.4, 0.2, 0.1, 0.0))}
     _fake_run(runs, "ra_rloo", 0, {0: 0.2, 2: 0.32, 4: 0.36}, 200, extra=post, levels=True)
     _fake_run(runs, "ra_rloo", 1, {0: 0.2, 2: 0.34, 4: 0.40}, 200, extra=post, levels=True)
-    _fake_run(runs, "ra_rloo", 2, {0: 0.2, 2: 0.30}, 200, finished=False)  # unfinished: listed, not counted
+    _fake_run(
+        runs, "ra_rloo", 2, {0: 0.2, 2: 0.30}, 200, finished=False
+    )  # unfinished: listed, not counted
     # PPO+PROS never reaches PPO's final
     _fake_run(runs, "ppo", 0, {0: 0.2, 4: 0.5}, 50)
     _fake_run(runs, "ppo_pros", 0, {0: 0.2, 4: 0.4}, 50)
@@ -402,9 +530,15 @@ def test_report_numbers_on_hand_made_runs(tmp_path):
     # RA-RLOO's seed-mean pass@1 is 0.33 at step 2: the first evaluation at or above RLOO's final 0.32
     hit = report.reach(ra.curve, rl.final[0])
     assert hit["step"] == 2 and hit["gen_tokens"] == 400 and hit["rollouts"] == 8
-    assert report.reach(rl.curve, rl.final[0])["step"] == 4  # RLOO itself gets there at the end: 400 tokens
+    assert (
+        report.reach(rl.curve, rl.final[0])["step"] == 4
+    )  # RLOO itself gets there at the end: 400 tokens
     tgt, tok, smp = report.reach_cells(ra, aggs)
-    assert tgt.startswith("0.320 (rloo)") and tok == "400 (1.00x) @ step 2" and smp.startswith("8 (0.50x)")
+    assert (
+        tgt.startswith("0.320 (rloo)")
+        and tok == "400 (1.00x) @ step 2"
+        and smp.startswith("8 (0.50x)")
+    )
     assert report.reach_cells(aggs["ppo_pros"], aggs)[1] == "not reached"
     # a baseline that ends below its start: "reaching" its final pass@1 at step 0 is reported as such
     _fake_run(tmp_path / "down", "ppo", 0, {0: 0.3, 4: 0.25}, 50)
@@ -416,40 +550,70 @@ def test_report_numbers_on_hand_made_runs(tmp_path):
     assert walls[2] == pytest.approx(0.6 + 0.3 + 0.1) and walls[1] == 1.0
     assert ra.step_s == pytest.approx(1.0)
     m = ra.mechanism["ra_zero_var_frac_post"]
-    assert m["early"] == pytest.approx(0.4) and m["late"] == pytest.approx(0.0) and m["mean"] == pytest.approx(0.175)
+    assert (
+        m["early"] == pytest.approx(0.4)
+        and m["late"] == pytest.approx(0.0)
+        and m["mean"] == pytest.approx(0.175)
+    )
     assert ra.mechanism["ra_replay_fired_frac"] is None  # not in these rows: shown as "not logged"
     table = report.results_table(order, aggs)
-    assert ("**0.380** ± 0.028" in table and "**0.400** (1 seed)" in table and "not reached" in table
-            and "`ra_replay_fired_frac` not logged" in table)
+    assert (
+        "**0.380** ± 0.028" in table
+        and "**0.400** (1 seed)" in table
+        and "not reached" in table
+        and "`ra_replay_fired_frac` not logged" in table
+    )
     assert "2 (+1 unfinished)" in table
 
 
 def test_paired_t_interval_on_known_numbers(tmp_path):
     iv = report.t_interval([0.01, 0.03, 0.02])
     # mean 0.02, std 0.01, t(0.975, 2 dof) = 4.302653: half-width 4.302653 * 0.01 / sqrt(3)
-    assert iv.mean == pytest.approx(0.02) and iv.n == 3 and iv.half == pytest.approx(4.302653 * 0.01 / 3 ** 0.5)
-    assert (iv.lo, iv.hi) == (pytest.approx(0.02 - 0.024841, abs=1e-6), pytest.approx(0.02 + 0.024841, abs=1e-6))
-    assert "⚠" not in iv.text() and "⚠" in report.t_interval([0.0, 0.1, 0.05]).text()  # half-width above 0.03
+    assert (
+        iv.mean == pytest.approx(0.02)
+        and iv.n == 3
+        and iv.half == pytest.approx(4.302653 * 0.01 / 3**0.5)
+    )
+    assert (iv.lo, iv.hi) == (
+        pytest.approx(0.02 - 0.024841, abs=1e-6),
+        pytest.approx(0.02 + 0.024841, abs=1e-6),
+    )
+    assert (
+        "⚠" not in iv.text() and "⚠" in report.t_interval([0.0, 0.1, 0.05]).text()
+    )  # half-width above 0.03
     assert report.t_interval([0.5]).half is None and report.t_interval([]) is None
     # the quantiles are scipy's, and scipy's are the textbook's (t table, F table at 97.5%)
     for dof, table in ((1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (30, 2.042), (120, 1.980)):
-        assert report.t975(dof) == pytest.approx(stats.t.ppf(0.975, dof), abs=1e-12) == pytest.approx(table, abs=6e-4)
+        assert (
+            report.t975(dof)
+            == pytest.approx(stats.t.ppf(0.975, dof), abs=1e-12)
+            == pytest.approx(table, abs=6e-4)
+        )
     for (dof1, dof2), table in (((4, 4), 9.6045), ((2, 8), 6.0595), ((8, 2), 39.373)):
-        assert report.f_quantile(0.975, dof1, dof2) == pytest.approx(stats.f.ppf(0.975, dof1, dof2), abs=1e-12)
+        assert report.f_quantile(0.975, dof1, dof2) == pytest.approx(
+            stats.f.ppf(0.975, dof1, dof2), abs=1e-12
+        )
         assert report.f_quantile(0.975, dof1, dof2) == pytest.approx(table, abs=1e-3)
     # the spread ratio's interval: sqrt(ratio / F(dx, dy)) .. sqrt(ratio * F(dy, dx)), the F test's bounds
     xs, ys = [0.1, 0.3, 0.2, 0.5, 0.4], [0.2, 0.25, 0.22]
     ratio = np.var(xs, ddof=1) / np.var(ys, ddof=1)
     got = report.std_ratio_interval(xs, ys)
-    assert got == pytest.approx((ratio ** 0.5, (ratio / stats.f.ppf(0.975, 4, 2)) ** 0.5,
-                                 (ratio * stats.f.ppf(0.975, 2, 4)) ** 0.5))
+    assert got == pytest.approx(
+        (
+            ratio**0.5,
+            (ratio / stats.f.ppf(0.975, 4, 2)) ** 0.5,
+            (ratio * stats.f.ppf(0.975, 2, 4)) ** 0.5,
+        )
+    )
     # paired by seed: config minus baseline on the seeds both finished (seed 2 of ra_rloo is unfinished)
     _, aggs = report.build_aggs(report.load_runs(_fake_results(tmp_path)))
     diff = report.paired(aggs, "ra_rloo", "rloo", report.final_value)
     assert diff.n == 2 and diff.mean == pytest.approx(0.06) and diff.half == pytest.approx(0.0)
     hard = report.paired(aggs, "ra_rloo", "rloo", lambda r: report.final_value(r, "hard"))
     assert hard.mean == pytest.approx(0.03)  # hard = pass@1 / 2 in the fake rows
-    assert report.paired(aggs, "ppo_pros", "ppo", lambda r: report.final_value(r, "hard")) is None  # not logged
+    assert (
+        report.paired(aggs, "ppo_pros", "ppo", lambda r: report.final_value(r, "hard")) is None
+    )  # not logged
 
 
 def test_verdict_rules_on_constructed_intervals():
@@ -457,22 +621,43 @@ def test_verdict_rules_on_constructed_intervals():
     greater = lambda m, h, **kw: report.verdict_greater(iv(m, h, 5), 0.03, **kw)  # noqa: E731
     assert greater(0.02, 0.01) == "reproduced"  # [0.01, 0.03] above 0
     assert greater(-0.05, 0.01) == "worse"  # [-0.06, -0.04] below 0
-    assert greater(0.014, 0.014) == "no gain as large as 0.03"  # [0.000, 0.028]: not below 0, a 0.03 gain excluded
-    assert greater(-0.005, 0.02) == "no gain as large as 0.03"  # [-0.025, 0.015]: neither side of 0 excluded
+    assert (
+        greater(0.014, 0.014) == "no gain as large as 0.03"
+    )  # [0.000, 0.028]: not below 0, a 0.03 gain excluded
+    assert (
+        greater(-0.005, 0.02) == "no gain as large as 0.03"
+    )  # [-0.025, 0.015]: neither side of 0 excluded
     assert greater(0.01, 0.03) == "inconclusive"  # [-0.02, 0.04]
     assert report.verdict_greater(iv(0.2, 0.3, 5), 1.0, "1 group") == "no gain as large as 1 group"
     # in order: above 0, below 0 (however small the paper's effect: the sign is resolved); then, for an interval
     # holding 0, the paper's own effect below the margin or below what the seeds resolve: no verdict
-    assert greater(0.05, 0.01, paper_effect=0.023) == "reproduced"  # [0.04, 0.06]: above 0, not holding +0.023
-    assert report.verdict_greater(iv(0.05, 0.01, 5), 0.03, paper_effect=0.04) == \
-        "reproduced (the interval holds the paper's +0.04)"
+    assert (
+        greater(0.05, 0.01, paper_effect=0.023) == "reproduced"
+    )  # [0.04, 0.06]: above 0, not holding +0.023
+    assert (
+        report.verdict_greater(iv(0.05, 0.01, 5), 0.03, paper_effect=0.04)
+        == "reproduced (the interval holds the paper's +0.04)"
+    )
     # RA-RLOO on the paper's metric (pass@4; the paper: +0.023 < m): the 256 pool's cell and the 2,048 pool's
     assert greater(-0.024, 0.023, paper_effect=0.023) == "worse"  # [-0.047, -0.001]
-    assert greater(0.046, 0.025, paper_effect=0.023) == "reproduced (the interval holds the paper's +0.023)"
-    assert greater(0.01, 0.02, paper_effect=0.023) == "cannot resolve at this precision"  # holds 0; 0.023 < m
-    assert report.verdict_greater(iv(0.01, 0.05, 5), 0.03, paper_effect=0.04) == "cannot resolve at this precision"
-    assert report.verdict_greater(iv(0.02, 0.03, 5), 0.03, paper_effect=0.04) == "inconclusive"  # 0.04: resolvable
-    assert report.verdict_greater(iv(0.0, 0.02, 5), 0.03, paper_effect=0.04) == "no gain as large as 0.03"
+    assert (
+        greater(0.046, 0.025, paper_effect=0.023)
+        == "reproduced (the interval holds the paper's +0.023)"
+    )
+    assert (
+        greater(0.01, 0.02, paper_effect=0.023) == "cannot resolve at this precision"
+    )  # holds 0; 0.023 < m
+    assert (
+        report.verdict_greater(iv(0.01, 0.05, 5), 0.03, paper_effect=0.04)
+        == "cannot resolve at this precision"
+    )
+    assert (
+        report.verdict_greater(iv(0.02, 0.03, 5), 0.03, paper_effect=0.04) == "inconclusive"
+    )  # 0.04: resolvable
+    assert (
+        report.verdict_greater(iv(0.0, 0.02, 5), 0.03, paper_effect=0.04)
+        == "no gain as large as 0.03"
+    )
     assert report.verdict_greater(iv(0.1, None, 1), 0.03) == "inconclusive (1 seed)"
     assert report.verdict_greater(None, 0.03) == "inconclusive (no runs)"
     not_below = lambda m, h: report.verdict_not_below(iv(m, h, 5), 0.03)  # noqa: E731
@@ -483,10 +668,25 @@ def test_verdict_rules_on_constructed_intervals():
     assert within(0.5, 0.05) == "reproduced" and within(0.75, 0.1) == "outside the band"
     assert within(0.58, 0.05) == "inconclusive"
     # every interval-drawn verdict counts in the README's tally; pending and unresolved ones do not
-    assert all(report.judged(v) for v in ("reproduced", "worse", "no gain as large as 0.03", "inconclusive",
-                                          "outside the band", "reproduced (the interval holds the paper's +0.023)"))
-    assert not any(report.judged(v) for v in ("cannot resolve at this precision", "runs pending (1 seed)",
-                                              "no 2,048-pool config"))
+    assert all(
+        report.judged(v)
+        for v in (
+            "reproduced",
+            "worse",
+            "no gain as large as 0.03",
+            "inconclusive",
+            "outside the band",
+            "reproduced (the interval holds the paper's +0.023)",
+        )
+    )
+    assert not any(
+        report.judged(v)
+        for v in (
+            "cannot resolve at this precision",
+            "runs pending (1 seed)",
+            "no 2,048-pool config",
+        )
+    )
 
 
 def test_fewer_steps_verdict_when_most_seeds_never_reach_the_baseline(tmp_path):
@@ -496,7 +696,11 @@ def test_fewer_steps_verdict_when_most_seeds_never_reach_the_baseline(tmp_path):
         _fake_run(runs, "ps_off", seed, {0: 0.2, 2: 0.25, 4: 0.30}, 50)
         _fake_run(runs, "ps_fixed", seed, {0: 0.2, 2: 0.22, 4: 0.31 if seed == 2 else 0.25}, 50)
     _, aggs = report.build_aggs(report.load_runs(runs))
-    (row,) = [c for c in report.claim_rows(aggs) if c.claim.startswith("PS (fixed), multi-turn: fewer steps")]
+    (row,) = [
+        c
+        for c in report.claim_rows(aggs)
+        if c.claim.startswith("PS (fixed), multi-turn: fewer steps")
+    ]
     assert row.verdict == "not reached (1/3 seeds)" and report.judged(row.verdict)
     assert "(reached in 1/3 seeds)" in row.measured
 
@@ -507,20 +711,30 @@ def test_readme_claims_block_shows_scope_effect_and_rules(tmp_path):
     _, aggs = report.build_aggs(report.load_runs(tmp_path / "runs"))
     block = report.readme_block(aggs)
     scope, table = block.split("\n\n", 1)
-    decided = [c for r in report.REGIMES for c in report.claim_rows(aggs, r) if report.judged(c.verdict)]
+    decided = [
+        c for r in report.REGIMES for c in report.claim_rows(aggs, r) if report.judged(c.verdict)
+    ]
     assert len(decided) == 4  # PPO+PROS beats PPO and takes PPO's time per step, on both pools
-    assert "~1M-parameter model" in scope and "3-3 paired seeds, 95% intervals" in scope and "95% intervals" in scope
+    assert (
+        "~1M-parameter model" in scope
+        and "3-3 paired seeds, 95% intervals" in scope
+        and "95% intervals" in scope
+    )
     assert "of 4 verdicts ~0 would flip by chance alone" in " ".join(scope.split())
-    assert "(benchmarks/sweep/results/README.md#the-papers-claims-verdicts)" in scope.replace("\n", "")
+    assert "(benchmarks/sweep/results/README.md#the-papers-claims-verdicts)" in scope.replace(
+        "\n", ""
+    )
     (row,) = [ln for ln in table.splitlines() if ln.startswith("| PROS | PPO+PROS beats PPO")]
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[2].startswith("no gain as large as 0.03: +0.001 [") and cells[2].endswith("]")
     assert cells[3].startswith("reproduced: +0.052 [")
     # the conclusion under the table is drawn from these verdicts: it follows them when one changes
     conclusion = " ".join(block.rstrip("\n").split("\n\n")[-1].split())
-    assert conclusion == ("In short: mechanisms 2 of 2 reproduced (PROS 2 of 2); outcomes (final pass@1 or pass@4, "
-                          "steps to the baseline's final pass@1, spread over seeds) 2: reproduced 1 (PPO+PROS beats "
-                          "PPO, 2,048-prompt pool), no gain as large as the margin 1.")
+    assert conclusion == (
+        "In short: mechanisms 2 of 2 reproduced (PROS 2 of 2); outcomes (final pass@1 or pass@4, "
+        "steps to the baseline's final pass@1, spread over seeds) 2: reproduced 1 (PPO+PROS beats "
+        "PPO, 2,048-prompt pool), no gain as large as the margin 1."
+    )
 
 
 def _pros_runs(runs: Path, gain: float, seeds=(0, 1, 2)):
@@ -528,7 +742,15 @@ def _pros_runs(runs: Path, gain: float, seeds=(0, 1, 2)):
         base = 0.30 + 0.01 * seed
         calib = {s: {"pros_calib_error": 0.4 - 0.1 * s + 0.01 * seed} for s in range(1, 5)}
         _fake_run(runs, "ppo", seed, {0: 0.2, 4: base}, 50)
-        _fake_run(runs, "ppo_pros", seed, {0: 0.2, 4: base + gain + 0.002 * seed}, 50, extra=calib, step_s=1.02)
+        _fake_run(
+            runs,
+            "ppo_pros",
+            seed,
+            {0: 0.2, 4: base + gain + 0.002 * seed},
+            50,
+            extra=calib,
+            step_s=1.02,
+        )
         _fake_run(runs, "ppo_pros_random", seed, {0: 0.2, 4: base + gain - 0.01}, 50, step_s=1.5)
 
 
@@ -541,21 +763,33 @@ def test_claim_verdicts_on_constructed_runs(tmp_path):
     assert rows["GRPO+PROS beats GRPO (final pass@1)"].verdict == "runs pending (0 seeds)"
     assert rows["Bayesian selection beats random selection (final pass@1)"].verdict == "reproduced"
     calib = [c for c in rows.values() if c.claim.startswith("The pass-rate model's calibration")][0]
-    assert calib.verdict == "reproduced"  # 0.3 lower in the last quarter than in the first, every seed
+    assert (
+        calib.verdict == "reproduced"
+    )  # 0.3 lower in the last quarter than in the first, every seed
     times = [c for c in rows.values() if "time per step of `ppo`" in c.claim][0]
     assert times.verdict == "reproduced" and "1.02" in times.measured  # 1.02 s vs 1.00 s per step
     # every paper has its lines; configs without runs say so
-    assert {c.paper for c in rows.values()} == {"RA-RLOO", "Prefix Sampling", "Reinforce-Ada", "PROS"}
-    assert rows["Lower seed-to-seed spread of final pass@1 than RLOO"].verdict == "runs pending (0 seeds)"
+    assert {c.paper for c in rows.values()} == {
+        "RA-RLOO",
+        "Prefix Sampling",
+        "Reinforce-Ada",
+        "PROS",
+    }
+    assert (
+        rows["Lower seed-to-seed spread of final pass@1 than RLOO"].verdict
+        == "runs pending (0 seeds)"
+    )
     # no gain: the interval excludes +0.03 but not 0 -> no gain as large as 0.03; 1 seed -> runs pending
     _pros_runs(tmp_path / "flat", gain=0.0)
     _, aggs = report.build_aggs(report.load_runs(tmp_path / "flat"))
     assert [c.verdict for c in report.claim_rows(aggs) if c.claim.startswith("PPO+PROS beats")] == [
-        "no gain as large as 0.03"]
+        "no gain as large as 0.03"
+    ]
     _pros_runs(tmp_path / "one", gain=0.05, seeds=(0,))
     _, aggs = report.build_aggs(report.load_runs(tmp_path / "one"))
     assert [c.verdict for c in report.claim_rows(aggs) if c.claim.startswith("PPO+PROS beats")] == [
-        "runs pending (1 seed)"]
+        "runs pending (1 seed)"
+    ]
 
 
 def test_ra_rloo_claim_on_groups_without_a_success(tmp_path):
@@ -563,8 +797,13 @@ def test_ra_rloo_claim_on_groups_without_a_success(tmp_path):
     # zero-variance fraction (all-pass groups included) keeps its own line; runs without the metric are left out
     runs = tmp_path / "runs"
     for seed in range(3):
-        post = {s: {"ra_no_success_frac_post": 0.01 * seed, "ra_zero_var_frac_post": 0.15} for s in range(1, 5)}
-        post[4]["eval_paper_pass@4"] = 0.55 + 0.01 * seed  # the paper's metric, logged with the final evaluation
+        post = {
+            s: {"ra_no_success_frac_post": 0.01 * seed, "ra_zero_var_frac_post": 0.15}
+            for s in range(1, 5)
+        }
+        post[4]["eval_paper_pass@4"] = (
+            0.55 + 0.01 * seed
+        )  # the paper's metric, logged with the final evaluation
         _fake_run(runs, "ra_rloo", seed, {0: 0.2, 4: 0.3 + 0.01 * seed}, 50, extra=post)
         rloo = {s: {"ra_no_success_frac_post": 0.6} for s in range(1, 5)}
         rloo[4]["eval_paper_pass@4"] = 0.50 + 0.01 * seed
@@ -573,11 +812,19 @@ def test_ra_rloo_claim_on_groups_without_a_success(tmp_path):
     _, aggs = report.build_aggs(report.load_runs(runs))
     rows = [c for c in report.claim_rows(aggs) if c.paper == "RA-RLOO"]
     assert rows[0].claim.startswith("Splicing leaves no group without a success")
-    assert rows[0].verdict == "reproduced" and "(3 seeds log it)" in rows[0].measured and "0.600" in rows[0].measured
-    assert rows[1].claim.startswith("Splicing stored successes leaves about no zero-variance groups")
+    assert (
+        rows[0].verdict == "reproduced"
+        and "(3 seeds log it)" in rows[0].measured
+        and "0.600" in rows[0].measured
+    )
+    assert rows[1].claim.startswith(
+        "Splicing stored successes leaves about no zero-variance groups"
+    )
     assert rows[1].verdict == "outside the band"
     beats = {c.claim.split(" (")[0]: c for c in rows if c.claim.startswith("RA-RLOO beats RLOO")}
-    assert beats["RA-RLOO beats RLOO"].verdict == "inconclusive"  # +0.01 [-0.015, +0.035]: neither side of 0.03
+    assert (
+        beats["RA-RLOO beats RLOO"].verdict == "inconclusive"
+    )  # +0.01 [-0.015, +0.035]: neither side of 0.03
     paper4 = [c for c in rows if "paper's metric" in c.claim][0]
     # +0.05 every seed: above 0, so reproduced although the paper's +0.023 is below the 0.03 margin
     assert paper4.verdict == "reproduced" and "+0.050" in paper4.measured
@@ -589,9 +836,19 @@ def test_ada_sample_allocation_claims_compare_hard_with_mid(tmp_path):
     # paper claims hard > mid for both SEQ variants, and SEQ-BALANCE's easy > mid (it collects failure cases)
     runs = tmp_path / "runs"
     for seed in range(3):
-        for name, easy, mid, hard in (("seq_pos", 8.0, 12.0, 28.0), ("seq_balance", 31.5, 17.0, 31.0)):
-            per = {s: {"ada_samples_per_prompt_easy": easy, "ada_samples_per_prompt_mid": mid + 0.1 * seed,
-                       "ada_samples_per_prompt_hard": hard, "ada_samples_per_prompt_mean": mid} for s in range(1, 5)}
+        for name, easy, mid, hard in (
+            ("seq_pos", 8.0, 12.0, 28.0),
+            ("seq_balance", 31.5, 17.0, 31.0),
+        ):
+            per = {
+                s: {
+                    "ada_samples_per_prompt_easy": easy,
+                    "ada_samples_per_prompt_mid": mid + 0.1 * seed,
+                    "ada_samples_per_prompt_hard": hard,
+                    "ada_samples_per_prompt_mean": mid,
+                }
+                for s in range(1, 5)
+            }
             _fake_run(runs, name, seed, {0: 0.2, 4: 0.3}, 50, extra=per)
     _, aggs = report.build_aggs(report.load_runs(runs))
     rows = {c.claim: c for c in report.claim_rows(aggs)}
@@ -599,22 +856,40 @@ def test_ada_sample_allocation_claims_compare_hard_with_mid(tmp_path):
     assert pos.verdict == "reproduced" and "hard - mid samples per prompt +15.90" in pos.measured
     bal = rows["SEQ-BALANCE draws more samples for hard prompts than for mid-difficulty ones"]
     assert bal.verdict == "reproduced" and "+13.90" in bal.measured
-    easy = [c for c in rows.values() if c.claim.startswith("SEQ-BALANCE also draws more samples for easy")][0]
+    easy = [
+        c
+        for c in rows.values()
+        if c.claim.startswith("SEQ-BALANCE also draws more samples for easy")
+    ][0]
     assert easy.verdict == "reproduced" and "easy - mid samples per prompt +14.40" in easy.measured
     # a balanced run whose hard prompts got no more than its mid ones: the claim fails
     for seed in range(3):
-        per = {s: {"ada_samples_per_prompt_easy": 31.5, "ada_samples_per_prompt_mid": 17.0 + 0.1 * seed,
-                   "ada_samples_per_prompt_hard": 12.0} for s in range(1, 5)}
+        per = {
+            s: {
+                "ada_samples_per_prompt_easy": 31.5,
+                "ada_samples_per_prompt_mid": 17.0 + 0.1 * seed,
+                "ada_samples_per_prompt_hard": 12.0,
+            }
+            for s in range(1, 5)
+        }
         _fake_run(tmp_path / "flat", "seq_balance", seed, {0: 0.2, 4: 0.3}, 50, extra=per)
     _, aggs = report.build_aggs(report.load_runs(tmp_path / "flat"))
     rows = {c.claim: c for c in report.claim_rows(aggs)}
-    assert rows["SEQ-BALANCE draws more samples for hard prompts than for mid-difficulty ones"].verdict == "worse"
+    assert (
+        rows["SEQ-BALANCE draws more samples for hard prompts than for mid-difficulty ones"].verdict
+        == "worse"
+    )
 
 
 def test_tokens_to_reach_the_baseline(tmp_path):
-    curve = [{"step": 0, "pass1": 0.2, "gen_tokens": 0}, {"step": 2, "pass1": 0.3, "gen_tokens": 400},
-             {"step": 4, "pass1": 0.4, "gen_tokens": 800}]
-    assert report.cost_to_reach(curve, 0.35) == pytest.approx(600)  # halfway between the evaluations
+    curve = [
+        {"step": 0, "pass1": 0.2, "gen_tokens": 0},
+        {"step": 2, "pass1": 0.3, "gen_tokens": 400},
+        {"step": 4, "pass1": 0.4, "gen_tokens": 800},
+    ]
+    assert report.cost_to_reach(curve, 0.35) == pytest.approx(
+        600
+    )  # halfway between the evaluations
     assert report.cost_to_reach(curve, 0.35, "step") == pytest.approx(3)
     assert report.cost_to_reach(curve, 0.3) == 400 and report.cost_to_reach(curve, 0.1) == 0.0
     assert report.cost_to_reach(curve, 0.5) is None
@@ -636,7 +911,10 @@ def test_tokens_to_reach_the_baseline(tmp_path):
 
 
 def test_pass1_at_equal_generated_tokens(tmp_path):
-    curve = [{"step": 0, "pass1": 0.2, "gen_tokens": 0}, {"step": 2, "pass1": 0.3, "gen_tokens": 400}]
+    curve = [
+        {"step": 0, "pass1": 0.2, "gen_tokens": 0},
+        {"step": 2, "pass1": 0.3, "gen_tokens": 400},
+    ]
     assert report.value_at(curve, 100) == pytest.approx(0.225) and report.value_at(curve, 0) == 0.2
     assert report.value_at(curve, 500) is None
     # RLOO spends 400 tokens in 4 steps, RA-RLOO 800: both are read at 400 tokens, RA-RLOO's step 2 (0.32, 0.34)
@@ -644,16 +922,24 @@ def test_pass1_at_equal_generated_tokens(tmp_path):
     order, aggs = report.build_aggs(report.load_runs(_fake_results(tmp_path)))
     iv = report.equal_tokens_diffs(aggs, "ra_rloo")
     assert iv.n == 2 and iv.mean == pytest.approx(0.01)
-    assert report.equal_tokens_diffs(aggs, "ppo_pros").mean == pytest.approx(-0.1)  # same tokens: 0.4 - 0.5
-    assert report.equal_tokens_diffs(aggs, "rloo") is None  # a baseline has nothing to be compared with
-    row = [line for line in report.difference_table(order, aggs).splitlines() if "(`ra_rloo`)" in line][0]
+    assert report.equal_tokens_diffs(aggs, "ppo_pros").mean == pytest.approx(
+        -0.1
+    )  # same tokens: 0.4 - 0.5
+    assert (
+        report.equal_tokens_diffs(aggs, "rloo") is None
+    )  # a baseline has nothing to be compared with
+    row = [
+        line for line in report.difference_table(order, aggs).splitlines() if "(`ra_rloo`)" in line
+    ][0]
     assert "+0.010 [" in row
 
 
 def test_seeds_needed_for_the_target_width():
     values = [0.0, 0.05, -0.05, 0.1, -0.1]  # sd 0.0791: 1.96 * 0.0791 / 0.03 = 5.17, squared 26.7
     assert report.seeds_for(report.t_interval(values)) == 27
-    assert report.seeds_for(report.t_interval([0.0, 0.001, -0.001])) == 3  # already narrow: the seeds it has
+    assert (
+        report.seeds_for(report.t_interval([0.0, 0.001, -0.001])) == 3
+    )  # already narrow: the seeds it has
     assert report.seeds_for(report.t_interval([0.5])) is None
 
 
@@ -672,14 +958,26 @@ def test_report_page_without_plots(tmp_path):
 
 
 def test_report_writes_the_plots(tmp_path):
-    pytest.importorskip("matplotlib", reason="matplotlib (requirements.txt) is not installed; the plots "
-                                             "are not tested without it")
+    pytest.importorskip(
+        "matplotlib",
+        reason="matplotlib (requirements.txt) is not installed; the plots "
+        "are not tested without it",
+    )
     runs = _fake_results(tmp_path)
     page = report.write_report(runs, tmp_path / "out", plots=True).read_text()
-    for name in ("pass1_vs_tokens.png", "pass1_vs_wall.png", "zero_var.png", "mechanisms.png",
-                 "pass1_by_difficulty.png"):
+    for name in (
+        "pass1_vs_tokens.png",
+        "pass1_vs_wall.png",
+        "zero_var.png",
+        "mechanisms.png",
+        "pass1_by_difficulty.png",
+    ):
         png = tmp_path / "out" / name
-        assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+        assert (
+            png.exists()
+            and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+            and png.stat().st_size > 5000
+        )
         assert f"]({name})" in page
 
 
@@ -688,7 +986,9 @@ def test_report_writes_the_plots(tmp_path):
 # ----------------------------------------------------------------------------------------------------
 
 
-def _two_regime_runs(runs: Path, seeds256=(0, 1, 2), seeds2048=(0, 1, 2), base2048=None, extra=None):
+def _two_regime_runs(
+    runs: Path, seeds256=(0, 1, 2), seeds2048=(0, 1, 2), base2048=None, extra=None
+):
     # 256 pool: PPO+PROS about equal to PPO (+0.001 on average), training prompts 0.10 / 0.12-0.14 above held-out;
     # 2,048 pool: PPO+PROS 0.052 above PPO on average, gaps 0.02 / 0.03. Step 2 evaluates too, with another
     # training-prompt score, so that only the final evaluation gives the gap.
@@ -696,11 +996,25 @@ def _two_regime_runs(runs: Path, seeds256=(0, 1, 2), seeds2048=(0, 1, 2), base20
     for seed in seeds256:
         base = 0.30 + 0.01 * seed
         _fake_run(runs, "ppo", seed, {0: 0.2, 2: 0.25, 4: base}, 50, train_gap=0.10, extra=mid)
-        _fake_run(runs, "ppo_pros", seed, {0: 0.2, 2: 0.25, 4: base + 0.001 * seed}, 50, train_gap=0.12 + 0.01 * seed,
-                  extra={**mid, **(extra or {}).get("ppo_pros", {})})
+        _fake_run(
+            runs,
+            "ppo_pros",
+            seed,
+            {0: 0.2, 2: 0.25, 4: base + 0.001 * seed},
+            50,
+            train_gap=0.12 + 0.01 * seed,
+            extra={**mid, **(extra or {}).get("ppo_pros", {})},
+        )
     for seed in seeds2048:
-        _fake_run(runs, "ppo_pros_pool2048", seed, {0: 0.2, 4: 0.38 + 0.012 * seed}, 50, train_gap=0.03,
-                  extra=(extra or {}).get("ppo_pros_pool2048"))
+        _fake_run(
+            runs,
+            "ppo_pros_pool2048",
+            seed,
+            {0: 0.2, 4: 0.38 + 0.012 * seed},
+            50,
+            train_gap=0.03,
+            extra=(extra or {}).get("ppo_pros_pool2048"),
+        )
     for seed in seeds2048 if base2048 is None else base2048:
         _fake_run(runs, "ppo_pool2048", seed, {0: 0.2, 4: 0.33 + 0.01 * seed}, 50, train_gap=0.02)
 
@@ -717,20 +1031,43 @@ def test_each_claim_has_a_row_per_regime_on_the_twin_configs(tmp_path):
     assert [c.claim for c in small] == [c.claim for c in large] == [s.claim for s in report.CLAIMS]
     beats = "PPO+PROS beats PPO (final pass@1)"
     row256, row2048 = _claim(small, "256", beats), _claim(large, "2,048", beats)
-    assert row256.configs == ("ppo_pros", "ppo") and row2048.configs == ("ppo_pros_pool2048", "ppo_pool2048")
-    assert row256.verdict == "no gain as large as 0.03" and "`ppo_pros` - `ppo`: +0.001 [" in row256.measured
-    assert row2048.verdict == "reproduced" and "`ppo_pros_pool2048` - `ppo_pool2048`: +0.052 [" in row2048.measured
+    assert row256.configs == ("ppo_pros", "ppo") and row2048.configs == (
+        "ppo_pros_pool2048",
+        "ppo_pool2048",
+    )
+    assert (
+        row256.verdict == "no gain as large as 0.03"
+        and "`ppo_pros` - `ppo`: +0.001 [" in row256.measured
+    )
+    assert (
+        row2048.verdict == "reproduced"
+        and "`ppo_pros_pool2048` - `ppo_pool2048`: +0.052 [" in row2048.measured
+    )
     # EST's claim reads the harness's own EST / GRPO-n8 twins on the 2,048 pool
-    assert _claim(large, "2,048", "EST beats GRPO-n8, the same inference budget (final pass@1)").verdict.startswith(
-        "runs pending")
-    assert "est_pool2048" in report.POOL2048.name("est") and report.POOL256.name("ppo_pros_visit") is None
+    assert _claim(
+        large, "2,048", "EST beats GRPO-n8, the same inference budget (final pass@1)"
+    ).verdict.startswith("runs pending")
+    assert (
+        "est_pool2048" in report.POOL2048.name("est")
+        and report.POOL256.name("ppo_pros_visit") is None
+    )
     # a config without a 2,048-pool twin: the row says so
-    fixed = _claim(large, "2,048", "PS (fixed), multi-turn: more valid (trained) tasks per batch than the baseline")
+    fixed = _claim(
+        large,
+        "2,048",
+        "PS (fixed), multi-turn: more valid (trained) tasks per batch than the baseline",
+    )
     assert fixed.verdict == "no 2,048-pool config" and "`ps_fixed`" in fixed.measured
     # on the page: the 256 row, then the 2,048 row of the same claim
     page = report.claims_table(aggs).splitlines()
-    i = next(k for k, line in enumerate(page) if line.startswith(f"| {beats} | 256 | **no gain as large as 0.03** |"))
-    assert page[i + 1].startswith("| ″ | 2,048 | **reproduced** | final pass@1 `ppo_pros_pool2048` - `ppo_pool2048`")
+    i = next(
+        k
+        for k, line in enumerate(page)
+        if line.startswith(f"| {beats} | 256 | **no gain as large as 0.03** |")
+    )
+    assert page[i + 1].startswith(
+        "| ″ | 2,048 | **reproduced** | final pass@1 `ppo_pros_pool2048` - `ppo_pool2048`"
+    )
 
 
 def test_runs_pending_under_two_paired_seeds(tmp_path):
@@ -741,38 +1078,68 @@ def test_runs_pending_under_two_paired_seeds(tmp_path):
     row = _claim(report.claim_rows(aggs, report.POOL2048), "2,048", beats)
     assert row.verdict == "runs pending (1 seed)" and row.seeds == 1
     assert row.measured == "`ppo_pros_pool2048` 2 finished seeds; `ppo_pool2048` 2 finished seeds"
-    assert _claim(report.claim_rows(aggs), "256", beats).verdict == "no gain as large as 0.03"  # 3 paired seeds
+    assert (
+        _claim(report.claim_rows(aggs), "256", beats).verdict == "no gain as large as 0.03"
+    )  # 3 paired seeds
     page = report.claims_table(aggs).splitlines()
     i = next(k for k, line in enumerate(page) if line.startswith(f"| {beats} | 256 |"))
-    assert page[i + 1].startswith("| ″ | 2,048 | **runs pending (1 seed)** | `ppo_pros_pool2048` 2 finished seeds;")
+    assert page[i + 1].startswith(
+        "| ″ | 2,048 | **runs pending (1 seed)** | `ppo_pros_pool2048` 2 finished seeds;"
+    )
     # no 2,048-pool runs at all: 0 seeds, also in the per-config table
     _two_regime_runs(tmp_path / "none", seeds2048=())
     order, aggs = report.build_aggs(report.load_runs(tmp_path / "none"))
-    assert _claim(report.claim_rows(aggs, report.POOL2048), "2,048", beats).verdict == "runs pending (0 seeds)"
-    (ppo,) = [ln for ln in report.regime_table(order, aggs).splitlines() if ln.startswith("| PPO (`ppo`)")]
-    assert ppo.count("runs pending (0 seeds)") == 2  # the 2,048 pool's seeds and the pool's paired effect
+    assert (
+        _claim(report.claim_rows(aggs, report.POOL2048), "2,048", beats).verdict
+        == "runs pending (0 seeds)"
+    )
+    (ppo,) = [
+        ln for ln in report.regime_table(order, aggs).splitlines() if ln.startswith("| PPO (`ppo`)")
+    ]
+    assert (
+        ppo.count("runs pending (0 seeds)") == 2
+    )  # the 2,048 pool's seeds and the pool's paired effect
 
 
 def test_train_minus_heldout_gap_at_the_final_evaluation(tmp_path):
     runs = tmp_path / "runs"
     _two_regime_runs(runs)
-    _fake_run(runs, "ppo_pros_random", 0, {0: 0.2, 4: 0.3}, 50)  # a run made before eval_train_pass@1 was logged
+    _fake_run(
+        runs, "ppo_pros_random", 0, {0: 0.2, 4: 0.3}, 50
+    )  # a run made before eval_train_pass@1 was logged
     order, aggs = report.build_aggs(report.load_runs(runs))
-    assert report.final_gaps(aggs["ppo_pros"]) == pytest.approx([0.12, 0.13, 0.14])  # step 2's 0.9 left out
+    assert report.final_gaps(aggs["ppo_pros"]) == pytest.approx(
+        [0.12, 0.13, 0.14]
+    )  # step 2's 0.9 left out
     assert report.gap_cell(aggs, "ppo_pros") == "`ppo_pros` +0.130 (3)"
     assert report.gap_cell(aggs, "ppo_pros_random") == "`ppo_pros_random` -"
     steps, train, n = report.train_curve(aggs["ppo"].finished)
-    assert steps == [0, 2, 4] and n == 3 and train[1] == pytest.approx(0.9) and train[2] == pytest.approx(0.41)
+    assert (
+        steps == [0, 2, 4]
+        and n == 3
+        and train[1] == pytest.approx(0.9)
+        and train[2] == pytest.approx(0.41)
+    )
     page = report.claims_table(aggs).splitlines()
     beats = [ln for ln in page if ln.startswith("| PPO+PROS beats PPO")][0]
     assert beats.endswith("| `ppo_pros` +0.130 (3) | `ppo` +0.100 (3) |")
-    assert page[page.index(beats) + 1].endswith("| `ppo_pros_pool2048` +0.030 (3) | `ppo_pool2048` +0.020 (3) |")
+    assert page[page.index(beats) + 1].endswith(
+        "| `ppo_pros_pool2048` +0.030 (3) | `ppo_pool2048` +0.020 (3) |"
+    )
     random = [ln for ln in page if ln.startswith("| Bayesian selection beats random")][0]
     assert random.endswith("| `ppo_pros` +0.130 (3) | `ppo_pros_random` - |")
     # the per-config table: both pools' gaps, and the pool's own effect paired by seed (+0.08 + 0.001 x seed)
-    (row,) = [ln for ln in report.regime_table(order, aggs).splitlines() if ln.startswith("| PPO+PROS (`ppo_pros`)")]
+    (row,) = [
+        ln
+        for ln in report.regime_table(order, aggs).splitlines()
+        if ln.startswith("| PPO+PROS (`ppo_pros`)")
+    ]
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[1:4] == ["3", "0.311 ± 0.011", "+0.130 (3)"] and cells[4:7] == ["3", "0.392 ± 0.012", "+0.030 (3)"]
+    assert cells[1:4] == ["3", "0.311 ± 0.011", "+0.130 (3)"] and cells[4:7] == [
+        "3",
+        "0.392 ± 0.012",
+        "+0.030 (3)",
+    ]
     assert cells[7].startswith("+0.081 [") and cells[7].endswith("(3)")
 
 
@@ -781,27 +1148,46 @@ def test_mechanism_tables_and_the_calibration_floor(tmp_path):
     assert report.binomial_abs_floor(0.5) == pytest.approx(0.1875)
     assert report.binomial_abs_floor(0.4) == pytest.approx(0.20736)
     assert report.binomial_abs_floor(0.0) == report.binomial_abs_floor(1.0) == 0
-    pros = {s: {"pros_calib_error": 0.3, "pros_calib_excess": 0.05 - 0.01 * (s > 2)} for s in range(1, 5)}
-    pooled = {s: {"pros_calib_error": 0.2, "pros_calib_excess": 0.01, "pros_pick_root_frac": 0.25} for s in range(1, 5)}
+    pros = {
+        s: {"pros_calib_error": 0.3, "pros_calib_excess": 0.05 - 0.01 * (s > 2)}
+        for s in range(1, 5)
+    }
+    pooled = {
+        s: {"pros_calib_error": 0.2, "pros_calib_excess": 0.01, "pros_pick_root_frac": 0.25}
+        for s in range(1, 5)
+    }
     _two_regime_runs(tmp_path / "runs", extra={"ppo_pros": pros, "ppo_pros_pool2048": pooled})
     order, aggs = report.build_aggs(report.load_runs(tmp_path / "runs"))
     text = report.mechanism_tables(order, aggs)
     lines = text.splitlines()
     (small,) = [ln for ln in lines if ln.startswith("| `ppo_pros` | 256 |")]
-    assert small.startswith("| `ppo_pros` | 256 | 3/3 | 0.3 (0.3 → 0.3) | 0.045 (0.05 → 0.04) | - |")
+    assert small.startswith(
+        "| `ppo_pros` | 256 | 3/3 | 0.3 (0.3 → 0.3) | 0.045 (0.05 → 0.04) | - |"
+    )
     (large,) = [ln for ln in lines if ln.startswith("| `ppo_pros_pool2048` | 2,048 |")]
-    assert large.startswith("| `ppo_pros_pool2048` | 2,048 | 3/3 | 0.2 (0.2 → 0.2) | 0.01 (0.01 → 0.01) |")
+    assert large.startswith(
+        "| `ppo_pros_pool2048` | 2,048 | 3/3 | 0.2 (0.2 → 0.2) | 0.01 (0.01 → 0.01) |"
+    )
     assert large.endswith("| 0.25 (0.25 → 0.25) |")
     assert not [ln for ln in lines if ln.startswith("| `ppo`")]  # PROS off logs none of them
-    assert "0.19-0.21 for p in 0.4-0.5" in text and "`pros_calib_excess` subtracts that floor" in text
+    assert (
+        "0.19-0.21 for p in 0.4-0.5" in text and "`pros_calib_excess` subtracts that floor" in text
+    )
     # the calibration claim reports the excess beside the error
-    calib = [c for c in report.claim_rows(aggs) if c.claim.startswith("The pass-rate model's calibration")][0]
+    calib = [
+        c
+        for c in report.claim_rows(aggs)
+        if c.claim.startswith("The pass-rate model's calibration")
+    ][0]
     assert "`pros_calib_excess` +0.050 [" in calib.measured and "(3 seeds log it)" in calib.measured
 
 
 def test_report_writes_the_docs_figures(tmp_path):
-    pytest.importorskip("matplotlib", reason="matplotlib (requirements.txt) is not installed; the plots "
-                                             "are not tested without it")
+    pytest.importorskip(
+        "matplotlib",
+        reason="matplotlib (requirements.txt) is not installed; the plots "
+        "are not tested without it",
+    )
     runs = tmp_path / "runs"
     _two_regime_runs(runs)
     figures = tmp_path / "docs" / "figures"
@@ -809,12 +1195,17 @@ def test_report_writes_the_docs_figures(tmp_path):
     assert set(report.DOC_FIGURES) == {"ra_rloo", "ps_grpo", "pros_ppo", "ada_seq", "ada_est"}
     for script in report.DOC_FIGURES:
         png = figures / f"{script}.png"
-        assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+        assert (
+            png.exists()
+            and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+            and png.stat().st_size > 5000
+        )
         assert f"](../docs/figures/{script}.png)" in page
     # a report on other runs into another --out_dir leaves the docs' figures alone: they go under that out_dir
     report.main(report.Args(runs_dir=str(runs), out_dir=str(tmp_path / "other")))
     assert sorted(p.name for p in (tmp_path / "other" / "figures").glob("*.png")) == sorted(
-        f"{s}.png" for s in report.DOC_FIGURES)
+        f"{s}.png" for s in report.DOC_FIGURES
+    )
 
 
 def test_both_report_commands_write_the_same_page(tmp_path):
@@ -823,17 +1214,34 @@ def test_both_report_commands_write_the_same_page(tmp_path):
     pages = []
     for command in (["benchmarks/sweep/report.py"], ["-m", "benchmarks.sweep.report"]):
         out = tmp_path / "out"  # the same folder: the page names it
-        subprocess.run([sys.executable, *command, "--runs_dir", str(runs), "--out_dir", str(out), "--plots", "false"],
-                       cwd=ROOT, check=True, capture_output=True)
-        pages.append((out / "README.md").read_text().split("\n", 3)[3])  # less the "Generated ... on <time>" line
+        subprocess.run(
+            [
+                sys.executable,
+                *command,
+                "--runs_dir",
+                str(runs),
+                "--out_dir",
+                str(out),
+                "--plots",
+                "false",
+            ],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+        pages.append(
+            (out / "README.md").read_text().split("\n", 3)[3]
+        )  # less the "Generated ... on <time>" line
     assert pages[0] == pages[1] and "| RA-RLOO (`ra_rloo`)" in pages[0]
     with pytest.raises(SystemExit, match="--runs_dir .*none: does not exist"):
         report.cli(["--runs_dir", str(tmp_path / "none")])
 
 
 def test_modules_do_not_import_matplotlib_or_torch_at_import_time():
-    code = ("import sys; import benchmarks.sweep.run, benchmarks.sweep.report, benchmarks.speed.floor; "
-            "bad = [m for m in ('matplotlib', 'torch') if m in sys.modules]; assert not bad, bad")
+    code = (
+        "import sys; import benchmarks.sweep.run, benchmarks.sweep.report, benchmarks.speed.floor; "
+        "bad = [m for m in ('matplotlib', 'torch') if m in sys.modules]; assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
@@ -843,21 +1251,29 @@ def test_modules_do_not_import_matplotlib_or_torch_at_import_time():
 
 
 def test_floor_breakdown_parts_sum_to_the_script_step():
-    res = {"floor": {"gen": 0.5, "update": 0.1, "tokens": 100},
-           "ours": {"gen": 0.6, "score": 0.1, "verify": 0.1, "update": 0.2, "tokens": 100},
-           "script": {"step": 1.5, "gen": 1.0, "train": 0.3}}
+    res = {
+        "floor": {"gen": 0.5, "update": 0.1, "tokens": 100},
+        "ours": {"gen": 0.6, "score": 0.1, "verify": 0.1, "update": 0.2, "tokens": 100},
+        "script": {"step": 1.5, "gen": 1.0, "train": 0.3},
+    }
     bd = floor.breakdown(res)
     assert bd["floor_total"] == pytest.approx(0.6) and bd["script_ratio"] == pytest.approx(2.5)
     parts = bd["script_parts"]
     assert sum(parts.values()) == pytest.approx(1.5)
-    assert parts["generation"] == pytest.approx(0.75) and parts["log-prob passes"] == pytest.approx(0.125)
-    assert parts["bookkeeping"] == pytest.approx(0.2 + 0.125) and parts["update"] == pytest.approx(0.3)
+    assert parts["generation"] == pytest.approx(0.75) and parts["log-prob passes"] == pytest.approx(
+        0.125
+    )
+    assert parts["bookkeeping"] == pytest.approx(0.2 + 0.125) and parts["update"] == pytest.approx(
+        0.3
+    )
     md = floor.render(floor.Args(), {**res, "params": 1e6}, bd)
     assert "2.50x floor" in md
     # a script that skips the sampling log-prob pass: none of its step is attributed to it
     res["script"]["scores"] = False
     bd = floor.breakdown(res)
-    assert bd["script_parts"]["log-prob passes"] == 0.0 and sum(bd["script_parts"].values()) == pytest.approx(1.5)
+    assert bd["script_parts"]["log-prob passes"] == 0.0 and sum(
+        bd["script_parts"].values()
+    ) == pytest.approx(1.5)
     assert bd["script_parts"]["generation"] == pytest.approx(1.0 * 0.6 / 0.7)
     assert bd["components_total"] == pytest.approx(0.9)
     assert "skipped by the script" in floor.render(floor.Args(), {**res, "params": 1e6}, bd)
@@ -867,51 +1283,99 @@ def test_gibbs_speed_reports_the_fraction_of_a_step(tmp_path, capsys):
     from benchmarks.speed import gibbs_speed
 
     parent, s, n = gibbs_speed.synthetic_pool(50, 4, __import__("numpy").random.default_rng(0))
-    assert len(parent) == 50 and (parent[:10] == -1).all() and (parent[10:] >= 0).all() and (parent[10:] < 10).all()
+    assert (
+        len(parent) == 50
+        and (parent[:10] == -1).all()
+        and (parent[10:] >= 0).all()
+        and (parent[10:] < 10).all()
+    )
     assert ((s >= 0) & (s <= n)).all()
-    _write_rows(tmp_path, [{"step": 1, "time_step_s": 2.0}, {"step": 2, "time_step_s": 4.0},
-                           {"step": 3, "time_step_s": 3.0}])
-    out = gibbs_speed.main(gibbs_speed.Args(nodes=50, repeats=3, metrics=str(tmp_path / "metrics.jsonl")))
+    _write_rows(
+        tmp_path,
+        [
+            {"step": 1, "time_step_s": 2.0},
+            {"step": 2, "time_step_s": 4.0},
+            {"step": 3, "time_step_s": 3.0},
+        ],
+    )
+    out = gibbs_speed.main(
+        gibbs_speed.Args(nodes=50, repeats=3, metrics=str(tmp_path / "metrics.jsonl"))
+    )
     assert out["step_s"] == 3.0 and out["fraction"] == pytest.approx(out["gibbs_update_s"] / 3.0)
     assert "% of a step" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--metrics"):
-        gibbs_speed.main(gibbs_speed.Args(nodes=50, repeats=1, metrics=str(tmp_path / "nope.jsonl")))
+        gibbs_speed.main(
+            gibbs_speed.Args(nodes=50, repeats=1, metrics=str(tmp_path / "nope.jsonl"))
+        )
 
 
 def test_memory_table_arithmetic():
     from benchmarks.speed import memory_table as mt
 
-    gib = 2 ** 30
+    gib = 2**30
     # 7B, DDP: 16 bytes per trained parameter (fp32 weights, grads, 2 Adam moments) + a bf16 reference (2 bytes)
     assert mt.state_gib(7.616e9, 0, 1, False, False, False) == pytest.approx(18 * 7.616e9 / gib)
     # FSDP shards the policy and the reference, not the vLLM copy; DDP's per-GPU figure does not depend on GPUs
-    assert mt.state_gib(7.616e9, 0, 8, True, False, True) == pytest.approx((18 * 7.616e9 / 8 + 2 * 7.616e9) / gib)
-    assert mt.state_gib(1e9, 0, 8, False, False, False) == mt.state_gib(1e9, 0, 1, False, False, False)
+    assert mt.state_gib(7.616e9, 0, 8, True, False, True) == pytest.approx(
+        (18 * 7.616e9 / 8 + 2 * 7.616e9) / gib
+    )
+    assert mt.state_gib(1e9, 0, 8, False, False, False) == mt.state_gib(
+        1e9, 0, 1, False, False, False
+    )
     # under DDP the reference keeps its embedding and norms in fp32 (2 more bytes each); FSDP shards a bf16 one
     fp32 = mt.reference_fp32_params(3584, 28, 152064)
     assert fp32 == 152064 * 3584 + 3584 * 57
-    assert mt.state_gib(7.616e9, 0, 1, False, False, False, fp32) == pytest.approx((18 * 7.616e9 + 2 * fp32) / gib)
-    assert mt.state_gib(7.616e9, 0, 8, True, False, False, fp32) == pytest.approx(18 * 7.616e9 / 8 / gib)
+    assert mt.state_gib(7.616e9, 0, 1, False, False, False, fp32) == pytest.approx(
+        (18 * 7.616e9 + 2 * fp32) / gib
+    )
+    assert mt.state_gib(7.616e9, 0, 8, True, False, False, fp32) == pytest.approx(
+        18 * 7.616e9 / 8 / gib
+    )
     # LoRA: frozen bf16 base (2 bytes) + 16 bytes per adapter parameter, no second copy for the reference
     assert mt.state_gib(1e9, 1e7, 1, False, True, False) == pytest.approx((2e9 + 16e7) / gib)
-    assert mt.activation_mib_per_1k_tokens(1000, 10, True) < mt.activation_mib_per_1k_tokens(1000, 10, False)
+    assert mt.activation_mib_per_1k_tokens(1000, 10, True) < mt.activation_mib_per_1k_tokens(
+        1000, 10, False
+    )
     # PPO's critic: the backbone (an untied head left out) + a scalar head, 16 bytes per parameter, sharded by FSDP
     critic = mt.critic_params(7.616e9, 3584, 152064, False)
-    assert critic == 7.616e9 - 152064 * 3584 + 3584 + 1 and mt.critic_params(1e9, 10, 100, True) == 1e9 + 11
-    assert mt.critic_gib(critic, 8, True) == pytest.approx(16 * critic / 8 / gib) == mt.critic_gib(critic, 1, False) / 8
+    assert (
+        critic == 7.616e9 - 152064 * 3584 + 3584 + 1
+        and mt.critic_params(1e9, 10, 100, True) == 1e9 + 11
+    )
+    assert (
+        mt.critic_gib(critic, 8, True)
+        == pytest.approx(16 * critic / 8 / gib)
+        == mt.critic_gib(critic, 1, False) / 8
+    )
     # its scoring pass: FSDP holds one root (embedding + untied head + final norm) and one layer in bf16; DDP the
     # autocast's bf16 copies of the policy and the critic (with LoRA: of the adapters and the critic)
     root = 2 * 152064 * 3584 + 3584
-    assert mt.scoring_gib(7.616e9, 3584, 28, 152064, False, 4e7, critic, True, False) == pytest.approx(
-        2 * (root + (7.616e9 - root) / 28) / gib)
-    assert mt.scoring_gib(1e9, 10, 2, 100, True, 1e7, 9e8, False, False) == pytest.approx(2 * (1e9 + 9e8) / gib)
-    assert mt.scoring_gib(1e9, 10, 2, 100, True, 1e7, 9e8, False, True) == pytest.approx(2 * (1e7 + 9e8) / gib)
+    assert mt.scoring_gib(
+        7.616e9, 3584, 28, 152064, False, 4e7, critic, True, False
+    ) == pytest.approx(2 * (root + (7.616e9 - root) / 28) / gib)
+    assert mt.scoring_gib(1e9, 10, 2, 100, True, 1e7, 9e8, False, False) == pytest.approx(
+        2 * (1e9 + 9e8) / gib
+    )
+    assert mt.scoring_gib(1e9, 10, 2, 100, True, 1e7, 9e8, False, True) == pytest.approx(
+        2 * (1e7 + 9e8) / gib
+    )
     table, lines = mt.table(), mt.gathers().splitlines()
-    assert "Qwen2.5-7B" in table and table.count("\n") == 1 + 3 * 3 and table.splitlines()[2].count("|") == 8
+    assert (
+        "Qwen2.5-7B" in table
+        and table.count("\n") == 1 + 3 * 3
+        and table.splitlines()[2].count("|") == 8
+    )
     # one line per script (after the heading): the policy gathered whole for HF generation, 2 bytes per parameter
-    assert [line.split(":")[0] for line in lines[1:]] == [f"- {script}" for script, *_ in mt.GATHERS]
-    assert {script for script, *_ in mt.GATHERS} == {"ra_rloo.py", "ada_seq.py", "ada_est.py", "ps_grpo.py",
-                                                     "pros_ppo.py"}
+    assert [line.split(":")[0] for line in lines[1:]] == [
+        f"- {script}" for script, *_ in mt.GATHERS
+    ]
+    assert {script for script, *_ in mt.GATHERS} == {
+        "ra_rloo.py",
+        "ada_seq.py",
+        "ada_est.py",
+        "ps_grpo.py",
+        "pros_ppo.py",
+    }
     assert all(f"{2 * 7.616e9 / gib:.1f} GiB; --use_vllm: none" in line for line in lines[1:])
     # the log-prob step: the fp32 hidden state and target per token now, 4 x V (8 x V with the entropy) before; the
     # chunk is common/rl/logprobs.py's, and --measure's saved-tensor figures agree with the formula
@@ -923,7 +1387,9 @@ def test_memory_table_arithmetic():
     assert before == [4 * 152064, 8 * 152064]
     for name, _, hidden, _, _, vocab, _ in mt.MODELS:
         for key, value in mt.measured()[name].items():
-            formula = mt.logprob_kept_per_token(hidden, vocab, key.endswith("entropy"), key.startswith("before"))
+            formula = mt.logprob_kept_per_token(
+                hidden, vocab, key.endswith("entropy"), key.startswith("before")
+            )
             assert abs(value - formula) <= 16, (name, key)
     logprob = mt.logprob_table().splitlines()
     assert len(logprob) == 2 + len(mt.MODELS) and all(row.count("|") == 7 for row in logprob)
@@ -932,20 +1398,34 @@ def test_memory_table_arithmetic():
 def test_packing_benchmark_times_both_layouts(tiny_base):
     from benchmarks.speed import packing
 
-    rows = packing.main(packing.Args(caps="16", row_tokens="64", sequences=6, repeats=1, num_threads=1,
-                                     model_name_or_path=tiny_base))
+    rows = packing.main(
+        packing.Args(
+            caps="16",
+            row_tokens="64",
+            sequences=6,
+            repeats=1,
+            num_threads=1,
+            model_name_or_path=tiny_base,
+        )
+    )
     padded, packed = rows
     assert padded["layout"] == "padded" and packed["layout"] == "packed, rows of 64"
-    assert packed["computed_tokens"] < padded["computed_tokens"] and padded["seconds"] > 0 and packed["seconds"] > 0
+    assert (
+        packed["computed_tokens"] < padded["computed_tokens"]
+        and padded["seconds"] > 0
+        and packed["seconds"] > 0
+    )
 
 
 def test_the_measured_default_run_heads_the_durations_block(tmp_path):
     from benchmarks.speed import default_run
     from benchmarks.sweep.report import docs_blocks
 
-    rows = [{"step": 0, "eval_pass@1": 0.2, "eval_pass@8": 0.5, "num_threads": 2},
-            *({"step": s, "loss": 0.1, "num_threads": 2} for s in range(1, 300)),
-            {"step": 300, "eval_pass@1": 0.29, "eval_pass@8": 0.66, "num_threads": 2}]
+    rows = [
+        {"step": 0, "eval_pass@1": 0.2, "eval_pass@8": 0.5, "num_threads": 2},
+        *({"step": s, "loss": 0.1, "num_threads": 2} for s in range(1, 300)),
+        {"step": 300, "eval_pass@1": 0.29, "eval_pass@8": 0.66, "num_threads": 2},
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     record = default_run.summarize(tmp_path / "metrics.jsonl", 301.4, "python ra_rloo.py")
     assert record["k"] == 8 and record["steps"] == 300 and record["num_threads"] == [2]

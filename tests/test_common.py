@@ -1,4 +1,5 @@
 """Tests for the shared building blocks in common/ (each fails if its logic is wrong)."""
+
 import json
 import math
 from dataclasses import dataclass
@@ -10,11 +11,11 @@ import pytest
 import torch
 
 from common.rl.advantages import grpo_advantages, zero_variance
-from ra_rloo import rloo_advantages
-from common.run.flags import build_parser, field_docs, parse_args
 from common.rl.logprobs import logprobs_from_logits, score_completions, token_logprobs
 from common.rl.masking import pad_sequences, unpad_completion
+from common.run.flags import build_parser, field_docs, parse_args
 from common.tasks.evaluation import pass_at_k
+from ra_rloo import rloo_advantages
 
 
 # ---------------- masking ----------------
@@ -68,7 +69,11 @@ def test_token_logprobs_gradient_only_through_unmasked_tokens(random_model_dir):
     lp, _ = token_logprobs(model, b)
     lp.retain_grad()
     (lp * b.loss_mask).sum().backward()
-    assert lp.grad[0].tolist() == [0.0, 1.0, 0.0]  # masked (replayed/observation) tokens get exactly zero
+    assert lp.grad[0].tolist() == [
+        0.0,
+        1.0,
+        0.0,
+    ]  # masked (replayed/observation) tokens get exactly zero
 
 
 # ---------------- advantages ----------------
@@ -89,9 +94,13 @@ def test_rloo_equals_scaled_centering_and_zero_for_constant_groups():
 def test_grpo_and_zero_variance():
     r = torch.tensor([[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
     a = grpo_advantages(r)
-    assert torch.allclose(a[0], torch.tensor([0.75, -0.25, -0.25, -0.25]) / math.sqrt(3 / 16), atol=1e-4)
+    assert torch.allclose(
+        a[0], torch.tensor([0.75, -0.25, -0.25, -0.25]) / math.sqrt(3 / 16), atol=1e-4
+    )
     assert torch.all(a[1] == 0)
-    assert torch.allclose(grpo_advantages(r, scale=False)[0], torch.tensor([0.75, -0.25, -0.25, -0.25]))
+    assert torch.allclose(
+        grpo_advantages(r, scale=False)[0], torch.tensor([0.75, -0.25, -0.25, -0.25])
+    )
     assert zero_variance(r).tolist() == [False, True]
 
 
@@ -115,7 +124,7 @@ def test_metrics_logger_truncates_rows_after_resume_step(tmp_path):
     for s in range(5):
         lg.log({"step": s, "x": np.float32(s)})
     MetricsLogger(str(tmp_path), acc, resume_step=2).log({"step": 3, "x": 30.0})
-    rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["x"]) for r in rows] == [(0, 0), (1, 1), (2, 2), (3, 30)]
     MetricsLogger(str(tmp_path), acc)  # a fresh (non-resumed) run starts a new file
     assert (tmp_path / "metrics.jsonl").read_text() == ""
@@ -140,7 +149,12 @@ class _Args(_Base):
 
 
 def test_cli_reads_docstrings_and_types():
-    assert field_docs(_Args) == {"a": "the a", "b": "switch b", "mode": "the mode", "name": "optional name"}
+    assert field_docs(_Args) == {
+        "a": "the a",
+        "b": "switch b",
+        "mode": "the mode",
+        "name": "optional name",
+    }
     a = parse_args(_Args, ["--a", "3", "--b", "--mode", "y", "--name", "n"])
     assert (a.a, a.b, a.mode, a.name) == (3, True, "y", "n")
     assert parse_args(_Args, ["--b", "false"]).b is False
@@ -178,7 +192,10 @@ def test_hf_task_from_local_jsonl(tmp_path, random_model_dir):
 
     from common.tasks.loading import hf_task
 
-    rows = [{"question": f"What is {i}+{i}?", "answer": f"Double it. #### {2 * i:,}"} for i in range(600, 650)]
+    rows = [
+        {"question": f"What is {i}+{i}?", "answer": f"Double it. #### {2 * i:,}"}
+        for i in range(600, 650)
+    ]
     p = tmp_path / "gsm.jsonl"
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tok = AutoTokenizer.from_pretrained(random_model_dir)
@@ -189,7 +206,9 @@ def test_hf_task_from_local_jsonl(tmp_path, random_model_dir):
     assert task.reward_fn("so \\boxed{1201}", task.train[0]) == 0.0
     tok.chat_template = "{% for m in messages %}<s>user: {{ m['content'] }}\n{% endfor %}assistant:"
     chat = hf_task(_hf_args(p, eval_prompts=5), tok)
-    assert chat.train[0].prompt.startswith("<s>user: What is 600+600?") and chat.train[0].prompt.endswith("assistant:")
+    assert chat.train[0].prompt.startswith("<s>user: What is 600+600?") and chat.train[
+        0
+    ].prompt.endswith("assistant:")
 
 
 def test_hf_task_errors_name_the_input(tmp_path, random_model_dir):
@@ -202,8 +221,12 @@ def test_hf_task_errors_name_the_input(tmp_path, random_model_dir):
     p.write_text(json.dumps({"q": "x", "answer": "1"}) + "\n")
     with pytest.raises(SystemExit, match="'question' not in"):
         hf_task(_hf_args(p), tok)
-    p.write_text(json.dumps({"question": "ok", "answer": "1"}) + "\n"
-                 + json.dumps({"question": 5, "answer": "1"}) + "\n")
+    p.write_text(
+        json.dumps({"question": "ok", "answer": "1"})
+        + "\n"
+        + json.dumps({"question": 5, "answer": "1"})
+        + "\n"
+    )
     with pytest.raises(SystemExit, match="row 1"):
         hf_task(_hf_args(p), tok)
     with pytest.raises(SystemExit, match="file not found"):
@@ -213,8 +236,8 @@ def test_hf_task_errors_name_the_input(tmp_path, random_model_dir):
 
 
 def test_countdown_task_and_prompt_pool():
-    from common.run.flags import BaseArgs
     from common.demo.countdown import countdown_task
+    from common.run.flags import BaseArgs
 
     args = BaseArgs(prompt_pool=64, eval_prompts=32)
     task = countdown_task("binary", args.eval_prompts, args.prompt_pool)
@@ -260,9 +283,13 @@ def test_hf_generator_format_and_logprobs(random_model_dir):
     model = AutoModelForCausalLM.from_pretrained(random_model_dir)
     torch.manual_seed(0)
     nl = tok("\n", add_special_tokens=False).input_ids[0]
-    prompts = [tok("1 2 3 t6\n", add_special_tokens=False).input_ids, tok("4 t4\n", add_special_tokens=False).input_ids]
-    g = HFGenerator(model, tok, batch_size=3).generate(prompts, 4,
-                                                       SamplingConfig(max_new_tokens=12, stop_token_ids=[nl]))
+    prompts = [
+        tok("1 2 3 t6\n", add_special_tokens=False).input_ids,
+        tok("4 t4\n", add_special_tokens=False).input_ids,
+    ]
+    g = HFGenerator(model, tok, batch_size=3).generate(
+        prompts, 4, SamplingConfig(max_new_tokens=12, stop_token_ids=[nl])
+    )
     assert len(g.completion_ids) == 8 and g.n == 4 and g.prompt_index(5) == 1
     stops = {tok.eos_token_id, nl}
     for c, lp, why in zip(g.completion_ids, g.logprobs, g.finish_reasons):
@@ -288,10 +315,21 @@ def test_checkpoint_round_trip_and_auto_resume(tmp_path, random_model_dir):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 0.5)
     model(torch.tensor([[4, 5, 6]])).logits.sum().backward()
-    opt.step(); sched.step()
+    opt.step()
+    sched.step()
     (tmp_path / ".tmp-checkpoint-9").mkdir()  # an interrupted save is never picked
     for step in (1, 2, 3):
-        ck.save_checkpoint(str(tmp_path), step, acc, model, tok, opt, sched, {"buf": {7: [[1, 2]]}, "s": step}, keep=2)
+        ck.save_checkpoint(
+            str(tmp_path),
+            step,
+            acc,
+            model,
+            tok,
+            opt,
+            sched,
+            {"buf": {7: [[1, 2]]}, "s": step},
+            keep=2,
+        )
     assert [p.name for p in ck.list_checkpoints(str(tmp_path))] == ["checkpoint-2", "checkpoint-3"]
     latest = ck.resolve_resume("auto", str(tmp_path))
     assert latest.name == "checkpoint-3"
@@ -304,7 +342,9 @@ def test_checkpoint_round_trip_and_auto_resume(tmp_path, random_model_dir):
     step, state = ck.load_checkpoint(latest, acc, m2, o2, s2)
     assert step == 3 and state == {"buf": {7: [[1, 2]]}, "s": 3}
     assert all(torch.equal(want[k], v) for k, v in m2.state_dict().items())
-    assert torch.equal(o2.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+    assert torch.equal(
+        o2.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"]
+    )
     assert torch.equal(torch.rand(3), r_before)  # RNG restored to its state at save time
     assert AutoModelForCausalLM.from_pretrained(latest) is not None  # plain HF dir
     assert ck.resolve_resume("auto", str(tmp_path / "empty")) is None
@@ -312,8 +352,9 @@ def test_checkpoint_round_trip_and_auto_resume(tmp_path, random_model_dir):
         ck.resolve_resume(str(tmp_path), str(tmp_path))
 
 
-
-def test_checkpoint_files_are_plain_data_and_a_bad_file_stops_the_resume_with_one_line(tmp_path, random_model_dir):
+def test_checkpoint_files_are_plain_data_and_a_bad_file_stops_the_resume_with_one_line(
+    tmp_path, random_model_dir
+):
     import random
     import re
 
@@ -326,13 +367,30 @@ def test_checkpoint_files_are_plain_data_and_a_bad_file_stops_the_resume_with_on
     model = AutoModelForCausalLM.from_pretrained(random_model_dir)
     opt = torch.optim.AdamW(model.parameters())
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    state = {"tree": np.arange(3.0), "p": np.float64(0.25), "pair": (1, 2), "buf": {7: [[1, 2]]}}  # what scripts keep
-    path = ck.save_checkpoint(str(tmp_path), 1, acc, model, AutoTokenizer.from_pretrained(random_model_dir), opt,
-                              sched, state, keep=1)
+    state = {
+        "tree": np.arange(3.0),
+        "p": np.float64(0.25),
+        "pair": (1, 2),
+        "buf": {7: [[1, 2]]},
+    }  # what scripts keep
+    path = ck.save_checkpoint(
+        str(tmp_path),
+        1,
+        acc,
+        model,
+        AutoTokenizer.from_pretrained(random_model_dir),
+        opt,
+        sched,
+        state,
+        keep=1,
+    )
     for name in ("trainer_state.pt", "rng_rank0.pt"):  # nothing for the restricted loader to refuse
         assert torch.serialization.get_unsafe_globals_in_checkpoint(path / name) == []
     _, loaded = ck.load_checkpoint(path, acc, model, opt, sched)
-    assert torch.equal(loaded["tree"], torch.arange(3.0, dtype=torch.float64)) and type(loaded["p"]) is float
+    assert (
+        torch.equal(loaded["tree"], torch.arange(3.0, dtype=torch.float64))
+        and type(loaded["p"]) is float
+    )
     assert loaded["pair"] == (1, 2) and loaded["buf"] == {7: [[1, 2]]}
     with pytest.raises(TypeError, match="holds a set"):  # refused when saving, not at resume
         ck.plain({"seen": {1, 2}})
@@ -346,15 +404,34 @@ def test_checkpoint_files_are_plain_data_and_a_bad_file_stops_the_resume_with_on
         assert "\n" not in str(info.value)  # one line
 
     bad = r"not a checkpoint written by this project \(unsafe or unreadable content\)"
-    for name in ("trainer_state.pt", "rng_rank0.pt", "model.safetensors"):  # cut short, as by a failed copy
+    for name in (
+        "trainer_state.pt",
+        "rng_rank0.pt",
+        "model.safetensors",
+    ):  # cut short, as by a failed copy
         refused(name, (path / name).read_bytes()[:200], f"^checkpoint-1/{name}: {bad}: ")
     foreign = tmp_path / "foreign.pt"
     torch.save(torch.zeros(2), foreign)
-    refused("trainer_state.pt", foreign.read_bytes(), r"trainer_state.pt: not a checkpoint .* \(expected the keys step")
+    refused(
+        "trainer_state.pt",
+        foreign.read_bytes(),
+        r"trainer_state.pt: not a checkpoint .* \(expected the keys step",
+    )
     # written before the RNG file held plain data: numpy arrays, refused with the way to go on
-    torch.save({"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}, foreign)
-    refused("rng_rank0.pt", foreign.read_bytes(), "^checkpoint-1/rng_rank0.pt: an older checkpoint format .* restart "
-                                                  f"from its weights with --model_name_or_path {re.escape(str(path))}$")
+    torch.save(
+        {
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state(),
+        },
+        foreign,
+    )
+    refused(
+        "rng_rank0.pt",
+        foreign.read_bytes(),
+        "^checkpoint-1/rng_rank0.pt: an older checkpoint format .* restart "
+        f"from its weights with --model_name_or_path {re.escape(str(path))}$",
+    )
 
 
 # ---------------- distributed helpers ----------------
@@ -388,7 +465,9 @@ def test_micro_batches_sum_to_the_full_batch_gradient(random_model_dir):
     assert list(micro_batches(0, 4, acc, model)) == []
     assert all(p.grad is not None and not p.grad.any() for p in model.parameters())
     ranks = [type("A", (), {"num_processes": 3, "process_index": r}) for r in range(3)]
-    shares = [my_slice(list(range(10)), rank) for rank in ranks]  # strided: each rank gets every third item
+    shares = [
+        my_slice(list(range(10)), rank) for rank in ranks
+    ]  # strided: each rank gets every third item
     assert shares == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
 
 
@@ -414,8 +493,8 @@ def test_clipped_surrogate_clips_asymmetrically():
     assert torch.allclose(loss, torch.tensor([-1.28, 1.5, 0.8, -1.1]), atol=1e-6)
     assert clipped.tolist() == [1.0, 0.0, 1.0, 0.0]
     logp.requires_grad_(True)
-    l, _ = clipped_surrogate(logp, old, adv)
-    l.sum().backward()
+    per_token, _ = clipped_surrogate(logp, old, adv)
+    per_token.sum().backward()
     assert logp.grad[0] == 0 and logp.grad[2] == 0 and logp.grad[1] != 0  # no gradient once clipped
 
 
@@ -432,14 +511,25 @@ def test_checkpoint_loads_sharded_weights(tmp_path, random_model_dir):
             p.add_(0.01)
     opt = torch.optim.AdamW(model.parameters())
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    path = ck.save_checkpoint(str(tmp_path), 1, acc, model, AutoTokenizer.from_pretrained(random_model_dir), opt,
-                              sched, {}, keep=1)
+    path = ck.save_checkpoint(
+        str(tmp_path),
+        1,
+        acc,
+        model,
+        AutoTokenizer.from_pretrained(random_model_dir),
+        opt,
+        sched,
+        {},
+        keep=1,
+    )
     (path / "model.safetensors").unlink()
     model.save_pretrained(path, max_shard_size="300KB")  # how big models are saved
     assert (path / "model.safetensors.index.json").exists()
     m2 = AutoModelForCausalLM.from_pretrained(random_model_dir)
     ck.load_checkpoint(path, acc, m2, torch.optim.AdamW(m2.parameters()), sched)
-    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), m2.state_dict().values()))
+    assert all(
+        torch.equal(a, b) for a, b in zip(model.state_dict().values(), m2.state_dict().values())
+    )
 
 
 def test_report_to_without_the_package_is_a_clear_error(monkeypatch, tmp_path):
@@ -448,8 +538,11 @@ def test_report_to_without_the_package_is_a_clear_error(monkeypatch, tmp_path):
     from common.run.logs import check_tracker
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda n, *a: None if n.startswith(("tensorboard", "wandb")) else real(n, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda n, *a: None if n.startswith(("tensorboard", "wandb")) else real(n, *a),
+    )
     with pytest.raises(SystemExit, match="--report_to wandb: install it first"):
         check_tracker("wandb")
     check_tracker("none")  # nothing to check
@@ -460,12 +553,31 @@ def test_embedded_base_build_records_its_quality(built_base):
     from pathlib import Path
 
     info = json.loads((Path(built_base) / "build_info.json").read_text())
-    for k in ("train_all", "train_easy", "train_mid", "train_hard", "heldout_all", "heldout_hard", "recipe", "params"):
+    for k in (
+        "train_all",
+        "train_easy",
+        "train_mid",
+        "train_hard",
+        "heldout_all",
+        "heldout_hard",
+        "recipe",
+        "params",
+    ):
         assert k in info
-    for level in ("easy", "mid", "hard"):  # the regime RL starts in, per level (16 prompts of each split here)
+    for level in (
+        "easy",
+        "mid",
+        "hard",
+    ):  # the regime RL starts in, per level (16 prompts of each split here)
         part, whole = info[f"train_{level}"], info["train_all"]
         assert 0 < part["prompts"] < whole["prompts"] == 16
-        assert {"pass@1", "greedy_pass@1", "pass@8", "zero_var_groups_of_4", "pass_rate_below_0.1"} <= set(part)
+        assert {
+            "pass@1",
+            "greedy_pass@1",
+            "pass@8",
+            "zero_var_groups_of_4",
+            "pass_rate_below_0.1",
+        } <= set(part)
     assert 0.0 <= info["heldout_all"]["pass@1"] <= 1.0 and info["recipe"]["sft_steps"] == 2
     assert info["recipe"]["careless"] == [0.0, 0.85, 0.5]
     assert 900_000 < info["params"] < 1_100_000  # hidden 128, 4 layers: ~1M parameters
@@ -496,20 +608,35 @@ def test_vllm_push_maps_a_sleeping_engines_weights_and_leaves_them_awake(random_
     FakeLLM.reset_ok = True
 
     model = AutoModelForCausalLM.from_pretrained(random_model_dir)
-    gen = VLLMGenerator.__new__(VLLMGenerator)  # no engine start: only the push / sleep bookkeeping is tested
-    gen.llm, gen.sleep_enabled, gen._asleep = FakeLLM(), True, {"weights", "kv_cache"}  # asleep, as after sleep()
+    gen = VLLMGenerator.__new__(
+        VLLMGenerator
+    )  # no engine start: only the push / sleep bookkeeping is tested
+    gen.llm, gen.sleep_enabled, gen._asleep = (
+        FakeLLM(),
+        True,
+        {"weights", "kv_cache"},
+    )  # asleep, as after sleep()
     gen.sync_weights(model)
     n_tensors = len(model.state_dict())  # lm_head.weight included (tied embeddings)
     # only the weights are mapped for the push (TRL and verl do the same): the KV cache's memory stays free; no
     # sleep after it, since a level-2 sleep would discard the weights just pushed
-    assert calls == [("wake_up", ("weights",)), ("reload_weights", n_tensors), ("reset_prefix_cache",)]
+    assert calls == [
+        ("wake_up", ("weights",)),
+        ("reload_weights", n_tensors),
+        ("reset_prefix_cache",),
+    ]
     assert gen._asleep == {"kv_cache"}
     calls.clear()
     gen._asleep = set()  # an awake engine (CPU, or sleep disabled) is pushed to and stays awake
     gen.sleep_enabled = False
     gen.sync_weights(model)
-    assert [c[0] for c in calls] == ["reload_weights", "reset_prefix_cache"] and gen._asleep == set()
-    FakeLLM.reset_ok = False  # vLLM could not drop KV blocks computed with the old weights: never go on silently
+    assert [c[0] for c in calls] == [
+        "reload_weights",
+        "reset_prefix_cache",
+    ] and gen._asleep == set()
+    FakeLLM.reset_ok = (
+        False  # vLLM could not drop KV blocks computed with the old weights: never go on silently
+    )
     with pytest.raises(RuntimeError, match="prefix cache"):
         gen.sync_weights(model)
 
@@ -537,7 +664,9 @@ def test_vllm_takes_the_gpu_accelerate_picked_not_the_launchers_local_rank():
 
     from common.generation.vllm_backend import _process_layout
 
-    acc = SimpleNamespace(process_index=5, local_process_index=1, num_processes=8, device=torch.device("cuda", 0))
+    acc = SimpleNamespace(
+        process_index=5, local_process_index=1, num_processes=8, device=torch.device("cuda", 0)
+    )
     assert _process_layout(acc) == (5, 0, 8, True)
     acc.device = torch.device("cpu")
     assert _process_layout(acc) == (5, 1, 8, True)

@@ -11,6 +11,7 @@ P = Problem((14, 1, 10), 5)
 
 # --- problem space -----------------------------------------------------------------------------------
 
+
 def test_problem_counts():
     # Convention: sorted multisets of numbers (repeats allowed) x reachable targets in 1..100.
     assert len(cd.enumerate_problems()) == 16_292  # 3 numbers in 1..20, + - * /
@@ -56,7 +57,8 @@ def test_splits_deterministic_disjoint_and_fast():
     all_probs = cd.enumerate_problems()
     assert len(train) == sum(p.nums not in eval_sets for p in all_probs)
     assert {(key(p), p.target) for p in train} | {(key(p), p.target) for p in ev} <= {
-        (p.nums, p.target) for p in all_probs}
+        (p.nums, p.target) for p in all_probs
+    }
     # Display order is shuffled (not always sorted), and a different seed gives a different split.
     assert any(list(p.nums) != sorted(p.nums) for p in train[:50])
     assert cd.make_splits(seed=1)[1] != ev
@@ -71,6 +73,7 @@ def test_splits_small_space():
 
 
 # --- formats and solutions ---------------------------------------------------------------------------
+
 
 def test_text_formats():
     assert cd.prompt_text(P) == "14 1 10 t5\n"
@@ -94,6 +97,7 @@ def test_every_solution_verifies():
 
 # --- checker and reward tiers ------------------------------------------------------------------------
 
+
 def rewards(text, p=P):
     return reward_binary(text, p), reward_tinyzero(text, p), reward_shaped(text, p)
 
@@ -104,29 +108,50 @@ def test_correct_answers():
         assert rewards(text) == (1.0, 1.0, 1.0)
 
 
-@pytest.mark.parametrize("text", [
-    "", "\n", "\n\n\n", "14-10=4\n4+1=5 ", " 14-10=4\n4+1=5", "14 - 10 = 4\n4 + 1 = 5",
-    "14-10=4\r\n4+1=5", "14-10=4\nanswer: 5", "5", "14-10-4=0", "(14-10)+1=5", "4+1=5=5",
-    "14-10=-4", "14x10=140",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "\n",
+        "\n\n\n",
+        "14-10=4\n4+1=5 ",
+        " 14-10=4\n4+1=5",
+        "14 - 10 = 4\n4 + 1 = 5",
+        "14-10=4\r\n4+1=5",
+        "14-10=4\nanswer: 5",
+        "5",
+        "14-10-4=0",
+        "(14-10)+1=5",
+        "4+1=5=5",
+        "14-10=-4",
+        "14x10=140",
+    ],
+)
 def test_not_well_formed(text):
     v = check(text, P)
     assert not v.well_formed and v.value is None and not v.correct
     assert rewards(text) == (0.0, 0.0, 0.0)
 
 
-@pytest.mark.parametrize("text,arith,nums", [
-    ("14-10=4\n4+1=6", False, True),  # wrong result
-    ("1-10=0\n14+0=14", False, True),  # 1-10 is not 0 (nor positive); stated values are bookkept
-    ("10-10=0\n14+1=15", False, False),  # zero result; 10 reused
-    ("14/10=1\n1*1=1", False, True),  # inexact division (14/10 is not 1)
-    ("10/0=0\n14+1=15", False, False),  # division by zero
-    ("14-10=4\n4+4=8", True, False),  # result 4 reused, 1 unused
-    ("14-10=4\n14+1=15", True, False),  # original 14 reused
-    ("14-10=4", True, False),  # 1 unused
-    ("14-10=4\n4+1=5\n5*1=5", True, False),  # extra step reuses 1
-    ("14-11=3\n3+2=5", True, False),  # numbers not in the problem
-])
+@pytest.mark.parametrize(
+    "text,arith,nums",
+    [
+        ("14-10=4\n4+1=6", False, True),  # wrong result
+        (
+            "1-10=0\n14+0=14",
+            False,
+            True,
+        ),  # 1-10 is not 0 (nor positive); stated values are bookkept
+        ("10-10=0\n14+1=15", False, False),  # zero result; 10 reused
+        ("14/10=1\n1*1=1", False, True),  # inexact division (14/10 is not 1)
+        ("10/0=0\n14+1=15", False, False),  # division by zero
+        ("14-10=4\n4+4=8", True, False),  # result 4 reused, 1 unused
+        ("14-10=4\n14+1=15", True, False),  # original 14 reused
+        ("14-10=4", True, False),  # 1 unused
+        ("14-10=4\n4+1=5\n5*1=5", True, False),  # extra step reuses 1
+        ("14-11=3\n3+2=5", True, False),  # numbers not in the problem
+    ],
+)
 def test_wrong_numbers_or_arithmetic(text, arith, nums):
     v = check(text, P)
     assert v.well_formed and v.arithmetic_ok is arith and v.numbers_ok is nums and not v.correct
@@ -161,11 +186,27 @@ def test_step_may_reuse_value_equal_to_an_original():
 
 # --- hostile input ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text", [
-    "1" * 10_000, "14-10=4\n" * 2_000, "9**9**9", "9**9**9=1", "99999999*99999999=1",
-    "9999*9999=99980001", "١٤-١٠=٤\n٤+١=٥", "１４-１０=４\n４+１=５", "14-10=٤\n٤+1=5", "",
-    "\n" * 5, "\n" * 300, "14-10=4\n4+1=5\x00", "14-10=4\u20284+1=5", "(" * 10_000,
-])
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "1" * 10_000,
+        "14-10=4\n" * 2_000,
+        "9**9**9",
+        "9**9**9=1",
+        "99999999*99999999=1",
+        "9999*9999=99980001",
+        "١٤-١٠=٤\n٤+١=٥",
+        "１４-１０=４\n４+１=５",
+        "14-10=٤\n٤+1=5",
+        "",
+        "\n" * 5,
+        "\n" * 300,
+        "14-10=4\n4+1=5\x00",
+        "14-10=4\u20284+1=5",
+        "(" * 10_000,
+    ],
+)
 def test_hostile_strings_fast_and_zero(text):
     for f in cd.REWARDS.values():
         t0 = time.perf_counter()
@@ -181,6 +222,7 @@ def test_rewards_registry():
 
 # --- the embedded level mix ----------------------------------------------------------------------------
 
+
 def test_level_splits_shares_tags_and_unseen_multisets():
     train, held = cd.make_level_splits()
     assert (train, held) == cd.make_level_splits()  # deterministic
@@ -192,7 +234,9 @@ def test_level_splits_shares_tags_and_unseen_multisets():
         assert abs(tags[level.tag] - level.weight * 4096) <= 1  # each level gets its share
         seen = {tuple(sorted(p.nums)) for p in mine}
         unseen = [p for tag, p in held if tag == level.tag]
-        assert unseen and not seen & {tuple(sorted(p.nums)) for p in unseen}  # held-out multisets never trained
+        assert unseen and not seen & {
+            tuple(sorted(p.nums)) for p in unseen
+        }  # held-out multisets never trained
     assert len(held) <= 256 and {tag for tag, _ in held} == {level.tag for level in cd.LEVELS}
     # shuffled together: the first prompts (a --prompt_pool) already hold every level
     assert {tag for tag, _ in train[:64]} == {level.tag for level in cd.LEVELS}
@@ -205,9 +249,16 @@ def test_sample_steps_aims_or_ignores_the_target():
     for tag, p in cd.make_level_splits()[0][:60]:
         assert check(cd.solution_text(cd.sample_steps(p, rng)), p).correct
         careless = check(cd.solution_text(cd.sample_steps(p, rng, aim=False)), p)
-        assert careless.well_formed and careless.arithmetic_ok and careless.numbers_ok  # valid, only the value is free
-    values = {check(cd.solution_text(cd.sample_steps(Problem((3, 7, 2, 9, 5), 61), rng, aim=False)),
-                    Problem((3, 7, 2, 9, 5), 61)).value for _ in range(50)}
+        assert (
+            careless.well_formed and careless.arithmetic_ok and careless.numbers_ok
+        )  # valid, only the value is free
+    values = {
+        check(
+            cd.solution_text(cd.sample_steps(Problem((3, 7, 2, 9, 5), 61), rng, aim=False)),
+            Problem((3, 7, 2, 9, 5), 61),
+        ).value
+        for _ in range(50)
+    }
     assert len(values) > 10  # careless chains land on many values, not the target
     with pytest.raises(ValueError, match="no solution"):
         cd.sample_steps(Problem((1, 1), 7), rng)
@@ -218,12 +269,17 @@ def test_countdown_task_tags_and_per_level_eval_metrics():
 
     task = cd.countdown_task("binary", 256)
     assert {e.tag for e in task.eval} == {"easy", "mid", "hard"}
-    assert all(len(e.answer.nums) == {"easy": 2, "mid": 3, "hard": 5}[e.tag] for e in task.train[:200])
+    assert all(
+        len(e.answer.nums) == {"easy": 2, "mid": 3, "hard": 5}[e.tag] for e in task.train[:200]
+    )
     out = pass_metrics([4, 0, 2, 1], 4, ["easy", "hard", "mid", "mid"])
     assert out["eval_pass@1"] == pytest.approx(7 / 16) and out["eval_pass@1_easy"] == 1.0
     assert out["eval_pass@1_hard"] == 0.0 and out["eval_pass@1_mid"] == pytest.approx(3 / 8)
     assert out["eval_pass@4"] == pytest.approx(3 / 4)
-    assert set(pass_metrics([1, 2], 2, ["", ""])) == {"eval_pass@1", "eval_pass@2"}  # untagged: no level metrics
+    assert set(pass_metrics([1, 2], 2, ["", ""])) == {
+        "eval_pass@1",
+        "eval_pass@2",
+    }  # untagged: no level metrics
 
 
 def test_level_splits_are_kept_on_disk_and_read_back_equal(tmp_path, monkeypatch):
@@ -233,8 +289,12 @@ def test_level_splits_are_kept_on_disk_and_read_back_equal(tmp_path, monkeypatch
     computed = cd.make_level_splits(levels, seed=3, n_eval=8, n_train=64)
     [saved] = (tmp_path / "countdown-splits").iterdir()
     cd._level_splits.cache_clear()
-    monkeypatch.setattr(cd, "_compute_level_splits", lambda *a: pytest.fail("recomputed despite the saved file"))
-    assert cd.make_level_splits(levels, seed=3, n_eval=8, n_train=64) == computed  # read back, Problems and all
+    monkeypatch.setattr(
+        cd, "_compute_level_splits", lambda *a: pytest.fail("recomputed despite the saved file")
+    )
+    assert (
+        cd.make_level_splits(levels, seed=3, n_eval=8, n_train=64) == computed
+    )  # read back, Problems and all
     assert isinstance(computed[0][0][1], cd.Problem)
     # a damaged file is recomputed and replaced; other arguments get a file of their own
     monkeypatch.undo()

@@ -1,17 +1,32 @@
 """The multi-turn Countdown environment: transitions, episodes, and exact prefix replay."""
+
 import random
 
 import pytest
 
 from common.demo import countdown
 from common.demo.countdown import Problem
-from common.demo.countdown_env import CountdownEnv, Episode, make_env_task, replay, replay_episode, solver_episode, state_text
+from common.demo.countdown_env import (
+    CountdownEnv,
+    Episode,
+    make_env_task,
+    replay,
+    replay_episode,
+    solver_episode,
+    state_text,
+)
 from common.demo.tiny_model import build_char_tokenizer
 
 P = Problem((14, 1, 10), 5)
 TOK = build_char_tokenizer()
-ENC = lambda s: TOK(s, add_special_tokens=False).input_ids
-DEC = lambda ids: TOK.decode(ids, skip_special_tokens=True)
+
+
+def ENC(s):
+    return TOK(s, add_special_tokens=False).input_ids
+
+
+def DEC(ids):
+    return TOK.decode(ids, skip_special_tokens=True)
 
 
 def test_a_solved_episode_turn_by_turn():
@@ -27,14 +42,17 @@ def test_a_solved_episode_turn_by_turn():
         env.step("1+1=2")
 
 
-@pytest.mark.parametrize("action,status", [
-    ("14-10=5", "invalid"),  # wrong arithmetic
-    ("14-3=11", "invalid"),  # 3 is not available
-    ("10-10=0", "invalid"),  # only one 10, and results must be positive
-    ("14 - 10 = 4", "invalid"),  # not the step format
-    ("1" * 40, "invalid"),  # over the length cap
-    ("", "stopped"),  # the agent stops
-])
+@pytest.mark.parametrize(
+    "action,status",
+    [
+        ("14-10=5", "invalid"),  # wrong arithmetic
+        ("14-3=11", "invalid"),  # 3 is not available
+        ("10-10=0", "invalid"),  # only one 10, and results must be positive
+        ("14 - 10 = 4", "invalid"),  # not the step format
+        ("1" * 40, "invalid"),  # over the length cap
+        ("", "stopped"),  # the agent stops
+    ],
+)
 def test_episode_ends_on_bad_or_empty_actions(action, status):
     env = CountdownEnv(P)
     r = env.step(action)
@@ -109,7 +127,9 @@ def test_replay_restores_state_and_tokens_exactly():
             assert rep.ids == full.ids[:cut]  # the same conversation, token for token
             assert rep.env.state == ref.state and rep.env.numbers == ref.numbers
             assert rep.env.turns == full.env.turns[:k] and not rep.env.done
-            assert rep.mask == [0] * cut and rep.generated_tokens == 0  # replayed: no gradient, no generation
+            assert (
+                rep.mask == [0] * cut and rep.generated_tokens == 0
+            )  # replayed: no gradient, no generation
             assert rep.replayed_tokens == sum(len(a) for a, _ in full.steps[:k]) and rep.group == 7
             # continuing the replayed episode with the stored actions reaches the same end
             for a in actions[k:]:
@@ -125,7 +145,9 @@ def test_replay_checks_the_stored_observations():
     with pytest.raises(RuntimeError, match="diverged"):
         replay_episode(P, tampered, 0, DEC, ENC)
     with pytest.raises(ValueError, match="unfinished"):
-        replay_episode(P, full.steps, 0, DEC, ENC)  # replaying a whole trajectory leaves nothing to do
+        replay_episode(
+            P, full.steps, 0, DEC, ENC
+        )  # replaying a whole trajectory leaves nothing to do
 
 
 def test_episode_masks_and_token_counts():
@@ -138,7 +160,9 @@ def test_episode_masks_and_token_counts():
     assert (ep.generated_tokens, ep.replayed_tokens, ep.replayed_steps) == (3, 2, 1)
     ep = solver_episode(P, ["14-10=4", "4+1=5"], ENC)
     assert DEC(ep.ids) == "14-10=4\n1 4 t5\n4+1=5\nsolved\n"
-    assert [t for t, m in zip(DEC(ep.ids), ep.mask) if m] == list("14-10=4\n4+1=5\n")  # loss on actions only
+    assert [t for t, m in zip(DEC(ep.ids), ep.mask) if m] == list(
+        "14-10=4\n4+1=5\n"
+    )  # loss on actions only
 
 
 def test_state_text_and_task_match_the_single_turn_task():
@@ -147,6 +171,8 @@ def test_state_text_and_task_match_the_single_turn_task():
 
     train, evals = make_env_task(eval_prompts=16)
     ref = countdown_task("binary", 16)
-    assert [(e.id, e.prompt, e.answer) for e in evals] == [(e.id, e.prompt, e.answer) for e in ref.eval]
+    assert [(e.id, e.prompt, e.answer) for e in evals] == [
+        (e.id, e.prompt, e.answer) for e in ref.eval
+    ]
     assert [(e.id, e.prompt) for e in train[:50]] == [(e.id, e.prompt) for e in ref.train[:50]]
     assert len(make_env_task(prompt_pool=48)[0]) == 48

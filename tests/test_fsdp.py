@@ -1,4 +1,5 @@
 """--fsdp (FSDP2) under two CPU processes (gloo): sharded states, the same numbers as DDP, exact resume."""
+
 import json
 import os
 import re
@@ -9,15 +10,37 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import loss_tolerance, run_script
 
 # two-process launches share accelerate's default rendezvous port: one at a time (pytest-xdist group)
 pytestmark = pytest.mark.xdist_group("distributed")
-LAUNCH = ["-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-          "--mixed_precision", "no", "--dynamo_backend", "no"]
-SMALL = ["--prompt_pool", "48", "--prompts_per_step", "8", "--eval_prompts", "8", "--eval_samples", "4",
-         "--micro_batch_size", "8", "--num_threads", "1"]
+LAUNCH = [
+    "-m",
+    "accelerate.commands.launch",
+    "--multi_gpu",
+    "--num_processes",
+    "2",
+    "--num_machines",
+    "1",
+    "--mixed_precision",
+    "no",
+    "--dynamo_backend",
+    "no",
+]
+SMALL = [
+    "--prompt_pool",
+    "48",
+    "--prompts_per_step",
+    "8",
+    "--eval_prompts",
+    "8",
+    "--eval_samples",
+    "4",
+    "--micro_batch_size",
+    "8",
+    "--num_threads",
+    "1",
+]
 COMPARED = ("loss", "grad_norm", "kl", "reward_mean", "eval_pass@1", "ppo_value_loss", "entropy")
 
 
@@ -29,7 +52,9 @@ def _assert_same_run(ddp_rows, fsdp_rows, rel=1e-4):
     assert [r["step"] for r in ddp_rows] == [r["step"] for r in fsdp_rows]
     for ddp, fsdp in zip(ddp_rows, fsdp_rows):
         for key in COMPARED:
-            if ddp.get(key) is not None:  # a loss's advantages cancel within each group: conftest.loss_tolerance
+            if (
+                ddp.get(key) is not None
+            ):  # a loss's advantages cancel within each group: conftest.loss_tolerance
                 bound = loss_tolerance(ddp) if key == "loss" else 1e-6
                 assert fsdp[key] == pytest.approx(ddp[key], rel=rel, abs=bound), (ddp["step"], key)
 
@@ -43,21 +68,54 @@ def _optimizer_numel_of(path, key):
     return sum(entry["exp_avg"].numel() for entry in state.values())
 
 
-@pytest.mark.parametrize("script", ["pros_ppo.py"])  # the policy, the reference and the critic are sharded
+@pytest.mark.parametrize(
+    "script", ["pros_ppo.py"]
+)  # the policy, the reference and the critic are sharded
 def test_fsdp_matches_ddp_shards_states_and_resumes_exactly(script, tiny_base, tmp_path):
-    base = [*LAUNCH, script, "--model_name_or_path", tiny_base, *SMALL, "--eval_steps", "2", "--save_steps", "2"]
+    base = [
+        *LAUNCH,
+        script,
+        "--model_name_or_path",
+        tiny_base,
+        *SMALL,
+        "--eval_steps",
+        "2",
+        "--save_steps",
+        "2",
+    ]
     run_script([*base, "--max_steps", "3", "--output_dir", str(tmp_path / "ddp")], timeout=900)
-    run_script([*base, "--fsdp", "--max_steps", "2", "--output_dir", str(tmp_path / "fsdp")], timeout=900)
+    run_script(
+        [*base, "--fsdp", "--max_steps", "2", "--output_dir", str(tmp_path / "fsdp")], timeout=900
+    )
     ckpt = tmp_path / "fsdp" / "checkpoint-2"
     # each rank holds about half of the AdamW state (and so of the weights it updates)
-    full = sum(p.numel() for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(ckpt).parameters())
+    full = sum(
+        p.numel()
+        for p in __import__("transformers").AutoModelForCausalLM.from_pretrained(ckpt).parameters()
+    )
     halves = [_optimizer_numel(ckpt / f"shards_rank{rank}.pt") for rank in (0, 1)]
-    assert all(0.45 * full <= half <= 0.55 * full for half in halves) and sum(halves) == full, (halves, full)
+    assert all(0.45 * full <= half <= 0.55 * full for half in halves) and sum(halves) == full, (
+        halves,
+        full,
+    )
     critic = [_optimizer_numel_of(ckpt / f"shards_rank{rank}.pt", "critic_opt") for rank in (0, 1)]
-    assert all(0.45 <= part / sum(critic) <= 0.55 for part in critic)  # the critic's AdamW state is halved too
+    assert all(
+        0.45 <= part / sum(critic) <= 0.55 for part in critic
+    )  # the critic's AdamW state is halved too
     # "killed" after step 2: resume under --fsdp, compare with the uninterrupted DDP run
-    run_script([*base, "--fsdp", "--max_steps", "3", "--resume_from_checkpoint", "auto", "--output_dir", str(tmp_path / "fsdp")],
-               timeout=900)
+    run_script(
+        [
+            *base,
+            "--fsdp",
+            "--max_steps",
+            "3",
+            "--resume_from_checkpoint",
+            "auto",
+            "--output_dir",
+            str(tmp_path / "fsdp"),
+        ],
+        timeout=900,
+    )
     _assert_same_run(_rows(tmp_path / "ddp"), _rows(tmp_path / "fsdp"))
     # the checkpoint's model dir holds the whole fp32 weights, equal to the DDP run's
     from safetensors.torch import load_file
@@ -74,8 +132,12 @@ def _param_groups(model) -> list:
     """A sharded model's FSDP parameter groups: one per unit (each decoder layer, and the root for the rest)."""
     from torch.distributed.fsdp import FSDPModule
 
-    return [group for unit in model.modules() if isinstance(unit, FSDPModule)
-            for group in unit._get_fsdp_state()._fsdp_param_groups]
+    return [
+        group
+        for unit in model.modules()
+        if isinstance(unit, FSDPModule)
+        for group in unit._get_fsdp_state()._fsdp_param_groups
+    ]
 
 
 def _gathered_units(groups: list) -> int:
@@ -111,8 +173,8 @@ def _scoring_spy_main(runs: str) -> None:
 
     import pros_ppo
     from common.distributed import fsdp
-    from common.run.flags import parse_args
     from common.distributed.ranks import gathered
+    from common.run.flags import parse_args
 
     score_rollouts, dummy_pass = pros_ppo.score_rollouts, fsdp.dummy_pass
     watched, report = {}, {"peak": {}}
@@ -124,11 +186,17 @@ def _scoring_spy_main(runs: str) -> None:
 
     def spy_score(policy, critic, ref_model, *args, **kwargs):
         models = {"policy": policy, "critic": critic, "ref": ref_model}
-        watched.update({name: _param_groups(model) for name, model in models.items() if model is not None})
+        watched.update(
+            {name: _param_groups(model) for name, model in models.items() if model is not None}
+        )
         report["units"] = {name: len(groups) for name, groups in watched.items()}
         watched["all"] = [group for groups in list(watched.values()) for group in groups]
         try:
-            with gathered(policy, critic, ref_model) if report["mode"] == "gathered" else contextlib.nullcontext():
+            with (
+                gathered(policy, critic, ref_model)
+                if report["mode"] == "gathered"
+                else contextlib.nullcontext()
+            ):
                 scores = score_rollouts(policy, critic, ref_model, *args, **kwargs)
             for name, groups in watched.items():
                 report["after"][name] = max(report["after"].get(name, 0), _gathered_units(groups))
@@ -148,12 +216,17 @@ def _scoring_spy_main(runs: str) -> None:
     for i, (mode, flags) in enumerate(json.loads(runs)):
         if i:  # main() destroyed its process group: the next one meets afresh, at its own store on the next port
             AcceleratorState._reset_state(True)
-            os.environ.update(MASTER_PORT=str(int(os.environ["MASTER_PORT"]) + 1), TORCHELASTIC_USE_AGENT_STORE="0")
+            os.environ.update(
+                MASTER_PORT=str(int(os.environ["MASTER_PORT"]) + 1),
+                TORCHELASTIC_USE_AGENT_STORE="0",
+            )
         report["peak"].clear()
         report.update(mode=mode, after={}, diff={}, calls=0, dummy_passes=0)
         args = parse_args(pros_ppo.Args, flags)
         pros_ppo.main(args)
-        Path(args.output_dir, f"scoring_spy_rank{os.environ['RANK']}.json").write_text(json.dumps(report))
+        Path(args.output_dir, f"scoring_spy_rank{os.environ['RANK']}.json").write_text(
+            json.dumps(report)
+        )
 
 
 def test_fsdp_pros_ppo_scores_sharded_as_the_whole_weights_do(tiny_base, tmp_path):
@@ -163,33 +236,82 @@ def test_fsdp_pros_ppo_scores_sharded_as_the_whole_weights_do(tiny_base, tmp_pat
     # and so do the weights after 2 steps. 5 queries over 2 ranks (12 and 8 rollouts, micro-batches of 8): rank 1
     # joins rank 0's second scoring pass with a dummy one. One launch, three runs: PPO+PROS, the same with scoring
     # under gathered(...) (the spy must see that), and --adv grpo; all with a reference (--beta).
-    flags = ["--model_name_or_path", tiny_base, "--prompt_pool", "48", "--prompts_per_step", "5", "--eval_prompts",
-             "4", "--eval_samples", "2", "--micro_batch_size", "8", "--num_threads", "1", "--eval_steps", "0",
-             "--max_steps", "2", "--beta", "0.05", "--fsdp"]
-    runs = {"ppo": ("sharded", []), "gathered": ("gathered", []), "grpo": ("sharded", ["--adv", "grpo"])}
-    plan = [(mode, [*flags, *extra, "--output_dir", str(tmp_path / name)]) for name, (mode, extra) in runs.items()]
+    flags = [
+        "--model_name_or_path",
+        tiny_base,
+        "--prompt_pool",
+        "48",
+        "--prompts_per_step",
+        "5",
+        "--eval_prompts",
+        "4",
+        "--eval_samples",
+        "2",
+        "--micro_batch_size",
+        "8",
+        "--num_threads",
+        "1",
+        "--eval_steps",
+        "0",
+        "--max_steps",
+        "2",
+        "--beta",
+        "0.05",
+        "--fsdp",
+    ]
+    runs = {
+        "ppo": ("sharded", []),
+        "gathered": ("gathered", []),
+        "grpo": ("sharded", ["--adv", "grpo"]),
+    }
+    plan = [
+        (mode, [*flags, *extra, "--output_dir", str(tmp_path / name)])
+        for name, (mode, extra) in runs.items()
+    ]
     run_script([*LAUNCH, "tests/test_fsdp.py", json.dumps(plan)], timeout=600)
-    spies = {name: [json.loads((tmp_path / name / f"scoring_spy_rank{rank}.json").read_text()) for rank in (0, 1)]
-             for name in runs}
+    spies = {
+        name: [
+            json.loads((tmp_path / name / f"scoring_spy_rank{rank}.json").read_text())
+            for rank in (0, 1)
+        ]
+        for name in runs
+    }
     scored = {"logp", "entropy", "mask", "ref_logp"}
-    for name, models, scores in (("ppo", {"policy", "critic", "ref"}, scored | {"value"}),
-                                 ("grpo", {"policy", "ref"}, scored)):
+    for name, models, scores in (
+        ("ppo", {"policy", "critic", "ref"}, scored | {"value"}),
+        ("grpo", {"policy", "ref"}, scored),
+    ):
         for spy in spies[name]:
             assert spy["calls"] == 2 and set(spy["units"]) == models, spy
-            assert all(spy["peak"][model] <= min(3, spy["units"][model] - 1) for model in models), spy
-            assert spy["peak"]["all"] == max(spy["peak"][model] for model in models), spy  # the models in turn
+            assert all(spy["peak"][model] <= min(3, spy["units"][model] - 1) for model in models), (
+                spy
+            )
+            assert spy["peak"]["all"] == max(spy["peak"][model] for model in models), (
+                spy
+            )  # the models in turn
             assert set(spy["diff"]) == scores, spy
-            assert set(spy["after"].values()) == {0}, spy  # the roots, kept gathered by FSDP after a forward, released
+            assert set(spy["after"].values()) == {0}, (
+                spy
+            )  # the roots, kept gathered by FSDP after a forward, released
             assert max(spy["diff"].values()) <= 1e-5, spy
-        assert [spy["dummy_passes"] for spy in spies[name]] == [0, 2]  # one per scoring call, policy then its peers
+        assert [spy["dummy_passes"] for spy in spies[name]] == [
+            0,
+            2,
+        ]  # one per scoring call, policy then its peers
     for spy in spies["gathered"]:  # whole models gathered: the spy sees it
         assert all(spy["peak"][model] == units for model, units in spy["units"].items()), spy
     from safetensors.torch import load_file
 
-    for name in ("model.safetensors", "trainer_state.pt"):  # the policy, then the critic (with the trainer state)
+    for name in (
+        "model.safetensors",
+        "trainer_state.pt",
+    ):  # the policy, then the critic (with the trainer state)
         ours, whole = (tmp_path / run / "checkpoint-2" / name for run in ("ppo", "gathered"))
         if name == "trainer_state.pt":
-            ours, whole = (torch.load(path, weights_only=True)["state"]["method"]["critic"] for path in (ours, whole))
+            ours, whole = (
+                torch.load(path, weights_only=True)["state"]["method"]["critic"]
+                for path in (ours, whole)
+            )
         else:
             ours, whole = load_file(str(ours)), load_file(str(whole))
         assert ours.keys() == whole.keys()
@@ -197,8 +319,9 @@ def test_fsdp_pros_ppo_scores_sharded_as_the_whole_weights_do(tiny_base, tmp_pat
             torch.testing.assert_close(ours[key], value, atol=1e-5, rtol=1e-4)
 
 
-def test_ra_rloo_gathers_the_policy_for_seeding_only_where_it_seeds(random_model_dir, tiny_base, tmp_path,
-                                                                      monkeypatch):
+def test_ra_rloo_gathers_the_policy_for_seeding_only_where_it_seeds(
+    random_model_dir, tiny_base, tmp_path, monkeypatch
+):
     # --fsdp (a world of one: the units are the same): on a real dataset nothing is seeded and no unit of the policy
     # is gathered around the seeding, nor inside it; on the embedded task the demonstrations are scored with the
     # whole policy (and so, under vLLM, its shards are back before the engine generates: tests/test_vllm.py).
@@ -220,14 +343,57 @@ def test_ra_rloo_gathers_the_policy_for_seeding_only_where_it_seeds(random_model
 
     monkeypatch.setattr(ra_rloo, "seed_buffers", spy)
     data = tmp_path / "gsm.jsonl"
-    data.write_text("".join(json.dumps({"question": f"What is {i} plus {i}?", "answer": f"#### {2 * i}"}) + "\n"
-                            for i in range(40)))
-    tiny = ["--prompts_per_step", "4", "--eval_prompts", "4", "--eval_samples", "2", "--max_completion_length", "8",
-            "--num_threads", "1", "--max_steps", "1", "--eval_steps", "0", "--fsdp"]
-    ra_rloo.main(parse_args(ra_rloo.Args, ["--model_name_or_path", random_model_dir, "--dataset_name", str(data), *tiny,
-                                           "--output_dir", str(tmp_path / "real")]))
-    ra_rloo.main(parse_args(ra_rloo.Args, ["--model_name_or_path", tiny_base, "--prompt_pool", "48", *tiny,
-                                           "--output_dir", str(tmp_path / "embedded")]))
+    data.write_text(
+        "".join(
+            json.dumps({"question": f"What is {i} plus {i}?", "answer": f"#### {2 * i}"}) + "\n"
+            for i in range(40)
+        )
+    )
+    tiny = [
+        "--prompts_per_step",
+        "4",
+        "--eval_prompts",
+        "4",
+        "--eval_samples",
+        "2",
+        "--max_completion_length",
+        "8",
+        "--num_threads",
+        "1",
+        "--max_steps",
+        "1",
+        "--eval_steps",
+        "0",
+        "--fsdp",
+    ]
+    ra_rloo.main(
+        parse_args(
+            ra_rloo.Args,
+            [
+                "--model_name_or_path",
+                random_model_dir,
+                "--dataset_name",
+                str(data),
+                *tiny,
+                "--output_dir",
+                str(tmp_path / "real"),
+            ],
+        )
+    )
+    ra_rloo.main(
+        parse_args(
+            ra_rloo.Args,
+            [
+                "--model_name_or_path",
+                tiny_base,
+                "--prompt_pool",
+                "48",
+                *tiny,
+                "--output_dir",
+                str(tmp_path / "embedded"),
+            ],
+        )
+    )
     (real_entry, real_peak, real_units, real_seeded), (entry, _, units, seeded) = seen
     assert (real_entry, real_peak, real_seeded) == (0, 0, 0) and real_units > 1, seen
     assert entry == units and seeded == 48, seen
@@ -236,19 +402,56 @@ def test_ra_rloo_gathers_the_policy_for_seeding_only_where_it_seeds(random_model
 def test_fsdp_ada_seq_rounds_differ_per_rank_without_deadlock(tiny_base, tmp_path):
     # Ada-Seq's ranks run different numbers of sampling rounds and micro-batches: the case FSDP's lock-step breaks
     # (it deadlocked before generation ran outside lock-step). Equality with DDP is tested above; here: it finishes.
-    run_script([*LAUNCH, "ada_seq.py", "--model_name_or_path", tiny_base, *SMALL, "--eval_steps", "2", "--max_steps",
-                "2", "--fsdp", "--output_dir", str(tmp_path / "fsdp")], timeout=600)
+    run_script(
+        [
+            *LAUNCH,
+            "ada_seq.py",
+            "--model_name_or_path",
+            tiny_base,
+            *SMALL,
+            "--eval_steps",
+            "2",
+            "--max_steps",
+            "2",
+            "--fsdp",
+            "--output_dir",
+            str(tmp_path / "fsdp"),
+        ],
+        timeout=600,
+    )
     rows = _rows(tmp_path / "fsdp")
     assert [r["step"] for r in rows] == [0, 1, 2] and all(r["grad_norm"] >= 0 for r in rows[1:])
 
 
 def test_one_process_fsdp_runs_and_resume_refuses_a_layout_change(tiny_base, tmp_path):
-    base = ["ra_rloo.py", "--model_name_or_path", tiny_base, *SMALL, "--eval_steps", "0", "--max_steps", "1",
-            "--output_dir", str(tmp_path / "one")]
-    run_script([*base, "--fsdp"])  # a world of one: FSDP still wraps the model (how gpu_smoke runs it on one GPU)
+    base = [
+        "ra_rloo.py",
+        "--model_name_or_path",
+        tiny_base,
+        *SMALL,
+        "--eval_steps",
+        "0",
+        "--max_steps",
+        "1",
+        "--output_dir",
+        str(tmp_path / "one"),
+    ]
+    run_script(
+        [*base, "--fsdp"]
+    )  # a world of one: FSDP still wraps the model (how gpu_smoke runs it on one GPU)
     assert (tmp_path / "one" / "checkpoint-1" / "shards_rank0.pt").exists()
     with pytest.raises(AssertionError, match="saved with --fsdp, resumed without it"):
-        run_script([*base[:-2], "--max_steps", "2", "--resume_from_checkpoint", "auto", "--output_dir", str(tmp_path / "one")])
+        run_script(
+            [
+                *base[:-2],
+                "--max_steps",
+                "2",
+                "--resume_from_checkpoint",
+                "auto",
+                "--output_dir",
+                str(tmp_path / "one"),
+            ]
+        )
 
 
 def test_fsdp_refuses_lora(random_model_dir):
@@ -272,15 +475,35 @@ def test_every_script_destroys_its_process_group_before_returning(script, tiny_b
     from common.run.flags import parse_args
 
     module = importlib.import_module(script)
-    module.main(parse_args(module.Args, ["--model_name_or_path", tiny_base, *SMALL, "--eval_steps", "0",
-                                         "--max_steps", "1", "--fsdp", "--output_dir", str(tmp_path / script)]))
+    module.main(
+        parse_args(
+            module.Args,
+            [
+                "--model_name_or_path",
+                tiny_base,
+                *SMALL,
+                "--eval_steps",
+                "0",
+                "--max_steps",
+                "1",
+                "--fsdp",
+                "--output_dir",
+                str(tmp_path / script),
+            ],
+        )
+    )
     assert (tmp_path / script / "checkpoint-1" / "shards_rank0.pt").exists()  # it did run sharded
     assert not dist.is_initialized()
     if script == "ra_rloo":  # its trained model holds the whole weights, gathered from the shards
         from safetensors.torch import load_file
 
-        export, ckpt = (load_file(str(tmp_path / script / name / "model.safetensors")) for name in ("model", "checkpoint-1"))
-        assert export.keys() == ckpt.keys() and all(torch.equal(export[key], ckpt[key]) for key in ckpt)
+        export, ckpt = (
+            load_file(str(tmp_path / script / name / "model.safetensors"))
+            for name in ("model", "checkpoint-1")
+        )
+        assert export.keys() == ckpt.keys() and all(
+            torch.equal(export[key], ckpt[key]) for key in ckpt
+        )
 
 
 class _Payload:
@@ -299,48 +522,85 @@ def test_resume_refuses_a_pickle_payload_in_every_file_it_reads_and_runs_none(ti
     import sys
 
     import torch.distributed as dist
+    from conftest import ROOT
 
     import ra_rloo
     from common.run.flags import parse_args
-    from conftest import ROOT
 
     out, marker = tmp_path / "run", tmp_path / "payload-ran"
-    base = ["ra_rloo.py", "--model_name_or_path", tiny_base, *SMALL, "--eval_steps", "0", "--fsdp", "--output_dir",
-            str(out)]
+    base = [
+        "ra_rloo.py",
+        "--model_name_or_path",
+        tiny_base,
+        *SMALL,
+        "--eval_steps",
+        "0",
+        "--fsdp",
+        "--output_dir",
+        str(out),
+    ]
     run_script([*base, "--max_steps", "1"])
     pickle.loads(pickle.dumps(_Payload(tmp_path / "control")))
     assert (tmp_path / "control").exists()  # the payload is live: unpickled unrestricted, it runs
-    for name in ("metrics.jsonl", "samples.jsonl"):  # rows past the checkpoint: a resume that got going drops them
+    for name in (
+        "metrics.jsonl",
+        "samples.jsonl",
+    ):  # rows past the checkpoint: a resume that got going drops them
         with (out / name).open("a") as f:
             f.write(json.dumps({"step": 2, "junk": 1}) + "\n")
     ckpt = out / "checkpoint-1"
 
     def files():  # .run.lock aside: the failed in-process resumes' hold, which their process gives back at exit
-        return {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file() and p.name != ".run.lock"}
+        return {
+            p.relative_to(out): p.read_bytes()
+            for p in out.rglob("*")
+            if p.is_file() and p.name != ".run.lock"
+        }
 
     before = files()
-    plants = {"trainer_state.pt": lambda path: path.write_bytes(pickle.dumps({"step": _Payload(marker)})),
-              "rng_rank0.pt": lambda path: torch.save({"python": _Payload(marker)}, path),
-              "shards_rank0.pt": lambda path: torch.save({"optimizer": _Payload(marker)}, path)}
+    plants = {
+        "trainer_state.pt": lambda path: path.write_bytes(pickle.dumps({"step": _Payload(marker)})),
+        "rng_rank0.pt": lambda path: torch.save({"python": _Payload(marker)}, path),
+        "shards_rank0.pt": lambda path: torch.save({"optimizer": _Payload(marker)}, path),
+    }
     message = r"^checkpoint-1/{}: not a checkpoint written by this project \(unsafe or unreadable content\)"
     for name, plant in plants.items():
         plant(ckpt / name)
-        if name == "trainer_state.pt":  # as a user runs it: a non-zero exit, one line on stderr, no traceback
-            r = subprocess.run([sys.executable, *base, "--max_steps", "2", "--resume_from_checkpoint", "auto"], cwd=ROOT,
-                               capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+        if (
+            name == "trainer_state.pt"
+        ):  # as a user runs it: a non-zero exit, one line on stderr, no traceback
+            r = subprocess.run(
+                [sys.executable, *base, "--max_steps", "2", "--resume_from_checkpoint", "auto"],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=300,
+                env=dict(os.environ, OMP_NUM_THREADS="1"),
+            )
             assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr[-3000:]
-            assert re.match(message.format(re.escape(name)), r.stderr.strip().splitlines()[-1]), r.stderr[-3000:]
+            assert re.match(message.format(re.escape(name)), r.stderr.strip().splitlines()[-1]), (
+                r.stderr[-3000:]
+            )
         else:  # in process (faster); the failed resume leaves its world-of-one process group behind
             try:
                 with pytest.raises(SystemExit, match=message.format(re.escape(name))):
-                    ra_rloo.main(parse_args(ra_rloo.Args, [*base[1:], "--max_steps", "2", "--resume_from_checkpoint", "auto"]))
+                    ra_rloo.main(
+                        parse_args(
+                            ra_rloo.Args,
+                            [*base[1:], "--max_steps", "2", "--resume_from_checkpoint", "auto"],
+                        )
+                    )
             finally:
                 if dist.is_initialized():
                     dist.destroy_process_group()
         assert not marker.exists(), name
         (ckpt / name).write_bytes(before[ckpt.relative_to(out) / name])
-        assert files() == before, name  # metrics.jsonl, samples.jsonl and the checkpoint as they were, nothing new
+        assert files() == before, (
+            name
+        )  # metrics.jsonl, samples.jsonl and the checkpoint as they were, nothing new
 
 
-if __name__ == "__main__":  # the payload of test_fsdp_pros_ppo_scores_sharded_as_the_whole_weights_do
+if (
+    __name__ == "__main__"
+):  # the payload of test_fsdp_pros_ppo_scores_sharded_as_the_whole_weights_do
     _scoring_spy_main(sys.argv[1])

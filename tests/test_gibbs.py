@@ -1,4 +1,5 @@
 """Pólya-Gamma draws and the PROS two-layer Gibbs sampler against closed forms and numerical quadrature."""
+
 import numpy as np
 import pytest
 
@@ -12,11 +13,12 @@ def pg_mean(b, c) -> np.ndarray:
 
 def pg_var(b, c) -> np.ndarray:
     """Var PG(b, c) = b (sinh c - c) / (4 c³ cosh²(c/2)), b/24 at c = 0."""
-    return np.asarray(b, dtype=np.float64) * pg_moment_sums(c)[1] / (4 * _PI2 ** 2)
+    return np.asarray(b, dtype=np.float64) * pg_moment_sums(c)[1] / (4 * _PI2**2)
 
 
-@pytest.mark.parametrize("b,c", [(1.0, 0.0), (0.5, 1.3), (2.7, -3.0), (10.0, 0.2), (0.1, 5.0), (35.5, 2.0),
-                                 (3.3, 0.004)])
+@pytest.mark.parametrize(
+    "b,c", [(1.0, 0.0), (0.5, 1.3), (2.7, -3.0), (10.0, 0.2), (0.1, 5.0), (35.5, 2.0), (3.3, 0.004)]
+)
 def test_pg_mean_and_variance_within_sampling_error(b, c):
     rng = np.random.default_rng(0)
     n = 200_000
@@ -43,7 +45,7 @@ def test_pg_b_zero_is_zero_and_shape_matches_a_long_series():
     ours = sample_pg(np.full(n, b), np.full(n, c), rng, terms=5)
     k = np.arange(1, 401)
     d = (k - 0.5) ** 2 + (c / (2 * np.pi)) ** 2
-    ref = (rng.standard_gamma(b, size=(n, 400)) / d).sum(-1) / (2 * np.pi ** 2)
+    ref = (rng.standard_gamma(b, size=(n, 400)) / d).sum(-1) / (2 * np.pi**2)
     q = [0.05, 0.25, 0.5, 0.75, 0.95]
     assert np.quantile(ours, q) == pytest.approx(np.quantile(ref, q), rel=0.03)
 
@@ -55,8 +57,12 @@ def _logpost_terms(psi, s, n):
 def _chains(parent_one, s_one, n_one, copies, mu0, tau0, sigma, sweeps=300, burn=50, seed=0):
     """Many independent copies of a small tree run in parallel (one vectorised call); mean over draws."""
     m = len(parent_one)
-    parent = np.concatenate([np.where(np.asarray(parent_one) >= 0, np.asarray(parent_one) + i * m, -1)
-                             for i in range(copies)])
+    parent = np.concatenate(
+        [
+            np.where(np.asarray(parent_one) >= 0, np.asarray(parent_one) + i * m, -1)
+            for i in range(copies)
+        ]
+    )
     s, n = np.tile(s_one, copies), np.tile(n_one, copies)
     rng = np.random.default_rng(seed)
     psi = np.zeros(m * copies)
@@ -66,14 +72,16 @@ def _chains(parent_one, s_one, n_one, copies, mu0, tau0, sigma, sweeps=300, burn
         if t >= burn:
             draws.append(psi.reshape(copies, m))
     d = np.stack(draws)  # [T, copies, m]
-    per_chain = d.mean(0)  # chains are independent: the spread of their means gives the standard error
+    per_chain = d.mean(
+        0
+    )  # chains are independent: the spread of their means gives the standard error
     return per_chain.mean(0), per_chain.std(0) / np.sqrt(copies)
 
 
 def test_single_root_matches_quadrature_with_real_counts():
     mu0, tau0, s, n = 0.5, 1.5, 3.4, 9.1  # forgotten counts are real numbers
     g = np.linspace(-12, 12, 48001)
-    lp = -((g - mu0) ** 2) / (2 * tau0 ** 2) + _logpost_terms(g, s, n)
+    lp = -((g - mu0) ** 2) / (2 * tau0**2) + _logpost_terms(g, s, n)
     w = np.exp(lp - lp.max())
     exact = (w * g).sum() / w.sum()
     est, se = _chains([-1], [s], [n], copies=2000, mu0=mu0, tau0=tau0, sigma=1.0)
@@ -83,11 +91,20 @@ def test_single_root_matches_quadrature_with_real_counts():
 
 def test_root_and_child_match_two_dimensional_quadrature():
     mu0, tau0, sigma = 0.0, 2.0, 0.7
-    s_r, n_r, s_c, n_c = 1.0, 6.0, 7.5, 8.0  # a weak root, a strong child: the child pulls the root up
+    s_r, n_r, s_c, n_c = (
+        1.0,
+        6.0,
+        7.5,
+        8.0,
+    )  # a weak root, a strong child: the child pulls the root up
     g = np.linspace(-9, 9, 901)
     pr, pc = np.meshgrid(g, g, indexing="ij")
-    lp = (-(pr - mu0) ** 2 / (2 * tau0 ** 2) - (pc - pr) ** 2 / (2 * sigma ** 2)
-          + _logpost_terms(pr, s_r, n_r) + _logpost_terms(pc, s_c, n_c))
+    lp = (
+        -((pr - mu0) ** 2) / (2 * tau0**2)
+        - (pc - pr) ** 2 / (2 * sigma**2)
+        + _logpost_terms(pr, s_r, n_r)
+        + _logpost_terms(pc, s_c, n_c)
+    )
     w = np.exp(lp - lp.max())
     w /= w.sum()
     exact_r, exact_c = (w * pr).sum(), (w * pc).sum()
@@ -95,7 +112,7 @@ def test_root_and_child_match_two_dimensional_quadrature():
     assert abs(est[0] - exact_r) < max(5 * se[0], 0.015)
     assert abs(est[1] - exact_c) < max(5 * se[1], 0.015)
     # without the child the root's posterior mean would be far lower: the hierarchy shares strength
-    lp_alone = -(g - mu0) ** 2 / (2 * tau0 ** 2) + _logpost_terms(g, s_r, n_r)
+    lp_alone = -((g - mu0) ** 2) / (2 * tau0**2) + _logpost_terms(g, s_r, n_r)
     wa = np.exp(lp_alone - lp_alone.max())
     assert exact_r > (wa * g).sum() / wa.sum() + 0.3
 
@@ -108,8 +125,17 @@ def test_roots_with_different_numbers_of_children_in_one_sweep():
     est, _ = _chains(parent, s, n, copies=300, mu0=0.0, tau0=2.0, sigma=1.0, sweeps=200)
     assert est[0] > est[4] + 0.5
     with pytest.raises(ValueError):
-        gibbs_sweeps(np.zeros(3), np.array([-1, 0, 1]), np.zeros(3), np.zeros(3), 0, 1, 1, 1,
-                     np.random.default_rng(0))
+        gibbs_sweeps(
+            np.zeros(3),
+            np.array([-1, 0, 1]),
+            np.zeros(3),
+            np.zeros(3),
+            0,
+            1,
+            1,
+            1,
+            np.random.default_rng(0),
+        )
 
 
 def test_forgetting_shifts_the_estimate_toward_recent_data():
@@ -124,22 +150,33 @@ def test_forgetting_shifts_the_estimate_toward_recent_data():
     theta_forget, ratio_forget = posterior_theta(0.5)
     assert ratio_keep == pytest.approx(12 / 36) and ratio_forget > 0.8
     assert theta_forget > theta_keep + 0.25
-    s, n = update_counts(np.array([2.0, 1.0]), np.array([4.0, 2.0]), [1, 1], [1.0, 0.0], [1.0, 1.0], 0.5)
-    assert s.tolist() == [1.0, 1.5] and n.tolist() == [2.0, 3.0]  # all counts decay; repeats accumulate
+    s, n = update_counts(
+        np.array([2.0, 1.0]), np.array([4.0, 2.0]), [1, 1], [1.0, 0.0], [1.0, 1.0], 0.5
+    )
+    assert s.tolist() == [1.0, 1.5] and n.tolist() == [
+        2.0,
+        3.0,
+    ]  # all counts decay; repeats accumulate
 
 
 def test_forgetting_on_visit_decays_only_the_observed_nodes():
     s0, n0 = np.array([2.0, 1.0, 3.0]), np.array([4.0, 2.0, 6.0])
     s, n = update_counts(s0, n0, [1, 1], [1.0, 0.0], [1.0, 1.0], 0.5, "visit")
-    assert s.tolist() == [2.0, 1.5, 3.0] and n.tolist() == [4.0, 3.0, 6.0]  # node 1 decays once, the rest keep
+    assert s.tolist() == [2.0, 1.5, 3.0] and n.tolist() == [
+        4.0,
+        3.0,
+        6.0,
+    ]  # node 1 decays once, the rest keep
     assert s0.tolist() == [2.0, 1.0, 3.0]  # inputs untouched
     # fifty iterations without a visit: `iteration` keeps 0.95^50 = 8% of a node's counts, `visit` all of them
     si, ni, sv, nv = s0, n0, s0, n0
     for _ in range(50):
         si, ni = update_counts(si, ni, [0], [1.0], [4.0], 0.95)
         sv, nv = update_counts(sv, nv, [0], [1.0], [4.0], 0.95, "visit")
-    assert ni[2] == pytest.approx(6.0 * 0.95 ** 50) and nv[2] == 6.0 and nv[1] == 2.0
-    assert ni[0] == pytest.approx(nv[0])  # a node visited every iteration decays the same either way
+    assert ni[2] == pytest.approx(6.0 * 0.95**50) and nv[2] == 6.0 and nv[1] == 2.0
+    assert ni[0] == pytest.approx(
+        nv[0]
+    )  # a node visited every iteration decays the same either way
     with pytest.raises(ValueError, match="forget_on"):
         update_counts(s0, n0, [0], [1.0], [1.0], 0.5, "never")
 

@@ -7,6 +7,7 @@ GOLDEN_EXACT=1: floats must be bit-identical (the machine that recorded them).
 GOLDEN_ISOLATED=1: each config in its own interpreter (rules out state carried between runs).
 `python tests/test_golden_metrics.py --record NAME...` records a config new to configs.json; it
 never overwrites a golden (a refactor must reproduce the numbers, not re-record them)."""
+
 import json
 import math
 import os
@@ -15,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, TOKEN_LOGP_TOL, loss_tolerance
 
 GOLDEN = ROOT / "tests" / "golden"
@@ -23,14 +23,25 @@ TABLE = json.loads((GOLDEN / "configs.json").read_text())
 CONFIGS: dict = TABLE["configs"]
 
 # Wall-clock seconds differ between two identical runs: neither recorded nor compared
-UNPINNED = {"time_step_s", "time_gen_s", "time_train_s", "time_reward_s", "time_compile_s",
-            "pros_gibbs_s"}
+UNPINNED = {
+    "time_step_s",
+    "time_gen_s",
+    "time_train_s",
+    "time_reward_s",
+    "time_compile_s",
+    "pros_gibbs_s",
+}
 
 # One interpreter runs a group's configs one after another (imports and model loads paid once:
 # about half the CPU time of a process per config); two groups of about equal cost, one per
 # pytest-xdist worker (--dist loadgroup)
-GROUP = {"ra_rloo.py": "golden-a", "ps_grpo.py": "golden-a", "ada_est.py": "golden-b",
-         "pros_ppo.py": "golden-b", "ada_seq.py": "golden-b"}
+GROUP = {
+    "ra_rloo.py": "golden-a",
+    "ps_grpo.py": "golden-a",
+    "ada_est.py": "golden-b",
+    "pros_ppo.py": "golden-b",
+    "ada_seq.py": "golden-b",
+}
 
 # Runs each [name, argv, log] as `python <argv>` would (as __main__, so whatever main() looks like),
 # its output into its log, and prints [name, exit status] after each
@@ -82,14 +93,20 @@ def tolerance(key: str, golden_row: dict) -> float:
 
 def command(name: str, output_dir: Path) -> list[str]:
     config = CONFIGS[name]
-    return [config["script"], *TABLE["common_args"], *config["args"], "--output_dir",
-            str(output_dir)]
+    return [
+        config["script"],
+        *TABLE["common_args"],
+        *config["args"],
+        "--output_dir",
+        str(output_dir),
+    ]
 
 
 def script_env(cache: Path) -> dict:
     # a fresh cache: the runs start from the shipped builds in assets/, not from ~/.cache
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               RLVR_CACHE=str(cache))
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", RLVR_CACHE=str(cache)
+    )
     env.pop("RLVR_NO_SHIPPED", None)
     return env
 
@@ -100,9 +117,15 @@ def run_configs(names: list[str], out: Path) -> dict[str, str | None]:
     isolated = os.environ.get("GOLDEN_ISOLATED") == "1"
     for batch in [[name] for name in names] if isolated else [names]:
         jobs = [[name, command(name, out / name), str(out / f"{name}.log")] for name in batch]
-        r = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(jobs)], cwd=ROOT,
-                           env=script_env(out / "cache"), capture_output=True, text=True,
-                           timeout=300 * len(batch), check=False)
+        r = subprocess.run(
+            [sys.executable, "-c", DRIVER, json.dumps(jobs)],
+            cwd=ROOT,
+            env=script_env(out / "cache"),
+            capture_output=True,
+            text=True,
+            timeout=300 * len(batch),
+            check=False,
+        )
         status = dict(json.loads(line) for line in r.stdout.splitlines() if line.startswith("["))
         for name in batch:
             log = out / f"{name}.log"
@@ -162,23 +185,38 @@ def golden_out(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("golden")
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=pytest.mark.xdist_group(GROUP[config["script"]]))
-    for name, config in CONFIGS.items()])
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=pytest.mark.xdist_group(GROUP[config["script"]]))
+        for name, config in CONFIGS.items()
+    ],
+)
 def test_golden_metrics(name, request, golden_out):
     if name not in _failed:  # the group's first test here runs the group's selected configs
         group = GROUP[CONFIGS[name]["script"]]
-        selected = [item.callspec.params["name"] for item in request.session.items
-                    if getattr(item, "originalname", None) == "test_golden_metrics"]
-        _failed.update(run_configs([n for n in selected if n not in _failed
-                                    and GROUP[CONFIGS[n]["script"]] == group], golden_out))
+        selected = [
+            item.callspec.params["name"]
+            for item in request.session.items
+            if getattr(item, "originalname", None) == "test_golden_metrics"
+        ]
+        _failed.update(
+            run_configs(
+                [n for n in selected if n not in _failed and GROUP[CONFIGS[n]["script"]] == group],
+                golden_out,
+            )
+        )
     assert _failed[name] is None, (
-        f"{name} (python {' '.join(command(name, golden_out / name))}): {_failed[name]}")
+        f"{name} (python {' '.join(command(name, golden_out / name))}): {_failed[name]}"
+    )
     exact = os.environ.get("GOLDEN_EXACT") == "1"
-    problems = compare(read_rows(GOLDEN / f"{name}.jsonl"),
-                       read_rows(golden_out / name / "metrics.jsonl"), exact)
-    assert not problems, (f"{name}: {len(problems)} difference(s) from tests/golden/{name}.jsonl:\n"
-                          + "\n".join(problems[:40]))
+    problems = compare(
+        read_rows(GOLDEN / f"{name}.jsonl"), read_rows(golden_out / name / "metrics.jsonl"), exact
+    )
+    assert not problems, (
+        f"{name}: {len(problems)} difference(s) from tests/golden/{name}.jsonl:\n"
+        + "\n".join(problems[:40])
+    )
 
 
 def record(names: list[str], out: Path) -> None:
@@ -188,8 +226,14 @@ def record(names: list[str], out: Path) -> None:
         target = GOLDEN / f"{name}.jsonl"
         if target.exists():
             raise SystemExit(f"{target} exists: goldens are never re-recorded (README.md there)")
-        r = subprocess.run([sys.executable, *command(name, out / name)], cwd=ROOT, check=False,
-                           env=script_env(out / "cache"), capture_output=True, text=True)
+        r = subprocess.run(
+            [sys.executable, *command(name, out / name)],
+            cwd=ROOT,
+            check=False,
+            env=script_env(out / "cache"),
+            capture_output=True,
+            text=True,
+        )
         if r.returncode != 0:
             raise SystemExit(f"{name} failed ({r.returncode}):\n{r.stderr[-3000:]}")
         rows = [pinned(row) for row in read_rows(out / name / "metrics.jsonl")]

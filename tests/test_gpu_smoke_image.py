@@ -1,5 +1,6 @@
 """benchmarks/gpu/smoke.py starts on the lent GPU image, which has torch, transformers, accelerate and peft but not
 vllm, datasets, math-verify or latex2sympy2_extended: run here with those four made unimportable."""
+
 import json
 import os
 import subprocess
@@ -49,19 +50,65 @@ def _image_env(tmp_path) -> dict:
     site.mkdir()
     (site / "sitecustomize.py").write_text(HIDE)
     path = os.pathsep.join(p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p)
-    return dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-                CUDA_VISIBLE_DEVICES="", RLVR_CACHE=str(tmp_path / "cache"))
+    return dict(
+        os.environ,
+        PYTHONPATH=path,
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        CUDA_VISIBLE_DEVICES="",
+        RLVR_CACHE=str(tmp_path / "cache"),
+    )
 
 
-SMALL = ["--size", "tiny", "--steps", "2", "--dtype", "float32", "--prompts_per_step", "4", "--max_completion_length", "24",
-         "--budget_s", "1200", "--learning_max_steps", "2", "--learning_eval_prompts", "16",
-         "--learning_eval_samples", "2", "--speed_steps", "2", "--speed_runs", "default,static",
-         "--smoke_eval_prompts", "4", "--prompt_pool", "256"]
+SMALL = [
+    "--size",
+    "tiny",
+    "--steps",
+    "2",
+    "--dtype",
+    "float32",
+    "--prompts_per_step",
+    "4",
+    "--max_completion_length",
+    "24",
+    "--budget_s",
+    "1200",
+    "--learning_max_steps",
+    "2",
+    "--learning_eval_prompts",
+    "16",
+    "--learning_eval_samples",
+    "2",
+    "--speed_steps",
+    "2",
+    "--speed_runs",
+    "default,static",
+    "--smoke_eval_prompts",
+    "4",
+    "--prompt_pool",
+    "256",
+]
 
 
 def _smoke(env: dict, out, parts: str, scripts: str) -> dict:
-    r = subprocess.run([sys.executable, "benchmarks/gpu/smoke.py", *SMALL, "--parts", parts, "--scripts", scripts,
-                        "--output_dir", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/gpu/smoke.py",
+            *SMALL,
+            "--parts",
+            parts,
+            "--scripts",
+            scripts,
+            "--output_dir",
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
     assert "No module named" not in r.stdout + r.stderr
     report = json.loads((out / "smoke.json").read_text())
@@ -71,9 +118,13 @@ def _smoke(env: dict, out, parts: str, scripts: str) -> dict:
     assert all(x["policy_changed_frac"] > 0 for x in runs)
     assert all(x["reward_mean"] > 0 for x in runs)  # the warm start: successes as well as failures
     assert report["verdict"] == f"policy updated in {len(runs)} of {len(runs)} runs"
-    assert f"**policy updated in {len(runs)} of {len(runs)} runs**" in (out / "smoke.md").read_text()
+    assert (
+        f"**policy updated in {len(runs)} of {len(runs)} runs**" in (out / "smoke.md").read_text()
+    )
     assert report["stopped"] is None
-    assert not list(out.glob("*/checkpoint-*"))  # measured, then deleted (a GPU machine's disk holds only a few)
+    assert not list(
+        out.glob("*/checkpoint-*")
+    )  # measured, then deleted (a GPU machine's disk holds only a few)
     return report
 
 
@@ -84,11 +135,21 @@ def test_gpu_smoke_every_part_on_the_image_without_vllm_datasets_or_math_verify(
     variants of the other scripts are tested in the main environment (tests/test_fsdp.py, tests/test_lora.py,
     tests/test_gradient_checkpointing.py): what the image changes is which packages import."""
     env = _image_env(tmp_path)
-    probe = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=120)
-    assert probe.returncode == 0 and "hidden" in probe.stdout, probe.stderr[-2000:]  # the four really are gone
+    probe = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert probe.returncode == 0 and "hidden" in probe.stdout, probe.stderr[
+        -2000:
+    ]  # the four really are gone
     plain = _smoke(env, tmp_path / "plain", "plain", SCRIPTS)
-    assert [(x["script"], x["variant"]) for x in plain["runs"]] == [(s, "plain") for s in SCRIPTS.split(",")]
+    assert [(x["script"], x["variant"]) for x in plain["runs"]] == [
+        (s, "plain") for s in SCRIPTS.split(",")
+    ]
     pros = [x for x in plain["runs"] if x["script"] == "pros_ppo"]
     assert all(x["critic_changed_frac"] > 0 for x in pros)  # PPO's critic trains too
     assert all(x["groups_kept"] > 0 for x in plain["runs"] if x["script"] == "ps_grpo")
@@ -99,6 +160,12 @@ def test_gpu_smoke_every_part_on_the_image_without_vllm_datasets_or_math_verify(
     for arm in ("method", "baseline"):
         assert learning[arm]["steps"] == 2 and 0 <= learning[arm]["end"]["pass@1"] <= 1
         assert learning[arm]["policy_changed_frac"] > 0
-    assert learning["start"]["ci95"] > 0 and (tmp_path / "parts" / "learning.png").stat().st_size > 10_000
-    assert [(x["cache_implementation"], x["status"]) for x in report["speed"]] == [("default", "ok"), ("static", "ok")]
+    assert (
+        learning["start"]["ci95"] > 0
+        and (tmp_path / "parts" / "learning.png").stat().st_size > 10_000
+    )
+    assert [(x["cache_implementation"], x["status"]) for x in report["speed"]] == [
+        ("default", "ok"),
+        ("static", "ok"),
+    ]
     assert report["peer"]["status"].startswith("skipped: trl (or datasets) does not import")

@@ -1,13 +1,15 @@
 """`--help` of every command a user is told to type: the five method scripts, every `benchmarks/` script, the
 commands the README and docs name (`python -m common.run.plot_run`, the report), each through its own `__main__`, exits 0
 and prints its usage and flags; a field docstring with any character (`%` included) shows as written."""
+
 import re
 import subprocess
 import sys
 from dataclasses import dataclass
 
-from common.run.flags import build_parser, parse_args
 from conftest import ROOT
+
+from common.run.flags import build_parser, parse_args
 
 METHOD_SCRIPTS = ("ra_rloo.py", "ps_grpo.py", "pros_ppo.py", "ada_seq.py", "ada_est.py")
 FLAGLESS = ("benchmarks/speed/memory_table.py",)  # prints a computed table; --help says so
@@ -21,8 +23,11 @@ def entry_points() -> list[str]:
     rooms = [ROOT / "benchmarks" / room / "README.md" for room in ("", "sweep", "speed", "gpu")]
     for page in [ROOT / "README.md", *rooms, *sorted((ROOT / "docs").glob("*.md"))]:
         found.update(COMMAND.findall(page.read_text()))
-    found.update(str(p.relative_to(ROOT)) for p in (ROOT / "benchmarks").glob("*/*.py")
-                 if 'if __name__ == "__main__"' in p.read_text())
+    found.update(
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "benchmarks").glob("*/*.py")
+        if 'if __name__ == "__main__"' in p.read_text()
+    )
     return sorted(c for c in found if c not in ("-m pytest", "-m venv"))
 
 
@@ -61,22 +66,47 @@ for command in sys.argv[1:]:
 
 def test_help_of_every_command_exits_0_and_prints_its_flags():
     commands = entry_points()
-    assert {"ra_rloo.py", "benchmarks/gpu/smoke.py", "benchmarks/sweep/run.py", "-m common.run.plot_run",
-            "-m benchmarks.sweep.report", "benchmarks/sweep/report.py", "benchmarks/speed/default_run.py",
-            "benchmarks/speed/trl_peer.py", "benchmarks/gpu/smoke.py"} <= set(commands), commands
+    assert {
+        "ra_rloo.py",
+        "benchmarks/gpu/smoke.py",
+        "benchmarks/sweep/run.py",
+        "-m common.run.plot_run",
+        "-m benchmarks.sweep.report",
+        "benchmarks/sweep/report.py",
+        "benchmarks/speed/default_run.py",
+        "benchmarks/speed/trl_peer.py",
+        "benchmarks/gpu/smoke.py",
+    } <= set(commands), commands
     ours = [c for c in commands if "parse_args(Args" in source(c) or "cli()" in source(c)]
-    own = {c: subprocess.Popen([sys.executable, *c.split(), "--help"], cwd=ROOT, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True) for c in commands if c not in ours}
-    r = subprocess.run([sys.executable, "-c", RUNNER, *ours], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    own = {
+        c: subprocess.Popen(
+            [sys.executable, *c.split(), "--help"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for c in commands
+        if c not in ours
+    }
+    r = subprocess.run(
+        [sys.executable, "-c", RUNNER, *ours], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     runs = re.findall(r"^=== (.+?) -> (.*?)\n(.*?)^=== end$", r.stdout, re.M | re.S)
     statuses, got = {c: s for c, s, _ in runs}, {c: text for c, _, text in runs}
     for command, proc in own.items():
         got[command], statuses[command] = proc.communicate(timeout=60)[0], str(proc.returncode)
     assert sorted(got) == commands, r.stdout[-3000:]
-    bad = {c: f"{statuses[c]}: {got[c][-1500:]}" for c in commands
-           if statuses[c] != "0" or "Traceback" in got[c] or "usage:" not in got[c] or "-h, --help" not in got[c]
-           or not (re.search(r"--(?!help\b)\w", got[c]) or c in FLAGLESS)}
+    bad = {
+        c: f"{statuses[c]}: {got[c][-1500:]}"
+        for c in commands
+        if statuses[c] != "0"
+        or "Traceback" in got[c]
+        or "usage:" not in got[c]
+        or "-h, --help" not in got[c]
+        or not (re.search(r"--(?!help\b)\w", got[c]) or c in FLAGLESS)
+    }
     assert not bad, bad
 
 
@@ -90,8 +120,10 @@ class PercentArgs:
 
 def test_a_docstring_with_percent_signs_shows_as_written(capsys):
     help_text = " ".join(build_parser(PercentArgs).format_help().split())
-    assert ("linear warm-up over 5% of the steps; 100% of %(prog)s's batch, 50%% as typed, %s and %d untouched "
-            "(default: 5)") in help_text
+    assert (
+        "linear warm-up over 5% of the steps; 100% of %(prog)s's batch, 50%% as typed, %s and %d untouched "
+        "(default: 5)"
+    ) in help_text
     assert "any text (default: a%b)" in help_text
     try:
         parse_args(PercentArgs, ["--help"])

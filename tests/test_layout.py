@@ -1,6 +1,7 @@
 """The layout promises: one self-contained loop per method file that reads in the loop's order, leaf modules in
 common/ shelved by purpose (no import cycle, none a single script's private helper), one flag name per concept, and a
 real-data run that never loads the embedded demo."""
+
 import ast
 import re
 from pathlib import Path
@@ -38,10 +39,29 @@ SINGLE_USER = {
 }
 # names a concept had before it took TRL's (or the paper's) one name
 RETIRED_FLAGS = {
-    "k", "n", "kl_coef", "clip_low", "clip_high", "eps_low", "eps_high", "ppo_epochs",
-    "final_keep_per_prompt", "adv_std_norm", "scale_advantages", "max_new_tokens", "max_prompt_tokens",
-    "eval_every", "save_every", "keep_checkpoints", "dataset", "train_split", "eval_split", "resume",
-    "vf_clip", "num_minibatches", "vllm_max_model_len",
+    "k",
+    "n",
+    "kl_coef",
+    "clip_low",
+    "clip_high",
+    "eps_low",
+    "eps_high",
+    "ppo_epochs",
+    "final_keep_per_prompt",
+    "adv_std_norm",
+    "scale_advantages",
+    "max_new_tokens",
+    "max_prompt_tokens",
+    "eval_every",
+    "save_every",
+    "keep_checkpoints",
+    "dataset",
+    "train_split",
+    "eval_split",
+    "resume",
+    "vf_clip",
+    "num_minibatches",
+    "vllm_max_model_len",
 }
 
 
@@ -60,7 +80,9 @@ def common_imports(path: Path) -> set[str]:
 
 def main_function(script: str) -> ast.FunctionDef:
     tree = ast.parse((ROOT / script).read_text())
-    return next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main")
+    return next(
+        node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "main"
+    )
 
 
 def test_common_import_graph_has_no_cycle():
@@ -84,12 +106,20 @@ def test_common_import_graph_has_no_cycle():
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_each_method_file_holds_its_update_and_its_loop_reads_in_order(script):
     source = (ROOT / script).read_text()
-    for piece in ("accelerator.backward(", "clip_grad_norm_(", "optimizer.step()", "scheduler.step()",
-                  "zero_grad(", "generator.sync_weights(policy)"):
+    for piece in (
+        "accelerator.backward(",
+        "clip_grad_norm_(",
+        "optimizer.step()",
+        "scheduler.step()",
+        "zero_grad(",
+        "generator.sync_weights(policy)",
+    ):
         assert piece in source, (script, piece)
     main = main_function(script)
     lines = source.splitlines()[main.lineno - 1 : main.end_lineno]
-    loop_start = next(i for i, line in enumerate(lines) if line.startswith("    for step in range("))
+    loop_start = next(
+        i for i, line in enumerate(lines) if line.startswith("    for step in range(")
+    )
     first = {}
     for name, pattern in LOOP_ORDER:
         hits = [i for i, line in enumerate(lines) if i > loop_start and re.search(pattern, line)]
@@ -98,8 +128,11 @@ def test_each_method_file_holds_its_update_and_its_loop_reads_in_order(script):
     order = sorted(first, key=first.get)
     assert order == [name for name, _ in LOOP_ORDER], (script, order)
     method = script.removesuffix(".py")
-    calls = [node for node in ast.walk(main) if isinstance(node, ast.Call)
-             and getattr(node.func, "id", None) == f"{method}_metrics"]
+    calls = [
+        node
+        for node in ast.walk(main)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == f"{method}_metrics"
+    ]
     assert len(calls) == 1, (script, f"the step's metrics: one call of {method}_metrics")
 
 
@@ -128,7 +161,9 @@ def test_a_common_module_one_script_alone_imports_is_a_method_primitive():
         for module in common_imports(ROOT / script):
             users.setdefault(module, set()).add(script)
     single = {module: scripts for module, scripts in users.items() if len(scripts) == 1}
-    assert set(single) <= set(SINGLE_USER), {m: s for m, s in single.items() if m not in SINGLE_USER}
+    assert set(single) <= set(SINGLE_USER), {
+        m: s for m, s in single.items() if m not in SINGLE_USER
+    }
 
 
 def test_one_flag_name_per_concept_across_the_scripts():
@@ -152,7 +187,11 @@ def test_one_flag_name_per_concept_across_the_scripts():
         own = {field.name for field in dataclasses.fields(args)} - shared
         assert "success_reward" not in own, script  # one declaration, in BaseArgs
     # a name two scripts share means one thing: the same type in each
-    differing = {name: by_script for name, by_script in types.items() if len(set(map(str, by_script.values()))) > 1}
+    differing = {
+        name: by_script
+        for name, by_script in types.items()
+        if len(set(map(str, by_script.values()))) > 1
+    }
     assert not differing, differing
 
 
@@ -165,7 +204,9 @@ def test_real_data_path_loads_no_demo_code(tmp_path):
     for script in SCRIPTS:
         modules = import_footprint.footprint(script, model_dir, data, tmp_path)
         assert not set(import_footprint.DEMO_MODULES) & set(modules), (script, sorted(modules))
-        assert "common.rl.verifiers" in modules  # it did take the real-data path (math-verify rewards)
+        assert (
+            "common.rl.verifiers" in modules
+        )  # it did take the real-data path (math-verify rewards)
         assert "common.tasks.rewards" not in modules  # only with --reward_funcs
 
 
@@ -173,7 +214,9 @@ def test_no_unrestricted_torch_load():
     # a checkpoint is data: every torch.load keeps the restricted unpickler (tests included)
     folders = ("common", "benchmarks", "tests")
     files = [*ROOT.glob("*.py"), *(p for folder in folders for p in (ROOT / folder).rglob("*.py"))]
-    unsafe = "weights_only=" + "False"  # spelled in two parts so that this file does not match itself
+    unsafe = (
+        "weights_only=" + "False"
+    )  # spelled in two parts so that this file does not match itself
     assert not [str(p.relative_to(ROOT)) for p in files if unsafe in p.read_text()]
 
 
@@ -181,12 +224,22 @@ def test_the_report_package_reads_along_its_pipeline():
     # benchmarks/sweep/report/__init__.py lists its modules in pipeline order; each imports only the ones listed before
     # it, opens with a docstring and stays short enough to read
     package = ROOT / "benchmarks" / "sweep" / "report"
-    order = re.findall(r"^    (\w+)\.py ", ast.get_docstring(ast.parse((package / "__init__.py").read_text())), re.M)
-    assert sorted(order) == sorted(p.stem for p in package.glob("*.py") if not p.stem.startswith("__")), order
+    order = re.findall(
+        r"^    (\w+)\.py ",
+        ast.get_docstring(ast.parse((package / "__init__.py").read_text())),
+        re.M,
+    )
+    assert sorted(order) == sorted(
+        p.stem for p in package.glob("*.py") if not p.stem.startswith("__")
+    ), order
     for i, name in enumerate(order):
         tree = ast.parse((package / f"{name}.py").read_text())
         assert ast.get_docstring(tree), name
         assert len((package / f"{name}.py").read_text().splitlines()) <= 400, name
-        imported = {node.module.rsplit(".", 1)[1] for node in ast.walk(tree)
-                    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("benchmarks.sweep.report.")}
+        imported = {
+            node.module.rsplit(".", 1)[1]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom)
+            and (node.module or "").startswith("benchmarks.sweep.report.")
+        }
         assert imported <= set(order[:i]), (name, imported - set(order[:i]))

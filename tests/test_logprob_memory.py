@@ -2,6 +2,7 @@
 any other tensor left alive) does not grow with tokens x V, and values and gradients equal the plain
 formula's (autograd through the model's logits and a float32 log-softmax) in every path that reaches
 it: padded and packed batches, the entropy bonus, bf16 autocast, tied heads."""
+
 import gc
 import random
 
@@ -17,8 +18,15 @@ VOCAB = 8192  # large next to the hidden width (32), as a real model's 152k is n
 def tiny(model_type: str):
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    shape = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                 num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256)
+    shape = dict(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+    )
     torch.manual_seed(0)
     if model_type == "qwen2":  # tied head, as Qwen2.5-0.5B / 1.5B
         return Qwen2ForCausalLM(Qwen2Config(**shape, tie_word_embeddings=True))
@@ -28,10 +36,14 @@ def tiny(model_type: str):
 def reference(model, batch, temperature: float):
     """The formula this step computed before: the model's logits, a float32 copy, log-softmax and entropy, with
     autograd through all of it (4 x V bytes kept per token, 8 x V with the entropy)."""
-    out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-                use_cache=False)
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+    )
     r = batch.completion_width
-    x = out.logits[:, -r - 1:-1].float() / temperature
+    x = out.logits[:, -r - 1 : -1].float() / temperature
     logp = torch.log_softmax(x, dim=-1)
     entropy = -(logp.exp() * logp).sum(-1)
     return logp.gather(-1, batch.input_ids[:, -r:, None]).squeeze(-1), entropy
@@ -47,7 +59,9 @@ def gradients(model, batch, compute, temperature=0.7):
 
 
 def ours(model, batch, temperature):
-    return token_logprobs(model, batch, temperature, chunk_size=5, entropy_grad=True)  # several chunks
+    return token_logprobs(
+        model, batch, temperature, chunk_size=5, entropy_grad=True
+    )  # several chunks
 
 
 def batches(length: int, packed: bool, seed: int = 0):
@@ -72,11 +86,17 @@ def test_values_and_gradients_equal_the_plain_formula(model_type):
         for name, a, b in (("logp", got[0], want[0]), ("entropy", got[1], want[1])):
             assert torch.allclose(a[mask], b[mask], atol=1e-5, rtol=0), name
         for (name, _), a, b in zip(model.named_parameters(), got[2], want[2]):
-            scale = b.abs().max().item()  # each gradient is a sum over tokens: tolerance relative to its largest entry
+            scale = (
+                b.abs().max().item()
+            )  # each gradient is a sum over tokens: tolerance relative to its largest entry
             assert torch.allclose(a, b, atol=1e-5 * scale + 1e-9, rtol=1e-4), name
     with torch.no_grad():  # scoring passes take the same path, with the last layer's state only
-        assert torch.allclose(token_logprobs(model, packed, 0.7)[0][mask], want[0][mask], atol=1e-5, rtol=0)
-    with torch.autocast("cpu", torch.bfloat16):  # bf16 compute over fp32 weights, as --dtype bfloat16 runs
+        assert torch.allclose(
+            token_logprobs(model, packed, 0.7)[0][mask], want[0][mask], atol=1e-5, rtol=0
+        )
+    with torch.autocast(
+        "cpu", torch.bfloat16
+    ):  # bf16 compute over fp32 weights, as --dtype bfloat16 runs
         want, got = gradients(model, padded, reference), gradients(model, padded, ours)
     # the same bf16 logits (one rounding of 2^-8 at most apart per product sum): log p within a few bf16 ulps of 9
     assert torch.allclose(got[0][mask], want[0][mask], atol=0.1, rtol=0)
@@ -112,7 +132,9 @@ def test_kept_bytes_do_not_grow_with_tokens_times_vocabulary(packed):
     tokens, kept = [], []
     for length in (16, 80):
         batch = batches(length, packed)[1]
-        tokens.append(int(batch.attention_mask.sum()) if not packed else int((batch.gather_index >= 0).sum()))
+        tokens.append(
+            int(batch.attention_mask.sum()) if not packed else int((batch.gather_index >= 0).sum())
+        )
         kept.append(kept_bytes(model, batch))
     per_token = (kept[1] - kept[0]) / (tokens[1] - tokens[0])
     # the model's own activations (width 32, one layer) grow by ~3-4 KB per token; a float32 softmax kept per token

@@ -1,5 +1,6 @@
 """LoRA (--lora_r): only the adapters train, the reference is the base (adapters off, no copy), merged weights
 fold the adapters in exactly, checkpoints hold the adapter (and merged weights on request) and resume exactly."""
+
 import copy
 import json
 import sys
@@ -14,12 +15,24 @@ import pros_ppo
 import ps_grpo
 import ra_rloo
 from common.demo import countdown
-from common.run.flags import parse_args
 from common.model.lora import AdaptersOff, add_lora, merged_state_dict
 from common.model.policy import load_policy
+from common.run.flags import parse_args
 
-SMALL = ["--prompts_per_step", "4", "--prompt_pool", "8", "--eval_prompts", "4", "--eval_samples", "2",
-         "--max_completion_length", "16", "--num_threads", "1"]
+SMALL = [
+    "--prompts_per_step",
+    "4",
+    "--prompt_pool",
+    "8",
+    "--eval_prompts",
+    "4",
+    "--eval_samples",
+    "2",
+    "--max_completion_length",
+    "16",
+    "--num_threads",
+    "1",
+]
 
 
 def test_only_adapters_train_and_the_reference_is_the_base(random_model_dir):
@@ -57,19 +70,61 @@ def test_bad_lora_flags_exit_with_a_message(random_model_dir, monkeypatch):
         add_lora(model, 4, 8, "all-linear")
 
 
-@pytest.mark.parametrize("module,extra", [
-    (ra_rloo, []), (ada_seq, ["--max_rounds", "1", "--round_repeat", "4", "--num_generations", "4",
-                              "--beta", "0.05"]),
-    (ada_est, []), (ps_grpo, ["--mode", "text", "--num_generations", "4"]), (pros_ppo, ["--num_generations", "4", "--beta", "0.05"])])
-def test_scripts_train_adapters_only_and_export_merged_weights(module, extra, tiny_base, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "module,extra",
+    [
+        (ra_rloo, []),
+        (
+            ada_seq,
+            [
+                "--max_rounds",
+                "1",
+                "--round_repeat",
+                "4",
+                "--num_generations",
+                "4",
+                "--beta",
+                "0.05",
+            ],
+        ),
+        (ada_est, []),
+        (ps_grpo, ["--mode", "text", "--num_generations", "4"]),
+        (pros_ppo, ["--num_generations", "4", "--beta", "0.05"]),
+    ],
+)
+def test_scripts_train_adapters_only_and_export_merged_weights(
+    module, extra, tiny_base, tmp_path, monkeypatch
+):
     for name in ("binary", "tinyzero"):  # a reward that varies: every script has a gradient
         monkeypatch.setitem(countdown.REWARDS, name, lambda text, problem: float(len(text) % 2))
-    module.main(parse_args(module.Args, ["--model_name_or_path", tiny_base, "--output_dir", str(tmp_path),
-                                         "--max_steps", "2", "--eval_steps", "0", "--lora_r", "4",
-                                         "--lora_merged_export", "--learning_rate", "1e-2", *SMALL, *extra]))
+    module.main(
+        parse_args(
+            module.Args,
+            [
+                "--model_name_or_path",
+                tiny_base,
+                "--output_dir",
+                str(tmp_path),
+                "--max_steps",
+                "2",
+                "--eval_steps",
+                "0",
+                "--lora_r",
+                "4",
+                "--lora_merged_export",
+                "--learning_rate",
+                "1e-2",
+                *SMALL,
+                *extra,
+            ],
+        )
+    )
     ckpt = tmp_path / "checkpoint-2"
     assert (ckpt / "adapter_model.safetensors").exists() and (ckpt / "adapter_config.json").exists()
-    start, merged = load_file(f"{tiny_base}/model.safetensors"), load_file(str(ckpt / "merged" / "model.safetensors"))
+    start, merged = (
+        load_file(f"{tiny_base}/model.safetensors"),
+        load_file(str(ckpt / "merged" / "model.safetensors")),
+    )
     assert set(merged) == set(start)
     changed = {k for k in start if not torch.equal(merged[k], start[k])}
     # the adapted linear layers moved; embeddings and norms (not adapted, frozen) are bit-identical
@@ -80,17 +135,66 @@ def test_scripts_train_adapters_only_and_export_merged_weights(module, extra, ti
 
 def test_lora_resume_is_exact(tiny_base, tmp_path, monkeypatch):
     monkeypatch.setitem(countdown.REWARDS, "tinyzero", lambda text, problem: float(len(text) % 2))
-    base = ["--model_name_or_path", tiny_base, "--lora_r", "4", "--learning_rate", "1e-2", "--save_steps", "1",
-            "--eval_steps", "1", *SMALL]
-    ra_rloo.main(parse_args(ra_rloo.Args, [*base, "--output_dir", str(tmp_path / "full"), "--max_steps", "3"]))
-    ra_rloo.main(parse_args(ra_rloo.Args, [*base, "--output_dir", str(tmp_path / "part"), "--max_steps", "1"]))
-    ra_rloo.main(parse_args(ra_rloo.Args, [*base, "--output_dir", str(tmp_path / "part"), "--max_steps", "3",
-                                           "--resume_from_checkpoint", "auto"]))
+    base = [
+        "--model_name_or_path",
+        tiny_base,
+        "--lora_r",
+        "4",
+        "--learning_rate",
+        "1e-2",
+        "--save_steps",
+        "1",
+        "--eval_steps",
+        "1",
+        *SMALL,
+    ]
+    ra_rloo.main(
+        parse_args(
+            ra_rloo.Args, [*base, "--output_dir", str(tmp_path / "full"), "--max_steps", "3"]
+        )
+    )
+    ra_rloo.main(
+        parse_args(
+            ra_rloo.Args, [*base, "--output_dir", str(tmp_path / "part"), "--max_steps", "1"]
+        )
+    )
+    ra_rloo.main(
+        parse_args(
+            ra_rloo.Args,
+            [
+                *base,
+                "--output_dir",
+                str(tmp_path / "part"),
+                "--max_steps",
+                "3",
+                "--resume_from_checkpoint",
+                "auto",
+            ],
+        )
+    )
 
     def rows(name):
-        return [{k: v for k, v in json.loads(line).items() if not k.startswith("time_")}
-                for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        return [
+            {k: v for k, v in json.loads(line).items() if not k.startswith("time_")}
+            for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        ]
+
     assert rows("full") == rows("part") and len(rows("full")) == 4
-    with pytest.raises(SystemExit, match="saved with LoRA adapters, resumed without"):  # needs --lora_r again
-        ra_rloo.main(parse_args(ra_rloo.Args, [*base[:2], *base[4:], "--output_dir", str(tmp_path / "part"),
-                                               "--max_steps", "4", "--resume_from_checkpoint", "auto"]))
+    with pytest.raises(
+        SystemExit, match="saved with LoRA adapters, resumed without"
+    ):  # needs --lora_r again
+        ra_rloo.main(
+            parse_args(
+                ra_rloo.Args,
+                [
+                    *base[:2],
+                    *base[4:],
+                    "--output_dir",
+                    str(tmp_path / "part"),
+                    "--max_steps",
+                    "4",
+                    "--resume_from_checkpoint",
+                    "auto",
+                ],
+            )
+        )

@@ -1,19 +1,30 @@
 """PROS on PPO: cut selection, the query tree, selection, GAE, prefix masking, and the script end to end."""
+
 import json
 
 import numpy as np
 import pytest
 import torch
+from conftest import run_main, run_script
 
 from common.run.flags import parse_args
-from conftest import run_main, run_script
-from pros_ppo import Args, QueryTree, child_candidates, choose_cut, gae_advantages, select_nodes, value_loss
-
+from pros_ppo import (
+    Args,
+    QueryTree,
+    child_candidates,
+    choose_cut,
+    gae_advantages,
+    select_nodes,
+    value_loss,
+)
 
 # ---------------------------------------------------------------- t* (Section 3)
 
+
 def test_cut_is_the_entropy_argmax_inside_the_window():
-    ent = np.array([9.0, 0.1, 0.2, 0.3, 0.9, 0.4, 0.5, 0.6, 0.7, 0.8, 5.0, 8.0])  # T = 12: window [3, 9)
+    ent = np.array(
+        [9.0, 0.1, 0.2, 0.3, 0.9, 0.4, 0.5, 0.6, 0.7, 0.8, 5.0, 8.0]
+    )  # T = 12: window [3, 9)
     t = choose_cut(ent, None, inherited=0, length=12)
     assert t == 4  # the global maxima at 0, 10, 11 lie outside [⌊T/4⌋, ⌊3T/4⌋)
     # an inherited prefix raises the lower bound: entries start at position `inherited`
@@ -26,30 +37,58 @@ def test_cut_is_the_entropy_argmax_inside_the_window():
 def test_window_is_the_papers_real_valued_quarter_bounds():
     # the paper's t in [T/4, 3T/4): T = 9 gives {3, 4, 5, 6} (2.25 <= t < 6.75), not {2..5}; a one-hot entropy at
     # t is chosen exactly when t is in the window
-    window = lambda length: {t for t in range(length)  # noqa: E731
-                             if choose_cut(np.eye(length)[t], None, 0, length) == t}
+    def window(length):
+        return {
+            t
+            for t in range(length)  # noqa: E731
+            if choose_cut(np.eye(length)[t], None, 0, length) == t
+        }
+
     assert window(9) == {3, 4, 5, 6} and window(8) == {2, 3, 4, 5} and window(10) == {3, 4, 5, 6, 7}
     assert window(2) == {1} and window(1) == set()  # T = 2: 0.5 <= t < 1.5
 
 
 def test_with_a_critic_the_top_values_over_the_rollout_meet_the_window_and_entropy_decides():
-    ent, val = np.zeros(40), -np.arange(40) / 1000  # T = 40: window [10, 30); distinct low values elsewhere
+    ent, val = (
+        np.zeros(40),
+        -np.arange(40) / 1000,
+    )  # T = 40: window [10, 30); distinct low values elsewhere
     ent[[15, 12, 25, 20]] = [9.0, 1.0, 2.0, 3.0]
-    val[[35, 12, 25, 20]] = [1.0, 0.9, 0.8, 0.7]  # top ⌈10%·40⌉ = 4 of the rollout: 35 (outside), 12, 25, 20
+    val[[35, 12, 25, 20]] = [
+        1.0,
+        0.9,
+        0.8,
+        0.7,
+    ]  # top ⌈10%·40⌉ = 4 of the rollout: 35 (outside), 12, 25, 20
     assert choose_cut(ent, None, 0, 40) == 15  # entropy alone
-    assert choose_cut(ent, val, 0, 40, value_top_frac=0.1) == 20  # the entropy argmax of {12, 20, 25}
+    assert (
+        choose_cut(ent, val, 0, 40, value_top_frac=0.1) == 20
+    )  # the entropy argmax of {12, 20, 25}
     assert choose_cut(ent, val, 0, 40, value_top_frac=0.05) == 12  # top 2: {35, 12}
     # a child (L = 10, T = 30): only positions 10..29 have values, the top ⌈10%·(T - L)⌉ = 2 of them count
-    ent, val = np.zeros(21), -np.arange(21) / 1000  # entry j is position 10 + j; the last one is the stop token
-    ent[[2, 8]], val[[15, 2, 8, 20]] = [1.0, 5.0], [1.0, 0.9, 0.8, 9.0]  # positions 12, 18; 25, 12, 18; stop
-    assert choose_cut(ent, val, 10, 30) == 12  # window [10, 23); top 2 = {25, 12}; 18 is third (ignored)
+    ent, val = (
+        np.zeros(21),
+        -np.arange(21) / 1000,
+    )  # entry j is position 10 + j; the last one is the stop token
+    ent[[2, 8]], val[[15, 2, 8, 20]] = (
+        [1.0, 5.0],
+        [1.0, 0.9, 0.8, 9.0],
+    )  # positions 12, 18; 25, 12, 18; stop
+    assert (
+        choose_cut(ent, val, 10, 30) == 12
+    )  # window [10, 23); top 2 = {25, 12}; 18 is third (ignored)
 
 
 def test_with_a_critic_an_empty_intersection_falls_back_to_the_window_highest_value():
-    ent, val = np.zeros(40), np.arange(40) / 40  # values rise to the end: the top 4 (36..39) miss [10, 30)
+    ent, val = (
+        np.zeros(40),
+        np.arange(40) / 40,
+    )  # values rise to the end: the top 4 (36..39) miss [10, 30)
     ent[[15, 28]] = [9.0, 5.0]
     assert choose_cut(ent, val, 0, 40) == 29  # the window's highest value, whatever the entropy
-    val[[17, 23]] = 0.8  # a tie for the window's highest value: entropy decides among the tied positions
+    val[[17, 23]] = (
+        0.8  # a tie for the window's highest value: entropy decides among the tied positions
+    )
     ent[23] = 1.0
     assert choose_cut(ent, val, 0, 40) == 23
     # a fresh critic (zero head) ties everywhere: every position is in the top, so entropy alone decides
@@ -59,25 +98,42 @@ def test_with_a_critic_an_empty_intersection_falls_back_to_the_window_highest_va
 def test_child_candidates_come_from_correct_rollouts_and_extend_the_prefix():
     stop = {2}
     prefix = (7, 7)
-    conts = [[5, 5, 5, 5, 5, 5, 2], [6, 6, 6, 6, 6, 6, 2]]  # full responses have T = 8 tokens + stop
+    conts = [
+        [5, 5, 5, 5, 5, 5, 2],
+        [6, 6, 6, 6, 6, 6, 2],
+    ]  # full responses have T = 8 tokens + stop
     # entry j is position 2 + j; window [max(2, ⌊8/4⌋), ⌊3·8/4⌋) = [2, 6)
     ents = [np.array([0, 0, 0, 9.0, 20.0, 0, 0]), np.array([0, 3.0, 0, 0, 0, 0, 0])]
     c = child_candidates(prefix, conts, [False, True], ents, None, stop, 0.1)
     assert c == [(7, 7, 6)]  # only the correct rollout; cut at its entropy argmax (position 3)
     c = child_candidates(prefix, conts, [True, True], ents, None, stop, 0.1)
-    assert c == [(7, 7, 5, 5, 5), (7, 7, 6)]  # position 6 (entropy 20) is outside the window; best first
-    flat = [np.zeros(7)]  # all ties: t* = 2 = the inherited length, which would reproduce the node itself
+    assert c == [
+        (7, 7, 5, 5, 5),
+        (7, 7, 6),
+    ]  # position 6 (entropy 20) is outside the window; best first
+    flat = [
+        np.zeros(7)
+    ]  # all ties: t* = 2 = the inherited length, which would reproduce the node itself
     assert child_candidates(prefix, conts[:1], [True], flat, None, stop, 0.1) == []
 
 
 def test_every_correct_rollout_with_a_new_cut_becomes_a_child_unless_capped():
     stop, prefix = {2}, ()
-    conts = [[3, 4, 5, 6, 7, 8, 9, 10, 2], [4, 4, 4, 4, 4, 4, 4, 4, 2], [5, 5, 5, 5, 5, 5, 5, 5, 2],
-             [3, 4, 5, 6, 7, 8, 9, 10, 2], [6, 6, 6, 6, 6, 6, 6, 6, 2]]  # T = 8: window [2, 6)
+    conts = [
+        [3, 4, 5, 6, 7, 8, 9, 10, 2],
+        [4, 4, 4, 4, 4, 4, 4, 4, 2],
+        [5, 5, 5, 5, 5, 5, 5, 5, 2],
+        [3, 4, 5, 6, 7, 8, 9, 10, 2],
+        [6, 6, 6, 6, 6, 6, 6, 6, 2],
+    ]  # T = 8: window [2, 6)
     ents = [np.eye(9)[3] * 3, np.eye(9)[4] * 4, np.eye(9)[5] * 5, np.eye(9)[3], np.eye(9)[4] * 9]
     # three correct rollouts with distinct cuts, a fourth duplicating the first's cut, a wrong one
     cands = child_candidates(prefix, conts, [True, True, True, True, False], ents, None, stop, 0.1)
-    assert cands == [(5, 5, 5, 5, 5), (4, 4, 4, 4), (3, 4, 5)]  # highest entropy at t* first, distinct
+    assert cands == [
+        (5, 5, 5, 5, 5),
+        (4, 4, 4, 4),
+        (3, 4, 5),
+    ]  # highest entropy at t* first, distinct
 
     def tree_with(*children):
         tree = QueryTree()
@@ -87,11 +143,18 @@ def test_every_correct_rollout_with_a_new_cut_becomes_a_child_unless_capped():
         return tree
 
     tree = tree_with()
-    assert tree.add_children(7, cands, 1, 0.0) == 3 and len(tree) == 4  # the paper: one per correct rollout
+    assert (
+        tree.add_children(7, cands, 1, 0.0) == 3 and len(tree) == 4
+    )  # the paper: one per correct rollout
     assert tree.parent.tolist() == [-1, 0, 0, 0] and tree.prefix[1:] == cands
     tree = tree_with()
-    assert tree.add_children(7, cands, 1, 0.0, cap=1) == 1 and tree.prefix == [(), (5, 5, 5, 5, 5)]  # the best
-    tree = tree_with((5, 5, 5, 5, 5))  # already in the pool: not new, and not counted against the cap
+    assert tree.add_children(7, cands, 1, 0.0, cap=1) == 1 and tree.prefix == [
+        (),
+        (5, 5, 5, 5, 5),
+    ]  # the best
+    tree = tree_with(
+        (5, 5, 5, 5, 5)
+    )  # already in the pool: not new, and not counted against the cap
     assert tree.add_children(7, cands, 1, 0.0, cap=1) == 1 and tree.prefix[-1] == (4, 4, 4, 4)
     assert tree.add_children(7, cands, 2, 0.0) == 1 and len(tree) == 4
     with pytest.raises(SystemExit, match="--max_children_per_group -1: must be >= 0"):
@@ -99,6 +162,7 @@ def test_every_correct_rollout_with_a_new_cut_becomes_a_child_unless_capped():
 
 
 # ---------------------------------------------------------------- the tree and selection (Section 4)
+
 
 def test_tree_children_attach_to_the_root_and_state_round_trips():
     tree = QueryTree()
@@ -140,6 +204,7 @@ def test_selection_prefers_pass_rates_near_half_one_node_per_root():
 
 # ---------------------------------------------------------------- PPO pieces
 
+
 def test_gae_reduces_to_monte_carlo_and_td_and_ignores_padding():
     v = torch.tensor([[0.0, 0.0, 0.2, 0.5, 0.1]])
     mask = torch.tensor([[0.0, 0.0, 1.0, 1.0, 1.0]])  # two pad columns (left), three tokens
@@ -148,7 +213,9 @@ def test_gae_reduces_to_monte_carlo_and_td_and_ignores_padding():
     assert adv[0].tolist() == pytest.approx([0, 0, 0.8, 0.5, 0.9])  # R - V_t
     assert ret[0].tolist() == pytest.approx([0, 0, 1.0, 1.0, 1.0])
     adv0, _ = gae_advantages(r, v, mask, gamma=1.0, lam=0.0)
-    assert adv0[0].tolist() == pytest.approx([0, 0, 0.5 - 0.2, 0.1 - 0.5, 1.0 - 0.1])  # TD residuals
+    assert adv0[0].tolist() == pytest.approx(
+        [0, 0, 0.5 - 0.2, 0.1 - 0.5, 1.0 - 0.1]
+    )  # TD residuals
     advp, _ = gae_advantages(r[:, 2:], v[:, 2:], mask[:, 2:], 1.0, 0.9)
     adv9, _ = gae_advantages(r, v, mask, 1.0, 0.9)
     assert adv9[0, 2:].tolist() == pytest.approx(advp[0].tolist())
@@ -156,7 +223,9 @@ def test_gae_reduces_to_monte_carlo_and_td_and_ignores_padding():
 
 def test_value_loss_is_clipped_around_the_old_value():
     v, old, ret = torch.tensor([1.0]), torch.tensor([0.0]), torch.tensor([1.0])
-    assert value_loss(v, old, ret, 0.2).item() == pytest.approx(0.5 * 0.8 ** 2)  # max(unclipped 0, clipped)
+    assert value_loss(v, old, ret, 0.2).item() == pytest.approx(
+        0.5 * 0.8**2
+    )  # max(unclipped 0, clipped)
 
 
 def test_prefix_tokens_get_zero_gradient(random_model_dir):
@@ -173,7 +242,9 @@ def test_prefix_tokens_get_zero_gradient(random_model_dir):
     batch = pad_sequences([root + prefix], [cont], 0)
     kept = {}
 
-    class Spy(torch.nn.Module):  # full logits with retained grad, then the slice token_logprobs expects
+    class Spy(
+        torch.nn.Module
+    ):  # full logits with retained grad, then the slice token_logprobs expects
         def forward(self, logits_to_keep, **kw):
             out = model(**kw)
             kept["logits"] = out.logits
@@ -187,11 +258,14 @@ def test_prefix_tokens_get_zero_gradient(random_model_dir):
     g = kept["logits"].grad[0].abs().sum(-1)  # position t predicts token t+1
     n_ctx = len(root) + len(prefix)
     assert batch.loss_mask.tolist() == [[1.0, 1.0, 1.0]]
-    assert torch.all(g[:n_ctx - 1] == 0)  # positions predicting prompt and prefix tokens: no gradient
-    assert torch.all(g[n_ctx - 1:n_ctx - 1 + len(cont)] > 0)  # continuation tokens: gradient
+    assert torch.all(
+        g[: n_ctx - 1] == 0
+    )  # positions predicting prompt and prefix tokens: no gradient
+    assert torch.all(g[n_ctx - 1 : n_ctx - 1 + len(cont)] > 0)  # continuation tokens: gradient
 
 
 # ---------------------------------------------------------------- the script
+
 
 def test_every_flag_is_documented():
     from dataclasses import fields
@@ -211,46 +285,111 @@ def _rows(path):
 
 
 def _strip(rows):
-    return [{k: v for k, v in r.items() if not k.startswith(("time_", "pros_gibbs_s"))} for r in rows]
+    return [
+        {k: v for k, v in r.items() if not k.startswith(("time_", "pros_gibbs_s"))} for r in rows
+    ]
 
 
 # --success_reward 0: the 30-step test base almost never answers correctly, so every rollout counts as a
 # success (a prefix source) here, to make the tree grow children within a few steps
-COMMON = ["--prompt_pool", "48", "--prompts_per_step", "8", "--eval_prompts", "8", "--eval_samples", "4",
-          "--max_completion_length", "20", "--num_threads", "1", "--reward", "tinyzero", "--success_reward", "0",
-          "--pool_capacity", "20"]
+COMMON = [
+    "--prompt_pool",
+    "48",
+    "--prompts_per_step",
+    "8",
+    "--eval_prompts",
+    "8",
+    "--eval_samples",
+    "4",
+    "--max_completion_length",
+    "20",
+    "--num_threads",
+    "1",
+    "--reward",
+    "tinyzero",
+    "--success_reward",
+    "0",
+    "--pool_capacity",
+    "20",
+]
 
 
 def test_pros_ppo_runs_resumes_exactly_and_grows_the_tree(tiny_base, tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
-    base = ["pros_ppo.py", "--model_name_or_path", tiny_base, "--eval_steps", "2", "--save_steps", "2", *COMMON]
+    base = [
+        "pros_ppo.py",
+        "--model_name_or_path",
+        tiny_base,
+        "--eval_steps",
+        "2",
+        "--save_steps",
+        "2",
+        *COMMON,
+    ]
     run_main([*base, "--output_dir", str(full), "--max_steps", "4"])
     run_main([*base, "--output_dir", str(part), "--max_steps", "2"])
-    run_main([*base, "--output_dir", str(part), "--max_steps", "4", "--resume_from_checkpoint", "auto"])
+    run_main(
+        [*base, "--output_dir", str(part), "--max_steps", "4", "--resume_from_checkpoint", "auto"]
+    )
     a, b = _rows(full), _rows(part)
     assert _strip(a) == _strip(b)  # tree, counts, Gibbs RNG, critic and its optimizer were restored
     rows = a[1:]
-    keys = {"pros_pool_size", "pros_frac_children_in_batch", "pros_prefix_len_mean", "pros_calib_error",
-            "pros_gibbs_s", "pros_saved_prompt_tokens", "ppo_value_loss", "ppo_clip_frac", "time_step_s",
-            "pros_calib_excess", "pros_frac_zero_var_picks", "pros_frac_zero_var_stream", "pros_pick_trials_mean",
-            "pros_pick_root_frac"}
+    keys = {
+        "pros_pool_size",
+        "pros_frac_children_in_batch",
+        "pros_prefix_len_mean",
+        "pros_calib_error",
+        "pros_gibbs_s",
+        "pros_saved_prompt_tokens",
+        "ppo_value_loss",
+        "ppo_clip_frac",
+        "time_step_s",
+        "pros_calib_excess",
+        "pros_frac_zero_var_picks",
+        "pros_frac_zero_var_stream",
+        "pros_pick_trials_mean",
+        "pros_pick_root_frac",
+    }
     assert keys <= set(rows[0]) and "eval_pass@1" in rows[-1]
     assert rows[0]["pros_children_created"] > 0 and rows[0]["pros_frac_children_in_batch"] == 0
-    assert any(r["pros_frac_children_in_batch"] > 0 for r in rows[1:])  # children are selected and trained
+    assert any(
+        r["pros_frac_children_in_batch"] > 0 for r in rows[1:]
+    )  # children are selected and trained
     assert any(r["pros_saved_prompt_tokens"] > 0 for r in rows[1:])
     assert all(r["pros_pool_size"] <= 20 for r in rows)  # bounded pool
     assert rows[-1]["rollouts"] == 4 * 8 * 4
-    assert all(0 <= r["pros_pick_root_frac"] <= 1 and r["pros_pick_trials_mean"] >= 0 for r in rows
-               if r["pros_pick_root_frac"] is not None)
+    assert all(
+        0 <= r["pros_pick_root_frac"] <= 1 and r["pros_pick_trials_mean"] >= 0
+        for r in rows
+        if r["pros_pick_root_frac"] is not None
+    )
     assert "eval_train_pass@1" in rows[-1]
-    state = torch.load(full / "checkpoint-4" / "trainer_state.pt", weights_only=True)["state"]["method"]
+    state = torch.load(full / "checkpoint-4" / "trainer_state.pt", weights_only=True)["state"][
+        "method"
+    ]
     assert len(state["tree"]["prefix"]) == rows[-1]["pros_pool_size"] and "critic" in state
 
 
 def test_vanilla_grpo_has_no_prefix_reuse(tiny_base, tmp_path):
     out = tmp_path / "van"
-    run_main(["pros_ppo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "2",
-              "--eval_steps", "2", "--pros", "off", "--adv", "grpo", *COMMON])
+    run_main(
+        [
+            "pros_ppo.py",
+            "--model_name_or_path",
+            tiny_base,
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "2",
+            "--eval_steps",
+            "2",
+            "--pros",
+            "off",
+            "--adv",
+            "grpo",
+            *COMMON,
+        ]
+    )
     rows = _rows(out)[1:]
     assert all(not any(k.startswith("pros_") for k in r) for r in rows)
     assert "ppo_value_loss" not in rows[0] and rows[-1]["rollouts"] == 2 * 8 * 4
@@ -268,27 +407,65 @@ def _main_rows(out, extra, monkeypatch, reward=None):
     return _rows(out)
 
 
-def test_sample_log_has_root_and_augmented_rows_and_eval_logs_pass_at_powers_of_two(tiny_base, tmp_path,
-                                                                                      monkeypatch):
+def test_sample_log_has_root_and_augmented_rows_and_eval_logs_pass_at_powers_of_two(
+    tiny_base, tmp_path, monkeypatch
+):
     import pros_ppo
     from common.generation.hf import SamplingConfig
 
     # the generator made to return log-probs: sampler_logp_diff is then measured against score_rollouts' pi_old
-    monkeypatch.setattr(pros_ppo, "SamplingConfig", lambda **kw: SamplingConfig(**{**kw, "logprobs": True}))
-    rows = _main_rows(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "3", "--eval_steps", "3",
-                                 "--log_samples_every", "1", "--log_samples_per_kind", "2", "--eval_temperature", "0"],
-                      monkeypatch)
-    assert {"eval_pass@1", "eval_pass@2", "eval_pass@4"} <= set(rows[0]) and "eval_pass@3" not in rows[0]
-    assert rows[0]["eval_pass@1"] == rows[0]["eval_pass@4"]  # --eval_temperature 0: greedy, n identical samples
+    monkeypatch.setattr(
+        pros_ppo, "SamplingConfig", lambda **kw: SamplingConfig(**{**kw, "logprobs": True})
+    )
+    rows = _main_rows(
+        tmp_path,
+        [
+            "--model_name_or_path",
+            tiny_base,
+            "--max_steps",
+            "3",
+            "--eval_steps",
+            "3",
+            "--log_samples_every",
+            "1",
+            "--log_samples_per_kind",
+            "2",
+            "--eval_temperature",
+            "0",
+        ],
+        monkeypatch,
+    )
+    assert {"eval_pass@1", "eval_pass@2", "eval_pass@4"} <= set(
+        rows[0]
+    ) and "eval_pass@3" not in rows[0]
+    assert (
+        rows[0]["eval_pass@1"] == rows[0]["eval_pass@4"]
+    )  # --eval_temperature 0: greedy, n identical samples
     assert all(r["sampler_logp_diff"] < 1e-3 for r in rows[1:])  # same weights, same temperature
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
-    keys = {"step", "kind", "prompt", "pros_prefix", "completion", "reward", "advantage", "truncated", "pros_node",
-            "pros_parent"}
+    keys = {
+        "step",
+        "kind",
+        "prompt",
+        "pros_prefix",
+        "completion",
+        "reward",
+        "advantage",
+        "truncated",
+        "pros_node",
+        "pros_parent",
+    }
     assert samples and all(keys <= set(s) for s in samples)
     for step in (1, 2, 3):
         kinds = [s["kind"] for s in samples if s["step"] == step]
-        assert 0 < kinds.count("root") <= 2 and kinds.count("augmented") <= 2 and set(kinds) <= {"root", "augmented"}
-        if rows[step]["pros_frac_children_in_batch"] > 0:  # a child in the batch: augmented rows are logged
+        assert (
+            0 < kinds.count("root") <= 2
+            and kinds.count("augmented") <= 2
+            and set(kinds) <= {"root", "augmented"}
+        )
+        if (
+            rows[step]["pros_frac_children_in_batch"] > 0
+        ):  # a child in the batch: augmented rows are logged
             assert "augmented" in kinds
     assert any(s["kind"] == "augmented" for s in samples)
     for s in samples:  # a root has no prefix and no parent; an augmented query hangs off its root
@@ -299,12 +476,34 @@ def test_truncated_completions_get_reward_zero_and_spawn_no_child(tiny_base, tmp
     # every rollout would score 1 (a success, --success_reward 0, long enough for a cut), but greedy decoding cut at
     # 4 tokens stops none (the shortest answer, one step, is 6 characters + EOS): reward 0, never a success, no child;
     # --mask_truncated_completions: no policy gradient
-    rows = _main_rows(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "2", "--max_completion_length", "4",
-                                 "--temperature", "0", "--mask_truncated_completions", "--eval_steps", "0"],
-                      monkeypatch, reward=lambda text, problem: 1.0)[1:]
-    assert all(r["clipped_ratio"] == 1.0 and r["reward_mean"] == 0.0 and r["pass_rate"] == 0.0 for r in rows)
+    rows = _main_rows(
+        tmp_path,
+        [
+            "--model_name_or_path",
+            tiny_base,
+            "--max_steps",
+            "2",
+            "--max_completion_length",
+            "4",
+            "--temperature",
+            "0",
+            "--mask_truncated_completions",
+            "--eval_steps",
+            "0",
+        ],
+        monkeypatch,
+        reward=lambda text, problem: 1.0,
+    )[1:]
+    assert all(
+        r["clipped_ratio"] == 1.0 and r["reward_mean"] == 0.0 and r["pass_rate"] == 0.0
+        for r in rows
+    )
     assert all(r["pros_children_created"] == 0 and r["pros_pool_children"] == 0 for r in rows)
     assert all(r["loss"] == 0.0 and r["grad_norm"] == 0.0 for r in rows)
-    assert all(r["sampler_logp_diff"] is None for r in rows)  # no sampler log-probs asked for (pi_old is scored)
+    assert all(
+        r["sampler_logp_diff"] is None for r in rows
+    )  # no sampler log-probs asked for (pi_old is scored)
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
-    assert samples and all(s["truncated"] and s["reward"] == 0.0 for s in samples)  # logged at the final eval step
+    assert samples and all(
+        s["truncated"] and s["reward"] == 0.0 for s in samples
+    )  # logged at the final eval step

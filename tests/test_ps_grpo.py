@@ -1,5 +1,6 @@
 """Prefix Sampling: routing, prefix selection, replayed rollouts, prefix masking, the adaptive controller,
 and the script end to end (mechanism on/off, exact resume of queue and controller)."""
+
 import json
 import os
 import random
@@ -7,44 +8,90 @@ from itertools import pairwise
 
 import pytest
 import torch
+from conftest import run_main, run_script
 
 from common.demo import countdown
 from common.demo.countdown import Problem
 from common.demo.countdown_env import Episode, solver_episode
-from common.generation.hf import Generations, SamplingConfig
 from common.demo.tiny_model import build_char_tokenizer
+from common.generation.hf import Generations, SamplingConfig
 from common.run.flags import parse_args
-from conftest import run_main, run_script
-from ps_grpo import (Args, Attributed, BatchTask, PrefixController, attributed, prefix_steps, ps_loss,
-                     rollout_multiturn, rollout_text, route, split_lines)
+from ps_grpo import (
+    Args,
+    Attributed,
+    BatchTask,
+    PrefixController,
+    attributed,
+    prefix_steps,
+    ps_loss,
+    rollout_multiturn,
+    rollout_text,
+    route,
+    split_lines,
+)
 
 TOK = build_char_tokenizer()
-ENC = lambda s: TOK(s, add_special_tokens=False).input_ids
+
+
+def ENC(s):
+    return TOK(s, add_special_tokens=False).input_ids
+
+
 NL = ENC("\n")[0]
 
 
 # ---------------- routing and prefix selection ----------------
 def test_route_five_paths():
     got = [route(k, 8, 0.3, 0.7) for k in range(9)]
-    assert got == ["all_fail", "too_hard", "too_hard", "normal", "normal", "normal", "too_easy", "too_easy", "all_pass"]
-    assert route(3, 10, 0.3, 0.7) == "normal" and route(7, 10, 0.3, 0.7) == "normal"  # [low, high] is closed
+    assert got == [
+        "all_fail",
+        "too_hard",
+        "too_hard",
+        "normal",
+        "normal",
+        "normal",
+        "too_easy",
+        "too_easy",
+        "all_pass",
+    ]
+    assert (
+        route(3, 10, 0.3, 0.7) == "normal" and route(7, 10, 0.3, 0.7) == "normal"
+    )  # [low, high] is closed
 
 
 def test_prefix_steps_paper_examples_caps_and_clamps():
-    assert prefix_steps(20, "remaining", 0.25, 1000) == 15  # "a 20-step trajectory replays 15 steps"
-    assert prefix_steps(20, "prefix", 0.25, 1000) == 5  # "replays the first 5 steps of a failing trajectory"
-    assert prefix_steps(20, "remaining", 0.25, 3) == 17 and prefix_steps(20, "prefix", 0.25, 2) == 2  # caps
+    assert (
+        prefix_steps(20, "remaining", 0.25, 1000) == 15
+    )  # "a 20-step trajectory replays 15 steps"
+    assert (
+        prefix_steps(20, "prefix", 0.25, 1000) == 5
+    )  # "replays the first 5 steps of a failing trajectory"
+    assert (
+        prefix_steps(20, "remaining", 0.25, 3) == 17 and prefix_steps(20, "prefix", 0.25, 2) == 2
+    )  # caps
     assert prefix_steps(3, "remaining", 0.7, 1000) == 1  # remaining int(2.1) = 2
     # K = T (nothing left to generate) and K = 0 (the fresh task again) are clamped into [1, T - 1]
-    assert prefix_steps(2, "remaining", 0.25, 1000) == 1 and prefix_steps(2, "prefix", 0.25, 1000) == 1
-    assert prefix_steps(4, "prefix", 1.0, 1000) == 3 and prefix_steps(4, "remaining", 1.0, 1000) == 1
+    assert (
+        prefix_steps(2, "remaining", 0.25, 1000) == 1 and prefix_steps(2, "prefix", 0.25, 1000) == 1
+    )
+    assert (
+        prefix_steps(4, "prefix", 1.0, 1000) == 3 and prefix_steps(4, "remaining", 1.0, 1000) == 1
+    )
     assert prefix_steps(1, "prefix", 0.5, 1000) is None  # a 1-step trajectory has no proper prefix
     with pytest.raises(ValueError):
         prefix_steps(5, "middle", 0.5, 9)
 
 
 # ---------------- adaptive prefix control ----------------
-CTRL = {"alpha": 0.05, "lo": 0.47, "hi": 0.53, "step": 0.05, "cooldown": 5, "rmin": 0.05, "rmax": 0.95}
+CTRL = {
+    "alpha": 0.05,
+    "lo": 0.47,
+    "hi": 0.53,
+    "step": 0.05,
+    "cooldown": 5,
+    "rmin": 0.05,
+    "rmax": 0.95,
+}
 
 
 def _drive(ratio0, curve, steps=300, noise=0.03, reset=True, seed=0):
@@ -68,7 +115,9 @@ def test_controller_settles_in_the_deadzone_without_oscillating(ratio0):
     assert ratios[-1] == pytest.approx(0.5) and 0.47 <= curve(ratios[-1]) <= 0.53
     assert 0.47 <= emas[-1] <= 0.53
     moves = [b - a for a, b in pairwise(ratios) if b != a]
-    assert len(moves) == round(abs(0.5 - ratio0) / 0.05)  # straight there: one-way steps, no overshoot
+    assert len(moves) == round(
+        abs(0.5 - ratio0) / 0.05
+    )  # straight there: one-way steps, no overshoot
     assert all(m > 0 for m in moves) if ratio0 < 0.5 else all(m < 0 for m in moves)
     assert set(ratios[150:]) == {ratios[-1]}  # and it stays
     changes = [i for i in range(1, len(ratios)) if ratios[i] != ratios[i - 1]]
@@ -82,10 +131,15 @@ def test_a_never_restarted_ema_lags_and_overshoots():
 
 
 def test_default_controller_is_the_papers_single_ema():
-    assert parse_args(Args, []).ema_reset is False and parse_args(Args, ["--ema_reset", "true"]).ema_reset is True
+    assert (
+        parse_args(Args, []).ema_reset is False
+        and parse_args(Args, ["--ema_reset", "true"]).ema_reset is True
+    )
     c = PrefixController(0.25)
     assert c.update(0.9, **CTRL) == pytest.approx(0.05)  # a move...
-    assert c.observations == 1 and c.ema(CTRL["alpha"]) == pytest.approx(0.9)  # ...keeps the EMA (the paper)
+    assert c.observations == 1 and c.ema(CTRL["alpha"]) == pytest.approx(
+        0.9
+    )  # ...keeps the EMA (the paper)
     c = PrefixController(0.25)
     c.update(0.9, **CTRL, reset=True)
     assert c.observations == 0 and c.ema(CTRL["alpha"]) is None  # our variant restarts it
@@ -108,10 +162,14 @@ def test_controller_is_fed_only_prefix_tasks_built_with_its_current_ratio():
     # entered it
     c, cfg = PrefixController(0.25), {**CTRL, "cooldown": 0, "reset": True}
 
-    def step(queue, k):  # run the queued prefix tasks (k of 8 pass), route a fresh one, then the controller update
+    def step(
+        queue, k
+    ):  # run the queued prefix tasks (k of 8 pass), route a fresh one, then the controller update
         tasks = queue + [BatchTask(1)]
         # as in main(): tagged with the ratio that built it
-        built = [BatchTask(1, "hard", [None] * prefix_steps(20, "remaining", c.ratio, 1000), 20, c.ratio)]
+        built = [
+            BatchTask(1, "hard", [None] * prefix_steps(20, "remaining", c.ratio, 1000), 20, c.ratio)
+        ]
         got = attributed(tasks, [k, 4], "hard", c.ratio)
         c.update(got.pass_rate(8), **cfg)
         return built, got
@@ -119,7 +177,9 @@ def test_controller_is_fed_only_prefix_tasks_built_with_its_current_ratio():
     queue, _ = step([], 4)  # no prefix task yet
     queue, got = step(queue, 8)  # tasks built at 0.25 all pass: harder
     assert got == Attributed(1, 8, 0) and c.ratio == pytest.approx(0.30) and c.observations == 0
-    assert queue[0].ratio == 0.25 and len(queue[0].steps) == 15  # built in this step, before the move
+    assert (
+        queue[0].ratio == 0.25 and len(queue[0].steps) == 15
+    )  # built in this step, before the move
     queue, got = step(queue, 8)  # they replay 15 steps (ratio 0.25), not the 14 of 0.30
     assert got == Attributed(0, 0, 1)  # discarded as stale
     # no second move on 0.25's evidence
@@ -132,7 +192,9 @@ def test_controller_is_fed_only_prefix_tasks_built_with_its_current_ratio():
 class ScriptedGenerator:
     """Plays the first solver step for the state in its context's last line; records every call."""
 
-    end_ids = [TOK.eos_token_id]  # what ends an episode's turn as its last (HFGenerator's: EOS, end-of-turn ids)
+    end_ids = [
+        TOK.eos_token_id
+    ]  # what ends an episode's turn as its last (HFGenerator's: EOS, end-of-turn ids)
 
     def __init__(self):
         self.calls = []
@@ -144,29 +206,43 @@ class ScriptedGenerator:
             *nums, t = TOK.decode(p).strip("\n").split("\n")[-1].split()
             step = countdown.solutions(Problem(tuple(map(int, nums)), int(t[1:])))[0][0]
             outs += [ENC(step + "\n")] * n
-        return Generations([list(p) for p in prompts], outs, [[-0.1] * len(o) for o in outs], ["stop"] * len(outs), n)
+        return Generations(
+            [list(p) for p in prompts],
+            outs,
+            [[-0.1] * len(o) for o in outs],
+            ["stop"] * len(outs),
+            n,
+        )
 
 
 def test_multiturn_rollouts_batch_turns_and_replay_prefixes():
     probs = [Problem((14, 1, 10), 5), Problem((3, 4, 5, 6), 9)]
     prompts = [ENC(countdown.prompt_text(p)) for p in probs]
-    stored = solver_episode(probs[1], countdown.solutions(probs[1])[-1], ENC, max_turns=4)  # another route
+    stored = solver_episode(
+        probs[1], countdown.solutions(probs[1])[-1], ENC, max_turns=4
+    )  # another route
     prefixes = [[], stored.steps[:2]]  # task 1 replays 2 of its 3 steps
     gen = ScriptedGenerator()
     cfg = SamplingConfig(max_new_tokens=16, stop_token_ids=[NL])
-    eps, clipped = rollout_multiturn(gen, TOK, prompts, probs, prefixes, 3, cfg, max_turns=4, invalid="end")
+    eps, clipped = rollout_multiturn(
+        gen, TOK, prompts, probs, prefixes, 3, cfg, max_turns=4, invalid="end"
+    )
     assert clipped == [False] * 6  # every action ended at its newline
     # one generate call per turn over all live episodes: turn 1 has all 6, turn 2 only task 0's 3
     assert [c[:2] for c in gen.calls] == [(6, 1), (3, 1)] and gen.calls[0][2] == [NL]
     assert all(e.reward == 1.0 for e in eps) and [e.group for e in eps] == [0, 0, 0, 1, 1, 1]
     e = eps[3]
     cut = sum(len(a) + len(o) for a, o in stored.steps[:2])
-    assert e.ids[:cut] == stored.ids[:cut] and e.mask[:cut] == [0] * cut  # restored conversation, no gradient
+    assert (
+        e.ids[:cut] == stored.ids[:cut] and e.mask[:cut] == [0] * cut
+    )  # restored conversation, no gradient
     assert e.replayed_steps == 2 and e.replayed_tokens == sum(len(a) for a, _ in stored.steps[:2])
     assert e.generated_tokens == len(e.steps[2][0]) and e.env.status == "solved"
-    assert e.old_logp[cut:cut + len(e.steps[2][0])] == [-0.1] * len(e.steps[2][0])
+    assert e.old_logp[cut : cut + len(e.steps[2][0])] == [-0.1] * len(e.steps[2][0])
     assert eps[0].replayed_tokens == 0 and len(eps[0].steps) == 2
-    assert eps[0].generated_tokens == sum(len(a) for a, _ in eps[0].steps) < len(eps[0].ids)  # observations: mask 0
+    assert (
+        eps[0].generated_tokens == sum(len(a) for a, _ in eps[0].steps) < len(eps[0].ids)
+    )  # observations: mask 0
 
 
 def test_text_mode_steps_are_lines_and_prefix_lines_are_replayed():
@@ -176,29 +252,53 @@ def test_text_mode_steps_are_lines_and_prefix_lines_are_replayed():
             out = [ENC("b\nc\nd")] * (len(prompts) * n)
             return Generations(prompts, out, [[-1.0] * 5] * len(out), ["length"] * len(out), n)
 
-    assert split_lines(ENC("ab\nc\n\nd"), lambda t: t == NL) == [ENC("ab\n"), ENC("c\n"), ENC("\n"), ENC("d")]
+    assert split_lines(ENC("ab\nc\n\nd"), lambda t: t == NL) == [
+        ENC("ab\n"),
+        ENC("c\n"),
+        ENC("\n"),
+        ENC("d"),
+    ]
     g = Gen()
     prefix = [(ENC("x\n"), []), (ENC("y\n"), [])]
-    eps, clipped = rollout_text(g, TOK, [ENC("Q:"), ENC("R:")], [[], prefix], 2, SamplingConfig(max_new_tokens=8),
-                                lambda t: t == NL)
-    assert clipped == [True] * 4  # finish reason "length" (and the prefix task's continuation: cut by the budget)
+    eps, clipped = rollout_text(
+        g,
+        TOK,
+        [ENC("Q:"), ENC("R:")],
+        [[], prefix],
+        2,
+        SamplingConfig(max_new_tokens=8),
+        lambda t: t == NL,
+    )
+    assert (
+        clipped == [True] * 4
+    )  # finish reason "length" (and the prefix task's continuation: cut by the budget)
     assert g.ctx == [ENC("Q:"), ENC("R:x\ny\n")]  # the prefix is context, not generated
-    assert [TOK.decode(e.ids)[:4] for e in eps] == ["b\nc\n"] * 2 + ["x\ny\n"] * 2  # scored: prefix + continuation
-    assert TOK.decode(eps[2].ids) == "x\ny\nb\nc\n"  # continuation cut to the remaining budget 8 - 4
-    assert eps[2].mask == [0] * 4 + [1] * 4 and eps[2].replayed_tokens == 4 and len(eps[2].steps) == 4
+    assert [TOK.decode(e.ids)[:4] for e in eps] == ["b\nc\n"] * 2 + [
+        "x\ny\n"
+    ] * 2  # scored: prefix + continuation
+    assert (
+        TOK.decode(eps[2].ids) == "x\ny\nb\nc\n"
+    )  # continuation cut to the remaining budget 8 - 4
+    assert (
+        eps[2].mask == [0] * 4 + [1] * 4 and eps[2].replayed_tokens == 4 and len(eps[2].steps) == 4
+    )
     assert len(eps[0].steps) == 3 and eps[0].mask == [1] * 5
 
-    class GenEos(Gen):  # an answer of two lines then the stop token: two steps, the stop token ends the second
+    class GenEos(
+        Gen
+    ):  # an answer of two lines then the stop token: two steps, the stop token ends the second
         def generate(self, prompts, n, cfg):
             out = [ENC("b\nc\n") + [TOK.eos_token_id]] * (len(prompts) * n)
             return Generations(prompts, out, [[-1.0] * 5] * len(out), ["stop"] * len(out), n)
 
-    eps, clipped = rollout_text(GenEos(), TOK, [ENC("Q:")], [[]], 1, SamplingConfig(max_new_tokens=8),
-                                lambda t: t == NL)
+    eps, clipped = rollout_text(
+        GenEos(), TOK, [ENC("Q:")], [[]], 1, SamplingConfig(max_new_tokens=8), lambda t: t == NL
+    )
     assert clipped == [False]  # stopped within the budget
     assert [a for a, _ in eps[0].steps] == [ENC("b\n"), ENC("c\n") + [TOK.eos_token_id]]
-    _, clipped = rollout_text(GenEos(), TOK, [ENC("Q:")], [prefix], 1, SamplingConfig(max_new_tokens=8),
-                              lambda t: t == NL)
+    _, clipped = rollout_text(
+        GenEos(), TOK, [ENC("Q:")], [prefix], 1, SamplingConfig(max_new_tokens=8), lambda t: t == NL
+    )
     assert clipped == [True]  # stopped, but 5 tokens do not fit the 8 - 4 left after the prefix
 
 
@@ -236,11 +336,17 @@ def test_prefix_tokens_get_exactly_zero_gradient(random_model_dir):
     assert (g_tok[~lm] == 0).all()  # replayed prefix and observations: exactly zero
     assert (g_tok[lm] != 0).all()  # generated tokens: gradient
     r = batch.completion_width
-    assert lm[0, r - len(ep.ids):r - len(ep.ids) + len(full.steps[0][0])].sum() == 0  # the replayed action itself
+    assert (
+        lm[0, r - len(ep.ids) : r - len(ep.ids) + len(full.steps[0][0])].sum() == 0
+    )  # the replayed action itself
     # the same update as training on the continuation with the replayed prefix moved into the prompt
     cut = len(full.steps[0][0]) + len(full.steps[0][1])
-    batch2 = pad_sequences([prompt + ep.ids[:cut], prompt], [ep.ids[cut:], other.ids], TOK.pad_token_id,
-                           [ep.mask[cut:], other.mask])
+    batch2 = pad_sequences(
+        [prompt + ep.ids[:cut], prompt],
+        [ep.ids[cut:], other.ids],
+        TOK.pad_token_id,
+        [ep.mask[cut:], other.mask],
+    )
     _, g_par2 = grads(batch2)
     assert all(torch.allclose(g_par[n], g_par2[n], atol=1e-6) for n in g_par)
 
@@ -269,18 +375,26 @@ def test_default_advantage_is_the_papers_r_minus_mean():
     adv = grpo_advantages(rewards, scale=args.scale_rewards)  # main()'s call
     assert torch.equal(adv, rewards - rewards.mean(-1, keepdim=True))
     p = rewards.mean(-1)
-    assert torch.allclose((adv ** 2).mean(-1), p * (1 - p))  # 7/64 < 16/64: the balanced task weighs more
+    assert torch.allclose(
+        (adv**2).mean(-1), p * (1 - p)
+    )  # 7/64 < 16/64: the balanced task weighs more
     scaled = grpo_advantages(rewards, scale=parse_args(Args, ["--scale_rewards"]).scale_rewards)
-    assert torch.allclose((scaled ** 2).mean(-1), torch.ones(2), atol=1e-4)  # the option: equal weight
+    assert torch.allclose(
+        (scaled**2).mean(-1), torch.ones(2), atol=1e-4
+    )  # the option: equal weight
 
 
 def test_bad_flags_exit_with_a_message():
     from common.run.flags import parse_args
 
-    for argv, msg in [(["--num_generations", "1"], "--num_generations 1"), (["--low", "0.8", "--high", "0.7"], "--low"),
-                      (["--dataset_name", "openai/gsm8k", "--mode", "multiturn"], "--mode multiturn"),
-                      (["--reward", "shaped"], "--reward shaped"), (["--prefix_ratio", "1.5"], "--prefix_ratio"),
-                      (["--env_numbers", "4", "--max_turns", "2"], "--max_turns 2")]:
+    for argv, msg in [
+        (["--num_generations", "1"], "--num_generations 1"),
+        (["--low", "0.8", "--high", "0.7"], "--low"),
+        (["--dataset_name", "openai/gsm8k", "--mode", "multiturn"], "--mode multiturn"),
+        (["--reward", "shaped"], "--reward shaped"),
+        (["--prefix_ratio", "1.5"], "--prefix_ratio"),
+        (["--env_numbers", "4", "--max_turns", "2"], "--max_turns 2"),
+    ]:
         with pytest.raises(SystemExit, match=msg):
             parse_args(Args, argv)
 
@@ -292,10 +406,17 @@ def mt_base(tiny_base, tmp_path_factory) -> str:
 
     old, threads = os.environ.get("RLVR_CACHE"), torch.get_num_threads()
     os.environ["RLVR_CACHE"] = str(tmp_path_factory.mktemp("mtcache"))
-    torch.set_num_threads(1)  # beside the other worker's tests on 2 cores: two threads each stall one another
+    torch.set_num_threads(
+        1
+    )  # beside the other worker's tests on 2 cores: two threads each stall one another
     try:
-        return str(ensure_multiturn_policy(tiny_base, MultiTurnRecipe(3, SMALL, sft_steps=MT_STEPS, lr=3e-3,
-                                                                      batch_size=32), log=lambda *_: None))
+        return str(
+            ensure_multiturn_policy(
+                tiny_base,
+                MultiTurnRecipe(3, SMALL, sft_steps=MT_STEPS, lr=3e-3, batch_size=32),
+                log=lambda *_: None,
+            )
+        )
     finally:
         torch.set_num_threads(threads)
         if old is None:
@@ -305,8 +426,22 @@ def mt_base(tiny_base, tmp_path_factory) -> str:
 
 
 SMALL, MT_STEPS = 3, 100
-COMMON = ["--env_max_number", str(SMALL), "--env_numbers", "3", "--prompt_pool", "48", "--prompts_per_step", "8",
-          "--eval_prompts", "8", "--eval_samples", "4", "--num_threads", "1"]
+COMMON = [
+    "--env_max_number",
+    str(SMALL),
+    "--env_numbers",
+    "3",
+    "--prompt_pool",
+    "48",
+    "--prompts_per_step",
+    "8",
+    "--eval_prompts",
+    "8",
+    "--eval_samples",
+    "4",
+    "--num_threads",
+    "1",
+]
 
 
 def _rows(path):
@@ -318,16 +453,58 @@ def _strip(rows):
 
 
 def test_prefix_sampling_on_and_off(mt_base, tmp_path):
-    run_main(["ps_grpo.py", "--model_name_or_path", mt_base, "--output_dir", str(tmp_path / "ps"), "--max_steps", "3",
-              "--eval_steps", "3", *COMMON])
-    run_main(["ps_grpo.py", "--model_name_or_path", mt_base, "--output_dir", str(tmp_path / "base"), "--max_steps",
-              "3", "--eval_steps", "3", "--prefix_sampling", "false", *COMMON])
+    run_main(
+        [
+            "ps_grpo.py",
+            "--model_name_or_path",
+            mt_base,
+            "--output_dir",
+            str(tmp_path / "ps"),
+            "--max_steps",
+            "3",
+            "--eval_steps",
+            "3",
+            *COMMON,
+        ]
+    )
+    run_main(
+        [
+            "ps_grpo.py",
+            "--model_name_or_path",
+            mt_base,
+            "--output_dir",
+            str(tmp_path / "base"),
+            "--max_steps",
+            "3",
+            "--eval_steps",
+            "3",
+            "--prefix_sampling",
+            "false",
+            *COMMON,
+        ]
+    )
     ps, base = _rows(tmp_path / "ps"), _rows(tmp_path / "base")
     assert "eval_pass@1" in ps[0] and "eval_pass@4" in ps[-1] and ps[0]["step"] == 0
-    keys = {"ps_solve_partial", "ps_prefix_tasks", "ps_prefix_pass_rate_hard", "ps_prefix_pass_rate_easy",
-            "ps_ratio_hard", "ps_ratio_easy", "ps_ema_hard", "ps_ema_easy", "ps_replayed_tokens",
-            "ps_generated_tokens", "ps_fresh_pass_rate", "pass_rate", "frac_zero_var_groups", "loss", "entropy",
-            "ps_ctrl_pass_rate_hard", "ps_ctrl_stale_easy", "ps_signal_strength"}
+    keys = {
+        "ps_solve_partial",
+        "ps_prefix_tasks",
+        "ps_prefix_pass_rate_hard",
+        "ps_prefix_pass_rate_easy",
+        "ps_ratio_hard",
+        "ps_ratio_easy",
+        "ps_ema_hard",
+        "ps_ema_easy",
+        "ps_replayed_tokens",
+        "ps_generated_tokens",
+        "ps_fresh_pass_rate",
+        "pass_rate",
+        "frac_zero_var_groups",
+        "loss",
+        "entropy",
+        "ps_ctrl_pass_rate_hard",
+        "ps_ctrl_stale_easy",
+        "ps_signal_strength",
+    }
     assert keys <= set(ps[1]) and keys <= set(base[1])
     ps, base = ps[1:], base[1:]
     # skewed fresh tasks were sent to Prefix & Mask and came back as prefix tasks in the next batch
@@ -337,11 +514,19 @@ def test_prefix_sampling_on_and_off(mt_base, tmp_path):
     for r in ps:  # replayed tokens exactly when prefix tasks ran; fresh + prefix tasks = 8 per step
         assert (r["ps_replayed_tokens"] > 0) == (r["ps_prefix_tasks"] > 0)
         assert (r["ps_prefix_pass_rate"] is None) == (r["ps_prefix_tasks"] == 0)
-        assert sum(r[f"ps_route_{c}"] for c in ("all_fail", "all_pass", "normal", "too_hard", "too_easy")) \
+        assert (
+            sum(
+                r[f"ps_route_{c}"]
+                for c in ("all_fail", "all_pass", "normal", "too_hard", "too_easy")
+            )
             == 8 - r["ps_prefix_tasks"]
+        )
     for r in ps:  # fixed ratios: every prefix task is attributed to the ratio that built it
-        assert all(r[f"ps_ctrl_stale_{c}"] == 0 and r[f"ps_ctrl_pass_rate_{c}"] == r[f"ps_prefix_pass_rate_{c}"]
-                   for c in ("hard", "easy"))
+        assert all(
+            r[f"ps_ctrl_stale_{c}"] == 0
+            and r[f"ps_ctrl_pass_rate_{c}"] == r[f"ps_prefix_pass_rate_{c}"]
+            for c in ("hard", "easy")
+        )
     # the advantages trained on are r - mean: a trained group's mean A^2 is p(1-p) in [7/64, 1/4] (1 with / std)
     assert all(7 / 64 - 1e-6 <= r["ps_signal_strength"] <= 0.25 + 1e-6 for r in base + ps)
     assert ps[-1]["rollouts"] == base[-1]["rollouts"] == 3 * 8 * 8
@@ -350,20 +535,42 @@ def test_prefix_sampling_on_and_off(mt_base, tmp_path):
 
 def test_resume_restores_queue_and_controller(mt_base, tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
-    base = ["ps_grpo.py", "--model_name_or_path", mt_base, "--eval_steps", "2", "--save_steps", "2", "--adaptive",
-            "--cooldown", "0", *COMMON]
+    base = [
+        "ps_grpo.py",
+        "--model_name_or_path",
+        mt_base,
+        "--eval_steps",
+        "2",
+        "--save_steps",
+        "2",
+        "--adaptive",
+        "--cooldown",
+        "0",
+        *COMMON,
+    ]
     run_main([*base, "--output_dir", str(full), "--max_steps", "4"])
     run_main([*base, "--output_dir", str(part), "--max_steps", "2"])  # "killed" after step 2
-    state = torch.load(part / "checkpoint-2" / "trainer_state.pt", weights_only=True)["state"]["method"]
+    state = torch.load(part / "checkpoint-2" / "trainer_state.pt", weights_only=True)["state"][
+        "method"
+    ]
     assert set(state) == {"queue", "ctrl"} and set(state["ctrl"]) == {"hard", "easy"}
-    run_main([*base, "--output_dir", str(part), "--max_steps", "4", "--resume_from_checkpoint", "auto"])
+    run_main(
+        [*base, "--output_dir", str(part), "--max_steps", "4", "--resume_from_checkpoint", "auto"]
+    )
     a, b = _strip(_rows(full)), _strip(_rows(part))
     assert [r["step"] for r in b] == [0, 1, 2, 3, 4] and a == b
-    assert state["queue"] and b[3]["ps_prefix_tasks"] > 0  # step 3 ran the prefix tasks queued before the "kill"
+    assert (
+        state["queue"] and b[3]["ps_prefix_tasks"] > 0
+    )  # step 3 ran the prefix tasks queued before the "kill"
     moved = [r for r in b[1:] if (r["ps_ratio_hard"], r["ps_ratio_easy"]) != (0.25, 0.25)]
     assert moved  # the controller acted, and its ratios/EMAs continued identically after the resume
-    assert all("ratio" in task for task in state["queue"])  # each queued prefix task records the ratio that built it
-    for c in ("hard", "easy"):  # the batch after a move measures the old ratio: stale, not fed (so no move either)
+    assert all(
+        "ratio" in task for task in state["queue"]
+    )  # each queued prefix task records the ratio that built it
+    for c in (
+        "hard",
+        "easy",
+    ):  # the batch after a move measures the old ratio: stale, not fed (so no move either)
         ratios = [0.25] + [r[f"ps_ratio_{c}"] for r in b[1:]]
         for s, r in enumerate(b[2:], 2):
             if ratios[s - 1] != ratios[s - 2]:
@@ -374,11 +581,28 @@ def test_resume_restores_queue_and_controller(mt_base, tmp_path):
 
 def test_text_mode_runs(mt_base, tmp_path):
     """The single-turn path (used for real datasets), here on the Countdown text form."""
-    run_main(["ps_grpo.py", "--model_name_or_path", mt_base, "--mode", "text", "--output_dir", str(tmp_path),
-              "--max_steps", "1", "--max_completion_length", "16",
-              *COMMON[4:]])  # (--env_max_number/--env_numbers: multiturn only)
+    run_main(
+        [
+            "ps_grpo.py",
+            "--model_name_or_path",
+            mt_base,
+            "--mode",
+            "text",
+            "--output_dir",
+            str(tmp_path),
+            "--max_steps",
+            "1",
+            "--max_completion_length",
+            "16",
+            *COMMON[4:],
+        ]
+    )  # (--env_max_number/--env_numbers: multiturn only)
     rows = _rows(tmp_path)
-    assert [r["step"] for r in rows] == [0, 1] and "eval_pass@1" in rows[1] and rows[1]["rollouts"] == 8 * 8
+    assert (
+        [r["step"] for r in rows] == [0, 1]
+        and "eval_pass@1" in rows[1]
+        and rows[1]["rollouts"] == 8 * 8
+    )
     assert rows[1]["ps_generated_tokens"] > 0 and rows[1]["ps_replayed_tokens"] == 0
 
 
@@ -409,8 +633,28 @@ def _text_main(out, extra, monkeypatch, reward):
     from common.run.flags import parse_args
 
     monkeypatch.setitem(countdown.REWARDS, "binary", reward)
-    ps_grpo.main(parse_args(Args, ["--mode", "text", "--output_dir", str(out), "--prompt_pool", "16", "--num_generations", "4",
-                                   "--prompts_per_step", "4", "--eval_prompts", "4", "--num_threads", "1", *extra]))
+    ps_grpo.main(
+        parse_args(
+            Args,
+            [
+                "--mode",
+                "text",
+                "--output_dir",
+                str(out),
+                "--prompt_pool",
+                "16",
+                "--num_generations",
+                "4",
+                "--prompts_per_step",
+                "4",
+                "--eval_prompts",
+                "4",
+                "--num_threads",
+                "1",
+                *extra,
+            ],
+        )
+    )
     return _rows(out)
 
 
@@ -419,35 +663,98 @@ def test_text_mode_sample_log_pass_at_k_and_sampler_agreement(tiny_base, tmp_pat
 
     temps = []
     real = evaluation.evaluate
-    monkeypatch.setattr(evaluation, "evaluate", lambda *a, **k: temps.append(a[5].temperature) or real(*a, **k))
-    rows = _text_main(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "2", "--eval_steps", "0",
-                                 "--eval_samples", "8", "--eval_temperature", "0", "--max_completion_length", "48",
-                                 "--log_samples_every", "1", "--log_samples_per_kind", "2", "--prompts_per_step", "8"],
-                      monkeypatch,
-                      lambda text, problem: float(len(text) % 2))
+    monkeypatch.setattr(
+        evaluation, "evaluate", lambda *a, **k: temps.append(a[5].temperature) or real(*a, **k)
+    )
+    rows = _text_main(
+        tmp_path,
+        [
+            "--model_name_or_path",
+            tiny_base,
+            "--max_steps",
+            "2",
+            "--eval_steps",
+            "0",
+            "--eval_samples",
+            "8",
+            "--eval_temperature",
+            "0",
+            "--max_completion_length",
+            "48",
+            "--log_samples_every",
+            "1",
+            "--log_samples_per_kind",
+            "2",
+            "--prompts_per_step",
+            "8",
+        ],
+        monkeypatch,
+        lambda text, problem: float(len(text) % 2),
+    )
     assert temps == [0.0] * 4  # step 0 and the last step, held-out and training prompts, greedy
     assert {f"eval_pass@{k}" for k in (1, 2, 4, 8)} <= set(rows[0]) and "eval_pass@8" in rows[-1]
     # the HF generator in fp32 samples from exactly the policy the trainer scores
-    assert all(r["sampler_logp_diff"] is not None and r["sampler_logp_diff"] < 1e-4 for r in rows[1:])
+    assert all(
+        r["sampler_logp_diff"] is not None and r["sampler_logp_diff"] < 1e-4 for r in rows[1:]
+    )
     samples = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
-    keys = {"step", "kind", "prompt", "completion", "reward", "advantage", "trained", "truncated", "ps_prefix_steps"}
-    assert samples and all(keys <= set(s) for s in samples) and {s["step"] for s in samples} == {1, 2}
+    keys = {
+        "step",
+        "kind",
+        "prompt",
+        "completion",
+        "reward",
+        "advantage",
+        "trained",
+        "truncated",
+        "ps_prefix_steps",
+    }
+    assert (
+        samples and all(keys <= set(s) for s in samples) and {s["step"] for s in samples} == {1, 2}
+    )
     for step in (1, 2):
         kinds = [s["kind"] for s in samples if s["step"] == step]
         assert all(kinds.count(kind) <= 2 for kind in kinds) and "fresh" in kinds
     assert all(s["advantage"] == 0.0 for s in samples if not s["trained"])
-    assert all(s["ps_prefix_steps"] == 0 and "ps_ratio" not in s for s in samples if s["kind"] == "fresh")
-    prefix = [s for s in samples if s["kind"] != "fresh"]  # step 2 runs a prefix task queued by step 1
-    assert prefix and all(s["kind"] in ("prefix_hard", "prefix_easy") and s["ps_prefix_steps"] >= 1
-                          and s["ps_ratio"] == 0.25 for s in prefix)
+    assert all(
+        s["ps_prefix_steps"] == 0 and "ps_ratio" not in s for s in samples if s["kind"] == "fresh"
+    )
+    prefix = [
+        s for s in samples if s["kind"] != "fresh"
+    ]  # step 2 runs a prefix task queued by step 1
+    assert prefix and all(
+        s["kind"] in ("prefix_hard", "prefix_easy")
+        and s["ps_prefix_steps"] >= 1
+        and s["ps_ratio"] == 0.25
+        for s in prefix
+    )
 
 
 def test_truncated_completions_get_reward_zero(tiny_base, tmp_path, monkeypatch):
-    rows = _text_main(tmp_path, ["--model_name_or_path", tiny_base, "--max_steps", "1", "--eval_samples", "1",
-                                 "--max_completion_length", "2", "--mask_truncated_completions"], monkeypatch,
-                      lambda text, problem: 1.0)  # every completion would pass, but each one is cut
-    assert rows[1]["clipped_ratio"] == 1.0 and rows[1]["reward_mean"] == 0.0 and rows[1]["pass_rate"] == 0.0
-    assert rows[1]["ps_trained_groups"] == 0 and rows[1]["sampler_logp_diff"] is None  # all-fail: rejected
+    rows = _text_main(
+        tmp_path,
+        [
+            "--model_name_or_path",
+            tiny_base,
+            "--max_steps",
+            "1",
+            "--eval_samples",
+            "1",
+            "--max_completion_length",
+            "2",
+            "--mask_truncated_completions",
+        ],
+        monkeypatch,
+        lambda text, problem: 1.0,
+    )  # every completion would pass, but each one is cut
+    assert (
+        rows[1]["clipped_ratio"] == 1.0
+        and rows[1]["reward_mean"] == 0.0
+        and rows[1]["pass_rate"] == 0.0
+    )
+    assert (
+        rows[1]["ps_trained_groups"] == 0 and rows[1]["sampler_logp_diff"] is None
+    )  # all-fail: rejected
 
     # some cut, some not: the cut ones (reward 0) stay in their group's baseline but get loss mask 0
     import ps_grpo
@@ -455,15 +762,40 @@ def test_truncated_completions_get_reward_zero(tiny_base, tmp_path, monkeypatch)
     seen, trained_tokens = {}, []
     rollout, loss = ps_grpo.rollout_text, ps_grpo.ps_loss
     monkeypatch.setattr(ps_grpo, "rollout_text", lambda *a: seen.setdefault("out", rollout(*a)))
-    monkeypatch.setattr(ps_grpo, "ps_loss", lambda logp, old, adv, mask, n_tok, *a: trained_tokens.append(
-        (int(mask.sum()), n_tok)) or loss(logp, old, adv, mask, n_tok, *a))
+    monkeypatch.setattr(
+        ps_grpo,
+        "ps_loss",
+        lambda logp, old, adv, mask, n_tok, *a: (
+            trained_tokens.append((int(mask.sum()), n_tok)) or loss(logp, old, adv, mask, n_tok, *a)
+        ),
+    )
     # 16 tokens: the base's two-line mid answers (~7 characters a line + EOS) straddle it
-    rows = _text_main(tmp_path / "mixed", ["--model_name_or_path", tiny_base, "--max_steps", "1", "--eval_samples",
-                                           "1", "--max_completion_length", "16", "--mask_truncated_completions"],
-                      monkeypatch, lambda text, problem: 1.0)
+    rows = _text_main(
+        tmp_path / "mixed",
+        [
+            "--model_name_or_path",
+            tiny_base,
+            "--max_steps",
+            "1",
+            "--eval_samples",
+            "1",
+            "--max_completion_length",
+            "16",
+            "--mask_truncated_completions",
+        ],
+        monkeypatch,
+        lambda text, problem: 1.0,
+    )
     episodes, clipped = seen["out"]
-    assert 0 < rows[1]["clipped_ratio"] < 1 and rows[1]["reward_mean"] == pytest.approx(1 - rows[1]["clipped_ratio"])
+    assert 0 < rows[1]["clipped_ratio"] < 1 and rows[1]["reward_mean"] == pytest.approx(
+        1 - rows[1]["clipped_ratio"]
+    )
     groups = [range(g * 4, g * 4 + 4) for g in range(4)]
-    want = sum(episodes[i].generated_tokens for g in groups if 0 < sum(clipped[i] for i in g) < 4
-               for i in g if not clipped[i])
+    want = sum(
+        episodes[i].generated_tokens
+        for g in groups
+        if 0 < sum(clipped[i] for i in g) < 4
+        for i in g
+        if not clipped[i]
+    )
     assert want > 0 and sum(m for m, _ in trained_tokens) == trained_tokens[0][1] == want

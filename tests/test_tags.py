@@ -9,6 +9,7 @@ heading followed by another mark leaves the block to that mark. Of a tagged
 `if`, the body is the method's, the test and any `else` branch run either way. Two marks are not checked:
 `[TAG setup]` (the paper's experimental setup, e.g. its reward or evaluation: the baseline runs it too) and
 `[TAG] (also in <baseline>: ...)` (the method's code that the baseline runs where it changes nothing)."""
+
 from __future__ import annotations
 
 import ast
@@ -23,13 +24,35 @@ from conftest import ROOT, run_main
 # pool is the group), so only its [DAPO] lines are off there; ada_est.py runs no baseline (GRPO-n8 is ada_seq.py's).
 BASELINES = {
     "ra_rloo.py": ("ra_rloo.py", ("RA-RLOO",), ["--replay", "none", "--reward", "binary"]),
-    "ps_grpo.py multiturn": ("ps_grpo.py", ("PS",), ["--prefix_sampling", "false", "--mode", "multiturn"]),
+    "ps_grpo.py multiturn": (
+        "ps_grpo.py",
+        ("PS",),
+        ["--prefix_sampling", "false", "--mode", "multiturn"],
+    ),
     "ps_grpo.py text": ("ps_grpo.py", ("PS",), ["--prefix_sampling", "false", "--mode", "text"]),
     "pros_ppo.py": ("pros_ppo.py", ("PROS",), ["--pros", "off"]),
     "ada_seq.py": ("ada_seq.py", ("DAPO",), ["--max_rounds", "1", "--round_repeat", "4"]),
 }
-TINY = ["--max_steps", "1", "--eval_steps", "0", "--eval_prompts", "2", "--eval_samples", "1", "--prompts_per_step",
-        "4", "--max_completion_length", "8", "--num_threads", "1", "--eval_train_prompts", "0", "--save_steps", "0"]
+TINY = [
+    "--max_steps",
+    "1",
+    "--eval_steps",
+    "0",
+    "--eval_prompts",
+    "2",
+    "--eval_samples",
+    "1",
+    "--prompts_per_step",
+    "4",
+    "--max_completion_length",
+    "8",
+    "--num_threads",
+    "1",
+    "--eval_train_prompts",
+    "0",
+    "--save_steps",
+    "0",
+]
 
 
 def _statement_lines(stmt: ast.stmt) -> set[int]:
@@ -61,9 +84,12 @@ def tagged_lines(source: str, tags: tuple[str, ...]) -> dict[int, int]:
                 below += 1  # the tag's comment goes on
             if below <= len(lines) and any_mark.search(lines[below - 1]):
                 continue
-            while below <= len(lines) and lines[below - 1].strip() and \
-                    len(lines[below - 1]) - len(lines[below - 1].lstrip()) >= indent and \
-                    not lines[below - 1].startswith(" " * indent + "#"):
+            while (
+                below <= len(lines)
+                and lines[below - 1].strip()
+                and len(lines[below - 1]) - len(lines[below - 1].lstrip()) >= indent
+                and not lines[below - 1].startswith(" " * indent + "#")
+            ):
                 stmt = starting.get(below)
                 if stmt is not None:
                     out.update((line, number) for line in _statement_lines(stmt))
@@ -73,9 +99,17 @@ def tagged_lines(source: str, tags: tuple[str, ...]) -> dict[int, int]:
         elif number in starting:  # a trailing tag: its statement
             out.update((line, number) for line in _statement_lines(starting[number]))
     for stmt in statements:  # functions whose docstring opens with the tag
-        if isinstance(stmt, (ast.FunctionDef, ast.ClassDef)) and ast.get_docstring(stmt) and \
-                re.match(r"\[(%s)\](?! \(also in)" % "|".join(map(re.escape, tags)), ast.get_docstring(stmt)):
-            out.update((line, stmt.lineno) for line in range(stmt.body[0].end_lineno + 1, stmt.end_lineno + 1))
+        if (
+            isinstance(stmt, (ast.FunctionDef, ast.ClassDef))
+            and ast.get_docstring(stmt)
+            and re.match(
+                r"\[(%s)\](?! \(also in)" % "|".join(map(re.escape, tags)), ast.get_docstring(stmt)
+            )
+        ):
+            out.update(
+                (line, stmt.lineno)
+                for line in range(stmt.body[0].end_lineno + 1, stmt.end_lineno + 1)
+            )
     return out
 
 
@@ -139,9 +173,14 @@ def test_the_baseline_never_runs_a_method_tagged_line(baseline, tiny_base, tmp_p
     source = (ROOT / script).read_text()
     tagged = tagged_lines(source, tags)
     assert len(tagged) > 10  # the file tags its method
-    ran = executed_lines(script, ["--model_name_or_path", tiny_base, "--output_dir", str(tmp_path / "run"),
-                                  *TINY, *flags])
+    ran = executed_lines(
+        script,
+        ["--model_name_or_path", tiny_base, "--output_dir", str(tmp_path / "run"), *TINY, *flags],
+    )
     assert len(ran) > 100  # the trace saw the loop
     lines = source.splitlines()
-    wrong = [f"{script}:{n} (tag on line {tagged[n]}): {lines[n - 1].strip()}" for n in sorted(ran & set(tagged))]
+    wrong = [
+        f"{script}:{n} (tag on line {tagged[n]}): {lines[n - 1].strip()}"
+        for n in sorted(ran & set(tagged))
+    ]
     assert not wrong, "the baseline runs tagged lines:\n" + "\n".join(wrong)

@@ -3,6 +3,7 @@
 One engine for the whole module (starting one takes ~5-25 s on CPU). Everything runs in float32: vLLM's CPU
 kernels then agree with `transformers` to ~1e-5 in log-prob; bf16 would not (~0.07).
 """
+
 import copy
 import importlib.util
 import os
@@ -17,13 +18,15 @@ import torch
 
 # Checked without importing vllm: the backend sets vLLM's env vars before the first import.
 if importlib.util.find_spec("vllm") is None:
-    pytest.skip("vLLM not installed (pip install -r requirements-vllm.txt, or bash .ci/vllm.sh)",
-                allow_module_level=True)
+    pytest.skip(
+        "vLLM not installed (pip install -r requirements-vllm.txt, or bash .ci/vllm.sh)",
+        allow_module_level=True,
+    )
 
+from common.demo.tiny_model import BaseRecipe, build_char_tokenizer, build_tiny_model  # noqa: E402
 from common.generation.hf import Generations, HFGenerator, SamplingConfig  # noqa: E402
 from common.rl.logprobs import token_logprobs  # noqa: E402
 from common.rl.masking import pad_sequences, unpad_completion  # noqa: E402
-from common.demo.tiny_model import BaseRecipe, build_char_tokenizer, build_tiny_model  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -88,13 +91,17 @@ def check_format(g: Generations, prompts, n: int, cfg: SamplingConfig, stop_ids:
 def test_sampled_logprobs_match_hf_and_format_matches_hfgenerator(setup):
     gen, model, tok, prompts = setup
     n = 4
-    cfg = SamplingConfig(max_new_tokens=24, temperature=0.8, stop_token_ids=tok.convert_tokens_to_ids(["0", ";"]))
+    cfg = SamplingConfig(
+        max_new_tokens=24, temperature=0.8, stop_token_ids=tok.convert_tokens_to_ids(["0", ";"])
+    )
     stop_ids = {tok.eos_token_id, *cfg.stop_token_ids}
     g = gen.generate(prompts, n, cfg)
     check_format(g, prompts, n, cfg, stop_ids)
     assert {"stop", "length"} <= set(g.finish_reasons)  # both endings are exercised
     d = max_abs_diff(g.logprobs, hf_logprobs(model, tok, g, cfg.temperature))
-    print(f"max |logprob vLLM - HF| (T={cfg.temperature}, {sum(map(len, g.logprobs))} tokens): {d:.2e}")
+    print(
+        f"max |logprob vLLM - HF| (T={cfg.temperature}, {sum(map(len, g.logprobs))} tokens): {d:.2e}"
+    )
     assert d < TOL
 
     ref = HFGenerator(model, tok).generate(prompts, n, cfg)  # same fields, same layout rules
@@ -127,10 +134,14 @@ def test_greedy_follows_pushed_weights(setup):
         gen.sync_weights(model)
         after = gen.generate(prompts, 1, cfg)
         ref = hf.generate(prompts, 1, cfg)
-        assert after.completion_ids == ref.completion_ids  # vLLM's greedy path == HF's after the push
+        assert (
+            after.completion_ids == ref.completion_ids
+        )  # vLLM's greedy path == HF's after the push
         assert after.completion_ids != before.completion_ids  # ... and the push changed it
-        d = max(max_abs_diff(after.logprobs, ref.logprobs),
-                max_abs_diff(after.logprobs, hf_logprobs(model, tok, after, 1.0)))
+        d = max(
+            max_abs_diff(after.logprobs, ref.logprobs),
+            max_abs_diff(after.logprobs, hf_logprobs(model, tok, after, 1.0)),
+        )
         print(f"max |logprob vLLM - HF| after the weight push (greedy): {d:.2e}")
         assert d < TOL
     finally:  # the other tests share the engine and the model
@@ -162,7 +173,10 @@ def test_lora_policy_pushes_merged_weights(setup):
         gen.sync_weights(policy)
         after = gen.generate(prompts, 1, cfg)
         ref = HFGenerator(policy, tok).generate(prompts, 1, cfg)
-        assert after.completion_ids == ref.completion_ids and after.completion_ids != before.completion_ids
+        assert (
+            after.completion_ids == ref.completion_ids
+            and after.completion_ids != before.completion_ids
+        )
         d = max_abs_diff(after.logprobs, ref.logprobs)
         print(f"max |logprob vLLM - HF| after pushing a LoRA policy (greedy): {d:.2e}")
         assert d < TOL
@@ -171,7 +185,9 @@ def test_lora_policy_pushes_merged_weights(setup):
     assert gen.generate(prompts, 1, cfg).completion_ids == before.completion_ids
 
 
-def test_an_end_of_turn_id_of_the_generation_config_ends_vllm_generation(setup, policy_dir, tmp_path):
+def test_an_end_of_turn_id_of_the_generation_config_ends_vllm_generation(
+    setup, policy_dir, tmp_path
+):
     # a model dir whose generation_config lists a second end id beside EOS (a chat model's end-of-turn token): the
     # ids the scripts give the engine (`end_token_ids` of the policy loaded from it) end vLLM's samples there, with
     # finish reason "stop". The same request seeds (the counter rewound) draw the same tokens up to the end id.
@@ -184,12 +200,18 @@ def test_an_end_of_turn_id_of_the_generation_config_ends_vllm_generation(setup, 
     start = gen.calls
     free = gen.generate(prompts, 1, cfg).completion_ids
     # the end-of-turn id: a token some sample draws first at a later position (so that sample must stop there)
-    row, cut = next((r, j) for r, ids in enumerate(free) for j in range(1, len(ids))
-                    if ids[j] not in ids[:j] and ids[j] != tok.eos_token_id)
+    row, cut = next(
+        (r, j)
+        for r, ids in enumerate(free)
+        for j in range(1, len(ids))
+        if ids[j] not in ids[:j] and ids[j] != tok.eos_token_id
+    )
     turn_end = free[row][cut]
     chat = tmp_path / "chat"
     shutil.copytree(policy_dir, chat)
-    GenerationConfig(eos_token_id=[tok.eos_token_id, turn_end], pad_token_id=tok.pad_token_id).save_pretrained(chat)
+    GenerationConfig(
+        eos_token_id=[tok.eos_token_id, turn_end], pad_token_id=tok.pad_token_id
+    ).save_pretrained(chat)
     chat_model = AutoModelForCausalLM.from_pretrained(chat, dtype=torch.float32).eval()
     assert HFGenerator(chat_model, tok).end_ids == [tok.eos_token_id, turn_end]
     before, gen.end_ids, gen.calls = gen.end_ids, end_token_ids(tok, chat_model), start
@@ -197,8 +219,13 @@ def test_an_end_of_turn_id_of_the_generation_config_ends_vllm_generation(setup, 
         stopped = gen.generate(prompts, 1, cfg)
     finally:
         gen.end_ids = before
-    assert stopped.completion_ids[row] == free[row][:cut + 1] and stopped.finish_reasons[row] == "stop"
-    for ids, reason, whole in zip(stopped.completion_ids, stopped.finish_reasons, free):  # each at its first end id
+    assert (
+        stopped.completion_ids[row] == free[row][: cut + 1]
+        and stopped.finish_reasons[row] == "stop"
+    )
+    for ids, reason, whole in zip(
+        stopped.completion_ids, stopped.finish_reasons, free
+    ):  # each at its first end id
         ends = [j for j, t in enumerate(whole) if t in (tok.eos_token_id, turn_end)]
         assert (ids, reason) == ((whole[: ends[0] + 1], "stop") if ends else (whole, "length"))
 
@@ -223,7 +250,9 @@ def test_missing_vllm_message(monkeypatch):
     from common.generation import vllm_backend
 
     monkeypatch.setattr(vllm_backend.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(SystemExit, match="--use_vllm needs vLLM: pip install -r requirements-vllm.txt"):
+    with pytest.raises(
+        SystemExit, match="--use_vllm needs vLLM: pip install -r requirements-vllm.txt"
+    ):
         vllm_backend._import_vllm(on_cpu=True)
 
 
@@ -258,17 +287,36 @@ def test_one_engine_per_rank_under_torchrun(policy_dir, tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(textwrap.dedent(WORKER))
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-           "REPORT_DIR": str(tmp_path)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "REPORT_DIR": str(tmp_path),
+    }
     for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(script), str(policy_dir)], cwd=root, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(script),
+            str(policy_dir),
+        ],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     ok = [(tmp_path / f"rank{rank}.txt").read_text() for rank in (0, 1)]
     assert ok[0].startswith("RANK 0/2 OK") and ok[1].startswith("RANK 1/2 OK")
-    assert ok[0].split("OK")[1] != ok[1].split("OK")[1]  # same prompts and seed, yet the rank enters the seeds
+    assert (
+        ok[0].split("OK")[1] != ok[1].split("OK")[1]
+    )  # same prompts and seed, yet the rank enters the seeds
 
 
 def test_ra_rloo_end_to_end_with_vllm_and_an_exact_resume(tiny_base, tmp_path):
@@ -280,15 +328,42 @@ def test_ra_rloo_end_to_end_with_vllm_and_an_exact_resume(tiny_base, tmp_path):
     from conftest import run_script
 
     out, resumed = tmp_path / "ra_vllm", tmp_path / "resumed"
-    flags = ["ra_rloo.py", "--use_vllm", "--model_name_or_path", tiny_base, "--max_steps", "4", "--save_steps", "2",
-             "--eval_steps", "3", "--prompt_pool", "24", "--prompts_per_step", "8", "--eval_prompts", "8",
-             "--eval_samples", "4", "--max_completion_length", "20"]
+    flags = [
+        "ra_rloo.py",
+        "--use_vllm",
+        "--model_name_or_path",
+        tiny_base,
+        "--max_steps",
+        "4",
+        "--save_steps",
+        "2",
+        "--eval_steps",
+        "3",
+        "--prompt_pool",
+        "24",
+        "--prompts_per_step",
+        "8",
+        "--eval_prompts",
+        "8",
+        "--eval_samples",
+        "4",
+        "--max_completion_length",
+        "20",
+    ]
     run_script([*flags, "--output_dir", str(out)])
-    rows = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 4] and rows[-1]["rollouts"] == 4 * 8 * 4
     assert "eval_pass@1" in rows[-1] and (out / "checkpoint-4" / "model.safetensors").exists()
-    run_script([*flags, "--output_dir", str(resumed), "--resume_from_checkpoint", str(out / "checkpoint-2")])
-    again = [json.loads(l) for l in (resumed / "metrics.jsonl").read_text().splitlines()]
+    run_script(
+        [
+            *flags,
+            "--output_dir",
+            str(resumed),
+            "--resume_from_checkpoint",
+            str(out / "checkpoint-2"),
+        ]
+    )
+    again = [json.loads(line) for line in (resumed / "metrics.jsonl").read_text().splitlines()]
     timeless = lambda row: {k: v for k, v in row.items() if not k.startswith("time_")}  # noqa: E731
     assert [timeless(r) for r in again if r["step"] > 2] == [timeless(r) for r in rows[3:]]
     # sampler/trainer agreement: vLLM's log-probs of the sampled tokens vs the trainer's first pass (fp32: ~1e-5),
@@ -347,20 +422,57 @@ def test_ra_rloo_on_two_ranks_each_with_its_own_engine(tiny_base, tmp_path, fsdp
     out = tmp_path / ("fsdp" if fsdp else "ddp")
     root = Path(__file__).resolve().parents[1]
     (tmp_path / "spy.py").write_text(SPY)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-           "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", "REPORT_DIR": str(tmp_path)}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        "REPORT_DIR": str(tmp_path),
+    }
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(tmp_path / "spy.py"), "ra_rloo.py",
-           "--use_vllm", "--model_name_or_path", tiny_base, "--output_dir", str(out), "--max_steps", "3",
-           "--eval_steps", "3", "--prompt_pool", "24", "--prompts_per_step", "8", "--eval_prompts", "8",
-           "--eval_samples", "2", "--max_completion_length", "20", "--learning_rate", "1e-3", "--warmup_steps", "1",
-           "--num_threads", "1", *(["--fsdp"] if fsdp else [])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(tmp_path / "spy.py"),
+        "ra_rloo.py",
+        "--use_vllm",
+        "--model_name_or_path",
+        tiny_base,
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        "3",
+        "--eval_steps",
+        "3",
+        "--prompt_pool",
+        "24",
+        "--prompts_per_step",
+        "8",
+        "--eval_prompts",
+        "8",
+        "--eval_samples",
+        "2",
+        "--max_completion_length",
+        "20",
+        "--learning_rate",
+        "1e-3",
+        "--warmup_steps",
+        "1",
+        "--num_threads",
+        "1",
+        *(["--fsdp"] if fsdp else []),
+    ]
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2, 3] and rows[-1]["rollouts"] == 3 * 8 * 4  # both ranks' samples
+    assert [r["step"] for r in rows] == [0, 1, 2, 3] and rows[-1][
+        "rollouts"
+    ] == 3 * 8 * 4  # both ranks' samples
     assert json.loads((out / "args.json").read_text())["fsdp"] is fsdp
     diffs = [r["sampler_logp_diff"] for r in rows[1:]]
     assert all(isinstance(d, float) and d < 1e-3 for d in diffs), diffs
@@ -368,7 +480,10 @@ def test_ra_rloo_on_two_ranks_each_with_its_own_engine(tiny_base, tmp_path, fsdp
     # every rank generated (step-0 eval, 3 steps, final eval) with the policy sharded under --fsdp
     spied = [(tmp_path / f"spy-rank{rank}.txt").read_text() for rank in (0, 1)]
     assert [line.split(":")[0] for line in spied] == ["SPY rank 0", "SPY rank 1"], spied
-    assert all(line.endswith(f"generates, sharded [{fsdp}]") and int(line.split()[3]) >= 5 for line in spied), spied
+    assert all(
+        line.endswith(f"generates, sharded [{fsdp}]") and int(line.split()[3]) >= 5
+        for line in spied
+    ), spied
 
 
 SERVE = """
@@ -400,18 +515,69 @@ def test_vllm_serves_the_trained_model_and_stops_where_training_did(tiny_base, t
     tokenizer.save_pretrained(chat_base)
     equals = tokenizer("=", add_special_tokens=False).input_ids[-1]
     out = tmp_path / "run"
-    run_script(["ra_rloo.py", "--model_name_or_path", str(chat_base), "--output_dir", str(out), "--max_steps", "2",
-                "--prompts_per_step", "4", "--num_generations", "2", "--prompt_pool", "8", "--eval_prompts", "4",
-                "--eval_samples", "1", "--eval_train_prompts", "0", "--paper_eval_samples", "0",
-                "--max_completion_length", "16", "--num_threads", "1", "--save_steps", "0",
-                "--stop_token_ids", str(equals)])
-    prompts = ["14 9 3 t2\n", "5 7 2 t24\n"]  # Countdown prompts: the base answers "a op b = c" lines
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
-    served = subprocess.run([sys.executable, "-c", SERVE, str(out / "model"), json.dumps(prompts)], env=env,
-                            capture_output=True, text=True, timeout=600)
+    run_script(
+        [
+            "ra_rloo.py",
+            "--model_name_or_path",
+            str(chat_base),
+            "--output_dir",
+            str(out),
+            "--max_steps",
+            "2",
+            "--prompts_per_step",
+            "4",
+            "--num_generations",
+            "2",
+            "--prompt_pool",
+            "8",
+            "--eval_prompts",
+            "4",
+            "--eval_samples",
+            "1",
+            "--eval_train_prompts",
+            "0",
+            "--paper_eval_samples",
+            "0",
+            "--max_completion_length",
+            "16",
+            "--num_threads",
+            "1",
+            "--save_steps",
+            "0",
+            "--stop_token_ids",
+            str(equals),
+        ]
+    )
+    prompts = [
+        "14 9 3 t2\n",
+        "5 7 2 t24\n",
+    ]  # Countdown prompts: the base answers "a op b = c" lines
+    env = {
+        **os.environ,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    served = subprocess.run(
+        [sys.executable, "-c", SERVE, str(out / "model"), json.dumps(prompts)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert served.returncode == 0, served.stdout[-3000:] + served.stderr[-5000:]
-    rows = [json.loads(line[len("SERVED "):]) for line in served.stdout.splitlines() if line.startswith("SERVED ")]
+    rows = [
+        json.loads(line[len("SERVED ") :])
+        for line in served.stdout.splitlines()
+        if line.startswith("SERVED ")
+    ]
     assert len(rows) == len(prompts)
     for prompt, (prompt_ids, ids, reason) in zip(prompts, rows):
-        assert prompt_ids == tokenizer(prompt, add_special_tokens=False).input_ids  # the template, applied
-        assert reason == "stop" and ids[-1] == equals and ids.count(equals) == 1, (prompt, ids, reason)
+        assert (
+            prompt_ids == tokenizer(prompt, add_special_tokens=False).input_ids
+        )  # the template, applied
+        assert reason == "stop" and ids[-1] == equals and ids.count(equals) == 1, (
+            prompt,
+            ids,
+            reason,
+        )

@@ -1,6 +1,7 @@
 """VLLMGenerator's sleep / wake / push order against a stub engine (no vLLM needed): the stub keeps vLLM 0.32's
 sleep-mode bookkeeping (what is asleep, what level 2 discards, the scheduler paused until nothing is asleep) and
 refuses what vLLM would get wrong or hang on, so the order the scripts follow can be checked on CPU."""
+
 import types
 
 import pytest
@@ -14,8 +15,12 @@ class StubLLM:
     """`vllm.LLM` as far as VLLMGenerator uses it. Line numbers: vLLM 0.32.0."""
 
     def __init__(self, **kwargs):
-        self.asleep: set[str] = set()  # the executor's sleeping tags (v1/executor/abstract.py:379-417)
-        self.weights = None  # what the weights' memory holds: the pushed tensors, or None once discarded
+        self.asleep: set[str] = (
+            set()
+        )  # the executor's sleeping tags (v1/executor/abstract.py:379-417)
+        self.weights = (
+            None  # what the weights' memory holds: the pushed tensors, or None once discarded
+        )
         self.paused = False  # the scheduler, paused by sleep() (v1/engine/core.py:959-976)
         self.events: list = []
         self.seen: list = []  # the weights each generate() sampled from
@@ -25,13 +30,17 @@ class StubLLM:
         self.paused = True
         if "weights" in self.asleep:  # abstract.py:382-385
             return
-        if level == 2:  # sleep_mode_backend.py:127-137: only level 1 keeps a host copy of the weights
+        if (
+            level == 2
+        ):  # sleep_mode_backend.py:127-137: only level 1 keeps a host copy of the weights
             self.weights = None
         self.asleep = {"weights", "kv_cache"}
 
     def wake_up(self, tags=None) -> bool:
         self.events.append(("wake", tuple(tags)))
-        if self.asleep and all(tag in self.asleep for tag in tags):  # abstract.py:394-404: else nothing is woken
+        if self.asleep and all(
+            tag in self.asleep for tag in tags
+        ):  # abstract.py:394-404: else nothing is woken
             self.asleep -= set(tags)
         fully_awake = not self.asleep  # core.py:997-1019: the scheduler resumes only then
         self.paused = self.paused and not fully_awake
@@ -48,14 +57,28 @@ class StubLLM:
 
     def generate(self, prompts, params, use_tqdm=False):
         if self.paused or self.asleep:
-            raise AssertionError(f"generate with {sorted(self.asleep)} asleep: vLLM would wait forever")
+            raise AssertionError(
+                f"generate with {sorted(self.asleep)} asleep: vLLM would wait forever"
+            )
         assert self.weights is not None, "generate from discarded weights"
         self.events.append("generate")
         self.seen.append({name: tensor.clone() for name, tensor in self.weights.items()})
         step = types.SimpleNamespace(logprob=-0.5)
-        return [types.SimpleNamespace(request_id=str(i), outputs=[
-            types.SimpleNamespace(index=j, token_ids=[1, 0], finish_reason="stop", logprobs=[{1: step}, {0: step}])
-            for j in range(param["n"])]) for i, param in enumerate(params)]
+        return [
+            types.SimpleNamespace(
+                request_id=str(i),
+                outputs=[
+                    types.SimpleNamespace(
+                        index=j,
+                        token_ids=[1, 0],
+                        finish_reason="stop",
+                        logprobs=[{1: step}, {0: step}],
+                    )
+                    for j in range(param["n"])
+                ],
+            )
+            for i, param in enumerate(params)
+        ]
 
 
 @pytest.fixture
@@ -81,7 +104,9 @@ def generate(gen, policy) -> None:
     out = gen.generate([[5, 6]], 2, CFG)
     assert out.completion_ids == [[1, 0], [1, 0]] and out.logprobs == [[-0.5, -0.5]] * 2
     assert gen.llm.seen[-1].keys() == policy.state_dict().keys()
-    assert all(torch.equal(gen.llm.seen[-1][name], value) for name, value in policy.state_dict().items())
+    assert all(
+        torch.equal(gen.llm.seen[-1][name], value) for name, value in policy.state_dict().items()
+    )
 
 
 def test_every_generate_sees_the_pushed_weights_and_an_awake_kv_cache(engine):
@@ -94,7 +119,9 @@ def test_every_generate_sees_the_pushed_weights_and_an_awake_kv_cache(engine):
         generate(gen, policy)
         generate(gen, policy)
         gen.sleep()
-        assert gen.llm.asleep == {"weights", "kv_cache"} and gen.llm.weights is None  # all memory to the trainer
+        assert (
+            gen.llm.asleep == {"weights", "kv_cache"} and gen.llm.weights is None
+        )  # all memory to the trainer
         with torch.no_grad():
             policy.weight.add_(1.0)  # the update
         gen.sync_weights(policy)
@@ -105,8 +132,19 @@ def test_every_generate_sees_the_pushed_weights_and_an_awake_kv_cache(engine):
     # only to generate
     push, wake_kv = ["sleep2", ("wake", ("weights",)), "push"], [("wake", ("kv_cache",))]
     sampling = ["generate", "generate"]
-    assert gen.llm.events == sampling + sampling + push + wake_kv + sampling + push + wake_kv + ["generate"] + \
-        sampling + push
+    assert (
+        gen.llm.events
+        == sampling
+        + sampling
+        + push
+        + wake_kv
+        + sampling
+        + push
+        + wake_kv
+        + ["generate"]
+        + sampling
+        + push
+    )
 
 
 def test_generate_after_sleep_without_a_push_raises(engine):
@@ -125,7 +163,10 @@ def test_resume_push_into_an_awake_engine_then_generate(engine):
         policy.bias.fill_(3.0)
     gen.sync_weights(policy)
     generate(gen, policy)
-    assert gen.llm.events == ["push", "generate"]  # nothing was asleep: no wake_up (vLLM would only warn)
+    assert gen.llm.events == [
+        "push",
+        "generate",
+    ]  # nothing was asleep: no wake_up (vLLM would only warn)
 
 
 def test_wake_up_that_leaves_vllm_asleep_raises_instead_of_hanging(engine):

@@ -1,5 +1,6 @@
 """The GPU spell's settings and clock: its flags (`Args`), the part and run tables, the first guesses of the
 plan, and the stop that a signal or the budget sets for the whole command."""
+
 from __future__ import annotations
 
 import os
@@ -16,30 +17,66 @@ T0 = time.time()  # the command's start: its budget counts from here, imports in
 STOP_MARGIN_S = 15.0  # the budget timer fires this early: the running step, its checkpoint and the report fit after
 
 SIZES = {  # Qwen2 configs: ~143M parameters (tied embeddings); the tests' small random model
-    "150m": dict(hidden_size=1024, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4,
-                 intermediate_size=2816, vocab_size=8192),
-    "test": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=128, vocab_size=512),
+    "150m": dict(
+        hidden_size=1024,
+        num_hidden_layers=12,
+        num_attention_heads=16,
+        num_key_value_heads=4,
+        intermediate_size=2816,
+        vocab_size=8192,
+    ),
+    "test": dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        vocab_size=512,
+    ),
 }
 PARTS = ("plain", "fsdp", "gc_lora", "learning", "speed", "peer")  # priority order
-VARIANTS = {"plain": [], "fsdp": ["--fsdp"], "gradient_checkpointing": ["--gradient_checkpointing"],
-            "lora": ["--lora_r", "16"]}
-PART_VARIANTS = {"plain": ["plain"], "fsdp": ["fsdp"], "gc_lora": ["gradient_checkpointing", "lora"]}
-SCRIPT_FLAGS = {"ada_seq": ["--max_rounds", "2", "--round_repeat", "4"], "ps_grpo": ["--mode", "text", "--num_generations", "4"],
-                "pros_ppo": ["--num_generations", "4"], "ada_est": ["--prompt_pool", "64"], "ra_rloo": ["--num_generations", "4"]}
+VARIANTS = {
+    "plain": [],
+    "fsdp": ["--fsdp"],
+    "gradient_checkpointing": ["--gradient_checkpointing"],
+    "lora": ["--lora_r", "16"],
+}
+PART_VARIANTS = {
+    "plain": ["plain"],
+    "fsdp": ["fsdp"],
+    "gc_lora": ["gradient_checkpointing", "lora"],
+}
+SCRIPT_FLAGS = {
+    "ada_seq": ["--max_rounds", "2", "--round_repeat", "4"],
+    "ps_grpo": ["--mode", "text", "--num_generations", "4"],
+    "pros_ppo": ["--num_generations", "4"],
+    "ada_est": ["--prompt_pool", "64"],
+    "ra_rloo": ["--num_generations", "4"],
+}
 # first guesses for the plan (seconds), replaced by measured ones as the command goes: a smoke run's fixed cost
 # (model load, step-0 and final evaluation, checkpoint) and one step (150m: the 2026-11-26 H200 smoke of the random
 # model, 64-token completions: ~22 s per 5-step run)
-GUESS = {"150m": {"run_fixed_s": 7.0, "step_s": 3.0, "peer_s": 120.0},
-         "tiny": {"run_fixed_s": 4.0, "step_s": 0.6, "peer_s": 60.0},
-         "test": {"run_fixed_s": 4.0, "step_s": 0.6, "peer_s": 60.0}}
+GUESS = {
+    "150m": {"run_fixed_s": 7.0, "step_s": 3.0, "peer_s": 120.0},
+    "tiny": {"run_fixed_s": 4.0, "step_s": 0.6, "peer_s": 60.0},
+    "test": {"run_fixed_s": 4.0, "step_s": 0.6, "peer_s": 60.0},
+}
 # the speed part's runs: eager with HF generate's default cache, its static cache, and --torch_compile
-SPEED_RUNS = {"default": [], "static": ["--cache_implementation", "static"], "torch_compile": ["--torch_compile"]}
+SPEED_RUNS = {
+    "default": [],
+    "static": ["--cache_implementation", "static"],
+    "torch_compile": ["--torch_compile"],
+}
 # the compile time each speed run adds to the plan (seconds): the H100 spell of 2026-11-27 at 150m compiled the static
 # cache's decoding step in ~5 s and spent ~180 s compiling --torch_compile's first step
 SPEED_COMPILE_S = {"static": 10.0, "torch_compile": 200.0}
-LEARNING = {"method": ["--replay", "on_demand"], "baseline": ["--replay", "none"]}  # ra_rloo.py; same flags else
-WHEELS = ROOT / ".whl"  # TRL's wheels for an image without it (docs/scaling.md); ignored by git, carried to the GPU
+LEARNING = {
+    "method": ["--replay", "on_demand"],
+    "baseline": ["--replay", "none"],
+}  # ra_rloo.py; same flags else
+WHEELS = (
+    ROOT / ".whl"
+)  # TRL's wheels for an image without it (docs/scaling.md); ignored by git, carried to the GPU
 
 
 @dataclass
@@ -104,12 +141,18 @@ class Args:
         bad += [s for s in self.scripts.split(",") if not (ROOT / f"{s}.py").exists()]
         bad += [r for r in self.speed_runs.split(",") if r and r not in SPEED_RUNS]
         if bad:
-            raise SystemExit(f"--parts / --scripts / --speed_runs: unknown {bad} (parts: {', '.join(PARTS)}; speed "
-                             f"runs: {', '.join(SPEED_RUNS)})")
+            raise SystemExit(
+                f"--parts / --scripts / --speed_runs: unknown {bad} (parts: {', '.join(PARTS)}; speed "
+                f"runs: {', '.join(SPEED_RUNS)})"
+            )
         if self.steps < 1 or self.speed_steps < 2 or self.learning_max_steps < 1:
-            raise SystemExit("--steps must be >= 1, --speed_steps >= 2 and --learning_max_steps >= 1")
+            raise SystemExit(
+                "--steps must be >= 1, --speed_steps >= 2 and --learning_max_steps >= 1"
+            )
         if not self.budget_s > 0 or not 0 < self.warm_target <= 1:
-            raise SystemExit(f"--budget_s {self.budget_s} must be > 0, --warm_target {self.warm_target} in (0, 1]")
+            raise SystemExit(
+                f"--budget_s {self.budget_s} must be > 0, --warm_target {self.warm_target} in (0, 1]"
+            )
 
 
 class Stop:
@@ -122,14 +165,19 @@ class Stop:
         self.budget_s = budget_s - STOP_MARGIN_S
         self.reason: str | None = None  # "signal 15", "budget"
         self.in_run = False
-        self.previous = {sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        self.previous = {
+            sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)
+        }
         self.timer = threading.Timer(max(0.0, self.left()), self._budget)
         self.timer.daemon = True
         self.timer.start()
 
     def _handle(self, signum, frame) -> None:
         self.reason = self.reason or f"signal {signum}"
-        print(f"\ngpu_smoke: {self.reason}: stopping the whole command after what is running now", flush=True)
+        print(
+            f"\ngpu_smoke: {self.reason}: stopping the whole command after what is running now",
+            flush=True,
+        )
         if self.in_run:
             raise KeyboardInterrupt
 

@@ -1,5 +1,6 @@
 """The learning part: RA-RLOO and its baseline `--replay none` from the warm-started model, held-out pass@1
 with a 95% interval at start and end, paired by prompt, and the learning-curve PNG."""
+
 from __future__ import annotations
 
 import gc
@@ -18,24 +19,31 @@ def heldout_pass_rates(model_dir: Path, args: Args) -> list[float]:
     import torch
 
     from common.demo.countdown import countdown_task
-    from common.tasks.loading import PromptEncoder
     from common.generation.hf import HFGenerator, SamplingConfig
     from common.model.policy import load_policy
+    from common.tasks.loading import PromptEncoder
 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer = load_policy(str(model_dir))
     model.to(device)
     task = countdown_task("binary", args.learning_eval_prompts)
     n = args.learning_eval_samples
-    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if device.type == "cuda" else []):
+    with torch.random.fork_rng(
+        devices=[torch.cuda.current_device()] if device.type == "cuda" else []
+    ):
         torch.manual_seed(1234)  # the same draws for every policy measured
         gens = HFGenerator(model, tokenizer, dtype=args.dtype).generate(
-            [PromptEncoder(tokenizer, task.templated)(ex.prompt) for ex in task.eval], n,
-            SamplingConfig(max_new_tokens=args.max_completion_length, logprobs=False))
+            [PromptEncoder(tokenizer, task.templated)(ex.prompt) for ex in task.eval],
+            n,
+            SamplingConfig(max_new_tokens=args.max_completion_length, logprobs=False),
+        )
     texts = tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
     del model
     gc.collect()
-    return [sum(task.eval_reward_fn(texts[i * n + j], ex) for j in range(n)) / n for i, ex in enumerate(task.eval)]
+    return [
+        sum(task.eval_reward_fn(texts[i * n + j], ex) for j in range(n)) / n
+        for i, ex in enumerate(task.eval)
+    ]
 
 
 def mean_ci(values: list[float]) -> tuple[float, float]:
@@ -68,16 +76,28 @@ def plot_learning(learning: dict, path: Path) -> str:
         if not run or not run.get("reward_curve"):
             continue
         label = f"{run['label']}{' (baseline)' if arm == 'baseline' else ''}"
-        curve, window = run["reward_curve"], max(1, len(run["reward_curve"]) // 10)  # a moving mean past 20 steps
-        smooth = [sum(curve[max(0, i - window + 1):i + 1]) / len(curve[max(0, i - window + 1):i + 1])
-                  for i in range(len(curve))] if len(curve) > 20 else curve
+        curve, window = (
+            run["reward_curve"],
+            max(1, len(run["reward_curve"]) // 10),
+        )  # a moving mean past 20 steps
+        smooth = (
+            [
+                sum(curve[max(0, i - window + 1) : i + 1])
+                / len(curve[max(0, i - window + 1) : i + 1])
+                for i in range(len(curve))
+            ]
+            if len(curve) > 20
+            else curve
+        )
         ax_reward.plot(range(1, len(curve) + 1), smooth, style, label=label)
         if "end" in run:
             steps = [0, len(run["reward_curve"])]
             means = [learning["start"]["pass@1"], run["end"]["pass@1"]]
             errors = [learning["start"]["ci95"], run["end"]["ci95"]]
             ax_eval.errorbar(steps, means, yerr=errors, fmt="o" + style, capsize=4, label=label)
-    ax_reward.set(xlabel="step", ylabel="training reward (mean)", title="training reward (fresh rollouts)")
+    ax_reward.set(
+        xlabel="step", ylabel="training reward (mean)", title="training reward (fresh rollouts)"
+    )
     ax_eval.set(xlabel="step", ylabel="held-out pass@1 (95% interval)", title="held-out pass@1")
     for axis in (ax_reward, ax_eval):
         axis.legend(fontsize=8)
@@ -88,49 +108,87 @@ def plot_learning(learning: dict, path: Path) -> str:
     return f"wrote {path}"
 
 
-def learning_part(model_dir: Path, out: Path, args: Args, stop: Stop, guess: dict, device: str,
-                  report: dict) -> dict:
+def learning_part(
+    model_dir: Path, out: Path, args: Args, stop: Stop, guess: dict, device: str, report: dict
+) -> dict:
     """ra_rloo.py and `--replay none` from the warm-started model, as many steps each as the budget leaves. Each arm
     records its own status: an arm that fails leaves the other's figures in `report["learning"]`."""
-    steps = plan_learning_steps(stop.left() - 10, guess["run_fixed_s"], guess["step_s"], args.learning_max_steps)
+    steps = plan_learning_steps(
+        stop.left() - 10, guess["run_fixed_s"], guess["step_s"], args.learning_max_steps
+    )
     if steps < 2:
-        return {"status": f"skipped: {stop.left():.0f} s left is not enough for two runs of 2 steps"}
-    learning = {"device": device, "steps_planned": steps, "prompts": args.learning_eval_prompts,
-                "samples": args.learning_eval_samples, "learning_rate": args.learning_lr}
+        return {
+            "status": f"skipped: {stop.left():.0f} s left is not enough for two runs of 2 steps"
+        }
+    learning = {
+        "device": device,
+        "steps_planned": steps,
+        "prompts": args.learning_eval_prompts,
+        "samples": args.learning_eval_samples,
+        "learning_rate": args.learning_lr,
+    }
     report["learning"] = learning
-    print(f"learning: 2 runs x {steps} steps (~{guess['step_s']:.2f} s/step measured), held-out pass@1 on "
-          f"{args.learning_eval_prompts} prompts x {args.learning_eval_samples}", flush=True)
+    print(
+        f"learning: 2 runs x {steps} steps (~{guess['step_s']:.2f} s/step measured), held-out pass@1 on "
+        f"{args.learning_eval_prompts} prompts x {args.learning_eval_samples}",
+        flush=True,
+    )
     start = heldout_pass_rates(model_dir, args)
     learning["start"] = dict(zip(("pass@1", "ci95"), mean_ci(start)))
     for arm, label in (("method", "RA-RLOO"), ("baseline", "RLOO (--replay none)")):
         if stop.reason:
             break
-        flags = [*LEARNING[arm], "--num_generations", "4", "--learning_rate", repr(args.learning_lr), "--save_steps", "0",
-                 "--reward", "binary"]
+        flags = [
+            *LEARNING[arm],
+            "--num_generations",
+            "4",
+            "--learning_rate",
+            repr(args.learning_lr),
+            "--save_steps",
+            "0",
+            "--reward",
+            "binary",
+        ]
         run_dir = out / f"learning-{arm}"
         shutil.rmtree(run_dir, ignore_errors=True)
         result = {}
         try:
             result = plain.run_script("ra_rloo", flags, run_dir, model_dir, steps, args, stop)
-            rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][1:] \
-                if (run_dir / "metrics.jsonl").exists() else []
-            learning[arm] = {"label": label, "status": result["status"], "steps": result.get("steps", 0),
-                             "step_s": result.get("step_s"), "reward_curve": [r["reward_mean"] for r in rows],
-                             "policy_changed_frac": result.get("policy_changed_frac")}
+            rows = (
+                [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()][
+                    1:
+                ]
+                if (run_dir / "metrics.jsonl").exists()
+                else []
+            )
+            learning[arm] = {
+                "label": label,
+                "status": result["status"],
+                "steps": result.get("steps", 0),
+                "step_s": result.get("step_s"),
+                "reward_curve": [r["reward_mean"] for r in rows],
+                "policy_changed_frac": result.get("policy_changed_frac"),
+            }
             if rows and not stop.reason:  # past the budget or signalled: no further measurement
                 rates = heldout_pass_rates(run_dir / f"checkpoint-{rows[-1]['step']}", args)
                 learning[arm]["end"] = dict(zip(("pass@1", "ci95"), mean_ci(rates)))
                 changes = [end - begin for begin, end in zip(start, rates)]  # paired by prompt
                 learning[arm]["paired_change"] = dict(zip(("mean", "ci95"), mean_ci(changes)))
                 learning[arm]["end_rates"] = rates
-        except Exception as error:  # this arm's failure is its own: the other arm still runs and reports
+        except (
+            Exception
+        ) as error:  # this arm's failure is its own: the other arm still runs and reports
             learning[arm] = {**learning.get(arm, {"label": label}), "status": error_status(error)}
         plain.drop_checkpoint(result, args)
     if learning.get("method", {}).get("end") and learning.get("baseline", {}).get("end"):
-        learning["method_minus_baseline_end"] = learning["method"]["end"]["pass@1"] - \
-            learning["baseline"]["end"]["pass@1"]
+        learning["method_minus_baseline_end"] = (
+            learning["method"]["end"]["pass@1"] - learning["baseline"]["end"]["pass@1"]
+        )
         # the same held-out prompts for both arms: the difference's interval is paired by prompt
-        diffs = [m - b for m, b in zip(learning["method"]["end_rates"], learning["baseline"]["end_rates"])]
+        diffs = [
+            m - b
+            for m, b in zip(learning["method"]["end_rates"], learning["baseline"]["end_rates"])
+        ]
         learning["method_minus_baseline"] = dict(zip(("mean", "ci95"), mean_ci(diffs)))
     (out / "learning.json").write_text(json.dumps(learning, indent=2))
     learning["plot"] = plot_learning(learning, out / "learning.png")

@@ -1,5 +1,6 @@
 """One run of a method script in this process (the plain, fsdp and gc_lora parts, and the learning and speed
 parts' runs), and the proof of its update: the fraction of policy (and critic) weights that changed."""
+
 from __future__ import annotations
 
 import gc
@@ -10,8 +11,8 @@ import time
 from pathlib import Path
 
 from benchmarks.gpu.budget import Args, Stop
-from common.run.flags import parse_args
 from common.distributed.ranks import GracefulStop
+from common.run.flags import parse_args
 
 
 def changed_fraction(start: dict, end: dict, names: dict[str, str]) -> float:
@@ -36,7 +37,10 @@ def policy_changed(model_dir: Path, ckpt: Path) -> float:
         adapter = load_file(str(ckpt / "adapter_model.safetensors"))
         lora_b = [t for name, t in adapter.items() if "lora_B" in name]
         return sum(int((t != 0).sum()) for t in lora_b) / max(1, sum(t.numel() for t in lora_b))
-    start, end = load_file(str(model_dir / "model.safetensors")), load_file(str(ckpt / "model.safetensors"))
+    start, end = (
+        load_file(str(model_dir / "model.safetensors")),
+        load_file(str(ckpt / "model.safetensors")),
+    )
     return changed_fraction(start, end, {name: name for name in start})
 
 
@@ -48,13 +52,23 @@ def critic_changed(model_dir: Path, ckpt: Path) -> float | None:
 
     from common.run.checkpoint import safe_load
 
-    critic = safe_load(ckpt / "trainer_state.pt", ("state",))["state"].get("method", {}).get("critic")
+    critic = (
+        safe_load(ckpt / "trainer_state.pt", ("state",))["state"].get("method", {}).get("critic")
+    )
     if not critic:
         return None
     start = load_file(str(model_dir / "model.safetensors"))
-    start.update({name: torch.zeros_like(tensor) for name, tensor in critic.items() if name.startswith("head.")})
+    start.update(
+        {
+            name: torch.zeros_like(tensor)
+            for name, tensor in critic.items()
+            if name.startswith("head.")
+        }
+    )
     names = {}
-    for name in critic:  # backbone.<x> is the policy's model.<x>; LoRA wraps a linear's weight as base_layer
+    for name in (
+        critic
+    ):  # backbone.<x> is the policy's model.<x>; LoRA wraps a linear's weight as base_layer
         start_name = name if name.startswith("head.") else "model." + name.removeprefix("backbone.")
         start_name = start_name.replace(".base_layer", "")
         if start_name in start:
@@ -62,19 +76,42 @@ def critic_changed(model_dir: Path, ckpt: Path) -> float | None:
     return changed_fraction(start, critic, names)
 
 
-def run_script(script: str, flags: list[str], out: Path, model_dir: Path, steps: int, args: Args,
-               stop: Stop) -> dict:
+def run_script(
+    script: str, flags: list[str], out: Path, model_dir: Path, steps: int, args: Args, stop: Stop
+) -> dict:
     """`script`'s main() in this process for `steps` steps; its metrics, timings, peak GPU memory, update proof."""
     import torch
 
     module = importlib.import_module(script)
-    argv = ["--model_name_or_path", str(model_dir), "--output_dir", str(out), "--max_steps", str(steps),
-            "--dtype", args.dtype, "--prompts_per_step", str(args.prompts_per_step), "--max_completion_length",
-            str(args.max_completion_length), "--eval_steps", "0", "--eval_prompts", str(args.smoke_eval_prompts),
-            "--eval_samples", "2",
-            "--eval_train_prompts", "0", "--save_steps", "0", "--warmup_steps", "1",
-            *(["--prompt_pool", str(args.prompt_pool)] if args.prompt_pool else []),
-            "--overwrite_output_dir", *flags]  # a repeated smoke command replaces its own earlier runs
+    argv = [
+        "--model_name_or_path",
+        str(model_dir),
+        "--output_dir",
+        str(out),
+        "--max_steps",
+        str(steps),
+        "--dtype",
+        args.dtype,
+        "--prompts_per_step",
+        str(args.prompts_per_step),
+        "--max_completion_length",
+        str(args.max_completion_length),
+        "--eval_steps",
+        "0",
+        "--eval_prompts",
+        str(args.smoke_eval_prompts),
+        "--eval_samples",
+        "2",
+        "--eval_train_prompts",
+        "0",
+        "--save_steps",
+        "0",
+        "--warmup_steps",
+        "1",
+        *(["--prompt_pool", str(args.prompt_pool)] if args.prompt_pool else []),
+        "--overwrite_output_dir",
+        *flags,
+    ]  # a repeated smoke command replaces its own earlier runs
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.empty_cache()
@@ -84,37 +121,59 @@ def run_script(script: str, flags: list[str], out: Path, model_dir: Path, steps:
     stop.in_run = True
     try:
         module.main(parse_args(module.Args, argv))
-    except KeyboardInterrupt:  # a signal before the script took the signals over: nothing of its steps to save
+    except (
+        KeyboardInterrupt
+    ):  # a signal before the script took the signals over: nothing of its steps to save
         pass
     finally:
         stop.in_run = False
-        if torch.distributed.is_initialized():  # --fsdp made a world of one in this process: drop it
+        if (
+            torch.distributed.is_initialized()
+        ):  # --fsdp made a world of one in this process: drop it
             torch.distributed.destroy_process_group()
-    if len(GracefulStop.received) > signals and stop.reason is None:  # the script took it, saved and returned
+    if (
+        len(GracefulStop.received) > signals and stop.reason is None
+    ):  # the script took it, saved and returned
         stop.reason = f"signal {GracefulStop.received[-1]}"
     wall = time.time() - start
-    peak = torch.cuda.max_memory_allocated() / 2 ** 30 if cuda else None
+    peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
     gc.collect()
     metrics = out / "metrics.jsonl"
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()][1:] if metrics.exists() else []
+    rows = (
+        [json.loads(line) for line in metrics.read_text().splitlines()][1:]
+        if metrics.exists()
+        else []
+    )
     done = rows[-1]["step"] if rows else 0
     if not rows:
         return {"status": f"interrupted before step 1 ({stop.reason})", "wall_s": wall}
-    gen_s, train_s, step_s = (sum(r[k] for r in rows) for k in ("time_gen_s", "time_train_s", "time_step_s"))
+    gen_s, train_s, step_s = (
+        sum(r[k] for r in rows) for k in ("time_gen_s", "time_train_s", "time_step_s")
+    )
     result = {
         "status": "ok" if done == steps else f"stopped at step {done} of {steps} ({stop.reason})",
-        "steps": done, "wall_s": wall, "fixed_s": wall - step_s, "step_s": step_s / len(rows),
-        "gen_tokens_per_s": rows[-1]["gen_tokens"] / max(gen_s, 1e-9), "gen_s_per_step": gen_s / len(rows),
-        "train_s_per_step": train_s / len(rows), "other_s_per_step": (step_s - gen_s - train_s) / len(rows),
-        "peak_gpu_gib": peak, "reward_mean": sum(r["reward_mean"] for r in rows) / len(rows),
+        "steps": done,
+        "wall_s": wall,
+        "fixed_s": wall - step_s,
+        "step_s": step_s / len(rows),
+        "gen_tokens_per_s": rows[-1]["gen_tokens"] / max(gen_s, 1e-9),
+        "gen_s_per_step": gen_s / len(rows),
+        "train_s_per_step": train_s / len(rows),
+        "other_s_per_step": (step_s - gen_s - train_s) / len(rows),
+        "peak_gpu_gib": peak,
+        "reward_mean": sum(r["reward_mean"] for r in rows) / len(rows),
         "grad_norm_mean": sum(r["grad_norm"] for r in rows) / len(rows),
         "compiled_graphs": _compiled_graphs() - graphs,
     }
     if "ps_trained_groups" in rows[0]:
         result["groups_kept"] = int(sum(r["ps_trained_groups"] for r in rows))
     ckpt = out / f"checkpoint-{done}"
-    if not (ckpt / "trainer_state.pt").exists():  # a second signal aborted the save: no update to measure
-        result["status"] = f"stopped at step {done} of {steps} ({stop.reason}; no checkpoint, update not measured)"
+    if not (
+        ckpt / "trainer_state.pt"
+    ).exists():  # a second signal aborted the save: no update to measure
+        result["status"] = (
+            f"stopped at step {done} of {steps} ({stop.reason}; no checkpoint, update not measured)"
+        )
         return result
     result["policy_changed_frac"] = policy_changed(model_dir, ckpt)
     if script == "pros_ppo":

@@ -1,5 +1,6 @@
 """The spell's report: the verdict line, smoke.md's tables, smoke.json, and the GPU paragraph of the docs
 (regenerated from the newest committed spell under benchmarks/gpu/results/)."""
+
 from __future__ import annotations
 
 import json
@@ -15,69 +16,108 @@ def verdict(runs: list[dict]) -> str:
     """'policy updated in N of M runs' over the runs that started (an error counts as not updated), naming every
     run whose policy did not change; runs the budget or a signal skipped are counted apart."""
     started = [r for r in runs if not r["status"].startswith("skipped")]
-    stale = [f"{r['script']}/{r['variant']}" + ("" if "policy_changed_frac" in r else f" ({r['status'][:60]})")
-             for r in started if r.get("policy_changed_frac", 0) <= 0]
+    stale = [
+        f"{r['script']}/{r['variant']}"
+        + ("" if "policy_changed_frac" in r else f" ({r['status'][:60]})")
+        for r in started
+        if r.get("policy_changed_frac", 0) <= 0
+    ]
     line = f"policy updated in {len(started) - len(stale)} of {len(started)} runs"
     skipped = len(runs) - len(started)
-    return line + (f"; not updated: {', '.join(stale)}" if stale else "") + (f"; {skipped} skipped" if skipped else "")
+    return (
+        line
+        + (f"; not updated: {', '.join(stale)}" if stale else "")
+        + (f"; {skipped} skipped" if skipped else "")
+    )
 
 
 def table(report: dict) -> str:
     runs = report["runs"]
-    lines = [f"# GPU smoke on {report['device']}", "",
-             f"Versions: {report['versions']}. Budget {report['budget_s']:.0f} s; elapsed {report['elapsed_s']:.0f} s; "
-             f"stopped: {report['stopped'] or 'no'}.", ""]
+    lines = [
+        f"# GPU smoke on {report['device']}",
+        "",
+        f"Versions: {report['versions']}. Budget {report['budget_s']:.0f} s; elapsed {report['elapsed_s']:.0f} s; "
+        f"stopped: {report['stopped'] or 'no'}.",
+        "",
+    ]
     warm = report.get("warm_start") or {}
     if warm:
-        lines += [f"Warm start: {warm.get('steps')} SFT steps, {warm.get('seconds')} s, greedy pass@1 on training "
-                  f"prompts {warm.get('greedy_pass@1', 0):.3f}{' (cached)' if warm.get('cached') else ''}.", ""]
-    lines += ["| script | variant | status | reward | policy changed | critic changed | grad norm | groups kept | "
-              "gen tokens/s | s/step: gen / train / rest | peak GPU |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"Warm start: {warm.get('steps')} SFT steps, {warm.get('seconds')} s, greedy pass@1 on training "
+            f"prompts {warm.get('greedy_pass@1', 0):.3f}{' (cached)' if warm.get('cached') else ''}.",
+            "",
+        ]
+    lines += [
+        "| script | variant | status | reward | policy changed | critic changed | grad norm | groups kept | "
+        "gen tokens/s | s/step: gen / train / rest | peak GPU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in runs:
         if "policy_changed_frac" not in r:
             lines.append(f"| {r['script']} | {r['variant']} | {r['status']} | | | | | | | | |")
             continue
         critic = "" if r.get("critic_changed_frac") is None else f"{r['critic_changed_frac']:.1%}"
         peak = "n/a (CPU)" if r["peak_gpu_gib"] is None else f"{r['peak_gpu_gib']:.2f} GiB"
-        lines.append(f"| {r['script']} | {r['variant']} | {r['status']} | {r['reward_mean']:.3f} | "
-                     f"{r['policy_changed_frac']:.1%} | {critic} | {r['grad_norm_mean']:.3g} | "
-                     f"{r.get('groups_kept', '')} | {r['gen_tokens_per_s']:,.0f} | {r['gen_s_per_step']:.2f} / "
-                     f"{r['train_s_per_step']:.2f} / {r['other_s_per_step']:.2f} | {peak} |")
+        lines.append(
+            f"| {r['script']} | {r['variant']} | {r['status']} | {r['reward_mean']:.3f} | "
+            f"{r['policy_changed_frac']:.1%} | {critic} | {r['grad_norm_mean']:.3g} | "
+            f"{r.get('groups_kept', '')} | {r['gen_tokens_per_s']:,.0f} | {r['gen_s_per_step']:.2f} / "
+            f"{r['train_s_per_step']:.2f} / {r['other_s_per_step']:.2f} | {peak} |"
+        )
     lines += ["", f"**{verdict(runs)}**"]
     learning = report.get("learning")
     if learning and "start" in learning:
-        lines += ["", "## Learning: ra_rloo.py (RA-RLOO) and its baseline `--replay none`", "",
-                  f"Held-out pass@1 ({learning['prompts']} prompts x {learning['samples']} samples, T = 1; 95% "
-                  f"interval over prompts). Start (the warm-started model): {learning['start']['pass@1']:.3f} "
-                  f"± {learning['start']['ci95']:.3f}.", "", "| run | steps | end pass@1 | change from start |",
-                  "|---|---|---|---|"]
+        lines += [
+            "",
+            "## Learning: ra_rloo.py (RA-RLOO) and its baseline `--replay none`",
+            "",
+            f"Held-out pass@1 ({learning['prompts']} prompts x {learning['samples']} samples, T = 1; 95% "
+            f"interval over prompts). Start (the warm-started model): {learning['start']['pass@1']:.3f} "
+            f"± {learning['start']['ci95']:.3f}.",
+            "",
+            "| run | steps | end pass@1 | change from start |",
+            "|---|---|---|---|",
+        ]
         for arm in ("method", "baseline"):
             run = learning.get(arm) or {}
             if "end" in run:
-                lines.append(f"| {run['label']} | {run['steps']} | {run['end']['pass@1']:.3f} ± "
-                             f"{run['end']['ci95']:.3f} | {run['end']['pass@1'] - learning['start']['pass@1']:+.3f} |")
+                lines.append(
+                    f"| {run['label']} | {run['steps']} | {run['end']['pass@1']:.3f} ± "
+                    f"{run['end']['ci95']:.3f} | {run['end']['pass@1'] - learning['start']['pass@1']:+.3f} |"
+                )
             elif run:  # it did not reach its measurement: its own status says why
                 lines.append(f"| {run['label']} | {run.get('steps', 0)} | {run['status']} | |")
         lines.append(f"\n{learning.get('plot', '')}")
     speed = report.get("speed") or []
     if speed:
-        lines += ["", "## Speed (ra_rloo.py, HF generate)", "",
-                  "| run | s/step (steps 2+, compile apart) | median s/step (steps 2+) | gen tokens/s (steps 2+) | "
-                  "first step s (gen s) | compile s | graphs compiled |", "|---|---|---|---|---|---|---|"]
-        lines += [f"| {s['cache_implementation']} | {s.get('step_s_after_first', 0):.3f} | "
-                  f"{s.get('step_s_median_after_first', 0):.3f} | "
-                  f"{s.get('gen_tokens_per_s_after_first', 0):,.0f} | {s.get('first_step_s') or 0:.2f} "
-                  f"({s.get('first_step_gen_s', 0):.2f}) | "
-                  f"{'' if s.get('compile_s') is None else format(s['compile_s'], '.1f')} | "
-                  f"{s.get('compiled_graphs', '')} |" if s["status"] == "ok"
-                  else f"| {s['cache_implementation']} | {s['status']} | | | | | |" for s in speed]
+        lines += [
+            "",
+            "## Speed (ra_rloo.py, HF generate)",
+            "",
+            "| run | s/step (steps 2+, compile apart) | median s/step (steps 2+) | gen tokens/s (steps 2+) | "
+            "first step s (gen s) | compile s | graphs compiled |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {s['cache_implementation']} | {s.get('step_s_after_first', 0):.3f} | "
+            f"{s.get('step_s_median_after_first', 0):.3f} | "
+            f"{s.get('gen_tokens_per_s_after_first', 0):,.0f} | {s.get('first_step_s') or 0:.2f} "
+            f"({s.get('first_step_gen_s', 0):.2f}) | "
+            f"{'' if s.get('compile_s') is None else format(s['compile_s'], '.1f')} | "
+            f"{s.get('compiled_graphs', '')} |"
+            if s["status"] == "ok"
+            else f"| {s['cache_implementation']} | {s['status']} | | | | | |"
+            for s in speed
+        ]
     peer = report.get("peer")
     if peer:
         lines += ["", "## TRL peer", "", f"status: {peer['status']}"]
         if peer["status"] == "ok":
             ratio = peer["ratio"]
-            lines.append(f"ours / TRL: {ratio['steps_per_s']:.2f}x steps/s, {ratio['tokens_per_s']:.2f}x tokens/s; "
-                         f"definition check {'agrees' if peer['check_agree'] else 'DOES NOT agree'}")
+            lines.append(
+                f"ours / TRL: {ratio['steps_per_s']:.2f}x steps/s, {ratio['tokens_per_s']:.2f}x tokens/s; "
+                f"definition check {'agrees' if peer['check_agree'] else 'DOES NOT agree'}"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -100,64 +140,122 @@ def docs_block(results: Path = GPU_RESULTS) -> str:
     folder = found[-1].parent
     report = json.loads(found[-1].read_text())
     rel = Path(os.path.relpath(folder, ROOT)).as_posix()
-    device_txt = (folder / "device.txt").read_text().split("\n")[0].strip() if (folder / "device.txt").exists() \
+    device_txt = (
+        (folder / "device.txt").read_text().split("\n")[0].strip()
+        if (folder / "device.txt").exists()
         else report["device"]
+    )
     args = report["args"]
-    lines = [f"The newest GPU spell, `bash benchmarks/gpu/spell.sh` (results: [{rel}/](../{rel}/)): {device_txt}; "
-             f"{report['versions']}; budget {report['budget_s']:.0f} s, {report['elapsed_s']:.0f} s used"
-             + (f" (stopped: {report['stopped']})" if report.get("stopped") else "") + f"; parts `{args['parts']}`, "
-             f"--size {args['size']}, --dtype {args['dtype']}, {args['prompts_per_step']} prompts a step, at most "
-             f"{args['max_completion_length']} new tokens.", ""]
+    lines = [
+        f"The newest GPU spell, `bash benchmarks/gpu/spell.sh` (results: [{rel}/](../{rel}/)): {device_txt}; "
+        f"{report['versions']}; budget {report['budget_s']:.0f} s, {report['elapsed_s']:.0f} s used"
+        + (f" (stopped: {report['stopped']})" if report.get("stopped") else "")
+        + f"; parts `{args['parts']}`, "
+        f"--size {args['size']}, --dtype {args['dtype']}, {args['prompts_per_step']} prompts a step, at most "
+        f"{args['max_completion_length']} new tokens.",
+        "",
+    ]
     warm = report.get("warm_start") or {}
     if "pass_rate" in warm or "greedy_pass@1" in warm:
         rate = warm.get("greedy_pass@1", warm.get("pass_rate"))
-        lines.append(f"- warm start: greedy pass@1 {rate:.3f} on training prompts after {warm.get('steps', '?')} SFT "
-                     f"steps, {warm.get('seconds', warm.get('wall_s', 0)):.0f} s")
+        lines.append(
+            f"- warm start: greedy pass@1 {rate:.3f} on training prompts after {warm.get('steps', '?')} SFT "
+            f"steps, {warm.get('seconds', warm.get('wall_s', 0)):.0f} s"
+        )
     ran = [r for r in report["runs"] if not r["status"].startswith("skipped")]
     if report["runs"]:
-        per = "; ".join(f"{r['script']}/{r['variant']} {r['status']}"
-                        + (f", {r['gen_tokens_per_s']:,.0f} gen tokens/s, {r['step_s']:.2f} s/step, peak "
-                           f"{r['peak_gpu_gib']:.2f} GiB, {100 * r['policy_changed_frac']:.0f}% of weights changed"
-                           if r["status"] == "ok" and r.get("peak_gpu_gib") is not None else "") for r in ran)
-        lines.append(f"- smoke ({args['steps']} steps a run): **{report['verdict']}**" + (f" ({per})" if per else ""))
+        per = "; ".join(
+            f"{r['script']}/{r['variant']} {r['status']}"
+            + (
+                f", {r['gen_tokens_per_s']:,.0f} gen tokens/s, {r['step_s']:.2f} s/step, peak "
+                f"{r['peak_gpu_gib']:.2f} GiB, {100 * r['policy_changed_frac']:.0f}% of weights changed"
+                if r["status"] == "ok" and r.get("peak_gpu_gib") is not None
+                else ""
+            )
+            for r in ran
+        )
+        lines.append(
+            f"- smoke ({args['steps']} steps a run): **{report['verdict']}**"
+            + (f" ({per})" if per else "")
+        )
     learning = report.get("learning") or {}
     if learning.get("method_minus_baseline"):
         diff = learning["method_minus_baseline"]
         low, high = diff["mean"] - diff["ci95"], diff["mean"] + diff["ci95"]
-        word = "method above baseline" if low > 0 else "method below baseline" if high < 0 else "inconclusive"
-        arms = "; ".join(f"{learning[a]['label']} {learning[a]['steps']} steps, {learning[a]['end']['pass@1']:.3f}"
-                         for a in ("method", "baseline"))
-        lines.append(f"- learning (held-out pass@1, {learning['prompts']} prompts x {learning['samples']} samples): "
-                     f"start {learning['start']['pass@1']:.3f}; {arms}; RA-RLOO minus RLOO {diff['mean']:+.3f} "
-                     f"[{low:+.3f}, {high:+.3f}] (95%, paired by prompt): **{word}**")
+        word = (
+            "method above baseline"
+            if low > 0
+            else "method below baseline"
+            if high < 0
+            else "inconclusive"
+        )
+        arms = "; ".join(
+            f"{learning[a]['label']} {learning[a]['steps']} steps, {learning[a]['end']['pass@1']:.3f}"
+            for a in ("method", "baseline")
+        )
+        lines.append(
+            f"- learning (held-out pass@1, {learning['prompts']} prompts x {learning['samples']} samples): "
+            f"start {learning['start']['pass@1']:.3f}; {arms}; RA-RLOO minus RLOO {diff['mean']:+.3f} "
+            f"[{low:+.3f}, {high:+.3f}] (95%, paired by prompt): **{word}**"
+        )
     elif learning.get("status"):
         lines.append(f"- learning: {learning['status']}")
-    speed = [s for s in report.get("speed") or [] if s.get("status") == "ok" and "step_s_after_first" in s]
+    speed = [
+        s
+        for s in report.get("speed") or []
+        if s.get("status") == "ok" and "step_s_after_first" in s
+    ]
     if speed:
-        figures = "; ".join(f"`{s['cache_implementation']}` {s['step_s_after_first']:.3f} s/step (median "
-                            f"{s.get('step_s_median_after_first', 0):.3f}), "
-                            f"{s['gen_tokens_per_s_after_first']:,.0f} gen tokens/s (first step "
-                            f"{s['first_step_s']:.1f} s" + (f"; {s['compile_s']:.1f} s compiling in all, step 0's "
-                                                            f"evaluation included, {s['compile_recompiles']} "
-                                                            "recompilation(s)"
-                                                            if s.get("compile_s") is not None else "") + ")"
-                            for s in speed)
-        lines.append(f"- speed (ra_rloo.py, {args['speed_steps']} steps; mean of steps 2+ less their compile time, "
-                     f"and its median): {figures}")
+        figures = "; ".join(
+            f"`{s['cache_implementation']}` {s['step_s_after_first']:.3f} s/step (median "
+            f"{s.get('step_s_median_after_first', 0):.3f}), "
+            f"{s['gen_tokens_per_s_after_first']:,.0f} gen tokens/s (first step "
+            f"{s['first_step_s']:.1f} s"
+            + (
+                f"; {s['compile_s']:.1f} s compiling in all, step 0's "
+                f"evaluation included, {s['compile_recompiles']} "
+                "recompilation(s)"
+                if s.get("compile_s") is not None
+                else ""
+            )
+            + ")"
+            for s in speed
+        )
+        lines.append(
+            f"- speed (ra_rloo.py, {args['speed_steps']} steps; mean of steps 2+ less their compile time, "
+            f"and its median): {figures}"
+        )
     for s in report.get("speed") or []:
         if s.get("status") != "ok":
             lines.append(f"- speed `{s['cache_implementation']}`: {s['status']}")
     peer = report.get("peer") or {}
     if peer.get("status") == "ok":
         ratio = peer["ratio"]
-        lines.append(f"- against TRL {peer['versions'].get('trl', '')} `GRPOTrainer` on the same GPU "
-                     f"(`benchmarks/speed/trl_peer.py`, 5 steps, one round): ours / TRL {ratio['steps_per_s']:.2f}x "
-                     f"steps/s, {ratio['tokens_per_s']:.2f}x tokens/s; definition check "
-                     + ("agrees" if peer["check_agree"] else "DOES NOT agree"))
+        lines.append(
+            f"- against TRL {peer['versions'].get('trl', '')} `GRPOTrainer` on the same GPU "
+            f"(`benchmarks/speed/trl_peer.py`, 5 steps, one round): ours / TRL {ratio['steps_per_s']:.2f}x "
+            f"steps/s, {ratio['tokens_per_s']:.2f}x tokens/s; definition check "
+            + ("agrees" if peer["check_agree"] else "DOES NOT agree")
+        )
     elif peer:
         lines.append(f"- TRL peer: {peer['status']}")
     if (folder / "README.md").exists():  # what went wrong in that spell, and what was done about it
-        lines += ["", f"What this spell showed and what failed in it: [{rel}/README.md](../{rel}/README.md)."]
-    return "\n".join(textwrap.fill(line, 120, subsequent_indent="  " if line.startswith("- ") else "",
-                                    break_on_hyphens=False, break_long_words=False) if line else ""
-                      for line in lines) + "\n"
+        lines += [
+            "",
+            f"What this spell showed and what failed in it: [{rel}/README.md](../{rel}/README.md).",
+        ]
+    return (
+        "\n".join(
+            textwrap.fill(
+                line,
+                120,
+                subsequent_indent="  " if line.startswith("- ") else "",
+                break_on_hyphens=False,
+                break_long_words=False,
+            )
+            if line
+            else ""
+            for line in lines
+        )
+        + "\n"
+    )

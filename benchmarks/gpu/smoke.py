@@ -35,6 +35,7 @@ datasets, math-verify, vllm.
     python benchmarks/gpu/smoke.py --parts learning,speed,peer       # a second spell: what did not fit
     python benchmarks/gpu/smoke.py --size tiny --steps 2 --parts plain --budget_s 300   # CPU check
 """
+
 from __future__ import annotations
 
 import json
@@ -46,8 +47,17 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.gpu.budget import (GUESS, PART_VARIANTS, PARTS, SCRIPT_FLAGS, SPEED_COMPILE_S, VARIANTS,  # noqa: E402
-                                   Args, Stop, error_status)
+from benchmarks.gpu.budget import (  # noqa: E402
+    GUESS,
+    PART_VARIANTS,
+    PARTS,
+    SCRIPT_FLAGS,
+    SPEED_COMPILE_S,
+    VARIANTS,
+    Args,
+    Stop,
+    error_status,
+)
 from benchmarks.gpu.learning import learning_part, replot  # noqa: E402
 from benchmarks.gpu.peer import run_peer  # noqa: E402
 from benchmarks.gpu.plain import drop_checkpoint, run_script  # noqa: E402
@@ -66,11 +76,24 @@ def main(args: Args) -> dict:
     stop = Stop(args.budget_s)
     cuda = torch.cuda.is_available()
     device = torch.cuda.get_device_name(0) if cuda else "CPU (no GPU: a check of this script)"
-    report = {"device": device, "versions": f"torch {torch.__version__}, transformers {transformers.__version__}, "
-              f"Python {sys.version.split()[0]}", "budget_s": args.budget_s, "args": asdict(args), "plan": [],
-              "runs": [], "warm_start": None, "learning": None, "speed": [], "peer": None}
+    report = {
+        "device": device,
+        "versions": f"torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"Python {sys.version.split()[0]}",
+        "budget_s": args.budget_s,
+        "args": asdict(args),
+        "plan": [],
+        "runs": [],
+        "warm_start": None,
+        "learning": None,
+        "speed": [],
+        "peer": None,
+    }
     guess = dict(GUESS[args.size])
-    scripts, parts = args.scripts.split(","), list(dict.fromkeys(p for p in args.parts.split(",") if p))
+    scripts, parts = (
+        args.scripts.split(","),
+        list(dict.fromkeys(p for p in args.parts.split(",") if p)),
+    )
     try:
         # ---------------- plan ----------------
         run_s = lambda steps: guess["run_fixed_s"] + steps * guess["step_s"]  # noqa: E731
@@ -81,20 +104,30 @@ def main(args: Args) -> dict:
             if part in PART_VARIANTS:
                 cost[part] = len(scripts) * len(PART_VARIANTS[part]) * run_s(args.steps)
             elif part == "learning":
-                cost[part] = 2 * run_s(10) + 3 * guess["run_fixed_s"]  # at least ~10 steps each to be worth it
+                cost[part] = (
+                    2 * run_s(10) + 3 * guess["run_fixed_s"]
+                )  # at least ~10 steps each to be worth it
             elif part == "speed":
                 runs = [r for r in args.speed_runs.split(",") if r]
-                cost[part] = len(runs) * run_s(args.speed_steps) + sum(SPEED_COMPILE_S.get(r, 0.0) for r in runs)
+                cost[part] = len(runs) * run_s(args.speed_steps) + sum(
+                    SPEED_COMPILE_S.get(r, 0.0) for r in runs
+                )
             else:
                 cost[part] = guess["peer_s"]
         total, usable = 0.0, stop.left()
-        print(f"gpu_smoke on {device}: budget {args.budget_s:.0f} s, {usable:.0f} s left for the work. Plan (first "
-              "guesses, revised as runs finish):")
+        print(
+            f"gpu_smoke on {device}: budget {args.budget_s:.0f} s, {usable:.0f} s left for the work. Plan (first "
+            "guesses, revised as runs finish):"
+        )
         for name, seconds in cost.items():
             total += seconds
             fits = "fits" if total <= usable else "may not fit: runs only if time is left"
-            report["plan"].append({"part": name, "estimate_s": round(seconds), "cumulative_s": round(total)})
-            print(f"  {name:<10} ~{seconds:5.0f} s   cumulative ~{total:5.0f} s   {fits}", flush=True)
+            report["plan"].append(
+                {"part": name, "estimate_s": round(seconds), "cumulative_s": round(total)}
+            )
+            print(
+                f"  {name:<10} ~{seconds:5.0f} s   cumulative ~{total:5.0f} s   {fits}", flush=True
+            )
 
         # ---------------- model and warm start ----------------
         if args.size == "tiny":
@@ -117,16 +150,36 @@ def main(args: Args) -> dict:
                     for variant in PART_VARIANTS[part]:
                         entry = {"script": script, "variant": variant, "part": part}
                         if stop.reason or stop.left() < run_s(args.steps):
-                            report["runs"].append({**entry, "status": "skipped: budget" if not stop.reason
-                                                   else f"skipped ({stop.reason})"})
+                            report["runs"].append(
+                                {
+                                    **entry,
+                                    "status": "skipped: budget"
+                                    if not stop.reason
+                                    else f"skipped ({stop.reason})",
+                                }
+                            )
                             continue
                         print(f"--- {script} / {variant} ({stop.left():.0f} s left)", flush=True)
                         lr = args.learning_rate * (10 if variant == "lora" else 1)
-                        flags = [*VARIANTS[variant], *SCRIPT_FLAGS.get(script, []), "--learning_rate", repr(lr)]
+                        flags = [
+                            *VARIANTS[variant],
+                            *SCRIPT_FLAGS.get(script, []),
+                            "--learning_rate",
+                            repr(lr),
+                        ]
                         try:
-                            result = run_script(script, flags, out / f"{script}-{variant}", model_dir, args.steps,
-                                                args, stop)
-                        except Exception as error:  # a smoke run reports its failure and the command goes on
+                            result = run_script(
+                                script,
+                                flags,
+                                out / f"{script}-{variant}",
+                                model_dir,
+                                args.steps,
+                                args,
+                                stop,
+                            )
+                        except (
+                            Exception
+                        ) as error:  # a smoke run reports its failure and the command goes on
                             result = {"status": error_status(error)}
                         drop_checkpoint(result, args)
                         report["runs"].append({**entry, **result})
@@ -138,31 +191,54 @@ def main(args: Args) -> dict:
             else:
                 try:
                     if part == "learning":
-                        report["learning"] = learning_part(model_dir, out, args, stop, guess, device, report)
+                        report["learning"] = learning_part(
+                            model_dir, out, args, stop, guess, device, report
+                        )
                     elif part == "speed":
                         report["speed"] = speed_part(model_dir, out, args, stop, guess, report)
                     elif stop.left() < guess["peer_s"]:
-                        report["peer"] = {"status": f"skipped: {stop.left():.0f} s left, the peer needs "
-                                                    f"~{guess['peer_s']:.0f}"}
+                        report["peer"] = {
+                            "status": f"skipped: {stop.left():.0f} s left, the peer needs "
+                            f"~{guess['peer_s']:.0f}"
+                        }
                     else:
-                        report["peer"] = run_peer(model_dir, out / "peer", args, stop, stop.left() - 5)
+                        report["peer"] = run_peer(
+                            model_dir, out / "peer", args, stop, stop.left() - 5
+                        )
                 except Exception as error:  # a part reports its failure, keeps what it recorded; the command goes on
                     failed = {"status": error_status(error)}
                     if part == "speed":  # the runs it finished stay, each with its own status
-                        report["speed"] = [*report["speed"], {"cache_implementation": "-", **failed}]
+                        report["speed"] = [
+                            *report["speed"],
+                            {"cache_implementation": "-", **failed},
+                        ]
                     else:
                         report[part] = {**(report.get(part) or {}), **failed}
             write(report, out, stop)
         for part in PARTS:  # what the budget left out, said once
-            if part in parts and part not in ("plain", "fsdp", "gc_lora") and report.get(part) in (None, []):
-                report[part] = {"status": f"not run ({stop.reason or 'budget'})"} if part != "speed" else \
-                    [{"cache_implementation": "-", "status": f"not run ({stop.reason or 'budget'})"}]
+            if (
+                part in parts
+                and part not in ("plain", "fsdp", "gc_lora")
+                and report.get(part) in (None, [])
+            ):
+                report[part] = (
+                    {"status": f"not run ({stop.reason or 'budget'})"}
+                    if part != "speed"
+                    else [
+                        {
+                            "cache_implementation": "-",
+                            "status": f"not run ({stop.reason or 'budget'})",
+                        }
+                    ]
+                )
     finally:
         write(report, out, stop)
         stop.close()
     print("\n" + table(report), flush=True)
     if stop.reason and stop.reason.startswith("signal"):
-        raise SystemExit(128 + int(stop.reason.split()[1]))  # interrupted: the shell sees it; results are written
+        raise SystemExit(
+            128 + int(stop.reason.split()[1])
+        )  # interrupted: the shell sees it; results are written
     return report
 
 

@@ -8,6 +8,7 @@ metrics.jsonl) it also prints the ratio to that run's median training-step time.
 
     python benchmarks/speed/gibbs_speed.py --nodes 10000 --metrics runs/pros/metrics.jsonl
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from common.run.flags import parse_args  # noqa: E402
 from common.rl.gibbs import gibbs_sweeps  # noqa: E402
+from common.run.flags import parse_args  # noqa: E402
 
 
 @dataclass
@@ -64,27 +65,37 @@ def main(args: Args) -> dict:
     rng = np.random.default_rng(args.seed)
     parent, s, n = synthetic_pool(args.nodes, args.children_per_root, rng)
     psi = np.zeros(args.nodes)
-    psi, _ = gibbs_sweeps(psi, parent, s, n, 0.0, 2.0, 1.0, args.sweeps, rng, args.pg_terms)  # warm start
+    psi, _ = gibbs_sweeps(
+        psi, parent, s, n, 0.0, 2.0, 1.0, args.sweeps, rng, args.pg_terms
+    )  # warm start
     times = []
     for _ in range(args.repeats):
         t = time.perf_counter()
         psi, _ = gibbs_sweeps(psi, parent, s, n, 0.0, 2.0, 1.0, args.sweeps, rng, args.pg_terms)
         times.append(time.perf_counter() - t)
     out = {"nodes": args.nodes, "sweeps": args.sweeps, "gibbs_update_s": statistics.median(times)}
-    print(f"{args.nodes} nodes, {args.sweeps} sweeps: median {out['gibbs_update_s'] * 1e3:.1f} ms per update "
-          f"(min {min(times) * 1e3:.1f}, max {max(times) * 1e3:.1f}, {args.repeats} repeats)")
+    print(
+        f"{args.nodes} nodes, {args.sweeps} sweeps: median {out['gibbs_update_s'] * 1e3:.1f} ms per update "
+        f"(min {min(times) * 1e3:.1f}, max {max(times) * 1e3:.1f}, {args.repeats} repeats)"
+    )
     if args.metrics:
         path = Path(args.metrics)
         if not path.is_file():
             raise SystemExit(f"--metrics {path}: no such file")
-        steps = [json.loads(line).get("time_step_s") for line in path.read_text().splitlines() if line.strip()]
+        steps = [
+            json.loads(line).get("time_step_s")
+            for line in path.read_text().splitlines()
+            if line.strip()
+        ]
         steps = [t for t in steps if t]
         if not steps:
             raise SystemExit(f"--metrics {path}: no time_step_s values")
         out["step_s"] = statistics.median(steps)
         out["fraction"] = out["gibbs_update_s"] / out["step_s"]
-        print(f"median training step of {path}: {out['step_s']:.3f} s -> the Gibbs update is "
-              f"{100 * out['fraction']:.2f}% of a step")
+        print(
+            f"median training step of {path}: {out['step_s']:.3f} s -> the Gibbs update is "
+            f"{100 * out['fraction']:.2f}% of a step"
+        )
     return out
 
 

@@ -8,6 +8,7 @@ This is what you copy together with one method file to use it on your own model 
     python benchmarks/speed/import_footprint.py                # table for the five scripts
     python benchmarks/speed/import_footprint.py --markdown     # a markdown table (docs/development.md)
 """
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,11 @@ sys.path.insert(0, str(ROOT))
 from common.run.flags import parse_args  # noqa: E402
 
 SCRIPTS = ("ra_rloo.py", "ada_seq.py", "ada_est.py", "ps_grpo.py", "pros_ppo.py")
-DEMO_MODULES = ("common.demo.countdown", "common.demo.countdown_env", "common.demo.tiny_model")  # the embedded demo only
+DEMO_MODULES = (
+    "common.demo.countdown",
+    "common.demo.countdown_env",
+    "common.demo.tiny_model",
+)  # the embedded demo only
 
 PROBE = """
 import atexit, json, runpy, sys
@@ -63,22 +68,52 @@ def make_inputs(tmp: Path) -> tuple[str, str]:
     build_tiny_model(BaseRecipe(num_layers=1), len(tokenizer)).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     data = tmp / "data.jsonl"
-    data.write_text("".join(json.dumps({"question": f"What is {i} plus {i}?", "answer": f"#### {2 * i}"}) + "\n"
-                            for i in range(40)))
+    data.write_text(
+        "".join(
+            json.dumps({"question": f"What is {i} plus {i}?", "answer": f"#### {2 * i}"}) + "\n"
+            for i in range(40)
+        )
+    )
     return str(model_dir), str(data)
 
 
 def footprint(script: str, model_dir: str, data: str, tmp: Path) -> dict[str, int]:
     """{module: lines} of the `common` modules `script` has loaded when it exits after one real-data step."""
     out = tmp / f"{script}.json"
-    flags = ["--model_name_or_path", model_dir, "--dataset_name", data, "--output_dir", str(tmp / f"run-{script}"),
-             "--max_steps", "1", "--eval_steps", "0", "--prompts_per_step", "4", "--eval_prompts", "4",
-             "--eval_samples", "2", "--max_completion_length", "8", "--num_threads", "1"]
+    flags = [
+        "--model_name_or_path",
+        model_dir,
+        "--dataset_name",
+        data,
+        "--output_dir",
+        str(tmp / f"run-{script}"),
+        "--max_steps",
+        "1",
+        "--eval_steps",
+        "0",
+        "--prompts_per_step",
+        "4",
+        "--eval_prompts",
+        "4",
+        "--eval_samples",
+        "2",
+        "--max_completion_length",
+        "8",
+        "--num_threads",
+        "1",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run([sys.executable, "-c", PROBE, str(out), script, *flags], cwd=ROOT, env=env,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, str(out), script, *flags],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0 or not out.exists():
-        raise SystemExit(f"{script} failed on the real-data path ({proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise SystemExit(
+            f"{script} failed on the real-data path ({proc.returncode}):\n{proc.stderr[-3000:]}"
+        )
     return json.loads(out.read_text())
 
 
@@ -91,14 +126,19 @@ def main(args: Args) -> int:
             results[script] = footprint(script, model_dir, data, tmp)
     worst = 0
     if args.markdown:
-        print("| script | its own lines | `common/` files it loads (real-data path) | `common/` lines |")
+        print(
+            "| script | its own lines | `common/` files it loads (real-data path) | `common/` lines |"
+        )
         print("|---|---|---|---|")
     for script, modules in results.items():
         total = sum(modules.values())
         worst = max(worst, total)
         own = len((ROOT / script).read_text().splitlines())
-        names = ", ".join(f"{name.split('.', 1)[1]}.py ({lines})" for name, lines in sorted(modules.items())
-                          if name != "common")
+        names = ", ".join(
+            f"{name.split('.', 1)[1]}.py ({lines})"
+            for name, lines in sorted(modules.items())
+            if name != "common"
+        )
         demo = [name for name in modules if name in DEMO_MODULES]
         if args.markdown:
             print(f"| `{script}` | {own} | {names} | {total} |")

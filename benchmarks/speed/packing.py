@@ -9,6 +9,7 @@ numbers (tests/test_packing.py); this measures what they cost.
 
     python benchmarks/speed/packing.py                       # caps 32, 128, 512; rows of 128 and 256 tokens
 """
+
 from __future__ import annotations
 
 import random
@@ -46,9 +47,9 @@ class Args:
 def main(args: Args) -> list[dict]:
     import torch
 
+    from common.model.policy import load_policy
     from common.rl.logprobs import token_logprobs
     from common.rl.masking import pad_sequences
-    from common.model.policy import load_policy
 
     torch.set_num_threads(args.num_threads)
     path = args.model_name_or_path
@@ -61,11 +62,19 @@ def main(args: Args) -> list[dict]:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     vocab, rng = model.config.vocab_size, random.Random(args.seed)
     results = []
-    print("| completion cap | tokens (real) | layout | tokens computed | median s per update | vs padded |")
+    print(
+        "| completion cap | tokens (real) | layout | tokens computed | median s per update | vs padded |"
+    )
     print("|---|---|---|---|---|---|")
     for cap in (int(c) for c in args.caps.split(",")):
-        prompts = [[rng.randrange(3, vocab) for _ in range(rng.randint(10, 14))] for _ in range(args.sequences)]
-        completions = [[rng.randrange(3, vocab) for _ in range(rng.randint(1, cap))] for _ in range(args.sequences)]
+        prompts = [
+            [rng.randrange(3, vocab) for _ in range(rng.randint(10, 14))]
+            for _ in range(args.sequences)
+        ]
+        completions = [
+            [rng.randrange(3, vocab) for _ in range(rng.randint(1, cap))]
+            for _ in range(args.sequences)
+        ]
         real = sum(len(p) + len(c) for p, c in zip(prompts, completions))
 
         def update(pack: int) -> tuple[float, int]:
@@ -84,10 +93,19 @@ def main(args: Args) -> list[dict]:
             seconds, computed = statistics.median(r[0] for r in runs), runs[0][1]
             padded_s = seconds if pack == 0 else padded_s
             layout = "padded" if pack == 0 else f"packed, rows of {pack}"
-            results.append({"cap": cap, "layout": layout, "real_tokens": real, "computed_tokens": computed,
-                            "seconds": seconds})
-            print(f"| {cap} | {real} | {layout} | {computed} | {seconds:.3f} | {padded_s / seconds:.2f}x |",
-                  flush=True)
+            results.append(
+                {
+                    "cap": cap,
+                    "layout": layout,
+                    "real_tokens": real,
+                    "computed_tokens": computed,
+                    "seconds": seconds,
+                }
+            )
+            print(
+                f"| {cap} | {real} | {layout} | {computed} | {seconds:.3f} | {padded_s / seconds:.2f}x |",
+                flush=True,
+            )
     return results
 
 

@@ -17,6 +17,7 @@ with --startup, threads_startup.json / .md: per option, the wall time of a one-s
 training step, alone and two side by side, and the cores it used over its whole life (user + sys CPU / wall). Needs a
 machine with nothing else running: other jobs change every figure.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -30,7 +31,6 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
@@ -51,8 +51,20 @@ OPTIONS: dict[str, tuple[dict[str, str], int]] = {
 }
 # the start of a run: the whole step-0 evaluation (256 held-out prompts x 8) and one step, as measured before the
 # thread count was set from the first line (the training-prompt evaluation off, so the work is the same)
-STARTUP_FLAGS = ["--replay", "none", "--max_steps", "1", "--prompt_pool", "2048", "--eval_train_prompts", "0",
-                 "--save_steps", "0", "--log_samples_every", "0"]
+STARTUP_FLAGS = [
+    "--replay",
+    "none",
+    "--max_steps",
+    "1",
+    "--prompt_pool",
+    "2048",
+    "--eval_train_prompts",
+    "0",
+    "--save_steps",
+    "0",
+    "--log_samples_every",
+    "0",
+]
 SCENARIOS = ("alone", "busy", "pair")
 
 
@@ -103,22 +115,57 @@ class Args:
 
 def start_run(args: Args, option: str, out_dir: Path) -> subprocess.Popen:
     env_extra, threads = OPTIONS[option]
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+    }
     env.update(env_extra, TOKENIZERS_PARALLELISM="false")
-    cmd = [args.python, args.script, "--max_steps", str(args.steps), "--eval_steps", "0", "--eval_prompts", "16",
-           "--eval_samples", "1", "--save_steps", "0", "--output_dir", str(out_dir), "--log_samples_every", "0"]
+    cmd = [
+        args.python,
+        args.script,
+        "--max_steps",
+        str(args.steps),
+        "--eval_steps",
+        "0",
+        "--eval_prompts",
+        "16",
+        "--eval_samples",
+        "1",
+        "--save_steps",
+        "0",
+        "--output_dir",
+        str(out_dir),
+        "--log_samples_every",
+        "0",
+    ]
     if threads:
         cmd += ["--num_threads", str(threads)]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(out_dir / "stderr", "w"))
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(out_dir / "stderr", "w")
+    )
 
 
 def startup_run(args: Args, option: str, out_dir: Path) -> tuple[subprocess.Popen, float]:
     env_extra, threads = OPTIONS[option]
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+    }
     env.update(env_extra, TOKENIZERS_PARALLELISM="false")
-    cmd = [args.python, args.script, *STARTUP_FLAGS, "--output_dir", str(out_dir), "--num_threads", str(threads)]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=open(out_dir / "stderr", "w")), time.time()
+    cmd = [
+        args.python,
+        args.script,
+        *STARTUP_FLAGS,
+        "--output_dir",
+        str(out_dir),
+        "--num_threads",
+        str(threads),
+    ]
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=open(out_dir / "stderr", "w")
+    ), time.time()
 
 
 def measure_startup(args: Args, option: str, copies: int) -> list[dict]:
@@ -142,28 +189,42 @@ def measure_startup(args: Args, option: str, copies: int) -> list[dict]:
                     if pid:
                         proc.returncode = os.waitstatus_to_exitcode(status)
                         if proc.returncode != 0:
-                            raise SystemExit(f"{option}/startup: {args.script} failed:\n"
-                                             f"{(d / 'stderr').read_text()[-2000:]}")
+                            raise SystemExit(
+                                f"{option}/startup: {args.script} failed:\n"
+                                f"{(d / 'stderr').read_text()[-2000:]}"
+                            )
                         done[i] = (time.time() - t0, usage.ru_utime + usage.ru_stime)
             if time.time() > deadline:
                 for proc, _ in runs:
                     proc.kill()
-                raise SystemExit(f"{option}/startup: still running after {args.max_seconds * 4:.0f} s")
+                raise SystemExit(
+                    f"{option}/startup: still running after {args.max_seconds * 4:.0f} s"
+                )
             time.sleep(0.1)
-        return [{"first_step_s": round(first_step.get(i, done[i][0]), 2), "wall_s": round(done[i][0], 2),
-                 "cores_used": round(done[i][1] / done[i][0], 3)} for i in range(copies)]
+        return [
+            {
+                "first_step_s": round(first_step.get(i, done[i][0]), 2),
+                "wall_s": round(done[i][0], 2),
+                "cores_used": round(done[i][1] / done[i][0], 3),
+            }
+            for i in range(copies)
+        ]
 
 
 def startup_table(results: dict, options: list[str]) -> str:
-    head = ("| option | alone: s to first step | alone: cores used | pair: s to first step (slower) | pair / alone "
-            "| pair: cores used (each) |\n|---|---|---|---|---|---|\n")
+    head = (
+        "| option | alone: s to first step | alone: cores used | pair: s to first step (slower) | pair / alone "
+        "| pair: cores used (each) |\n|---|---|---|---|---|---|\n"
+    )
     rows = []
     for o in options:
         alone = statistics.median(r[0]["first_step_s"] for r in results[o]["alone"])
         cores = statistics.median(r[0]["cores_used"] for r in results[o]["alone"])
         pair = statistics.median(max(x["first_step_s"] for x in r) for r in results[o]["pair"])
         pair_cores = ", ".join(f"{x['cores_used']:.2f}" for r in results[o]["pair"] for x in r)
-        rows.append(f"| `{o}` | {alone:.1f} | {cores:.2f} | {pair:.1f} | {pair / alone:.2f}x | {pair_cores} |")
+        rows.append(
+            f"| `{o}` | {alone:.1f} | {cores:.2f} | {pair:.1f} | {pair / alone:.2f}x | {pair_cores} |"
+        )
     return head + "\n".join(rows) + "\n"
 
 
@@ -176,16 +237,28 @@ def main_startup(args: Args, out: Path) -> int:
                 for scenario, copies in (("alone", 1), ("pair", 2)):
                     runs = measure_startup(args, option, copies)
                     results[option][scenario].append(runs)
-                    print(f"[round {round_ + 1}/{args.repeats}] {option:>9} startup {scenario:>5}: {runs}", flush=True)
-                    meta = {"script": args.script, "flags": STARTUP_FLAGS, "cpus": CORES, "results": results,
-                            "options": {o: {"env": OPTIONS[o][0], "num_threads": OPTIONS[o][1]} for o in options},
-                            "date": time.strftime("%Y-%m-%d %H:%M")}
+                    print(
+                        f"[round {round_ + 1}/{args.repeats}] {option:>9} startup {scenario:>5}: {runs}",
+                        flush=True,
+                    )
+                    meta = {
+                        "script": args.script,
+                        "flags": STARTUP_FLAGS,
+                        "cpus": CORES,
+                        "results": results,
+                        "options": {
+                            o: {"env": OPTIONS[o][0], "num_threads": OPTIONS[o][1]} for o in options
+                        },
+                        "date": time.strftime("%Y-%m-%d %H:%M"),
+                    }
                     (out / "threads_startup.json").write_text(json.dumps(meta, indent=2))
-    md = (f"*Written by `benchmarks/speed/threads.py --startup` ({time.strftime('%Y-%m-%d')}, {CORES} cores): "
-          f"`{args.script} "
-          f"{' '.join(STARTUP_FLAGS)} --num_threads N` (set-up, the step-0 evaluation of 256 held-out prompts x 8 and "
-          f"one step), median of {args.repeats} rounds; pair = two started together; cores used = (user + sys CPU) / "
-          f"wall over the run's life.*\n\n" + startup_table(results, options))
+    md = (
+        f"*Written by `benchmarks/speed/threads.py --startup` ({time.strftime('%Y-%m-%d')}, {CORES} cores): "
+        f"`{args.script} "
+        f"{' '.join(STARTUP_FLAGS)} --num_threads N` (set-up, the step-0 evaluation of 256 held-out prompts x 8 and "
+        f"one step), median of {args.repeats} rounds; pair = two started together; cores used = (user + sys CPU) / "
+        f"wall over the run's life.*\n\n" + startup_table(results, options)
+    )
     (out / "threads_startup.md").write_text(md)
     print(md)
     return 0
@@ -194,7 +267,11 @@ def main_startup(args: Args, out: Path) -> int:
 def median_step(out_dir: Path, skip: int) -> float:
     """Median time_step_s after the first `skip` steps (all finished steps when a stopped run has too few)."""
     path = out_dir / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    rows = (
+        [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if path.exists()
+        else []
+    )
     times = [r["time_step_s"] for r in rows if "time_step_s" in r]
     if not times:
         return float("nan")
@@ -205,7 +282,11 @@ def measure(args: Args, option: str, scenario: str) -> float:
     """Median s/step of `option` in `scenario` (pair: the slower of the two runs)."""
     with tempfile.TemporaryDirectory() as tmp:
         dirs = [Path(tmp) / f"run{i}" for i in range(2 if scenario == "pair" else 1)]
-        busy = subprocess.Popen([args.python, "-c", "while True: pass"]) if scenario == "busy" else None
+        busy = (
+            subprocess.Popen([args.python, "-c", "while True: pass"])
+            if scenario == "busy"
+            else None
+        )
         try:
             for d in dirs:
                 d.mkdir()
@@ -246,17 +327,29 @@ def held(paths: list[str]):
 
 
 def table(results: dict, options: list[str], scenarios: list[str]) -> str:
-    med = {o: {s: statistics.median(results[o][s]) for s in scenarios if results[o].get(s)} for o in options}
+    med = {
+        o: {s: statistics.median(results[o][s]) for s in scenarios if results[o].get(s)}
+        for o in options
+    }
     base = med.get("default", {}).get("alone")
-    head = "| option | " + " | ".join(f"{s} s/step" for s in scenarios) + " | busy / alone | pair / alone | " \
-           "alone / default's alone |\n|---|" + "---|" * (len(scenarios) + 3) + "\n"
+    head = (
+        "| option | "
+        + " | ".join(f"{s} s/step" for s in scenarios)
+        + " | busy / alone | pair / alone | "
+        "alone / default's alone |\n|---|" + "---|" * (len(scenarios) + 3) + "\n"
+    )
     rows = []
     for o in options:
         m = med[o]
         ratio = lambda a, b: f"{a / b:.2f}x" if a is not None and b else "-"  # noqa: E731
-        cells = [f"{m[s]:.2f} ({', '.join(f'{x:.2f}' for x in results[o][s])})" if s in m else "-" for s in scenarios]
-        rows.append(f"| `{o}` | " + " | ".join(cells) + f" | {ratio(m.get('busy'), m.get('alone'))} | "
-                    f"{ratio(m.get('pair'), m.get('alone'))} | {ratio(m.get('alone'), base)} |")
+        cells = [
+            f"{m[s]:.2f} ({', '.join(f'{x:.2f}' for x in results[o][s])})" if s in m else "-"
+            for s in scenarios
+        ]
+        rows.append(
+            f"| `{o}` | " + " | ".join(cells) + f" | {ratio(m.get('busy'), m.get('alone'))} | "
+            f"{ratio(m.get('pair'), m.get('alone'))} | {ratio(m.get('alone'), base)} |"
+        )
     return head + "\n".join(rows) + "\n"
 
 
@@ -275,16 +368,31 @@ def main(args: Args) -> int:
                     t0 = time.time()
                     value = measure(args, option, scenario)
                     results[option][scenario].append(value)
-                    print(f"[round {round_ + 1}/{args.repeats}] {option:>9} {scenario:>5}: {value:.3f} s/step "
-                          f"({time.time() - t0:.0f} s; {time.time() - started:.0f} s so far)", flush=True)
-                    meta = {"script": args.script, "steps": args.steps, "skip": args.skip, "cpus": os.cpu_count(),
-                            "options": {o: {"env": OPTIONS[o][0], "num_threads": OPTIONS[o][1]} for o in options},
-                            "results": results, "date": time.strftime("%Y-%m-%d %H:%M")}
-                    (out / "threads.json").write_text(json.dumps(meta, indent=2))  # kept after every measurement
-    md = (f"*Written by `benchmarks/speed/threads.py` ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores): median "
-          f"`time_step_s` of `{args.script}` over steps {args.skip + 1}-{args.steps}, median of {args.repeats} rounds "
-          f"(each round's figure in brackets); pair = the slower of two runs side by side.*\n\n"
-          + table(results, options, scenarios))
+                    print(
+                        f"[round {round_ + 1}/{args.repeats}] {option:>9} {scenario:>5}: {value:.3f} s/step "
+                        f"({time.time() - t0:.0f} s; {time.time() - started:.0f} s so far)",
+                        flush=True,
+                    )
+                    meta = {
+                        "script": args.script,
+                        "steps": args.steps,
+                        "skip": args.skip,
+                        "cpus": os.cpu_count(),
+                        "options": {
+                            o: {"env": OPTIONS[o][0], "num_threads": OPTIONS[o][1]} for o in options
+                        },
+                        "results": results,
+                        "date": time.strftime("%Y-%m-%d %H:%M"),
+                    }
+                    (out / "threads.json").write_text(
+                        json.dumps(meta, indent=2)
+                    )  # kept after every measurement
+    md = (
+        f"*Written by `benchmarks/speed/threads.py` ({time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores): median "
+        f"`time_step_s` of `{args.script}` over steps {args.skip + 1}-{args.steps}, median of {args.repeats} rounds "
+        f"(each round's figure in brackets); pair = the slower of two runs side by side.*\n\n"
+        + table(results, options, scenarios)
+    )
     (out / "threads.md").write_text(md)
     print(md)
     return 0

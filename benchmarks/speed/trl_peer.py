@@ -19,6 +19,7 @@ ada_seq.py's summed clipped surrogate / (responses x max_new_tokens)).
     flock /tmp/cpu.lock python benchmarks/speed/trl_peer.py --steps 20  # check + throughput -> results/trl_peer.md
     python benchmarks/speed/trl_peer.py --check                         # the definition check only (prints)
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.speed.trl_check import definition_check, render_check  # noqa: E402
-from benchmarks.speed.trl_setup import (CountdownReward, build_dataset, countdown_examples, grpo_config,  # noqa: E402
-                                        load_base, require_trl)
+from benchmarks.speed.trl_setup import (  # noqa: E402
+    CountdownReward,
+    build_dataset,
+    countdown_examples,
+    grpo_config,
+    load_base,
+    require_trl,
+)
 from common.run.flags import parse_args  # noqa: E402
 
 
@@ -89,15 +96,21 @@ class Args:
 
     def validate(self) -> None:
         if self.steps < 3:
-            raise SystemExit(f"--steps {self.steps}: need >= 3 (step 1 and the last step are not timed)")
+            raise SystemExit(
+                f"--steps {self.steps}: need >= 3 (step 1 and the last step are not timed)"
+            )
         if self.repeats < 1:
             raise SystemExit(f"--repeats {self.repeats}: need >= 1")
         if self.num_generations < 2 or self.prompts_per_step < 1 or self.max_completion_length < 1:
-            raise SystemExit("--num_generations >= 2, --prompts_per_step >= 1 and --max_completion_length >= 1 please")
+            raise SystemExit(
+                "--num_generations >= 2, --prompts_per_step >= 1 and --max_completion_length >= 1 please"
+            )
         batch = self.prompts_per_step * self.num_generations
         if batch % self.micro_batch_size:
-            raise SystemExit(f"--micro_batch_size {self.micro_batch_size}: must divide prompts_per_step x "
-                             f"num_generations = {batch} (TRL accumulates whole micro-batches)")
+            raise SystemExit(
+                f"--micro_batch_size {self.micro_batch_size}: must divide prompts_per_step x "
+                f"num_generations = {batch} (TRL accumulates whole micro-batches)"
+            )
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -109,6 +122,7 @@ class Args:
 # Throughput
 # ----------------------------------------------------------------------------------------------------
 
+
 def throughput(runs: list[dict]) -> dict:
     """Figures over steps 2..N-1 of every run ({"step_times", "tokens"} per step), pooled.
 
@@ -118,21 +132,32 @@ def throughput(runs: list[dict]) -> dict:
     t, k = [], []
     for r in runs:
         if len(r["step_times"]) != len(r["tokens"]):
-            raise ValueError(f"{len(r['step_times'])} step times but {len(r['tokens'])} token counts")
+            raise ValueError(
+                f"{len(r['step_times'])} step times but {len(r['tokens'])} token counts"
+            )
         t += r["step_times"][1:-1]
         k += r["tokens"][1:-1]
     if not t:
         raise ValueError("no timed steps: runs need >= 3 steps (step 1 and the last are not timed)")
     med = statistics.median(t)
-    return {"steps": [2, len(runs[0]["step_times"]) - 1], "timed": len(t), "step_s": med, "steps_per_s": 1.0 / med,
-            "tokens_per_step": sum(k) / len(k), "tokens_per_s": sum(k) / sum(t), "step_s_min": min(t),
-            "step_s_max": max(t)}
+    return {
+        "steps": [2, len(runs[0]["step_times"]) - 1],
+        "timed": len(t),
+        "step_s": med,
+        "steps_per_s": 1.0 / med,
+        "tokens_per_step": sum(k) / len(k),
+        "tokens_per_s": sum(k) / sum(t),
+        "step_s_min": min(t),
+        "step_s_max": max(t),
+    }
 
 
 def compare(trl: dict, ours: dict) -> dict:
     """Ours / TRL: > 1 means ours is faster."""
-    return {"steps_per_s": ours["steps_per_s"] / trl["steps_per_s"],
-            "tokens_per_s": ours["tokens_per_s"] / trl["tokens_per_s"]}
+    return {
+        "steps_per_s": ours["steps_per_s"] / trl["steps_per_s"],
+        "tokens_per_s": ours["tokens_per_s"] / trl["tokens_per_s"],
+    }
 
 
 def run_trl(args: Args, output_dir: str) -> dict:
@@ -158,15 +183,22 @@ def run_trl(args: Args, output_dir: str) -> dict:
     reward = CountdownReward(examples, reward_fn)
     timer = StepTimer()
     batch = args.prompts_per_step * args.num_generations
-    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=grpo_config(args, output_dir, batch,
-                          args.micro_batch_size), train_dataset=build_dataset(examples), processing_class=tokenizer,
-                          callbacks=[timer])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[reward],
+        args=grpo_config(args, output_dir, batch, args.micro_batch_size),
+        train_dataset=build_dataset(examples),
+        processing_class=tokenizer,
+        callbacks=[timer],
+    )
     t0 = time.perf_counter()
     trainer.train()
     wall = time.perf_counter() - t0
     if len(reward.tokens_per_call) != len(timer.times):
-        raise RuntimeError(f"{len(reward.tokens_per_call)} reward calls for {len(timer.times)} steps: the "
-                           "generation batch is not one optimizer step")
+        raise RuntimeError(
+            f"{len(reward.tokens_per_call)} reward calls for {len(timer.times)} steps: the "
+            "generation batch is not one optimizer step"
+        )
     return {"step_times": timer.times, "tokens": reward.tokens_per_call, "wall_s": wall}
 
 
@@ -175,15 +207,53 @@ def ours_command(args: Args, output_dir: str) -> list[str]:
     update TRL's `loss_type='dr_grpo'`, `scale_rewards='none'` makes), the sweep's budget flags, a tiny final
     evaluation (it runs inside the last step, which is not timed) and no intermediate checkpoints."""
     n = str(args.num_generations)
-    return [sys.executable, "ada_seq.py", "--max_rounds", "1", "--round_repeat", n, "--num_generations", n,
-            "--scale_rewards", "false", "--entropy_coef", "0",
-            "--prompt_pool", str(args.prompt_pool), "--prompts_per_step", str(args.prompts_per_step),
-            "--max_completion_length", str(args.max_completion_length), "--micro_batch_size", str(args.micro_batch_size),
-            "--learning_rate", repr(args.learning_rate), "--warmup_steps", str(args.warmup_steps),
-            "--max_steps", str(args.steps), "--eval_steps", "0", "--eval_prompts", "8", "--eval_samples", "1",
-            "--save_steps", "0", "--num_threads", str(args.num_threads), "--seed", str(args.seed),
-            "--output_dir", output_dir, "--model_name_or_path", args.model_name_or_path, "--dtype", args.dtype,
-            *(["--torch_compile"] if args.torch_compile else [])]
+    return [
+        sys.executable,
+        "ada_seq.py",
+        "--max_rounds",
+        "1",
+        "--round_repeat",
+        n,
+        "--num_generations",
+        n,
+        "--scale_rewards",
+        "false",
+        "--entropy_coef",
+        "0",
+        "--prompt_pool",
+        str(args.prompt_pool),
+        "--prompts_per_step",
+        str(args.prompts_per_step),
+        "--max_completion_length",
+        str(args.max_completion_length),
+        "--micro_batch_size",
+        str(args.micro_batch_size),
+        "--learning_rate",
+        repr(args.learning_rate),
+        "--warmup_steps",
+        str(args.warmup_steps),
+        "--max_steps",
+        str(args.steps),
+        "--eval_steps",
+        "0",
+        "--eval_prompts",
+        "8",
+        "--eval_samples",
+        "1",
+        "--save_steps",
+        "0",
+        "--num_threads",
+        str(args.num_threads),
+        "--seed",
+        str(args.seed),
+        "--output_dir",
+        output_dir,
+        "--model_name_or_path",
+        args.model_name_or_path,
+        "--dtype",
+        args.dtype,
+        *(["--torch_compile"] if args.torch_compile else []),
+    ]
 
 
 def read_ours(metrics_path: Path) -> tuple[list[float], list[int]]:
@@ -196,8 +266,12 @@ def read_ours(metrics_path: Path) -> tuple[list[float], list[int]]:
 
 def run_ours(args: Args, output_dir: str) -> dict:
     cmd = ours_command(args, output_dir)
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.num_threads), TOKENIZERS_PARALLELISM="false",
-               **({"CUDA_VISIBLE_DEVICES": ""} if args.device == "cpu" else {}))  # ours takes a GPU when it sees one
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(args.num_threads),
+        TOKENIZERS_PARALLELISM="false",
+        **({"CUDA_VISIBLE_DEVICES": ""} if args.device == "cpu" else {}),
+    )  # ours takes a GPU when it sees one
     t0 = time.perf_counter()
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
@@ -211,6 +285,7 @@ def run_ours(args: Args, output_dir: str) -> dict:
 # Results page
 # ----------------------------------------------------------------------------------------------------
 
+
 def machine(device: str = "cpu") -> dict:
     cpu, gpu = "", None
     if device == "cuda":
@@ -218,23 +293,37 @@ def machine(device: str = "cpu") -> dict:
 
         gpu = torch.cuda.get_device_name(0)
     try:
-        cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                    if ln.startswith("model name")), "")
+        cpu = next(
+            (
+                ln.split(":", 1)[1].strip()
+                for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")
+            ),
+            "",
+        )
     except OSError:
         pass
-    return {"nproc": os.cpu_count(), "cpu": cpu or platform.processor(), "python": platform.python_version(),
-            "gpu": gpu}
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu or platform.processor(),
+        "python": platform.python_version(),
+        "gpu": gpu,
+    }
 
 
 def per_round(res: dict) -> str:
     """One line per measurement round: each trainer's median s/step and the round's ratio."""
-    out = ["| round (first) | TRL median s/step | ours median s/step | ours/TRL steps/s | ours/TRL tokens/s |",
-           "|---|---|---|---|---|"]
+    out = [
+        "| round (first) | TRL median s/step | ours median s/step | ours/TRL steps/s | ours/TRL tokens/s |",
+        "|---|---|---|---|---|",
+    ]
     for k, (a, b, r) in enumerate(zip(res["raw"]["trl"], res["raw"]["ours"], res["rounds"])):
         first = "TRL" if k % 2 == 0 else "ours"
-        out.append(f"| {k + 1} ({first}) | {statistics.median(a['step_times'][1:-1]):.3f} | "
-                   f"{statistics.median(b['step_times'][1:-1]):.3f} | {r['steps_per_s']:.2f}x | "
-                   f"{r['tokens_per_s']:.2f}x |")
+        out.append(
+            f"| {k + 1} ({first}) | {statistics.median(a['step_times'][1:-1]):.3f} | "
+            f"{statistics.median(b['step_times'][1:-1]):.3f} | {r['steps_per_s']:.2f}x | "
+            f"{r['tokens_per_s']:.2f}x |"
+        )
     return "\n".join(out)
 
 
@@ -243,7 +332,8 @@ def render_md(res: dict) -> str:
     t, o, r, v = res["trl"], res["ours"], res["ratio"], res["versions"]
     row = lambda name, x: (  # noqa: E731
         f"| {name} | {x['step_s']:.3f} | {x['steps_per_s']:.3f} | {x['tokens_per_step']:.0f} | "
-        f"{x['tokens_per_s']:.0f} | {x['step_s_min']:.3f} - {x['step_s_max']:.3f} |")
+        f"{x['tokens_per_s']:.0f} | {x['step_s_min']:.3f} - {x['step_s_max']:.3f} |"
+    )
     a, b = t["steps"]
     lines = [
         "# TRL GRPOTrainer as a throughput peer of our Dr. GRPO-n4",
@@ -293,7 +383,12 @@ def render_md(res: dict) -> str:
         "```",
     ]
     if res.get("check"):
-        lines += ["", "## Definition check: same advantages, loss and gradient", "", render_check(res["check"])]
+        lines += [
+            "",
+            "## Definition check: same advantages, loss and gradient",
+            "",
+            render_check(res["check"]),
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -302,7 +397,11 @@ def versions() -> dict:
     import transformers
     import trl
 
-    return {"trl": trl.__version__, "torch": torch.__version__, "transformers": transformers.__version__}
+    return {
+        "trl": trl.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
 
 
 def main(args: Args) -> dict:
@@ -320,33 +419,71 @@ def main(args: Args) -> dict:
     raw = {"trl": [], "ours": []}
     with tempfile.TemporaryDirectory(prefix="trl-peer-") as tmp:
         for k in range(args.repeats):
-            for who in ("trl", "ours") if k % 2 == 0 else ("ours", "trl"):  # alternate: drift hits both alike
+            for who in (
+                ("trl", "ours") if k % 2 == 0 else ("ours", "trl")
+            ):  # alternate: drift hits both alike
                 print(f"round {k + 1}/{args.repeats}: {who}, {args.steps} steps ...", flush=True)
                 run = run_trl if who == "trl" else run_ours
                 raw[who].append(run(args, str(Path(tmp) / f"{who}{k}")))
     ours_cmd = ours_command(args, "<tmp>")
     trl_fig, ours_fig = throughput(raw["trl"]), throughput(raw["ours"])
     rounds = [compare(throughput([a]), throughput([b])) for a, b in zip(raw["trl"], raw["ours"])]
-    cfg = (f"use_cpu={args.device == 'cpu'}, bf16={args.dtype == 'bfloat16'}, gradient_checkpointing=False, "
-           f"per_device_train_batch_size={args.micro_batch_size}, gradient_accumulation_steps="
-           f"{args.prompts_per_step * args.num_generations // args.micro_batch_size}, steps_per_generation=same, "
-           f"num_generations={args.num_generations}, max_completion_length={args.max_completion_length}, temperature=1.0, "
-           f"learning_rate={args.learning_rate:g}, optim='adamw_torch', lr_scheduler_type='constant_with_warmup', "
-           f"warmup_steps={args.warmup_steps}, max_grad_norm=1.0, beta=0.0, epsilon=0.2, epsilon_high=0.28, "
-           "loss_type='dr_grpo', scale_rewards='none', use_vllm=False, max_steps=<steps>"
-           + (", torch_compile=True" if args.trl_torch_compile else ""))
-    keys = ("steps", "repeats", "num_threads", "prompt_pool", "prompts_per_step", "num_generations", "max_completion_length",
-            "micro_batch_size", "learning_rate", "warmup_steps", "device", "dtype")
-    res = {**{k: getattr(args, k) for k in keys},
-           "trl": trl_fig, "ours": ours_fig, "ratio": compare(trl_fig, ours_fig), "rounds": rounds,
-           "versions": versions(), "machine": machine(args.device), "check": check, "raw": raw,
-           "model": "the cached embedded tiny model" if args.model_name_or_path == "embedded" else
-                    f"`{args.model_name_or_path}`",
-           "commands": {"this": "flock /tmp/cpu.lock python benchmarks/speed/trl_peer.py " + " ".join(
-                            f"--{k} {getattr(args, k)}" for k in ("steps", "repeats", "num_threads", "device",
-                                                                  "model_name_or_path", "dtype", "torch_compile",
-                                                                  "trl_torch_compile")),
-                        "ours": shlex.join(["python", *ours_cmd[1:]]), "trl_config": cfg}}
+    cfg = (
+        f"use_cpu={args.device == 'cpu'}, bf16={args.dtype == 'bfloat16'}, gradient_checkpointing=False, "
+        f"per_device_train_batch_size={args.micro_batch_size}, gradient_accumulation_steps="
+        f"{args.prompts_per_step * args.num_generations // args.micro_batch_size}, steps_per_generation=same, "
+        f"num_generations={args.num_generations}, max_completion_length={args.max_completion_length}, temperature=1.0, "
+        f"learning_rate={args.learning_rate:g}, optim='adamw_torch', lr_scheduler_type='constant_with_warmup', "
+        f"warmup_steps={args.warmup_steps}, max_grad_norm=1.0, beta=0.0, epsilon=0.2, epsilon_high=0.28, "
+        "loss_type='dr_grpo', scale_rewards='none', use_vllm=False, max_steps=<steps>"
+        + (", torch_compile=True" if args.trl_torch_compile else "")
+    )
+    keys = (
+        "steps",
+        "repeats",
+        "num_threads",
+        "prompt_pool",
+        "prompts_per_step",
+        "num_generations",
+        "max_completion_length",
+        "micro_batch_size",
+        "learning_rate",
+        "warmup_steps",
+        "device",
+        "dtype",
+    )
+    res = {
+        **{k: getattr(args, k) for k in keys},
+        "trl": trl_fig,
+        "ours": ours_fig,
+        "ratio": compare(trl_fig, ours_fig),
+        "rounds": rounds,
+        "versions": versions(),
+        "machine": machine(args.device),
+        "check": check,
+        "raw": raw,
+        "model": "the cached embedded tiny model"
+        if args.model_name_or_path == "embedded"
+        else f"`{args.model_name_or_path}`",
+        "commands": {
+            "this": "flock /tmp/cpu.lock python benchmarks/speed/trl_peer.py "
+            + " ".join(
+                f"--{k} {getattr(args, k)}"
+                for k in (
+                    "steps",
+                    "repeats",
+                    "num_threads",
+                    "device",
+                    "model_name_or_path",
+                    "dtype",
+                    "torch_compile",
+                    "trl_torch_compile",
+                )
+            ),
+            "ours": shlex.join(["python", *ours_cmd[1:]]),
+            "trl_config": cfg,
+        },
+    }
     md = render_md(res)
     out = ROOT / args.out
     out.parent.mkdir(parents=True, exist_ok=True)

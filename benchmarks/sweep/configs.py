@@ -1,6 +1,7 @@
 """The sweep's configs: one method or baseline each, as flags of the method's own script, in two data regimes
 (the 256- and 2,048-prompt pools), the two budgets (full, --quick), and the check of a config against its
 script (read from the source: nothing is imported or run)."""
+
 from __future__ import annotations
 
 import ast
@@ -18,89 +19,313 @@ class Config:
     flags: tuple[str, ...]  # method flags; the shared budget flags are added by `build_command`
     label: str
     baseline: Optional[str] = None  # the config whose final pass@1 this one is measured against
-    mechanism: tuple[str, ...] = ()  # the method's own metric names in metrics.jsonl (the table shows them)
+    mechanism: tuple[
+        str, ...
+    ] = ()  # the method's own metric names in metrics.jsonl (the table shows them)
     note: str = ""
 
 
 CONFIGS: tuple[Config, ...] = (
-    Config("grpo_n4", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "4", "--num_generations", "4",
-                                     "--scale_rewards", "true"),
-           "GRPO-n4", None, ("frac_zero_var_groups",),
-           "Reinforce-Ada's baseline: one round of 4 samples, nothing adaptive, A = (r - mean) / std (eq. 2)"),
-    Config("dr_grpo_n4", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "4", "--num_generations", "4",
-                                        "--scale_rewards", "false"),
-           "Dr. GRPO-n4", "grpo_n4", ("frac_zero_var_groups",), "GRPO-n4 without the std division: A = r - mean"),
-    Config("grpo_n8", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "8", "--num_generations", "8",
-                                     "--scale_rewards", "true"),
-           "GRPO-n8", "grpo_n4", ("frac_zero_var_groups",), "twice the samples of GRPO-n4, all trained on (eq. 2)"),
-    Config("grpo_n16", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "16", "--num_generations", "16",
-                                      "--scale_rewards", "true"),
-           "GRPO-n16", "grpo_n4", ("frac_zero_var_groups",),
-           "Reinforce-Ada's strong baseline: 16 samples per prompt, all trained on (SEQ-BALANCE is claimed to match "
-           "it while training on 4)"),
-    Config("dapo_n4", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "4", "--num_generations", "4",
-                                     "--scale_rewards", "true", "--dynamic_sampling", "true"),
-           "DAPO dynamic sampling (n4)", "grpo_n4",
-           ("frac_zero_var_groups", "dapo_rounds", "dapo_kept_groups", "dapo_sampled_groups", "ada_inference_cost_rel"),
-           "Reinforce-Ada's Table 2 baseline: GRPO-n4 dropping zero-variance groups and refilling the batch with new "
-           "prompts (up to 4 extra rounds)"),
-    Config("rloo", "ra_rloo.py", ("--replay", "none"), "RLOO", None,
-           ("frac_zero_var_groups", "ra_zero_var_frac_post"), "RA-RLOO's baseline (K=4, reward {0, 0.1, 1})"),
-    Config("ra_rloo", "ra_rloo.py", ("--replay", "on_demand"), "RA-RLOO", "rloo",
-           ("ra_zero_var_frac_post", "ra_replay_fired_frac", "ra_is_weight_mean"),
-           "stored successes spliced into groups without a fresh success"),
-    Config("ps_off", "ps_grpo.py", ("--mode", "multiturn", "--prefix_sampling", "false"),
-           "GRPO-n8 (r - mean) + rejection, multi-turn", None, ("ps_trained_groups", "ps_solve_partial"),
-           "Prefix Sampling's baseline in the Countdown environment (one action per turn, the paper's agentic "
-           "setting): GRPO with A = r - mean (the paper's appendix), all-fail / all-pass groups dropped. Multi-turn "
-           "runs start from the multi-turn warm-up of the base policy and are evaluated as episodes, so the PS rows "
-           "compare with each other only"),
-    Config("ps_fixed", "ps_grpo.py", ("--mode", "multiturn", "--prefix_sampling", "true", "--adaptive", "false"),
-           "PS (fixed), multi-turn", "ps_off",
-           ("ps_prefix_pass_rate", "ps_trained_groups", "ps_solve_partial", "ps_prefix_tasks"),
-           "a prefix task replays the first K actions of a stored episode in a fresh environment"),
-    Config("ps_adaptive", "ps_grpo.py", ("--mode", "multiturn", "--prefix_sampling", "true", "--adaptive", "true",
-                                         "--ema_reset", "false"),
-           "PS (adaptive), multi-turn", "ps_off",
-           ("ps_prefix_pass_rate", "ps_trained_groups", "ps_solve_partial", "ps_ratio_hard", "ps_ratio_easy"),
-           "the paper's EMA controller (one EMA, never reset) steering prefix tasks to a 50% pass rate"),
-    Config("ps_adaptive_reset", "ps_grpo.py", ("--mode", "multiturn", "--prefix_sampling", "true", "--adaptive",
-                                               "true", "--ema_reset", "true"),
-           "PS (adaptive, EMA reset), multi-turn", "ps_off",
-           ("ps_prefix_pass_rate", "ps_trained_groups", "ps_solve_partial", "ps_ratio_hard", "ps_ratio_easy"),
-           "our variant of the controller: the EMA restarts after every move (sees only the current ratio)"),
-    Config("seq_pos", "ada_seq.py", ("--exit_condition", "positive"), "SEQ-POS", "grpo_n4",
-           ("ada_samples_per_prompt_mean", "ada_samples_per_prompt_max", "ada_frac_zero_var_groups_post",
-            "ada_inference_cost_rel"), "n=4 trained per prompt, up to 4 rounds of 8 samples"),
-    Config("seq_balance", "ada_seq.py", ("--exit_condition", "balanced"), "SEQ-BALANCE", "grpo_n4",
-           ("ada_samples_per_prompt_mean", "ada_samples_per_prompt_max", "ada_frac_zero_var_groups_post",
-            "ada_inference_cost_rel"), "n=4 trained per prompt, up to 4 rounds of 8 samples"),
-    Config("est", "ada_est.py", (), "EST", "grpo_n8",
-           ("est_calibration_error", "est_alloc_min", "est_alloc_max", "est_p_hat_mean"),
-           "8 x prompts samples per step, allocated by the pass-rate estimate (compare GRPO-n8)"),
-    Config("est_pool2048", "ada_est.py", ("--prompt_pool", "2048"), "EST (2048-prompt pool)", "grpo_n8_pool2048",
-           ("est_calibration_error", "est_alloc_min", "est_alloc_max", "est_p_hat_mean"),
-           "EST on ada_est.py's own default pool (a prompt returns every 64 steps): does the sweep's shared 256-prompt "
-           "pool hold EST back? (its flag wins over the harness's --prompt_pool; compared with GRPO-n8 on the same "
-           "pool, and with `est` on the results page)"),
-    Config("grpo_n8_pool2048", "ada_seq.py", ("--max_rounds", "1", "--round_repeat", "8", "--num_generations",
-                                              "8", "--scale_rewards", "true", "--prompt_pool", "2048"),
-           "GRPO-n8 (2048-prompt pool)", "grpo_n8", ("frac_zero_var_groups",),
-           "EST's baseline on EST's own pool: whatever the larger pool does for every method is not credited to EST"),
-    Config("ppo", "pros_ppo.py", ("--pros", "off"), "PPO", None, ("frac_zero_var_groups",),
-           "PROS's baseline: PPO with a critic (GAE), K=4"),
-    Config("ppo_pros", "pros_ppo.py", ("--pros", "bayes"), "PPO+PROS", "ppo",
-           ("pros_calib_error", "pros_frac_children_in_batch", "pros_prefix_len_mean"),
-           "augmented prefix queries picked by the Polya-Gamma Gibbs pass-rate model"),
-    Config("ppo_pros_random", "pros_ppo.py", ("--pros", "random"), "PPO+PROS (random selection)", "ppo",
-           ("pros_calib_error", "pros_frac_children_in_batch", "pros_prefix_len_mean"),
-           "PROS's ablation: the same prefix queries, picked uniformly from the pool"),
-    Config("grpo_k4", "pros_ppo.py", ("--adv", "grpo", "--pros", "off"), "GRPO (pros_ppo.py)", None,
-           ("frac_zero_var_groups",),
-           "critic-free GRPO advantage in pros_ppo.py's PPO loop (2 epochs x 2 minibatches)"),
-    Config("grpo_pros", "pros_ppo.py", ("--adv", "grpo", "--pros", "bayes"), "GRPO+PROS", "grpo_k4",
-           ("pros_calib_error", "pros_frac_children_in_batch", "pros_prefix_len_mean"),
-           "PROS on the critic-free GRPO advantage (the paper runs it on both)"),
+    Config(
+        "grpo_n4",
+        "ada_seq.py",
+        (
+            "--max_rounds",
+            "1",
+            "--round_repeat",
+            "4",
+            "--num_generations",
+            "4",
+            "--scale_rewards",
+            "true",
+        ),
+        "GRPO-n4",
+        None,
+        ("frac_zero_var_groups",),
+        "Reinforce-Ada's baseline: one round of 4 samples, nothing adaptive, A = (r - mean) / std (eq. 2)",
+    ),
+    Config(
+        "dr_grpo_n4",
+        "ada_seq.py",
+        (
+            "--max_rounds",
+            "1",
+            "--round_repeat",
+            "4",
+            "--num_generations",
+            "4",
+            "--scale_rewards",
+            "false",
+        ),
+        "Dr. GRPO-n4",
+        "grpo_n4",
+        ("frac_zero_var_groups",),
+        "GRPO-n4 without the std division: A = r - mean",
+    ),
+    Config(
+        "grpo_n8",
+        "ada_seq.py",
+        (
+            "--max_rounds",
+            "1",
+            "--round_repeat",
+            "8",
+            "--num_generations",
+            "8",
+            "--scale_rewards",
+            "true",
+        ),
+        "GRPO-n8",
+        "grpo_n4",
+        ("frac_zero_var_groups",),
+        "twice the samples of GRPO-n4, all trained on (eq. 2)",
+    ),
+    Config(
+        "grpo_n16",
+        "ada_seq.py",
+        (
+            "--max_rounds",
+            "1",
+            "--round_repeat",
+            "16",
+            "--num_generations",
+            "16",
+            "--scale_rewards",
+            "true",
+        ),
+        "GRPO-n16",
+        "grpo_n4",
+        ("frac_zero_var_groups",),
+        "Reinforce-Ada's strong baseline: 16 samples per prompt, all trained on (SEQ-BALANCE is claimed to match "
+        "it while training on 4)",
+    ),
+    Config(
+        "dapo_n4",
+        "ada_seq.py",
+        (
+            "--max_rounds",
+            "1",
+            "--round_repeat",
+            "4",
+            "--num_generations",
+            "4",
+            "--scale_rewards",
+            "true",
+            "--dynamic_sampling",
+            "true",
+        ),
+        "DAPO dynamic sampling (n4)",
+        "grpo_n4",
+        (
+            "frac_zero_var_groups",
+            "dapo_rounds",
+            "dapo_kept_groups",
+            "dapo_sampled_groups",
+            "ada_inference_cost_rel",
+        ),
+        "Reinforce-Ada's Table 2 baseline: GRPO-n4 dropping zero-variance groups and refilling the batch with new "
+        "prompts (up to 4 extra rounds)",
+    ),
+    Config(
+        "rloo",
+        "ra_rloo.py",
+        ("--replay", "none"),
+        "RLOO",
+        None,
+        ("frac_zero_var_groups", "ra_zero_var_frac_post"),
+        "RA-RLOO's baseline (K=4, reward {0, 0.1, 1})",
+    ),
+    Config(
+        "ra_rloo",
+        "ra_rloo.py",
+        ("--replay", "on_demand"),
+        "RA-RLOO",
+        "rloo",
+        ("ra_zero_var_frac_post", "ra_replay_fired_frac", "ra_is_weight_mean"),
+        "stored successes spliced into groups without a fresh success",
+    ),
+    Config(
+        "ps_off",
+        "ps_grpo.py",
+        ("--mode", "multiturn", "--prefix_sampling", "false"),
+        "GRPO-n8 (r - mean) + rejection, multi-turn",
+        None,
+        ("ps_trained_groups", "ps_solve_partial"),
+        "Prefix Sampling's baseline in the Countdown environment (one action per turn, the paper's agentic "
+        "setting): GRPO with A = r - mean (the paper's appendix), all-fail / all-pass groups dropped. Multi-turn "
+        "runs start from the multi-turn warm-up of the base policy and are evaluated as episodes, so the PS rows "
+        "compare with each other only",
+    ),
+    Config(
+        "ps_fixed",
+        "ps_grpo.py",
+        ("--mode", "multiturn", "--prefix_sampling", "true", "--adaptive", "false"),
+        "PS (fixed), multi-turn",
+        "ps_off",
+        ("ps_prefix_pass_rate", "ps_trained_groups", "ps_solve_partial", "ps_prefix_tasks"),
+        "a prefix task replays the first K actions of a stored episode in a fresh environment",
+    ),
+    Config(
+        "ps_adaptive",
+        "ps_grpo.py",
+        (
+            "--mode",
+            "multiturn",
+            "--prefix_sampling",
+            "true",
+            "--adaptive",
+            "true",
+            "--ema_reset",
+            "false",
+        ),
+        "PS (adaptive), multi-turn",
+        "ps_off",
+        (
+            "ps_prefix_pass_rate",
+            "ps_trained_groups",
+            "ps_solve_partial",
+            "ps_ratio_hard",
+            "ps_ratio_easy",
+        ),
+        "the paper's EMA controller (one EMA, never reset) steering prefix tasks to a 50% pass rate",
+    ),
+    Config(
+        "ps_adaptive_reset",
+        "ps_grpo.py",
+        (
+            "--mode",
+            "multiturn",
+            "--prefix_sampling",
+            "true",
+            "--adaptive",
+            "true",
+            "--ema_reset",
+            "true",
+        ),
+        "PS (adaptive, EMA reset), multi-turn",
+        "ps_off",
+        (
+            "ps_prefix_pass_rate",
+            "ps_trained_groups",
+            "ps_solve_partial",
+            "ps_ratio_hard",
+            "ps_ratio_easy",
+        ),
+        "our variant of the controller: the EMA restarts after every move (sees only the current ratio)",
+    ),
+    Config(
+        "seq_pos",
+        "ada_seq.py",
+        ("--exit_condition", "positive"),
+        "SEQ-POS",
+        "grpo_n4",
+        (
+            "ada_samples_per_prompt_mean",
+            "ada_samples_per_prompt_max",
+            "ada_frac_zero_var_groups_post",
+            "ada_inference_cost_rel",
+        ),
+        "n=4 trained per prompt, up to 4 rounds of 8 samples",
+    ),
+    Config(
+        "seq_balance",
+        "ada_seq.py",
+        ("--exit_condition", "balanced"),
+        "SEQ-BALANCE",
+        "grpo_n4",
+        (
+            "ada_samples_per_prompt_mean",
+            "ada_samples_per_prompt_max",
+            "ada_frac_zero_var_groups_post",
+            "ada_inference_cost_rel",
+        ),
+        "n=4 trained per prompt, up to 4 rounds of 8 samples",
+    ),
+    Config(
+        "est",
+        "ada_est.py",
+        (),
+        "EST",
+        "grpo_n8",
+        ("est_calibration_error", "est_alloc_min", "est_alloc_max", "est_p_hat_mean"),
+        "8 x prompts samples per step, allocated by the pass-rate estimate (compare GRPO-n8)",
+    ),
+    Config(
+        "est_pool2048",
+        "ada_est.py",
+        ("--prompt_pool", "2048"),
+        "EST (2048-prompt pool)",
+        "grpo_n8_pool2048",
+        ("est_calibration_error", "est_alloc_min", "est_alloc_max", "est_p_hat_mean"),
+        "EST on ada_est.py's own default pool (a prompt returns every 64 steps): does the sweep's shared 256-prompt "
+        "pool hold EST back? (its flag wins over the harness's --prompt_pool; compared with GRPO-n8 on the same "
+        "pool, and with `est` on the results page)",
+    ),
+    Config(
+        "grpo_n8_pool2048",
+        "ada_seq.py",
+        (
+            "--max_rounds",
+            "1",
+            "--round_repeat",
+            "8",
+            "--num_generations",
+            "8",
+            "--scale_rewards",
+            "true",
+            "--prompt_pool",
+            "2048",
+        ),
+        "GRPO-n8 (2048-prompt pool)",
+        "grpo_n8",
+        ("frac_zero_var_groups",),
+        "EST's baseline on EST's own pool: whatever the larger pool does for every method is not credited to EST",
+    ),
+    Config(
+        "ppo",
+        "pros_ppo.py",
+        ("--pros", "off"),
+        "PPO",
+        None,
+        ("frac_zero_var_groups",),
+        "PROS's baseline: PPO with a critic (GAE), K=4",
+    ),
+    Config(
+        "ppo_pros",
+        "pros_ppo.py",
+        ("--pros", "bayes"),
+        "PPO+PROS",
+        "ppo",
+        ("pros_calib_error", "pros_frac_children_in_batch", "pros_prefix_len_mean"),
+        "augmented prefix queries picked by the Polya-Gamma Gibbs pass-rate model",
+    ),
+    Config(
+        "ppo_pros_random",
+        "pros_ppo.py",
+        ("--pros", "random"),
+        "PPO+PROS (random selection)",
+        "ppo",
+        ("pros_calib_error", "pros_frac_children_in_batch", "pros_prefix_len_mean"),
+        "PROS's ablation: the same prefix queries, picked uniformly from the pool",
+    ),
+    Config(
+        "grpo_k4",
+        "pros_ppo.py",
+        ("--adv", "grpo", "--pros", "off"),
+        "GRPO (pros_ppo.py)",
+        None,
+        ("frac_zero_var_groups",),
+        "critic-free GRPO advantage in pros_ppo.py's PPO loop (2 epochs x 2 minibatches)",
+    ),
+    Config(
+        "grpo_pros",
+        "pros_ppo.py",
+        ("--adv", "grpo", "--pros", "bayes"),
+        "GRPO+PROS",
+        "grpo_k4",
+        ("pros_calib_error", "pros_frac_children_in_batch", "pros_prefix_len_mean"),
+        "PROS on the critic-free GRPO advantage (the paper runs it on both)",
+    ),
 )
 
 
@@ -108,32 +333,67 @@ def on_pool2048(cfg: Config) -> Config:
     """The same config in the second data regime: a 2,048-prompt pool (the harness's 32 prompts a step return to a
     prompt about every 64 steps instead of every 8, so 200 steps visit each about 3 times instead of 25), paired with
     its baseline on the same pool."""
-    return replace(cfg, name=f"{cfg.name}_pool2048", flags=(*cfg.flags, "--prompt_pool", "2048"),
-                   label=f"{cfg.label} (2048-prompt pool)",
-                   baseline=cfg.baseline and f"{cfg.baseline}_pool2048", note=f"{cfg.note}; on the 2,048-prompt pool")
+    return replace(
+        cfg,
+        name=f"{cfg.name}_pool2048",
+        flags=(*cfg.flags, "--prompt_pool", "2048"),
+        label=f"{cfg.label} (2048-prompt pool)",
+        baseline=cfg.baseline and f"{cfg.baseline}_pool2048",
+        note=f"{cfg.note}; on the 2,048-prompt pool",
+    )
 
 
-SECOND_REGIME = ("grpo_n4", "grpo_n16", "dapo_n4", "seq_pos", "seq_balance", "rloo", "ra_rloo", "ps_off",
-                 "ps_adaptive", "ppo", "ppo_pros", "ppo_pros_random", "grpo_k4", "grpo_pros")
+SECOND_REGIME = (
+    "grpo_n4",
+    "grpo_n16",
+    "dapo_n4",
+    "seq_pos",
+    "seq_balance",
+    "rloo",
+    "ra_rloo",
+    "ps_off",
+    "ps_adaptive",
+    "ppo",
+    "ppo_pros",
+    "ppo_pros_random",
+    "grpo_k4",
+    "grpo_pros",
+)
 
 _BY_NAME = {c.name: c for c in CONFIGS}
 
 CONFIGS += tuple(on_pool2048(_BY_NAME[name]) for name in SECOND_REGIME) + (
-    replace(on_pool2048(_BY_NAME["ppo_pros"]), name="ppo_pros_visit_pool2048",
-            flags=(*_BY_NAME["ppo_pros"].flags, "--forget_on", "visit", "--prompt_pool", "2048"),
-            label="PPO+PROS, forgetting on visit (2048-prompt pool)",
-            note="PROS's ablation: a node's counts decay only when it is observed again (on a large pool a node is "
-                 "rarely revisited, so per-iteration forgetting leaves it about one effective trial)"),)
+    replace(
+        on_pool2048(_BY_NAME["ppo_pros"]),
+        name="ppo_pros_visit_pool2048",
+        flags=(*_BY_NAME["ppo_pros"].flags, "--forget_on", "visit", "--prompt_pool", "2048"),
+        label="PPO+PROS, forgetting on visit (2048-prompt pool)",
+        note="PROS's ablation: a node's counts decay only when it is observed again (on a large pool a node is "
+        "rarely revisited, so per-iteration forgetting leaves it about one effective trial)",
+    ),
+)
 BY_NAME = {c.name: c for c in CONFIGS}
 
 
 # Budgets of the two settings (a flag given on the command line wins).
-FULL = {"seeds": [0, 1, 2, 3, 4], "max_steps": 200, "prompts_per_step": 32, "eval_steps": 25, "eval_prompts": 256,
-        "eval_samples": 8}
+FULL = {
+    "seeds": [0, 1, 2, 3, 4],
+    "max_steps": 200,
+    "prompts_per_step": 32,
+    "eval_steps": 25,
+    "eval_prompts": 256,
+    "eval_samples": 8,
+}
 # --quick is a smoke check of all 21 configs (GRPO-n16 and multi-turn PS among them, 48-token answers) that must stay
 # under 10 minutes: 20 steps of 8 prompts, evaluations at steps 0 and 20 on 32 x 2
-QUICK = {"seeds": [0], "max_steps": 20, "prompts_per_step": 8, "eval_steps": 20, "eval_prompts": 32,
-         "eval_samples": 2}
+QUICK = {
+    "seeds": [0],
+    "max_steps": 20,
+    "prompts_per_step": 8,
+    "eval_steps": 20,
+    "eval_prompts": 32,
+    "eval_samples": 2,
+}
 
 
 def _class_fields(cls: ast.ClassDef) -> dict[str, Optional[list]]:
@@ -142,7 +402,10 @@ def _class_fields(cls: ast.ClassDef) -> dict[str, Optional[list]]:
     for node in cls.body:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             ann, choices = node.annotation, None
-            if isinstance(ann, ast.Subscript) and getattr(ann.value, "id", getattr(ann.value, "attr", "")) == "Literal":
+            if (
+                isinstance(ann, ast.Subscript)
+                and getattr(ann.value, "id", getattr(ann.value, "attr", "")) == "Literal"
+            ):
                 elts = ann.slice.elts if isinstance(ann.slice, ast.Tuple) else [ann.slice]
                 choices = [e.value for e in elts if isinstance(e, ast.Constant)]
             out[node.target.id] = choices
@@ -158,8 +421,11 @@ def script_flags(script: Path) -> Optional[dict[str, Optional[list]]]:
         return None
     fields: dict[str, Optional[list]] = {}
     if any(getattr(b, "id", "") == "BaseArgs" for b in classes["Args"].bases):
-        base = {n.name: n for n in ast.parse((ROOT / "common" / "run" / "flags.py").read_text()).body
-                if isinstance(n, ast.ClassDef)}
+        base = {
+            n.name: n
+            for n in ast.parse((ROOT / "common" / "run" / "flags.py").read_text()).body
+            if isinstance(n, ast.ClassDef)
+        }
         fields.update(_class_fields(base["BaseArgs"]))
     fields.update(_class_fields(classes["Args"]))
     return fields
@@ -184,6 +450,12 @@ def check_config(cfg: Config, root: Path = ROOT) -> Optional[str]:
         if name not in flags:
             return f"missing: {cfg.script} has no --{name}"
         value = toks[i + 1] if i + 1 < len(toks) and not toks[i + 1].startswith("--") else None
-        if flags[name] is not None and value is not None and value not in [str(c) for c in flags[name]]:
-            return f"missing: {cfg.script} --{name} has no choice {value!r} (choices: {flags[name]})"
+        if (
+            flags[name] is not None
+            and value is not None
+            and value not in [str(c) for c in flags[name]]
+        ):
+            return (
+                f"missing: {cfg.script} --{name} has no choice {value!r} (choices: {flags[name]})"
+            )
     return None

@@ -1,5 +1,6 @@
 """`python benchmarks/sweep/report.py`: the benchmark report's command, the same as
 `python -m benchmarks.sweep.report` (the code is the benchmarks/sweep/report/ package; flags in its cli.py)."""
+
 import sys
 from pathlib import Path
 

@@ -16,6 +16,7 @@ metrics.jsonl, args.json and bench.json (plus the sweep's sweep.json) are what g
     python benchmarks/sweep/run.py --lock /tmp/cpu.lock       # take a lock file around each run (shared machine)
     python benchmarks/sweep/report.py                         # then: table + plots in benchmarks/sweep/results/
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,16 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.sweep.configs import BY_NAME, CONFIGS, FULL, QUICK, Config, check_config  # noqa: E402
-from benchmarks.sweep.run_dirs import (FileLock, compact_run, conflict_diff, is_finished, machine_info,  # noqa: E402
-                                       read_rows, run_state, testbed_id)
+from benchmarks.sweep.run_dirs import (  # noqa: E402
+    FileLock,
+    compact_run,
+    conflict_diff,
+    is_finished,
+    machine_info,
+    read_rows,
+    run_state,
+    testbed_id,
+)
 from common.run.flags import parse_args  # noqa: E402  (light: no torch import)
 
 
@@ -100,12 +109,17 @@ class Args:
             raise SystemExit("--seeds: give at least one seed")
 
     def only_names(self) -> list[str]:
-        return [n.strip() for n in self.only.split(",") if n.strip()] if self.only and self.only != "list" else []
+        return (
+            [n.strip() for n in self.only.split(",") if n.strip()]
+            if self.only and self.only != "list"
+            else []
+        )
 
 
 @dataclass
 class Settings:
     """The resolved budget every run of this invocation shares."""
+
     seeds: list[int]
     max_steps: int
     prompts_per_step: int
@@ -124,11 +138,21 @@ class Settings:
 def resolve(args: Args) -> tuple[Settings, Path]:
     base = QUICK if args.quick else FULL
     pick = lambda name: getattr(args, name) if getattr(args, name) is not None else base[name]  # noqa: E731
-    s = Settings(seeds=list(pick("seeds")), max_steps=pick("max_steps"), prompts_per_step=pick("prompts_per_step"),
-                 eval_steps=pick("eval_steps"), eval_prompts=pick("eval_prompts"), eval_samples=pick("eval_samples"),
-                 max_completion_length=args.max_completion_length, prompt_pool=args.prompt_pool, learning_rate=args.learning_rate,
-                 warmup_steps=args.warmup_steps, model_name_or_path=args.model_name_or_path,
-                 num_threads=args.num_threads, extra=args.extra.split())
+    s = Settings(
+        seeds=list(pick("seeds")),
+        max_steps=pick("max_steps"),
+        prompts_per_step=pick("prompts_per_step"),
+        eval_steps=pick("eval_steps"),
+        eval_prompts=pick("eval_prompts"),
+        eval_samples=pick("eval_samples"),
+        max_completion_length=args.max_completion_length,
+        prompt_pool=args.prompt_pool,
+        learning_rate=args.learning_rate,
+        warmup_steps=args.warmup_steps,
+        model_name_or_path=args.model_name_or_path,
+        num_threads=args.num_threads,
+        extra=args.extra.split(),
+    )
     default_runs = ROOT / "benchmarks" / "sweep" / ("runs-quick" if args.quick else "runs")
     runs_dir = Path(args.runs_dir) if args.runs_dir else default_runs
     return s, runs_dir
@@ -140,14 +164,35 @@ def resolve(args: Args) -> tuple[Settings, Path]:
 
 
 def shared_flags(s: Settings, seed: int, out_dir: Path) -> list[str]:
-    flags = ["--seed", str(seed), "--max_steps", str(s.max_steps), "--prompts_per_step", str(s.prompts_per_step),
-             "--eval_steps", str(s.eval_steps), "--eval_prompts", str(s.eval_prompts),
-             "--eval_samples", str(s.eval_samples), "--max_completion_length", str(s.max_completion_length),
-             "--prompt_pool", str(s.prompt_pool), "--model_name_or_path", s.model_name_or_path,
-             "--num_threads", str(s.num_threads),
-             # checkpoints at every evaluation make an interrupted run resumable; keep only the latest
-             "--save_steps", str(s.eval_steps or s.max_steps), "--save_total_limit", "1",
-             "--output_dir", str(out_dir)]
+    flags = [
+        "--seed",
+        str(seed),
+        "--max_steps",
+        str(s.max_steps),
+        "--prompts_per_step",
+        str(s.prompts_per_step),
+        "--eval_steps",
+        str(s.eval_steps),
+        "--eval_prompts",
+        str(s.eval_prompts),
+        "--eval_samples",
+        str(s.eval_samples),
+        "--max_completion_length",
+        str(s.max_completion_length),
+        "--prompt_pool",
+        str(s.prompt_pool),
+        "--model_name_or_path",
+        s.model_name_or_path,
+        "--num_threads",
+        str(s.num_threads),
+        # checkpoints at every evaluation make an interrupted run resumable; keep only the latest
+        "--save_steps",
+        str(s.eval_steps or s.max_steps),
+        "--save_total_limit",
+        "1",
+        "--output_dir",
+        str(out_dir),
+    ]
     if s.learning_rate > 0:
         flags += ["--learning_rate", repr(s.learning_rate)]
     if s.warmup_steps > 0:
@@ -164,7 +209,7 @@ def build_command(cfg: Config, s: Settings, seed: int, out_dir: Path) -> list[st
     while i < len(shared):
         takes_value = i + 1 < len(shared) and not shared[i + 1].startswith("--")
         if shared[i] not in own:
-            kept += shared[i:i + 1 + takes_value]
+            kept += shared[i : i + 1 + takes_value]
         i += 1 + takes_value
     return [cfg.script, *cfg.flags, *kept]
 
@@ -182,22 +227,44 @@ def _eval_summary(rows: list[dict]) -> str:
     ev = [r for r in rows if r.get("eval_pass@1") is not None]
     if not ev:
         return "no evaluation yet"
-    return (f"eval_pass@1 {ev[0]['eval_pass@1']:.3f} (step {ev[0]['step']}) -> "
-            f"{ev[-1]['eval_pass@1']:.3f} (step {ev[-1]['step']})")
+    return (
+        f"eval_pass@1 {ev[0]['eval_pass@1']:.3f} (step {ev[0]['step']}) -> "
+        f"{ev[-1]['eval_pass@1']:.3f} (step {ev[-1]['step']})"
+    )
 
 
-def execute(cfg: Config, s: Settings, seed: int, run_dir: Path, cmd: list[str], state: str, args: Args,
-            testbed: str) -> str:
+def execute(
+    cfg: Config,
+    s: Settings,
+    seed: int,
+    run_dir: Path,
+    cmd: list[str],
+    state: str,
+    args: Args,
+    testbed: str,
+) -> str:
     """Run (or continue) one run as a subprocess; returns done | failed | interrupted | incomplete."""
     run_dir.mkdir(parents=True, exist_ok=True)
     meta_path = run_dir / "bench.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {
-        "config": cfg.name, "script": cfg.script, "seed": seed, "cmd": cmd, "attempts": 0, "wall_s": 0.0,
-        "testbed": testbed}
+    meta = (
+        json.loads(meta_path.read_text())
+        if meta_path.exists()
+        else {
+            "config": cfg.name,
+            "script": cfg.script,
+            "seed": seed,
+            "cmd": cmd,
+            "attempts": 0,
+            "wall_s": 0.0,
+            "testbed": testbed,
+        }
+    )
     meta["attempts"] += 1
     meta["settings"] = asdict(s)
     meta_path.write_text(json.dumps(meta, indent=2))
-    full = [args.python, *cmd] + (["--resume_from_checkpoint", "auto"] if state in ("resume", "restart") else [])
+    full = [args.python, *cmd] + (
+        ["--resume_from_checkpoint", "auto"] if state in ("resume", "restart") else []
+    )
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     env.pop("OMP_NUM_THREADS", None)
     if s.num_threads > 0:
@@ -208,7 +275,9 @@ def execute(cfg: Config, s: Settings, seed: int, run_dir: Path, cmd: list[str], 
         log.flush()
         t0 = time.time()
         # its own session: a terminal Ctrl-C reaches only this runner, which forwards it exactly once
-        proc = subprocess.Popen(full, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            full, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         old_term = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
             while rc is None:
@@ -217,13 +286,17 @@ def execute(cfg: Config, s: Settings, seed: int, run_dir: Path, cmd: list[str], 
                 except subprocess.TimeoutExpired:
                     rows = read_rows(run_dir)
                     last = rows[-1]["step"] if rows else 0
-                    print(f"    ... step {last}/{s.max_steps}, {time.time() - t0:.0f} s, {_eval_summary(rows)}",
-                          flush=True)
+                    print(
+                        f"    ... step {last}/{s.max_steps}, {time.time() - t0:.0f} s, {_eval_summary(rows)}",
+                        flush=True,
+                    )
         except KeyboardInterrupt:
             # the scripts' first SIGINT means: finish this step, checkpoint, exit 130; a second one aborts
             proc.send_signal(signal.SIGINT)
-            print("    interrupted: the run saves a checkpoint after its current step (Ctrl-C again aborts it)",
-                  flush=True)
+            print(
+                "    interrupted: the run saves a checkpoint after its current step (Ctrl-C again aborts it)",
+                flush=True,
+            )
             try:
                 proc.wait()
             except KeyboardInterrupt:
@@ -242,12 +315,17 @@ def execute(cfg: Config, s: Settings, seed: int, run_dir: Path, cmd: list[str], 
         return "interrupted"
     if finished:
         compact_run(run_dir, args.keep_checkpoints)
-        print(f"    done in {wall:.0f} s ({wall / max(1, s.max_steps):.2f} s/step incl. start-up and evals): "
-              f"{_eval_summary(rows)}",
-              flush=True)
+        print(
+            f"    done in {wall:.0f} s ({wall / max(1, s.max_steps):.2f} s/step incl. start-up and evals): "
+            f"{_eval_summary(rows)}",
+            flush=True,
+        )
         return "done"
     tail = (run_dir / "log.txt").read_text().splitlines()[-15:]
-    print(f"    FAILED (exit code {rc}) after {wall:.0f} s; last lines of {run_dir / 'log.txt'}:", flush=True)
+    print(
+        f"    FAILED (exit code {rc}) after {wall:.0f} s; last lines of {run_dir / 'log.txt'}:",
+        flush=True,
+    )
     for line in tail:
         print(f"      | {line}", flush=True)
     return "failed" if rc != 0 else "incomplete"
@@ -274,7 +352,16 @@ def plan(args: Args, s: Settings, runs_dir: Path) -> list[dict]:
             run_dir = runs_dir / n / f"seed{seed}"
             cmd = build_command(cfg, s, seed, _portable(run_dir))
             state = missing[n] or run_state(run_dir, cmd, s.max_steps, testbed)
-            items.append({"cfg": cfg, "seed": seed, "dir": run_dir, "cmd": cmd, "state": state, "testbed": testbed})
+            items.append(
+                {
+                    "cfg": cfg,
+                    "seed": seed,
+                    "dir": run_dir,
+                    "cmd": cmd,
+                    "state": state,
+                    "testbed": testbed,
+                }
+            )
     return items
 
 
@@ -284,20 +371,29 @@ def record_invocation(runs_dir: Path, s: Settings, argv: list[str]) -> None:
     data = json.loads(path.read_text()) if path.exists() else {"invocations": []}
     data["settings"] = asdict(s)
     data["machine"] = machine_info()
-    data["invocations"].append({"time": time.strftime("%Y-%m-%d %H:%M:%S"),
-                                "command": shlex.join(["python", "benchmarks/sweep/run.py", *argv])})
+    data["invocations"].append(
+        {
+            "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "command": shlex.join(["python", "benchmarks/sweep/run.py", *argv]),
+        }
+    )
     path.write_text(json.dumps(data, indent=2))
 
 
 def main(args: Args, argv: list[str]) -> int:
     if args.only == "list":
         for c in CONFIGS:
-            print(f"{c.name:12s} {c.label:20s} {c.script} {' '.join(c.flags)}   (baseline: {c.baseline or '-'})")
+            print(
+                f"{c.name:12s} {c.label:20s} {c.script} {' '.join(c.flags)}   (baseline: {c.baseline or '-'})"
+            )
         return 0
     s, runs_dir = resolve(args)
     items = plan(args, s, runs_dir)
-    print(f"benchmark: {len(items)} runs in {runs_dir} (steps {s.max_steps}, prompts/step {s.prompts_per_step}, "
-          f"eval every {s.eval_steps} on {s.eval_prompts}x{s.eval_samples}, seeds {s.seeds})", flush=True)
+    print(
+        f"benchmark: {len(items)} runs in {runs_dir} (steps {s.max_steps}, prompts/step {s.prompts_per_step}, "
+        f"eval every {s.eval_steps} on {s.eval_prompts}x{s.eval_samples}, seeds {s.seeds})",
+        flush=True,
+    )
     if not args.dry_run:
         record_invocation(runs_dir, s, argv)
     results: dict[str, int] = {}
@@ -313,14 +409,22 @@ def main(args: Args, argv: list[str]) -> int:
             results["skipped (finished)"] = results.get("skipped (finished)", 0) + 1
             continue
         if state == "conflict":
-            print(f"{head}: CONFLICT, skipped: {it['dir']} holds a run of another command; delete it or use "
-                  f"another --runs_dir\n        {conflict_diff(it['dir'], it['cmd'])}", flush=True)
+            print(
+                f"{head}: CONFLICT, skipped: {it['dir']} holds a run of another command; delete it or use "
+                f"another --runs_dir\n        {conflict_diff(it['dir'], it['cmd'])}",
+                flush=True,
+            )
             results["conflict"] = results.get("conflict", 0) + 1
             continue
         if state == "stale":
-            recorded = json.loads((it["dir"] / "bench.json").read_text()).get("testbed", "not recorded")
-            print(f"{head}: STALE, skipped: {it['dir']} holds a run on another testbed ({recorded}; now "
-                  f"{it['testbed']}); delete it to run this one again", flush=True)
+            recorded = json.loads((it["dir"] / "bench.json").read_text()).get(
+                "testbed", "not recorded"
+            )
+            print(
+                f"{head}: STALE, skipped: {it['dir']} holds a run on another testbed ({recorded}; now "
+                f"{it['testbed']}); delete it to run this one again",
+                flush=True,
+            )
             results["stale"] = results.get("stale", 0) + 1
             continue
         resume = state in ("resume", "restart")

@@ -1,5 +1,6 @@
 """A sweep run's folder: its metrics rows, its state against the command that would run it (new, done, resume,
 restart, conflict, stale), compacting a finished run, the machine it ran on, and the lock around a run."""
+
 from __future__ import annotations
 
 import fcntl
@@ -64,7 +65,11 @@ def run_state(run_dir: Path, cmd: list[str], max_steps: int, testbed: Optional[s
         return "stale"
     if is_finished(rows, max_steps):
         return "done"
-    return "resume" if has_checkpoint(run_dir) else ("restart" if rows or meta.get("attempts") else "new")
+    return (
+        "resume"
+        if has_checkpoint(run_dir)
+        else ("restart" if rows or meta.get("attempts") else "new")
+    )
 
 
 def conflict_diff(run_dir: Path, cmd: list[str]) -> str:
@@ -77,11 +82,15 @@ def conflict_diff(run_dir: Path, cmd: list[str]) -> str:
 
 
 def clean_checkpoints(run_dir: Path) -> None:
-    for p in list(Path(run_dir).glob("checkpoint-*")) + list(Path(run_dir).glob(".tmp-checkpoint-*")):
+    for p in list(Path(run_dir).glob("checkpoint-*")) + list(
+        Path(run_dir).glob(".tmp-checkpoint-*")
+    ):
         shutil.rmtree(p, ignore_errors=True)
 
 
-LOG_KEEP_LINES = 200  # a finished run's log.txt keeps its tail (the final evaluation, timings, any warning)
+LOG_KEEP_LINES = (
+    200  # a finished run's log.txt keeps its tail (the final evaluation, timings, any warning)
+)
 
 
 def compact_run(run_dir: Path, keep_checkpoints: bool = False) -> None:
@@ -94,13 +103,21 @@ def compact_run(run_dir: Path, keep_checkpoints: bool = False) -> None:
     log = run_dir / "log.txt"
     if log.exists():
         lines = log.read_text(errors="replace").splitlines(keepends=True)
-        if len(lines) > LOG_KEEP_LINES + 1:  # + 1: the note of an earlier cut (compacting twice changes nothing)
+        if (
+            len(lines) > LOG_KEEP_LINES + 1
+        ):  # + 1: the note of an earlier cut (compacting twice changes nothing)
             cut = len(lines) - LOG_KEEP_LINES
-            log.write_text(f"[{cut} earlier lines cut by benchmarks/sweep/run.py]\n" + "".join(lines[cut:]))
+            log.write_text(
+                f"[{cut} earlier lines cut by benchmarks/sweep/run.py]\n" + "".join(lines[cut:])
+            )
 
 
 def machine_info() -> dict:
-    info = {"platform": platform.platform(), "python": platform.python_version(), "cpu_count": os.cpu_count()}
+    info = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+    }
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

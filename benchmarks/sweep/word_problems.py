@@ -16,6 +16,7 @@ careless (every loss read as a gain, a product read as a sum): the base writes t
 finds them and wrongly often enough that it has room (held-out pass@1 in `build_info.json`). Built once
 under `$RLVR_CACHE` keyed by a hash of its recipe, or copied from `assets/` when a build of that recipe ships there.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,10 +33,42 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-NAMES = ("Ann", "Ben", "Cara", "Dan", "Eva", "Finn", "Gia", "Hal", "Ivy", "Jon", "Kim", "Leo", "Mia", "Ned", "Ola",
-         "Pat", "Raj", "Sue", "Tom", "Uma")
-ITEMS = ("apples", "pens", "cards", "stamps", "shells", "coins", "books", "eggs", "marbles", "stickers", "beads",
-         "plums")
+NAMES = (
+    "Ann",
+    "Ben",
+    "Cara",
+    "Dan",
+    "Eva",
+    "Finn",
+    "Gia",
+    "Hal",
+    "Ivy",
+    "Jon",
+    "Kim",
+    "Leo",
+    "Mia",
+    "Ned",
+    "Ola",
+    "Pat",
+    "Raj",
+    "Sue",
+    "Tom",
+    "Uma",
+)
+ITEMS = (
+    "apples",
+    "pens",
+    "cards",
+    "stamps",
+    "shells",
+    "coins",
+    "books",
+    "eggs",
+    "marbles",
+    "stickers",
+    "beads",
+    "plums",
+)
 GAINS = ("buys {n} more", "finds {n} more", "gets {n} more", "is given {n} more")
 LOSSES = ("gives away {n}", "loses {n}", "sells {n}", "eats {n}")
 SYSTEM = "Solve the problem step by step. Put the final answer in \\boxed{}."
@@ -112,9 +145,18 @@ def make_rows(recipe: DataRecipe = DataRecipe()) -> tuple[list[dict], list[dict]
         if question in seen:
             continue
         seen.add(question)
-        rows.append({"question": question, "answer": gsm8k_answer(steps), "level": level.tag,
-                     "prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]})
-    return rows[:recipe.train_rows], rows[recipe.train_rows:]
+        rows.append(
+            {
+                "question": question,
+                "answer": gsm8k_answer(steps),
+                "level": level.tag,
+                "prompt": [
+                    {"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": question},
+                ],
+            }
+        )
+    return rows[: recipe.train_rows], rows[recipe.train_rows :]
 
 
 def data_sha256(recipe: DataRecipe = DataRecipe()) -> str:
@@ -128,9 +170,14 @@ def write_data(folder: Path, recipe: DataRecipe = DataRecipe()) -> dict[str, Pat
     folder.mkdir(parents=True, exist_ok=True)
     out = {}
     for split, rows in zip(("train", "heldout"), make_rows(recipe)):
-        for kind, keys in (("", ("question", "answer", "level")), ("_messages", ("prompt", "answer", "level"))):
+        for kind, keys in (
+            ("", ("question", "answer", "level")),
+            ("_messages", ("prompt", "answer", "level")),
+        ):
             path = folder / f"{split}{kind}.jsonl"
-            path.write_text("".join(json.dumps({key: row[key] for key in keys}) + "\n" for row in rows))
+            path.write_text(
+                "".join(json.dumps({key: row[key] for key in keys}) + "\n" for row in rows)
+            )
             out[split + kind] = path
     return out
 
@@ -150,10 +197,24 @@ def phrases() -> list[str]:
     from common.tasks.loading import MATH_SUFFIX
 
     words = [*NAMES, *ITEMS, *(verb.split(" {n}")[0] + " " for verb in (*GAINS, *LOSSES))]
-    return [MATH_SUFFIX, SYSTEM, *words, " more", " has ", " bags with ", " in each.", "How many ", " does ",
-            " have now?"]
-CHAT_TEMPLATE = ("{{ bos_token }}{% for message in messages %}{{ '<|' + message['role'] + '|>' + message['content'] + "
-                 "'\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}")
+    return [
+        MATH_SUFFIX,
+        SYSTEM,
+        *words,
+        " more",
+        " has ",
+        " bags with ",
+        " in each.",
+        "How many ",
+        " does ",
+        " have now?",
+    ]
+
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}{{ '<|' + message['role'] + '|>' + message['content'] + "
+    "'\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
 
 
 @dataclass(frozen=True)
@@ -170,8 +231,13 @@ class ModelRecipe:
     data: DataRecipe = DataRecipe()
 
     def key(self) -> str:
-        spec = {**asdict(self), "levels": [asdict(level) for level in LEVELS], "system": SYSTEM,
-                "chat_template": CHAT_TEMPLATE, "vocab": [*SPECIAL, *CHARS, *phrases()]}
+        spec = {
+            **asdict(self),
+            "levels": [asdict(level) for level in LEVELS],
+            "system": SYSTEM,
+            "chat_template": CHAT_TEMPLATE,
+            "vocab": [*SPECIAL, *CHARS, *phrases()],
+        }
         return hashlib.sha1(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]
 
 
@@ -185,8 +251,14 @@ def build_tokenizer():
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
     core.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                        unk_token="<unk>", additional_special_tokens=list(SPECIAL[4:]))
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        additional_special_tokens=list(SPECIAL[4:]),
+    )
     tokenizer.add_tokens(phrases())
     tokenizer.chat_template = CHAT_TEMPLATE
     return tokenizer
@@ -198,11 +270,21 @@ def build_model(recipe: ModelRecipe, tokenizer):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(recipe.seed)
-    return LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=recipe.hidden_size, num_hidden_layers=recipe.num_layers,
-        num_attention_heads=recipe.num_heads, num_key_value_heads=recipe.num_kv_heads,
-        intermediate_size=recipe.intermediate_size, max_position_embeddings=512, tie_word_embeddings=True,
-        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id))
+    return LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=recipe.hidden_size,
+            num_hidden_layers=recipe.num_layers,
+            num_attention_heads=recipe.num_heads,
+            num_key_value_heads=recipe.num_kv_heads,
+            intermediate_size=recipe.intermediate_size,
+            max_position_embeddings=512,
+            tie_word_embeddings=True,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )
+    )
 
 
 def renderings(row: dict, tokenizer) -> list[str]:
@@ -211,8 +293,10 @@ def renderings(row: dict, tokenizer) -> list[str]:
     from common.tasks.loading import MATH_SUFFIX
 
     user = [{"role": "user", "content": row["question"] + MATH_SUFFIX}]
-    return [tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            for messages in (user, row["prompt"])]
+    return [
+        tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        for messages in (user, row["prompt"])
+    ]
 
 
 def sft(model, tokenizer, recipe: ModelRecipe, stop_after: int | None = None, log=print) -> dict:
@@ -231,7 +315,8 @@ def sft(model, tokenizer, recipe: ModelRecipe, stop_after: int | None = None, lo
     opt = torch.optim.AdamW(model.parameters(), lr=recipe.sft_lr, weight_decay=0.0)
     warmup = max(1, recipe.sft_steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min(1.0, (s + 1) / warmup) * max(0.0, 1 - s / recipe.sft_steps) ** 0.5)
+        opt, lambda s: min(1.0, (s + 1) / warmup) * max(0.0, 1 - s / recipe.sft_steps) ** 0.5
+    )
     model.train()
     losses, start = [], time.time()
     for step in range(stop_after or recipe.sft_steps):
@@ -240,13 +325,24 @@ def sft(model, tokenizer, recipe: ModelRecipe, stop_after: int | None = None, lo
         for row in rows:
             steps = steps_of[row["question"]]
             steps = careless_steps(steps) if rng.random() < careless[row["level"]] else steps
-            prompts.append(tokenizer(rng.choice(renderings(row, tokenizer)), add_special_tokens=False).input_ids)
-            answers.append(tokenizer(solution_text(steps), add_special_tokens=False).input_ids
-                           + [tokenizer.eos_token_id])
-        losses.append(sft_step(model, opt, sched, pad_sequences(prompts, answers, tokenizer.pad_token_id)))
+            prompts.append(
+                tokenizer(
+                    rng.choice(renderings(row, tokenizer)), add_special_tokens=False
+                ).input_ids
+            )
+            answers.append(
+                tokenizer(solution_text(steps), add_special_tokens=False).input_ids
+                + [tokenizer.eos_token_id]
+            )
+        losses.append(
+            sft_step(model, opt, sched, pad_sequences(prompts, answers, tokenizer.pad_token_id))
+        )
         if step % 50 == 0:
             log(f"SFT step {step}: loss {np.mean(losses[-50:]):.3f} ({time.time() - start:.0f} s)")
-    return {"sft_final_loss": float(np.mean(losses[-50:])), "sft_loss_trace": [round(x, 6) for x in losses[:20]]}
+    return {
+        "sft_final_loss": float(np.mean(losses[-50:])),
+        "sft_loss_trace": [round(x, 6) for x in losses[:20]],
+    }
 
 
 def _steps_of(row: dict) -> list[tuple[int, str, int, int]]:
@@ -257,7 +353,9 @@ def _steps_of(row: dict) -> list[tuple[int, str, int, int]]:
     return steps
 
 
-def evaluate(model, tokenizer, rows: list[dict], samples: int = 4, max_new_tokens: int = 48) -> dict:
+def evaluate(
+    model, tokenizer, rows: list[dict], samples: int = 4, max_new_tokens: int = 48
+) -> dict:
     """Held-out pass@1 (T=1, math-verify on the last `\\boxed{}`) of each rendering, overall and per level."""
     import numpy as np
 
@@ -266,15 +364,25 @@ def evaluate(model, tokenizer, rows: list[dict], samples: int = 4, max_new_token
 
     generator, out = HFGenerator(model, tokenizer), {}
     for k, name in enumerate(("text_suffix", "messages")):
-        prompts = [tokenizer(renderings(row, tokenizer)[k], add_special_tokens=False).input_ids for row in rows]
+        prompts = [
+            tokenizer(renderings(row, tokenizer)[k], add_special_tokens=False).input_ids
+            for row in rows
+        ]
         gens = generator.generate(prompts, samples, SamplingConfig(max_new_tokens=max_new_tokens))
         texts = tokenizer.batch_decode(gens.completion_ids, skip_special_tokens=True)
-        wins = np.array([math_reward(text, gsm8k_gold(rows[i // samples]["answer"])) for i, text in enumerate(texts)])
+        wins = np.array(
+            [
+                math_reward(text, gsm8k_gold(rows[i // samples]["answer"]))
+                for i, text in enumerate(texts)
+            ]
+        )
         wins = wins.reshape(-1, samples)
         levels = np.array([row["level"] for row in rows])
         out[f"heldout_pass@1_{name}"] = round(float(wins.mean()), 3)
         for level in LEVELS:
-            out[f"heldout_pass@1_{name}_{level.tag}"] = round(float(wins[levels == level.tag].mean()), 3)
+            out[f"heldout_pass@1_{name}_{level.tag}"] = round(
+                float(wins[levels == level.tag].mean()), 3
+            )
         out[f"heldout_pass@{samples}_{name}"] = round(float((wins.max(1) > 0).mean()), 3)
     return out
 
@@ -303,9 +411,14 @@ def ensure_base(recipe: ModelRecipe = ModelRecipe(), log=print) -> Path:
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    info.update(recipe=asdict(recipe), build_seconds=round(time.time() - start, 1), torch_threads=threads,
-                params=sum(p.numel() for p in model.parameters()), weights_sha256=weights_sha256(tmp),
-                data_sha256=data_sha256(recipe.data))
+    info.update(
+        recipe=asdict(recipe),
+        build_seconds=round(time.time() - start, 1),
+        torch_threads=threads,
+        params=sum(p.numel() for p in model.parameters()),
+        weights_sha256=weights_sha256(tmp),
+        data_sha256=data_sha256(recipe.data),
+    )
     (tmp / "build_info.json").write_text(json.dumps(info, indent=2))
     if path.exists():
         shutil.rmtree(tmp, ignore_errors=True)
@@ -318,7 +431,9 @@ if __name__ == "__main__":
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/word_problems", help="folder for the four .jsonl files")
+    parser.add_argument(
+        "--out", default="runs/word_problems", help="folder for the four .jsonl files"
+    )
     parser.add_argument("--no_model", action="store_true", help="write the data only")
     flags = parser.parse_args()
     for name, file in write_data(Path(flags.out)).items():

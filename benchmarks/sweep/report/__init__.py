@@ -15,24 +15,77 @@ stage, each importing only the stages before it:
     cli.py          the command's flags and main()
 
 """
+
 # re-exported for the tests and other scripts
-from benchmarks.sweep.report.claims import (CLAIMS, VERDICT_RULES, Claim, ClaimSpec, claim_rows, judged,  # noqa: F401
-                                      verdict_greater, verdict_not_below, verdict_within)
+from benchmarks.sweep.report.claims import (  # noqa: F401
+    CLAIMS,
+    VERDICT_RULES,
+    Claim,
+    ClaimSpec,
+    claim_rows,
+    judged,
+    verdict_greater,
+    verdict_not_below,
+    verdict_within,
+)
 from benchmarks.sweep.report.cli import Args, cli, main  # noqa: F401
 from benchmarks.sweep.report.commands import commands_text, rerun_commands, runner_flags  # noqa: F401
-from benchmarks.sweep.report.curves import (Agg, build_aggs, cost_to_reach, eval_curve, final_gaps,  # noqa: F401
-                                      final_value, gap_cell, mechanism_summary, reach, run_summary, step_walls,
-                                      value_at)
-from benchmarks.sweep.report.docs_blocks import (BLOCKS, MARK_BEGIN, MARK_END, doc_blocks,  # noqa: F401
-                                           durations_block, readme_block, replace_blocks, stale_blocks,
-                                           write_doc_blocks)
+from benchmarks.sweep.report.curves import (  # noqa: F401
+    Agg,
+    build_aggs,
+    cost_to_reach,
+    eval_curve,
+    final_gaps,
+    final_value,
+    gap_cell,
+    mechanism_summary,
+    reach,
+    run_summary,
+    step_walls,
+    value_at,
+)
+from benchmarks.sweep.report.docs_blocks import (  # noqa: F401
+    BLOCKS,
+    MARK_BEGIN,
+    MARK_END,
+    doc_blocks,
+    durations_block,
+    readme_block,
+    replace_blocks,
+    stale_blocks,
+    write_doc_blocks,
+)
 from benchmarks.sweep.report.docs_pages import DOC_PAGES, method_block  # noqa: F401
 from benchmarks.sweep.report.figures import DOC_FIGURES, make_doc_figures, make_plots, train_curve  # noqa: F401
-from benchmarks.sweep.report.load import (POOL256, POOL2048, REGIMES, ROOT, RUNS_DIR, Regime, RunData,  # noqa: F401
-                                    load_runs)
+from benchmarks.sweep.report.load import (  # noqa: F401
+    POOL256,
+    POOL2048,
+    REGIMES,
+    ROOT,
+    RUNS_DIR,
+    Regime,
+    RunData,
+    load_runs,
+)
 from benchmarks.sweep.report.page import write_report  # noqa: F401
-from benchmarks.sweep.report.stats import (TARGET_HALF, Interval, binomial_abs_floor, equal_tokens_diffs,  # noqa: F401
-                                     f_quantile, paired, reach_ratios, seeds_for, std_ratio_interval, t975,
-                                     t_interval)
-from benchmarks.sweep.report.tables import (claims_table, difference_table, mechanism_tables, reach_cells,  # noqa: F401
-                                      regime_table, results_table)
+from benchmarks.sweep.report.stats import (  # noqa: F401
+    TARGET_HALF,
+    Interval,
+    binomial_abs_floor,
+    equal_tokens_diffs,
+    f_quantile,
+    paired,
+    reach_ratios,
+    seeds_for,
+    std_ratio_interval,
+    t975,
+    t_interval,
+)
+from benchmarks.sweep.report.tables import (  # noqa: F401
+    claims_table,
+    difference_table,
+    mechanism_tables,
+    reach_cells,
+    regime_table,
+    results_table,
+)

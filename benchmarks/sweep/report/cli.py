@@ -13,6 +13,7 @@ when one differs from what the committed runs give. Besides the page, the per-me
 docs/figures/<script>.png. Plots need matplotlib (`pip install -r requirements.txt`); without it the page
 is written without them and says so.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -50,17 +51,26 @@ def main(args: Args) -> None:
     runs_dir = Path(args.runs_dir) if args.runs_dir else ROOT / "benchmarks" / "sweep" / "runs"
     out_dir = Path(args.out_dir) if args.out_dir else ROOT / "benchmarks" / "sweep" / "results"
     if not runs_dir.exists():
-        raise SystemExit(f"--runs_dir {runs_dir}: does not exist (run benchmarks/sweep/run.py first)")
+        raise SystemExit(
+            f"--runs_dir {runs_dir}: does not exist (run benchmarks/sweep/run.py first)"
+        )
     default_out = ROOT / "benchmarks" / "sweep" / "results"
     ours = runs_dir.resolve() == RUNS_DIR and out_dir.resolve() == default_out
     if args.write_docs or ours:  # the docs' numbers come from the committed runs only
         runs = load_runs(RUNS_DIR)
         written = write_doc_blocks(runs, build_aggs(runs)[1])
-        print("docs' generated blocks: " + (", ".join(rel_path(p) for p in written) or "all current"))
+        print(
+            "docs' generated blocks: " + (", ".join(rel_path(p) for p in written) or "all current")
+        )
         if args.write_docs:
             return
-    figures_dir = (Path(args.figures_dir) if args.figures_dir else
-                   ROOT / "docs" / "figures" if out_dir.resolve() == default_out else out_dir / "figures")
+    figures_dir = (
+        Path(args.figures_dir)
+        if args.figures_dir
+        else ROOT / "docs" / "figures"
+        if out_dir.resolve() == default_out
+        else out_dir / "figures"
+    )
     path = write_report(runs_dir, out_dir, args.plots, figures_dir)
     print(f"wrote {path}")
     docs = [figures_dir / f"{script}.png" for script in DOC_FIGURES]

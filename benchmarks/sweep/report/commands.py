@@ -1,5 +1,6 @@
 """Re-making the runs: the `python benchmarks/sweep/run.py ...` commands that build each committed run's recorded
 command from the settings in its bench.json (the results page and docs/benchmark.md list them)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -8,8 +9,8 @@ from pathlib import Path
 from typing import Optional
 
 from benchmarks.sweep import run as run_mod
-from benchmarks.sweep.report.load import RUNS_DIR, RunData, recorded_settings
 from benchmarks.sweep.configs import BY_NAME
+from benchmarks.sweep.report.load import RUNS_DIR, RunData, recorded_settings
 
 
 def runner_flags(s: run_mod.Settings) -> list[str]:
@@ -25,8 +26,11 @@ def runner_flags(s: run_mod.Settings) -> list[str]:
     return out
 
 
-def rerun_commands(runs: dict[str, dict[int, RunData]], names: Optional[list[str]] = None,
-                   runs_dir: Optional[Path] = None) -> tuple[list[str], list[str]]:
+def rerun_commands(
+    runs: dict[str, dict[int, RunData]],
+    names: Optional[list[str]] = None,
+    runs_dir: Optional[Path] = None,
+) -> tuple[list[str], list[str]]:
     """(commands, problems): the `python benchmarks/sweep/run.py ...` lines that re-make the finished runs of `names`
     (default all) into `runs_dir`, one per set of configs sharing seeds and settings, built from each run's
     bench.json; problems: the runs whose recorded command is not what run.py builds from those settings (or that
@@ -49,17 +53,33 @@ def rerun_commands(runs: dict[str, dict[int, RunData]], names: Optional[list[str
             by_flags.setdefault(tuple(runner_flags(s)), []).append(seed)
         for flags, seeds in by_flags.items():
             groups.setdefault((tuple(seeds), flags), []).append(cfg)
-    commands = [shlex.join(["python", "benchmarks/sweep/run.py", "--only", ",".join(cfgs), "--seeds",
-                            *map(str, seeds), *flags]) for (seeds, flags), cfgs in groups.items()]
+    commands = [
+        shlex.join(
+            [
+                "python",
+                "benchmarks/sweep/run.py",
+                "--only",
+                ",".join(cfgs),
+                "--seeds",
+                *map(str, seeds),
+                *flags,
+            ]
+        )
+        for (seeds, flags), cfgs in groups.items()
+    ]
     return commands, problems
 
 
-def commands_text(runs: dict[str, dict[int, RunData]], names: Optional[list[str]] = None,
-                  runs_dir: Optional[Path] = None) -> str:
+def commands_text(
+    runs: dict[str, dict[int, RunData]],
+    names: Optional[list[str]] = None,
+    runs_dir: Optional[Path] = None,
+) -> str:
     commands, problems = rerun_commands(runs, names, runs_dir)
     text = "```bash\n" + "\n".join(commands) + "\n```\n" if commands else "No finished runs.\n"
     if problems:
-        text += ("Recorded commands that run.py would not build from their settings (re-make by hand from their "
-                 "bench.json): " + ", ".join(problems) + "\n")
+        text += (
+            "Recorded commands that run.py would not build from their settings (re-make by hand from their "
+            "bench.json): " + ", ".join(problems) + "\n"
+        )
     return text
-

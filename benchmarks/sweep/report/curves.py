@@ -1,6 +1,7 @@
 """Curves from the runs' rows: each run's held-out evaluations (pass@1 overall, by difficulty level and on training
 prompts, pass@k, cumulative tokens, samples and wall time), the training metrics' step series and their means over
 steps, the seed-mean curve and per-config aggregate (`Agg`), and reading a curve at a score or a token budget."""
+
 from __future__ import annotations
 
 import math
@@ -8,12 +9,16 @@ import statistics
 from dataclasses import dataclass
 from typing import Optional
 
-from benchmarks.sweep.report.load import RunData
 from benchmarks.sweep.configs import BY_NAME, CONFIGS, Config
+from benchmarks.sweep.report.load import RunData
 
 
 def _number(v) -> Optional[float]:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+    return (
+        float(v)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        else None
+    )
 
 
 def step_walls(rows: list[dict]) -> dict[int, float]:
@@ -22,23 +27,36 @@ def step_walls(rows: list[dict]) -> dict[int, float]:
     book-keeping (time_step_s - gen - train on non-evaluating rows)."""
     train = [r for r in rows if r.get("step", 0) >= 1 and _number(r.get("time_step_s")) is not None]
     plain = [r for r in train if r.get("eval_pass@1") is None]
-    over = [r["time_step_s"] - (r.get("time_gen_s") or 0.0) - (r.get("time_train_s") or 0.0) for r in plain]
+    over = [
+        r["time_step_s"] - (r.get("time_gen_s") or 0.0) - (r.get("time_train_s") or 0.0)
+        for r in plain
+    ]
     extra = statistics.median(over) if over else 0.0
     out = {}
     for r in train:
         if r.get("eval_pass@1") is None:
             out[r["step"]] = r["time_step_s"]
         else:
-            out[r["step"]] = (r.get("time_gen_s") or 0.0) + (r.get("time_train_s") or 0.0) + max(0.0, extra)
+            out[r["step"]] = (
+                (r.get("time_gen_s") or 0.0) + (r.get("time_train_s") or 0.0) + max(0.0, extra)
+            )
     return out
 
 
-LEVELS = ("easy", "mid", "hard")  # eval_pass@1_<level>: held-out pass@1 by difficulty level (newer runs only)
+LEVELS = (
+    "easy",
+    "mid",
+    "hard",
+)  # eval_pass@1_<level>: held-out pass@1 by difficulty level (newer runs only)
 
 
 def _largest_k(row: dict) -> Optional[str]:
     """The largest k of the row's eval_pass@k (k > 1; eval_pass@1_<level> and eval_paper_* are not pass@k)."""
-    ks = [int(key[10:]) for key in row if key.startswith("eval_pass@") and key[10:].isdigit() and key != "eval_pass@1"]
+    ks = [
+        int(key[10:])
+        for key in row
+        if key.startswith("eval_pass@") and key[10:].isdigit() and key != "eval_pass@1"
+    ]
     return str(max(ks)) if ks else None
 
 
@@ -53,18 +71,33 @@ def eval_curve(rows: list[dict]) -> list[dict]:
         if r.get("eval_pass@1") is None:
             continue
         k = _largest_k(r)
-        pts.append({"step": r["step"], "pass1": float(r["eval_pass@1"]),
-                    "passk": _number(r.get(f"eval_pass@{k}")) if k else None, "k": k,
-                    **{level: _number(r.get(f"eval_pass@1_{level}")) for level in LEVELS},
-                    "paper4": _number(r.get("eval_paper_pass@4")),  # ra_rloo.py: the RA-RLOO paper's own metric
-                    "train1": _number(r.get("eval_train_pass@1")),  # the same evaluation on training-pool prompts
-                    "gen_tokens": tokens if r["step"] > 0 else 0, "rollouts": samples if r["step"] > 0 else 0,
-                    "wall_s": sum(w for s, w in walls.items() if s <= r["step"])})
+        pts.append(
+            {
+                "step": r["step"],
+                "pass1": float(r["eval_pass@1"]),
+                "passk": _number(r.get(f"eval_pass@{k}")) if k else None,
+                "k": k,
+                **{level: _number(r.get(f"eval_pass@1_{level}")) for level in LEVELS},
+                "paper4": _number(
+                    r.get("eval_paper_pass@4")
+                ),  # ra_rloo.py: the RA-RLOO paper's own metric
+                "train1": _number(
+                    r.get("eval_train_pass@1")
+                ),  # the same evaluation on training-pool prompts
+                "gen_tokens": tokens if r["step"] > 0 else 0,
+                "rollouts": samples if r["step"] > 0 else 0,
+                "wall_s": sum(w for s, w in walls.items() if s <= r["step"]),
+            }
+        )
     return pts
 
 
 def metric_series(rows: list[dict], key: str) -> list[tuple[int, float]]:
-    return [(r["step"], _number(r.get(key))) for r in rows if r.get("step", 0) >= 1 and _number(r.get(key)) is not None]
+    return [
+        (r["step"], _number(r.get(key)))
+        for r in rows
+        if r.get("step", 0) >= 1 and _number(r.get(key)) is not None
+    ]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -88,12 +121,23 @@ def mean_curve(runs: list[RunData]) -> list[dict]:
         m, sd = _mean_std([p["pass1"] for p in pts])
         ks = [p["passk"] for p in pts if p["passk"] is not None]
         levels = {level: [p[level] for p in pts if p[level] is not None] for level in LEVELS}
-        out.append({"step": s, "pass1": m, "pass1_std": sd, "passk": statistics.fmean(ks) if ks else None,
-                    # a level's mean only where every seed logged it
-                    **{level: statistics.fmean(v) if len(v) == len(pts) else None for level, v in levels.items()},
-                    "k": pts[0]["k"], "gen_tokens": statistics.fmean(p["gen_tokens"] for p in pts),
-                    "rollouts": statistics.fmean(p["rollouts"] for p in pts),
-                    "wall_s": statistics.fmean(p["wall_s"] for p in pts)})
+        out.append(
+            {
+                "step": s,
+                "pass1": m,
+                "pass1_std": sd,
+                "passk": statistics.fmean(ks) if ks else None,
+                # a level's mean only where every seed logged it
+                **{
+                    level: statistics.fmean(v) if len(v) == len(pts) else None
+                    for level, v in levels.items()
+                },
+                "k": pts[0]["k"],
+                "gen_tokens": statistics.fmean(p["gen_tokens"] for p in pts),
+                "rollouts": statistics.fmean(p["rollouts"] for p in pts),
+                "wall_s": statistics.fmean(p["wall_s"] for p in pts),
+            }
+        )
     return out
 
 
@@ -111,8 +155,11 @@ def run_summary(run: RunData, key: str) -> Optional[dict]:
     if not series:
         return None
     quarter = max(1, len(series) // 4)
-    return {"mean": statistics.fmean(v for _, v in series), "early": statistics.fmean(v for _, v in series[:quarter]),
-            "late": statistics.fmean(v for _, v in series[-quarter:])}
+    return {
+        "mean": statistics.fmean(v for _, v in series),
+        "early": statistics.fmean(v for _, v in series[:quarter]),
+        "late": statistics.fmean(v for _, v in series[-quarter:]),
+    }
 
 
 def mechanism_summary(runs: list[RunData], key: str) -> Optional[dict]:
@@ -120,7 +167,10 @@ def mechanism_summary(runs: list[RunData], key: str) -> Optional[dict]:
     per = [m for m in (run_summary(r, key) for r in runs) if m is not None]
     if not per:
         return None
-    return {**{part: statistics.fmean(m[part] for m in per) for part in ("mean", "early", "late")}, "seeds": len(per)}
+    return {
+        **{part: statistics.fmean(m[part] for m in per) for part in ("mean", "early", "late")},
+        "seeds": len(per),
+    }
 
 
 def final_value(run: RunData, key: str = "pass1") -> Optional[float]:
@@ -150,7 +200,9 @@ def cost_to_reach(curve: list[dict], target: float, xkey: str = "gen_tokens") ->
     return None
 
 
-def value_at(curve: list[dict], x: float, xkey: str = "gen_tokens", key: str = "pass1") -> Optional[float]:
+def value_at(
+    curve: list[dict], x: float, xkey: str = "gen_tokens", key: str = "pass1"
+) -> Optional[float]:
     """One run's eval curve read at `xkey` = x (generated tokens, step, ...), linearly interpolated between the two
     evaluations around it; None past the curve's last evaluation."""
     prev = None
@@ -167,6 +219,7 @@ def value_at(curve: list[dict], x: float, xkey: str = "gen_tokens", key: str = "
 @dataclass
 class Agg:
     """A config's runs over seeds, summarised."""
+
     cfg: Config
     finished: list[RunData]
     unfinished: list[RunData]
@@ -192,20 +245,43 @@ def aggregate(cfg: Config, runs: dict[int, RunData]) -> Agg:
     ks = [p["passk"] for p in finals if p["passk"] is not None]
 
     def med(key):
-        vals = [statistics.median(v) for v in ([_number(x.get(key)) for x in r.rows if x.get("step", 0) >= 1
-                                                 and x.get("eval_pass@1") is None and _number(x.get(key)) is not None]
-                                                for r in fin) if v]
+        vals = [
+            statistics.median(v)
+            for v in (
+                [
+                    _number(x.get(key))
+                    for x in r.rows
+                    if x.get("step", 0) >= 1
+                    and x.get("eval_pass@1") is None
+                    and _number(x.get(key)) is not None
+                ]
+                for r in fin
+            )
+            if v
+        ]
         return statistics.fmean(vals) if vals else None
 
-    return Agg(cfg, fin, unf, curve, final, statistics.fmean(starts) if starts else None,
-               statistics.fmean(ks) if ks else None, finals[0]["k"] if finals else None,
-               med("time_step_s"), med("time_gen_s"), med("time_train_s"),
-               {k: mechanism_summary(fin, k) for k in cfg.mechanism})
+    return Agg(
+        cfg,
+        fin,
+        unf,
+        curve,
+        final,
+        statistics.fmean(starts) if starts else None,
+        statistics.fmean(ks) if ks else None,
+        finals[0]["k"] if finals else None,
+        med("time_step_s"),
+        med("time_gen_s"),
+        med("time_train_s"),
+        {k: mechanism_summary(fin, k) for k in cfg.mechanism},
+    )
 
 
 def build_aggs(runs: dict[str, dict[int, RunData]]) -> tuple[list[str], dict[str, Agg]]:
     """(configs in the harness's order, unknown ones last; {config: its aggregate})."""
-    order = [c.name for c in CONFIGS if c.name in runs] + sorted(n for n in runs if n not in BY_NAME)
+    order = [c.name for c in CONFIGS if c.name in runs] + sorted(
+        n for n in runs if n not in BY_NAME
+    )
     aggs = {}
     for n in order:
         cfg = BY_NAME.get(n) or Config(n, "?", (), n)
@@ -238,6 +314,8 @@ def mech_value(aggs: dict[str, Agg], cfg: str, key: str, part: str = "mean") -> 
     """A config's training metric averaged over steps (`part`: mean, early, late; seed mean), None when not logged."""
     a = aggs.get(cfg)
     m = a.mechanism.get(key) if a else None
-    if m is None and a is not None and a.finished:  # a metric not in the config's list: compute it on demand
+    if (
+        m is None and a is not None and a.finished
+    ):  # a metric not in the config's list: compute it on demand
         m = mechanism_summary(a.finished, key)
     return None if m is None else m[part]

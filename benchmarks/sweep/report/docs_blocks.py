@@ -5,19 +5,27 @@ of each default run and its list of claim verdicts with the conclusion drawn fro
 commands and its `--torch_compile` figures (from benchmarks/speed/results/compile.json), the real path's figures
 (benchmarks/sweep/results/real_path.json) on docs/custom_task.md and docs/benchmark.md, and the newest GPU spell's
 figures (benchmarks/gpu/results/) on docs/scaling.md and docs/benchmark.md."""
+
 from __future__ import annotations
 
 import functools
 import json
+import re
 import statistics
 from pathlib import Path
 from typing import Callable, Optional
 
 from benchmarks.speed.compile_speed import docs_block as compile_block
-import re
-
-from benchmarks.sweep.report.claims import (CANNOT_RESOLVE, CLAIMS, REPRODUCED, RULES_LINK, Claim, claim_rows,
-                                            is_outcome, judged)
+from benchmarks.sweep.report.claims import (
+    CANNOT_RESOLVE,
+    CLAIMS,
+    REPRODUCED,
+    RULES_LINK,
+    Claim,
+    claim_rows,
+    is_outcome,
+    judged,
+)
 from benchmarks.sweep.report.commands import commands_text
 from benchmarks.sweep.report.curves import Agg, build_aggs
 from benchmarks.sweep.report.docs_pages import DOC_PAGES, method_block, recorded_setting, wrap
@@ -39,20 +47,38 @@ def readme_block(aggs: dict[str, Agg]) -> str:
     per = [claim_rows(aggs, r) for r in REGIMES]
     decided = [c for rows in per for c in rows if judged(c.verdict)]
     seeds = sorted({c.seeds for c in decided}) or [0]
-    scope = wrap(f"[Rules]({RULES_LINK}). Scope: ~1M-parameter model, generated Countdown (papers: 1.5B-7B, math), "
-                 f"{seeds[0]}-{seeds[-1]} paired seeds, 95% intervals: of {len(decided)} verdicts ~"
-                 f"{round(len(decided) / 20)} would flip by chance alone.")
-    lines = ["| paper | claim | 256-prompt pool: verdict: mean [95% interval] | 2,048-prompt pool |",
-             "|---|---|---|---|"]
+    scope = wrap(
+        f"[Rules]({RULES_LINK}). Scope: ~1M-parameter model, generated Countdown (papers: 1.5B-7B, math), "
+        f"{seeds[0]}-{seeds[-1]} paired seeds, 95% intervals: of {len(decided)} verdicts ~"
+        f"{round(len(decided) / 20)} would flip by chance alone."
+    )
+    lines = [
+        "| paper | claim | 256-prompt pool: verdict: mean [95% interval] | 2,048-prompt pool |",
+        "|---|---|---|---|",
+    ]
     for rows in zip(*per):
-        lines.append(f"| {rows[0].paper} | {cell_text(rows[0].claim)} | "
-                     + " | ".join(verdict_cell(c) for c in rows) + " |")
+        lines.append(
+            f"| {rows[0].paper} | {cell_text(rows[0].claim)} | "
+            + " | ".join(verdict_cell(c) for c in rows)
+            + " |"
+        )
     return scope + "\n\n" + "\n".join(lines) + "\n\n" + conclusion(per) + "\n"
 
 
 # the kinds of verdict, in the conclusion's order
-KINDS = (REPRODUCED, "worse", "no gain as large as", "not reached", "outside the band", "inconclusive", CANNOT_RESOLVE)
-KIND_WORDS = {"no gain as large as": "no gain as large as the margin", "not reached": "not reached in most seeds"}
+KINDS = (
+    REPRODUCED,
+    "worse",
+    "no gain as large as",
+    "not reached",
+    "outside the band",
+    "inconclusive",
+    CANNOT_RESOLVE,
+)
+KIND_WORDS = {
+    "no gain as large as": "no gain as large as the margin",
+    "not reached": "not reached in most seeds",
+}
 
 
 def _kind(verdict: str) -> str:
@@ -76,16 +102,25 @@ def conclusion(per: list[list[Claim]]) -> str:
             if judged(c.verdict) or c.verdict == CANNOT_RESOLVE:
                 (outcome if is_outcome(spec) else mechanism).append(c)
     papers = dict.fromkeys(c.paper for c in mechanism)
-    by_paper = ", ".join(f"{paper} {sum(_kind(c.verdict) == REPRODUCED for c in mechanism if c.paper == paper)} of "
-                         f"{sum(c.paper == paper for c in mechanism)}" for paper in papers)
+    by_paper = ", ".join(
+        f"{paper} {sum(_kind(c.verdict) == REPRODUCED for c in mechanism if c.paper == paper)} of "
+        f"{sum(c.paper == paper for c in mechanism)}"
+        for paper in papers
+    )
     cells = {kind: [c for c in outcome if _kind(c.verdict) == kind] for kind in KINDS}
-    parts = [f"{KIND_WORDS.get(kind, kind)} {len(of_kind)}"
-             + (" (" + "; ".join(_short_claim(c) for c in of_kind) + ")" if kind == REPRODUCED else "")
-             for kind, of_kind in cells.items() if of_kind]
+    parts = [
+        f"{KIND_WORDS.get(kind, kind)} {len(of_kind)}"
+        + (" (" + "; ".join(_short_claim(c) for c in of_kind) + ")" if kind == REPRODUCED else "")
+        for kind, of_kind in cells.items()
+        if of_kind
+    ]
     reproduced = sum(_kind(c.verdict) == REPRODUCED for c in mechanism)
-    return wrap(f"In short: mechanisms {reproduced} of {len(mechanism)} reproduced ({by_paper}); outcomes (final "
-                f"pass@1 or pass@4, steps to the baseline's final pass@1, spread over seeds) {len(outcome)}: "
-                + (", ".join(parts) or "none") + ".")
+    return wrap(
+        f"In short: mechanisms {reproduced} of {len(mechanism)} reproduced ({by_paper}); outcomes (final "
+        f"pass@1 or pass@4, steps to the baseline's final pass@1, spread over seeds) {len(outcome)}: "
+        + (", ".join(parts) or "none")
+        + "."
+    )
 
 
 def default_steps(script: str) -> int:
@@ -96,16 +131,23 @@ def default_steps(script: str) -> int:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef) and node.name == cls:
                 for item in node.body:
-                    if isinstance(item, ast.AnnAssign) and getattr(item.target, "id", "") == "max_steps":
+                    if (
+                        isinstance(item, ast.AnnAssign)
+                        and getattr(item.target, "id", "") == "max_steps"
+                    ):
                         return ast.literal_eval(item.value)
     raise ValueError(f"{script}: no default max_steps")
 
 
 # what a plain `python <script>` runs, as a harness config: its default run's duration is scaled from those runs
-DEFAULT_RUNS = (("ra_rloo.py", "RA-RLOO", "ra_rloo"), ("ada_seq.py", "SEQ-BALANCE", "seq_balance"),
-                ("ada_est.py", "EST on its 2,048 pool", "est_pool2048"),
-                ("ps_grpo.py", "multi-turn, adaptive", "ps_adaptive"), ("pros_ppo.py", "PPO+PROS", "ppo_pros"),
-                ("ada_seq.py --max_rounds 1 --round_repeat 4", "GRPO-n4", "grpo_n4"))
+DEFAULT_RUNS = (
+    ("ra_rloo.py", "RA-RLOO", "ra_rloo"),
+    ("ada_seq.py", "SEQ-BALANCE", "seq_balance"),
+    ("ada_est.py", "EST on its 2,048 pool", "est_pool2048"),
+    ("ps_grpo.py", "multi-turn, adaptive", "ps_adaptive"),
+    ("pros_ppo.py", "PPO+PROS", "ppo_pros"),
+    ("ada_seq.py --max_rounds 1 --round_repeat 4", "GRPO-n4", "grpo_n4"),
+)
 
 
 def measured_default_line(record: dict) -> str:
@@ -113,11 +155,13 @@ def measured_default_line(record: dict) -> str:
     minutes, seconds = divmod(round(record["wall_s"]), 60)
     threads = "/".join(str(t) for t in record["num_threads"])
     first, last, k = record["first"], record["last"], record["k"]
-    return wrap(f"`{record['command']}` (RA-RLOO, {record['steps']} steps): **{minutes} min {seconds:02d} s** measured "
-                f"alone on a quiet {record['cores']}-core machine ({record['date']}, {threads} threads, start-up and "
-                f"{record['steps']} steps with their evaluations; held-out pass@1 {first['eval_pass@1']:.3f} -> "
-                f"{last['eval_pass@1']:.3f}, pass@{k} {first[f'eval_pass@{k}']:.3f} -> {last[f'eval_pass@{k}']:.3f})",
-                "- ")
+    return wrap(
+        f"`{record['command']}` (RA-RLOO, {record['steps']} steps): **{minutes} min {seconds:02d} s** measured "
+        f"alone on a quiet {record['cores']}-core machine ({record['date']}, {threads} threads, start-up and "
+        f"{record['steps']} steps with their evaluations; held-out pass@1 {first['eval_pass@1']:.3f} -> "
+        f"{last['eval_pass@1']:.3f}, pass@{k} {first[f'eval_pass@{k}']:.3f} -> {last[f'eval_pass@{k}']:.3f})",
+        "- ",
+    )
 
 
 def durations_block(aggs: dict[str, Agg]) -> str:
@@ -131,14 +175,23 @@ def durations_block(aggs: dict[str, Agg]) -> str:
         if measured and command == measured["command"].removeprefix("python "):
             continue
         a = aggs.get(cfg)
-        walls = [r.meta["wall_s"] / r.max_steps for r in (a.finished if a else []) if r.meta.get("wall_s")]
+        walls = [
+            r.meta["wall_s"] / r.max_steps
+            for r in (a.finished if a else [])
+            if r.meta.get("wall_s")
+        ]
         if walls:
             steps = default_steps(command.split()[0])
             threads = recorded_setting(aggs, cfg, "num_threads") or "policy"
-            lines.append(wrap(f"`python {command}` ({what}, {steps} steps): about "
-                               f"{statistics.fmean(walls) * steps / 60:.0f} min (`{cfg}`'s {len(walls)} runs: "
-                               f"{statistics.fmean(walls):.2f} s a step, start-up and evaluations included, {threads} "
-                               "thread beside a second run)", "- "))
+            lines.append(
+                wrap(
+                    f"`python {command}` ({what}, {steps} steps): about "
+                    f"{statistics.fmean(walls) * steps / 60:.0f} min (`{cfg}`'s {len(walls)} runs: "
+                    f"{statistics.fmean(walls):.2f} s a step, start-up and evaluations included, {threads} "
+                    "thread beside a second run)",
+                    "- ",
+                )
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -160,13 +213,19 @@ def gpu_block() -> str:
 # it from the committed runs and their aggregates. A new block is its two markers on the page and one line here.
 Renderer = Callable[[dict[str, dict[int, RunData]], dict[str, Agg]], str]
 BLOCKS: dict[tuple[str, str], Renderer] = {
-    **{(f"docs/{script}.md", "results"): functools.partial(method_block, page=page)
-       for script, page in DOC_PAGES.items()},
+    **{
+        (f"docs/{script}.md", "results"): functools.partial(method_block, page=page)
+        for script, page in DOC_PAGES.items()
+    },
     ("README.md", "durations"): lambda runs, aggs: durations_block(aggs),
     ("README.md", "claims"): lambda runs, aggs: readme_block(aggs),
     ("docs/benchmark.md", "commands"): lambda runs, aggs: commands_text(runs),
-    ("docs/benchmark.md", "compile"): lambda runs, aggs: compile_block(),  # benchmarks/speed/results/compile.json
-    ("docs/benchmark.md", "gpu"): lambda runs, aggs: gpu_block(),  # the newest benchmarks/gpu/results/*/smoke.json
+    ("docs/benchmark.md", "compile"): lambda runs, aggs: (
+        compile_block()
+    ),  # benchmarks/speed/results/compile.json
+    ("docs/benchmark.md", "gpu"): lambda runs, aggs: (
+        gpu_block()
+    ),  # the newest benchmarks/gpu/results/*/smoke.json
     ("docs/scaling.md", "gpu"): lambda runs, aggs: gpu_block(),
     # benchmarks/sweep/results/real_path.json
     ("docs/custom_task.md", "real_path"): lambda runs, aggs: real_path_block(),
@@ -174,7 +233,9 @@ BLOCKS: dict[tuple[str, str], Renderer] = {
 }
 
 
-def doc_blocks(runs: dict[str, dict[int, RunData]], aggs: dict[str, Agg]) -> dict[Path, dict[str, str]]:
+def doc_blocks(
+    runs: dict[str, dict[int, RunData]], aggs: dict[str, Agg]
+) -> dict[Path, dict[str, str]]:
     """{page: {block name: its generated text}} for every block of `BLOCKS`."""
     out: dict[Path, dict[str, str]] = {}
     for (page, name), render in BLOCKS.items():
@@ -216,4 +277,3 @@ def write_doc_blocks(runs: dict[str, dict[int, RunData]], aggs: dict[str, Agg]) 
             page.write_text(new)
             written.append(page)
     return written
-

@@ -1,6 +1,7 @@
 """Reading the committed runs: every `<config>/seed<k>/` of a runs folder (its metrics.jsonl rows and bench.json),
 the harness settings each run records, and the two data regimes a config's name maps to (the sweep's 256-prompt
 pool and run.py's `_pool2048` twins) with the baseline each config is measured against in each."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,10 +43,18 @@ def load_runs(runs_dir: Path) -> dict[str, dict[int, RunData]]:
         meta_path = seed_dir / "bench.json"
         meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
         max_steps = flag_value(meta.get("cmd", []), "--max_steps")
-        max_steps = int(max_steps) if max_steps else max((r.get("step", 0) for r in rows), default=0)
+        max_steps = (
+            int(max_steps) if max_steps else max((r.get("step", 0) for r in rows), default=0)
+        )
         cfg = seed_dir.parent.name
-        out.setdefault(cfg, {})[int(seed_dir.name[4:])] = RunData(cfg, int(seed_dir.name[4:]), rows, max_steps,
-                                                                  bool(rows) and is_finished(rows, max_steps), meta)
+        out.setdefault(cfg, {})[int(seed_dir.name[4:])] = RunData(
+            cfg,
+            int(seed_dir.name[4:]),
+            rows,
+            max_steps,
+            bool(rows) and is_finished(rows, max_steps),
+            meta,
+        )
     return out
 
 
@@ -66,6 +75,7 @@ def recorded_settings(run: RunData) -> Optional[run_mod.Settings]:
 @dataclass(frozen=True)
 class Regime:
     """A data regime: every claim is judged in each, on its configs' twins there (run.py's `on_pool2048`)."""
+
     label: str  # as the page prints it
     suffix: str  # a 256-pool config's name plus this is its twin's
 
@@ -81,7 +91,7 @@ REGIMES = (POOL256, POOL2048)
 
 def base_name(name: str) -> str:
     """A config's 256-pool name: its name less `_pool2048` (no config has it for a 2,048-only one)."""
-    return name[:-len(POOL2048.suffix)] if name.endswith(POOL2048.suffix) else name
+    return name[: -len(POOL2048.suffix)] if name.endswith(POOL2048.suffix) else name
 
 
 def page_baseline(r: Regime, b: str) -> Optional[str]:
@@ -96,4 +106,3 @@ def page_baseline(r: Regime, b: str) -> Optional[str]:
 def page_baselines(r: Regime, configs: tuple[str, ...]) -> set[str]:
     """The configs of a page that another of its configs is measured against in regime `r`."""
     return {page_baseline(r, b) for b in configs if r.name(b)} & {r.name(b) for b in configs}
-

@@ -1,6 +1,7 @@
 """Statistics over seeds, from `scipy.stats`: the 95% t-interval of a mean (paired by seed where two configs are
 compared), the F-test interval of a ratio of seed-to-seed spreads, the seeds a target precision would need, the
 binomial floor of a calibration error, and the number formats the tables share."""
+
 from __future__ import annotations
 
 import math
@@ -29,6 +30,7 @@ def f_quantile(prob: float, dof1: int, dof2: int) -> float:
 @dataclass(frozen=True)
 class Interval:
     """Mean of per-seed values with its 95% t-interval (half None with a single value)."""
+
     mean: float
     half: Optional[float]
     n: int
@@ -54,8 +56,11 @@ def t_interval(values: list[float]) -> Optional[Interval]:
         return None
     if len(values) == 1:
         return Interval(values[0], None, 1)
-    return Interval(statistics.fmean(values), t975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values)),
-                    len(values))
+    return Interval(
+        statistics.fmean(values),
+        t975(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values)),
+        len(values),
+    )
 
 
 def std_ratio_interval(xs: list[float], ys: list[float]) -> Optional[tuple[float, float, float]]:
@@ -64,8 +69,11 @@ def std_ratio_interval(xs: list[float], ys: list[float]) -> Optional[tuple[float
         return None
     ratio = statistics.variance(xs) / statistics.variance(ys)
     dx, dy = len(xs) - 1, len(ys) - 1
-    return (math.sqrt(ratio), math.sqrt(ratio / f_quantile(0.975, dx, dy)),
-            math.sqrt(ratio * f_quantile(0.975, dy, dx)))
+    return (
+        math.sqrt(ratio),
+        math.sqrt(ratio / f_quantile(0.975, dx, dy)),
+        math.sqrt(ratio * f_quantile(0.975, dy, dx)),
+    )
 
 
 def over_seeds(aggs: dict[str, Agg], name: str, value) -> Optional[Interval]:
@@ -75,7 +83,9 @@ def over_seeds(aggs: dict[str, Agg], name: str, value) -> Optional[Interval]:
     return t_interval(vals)
 
 
-def paired(aggs: dict[str, Agg], name: str, other: str, value, ratio: bool = False) -> Optional[Interval]:
+def paired(
+    aggs: dict[str, Agg], name: str, other: str, value, ratio: bool = False
+) -> Optional[Interval]:
     """Interval of value(name's run) - value(other's run) (or their ratio) over the seeds both finished."""
     if name not in aggs or other not in aggs:
         return None
@@ -90,7 +100,9 @@ def paired(aggs: dict[str, Agg], name: str, other: str, value, ratio: bool = Fal
     return t_interval(out)
 
 
-def reach_ratios(aggs: dict[str, Agg], name: str, xkey: str = "gen_tokens") -> tuple[Optional[Interval], int, int]:
+def reach_ratios(
+    aggs: dict[str, Agg], name: str, xkey: str = "gen_tokens"
+) -> tuple[Optional[Interval], int, int]:
     """Per seed: the `xkey` (generated tokens, or steps) the config's run needs to reach its baseline's final
     seed-mean pass@1 (interpolated), over what the baseline's run of the same seed spent to first reach that same
     score (its final evaluation's spend when that run never gets there; the baselines' mean for an unpaired seed):
@@ -107,7 +119,10 @@ def reach_ratios(aggs: dict[str, Agg], name: str, xkey: str = "gen_tokens") -> t
     mean_spent = statistics.fmean(spent.values())
     ratios = []
     for run in agg.finished:
-        cost, denom = cost_to_reach(eval_curve(run.rows), base.final[0], xkey), spent.get(run.seed, mean_spent)
+        cost, denom = (
+            cost_to_reach(eval_curve(run.rows), base.final[0], xkey),
+            spent.get(run.seed, mean_spent),
+        )
         if cost is not None and denom:
             ratios.append(cost / denom)
     return t_interval(ratios), len(ratios), len(agg.finished)
@@ -160,7 +175,9 @@ def fmt(x: Optional[float], nd: int = 3) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
 
 
-def iv_text(iv: Optional[Interval], nd: int = 3, sign: str = "+", target: Optional[float] = None) -> str:
+def iv_text(
+    iv: Optional[Interval], nd: int = 3, sign: str = "+", target: Optional[float] = None
+) -> str:
     """An interval's `Interval.text` ('-' for None)."""
     return "-" if iv is None else iv.text(nd, sign, target)
 

@@ -1,16 +1,34 @@
 """The results page's tables: configs with their learning and cost figures, the paired differences to each config's
 baseline, the two data regimes side by side, the mechanism metrics of both pools, and the claims' verdicts."""
+
 from __future__ import annotations
 
 import statistics
 
-from benchmarks.sweep.report.claims import claim_rows, have_runs, pending
-from benchmarks.sweep.report.curves import (Agg, final_value, gap_cell, mech_value, mechanism_summary, metric_series,
-                                            reach)
-from benchmarks.sweep.report.load import REGIMES, RunData, base_name, flag_value
-from benchmarks.sweep.report.stats import (PROS_TRIALS, TARGET_HALF, binomial_abs_floor, equal_tokens_diffs, fmt,
-                                           iv_text, paired, reach_ratios, seeds_for, si)
 from benchmarks.sweep.configs import BY_NAME, CONFIGS
+from benchmarks.sweep.report.claims import claim_rows, have_runs, pending
+from benchmarks.sweep.report.curves import (
+    Agg,
+    final_value,
+    gap_cell,
+    mech_value,
+    mechanism_summary,
+    metric_series,
+    reach,
+)
+from benchmarks.sweep.report.load import REGIMES, RunData, base_name, flag_value
+from benchmarks.sweep.report.stats import (
+    PROS_TRIALS,
+    TARGET_HALF,
+    binomial_abs_floor,
+    equal_tokens_diffs,
+    fmt,
+    iv_text,
+    paired,
+    reach_ratios,
+    seeds_for,
+    si,
+)
 
 
 def reach_cells(a: Agg, aggs: dict[str, Agg]) -> tuple[str, str, str]:
@@ -27,7 +45,9 @@ def reach_cells(a: Agg, aggs: dict[str, Agg]) -> tuple[str, str, str]:
         return label, "-", "-"
     if hit is None:
         return label, "not reached", "not reached"
-    if hit["step"] == 0:  # the target is at or below the starting policy: "reaching" it says nothing
+    if (
+        hit["step"] == 0
+    ):  # the target is at or below the starting policy: "reaching" it says nothing
         return label, "target <= step 0", "-"
     tok, smp = si(hit["gen_tokens"]), si(hit["rollouts"])
     if not own:
@@ -49,13 +69,17 @@ def mech_cell(a: Agg) -> str:
 
 
 def results_table(order: list[str], aggs: dict[str, Agg]) -> str:
-    head = ("| config | seeds | eval pass@1 start → end (mean ± std) | pass@k end | baseline target | "
-            "generated tokens to reach it | samples to reach it | s/step (gen / train) | mechanism: mean over steps "
-            "(first → last quarter) |\n|---|---|---|---|---|---|---|---|---|\n")
+    head = (
+        "| config | seeds | eval pass@1 start → end (mean ± std) | pass@k end | baseline target | "
+        "generated tokens to reach it | samples to reach it | s/step (gen / train) | mechanism: mean over steps "
+        "(first → last quarter) |\n|---|---|---|---|---|---|---|---|---|\n"
+    )
     lines = []
     for name in order:
         a = aggs[name]
-        seeds = f"{len(a.finished)}" + (f" (+{len(a.unfinished)} unfinished)" if a.unfinished else "")
+        seeds = f"{len(a.finished)}" + (
+            f" (+{len(a.unfinished)} unfinished)" if a.unfinished else ""
+        )
         if a.final is None:
             lines.append(f"| {a.cfg.label} (`{name}`) | {seeds} | no finished run | | | | | | |")
             continue
@@ -64,8 +88,10 @@ def results_table(order: list[str], aggs: dict[str, Agg]) -> str:
         passk = f"{fmt(a.passk)} (k={a.k})" if a.passk is not None else "-"
         tgt, tok, smp = reach_cells(a, aggs)
         step = f"{fmt(a.step_s, 2)} ({fmt(a.gen_s, 2)} / {fmt(a.train_s, 2)})"
-        lines.append(f"| {a.cfg.label} (`{name}`) | {seeds} | {pass1} | {passk} | {tgt} | {tok} | {smp} | {step} | "
-                     f"{mech_cell(a)} |")
+        lines.append(
+            f"| {a.cfg.label} (`{name}`) | {seeds} | {pass1} | {passk} | {tgt} | {tok} | {smp} | {step} | "
+            f"{mech_cell(a)} |"
+        )
     return head + "\n".join(lines) + "\n"
 
 
@@ -73,36 +99,57 @@ def _level_cell(a: Agg, level: str) -> str:
     vals = [v for v in (final_value(r, level) for r in a.finished) if v is not None]
     if not vals:
         return "-"
-    return f"{statistics.fmean(vals):.3f}" + (f" ± {statistics.stdev(vals):.3f}" if len(vals) > 1 else "")
+    return f"{statistics.fmean(vals):.3f}" + (
+        f" ± {statistics.stdev(vals):.3f}" if len(vals) > 1 else ""
+    )
 
 
 def difference_table(order: list[str], aggs: dict[str, Agg]) -> str:
     """Per config: final pass@1 (all, hard, easy) and the paired differences to its baseline with 95% intervals."""
-    head = ("| config | baseline | paired seeds | final pass@1 (mean ± std) | hard | easy | Δ pass@1 vs baseline "
-            "[95% CI] ±half | Δ hard | Δ easy | Δ pass@1 at equal generated tokens [95% CI] | tokens to the "
-            "baseline's final pass@1 / baseline's tokens [95% CI] (seeds reaching it) |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|\n")
+    head = (
+        "| config | baseline | paired seeds | final pass@1 (mean ± std) | hard | easy | Δ pass@1 vs baseline "
+        "[95% CI] ±half | Δ hard | Δ easy | Δ pass@1 at equal generated tokens [95% CI] | tokens to the "
+        "baseline's final pass@1 / baseline's tokens [95% CI] (seeds reaching it) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
     lines = []
     for name in order:
         a = aggs[name]
         if a.final is None:
             continue
-        final = f"{a.final[0]:.3f}" + (f" ± {a.final[1]:.3f}" if len(a.finished) > 1 else " (1 seed)")
-        cells = [f"{a.cfg.label} (`{name}`)", "-", "-", final, _level_cell(a, "hard"), _level_cell(a, "easy")]
+        final = f"{a.final[0]:.3f}" + (
+            f" ± {a.final[1]:.3f}" if len(a.finished) > 1 else " (1 seed)"
+        )
+        cells = [
+            f"{a.cfg.label} (`{name}`)",
+            "-",
+            "-",
+            final,
+            _level_cell(a, "hard"),
+            _level_cell(a, "easy"),
+        ]
         base = a.cfg.baseline
         if base is None or base not in aggs or aggs[base].final is None:
             cells[1] = f"`{base}`: no finished run" if base else "(a baseline)"
             lines.append("| " + " | ".join(cells + ["-"] * 5) + " |")
             continue
-        diffs = [paired(aggs, name, base, lambda run, key=key: final_value(run, key))
-                 for key in ("pass1", "hard", "easy")]
+        diffs = [
+            paired(aggs, name, base, lambda run, key=key: final_value(run, key))
+            for key in ("pass1", "hard", "easy")
+        ]
         ratio, reached, seeds = reach_ratios(aggs, name, "gen_tokens")
         cells[1], cells[2] = f"`{base}`", str(diffs[0].n if diffs[0] else 0)
         cells += [iv_text(iv, target=TARGET_HALF) for iv in diffs]
         cells.append(iv_text(equal_tokens_diffs(aggs, name), target=TARGET_HALF))
         need = seeds_for(ratio) if ratio and ratio.half and ratio.half > TARGET_HALF else None
-        cells.append(f"{iv_text(ratio, 2, '', TARGET_HALF)} ({reached}/{seeds})"
-                     + (f"; ±{TARGET_HALF} needs {f'~{need}' if need <= 1000 else '> 1000'} seeds" if need else ""))
+        cells.append(
+            f"{iv_text(ratio, 2, '', TARGET_HALF)} ({reached}/{seeds})"
+            + (
+                f"; ±{TARGET_HALF} needs {f'~{need}' if need <= 1000 else '> 1000'} seeds"
+                if need
+                else ""
+            )
+        )
         lines.append("| " + " | ".join(cells) + " |")
     return head + "\n".join(lines) + "\n"
 
@@ -113,7 +160,9 @@ def _bases(order: list[str]) -> list[str]:
     have, out = {base_name(n) for n in order}, []
     for c in CONFIGS:
         b = base_name(c.name)
-        if b not in out and (b in have or (b not in BY_NAME and c.baseline and base_name(c.baseline) in have)):
+        if b not in out and (
+            b in have or (b not in BY_NAME and c.baseline and base_name(c.baseline) in have)
+        ):
             out.append(b)
     return out
 
@@ -121,9 +170,11 @@ def _bases(order: list[str]) -> list[str]:
 def regime_table(order: list[str], aggs: dict[str, Agg]) -> str:
     """Per config: each pool's finished seeds, final held-out pass@1 and train - held-out gap, and the pool's own
     effect on final held-out pass@1 (2,048 minus 256, paired by seed)."""
-    head = ("| config | 256: seeds | 256: final held-out pass@1 | 256: train − held-out gap (seeds) | 2,048: seeds | "
-            "2,048: final held-out pass@1 | 2,048: train − held-out gap (seeds) | held-out pass@1, 2,048 − 256 pool "
-            "[95% CI] (paired seeds) |\n|---|---|---|---|---|---|---|---|\n")
+    head = (
+        "| config | 256: seeds | 256: final held-out pass@1 | 256: train − held-out gap (seeds) | 2,048: seeds | "
+        "2,048: final held-out pass@1 | 2,048: train − held-out gap (seeds) | held-out pass@1, 2,048 − 256 pool "
+        "[95% CI] (paired seeds) |\n|---|---|---|---|---|---|---|---|\n"
+    )
     lines = []
     for base in _bases(order):
         names = [r.name(base) for r in REGIMES]
@@ -134,10 +185,19 @@ def regime_table(order: list[str], aggs: dict[str, Agg]) -> str:
             if name is None:
                 cells += [f"no {r.label}-pool config", "-", "-"]
             elif a is None or a.final is None:
-                cells += [pending(0) + (f" (+{len(a.unfinished)} unfinished)" if a and a.unfinished else ""), "-", "-"]
+                cells += [
+                    pending(0)
+                    + (f" (+{len(a.unfinished)} unfinished)" if a and a.unfinished else ""),
+                    "-",
+                    "-",
+                ]
             else:
                 spread = f" ± {a.final[1]:.3f}" if len(a.finished) > 1 else ""
-                cells += [str(len(a.finished)), f"{a.final[0]:.3f}{spread}", gap_cell(aggs, name, with_name=False)]
+                cells += [
+                    str(len(a.finished)),
+                    f"{a.final[0]:.3f}{spread}",
+                    gap_cell(aggs, name, with_name=False),
+                ]
         if None in names:
             cells.append("-")
         else:
@@ -150,13 +210,31 @@ def regime_table(order: list[str], aggs: dict[str, Agg]) -> str:
 
 # the mechanism metrics of the two-regime comparison: (family, its scripts, metrics, which of its configs log them)
 NEW_MECHANISM = (
-    ("Reinforce-Ada", ("ada_seq.py", "ada_est.py"),
-     ("ada_trained_responses", "ada_adv_mean_trained", "ada_adv_mean_trained_easy", "ada_adv_mean_trained_mid",
-      "ada_adv_mean_trained_hard"), lambda cfg: True),
-    ("PROS", ("pros_ppo.py",),
-     ("pros_calib_error", "pros_calib_excess", "pros_frac_zero_var_picks", "pros_frac_zero_var_stream",
-      "pros_pick_trials_mean", "pros_pick_root_frac"),
-     lambda cfg: flag_value(list(cfg.flags), "--pros") not in (None, "off")),  # PROS off logs none of them
+    (
+        "Reinforce-Ada",
+        ("ada_seq.py", "ada_est.py"),
+        (
+            "ada_trained_responses",
+            "ada_adv_mean_trained",
+            "ada_adv_mean_trained_easy",
+            "ada_adv_mean_trained_mid",
+            "ada_adv_mean_trained_hard",
+        ),
+        lambda cfg: True,
+    ),
+    (
+        "PROS",
+        ("pros_ppo.py",),
+        (
+            "pros_calib_error",
+            "pros_calib_excess",
+            "pros_frac_zero_var_picks",
+            "pros_frac_zero_var_stream",
+            "pros_pick_trials_mean",
+            "pros_pick_root_frac",
+        ),
+        lambda cfg: flag_value(list(cfg.flags), "--pros") not in (None, "off"),
+    ),  # PROS off logs none of them
 )
 
 
@@ -196,18 +274,27 @@ def mechanism_tables(order: list[str], aggs: dict[str, Agg]) -> str:
                     cells.append(mech_text(logging, key, len(logging)))
                 rows.append("| " + " | ".join(cells) + " |")
         if rows:
-            out.append(f"**{family}** (mean over steps, first → last quarter; seeds: finished runs that log them / "
-                       f"finished runs)\n\n| config | pool | seeds | " + " | ".join(f"`{k}`" for k in keys)
-                       + " |\n|" + "---|" * (3 + len(keys)) + "\n" + "\n".join(rows) + "\n")
+            out.append(
+                f"**{family}** (mean over steps, first → last quarter; seeds: finished runs that log them / "
+                f"finished runs)\n\n| config | pool | seeds | "
+                + " | ".join(f"`{k}`" for k in keys)
+                + " |\n|"
+                + "---|" * (3 + len(keys))
+                + "\n"
+                + "\n".join(rows)
+                + "\n"
+            )
     lo, hi = binomial_abs_floor(0.5), binomial_abs_floor(0.4)
-    out.append(f"`pros_calib_error` is the mean |θ̂ - s/n| over the pool's picks (θ̂: the model's pass rate at "
-               f"selection; s of n = {PROS_TRIALS} rollouts succeed). Sampling noise alone gives it a floor, "
-               f"E|p - Binomial({PROS_TRIALS}, p)/{PROS_TRIALS}| = {lo:.2f}-{hi:.2f} for p in 0.4-0.5 and 0 at p in "
-               "{0, 1}: picks near a 0.5 pass rate (what the Bayesian selection aims for) score worse than all-pass "
-               "or all-fail picks however well the model knows them, so `pros_calib_error` cannot rank Bayesian "
-               "against random picks. `pros_calib_excess` subtracts that floor (its expectation for s ~ "
-               "Binomial(n, θ̂)): about 0 for a calibrated model at any pass rate, > 0 when the observed rates sit "
-               "further from θ̂ than sampling noise explains.\n")
+    out.append(
+        f"`pros_calib_error` is the mean |θ̂ - s/n| over the pool's picks (θ̂: the model's pass rate at "
+        f"selection; s of n = {PROS_TRIALS} rollouts succeed). Sampling noise alone gives it a floor, "
+        f"E|p - Binomial({PROS_TRIALS}, p)/{PROS_TRIALS}| = {lo:.2f}-{hi:.2f} for p in 0.4-0.5 and 0 at p in "
+        "{0, 1}: picks near a 0.5 pass rate (what the Bayesian selection aims for) score worse than all-pass "
+        "or all-fail picks however well the model knows them, so `pros_calib_error` cannot rank Bayesian "
+        "against random picks. `pros_calib_excess` subtracts that floor (its expectation for s ~ "
+        "Binomial(n, θ̂)): about 0 for a calibrated model at any pass rate, > 0 when the observed rates sit "
+        "further from θ̂ than sampling noise explains.\n"
+    )
     return "\n".join(out)
 
 
@@ -219,8 +306,10 @@ def cell_text(text: str) -> str:
 def claims_table(aggs: dict[str, Agg]) -> str:
     """One table per paper: each claim's row in each regime, with the compared configs' train - held-out gaps."""
     per_regime = [claim_rows(aggs, r) for r in REGIMES]
-    head = ("| claim | pool | verdict | measured | train − held-out gap: first config (seeds) | second config |\n"
-            "|---|---|---|---|---|---|")
+    head = (
+        "| claim | pool | verdict | measured | train − held-out gap: first config (seeds) | second config |\n"
+        "|---|---|---|---|---|---|"
+    )
     out, paper = [], None
     for rows in zip(*per_regime):
         if rows[0].paper != paper:
@@ -228,17 +317,21 @@ def claims_table(aggs: dict[str, Agg]) -> str:
             out += [f"\n**{paper}**\n", head]
         for j, c in enumerate(rows):
             gaps = [gap_cell(aggs, n) for n in c.configs[:2]] + ["-"] * (2 - len(c.configs[:2]))
-            out.append(f"| {cell_text(c.claim) if j == 0 else '″'} | {c.regime} | **{c.verdict}** | "
-                       f"{cell_text(c.measured)} | "
-                       f"{gaps[0]} | {gaps[1]} |")
-    for r in REGIMES:  # EST (Reinforce-Ada's estimator variant): no claim of its own here, its mechanism only
+            out.append(
+                f"| {cell_text(c.claim) if j == 0 else '″'} | {c.regime} | **{c.verdict}** | "
+                f"{cell_text(c.measured)} | "
+                f"{gaps[0]} | {gaps[1]} |"
+            )
+    for r in (
+        REGIMES
+    ):  # EST (Reinforce-Ada's estimator variant): no claim of its own here, its mechanism only
         est = r.name("est")
         if est and have_runs(aggs, est):
             g = lambda k, part: fmt(mech_value(aggs, est, k, part))  # noqa: E731
-            out.append(f"\n*Not a claim*: EST on the {r.label} pool, `est_calibration_error` "
-                       f"{g('est_calibration_error', 'early')} → {g('est_calibration_error', 'late')} (first → last "
-                       f"quarter); allocation per prompt min/max {g('est_alloc_min', 'mean')} / "
-                       f"{g('est_alloc_max', 'mean')}.")
+            out.append(
+                f"\n*Not a claim*: EST on the {r.label} pool, `est_calibration_error` "
+                f"{g('est_calibration_error', 'early')} → {g('est_calibration_error', 'late')} (first → last "
+                f"quarter); allocation per prompt min/max {g('est_alloc_min', 'mean')} / "
+                f"{g('est_alloc_max', 'mean')}."
+            )
     return "\n".join(out).lstrip("\n") + "\n"
-
-
