@@ -23,16 +23,16 @@ Choices made here: the allocation is computed for the whole global batch on ever
 estimator state is identical everywhere), then each rank samples its slice; integer budgets come
 from bisection on the proportionality constant plus largest-remainder rounding (see
 `allocate_budget`). Token losses are summed over ALL responses and divided by a constant
-(total_budget x max_new_tokens), so a prompt's weight in the update grows with its N_x (the sampling
-half of the weight). k_t counts responses with reward > positive_threshold (or >= --success_reward);
-a cut response scores 0 under the built-in rewards, its functions' total under --reward_funcs.
-pi_old is the sampling policy; one optimizer step per batch by default. Logged `loss`: that
-surrogate divided by (responses x max_new_tokens), as optimised; the optimised loss also subtracts
-the entropy bonus (entropy_coef x summed token entropy over the same constant; the paper's set-up
-uses 1e-4, the authors' run script 0) and adds beta x the k3 KL summed over the same tokens and
-divided by the same constant (one normaliser; `kl` logs it per trained token). The advantage is Alg.
-1 line 16's (r - mean_x) x alpha_x, with no std division (the residual weight alpha_x is the
-prompt's scale); its baseline is GRPO-n8 (`ada_seq.py --max_rounds 1 --round_repeat 8
+(total_budget x max_completion_length), so a prompt's weight in the update grows with its N_x (the
+sampling half of the weight). k_t counts responses with reward > positive_threshold (or >=
+--success_reward); a cut response scores 0 under the built-in rewards, its functions' total under
+--reward_funcs. pi_old is the sampling policy; one optimizer step per batch by default. Logged
+`loss`: that surrogate divided by (responses x max_completion_length), as optimised; the optimised
+loss also subtracts the entropy bonus (entropy_coef x summed token entropy over the same constant;
+the paper's set-up uses 1e-4, the authors' run script 0) and adds beta x the k3 KL summed over the
+same tokens and divided by the same constant (one normaliser; `kl` logs it per trained token). The
+advantage is Alg. 1 line 16's (r - mean_x) x alpha_x, with no std division (the residual weight
+alpha_x is the prompt's scale); its baseline is GRPO-n8 (`ada_seq.py --max_rounds 1 --round_repeat 8
 --num_generations 8`, eq. 2), the same inference budget.
 
     python ada_est.py                       # hybrid 1/sqrt(p) on 2048 recurring Countdown prompts
@@ -137,8 +137,8 @@ class Args(BaseArgs):
     clipping is inactive"""
     beta: Annotated[float, Range(0, zero="off, no reference model")] = 0.0
     """KL coefficient to the reference (initial) policy: the k3 estimator summed over the trained
-    tokens, divided by the policy gradient's constant (responses x max_new_tokens); the paper uses
-    none"""
+    tokens, divided by the policy gradient's constant (responses x max_completion_length); the paper
+    uses none"""
     entropy_coef: Annotated[float, Range(0, zero="off")] = 1e-4
     """entropy bonus: entropy_coef x token entropy is subtracted from the loss (the paper's set-up:
     1e-4)"""

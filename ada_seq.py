@@ -49,9 +49,9 @@ Where this file follows the authors' public code rather than the paper's text (b
   with 1 success in 32 would get A = 5.6 instead of 0.97: the update tilts toward rare wins.
 - Warm-up: 10 steps (the paper's set-up, Sec. 4; `run_reinforce_ada.sh`: `lr_warmup_steps=10`).
 - Loss aggregation: the authors' script uses verl's `token-mean` (the surrogate averaged over the
-  batch's generated tokens); this file divides the token sum by the constant kept responses x
-  max_new_tokens (no length bias), so its step is that of token-mean x (mean completion length /
-  max_new_tokens): about 0.37x on the embedded task (docs/ada_seq.md).
+batch's generated tokens); this file divides the token sum by the constant kept responses x
+max_completion_length (no length bias), so its step is that of token-mean x (mean completion length
+/ max_completion_length): about 0.37x on the embedded task (docs/ada_seq.md).
 - Exit quotas: `positive` exits after K_pos = 1 positive (the public code); the text's example is
   K_pos = 16 at N_max = 128 (`--k_pos 16`). `balanced` needs n//2 positives and n - n//2 negatives
   in both.
@@ -76,18 +76,18 @@ Choices made here (the paper leaves them open):
   backend and one epoch pi_old's log-probs are read from the update's own forward pass (no extra
   scoring pass after sampling); with vLLM or more epochs they are the sampler's (`--old_logprobs`).
 - Logged `loss`: the clipped surrogate summed over tokens and divided by (kept responses x
-  max_new_tokens), the constant the optimised loss uses too (no length bias). The entropy bonus,
-  entropy_coef x the token entropies summed and divided by the same constant, is subtracted in the
-  optimised loss but not in `loss`; with `--beta` > 0, beta x the k3 KL summed over the same tokens
-  is added over the same constant too (one normaliser for every term); `kl` logs the KL per trained
-  token.
+max_completion_length), the constant the optimised loss uses too (no length bias). The entropy
+bonus, entropy_coef x the token entropies summed and divided by the same constant, is subtracted in
+the optimised loss but not in `loss`; with `--beta` > 0, beta x the k3 KL summed over the same
+tokens is added over the same constant too (one normaliser for every term); `kl` logs the KL per
+trained token.
 - Metrics: `rollouts` / `gen_tokens` count every generated response of every round (inference cost);
   `frac_zero_var_groups` is measured on each prompt's first n responses (what GRPO-n would have
   trained on), `ada_frac_zero_var_groups_post` on the kept groups; `ada_active_after_round_r` is a
   fraction. [DAPO] `dapo_rounds` (extra rounds), `dapo_sampled_groups`, `dapo_kept_groups`,
   `dapo_batch_fill` (kept groups / prompts_per_step); `ada_inference_cost_rel` is then generated /
   (prompts_per_step x n).
-- A completion cut by `max_new_tokens` gets reward 0 (never a success);
+- A completion cut by `--max_completion_length` gets reward 0 (never a success);
   `--mask_truncated_completions` also takes the kept ones out of the loss. `sampler_logp_diff` (when
   the generator returns log-probs) is the mean |sampler - trainer| log-prob of the kept tokens in
   the first pass; samples.jsonl holds a few kept rollouts (kind `fresh`, [DAPO] `dynamic_refill`)
@@ -203,8 +203,8 @@ class Args(BaseArgs):
     and clipping is inactive"""
     beta: Annotated[float, Range(0, zero="off, no reference model")] = 0.0
     """KL coefficient to the reference (initial) policy: the k3 estimator summed over the trained
-    tokens, divided by the policy gradient's constant (responses x max_new_tokens); the paper uses
-    none"""
+    tokens, divided by the policy gradient's constant (responses x max_completion_length); the paper
+    uses none"""
     entropy_coef: Annotated[float, Range(0, zero="off")] = 1e-4
     """entropy bonus: entropy_coef x token entropy is subtracted from the loss (the paper's set-up:
     1e-4)"""

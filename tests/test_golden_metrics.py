@@ -72,7 +72,7 @@ for name, argv, log in json.loads(sys.argv[1]):
 # float32 summation order (~1e-7 relative) while no sampled token flips, and a flip moves it by one
 # sample or token in at most ~1e4 (>= 1e-4).
 COUNT_TOL = 1e-6
-MAX_COMPLETION_TOKENS = 48  # --max_new_tokens' default: no completion is longer
+MAX_COMPLETION_TOKENS = 48  # --max_completion_length's default: no completion is longer
 
 
 def tolerance(key: str, golden_row: dict) -> float:
