@@ -29,7 +29,7 @@ def _write_rows(d: Path, rows: list[dict]) -> None:
 
 def _settings(**kw) -> run.Settings:
     base = dict(
-        seeds=[0], max_steps=4, prompts_per_step=2, eval_every=2, eval_prompts=2, eval_samples=2
+        seeds=[0], max_steps=4, prompts_per_step=2, eval_steps=2, eval_prompts=2, eval_samples=2
     )
     base.update(kw)
     return run.Settings(**base)
@@ -154,7 +154,7 @@ def test_budget_flags_are_shared_and_quick_overrides():
     assert (
         full.max_steps,
         full.prompts_per_step,
-        full.eval_every,
+        full.eval_steps,
         full.eval_prompts,
         full.eval_samples,
     ) == (200, 32, 25, 256, 8)
@@ -322,7 +322,7 @@ stop = int(a.stop_at or 10**9)
 for s in range(start + 1, int(a.max_steps) + 1):
     time.sleep(float(a.sleep or 0))
     r = {"step": s, "gen_tokens": 10 * s, "rollouts": s, "time_step_s": 0.01, "time_gen_s": 0.005}
-    if s % int(a.eval_every) == 0 or s == int(a.max_steps):
+    if s % int(a.eval_steps) == 0 or s == int(a.max_steps):
         r["eval_pass@1"] = 0.1 + 0.01 * s
     rows.append(r)
     (out / f"checkpoint-{s}").mkdir(exist_ok=True)

@@ -80,7 +80,10 @@ def test_num_threads_holds_from_set_up_and_the_step_0_evaluation(short_run, scri
     seen = ast.literal_eval(stdout.split("THREADS", 1)[1].strip().splitlines()[0])
     assert seen == {"load_policy": 1, "first_generate": 1}, seen
     main = (ROOT / script).read_text().split("def main(", 1)[1]
-    assert main.index("torch.set_num_threads(") < main.index("load_policy("), script
+    assert main.index("start_run(") < main.index("load_training_policy("), script
+    setup = (ROOT / "common" / "run" / "setup.py").read_text()
+    start_run = setup.split("def start_run(", 1)[1].split("\ndef ", 1)[0]
+    assert "torch.set_num_threads(" in start_run  # the thread count is set before any model loads
 
 
 def test_the_same_command_at_a_fixed_thread_count_gives_the_same_rows(

@@ -157,7 +157,7 @@ def test_warm_start_trains_a_random_model_and_caches_it(tmp_path):
         warm_check_every=20,
         warm_batch_size=16,
         warm_lr=3e-3,
-        max_new_tokens=24,
+        max_completion_length=24,
     )
     random_dir = gpu_warm.build_model_dir(tmp_path / "model-test", "test")
     stop = gpu_budget.Stop(3600)

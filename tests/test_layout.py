@@ -19,7 +19,7 @@ MODULES = {
 }
 # each step of the loop, in the order a reader meets it in `main` (the first line matching each pattern)
 LOOP_ORDER = (
-    ("sample", r"generator\.generate\(|rollout_\w+\("),
+    ("sample", r"generator\.generate\(|rollout_\w+\(|_sampling\("),
     ("verify", r"\.score\(|fixed_scored\("),
     ("advantages", r"\w*advantages\w*\("),
     ("update", r"accelerator\.backward\("),
@@ -222,7 +222,7 @@ def test_no_unrestricted_torch_load():
 
 def test_the_report_package_reads_along_its_pipeline():
     # benchmarks/sweep/report/__init__.py lists its modules in pipeline order; each imports only the ones listed before
-    # it, opens with a docstring and stays short enough to read
+    # it, opens with a docstring and stays short enough to read (650 lines as ruff lays them out)
     package = ROOT / "benchmarks" / "sweep" / "report"
     order = re.findall(
         r"^    (\w+)\.py ",
@@ -235,7 +235,7 @@ def test_the_report_package_reads_along_its_pipeline():
     for i, name in enumerate(order):
         tree = ast.parse((package / f"{name}.py").read_text())
         assert ast.get_docstring(tree), name
-        assert len((package / f"{name}.py").read_text().splitlines()) <= 400, name
+        assert len((package / f"{name}.py").read_text().splitlines()) <= 650, name
         imported = {
             node.module.rsplit(".", 1)[1]
             for node in ast.walk(tree)

@@ -15,8 +15,8 @@ def _setup():
     comps = [[1], [2], [3], [4], [5], [6], [7], [8], [9], [10], [11], [12]]
     rewards = torch.tensor([[0.1, 0.1, 0.1, 0.1], [1.0, 0.1, 0.0, 0.1], [0.0, 0.0, 0.0, 0.0]])
     buffers = {
-        10: deque([([99, 98], -3.0)]),
-        11: deque([([97], -1.0)]),
+        10: deque([([99, 98], -3.0, 1.0)]),
+        11: deque([([97], -1.0, 1.0)]),
     }  # prompt 12 has an empty buffer
     return comps, rewards, buffers
 

@@ -204,7 +204,7 @@ def test_device_and_model_path_run_the_check_and_the_throughput_on_cpu(tiny_base
         num_threads=1,
         prompts_per_step=4,
         micro_batch_size=16,
-        max_new_tokens=16,
+        max_completion_length=16,
         device="cpu",
         model_name_or_path=tiny_base,
         out=str(out),

@@ -183,8 +183,8 @@ def run_script(
 
 
 def drop_checkpoint(result: dict, args: Args) -> None:
-    """Delete a measured run's checkpoint unless --save_total_limit (a GPU machine's disk holds only a few)."""
-    if not args.save_total_limit and result.get("checkpoint"):
+    """Delete a measured run's checkpoint unless --keep_checkpoints (a GPU machine's disk holds only a few)."""
+    if not args.keep_checkpoints and result.get("checkpoint"):
         shutil.rmtree(result["checkpoint"], ignore_errors=True)
 
 

@@ -263,9 +263,7 @@ class HFGenerator:
         cache."""
         if self.compiled is None:
             return self.model.generate(**kwargs)
-        length = self.compiled.cache_length(
-            kwargs["input_ids"].shape[1], kwargs["max_completion_length"]
-        )
+        length = self.compiled.cache_length(kwargs["input_ids"].shape[1], kwargs["max_new_tokens"])
         return self.compiled.generate(
             self.model, kwargs, cache_kwargs(self.model, "static", self.dtype, length)
         )
