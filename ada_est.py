@@ -419,9 +419,10 @@ def main(args: Args) -> None:
         saved_counts = saved["method"]["counts"]
         counts = {prompt_id: tuple(value) for prompt_id, value in saved_counts.items()}
     run_log = RunLog(args, accelerator, "ada_est", start_step, saved is not None, log)
+    # Ctrl-C / SIGTERM from here on: the run stops after its step, with a checkpoint
+    stop = GracefulStop(log)
     if start_step == 0:
         run_log.first_row(run_eval(), compiled)
-    stop = GracefulStop(log)
     threshold = success_threshold(args)
     total_budget = args.budget()
     # one constant normaliser, the global sample count / world (DDP averages) x

@@ -618,9 +618,10 @@ def main(args: Args) -> None:
     start_step, saved = checkpoints.resume(sampler, generator, policy)
     counters = saved["counters"] if saved else {"rollouts": 0, "gen_tokens": 0}
     run_log = RunLog(args, accelerator, "ada_seq", start_step, saved is not None, log)
+    # Ctrl-C / SIGTERM from here on: the run stops after its step, with a checkpoint
+    stop = GracefulStop(log)
     if start_step == 0:
         run_log.first_row(run_eval(), compiled)
-    stop = GracefulStop(log)
     n = args.num_generations
     threshold = success_threshold(args)
     k_pos, k_neg = args.quotas()

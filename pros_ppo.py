@@ -984,9 +984,10 @@ def main(args: Args) -> None:
         pros_rng.bit_generator.state = saved["method"]["rng"]
 
     run_log = RunLog(args, accelerator, "pros_ppo", start_step, saved is not None, log)
+    # Ctrl-C / SIGTERM from here on: the run stops after its step, with a checkpoint
+    stop = GracefulStop(log)
     if start_step == 0:
         run_log.first_row(run_eval(), compiled)
-    stop = GracefulStop(log)
 
     for step in range(start_step + 1, args.max_steps + 1):
         t_start = time.time()

@@ -923,9 +923,10 @@ def main(args: Args) -> None:
     # [PS] (also in GRPO: built, never moved) one prefix controller per category
     controllers = make_controllers(args, saved_method)
     run_log = RunLog(args, accelerator, "ps_grpo", start_step, saved is not None, log)
+    # Ctrl-C / SIGTERM from here on: the run stops after its step, with a checkpoint
+    stop = GracefulStop(log)
     if start_step == 0:
         run_log.first_row(run_eval(), compiled)
-    stop = GracefulStop(log)
     n = args.num_generations
 
     for step in range(start_step + 1, args.max_steps + 1):

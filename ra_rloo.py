@@ -439,9 +439,10 @@ def main(args: Args) -> None:
         log(f"[RA-RLOO] seeded {len(buffers)} prompt buffers with demonstrations")
 
     run_log = RunLog(args, accelerator, "ra_rloo", start_step, saved is not None, log)
+    # Ctrl-C / SIGTERM from here on: the run stops after its step, with a checkpoint
+    stop = GracefulStop(log)
     if start_step == 0:
         run_log.first_row(run_eval(), compiled)
-    stop = GracefulStop(log)
     k = args.num_generations
 
     for step in range(start_step + 1, args.max_steps + 1):

@@ -376,7 +376,7 @@ def test_buffers_store_int32_and_save_and_load_a_million_tokens_fast_and_exactly
     tracemalloc.start()
     started = time.perf_counter()
     loaded = load_buffers(
-        safe_load(tmp_path / "trainer_state.pt")["state"]["method"]["buffers"], 16, "x", 1.0
+        safe_load(tmp_path / "trainer_state.pt")["state"]["method"]["buffers"], 16, "x"
     )
     load_s = time.perf_counter() - started
     per_token = (
@@ -404,13 +404,13 @@ def test_buffers_store_int32_and_save_and_load_a_million_tokens_fast_and_exactly
     with pytest.raises(
         SystemExit, match=r"^x: damaged \(lengths adding up to 1000001 for 1000000 tokens\)"
     ):
-        load_buffers(state, 16, "x", 1.0)
+        load_buffers(state, 16, "x")
     state = buffers_state(buffers)
     state["logp_old"] = state["logp_old"][:-1]
     with pytest.raises(
         SystemExit, match=r"^x: damaged \(prompt_ids, logp_old, rewards and lengths differ in"
     ):
-        load_buffers(state, 16, "x", 1.0)
+        load_buffers(state, 16, "x")
 
 
 def test_a_damaged_row_before_the_last_stops_the_resume_with_its_line_number(tmp_path):

@@ -763,7 +763,6 @@ def test_each_method_reads_rewards_of_any_sign_and_leaves_unscored_ones_out():
         buffers,
         "on_demand",
         random.Random(0),
-        success_reward=-0.5,
     )
     assert comps[1] == [5, 6] and rewards.tolist() == [[-1.0, pytest.approx(-0.2)]]
     # Ada-Seq: the pool's statistics leave the NaN out, it is kept only to fill up, with advantage 0

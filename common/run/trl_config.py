@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import json
 import math
 import os
 import sys
@@ -415,6 +416,14 @@ HUB = "a hub upload: the run uploads nothing"
 LOGGING = "a logging detail (every step is in metrics.jsonl)"
 ONLY_WITH = "only used with {}, refused here"
 
+
+def _json_text(value, ctx) -> dict:
+    """A YAML mapping (TRL's dict) as the JSON text --lr_scheduler_kwargs takes; null: unset."""
+    if value is None or isinstance(value, str):
+        return {"lr_scheduler_kwargs": value}
+    return {"lr_scheduler_kwargs": json.dumps(value)}
+
+
 TABLE: dict[str, Flag | Refused | Ignored] = {
     # ---- model and data: the CLI's ModelConfig and ScriptArguments
     "model_name_or_path": Flag("model_name_or_path"),
@@ -462,7 +471,7 @@ TABLE: dict[str, Flag | Refused | Ignored] = {
     "num_train_epochs": Flag("max_steps", _epochs),
     "learning_rate": Flag("learning_rate"),
     "lr_scheduler_type": Flag("lr_scheduler_type"),
-    "lr_scheduler_kwargs": Refused("the schedule takes no extra arguments", OFF),
+    "lr_scheduler_kwargs": Flag("lr_scheduler_kwargs", _json_text),
     "warmup_steps": Flag("warmup_steps", _warmup, unless=(0,)),
     "warmup_ratio": Flag("warmup_ratio", unless=(0, None)),
     "optim": Refused("the optimizer is torch's AdamW", ("adamw_torch", "adamw_torch_fused")),
@@ -680,7 +689,9 @@ def translate(data: dict, cls, path: str) -> tuple[list[tuple[str, str, object]]
         entry, ctx.key, where = TABLE.get(key), key, f"--config {path}: key {key!r}"
         if entry is None:
             settings.append((key, key, value))
-        elif isinstance(entry, Ignored) or getattr(entry, "unless", None) is ANY:
+        elif isinstance(entry, Ignored) or (
+            getattr(entry, "unless", None) is ANY and entry.flag not in flags
+        ):
             ignored.append(key)
         elif isinstance(entry, Refused) or entry.flag not in flags:
             if not accepts(entry.unless, value, ctx):
