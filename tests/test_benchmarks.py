@@ -164,7 +164,10 @@ def test_budget_flags_are_shared_and_quick_overrides():
         32,
         2,
     )
-    assert full.max_new_tokens == quick.max_new_tokens == 48 and qdir.name == "runs-quick"
+    assert (
+        full.max_completion_length == quick.max_completion_length == 48
+        and qdir.name == "runs-quick"
+    )
     mine, _ = run.resolve(run.Args(quick=True, max_steps=7, seeds=[3, 4]))
     assert mine.max_steps == 7 and mine.seeds == [3, 4] and mine.eval_prompts == quick.eval_prompts
     a = run.build_command(run.BY_NAME["rloo"], full, 1, Path("d"))

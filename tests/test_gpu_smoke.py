@@ -97,7 +97,7 @@ def test_sigterm_ends_the_whole_command_with_its_results_written(tmp_path):
         "ra_rloo,ada_seq",
         "--parts",
         "plain,fsdp",
-        "--save_total_limit",
+        "--keep_checkpoints",
     )
     proc = subprocess.Popen(
         cmd,

@@ -19,8 +19,10 @@ MODULES = {
 }
 # each step of the loop, in the order a reader meets it in `main` (the first line matching each pattern)
 LOOP_ORDER = (
-    ("sample", r"generator\.generate\(|rollout_\w+\(|_sampling\("),
-    ("verify", r"\.score\(|fixed_scored\("),
+    # ada_seq samples and verifies round by round (its RoundSampler scores each round, and the
+    # rounds go on until a prompt's exit): the sampler built, then the rounds run
+    ("sample", r"generator\.generate\(|rollout_\w+\(|RoundSampler\("),
+    ("verify", r"\.score\(|fixed_scored\(|multi_round_sampling\("),
     ("advantages", r"\w*advantages\w*\("),
     ("update", r"accelerator\.backward\("),
     ("optimizer step", r"optimizer\.step\(\)"),
@@ -35,7 +37,9 @@ SINGLE_USER = {
     "common.demo.countdown_env": "the embedded multi-turn environment (a task, with its warm-up build)",
     "common.demo.countdown": "the embedded task, whose solver writes RA-RLOO's seeded demonstrations",
     "common.rl.episode": "the multi-turn rollout record, filled by the environment (common/demo)",
-    # until the other four scripts call export_model at the end of their main (then remove this entry)
+    "common.demo.tiny_model": "the embedded base, which ps_grpo.py's multi-turn warm-up starts from",
+    "common.distributed.fsdp": "FSDP2 (the others reach it through common/run/setup.py): pros_ppo.py "
+    "also shards its critic and keeps the critic's optimizer shard",
 }
 # names a concept had before it took TRL's (or the paper's) one name
 RETIRED_FLAGS = {

@@ -127,7 +127,7 @@ def default_steps(script: str) -> int:
     """A script's default --max_steps, read from its source (its Args, else common/run/flags.py's BaseArgs)."""
     import ast
 
-    for path, cls in ((ROOT / script, "Args"), (ROOT / "common" / "args.py", "BaseArgs")):
+    for path, cls in ((ROOT / script, "Args"), (ROOT / "common" / "run" / "flags.py", "BaseArgs")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ClassDef) and node.name == cls:
                 for item in node.body:
