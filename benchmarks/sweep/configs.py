@@ -459,3 +459,53 @@ def check_config(cfg: Config, root: Path = ROOT) -> Optional[str]:
                 f"missing: {cfg.script} --{name} has no choice {value!r} (choices: {flags[name]})"
             )
     return None
+
+
+# ----------------------------------------------------------------------------------------------------
+# A user's task (run.py --task): the configs that apply to a single-turn text task
+# ----------------------------------------------------------------------------------------------------
+
+# Configs a task sweep leaves out, and why (run.py --task prints these; `--only` can still name
+# dr_grpo_n4).
+TASK_LEFT_OUT = {
+    "dr_grpo_n4": "no paper claim reads it (a GRPO-n4 variant; name it in --only to run it)",
+    "_pool2048": "the Countdown sweep's second data regime; on a task, set its prompt_pool instead",
+}
+
+
+TEXT_NOTES = {
+    "ps_off": "Prefix Sampling's baseline on a text task: GRPO with A = r - mean, all-fail / "
+    "all-pass groups dropped",
+    "ps_fixed": "a prefix task replays the first lines of a stored response (a step is a line)",
+}
+
+
+def on_text_task(cfg: Config) -> Config:
+    """A config as it runs on a single-turn text task: Prefix Sampling's multi-turn Countdown
+    environment becomes its text mode (a step is a line of the response); every other config is
+    unchanged."""
+    if "--mode" not in cfg.flags:
+        return cfg
+    flags = list(cfg.flags)
+    flags[flags.index("--mode") + 1] = "text"
+    return replace(
+        cfg,
+        flags=tuple(flags),
+        label=cfg.label.replace(", multi-turn", ", text"),
+        note=TEXT_NOTES.get(cfg.name, cfg.note),
+    )
+
+
+def task_configs() -> dict[str, Config]:
+    """{name: config} of a task sweep, in the harness's order: every config a paper claim reads,
+    on one data regime (the task's own pool)."""
+    return {
+        c.name: on_text_task(c)
+        for c in CONFIGS
+        if c.name not in TASK_LEFT_OUT and not c.name.endswith("_pool2048")
+    }
+
+
+def task_config(name: str) -> Config:
+    """One config as a task sweep runs it (also those left out by default, e.g. dr_grpo_n4)."""
+    return on_text_task(BY_NAME[name])

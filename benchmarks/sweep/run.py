@@ -15,6 +15,7 @@ metrics.jsonl, args.json and bench.json (plus the sweep's sweep.json) are what g
     python benchmarks/sweep/run.py --only rloo,ra_rloo --seeds 0 --dry_run
     python benchmarks/sweep/run.py --lock /tmp/cpu.lock       # take a lock file around each run (shared machine)
     python benchmarks/sweep/report.py                         # then: table + plots in benchmarks/sweep/results/
+    python benchmarks/sweep/run.py --task my_task.yaml        # your model, data and reward (benchmarks/sweep/task.py)
 """
 
 from __future__ import annotations
@@ -34,7 +35,16 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.sweep.configs import BY_NAME, CONFIGS, FULL, QUICK, Config, check_config  # noqa: E402
+from benchmarks.sweep.configs import (  # noqa: E402
+    BY_NAME,
+    FULL,
+    QUICK,
+    TASK_LEFT_OUT,
+    Config,
+    check_config,
+    task_config,
+    task_configs,
+)
 from benchmarks.sweep.run_dirs import (  # noqa: E402
     FileLock,
     compact_run,
@@ -45,11 +55,16 @@ from benchmarks.sweep.run_dirs import (  # noqa: E402
     run_state,
     testbed_id,
 )
+from benchmarks.sweep.task import TaskFile, load_task, runner_types  # noqa: E402
 from common.run.flags import parse_args  # noqa: E402  (light: no torch import)
 
 
 @dataclass
 class Args:
+    task: str = ""
+    """a task file (YAML: your model, data, reward and budget; format in benchmarks/sweep/task.py):
+    runs every method and baseline that applies to a single-turn text task on it, then writes their
+    report; flags given here win over the file"""
     only: str = ""
     """comma-separated config names to run (default: all); `--only list` prints the configs and exits"""
     seeds: Optional[list[int]] = None
@@ -102,6 +117,8 @@ class Args:
     """interpreter for the runs"""
 
     def validate(self) -> None:
+        if self.task:
+            return  # checked against the task's configs once the file is read (`apply_task`)
         unknown = [n for n in self.only_names() if n not in BY_NAME]
         if unknown and self.only != "list":
             raise SystemExit(f"--only: unknown config(s) {unknown}; known: {', '.join(BY_NAME)}")
@@ -133,9 +150,30 @@ class Settings:
     model_name_or_path: str = "embedded"
     num_threads: int = 0
     extra: list[str] = field(default_factory=list)
+    task_flags: list[str] = field(default_factory=list)  # a task file's script flags
 
 
-def resolve(args: Args) -> tuple[Settings, Path]:
+def apply_task(args: Args, argv: list[str]) -> Optional[TaskFile]:
+    """Fill `args` from its task file (a flag on the command line wins); None without --task."""
+    if not args.task:
+        return None
+    task = load_task(args.task, runner_types(Args))
+    given = {token[2:].split("=")[0] for token in argv if token.startswith("--")}
+    for key, value in task.runner.items():
+        if key not in given:
+            setattr(args, key, value)
+    if not args.runs_dir:
+        args.runs_dir = f"runs/sweep-{task.name}" + ("-quick" if args.quick else "")
+    known = task_configs()
+    for name in args.only_names():
+        if name in known or name in TASK_LEFT_OUT:
+            continue
+        why = TASK_LEFT_OUT["_pool2048"] if name.endswith("_pool2048") else "unknown"
+        raise SystemExit(f"--only {name}: not a config of a task sweep ({why})")
+    return task
+
+
+def resolve(args: Args, task: Optional[TaskFile] = None) -> tuple[Settings, Path]:
     base = QUICK if args.quick else FULL
     pick = lambda name: getattr(args, name) if getattr(args, name) is not None else base[name]  # noqa: E731
     s = Settings(
@@ -152,6 +190,7 @@ def resolve(args: Args) -> tuple[Settings, Path]:
         model_name_or_path=args.model_name_or_path,
         num_threads=args.num_threads,
         extra=args.extra.split(),
+        task_flags=list(task.script_flags) if task else [],
     )
     default_runs = ROOT / "benchmarks" / "sweep" / ("runs-quick" if args.quick else "runs")
     runs_dir = Path(args.runs_dir) if args.runs_dir else default_runs
@@ -197,7 +236,7 @@ def shared_flags(s: Settings, seed: int, out_dir: Path) -> list[str]:
         flags += ["--learning_rate", repr(s.learning_rate)]
     if s.warmup_steps > 0:
         flags += ["--warmup_steps", str(s.warmup_steps)]
-    return flags + list(s.extra)
+    return flags + list(s.task_flags) + list(s.extra)
 
 
 def build_command(cfg: Config, s: Settings, seed: int, out_dir: Path) -> list[str]:
@@ -339,16 +378,25 @@ def _portable(path: Path) -> Path:
         return path
 
 
-def plan(args: Args, s: Settings, runs_dir: Path) -> list[dict]:
+def sweep_configs(args: Args, task: Optional[TaskFile]) -> dict[str, Config]:
+    """{name: config} this invocation runs: --only's, or every config (of a task sweep: those that
+    apply to a text task)."""
+    every = task_configs() if task else BY_NAME
+    names = args.only_names() or list(every)
+    return {n: task_config(n) if task else BY_NAME[n] for n in names}
+
+
+def plan(args: Args, s: Settings, runs_dir: Path, task: Optional[TaskFile] = None) -> list[dict]:
     """Every (config, seed) with its directory, command and state; seed-major, so that a partly finished
     sweep already has every config at seed 0."""
-    names = args.only_names() or [c.name for c in CONFIGS]
-    missing = {n: check_config(BY_NAME[n]) for n in names}
+    configs = sweep_configs(args, task)
+    names = list(configs)
+    missing = {n: check_config(configs[n]) for n in names}
     testbed = testbed_id(s.model_name_or_path)
     items = []
     for seed in s.seeds:
         for n in names:
-            cfg = BY_NAME[n]
+            cfg = configs[n]
             run_dir = runs_dir / n / f"seed{seed}"
             cmd = build_command(cfg, s, seed, _portable(run_dir))
             state = missing[n] or run_state(run_dir, cmd, s.max_steps, testbed)
@@ -365,11 +413,15 @@ def plan(args: Args, s: Settings, runs_dir: Path) -> list[dict]:
     return items
 
 
-def record_invocation(runs_dir: Path, s: Settings, argv: list[str]) -> None:
+def record_invocation(
+    runs_dir: Path, s: Settings, argv: list[str], task: Optional[TaskFile] = None
+) -> None:
     runs_dir.mkdir(parents=True, exist_ok=True)
     path = runs_dir / "sweep.json"
     data = json.loads(path.read_text()) if path.exists() else {"invocations": []}
     data["settings"] = asdict(s)
+    if task:
+        data["task"] = {"name": task.name, "file": str(_portable(task.path))}
     data["machine"] = machine_info()
     data["invocations"].append(
         {
@@ -380,22 +432,40 @@ def record_invocation(runs_dir: Path, s: Settings, argv: list[str]) -> None:
     path.write_text(json.dumps(data, indent=2))
 
 
+def write_task_report(task: TaskFile, runs_dir: Path) -> Path:
+    """The task sweep's report: the results page in its report_dir (default <runs_dir>/results)."""
+    from benchmarks.sweep.report.page import write_report  # scipy, matplotlib: only here
+
+    out_dir = Path(task.report_dir) if task.report_dir else runs_dir / "results"
+    return write_report(runs_dir, out_dir, plots=True, figures_dir=None, task=task.name)
+
+
 def main(args: Args, argv: list[str]) -> int:
+    task = apply_task(args, argv)
     if args.only == "list":
-        for c in CONFIGS:
+        for c in (task_configs() if task else BY_NAME).values():
             print(
                 f"{c.name:12s} {c.label:20s} {c.script} {' '.join(c.flags)}   (baseline: {c.baseline or '-'})"
             )
         return 0
-    s, runs_dir = resolve(args)
-    items = plan(args, s, runs_dir)
+    s, runs_dir = resolve(args, task)
+    items = plan(args, s, runs_dir, task)
+    if task:
+        print(f"task {task.name} ({args.task}): the configs that apply to a text task", flush=True)
+        for name, why in TASK_LEFT_OUT.items():
+            print(
+                f"  left out: {name.lstrip('_')} configs: {why}"
+                if name.startswith("_")
+                else f"  left out: {name}: {why}",
+                flush=True,
+            )
     print(
         f"benchmark: {len(items)} runs in {runs_dir} (steps {s.max_steps}, prompts/step {s.prompts_per_step}, "
         f"eval every {s.eval_steps} on {s.eval_prompts}x{s.eval_samples}, seeds {s.seeds})",
         flush=True,
     )
     if not args.dry_run:
-        record_invocation(runs_dir, s, argv)
+        record_invocation(runs_dir, s, argv, task)
     results: dict[str, int] = {}
     for i, it in enumerate(items, 1):
         cfg, seed, state = it["cfg"], it["seed"], it["state"]
@@ -443,6 +513,8 @@ def main(args: Args, argv: list[str]) -> int:
             print("sweep interrupted; run the same command again to continue", flush=True)
             break
     print("summary: " + ", ".join(f"{k} {v}" for k, v in results.items()), flush=True)
+    if task and not args.dry_run and "interrupted" not in results:
+        print(f"report: {write_task_report(task, runs_dir)}", flush=True)
     return 1 if results.get("failed") or results.get("incomplete") else 0
 
 

@@ -277,14 +277,18 @@ def aggregate(cfg: Config, runs: dict[int, RunData]) -> Agg:
     )
 
 
-def build_aggs(runs: dict[str, dict[int, RunData]]) -> tuple[list[str], dict[str, Agg]]:
-    """(configs in the harness's order, unknown ones last; {config: its aggregate})."""
+def build_aggs(
+    runs: dict[str, dict[int, RunData]], configs: Optional[dict[str, Config]] = None
+) -> tuple[list[str], dict[str, Agg]]:
+    """(configs in the harness's order, unknown ones last; {config: its aggregate}); `configs`: the
+    configs as the runs ran them (a task sweep's), default the harness's."""
+    configs = configs or BY_NAME
     order = [c.name for c in CONFIGS if c.name in runs] + sorted(
         n for n in runs if n not in BY_NAME
     )
     aggs = {}
     for n in order:
-        cfg = BY_NAME.get(n) or Config(n, "?", (), n)
+        cfg = configs.get(n) or BY_NAME.get(n) or Config(n, "?", (), n)
         aggs[n] = aggregate(cfg, runs[n])
     return order, aggs
 

@@ -9,6 +9,7 @@ from benchmarks.sweep.configs import BY_NAME, CONFIGS
 from benchmarks.sweep.report.claims import claim_rows, have_runs, pending
 from benchmarks.sweep.report.curves import (
     Agg,
+    eval_curve,
     final_value,
     gap_cell,
     mech_value,
@@ -16,7 +17,7 @@ from benchmarks.sweep.report.curves import (
     metric_series,
     reach,
 )
-from benchmarks.sweep.report.load import REGIMES, RunData, base_name, flag_value
+from benchmarks.sweep.report.load import REGIMES, Regime, RunData, base_name, flag_value
 from benchmarks.sweep.report.stats import (
     PROS_TRIALS,
     TARGET_HALF,
@@ -252,14 +253,16 @@ def mech_text(runs: list[RunData], key: str, seeds: int) -> str:
     return f"{g3(m['mean'])} ({g3(m['early'])} → {g3(m['late'])}){fewer}"
 
 
-def mechanism_tables(order: list[str], aggs: dict[str, Agg]) -> str:
+def mechanism_tables(
+    order: list[str], aggs: dict[str, Agg], regimes: tuple[Regime, ...] = REGIMES
+) -> str:
     """Per family, per config and pool: each metric's seed-mean over steps (first → last quarter), over the
     finished seeds that log it."""
     out = []
     for family, scripts, keys, logs in NEW_MECHANISM:
         rows = []
         for base in _bases(order):
-            for r in REGIMES:
+            for r in regimes:
                 name = r.name(base)
                 if name is None or BY_NAME[name].script not in scripts or not logs(BY_NAME[name]):
                     continue
@@ -303,9 +306,9 @@ def cell_text(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def claims_table(aggs: dict[str, Agg]) -> str:
+def claims_table(aggs: dict[str, Agg], regimes: tuple[Regime, ...] = REGIMES) -> str:
     """One table per paper: each claim's row in each regime, with the compared configs' train - held-out gaps."""
-    per_regime = [claim_rows(aggs, r) for r in REGIMES]
+    per_regime = [claim_rows(aggs, r) for r in regimes]
     head = (
         "| claim | pool | verdict | measured | train − held-out gap: first config (seeds) | second config |\n"
         "|---|---|---|---|---|---|"
@@ -323,7 +326,7 @@ def claims_table(aggs: dict[str, Agg]) -> str:
                 f"{gaps[0]} | {gaps[1]} |"
             )
     for r in (
-        REGIMES
+        regimes
     ):  # EST (Reinforce-Ada's estimator variant): no claim of its own here, its mechanism only
         est = r.name("est")
         if est and have_runs(aggs, est):
@@ -335,3 +338,29 @@ def claims_table(aggs: dict[str, Agg]) -> str:
                 f"{g('est_alloc_max', 'mean')}."
             )
     return "\n".join(out).lstrip("\n") + "\n"
+
+
+def cost_table(order: list[str], aggs: dict[str, Agg]) -> str:
+    """Per config, what a run costs (seed means): wall time as its runner measured it (start-up and
+    evaluations included), generated tokens and samples (replayed prefixes excluded), policy updates
+    and trained samples, and the final held-out pass@1 beside them."""
+    head = (
+        "| config | seeds | wall time per run | generated tokens | generated samples | policy updates "
+        "| final held-out pass@1 |\n|---|---|---|---|---|---|---|\n"
+    )
+    lines = []
+    for name in order:
+        a = aggs[name]
+        if not a.finished:
+            continue
+        walls = [r.meta.get("wall_s") for r in a.finished if r.meta.get("wall_s")]
+        ends = [eval_curve(r.rows)[-1] for r in a.finished]
+        wall = f"{statistics.fmean(walls) / 60:.1f} min" if walls else "-"
+        tokens = statistics.fmean(e["gen_tokens"] for e in ends)
+        samples = statistics.fmean(e["rollouts"] for e in ends)
+        updates = statistics.fmean(r.rows[-1]["step"] for r in a.finished)
+        lines.append(
+            f"| {a.cfg.label} (`{name}`) | {len(a.finished)} | {wall} | {tokens:,.0f} | "
+            f"{samples:,.0f} | {updates:.0f} | {a.final[0]:.3f} |"
+        )
+    return head + "\n".join(lines) + "\n" if lines else "No finished runs.\n"
