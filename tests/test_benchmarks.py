@@ -699,11 +699,7 @@ def test_fewer_steps_verdict_when_most_seeds_never_reach_the_baseline(tmp_path):
         _fake_run(runs, "ps_off", seed, {0: 0.2, 2: 0.25, 4: 0.30}, 50)
         _fake_run(runs, "ps_fixed", seed, {0: 0.2, 2: 0.22, 4: 0.31 if seed == 2 else 0.25}, 50)
     _, aggs = report.build_aggs(report.load_runs(runs))
-    (row,) = [
-        c
-        for c in report.claim_rows(aggs)
-        if c.claim.startswith("PS (fixed), multi-turn: fewer steps")
-    ]
+    (row,) = [c for c in report.claim_rows(aggs) if c.claim.startswith("PS (fixed): fewer steps")]
     assert row.verdict == "not reached (1/3 seeds)" and report.judged(row.verdict)
     assert "(reached in 1/3 seeds)" in row.measured
 
@@ -1058,7 +1054,7 @@ def test_each_claim_has_a_row_per_regime_on_the_twin_configs(tmp_path):
     fixed = _claim(
         large,
         "2,048",
-        "PS (fixed), multi-turn: more valid (trained) tasks per batch than the baseline",
+        "PS (fixed): more valid (trained) tasks per batch than the baseline",
     )
     assert fixed.verdict == "no 2,048-pool config" and "`ps_fixed`" in fixed.measured
     # on the page: the 256 row, then the 2,048 row of the same claim

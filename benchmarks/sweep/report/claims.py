@@ -37,10 +37,11 @@ def no_gain(margin_text: str) -> str:
     return f"no gain as large as {margin_text}"
 
 
-VERDICT_RULES = f"""Every interval is a 95% t-interval over seeds (paired by seed where two configs are compared).
-Each claim has a row per data regime: the sweep's 256-prompt pool, and the 2,048-prompt pool (the same configs
-with `--prompt_pool 2048`, each paired with its baseline on that pool: run.py's `_pool2048` twins; 'no 2,048-pool
-config' where run.py has none). The last two columns give each compared config's training-prompt minus held-out
+REGIME_RULE = """Each claim has a row per data regime: the sweep's 256-prompt pool, and the 2,048-prompt pool
+(the same configs with `--prompt_pool 2048`, each paired with its baseline on that pool: run.py's `_pool2048`
+twins; 'no 2,048-pool config' where run.py has none). """
+RULES_HEAD = "Every interval is a 95% t-interval over seeds (paired by seed where two configs are compared).\n"
+RULES_BODY = f"""The last two columns give each compared config's training-prompt minus held-out
 pass@1 at the final evaluation (seed mean; in brackets the seeds that log `eval_train_pass@1`, '-' for runs made
 before it was logged): a large gap with no held-out gain says the method fits the pool's prompts, not the task.
 - **'X beats Y'** (interval of X - Y), in this order: *reproduced* if it lies above 0 (where the paper states its
@@ -65,6 +66,8 @@ before it was logged): a large gap with no held-out gain says the method fits th
 - At 95% each, about 1 interval in 20 misses its true value by chance alone, so about that share of the verdicts
   could read otherwise on other seeds.
 """
+VERDICT_RULES = RULES_HEAD + REGIME_RULE + RULES_BODY
+TASK_VERDICT_RULES = RULES_HEAD + RULES_BODY  # a task sweep: one data regime, the task's pool
 
 DECIDED = (
     REPRODUCED,
@@ -398,7 +401,9 @@ class ClaimSpec:
 
 
 def _label(name: str) -> str:
-    return BY_NAME[name].label
+    """A config's label in a claim (both tasks read it: Prefix Sampling runs multi-turn on Countdown,
+    as text on a text task)."""
+    return BY_NAME[name].label.replace(", multi-turn", "")
 
 
 RA_PAPER, PS_PAPER, ADA_PAPER, PROS_PAPER = "RA-RLOO", "Prefix Sampling", "Reinforce-Ada", "PROS"

@@ -35,6 +35,8 @@ from benchmarks.sweep.report.load import (
     POOL256,
     POOL2048,
     REGIMES,
+    WORD_PROBLEMS,
+    WORD_RESULTS,
     Regime,
     RunData,
     page_baseline,
@@ -355,7 +357,70 @@ DOC_PAGES = {
 }
 
 
-def method_block(runs: dict[str, dict[int, RunData]], aggs: dict[str, Agg], page: DocPage) -> str:
+def side_by_side_claims(
+    aggs: dict[str, Agg], word: dict[str, Agg], configs: tuple[str, ...], papers: tuple[str, ...]
+) -> str:
+    """The page's claims with their verdict on each Countdown pool and on the word-problem task."""
+    per = [claim_rows(aggs, r) for r in REGIMES] + [claim_rows(word, WORD_PROBLEMS)]
+    lines = [
+        "| claim | Countdown, 256-prompt pool | Countdown, 2,048-prompt pool | word problems |",
+        "|---|---|---|---|",
+    ]
+    for spec, *cells in zip(CLAIMS, *per):
+        if spec.paper in papers and all(n in configs for n in spec.configs):
+            lines.append(
+                f"| {cell_text(spec.claim)} | "
+                + " | ".join(
+                    f"{c.verdict}: {cell_text(c.effect)}"
+                    if c.effect and c.effect != "-"
+                    else c.verdict
+                    for c in cells
+                )
+                + " |"
+            )
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+
+
+def word_problem_section(word: dict[str, Agg], page: DocPage) -> list[str]:
+    """The page's configs on the word-problem task (benchmarks/sweep/tasks/word_problems.yaml)."""
+    first = next(
+        (a.finished[0] for b in page.configs for a in [word.get(b)] if a and a.finished), None
+    )
+    st = recorded_settings(first) if first else None
+    out = [
+        "### Word problems\n",
+        wrap(
+            "The second task: the word-problem base and data of `benchmarks/sweep/word_problems.py` "
+            "through the real path (a model directory, `.jsonl` files, the chat template, the built-in "
+            "math reward), run by `python benchmarks/sweep/run.py --task "
+            "benchmarks/sweep/tasks/word_problems.yaml` ([all configs](../"
+            + WORD_RESULTS
+            + ")): "
+            + (
+                f"{st.max_steps} steps of {st.prompts_per_step} prompts from a pool of "
+                f"{st.prompt_pool}, lr {st.learning_rate}, held-out evaluation every {st.eval_steps} "
+                f"steps on {st.eval_prompts} prompts x {st.eval_samples} samples."
+                if st
+                else "no finished run yet."
+            )
+        )
+        + "\n",
+    ]
+    if st:
+        out.append(doc_config_table(word, WORD_PROBLEMS, page.configs))
+        metrics = doc_metric_table(word, WORD_PROBLEMS, page.configs, page.metrics)
+        if metrics:
+            out.append("Mechanism metrics on word problems:\n")
+            out.append(metrics)
+    return out
+
+
+def method_block(
+    runs: dict[str, dict[int, RunData]],
+    aggs: dict[str, Agg],
+    page: DocPage,
+    word: Optional[dict[str, Agg]] = None,
+) -> str:
     names = [n for b in page.configs for r in REGIMES for n in [r.name(b)] if n]
     first = next((a.finished[0] for n in names for a in [aggs.get(n)] if a and a.finished), None)
     st = recorded_settings(first) if first else None
@@ -390,6 +455,12 @@ def method_block(runs: dict[str, dict[int, RunData]], aggs: dict[str, Agg], page
         facts = page.facts(aggs, r) if page.facts else []
         if facts:
             out.append("\n".join(wrap(f, "- ") for f in facts) + "\n")
+    word = word or {}
+    out += word_problem_section(word, page)
+    both = side_by_side_claims(aggs, word, page.configs, page.papers)
+    if both:
+        out.append("### Both tasks, side by side\n")
+        out.append(both)
     out[0] = wrap(out[0]) + "\n"
     return "\n".join(out)
 

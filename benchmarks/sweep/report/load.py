@@ -16,6 +16,9 @@ from benchmarks.sweep.run_dirs import is_finished, read_rows
 
 ROOT = Path(__file__).resolve().parents[3]
 RUNS_DIR = ROOT / "benchmarks" / "sweep" / "runs"
+# the second testbed: the word-problem task's sweep (run.py --task benchmarks/sweep/tasks/word_problems.yaml)
+WORD_RUNS_DIR = ROOT / "benchmarks" / "sweep" / "runs-word_problems"
+WORD_RESULTS = "benchmarks/sweep/results/word_problems/README.md"
 
 
 @dataclass
@@ -87,6 +90,7 @@ class Regime:
 
 POOL256, POOL2048 = Regime("256", ""), Regime("2,048", "_pool2048")
 REGIMES = (POOL256, POOL2048)
+WORD_PROBLEMS = Regime("word-problem", "")  # the second task: its own runs, one regime
 
 
 def base_name(name: str) -> str:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from benchmarks.sweep.configs import task_configs
-from benchmarks.sweep.report.claims import VERDICT_RULES
+from benchmarks.sweep.report.claims import TASK_VERDICT_RULES, VERDICT_RULES
 from benchmarks.sweep.report.commands import commands_text
 from benchmarks.sweep.report.curves import build_aggs
 from benchmarks.sweep.report.figures import make_doc_figures, make_plots
@@ -166,7 +166,7 @@ def write_report(
         )
     md.append("")
     md.append("## The papers' claims: verdicts\n")
-    md.append(VERDICT_RULES)
+    md.append(TASK_VERDICT_RULES if task else VERDICT_RULES)
     if task:
         pool = (recorded[0].prompt_pool if recorded else 0) or "all"
         regimes = (Regime(str(pool), ""),)
