@@ -286,6 +286,34 @@ def gpu_block() -> str:
     return docs_block()
 
 
+def task_cost_block() -> str:
+    """What the committed word-problem sweep took: runs, steps, wall time in all and per config."""
+    aggs = word_problem_aggs()
+    finished = [r for a in aggs.values() for r in a.finished]
+    if not finished:
+        return "The word-problem sweep has no finished run yet.\n"
+    sweep_path = WORD_RUNS_DIR / "sweep.json"
+    sweep = json.loads(sweep_path.read_text()) if sweep_path.exists() else {}
+    cpu = sweep.get("machine", {}).get("cpu", "a CPU")
+    hours = sum(r.meta.get("wall_s", 0.0) for r in finished) / 3600
+    seeds = sorted({len(a.finished) for a in aggs.values() if a.finished})
+    per = sorted(
+        (statistics.fmean(r.meta.get("wall_s", 0.0) for r in a.finished) / 60, a.cfg.label)
+        for a in aggs.values()
+        if a.finished
+    )
+    steps = finished[0].max_steps
+    return (
+        wrap(
+            f"{len(finished)} finished runs ({len(per)} configs x {seeds[0]}-{seeds[-1]} seeds) of {steps} "
+            f"steps: {hours:.1f} h of run time in all on {cpu}, each run at 1 thread beside a second "
+            f"runner (wall time about half that; upper bounds: the machine also ran other jobs). Per run, from {per[0][1]} {per[0][0]:.1f} min to "
+            f"{per[-1][1]} {per[-1][0]:.1f} min (the median config {per[len(per) // 2][0]:.1f} min)."
+        )
+        + "\n"
+    )
+
+
 def _method_block(runs, aggs, page) -> str:
     return method_block(runs, aggs, page, word_problem_aggs())
 
@@ -300,6 +328,7 @@ BLOCKS: dict[tuple[str, str], Renderer] = {
     },
     ("README.md", "durations"): lambda runs, aggs: durations_block(aggs),
     ("README.md", "claims"): lambda runs, aggs: readme_block(aggs, word_problem_aggs()),
+    ("docs/sweep_your_task.md", "task_cost"): lambda runs, aggs: task_cost_block(),
     ("docs/benchmark.md", "commands"): lambda runs, aggs: commands_text(runs),
     ("docs/benchmark.md", "compile"): lambda runs, aggs: (
         compile_block()
