@@ -34,6 +34,8 @@ from benchmarks.sweep.report.load import (
     REGIMES,
     ROOT,
     RUNS_DIR,
+    WORD_FUNCS_RESULTS,
+    WORD_FUNCS_RUNS_DIR,
     WORD_PROBLEMS,
     WORD_RESULTS,
     WORD_RUNS_DIR,
@@ -51,14 +53,41 @@ def verdict_cell(claim: Claim) -> str:
     return claim.verdict + (f": {claim.effect}" if claim.effect and claim.effect != "-" else "")
 
 
-@functools.lru_cache(maxsize=1)
-def word_problem_aggs() -> dict[str, Agg]:
-    """The committed word-problem sweep's aggregates ({} before it has runs)."""
-    runs = load_runs(WORD_RUNS_DIR) if WORD_RUNS_DIR.exists() else {}
+@functools.lru_cache(maxsize=2)
+def word_problem_aggs(funcs: bool = False) -> dict[str, Agg]:
+    """The committed word-problem sweep's aggregates ({} before it has runs); `funcs`: the sweep with
+    reward functions instead of the built-in math reward."""
+    runs_dir = WORD_FUNCS_RUNS_DIR if funcs else WORD_RUNS_DIR
+    runs = load_runs(runs_dir) if runs_dir.exists() else {}
     return build_aggs(runs, task_configs())[1]
 
 
-def readme_block(aggs: dict[str, Agg], word: Optional[dict[str, Agg]] = None) -> str:
+def funcs_sentence(funcs: dict[str, Agg]) -> str:
+    """The claims judged on the word-problem task with reward functions, with their verdicts."""
+    ran = {n for n, a in funcs.items() if a.finished}
+    rows = [
+        (spec, c)
+        for spec, c in zip(CLAIMS, claim_rows(funcs, WORD_PROBLEMS))
+        if set(spec.configs) <= ran
+    ]
+    if not rows:
+        return ""
+    return wrap(
+        "With TRL-style reward functions instead of the built-in math reward (format 0.2 + "
+        f"correctness 1, [its results]({WORD_FUNCS_RESULTS})): "
+        + "; ".join(
+            f"{re.sub(r' [(](?:[^()]|[(][^()]*[)])*[)]$', '', spec.claim)}: {verdict_cell(c)}"
+            for spec, c in rows
+        )
+        + "."
+    )
+
+
+def readme_block(
+    aggs: dict[str, Agg],
+    word: Optional[dict[str, Agg]] = None,
+    funcs: Optional[dict[str, Agg]] = None,
+) -> str:
     """The README's claim list: one sentence of scope (what was trained, seeds, intervals, how many verdicts and
     about how many of them chance alone would turn), then every paper claim's verdict with its effect on each
     Countdown pool and on the word-problem task (`word`: its aggregates)."""
@@ -92,6 +121,7 @@ def readme_block(aggs: dict[str, Agg], word: Optional[dict[str, Agg]] = None) ->
         + "\n\n"
         + across_tasks(per[0], words)
         + "\n"
+        + (f"\n{funcs_sentence(funcs)}\n" if funcs and funcs_sentence(funcs) else "")
     )
 
 
@@ -315,7 +345,7 @@ def task_cost_block() -> str:
 
 
 def _method_block(runs, aggs, page) -> str:
-    return method_block(runs, aggs, page, word_problem_aggs())
+    return method_block(runs, aggs, page, word_problem_aggs(), word_problem_aggs(funcs=True))
 
 
 # Every generated block: (its page, relative to the repository; its name between the page's markers) -> what renders
@@ -327,7 +357,9 @@ BLOCKS: dict[tuple[str, str], Renderer] = {
         for script, page in DOC_PAGES.items()
     },
     ("README.md", "durations"): lambda runs, aggs: durations_block(aggs),
-    ("README.md", "claims"): lambda runs, aggs: readme_block(aggs, word_problem_aggs()),
+    ("README.md", "claims"): lambda runs, aggs: readme_block(
+        aggs, word_problem_aggs(), word_problem_aggs(funcs=True)
+    ),
     ("docs/sweep_your_task.md", "task_cost"): lambda runs, aggs: task_cost_block(),
     ("docs/benchmark.md", "commands"): lambda runs, aggs: commands_text(runs),
     ("docs/benchmark.md", "compile"): lambda runs, aggs: (

@@ -35,6 +35,7 @@ from benchmarks.sweep.report.load import (
     POOL256,
     POOL2048,
     REGIMES,
+    WORD_FUNCS_RESULTS,
     WORD_PROBLEMS,
     WORD_RESULTS,
     Regime,
@@ -358,13 +359,22 @@ DOC_PAGES = {
 
 
 def side_by_side_claims(
-    aggs: dict[str, Agg], word: dict[str, Agg], configs: tuple[str, ...], papers: tuple[str, ...]
+    aggs: dict[str, Agg],
+    word: dict[str, Agg],
+    configs: tuple[str, ...],
+    papers: tuple[str, ...],
+    funcs: Optional[dict[str, Agg]] = None,
 ) -> str:
-    """The page's claims with their verdict on each Countdown pool and on the word-problem task."""
+    """The page's claims with their verdict on each Countdown pool and on the word-problem task (and,
+    where its configs ran, on the word-problem task with reward functions: `funcs`)."""
+    funcs = {n: a for n, a in (funcs or {}).items() if n in configs and a.finished}
     per = [claim_rows(aggs, r) for r in REGIMES] + [claim_rows(word, WORD_PROBLEMS)]
+    if funcs:
+        per.append(claim_rows(funcs, WORD_PROBLEMS))
     lines = [
-        "| claim | Countdown, 256-prompt pool | Countdown, 2,048-prompt pool | word problems |",
-        "|---|---|---|---|",
+        "| claim | Countdown, 256-prompt pool | Countdown, 2,048-prompt pool | word problems |"
+        + (f" [word problems, reward functions](../{WORD_FUNCS_RESULTS}) |" if funcs else ""),
+        "|---|---|---|---|" + ("---|" if funcs else ""),
     ]
     for spec, *cells in zip(CLAIMS, *per):
         if spec.paper in papers and all(n in configs for n in spec.configs):
@@ -420,6 +430,7 @@ def method_block(
     aggs: dict[str, Agg],
     page: DocPage,
     word: Optional[dict[str, Agg]] = None,
+    funcs: Optional[dict[str, Agg]] = None,
 ) -> str:
     names = [n for b in page.configs for r in REGIMES for n in [r.name(b)] if n]
     first = next((a.finished[0] for n in names for a in [aggs.get(n)] if a and a.finished), None)
@@ -457,7 +468,7 @@ def method_block(
             out.append("\n".join(wrap(f, "- ") for f in facts) + "\n")
     word = word or {}
     out += word_problem_section(word, page)
-    both = side_by_side_claims(aggs, word, page.configs, page.papers)
+    both = side_by_side_claims(aggs, word, page.configs, page.papers, funcs)
     if both:
         out.append("### Both tasks, side by side\n")
         out.append(both)

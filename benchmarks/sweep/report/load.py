@@ -19,6 +19,9 @@ RUNS_DIR = ROOT / "benchmarks" / "sweep" / "runs"
 # the second testbed: the word-problem task's sweep (run.py --task benchmarks/sweep/tasks/word_problems.yaml)
 WORD_RUNS_DIR = ROOT / "benchmarks" / "sweep" / "runs-word_problems"
 WORD_RESULTS = "benchmarks/sweep/results/word_problems/README.md"
+# the same task with TRL-style reward functions (tasks/word_problems_funcs.yaml), where the reward modes differ
+WORD_FUNCS_RUNS_DIR = ROOT / "benchmarks" / "sweep" / "runs-word_problems_funcs"
+WORD_FUNCS_RESULTS = "benchmarks/sweep/results/word_problems_funcs/README.md"
 
 
 @dataclass
