@@ -714,11 +714,8 @@ def test_readme_claims_block_shows_scope_effect_and_rules(tmp_path):
         c for r in report.REGIMES for c in report.claim_rows(aggs, r) if report.judged(c.verdict)
     ]
     assert len(decided) == 4  # PPO+PROS beats PPO and takes PPO's time per step, on both pools
-    assert (
-        "~1M-parameter model" in scope
-        and "3-3 paired seeds, 95% intervals" in scope
-        and "95% intervals" in scope
-    )
+    flat = " ".join(scope.split())
+    assert "~1M-parameter model" in flat and "3-3 paired seeds, 95% intervals" in flat
     assert "of 4 verdicts ~0 would flip by chance alone" in " ".join(scope.split())
     assert "(benchmarks/sweep/results/README.md#the-papers-claims-verdicts)" in scope.replace(
         "\n", ""
@@ -728,12 +725,29 @@ def test_readme_claims_block_shows_scope_effect_and_rules(tmp_path):
     assert cells[2].startswith("no gain as large as 0.03: +0.001 [") and cells[2].endswith("]")
     assert cells[3].startswith("reproduced: +0.052 [")
     # the conclusion under the table is drawn from these verdicts: it follows them when one changes
-    conclusion = " ".join(block.rstrip("\n").split("\n\n")[-1].split())
+    (conclusion,) = [p for p in block.split("\n\n") if p.startswith("In short")]
+    conclusion = " ".join(conclusion.split())
     assert conclusion == (
         "In short: mechanisms 2 of 2 reproduced (PROS 2 of 2); outcomes (final pass@1 or pass@4, "
         "steps to the baseline's final pass@1, spread over seeds) 2: reproduced 1 (PPO+PROS beats "
         "PPO, 2,048-prompt pool), no gain as large as the margin 1."
     )
+    # no word-problem runs: its column says so, and so does the sentence across the tasks
+    assert cells[4] == "runs pending (0 seeds)"
+    assert "word-problem sweep has no judged verdict yet" in " ".join(block.split())
+
+
+def test_readme_claims_block_compares_the_two_tasks(tmp_path):
+    # the 256-pool runs stand in for the word-problem task: every verdict judged on both is the same
+    _two_regime_runs(tmp_path / "runs")
+    _, aggs = report.build_aggs(report.load_runs(tmp_path / "runs"))
+    block = report.readme_block(aggs, word=aggs)
+    (row,) = [ln for ln in block.splitlines() if ln.startswith("| PROS | PPO+PROS beats PPO")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[4] == cells[2]  # the word-problem cell is read from its own runs
+    across = " ".join(block.split("Across tasks")[1].split())
+    assert across.startswith("(Countdown's 256-prompt pool against word problems, the 2 claims")
+    assert "the same verdict on 2" in across and "opposite verdicts 0" in across
 
 
 def _pros_runs(runs: Path, gain: float, seeds=(0, 1, 2)):

@@ -37,6 +37,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.sweep.configs import (  # noqa: E402
     BY_NAME,
+    CONFIGS,
     FULL,
     QUICK,
     TASK_LEFT_OUT,
@@ -381,7 +382,7 @@ def _portable(path: Path) -> Path:
 def sweep_configs(args: Args, task: Optional[TaskFile]) -> dict[str, Config]:
     """{name: config} this invocation runs: --only's, or every config (of a task sweep: those that
     apply to a text task)."""
-    every = task_configs() if task else BY_NAME
+    every = task_configs() if task else {c.name: c for c in CONFIGS}
     names = args.only_names() or list(every)
     return {n: task_config(n) if task else BY_NAME[n] for n in names}
 
@@ -443,7 +444,7 @@ def write_task_report(task: TaskFile, runs_dir: Path) -> Path:
 def main(args: Args, argv: list[str]) -> int:
     task = apply_task(args, argv)
     if args.only == "list":
-        for c in (task_configs() if task else BY_NAME).values():
+        for c in task_configs().values() if task else CONFIGS:
             print(
                 f"{c.name:12s} {c.label:20s} {c.script} {' '.join(c.flags)}   (baseline: {c.baseline or '-'})"
             )
