@@ -228,3 +228,25 @@ def pytest_collection_modifyitems(items):
         shared = [name for name in SHARED_FIXTURES if name in getattr(item, "fixturenames", ())]
         if shared:
             item.add_marker(pytest.mark.xdist_group(shared[0]))
+    items.sort(key=_start_order)
+
+
+# The longest work first, so that neither worker is left alone with a long test at the end: the
+# serial group of two-process launches, then the tests that take a minute or more on 2 cores
+# (`--durations`); the rest keeps its order (sort is stable)
+LONG_TESTS = (
+    "test_sweep_task.py::test_quick_task_sweep",
+    "test_golden_metrics.py",
+    "test_gpu_smoke_image.py",
+    "test_layout.py::test_real_data_path",
+    "test_gpu_smoke.py::test_sigterm",
+    "test_torch_compile.py",
+    "test_flag_ranges.py",
+)
+
+
+def _start_order(item) -> int:
+    group = item.get_closest_marker("xdist_group")
+    if group and group.args and group.args[0] == "distributed":
+        return 0
+    return 1 if any(long in item.nodeid for long in LONG_TESTS) else 2
