@@ -29,6 +29,7 @@ REPRODUCED, WORSE, INCONCLUSIVE = "reproduced", "worse", "inconclusive"
 OUTSIDE = "outside the band"
 CANNOT_RESOLVE = "cannot resolve at this precision"
 NO_RUNS = "inconclusive (no runs)"
+NOT_LOGGED = "inconclusive (not logged)"
 RULES_LINK = "benchmarks/sweep/results/README.md#the-papers-claims-verdicts"  # the rules, from the repository root
 
 
@@ -344,8 +345,9 @@ def _allocation(high: str, low: str):
         iv = over_seeds(aggs, name, gap)
         if iv is None:
             return (
-                "inconclusive (not logged)",
-                "no per-difficulty metric (`ada_samples_per_prompt_<level>`)",
+                NOT_LOGGED,
+                "no per-difficulty metric (`ada_samples_per_prompt_<level>`): the task's prompts "
+                "carry no difficulty level (only the embedded Countdown task's do)",
                 0,
                 "-",
             )
@@ -594,7 +596,7 @@ def claim_rows(aggs: dict[str, Agg], regime: Regime = POOL256) -> list[Claim]:
             )
             continue
         verdict, measured, seeds, effect = spec.judge(aggs, regime, *names)
-        if seeds < 2:
+        if seeds < 2 and not verdict.startswith(NOT_LOGGED):  # runs that cannot tell: say why
             verdict, measured, effect = (
                 pending(seeds),
                 "; ".join(_seeds_text(aggs, n) for n in names),

@@ -62,22 +62,31 @@ def word_problem_aggs(funcs: bool = False) -> dict[str, Agg]:
     return build_aggs(runs, task_configs())[1]
 
 
-def funcs_sentence(funcs: dict[str, Agg]) -> str:
-    """The claims judged on the word-problem task with reward functions, with their verdicts."""
+def funcs_sentence(funcs: dict[str, Agg], words: list[Claim]) -> str:
+    """The claims judged on the word-problem task with reward functions: how many read as with the
+    built-in math reward (`words`), and those that differ."""
     ran = {n for n, a in funcs.items() if a.finished}
     rows = [
-        (spec, c)
-        for spec, c in zip(CLAIMS, claim_rows(funcs, WORD_PROBLEMS))
+        (spec, c, w)
+        for spec, c, w in zip(CLAIMS, claim_rows(funcs, WORD_PROBLEMS), words)
         if set(spec.configs) <= ran
     ]
     if not rows:
         return ""
+    differ = [(spec, c, w) for spec, c, w in rows if _kind(c.verdict) != _kind(w.verdict)]
     return wrap(
         "With TRL-style reward functions instead of the built-in math reward (format 0.2 + "
-        f"correctness 1, [its results]({WORD_FUNCS_RESULTS})): "
-        + "; ".join(
-            f"{re.sub(r' [(](?:[^()]|[(][^()]*[)])*[)]$', '', spec.claim)}: {verdict_cell(c)}"
-            for spec, c in rows
+        f"correctness 1; [its results]({WORD_FUNCS_RESULTS})), {len(rows) - len(differ)} of the "
+        f"{len(rows)} claims it ran read the same"
+        + (
+            ": "
+            + "; ".join(
+                f"{re.sub(r' [(](?:[^()]|[(][^()]*[)])*[)]$', '', spec.claim)} {verdict_cell(c)} "
+                f"(math reward: {_kind(w.verdict)})"
+                for spec, c, w in differ
+            )
+            if differ
+            else ""
         )
         + "."
     )
@@ -121,7 +130,7 @@ def readme_block(
         + "\n\n"
         + across_tasks(per[0], words)
         + "\n"
-        + (f"\n{funcs_sentence(funcs)}\n" if funcs and funcs_sentence(funcs) else "")
+        + (f"\n{funcs_sentence(funcs, words)}\n" if funcs and funcs_sentence(funcs, words) else "")
     )
 
 
@@ -208,11 +217,8 @@ def across_tasks(countdown: list[Claim], words: list[Claim]) -> str:
     ]
 
     def named(items) -> str:
-        return "; ".join(
-            f"{re.sub(r' [(](?:[^()]|[(][^()]*[)])*[)]$', '', spec.claim)} "
-            f"({_kind(c.verdict)} on Countdown, {_kind(w.verdict)} on word problems)"
-            for spec, c, w in items
-        )
+        papers = dict.fromkeys(c.paper for _, c, _ in items)
+        return ", ".join(f"{p} {sum(c.paper == p for _, c, _ in items)}" for p in papers)
 
     mech = [x for x in both if not is_outcome(x[0])]
     mech_same = [x for x in same if not is_outcome(x[0])]
@@ -224,7 +230,7 @@ def across_tasks(countdown: list[Claim], words: list[Claim]) -> str:
         f"{len(held)}"
         + (f" ({'; '.join(re.sub(r' [(].*$', '', x[0].claim) for x in held)})" if held else "")
         + f"; opposite verdicts {len(flips)}"
-        + (f": {named(flips)}" if flips else "")
+        + (f" ({named(flips)}; the table's rows)" if flips else "")
         + "."
     )
     return wrap(text)

@@ -136,7 +136,7 @@ def write_report(
     md.append(
         "What a run of each config costs, seed means: wall time as the runner measured it (start-up "
         "and evaluations included; one machine, so compare configs with each other only), generated "
-        "tokens and samples over the run, policy updates. What each config buys for a generation "
+        "tokens and samples over the run, training steps (batches). What each config buys for a generation "
         "budget is the next table's 'Δ pass@1 at equal generated tokens'.\n"
     )
     md.append(cost_table(order, aggs))

@@ -342,10 +342,10 @@ def claims_table(aggs: dict[str, Agg], regimes: tuple[Regime, ...] = REGIMES) ->
 
 def cost_table(order: list[str], aggs: dict[str, Agg]) -> str:
     """Per config, what a run costs (seed means): wall time as its runner measured it (start-up and
-    evaluations included), generated tokens and samples (replayed prefixes excluded), policy updates
-    and trained samples, and the final held-out pass@1 beside them."""
+    evaluations included), generated tokens and samples (replayed prefixes excluded), training steps
+    (batches), and the final held-out pass@1 beside them."""
     head = (
-        "| config | seeds | wall time per run | generated tokens | generated samples | policy updates "
+        "| config | seeds | wall time per run | generated tokens | generated samples | training steps "
         "| final held-out pass@1 |\n|---|---|---|---|---|---|---|\n"
     )
     lines = []
