@@ -81,8 +81,7 @@ def funcs_sentence(funcs: dict[str, Agg], words: list[Claim]) -> str:
         + (
             ": "
             + "; ".join(
-                f"{re.sub(r' [(](?:[^()]|[(][^()]*[)])*[)]$', '', spec.claim)} {verdict_cell(c)} "
-                f"(math reward: {_kind(w.verdict)})"
+                f"{bare_claim(spec.claim)} {verdict_cell(c)} (math reward: {_kind(w.verdict)})"
                 for spec, c, w in differ
             )
             if differ
@@ -154,10 +153,15 @@ def _kind(verdict: str) -> str:
     return next(kind for kind in KINDS if verdict.startswith(kind))
 
 
+def bare_claim(text: str) -> str:
+    """A claim's text without its closing parenthesis (the metric and the paper's figures)."""
+    return re.sub(r" \((?:[^()]|\([^()]*\))*\)$", "", text)
+
+
 def _short_claim(claim: Claim) -> str:
     """A claim without its closing parenthesis (the metric and the paper's figures), with its pool (the table's cell
     says whether the interval holds the paper's effect)."""
-    text = re.sub(r" \((?:[^()]|\([^()]*\))*\)$", "", claim.claim)
+    text = bare_claim(claim.claim)
     return f"{text}, {claim.regime}-prompt pool"
 
 
@@ -228,7 +232,7 @@ def across_tasks(countdown: list[Claim], words: list[Claim]) -> str:
         f"judged on both): the same verdict on {len(same)} (mechanisms {len(mech_same)} of "
         f"{len(mech)}, outcomes {len(out_same)} of {len(both) - len(mech)}); reproduced on both "
         f"{len(held)}"
-        + (f" ({'; '.join(re.sub(r' [(].*$', '', x[0].claim) for x in held)})" if held else "")
+        + (f" ({'; '.join(bare_claim(x[0].claim) for x in held)})" if held else "")
         + f"; opposite verdicts {len(flips)}"
         + (f" ({named(flips)}; the table's rows)" if flips else "")
         + "."
