@@ -656,9 +656,9 @@ def evaluate_multiturn(generator, tokenizer, encode, train, held_out, args, acce
 
 
 def batch_order(built: list[tuple[int, int, BatchTask]], world: int) -> list[BatchTask]:
-    """Every rank's (rank, group, task) in the order of their groups' places in the whole batch:
-    `my_slice` dealt rank r its g-th group from place g x world + r. The queue is then the same on
-    any number of ranks, in the order one process would build it."""
+    """[PS] (also in GRPO: no task) Every rank's (rank, group, task) in the order of their groups'
+    places in the whole batch: `my_slice` dealt rank r its g-th group from place g x world + r. The
+    queue is then the same on any number of ranks, in the order one process would build it."""
     return [task for _, task in sorted((group * world + rank, task) for rank, group, task in built)]
 
 
