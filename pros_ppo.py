@@ -670,6 +670,13 @@ def masked_whiten(
     return (values - mean) / (math.sqrt(var) + eps) * mask
 
 
+def token_divisor(global_tokens: float, world: int) -> float:
+    """Each rank's divisor for a token mean over the whole minibatch: DDP / FSDP average the ranks'
+    gradients, so the global count / world gives the global mean (a minibatch with no token anywhere
+    has sums of 0: any divisor will do)."""
+    return global_tokens / world or 1.0
+
+
 def value_loss(
     v: torch.Tensor, v_old: torch.Tensor, returns: torch.Tensor, clip: float
 ) -> torch.Tensor:
@@ -1137,9 +1144,8 @@ def main(args: Args) -> None:
                     "all": float(mask[minibatch].sum()),
                 }
                 token_counts = reduce_sums(accelerator, local_counts)
-                # a minibatch with no token anywhere has sums of 0: any divisor will do
-                policy_tokens = token_counts["policy"] / world or 1.0
-                minibatch_tokens = token_counts["all"] / world or 1.0
+                policy_tokens = token_divisor(token_counts["policy"], world)
+                minibatch_tokens = token_divisor(token_counts["all"], world)
                 # --max_tokens_per_microbatch
                 lengths = [len(prompts[i]) + len(completions[i]) for i in minibatch]
                 surrogate_sum = 0.0

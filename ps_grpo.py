@@ -655,6 +655,13 @@ def evaluate_multiturn(generator, tokenizer, encode, train, held_out, args, acce
     return out
 
 
+def batch_order(built: list[tuple[int, int, BatchTask]], world: int) -> list[BatchTask]:
+    """[PS] (also in GRPO: no task) Every rank's (rank, group, task) in the order of their groups'
+    places in the whole batch: `my_slice` dealt rank r its g-th group from place g x world + r. The
+    queue is then the same on any number of ranks, in the order one process would build it."""
+    return [task for _, task in sorted((group * world + rank, task) for rank, group, task in built)]
+
+
 def ps_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -1009,11 +1016,9 @@ def main(args: Args) -> None:
                 task, category, group_episodes, group_success, ratio, args
             )
             if prefix_task is not None:
-                # its place in the whole batch, which my_slice strides over the ranks
-                place = group * world + accelerator.process_index
-                built.append((place, prefix_task))
+                built.append((accelerator.process_index, group, prefix_task))
         # every rank's, by place in the batch: the same queue on every rank
-        queue = [prefix_task for _, prefix_task in sorted(gather_list(accelerator, built))]
+        queue = batch_order(gather_list(accelerator, built), world)
 
         # ================ advantages: GRPO r - mean (appendix, Perspective 2; --scale_rewards: /
         #                  std); rejection sampling drops groups whose rollouts all fail or all pass

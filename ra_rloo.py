@@ -270,6 +270,12 @@ def rloo_loss(
     return (pg_sum + beta * kl_sum) / normaliser
 
 
+def rloo_normaliser(prompts_per_step: int, k: int, world: int, max_completion_length: int) -> float:
+    """`rloo_loss`'s constant on each rank: the batch's samples / world (DDP and FSDP average the
+    ranks' gradients) x max_new_tokens."""
+    return prompts_per_step * k / world * max_completion_length
+
+
 def sample_rows(step_samples: dict, tokenizer, picks: list[int]) -> list[dict]:
     """samples.jsonl rows of the picked rollouts: fresh ones with their reward columns, replayed
     ones with their importance weight."""
@@ -500,8 +506,8 @@ def main(args: Args) -> None:
         t_train_start = time.time()
         flat_prompts = [prompt for prompt in prompts for _ in range(k)]
         # one constant normaliser, samples x max tokens over all ranks: no length bias
-        normaliser = (
-            args.prompts_per_step * k / accelerator.num_processes * args.max_completion_length
+        normaliser = rloo_normaliser(
+            args.prompts_per_step, k, accelerator.num_processes, args.max_completion_length
         )
         sums = dict.fromkeys(
             ("loss_sum", "kl_sum", "ent_sum", "tok", "w_sum", "w_n", "gap_sum", "gap_tok"), 0.0

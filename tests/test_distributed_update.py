@@ -56,9 +56,9 @@ COMMON = [
 # Each case: its flags. Two steps where the batch holds two kinds of rows from step 2 on (ps_grpo: prefix tasks
 # after fresh ones; pros_ppo: stream and pool queries); an odd --prompts_per_step, so the ranks' shares differ; and
 # micro-batches of 4 rows, so the ranks run different numbers of them. ps_grpo runs three steps and
-# its prefix queue overflows its one slot: which tasks stay depends on the batch order the ranks'
-# queued tasks are put back in (strided dealing; dealt contiguously, step 3's gradient differs by
-# ~46%).
+# its prefix queue overflows its one slot: which task stays depends on how the batch is dealt
+# (strided; dealt contiguously, step 3's gradient differs by ~46%). Here the ranks' queued tasks
+# come back in the same order rank by rank as in dealt order, so test_ps_grpo.py tests that order.
 CASES = {
     "ra_rloo": [
         "ra_rloo.py",

@@ -464,6 +464,60 @@ def test_fsdp_refuses_lora(random_model_dir):
         shard(add_lora(policy, 4, 8, "all-linear"))
 
 
+def _reshard_settings(model) -> list[bool]:
+    """Each FSDP unit's reshard-after-forward setting, as FSDP holds it (a unit that reshards after its
+    forward keeps a post-forward mesh)."""
+    return [group.post_forward_mesh_info is not None for group in _param_groups(model)]
+
+
+def _whole_parameters(model) -> int:
+    """The parameters `model` holds whole: FSDP swaps a gathered unit's DTensor shards for plain
+    tensors until it reshards."""
+    from torch.distributed.tensor import DTensor
+
+    return sum(not isinstance(param, DTensor) for param in model.parameters())
+
+
+def test_sharded_models_keep_their_reshard_settings_and_a_frozen_one_frees_its_root(
+    random_model_dir,
+):
+    # A world of one in this process: the units, their settings and their gathers are those of any
+    # world. A frozen model (the KL reference) run outside the training loop must hold nothing
+    # whole after its forward (no backward will free its root: ~2 GB a rank at 7-8B parameters);
+    # `whole_weights` must hand every unit back its own setting (a trained model's root stays
+    # whole until its backward, a frozen one's and every layer's reshard after each forward).
+    import torch.distributed as dist
+
+    from common.distributed.fsdp import shard, whole_weights
+    from common.model.policy import frozen_reference, load_policy
+
+    policy, _ = load_policy(random_model_dir)
+    reference = frozen_reference(policy, "float32", True)
+    created = not dist.is_initialized()
+    try:
+        shard(policy), shard(reference)
+        expected = {
+            "policy": [False] + [True] * (len(_param_groups(policy)) - 1),
+            "reference": [True] * len(_param_groups(reference)),
+        }
+        ids = torch.tensor([[1, 2, 3, 4]])
+        with torch.no_grad():
+            reference(input_ids=ids)
+        assert _whole_parameters(reference) == 0 and _gathered_units(_param_groups(reference)) == 0
+        models = {"policy": policy, "reference": reference}
+        settings = {name: _reshard_settings(model) for name, model in models.items()}
+        assert settings == expected, settings  # the root first (FSDP lists it first)
+        with whole_weights([policy, reference]):
+            assert _gathered_units(_param_groups(policy)) == len(expected["policy"])
+            with torch.no_grad():
+                policy(input_ids=ids), reference(input_ids=ids)
+        assert {name: _reshard_settings(model) for name, model in models.items()} == expected
+        assert _whole_parameters(policy) == 0 and _whole_parameters(reference) == 0
+    finally:
+        if created and dist.is_initialized():
+            dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("script", ["ps_grpo", "pros_ppo", "ada_seq", "ada_est", "ra_rloo"])
 def test_every_script_destroys_its_process_group_before_returning(script, tiny_base, tmp_path):
     # A gloo group still alive when the interpreter exits can abort a finished run (SIGABRT, "terminate called without

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TOKEN_LOGP_TOL, loss_tolerance
+from conftest import ROOT, TOKEN_LOGP_TOL
 
 GOLDEN = ROOT / "tests" / "golden"
 TABLE = json.loads((GOLDEN / "configs.json").read_text())
@@ -72,13 +72,18 @@ for name, argv, log in json.loads(sys.argv[1]):
 # float32 summation order (~1e-7 relative) while no sampled token flips, and a flip moves it by one
 # sample or token in at most ~1e4 (>= 1e-4).
 COUNT_TOL = 1e-6
+# The loss and the gradient norm, from the spread measured between CPU kernels on these very runs
+# (README.md): 8x-50x the largest difference there, and small enough that a loss scaled by 1.001
+# (a normaliser's 0.1%) fails on the gradient norm (AdamW's normalised step hides it elsewhere).
+GRAD_NORM_REL = 2e-4
+LOSS_ABS, LOSS_REL = 1e-5, 1e-4
 MAX_COMPLETION_TOKENS = 48  # --max_completion_length's default: no completion is longer
 
 
 def tolerance(key: str, golden_row: dict) -> float:
     """Absolute tolerance of the float `key` of a row, between this machine and another CPU."""
-    if key == "loss":  # a difference of nearly cancelling terms (conftest.loss_tolerance)
-        return loss_tolerance(golden_row)
+    if key == "loss":  # nearly cancelling terms: relative alone fails near 0
+        return LOSS_ABS + LOSS_REL * abs(golden_row[key])
     if key in ("entropy", "kl", "sampler_logp_diff"):  # per-token means of log-prob quantities
         return TOKEN_LOGP_TOL
     if key == "ppo_value_loss":  # mean (V - R)^2 moves by 2 |V - R| dV, |V - R| <= 1
@@ -86,8 +91,8 @@ def tolerance(key: str, golden_row: dict) -> float:
     scale = abs(golden_row[key])
     if key == "ra_is_weight_mean":  # exp of a sum of log-prob differences over a completion
         return scale * MAX_COMPLETION_TOKENS * TOKEN_LOGP_TOL
-    if key == "grad_norm":  # a sum of nearly cancelling terms as the loss (1.8e-4 relative there)
-        return scale * 1e-3
+    if key == "grad_norm":
+        return scale * GRAD_NORM_REL
     return COUNT_TOL * max(1.0, scale)
 
 

@@ -22,6 +22,7 @@ from ps_grpo import (
     BatchTask,
     PrefixController,
     attributed,
+    batch_order,
     prefix_steps,
     ps_loss,
     rollout_multiturn,
@@ -799,3 +800,27 @@ def test_truncated_completions_get_reward_zero(tiny_base, tmp_path, monkeypatch)
         if not clipped[i]
     )
     assert want > 0 and sum(m for m, _ in trained_tokens) == trained_tokens[0][1] == want
+
+
+def test_queued_tasks_come_back_in_the_order_they_were_dealt_on_every_rank():
+    # The ranks' prefix tasks, gathered rank by rank, go back in the whole batch's order (the order
+    # one process builds them in): the overflow cut (--max_prefix_frac) then keeps the same tasks on
+    # any number of ranks. Every rank's groups as my_slice deals them, each skewed one building a
+    # task; the earliest skewed group sits on rank 1 in several cases.
+    from types import SimpleNamespace
+
+    from common.distributed.ranks import my_indices
+
+    for world in (1, 2, 3):
+        for num in (5, 11):
+            for skewed in ({1, 2, 3}, {1, 4, num - 1}, set(range(num)), {0}, set()):
+                built = []  # gather_list's result: rank 0's list, then rank 1's, ...
+                for rank in range(world):
+                    mine = my_indices(num, SimpleNamespace(process_index=rank, num_processes=world))
+                    built += [
+                        (rank, group, BatchTask(place))
+                        for group, place in enumerate(mine)
+                        if place in skewed
+                    ]
+                queue = [task.prompt_id for task in batch_order(built, world)]
+                assert queue == sorted(skewed), (world, num, skewed, queue)
