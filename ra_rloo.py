@@ -42,7 +42,6 @@ paper does not say what it trains at).
 from __future__ import annotations
 
 import random
-import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Annotated, ClassVar, Literal
@@ -57,14 +56,13 @@ from common.distributed.ranks import (
     gathered,
     micro_batches,
     my_slice,
-    reduce_sums,
 )
 from common.generation.hf import SamplingConfig
 from common.model.policy import autocast
 from common.rl.advantages import zero_variance
-from common.rl.logprobs import score_completions, token_logprobs
+from common.rl.logprobs import Forward, score_completions
 from common.rl.losses import kl_k3
-from common.rl.masking import pad_sequences, right_align
+from common.rl.masking import right_align
 from common.run.checkpoint import Checkpoints
 from common.run.export import export_model
 from common.run.flags import BaseArgs, Range, parse_args
@@ -81,10 +79,10 @@ from common.run.setup import (
     shard_models,
     start_run,
 )
+from common.run.step_metrics import StepMetrics
 from common.run.summary import run_summary
 from common.tasks.evaluation import evaluate, evaluate_policy
 from common.tasks.loading import PromptEncoder, PromptSampler, make_task
-from common.tasks.scoring import reward_moments, reward_sums
 
 
 @dataclass
@@ -298,70 +296,11 @@ def sample_rows(step_samples: dict, tokenizer, picks: list[int]) -> list[dict]:
     return rows
 
 
-def ra_rloo_metrics(
-    accelerator,
-    step: int,
-    counters: dict,
-    sums: dict,
-    fresh_rewards,
-    rewards,
-    fresh_success,
-    is_replay,
-    gens,
-    scored,
-    buffers,
-    grad_norm,
-    lr: float,
-    times: dict,
-) -> dict:
-    """The step's row: one reduce of named sums over ranks, then each metric from them
-    (docs/ra_rloo.md)."""
-    world = accelerator.num_processes
-    totals = reduce_sums(
-        accelerator,
-        {
-            "groups": len(rewards),
-            "rollouts": rewards.numel(),
-            "gen_tokens": sum(map(len, gens.completion_ids)),
-            **reward_sums(fresh_rewards),  # NaN (no function scored it): out of reward_mean / _std
-            "success": fresh_success.sum().item(),
-            "zero_var": zero_variance(fresh_rewards).sum().item(),
-            "truncated": sum(reason == "length" for reason in gens.finish_reasons),
-            "zero_var_post": zero_variance(rewards).sum().item(),
-            "fired": is_replay.any(-1).sum().item(),
-            "no_success_post": (~(fresh_success | is_replay).any(-1)).sum().item(),
-            **sums,
-            **times,
-        },
-    )
-    counters["rollouts"] += int(totals["rollouts"])
-    counters["gen_tokens"] += int(totals["gen_tokens"])
-    samples = max(1.0, totals["rollouts"])
+def ra_rloo_metrics(totals: dict, buffers: dict[int, deque]) -> dict:
+    """[RA-RLOO] (also in RLOO, as its reference) the mechanism's figures, from the step's sums
+    over ranks (docs/ra_rloo.md)."""
     groups = max(1.0, totals["groups"])
-    tokens = max(1.0, totals["tok"])
-    reward_mean, reward_std = reward_moments(
-        totals, totals["rollouts"]
-    )  # over the completions given a reward
     return {
-        "step": step,
-        "rollouts": counters["rollouts"],
-        "gen_tokens": counters["gen_tokens"],
-        "reward_mean": reward_mean,  # fresh rollouts, before the splice
-        "reward_std": reward_std,
-        "pass_rate": totals["success"] / samples,
-        "frac_zero_var_groups": totals["zero_var"] / groups,  # before the splice
-        "completion_len_mean": totals["gen_tokens"] / samples,
-        "clipped_ratio": totals["truncated"]
-        / samples,  # completions cut by --max_completion_length
-        "loss": totals["loss_sum"] / samples,  # -A log pi(y|x) per sequence, KL excluded
-        "kl": totals["kl_sum"] / tokens,
-        "entropy": totals["ent_sum"] / tokens,
-        "grad_norm": float(grad_norm),
-        "lr": lr,
-        "time_gen_s": totals["t_gen"] / world,
-        "time_train_s": totals["t_train"] / world,
-        "sampler_logp_diff": totals["gap_sum"] / totals["gap_tok"] if totals["gap_tok"] else None,
-        # [RA-RLOO] (also in RLOO, as its reference) mechanism metrics
         "ra_zero_var_frac_post": totals["zero_var_post"] / groups,
         "ra_replay_fired_frac": totals["fired"] / groups,
         # the paper's degenerate groups (no success); all-pass groups are zero-variance too but
@@ -369,7 +308,6 @@ def ra_rloo_metrics(
         "ra_no_success_frac_post": totals["no_success_post"] / groups,
         "ra_is_weight_mean": totals["w_sum"] / totals["w_n"] if totals["w_n"] else None,
         "ra_buffer_prompts": sum(1 for buffer in buffers.values() if buffer),
-        **scored.metrics(accelerator),
     }
 
 
@@ -450,35 +388,47 @@ def main(args: Args) -> None:
     if start_step == 0:
         run_log.first_row(run_eval(), compiled)
     k = args.num_generations
+    # the step's sums, recorded where computed, and its phase times; `loss` is per sequence
+    steps = StepMetrics(accelerator, counters, loss_per="rollouts")
+    forward = Forward(tokenizer.pad_token_id, device, args.dtype, temperature, pack, compiled)
 
     for step in range(start_step + 1, args.max_steps + 1):
-        t_start = time.time()
+        steps.begin()
         # a shared CPU: fit the cores the other processes leave free (fixed by --num_threads)
         threads = cpu_threads.count(torch.get_num_threads())
         torch.set_num_threads(threads)
 
         # ================ sample: K rollouts for each of this rank's prompts ================
-        # strided: rank r takes every world-th prompt of the step
-        prompt_ids = my_slice(sampler.next_ids(args.prompts_per_step), accelerator)
-        examples = [task.train[i] for i in prompt_ids]
-        prompts = [encode(example.prompt) for example in examples]
-        with gathered(policy, enabled=generator.reads_policy):
-            gens = generator.generate(prompts, k, sampling)
-        # vLLM on a GPU: its memory goes to training; the weight push brings it back
-        generator.sleep()
-        t_gen = time.time() - t_start
+        with steps.phase("gen"):
+            # strided: rank r takes every world-th prompt of the step
+            prompt_ids = my_slice(sampler.next_ids(args.prompts_per_step), accelerator)
+            examples = [task.train[i] for i in prompt_ids]
+            prompts = [encode(example.prompt) for example in examples]
+            with gathered(policy, enabled=generator.reads_policy):
+                gens = generator.generate(prompts, k, sampling)
+            # vLLM on a GPU: its memory goes to training; the weight push brings it back
+            generator.sleep()
         completions = [list(completion) for completion in gens.completion_ids]
 
         # ================ verify: cut completions get 0 from the built-in rewards ================
-        texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in completions]
-        truncated = torch.tensor([reason == "length" for reason in gens.finish_reasons])
-        prompt_of = [examples[i // k] for i in range(len(texts))]
-        scored = task.score(texts, prompt_of, completions, truncated, step)
+        with steps.phase("reward"):
+            texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in completions]
+            truncated = torch.tensor([reason == "length" for reason in gens.finish_reasons])
+            prompt_of = [examples[i // k] for i in range(len(texts))]
+            scored = task.score(texts, prompt_of, completions, truncated, step)
         # NaN: no reward function scored the completion
         rewards = torch.tensor(scored.total).view(-1, k).float()  # [groups, K]
         fresh_success = torch.tensor(scored.success, dtype=torch.bool).view(-1, k)  # [groups, K]
-        # [RA-RLOO] (also in RLOO: the same) the rewards before the splice
-        fresh_rewards = rewards.clone()
+        # the fresh rollouts' figures, before the splice (a NaN reward: out of reward_mean / _std)
+        steps.add_rewards(rewards)
+        steps.add(
+            groups=len(rewards),
+            rollouts=rewards.numel(),
+            gen_tokens=sum(map(len, gens.completion_ids)),
+            success=fresh_success.sum(),
+            zero_var=zero_variance(rewards).sum(),
+            truncated=truncated.sum(),
+        )
 
         # ================ [RA-RLOO] splice a stored success into groups that need one (Sec. 3.1)
         # [RA-RLOO] (also in RLOO: NaN everywhere, no replay)
@@ -491,6 +441,12 @@ def main(args: Args) -> None:
             )
 
         is_replay = ~torch.isnan(replay_logp_old)
+        # [RA-RLOO] (also in RLOO: as before the splice) the groups after it
+        steps.add(
+            zero_var_post=zero_variance(rewards).sum(),
+            fired=is_replay.any(-1).sum(),
+            no_success_post=(~(fresh_success | is_replay).any(-1)).sum(),
+        )
         # --mask_truncated_completions: cut completions get no gradient (a replay is a whole
         # success)
         keep = torch.ones(len(texts), dtype=torch.bool)
@@ -503,70 +459,62 @@ def main(args: Args) -> None:
         replayed = is_replay.flatten().to(device)
 
         # ================ update: REINFORCE with the LOO baseline + k3 KL to the reference ========
-        t_train_start = time.time()
-        flat_prompts = [prompt for prompt in prompts for _ in range(k)]
-        # one constant normaliser, samples x max tokens over all ranks: no length bias
-        normaliser = rloo_normaliser(
-            args.prompts_per_step, k, accelerator.num_processes, args.max_completion_length
-        )
-        sums = dict.fromkeys(
-            ("loss_sum", "kl_sum", "ent_sum", "tok", "w_sum", "w_n", "gap_sum", "gap_tok"), 0.0
-        )
-        # [RA-RLOO] (also in RLOO: all 1) each row's importance weight, for the sample log
-        is_weights = torch.ones(len(completions))
-        lengths = [len(prompt) + len(ids) for prompt, ids in zip(flat_prompts, completions)]
-        micro = micro_batches(
-            len(completions),
-            args.micro_batch_size,
-            accelerator,
-            model,
-            peers=(ref_model,),
-            lengths=lengths,
-            max_tokens=args.max_tokens_per_microbatch,
-        )
-        for rows in micro:
-            batch_prompts = [flat_prompts[r] for r in rows]
-            batch_completions = [completions[r] for r in rows]
-            batch = pad_sequences(
-                batch_prompts, batch_completions, tokenizer.pad_token_id, pack_tokens=pack
-            ).to(device)
-            with autocast(device, args.dtype):
-                logp, entropy = token_logprobs(model, batch, temperature, compiled=compiled)
-            mask = batch.loss_mask * keep[rows].to(device)[:, None]  # [rows, width]
-            seq_logp = (logp * mask).sum(-1)  # [rows]
-            adv = advantages[rows]
-            rep = replayed[rows]
-            # [RA-RLOO] (also in RLOO: no row is a replay, `adv` unchanged) the replayed slot's
-            # advantage x w = min(pi_theta / pi_old, w_max), no gradient through w
-            weight = replay_weights(seq_logp, replay_logp_old[rows], args.w_max)
-            adv = torch.where(rep, adv * weight, adv)
-            is_weights[rows] = torch.where(rep, weight, torch.ones_like(weight)).cpu()
-            # sampler/trainer agreement on fresh rollouts, before any update (this pass is the
-            # first)
-            fresh_mask = batch.loss_mask * (~rep)[:, None]
-            fresh_logprobs = [[] if rep[j] else gens.logprobs[r] for j, r in enumerate(rows)]
-            sampler_logp = right_align(fresh_logprobs, batch.completion_width).to(device)
-            pg_sum = -(adv * seq_logp).sum()
-            kl_sum = 0.0
-            if ref_model is not None:
-                with torch.no_grad(), autocast(device, args.dtype):
-                    ref_logp, _ = token_logprobs(ref_model, batch, temperature, compiled=compiled)
-                kl_sum = (kl_k3(logp, ref_logp) * mask).sum()
-                sums["kl_sum"] += kl_sum.item()
-            loss = rloo_loss(pg_sum, kl_sum, args.beta, normaliser)
-            accelerator.backward(loss)
-            sums["loss_sum"] += pg_sum.item()
-            sums["ent_sum"] += (entropy * mask).sum().item()
-            sums["tok"] += mask.sum().item()
-            sums["w_sum"] += torch.where(rep, weight, torch.zeros_like(weight)).sum().item()
-            sums["w_n"] += rep.sum().item()
-            sums["gap_sum"] += ((logp.detach() - sampler_logp).abs() * fresh_mask).sum().item()
-            sums["gap_tok"] += fresh_mask.sum().item()
-        grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        t_train = time.time() - t_train_start
+        with steps.phase("update"):
+            flat_prompts = [prompt for prompt in prompts for _ in range(k)]
+            # one constant normaliser, samples x max tokens over all ranks: no length bias
+            normaliser = rloo_normaliser(
+                args.prompts_per_step, k, accelerator.num_processes, args.max_completion_length
+            )
+            # [RA-RLOO] (also in RLOO: all 1) each row's importance weight, for the sample log
+            is_weights = torch.ones(len(completions), device=device)
+            # a host list: which rows are replays, read per row without a device sync
+            replay_rows = is_replay.flatten().tolist()
+            lengths = [len(prompt) + len(ids) for prompt, ids in zip(flat_prompts, completions)]
+            micro = micro_batches(
+                len(completions),
+                args.micro_batch_size,
+                accelerator,
+                model,
+                peers=(ref_model,),
+                lengths=lengths,
+                max_tokens=args.max_tokens_per_microbatch,
+            )
+            for rows in micro:
+                mb = forward.rows([flat_prompts[r] for r in rows], [completions[r] for r in rows])
+                logp, entropy = forward(model, mb)
+                mask = mb.loss_mask * keep[rows].to(device)[:, None]  # [rows, width]
+                seq_logp = (logp * mask).sum(-1)  # [rows]
+                adv = advantages[rows]
+                rep = replayed[rows]
+                # [RA-RLOO] (also in RLOO: no row is a replay, `adv` unchanged) the replayed slot's
+                # advantage x w = min(pi_theta / pi_old, w_max), no gradient through w
+                weight = replay_weights(seq_logp, replay_logp_old[rows], args.w_max)
+                adv = torch.where(rep, adv * weight, adv)
+                is_weights[rows] = torch.where(rep, weight, torch.ones_like(weight))
+                pg_sum = -(adv * seq_logp).sum()
+                kl_sum = 0.0
+                if ref_model is not None:
+                    ref_logp, _ = forward(ref_model, mb, grad=False)
+                    kl_sum = (kl_k3(logp, ref_logp) * mask).sum()
+                    steps.add(kl_sum=kl_sum)
+                loss = rloo_loss(pg_sum, kl_sum, args.beta, normaliser)
+                accelerator.backward(loss)
+                # logged `loss`: -A log pi(y|x) per sequence, the KL excluded
+                steps.add(loss_sum=pg_sum, ent_sum=(entropy * mask).sum(), tok=mask.sum())
+                # [RA-RLOO] the replays' mean importance weight
+                steps.add(w_sum=torch.where(rep, weight, torch.zeros_like(weight)).sum())
+                steps.add(w_n=rep.sum())
+                # sampler/trainer agreement on fresh rollouts, before any update (this pass is
+                # the first)
+                fresh_mask = mb.loss_mask * (~rep)[:, None]
+                fresh_logprobs = [[] if replay_rows[r] else gens.logprobs[r] for r in rows]
+                sampler_logp = right_align(fresh_logprobs, mb.completion_width).to(device)
+                gap = (logp.detach() - sampler_logp).abs() * fresh_mask
+                steps.add(gap_sum=gap.sum(), gap_tok=fresh_mask.sum())
+            steps.grad_norm(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
 
         # ================ push the new weights to the generator (a no-op for HF generate) =========
         generator.sync_weights(policy)
@@ -585,26 +533,9 @@ def main(args: Args) -> None:
             buffer = buffers.setdefault(prompt_id, deque(maxlen=args.buffer_capacity))
             buffer.append((np.asarray(response, np.int32), logp_old, float(reward)))
 
-        # ================ metrics ================
-        times = {"t_gen": t_gen, "t_train": t_train}
-        lr = scheduler.get_last_lr()[0]
-        row = ra_rloo_metrics(
-            accelerator,
-            step,
-            counters,
-            sums,
-            fresh_rewards,
-            rewards,
-            fresh_success,
-            is_replay,
-            gens,
-            scored,
-            buffers,
-            grad_norm,
-            lr,
-            times,
-        )
-
+        # ================ metrics: one reduce over ranks, the shared keys, then the method's =====
+        row = steps.finish(step, scheduler.get_last_lr()[0], scored)
+        row |= ra_rloo_metrics(steps.totals, buffers)
         # ================ sample log, evaluation, the row, checkpoint, stop ================
         evaluating = run_log.evaluation_due(step)
         # a few fresh and (with replay) replayed rollouts to samples.jsonl
@@ -623,8 +554,9 @@ def main(args: Args) -> None:
             picks = run_log.samples.pick(kinds)
             run_log.samples.log(step, sample_rows(step_samples, tokenizer, picks))
         if evaluating:
-            row.update(run_eval())
-        run_log.end_step(row, time.time() - t_start, threads, compiled)
+            with steps.phase("eval"):
+                row.update(run_eval())
+        run_log.end_step(row, steps.end(row), threads, compiled)
         stopping = stop.agreed(accelerator)
         if checkpoints.due(step, stopping):
             # [RA-RLOO] (also in RLOO: empty) the buffers

@@ -106,7 +106,7 @@ def _rows(path):
 
 
 def _strip(rows):
-    return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
+    return [{k: v for k, v in r.items() if not k.startswith(("time_", "time/"))} for r in rows]
 
 
 def test_recurring_prompts_and_exact_resume(random_model_dir, tmp_path):

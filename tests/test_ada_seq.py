@@ -328,7 +328,7 @@ def _rows(path):
 
 
 def _strip(rows):
-    return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
+    return [{k: v for k, v in r.items() if not k.startswith(("time_", "time/"))} for r in rows]
 
 
 def test_grpo_n_mode_generates_exactly_n(tiny_base, tmp_path):
@@ -561,7 +561,10 @@ def test_training_prompt_evaluation_leaves_the_training_steps_unchanged(
     off = _main(tmp_path / "off", [*seq, "--eval_train_prompts", "0"], monkeypatch)
 
     def training(rows):
-        return [{k: v for k, v in r.items() if not k.startswith(("time_", "eval_"))} for r in rows]  # noqa
+        return [
+            {k: v for k, v in r.items() if not k.startswith(("time_", "time/", "eval_"))}
+            for r in rows
+        ]
 
     assert training(on) == training(off)
     assert all(

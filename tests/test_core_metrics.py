@@ -2,8 +2,13 @@
 
 import json
 import math
+import random
+import time
 
 import pytest
+import torch
+
+from common.run.step_metrics import PHASES, StepMetrics
 
 CORE = {
     "step",
@@ -26,6 +31,8 @@ CORE = {
     "sampler_logp_diff",
     "num_threads",
 }
+# the step's split: its phases and the rest add up to time_step_s
+TIME_SPLIT = [f"time/{name}_s" for name in PHASES] + ["time/other_s"]
 # script, optimizer steps per training step (the warm-up schedule advances once per optimizer step)
 SCRIPTS = [
     ("ra_rloo.py", 1),
@@ -50,6 +57,10 @@ def test_core_metrics_are_logged_and_consistent(short_run, script, opt_steps):
     previous = {"rollouts": 0, "gen_tokens": 0}
     for r in steps:
         assert CORE <= set(r), CORE - set(r)
+        assert set(TIME_SPLIT) <= set(r), set(TIME_SPLIT) - set(r)
+        assert all(r[key] >= 0.0 for key in TIME_SPLIT), {key: r[key] for key in TIME_SPLIT}
+        assert sum(r[key] for key in TIME_SPLIT) == pytest.approx(r["time_step_s"], abs=1e-9)
+        assert r["time/gen_s"] > 0.0 and r["time/update_s"] > 0.0
         new_rollouts, new_tokens = (
             r["rollouts"] - previous["rollouts"],
             r["gen_tokens"] - previous["gen_tokens"],
@@ -75,3 +86,46 @@ def test_core_metrics_are_logged_and_consistent(short_run, script, opt_steps):
         r["frac_zero_var_groups"] < 1.0 for r in steps
     ):  # some group had a reward signal: a gradient follows
         assert any(r["grad_norm"] > 0.0 for r in steps)
+
+
+class _OneRank:
+    num_processes = 1
+    device = torch.device("cpu")
+
+
+class _NoRewardKeys:
+    def metrics(self, accelerator) -> dict:
+        return {}
+
+
+def test_tensor_sums_equal_python_sums_of_items_bit_for_bit():
+    """The collector's float64 tensor sums reproduce the float64 sum of `.item()`s in loop order."""
+    rng = random.Random(0)
+    steps = StepMetrics(_OneRank(), {"rollouts": 0, "gen_tokens": 0})
+    by_items = 0.0
+    for _ in range(50):
+        value = torch.tensor([rng.uniform(-1e3, 1e3) for _ in range(7)]).sum()  # float32
+        by_items += value.item()
+        steps.add(loss_sum=value, rollouts=1)
+    row = steps.finish(1, 0.1, _NoRewardKeys())
+    assert steps.totals["loss_sum"] == by_items and row["loss"] == by_items / 50
+    assert row["rollouts"] == 50 and math.isnan(row["grad_norm"])
+
+
+def test_phases_and_the_rest_add_up_to_the_step_and_do_not_nest():
+    steps = StepMetrics(_OneRank(), {"rollouts": 0, "gen_tokens": 0})
+    with steps.phase("gen"):
+        time.sleep(0.01)
+    with steps.phase("update"):
+        time.sleep(0.01)
+    with pytest.raises(ValueError, match="phase 'sampling': one of gen"):
+        steps.phase("sampling").__enter__()
+    with pytest.raises(RuntimeError, match="phase 'reward' entered inside phase 'gen'"):
+        with steps.phase("gen"):
+            with steps.phase("reward"):
+                pass
+    row = {}
+    seconds = steps.end(row)
+    assert row["time/gen_s"] >= 0.01 and row["time/update_s"] >= 0.01 and row["time/eval_s"] == 0
+    assert sum(row[key] for key in TIME_SPLIT) == pytest.approx(seconds, abs=1e-12)
+    assert row["time/other_s"] >= 0.0

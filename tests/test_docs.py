@@ -21,12 +21,12 @@ SCRIPTS = sorted(SHORT_RUN_FLAGS)
 
 
 def documented(page: Path) -> list[re.Pattern]:
-    """The metric names a page documents: every backticked name (`kl`, `ra_is_weight_mean`), `<...>` standing for one
+    """The metric names a page documents: every backticked name (`kl`, `time/gen_s`), `<...>` standing for one
     word or number after at least three literal characters (`eval_pass@<k>`, `ada_active_after_round_<r>`)."""
 
     def is_name(word: str) -> bool:
         literal = word.split("<")[0]
-        return bool(re.fullmatch(r"[a-z][\w@]*(<\w+>[\w@]*)*", word)) and len(literal) >= (
+        return bool(re.fullmatch(r"[a-z][\w@/]*(<\w+>[\w@/]*)*", word)) and len(literal) >= (
             3 if "<" in word else 2
         )
 

@@ -171,12 +171,13 @@ def test_a_lora_run_stopped_by_sigterm_leaves_its_adapter_and_the_merged_model(
     import ra_rloo
     from common.distributed.ranks import GracefulStop
 
-    metrics = ra_rloo.ra_rloo_metrics
+    metrics, steps = ra_rloo.ra_rloo_metrics, []
 
-    def sigterm_at_step_2(accelerator, step, *rest):  # as a scheduler stops a job, during step 2
-        if step == 2:
+    def sigterm_at_step_2(*args):  # as a scheduler stops a job, during step 2
+        steps.append(len(steps) + 1)
+        if steps[-1] == 2:
             os.kill(os.getpid(), signal.SIGTERM)
-        return metrics(accelerator, step, *rest)
+        return metrics(*args)
 
     monkeypatch.setattr(ra_rloo, "ra_rloo_metrics", sigterm_at_step_2)
     out = tmp_path / "lora"

@@ -30,6 +30,13 @@ UNPINNED = {
     "time_reward_s",
     "time_compile_s",
     "pros_gibbs_s",
+    # the step's split (common/run/step_metrics.py PHASES, and the rest)
+    "time/gen_s",
+    "time/logprob_s",
+    "time/reward_s",
+    "time/update_s",
+    "time/eval_s",
+    "time/other_s",
 }
 
 # One interpreter runs a group's configs one after another (imports and model loads paid once:

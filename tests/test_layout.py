@@ -247,3 +247,57 @@ def test_the_report_package_reads_along_its_pipeline():
             and (node.module or "").startswith("benchmarks.sweep.report.")
         }
         assert imported <= set(order[:i]), (name, imported - set(order[:i]))
+
+
+def micro_batch_loops(main: ast.FunctionDef) -> list[ast.For]:
+    """main's loops over `micro_batches(...)`, called in the loop's head or bound to a name first."""
+    names = {
+        target.id
+        for node in ast.walk(main)
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+        if getattr(node.value.func, "id", None) == "micro_batches"
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    return [
+        node
+        for node in ast.walk(main)
+        if isinstance(node, ast.For)
+        and (
+            (isinstance(node.iter, ast.Name) and node.iter.id in names)
+            or getattr(getattr(node.iter, "func", None), "id", None) == "micro_batches"
+        )
+    ]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_step_metrics_are_recorded_where_computed_and_the_method_keeps_its_own(script):
+    # a value is fed to the step's collector as a tensor: `.item()` / `.tolist()` per micro-batch is
+    # a host-device sync per row batch on a GPU; the shared keys are derived once
+    # (common/run/step_metrics.py), so a method's metrics function holds only its mechanism
+    main = main_function(script)
+    loops = micro_batch_loops(main)
+    assert loops, (script, "no loop over micro_batches(...) found in main")
+    syncs = sorted(
+        f"line {node.lineno}: .{node.func.attr}()"
+        for loop in loops
+        for node in ast.walk(loop)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("item", "tolist")
+    )
+    assert not syncs, (script, "a host sync inside a micro-batch loop", syncs)
+    method = script.removesuffix(".py")
+    tree = ast.parse((ROOT / script).read_text())
+    function = next(
+        node
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef) and node.name == f"{method}_metrics"
+    )
+    lines = function.end_lineno - function.lineno + 1
+    arguments = function.args
+    params = len(arguments.posonlyargs + arguments.args + arguments.kwonlyargs)
+    assert lines <= 40 and params <= 10, (
+        script,
+        f"{method}_metrics: {lines} lines, {params} params",
+    )

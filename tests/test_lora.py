@@ -175,7 +175,7 @@ def test_lora_resume_is_exact(tiny_base, tmp_path, monkeypatch):
 
     def rows(name):
         return [
-            {k: v for k, v in json.loads(line).items() if not k.startswith("time_")}
+            {k: v for k, v in json.loads(line).items() if not k.startswith(("time_", "time/"))}
             for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()
         ]
 

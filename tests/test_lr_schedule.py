@@ -33,7 +33,8 @@ def transformers_lrs(name: str, lr: float, warmup: int, steps: int, **settings) 
 def rows(folder) -> list[dict]:
     lines = (folder / "metrics.jsonl").read_text().splitlines()
     return [
-        {k: v for k, v in json.loads(line).items() if not k.startswith("time_")} for line in lines
+        {k: v for k, v in json.loads(line).items() if not k.startswith(("time_", "time/"))}
+        for line in lines
     ]
 
 

@@ -366,7 +366,8 @@ def _finish(procs: list[subprocess.Popen]) -> list[tuple[int, str]]:
 
 def _strip(rows: list[dict]) -> list[dict]:
     return [
-        {key: value for key, value in row.items() if not key.startswith("time_")} for row in rows
+        {key: value for key, value in row.items() if not key.startswith(("time_", "time/"))}
+        for row in rows
     ]
 
 

@@ -286,7 +286,8 @@ def _rows(path):
 
 def _strip(rows):
     return [
-        {k: v for k, v in r.items() if not k.startswith(("time_", "pros_gibbs_s"))} for r in rows
+        {k: v for k, v in r.items() if not k.startswith(("time_", "time/", "pros_gibbs_s"))}
+        for r in rows
     ]
 
 

@@ -450,7 +450,7 @@ def _rows(path):
 
 
 def _strip(rows):
-    return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
+    return [{k: v for k, v in r.items() if not k.startswith(("time_", "time/"))} for r in rows]
 
 
 def test_prefix_sampling_on_and_off(mt_base, tmp_path):

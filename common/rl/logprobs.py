@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from common.model.policy import autocast
 from common.rl.masking import Batch, pad_sequences, unpad_completion
 
 # tokens per chunk: a few float32 [chunk, V] temporaries (0.3 GB each at V = 152k)
@@ -251,6 +252,45 @@ def token_logprobs(
         return lp.view(targets.shape), ent.view(targets.shape)
     out = model(**kwargs, logits_to_keep=r + 1, use_cache=False)
     return logprobs_from_logits(out.logits[:, :-1], targets, temperature, chunk_size, entropy_grad)
+
+
+class Forward:
+    """A micro-batch's forward, set once per run: `rows` pads prompt + completion rows (packed
+    with `pack_tokens` > 0) onto the device, and the call runs a model on them under autocast at the
+    sampling temperature, returning (log p, entropy) of the completion tokens, [rows, R] each.
+
+        forward = Forward(tokenizer.pad_token_id, device, args.dtype, temperature, pack, compiled)
+        mb = forward.rows(prompts, completions)
+        logp, entropy = forward(model, mb)
+        ref_logp, _ = forward(ref_model, mb, grad=False)
+    """
+
+    def __init__(
+        self, pad_id: int, device, dtype: str, temperature=1.0, pack_tokens=0, compiled=None
+    ):
+        self.pad_id, self.device, self.dtype = pad_id, device, dtype
+        self.temperature, self.pack_tokens, self.compiled = temperature, pack_tokens, compiled
+
+    def rows(self, prompts, completions, completion_masks=None) -> Batch:
+        """The rows padded (`pad_sequences`) on the device; a 0 in `completion_masks` leaves that
+        completion token out of `loss_mask`."""
+        batch = pad_sequences(
+            prompts, completions, self.pad_id, completion_masks, pack_tokens=self.pack_tokens
+        )
+        return batch.to(self.device)
+
+    def __call__(self, model, batch: Batch, grad: bool = True, entropy_grad: bool = False):
+        """(log p, entropy) under `model`; `grad=False` without autograd (a frozen or old policy),
+        `entropy_grad` keeps the entropy in the graph (an entropy bonus)."""
+        with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
+            with autocast(self.device, self.dtype):
+                return token_logprobs(
+                    model,
+                    batch,
+                    self.temperature,
+                    entropy_grad=entropy_grad,
+                    compiled=self.compiled,
+                )
 
 
 @torch.no_grad()
