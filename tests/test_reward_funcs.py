@@ -275,8 +275,8 @@ def test_a_cut_completion_keeps_its_negative_reward_and_unscored_ones_train_as_i
         assert rows[-1]["reward_mean"] == pytest.approx(sum(rated) / len(rated))
 
 
-def test_bad_reward_functions_get_one_line(tmp_path):
-    from common.tasks.rewards import RewardFuncs, call_reward_funcs
+def test_bad_reward_functions_get_one_line(tmp_path, monkeypatch, capsys):
+    from common.tasks.rewards import TRACEBACK_ENV, RewardFuncs, call_reward_funcs
 
     (tmp_path / "f.py").write_text(FUNCS + "\nimport_error = None\n")
     (tmp_path / "broken.py").write_text("import no_such_module_here\n")
@@ -339,6 +339,25 @@ def test_bad_reward_functions_get_one_line(tmp_path):
     for body, message in bad:
         with pytest.raises(SystemExit, match=message):
             score(body)
+
+    # a raise inside a helper of the user's file: the line names that file and line; the
+    # documented switch prints the whole traceback
+    (tmp_path / "h.py").write_text(
+        "def helper(text):\n    return {}[text]\n\n\ndef h(completions, **kwargs):\n"
+        "    return [helper(c) for c in completions]\n"
+    )
+    with pytest.raises(SystemExit) as stop:
+        call_reward_funcs(RewardFuncs(f"{tmp_path / 'h.py'}:h"), ["a"], [{}], [[1]], "prompt", 1)
+    assert f"h.py:2; {TRACEBACK_ENV}=1 prints the traceback)" in str(stop.value)
+    assert str(stop.value).startswith(
+        "reward function h raised at step 1 on completion 0: KeyError"
+    )
+    monkeypatch.setenv(TRACEBACK_ENV, "1")
+    with pytest.raises(SystemExit) as stop:
+        call_reward_funcs(RewardFuncs(f"{tmp_path / 'h.py'}:h"), ["a"], [{}], [[1]], "prompt", 1)
+    assert str(stop.value).endswith("(in " + str(tmp_path / "h.py") + ":2)")
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "line 6, in h" in err and "line 2, in helper" in err
 
 
 def test_a_raising_function_stops_the_run_and_the_checkpoint_before_resumes(
