@@ -1,10 +1,10 @@
 """User reward functions (`--reward_funcs`), called as TRL's GRPOTrainer calls them: once per batch
-with the keywords `prompts`, `completions`, `completion_ids` and every other dataset column as a
-list aligned with the completions. Each returns one number or None ("does not apply") per
-completion; the total is the weighted sum over the functions that gave a number (None and NaN
-skipped, as TRL's NaN-skipping sum), NaN when none did. `async def` functions are awaited together
-in one event loop; a spec without `:` names a reward model. Imported only when `--reward_funcs` is
-given.
+with the keywords `prompts`, `completions`, `completion_ids` and every other dataset column (but
+`prompt` and `completion`, which TRL drops) as a list aligned with the completions. Each returns
+one number or None ("does not apply") per completion; the total is the weighted sum over the
+functions that gave a number (None and NaN skipped, as TRL's NaN-skipping sum), NaN when none did.
+`async def` functions are awaited together in one event loop; a spec without `:` names a reward
+model. Imported only when `--reward_funcs` is given.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from transformers import TrainerState
 # set (to anything but "" or "0") to print the whole traceback of a reward function that raises
 TRACEBACK_ENV = "RLVR_REWARD_TRACEBACK"
 
+# dataset columns TRL's GRPOTrainer does not pass to reward functions (whatever the prompt column)
+TRL_DROPPED = ("prompt", "completion", "completion_ids")
 # the keywords every call passes: a dataset column of one of these names is not passed
 TRL_KEYWORDS = (
     "prompts",
@@ -442,6 +444,7 @@ def call_reward_funcs(
         [{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
         for prompt, text in zip(prompts, texts)
     ]
-    keys = [key for key in (rows[0] if rows else {}) if key not in (prompt_column, *TRL_KEYWORDS)]
+    dropped = (prompt_column, *TRL_DROPPED, *TRL_KEYWORDS)
+    keys = [key for key in (rows[0] if rows else {}) if key not in dropped]
     columns = {key: [row.get(key) for row in rows] for key in keys}
     return funcs(prompts, completions, [list(ids) for ids in completion_ids], columns, step)
