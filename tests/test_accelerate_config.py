@@ -3,6 +3,7 @@ accelerate's plugin is kept out of the Accelerator; DeepSpeed stops before anyth
 
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -285,6 +286,12 @@ def test_a_dtype_from_config_wins_over_accelerate_mixed_precision_and_the_first_
     assert args.dtype == "bfloat16" and lines[0].startswith(
         "compute dtype bfloat16 (accelerate's ACCELERATE_MIXED"
     )
+    # the launch: its processes and how they share the training
+    assert re.fullmatch(r"processes: 1 on (cpu|cuda) \(neither DDP nor FSDP\)", lines[-1])
+    from common.run.setup import launch_line
+
+    assert launch_line(2, False, "cuda").startswith("processes: 2 on cuda, DDP: ")
+    assert launch_line(2, True, "cpu").startswith("processes: 2 on cpu, FSDP (--fsdp): ")
 
 
 def test_an_explicit_fsdp_flag_wins_over_accelerate_use_fsdp():

@@ -22,31 +22,46 @@ def _args(data, **kw):
 def test_the_prompt_column_and_the_chat_template_line(tiny_base, tmp_path):
     from transformers import AutoTokenizer
 
-    from common.tasks.loading import hf_task
+    from common.tasks.loading import MATH_SUFFIX, hf_task
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_base)
     data = _prompt_rows(tmp_path / "trl.jsonl")
     lines = []
     task = hf_task(_args(data), tokenizer, log=lines.append)
     assert task.train[0].prompt.startswith("0 1 t1\n") and task.prompt_column == "prompt"
-    assert lines[0] == (
-        "prompts: column 'prompt' (found by name; --prompt_column to choose); text prompts are used "
-        "as they are (the tokenizer has no chat template; message prompts need one)"
-    )
+    head = "prompts: column 'prompt' (found by name; --prompt_column to choose), 20 rows as text: "
+    suffix = f"--prompt_suffix {MATH_SUFFIX!r} appended (the default with the built-in math reward"
+    assert lines[0].startswith(head + "text is used as it is (the tokenizer has no chat template)")
+    assert suffix in lines[0]
     tokenizer.chat_template = (
         "{% for m in messages %}<user>{{ m['content'] }}{% endfor %}<assistant>"
     )
     lines.clear()
-    task = hf_task(_args(data), tokenizer, log=lines.append)
-    assert task.train[0].prompt.startswith("<user>0 1 t1\n") and task.templated
-    assert lines[0].endswith(
-        "text prompts go through the tokenizer's chat template (TRL leaves them as they are: "
-        "--use_chat_template no to do so)"
-    )
+    task = hf_task(_args(data, system_prompt="Be brief."), tokenizer, log=lines.append)
+    assert task.train[0].prompt.startswith("<user>Be brief.<user>0 1 t1\n") and task.templated
+    assert lines[0].startswith(head + "text goes through the tokenizer's chat template")
+    assert "--system_prompt 'Be brief.' before it, as a system message" in lines[0]
+    assert suffix in lines[0]
     lines.clear()
     task = hf_task(_args(data, use_chat_template="no"), tokenizer, log=lines.append)
     assert task.train[0].prompt.startswith("0 1 t1\n") and not task.templated
-    assert "text prompts are used as they are (--use_chat_template no" in lines[0]
+    assert "text is used as it is, the chat template left out (--use_chat_template no)" in lines[0]
+    assert "no chat template" not in lines[0]
+    # message prompts: said as such, with nothing added to them
+    rows = [
+        {"prompt": [{"role": "user", "content": f"{i} t{i}"}], "answer": "1"} for i in range(20)
+    ]
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    lines.clear()
+    task = hf_task(_args(chat), tokenizer, log=lines.append)
+    assert task.train[0].prompt == "<user>0 t0<assistant>"
+    assert lines[0] == (
+        "prompts: column 'prompt' (found by name; --prompt_column to choose), 20 rows as messages: "
+        "messages go through the tokenizer's chat template as they are (nothing added)"
+    )
+    with pytest.raises(SystemExit, match="--use_chat_template no leaves it out"):
+        hf_task(_args(chat, use_chat_template="no"), tokenizer)
     # GSM8K's `question` when there is no `prompt`; neither: one line naming both
     (tmp_path / "gsm.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n")
     assert (

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -115,17 +116,18 @@ def test_a_finished_run_leaves_a_model_that_serves_as_trained(chat_base, tmp_pat
         "Replay-Augmented RLOO (RA-RLOO)",
         "`ra_rloo.py`",
         "Paper: Hao Xu",
-        f"`{chat_base}`",
+        "`chat-base`",
         "embedded Countdown task",
         "- steps: 2 (of --max_steps 2)",
         "rlvr-sampling",
         f"| `--stop_token_ids` | `{equals}` |",
-        f"python ra_rloo.py --model_name_or_path {chat_base}",
+        "python ra_rloo.py --model_name_or_path chat-base",
         f"| held-out pass@1 | {rows[0]['eval_pass@1']:.3f} | {rows[-1]['eval_pass@1']:.3f} |",
         f"| held-out pass@2 | {rows[0]['eval_pass@2']:.3f} | {rows[-1]['eval_pass@2']:.3f} |",
     ):
         assert needle in card, needle
     assert "--output_dir" not in card and "library_name: transformers" in card
+    assert str(tmp_path) not in card and "base_model" not in card  # a local base: no Hub id
     # the closing lines name it and the one command that uploads it; the plot command stays last
     assert f"  model:   {export}: a Hugging Face model" in stdout
     assert f"  upload:  hf upload <your-username>/run {export}" in stdout
@@ -221,3 +223,40 @@ def test_a_lora_run_stopped_by_sigterm_leaves_its_adapter_and_the_merged_model(
     assert "AutoPeftModelForCausalLM.from_pretrained(path)" in card
     assert "library_name: transformers" in (merged / "README.md").read_text()
     assert "- weights: bfloat16" in card
+
+
+def test_the_card_carries_hub_metadata_the_set_flags_and_no_local_path(tmp_path):
+    import ra_rloo
+    from common.run.export import model_card
+    from common.run.flags import parse_args
+
+    reward = tmp_path / "rewards" / "my_rewards.py"
+    argv = ["--model_name_or_path", "Qwen/Qwen2.5-0.5B-Instruct", "--dataset_name", "openai/gsm8k"]
+    argv += ["--reward_funcs", f"{reward}:accuracy,{tmp_path}/fmt.py:fmt"]
+    argv += [
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--run_name",
+        "gsm8k-ra-rloo",
+        "--max_steps",
+        "7",
+    ]
+    args = parse_args(ra_rloo.Args, argv)
+    args.reward = "binary"  # as the launch resolves `auto`: not the user's, so not listed
+    tokenizer = SimpleNamespace(convert_ids_to_tokens=lambda token: "<eos>", chat_template=None)
+    card = model_card(args, "ra_rloo", ra_rloo.__doc__, tokenizer, [2], 2, adapter=False)
+    header, _, body = card.removeprefix("---\n").partition("\n---\n")
+    assert "base_model: Qwen/Qwen2.5-0.5B-Instruct" in header.splitlines()
+    assert "datasets:\n- openai/gsm8k" in header and "library_name: transformers" in header
+    assert "tags:\n- rlvr-sampling\n- ra_rloo\n" in header
+    assert body.lstrip().startswith("# gsm8k-ra-rloo\n")
+    assert str(tmp_path) not in card and "my_rewards.py:accuracy,fmt.py:fmt" in card
+    assert "--reward " not in card and "`--max_steps` | `7`" in card
+    launch = "accelerate launch --multi_gpu --num_machines 1 --num_processes 2 ra_rloo.py "
+    assert launch + "--model_name_or_path Qwen/Qwen2.5-0.5B-Instruct" in card
+    # a local base and data file of the training machine: named by their last part, no Hub id
+    argv = ["--model_name_or_path", "/nowhere/models/base", "--dataset_name", "/nowhere/d.jsonl"]
+    args = parse_args(ra_rloo.Args, [*argv, "--output_dir", str(tmp_path / "out")])
+    card = model_card(args, "ra_rloo", ra_rloo.__doc__, tokenizer, [2], 1, adapter=False)
+    assert "/nowhere" not in card and "base_model" not in card and "datasets:" not in card
+    assert "python ra_rloo.py --model_name_or_path base --dataset_name d.jsonl" in card

@@ -4,7 +4,9 @@
 import json
 import math
 import shutil
+import statistics
 import sys
+from types import SimpleNamespace
 
 import pytest
 from conftest import ROOT, run_main
@@ -143,7 +145,7 @@ def _run(script, root, out, data, funcs, weights, *extra):
 def _check_totals(rows, samples, names, weights):
     for name in names:
         assert all(
-            f"reward/{name}_mean" in row and f"reward/{name}_std" in row for row in rows[1:]
+            f"rewards/{name}/mean" in row and f"rewards/{name}/std" in row for row in rows[1:]
         ), name
     checked = 0
     for sample in samples:
@@ -179,10 +181,10 @@ def test_two_reward_funcs_route_by_success_reward(chat_base, tmp_path, script):
         s["truncated"] for s in samples
     )  # some completions were cut: they keep their total, succeed too
     assert last["reward_mean"] == pytest.approx(3.0) and last["reward_none_frac"] == 0.0
-    assert last["pass_rate"] == pytest.approx(1.0) and last["reward/fixed_mean"] == pytest.approx(
+    assert last["pass_rate"] == pytest.approx(1.0) and last["rewards/fixed/mean"] == pytest.approx(
         0.3
     )
-    assert last["reward/none_or_zero_mean"] == 0.0 and last["time_reward_s"] >= 0.0
+    assert last["rewards/none_or_zero/mean"] == 0.0 and last["time_reward_s"] >= 0.0
     assert any(s["reward/none_or_zero"] is None for s in samples)
     assert _check_totals(rows, samples, ["fixed", "none_or_zero"], [10.0, 1.0]) > 0
     if script == "ps_grpo.py":  # [PS] every task of the step passes all N: 100% routing
@@ -226,7 +228,8 @@ def test_message_prompts_and_weighted_totals(chat_base, reward_model, tmp_path, 
         values = [s["reward/chat_length"] for s in samples if s["step"] == 2]
         assert None in values  # not applicable: left out of the total and of the mean
         given = [v for v in values if v is not None]
-        assert rows[-1]["reward/chat_length_mean"] == pytest.approx(sum(given) / len(given))
+        assert rows[-1]["rewards/chat_length/mean"] == pytest.approx(sum(given) / len(given))
+        assert rows[-1]["rewards/chat_length/std"] == pytest.approx(statistics.stdev(given))
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -275,8 +278,8 @@ def test_a_cut_completion_keeps_its_negative_reward_and_unscored_ones_train_as_i
         assert rows[-1]["reward_mean"] == pytest.approx(sum(rated) / len(rated))
 
 
-def test_bad_reward_functions_get_one_line(tmp_path):
-    from common.tasks.rewards import RewardFuncs, call_reward_funcs
+def test_bad_reward_functions_get_one_line(tmp_path, monkeypatch, capsys):
+    from common.tasks.rewards import TRACEBACK_ENV, RewardFuncs, call_reward_funcs
 
     (tmp_path / "f.py").write_text(FUNCS + "\nimport_error = None\n")
     (tmp_path / "broken.py").write_text("import no_such_module_here\n")
@@ -326,6 +329,15 @@ def test_bad_reward_functions_get_one_line(tmp_path):
     assert (
         score("return [kwargs['trainer_state'].global_step] * 4")[0] == [2.0] * 4
     )  # TRL's: updates done
+    # the columns TRL passes: neither `prompt` nor `completion`, whatever the prompt column is
+    (tmp_path / "k.py").write_text("def k(prompts, completions, **kwargs):\n    return [0]\n")
+    keys = RewardFuncs(f"{tmp_path / 'k.py'}:k")
+    seen = []
+    keys.funcs = [lambda prompts, **kwargs: seen.append((prompts, sorted(kwargs))) or [0]]
+    row = {"question": "q", "prompt": "p", "completion": "gold", "x": 1}
+    call_reward_funcs(keys, ["a"], [row], [[1]], "question", 1)
+    assert seen[0][0] == ["q"] and "x" in seen[0][1]
+    assert not {"prompt", "completion", "question"} & set(seen[0][1])
     bad = [
         ("return [1, 2]", "g at step 3: returned 2 values for 4 completions"),
         ("return [0, 0, float('inf'), 0]", "g at step 3: value 2 is inf, not finite"),
@@ -339,6 +351,25 @@ def test_bad_reward_functions_get_one_line(tmp_path):
     for body, message in bad:
         with pytest.raises(SystemExit, match=message):
             score(body)
+
+    # a raise inside a helper of the user's file: the line names that file and line; the
+    # documented switch prints the whole traceback
+    (tmp_path / "h.py").write_text(
+        "def helper(text):\n    return {}[text]\n\n\ndef h(completions, **kwargs):\n"
+        "    return [helper(c) for c in completions]\n"
+    )
+    with pytest.raises(SystemExit) as stop:
+        call_reward_funcs(RewardFuncs(f"{tmp_path / 'h.py'}:h"), ["a"], [{}], [[1]], "prompt", 1)
+    assert f"h.py:2; {TRACEBACK_ENV}=1 prints the traceback)" in str(stop.value)
+    assert str(stop.value).startswith(
+        "reward function h raised at step 1 on completion 0: KeyError"
+    )
+    monkeypatch.setenv(TRACEBACK_ENV, "1")
+    with pytest.raises(SystemExit) as stop:
+        call_reward_funcs(RewardFuncs(f"{tmp_path / 'h.py'}:h"), ["a"], [{}], [[1]], "prompt", 1)
+    assert str(stop.value).endswith("(in " + str(tmp_path / "h.py") + ":2)")
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "line 6, in h" in err and "line 2, in helper" in err
 
 
 def test_a_raising_function_stops_the_run_and_the_checkpoint_before_resumes(
@@ -377,7 +408,7 @@ def test_a_raising_function_stops_the_run_and_the_checkpoint_before_resumes(
         "--accept_changed_flags",
     )
     assert [row["step"] for row in rows] == [0, 1, 2] and rows[-1][
-        "reward/fixed_mean"
+        "rewards/fixed/mean"
     ] == pytest.approx(0.3)
     assert "resumed from" in capsys.readouterr().out
 
@@ -775,3 +806,16 @@ def test_each_method_reads_rewards_of_any_sign_and_leaves_unscored_ones_out():
     adv, alpha = est_advantages([-1.0, -0.9, nan, -0.1], "hybrid", 0.01, threshold=-0.5)
     assert alpha == pytest.approx(1 / math.sqrt(1 / 3 + 0.01)) and adv[2] == 0.0
     assert est_advantages([-1.0, -1.0], "hybrid", 0.01, threshold=-0.5)[1] == pytest.approx(10.0)
+
+
+def test_reward_metrics_carry_trl_names_and_the_sample_std():
+    from common.tasks.scoring import Scored
+
+    values = {"a": [1.0, None, 0.0, 0.5], "b": [None, 2.0, None, None], "c": [None] * 4}
+    out = Scored([1.0, 2.0, 0.0, 0.5], values, 0.1).metrics(SimpleNamespace(num_processes=1))
+    assert out["rewards/a/mean"] == pytest.approx(0.5)
+    assert out["rewards/a/std"] == pytest.approx(statistics.stdev([1.0, 0.0, 0.5]))  # Bessel's
+    # one value has no sample std; no value, no mean (TRL logs NaN for both)
+    assert out["rewards/b/mean"] == 2.0 and out["rewards/b/std"] is None
+    assert out["rewards/c/mean"] is None and out["rewards/c/std"] is None
+    assert not [key for key in out if key.startswith("reward/")]

@@ -106,3 +106,36 @@ def test_report_to_names_a_tracker_accelerate_supports_and_installed(monkeypatch
         check_tracker("tensorboard, mlflow")
     with pytest.raises(SystemExit, match=r"'tensorbord' is not a tracker accelerate supports"):
         check_tracker("tensorbord")
+
+
+def test_a_resume_continues_the_tracker_run(tmp_path, monkeypatch):
+    from common.run.checkpoint import MARKER
+    from common.run.logs import tracker_init_kwargs
+
+    (tmp_path / MARKER).write_text(json.dumps({"run_id": "0123abcd4567ef89"}))
+    fresh = tracker_init_kwargs(tmp_path, "r1", resumed=False)
+    resumed = tracker_init_kwargs(tmp_path, "r1", resumed=True)
+    # wandb: the folder's run id (a resume keeps it), so one wandb run across launches
+    assert (
+        fresh["wandb"]
+        == resumed["wandb"]
+        == {
+            "name": "r1",
+            "id": "0123abcd4567ef89",
+            "resume": "allow",
+        }
+    )
+    trackio = pytest.importorskip("trackio", reason="pip install -r benchmarks/requirements.txt")
+    monkeypatch.setenv("TRACKIO_DIR", str(tmp_path / "trackio"))
+    for module in ("trackio", "trackio.utils", "trackio.sqlite_storage"):
+        monkeypatch.setattr(sys.modules[module], "TRACKIO_DIR", tmp_path / "trackio")
+    from trackio.sqlite_storage import SQLiteStorage
+
+    assert "resume" not in fresh["trackio"] and resumed["trackio"]["resume"] == "allow"
+    # trackio, with these keywords: the resumed launch's rows land in the first launch's run
+    for step, kwargs in ((1, fresh), (2, resumed)):
+        run = trackio.init(project="proj", embed=False, **kwargs["trackio"])
+        run.log({"loss": float(step)}, step=step)
+        trackio.finish()
+    assert SQLiteStorage.get_runs("proj") == ["r1"]
+    assert [row["step"] for row in SQLiteStorage.get_logs("proj", "r1")] == [1, 2]

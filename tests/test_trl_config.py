@@ -108,8 +108,8 @@ def test_a_trl_grpo_config_runs_the_script(tiny_base, tmp_path, monkeypatch, cap
         == f"--config {config}: TRL keys ignored (no effect here): logging_steps, push_to_hub, hub_model_id"
     )
     assert (
-        "prompts: column 'prompt' (found by name; --prompt_column to choose); text prompts are used as they are "
-        "(the tokenizer has no chat template; message prompts need one)"
+        "prompts: column 'prompt' (found by name; --prompt_column to choose), 20 rows as text: text is used as it "
+        "is (the tokenizer has no chat template); added: nothing"
     ) in lines
 
 

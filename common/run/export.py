@@ -35,7 +35,7 @@ from torch.distributed.fsdp import FSDPModule
 from common.distributed.ranks import first_failure, stop_every_rank
 from common.model.policy import DTYPES, library_bars_off
 from common.run.checkpoint import _tied_keys
-from common.run.flags import parse_args
+from common.run.flags import given_flags, parse_args
 from common.run.folder_lock import lost_hold
 from common.run.output_dir import EXPORT, EXPORT_MERGED, SAME_RUN
 from common.run.summary import evaluations, read_metrics
@@ -178,28 +178,56 @@ def generation_config(model, tokenizer, end_ids: list[int]):
     return config
 
 
+# flags a launch may set from accelerate's own settings without the user typing them: the card
+# names them so that its command runs the same way under any accelerate config
+FROM_LAUNCH = ("fsdp", "dtype")
+
+
 def changed_flags(args) -> dict:
-    """{flag: value} of every flag that differs from the script's default, as the run used it; how
-    the command reached the run (--output_dir, --config, resume flags) left out."""
+    """{flag: value} of every flag the user set (command line or --config) to a value other than
+    the script's default, plus those accelerate's settings changed; values the script derived
+    itself (`--reward auto` resolved, ...) and how the command reached the run (--output_dir,
+    --config, resume flags) left out. For `args` built in code (no record of what was set), every
+    flag that differs from the default."""
     defaults = parse_args(type(args), [])
+    given = given_flags(args)
     return {
         field.name: getattr(args, field.name)
         for field in fields(args)
         if field.name not in SAME_RUN
         and getattr(args, field.name) != getattr(defaults, field.name)
         and getattr(args, field.name) is not None
+        and (not given or field.name in given or field.name in FROM_LAUNCH)
     }
 
 
+def shareable(value):
+    """`value` with every absolute local path (a file, a folder, or a `file.py:function` spec,
+    comma-separated) cut to its last part: a card is read on other machines."""
+    if not isinstance(value, str):
+        return value
+    parts = []
+    for part in value.split(","):
+        head, sep, tail = part.rpartition(":")
+        target, suffix = (head, sep + tail) if sep and tail.isidentifier() else (part, "")
+        path = target.strip()
+        if path.startswith("~") or Path(path).is_absolute():
+            target = target.replace(path, Path(path).expanduser().name or path)
+        parts.append(target + suffix)
+    return ",".join(parts)
+
+
 def command(script: str, flags: dict, processes: int) -> str:
-    """The command that runs these flags (under `accelerate launch` on several processes)."""
+    """The command that runs these flags (under `accelerate launch` on several processes, one
+    machine), absolute paths cut to their last part."""
     launch = (
-        f"accelerate launch --num_processes {processes} {script}.py"
+        f"accelerate launch --multi_gpu --num_machines 1 --num_processes {processes} {script}.py"
         if processes > 1
         else f"python {script}.py"
     )
     words = [
-        f"--{name} {shlex.quote(str(value).lower() if isinstance(value, bool) else str(value))}"
+        f"--{name} "
+        + shlex.quote(str(value).lower() if isinstance(value, bool) else str(shareable(value)))
         for name, value in flags.items()
     ]
     return " ".join([launch, *words])
@@ -216,8 +244,15 @@ def method_lines(method_doc: str) -> tuple[str, str]:
 
 
 def _on_hub(name: str) -> bool:
-    """Whether a model or dataset name is a Hub id (not a local path, not the embedded ones)."""
-    return not Path(name).exists() and name not in ("embedded", "countdown")
+    """Whether a model or dataset name is a Hub id (`name` or `owner/name`): not a local path (here
+    or on the training machine), not a data file, not the embedded ones."""
+    return (
+        bool(re.fullmatch(r"[\w.-]+(/[\w.-]+)?", name))
+        and not name.startswith(".")
+        and not name.endswith((".jsonl", ".json", ".parquet", ".csv", ".py"))
+        and not Path(name).exists()
+        and name not in ("embedded", "countdown")
+    )
 
 
 def model_card(
@@ -236,9 +271,11 @@ def model_card(
     base_text = (
         "the embedded ~1M-parameter Countdown model (built by rlvr-sampling)"
         if base == "embedded"
-        else f"`{base}`"
+        else f"`{shareable(base)}`"
     )
-    dataset = args.dataset_name + (f" ({args.dataset_config})" if args.dataset_config else "")
+    dataset = shareable(args.dataset_name) + (
+        f" ({args.dataset_config})" if args.dataset_config else ""
+    )
     data_text = (
         "the embedded Countdown task (generated arithmetic puzzles)"
         if args.dataset_name == "countdown"
@@ -248,12 +285,17 @@ def model_card(
     steps = rows[-1]["step"] if rows else 0
     flags = changed_flags(args)
 
+    # the run's name, as the trackers know it
+    title = args.run_name or Path(args.output_dir).resolve().name
+    # the Hub's metadata, as TRL's cards carry it (a local base or dataset has no Hub id to name)
     meta = ["---", f"library_name: {'peft' if adapter else 'transformers'}"]
+    meta += [f"model_name: {json.dumps(title)}"]
     meta += [f"base_model: {base}"] if _on_hub(base) else []
     meta += [f"datasets:\n- {args.dataset_name}"] if _on_hub(args.dataset_name) else []
-    meta += ["pipeline_tag: text-generation", f"tags:\n- {PROJECT}\n- {script}\n- rlvr", "---"]
+    tags = [PROJECT, script, "rlvr", "reinforcement-learning"]
+    meta += ["pipeline_tag: text-generation", "tags:", *(f"- {tag}" for tag in tags), "---"]
 
-    lines = [*meta, "", f"# {Path(args.output_dir).resolve().name}", ""]
+    lines = [*meta, "", f"# {title}", ""]
     lines += [
         f"{base_text} trained with reinforcement learning from verifiable rewards on {data_text}, "
         f"by `{script}.py` of {PROJECT}.",
@@ -275,7 +317,7 @@ def model_card(
     lines += ["", "Flags that differ from the defaults:", ""]
     if flags:
         lines += ["| flag | value |", "|---|---|"]
-        lines += [f"| `--{name}` | `{value}` |" for name, value in flags.items()]
+        lines += [f"| `--{name}` | `{shareable(value)}` |" for name, value in flags.items()]
     else:
         lines += ["none"]
     lines += ["", "The command:", "", "```bash", command(script, flags, processes), "```", ""]

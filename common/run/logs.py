@@ -73,6 +73,21 @@ def tracker_keys(tracker: str, values: dict) -> dict:
     return {re.sub(r"[^\w\-. :/]", "_", key.replace("@", "_at_")): v for key, v in values.items()}
 
 
+def tracker_init_kwargs(output_dir, run_name: str, resumed: bool) -> dict:
+    """Each tracker's start keywords: the run's name; a resume continues the tracker's run where the
+    tracker can: wandb's run id is the output folder's run id (kept by a resume), trackio continues
+    the run of that name in the project. The others start a new run at each launch."""
+    from common.run.checkpoint import MARKER, run_id
+
+    kwargs = {name: {key: run_name} for name, key in RUN_NAME_KEY.items()}
+    folder_run = run_id(Path(output_dir) / MARKER)
+    if folder_run:
+        kwargs["wandb"].update(id=folder_run, resume="allow")
+    if resumed:  # a fresh run never appends to an older run of the same name
+        kwargs["trackio"]["resume"] = "allow"
+    return kwargs
+
+
 def tracker_config(flags: dict) -> dict:
     """The run's flags as every tracker stores them: numbers, strings, booleans and None as they
     are, anything else (a list) as its text; `_private` attributes left out."""
@@ -173,7 +188,7 @@ class MetricsLogger:
             accelerator.init_trackers(
                 project,
                 config=tracker_config(config or {}),
-                init_kwargs={name: {key: run_name} for name, key in RUN_NAME_KEY.items()},
+                init_kwargs=tracker_init_kwargs(output_dir, run_name, resume_step is not None),
             )
 
     def _start(self, resume_step: int | None) -> None:

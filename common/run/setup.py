@@ -54,7 +54,20 @@ def start_run(args, script: str):
     log = main_process_log(accelerator)
     seed_everything(args.seed + accelerator.process_index)  # ranks sample different rollouts
     claim_output_dir(args, accelerator, log)  # refuses a used or unshared folder
+    log(launch_line(accelerator.num_processes, args.fsdp, accelerator.device.type))
     return accelerator, cpu_threads, log
+
+
+def launch_line(processes: int, fsdp: bool, device: str) -> str:
+    """The run's line on its processes and how they share the training."""
+    if processes == 1:
+        return f"processes: 1 on {device} (neither DDP nor FSDP)"
+    how = (
+        "FSDP (--fsdp): weights, gradients and optimizer state sharded over them"
+        if fsdp
+        else "DDP: each holds the whole model, gradients averaged over them"
+    )
+    return f"processes: {processes} on {device}, {how}"
 
 
 def main_process_log(accelerator):

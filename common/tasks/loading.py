@@ -154,7 +154,6 @@ def hf_task(args, tokenizer, log=print) -> Task:
     chat = args.use_chat_template == "yes" or (
         args.use_chat_template == "auto" and tokenizer.chat_template
     )
-    log(prompt_rendering(args, prompt_column, bool(chat), bool(tokenizer.chat_template)))
     suffix = (
         args.prompt_suffix
         if args.prompt_suffix is not None
@@ -163,11 +162,16 @@ def hf_task(args, tokenizer, log=print) -> Task:
     system = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
 
     def is_messages(q) -> bool:
-        return (
+        return bool(
             isinstance(q, list)
             and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in q)
             and q
         )
+
+    as_messages = sum(map(is_messages, train_ds[prompt_column]))
+    found = {"messages": as_messages, "text": len(train_ds) - as_messages}
+    has_template = bool(tokenizer.chat_template)
+    log(prompt_rendering(args, prompt_column, bool(chat), has_template, found, suffix))
 
     def to_examples(ds, name) -> list[Example]:
         out, dropped = [], 0
@@ -192,9 +196,12 @@ def hf_task(args, tokenizer, log=print) -> Task:
                 text = (args.system_prompt + "\n\n" if args.system_prompt else "") + q + suffix
             else:
                 raise SystemExit(
-                    f"{name} row {row_i}: a message-format prompt needs a chat template and the "
-                    "tokenizer "
-                    f"of {args.model_name_or_path} has none (or --use_chat_template no)"
+                    f"{name} row {row_i}: a message-format prompt needs a chat template: "
+                    + (
+                        "--use_chat_template no leaves it out (auto or yes to use it)"
+                        if tokenizer.chat_template
+                        else f"the tokenizer of {args.model_name_or_path} has none"
+                    )
                 )
             if len(tokenizer(text, add_special_tokens=False).input_ids) > args.max_prompt_length:
                 dropped += 1
@@ -251,26 +258,44 @@ def prompt_column_of(dataset) -> str:
     return "prompt" if "prompt" in dataset.column_names else "question"
 
 
-def prompt_rendering(args, column: str, chat: bool, has_template: bool) -> str:
-    """The run's line saying how prompts reach the model: which column, and whether text prompts
-    go through the chat template (and how to change it); message prompts always do."""
+def prompt_rendering(
+    args, column: str, chat: bool, has_template: bool, found: dict, suffix: str
+) -> str:
+    """The run's first line on the prompts: which column, whether its rows were found as messages
+    or as text (`found`: the count of each), whether the chat template renders them and what the
+    run adds to them (--system_prompt, `suffix`: text prompts only; messages go as they are)."""
     source = "--prompt_column" if args.prompt_column else "found by name; --prompt_column to choose"
-    if chat:
-        how = (
-            "text prompts go through the tokenizer's chat template (TRL leaves them as they are: "
-            "--use_chat_template no to do so)"
+    kinds = [f"{count} rows as {kind}" for kind, count in found.items() if count]
+    parts = []
+    if found.get("messages"):
+        parts.append(
+            "messages go through the tokenizer's chat template as they are (nothing added)"
         )
-    elif has_template:
-        how = (
-            "text prompts are used as they are (--use_chat_template no; `auto` or `yes` puts "
-            "them through the chat template)"
-        )
-    else:
-        how = (
-            "text prompts are used as they are (the tokenizer has no chat template; message "
-            "prompts need one)"
-        )
-    return f"prompts: column {column!r} ({source}); {how}"
+    if found.get("text"):
+        if chat:
+            how = (
+                "text goes through the tokenizer's chat template as a user message (TRL leaves "
+                "text prompts as they are: --use_chat_template no to do so)"
+            )
+        elif has_template:
+            how = "text is used as it is, the chat template left out (--use_chat_template no)"
+        else:
+            how = "text is used as it is (the tokenizer has no chat template)"
+        added = []
+        if args.system_prompt:
+            where = "as a system message" if chat else "as a first paragraph"
+            added.append(f"--system_prompt {args.system_prompt!r:.80} before it, {where}")
+        if suffix:
+            default = (
+                " (the default with the built-in math reward; --prompt_suffix '' adds none)"
+                if args.prompt_suffix is None
+                else ""
+            )
+            added.append(f"--prompt_suffix {suffix!r} appended{default}")
+        parts.append(how + "; added: " + ("; ".join(added) if added else "nothing"))
+    return f"prompts: column {column!r} ({source}), {', '.join(kinds) or 'no rows'}: " + "; ".join(
+        parts
+    )
 
 
 class PromptEncoder:

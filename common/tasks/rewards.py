@@ -1,10 +1,10 @@
 """User reward functions (`--reward_funcs`), called as TRL's GRPOTrainer calls them: once per batch
-with the keywords `prompts`, `completions`, `completion_ids` and every other dataset column as a
-list aligned with the completions. Each returns one number or None ("does not apply") per
-completion; the total is the weighted sum over the functions that gave a number (None and NaN
-skipped, as TRL's NaN-skipping sum), NaN when none did. `async def` functions are awaited together
-in one event loop; a spec without `:` names a reward model. Imported only when `--reward_funcs` is
-given.
+with the keywords `prompts`, `completions`, `completion_ids` and every other dataset column (but
+`prompt` and `completion`, which TRL drops) as a list aligned with the completions. Each returns
+one number or None ("does not apply") per completion; the total is the weighted sum over the
+functions that gave a number (None and NaN skipped, as TRL's NaN-skipping sum), NaN when none did.
+`async def` functions are awaited together in one event loop; a spec without `:` names a reward
+model. Imported only when `--reward_funcs` is given.
 """
 
 from __future__ import annotations
@@ -16,11 +16,18 @@ import importlib.util
 import inspect
 import math
 import numbers
+import os
 import sys
+import traceback
 from pathlib import Path
 
 from transformers import TrainerState
 
+# set (to anything but "" or "0") to print the whole traceback of a reward function that raises
+TRACEBACK_ENV = "RLVR_REWARD_TRACEBACK"
+
+# dataset columns TRL's GRPOTrainer does not pass to reward functions (whatever the prompt column)
+TRL_DROPPED = ("prompt", "completion", "completion_ids")
 # the keywords every call passes: a dataset column of one of these names is not passed
 TRL_KEYWORDS = (
     "prompts",
@@ -231,10 +238,18 @@ class RewardFuncs:
         return self._loop.run_until_complete(coroutine)
 
     def _fail(self, name, func, error, args, n, when):
+        full = os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
+        if full:
+            traceback.print_exception(error, file=sys.stderr)
         index = next((i for i in range(n) if _raises(lambda: self._call(func, *args, [i]))), None)
         where = "on the batch" if index is None else f"on completion {index}"
+        place = raised_at(error, func)
+        notes = ([f"in {place}"] if place else []) + (
+            [] if full else [f"{TRACEBACK_ENV}=1 prints the traceback"]
+        )
         raise SystemExit(
             f"reward function {name} raised at {when} {where}: {type(error).__name__}: {error}"
+            + (f" ({'; '.join(notes)})" if notes else "")
         ) from None
 
     def __call__(
@@ -295,6 +310,23 @@ class RewardFuncs:
                 "reward_none_frac); make sure at least one function scores every completion"
             )
         return totals, values
+
+
+def raised_at(error: BaseException, func) -> str | None:
+    """`file:line` where `error` was raised in the user's code: the deepest frame in the file that
+    defines `func`, else the deepest outside this module (None when there is no traceback)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    while isinstance(func, functools.partial):
+        func = func.func
+    code = getattr(func, "__code__", None) or getattr(
+        getattr(func, "__call__", None), "__code__", None
+    )
+    own = Path(code.co_filename).resolve() if code is not None else None
+    here = Path(__file__).resolve()
+    mine = [f for f in frames if own is not None and Path(f.filename).resolve() == own]
+    others = [f for f in frames if Path(f.filename).resolve() != here]
+    frame = (mine or others or [None])[-1]
+    return None if frame is None else f"{frame.filename}:{frame.lineno}"
 
 
 async def _awaited(awaitable):
@@ -412,6 +444,7 @@ def call_reward_funcs(
         [{"role": "assistant", "content": text}] if isinstance(prompt, list) else text
         for prompt, text in zip(prompts, texts)
     ]
-    keys = [key for key in (rows[0] if rows else {}) if key not in (prompt_column, *TRL_KEYWORDS)]
+    dropped = (prompt_column, *TRL_DROPPED, *TRL_KEYWORDS)
+    keys = [key for key in (rows[0] if rows else {}) if key not in dropped]
     columns = {key: [row.get(key) for row in rows] for key in keys}
     return funcs(prompts, completions, [list(ids) for ids in completion_ids], columns, step)

@@ -27,7 +27,8 @@ class Scored:
         return [not math.isnan(value) for value in self.total]
 
     def metrics(self, accelerator) -> dict:
-        """time_reward_s, reward/<name>_mean / _std over every rank's completions; with
+        """time_reward_s, rewards/<name>/mean and /std (sample std) over every rank's completions
+        (TRL's names), leaving out those a function returned None for; with
         --reward_funcs also reward_none_frac and each `log_metric` name (common/tasks/rewards.py
         `logged_metrics`). Call on every rank."""
         from common.distributed.ranks import reduce_sums
@@ -51,9 +52,12 @@ class Scored:
         for name in self.values:
             count = sums[f"{name}:n"]
             mean = sums[f"{name}:sum"] / count if count else None
-            out[f"reward/{name}_mean"] = mean
-            out[f"reward/{name}_std"] = (
-                math.sqrt(max(0.0, sums[f"{name}:sq"] / count - mean**2)) if count else None
+            out[f"rewards/{name}/mean"] = mean
+            # the sample std (Bessel's correction), as TRL logs it; None below two values
+            out[f"rewards/{name}/std"] = (
+                math.sqrt(max(0.0, (sums[f"{name}:sq"] - count * mean**2) / (count - 1)))
+                if count > 1
+                else None
             )
         if self.values:  # --reward_funcs (on every rank alike)
             from common.tasks.rewards import logged_metrics
