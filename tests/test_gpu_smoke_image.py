@@ -83,7 +83,9 @@ SMALL = [
     "--speed_steps",
     "2",
     "--speed_runs",
-    "default,static",
+    "dynamic,static",
+    "--learning_methods",
+    "ra_rloo",  # the other pairs' flags are checked in tests/test_gpu_smoke.py
     "--smoke_eval_prompts",
     "4",
     "--prompt_pool",
@@ -158,15 +160,16 @@ def test_gpu_smoke_every_part_on_the_image_without_vllm_datasets_or_math_verify(
     report = _smoke(env, tmp_path / "parts", "fsdp,gc_lora,learning,speed,peer", "ra_rloo")
     assert [x["variant"] for x in report["runs"]] == ["fsdp", "gradient_checkpointing", "lora"]
     learning = report["learning"]
+    (pair,) = learning["methods"]
     for arm in ("method", "baseline"):
-        assert learning[arm]["steps"] == 2 and 0 <= learning[arm]["end"]["pass@1"] <= 1
-        assert learning[arm]["policy_changed_frac"] > 0
+        assert pair[arm]["steps"] == 2 and 0 <= pair[arm]["end"]["pass@1"] <= 1
+        assert pair[arm]["policy_changed_frac"] > 0
     assert (
         learning["start"]["ci95"] > 0
         and (tmp_path / "parts" / "learning.png").stat().st_size > 10_000
     )
     assert [(x["cache_implementation"], x["status"]) for x in report["speed"]] == [
-        ("default", "ok"),
+        ("dynamic", "ok"),
         ("static", "ok"),
     ]
     assert report["peer"]["status"].startswith("skipped: trl (or datasets) does not import")

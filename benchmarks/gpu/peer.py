@@ -39,9 +39,10 @@ def peer_python(
         return sys.executable, f"{', '.join(needed)} import here", {}
     wheels = sorted(wheels_dir.glob("*.whl")) if wheels_dir.is_dir() else []
     if not wheels:
+        also = f" (or {', '.join(needed[1:])})" if needed[1:] else ""
         return (
             None,
-            f"skipped: {' or '.join(needed)} does not import and {wheels_dir} holds no wheels "
+            f"skipped: {needed[0]}{also} does not import and {wheels_dir} holds no wheels "
             "(docs/scaling.md lists them, with the pip download line)",
             {},
         )

@@ -52,11 +52,12 @@ from benchmarks.gpu.budget import (  # noqa: E402
     PART_VARIANTS,
     PARTS,
     SCRIPT_FLAGS,
-    SPEED_COMPILE_S,
     VARIANTS,
     Args,
     Stop,
     error_status,
+    left_out,
+    plan_costs,
 )
 from benchmarks.gpu.learning import learning_part, replot  # noqa: E402
 from benchmarks.gpu.peer import run_peer  # noqa: E402
@@ -99,21 +100,7 @@ def main(args: Args) -> dict:
         run_s = lambda steps: guess["run_fixed_s"] + steps * guess["step_s"]  # noqa: E731
         warm_dir = out / f"model-{args.size}-warm"
         cached = (warm_dir / "warm_start.json").exists() or args.size == "tiny"
-        cost = {"warm start": 0.0 if cached else args.warm_max_s}  # its upper bound
-        for part in parts:
-            if part in PART_VARIANTS:
-                cost[part] = len(scripts) * len(PART_VARIANTS[part]) * run_s(args.steps)
-            elif part == "learning":
-                cost[part] = (
-                    2 * run_s(10) + 3 * guess["run_fixed_s"]
-                )  # at least ~10 steps each to be worth it
-            elif part == "speed":
-                runs = [r for r in args.speed_runs.split(",") if r]
-                cost[part] = len(runs) * run_s(args.speed_steps) + sum(
-                    SPEED_COMPILE_S.get(r, 0.0) for r in runs
-                )
-            else:
-                cost[part] = guess["peer_s"]
+        cost = plan_costs(args, guess, cached)
         total, usable = 0.0, stop.left()
         print(
             f"gpu_smoke on {device}: budget {args.budget_s:.0f} s, {usable:.0f} s left for the work. Plan (first "
@@ -128,6 +115,8 @@ def main(args: Args) -> dict:
             print(
                 f"  {name:<10} ~{seconds:5.0f} s   cumulative ~{total:5.0f} s   {fits}", flush=True
             )
+        for line in left_out(args, parts):  # what this command does not try, said once
+            print(f"  not planned: {line}", flush=True)
 
         # ---------------- model and warm start ----------------
         if args.size == "tiny":
