@@ -10,12 +10,13 @@ One command, `python benchmarks/gpu/smoke.py`, sized for one lent GPU (at most `
    (`model-<size>-warm/warm_start.json`): a second command skips it. `--size tiny` (a CPU check) starts from the
    shipped embedded base instead, which is already warm.
 1. **Parts, in priority order** (`--parts`): every script `plain`; then `fsdp` (FSDP2 on one process: its wrapping,
-   gathers and checkpoint paths); then `gc_lora` (gradient checkpointing, LoRA r 16); then `learning` (a method and
-   its baseline, RA-RLOO and `--replay none`, for as many steps as the budget leaves, held-out pass@1 with a 95%
+   gathers and checkpoint paths); then `gc_lora` (gradient checkpointing, LoRA r 16); then `learning` (each method
+   of `--learning_methods` against its baseline, an equal share of the budget left each, held-out pass@1 with a 95%
    interval at start and end, a learning-curve PNG); then `speed` (one script's step time and generated tokens/s
-   eager with HF generate's default cache, with `--cache_implementation static`, which transformers compiles on a
+   eager with HF generate's dynamic cache, with `--cache_implementation static`, which transformers compiles on a
    GPU, and with `--torch_compile`, its compile time reported apart); then `peer` (TRL's GRPOTrainer against ours,
-   `benchmarks/speed/trl_peer.py`, when trl imports or its wheels lie in `.whl/`). `--parts` in another order runs them
+   `benchmarks/speed/trl_peer.py`, at TRL's default cache and at ours, when trl imports or its wheels lie in
+   `.whl/`). `--parts` in another order runs them
    in that order (the learning part takes whatever budget is left, so it belongs last when named with others).
    The plan printed first says what fits; a part that does not fit is skipped, a run never starts past the budget,
    and a timer stops a running script at the budget (its graceful stop: it saves and returns).

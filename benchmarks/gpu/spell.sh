@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One lent GPU spell, as the device tool runs it from the repo root: the GPU check (benchmarks/gpu/smoke.py) within
 # its budget, then its small results copied to $OUT (the model and run folders stay on the machine). Extra arguments
-# go to gpu_smoke.py, e.g. `bash benchmarks/gpu/spell.sh --parts learning,speed,peer`.
+# replace its defaults (below) and go to smoke.py, e.g. `bash benchmarks/gpu/spell.sh --parts learning,speed,peer`.
 set -u
 results=${OUT:-runs}/gpu_smoke
 mkdir -p "$results"
