@@ -245,6 +245,9 @@ def test_device_and_model_path_run_the_check_and_the_throughput_on_cpu(tiny_base
     assert saved["cache"] == {"ours": "static", "trl_default": "dynamic", "trl_same": "static"}
     assert saved["trl_same_cache"]["timed"] == 1 and saved["ratio_same_cache"]["steps_per_s"] > 0
     assert saved["rounds"][0]["same_cache"]["steps_per_s"] > 0
+    # TRL's GRPOConfig got no cache the first time (its default) and ours the second
+    assert saved["raw"]["trl"][0]["cache_implementation"] is None
+    assert saved["raw"]["trl_same"][0]["cache_implementation"] == "static"
     assert "--cache_implementation static" in res["commands"]["ours"]
     assert "cache_implementation='static'" in res["commands"]["trl_config"]
     page = out.read_text()

@@ -221,7 +221,12 @@ def run_trl(args: Args, output_dir: str, cache: str | None = None) -> dict:
             f"{len(reward.tokens_per_call)} reward calls for {len(timer.times)} steps: the "
             "generation batch is not one optimizer step"
         )
-    return {"step_times": timer.times, "tokens": reward.tokens_per_call, "wall_s": wall}
+    return {
+        "step_times": timer.times,
+        "tokens": reward.tokens_per_call,
+        "wall_s": wall,
+        "cache_implementation": trainer.args.cache_implementation,  # what TRL was given
+    }
 
 
 def ours_command(args: Args, output_dir: str) -> list[str]:
