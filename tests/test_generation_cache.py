@@ -104,6 +104,9 @@ def test_auto_cache_resolution():
 
     cache, line = resolve_cache_implementation("auto", "cuda", NoFullGraph(config))
     assert cache is None and line.startswith("KV cache: dynamic") and "does not support" in line
+    cache, line = resolve_cache_implementation("auto", "cuda", model, fsdp=True)
+    assert cache is None and "with --fsdp" in line
+    assert resolve_cache_implementation("static", "cuda", model, fsdp=True)[0] == "static"
 
 
 def test_auto_cache_is_no_clash():

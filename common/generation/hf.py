@@ -87,17 +87,23 @@ def static_cache_supported(model_or_config) -> bool:
 
 
 def resolve_cache_implementation(
-    requested: str | None, device_type: str, model_or_config
+    requested: str | None, device_type: str, model_or_config, fsdp: bool = False
 ) -> tuple[str | None, str]:
     """`--cache_implementation` as HF generate gets it, and one line saying which cache and why.
     `auto`: the static cache on CUDA where transformers supports it for the model (it compiles the
     decoding step there: several times faster than the dynamic cache), else transformers' default
-    dynamic cache (None: generate's own default, so CPU runs are unchanged). Any other value is
+    dynamic cache (None: generate's own default, so CPU runs are unchanged). Under `fsdp` auto
+    keeps the dynamic cache: the static one has not been run with FSDP on a GPU. Any other value is
     kept as given."""
     if requested != "auto":
         return requested, f"KV cache: {requested or 'dynamic (transformers default)'}"
     if device_type != "cuda":
         return None, f"KV cache: dynamic (--cache_implementation auto on {device_type})"
+    if fsdp:
+        return None, (
+            "KV cache: dynamic (--cache_implementation auto with --fsdp; "
+            "--cache_implementation static to try the static cache)"
+        )
     if not static_cache_supported(model_or_config):
         name = getattr(model_or_config, "model_type", None) or type(model_or_config).__name__
         return None, (

@@ -231,7 +231,8 @@ class BaseArgs:
     ] = "auto"
     """KV cache of HF generate (TRL's GRPOConfig name): `auto` = `static` on CUDA where
     transformers supports it for the model (it then compiles the decoding step: several times
-    faster), else `dynamic`, transformers' default (always on CPU); the first lines say which.
+    faster), else `dynamic`, transformers' default (on CPU and with --fsdp); the first lines say
+    which.
     `static` preallocates the cache (docs/scaling.md); not with vLLM"""
     torch_compile: bool = False
     """compile with torch.compile (TrainingArguments' name), on CPU too: HF generate's one-token

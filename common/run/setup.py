@@ -200,7 +200,10 @@ def make_generator(args, model_path: str, policy, tokenizer, accelerator, compil
         )
     else:
         cache, line = resolve_cache_implementation(
-            args.cache_implementation, next(policy.parameters()).device.type, policy
+            args.cache_implementation,
+            next(policy.parameters()).device.type,
+            policy,
+            fsdp=getattr(args, "fsdp", False),
         )
         if compiled is not None:  # --torch_compile decodes on a static cache of its own
             cache, line = None, "KV cache: static (--torch_compile's own)"
