@@ -1,5 +1,6 @@
-"""`--cache_implementation` (HF generate's KV cache, TRL's GRPOConfig name) reaches `generate` in every script, and is
-refused next to vLLM, which manages its own cache."""
+"""`--cache_implementation` (HF generate's KV cache, TRL's GRPOConfig name) reaches `generate` in every script, `auto`
+(the default) resolves to `static` on CUDA where transformers supports it and `dynamic` elsewhere, and a chosen cache
+is refused next to vLLM, which manages its own cache."""
 
 import importlib
 
@@ -14,7 +15,7 @@ class FirstGenerate(Exception):
 
 
 @pytest.mark.parametrize("script", ["ra_rloo", "ps_grpo", "pros_ppo", "ada_seq", "ada_est"])
-def test_cache_implementation_reaches_generate(script, tiny_base, tmp_path, monkeypatch):
+def test_cache_implementation_reaches_generate(script, tiny_base, tmp_path, monkeypatch, capsys):
     seen = []
 
     def spy(self, *args, **kwargs):
@@ -52,7 +53,8 @@ def test_cache_implementation_reaches_generate(script, tiny_base, tmp_path, monk
         script == "ra_rloo"
     ):  # seeding scores demonstrations before the first generate: not needed here
         argv += ["--seed_buffer", "false"]
-        # unset: transformers' own default (no keyword at all); the flag is read in one place
+        # unset (auto) on CPU: transformers' own default (no keyword at all), as before `auto`
+        # existed; the flag is read in one place
         cases.append(([], "<absent>"))
     for case, (flags, expected) in enumerate(cases):
         seen.clear()
@@ -63,6 +65,58 @@ def test_cache_implementation_reaches_generate(script, tiny_base, tmp_path, monk
                 )
             )
         assert seen == [expected]
+        if not flags:  # the first lines say which cache auto chose
+            assert (
+                "KV cache: dynamic (--cache_implementation auto on cpu)" in capsys.readouterr().out
+            )
+
+
+def test_auto_cache_resolution():
+    """auto: static on CUDA for a model transformers compiles whole-graph, dynamic (generate's own
+    default) on CPU and for a model it cannot; a chosen value is kept on either device. The device
+    is an argument, so the CUDA branch is checked without a GPU."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from common.generation.hf import resolve_cache_implementation, static_cache_supported
+
+    config = Qwen2Config(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=32,
+        vocab_size=32,
+    )
+    model = Qwen2ForCausalLM(config)
+    for source in (model, config):
+        assert static_cache_supported(source)
+        assert resolve_cache_implementation("auto", "cuda", source) == (
+            "static",
+            "KV cache: static (--cache_implementation auto on cuda)",
+        )
+        assert resolve_cache_implementation("auto", "cpu", source)[0] is None
+    for value in ("dynamic", "static", "offloaded", "offloaded_static", None):
+        assert resolve_cache_implementation(value, "cuda", model)[0] == value
+        assert resolve_cache_implementation(value, "cpu", model)[0] == value
+
+    class NoFullGraph(Qwen2ForCausalLM):  # as transformers marks a model it cannot compile
+        _can_compile_fullgraph = False
+
+    cache, line = resolve_cache_implementation("auto", "cuda", NoFullGraph(config))
+    assert cache is None and line.startswith("KV cache: dynamic") and "does not support" in line
+    cache, line = resolve_cache_implementation("auto", "cuda", model, fsdp=True)
+    assert cache is None and "with --fsdp" in line
+    assert resolve_cache_implementation("static", "cuda", model, fsdp=True)[0] == "static"
+
+
+def test_auto_cache_is_no_clash():
+    """The default (auto) passes with --use_vllm and --torch_compile; a chosen cache does not."""
+    import ra_rloo
+
+    assert parse_args(ra_rloo.Args, ["--use_vllm"]).cache_implementation == "auto"
+    assert parse_args(ra_rloo.Args, ["--torch_compile"]).torch_compile
+    with pytest.raises(SystemExit, match="--torch_compile: not with --cache_implementation"):
+        parse_args(ra_rloo.Args, ["--torch_compile", "--cache_implementation", "dynamic"])
 
 
 def test_cache_implementation_with_vllm_is_refused():

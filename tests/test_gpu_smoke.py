@@ -236,7 +236,9 @@ def _fake_run(fail_when):
 
 def test_a_failing_speed_run_keeps_the_other_runs_figures(tmp_path, monkeypatch):
     monkeypatch.setattr(
-        gpu_plain, "run_script", _fake_run(lambda flags: "--cache_implementation" in flags)
+        gpu_plain,
+        "run_script",
+        _fake_run(lambda flags: flags[-2:] == ["--cache_implementation", "static"]),
     )
     args, report, stop = (
         gpu_budget.Args(output_dir=str(tmp_path), size="tiny", speed_steps=4),
@@ -249,7 +251,7 @@ def test_a_failing_speed_run_keeps_the_other_runs_figures(tmp_path, monkeypatch)
         )
     finally:
         stop.close()
-    assert [s["cache_implementation"] for s in speed] == ["default", "static", "torch_compile"]
+    assert [s["cache_implementation"] for s in speed] == ["dynamic", "static", "torch_compile"]
     assert report["speed"] == speed
     assert speed[0]["status"] == "ok" and speed[0]["gen_tokens_per_s_after_first"] == pytest.approx(
         200.0
@@ -268,15 +270,28 @@ def test_a_failing_speed_run_keeps_the_other_runs_figures(tmp_path, monkeypatch)
     assert "compile_s" not in speed[0]
 
 
-def test_a_failing_learning_arm_keeps_the_other_arms_figures(tmp_path, monkeypatch):
-    monkeypatch.setattr(
-        gpu_plain,
-        "run_script",
-        _fake_run(lambda flags: flags[flags.index("--replay") + 1] == "none"),
+def test_every_method_learns_against_its_baseline_and_a_failing_arm_keeps_the_others(
+    tmp_path, monkeypatch
+):
+    """The learning part runs each method and its baseline (one pair per script, EST's baseline in ada_seq.py), every
+    arm with the same steps; a failing arm keeps the others' figures; each pair's difference is paired by prompt; a
+    pair the budget cannot give 10 steps a run is skipped with its reason; every arm's flags parse for its script."""
+    import importlib
+
+    from common.run.flags import parse_args
+
+    ran = []
+    fake = _fake_run(
+        lambda flags: "--replay" in flags and flags[flags.index("--replay") + 1] == "none"
     )
-    monkeypatch.setattr(
-        gpu_learning, "heldout_pass_rates", lambda model_dir, args: [0.25, 0.5, 0.75, 0.5]
-    )
+
+    def run(script, flags, *rest):
+        ran.append((script, flags))
+        return fake(script, flags, *rest)
+
+    monkeypatch.setattr(gpu_plain, "run_script", run)
+    rates = iter([[0.25, 0.5, 0.75, 0.5]] + [[0.5, 0.5, 1.0, 0.5]] * 20)
+    monkeypatch.setattr(gpu_learning, "heldout_pass_rates", lambda model_dir, args: next(rates))
     monkeypatch.setattr(
         gpu_learning, "plot_learning", lambda learning, path: "no plot in this test"
     )
@@ -292,14 +307,72 @@ def test_a_failing_learning_arm_keeps_the_other_arms_figures(tmp_path, monkeypat
     finally:
         stop.close()
     assert report["learning"] is learning
-    assert learning["method"]["status"] == "ok" and learning["method"]["end"][
-        "pass@1"
-    ] == pytest.approx(0.5)
+    pairs = learning["methods"]
+    assert [p["script"] for p in pairs] == ["ra_rloo", "ada_seq", "ada_est", "ps_grpo", "pros_ppo"]
+    assert [script for script, _ in ran] == [
+        *("ra_rloo", "ra_rloo", "ada_seq", "ada_seq", "ada_est", "ada_seq"),
+        *("ps_grpo", "ps_grpo", "pros_ppo", "pros_ppo"),
+    ]
+    ra = pairs[0]
+    assert ra["method"]["status"] == "ok" and ra["method"]["end"]["pass@1"] == pytest.approx(0.625)
     assert (
-        learning["baseline"]["status"].startswith("error: RuntimeError")
-        and "end" not in learning["baseline"]
+        ra["baseline"]["status"].startswith("error: RuntimeError") and "end" not in ra["baseline"]
     )
-    assert json.loads((tmp_path / "learning.json").read_text())["method"]["steps"] == 3
+    for pair in pairs[1:]:
+        assert pair["method"]["steps"] == pair["baseline"]["steps"] == 3
+        assert pair["method_minus_baseline"]["mean"] == 0.0
+    saved = json.loads((tmp_path / "learning.json").read_text())
+    assert saved["methods"][0]["method"]["steps"] == 3
+    for script, flags in ran:  # the pairs' flags exist in their scripts
+        parse_args(importlib.import_module(script).Args, flags)
+    assert "| pros_ppo | PPO (--pros off) (baseline) | 3 |" in gpu_report.table(
+        {
+            **{k: "" for k in ("device", "versions")},
+            "budget_s": 1,
+            "elapsed_s": 1,
+            "stopped": None,
+            "runs": [],
+            "learning": learning,
+        }
+    )
+    # too little time for 10 steps a run: skipped, saying so; what a skipped pair leaves goes to the pairs after it
+    stop = gpu_budget.Stop(3600)
+    try:
+        # 60 s left, 4 s fixed a run, 1 s a step: the first pairs' equal shares give < 10 steps, the last ~18
+        stop.budget_s = stop.elapsed() + 60
+        learning = gpu_learning.learning_part(
+            tmp_path,
+            tmp_path,
+            gpu_budget.Args(output_dir=str(tmp_path), size="tiny", learning_max_steps=50),
+            stop,
+            {"run_fixed_s": 4.0, "step_s": 1.0},
+            "CPU",
+            {},
+        )
+    finally:
+        stop.close()
+    assert all(p["status"].startswith("skipped: budget") for p in learning["methods"][:4])
+    assert learning["methods"][4]["method"]["steps"] >= 10
+
+
+def test_the_plan_of_the_spell_says_what_it_leaves_out():
+    """The lent spell's default (spell.sh): warm start, plain, speed, peer and the learning floor (10 steps a run
+    for all five pairs) within 520 s once the warm start is cached; --torch_compile's speed run and the fsdp /
+    gc_lora parts are said to be left out."""
+    args = gpu_budget.Args(
+        budget_s=520, parts="plain,speed,peer,learning", speed_runs="dynamic,static"
+    )
+    cost = gpu_budget.plan_costs(args, dict(gpu_budget.GUESS["150m"]), cached=True)
+    assert list(cost) == ["warm start", "plain", "speed", "peer", "learning"]
+    assert sum(cost.values()) <= 520 - gpu_budget.STOP_MARGIN_S
+    assert cost["learning"] == pytest.approx(5 * (2 * (7 + 10) + 2 * 7) + 7)
+    assert gpu_budget.left_out(args, args.parts.split(",")) == [
+        "part fsdp",
+        "part gc_lora",
+        "speed run torch_compile (~200 s of compiling at 150m)",
+    ]
+    spell = (ROOT / "benchmarks" / "gpu" / "spell.sh").read_text()
+    assert "--budget_s 520 --parts plain,speed,peer,learning --speed_runs dynamic,static" in spell
 
 
 def test_a_run_stopped_before_its_checkpoint_reports_its_steps_without_an_update_proof(

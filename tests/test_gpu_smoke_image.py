@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from conftest import ROOT
 
@@ -82,7 +83,9 @@ SMALL = [
     "--speed_steps",
     "2",
     "--speed_runs",
-    "default,static",
+    "dynamic,static",
+    "--learning_methods",
+    "ra_rloo",  # the other pairs' flags are checked in tests/test_gpu_smoke.py
     "--smoke_eval_prompts",
     "4",
     "--prompt_pool",
@@ -157,15 +160,98 @@ def test_gpu_smoke_every_part_on_the_image_without_vllm_datasets_or_math_verify(
     report = _smoke(env, tmp_path / "parts", "fsdp,gc_lora,learning,speed,peer", "ra_rloo")
     assert [x["variant"] for x in report["runs"]] == ["fsdp", "gradient_checkpointing", "lora"]
     learning = report["learning"]
+    (pair,) = learning["methods"]
     for arm in ("method", "baseline"):
-        assert learning[arm]["steps"] == 2 and 0 <= learning[arm]["end"]["pass@1"] <= 1
-        assert learning[arm]["policy_changed_frac"] > 0
+        assert pair[arm]["steps"] == 2 and 0 <= pair[arm]["end"]["pass@1"] <= 1
+        assert pair[arm]["policy_changed_frac"] > 0
     assert (
         learning["start"]["ci95"] > 0
         and (tmp_path / "parts" / "learning.png").stat().st_size > 10_000
     )
     assert [(x["cache_implementation"], x["status"]) for x in report["speed"]] == [
-        ("default", "ok"),
+        ("dynamic", "ok"),
         ("static", "ok"),
     ]
     assert report["peer"]["status"].startswith("skipped: trl (or datasets) does not import")
+
+
+def _wheel(folder, name: str, code: str):
+    """A one-module pure-Python wheel `name`-0.1 (offline: written as the zip a wheel is)."""
+    import zipfile
+
+    dist = f"{name}-0.1.dist-info"
+    files = {
+        f"{name}/__init__.py": code,
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{dist}/RECORD"] = "".join(f"{path},,\n" for path in [*files, f"{dist}/RECORD"])
+    path = folder / f"{name}-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, text in files.items():
+            archive.writestr(member, text)
+    return path
+
+
+PEER_INSTALL = """import json, os, subprocess, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from benchmarks.gpu.peer import peer_python
+python, how, env = peer_python(Path(sys.argv[2]), Path(sys.argv[3]), ("peerprobe",))
+assert python is not None, how
+r = subprocess.run([python, "-c", "import peerprobe, safetensors; print(peerprobe.__file__); print(safetensors.__file__)"],
+                   env={**os.environ, **env}, capture_output=True, text=True)
+print(json.dumps({"python": python, "how": how, "rc": r.returncode, "out": r.stdout.split(), "err": r.stderr}))
+"""
+
+
+def test_peer_wheels_install_in_a_venv_made_from_a_venv(tmp_path):
+    """The peer part's install path on an interpreter like the GPU image's `python3`: a venv whose own site-packages
+    hold the stack (torch, safetensors, ...). A venv made over it with --system-site-packages sees the base
+    interpreter's packages, not those (what stopped the peer on the image); the wheels go to a --target folder on
+    PYTHONPATH instead, only those of distributions the interpreter lacks (a wheel named safetensors is left out,
+    not shadowing the real one). safetensors stands for torch here: as absent from the base, cheaper to import."""
+    import sysconfig
+
+    image = tmp_path / "image"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(image)], check=True)
+    python = str(image / "bin" / "python")
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    # this environment's packages (torch, pip) in the image venv's own site-packages, as on the image
+    (Path(site) / "image.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    assert subprocess.run([python, "-c", "import safetensors"], env=env).returncode == 0
+    over = tmp_path / "over"
+    subprocess.run([python, "-m", "venv", "--without-pip", "--system-site-packages", str(over)])
+    seen = subprocess.run(
+        [str(over / "bin" / "python"), "-c", "import safetensors"], env=env, capture_output=True
+    )
+    assert seen.returncode != 0  # the trap: a venv over a venv does not see the image's packages
+
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _wheel(wheels, "peerprobe", "import safetensors  # needs the image's packages beside it\n")
+    _wheel(
+        wheels, "safetensors", "raise ImportError('the wheel of a distribution the image has')\n"
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    r = subprocess.run(
+        [python, "-c", PEER_INSTALL, str(ROOT), str(out), str(wheels)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert result["python"] == python and result["rc"] == 0, result
+    probe, image_file = result["out"]
+    assert probe.startswith(str(out / "peer-site")) and "peer-site" not in image_file
+    assert "from 1 of the 2 wheels" in result["how"]
+    assert not (out / "peer-site" / "safetensors").exists()

@@ -161,6 +161,28 @@ def test_results_page_shows_the_measured_figures_and_ratio():
     md = trl_peer.render_md(res)
     assert "| 1 (TRL) | 2.000 | 1.000 | 2.00x | 2.00x |" in md
     assert "| 2 (ours) | 2.000 | 2.000 | 1.00x | 0.75x |" in md
+    # the KV caches: ours' dynamic cache is TRL's default, so its one run gives both ratios
+    res["cache"] = {"ours": "dynamic", "trl_default": "dynamic", "trl_same": "dynamic"}
+    res["ratio_same_cache"] = res["ratio"]
+    md = trl_peer.render_md(res)
+    assert "**Ours / TRL at its default: 1.14x steps/s" in md
+    assert "**Ours / TRL with the same (dynamic) cache: 1.14x steps/s" in md
+    assert "one TRL run serves both ratios" in md
+    # TRL with ours' static cache: its own row and ratio (here twice as slow as at its default)
+    res["cache"] = {"ours": "static", "trl_default": "dynamic", "trl_same": "static"}
+    raw["trl_same"] = [run([9.0, 4.0, 2.0, 6.0, 50.0], [100, 200, 100, 300, 999])] * 2
+    res["trl_same_cache"] = trl_peer.throughput(raw["trl_same"])
+    res["ratio_same_cache"] = trl_peer.compare(res["trl_same_cache"], ours)
+    for r, c in zip(res["rounds"], raw["trl_same"]):
+        r["same_cache"] = trl_peer.compare(trl_peer.throughput([c]), ours)
+    md = trl_peer.render_md(res)
+    assert "| TRL 9.9.9 `GRPOTrainer`, static cache | 4.000 | 0.250 | 200 | 50 |" in md
+    assert "**Ours / TRL with the same (static) cache: 2.29x steps/s, 2.18x" in md
+    assert "| 1 (TRL) | 2.000 | 1.000 | 2.00x | 2.00x | 4.000 | 2.29x |" in md
+    res["cache"]["trl_same_error"] = "ValueError: no"
+    res["ratio_same_cache"] = None
+    md = trl_peer.render_md(res)
+    assert "with the same (static) cache: not measured**: TRL failed with it (ValueError: no)" in md
 
 
 def test_our_metrics_are_read_per_step(tmp_path):
@@ -209,6 +231,8 @@ def test_device_and_model_path_run_the_check_and_the_throughput_on_cpu(tiny_base
         model_name_or_path=tiny_base,
         out=str(out),
         json=str(raw),
+        # on CPU auto is the dynamic cache, TRL's default: static makes TRL run once with each
+        cache_implementation="static",
     )
     res = trl_peer.main(args)
     assert res["check"]["agree"], res["check"]
@@ -218,7 +242,17 @@ def test_device_and_model_path_run_the_check_and_the_throughput_on_cpu(tiny_base
         and saved["ratio"]["steps_per_s"] > 0
         and saved["trl"]["timed"] == 1
     )
-    assert f"`{tiny_base}`" in out.read_text()
+    assert saved["cache"] == {"ours": "static", "trl_default": "dynamic", "trl_same": "static"}
+    assert saved["trl_same_cache"]["timed"] == 1 and saved["ratio_same_cache"]["steps_per_s"] > 0
+    assert saved["rounds"][0]["same_cache"]["steps_per_s"] > 0
+    # TRL's GRPOConfig got no cache the first time (its default) and ours the second
+    assert saved["raw"]["trl"][0]["cache_implementation"] is None
+    assert saved["raw"]["trl_same"][0]["cache_implementation"] == "static"
+    assert "--cache_implementation static" in res["commands"]["ours"]
+    assert "cache_implementation='static'" in res["commands"]["trl_config"]
+    page = out.read_text()
+    assert f"`{tiny_base}`" in page
+    assert "**Ours / TRL with the same (static) cache: " in page and "at its default: " in page
     assert all("--model_name_or_path" in c and tiny_base in c for c in [res["commands"]["ours"]])
 
 

@@ -54,26 +54,84 @@ SCRIPT_FLAGS = {
     "ra_rloo": ["--num_generations", "4"],
 }
 # first guesses for the plan (seconds), replaced by measured ones as the command goes: a smoke run's fixed cost
-# (model load, step-0 and final evaluation, checkpoint) and one step (150m: the 2026-11-26 H200 smoke of the random
-# model, 64-token completions: ~22 s per 5-step run)
+# (model load, step-0 and final evaluation, checkpoint) and one step (150m: the 2026-11-27 H200 record, HF generate's
+# dynamic cache: fixed 3-8 s, 0.8-0.9 s a learning step; the static cache, the default on CUDA, is faster) and the
+# peer part (two trainers took ~60 s there; TRL now also runs with ours' cache)
 GUESS = {
-    "150m": {"run_fixed_s": 7.0, "step_s": 3.0, "peer_s": 120.0},
+    "150m": {"run_fixed_s": 7.0, "step_s": 1.0, "peer_s": 120.0},
     "tiny": {"run_fixed_s": 4.0, "step_s": 0.6, "peer_s": 60.0},
     "test": {"run_fixed_s": 4.0, "step_s": 0.6, "peer_s": 60.0},
 }
-# the speed part's runs: eager with HF generate's default cache, its static cache, and --torch_compile
+# the speed part's runs: eager with HF generate's dynamic cache (the default on CPU), its static cache (the default,
+# `auto`, on CUDA) and --torch_compile
 SPEED_RUNS = {
-    "default": [],
+    "dynamic": ["--cache_implementation", "dynamic"],
     "static": ["--cache_implementation", "static"],
     "torch_compile": ["--torch_compile"],
 }
 # the compile time each speed run adds to the plan (seconds): the H100 spell of 2026-11-27 at 150m compiled the static
 # cache's decoding step in ~5 s and spent ~180 s compiling --torch_compile's first step
 SPEED_COMPILE_S = {"static": 10.0, "torch_compile": 200.0}
+# the learning part: each method against its baseline (benchmarks/sweep/configs.py's pairs, at the smoke's sizes),
+# as {method script: {arm: (label, script, flags)}}; both arms of a pair share every other flag
 LEARNING = {
-    "method": ["--replay", "on_demand"],
-    "baseline": ["--replay", "none"],
-}  # ra_rloo.py; same flags else
+    "ra_rloo": {
+        "method": ("RA-RLOO", "ra_rloo", ["--replay", "on_demand", "--num_generations", "4"]),
+        "baseline": (
+            "RLOO (--replay none)",
+            "ra_rloo",
+            ["--replay", "none", "--num_generations", "4"],
+        ),
+    },
+    "ada_seq": {
+        "method": (
+            "SEQ-BALANCE",
+            "ada_seq",
+            ["--exit_condition", "balanced", *SCRIPT_FLAGS["ada_seq"]],
+        ),
+        "baseline": (
+            "GRPO-n4",
+            "ada_seq",
+            [
+                "--max_rounds",
+                "1",
+                "--round_repeat",
+                "4",
+                "--num_generations",
+                "4",
+                "--scale_rewards",
+                "true",
+            ],
+        ),
+    },
+    "ada_est": {
+        "method": ("EST", "ada_est", ["--prompt_pool", "256"]),
+        "baseline": (
+            "GRPO-n8 (ada_seq.py)",
+            "ada_seq",
+            [
+                *("--max_rounds", "1", "--round_repeat", "8", "--num_generations", "8"),
+                *("--scale_rewards", "true", "--prompt_pool", "256"),
+            ],
+        ),
+    },
+    "ps_grpo": {
+        "method": (
+            "Prefix Sampling (adaptive)",
+            "ps_grpo",
+            [*SCRIPT_FLAGS["ps_grpo"], "--prefix_sampling", "true", "--adaptive", "true"],
+        ),
+        "baseline": (
+            "GRPO (--prefix_sampling false)",
+            "ps_grpo",
+            [*SCRIPT_FLAGS["ps_grpo"], "--prefix_sampling", "false"],
+        ),
+    },
+    "pros_ppo": {
+        "method": ("PPO + PROS", "pros_ppo", ["--num_generations", "4", "--pros", "bayes"]),
+        "baseline": ("PPO (--pros off)", "pros_ppo", ["--num_generations", "4", "--pros", "off"]),
+    },
+}
 WHEELS = (
     ROOT / ".whl"
 )  # TRL's wheels for an image without it (docs/scaling.md); ignored by git, carried to the GPU
@@ -128,8 +186,11 @@ class Args:
     """samples per held-out prompt in the learning part (pass@1 = their mean)"""
     learning_max_steps: int = 200
     """upper bound on each learning run's steps (the budget usually binds first)"""
+    learning_methods: str = ",".join(LEARNING)
+    """comma-separated methods of the learning part, each run against its baseline, in this order; each pair takes
+    an equal share of the time left (a pair that cannot have 10 steps a run is skipped, said in its status)"""
     speed_runs: str = ",".join(SPEED_RUNS)
-    """comma-separated runs of the speed part: default, static, torch_compile (a cold compile on a CPU takes minutes)"""
+    """comma-separated runs of the speed part: dynamic, static, torch_compile (a cold compile on a CPU takes minutes)"""
     speed_steps: int = 4
     """steps of each speed run (the first, which compiles, is reported apart)"""
     keep_checkpoints: bool = False
@@ -140,10 +201,11 @@ class Args:
         bad = [p for p in self.parts.split(",") if p and p not in PARTS]
         bad += [s for s in self.scripts.split(",") if not (ROOT / f"{s}.py").exists()]
         bad += [r for r in self.speed_runs.split(",") if r and r not in SPEED_RUNS]
+        bad += [m for m in self.learning_methods.split(",") if m and m not in LEARNING]
         if bad:
             raise SystemExit(
-                f"--parts / --scripts / --speed_runs: unknown {bad} (parts: {', '.join(PARTS)}; speed "
-                f"runs: {', '.join(SPEED_RUNS)})"
+                f"--parts / --scripts / --speed_runs / --learning_methods: unknown {bad} (parts: "
+                f"{', '.join(PARTS)}; speed runs: {', '.join(SPEED_RUNS)}; methods: {', '.join(LEARNING)})"
             )
         if self.steps < 1 or self.speed_steps < 2 or self.learning_max_steps < 1:
             raise SystemExit(
@@ -153,6 +215,54 @@ class Args:
             raise SystemExit(
                 f"--budget_s {self.budget_s} must be > 0, --warm_target {self.warm_target} in (0, 1]"
             )
+
+
+def plan_costs(args: Args, guess: dict, cached: bool) -> dict[str, float]:
+    """The plan's estimate of each part, in `--parts` order, the warm start first (seconds; `cached`: the warm start
+    is on disk). The learning part's is its floor, every method and its baseline at 10 steps a run: it takes
+    whatever is left, so more when the rest goes faster."""
+    run_s = lambda steps: guess["run_fixed_s"] + steps * guess["step_s"]  # noqa: E731
+    scripts = [s for s in args.scripts.split(",") if s]
+    cost = {"warm start": 0.0 if cached else args.warm_max_s}  # its upper bound
+    for part in dict.fromkeys(p for p in args.parts.split(",") if p):
+        if part in PART_VARIANTS:
+            cost[part] = len(scripts) * len(PART_VARIANTS[part]) * run_s(args.steps)
+        elif part == "learning":
+            methods = [m for m in dict.fromkeys(args.learning_methods.split(",")) if m]
+            least = min(10, args.learning_max_steps)
+            # two runs a method, their end measurements, and the start measurement once
+            cost[part] = (
+                len(methods) * (2 * run_s(least) + 2 * guess["run_fixed_s"]) + guess["run_fixed_s"]
+            )
+        elif part == "speed":
+            runs = [r for r in args.speed_runs.split(",") if r]
+            cost[part] = len(runs) * run_s(args.speed_steps) + sum(
+                SPEED_COMPILE_S.get(r, 0.0) for r in runs
+            )
+        else:
+            cost[part] = guess["peer_s"]
+    return cost
+
+
+def left_out(args: Args, parts: list[str]) -> list[str]:
+    """What a command with these flags does not try: parts, speed runs and learning methods not named."""
+    lines = [f"part {p}" for p in PARTS if p not in parts]
+    if "speed" in parts:
+        named = args.speed_runs.split(",")
+        lines += [
+            f"speed run {r}"
+            + (
+                f" (~{SPEED_COMPILE_S[r]:.0f} s of compiling at 150m)"
+                if r in SPEED_COMPILE_S
+                else ""
+            )
+            for r in SPEED_RUNS
+            if r not in named
+        ]
+    if "learning" in parts:
+        named = args.learning_methods.split(",")
+        lines += [f"learning of {m}" for m in LEARNING if m not in named]
+    return lines
 
 
 class Stop:

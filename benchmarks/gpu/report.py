@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from benchmarks.gpu.budget import ROOT, Stop
+from benchmarks.gpu.learning import pairs
 
 GPU_RESULTS = ROOT / "benchmarks" / "gpu" / "results"
 
@@ -29,6 +30,25 @@ def verdict(runs: list[dict]) -> str:
         + (f"; not updated: {', '.join(stale)}" if stale else "")
         + (f"; {skipped} skipped" if skipped else "")
     )
+
+
+def peer_ratios(peer: dict) -> str:
+    """Ours / TRL against TRL at its default cache and, where measured, with ours' cache."""
+    ratio, same, cache = peer["ratio"], peer.get("ratio_same_cache"), peer.get("cache") or {}
+    text = f"ours / TRL: {ratio['steps_per_s']:.2f}x steps/s, {ratio['tokens_per_s']:.2f}x tokens/s"
+    if (
+        not cache
+    ):  # a peer run from before the same-cache comparison: both sides at HF generate's default
+        return text + " (HF generate's default cache on both sides)"
+    text += f" (TRL at its default cache, ours {cache.get('ours')})"
+    if same:
+        text += (
+            f"; with the same cache on both sides ({cache.get('trl_same')}): {same['steps_per_s']:.2f}x steps/s, "
+            f"{same['tokens_per_s']:.2f}x tokens/s"
+        )
+    elif cache.get("trl_same_error"):
+        text += f"; TRL with {cache.get('trl_same')} failed: {cache['trl_same_error']}"
+    return text
 
 
 def table(report: dict) -> str:
@@ -69,24 +89,31 @@ def table(report: dict) -> str:
     if learning and "start" in learning:
         lines += [
             "",
-            "## Learning: ra_rloo.py (RA-RLOO) and its baseline `--replay none`",
+            "## Learning: each method against its baseline",
             "",
             f"Held-out pass@1 ({learning['prompts']} prompts x {learning['samples']} samples, T = 1; 95% "
             f"interval over prompts). Start (the warm-started model): {learning['start']['pass@1']:.3f} "
             f"± {learning['start']['ci95']:.3f}.",
             "",
-            "| run | steps | end pass@1 | change from start |",
-            "|---|---|---|---|",
+            "| script | run | steps | s/step | end pass@1 | change from start |",
+            "|---|---|---|---|---|---|",
         ]
-        for arm in ("method", "baseline"):
-            run = learning.get(arm) or {}
-            if "end" in run:
-                lines.append(
-                    f"| {run['label']} | {run['steps']} | {run['end']['pass@1']:.3f} ± "
-                    f"{run['end']['ci95']:.3f} | {run['end']['pass@1'] - learning['start']['pass@1']:+.3f} |"
-                )
-            elif run:  # it did not reach its measurement: its own status says why
-                lines.append(f"| {run['label']} | {run.get('steps', 0)} | {run['status']} | |")
+        for pair in pairs(learning):
+            if pair.get("status"):  # the budget left it out
+                lines.append(f"| {pair['script']} | {pair['status']} | | | | |")
+            for arm in ("method", "baseline"):
+                run = pair.get(arm) or {}
+                label = run.get("label", arm) + (" (baseline)" if arm == "baseline" else "")
+                step_s = f"{run['step_s']:.2f}" if run.get("step_s") else ""
+                if "end" in run:
+                    lines.append(
+                        f"| {pair['script']} | {label} | {run['steps']} | {step_s} | {run['end']['pass@1']:.3f} ± "
+                        f"{run['end']['ci95']:.3f} | {run['end']['pass@1'] - learning['start']['pass@1']:+.3f} |"
+                    )
+                elif run:  # it did not reach its measurement: its own status says why
+                    lines.append(
+                        f"| {pair['script']} | {label} | {run.get('steps', 0)} | {step_s} | {run['status']} | |"
+                    )
         lines.append(f"\n{learning.get('plot', '')}")
     speed = report.get("speed") or []
     if speed:
@@ -113,10 +140,8 @@ def table(report: dict) -> str:
     if peer:
         lines += ["", "## TRL peer", "", f"status: {peer['status']}"]
         if peer["status"] == "ok":
-            ratio = peer["ratio"]
             lines.append(
-                f"ours / TRL: {ratio['steps_per_s']:.2f}x steps/s, {ratio['tokens_per_s']:.2f}x tokens/s; "
-                f"definition check {'agrees' if peer['check_agree'] else 'DOES NOT agree'}"
+                f"{peer_ratios(peer)}; definition check {'agrees' if peer['check_agree'] else 'DOES NOT agree'}"
             )
     return "\n".join(lines) + "\n"
 
@@ -129,41 +154,78 @@ def write(report: dict, out: Path, stop: Stop) -> None:
     (out / "smoke.md").write_text(table(report))
 
 
+def spell_reports(results: Path = GPU_RESULTS) -> tuple[Path | None, list[tuple[Path, dict]]]:
+    """The newest committed GPU record (`benchmarks/gpu/results/<date>-<device>/`, the newest name holding a
+    smoke.json at any depth) and every smoke.json in it, by path: a record of several calls on one machine keeps each
+    call's files in a folder of its own."""
+    found = sorted(results.glob("**/smoke.json")) if results.is_dir() else []
+    if not found:
+        return None, []
+    folder = max(results / path.relative_to(results).parts[0] for path in found)
+    return folder, [
+        (path, json.loads(path.read_text())) for path in found if folder in path.parents
+    ]
+
+
+def peer_pages(folder: Path) -> list[tuple[Path, dict]]:
+    """The standalone benchmarks/speed/trl_peer.py results (`--json`) committed with a record."""
+    pages = []
+    for path in sorted(folder.glob("**/*.json")):
+        try:
+            data = json.loads(path.read_text())
+        except (ValueError, OSError):
+            continue
+        if isinstance(data, dict) and {"ratio", "rounds", "trl", "ours", "repeats"} <= set(data):
+            pages.append((path, data))
+    return pages
+
+
 def docs_block(results: Path = GPU_RESULTS) -> str:
-    """The GPU paragraph of docs/scaling.md and docs/benchmark.md, from the newest committed spell with a smoke.json
-    (`benchmarks/gpu/results/<date>-<device>/`), regenerated by `python benchmarks/sweep/report.py --write_docs`."""
+    """The GPU paragraph of docs/scaling.md and docs/benchmark.md, from the newest committed GPU record
+    (`benchmarks/gpu/results/<date>-<device>/`: every smoke.json in it, and its trl_peer.py results), regenerated by
+    `python benchmarks/sweep/report.py --write_docs`."""
     import textwrap
 
-    found = sorted(results.glob("*/smoke.json")) if results.is_dir() else []
-    if not found:
+    folder, reports = spell_reports(results)
+    if not reports:
         return "No GPU spell of `benchmarks/gpu/spell.sh` has been committed under `benchmarks/gpu/results/` yet.\n"
-    folder = found[-1].parent
-    report = json.loads(found[-1].read_text())
     rel = Path(os.path.relpath(folder, ROOT)).as_posix()
-    device_txt = (
-        (folder / "device.txt").read_text().split("\n")[0].strip()
-        if (folder / "device.txt").exists()
-        else report["device"]
+    first = reports[0][0].parent
+    device_txt = next(
+        (
+            (p / "device.txt").read_text().split("\n")[0].strip()
+            for p in (folder, first)
+            if (p / "device.txt").exists()
+        ),
+        reports[0][1]["device"],
     )
-    args = report["args"]
-    lines = [
-        f"The newest GPU spell, `bash benchmarks/gpu/spell.sh` (results: [{rel}/](../{rel}/)): {device_txt}; "
-        f"{report['versions']}; budget {report['budget_s']:.0f} s, {report['elapsed_s']:.0f} s used"
+    calls = "; ".join(
+        (f"`{path.parent.relative_to(folder).as_posix()}/`: " if len(reports) > 1 else "")
+        + f"budget {report['budget_s']:.0f} s, {report['elapsed_s']:.0f} s used"
         + (f" (stopped: {report['stopped']})" if report.get("stopped") else "")
-        + f"; parts `{args['parts']}`, "
-        f"--size {args['size']}, --dtype {args['dtype']}, {args['prompts_per_step']} prompts a step, at most "
-        f"{args['max_completion_length']} new tokens.",
+        + f", parts `{report['args']['parts']}`"
+        for path, report in reports
+    )
+    args = reports[0][1]["args"]
+    lines = [
+        f"The newest GPU record, `bash benchmarks/gpu/spell.sh` (results: [{rel}/](../{rel}/)): {device_txt}; "
+        f"{reports[0][1]['versions']}; "
+        + (f"{len(reports)} calls on the same machine: " if len(reports) > 1 else "")
+        + f"{calls}; --size {args['size']}, --dtype {args['dtype']}, {args['prompts_per_step']} prompts a step, at "
+        f"most {args['max_completion_length']} new tokens.",
         "",
     ]
-    warm = report.get("warm_start") or {}
+    warm = next((r["warm_start"] for _, r in reports if r.get("warm_start")), None) or {}
     if "pass_rate" in warm or "greedy_pass@1" in warm:
         rate = warm.get("greedy_pass@1", warm.get("pass_rate"))
         lines.append(
             f"- warm start: greedy pass@1 {rate:.3f} on training prompts after {warm.get('steps', '?')} SFT "
             f"steps, {warm.get('seconds', warm.get('wall_s', 0)):.0f} s"
         )
-    ran = [r for r in report["runs"] if not r["status"].startswith("skipped")]
-    if report["runs"]:
+    for _, report in reports:
+        if not report["runs"]:
+            continue
+        ran = [r for r in report["runs"] if not r["status"].startswith("skipped")]
         per = "; ".join(
             f"{r['script']}/{r['variant']} {r['status']}"
             + (
@@ -175,74 +237,89 @@ def docs_block(results: Path = GPU_RESULTS) -> str:
             for r in ran
         )
         lines.append(
-            f"- smoke ({args['steps']} steps a run): **{report['verdict']}**"
+            f"- smoke ({report['args']['steps']} steps a run): **{report['verdict']}**"
             + (f" ({per})" if per else "")
         )
-    learning = report.get("learning") or {}
-    if learning.get("method_minus_baseline"):
-        diff = learning["method_minus_baseline"]
-        low, high = diff["mean"] - diff["ci95"], diff["mean"] + diff["ci95"]
-        word = (
-            "method above baseline"
-            if low > 0
-            else "method below baseline"
-            if high < 0
-            else "inconclusive"
-        )
-        arms = "; ".join(
-            f"{learning[a]['label']} {learning[a]['steps']} steps, {learning[a]['end']['pass@1']:.3f}"
-            for a in ("method", "baseline")
-        )
-        lines.append(
-            f"- learning (held-out pass@1, {learning['prompts']} prompts x {learning['samples']} samples): "
-            f"start {learning['start']['pass@1']:.3f}; {arms}; RA-RLOO minus RLOO {diff['mean']:+.3f} "
-            f"[{low:+.3f}, {high:+.3f}] (95%, paired by prompt): **{word}**"
-        )
-    elif learning.get("status"):
-        lines.append(f"- learning: {learning['status']}")
-    speed = [
-        s
-        for s in report.get("speed") or []
-        if s.get("status") == "ok" and "step_s_after_first" in s
-    ]
-    if speed:
-        figures = "; ".join(
-            f"`{s['cache_implementation']}` {s['step_s_after_first']:.3f} s/step (median "
-            f"{s.get('step_s_median_after_first', 0):.3f}), "
-            f"{s['gen_tokens_per_s_after_first']:,.0f} gen tokens/s (first step "
-            f"{s['first_step_s']:.1f} s"
-            + (
-                f"; {s['compile_s']:.1f} s compiling in all, step 0's "
-                f"evaluation included, {s['compile_recompiles']} "
-                "recompilation(s)"
-                if s.get("compile_s") is not None
-                else ""
+    for _, report in reports:
+        learning = report.get("learning") or {}
+        for pair in pairs(learning):
+            diff = pair.get("method_minus_baseline")
+            if not diff:
+                if pair.get("status"):
+                    lines.append(f"- learning, {pair['script']}.py: {pair['status']}")
+                continue
+            low, high = diff["mean"] - diff["ci95"], diff["mean"] + diff["ci95"]
+            word = (
+                "method above baseline"
+                if low > 0
+                else "method below baseline"
+                if high < 0
+                else "inconclusive"
             )
-            + ")"
-            for s in speed
-        )
+            arms = "; ".join(
+                f"{pair[a]['label']} {pair[a]['steps']} steps, {pair[a]['end']['pass@1']:.3f}"
+                for a in ("method", "baseline")
+            )
+            lines.append(
+                f"- learning, {pair['script']}.py (held-out pass@1, {learning['prompts']} prompts x "
+                f"{learning['samples']} samples): start {learning['start']['pass@1']:.3f}; {arms}; "
+                f"{pair['method']['label']} minus {pair['baseline']['label']} {diff['mean']:+.3f} "
+                f"[{low:+.3f}, {high:+.3f}] (95%, paired by prompt): **{word}**"
+            )
+        if learning.get("status") and not pairs(learning):
+            lines.append(f"- learning: {learning['status']}")
+    for _, report in reports:
+        speed = [
+            s
+            for s in report.get("speed") or []
+            if s.get("status") == "ok" and "step_s_after_first" in s
+        ]
+        if speed:
+            figures = "; ".join(
+                f"`{s['cache_implementation']}`"
+                + (" (dynamic)" if s["cache_implementation"] == "default" else "")
+                + f" {s['step_s_after_first']:.3f} s/step (median "
+                f"{s.get('step_s_median_after_first', 0):.3f}), "
+                f"{s['gen_tokens_per_s_after_first']:,.0f} gen tokens/s (first step "
+                f"{s['first_step_s']:.1f} s"
+                + (
+                    f"; {s['compile_s']:.1f} s compiling in all, step 0's "
+                    f"evaluation included, {s['compile_recompiles']} "
+                    "recompilation(s)"
+                    if s.get("compile_s") is not None
+                    else ""
+                )
+                + ")"
+                for s in speed
+            )
+            lines.append(
+                f"- speed (ra_rloo.py, {report['args']['speed_steps']} steps; mean of steps 2+ less their compile "
+                f"time, and its median): {figures}"
+            )
+        for s in report.get("speed") or []:
+            if s.get("status") != "ok":
+                lines.append(f"- speed `{s['cache_implementation']}`: {s['status']}")
+    for _, report in reports:
+        peer = report.get("peer") or {}
+        if peer.get("status") == "ok":
+            lines.append(
+                f"- against TRL {peer['versions'].get('trl', '')} `GRPOTrainer` on the same GPU "
+                f"(`benchmarks/speed/trl_peer.py`, 5 steps, one round): {peer_ratios(peer)}; definition check "
+                + ("agrees" if peer["check_agree"] else "DOES NOT agree")
+            )
+        elif peer:
+            lines.append(f"- TRL peer: {peer['status']}")
+    for path, page in peer_pages(folder):
+        rounds = ", ".join(f"{r['steps_per_s']:.2f}x" for r in page["rounds"])
         lines.append(
-            f"- speed (ra_rloo.py, {args['speed_steps']} steps; mean of steps 2+ less their compile time, "
-            f"and its median): {figures}"
+            f"- against TRL {page['versions'].get('trl', '')} again (`trl_peer.py`, "
+            f"`{path.relative_to(folder).as_posix()}`: {page['steps']} steps, {page['repeats']} rounds): "
+            f"{peer_ratios({**page, 'cache': page.get('cache')})}; by round {rounds}"
         )
-    for s in report.get("speed") or []:
-        if s.get("status") != "ok":
-            lines.append(f"- speed `{s['cache_implementation']}`: {s['status']}")
-    peer = report.get("peer") or {}
-    if peer.get("status") == "ok":
-        ratio = peer["ratio"]
-        lines.append(
-            f"- against TRL {peer['versions'].get('trl', '')} `GRPOTrainer` on the same GPU "
-            f"(`benchmarks/speed/trl_peer.py`, 5 steps, one round): ours / TRL {ratio['steps_per_s']:.2f}x "
-            f"steps/s, {ratio['tokens_per_s']:.2f}x tokens/s; definition check "
-            + ("agrees" if peer["check_agree"] else "DOES NOT agree")
-        )
-    elif peer:
-        lines.append(f"- TRL peer: {peer['status']}")
     if (folder / "README.md").exists():  # what went wrong in that spell, and what was done about it
         lines += [
             "",
-            f"What this spell showed and what failed in it: [{rel}/README.md](../{rel}/README.md).",
+            f"What this record showed and what failed in it: [{rel}/README.md](../{rel}/README.md).",
         ]
     return (
         "\n".join(

@@ -10,12 +10,13 @@ One command, `python benchmarks/gpu/smoke.py`, sized for one lent GPU (at most `
    (`model-<size>-warm/warm_start.json`): a second command skips it. `--size tiny` (a CPU check) starts from the
    shipped embedded base instead, which is already warm.
 1. **Parts, in priority order** (`--parts`): every script `plain`; then `fsdp` (FSDP2 on one process: its wrapping,
-   gathers and checkpoint paths); then `gc_lora` (gradient checkpointing, LoRA r 16); then `learning` (a method and
-   its baseline, RA-RLOO and `--replay none`, for as many steps as the budget leaves, held-out pass@1 with a 95%
+   gathers and checkpoint paths); then `gc_lora` (gradient checkpointing, LoRA r 16); then `learning` (each method
+   of `--learning_methods` against its baseline, an equal share of the budget left each, held-out pass@1 with a 95%
    interval at start and end, a learning-curve PNG); then `speed` (one script's step time and generated tokens/s
-   eager with HF generate's default cache, with `--cache_implementation static`, which transformers compiles on a
+   eager with HF generate's dynamic cache, with `--cache_implementation static`, which transformers compiles on a
    GPU, and with `--torch_compile`, its compile time reported apart); then `peer` (TRL's GRPOTrainer against ours,
-   `benchmarks/speed/trl_peer.py`, when trl imports or its wheels lie in `.whl/`). `--parts` in another order runs them
+   `benchmarks/speed/trl_peer.py`, at TRL's default cache and at ours, when trl imports or its wheels lie in
+   `.whl/`). `--parts` in another order runs them
    in that order (the learning part takes whatever budget is left, so it belongs last when named with others).
    The plan printed first says what fits; a part that does not fit is skipped, a run never starts past the budget,
    and a timer stops a running script at the budget (its graceful stop: it saves and returns).
@@ -52,11 +53,12 @@ from benchmarks.gpu.budget import (  # noqa: E402
     PART_VARIANTS,
     PARTS,
     SCRIPT_FLAGS,
-    SPEED_COMPILE_S,
     VARIANTS,
     Args,
     Stop,
     error_status,
+    left_out,
+    plan_costs,
 )
 from benchmarks.gpu.learning import learning_part, replot  # noqa: E402
 from benchmarks.gpu.peer import run_peer  # noqa: E402
@@ -99,21 +101,7 @@ def main(args: Args) -> dict:
         run_s = lambda steps: guess["run_fixed_s"] + steps * guess["step_s"]  # noqa: E731
         warm_dir = out / f"model-{args.size}-warm"
         cached = (warm_dir / "warm_start.json").exists() or args.size == "tiny"
-        cost = {"warm start": 0.0 if cached else args.warm_max_s}  # its upper bound
-        for part in parts:
-            if part in PART_VARIANTS:
-                cost[part] = len(scripts) * len(PART_VARIANTS[part]) * run_s(args.steps)
-            elif part == "learning":
-                cost[part] = (
-                    2 * run_s(10) + 3 * guess["run_fixed_s"]
-                )  # at least ~10 steps each to be worth it
-            elif part == "speed":
-                runs = [r for r in args.speed_runs.split(",") if r]
-                cost[part] = len(runs) * run_s(args.speed_steps) + sum(
-                    SPEED_COMPILE_S.get(r, 0.0) for r in runs
-                )
-            else:
-                cost[part] = guess["peer_s"]
+        cost = plan_costs(args, guess, cached)
         total, usable = 0.0, stop.left()
         print(
             f"gpu_smoke on {device}: budget {args.budget_s:.0f} s, {usable:.0f} s left for the work. Plan (first "
@@ -128,6 +116,8 @@ def main(args: Args) -> dict:
             print(
                 f"  {name:<10} ~{seconds:5.0f} s   cumulative ~{total:5.0f} s   {fits}", flush=True
             )
+        for line in left_out(args, parts):  # what this command does not try, said once
+            print(f"  not planned: {line}", flush=True)
 
         # ---------------- model and warm start ----------------
         if args.size == "tiny":

@@ -9,6 +9,11 @@ only. Step 1 (warm-up) and the last step (ours evaluates the final policy inside
 the median step time and the generated completion tokens per second over the steps in between, pooled over the
 rounds.
 
+KV cache: ours runs with `--cache_implementation` (default `auto`: static on CUDA where transformers supports it,
+dynamic on CPU). TRL runs as a TRL user runs it by default (its `cache_implementation=None`: transformers' dynamic
+cache) and, where ours resolves to another cache, once more with `GRPOConfig(cache_implementation=<ours>)`; the
+page gives ours / TRL against both.
+
 Definition check (`--check`, also part of the full run): on a fixed batch (2 prompts x 4 completions of varied
 length, fixed rewards, fixed old log-probs with some ratios outside the clip range) it runs TRL's own code --
 `_generate_and_score_completions` (advantages) fed by a `rollout_func` that returns the fixed completions, and
@@ -93,6 +98,9 @@ class Args:
     """ours with --torch_compile (its decoding step and packed training forward compiled)"""
     trl_torch_compile: bool = False
     """TRL with its own torch_compile=True (TrainingArguments: the model compiled by the Trainer)"""
+    cache_implementation: Literal["auto", "dynamic", "static"] = "auto"
+    """ours' HF generate KV cache (`--cache_implementation`; `auto`: static on CUDA where transformers supports it,
+    dynamic on CPU); TRL is timed at its default cache and, where this resolves to another, with this one too"""
 
     def validate(self) -> None:
         if self.steps < 3:
@@ -160,7 +168,21 @@ def compare(trl: dict, ours: dict) -> dict:
     }
 
 
-def run_trl(args: Args, output_dir: str) -> dict:
+def same_cache(args: Args) -> str | None:
+    """The cache ours generates with on `--device` (`--cache_implementation` resolved as our scripts resolve it);
+    None: transformers' dynamic cache, which is also TRL's default."""
+    from transformers import AutoConfig
+
+    from benchmarks.speed.trl_setup import base_dir
+    from common.generation.hf import resolve_cache_implementation
+
+    config = AutoConfig.from_pretrained(base_dir(args.model_name_or_path))
+    cache, _ = resolve_cache_implementation(args.cache_implementation, args.device, config)
+    return None if cache == "dynamic" else cache
+
+
+def run_trl(args: Args, output_dir: str, cache: str | None = None) -> dict:
+    """One TRL run; `cache`: GRPOConfig's cache_implementation (None: TRL's default)."""
     import torch
     from transformers import TrainerCallback
     from trl import GRPOTrainer
@@ -186,7 +208,7 @@ def run_trl(args: Args, output_dir: str) -> dict:
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=[reward],
-        args=grpo_config(args, output_dir, batch, args.micro_batch_size),
+        args=grpo_config(args, output_dir, batch, args.micro_batch_size, cache),
         train_dataset=build_dataset(examples),
         processing_class=tokenizer,
         callbacks=[timer],
@@ -199,7 +221,12 @@ def run_trl(args: Args, output_dir: str) -> dict:
             f"{len(reward.tokens_per_call)} reward calls for {len(timer.times)} steps: the "
             "generation batch is not one optimizer step"
         )
-    return {"step_times": timer.times, "tokens": reward.tokens_per_call, "wall_s": wall}
+    return {
+        "step_times": timer.times,
+        "tokens": reward.tokens_per_call,
+        "wall_s": wall,
+        "cache_implementation": trainer.args.cache_implementation,  # what TRL was given
+    }
 
 
 def ours_command(args: Args, output_dir: str) -> list[str]:
@@ -252,7 +279,10 @@ def ours_command(args: Args, output_dir: str) -> list[str]:
         args.model_name_or_path,
         "--dtype",
         args.dtype,
+        # --torch_compile decodes on a static cache of its own (auto leaves it to it)
         *(["--torch_compile"] if args.torch_compile else []),
+        "--cache_implementation",
+        "auto" if args.torch_compile else args.cache_implementation,
     ]
 
 
@@ -313,23 +343,53 @@ def machine(device: str = "cpu") -> dict:
 
 def per_round(res: dict) -> str:
     """One line per measurement round: each trainer's median s/step and the round's ratio."""
+    same = bool(res["raw"].get("trl_same"))
     out = [
-        "| round (first) | TRL median s/step | ours median s/step | ours/TRL steps/s | ours/TRL tokens/s |",
-        "|---|---|---|---|---|",
+        "| round (first) | TRL median s/step | ours median s/step | ours/TRL steps/s | ours/TRL tokens/s |"
+        + (" TRL same cache s/step | ours/TRL same cache steps/s |" if same else ""),
+        "|---|---|---|---|---|" + ("---|---|" if same else ""),
     ]
     for k, (a, b, r) in enumerate(zip(res["raw"]["trl"], res["raw"]["ours"], res["rounds"])):
         first = "TRL" if k % 2 == 0 else "ours"
-        out.append(
+        line = (
             f"| {k + 1} ({first}) | {statistics.median(a['step_times'][1:-1]):.3f} | "
             f"{statistics.median(b['step_times'][1:-1]):.3f} | {r['steps_per_s']:.2f}x | "
             f"{r['tokens_per_s']:.2f}x |"
         )
+        if same:
+            c = res["raw"]["trl_same"][k]
+            line += (
+                f" {statistics.median(c['step_times'][1:-1]):.3f} | "
+                f"{r['same_cache']['steps_per_s']:.2f}x |"
+                if c and r.get("same_cache")
+                else " - | - |"
+            )
+        out.append(line)
     return "\n".join(out)
 
 
 def render_md(res: dict) -> str:
     """The results page from the measured figures (pure: tests feed it hand-made numbers)."""
     t, o, r, v = res["trl"], res["ours"], res["ratio"], res["versions"]
+    # the KV caches (absent in pages written before the same-cache comparison)
+    cache, same, rs = res.get("cache"), res.get("trl_same_cache"), res.get("ratio_same_cache")
+    ours_cache = cache["ours"] if cache else ""
+    trl_cache = ", default (dynamic) cache" if cache else ""
+    ours_label = f", {ours_cache} cache" if cache else ""
+    same_lines = []
+    if cache and cache.get("trl_same_error"):
+        same_lines = [
+            "",
+            f"**Ours / TRL with the same ({ours_cache}) cache: not measured**: TRL failed with it "
+            f"({cache['trl_same_error']}).",
+        ]
+    elif rs:
+        same_lines = [
+            "",
+            f"**Ours / TRL with the same ({ours_cache}) cache: {rs['steps_per_s']:.2f}x steps/s, "
+            f"{rs['tokens_per_s']:.2f}x generated tokens/s**"
+            + ("." if same else " (TRL's default is this cache: one TRL run serves both ratios)."),
+        ]
     row = lambda name, x: (  # noqa: E731
         f"| {name} | {x['step_s']:.3f} | {x['steps_per_s']:.3f} | {x['tokens_per_step']:.0f} | "
         f"{x['tokens_per_s']:.0f} | {x['step_s_min']:.3f} - {x['step_s_max']:.3f} |"
@@ -355,11 +415,13 @@ def render_md(res: dict) -> str:
         "",
         "| trainer | median s/step | steps/s | tokens/step | tokens/s | s/step min - max |",
         "|---|---|---|---|---|---|",
-        row(f"TRL {v['trl']} `GRPOTrainer`", t),
-        row("ours (`ada_seq.py` Dr. GRPO-n4)", o),
+        row(f"TRL {v['trl']} `GRPOTrainer`{trl_cache}", t),
+        *([row(f"TRL {v['trl']} `GRPOTrainer`, {ours_cache} cache", same)] if same else []),
+        row(f"ours (`ada_seq.py` Dr. GRPO-n4){ours_label}", o),
         "",
-        f"**Ours / TRL: {r['steps_per_s']:.2f}x steps/s, {r['tokens_per_s']:.2f}x generated tokens/s** "
-        "(> 1: ours faster).",
+        f"**Ours / TRL{' at its default' if cache else ''}: {r['steps_per_s']:.2f}x steps/s, "
+        f"{r['tokens_per_s']:.2f}x generated tokens/s** (> 1: ours faster).",
+        *same_lines,
         "",
         *([per_round(res), ""] if res.get("raw") else []),
         "Not identical work per step: the two policies sample different completions (different RNG streams), so "
@@ -416,18 +478,41 @@ def main(args: Args) -> dict:
     print("definition check ...", flush=True)
     check = definition_check(args)
     print(render_check(check), flush=True)
-    raw = {"trl": [], "ours": []}
+    # --torch_compile: ours decodes on its own static cache
+    cache = "static" if args.torch_compile else same_cache(args)
+    # round order: TRL first, then the other way round (ours first)
+    raw = {"trl": [], **({"trl_same": []} if cache else {}), "ours": []}
+    same_error = None
     with tempfile.TemporaryDirectory(prefix="trl-peer-") as tmp:
         for k in range(args.repeats):
-            for who in (
-                ("trl", "ours") if k % 2 == 0 else ("ours", "trl")
-            ):  # alternate: drift hits both alike
+            order = list(raw) if k % 2 == 0 else list(raw)[::-1]  # alternate: drift hits all alike
+            for who in order:
                 print(f"round {k + 1}/{args.repeats}: {who}, {args.steps} steps ...", flush=True)
-                run = run_trl if who == "trl" else run_ours
-                raw[who].append(run(args, str(Path(tmp) / f"{who}{k}")))
+                out_dir = str(Path(tmp) / f"{who}{k}")
+                if who == "ours":
+                    raw[who].append(run_ours(args, out_dir))
+                elif who == "trl":
+                    raw[who].append(run_trl(args, out_dir))
+                elif same_error:
+                    raw[who].append(None)
+                else:
+                    # TRL with our cache is the second comparison: its failure leaves the first
+                    try:
+                        raw[who].append(run_trl(args, out_dir, cache))
+                    except Exception as error:
+                        same_error = f"{type(error).__name__}: {str(error).strip()[:200]}"
+                        print(f"TRL with cache_implementation={cache!r}: {same_error}", flush=True)
+                        raw[who].append(None)
     ours_cmd = ours_command(args, "<tmp>")
     trl_fig, ours_fig = throughput(raw["trl"]), throughput(raw["ours"])
+    same_runs = [x for x in raw.get("trl_same", []) if x]
+    same_fig = throughput(same_runs) if cache and not same_error else None
     rounds = [compare(throughput([a]), throughput([b])) for a, b in zip(raw["trl"], raw["ours"])]
+    for k, r in enumerate(rounds):
+        other = raw["trl_same"][k] if cache else raw["trl"][k]
+        r["same_cache"] = (
+            compare(throughput([other]), throughput([raw["ours"][k]])) if other else None
+        )
     cfg = (
         f"use_cpu={args.device == 'cpu'}, bf16={args.dtype == 'bfloat16'}, gradient_checkpointing=False, "
         f"per_device_train_batch_size={args.micro_batch_size}, gradient_accumulation_steps="
@@ -437,6 +522,7 @@ def main(args: Args) -> dict:
         f"warmup_steps={args.warmup_steps}, max_grad_norm=1.0, beta=0.0, epsilon=0.2, epsilon_high=0.28, "
         "loss_type='dr_grpo', scale_rewards='none', use_vllm=False, max_steps=<steps>"
         + (", torch_compile=True" if args.trl_torch_compile else "")
+        + (f"; and with cache_implementation='{cache}'" if cache else "")
     )
     keys = (
         "steps",
@@ -457,6 +543,19 @@ def main(args: Args) -> dict:
         "trl": trl_fig,
         "ours": ours_fig,
         "ratio": compare(trl_fig, ours_fig),
+        "trl_same_cache": same_fig,
+        # against TRL with ours' cache: the default run itself where that is TRL's default
+        "ratio_same_cache": compare(same_fig, ours_fig)
+        if same_fig
+        else None
+        if cache
+        else compare(trl_fig, ours_fig),
+        "cache": {
+            "ours": cache or "dynamic",
+            "trl_default": "dynamic",
+            "trl_same": cache or "dynamic",
+            **({"trl_same_error": same_error} if same_error else {}),
+        },
         "rounds": rounds,
         "versions": versions(),
         "machine": machine(args.device),
@@ -478,6 +577,7 @@ def main(args: Args) -> dict:
                     "dtype",
                     "torch_compile",
                     "trl_torch_compile",
+                    "cache_implementation",
                 )
             ),
             "ours": shlex.join(["python", *ours_cmd[1:]]),

@@ -24,16 +24,10 @@ def require_trl() -> None:
         raise SystemExit(TRL_MISSING.format(python=sys.executable))
 
 
-def load_base(model_name_or_path: str = "embedded"):
-    """(model, tokenizer, dir) of the base policy, loaded the way our scripts load it.
-
-    `embedded`: the cached embedded base, never built here (a missing cache would otherwise start a ~3 minute SFT
-    inside a timed benchmark). `load_policy` is what every script uses; the round trip guards against a tokenizer
-    reloaded as a class that drops characters (spaces, newlines), which would silently change every prompt.
-    """
-    from common.demo import countdown
+def base_dir(model_name_or_path: str = "embedded") -> Path:
+    """The base policy's folder: `embedded` is the cached embedded base, never built here (a missing cache would
+    otherwise start a ~3 minute SFT inside a timed benchmark); else a local Hugging Face model dir."""
     from common.demo.tiny_model import BaseRecipe, cache_root
-    from common.model.policy import load_policy
 
     path = Path(model_name_or_path)
     if model_name_or_path == "embedded":
@@ -47,6 +41,19 @@ def load_base(model_name_or_path: str = "embedded"):
         raise SystemExit(
             f"--model_name_or_path {model_name_or_path}: not a local Hugging Face model dir"
         )
+    return path
+
+
+def load_base(model_name_or_path: str = "embedded"):
+    """(model, tokenizer, dir) of the base policy (`base_dir`), loaded the way our scripts load it.
+
+    `load_policy` is what every script uses; the round trip guards against a tokenizer
+    reloaded as a class that drops characters (spaces, newlines), which would silently change every prompt.
+    """
+    from common.demo import countdown
+    from common.model.policy import load_policy
+
+    path = base_dir(model_name_or_path)
     model, tokenizer = load_policy(str(path))
     problem = countdown.make_splits()[0][0]
     probe = countdown.prompt_text(problem) + countdown.solution_text(
@@ -98,9 +105,12 @@ class CountdownReward:
         ]
 
 
-def grpo_config(args: Args, output_dir: str, batch: int, micro: int):
+def grpo_config(
+    args: Args, output_dir: str, batch: int, micro: int, cache_implementation: str | None = None
+):
     """TRL's GRPOConfig for our GRPO-n setting: one generation batch of `batch` completions per optimizer step,
-    trained in micro-batches of `micro` (gradient accumulation), no reference model, on `--device` in `--dtype`."""
+    trained in micro-batches of `micro` (gradient accumulation), no reference model, on `--device` in `--dtype`;
+    `cache_implementation`: HF generate's KV cache (None: TRL's default, transformers' dynamic cache)."""
     from trl import GRPOConfig
 
     accum = batch // micro
@@ -136,4 +146,5 @@ def grpo_config(args: Args, output_dir: str, batch: int, micro: int):
         disable_tqdm=True,
         dataloader_pin_memory=False,
         torch_compile=args.trl_torch_compile,
+        cache_implementation=cache_implementation,
     )

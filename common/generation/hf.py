@@ -59,6 +59,60 @@ def cache_kwargs(model, cache_implementation: str | None, dtype: str, max_cache_
     return {"cache_implementation": cache_implementation} if cache_implementation else {}
 
 
+def static_cache_supported(model_or_config) -> bool:
+    """Whether transformers can generate with (and, on a GPU, compile the decoding step on) a static
+    KV cache for this model: its class says it compiles whole-graph and takes `Cache` objects, and
+    no quantizer rules compiling out. A config is looked up as the causal-LM class it builds."""
+    from transformers import PretrainedConfig
+
+    if isinstance(model_or_config, PretrainedConfig):
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+        try:
+            cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(model_or_config)]
+        except KeyError:
+            return False
+        quantizer = None
+    else:
+        model = model_or_config
+        if hasattr(model, "get_base_model"):  # a PEFT wrapper: the class that generates is inside
+            model = model.get_base_model()
+        cls, quantizer = type(model), getattr(model, "hf_quantizer", None)
+    supports_cache = getattr(cls, "_supports_default_dynamic_cache", None)
+    return (
+        bool(getattr(cls, "_can_compile_fullgraph", False))
+        and (supports_cache is None or bool(supports_cache()))
+        and (quantizer is None or bool(getattr(quantizer, "is_compileable", False)))
+    )
+
+
+def resolve_cache_implementation(
+    requested: str | None, device_type: str, model_or_config, fsdp: bool = False
+) -> tuple[str | None, str]:
+    """`--cache_implementation` as HF generate gets it, and one line saying which cache and why.
+    `auto`: the static cache on CUDA where transformers supports it for the model (it compiles the
+    decoding step there: several times faster than the dynamic cache), else transformers' default
+    dynamic cache (None: generate's own default, so CPU runs are unchanged). Under `fsdp` auto
+    keeps the dynamic cache: the static one has not been run with FSDP on a GPU. Any other value is
+    kept as given."""
+    if requested != "auto":
+        return requested, f"KV cache: {requested or 'dynamic (transformers default)'}"
+    if device_type != "cuda":
+        return None, f"KV cache: dynamic (--cache_implementation auto on {device_type})"
+    if fsdp:
+        return None, (
+            "KV cache: dynamic (--cache_implementation auto with --fsdp; "
+            "--cache_implementation static to try the static cache)"
+        )
+    if not static_cache_supported(model_or_config):
+        name = getattr(model_or_config, "model_type", None) or type(model_or_config).__name__
+        return None, (
+            f"KV cache: dynamic (--cache_implementation auto on cuda: transformers does not "
+            f"support a static cache for {name})"
+        )
+    return "static", "KV cache: static (--cache_implementation auto on cuda)"
+
+
 def end_token_ids(
     tokenizer, model, stop_token_ids: str | list[int] | None = (), log=None
 ) -> list[int]:

@@ -227,11 +227,13 @@ class BaseArgs:
     gen_batch_size: Annotated[int, Range(1)] = 256
     """sequences per HF generate call"""
     cache_implementation: Optional[
-        Literal["dynamic", "static", "offloaded", "offloaded_static"]
-    ] = None
-    """KV cache of HF generate (TRL's GRPOConfig name): unset = transformers' default (dynamic);
-    `static` preallocates it and, on a GPU, lets transformers compile the decoding step
-    (docs/scaling.md); not with vLLM"""
+        Literal["auto", "dynamic", "static", "offloaded", "offloaded_static"]
+    ] = "auto"
+    """KV cache of HF generate (TRL's GRPOConfig name): `auto` = `static` on CUDA where
+    transformers supports it for the model (it then compiles the decoding step: several times
+    faster), else `dynamic`, transformers' default (on CPU and with --fsdp); the first lines say
+    which.
+    `static` preallocates the cache (docs/scaling.md); not with vLLM"""
     torch_compile: bool = False
     """compile with torch.compile (TrainingArguments' name), on CPU too: HF generate's one-token
     decoding step on a static KV cache of few fixed shapes, and the training / scoring forward and
@@ -394,15 +396,16 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
         why = refusal(declaration, getattr(args, name))
         if why:
             raise SystemExit(f"--{name} {getattr(args, name)}: {why}")
-    if getattr(args, "use_vllm", False) and getattr(args, "cache_implementation", None):
+    # `auto` is the default: only a cache the user chose clashes with vLLM or --torch_compile
+    chosen_cache = getattr(args, "cache_implementation", None) not in (None, "auto")
+    if getattr(args, "use_vllm", False) and chosen_cache:
         raise SystemExit(
             f"--cache_implementation {args.cache_implementation}: applies to HF generate only; "
             "vLLM "
             "(--use_vllm) manages its own KV cache: drop one of the two flags"
         )
-    clash = [
-        flag for flag in ("use_vllm", "fsdp", "cache_implementation") if getattr(args, flag, None)
-    ]
+    clash = [flag for flag in ("use_vllm", "fsdp") if getattr(args, flag, None)]
+    clash += ["cache_implementation"] if chosen_cache else []
     # vLLM compiles its own; FSDP and a cache of the user's:
     if getattr(args, "torch_compile", False) and clash:
         raise SystemExit(

@@ -14,7 +14,7 @@ import torch
 from accelerate import Accelerator
 
 from common.distributed.ranks import collective_timeout
-from common.generation.hf import HFGenerator, end_token_ids
+from common.generation.hf import HFGenerator, end_token_ids, resolve_cache_implementation
 from common.model.policy import frozen_reference, load_policy
 from common.run.flags import given_flags
 from common.run.launch import (
@@ -212,12 +212,21 @@ def make_generator(args, model_path: str, policy, tokenizer, accelerator, compil
             accelerator=accelerator,
         )
     else:
+        cache, line = resolve_cache_implementation(
+            args.cache_implementation,
+            next(policy.parameters()).device.type,
+            policy,
+            fsdp=getattr(args, "fsdp", False),
+        )
+        if compiled is not None:  # --torch_compile decodes on a static cache of its own
+            cache, line = None, "KV cache: static (--torch_compile's own)"
+        log(line)
         generator = HFGenerator(
             policy,
             tokenizer,
             batch_size=args.gen_batch_size,
             dtype=args.dtype,
-            cache_implementation=args.cache_implementation,
+            cache_implementation=cache,
             compiled=compiled,
         )
     generator.end_ids = end_token_ids(tokenizer, policy, args.stop_token_ids, log)
