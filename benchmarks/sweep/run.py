@@ -56,7 +56,13 @@ from benchmarks.sweep.run_dirs import (  # noqa: E402
     run_state,
     testbed_id,
 )
-from benchmarks.sweep.task import TaskFile, load_task, runner_types  # noqa: E402
+from benchmarks.sweep.task import (  # noqa: E402
+    TaskFile,
+    check_task,
+    left_out_lines,
+    load_task,
+    runner_types,
+)
 from common.run.flags import parse_args  # noqa: E402  (light: no torch import)
 
 
@@ -433,6 +439,13 @@ def record_invocation(
     path.write_text(json.dumps(data, indent=2))
 
 
+def any_finished(runs_dir: Path, max_steps: int) -> bool:
+    """Whether a run under `runs_dir` holds its final step's evaluation."""
+    return any(
+        is_finished(read_rows(d), max_steps) for d in Path(runs_dir).glob("*/seed*") if d.is_dir()
+    )
+
+
 def write_task_report(task: TaskFile, runs_dir: Path) -> Path:
     """The task sweep's report: the results page in its report_dir (default <runs_dir>/results)."""
     from benchmarks.sweep.report.page import write_report  # scipy, matplotlib: only here
@@ -450,16 +463,14 @@ def main(args: Args, argv: list[str]) -> int:
             )
         return 0
     s, runs_dir = resolve(args, task)
+    if task:  # seconds, before any run: a missing file or a broken reward stops here
+        print(f"checking task {task.name} ({args.task})", flush=True)
+        check_task(task, s.model_name_or_path)
     items = plan(args, s, runs_dir, task)
     if task:
         print(f"task {task.name} ({args.task}): the configs that apply to a text task", flush=True)
-        for name, why in TASK_LEFT_OUT.items():
-            print(
-                f"  left out: {name.lstrip('_')} configs: {why}"
-                if name.startswith("_")
-                else f"  left out: {name}: {why}",
-                flush=True,
-            )
+        for line in left_out_lines():
+            print(f"  left out: {line.replace('`', '')}", flush=True)
     print(
         f"benchmark: {len(items)} runs in {runs_dir} (steps {s.max_steps}, prompts/step {s.prompts_per_step}, "
         f"eval every {s.eval_steps} on {s.eval_prompts}x{s.eval_samples}, seeds {s.seeds})",
@@ -515,7 +526,13 @@ def main(args: Args, argv: list[str]) -> int:
             break
     print("summary: " + ", ".join(f"{k} {v}" for k, v in results.items()), flush=True)
     if task and not args.dry_run and "interrupted" not in results:
-        print(f"report: {write_task_report(task, runs_dir)}", flush=True)
+        if any_finished(runs_dir, s.max_steps):
+            print(f"report: {write_task_report(task, runs_dir)}", flush=True)
+        else:
+            print(
+                f"report: none written, no run in {runs_dir} finished (each failure is above)",
+                flush=True,
+            )
     return 1 if results.get("failed") or results.get("incomplete") else 0
 
 

@@ -19,11 +19,17 @@ Top-level keys are run.py's own flags (`python benchmarks/sweep/run.py --help`) 
 `report_dir` and `flags`; a flag given on the command line wins over the file. Two placeholders
 stand for the shipped word-problem task: `{word_problems}` (the folder its .jsonl files are written
 to, `runs/word_problems/data`) and `{word_problems_base}` (its shipped base model).
+
+A relative path in the file (`runs_dir`, `report_dir`, a local model folder, data files, a reward
+file) is read from the task file's folder, wherever run.py is started; `check_task` then checks,
+before any run, that each exists, that the reward functions import and return numbers on a few
+training rows, and that a local model folder holds a model.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,6 +99,52 @@ def word_problems_base(where: str = "") -> str:
     return str(shipped)
 
 
+# file suffixes that make a value a local file (a hub id has none)
+LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".py", ".yaml", ".yml")
+PATH_KEYS = ("runs_dir", "report_dir", "model_name_or_path")  # top-level keys that name a folder
+PATH_FLAGS = ("dataset_name", "eval_dataset", "config")  # script flags that may name a file
+
+
+def _portable(path: Path) -> str:
+    """A resolved path as a run's command gives it: relative to the repository when inside it (the
+    runs start there), else absolute."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path.resolve())
+
+
+def is_local(value: str, folder: Path) -> bool:
+    """`value` names a local file or folder (not a hub id, `embedded` or `countdown`): it exists
+    under `folder`, is absolute, starts with `.` or `~`, or ends with a file suffix."""
+    return (
+        value.startswith((".", "~", "/"))
+        or value.endswith(LOCAL_SUFFIXES)
+        or (folder / value).exists()
+    )
+
+
+def resolve_path(value: str, folder: Path) -> str:
+    """A task file's relative path read from the file's folder; a hub id unchanged."""
+    if not is_local(value, folder):
+        return value
+    return _portable(folder / Path(value).expanduser())
+
+
+def _resolve_reward_specs(text: str, folder: Path) -> str:
+    """`file.py:function` items read from the task file's folder (module and hub items kept)."""
+    items = []
+    for item in text.split(","):
+        target, sep, name = item.strip().rpartition(":")
+        if sep and (target.endswith(".py") or "/" in target):
+            items.append(f"{resolve_path(target, folder)}:{name}")
+        elif not sep and item.strip():
+            items.append(resolve_path(item.strip(), folder))  # a reward model's folder or hub id
+        else:
+            items.append(item.strip())
+    return ",".join(items)
+
+
 def load_task(path: str, runner_fields: dict[str, type]) -> TaskFile:
     """Read and check a task file; `runner_fields` are run.py's flags and their types."""
     import yaml
@@ -109,7 +161,10 @@ def load_task(path: str, runner_fields: dict[str, type]) -> TaskFile:
     name = str(data.get("name") or file.stem)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise SystemExit(f"--task {path}: name {name!r}: use letters, digits, '_', '.', '-'")
-    task = TaskFile(file, name, report_dir=data.get("report_dir"))
+    report_dir = data.get("report_dir")
+    if report_dir:
+        report_dir = _portable(file.parent / Path(str(report_dir)).expanduser())
+    task = TaskFile(file, name, report_dir=report_dir)
     for key, value in data.items():
         where = f"--task {path}: key {key!r}"
         if key in TASK_KEYS:
@@ -120,7 +175,13 @@ def load_task(path: str, runner_fields: dict[str, type]) -> TaskFile:
                 f"{where}: not a task key (script flags go under `flags:`); known: {', '.join(known)}"
             )
         if isinstance(value, str):
-            value = _expand(value, where)
+            expanded = _expand(value, where)
+            # a placeholder gives a path from the repository; anything else is read from the file's folder
+            if key in ("runs_dir", "report_dir") and expanded == value:  # always folders
+                expanded = _portable(file.parent / Path(value).expanduser())
+            elif key in PATH_KEYS and expanded == value:
+                expanded = resolve_path(value, file.parent)
+            value = expanded
         task.runner[key] = value
     flags = data.get("flags") or {}
     if not isinstance(flags, dict):
@@ -135,7 +196,12 @@ def load_task(path: str, runner_fields: dict[str, type]) -> TaskFile:
             )
         if key in ("seed", "output_dir", "max_steps", "prompts_per_step", "model_name_or_path"):
             raise SystemExit(f"{where}: set by the sweep; give it as the top-level key {key!r}")
-        text = _expand(_flag_text(value), where)
+        raw = _flag_text(value)
+        text = _expand(raw, where)
+        if text == raw and key in PATH_FLAGS:
+            text = resolve_path(text, file.parent)
+        elif text == raw and key in ("reward_funcs", "eval_reward_funcs"):
+            text = _resolve_reward_specs(text, file.parent)
         choices = shared[key]
         if choices is not None and text not in [str(c) for c in choices]:
             raise SystemExit(f"{where}: {text!r} is not one of {choices}")
@@ -146,3 +212,122 @@ def load_task(path: str, runner_fields: dict[str, type]) -> TaskFile:
 def runner_types(args_cls) -> dict[str, type]:
     """run.py's flag names and their declared types."""
     return {f.name: f.type for f in dataclasses.fields(args_cls)}
+
+
+def left_out_lines() -> list[str]:
+    """The configs a task sweep leaves out, each with why (the runner prints them, the page lists
+    them)."""
+    from benchmarks.sweep.configs import TASK_LEFT_OUT
+
+    lines = [
+        "Prefix Sampling's multi-turn configs (`ps_off`, `ps_fixed`, `ps_adaptive`, "
+        "`ps_adaptive_reset` with `--mode multiturn`): the multi-turn environment is the embedded "
+        "Countdown task's own; a task sweep runs the same four configs in their text mode (a step is "
+        "a line of the response)"
+    ]
+    for name, why in TASK_LEFT_OUT.items():
+        lines.append(f"the `{name}` configs: {why}" if name.startswith("_") else f"`{name}`: {why}")
+    return lines
+
+
+# ----------------------------------------------------------------------------------------------------
+# The checks before the first run: each stops the runner with one line naming the path it tried
+# ----------------------------------------------------------------------------------------------------
+
+CHECK_ROWS = 4  # training rows the reward functions are tried on
+
+
+def _flag(flags: list[str], name: str) -> Optional[str]:
+    return flags[flags.index(name) + 1] if name in flags[:-1] else None
+
+
+def _where(task: TaskFile) -> str:
+    return f"relative paths in a task file are read from its folder, {task.path.resolve().parent}"
+
+
+def _read_rows(path: Path, count: int) -> Optional[list[dict]]:
+    """The first `count` rows of a .jsonl, .json or .csv file (None for other formats)."""
+    if path.suffix == ".jsonl":
+        rows = []
+        with path.open(encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                if line.strip():
+                    rows.append(json.loads(line))
+                if len(rows) == count:
+                    break
+        return rows
+    if path.suffix == ".json":
+        data = json.loads(path.read_text())
+        return data[:count] if isinstance(data, list) else None
+    if path.suffix == ".csv":
+        import csv
+
+        with path.open(newline="", encoding="utf-8", errors="replace") as f:
+            return [row for _, row in zip(range(count), csv.DictReader(f))]
+    return None
+
+
+def check_task(task: TaskFile, model: str, log=print) -> None:
+    """Before any run: the model folder, the data files and the reward functions (imported and
+    called on the first training rows) are there and work; SystemExit with one line naming the path
+    tried otherwise. `model`: the sweep's model_name_or_path (a task file's already resolved)."""
+    head = f"--task {task.path}"
+    flags = task.script_flags
+    if model != "embedded":
+        path = ROOT / model if not Path(model).is_absolute() else Path(model)
+        if is_local(model, ROOT):
+            if not (path / "config.json").is_file():
+                what = "has no config.json" if path.is_dir() else "no such folder"
+                raise SystemExit(f"{head}: model_name_or_path: {path}: {what} ({_where(task)})")
+            log(f"  checked: model folder {model}")
+        else:
+            log(f"  model {model}: not a local folder, taken as a hub id")
+    data = {}
+    for key in ("dataset_name", "eval_dataset"):
+        value = _flag(flags, f"--{key}")
+        if value is None or not is_local(value, ROOT):
+            continue
+        path = ROOT / value
+        if not path.exists():
+            raise SystemExit(f"{head}: flags.{key}: {path}: no such file ({_where(task)})")
+        data[key] = path
+        log(f"  checked: {key} {value}")
+    funcs = _flag(flags, "--reward_funcs")
+    if funcs:
+        _check_rewards(task, funcs, _flag(flags, "--reward_weights"), data, flags, log)
+
+
+def _check_rewards(task, funcs, weights, data, flags, log) -> None:
+    head = f"--task {task.path}: flags.reward_funcs"
+    specs = [item.strip() for item in funcs.split(",") if item.strip()]
+    for item in specs:
+        target = item.rpartition(":")[0]
+        if target.endswith(".py") or "/" in target:
+            path = ROOT / target
+            if not path.is_file():
+                raise SystemExit(f"{head}: {path}: no such file ({_where(task)})")
+    named = [item for item in specs if ":" in item]  # reward models (no `:`) load in the runs
+    if not named:
+        return
+    from common.tasks.rewards import RewardFuncs, call_reward_funcs  # transformers: only here
+
+    try:
+        reward = RewardFuncs(",".join(named), weights if len(named) == len(specs) else None)
+    except SystemExit as e:
+        raise SystemExit(f"{head}: {e}") from None
+    train = data.get("dataset_name")
+    rows = _read_rows(train, CHECK_ROWS) if train else None
+    if not rows:
+        log(f"  checked: reward functions {', '.join(reward.names)} import (no rows tried)")
+        return
+    column = _flag(flags, "--prompt_column") or ("prompt" if "prompt" in rows[0] else "question")
+    answer = _flag(flags, "--answer_column") or "answer"
+    texts = [f"The answer is \\boxed{{{row.get(answer, 0)}}}." for row in rows]
+    try:
+        totals, _ = call_reward_funcs(reward, texts, rows, [[0]] * len(rows), column, 1)
+    except SystemExit as e:
+        raise SystemExit(f"{head} on the first {len(rows)} rows of {train}: {e}") from None
+    log(
+        f"  checked: reward functions {', '.join(reward.names)} return numbers on the first "
+        f"{len(rows)} rows of {_portable(train)} (totals {', '.join(f'{t:g}' for t in totals)})"
+    )
