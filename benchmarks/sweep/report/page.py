@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 from typing import Optional
 
@@ -194,10 +195,12 @@ def render_report(
         md.append(f"Reward on this task: {task_reward(recorded)}.\n")
     for n in order:
         c = aggs[n].cfg
+        # a note's reward is the Countdown task's; on a task, the line above gives the task's own
+        note = re.sub(r"reward \{[^}]*\}", "the task's reward above", c.note) if task else c.note
         md.append(
             f"- `{n}` ({c.label}): `{c.script} {' '.join(c.flags)}`"
             + (f", baseline `{c.baseline}`" if c.baseline else ", a baseline")
-            + (f"; {c.note}" if c.note else "")
+            + (f"; {note}" if note else "")
         )
     md.append("")
     if task:
