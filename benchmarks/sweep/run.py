@@ -378,11 +378,12 @@ def execute(
 
 
 def _portable(path: Path) -> Path:
-    """A run directory as the recorded command names it: relative to the repo root when inside it."""
+    """A run directory as the recorded command names it: relative to the repo root when inside it,
+    else absolute (the runs start in the repo root, wherever the runner was started)."""
     try:
         return path.resolve().relative_to(ROOT)
     except ValueError:
-        return path
+        return path.resolve()
 
 
 def sweep_configs(args: Args, task: Optional[TaskFile]) -> dict[str, Config]:

@@ -28,11 +28,19 @@ training rows, and that a local model folder holds a model.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import importlib
+import importlib.util
+import inspect
 import json
+import math
+import numbers
 import re
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -309,25 +317,88 @@ def _check_rewards(task, funcs, weights, data, flags, log) -> None:
     named = [item for item in specs if ":" in item]  # reward models (no `:`) load in the runs
     if not named:
         return
-    from common.tasks.rewards import RewardFuncs, call_reward_funcs  # transformers: only here
-
-    try:
-        reward = RewardFuncs(",".join(named), weights if len(named) == len(specs) else None)
-    except SystemExit as e:
-        raise SystemExit(f"{head}: {e}") from None
+    funcs = [(item, _import_reward(item, head, task)) for item in named]
     train = data.get("dataset_name")
     rows = _read_rows(train, CHECK_ROWS) if train else None
+    names = ", ".join(item.rpartition(":")[2] for item in named)
     if not rows:
-        log(f"  checked: reward functions {', '.join(reward.names)} import (no rows tried)")
+        log(f"  checked: reward functions {names} import (no rows tried)")
         return
+    head = f"{head} on the first {len(rows)} rows of {train}"
     column = _flag(flags, "--prompt_column") or ("prompt" if "prompt" in rows[0] else "question")
     answer = _flag(flags, "--answer_column") or "answer"
+    prompts = [row.get(column) for row in rows]
     texts = [f"The answer is \\boxed{{{row.get(answer, 0)}}}." for row in rows]
+    # as the scripts call them (TRL's keywords): message prompts get one assistant message back
+    completions = [
+        [{"role": "assistant", "content": t}] if isinstance(q, list) else t
+        for q, t in zip(prompts, texts)
+    ]
+    columns = {k: [row.get(k) for row in rows] for k in rows[0] if k not in (column, *TRL_KEYS)}
+    state = SimpleNamespace(global_step=0, epoch=0.0, max_steps=0)
+    for item, func in funcs:
+        name = item.rpartition(":")[2]
+        try:
+            out = func(
+                prompts=prompts,
+                completions=completions,
+                completion_ids=[[0] for _ in rows],
+                trainer_state=state,
+                log_extra=lambda *a, **k: None,
+                log_metric=lambda *a, **k: None,
+                **columns,
+            )
+            if inspect.isawaitable(out):
+                out = asyncio.run(_awaited(out))
+        except Exception as e:  # noqa: BLE001 - the user's code
+            frames = traceback.extract_tb(e.__traceback__)
+            at = f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+            raise SystemExit(
+                f"{head}: reward function {name} raised{at}: {type(e).__name__}: {e}"
+            ) from None
+        values = list(out) if isinstance(out, (list, tuple)) else None
+        if values is None or len(values) != len(rows):
+            raise SystemExit(
+                f"{head}: reward function {name} returned {type(out).__name__}, not a list of "
+                f"{len(rows)} numbers"
+            )
+        for index, value in enumerate(values):
+            if value is not None and not _is_number(value):
+                raise SystemExit(
+                    f"{head}: reward function {name}: value {index} is {value!r:.80}, not a number "
+                    "or None"
+                )
+    log(f"  checked: reward functions {names} return numbers on the first {len(rows)} rows")
+
+
+TRL_KEYS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+
+
+async def _awaited(awaitable):
+    return await awaitable
+
+
+def _is_number(value) -> bool:
+    if callable(getattr(value, "item", None)) and getattr(value, "ndim", 0) == 0:
+        value = value.item()  # a numpy or one-element tensor number
+    return isinstance(value, numbers.Real) and not math.isinf(float(value))  # NaN: no reward
+
+
+def _import_reward(item: str, head: str, task: TaskFile):
+    """`file.py:function` or `package.module:function` -> the function; one line naming the file
+    or module otherwise (the user's module only: the check stays seconds)."""
+    target, _, name = item.rpartition(":")
     try:
-        totals, _ = call_reward_funcs(reward, texts, rows, [[0]] * len(rows), column, 1)
-    except SystemExit as e:
-        raise SystemExit(f"{head} on the first {len(rows)} rows of {train}: {e}") from None
-    log(
-        f"  checked: reward functions {', '.join(reward.names)} return numbers on the first "
-        f"{len(rows)} rows of {_portable(train)} (totals {', '.join(f'{t:g}' for t in totals)})"
-    )
+        if target.endswith(".py") or "/" in target:
+            path = ROOT / target
+            spec = importlib.util.spec_from_file_location(f"sweep_check_{path.stem}", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+    except Exception as e:  # noqa: BLE001 - whatever the user's module raises while importing
+        raise SystemExit(f"{head}: cannot import {target} ({type(e).__name__}: {e})") from None
+    func = getattr(module, name, None)
+    if not callable(func):
+        raise SystemExit(f"{head}: {target} has no function {name}")
+    return func
