@@ -216,3 +216,81 @@ def test_no_page_when_no_run_finished(tmp_path, capsys):
     assert not (tmp_path / "runs" / "results").exists()
     # the runner says what it leaves out, the multi-turn configs among them
     assert "left out: Prefix Sampling's multi-turn configs" in out and "left out: dr_grpo_n4" in out
+
+
+# ---------------------------------------------------------------- a task sweep's page
+
+
+def _funcs_runs(tmp_path, seeds=(0, 1, 2, 3, 4)):
+    """A copy of the committed word-problem runs with reward functions (rloo, ra_rloo)."""
+    import shutil
+
+    runs = tmp_path / "runs"
+    for cfg in ("rloo", "ra_rloo"):
+        for seed in seeds:
+            src = ROOT / "benchmarks/sweep/runs-word_problems_funcs" / cfg / f"seed{seed}"
+            shutil.copytree(src, runs / cfg / f"seed{seed}")
+    shutil.copy(ROOT / "benchmarks/sweep/runs-word_problems_funcs/sweep.json", runs)
+    return runs
+
+
+def _page(runs, tmp_path) -> str:
+    from benchmarks.sweep.report.page import render_report
+
+    return render_report(runs, tmp_path / "out", plots=False)[0]
+
+
+def test_a_task_page_says_what_failed_and_keeps_the_flags_it_was_run_with(tmp_path):
+    runs = _funcs_runs(tmp_path)
+    # one run stopped early: its log says why
+    seed3 = runs / "ra_rloo" / "seed3"
+    rows = (seed3 / "metrics.jsonl").read_text().splitlines()
+    (seed3 / "metrics.jsonl").write_text("\n".join(rows[:5]) + "\n")
+    (seed3 / "log.txt").write_text("step 4\nRuntimeError: out of memory\n")
+    # every run with a smaller evaluation than the task file gives
+    for meta in runs.glob("*/seed*/bench.json"):
+        data = json.loads(meta.read_text())
+        data["settings"]["eval_prompts"] = 64
+        meta.write_text(json.dumps(data))
+    page = _page(runs, tmp_path)
+    assert "**1 of 10 runs did not finish**" in page.split("## Table")[0]
+    assert "- `ra_rloo` seed 3: at step 4/30; its log ends: `RuntimeError: out of memory`" in page
+    command = next(line for line in page.splitlines() if line.startswith("python "))
+    assert command == (
+        "python benchmarks/sweep/run.py --task benchmarks/sweep/tasks/word_problems_funcs.yaml "
+        f"--only rloo,ra_rloo --eval_prompts 64 --runs_dir {runs}"
+    )
+    # the page names the task's reward, not the Countdown one, and what a task sweep leaves out
+    assert "0.2 x `boxed_format_reward` + 1 x `boxed_correctness_reward`" in page
+    assert "{0, 0.1, 1}" not in page
+    assert "- Prefix Sampling's multi-turn configs (`ps_off`" in page and "- `dr_grpo_n4`:" in page
+
+
+def test_a_task_page_reads_one_seed_and_a_mechanism_that_never_fired(tmp_path):
+    runs = _funcs_runs(tmp_path, seeds=(0,))
+    page = _page(runs, tmp_path)
+    assert "**One seed per config: no verdict.**" in page.split("## Table")[0]
+    runs = _funcs_runs(tmp_path / "idle", seeds=(0, 1))
+    for path in runs.glob("ra_rloo/seed*/metrics.jsonl"):
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        for row in rows:
+            if "ra_replay_fired_frac" in row:
+                row["ra_replay_fired_frac"] = 0.0
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    page = _page(runs, tmp_path / "idle")
+    row = next(line for line in page.splitlines() if line.startswith("| RA-RLOO beats RLOO (final"))
+    assert (
+        "**the mechanism never fired (`ra_replay_fired_frac` 0 at every step of 2 run(s))**" in row
+    )
+    assert "no gain as large as" not in row
+
+
+def test_the_report_without_plots_names_no_png(tmp_path, capsys):
+    from benchmarks.sweep.report import Args, main
+
+    runs = _funcs_runs(tmp_path, seeds=(0,))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "zero_var.png").write_bytes(b"an earlier report's")
+    main(Args(runs_dir=str(runs), out_dir=str(tmp_path / "out"), plots=False))
+    out = capsys.readouterr().out
+    assert "wrote" in out and ".png" not in out  # an earlier PNG was not written now
