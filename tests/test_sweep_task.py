@@ -294,3 +294,13 @@ def test_the_report_without_plots_names_no_png(tmp_path, capsys):
     main(Args(runs_dir=str(runs), out_dir=str(tmp_path / "out"), plots=False))
     out = capsys.readouterr().out
     assert "wrote" in out and ".png" not in out  # an earlier PNG was not written now
+
+
+def test_quick_mode_on_a_task_has_its_own_budget_folder_and_page(tmp_path):
+    _, path = _task_dir(tmp_path, "  dataset_name: x.jsonl\n")
+    path.write_text(path.read_text() + "max_steps: 100\nruns_dir: out\nreport_dir: pages\n")
+    args = run.Args(task=str(path), quick=True)
+    task = run.apply_task(args, ["--task", str(path), "--quick"])
+    settings, runs_dir = run.resolve(args, task)
+    assert (settings.max_steps, settings.seeds) == (configs.QUICK["max_steps"], [0])
+    assert str(runs_dir).endswith("out-quick") and task.report_dir is None

@@ -78,7 +78,8 @@ class Args:
     """seeds to run (default 0 1 2 3 4; --quick: 0)"""
     quick: bool = False
     """smoke-check setting: 1 seed, 20 steps of 8 prompts, 2 small evaluations (its duration: docs/benchmark.md); its
-    runs go to benchmarks/sweep/runs-quick"""
+    runs go to benchmarks/sweep/runs-quick (with --task: over the file's budget, into its runs
+    folder + `-quick`)"""
     dry_run: bool = False
     """print each run's state and command, run nothing"""
     runs_dir: str = ""
@@ -167,10 +168,15 @@ def apply_task(args: Args, argv: list[str]) -> Optional[TaskFile]:
     task = load_task(args.task, runner_types(Args))
     given = {token[2:].split("=")[0] for token in argv if token.startswith("--")}
     for key, value in task.runner.items():
-        if key not in given:
+        # --quick's budget wins over the file's (its runs and page go to a folder of their own)
+        if key not in given and not (args.quick and key in QUICK):
             setattr(args, key, value)
     if not args.runs_dir:
         args.runs_dir = f"runs/sweep-{task.name}" + ("-quick" if args.quick else "")
+    elif args.quick and "runs_dir" not in given:
+        args.runs_dir += "-quick"
+    if args.quick:
+        task.report_dir = None  # the page goes to <runs_dir>/results, not over the full sweep's
     known = task_configs()
     for name in args.only_names():
         if name in known or name in TASK_LEFT_OUT:

@@ -184,7 +184,7 @@ def load_task(path: str, runner_fields: dict[str, type]) -> TaskFile:
             )
         if isinstance(value, str):
             expanded = _expand(value, where)
-            # a placeholder gives a path from the repository; anything else is read from the file's folder
+            # a placeholder gives a path from the repository; the rest, from the file's folder
             if key in ("runs_dir", "report_dir") and expanded == value:  # always folders
                 expanded = _portable(file.parent / Path(value).expanduser())
             elif key in PATH_KEYS and expanded == value:
@@ -229,18 +229,18 @@ def left_out_lines() -> list[str]:
 
     lines = [
         "Prefix Sampling's multi-turn configs (`ps_off`, `ps_fixed`, `ps_adaptive`, "
-        "`ps_adaptive_reset` with `--mode multiturn`): the multi-turn environment is the embedded "
-        "Countdown task's own; a task sweep runs the same four configs in their text mode (a step is "
-        "a line of the response)"
+        "`ps_adaptive_reset` with `--mode multiturn`): the multi-turn environment is the "
+        "embedded Countdown task's own; a task sweep runs the same four configs in their text mode "
+        "(a step is a line of the response)"
     ]
     for name, why in TASK_LEFT_OUT.items():
         lines.append(f"the `{name}` configs: {why}" if name.startswith("_") else f"`{name}`: {why}")
     return lines
 
 
-# ----------------------------------------------------------------------------------------------------
-# The checks before the first run: each stops the runner with one line naming the path it tried
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
+# The checks before the first run: each stops the runner with one line naming the path
+# --------------------------------------------------------------------------------------------------
 
 CHECK_ROWS = 4  # training rows the reward functions are tried on
 

@@ -71,9 +71,9 @@ before it was logged): a large gap with no held-out gain says the method fits th
 - **'Lower seed-to-seed spread'**: the ratio of the two configs' std of final pass@1 with its F-test interval:
   *reproduced* below 1, *worse* above 1, else *inconclusive*.
 - Fewer than 2 (paired) seeds with the data: *runs pending (n seeds)*, no figure.
-- *The mechanism never fired*: the method's own action (`ra_replay_fired_frac`, RA-RLOO's splice;
-  `ps_prefix_tasks`, Prefix Sampling's prefix tasks) is 0 at every step of every run, so it ran as its
-  baseline and no verdict on its claims is read, whatever the interval.
+- *The mechanism never fired*: the method's own action (`ra_replay_fired_frac`, RA-RLOO's
+  splice; `ps_prefix_tasks`, Prefix Sampling's prefix tasks) is 0 at every step of every run, so it
+  ran as its baseline and no verdict on its claims is read, whatever the interval.
 - At 95% each, about 1 interval in 20 misses its true value by chance alone, so about that share of the verdicts
   could read otherwise on other seeds.
 """
@@ -587,8 +587,9 @@ def _seeds_text(aggs: dict[str, Agg], name: str) -> str:
     )
 
 
-# A config's metric that is 0 in every step of a run whose mechanism never acted (RA-RLOO never spliced,
-# Prefix Sampling never made a prefix task): then the config ran as its baseline, and a verdict on it says so
+# A config's metric that is 0 in every step of a run whose mechanism never acted (RA-RLOO never
+# spliced, Prefix Sampling never made a prefix task): then the config ran as its baseline, and a
+# verdict on it says so
 FIRED = {
     "ra_rloo": "ra_replay_fired_frac",
     "ps_fixed": "ps_prefix_tasks",
@@ -598,8 +599,8 @@ FIRED = {
 
 
 def never_fired(aggs: dict[str, Agg], name: str) -> Optional[str]:
-    """'the mechanism never fired (...)' when `name`'s finished runs log its firing metric as 0 at every
-    step, else None."""
+    """'the mechanism never fired (...)' when `name`'s finished runs log its firing metric as 0
+    at every step, else None."""
     key = FIRED.get(base_name(name))
     runs = aggs[name].finished if name in aggs and key else []
     series = [metric_series(r.rows, key) for r in runs]

@@ -21,8 +21,8 @@ def _number(v) -> Optional[float]:
     )
 
 
-# A report reads each run's final value and metric means thousands of times (every claim, table and docs
-# block): kept per (run, key), for as long as that run's rows list is alive and unchanged in length.
+# A report reads each run's final value and metric means thousands of times (every claim, table
+# and docs block): kept per (rows, key), while that rows list is alive and unchanged in length.
 _MEMO: dict[tuple[int, str, str], tuple[list, int, object]] = {}
 
 
@@ -76,9 +76,9 @@ def _largest_k(row: dict) -> Optional[str]:
 
 
 def eval_curve(rows: list[dict]) -> list[dict]:
-    """One point per evaluation: step, pass@1 (all, and by difficulty level when logged), pass@k, pass@1 on
-    training-pool prompts (None in runs that do not log it), cumulative generated tokens / samples / wall time.
-    Read only: the same list is returned for the same rows."""
+    """One point per evaluation: step, pass@1 (all, and by difficulty level when logged), pass@k,
+    pass@1 on training-pool prompts (None in runs that do not log it), cumulative generated tokens /
+    samples / wall time. Read only: the same list is returned for the same rows."""
     return _memo("curve", rows, "", lambda: _eval_curve(rows))
 
 

@@ -57,9 +57,9 @@ def write_report(
     task: Optional[str] = None,
     drawn: Optional[list[Path]] = None,
 ) -> Path:
-    """The page `out_dir`/README.md and its PNGs; with `figures_dir`, the docs pages' learning curves there too.
-    `task`: the runs are a task sweep's (`run.py --task`): one data regime, the task's configs. The PNGs
-    drawn are appended to `drawn`."""
+    """The page `out_dir`/README.md and its PNGs; with `figures_dir`, the docs pages' learning
+    curves there too. `task`: the runs are a task sweep's (`run.py --task`): one data regime, the
+    task's configs. The PNGs drawn are appended to `drawn`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     text, pngs = render_report(runs_dir, out_dir, plots, figures_dir, task, draw=True)
     if drawn is not None:
@@ -95,7 +95,10 @@ def render_report(
                 pngs = make_plots(order, aggs, out_dir)
                 doc_pngs = make_doc_figures(aggs, figures_dir) if figures_dir is not None else []
             except ImportError:
-                plot_note = "Plots skipped: matplotlib is not installed (`pip install -r requirements.txt`).\n"
+                plot_note = (
+                    "Plots skipped: matplotlib is not installed "
+                    "(`pip install -r requirements.txt`).\n"
+                )
     elif plots:
         plot_note = "No finished run to plot.\n"
 
@@ -297,9 +300,9 @@ def _plots_and_rest(
     return md
 
 
-# ----------------------------------------------------------------------------------------------------
-# A task sweep's page: what ran and failed, the command with the flags it was given, what was left out
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
+# A task sweep's page: what ran and failed, the command with its flags, what was left out
+# --------------------------------------------------------------------------------------------------
 
 
 def last_log_line(run_dir: Path) -> str:
@@ -328,9 +331,9 @@ def _task_preamble(runs_dir: Path, aggs: dict, sweep: dict) -> list[str]:
     seeds = max((len(a.finished) for a in aggs.values()), default=0)
     if finished and seeds < 2:
         out.append(
-            "**One seed per config: no verdict.** A verdict needs at least 2 paired seeds, so every "
-            "claim below reads *runs pending*; this page says only that each config runs on the task "
-            "and what a run costs. Run 5 seeds (the task file's `seeds`) for an answer.\n"
+            "**One seed per config: no verdict.** A verdict needs at least 2 paired seeds, so "
+            "every claim below reads *runs pending*; this page says only that each config runs on "
+            "the task and what a run costs. Run 5 seeds (the task file's `seeds`) for an answer.\n"
         )
     return out
 
