@@ -172,7 +172,7 @@ def test_relative_paths_are_read_from_the_task_files_folder(tmp_path):
     # the shipped tasks give the same commands their committed runs recorded
     shipped = run.Args(task=str(ROOT / "benchmarks/sweep/tasks/word_problems_funcs.yaml"))
     task = run.apply_task(shipped, ["--task", shipped.task])
-    assert shipped.runs_dir == "benchmarks/sweep/runs-word_problems_funcs"
+    assert shipped.runs_dir == str(ROOT / "benchmarks/sweep/runs-word_problems_funcs")
     funcs = task.script_flags[task.script_flags.index("--reward_funcs") + 1]
     assert funcs.startswith("examples/boxed_rewards.py:boxed_format_reward,")
 

@@ -171,7 +171,7 @@ def load_task(path: str, runner_fields: dict[str, type]) -> TaskFile:
         raise SystemExit(f"--task {path}: name {name!r}: use letters, digits, '_', '.', '-'")
     report_dir = data.get("report_dir")
     if report_dir:
-        report_dir = _portable(file.parent / Path(str(report_dir)).expanduser())
+        report_dir = str((file.parent / Path(str(report_dir)).expanduser()).resolve())
     task = TaskFile(file, name, report_dir=report_dir)
     for key, value in data.items():
         where = f"--task {path}: key {key!r}"
@@ -185,8 +185,8 @@ def load_task(path: str, runner_fields: dict[str, type]) -> TaskFile:
         if isinstance(value, str):
             expanded = _expand(value, where)
             # a placeholder gives a path from the repository; the rest, from the file's folder
-            if key in ("runs_dir", "report_dir") and expanded == value:  # always folders
-                expanded = _portable(file.parent / Path(value).expanduser())
+            if key in ("runs_dir", "report_dir") and expanded == value:  # the runner's own folders
+                expanded = str((file.parent / Path(value).expanduser()).resolve())
             elif key in PATH_KEYS and expanded == value:
                 expanded = resolve_path(value, file.parent)
             value = expanded
