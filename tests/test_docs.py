@@ -259,6 +259,20 @@ def test_the_docs_generated_blocks_are_what_the_committed_runs_give():
     row = "| GRPO-n4 (`grpo_n4`) (baseline) | "
     edited = page.read_text().replace(row + "9 |", row + "8 |")
     assert edited != page.read_text() and report.replace_blocks(edited, blocks[page]) != edited
+    # `report.py --check`, with the runs loaded above: every committed results page regenerates
+    # unchanged, and a hand edit of one is named
+    from benchmarks.sweep.report.cli import committed_pages, stale_pages
+
+    pages = committed_pages()
+    assert len(pages) >= 3 and stale_pages(runs=runs, pages=pages, blocks=False) == []
+    funcs = [p for p in pages if p[2] == "word_problems_funcs"]
+    readme = funcs[0][1] / "README.md"
+    text = readme.read_text().replace("0.2 x", "0.3 x", 1)
+    read = lambda p: text if p == readme else p.read_text()  # noqa: E731
+    assert stale_pages(runs=runs, pages=funcs, read=read, blocks=False) == [
+        "benchmarks/sweep/results/word_problems_funcs/README.md "
+        "(from benchmarks/sweep/runs-word_problems_funcs)"
+    ]
 
 
 def test_every_committed_run_is_remade_by_a_command_on_the_results_page():

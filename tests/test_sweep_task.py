@@ -42,13 +42,13 @@ def test_task_file_fills_the_settings_and_the_command_line_wins(tmp_path):
     assert str(runs_dir) == "runs/sweep-mine"
     cmd = run.build_command(configs.task_config("rloo"), settings, 3, runs_dir / "rloo" / "seed3")
     tail = cmd[cmd.index("--dataset_name") :]
-    assert tail[:6] == [
+    assert tail[:6] == [  # the file's relative paths are read from its folder
         "--dataset_name",
-        "data/train.jsonl",
+        str(tmp_path / "data" / "train.jsonl"),
         "--prompt_column",
         "problem",
         "--reward_funcs",
-        "a.py:f,a.py:g",
+        f"{tmp_path / 'a.py'}:f,{tmp_path / 'a.py'}:g",
     ]
 
 
@@ -122,3 +122,185 @@ def test_quick_task_sweep_runs_every_config_and_reports_every_claim(tmp_path):
     cost = page.split("### Cost")[1].split("## ")[0]
     assert all(f"(`{name}`)" in cost for name in task)
     assert "2,048" not in page.split("## The papers' claims")[1].split("## Plots")[0]
+
+
+# ---------------------------------------------------------------- the checks before the first run
+
+
+def _task_dir(tmp_path, flags: str, model: str = '"{word_problems_base}"'):
+    """A task file in its own folder, run from elsewhere: its relative paths are the folder's."""
+    folder = tmp_path / "task"
+    (folder / "data").mkdir(parents=True)
+    path = folder / "t.yaml"
+    path.write_text(f"name: t\nmodel_name_or_path: {model}\nseeds: [0]\nflags:\n{flags}")
+    return folder, path
+
+
+def _main(path, tmp_path, *extra):
+    argv = ["--task", str(path), "--runs_dir", str(tmp_path / "runs"), *extra]
+    return run.main(run.parse_args(run.Args, argv), argv)
+
+
+def test_a_missing_data_file_stops_before_any_run_naming_where_it_looked(tmp_path):
+    folder, path = _task_dir(tmp_path, "  dataset_name: data/train.jsonl\n")
+    with pytest.raises(SystemExit) as err:
+        _main(path, tmp_path)
+    line = str(err.value)
+    assert "\n" not in line and "flags.dataset_name" in line
+    assert str(folder / "data" / "train.jsonl") in line and f"from its folder, {folder}" in line
+    assert not (tmp_path / "runs").exists()  # nothing ran, nothing recorded
+    folder, path = _task_dir(tmp_path / "m", "  dataset_name: x.jsonl\n", model="../no_model")
+    with pytest.raises(SystemExit) as err:
+        _main(path, tmp_path)
+    assert f"model_name_or_path: {folder.parent / 'no_model'}: no such folder" in str(err.value)
+
+
+def test_relative_paths_are_read_from_the_task_files_folder(tmp_path):
+    folder, path = _task_dir(
+        tmp_path,
+        "  dataset_name: data/train.jsonl\n  reward_funcs: r.py:f,my_pkg.rewards:g\n",
+    )
+    path.write_text(path.read_text() + "runs_dir: out/runs\nreport_dir: ../pages\n")
+    args = run.Args(task=str(path))
+    task = run.apply_task(args, ["--task", str(path)])
+    assert args.runs_dir == str(folder / "out" / "runs")
+    assert task.report_dir == str(tmp_path / "pages")
+    flags = task.script_flags
+    assert flags[flags.index("--dataset_name") + 1] == str(folder / "data" / "train.jsonl")
+    # a file's function is read from the folder, a module's is imported as given
+    assert flags[flags.index("--reward_funcs") + 1] == f"{folder / 'r.py'}:f,my_pkg.rewards:g"
+    # the shipped tasks give the same commands their committed runs recorded
+    shipped = run.Args(task=str(ROOT / "benchmarks/sweep/tasks/word_problems_funcs.yaml"))
+    task = run.apply_task(shipped, ["--task", shipped.task])
+    assert shipped.runs_dir == str(ROOT / "benchmarks/sweep/runs-word_problems_funcs")
+    funcs = task.script_flags[task.script_flags.index("--reward_funcs") + 1]
+    assert funcs.startswith("examples/boxed_rewards.py:boxed_format_reward,")
+
+
+def test_the_reward_functions_are_called_on_a_few_rows_before_any_run(tmp_path):
+    flags = "  dataset_name: data/train.jsonl\n  reward_funcs: r.py:ok,r.py:wrong\n"
+    folder, path = _task_dir(tmp_path, flags)
+    (folder / "data" / "train.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"{i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(6))
+    )
+    (folder / "r.py").write_text(
+        "def ok(completions, answer, **kw):\n    return [float(a in c) for c, a in "
+        "zip(completions, answer)]\n\ndef wrong(completions, **kw):\n    return ['yes'] * "
+        "len(completions)\n"
+    )
+    with pytest.raises(SystemExit) as err:
+        _main(path, tmp_path, "--dry_run")
+    assert "flags.reward_funcs on the first 4 rows of" in str(err.value)
+    assert "reward function wrong: value 0 is 'yes', not a number" in str(err.value)
+    path.write_text(path.read_text().replace(",r.py:wrong", ""))
+    (folder / "r.py").write_text("def ok(completions, **kw):\n    return [1 / 0]\n")
+    with pytest.raises(SystemExit) as err:
+        _main(path, tmp_path, "--dry_run")
+    assert f"reward function ok raised ({folder / 'r.py'}, line 2): ZeroDivisionError" in str(
+        err.value
+    )
+    (folder / "r.py").write_text(
+        "def ok(completions, answer, **kw):\n    return [float(a in c) for c, a in "
+        "zip(completions, answer)]\n"
+    )
+    assert _main(path, tmp_path, "--dry_run", "--only", "rloo") == 0
+
+
+def test_no_page_when_no_run_finished(tmp_path, capsys):
+    _, path = _task_dir(tmp_path, "  dataset_name: '{word_problems}/train.jsonl'\n")
+    # an interpreter that fails at once: every run fails, fast
+    code = _main(path, tmp_path, "--only", "rloo", "--python", "false", "--progress_every", "0")
+    out = capsys.readouterr().out
+    assert code == 1 and "FAILED (exit code 1)" in out
+    assert "report: none written, no run in" in out
+    assert not (tmp_path / "runs" / "results").exists()
+    # the runner says what it leaves out, the multi-turn configs among them
+    assert "left out: Prefix Sampling's multi-turn configs" in out and "left out: dr_grpo_n4" in out
+
+
+# ---------------------------------------------------------------- a task sweep's page
+
+
+def _funcs_runs(tmp_path, seeds=(0, 1, 2, 3, 4)):
+    """A copy of the committed word-problem runs with reward functions (rloo, ra_rloo)."""
+    import shutil
+
+    runs = tmp_path / "runs"
+    for cfg in ("rloo", "ra_rloo"):
+        for seed in seeds:
+            src = ROOT / "benchmarks/sweep/runs-word_problems_funcs" / cfg / f"seed{seed}"
+            shutil.copytree(src, runs / cfg / f"seed{seed}")
+    shutil.copy(ROOT / "benchmarks/sweep/runs-word_problems_funcs/sweep.json", runs)
+    return runs
+
+
+def _page(runs, tmp_path) -> str:
+    from benchmarks.sweep.report.page import render_report
+
+    return render_report(runs, tmp_path / "out", plots=False)[0]
+
+
+def test_a_task_page_says_what_failed_and_keeps_the_flags_it_was_run_with(tmp_path):
+    runs = _funcs_runs(tmp_path)
+    # one run stopped early: its log says why
+    seed3 = runs / "ra_rloo" / "seed3"
+    rows = (seed3 / "metrics.jsonl").read_text().splitlines()
+    (seed3 / "metrics.jsonl").write_text("\n".join(rows[:5]) + "\n")
+    (seed3 / "log.txt").write_text("step 4\nRuntimeError: out of memory\n")
+    # every run with a smaller evaluation than the task file gives
+    for meta in runs.glob("*/seed*/bench.json"):
+        data = json.loads(meta.read_text())
+        data["settings"]["eval_prompts"] = 64
+        meta.write_text(json.dumps(data))
+    page = _page(runs, tmp_path)
+    assert "**1 of 10 runs did not finish**" in page.split("## Table")[0]
+    assert "- `ra_rloo` seed 3: at step 4/30; its log ends: `RuntimeError: out of memory`" in page
+    command = next(line for line in page.splitlines() if line.startswith("python "))
+    assert command == (
+        "python benchmarks/sweep/run.py --task benchmarks/sweep/tasks/word_problems_funcs.yaml "
+        f"--only rloo,ra_rloo --eval_prompts 64 --runs_dir {runs}"
+    )
+    # the page names the task's reward, not the Countdown one, and what a task sweep leaves out
+    assert "0.2 x `boxed_format_reward` + 1 x `boxed_correctness_reward`" in page
+    assert "{0, 0.1, 1}" not in page
+    assert "- Prefix Sampling's multi-turn configs (`ps_off`" in page and "- `dr_grpo_n4`:" in page
+
+
+def test_a_task_page_reads_one_seed_and_a_mechanism_that_never_fired(tmp_path):
+    runs = _funcs_runs(tmp_path, seeds=(0,))
+    page = _page(runs, tmp_path)
+    assert "**One seed per config: no verdict.**" in page.split("## Table")[0]
+    runs = _funcs_runs(tmp_path / "idle", seeds=(0, 1))
+    for path in runs.glob("ra_rloo/seed*/metrics.jsonl"):
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        for row in rows:
+            if "ra_replay_fired_frac" in row:
+                row["ra_replay_fired_frac"] = 0.0
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    page = _page(runs, tmp_path / "idle")
+    row = next(line for line in page.splitlines() if line.startswith("| RA-RLOO beats RLOO (final"))
+    assert (
+        "**the mechanism never fired (`ra_replay_fired_frac` 0 at every step of 2 run(s))**" in row
+    )
+    assert "no gain as large as" not in row
+
+
+def test_the_report_without_plots_names_no_png(tmp_path, capsys):
+    from benchmarks.sweep.report import Args, main
+
+    runs = _funcs_runs(tmp_path, seeds=(0,))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "zero_var.png").write_bytes(b"an earlier report's")
+    main(Args(runs_dir=str(runs), out_dir=str(tmp_path / "out"), plots=False))
+    out = capsys.readouterr().out
+    assert "wrote" in out and ".png" not in out  # an earlier PNG was not written now
+
+
+def test_quick_mode_on_a_task_has_its_own_budget_folder_and_page(tmp_path):
+    _, path = _task_dir(tmp_path, "  dataset_name: x.jsonl\n")
+    path.write_text(path.read_text() + "max_steps: 100\nruns_dir: out\nreport_dir: pages\n")
+    args = run.Args(task=str(path), quick=True)
+    task = run.apply_task(args, ["--task", str(path), "--quick"])
+    settings, runs_dir = run.resolve(args, task)
+    assert (settings.max_steps, settings.seeds) == (configs.QUICK["max_steps"], [0])
+    assert str(runs_dir).endswith("out-quick") and task.report_dir is None

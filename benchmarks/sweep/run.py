@@ -56,7 +56,13 @@ from benchmarks.sweep.run_dirs import (  # noqa: E402
     run_state,
     testbed_id,
 )
-from benchmarks.sweep.task import TaskFile, load_task, runner_types  # noqa: E402
+from benchmarks.sweep.task import (  # noqa: E402
+    TaskFile,
+    check_task,
+    left_out_lines,
+    load_task,
+    runner_types,
+)
 from common.run.flags import parse_args  # noqa: E402  (light: no torch import)
 
 
@@ -72,7 +78,8 @@ class Args:
     """seeds to run (default 0 1 2 3 4; --quick: 0)"""
     quick: bool = False
     """smoke-check setting: 1 seed, 20 steps of 8 prompts, 2 small evaluations (its duration: docs/benchmark.md); its
-    runs go to benchmarks/sweep/runs-quick"""
+    runs go to benchmarks/sweep/runs-quick (with --task: over the file's budget, into its runs
+    folder + `-quick`)"""
     dry_run: bool = False
     """print each run's state and command, run nothing"""
     runs_dir: str = ""
@@ -161,10 +168,15 @@ def apply_task(args: Args, argv: list[str]) -> Optional[TaskFile]:
     task = load_task(args.task, runner_types(Args))
     given = {token[2:].split("=")[0] for token in argv if token.startswith("--")}
     for key, value in task.runner.items():
-        if key not in given:
+        # --quick's budget wins over the file's (its runs and page go to a folder of their own)
+        if key not in given and not (args.quick and key in QUICK):
             setattr(args, key, value)
     if not args.runs_dir:
         args.runs_dir = f"runs/sweep-{task.name}" + ("-quick" if args.quick else "")
+    elif args.quick and "runs_dir" not in given:
+        args.runs_dir += "-quick"
+    if args.quick:
+        task.report_dir = None  # the page goes to <runs_dir>/results, not over the full sweep's
     known = task_configs()
     for name in args.only_names():
         if name in known or name in TASK_LEFT_OUT:
@@ -372,11 +384,12 @@ def execute(
 
 
 def _portable(path: Path) -> Path:
-    """A run directory as the recorded command names it: relative to the repo root when inside it."""
+    """A run directory as the recorded command names it: relative to the repo root when inside it,
+    else absolute (the runs start in the repo root, wherever the runner was started)."""
     try:
         return path.resolve().relative_to(ROOT)
     except ValueError:
-        return path
+        return path.resolve()
 
 
 def sweep_configs(args: Args, task: Optional[TaskFile]) -> dict[str, Config]:
@@ -433,6 +446,13 @@ def record_invocation(
     path.write_text(json.dumps(data, indent=2))
 
 
+def any_finished(runs_dir: Path, max_steps: int) -> bool:
+    """Whether a run under `runs_dir` holds its final step's evaluation."""
+    return any(
+        is_finished(read_rows(d), max_steps) for d in Path(runs_dir).glob("*/seed*") if d.is_dir()
+    )
+
+
 def write_task_report(task: TaskFile, runs_dir: Path) -> Path:
     """The task sweep's report: the results page in its report_dir (default <runs_dir>/results)."""
     from benchmarks.sweep.report.page import write_report  # scipy, matplotlib: only here
@@ -450,16 +470,14 @@ def main(args: Args, argv: list[str]) -> int:
             )
         return 0
     s, runs_dir = resolve(args, task)
+    if task:  # seconds, before any run: a missing file or a broken reward stops here
+        print(f"checking task {task.name} ({args.task})", flush=True)
+        check_task(task, s.model_name_or_path)
     items = plan(args, s, runs_dir, task)
     if task:
         print(f"task {task.name} ({args.task}): the configs that apply to a text task", flush=True)
-        for name, why in TASK_LEFT_OUT.items():
-            print(
-                f"  left out: {name.lstrip('_')} configs: {why}"
-                if name.startswith("_")
-                else f"  left out: {name}: {why}",
-                flush=True,
-            )
+        for line in left_out_lines():
+            print(f"  left out: {line.replace('`', '')}", flush=True)
     print(
         f"benchmark: {len(items)} runs in {runs_dir} (steps {s.max_steps}, prompts/step {s.prompts_per_step}, "
         f"eval every {s.eval_steps} on {s.eval_prompts}x{s.eval_samples}, seeds {s.seeds})",
@@ -515,7 +533,13 @@ def main(args: Args, argv: list[str]) -> int:
             break
     print("summary: " + ", ".join(f"{k} {v}" for k, v in results.items()), flush=True)
     if task and not args.dry_run and "interrupted" not in results:
-        print(f"report: {write_task_report(task, runs_dir)}", flush=True)
+        if any_finished(runs_dir, s.max_steps):
+            print(f"report: {write_task_report(task, runs_dir)}", flush=True)
+        else:
+            print(
+                f"report: none written, no run in {runs_dir} finished (each failure is above)",
+                flush=True,
+            )
     return 1 if results.get("failed") or results.get("incomplete") else 0
 
 

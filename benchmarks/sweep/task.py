@@ -19,14 +19,28 @@ Top-level keys are run.py's own flags (`python benchmarks/sweep/run.py --help`) 
 `report_dir` and `flags`; a flag given on the command line wins over the file. Two placeholders
 stand for the shipped word-problem task: `{word_problems}` (the folder its .jsonl files are written
 to, `runs/word_problems/data`) and `{word_problems_base}` (its shipped base model).
+
+A relative path in the file (`runs_dir`, `report_dir`, a local model folder, data files, a reward
+file) is read from the task file's folder, wherever run.py is started; `check_task` then checks,
+before any run, that each exists, that the reward functions import and return numbers on a few
+training rows, and that a local model folder holds a model.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import importlib
+import importlib.util
+import inspect
+import json
+import math
+import numbers
 import re
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,6 +107,52 @@ def word_problems_base(where: str = "") -> str:
     return str(shipped)
 
 
+# file suffixes that make a value a local file (a hub id has none)
+LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv", ".py", ".yaml", ".yml")
+PATH_KEYS = ("runs_dir", "report_dir", "model_name_or_path")  # top-level keys that name a folder
+PATH_FLAGS = ("dataset_name", "eval_dataset", "config")  # script flags that may name a file
+
+
+def _portable(path: Path) -> str:
+    """A resolved path as a run's command gives it: relative to the repository when inside it (the
+    runs start there), else absolute."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path.resolve())
+
+
+def is_local(value: str, folder: Path) -> bool:
+    """`value` names a local file or folder (not a hub id, `embedded` or `countdown`): it exists
+    under `folder`, is absolute, starts with `.` or `~`, or ends with a file suffix."""
+    return (
+        value.startswith((".", "~", "/"))
+        or value.endswith(LOCAL_SUFFIXES)
+        or (folder / value).exists()
+    )
+
+
+def resolve_path(value: str, folder: Path) -> str:
+    """A task file's relative path read from the file's folder; a hub id unchanged."""
+    if not is_local(value, folder):
+        return value
+    return _portable(folder / Path(value).expanduser())
+
+
+def _resolve_reward_specs(text: str, folder: Path) -> str:
+    """`file.py:function` items read from the task file's folder (module and hub items kept)."""
+    items = []
+    for item in text.split(","):
+        target, sep, name = item.strip().rpartition(":")
+        if sep and (target.endswith(".py") or "/" in target):
+            items.append(f"{resolve_path(target, folder)}:{name}")
+        elif not sep and item.strip():
+            items.append(resolve_path(item.strip(), folder))  # a reward model's folder or hub id
+        else:
+            items.append(item.strip())
+    return ",".join(items)
+
+
 def load_task(path: str, runner_fields: dict[str, type]) -> TaskFile:
     """Read and check a task file; `runner_fields` are run.py's flags and their types."""
     import yaml
@@ -109,7 +169,10 @@ def load_task(path: str, runner_fields: dict[str, type]) -> TaskFile:
     name = str(data.get("name") or file.stem)
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name):
         raise SystemExit(f"--task {path}: name {name!r}: use letters, digits, '_', '.', '-'")
-    task = TaskFile(file, name, report_dir=data.get("report_dir"))
+    report_dir = data.get("report_dir")
+    if report_dir:
+        report_dir = str((file.parent / Path(str(report_dir)).expanduser()).resolve())
+    task = TaskFile(file, name, report_dir=report_dir)
     for key, value in data.items():
         where = f"--task {path}: key {key!r}"
         if key in TASK_KEYS:
@@ -120,7 +183,13 @@ def load_task(path: str, runner_fields: dict[str, type]) -> TaskFile:
                 f"{where}: not a task key (script flags go under `flags:`); known: {', '.join(known)}"
             )
         if isinstance(value, str):
-            value = _expand(value, where)
+            expanded = _expand(value, where)
+            # a placeholder gives a path from the repository; the rest, from the file's folder
+            if key in ("runs_dir", "report_dir") and expanded == value:  # the runner's own folders
+                expanded = str((file.parent / Path(value).expanduser()).resolve())
+            elif key in PATH_KEYS and expanded == value:
+                expanded = resolve_path(value, file.parent)
+            value = expanded
         task.runner[key] = value
     flags = data.get("flags") or {}
     if not isinstance(flags, dict):
@@ -135,7 +204,12 @@ def load_task(path: str, runner_fields: dict[str, type]) -> TaskFile:
             )
         if key in ("seed", "output_dir", "max_steps", "prompts_per_step", "model_name_or_path"):
             raise SystemExit(f"{where}: set by the sweep; give it as the top-level key {key!r}")
-        text = _expand(_flag_text(value), where)
+        raw = _flag_text(value)
+        text = _expand(raw, where)
+        if text == raw and key in PATH_FLAGS:
+            text = resolve_path(text, file.parent)
+        elif text == raw and key in ("reward_funcs", "eval_reward_funcs"):
+            text = _resolve_reward_specs(text, file.parent)
         choices = shared[key]
         if choices is not None and text not in [str(c) for c in choices]:
             raise SystemExit(f"{where}: {text!r} is not one of {choices}")
@@ -146,3 +220,185 @@ def load_task(path: str, runner_fields: dict[str, type]) -> TaskFile:
 def runner_types(args_cls) -> dict[str, type]:
     """run.py's flag names and their declared types."""
     return {f.name: f.type for f in dataclasses.fields(args_cls)}
+
+
+def left_out_lines() -> list[str]:
+    """The configs a task sweep leaves out, each with why (the runner prints them, the page lists
+    them)."""
+    from benchmarks.sweep.configs import TASK_LEFT_OUT
+
+    lines = [
+        "Prefix Sampling's multi-turn configs (`ps_off`, `ps_fixed`, `ps_adaptive`, "
+        "`ps_adaptive_reset` with `--mode multiturn`): the multi-turn environment is the "
+        "embedded Countdown task's own; a task sweep runs the same four configs in their text mode "
+        "(a step is a line of the response)"
+    ]
+    for name, why in TASK_LEFT_OUT.items():
+        lines.append(f"the `{name}` configs: {why}" if name.startswith("_") else f"`{name}`: {why}")
+    return lines
+
+
+# --------------------------------------------------------------------------------------------------
+# The checks before the first run: each stops the runner with one line naming the path
+# --------------------------------------------------------------------------------------------------
+
+CHECK_ROWS = 4  # training rows the reward functions are tried on
+
+
+def _flag(flags: list[str], name: str) -> Optional[str]:
+    return flags[flags.index(name) + 1] if name in flags[:-1] else None
+
+
+def _where(task: TaskFile) -> str:
+    return f"relative paths in a task file are read from its folder, {task.path.resolve().parent}"
+
+
+def _read_rows(path: Path, count: int) -> Optional[list[dict]]:
+    """The first `count` rows of a .jsonl, .json or .csv file (None for other formats)."""
+    if path.suffix == ".jsonl":
+        rows = []
+        with path.open(encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                if line.strip():
+                    rows.append(json.loads(line))
+                if len(rows) == count:
+                    break
+        return rows
+    if path.suffix == ".json":
+        data = json.loads(path.read_text())
+        return data[:count] if isinstance(data, list) else None
+    if path.suffix == ".csv":
+        import csv
+
+        with path.open(newline="", encoding="utf-8", errors="replace") as f:
+            return [row for _, row in zip(range(count), csv.DictReader(f))]
+    return None
+
+
+def check_task(task: TaskFile, model: str, log=print) -> None:
+    """Before any run: the model folder, the data files and the reward functions (imported and
+    called on the first training rows) are there and work; SystemExit with one line naming the path
+    tried otherwise. `model`: the sweep's model_name_or_path (a task file's already resolved)."""
+    head = f"--task {task.path}"
+    flags = task.script_flags
+    if model != "embedded":
+        path = ROOT / model if not Path(model).is_absolute() else Path(model)
+        if is_local(model, ROOT):
+            if not (path / "config.json").is_file():
+                what = "has no config.json" if path.is_dir() else "no such folder"
+                raise SystemExit(f"{head}: model_name_or_path: {path}: {what} ({_where(task)})")
+            log(f"  checked: model folder {model}")
+        else:
+            log(f"  model {model}: not a local folder, taken as a hub id")
+    data = {}
+    for key in ("dataset_name", "eval_dataset"):
+        value = _flag(flags, f"--{key}")
+        if value is None or not is_local(value, ROOT):
+            continue
+        path = ROOT / value
+        if not path.exists():
+            raise SystemExit(f"{head}: flags.{key}: {path}: no such file ({_where(task)})")
+        data[key] = path
+        log(f"  checked: {key} {value}")
+    funcs = _flag(flags, "--reward_funcs")
+    if funcs:
+        _check_rewards(task, funcs, _flag(flags, "--reward_weights"), data, flags, log)
+
+
+def _check_rewards(task, funcs, weights, data, flags, log) -> None:
+    head = f"--task {task.path}: flags.reward_funcs"
+    specs = [item.strip() for item in funcs.split(",") if item.strip()]
+    for item in specs:
+        target = item.rpartition(":")[0]
+        if target.endswith(".py") or "/" in target:
+            path = ROOT / target
+            if not path.is_file():
+                raise SystemExit(f"{head}: {path}: no such file ({_where(task)})")
+    named = [item for item in specs if ":" in item]  # reward models (no `:`) load in the runs
+    if not named:
+        return
+    funcs = [(item, _import_reward(item, head, task)) for item in named]
+    train = data.get("dataset_name")
+    rows = _read_rows(train, CHECK_ROWS) if train else None
+    names = ", ".join(item.rpartition(":")[2] for item in named)
+    if not rows:
+        log(f"  checked: reward functions {names} import (no rows tried)")
+        return
+    head = f"{head} on the first {len(rows)} rows of {train}"
+    column = _flag(flags, "--prompt_column") or ("prompt" if "prompt" in rows[0] else "question")
+    answer = _flag(flags, "--answer_column") or "answer"
+    prompts = [row.get(column) for row in rows]
+    texts = [f"The answer is \\boxed{{{row.get(answer, 0)}}}." for row in rows]
+    # as the scripts call them (TRL's keywords): message prompts get one assistant message back
+    completions = [
+        [{"role": "assistant", "content": t}] if isinstance(q, list) else t
+        for q, t in zip(prompts, texts)
+    ]
+    columns = {k: [row.get(k) for row in rows] for k in rows[0] if k not in (column, *TRL_KEYS)}
+    state = SimpleNamespace(global_step=0, epoch=0.0, max_steps=0)
+    for item, func in funcs:
+        name = item.rpartition(":")[2]
+        try:
+            out = func(
+                prompts=prompts,
+                completions=completions,
+                completion_ids=[[0] for _ in rows],
+                trainer_state=state,
+                log_extra=lambda *a, **k: None,
+                log_metric=lambda *a, **k: None,
+                **columns,
+            )
+            if inspect.isawaitable(out):
+                out = asyncio.run(_awaited(out))
+        except Exception as e:  # noqa: BLE001 - the user's code
+            frames = traceback.extract_tb(e.__traceback__)
+            at = f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+            raise SystemExit(
+                f"{head}: reward function {name} raised{at}: {type(e).__name__}: {e}"
+            ) from None
+        values = list(out) if isinstance(out, (list, tuple)) else None
+        if values is None or len(values) != len(rows):
+            raise SystemExit(
+                f"{head}: reward function {name} returned {type(out).__name__}, not a list of "
+                f"{len(rows)} numbers"
+            )
+        for index, value in enumerate(values):
+            if value is not None and not _is_number(value):
+                raise SystemExit(
+                    f"{head}: reward function {name}: value {index} is {value!r:.80}, not a number "
+                    "or None"
+                )
+    log(f"  checked: reward functions {names} return numbers on the first {len(rows)} rows")
+
+
+TRL_KEYS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+
+
+async def _awaited(awaitable):
+    return await awaitable
+
+
+def _is_number(value) -> bool:
+    if callable(getattr(value, "item", None)) and getattr(value, "ndim", 0) == 0:
+        value = value.item()  # a numpy or one-element tensor number
+    return isinstance(value, numbers.Real) and not math.isinf(float(value))  # NaN: no reward
+
+
+def _import_reward(item: str, head: str, task: TaskFile):
+    """`file.py:function` or `package.module:function` -> the function; one line naming the file
+    or module otherwise (the user's module only: the check stays seconds)."""
+    target, _, name = item.rpartition(":")
+    try:
+        if target.endswith(".py") or "/" in target:
+            path = ROOT / target
+            spec = importlib.util.spec_from_file_location(f"sweep_check_{path.stem}", path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+    except Exception as e:  # noqa: BLE001 - whatever the user's module raises while importing
+        raise SystemExit(f"{head}: cannot import {target} ({type(e).__name__}: {e})") from None
+    func = getattr(module, name, None)
+    if not callable(func):
+        raise SystemExit(f"{head}: {target} has no function {name}")
+    return func

@@ -11,8 +11,15 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from benchmarks.sweep.configs import BY_NAME
-from benchmarks.sweep.report.curves import LEVELS, Agg, final_value, median_step_s, run_summary
-from benchmarks.sweep.report.load import POOL256, Regime
+from benchmarks.sweep.report.curves import (
+    LEVELS,
+    Agg,
+    final_value,
+    median_step_s,
+    metric_series,
+    run_summary,
+)
+from benchmarks.sweep.report.load import POOL256, Regime, base_name
 from benchmarks.sweep.report.stats import (
     TARGET_HALF,
     Interval,
@@ -64,6 +71,9 @@ before it was logged): a large gap with no held-out gain says the method fits th
 - **'Lower seed-to-seed spread'**: the ratio of the two configs' std of final pass@1 with its F-test interval:
   *reproduced* below 1, *worse* above 1, else *inconclusive*.
 - Fewer than 2 (paired) seeds with the data: *runs pending (n seeds)*, no figure.
+- *The mechanism never fired*: the method's own action (`ra_replay_fired_frac`, RA-RLOO's
+  splice; `ps_prefix_tasks`, Prefix Sampling's prefix tasks) is 0 at every step of every run, so it
+  ran as its baseline and no verdict on its claims is read, whatever the interval.
 - At 95% each, about 1 interval in 20 misses its true value by chance alone, so about that share of the verdicts
   could read otherwise on other seeds.
 """
@@ -577,6 +587,28 @@ def _seeds_text(aggs: dict[str, Agg], name: str) -> str:
     )
 
 
+# A config's metric that is 0 in every step of a run whose mechanism never acted (RA-RLOO never
+# spliced, Prefix Sampling never made a prefix task): then the config ran as its baseline, and a
+# verdict on it says so
+FIRED = {
+    "ra_rloo": "ra_replay_fired_frac",
+    "ps_fixed": "ps_prefix_tasks",
+    "ps_adaptive": "ps_prefix_tasks",
+    "ps_adaptive_reset": "ps_prefix_tasks",
+}
+
+
+def never_fired(aggs: dict[str, Agg], name: str) -> Optional[str]:
+    """'the mechanism never fired (...)' when `name`'s finished runs log its firing metric as 0
+    at every step, else None."""
+    key = FIRED.get(base_name(name))
+    runs = aggs[name].finished if name in aggs and key else []
+    series = [metric_series(r.rows, key) for r in runs]
+    if not series or not all(series) or any(v != 0 for s in series for _, v in s):
+        return None
+    return f"the mechanism never fired (`{key}` 0 at every step of {len(runs)} run(s))"
+
+
 def claim_rows(aggs: dict[str, Agg], regime: Regime = POOL256) -> list[Claim]:
     """The papers' claims in one regime, in CLAIMS order, each with its verdict and the measured effect; under 2
     (paired) seeds with the data the verdict is 'runs pending' and no figure is given."""
@@ -596,6 +628,14 @@ def claim_rows(aggs: dict[str, Agg], regime: Regime = POOL256) -> list[Claim]:
             )
             continue
         verdict, measured, seeds, effect = spec.judge(aggs, regime, *names)
+        idle = never_fired(aggs, names[0])
+        if (
+            idle
+        ):  # the method ran as its baseline: no verdict on its claims reads a gain or its absence
+            out.append(
+                Claim(spec.paper, spec.claim, idle, measured, regime.label, names, seeds, effect)
+            )
+            continue
         if seeds < 2 and not verdict.startswith(NOT_LOGGED):  # runs that cannot tell: say why
             verdict, measured, effect = (
                 pending(seeds),

@@ -21,6 +21,21 @@ def _number(v) -> Optional[float]:
     )
 
 
+# A report reads each run's final value and metric means thousands of times (every claim, table
+# and docs block): kept per (rows, key), while that rows list is alive and unchanged in length.
+_MEMO: dict[tuple[int, str, str], tuple[list, int, object]] = {}
+
+
+def _memo(kind: str, rows: list[dict], key: str, compute):
+    slot = (id(rows), kind, key)
+    hit = _MEMO.get(slot)
+    if hit is not None and hit[0] is rows and hit[1] == len(rows):
+        return hit[2]
+    value = compute()
+    _MEMO[slot] = (rows, len(rows), value)
+    return value
+
+
 def step_walls(rows: list[dict]) -> dict[int, float]:
     """Training wall time of every step, held-out evaluation excluded: an evaluating row's time_step_s
     includes the evaluation, so it is replaced by its generation + training time plus the run's median
@@ -61,8 +76,13 @@ def _largest_k(row: dict) -> Optional[str]:
 
 
 def eval_curve(rows: list[dict]) -> list[dict]:
-    """One point per evaluation: step, pass@1 (all, and by difficulty level when logged), pass@k, pass@1 on
-    training-pool prompts (None in runs that do not log it), cumulative generated tokens / samples / wall time."""
+    """One point per evaluation: step, pass@1 (all, and by difficulty level when logged), pass@k,
+    pass@1 on training-pool prompts (None in runs that do not log it), cumulative generated tokens /
+    samples / wall time. Read only: the same list is returned for the same rows."""
+    return _memo("curve", rows, "", lambda: _eval_curve(rows))
+
+
+def _eval_curve(rows: list[dict]) -> list[dict]:
     walls = step_walls(rows)
     pts, tokens, samples = [], 0, 0
     for r in sorted(rows, key=lambda r: r.get("step", 0)):
@@ -151,6 +171,11 @@ def reach(curve: list[dict], target: float) -> Optional[dict]:
 
 def run_summary(run: RunData, key: str) -> Optional[dict]:
     """One run's mean of a training metric over all steps, over the first and over the last quarter of them."""
+    summary = _memo("summary", run.rows, key, lambda: _run_summary(run, key))
+    return dict(summary) if summary is not None else None
+
+
+def _run_summary(run: RunData, key: str) -> Optional[dict]:
     series = metric_series(run.rows, key)
     if not series:
         return None

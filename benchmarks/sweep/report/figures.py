@@ -67,6 +67,27 @@ def _mean_metric(runs: list[RunData], key: str) -> tuple[list[int], list[float]]
     return steps, [statistics.fmean(p[s] for p in per) for s in steps]
 
 
+def _difficulty_configs(order: list[str], aggs: dict[str, Agg]) -> list[str]:
+    """The configs whose evaluations log held-out pass@1 by difficulty level."""
+    return [
+        n
+        for n in order
+        if aggs[n].curve
+        and any(p["hard"] is not None or p["easy"] is not None for p in aggs[n].curve)
+    ]
+
+
+def plot_names(order: list[str], aggs: dict[str, Agg]) -> list[str]:
+    """The file names `make_plots` writes for these configs, without drawing them."""
+    names = ["pass1_vs_tokens.png", "pass1_vs_wall.png", "zero_var.png", "mechanisms.png"]
+    return names + (["pass1_by_difficulty.png"] if _difficulty_configs(order, aggs) else [])
+
+
+def doc_figure_paths(figures_dir: Path) -> list[Path]:
+    """The paths `make_doc_figures` writes, without drawing them."""
+    return [figures_dir / f"{script}.png" for script in DOC_FIGURES]
+
+
 def make_plots(order: list[str], aggs: dict[str, Agg], out_dir: Path) -> list[str]:
     """Write the PNGs; returns their file names."""
     import matplotlib
@@ -221,11 +242,7 @@ def make_plots(order: list[str], aggs: dict[str, Agg], out_dir: Path) -> list[st
     written.append("mechanisms.png")
 
     # held-out pass@1 by difficulty level (runs that log it)
-    levels = [
-        n
-        for n in have
-        if any(p["hard"] is not None or p["easy"] is not None for p in aggs[n].curve)
-    ]
+    levels = _difficulty_configs(order, aggs)
     if levels:
         fig, axes = plt.subplots(1, 2, figsize=(13, 4.8))
         for ax, level in zip(axes, ("hard", "easy")):
