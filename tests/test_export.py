@@ -272,6 +272,7 @@ def test_every_script_exports_its_model(short_run, script):
 
     out, stdout = short_run(script)
     export = out / "model"
+    assert export.is_dir(), f"{script} left no {export}"
     files = {path.name for path in export.iterdir()}
     wanted = {"config.json", "model.safetensors", "generation_config.json", "README.md"}
     assert wanted | {"tokenizer_config.json"} <= files, files
