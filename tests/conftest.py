@@ -152,6 +152,9 @@ SHORT_RUN = [
     "1e-4",
     "--warmup_steps",
     "5",
+    # far below the run's gradients: clipping acts at every optimizer step (test_core_metrics)
+    "--max_grad_norm",
+    "1e-3",
 ]
 SHORT_RUN_FLAGS = {
     "ra_rloo.py": ["--prompt_pool", "64", "--reward", "binary"],
@@ -164,10 +167,20 @@ SHORT_RUN_FLAGS = {
 
 # The short runs go through this wrapper: torch's thread count starts at 2 (torch's default on a 2-core machine,
 # whatever this one has), and the counts in force when the policy loads and at the first generate (the step-0
-# evaluation) are printed last, for tests/test_cpu_threads.py.
+# evaluation) are printed last, for tests/test_cpu_threads.py; so is the norm of the gradients
+# each optimizer step met, with the optimizer's number (in order of first step), for
+# tests/test_core_metrics.py.
 THREAD_SPY = """
-import runpy, sys, torch
+import json, runpy, sys, torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 torch.set_num_threads(2)
+optimizers, steps = {}, []
+def spy_step(optimizer, args, kwargs):
+    grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+    norms = [torch.linalg.vector_norm(g.double()) for g in grads]
+    norm = float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+    steps.append([optimizers.setdefault(id(optimizer), len(optimizers)), norm])
+register_optimizer_step_pre_hook(spy_step)
 from common.generation import hf as generation
 from common.model import policy
 seen = {}
@@ -184,6 +197,7 @@ try:
     runpy.run_path(sys.argv[0], run_name="__main__")  # a script ends with SystemExit (its exit status)
 finally:
     print("THREADS", seen)
+    print("OPTIMIZER_STEPS", json.dumps(steps))
 """
 
 

@@ -304,6 +304,31 @@ def test_an_explicit_fsdp_flag_wins_over_accelerate_use_fsdp():
     ]
 
 
+def test_command_line_fsdp_and_dtype_win_over_accelerates_environment_through_start_run(
+    tmp_path, monkeypatch, capsys
+):
+    # `accelerate launch --use_fsdp --mixed_precision bf16` with a command line that says otherwise
+    monkeypatch.delenv("RANK", raising=False)
+    for name, value in {**FSDP_V2, "ACCELERATE_MIXED_PRECISION": "bf16"}.items():
+        monkeypatch.setenv(name, value)
+    argv = ["--fsdp", "false", "--dtype", "float32", "--output_dir", str(tmp_path / "a")]
+    args, lines = _start(argv, capsys)
+    assert (args.fsdp, args.dtype) == (False, "float32")
+    assert "ACCELERATE_USE_FSDP" not in os.environ  # kept out of the Accelerator either way
+    assert lines[:2] == [
+        "--fsdp False (set on the command line) wins over accelerate's ACCELERATE_USE_FSDP; "
+        "accelerate's FSDP_* options are ignored",
+        "compute dtype float32 (--dtype, set on the command line; accelerate's "
+        "ACCELERATE_MIXED_PRECISION=bf16 is not applied)",
+    ]
+    # the same environment, neither flag given: accelerate's settings apply
+    for name in ("ACCELERATE_USE_FSDP", "ACCELERATE_MIXED_PRECISION"):
+        monkeypatch.setenv(name, {**FSDP_V2, "ACCELERATE_MIXED_PRECISION": "bf16"}[name])
+    args, lines = _start(["--output_dir", str(tmp_path / "b")], capsys)
+    assert (args.fsdp, args.dtype) == (True, "bfloat16")
+    assert lines[0].startswith("ACCELERATE_USE_FSDP is set (FSDP_VERSION=2")
+
+
 def test_accelerate_gradient_accumulation_is_refused_in_one_line_before_anything_loads(
     tmp_path, monkeypatch, capsys
 ):

@@ -129,3 +129,26 @@ def test_phases_and_the_rest_add_up_to_the_step_and_do_not_nest():
     assert row["time/gen_s"] >= 0.01 and row["time/update_s"] >= 0.01 and row["time/eval_s"] == 0
     assert sum(row[key] for key in TIME_SPLIT) == pytest.approx(seconds, abs=1e-12)
     assert row["time/other_s"] >= 0.0
+
+
+@pytest.mark.parametrize("script,opt_steps", SCRIPTS, ids=[s for s, _ in SCRIPTS])
+def test_every_optimizer_steps_on_gradients_clipped_to_max_grad_norm(short_run, script, opt_steps):
+    """The gradients each optimizer step sees (the short run's spy, conftest.THREAD_SPY) have a
+    total norm of at most --max_grad_norm, while the logged `grad_norm` (the norm before clipping)
+    exceeds it: clipping acts, before the step. pros_ppo's critic steps its own optimizer under
+    the same bound."""
+    from conftest import SHORT_RUN
+
+    out, stdout = short_run(script)
+    max_norm = float(SHORT_RUN[SHORT_RUN.index("--max_grad_norm") + 1])
+    steps = json.loads(stdout.split("OPTIMIZER_STEPS", 1)[1].strip().splitlines()[0])
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][1:]
+    assert max(r["grad_norm"] for r in rows) > 10 * max_norm
+    optimizers = 2 if script == "pros_ppo.py" else 1
+    assert sorted({i for i, _ in steps}) == list(range(optimizers))
+    policy_steps = [norm for i, norm in steps if i == 0]
+    assert len(policy_steps) == len(rows) * opt_steps
+    # clip_grad_norm_ scales by max_norm / (norm + 1e-6): at most max_norm, up to float32 rounding
+    over = [norm for _, norm in steps if norm > max_norm * (1 + 1e-5)]
+    assert not over, f"optimizer steps on gradient norms {over} > --max_grad_norm {max_norm}"
+    assert max(policy_steps) > 0.5 * max_norm  # the spy saw real gradients, clipped

@@ -5,13 +5,14 @@ folder's checks."""
 
 import json
 import os
+import re
 import shutil
 import signal
 from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import run_main
+from conftest import SHORT_RUN_FLAGS, run_main
 from safetensors.torch import load_file
 
 TINY = [
@@ -260,3 +261,32 @@ def test_the_card_carries_hub_metadata_the_set_flags_and_no_local_path(tmp_path)
     card = model_card(args, "ra_rloo", ra_rloo.__doc__, tokenizer, [2], 1, adapter=False)
     assert "/nowhere" not in card and "base_model" not in card and "datasets:" not in card
     assert "python ra_rloo.py --model_name_or_path base --dataset_name d.jsonl" in card
+
+
+@pytest.mark.parametrize("script", sorted(SHORT_RUN_FLAGS))
+def test_every_script_exports_its_model(short_run, script):
+    """Each script's short run leaves `model/`: the weights (as its last checkpoint holds them),
+    the tokenizer, a generation config that ends where the run's generation ended, and the card
+    naming the script and its run."""
+    out, stdout = short_run(script)
+    export = out / "model"
+    assert export.is_dir(), f"{script} left no {export}"
+    files = {path.name for path in export.iterdir()}
+    wanted = {"config.json", "model.safetensors", "generation_config.json", "README.md"}
+    assert wanted | {"tokenizer.json", "tokenizer_config.json"} <= files, files
+    # the ids the run printed before its first step: "... token ids 2 '</s>' (...), ..."
+    line = next(line for line in stdout.splitlines() if "generation stops at token ids" in line)
+    end_ids = [int(token) for token in re.findall(r"(\d+) '", line)]
+    generation = json.loads((export / "generation_config.json").read_text())
+    assert end_ids and generation["eos_token_id"] == end_ids, (generation, line)
+    card = (export / "README.md").read_text()
+    rows = _rows(out)
+    steps = rows[-1]["step"]
+    for needle in (f"`{script}`", f"- steps: {steps} (of --max_steps {steps})", "rlvr-sampling"):
+        assert needle in card, needle
+    # the trained fp32 weights, bit for bit (the shared export code loads them with transformers in
+    # the test above; here only what each script hands it)
+    saved = load_file(str(export / "model.safetensors"))
+    trained = load_file(str(out / f"checkpoint-{steps}" / "model.safetensors"))
+    assert saved.keys() == trained.keys()
+    assert all(saved[k].dtype == torch.float32 and torch.equal(saved[k], trained[k]) for k in saved)

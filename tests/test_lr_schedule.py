@@ -92,3 +92,26 @@ def test_schedule_flags_are_checked_in_one_line(tmp_path):
         scheduler.step()
         rates.append(scheduler.get_last_lr()[0])
     assert rates == transformers_lrs("cosine_with_min_lr", 1.0, 2, 8, min_lr_rate=0.1)
+
+
+@pytest.mark.parametrize("name", ["linear", "cosine"])
+def test_a_warmup_ratio_rounds_up_as_transformers_does(name):
+    # 0.3 x 5 = 1.5 warm-up steps: transformers' TrainingArguments.get_warmup_steps rounds up to 2
+    from transformers import TrainingArguments
+
+    from common.run.flags import parse_args
+    from common.run.setup import make_scheduler
+    from ra_rloo import Args
+
+    flags = ["--lr_scheduler_type", name, "--warmup_ratio", "0.3", "--max_steps", "5"]
+    args = parse_args(Args, [*flags, "--learning_rate", "1.0"])
+    warmup = TrainingArguments(output_dir="unused", warmup_steps=0.3).get_warmup_steps(5)
+    assert warmup == 2
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = make_scheduler(optimizer, args)
+    rates = []
+    for _ in range(5):
+        optimizer.step()
+        scheduler.step()
+        rates.append(scheduler.get_last_lr()[0])
+    assert rates == transformers_lrs(name, 1.0, warmup, 5)

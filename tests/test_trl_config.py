@@ -87,6 +87,8 @@ def test_a_trl_grpo_config_runs_the_script(tiny_base, tmp_path, monkeypatch, cap
     assert saved["reward_funcs"] == "trl_user_rewards:length_reward,trl_user_rewards:digit_reward"
     assert (saved["reward_weights"], saved["eval_steps"], saved["save_steps"]) == ("0.5,1", 0, 0)
     assert (saved["seed"], saved["warmup_steps"], saved["max_completion_length"]) == (42, 1, 8)
+    # the file's method keys as written (ra_rloo.py's defaults are beta 0.05, num_generations 4)
+    assert (saved["beta"], saved["num_generations"]) == (0.0, 2)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows if "loss" in row] == [1, 2]
     # the first lines: what became of TRL's keys, and how the prompts reach the model
@@ -160,6 +162,19 @@ def test_a_method_the_script_does_not_implement_is_refused_in_one_line(tmp_path,
     with pytest.raises(SystemExit) as stop:
         parse_args(Args, ["--config", _write(tmp_path, text)])
     assert message in str(stop.value) and "\n" not in str(stop.value)
+
+
+def test_trl_method_and_batch_keys_become_the_flags_they_name(tmp_path):
+    # beta 0 (no KL term) where the script's default is 0.05; 6 x 2 completions in groups of 3
+    from ra_rloo import Args
+
+    text = (
+        "beta: 0.0\nnum_generations: 3\n"
+        "per_device_train_batch_size: 6\ngradient_accumulation_steps: 2\n"
+    )
+    args = parse_args(Args, ["--config", _write(tmp_path, text)])
+    got = (args.beta, args.num_generations, args.prompts_per_step, args.micro_batch_size)
+    assert got == (0.0, 3, 4, 6)
 
 
 def test_transformers_warmup_ratio_goes_to_warmup_ratio(tmp_path):
