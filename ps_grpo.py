@@ -767,7 +767,7 @@ def ps_loss(
 
 
 def sample_rows(
-    tasks, episodes, prompts, advantages, keep, clipped, scored, n, tokenizer, picks
+    tasks, episodes, prompts, advantages, keep, truncated, scored, n, tokenizer, picks
 ) -> list[dict]:
     """samples.jsonl rows of the picked rollouts; advantage 0 and trained False: a group dropped by
     rejection sampling."""
@@ -782,7 +782,7 @@ def sample_rows(
             "reward": episodes[i].reward,
             "advantage": advantages.flatten()[i].item() if trained else 0.0,
             "trained": trained,
-            "truncated": clipped[i],
+            "truncated": truncated[i],
             "ps_prefix_steps": len(task.steps),
         }
         if task.category is not None:
