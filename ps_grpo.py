@@ -988,6 +988,8 @@ def main(args: Args) -> None:
 
         # ================ update: clipped surrogate on generated tokens only (replayed: mask 0)
         with steps.phase("update"):
+            # every rank adds the same names: also one with no trained row (no micro-batch)
+            steps.add(clip_sum=0.0)
             lengths = [len(prompts[episode.group]) + len(episode.ids) for episode in trained]
             micro = micro_batches(
                 len(trained),
