@@ -971,7 +971,9 @@ def main(args: Args) -> None:
         #                  (the DeepSWE baseline)
         keep = ~zero_variance(rewards)  # [tasks]
         advantages = grpo_advantages(rewards, scale=args.scale_rewards)  # [tasks, N]
-        trained_ids = [i for i in range(len(episodes)) if keep[i // n]]
+        # a host list: read per rollout without indexing a tensor element by element
+        kept = keep.tolist()
+        trained_ids = [i for i in range(len(episodes)) if kept[i // n]]
         trained_advantages = advantages.flatten()[trained_ids].to(device)
         trained = [episodes[i] for i in trained_ids]
         # [PS] (also in GRPO) the appendix's signal strength (ps_signal_strength)
