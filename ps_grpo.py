@@ -937,9 +937,13 @@ def main(args: Args) -> None:
         )
         for category in CATEGORIES:
             groups = [group for group, task in enumerate(tasks) if task.category == category]
-            steps.add(**{f"prefix_{category}_tasks": len(groups)})
-            steps.add(**{f"prefix_{category}_success": success[groups].sum()})
-            steps.add(**{f"prefix_{category}_steps": sum(len(tasks[g].steps) for g in groups)})
+            steps.add(
+                **{
+                    f"prefix_{category}_tasks": len(groups),
+                    f"prefix_{category}_success": success[groups].sum(),
+                    f"prefix_{category}_steps": sum(len(tasks[g].steps) for g in groups),
+                }
+            )
 
         # ================ [PS] (also in GRPO: skips all) route fresh tasks; too-hard / too-easy ->
         #                  Prefix & Mask, queued for the next batch
@@ -971,9 +975,8 @@ def main(args: Args) -> None:
         #                  (the DeepSWE baseline)
         keep = ~zero_variance(rewards)  # [tasks]
         advantages = grpo_advantages(rewards, scale=args.scale_rewards)  # [tasks, N]
-        # a host list: read per rollout without indexing a tensor element by element
-        kept = keep.tolist()
-        trained_ids = [i for i in range(len(episodes)) if kept[i // n]]
+        # the rollouts of the kept groups, as one host list (no tensor read element by element)
+        trained_ids = keep.repeat_interleave(n).nonzero().flatten().tolist()
         trained_advantages = advantages.flatten()[trained_ids].to(device)
         trained = [episodes[i] for i in trained_ids]
         # [PS] (also in GRPO) the appendix's signal strength (ps_signal_strength)
