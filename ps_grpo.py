@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import functools
 import random
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Annotated, ClassVar, Literal
 
@@ -74,15 +73,13 @@ from common.distributed.ranks import (
     micro_batches,
     my_slice,
     rank_mean,
-    reduce_sums,
 )
 from common.generation.hf import SamplingConfig
-from common.model.policy import autocast
 from common.rl.advantages import grpo_advantages, zero_variance
 from common.rl.episode import Episode
-from common.rl.logprobs import token_logprobs
+from common.rl.logprobs import Forward
 from common.rl.losses import clipped_surrogate
-from common.rl.masking import pad_sequences, right_align
+from common.rl.masking import right_align
 from common.run.checkpoint import Checkpoints
 from common.run.export import export_model
 from common.run.flags import BaseArgs, Range, parse_args
@@ -98,6 +95,7 @@ from common.run.setup import (
     shard_models,
     start_run,
 )
+from common.run.step_metrics import StepMetrics
 from common.run.summary import run_summary
 from common.tasks.evaluation import (
     evaluate_policy,
@@ -106,7 +104,7 @@ from common.tasks.evaluation import (
     train_prompt_sample,
 )
 from common.tasks.loading import PromptEncoder, PromptSampler, make_task
-from common.tasks.scoring import Scored, reward_moments, reward_sums
+from common.tasks.scoring import Scored
 
 CATEGORIES = ("hard", "easy")  # [PS] too-hard tasks replay a success, too-easy tasks a failure
 ROUTES = ("all_fail", "all_pass", "normal", "too_hard", "too_easy")
@@ -426,19 +424,22 @@ def attributed(
     return Attributed(len(current), success, len(mine) - len(current))
 
 
-def controller_input(
-    accelerator, tasks: list[BatchTask], passes: list[int], controllers: dict
-) -> dict[str, Attributed]:
-    """[PS] (also in GRPO: all 0) Each category's `attributed` counts at its controller's current
-    ratio, summed over ranks (the same on every rank)."""
-    mine = {}
+def controller_counts(tasks: list[BatchTask], passes: list[int], controllers: dict) -> dict:
+    """[PS] (also in GRPO: all 0) This rank's `attributed` counts of each category at its
+    controller's current ratio, as named sums of the step (`StepMetrics.add`)."""
+    counts = {}
     for category in CATEGORIES:
-        counts = attributed(tasks, passes, category, controllers[category].ratio)
-        mine.update({f"{category}:{name}": value for name, value in asdict(counts).items()})
-    summed = reduce_sums(accelerator, mine)
+        mine = attributed(tasks, passes, category, controllers[category].ratio)
+        counts.update({f"ctrl_{category}_{name}": value for name, value in asdict(mine).items()})
+    return counts
+
+
+def controller_input(totals: dict) -> dict[str, Attributed]:
+    """[PS] (also in GRPO: all 0) Each category's `controller_counts` summed over ranks (the step's
+    totals: the same on every rank)."""
     return {
         category: Attributed(
-            summed[f"{category}:tasks"], summed[f"{category}:success"], summed[f"{category}:stale"]
+            *(totals[f"ctrl_{category}_{name}"] for name in ("tasks", "success", "stale"))
         )
         for category in CATEGORIES
     }
@@ -640,19 +641,113 @@ def evaluate_episodes(
     return pass_metrics([count for count, _ in counts], samples, [tag for _, tag in counts])
 
 
-def evaluate_multiturn(generator, tokenizer, encode, train, held_out, args, accelerator, cfg):
-    """[multiturn] The evaluation every script logs, of whole episodes: eval_* on the held-out
-    problems and eval_train_* on a fixed sample of the training pool."""
+# ----------------------------------------------------------------------------------------------
+# The environment, chosen once: its tasks, rollouts, rewards and evaluation
+# ----------------------------------------------------------------------------------------------
 
-    def score(examples):
-        return evaluate_episodes(generator, tokenizer, encode, examples, args, accelerator, cfg)
 
-    # the training-pool sample first: it runs on a copy of the random state, so both draw from the
-    # same state (`evaluate_policy`'s train_prompts_first)
-    train_fit = evaluate_train_prompts(score, train_prompt_sample(train, args.eval_train_prompts))
-    out = score(held_out)
-    out.update(train_fit)
-    return out
+class MultiTurnEnv:
+    """--mode multiturn: the Countdown environment, one action per turn; the environment's reward
+    (an episode succeeds at >= --success_reward, default 1); the evaluation plays whole episodes."""
+
+    def __init__(self, args: Args, tokenizer):
+        from common.demo.countdown_env import make_env_task
+
+        self.args, self.tokenizer = args, tokenizer
+        self.train, self.held_out = make_env_task(
+            args.env_numbers, args.env_max_number, args.eval_prompts, args.prompt_pool
+        )
+        # the prompts: the environment's reset observations
+        self.encode = PromptEncoder(tokenizer, templated=False)
+        self.success_reward = 1.0 if args.success_reward is None else args.success_reward
+        # one action per generate call
+        self.sampling = turn_config(tokenizer, args, args.temperature)
+        self.eval_sampling = turn_config(tokenizer, args, sampling_configs(args)[1].temperature)
+
+    def rollout_batch(self, generator, prompts, examples, prefixes, n):
+        """n episodes per task (`rollout_multiturn`): (episodes, truncated)."""
+        problems = [example.answer for example in examples]
+        args = self.args
+        return rollout_multiturn(
+            generator,
+            self.tokenizer,
+            prompts,
+            problems,
+            prefixes,
+            n,
+            self.sampling,
+            args.max_turns,
+            args.env_invalid,
+        )
+
+    def score(self, episodes, examples, truncated, step) -> Scored:
+        """The environment's rewards (`fixed_scored`)."""
+        rewards = [episode.reward for episode in episodes]
+        return fixed_scored(rewards, truncated, self.success_reward)
+
+    def evaluate(self, generator, accelerator) -> dict:
+        """eval_* on the held-out problems and eval_train_* on a fixed sample of the training pool,
+        of whole episodes."""
+        args = self.args
+
+        def score(examples):
+            return evaluate_episodes(
+                generator,
+                self.tokenizer,
+                self.encode,
+                examples,
+                args,
+                accelerator,
+                self.eval_sampling,
+            )
+
+        # the training-pool sample first: it runs on a copy of the random state, so both draw from
+        # the same state (`evaluate_policy`'s train_prompts_first)
+        sample = train_prompt_sample(self.train, args.eval_train_prompts)
+        train_fit = evaluate_train_prompts(score, sample)
+        out = score(self.held_out)
+        out.update(train_fit)
+        return out
+
+
+class TextEnv:
+    """--mode text: Countdown's single-turn text form or a dataset (--reward_funcs: yours), a line
+    of the completion per step; the task's reward scores the whole text."""
+
+    def __init__(self, args: Args, tokenizer, log):
+        self.args, self.tokenizer = args, tokenizer
+        self.task = make_task(args, tokenizer, log)
+        self.train = self.task.train
+        self.encode = PromptEncoder(tokenizer, self.task.templated)
+        # whole completions
+        self.sampling, self.eval_sampling = sampling_configs(args)
+        self.is_break = line_breaks(tokenizer)
+
+    def rollout_batch(self, generator, prompts, examples, prefixes, n):
+        """n completions per task (`rollout_text`): (episodes, truncated)."""
+        return rollout_text(
+            generator, self.tokenizer, prompts, prefixes, n, self.sampling, self.is_break
+        )
+
+    def score(self, episodes, examples, truncated, step) -> Scored:
+        """The task's rewards of the whole texts; a cut rollout gets 0 from the built-in rewards."""
+        texts = [self.tokenizer.decode(ep.ids, skip_special_tokens=True) for ep in episodes]
+        rollout_examples = [examples[episode.group] for episode in episodes]
+        completions = [episode.ids for episode in episodes]
+        return self.task.score(texts, rollout_examples, completions, truncated, step)
+
+    def evaluate(self, generator, accelerator) -> dict:
+        """The task's evaluation (`evaluate_policy`), training prompts first."""
+        return evaluate_policy(
+            generator,
+            self.tokenizer,
+            self.task,
+            self.encode,
+            self.eval_sampling,
+            self.args,
+            accelerator,
+            train_prompts_first=True,
+        )
 
 
 def batch_order(built: list[tuple[int, int, BatchTask]], world: int) -> list[BatchTask]:
@@ -679,7 +774,7 @@ def ps_loss(
 
 
 def sample_rows(
-    tasks, episodes, prompts, advantages, keep, clipped, scored, n, tokenizer, picks
+    tasks, episodes, prompts, advantages, keep, truncated, scored, n, tokenizer, picks
 ) -> list[dict]:
     """samples.jsonl rows of the picked rollouts; advantage 0 and trained False: a group dropped by
     rejection sampling."""
@@ -694,7 +789,7 @@ def sample_rows(
             "reward": episodes[i].reward,
             "advantage": advantages.flatten()[i].item() if trained else 0.0,
             "trained": trained,
-            "truncated": clipped[i],
+            "truncated": truncated[i],
             "ps_prefix_steps": len(task.steps),
         }
         if task.category is not None:
@@ -704,147 +799,41 @@ def sample_rows(
     return rows
 
 
-def ps_grpo_metrics(
-    accelerator,
-    args: Args,
-    step: int,
-    counters: dict,
-    sums: dict,
-    tasks: list[BatchTask],
-    episodes: list[Episode],
-    rewards,
-    success,
-    passes: list[int],
-    routes: list[str],
-    clipped: list[bool],
-    keep,
-    trained_advantages,
-    scored: Scored,
-    control: dict[str, Attributed],
-    controllers: dict[str, PrefixController],
-    queued: int,
-    dropped: int,
-    grad_norm,
-    lr: float,
-    times: dict,
-) -> dict:
-    """The step's row: one reduce of named sums over ranks, then each metric from them
-    (docs/ps_grpo.md). reward_mean, reward_std, pass_rate and frac_zero_var_groups: fresh tasks only
-    (the paper's training score); ps_*: the mechanism, prefix tasks."""
-    n = args.num_generations
-    world = accelerator.num_processes
-    fresh = [group for group, task in enumerate(tasks) if task.category is None]
-    prefix_groups = {}
-    for category in CATEGORIES:
-        prefix_groups[category] = [
-            group for group, task in enumerate(tasks) if task.category == category
-        ]
-    fresh_rewards = rewards[fresh]
-    sums_to_reduce = {
-        "groups": len(fresh),
-        "fresh_rollouts": fresh_rewards.numel(),
-        "rollouts": len(episodes),
-        "gen_tokens": sum(episode.generated_tokens for episode in episodes),
-        "replayed_tokens": sum(episode.replayed_tokens for episode in episodes),
-        # NaN (no function scored it): out of reward_mean / _std
-        **reward_sums(fresh_rewards),
-        "success": float(success[fresh].sum()),
-        "zero_var": float(zero_variance(fresh_rewards).sum()),
-        "truncated": sum(clipped),
-        "trained_groups": float(keep.sum()),
-        **sums,
-        # [PS] (also in GRPO) the appendix's signal strength, below
-        "adv_sq_sum": float((trained_advantages**2).sum()),
-        # [PS] (also in GRPO) every task of the batch, prefix tasks too
-        "solve_partial": sum(0 < k < n for k in passes),
-    }
-    for name in ROUTES:
-        sums_to_reduce[f"route_{name}"] = sum(routes[group] == name for group in fresh)
-    for category in CATEGORIES:
-        groups = prefix_groups[category]
-        sums_to_reduce[f"prefix_{category}_tasks"] = len(groups)
-        sums_to_reduce[f"prefix_{category}_success"] = float(success[groups].sum())
-        sums_to_reduce[f"prefix_{category}_steps"] = sum(len(tasks[g].steps) for g in groups)
-    sums_to_reduce.update(times)
-    totals = reduce_sums(accelerator, sums_to_reduce)
-    counters["rollouts"] += int(totals["rollouts"])
-    counters["gen_tokens"] += int(totals["gen_tokens"])
-    fresh_samples = max(1.0, totals["fresh_rollouts"])
-    samples = max(1.0, totals["rollouts"])
-    tokens = max(1.0, totals["tok"])
-    # over the fresh rollouts given a reward
-    reward_mean, reward_std = reward_moments(totals, totals["fresh_rollouts"])
-    pass_rate = totals["success"] / fresh_samples
+def share(part: float, whole: float) -> float | None:
+    """part / whole, None when whole is 0 (nothing to measure this step)."""
+    return part / whole if whole else None
 
-    # [PS] (also in GRPO, as its reference) the mechanism's figures
-    prefix_tasks = {category: totals[f"prefix_{category}_tasks"] for category in CATEGORIES}
-    prefix_success = {category: totals[f"prefix_{category}_success"] for category in CATEGORIES}
-    prefix_pass_rates = {}
-    prefix_steps_mean = {}
-    for category in CATEGORIES:
-        rollouts = prefix_tasks[category] * n
-        prefix_pass_rates[category] = prefix_success[category] / rollouts if rollouts else None
-        steps = totals[f"prefix_{category}_steps"]
-        prefix_steps_mean[category] = (
-            steps / prefix_tasks[category] if prefix_tasks[category] else None
-        )
-    all_prefix_rollouts = prefix_tasks["hard"] * n + prefix_tasks["easy"] * n
-    all_prefix_success = prefix_success["hard"] + prefix_success["easy"]
-    prefix_pass_rate = None
-    if all_prefix_rollouts:
-        prefix_pass_rate = all_prefix_success / all_prefix_rollouts
-    # mean A^2 of trained rollouts: a group's p(1-p) with A = r - mean (appendix, Perspective 2); 1
-    # with / std
-    signal_strength = None
-    if totals["trained_groups"]:
-        signal_strength = totals["adv_sq_sum"] / (n * totals["trained_groups"])
+
+def ps_grpo_metrics(totals: dict, n: int, control, controllers, ema_alpha, queued, dropped) -> dict:
+    """[PS] (also in GRPO, as its reference) the mechanism's figures from the step's sums over
+    ranks (docs/ps_grpo.md); `control`: the controllers' input (`controller_input`)."""
+    tasks = {c: totals[f"prefix_{c}_tasks"] for c in CATEGORIES}
+    success = {c: totals[f"prefix_{c}_success"] for c in CATEGORIES}
     return {
-        "step": step,
-        "rollouts": counters["rollouts"],
-        "gen_tokens": counters["gen_tokens"],
-        "reward_mean": reward_mean,
-        "reward_std": reward_std,
-        "pass_rate": pass_rate,
-        **scored.metrics(accelerator),
-        "frac_zero_var_groups": totals["zero_var"] / max(1.0, totals["groups"]),
-        # generated tokens per rollout (no replayed ones)
-        "completion_len_mean": totals["gen_tokens"] / samples,
-        # rollouts cut by a length limit
-        "clipped_ratio": totals["truncated"] / samples,
-        # the clipped surrogate per trained token
-        "loss": totals["loss_sum"] / tokens,
-        # no KL term
-        "kl": 0.0,
-        "entropy": totals["ent_sum"] / tokens,
-        "grad_norm": float(grad_norm),
-        "lr": lr,
-        "time_gen_s": totals["t_gen"] / world,
-        "time_train_s": totals["t_train"] / world,
-        "sampler_logp_diff": totals["gap_sum"] / totals["gap_tok"] if totals["gap_tok"] else None,
         "ps_solve_partial": totals["solve_partial"],
-        "ps_prefix_tasks": prefix_tasks["hard"] + prefix_tasks["easy"],
-        "ps_prefix_pass_rate": prefix_pass_rate,
-        "ps_prefix_pass_rate_hard": prefix_pass_rates["hard"],
-        "ps_prefix_pass_rate_easy": prefix_pass_rates["easy"],
+        "ps_prefix_tasks": tasks["hard"] + tasks["easy"],
+        "ps_prefix_pass_rate": share(
+            success["hard"] + success["easy"], tasks["hard"] * n + tasks["easy"] * n
+        ),
+        **{f"ps_prefix_pass_rate_{c}": share(success[c], tasks[c] * n) for c in CATEGORIES},
         # the controllers' input: prefix tasks built with the ratio they ran at
-        "ps_ctrl_pass_rate_hard": control["hard"].pass_rate(n),
-        "ps_ctrl_pass_rate_easy": control["easy"].pass_rate(n),
-        "ps_ctrl_stale_hard": control["hard"].stale,
-        "ps_ctrl_stale_easy": control["easy"].stale,
+        **{f"ps_ctrl_pass_rate_{c}": control[c].pass_rate(n) for c in CATEGORIES},
+        **{f"ps_ctrl_stale_{c}": control[c].stale for c in CATEGORIES},
         # mean K
-        "ps_prefix_steps_hard": prefix_steps_mean["hard"],
-        "ps_prefix_steps_easy": prefix_steps_mean["easy"],
+        **{
+            f"ps_prefix_steps_{c}": share(totals[f"prefix_{c}_steps"], tasks[c]) for c in CATEGORIES
+        },
         # after this step's update: the ratios the next prefix tasks are built with
-        "ps_ratio_hard": controllers["hard"].ratio,
-        "ps_ratio_easy": controllers["easy"].ratio,
-        "ps_ema_hard": controllers["hard"].ema(args.ema_alpha),
-        "ps_ema_easy": controllers["easy"].ema(args.ema_alpha),
+        **{f"ps_ratio_{c}": controllers[c].ratio for c in CATEGORIES},
+        **{f"ps_ema_{c}": controllers[c].ema(ema_alpha) for c in CATEGORIES},
         "ps_replayed_tokens": totals["replayed_tokens"],
         "ps_generated_tokens": totals["gen_tokens"],
-        "ps_fresh_pass_rate": pass_rate,
+        "ps_fresh_pass_rate": totals["success"] / max(1.0, totals["reward_n"]),
         "ps_trained_groups": totals["trained_groups"],
-        "ps_clip_frac": totals["clip_sum"] / tokens,
-        "ps_signal_strength": signal_strength,
+        "ps_clip_frac": totals["clip_sum"] / max(1.0, totals["tok"]),
+        # mean A^2 of trained rollouts: a group's p(1-p) with A = r - mean (appendix,
+        # Perspective 2); 1 with / std
+        "ps_signal_strength": share(totals["adv_sq_sum"], n * totals["trained_groups"]),
         "ps_queued": queued,
         "ps_dropped": dropped,
         # fresh tasks
@@ -865,60 +854,21 @@ def main(args: Args) -> None:
     optimizer, scheduler = make_optimizer(policy, args)
     # `model`: DDP-wrapped for the backward pass
     model, optimizer = prepare_training(accelerator, policy, optimizer, args.fsdp)
-    if args.multiturn:
-        from common.demo.countdown_env import make_env_task
-
-        text_task = None
-        train, held_out = make_env_task(
-            args.env_numbers, args.env_max_number, args.eval_prompts, args.prompt_pool
-        )
-        # the prompts: the environment's reset observations
-        encode = PromptEncoder(tokenizer, templated=False)
-    else:
-        # Countdown's single-turn text form or a dataset; --reward_funcs: yours
-        text_task = make_task(args, tokenizer, log)
-        train = text_task.train
-        encode = PromptEncoder(tokenizer, text_task.templated)
-    # [multiturn] an episode succeeds at an environment reward >= this
-    env_success_reward = 1.0 if args.success_reward is None else args.success_reward
-    sampler = PromptSampler(len(train), args.seed)
+    # the one place the task is chosen: its prompts, rollouts, rewards and evaluation
+    env = MultiTurnEnv(args, tokenizer) if args.multiturn else TextEnv(args, tokenizer, log)
+    sampler = PromptSampler(len(env.train), args.seed)
     compiled = make_compiled(args, log)
     generator = make_generator(args, model_path, policy, tokenizer, accelerator, compiled, log)
-    # text mode: whole completions; multi-turn: one action per generate call
-    sampling, eval_sampling = sampling_configs(args)
-    turn_sampling = turn_config(tokenizer, args, args.temperature)
-    eval_turn_sampling = turn_config(tokenizer, args, eval_sampling.temperature)
     # the generator scores greedy samples at T = 1
     temperature = args.temperature if args.temperature > 0 else 1.0
     pack = packed_row_tokens(args, device)
-    is_break = line_breaks(tokenizer)
 
     def run_eval() -> dict:
         # fit the free cores
         torch.set_num_threads(cpu_threads.count(torch.get_num_threads()))
         # FSDP + HF generate: whole weights (else a no-op)
         with gathered(policy, enabled=generator.reads_policy):
-            if args.multiturn:
-                return evaluate_multiturn(
-                    generator,
-                    tokenizer,
-                    encode,
-                    train,
-                    held_out,
-                    args,
-                    accelerator,
-                    eval_turn_sampling,
-                )
-            return evaluate_policy(
-                generator,
-                tokenizer,
-                text_task,
-                encode,
-                eval_sampling,
-                args,
-                accelerator,
-                train_prompts_first=True,
-            )
+            return env.evaluate(generator, accelerator)
 
     # ---------------- resume, prefix-task queue and controllers, logs, step-0 evaluation ----------
     checkpoints = Checkpoints(args, accelerator, model, tokenizer, optimizer, scheduler, log)
@@ -935,61 +885,41 @@ def main(args: Args) -> None:
     if start_step == 0:
         run_log.first_row(run_eval(), compiled)
     n = args.num_generations
+    # the step's sums, recorded where computed, and its phase times; `loss` is per trained token
+    steps = StepMetrics(accelerator, counters, loss_per="tok")
+    forward = Forward(tokenizer.pad_token_id, device, args.dtype, temperature, pack, compiled)
 
     for step in range(start_step + 1, args.max_steps + 1):
-        t_start = time.time()
+        steps.begin()
         # a shared CPU: fit the free cores
         threads = cpu_threads.count(torch.get_num_threads())
         torch.set_num_threads(threads)
 
-        # ================ [PS] (also in GRPO: all fresh) the batch: prefix tasks (at most
-        #                  --max_prefix_frac of it), then fresh tasks
-        n_prefix = min(len(queue), int(args.max_prefix_frac * args.prompts_per_step))
-        # dynamic on-policy: prefix tasks over the cap are dropped, never carried over
-        dropped = len(queue) - n_prefix
-        fresh_ids = sampler.next_ids(args.prompts_per_step - n_prefix)
-        batch_tasks = queue[:n_prefix] + [BatchTask(prompt_id) for prompt_id in fresh_ids]
-        # strided: every rank gets prefix and fresh tasks
-        tasks = my_slice(batch_tasks, accelerator)
-        examples = [train[task.prompt_id] for task in tasks]
-        prefixes = [task.steps for task in tasks]
-        prompts = [encode(example.prompt) for example in examples]
-
         # ================ sample: N rollouts per task (a prefix task replays its prefix, then
         #                  generates the rest)
-        # FSDP + HF generate: whole weights (else a no-op)
-        with gathered(policy, enabled=generator.reads_policy):
-            if args.multiturn:
-                problems = [example.answer for example in examples]
-                episodes, clipped = rollout_multiturn(
-                    generator,
-                    tokenizer,
-                    prompts,
-                    problems,
-                    prefixes,
-                    n,
-                    turn_sampling,
-                    args.max_turns,
-                    args.env_invalid,
-                )
-            else:
-                episodes, clipped = rollout_text(
-                    generator, tokenizer, prompts, prefixes, n, sampling, is_break
-                )
-        # vLLM on a GPU: its memory goes to training; the push brings the weights back
-        generator.sleep()
-        t_gen = time.time() - t_start
+        with steps.phase("gen"):
+            # [PS] (also in GRPO: all fresh) the batch: prefix tasks (at most --max_prefix_frac of
+            # it), then fresh tasks
+            n_prefix = min(len(queue), int(args.max_prefix_frac * args.prompts_per_step))
+            # dynamic on-policy: prefix tasks over the cap are dropped, never carried over
+            dropped = len(queue) - n_prefix
+            fresh_ids = sampler.next_ids(args.prompts_per_step - n_prefix)
+            batch_tasks = queue[:n_prefix] + [BatchTask(prompt_id) for prompt_id in fresh_ids]
+            # strided: every rank gets prefix and fresh tasks
+            tasks = my_slice(batch_tasks, accelerator)
+            examples = [env.train[task.prompt_id] for task in tasks]
+            prefixes = [task.steps for task in tasks]
+            prompts = [env.encode(example.prompt) for example in examples]
+            # FSDP + HF generate: whole weights (else a no-op)
+            with gathered(policy, enabled=generator.reads_policy):
+                episodes, truncated = env.rollout_batch(generator, prompts, examples, prefixes, n)
+            # vLLM on a GPU: its memory goes to training; the push brings the weights back
+            generator.sleep()
 
         # ================ verify: the environment's or the task's reward of the whole text; a cut
         #                  rollout gets 0 from the built-in rewards
-        if args.multiturn:
-            env_rewards = [episode.reward for episode in episodes]
-            scored = fixed_scored(env_rewards, clipped, env_success_reward)
-        else:
-            texts = [tokenizer.decode(ep.ids, skip_special_tokens=True) for ep in episodes]
-            rollout_examples = [examples[episode.group] for episode in episodes]
-            completions = [episode.ids for episode in episodes]
-            scored = text_task.score(texts, rollout_examples, completions, clipped, step)
+        with steps.phase("reward"):
+            scored = env.score(episodes, examples, truncated, step)
         # NaN: no function scored it (advantage 0)
         for episode, total in zip(episodes, scored.total):
             episode.reward = total
@@ -997,10 +927,35 @@ def main(args: Args) -> None:
         success = torch.tensor(scored.success, dtype=torch.bool).view(-1, n)  # [tasks, N]
         # k of N, per task
         passes = success.sum(-1).tolist()
+        # reward_mean, reward_std, pass_rate, frac_zero_var_groups: fresh tasks only (the paper's
+        # training score); the rest of the row covers every rollout
+        fresh = [group for group, task in enumerate(tasks) if task.category is None]
+        steps.add_rewards(rewards[fresh])
+        steps.add(
+            groups=len(fresh),
+            rollouts=len(episodes),
+            gen_tokens=sum(episode.generated_tokens for episode in episodes),
+            replayed_tokens=sum(episode.replayed_tokens for episode in episodes),
+            success=success[fresh].sum(),
+            zero_var=zero_variance(rewards[fresh]).sum(),
+            truncated=sum(truncated),
+            # [PS] (also in GRPO) every task of the batch, prefix tasks too
+            solve_partial=sum(0 < k < n for k in passes),
+        )
+        for category in CATEGORIES:
+            groups = [group for group, task in enumerate(tasks) if task.category == category]
+            steps.add(
+                **{
+                    f"prefix_{category}_tasks": len(groups),
+                    f"prefix_{category}_success": success[groups].sum(),
+                    f"prefix_{category}_steps": sum(len(tasks[g].steps) for g in groups),
+                }
+            )
 
         # ================ [PS] (also in GRPO: skips all) route fresh tasks; too-hard / too-easy ->
         #                  Prefix & Mask, queued for the next batch
         routes = [route(k, n, args.low, args.high) for k in passes]
+        steps.add(**{f"route_{name}": sum(routes[g] == name for g in fresh) for name in ROUTES})
         built = []
         for group, task in enumerate(tasks):
             # prefix tasks are not routed again
@@ -1025,13 +980,16 @@ def main(args: Args) -> None:
         #                  (the DeepSWE baseline)
         keep = ~zero_variance(rewards)  # [tasks]
         advantages = grpo_advantages(rewards, scale=args.scale_rewards)  # [tasks, N]
-        rows = [i for i in range(len(episodes)) if keep[i // n]]
-        trained_advantages = advantages.flatten()[rows].to(device)
-        trained = [episodes[i] for i in rows]
+        # the rollouts of the kept groups, as one host list (no tensor read element by element)
+        trained_ids = keep.repeat_interleave(n).nonzero().flatten().tolist()
+        trained_advantages = advantages.flatten()[trained_ids].to(device)
+        trained = [episodes[i] for i in trained_ids]
+        # [PS] (also in GRPO) the appendix's signal strength (ps_signal_strength)
+        steps.add(trained_groups=keep.sum(), adv_sq_sum=(trained_advantages**2).sum())
         # --mask_truncated_completions: rollouts cut by a length limit get no gradient
         masks = []
-        for i in rows:
-            if args.mask_truncated_completions and clipped[i]:
+        for i in trained_ids:
+            if args.mask_truncated_completions and truncated[i]:
                 masks.append([0] * len(episodes[i].mask))
             else:
                 masks.append(episodes[i].mask)
@@ -1039,61 +997,58 @@ def main(args: Args) -> None:
         n_tokens = rank_mean(accelerator, sum(map(sum, masks)))
 
         # ================ update: clipped surrogate on generated tokens only (replayed: mask 0)
-        t_train_start = time.time()
-        sums = dict.fromkeys(("loss_sum", "ent_sum", "tok", "clip_sum", "gap_sum", "gap_tok"), 0.0)
-        lengths = [len(prompts[episode.group]) + len(episode.ids) for episode in trained]
-        micro = micro_batches(
-            len(trained),
-            args.micro_batch_size,
-            accelerator,
-            model,
-            lengths=lengths,
-            max_tokens=args.max_tokens_per_microbatch,
-        )
-        for batch_rows in micro:
-            batch = pad_sequences(
-                [prompts[trained[i].group] for i in batch_rows],
-                [trained[i].ids for i in batch_rows],
-                tokenizer.pad_token_id,
-                [masks[i] for i in batch_rows],
-                pack,
-            ).to(device)
-            # bf16 compute over fp32 weights with --dtype bfloat16
-            with autocast(device, args.dtype):
-                logp, entropy = token_logprobs(model, batch, temperature, compiled=compiled)
-            mask = batch.loss_mask
-            old_logps = [trained[i].old_logp for i in batch_rows]
-            old_logp = right_align(old_logps, batch.completion_width).to(device)
-            loss, clipped_tokens = ps_loss(
-                logp,
-                old_logp,
-                trained_advantages[batch_rows],
-                mask,
-                n_tokens,
-                args.epsilon,
-                args.epsilon_high,
+        with steps.phase("update"):
+            # every rank adds the same names: also one with no trained row (no micro-batch)
+            steps.add(clip_sum=0.0)
+            lengths = [len(prompts[episode.group]) + len(episode.ids) for episode in trained]
+            micro = micro_batches(
+                len(trained),
+                args.micro_batch_size,
+                accelerator,
+                model,
+                lengths=lengths,
+                max_tokens=args.max_tokens_per_microbatch,
             )
-            accelerator.backward(loss)
-            # back to a sum: normalised over ranks in the metrics
-            sums["loss_sum"] += loss.item() * (n_tokens or 1)
-            sums["ent_sum"] += (entropy * mask).sum().item()
-            sums["tok"] += mask.sum().item()
-            sums["clip_sum"] += clipped_tokens.item()
-            # sampler vs the first training pass
-            sums["gap_sum"] += ((logp.detach() - old_logp).abs() * mask).sum().item()
-            sums["gap_tok"] += mask.sum().item()
-        grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        t_train = time.time() - t_train_start
+            for rows in micro:
+                mb = forward.rows(
+                    [prompts[trained[r].group] for r in rows],
+                    [trained[r].ids for r in rows],
+                    [masks[r] for r in rows],
+                )
+                logp, entropy = forward(model, mb)
+                mask = mb.loss_mask
+                old_logps = [trained[r].old_logp for r in rows]
+                old_logp = right_align(old_logps, mb.completion_width).to(device)
+                loss, clipped_tokens = ps_loss(
+                    logp,
+                    old_logp,
+                    trained_advantages[rows],
+                    mask,
+                    n_tokens,
+                    args.epsilon,
+                    args.epsilon_high,
+                )
+                accelerator.backward(loss)
+                # back to a sum: the row divides it by the ranks' trained tokens
+                loss_sum = loss.detach().double() * (n_tokens or 1)
+                steps.add(loss_sum=loss_sum, ent_sum=(entropy * mask).sum(), tok=mask.sum())
+                steps.add(clip_sum=clipped_tokens)
+                # sampler vs the first training pass
+                gap = (logp.detach() - old_logp).abs() * mask
+                steps.add(gap_sum=gap.sum(), gap_tok=mask.sum())
+            steps.grad_norm(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
 
         # ================ push the new weights to the generator (a no-op for HF generate) ========
         generator.sync_weights(policy)
 
-        # ================ [PS] (also in GRPO: no pass rate, never moved) adaptive prefix control,
-        #                  the same on all ranks: fed the prefix tasks built with the current ratio
-        control = controller_input(accelerator, tasks, passes, controllers)
+        # ================ [PS] (also in GRPO: no pass rate, never moved) adaptive prefix control:
+        #                  fed the prefix tasks built with the current ratio, summed over ranks
+        steps.add(**controller_counts(tasks, passes, controllers))
+        row = steps.finish(step, scheduler.get_last_lr()[0], scored)
+        control = controller_input(steps.totals)
         # [PS] --adaptive: each controller moves its category's ratio toward a 50% pass rate
         if args.prefix_sampling and args.adaptive:
             for category in CATEGORIES:
@@ -1109,31 +1064,9 @@ def main(args: Args) -> None:
                     args.ema_reset,
                 )
 
-        # ================ metrics ================
-        times = {"t_gen": t_gen, "t_train": t_train}
-        row = ps_grpo_metrics(
-            accelerator,
-            args,
-            step,
-            counters,
-            sums,
-            tasks,
-            episodes,
-            rewards,
-            success,
-            passes,
-            routes,
-            clipped,
-            keep,
-            trained_advantages,
-            scored,
-            control,
-            controllers,
-            len(queue),
-            dropped,
-            grad_norm,
-            scheduler.get_last_lr()[0],
-            times,
+        # ================ metrics: the shared keys (above), then the method's ================
+        row |= ps_grpo_metrics(
+            steps.totals, n, control, controllers, args.ema_alpha, len(queue), dropped
         )
 
         # ================ sample log, evaluation, the row, checkpoint, stop ================
@@ -1143,12 +1076,13 @@ def main(args: Args) -> None:
             kinds = [task.kind for task in tasks for _ in range(n)]
             picks = run_log.samples.pick(kinds)
             step_samples = sample_rows(
-                tasks, episodes, prompts, advantages, keep, clipped, scored, n, tokenizer, picks
+                tasks, episodes, prompts, advantages, keep, truncated, scored, n, tokenizer, picks
             )
             run_log.samples.log(step, step_samples)
         if evaluating:
-            row.update(run_eval())
-        run_log.end_step(row, time.time() - t_start, threads, compiled)
+            with steps.phase("eval"):
+                row.update(run_eval())
+        run_log.end_step(row, steps.end(row), threads, compiled)
         stopping = stop.agreed(accelerator)
         if checkpoints.due(step, stopping):
             state = {
