@@ -886,7 +886,8 @@ def main(args: Args) -> None:
         run_log.first_row(run_eval(), compiled)
     n = args.num_generations
     # the step's sums, recorded where computed, and its phase times; `loss` is per trained token
-    steps = StepMetrics(accelerator, counters, loss_per="tok")
+    # clip_sum is added in the micro-batch loop, which a rank with no trained row skips
+    steps = StepMetrics(accelerator, counters, loss_per="tok", method_sums=("clip_sum",))
     forward = Forward(tokenizer.pad_token_id, device, args.dtype, temperature, pack, compiled)
 
     for step in range(start_step + 1, args.max_steps + 1):
@@ -998,8 +999,6 @@ def main(args: Args) -> None:
 
         # ================ update: clipped surrogate on generated tokens only (replayed: mask 0)
         with steps.phase("update"):
-            # every rank adds the same names: also one with no trained row (no micro-batch)
-            steps.add(clip_sum=0.0)
             lengths = [len(prompts[episode.group]) + len(episode.ids) for episode in trained]
             micro = micro_batches(
                 len(trained),

@@ -389,7 +389,8 @@ def main(args: Args) -> None:
         run_log.first_row(run_eval(), compiled)
     k = args.num_generations
     # the step's sums, recorded where computed, and its phase times; `loss` is per sequence
-    steps = StepMetrics(accelerator, counters, loss_per="rollouts")
+    # the replay's sums are added in the micro-batch loop, which a rank with no rows skips
+    steps = StepMetrics(accelerator, counters, loss_per="rollouts", method_sums=("w_sum", "w_n"))
     forward = Forward(tokenizer.pad_token_id, device, args.dtype, temperature, pack, compiled)
 
     for step in range(start_step + 1, args.max_steps + 1):

@@ -69,12 +69,21 @@ class StepMetrics:
     """One step's sums and phase times; `finish` reduces them over ranks (one collective) and
     returns the keys every script logs. `counters` (the run's rollouts and gen_tokens so far, kept
     in the checkpoint) grows at each `finish`. `loss_per` names the total the summed loss is divided
-    by (None: the loss is added as its final value, summed over ranks)."""
+    by (None: the loss is added as its final value, summed over ranks). `method_sums` names the
+    method's sums that a rank may never add in a step (e.g. inside a micro-batch loop, which a rank
+    with no rows skips): they start at 0, so every rank packs the same names."""
 
-    def __init__(self, accelerator, counters: dict, loss_per: str | None = "rollouts"):
+    def __init__(
+        self,
+        accelerator,
+        counters: dict,
+        loss_per: str | None = "rollouts",
+        method_sums: tuple[str, ...] = (),
+    ):
         self.accelerator = accelerator
         self.counters = counters
         self.loss_per = loss_per
+        self.method_sums = tuple(method_sums)
         self.sync = accelerator.device.type == "cuda"
         self.totals: dict = {}
         self.begin()
@@ -127,7 +136,7 @@ class StepMetrics:
     def finish(self, step: int, lr: float, scored) -> dict:
         """One packed sum over ranks of every named sum (kept in `totals`), then the keys every
         script logs; `scored` (the step's `Scored`) adds its reward keys. Call on every rank."""
-        sums = {name: self.sums.get(name, 0.0) for name in GENERIC_SUMS}
+        sums = {name: self.sums.get(name, 0.0) for name in GENERIC_SUMS + self.method_sums}
         # the method's names sorted: the same packing on every rank, whatever order they came in
         sums.update(sorted(self.sums.items()))
         sums["t_gen"], sums["t_train"] = self.seconds["gen"], self.seconds["update"]
