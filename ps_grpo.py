@@ -67,8 +67,6 @@ from typing import Annotated, ClassVar, Literal
 import torch
 
 from common.distributed.ranks import (
-    GracefulStop,
-    end_processes,
     gather_list,
     gathered,
     micro_batches,
@@ -87,11 +85,13 @@ from common.run.checkpoint import Checkpoints
 from common.run.export import export_model
 from common.run.flags import BaseArgs, Range, parse_args
 from common.run.logs import RunLog
+from common.run.process import GracefulStop, end_processes
 from common.run.setup import (
     load_training_policy,
     make_compiled,
     make_generator,
     make_optimizer,
+    make_task,
     packed_row_tokens,
     prepare_training,
     sampling_configs,
@@ -105,7 +105,7 @@ from common.tasks.evaluation import (
     pass_metrics,
     train_prompt_sample,
 )
-from common.tasks.loading import PromptEncoder, PromptSampler, make_task
+from common.tasks.loading import PromptEncoder, PromptSampler
 from common.tasks.scoring import Scored, reward_moments, reward_sums
 
 CATEGORIES = ("hard", "easy")  # [PS] too-hard tasks replay a success, too-easy tasks a failure

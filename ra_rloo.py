@@ -51,8 +51,6 @@ import numpy as np
 import torch
 
 from common.distributed.ranks import (
-    GracefulStop,
-    end_processes,
     gather_list,
     gathered,
     micro_batches,
@@ -69,12 +67,14 @@ from common.run.checkpoint import Checkpoints
 from common.run.export import export_model
 from common.run.flags import BaseArgs, Range, parse_args
 from common.run.logs import RunLog
+from common.run.process import GracefulStop, end_processes
 from common.run.setup import (
     load_training_policy,
     make_compiled,
     make_generator,
     make_optimizer,
     make_reference,
+    make_task,
     packed_row_tokens,
     prepare_training,
     sampling_configs,
@@ -83,7 +83,7 @@ from common.run.setup import (
 )
 from common.run.summary import run_summary
 from common.tasks.evaluation import evaluate, evaluate_policy
-from common.tasks.loading import PromptEncoder, PromptSampler, make_task
+from common.tasks.loading import PromptEncoder, PromptSampler
 from common.tasks.scoring import reward_moments, reward_sums
 
 
