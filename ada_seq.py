@@ -136,7 +136,19 @@ from common.rl.losses import clipped_surrogate, kl_k3
 from common.rl.masking import pad_sequences, right_align
 from common.run.checkpoint import Checkpoints
 from common.run.export import export_model
-from common.run.flags import BaseArgs, Range, parse_args
+from common.run.flags import (
+    DataFlags,
+    EvalFlags,
+    GenerationFlags,
+    LogFlags,
+    ModelFlags,
+    OutputFlags,
+    Range,
+    RewardFlags,
+    ScaleFlags,
+    TrainingFlags,
+    parse_args,
+)
 from common.run.logs import RunLog
 from common.run.process import GracefulStop, end_processes
 from common.run.setup import (
@@ -159,7 +171,17 @@ from common.tasks.scoring import Scored, reward_moments, reward_sums
 
 
 @dataclass
-class Args(BaseArgs):
+class Args(
+    ModelFlags,
+    DataFlags,
+    RewardFlags,
+    GenerationFlags,
+    TrainingFlags,
+    EvalFlags,
+    ScaleFlags,
+    OutputFlags,
+    LogFlags,
+):
     # TRL's names for what this file does: a constant normaliser (samples x max tokens)
     trl_equivalents: ClassVar[dict] = {"loss_type": "dr_grpo"}
     num_generations: Annotated[int, Range(2)] = 4

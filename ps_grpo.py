@@ -83,7 +83,19 @@ from common.rl.losses import clipped_surrogate
 from common.rl.masking import pad_sequences, right_align
 from common.run.checkpoint import Checkpoints
 from common.run.export import export_model
-from common.run.flags import BaseArgs, Range, parse_args
+from common.run.flags import (
+    DataFlags,
+    EvalFlags,
+    GenerationFlags,
+    LogFlags,
+    ModelFlags,
+    OutputFlags,
+    Range,
+    RewardFlags,
+    ScaleFlags,
+    TrainingFlags,
+    parse_args,
+)
 from common.run.logs import RunLog
 from common.run.process import GracefulStop, end_processes
 from common.run.setup import (
@@ -113,7 +125,17 @@ ROUTES = ("all_fail", "all_pass", "normal", "too_hard", "too_easy")
 
 
 @dataclass
-class Args(BaseArgs):
+class Args(
+    ModelFlags,
+    DataFlags,
+    RewardFlags,
+    GenerationFlags,
+    TrainingFlags,
+    EvalFlags,
+    ScaleFlags,
+    OutputFlags,
+    LogFlags,
+):
     # TRL's names for what this file does: the loss divides by the batch's completion tokens
     trl_equivalents: ClassVar[dict] = {"loss_type": "dapo"}
     max_steps: Annotated[int, Range(1)] = 150

@@ -65,7 +65,19 @@ from common.rl.losses import kl_k3
 from common.rl.masking import pad_sequences, right_align
 from common.run.checkpoint import Checkpoints
 from common.run.export import export_model
-from common.run.flags import BaseArgs, Range, parse_args
+from common.run.flags import (
+    DataFlags,
+    EvalFlags,
+    GenerationFlags,
+    LogFlags,
+    ModelFlags,
+    OutputFlags,
+    Range,
+    RewardFlags,
+    ScaleFlags,
+    TrainingFlags,
+    parse_args,
+)
 from common.run.logs import RunLog
 from common.run.process import GracefulStop, end_processes
 from common.run.setup import (
@@ -88,7 +100,17 @@ from common.tasks.scoring import reward_moments, reward_sums
 
 
 @dataclass
-class Args(BaseArgs):
+class Args(
+    ModelFlags,
+    DataFlags,
+    RewardFlags,
+    GenerationFlags,
+    TrainingFlags,
+    EvalFlags,
+    ScaleFlags,
+    OutputFlags,
+    LogFlags,
+):
     # the method in TRL GRPOConfig's terms, so that a --config GRPOConfig file may say so: the loss
     # divides by samples x max_completion_length (rloo_loss), the advantages are not std-scaled
     trl_equivalents: ClassVar[dict] = {"loss_type": "dr_grpo", "scale_rewards": "none"}

