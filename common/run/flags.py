@@ -443,7 +443,7 @@ def script_of(cls) -> str:
 
 def build_parser(cls, description: str = "") -> argparse.ArgumentParser:
     docs = field_docs(cls)
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     hints, ranges = typing.get_type_hints(cls), declared(cls)
@@ -473,31 +473,66 @@ def build_parser(cls, description: str = "") -> argparse.ArgumentParser:
     return parser
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad value stops with one line (the usage is --help's)."""
+
+    def error(self, message: str):
+        raise SystemExit(f"{message} (--help lists every flag)")
+
+
 def parse_args(cls, argv: list[str] | None = None, description: str = ""):
     """`cls` from the command line; `--config FILE` first sets defaults for any flag (command-line
-    flags win)."""
+    flags win). TRL GRPOConfig names on the command line (`--bf16`, `--per_device_train_batch_size
+    8`) go through common/run/trl_config.py's table as a --config file's keys do. Every problem of
+    the file and the command line is reported at once, a line each, before anything is loaded."""
     parser = build_parser(cls, description)
     argv = sys.argv[1:] if argv is None else list(argv)
+    argv, trl_typed = trl_flags(cls, parser, argv)
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
     config = pre.parse_known_args(argv)[0].config
-    from_config = load_config(config, parser, cls) if config else {}
+    problems: list[str] = []
+    from_config = load_config(config, parser, cls, problems) if config else {}
     parser.set_defaults(**from_config)
-    ns = parser.parse_args(argv)
+    ns, extras = parser.parse_known_args(argv)
+    problems += unknown_flags(cls, parser, extras)
+    typed = typed_flags(cls, argv)
+    from_trl = {}
+    if trl_typed:
+        known = {**vars(ns), "config": None}
+        from_trl = command_line_trl(trl_typed, parser, cls, problems, known)
+    for flag, value in from_trl.items():
+        if flag in typed and getattr(ns, flag) != value:
+            problems.append(
+                f"--{from_trl.source[flag]} and --{flag} set --{flag} to {value!r} and "
+                f"{getattr(ns, flag)!r}: keep one"
+            )
+        setattr(ns, flag, getattr(ns, flag) if flag in typed else value)
     args = cls(**vars(ns))
     # which flags the user set, and where: such a flag wins over accelerate's environment
     args._given = {
         **{name: f"--config {config}" for name in from_config if name != "config"},
-        **{name: "the command line" for name in typed_flags(cls, argv) if name != "config"},
+        **{name: "the command line" for name in (*typed, *from_trl) if name != "config"},
     }
     if getattr(args, "eval_train_prompts", 0) is None:  # recorded in args.json as the count used
         args.eval_train_prompts = args.eval_prompts
     for name, declaration in declared(cls).items():  # before anything is loaded or written
         why = refusal(declaration, getattr(args, name))
         if why:
-            raise SystemExit(f"--{name} {getattr(args, name)}: {why}")
+            problems.append(f"--{name} {getattr(args, name)}: {why}")
+    problems += combination_problems(args)
+    if problems:
+        raise SystemExit("\n".join(dict.fromkeys(problems)))
+    if hasattr(args, "validate"):
+        args.validate()
+    return args
+
+
+def combination_problems(args) -> list[str]:
+    """Lines for flags that cannot go together (each flag's own value is fine)."""
+    problems = []
     if getattr(args, "use_vllm", False) and getattr(args, "cache_implementation", None):
-        raise SystemExit(
+        problems.append(
             f"--cache_implementation {args.cache_implementation}: applies to HF generate only; "
             "vLLM "
             "(--use_vllm) manages its own KV cache: drop one of the two flags"
@@ -507,13 +542,13 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
     ]
     # vLLM compiles its own; FSDP and a cache of the user's:
     if getattr(args, "torch_compile", False) and clash:
-        raise SystemExit(
+        problems.append(
             f"--torch_compile: not with --{clash[0]} (it compiles HF generate's decoding step on a "
             "static KV cache of its own, on whole weights): drop one of the two flags"
         )
     both = {"warmup_steps", "warmup_ratio"} <= set(args._given)
     if both and getattr(args, "warmup_steps", 0) > 0 and getattr(args, "warmup_ratio", 0) > 0:
-        raise SystemExit(
+        problems.append(
             f"--warmup_ratio {args.warmup_ratio} and --warmup_steps {args.warmup_steps} both set "
             "the warm-up: give one of the two"
         )
@@ -523,13 +558,107 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
         except ValueError:
             settings = None
         if not isinstance(settings, dict):
-            raise SystemExit(
+            problems.append(
                 f"--lr_scheduler_kwargs {args.lr_scheduler_kwargs}: must be a JSON object, e.g. "
                 "'{\"min_lr_rate\": 0.1}'"
             )
-    if hasattr(args, "validate"):
-        args.validate()
-    return args
+    return problems
+
+
+def trl_flags(cls, parser, argv: list[str]) -> tuple[list[str], dict]:
+    """(argv without them, {name: value}) for the TRL GRPOConfig names typed on the command line
+    that are not this script's flags, spelled in full (`--bf16`, `--bf16 false`, `--report_to a b`,
+    `--name=value`); a value is read as TRL's parser reads one: true / false, a number, else text,
+    several values a list, none `true`. Only for a script's flags (the classes of this module)."""
+    if not issubclass(cls, Flags):
+        return argv, {}
+    from common.run.trl_config import TABLE
+
+    own = {s.lstrip("-") for action in parser._actions for s in action.option_strings}
+    rest, found, i = [], {}, 0
+    while i < len(argv):
+        name, eq, text = argv[i].partition("=")
+        key = name[2:] if name.startswith("--") else ""
+        if key not in TABLE or key in own:
+            rest.append(argv[i])
+            i += 1
+            continue
+        values, i = ([text] if eq else []), i + 1
+        while not eq and i < len(argv) and not _looks_like_flag(argv[i]):
+            values.append(argv[i])
+            i += 1
+        read = [_cli_value(v) for v in values]
+        found[key] = True if not read else read[0] if len(read) == 1 else read
+    return rest, found
+
+
+def _looks_like_flag(token: str) -> bool:
+    if not token.startswith("-"):
+        return False
+    try:
+        float(token)  # a negative number is a value
+        return False
+    except ValueError:
+        return True
+
+
+def _cli_value(text: str):
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def unknown_flags(cls, parser, extras: list[str]) -> list[str]:
+    """A line for each command-line word argparse did not take: a flag this script does not have,
+    named with the nearest one it has (or the nearest TRL GRPOConfig name)."""
+    import difflib
+
+    names = [s[2:] for action in parser._actions for s in action.option_strings if s[:2] == "--"]
+    if issubclass(cls, Flags):
+        from common.run.trl_config import TABLE
+
+        names += [key for key in TABLE if key not in names]
+    lines, script = [], script_of(cls)
+    for i, word in enumerate(extras):
+        if not _looks_like_flag(word):
+            if i == 0 or not _looks_like_flag(extras[i - 1]):
+                lines.append(f"{word}: not a flag (flags start with --; --help lists every flag)")
+            continue
+        name = word.split("=")[0].lstrip("-")
+        near = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        hint = f"; the nearest is --{near[0]}" if near else " (--help lists every flag)"
+        trl = " nor a TRL GRPOConfig name" if issubclass(cls, Flags) else ""
+        lines.append(f"--{name}: not a flag of {script}{trl}{hint}")
+    return lines
+
+
+def command_line_trl(typed: dict, parser, cls, problems: list[str], known: dict) -> dict:
+    """{flag: value} of the TRL names typed on the command line, through the --config table
+    (common/run/trl_config.py), checked like the flags; the run's first lines say what each
+    became. `.source[flag]` is the TRL name that set it."""
+    from common.run.trl_config import translate
+
+    settings, notes, refused = translate(
+        typed, cls, "the command line", where=lambda key: f"--{key}", known=known
+    )
+    problems += refused
+    if os.environ.get("RANK", "0") == "0":
+        for note in notes:
+            print(note, flush=True)
+    return check_settings(settings, parser, cls, problems, None, _SetBy())
+
+
+class _SetBy(dict):
+    """A dict of flag values that remembers which name set each one (`.source`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.source: dict[str, str] = {}
 
 
 def given_flags(args) -> dict[str, str]:
@@ -544,14 +673,14 @@ def typed_flags(cls, argv: list[str]) -> set[str]:
     parser = build_parser(cls)
     for action in parser._actions:
         action.default = argparse.SUPPRESS
-    return set(vars(parser.parse_args(argv)))
+    return set(vars(parser.parse_known_args(argv)[0]))
 
 
-def load_config(path: str, parser: argparse.ArgumentParser, cls) -> dict:
+def load_config(path: str, parser: argparse.ArgumentParser, cls, problems=None) -> dict:
     """Flag values from a YAML/JSON file (a run's args.json works, and a TRL GRPOConfig file: its
     keys through common/run/trl_config.py's table), checked like the command line: every key must
     be a flag, every value of the flag's type, among its choices and in its declared range; errors
-    name the file and the key."""
+    name the file and the key, every one of them (appended to `problems`, else raised together)."""
     import yaml  # PyYAML (a dependency of transformers and accelerate); JSON is YAML
 
     from common.run.trl_config import translate
@@ -565,54 +694,88 @@ def load_config(path: str, parser: argparse.ArgumentParser, cls) -> dict:
             f"--config {path}: expected a mapping of flag names to values, got "
             f"{type(data).__name__}"
         )
+    found: list[str] = []
+    settings, notes, refused = translate(data, cls, f"--config {path}")
+    found += refused
+    if os.environ.get("RANK", "0") == "0":  # the run's first lines, once a run
+        for note in notes:
+            print(note, flush=True)
+
+    values = check_settings(settings, parser, cls, found, f"--config {path}")
+    if problems is None and found:
+        raise SystemExit("\n".join(found))
+    if problems is not None:
+        problems += found
+    return values
+
+
+def check_settings(settings, parser, cls, problems: list[str], file, values=None) -> dict:
+    """{flag: value} of (name, flag, value) settings, each checked as the command line checks a
+    flag (a flag of this script, of its type, among its choices, in its range); a line per problem
+    is appended to `problems` and the setting left out. `file`: the `--config FILE` they come from
+    (None: the command line)."""
+
+    def where(source: str, key: str) -> str:
+        named = f"{file}: key {source!r}" if file else f"--{source}"
+        return named + (f" (--{key})" if key != source else "")
+
     actions = {action.dest: action for action in parser._actions if action.dest != "help"}
     hints = typing.get_type_hints(cls)
     # Optional[...] flags
     optional = {name for name, hint in hints.items() if type(None) in typing.get_args(hint)}
     ranges = declared(cls)
-    settings, notes = translate(data, cls, path)
-    if os.environ.get("RANK", "0") == "0":  # the run's first lines, once a run
-        for note in notes:
-            print(note, flush=True)
-    values, set_by = {}, {}
+    values = {} if values is None else values
+    set_by = getattr(values, "source", {})
     for source, key, value in settings:
-        where = f"--config {path}: key {source!r}" + (f" (--{key})" if key != source else "")
         if key == "resumes":  # a saved args.json's record of flag changes at resumes: not a flag
             continue
         if key not in actions:
-            raise SystemExit(
-                f"{where} is not a flag of this script nor a TRL GRPOConfig key (see --help and "
-                "docs/custom_task.md)"
+            names = list(actions)
+            import difflib
+
+            near = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+            hint = f"; the nearest flag is --{near[0]}" if near else ""
+            problems.append(
+                f"{where(source, key)} is not a flag of this script nor a TRL GRPOConfig key (see "
+                f"--help and docs/custom_task.md){hint}"
             )
+            continue
         # a saved args.json names the config it was made from; it is not followed
         if key == "config":
             continue
-        action = actions[key]
-        if value is None:
-            if key not in optional:
-                raise SystemExit(
-                    f"{where}: null is not allowed (the flag has a default of {action.default!r})"
-                )
-        elif action.nargs == "*":
-            if not isinstance(value, list):
-                raise SystemExit(f"{where}: expected a list, got {type(value).__name__}")
-            value = [_convert(where, action.type, item, False) for item in value]
-        else:
-            value = _convert(
-                where, action.type, value, bool in (hints[key], *typing.get_args(hints[key]))
-            )
-            if action.choices is not None and value not in action.choices:
-                raise SystemExit(f"{where}: {value!r} is not one of {list(action.choices)}")
-            why = refusal(ranges[key], value)
+        try:
+            value = _checked(where(source, key), actions[key], value, key in optional, hints[key])
+            why = None if value is None else refusal(ranges[key], value)
             if why:
-                raise SystemExit(f"{where}: {value!r} {why}")
-        if key in values and values[key] != value:  # two keys of the file, one flag
-            raise SystemExit(
-                f"--config {path}: keys {set_by[key]!r} and {source!r} set --{key} to "
-                f"{values[key]!r} and {value!r}: keep one"
-            )
+                raise SystemExit(f"{where(source, key)}: {value!r} {why}")
+        except SystemExit as e:
+            problems.append(str(e))
+            continue
+        if key in values and values[key] != value:  # two names, one flag
+            first = set_by.get(key, key)
+            both = f"{file}: keys {first!r} and {source!r}" if file else f"--{first} and --{source}"
+            problems.append(f"{both} set --{key} to {values[key]!r} and {value!r}: keep one")
+            continue
         values[key], set_by[key] = value, source
     return values
+
+
+def _checked(where: str, action, value, optional: bool, hint):
+    """A setting's value of the flag's type and among its choices (SystemExit naming it, if not)."""
+    if value is None:
+        if not optional:
+            raise SystemExit(
+                f"{where}: null is not allowed (the flag has a default of {action.default!r})"
+            )
+        return None
+    if action.nargs == "*":
+        if not isinstance(value, list):
+            raise SystemExit(f"{where}: expected a list, got {type(value).__name__}")
+        return [_convert(where, action.type, item, False) for item in value]
+    value = _convert(where, action.type, value, bool in (hint, *typing.get_args(hint)))
+    if action.choices is not None and value not in action.choices:
+        raise SystemExit(f"{where}: {value!r} is not one of {list(action.choices)}")
+    return value
 
 
 def _convert(where: str, kind, value, is_bool: bool):
