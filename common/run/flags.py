@@ -499,8 +499,7 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
     typed = typed_flags(cls, argv)
     from_trl = {}
     if trl_typed:
-        known = {**vars(ns), "config": None}
-        from_trl = command_line_trl(trl_typed, parser, cls, problems, known)
+        from_trl = command_line_trl(trl_typed, parser, cls, problems, vars(ns))
     for flag, value in from_trl.items():
         if flag in typed and getattr(ns, flag) != value:
             problems.append(
