@@ -513,12 +513,12 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
         **{name: f"--config {config}" for name in from_config if name != "config"},
         **{name: "the command line" for name in (*typed, *from_trl) if name != "config"},
     }
-    if getattr(args, "eval_train_prompts", 0) is None:  # recorded in args.json as the count used
-        args.eval_train_prompts = args.eval_prompts
     for name, declaration in declared(cls).items():  # before anything is loaded or written
         why = refusal(declaration, getattr(args, name))
         if why:
             problems.append(f"--{name} {getattr(args, name)}: {why}")
+    if getattr(args, "eval_train_prompts", 0) is None:  # recorded in args.json as the count used
+        args.eval_train_prompts = args.eval_prompts
     problems += combination_problems(args)
     if problems:
         raise SystemExit("\n".join(dict.fromkeys(problems)))
