@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import functools
 import inspect
 import json
 import math
@@ -387,23 +388,29 @@ def field_docs(cls) -> dict[str, str]:
     """{field: docstring} for a dataclass and its bases (a subclass's docstring wins)."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
-        if klass is object:
-            continue
-        try:
-            src = textwrap.dedent(inspect.getsource(klass))
-        except (OSError, TypeError):
-            continue
-        body = ast.parse(src).body[0].body
-        for node, nxt in zip(body, body[1:] + [None]):
-            if (
-                isinstance(node, ast.AnnAssign)
-                and isinstance(node.target, ast.Name)
-                and isinstance(nxt, ast.Expr)
-                and isinstance(getattr(nxt, "value", None), ast.Constant)
-                and isinstance(nxt.value.value, str)
-            ):
-                docs[node.target.id] = " ".join(nxt.value.value.split())
+        if klass is not object:
+            docs.update(_own_docs(klass))
     return docs
+
+
+@functools.lru_cache(maxsize=None)
+def _own_docs(klass) -> dict[str, str]:
+    """{field: docstring} of the fields `klass` itself declares (read once a class: finding a
+    class's source parses its whole file)."""
+    try:
+        src = textwrap.dedent(inspect.getsource(klass))
+    except (OSError, TypeError):
+        return {}
+    body = ast.parse(src).body[0].body
+    return {
+        node.target.id: " ".join(nxt.value.value.split())
+        for node, nxt in zip(body, body[1:] + [None])
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(node.target, ast.Name)
+        and isinstance(nxt, ast.Expr)
+        and isinstance(getattr(nxt, "value", None), ast.Constant)
+        and isinstance(nxt.value.value, str)
+    }
 
 
 def _str2bool(v: str) -> bool:
