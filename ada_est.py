@@ -53,8 +53,6 @@ import numpy as np
 import torch
 
 from common.distributed.ranks import (
-    GracefulStop,
-    end_processes,
     gather_list,
     gathered,
     micro_batches,
@@ -73,14 +71,28 @@ from common.rl.losses import clipped_surrogate, kl_k3
 from common.rl.masking import pad_sequences, right_align
 from common.run.checkpoint import Checkpoints
 from common.run.export import export_model
-from common.run.flags import BaseArgs, Range, parse_args
+from common.run.flags import (
+    DataFlags,
+    EvalFlags,
+    GenerationFlags,
+    LogFlags,
+    ModelFlags,
+    OutputFlags,
+    Range,
+    RewardFlags,
+    ScaleFlags,
+    TrainingFlags,
+    parse_args,
+)
 from common.run.logs import RunLog
+from common.run.process import GracefulStop, end_processes
 from common.run.setup import (
     load_training_policy,
     make_compiled,
     make_generator,
     make_optimizer,
     make_reference,
+    make_task,
     packed_row_tokens,
     prepare_training,
     sampling_configs,
@@ -89,12 +101,22 @@ from common.run.setup import (
 )
 from common.run.summary import run_summary
 from common.tasks.evaluation import evaluate_policy
-from common.tasks.loading import PromptEncoder, PromptSampler, make_task
+from common.tasks.loading import PromptEncoder, PromptSampler
 from common.tasks.scoring import reward_moments, reward_sums
 
 
 @dataclass
-class Args(BaseArgs):
+class Args(
+    ModelFlags,
+    DataFlags,
+    RewardFlags,
+    GenerationFlags,
+    TrainingFlags,
+    EvalFlags,
+    ScaleFlags,
+    OutputFlags,
+    LogFlags,
+):
     # TRL's names for what this file does: a constant normaliser, no std scaling
     trl_equivalents: ClassVar[dict] = {"loss_type": "dr_grpo", "scale_rewards": "none"}
     prompt_pool: Annotated[int, Range(0, zero="all")] = 2048

@@ -66,8 +66,6 @@ from typing import Annotated, ClassVar, Literal
 import torch
 
 from common.distributed.ranks import (
-    GracefulStop,
-    end_processes,
     gather_list,
     gathered,
     micro_batches,
@@ -82,13 +80,27 @@ from common.rl.losses import clipped_surrogate
 from common.rl.masking import right_align
 from common.run.checkpoint import Checkpoints
 from common.run.export import export_model
-from common.run.flags import BaseArgs, Range, parse_args
+from common.run.flags import (
+    DataFlags,
+    EvalFlags,
+    GenerationFlags,
+    LogFlags,
+    ModelFlags,
+    OutputFlags,
+    Range,
+    RewardFlags,
+    ScaleFlags,
+    TrainingFlags,
+    parse_args,
+)
 from common.run.logs import RunLog
+from common.run.process import GracefulStop, end_processes
 from common.run.setup import (
     load_training_policy,
     make_compiled,
     make_generator,
     make_optimizer,
+    make_task,
     packed_row_tokens,
     prepare_training,
     sampling_configs,
@@ -103,7 +115,7 @@ from common.tasks.evaluation import (
     pass_metrics,
     train_prompt_sample,
 )
-from common.tasks.loading import PromptEncoder, PromptSampler, make_task
+from common.tasks.loading import PromptEncoder, PromptSampler
 from common.tasks.scoring import Scored
 
 CATEGORIES = ("hard", "easy")  # [PS] too-hard tasks replay a success, too-easy tasks a failure
@@ -111,7 +123,17 @@ ROUTES = ("all_fail", "all_pass", "normal", "too_hard", "too_easy")
 
 
 @dataclass
-class Args(BaseArgs):
+class Args(
+    ModelFlags,
+    DataFlags,
+    RewardFlags,
+    GenerationFlags,
+    TrainingFlags,
+    EvalFlags,
+    ScaleFlags,
+    OutputFlags,
+    LogFlags,
+):
     # TRL's names for what this file does: the loss divides by the batch's completion tokens
     trl_equivalents: ClassVar[dict] = {"loss_type": "dapo"}
     max_steps: Annotated[int, Range(1)] = 150

@@ -50,8 +50,6 @@ import numpy as np
 import torch
 
 from common.distributed.ranks import (
-    GracefulStop,
-    end_processes,
     gather_list,
     gathered,
     micro_batches,
@@ -65,14 +63,28 @@ from common.rl.losses import kl_k3
 from common.rl.masking import right_align
 from common.run.checkpoint import Checkpoints
 from common.run.export import export_model
-from common.run.flags import BaseArgs, Range, parse_args
+from common.run.flags import (
+    DataFlags,
+    EvalFlags,
+    GenerationFlags,
+    LogFlags,
+    ModelFlags,
+    OutputFlags,
+    Range,
+    RewardFlags,
+    ScaleFlags,
+    TrainingFlags,
+    parse_args,
+)
 from common.run.logs import RunLog
+from common.run.process import GracefulStop, end_processes
 from common.run.setup import (
     load_training_policy,
     make_compiled,
     make_generator,
     make_optimizer,
     make_reference,
+    make_task,
     packed_row_tokens,
     prepare_training,
     sampling_configs,
@@ -82,11 +94,21 @@ from common.run.setup import (
 from common.run.step_metrics import StepMetrics
 from common.run.summary import run_summary
 from common.tasks.evaluation import evaluate, evaluate_policy
-from common.tasks.loading import PromptEncoder, PromptSampler, make_task
+from common.tasks.loading import PromptEncoder, PromptSampler
 
 
 @dataclass
-class Args(BaseArgs):
+class Args(
+    ModelFlags,
+    DataFlags,
+    RewardFlags,
+    GenerationFlags,
+    TrainingFlags,
+    EvalFlags,
+    ScaleFlags,
+    OutputFlags,
+    LogFlags,
+):
     # the method in TRL GRPOConfig's terms, so that a --config GRPOConfig file may say so: the loss
     # divides by samples x max_completion_length (rloo_loss), the advantages are not std-scaled
     trl_equivalents: ClassVar[dict] = {"loss_type": "dr_grpo", "scale_rewards": "none"}

@@ -1,5 +1,5 @@
 """Two gloo processes, each making and ending a process group `iterations` times the way a script's run ends:
-DDP backward passes, an all-reduce, a barrier, then common.distributed.ranks.end_processes, then the model freed.
+DDP backward passes, an all-reduce, a barrier, then common.run.process.end_processes, then the model freed.
 Usage: python tests/gloo_teardown.py ITERATIONS SETTLE_S STORE_DIR (prints "done" when every round ended); a negative
 SETTLE_S destroys the group without end_processes."""
 
@@ -11,7 +11,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common.distributed.ranks import end_processes  # noqa: E402
+from common.run.process import end_processes  # noqa: E402
 
 
 class _Accelerator:

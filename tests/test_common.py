@@ -645,7 +645,7 @@ def test_graceful_stop_flags_the_first_signal_and_gives_the_handlers_back():
     import os
     import signal
 
-    from common.distributed.ranks import GracefulStop
+    from common.run.process import GracefulStop
 
     before = signal.getsignal(signal.SIGINT)
     stop = GracefulStop(log=lambda *_: None)

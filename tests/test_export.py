@@ -172,7 +172,7 @@ def test_a_lora_run_stopped_by_sigterm_leaves_its_adapter_and_the_merged_model(
     from transformers import AutoModelForCausalLM
 
     import ra_rloo
-    from common.distributed.ranks import GracefulStop
+    from common.run.process import GracefulStop
 
     metrics, steps = ra_rloo.ra_rloo_metrics, []
 

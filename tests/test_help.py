@@ -130,3 +130,29 @@ def test_a_docstring_with_percent_signs_shows_as_written(capsys):
     except SystemExit as e:
         assert e.code == 0
     assert "over 5% of the steps" in capsys.readouterr().out
+
+
+def test_help_shows_the_flags_in_named_groups_the_methods_own_first():
+    # each script's --help: argparse's options (--help, --config), then the method's own group,
+    # then the shared groups its Args names on its class line, in that order, each with its flags
+    import dataclasses
+    import importlib
+
+    for script in METHOD_SCRIPTS:
+        args = importlib.import_module(script.removesuffix(".py")).Args
+        text = build_parser(args).format_help()
+        sections = re.split(r"^(\S[^\n]*):$", text, flags=re.M)[1:]
+        flags = {
+            title: re.findall(r"^  (?:-h, )?--(\w+)", body, re.M)
+            for title, body in zip(sections[::2], sections[1::2])
+        }
+        own = [name for name in args.__annotations__ if not name.startswith("trl_")]
+        groups = {base.__doc__.split(":")[0]: base for base in args.__bases__}
+        assert list(flags) == ["options", f"method ({script})", *groups], (script, list(flags))
+        assert len(groups) >= 4, script
+        assert flags["options"] == ["help", "config"], script
+        assert sorted(flags[f"method ({script})"]) == sorted(own), script
+        for title, base in groups.items():
+            assert flags[title] == [n for n in base.__annotations__ if n not in own], title
+        listed = sorted(name for names in flags.values() for name in names)
+        assert listed == sorted(["help", *(f.name for f in dataclasses.fields(args))]), script

@@ -107,6 +107,33 @@ def test_common_import_graph_has_no_cycle():
     assert "common.generation.hf" in graph["common.generation.vllm_backend"]  # one-way
 
 
+def test_common_folders_are_layers():
+    # a folder importing from a folder that imports it back is a cycle a reader meets even when
+    # the modules themselves form none (a module of each folder in one direction)
+    arrows: dict[str, dict[str, str]] = {}
+    for name, path in MODULES.items():
+        for dep in common_imports(path):
+            if dep.split(".")[1] != name.split(".")[1]:
+                arrows.setdefault(name.split(".")[1], {})[dep.split(".")[1]] = f"{name} -> {dep}"
+    state: dict[str, str] = {}
+
+    def visit(folder, path):
+        if state.get(folder) == "done":
+            return
+        assert state.get(folder) != "open", "folder cycle: " + "; ".join(
+            arrows[a][b]
+            for a, b in zip(path[path.index(folder) :], path[path.index(folder) + 1 :] + [folder])
+        )
+        state[folder] = "open"
+        for dep in arrows.get(folder, {}):
+            visit(dep, path + [folder])
+        state[folder] = "done"
+
+    for folder in sorted(arrows):
+        visit(folder, [])
+    assert "tasks" in arrows["demo"] and "distributed" in arrows["run"]  # the arrows that stay
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_each_method_file_holds_its_update_and_its_loop_reads_in_order(script):
     source = (ROOT / script).read_text()

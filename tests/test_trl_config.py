@@ -242,3 +242,53 @@ def test_the_docs_table_is_the_code_table():
     )
     documented = set(re.findall(r"`(\w+)`", trl_config.docs_block(text).split("\n\n")[0]))
     assert set(trl_config.TABLE) <= documented
+
+
+def test_trl_names_on_the_command_line_go_through_the_same_table(capsys):
+    from ra_rloo import Args
+
+    argv = "--bf16 --per_device_train_batch_size 8 --logging_steps 5 --eval_strategy no --top_p 1"
+    args = parse_args(Args, [*argv.split(), "--max_steps", "1"])
+    assert (args.dtype, args.micro_batch_size, args.prompts_per_step) == ("bfloat16", 8, 2)
+    assert (args.eval_steps, args.max_steps, args.log_samples_every) == (0, 1, None)
+    assert args._given["dtype"] == args._given["prompts_per_step"] == "the command line"
+    assert capsys.readouterr().out.splitlines() == [
+        "the command line: TRL flags became: bf16 -> --dtype bfloat16; per_device_train_batch_size "
+        "-> --prompts_per_step 2 --micro_batch_size 8; eval_strategy -> --eval_steps 0",
+        "the command line: TRL flags as ra_rloo.py does already: top_p 1",
+        "the command line: TRL flags ignored (no effect here): logging_steps",
+    ]
+    refused = {
+        "--loss_type grpo": "--loss_type: grpo is refused: ra_rloo.py implements loss_type dr_grpo "
+        "(its Args.trl_equivalents)",
+        "--per_device_train_batch_size 8 --prompts_per_step 3": "--per_device_train_batch_size "
+        "and --prompts_per_step set --prompts_per_step to 2 and 3: keep one",
+        "--learning_rte 1e-6": "--learning_rte: not a flag of ra_rloo.py nor a TRL GRPOConfig "
+        "name; the nearest is --learning_rate",
+    }
+    for typed, message in refused.items():
+        with pytest.raises(SystemExit) as stop:
+            parse_args(Args, typed.split())
+        assert str(stop.value) == message
+    assert capsys.readouterr().err == ""  # no usage printed
+
+
+def test_every_problem_is_reported_at_once_each_on_its_own_key(tmp_path):
+    # num_iterations 2 is what ra_rloo.py cannot do; epsilon 0.2 would be accepted beside
+    # num_iterations 1, so it is not blamed
+    from ra_rloo import Args
+
+    config = _write(tmp_path, "num_iterations: 2\nepsilon: 0.2\ntop_p: 0.9\nnum_generations: 4.5\n")
+    with pytest.raises(SystemExit) as stop:
+        parse_args(Args, ["--config", config, "--max_steps", "0", "--delta", "2", "--frobnicate"])
+    lines = str(stop.value).splitlines()
+    starts = [
+        f"--config {config}: key 'num_iterations': 2 is refused",
+        f"--config {config}: key 'top_p': 0.9 is refused",
+        f"--config {config}: key 'num_generations': expected int",
+        "--frobnicate: not a flag of ra_rloo.py",
+        "--max_steps 0: must be >= 1",
+    ]
+    assert len(lines) == len(starts), lines
+    assert all(line.startswith(start) for line, start in zip(lines, starts)), lines
+    assert not [line for line in lines if "epsilon" in line or "delta" in line], lines

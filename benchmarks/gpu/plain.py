@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from benchmarks.gpu.budget import Args, Stop
-from common.distributed.ranks import GracefulStop
 from common.run.flags import parse_args
+from common.run.process import GracefulStop
 
 
 def changed_fraction(start: dict, end: dict, names: dict[str, str]) -> float:

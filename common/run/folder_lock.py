@@ -1,6 +1,6 @@
 """The output folder held by one launch: an exclusive lock on `<output_dir>/.run.lock`, taken before
 anything is written there (common/run/output_dir.py) and given back when the run ends
-(common/distributed/ranks.py `end_processes`) or its process exits. The lock is the operating
+(common/run/process.py `end_processes`) or its process exits. The lock is the operating
 system's (flock): it dies with its process, so a launch that was killed leaves only the file, which
 the next launch recognises and reports. Also a resume's records, kept until its checkpoint has
 loaded (`defer_writes`)."""

@@ -1,7 +1,8 @@
 """A run's set-up, one call per piece, the same in every method script: the launch (accelerator,
 threads, seeds, output folder), the trainable policy, the frozen KL reference, the optimizer and its
-schedule, the wrapped model and the generator. Each takes what it needs as arguments; the method's
-own pieces (a critic, an environment) stay in its file."""
+schedule, the wrapped model, the generator and the task (the embedded demo imported only for it).
+Each takes what it needs as arguments; the method's own pieces (a critic, an environment) stay in
+its file."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ import numpy as np
 import torch
 from accelerate import Accelerator
 
-from common.distributed.ranks import collective_timeout
 from common.generation.hf import HFGenerator, end_token_ids, resolve_cache_implementation
 from common.model.policy import frozen_reference, load_policy
 from common.run.flags import given_flags
@@ -25,6 +25,9 @@ from common.run.launch import (
 )
 from common.run.logs import check_tracker
 from common.run.output_dir import claim_output_dir
+from common.run.process import collective_timeout
+from common.tasks.loading import hf_task
+from common.tasks.task import Task
 
 
 def start_run(args, script: str):
@@ -255,3 +258,40 @@ def sampling_configs(args, logprobs: bool = True):
         max_new_tokens=args.max_completion_length, temperature=eval_temperature, logprobs=False
     )
     return sampling, eval_sampling
+
+
+def make_task(args, tokenizer, log=print) -> Task:
+    """The run's task: the embedded Countdown task or a real dataset; with --reward_funcs /
+    --eval_reward_funcs their functions (common/tasks/rewards.py, imported only then) score it
+    instead of the built-in rewards."""
+    if args.dataset_name == "countdown":  # the embedded demo task, imported only here
+        from common.demo.countdown import countdown_task
+
+        task = countdown_task(
+            "binary" if args.reward == "auto" else args.reward, args.eval_prompts, args.prompt_pool
+        )
+    else:
+        task = hf_task(args, tokenizer, log)
+    task.success_reward = 1.0 if args.success_reward is None else args.success_reward
+    if args.success_reward is None and getattr(args, "positive_threshold", None) is not None:
+        # ada_seq / ada_est unset: reward > --positive_threshold (>= the next float up), training
+        # and evaluation
+        task.success_reward = math.nextafter(args.positive_threshold, math.inf)
+    task.warn, task.max_new_tokens = log, args.max_completion_length
+    task.mask_truncated = bool(getattr(args, "mask_truncated_completions", False))
+    if args.reward_funcs or args.eval_reward_funcs:
+        from common.tasks.rewards import RewardFuncs
+
+        task.reward_funcs = (
+            RewardFuncs(args.reward_funcs, args.reward_weights, dtype=args.dtype)
+            if args.reward_funcs
+            else None
+        )
+        task.eval_reward_funcs = (
+            RewardFuncs(args.eval_reward_funcs, None, "--eval_reward_funcs", args.dtype)
+            if args.eval_reward_funcs
+            else task.reward_funcs
+        )
+        for funcs in {id(f): f for f in (task.reward_funcs, task.eval_reward_funcs) if f}.values():
+            funcs.fill_state(args, len(task.train), log)
+    return task

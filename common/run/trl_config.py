@@ -1,6 +1,7 @@
 """A TRL `GRPOConfig` file read as this script's flags: the YAML or JSON a `trl grpo --config` user
 writes (GRPOConfig's and TrainingArguments' keys, with the CLI's ScriptArguments and ModelConfig
-ones), given to `--config` (common/run/flags.py load_config, this module's only importer).
+ones), given to `--config` (common/run/flags.py load_config), or TRL's names typed as flags on the
+command line (common/run/flags.py parse_args): the same table, the same lines.
 
 Every key TRL knows has one entry in `TABLE`:
 - `Flag`: the key sets this script's flag (most names coincide; a converter where TRL's value
@@ -65,10 +66,12 @@ TRL_DEFAULTS = {
 
 @dataclass(frozen=True)
 class When:
-    """A test of a key's value (value, Context) -> bool, with its wording in the docs."""
+    """A test of a key's value (value, Context) -> bool, with its wording in the docs; `reads`: the
+    other keys it reads (a refusal of one of them is the reason, not this key)."""
 
     text: str
     test: Callable
+    reads: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -89,11 +92,11 @@ class Ignored:
     why: str
 
 
-def says(text: str):
-    """A converter's wording in the docs' table."""
+def says(text: str, reads: tuple = ()):
+    """A converter's wording in the docs' table, and the other keys it reads (`When.reads`)."""
 
     def mark(convert: Callable) -> Callable:
-        convert.says = text
+        convert.says, convert.reads = text, reads
         return convert
 
     return mark
@@ -163,12 +166,21 @@ def _one_step_a_batch(value, ctx: Context) -> bool:
 
 
 OFF = When("`null` (or empty)", lambda value, ctx: value is None or value in ({}, [], ""))
-ON_POLICY = When("num_iterations is 1 (any value: the ratio is then 1, no clip acts)", _on_policy)
+ON_POLICY_READS = ("num_iterations", "steps_per_generation", "gradient_accumulation_steps")
+ON_POLICY = When(
+    "num_iterations is 1 (any value: the ratio is then 1, no clip acts)",
+    _on_policy,
+    ON_POLICY_READS,
+)
 DECLARED = When(
     "it is the script's own method (its `Args.trl_equivalents`, below)",
     lambda value, ctx: _normal(value) == ctx.declared.get(ctx.key),
 )
-ONE_STEP = When("`null`, or one optimizer step per generated batch", _one_step_a_batch)
+ONE_STEP = When(
+    "`null`, or one optimizer step per generated batch",
+    _one_step_a_batch,
+    ("gradient_accumulation_steps", "per_device_train_batch_size"),
+)
 REENTRANT_OFF = When(
     "`null` or `{use_reentrant: false}`",
     lambda value, ctx: value in (None, {}, {"use_reentrant": False}),
@@ -176,10 +188,12 @@ REENTRANT_OFF = When(
 KL_AS_K3 = When(
     "`false`, or beta 0",
     lambda value, ctx: value is False or _same(ctx.value("beta") or 0, 0),
+    ("beta",),
 )
 NO_VLLM_WEIGHTS = When(
     "`false`, or without use_vllm",
     lambda value, ctx: value is False or ctx.value("use_vllm") is not True,
+    ("use_vllm",),
 )
 ANY = When("ignored", lambda value, ctx: True)
 
@@ -189,7 +203,8 @@ ANY = When("ignored", lambda value, ctx: True)
 
 @says(
     "`--dtype`, the compute dtype (weights stay float32): bfloat16 when bf16 is true or dtype "
-    "bfloat16, float32 when bf16 is false or dtype float32; float16 refused"
+    "bfloat16, float32 when bf16 is false or dtype float32; float16 refused",
+    reads=("fp16", "bf16", "dtype", "torch_dtype"),
 )
 def _precision(value, ctx: Context) -> dict:
     config = ctx.config
@@ -205,7 +220,8 @@ def _precision(value, ctx: Context) -> dict:
 
 @says(
     "`--micro_batch_size` (the per-device batch), and `--prompts_per_step` = per-device batch x "
-    "accumulation x processes / num_generations (one optimizer step's completions, as in TRL)"
+    "accumulation x processes / num_generations (one optimizer step's completions, as in TRL)",
+    reads=("per_device_train_batch_size", "gradient_accumulation_steps"),
 )
 def _batch(value, ctx: Context) -> dict:
     per_device = ctx.trl("per_device_train_batch_size")
@@ -244,7 +260,7 @@ def _max_steps(value, ctx: Context) -> dict:
     return {"max_steps": value}
 
 
-@says("ignored beside max_steps (as in TRL); alone refused: give max_steps")
+@says("ignored beside max_steps (as in TRL); alone refused: give max_steps", reads=("max_steps",))
 def _epochs(value, ctx: Context) -> dict:
     if isinstance(ctx.config.get("max_steps"), int) and ctx.config["max_steps"] > 0:
         return {}
@@ -262,7 +278,8 @@ def _warmup(value, ctx: Context) -> dict:
 
 @says(
     "`--eval_steps` (a float below 1: a ratio of max_steps); eval_strategy `no`: 0 (the held-out "
-    "evaluation at the start and end only), `epoch`: refused"
+    "evaluation at the start and end only), `epoch`: refused",
+    reads=("eval_strategy",),
 )
 def _eval(value, ctx: Context) -> dict:
     strategy = ctx.config.get("eval_strategy", "steps")
@@ -275,7 +292,8 @@ def _eval(value, ctx: Context) -> dict:
 
 @says(
     "`--save_steps` (a float below 1: a ratio of max_steps); save_strategy `no`: 0 (a checkpoint "
-    "at the end only), `epoch` / `best`: refused"
+    "at the end only), `epoch` / `best`: refused",
+    reads=("save_strategy",),
 )
 def _save(value, ctx: Context) -> dict:
     strategy = ctx.config.get("save_strategy", "steps")
@@ -495,7 +513,9 @@ TABLE: dict[str, Flag | Refused | Ignored] = {
     "num_iterations": Flag("num_iterations", unless=(1,)),
     "epsilon": Flag("epsilon", unless=ON_POLICY),
     "epsilon_high": Flag("epsilon_high", _epsilon_high, unless=ON_POLICY),
-    "delta": Refused("no two-sided clipping", When("`null`, or num_iterations 1", _on_policy)),
+    "delta": Refused(
+        "no two-sided clipping", When("`null`, or num_iterations 1", _on_policy, ON_POLICY_READS)
+    ),
     "loss_type": Refused("the loss is the method's own", DECLARED),
     "scale_rewards": Flag("scale_rewards", _scale, unless=DECLARED),
     "importance_sampling_level": Refused("token-level log-prob ratios", ("token",)),
@@ -675,18 +695,29 @@ def script_name(cls) -> str:
     return Path(getattr(module, "__file__", None) or f"{cls.__module__}.py").name
 
 
-def translate(data: dict, cls, path: str) -> tuple[list[tuple[str, str, object]], list[str]]:
-    """The file's keys as (key, flag, value) settings, TRL's keys through TABLE (any other key is
-    left for load_config to check as a flag), and the lines saying what became of TRL's keys. A key
-    this script cannot honour stops the run with one line naming it."""
+def translate(
+    data: dict, cls, heading: str, where=None, known=None
+) -> tuple[list[tuple[str, str, object]], list[str], list[str]]:
+    """The keys of `data` (a --config file's, or TRL names typed on the command line) as (key, flag,
+    value) settings, TRL's keys through TABLE (any other key is left for the caller to check as a
+    flag); the lines saying what became of TRL's keys, each starting with `heading`; and a line for
+    each key this script cannot honour, blamed on that key alone (a refusal that follows from
+    another refused key, as epsilon's from num_iterations', is that key's). `where(key)` names a
+    key in those lines (default: `heading: key 'name'`); converters also read `known`, the script's
+    flag values so far (default: its defaults)."""
     flags = {
         f.name: None if f.default is dataclasses.MISSING else f.default
         for f in dataclasses.fields(cls)
     }
+    flags.update(known or {})
+    noun = "flags" if where else "keys"  # the command line's names, or a file's
+    where = where or (lambda key: f"{heading}: key {key!r}")
     ctx = Context(data, flags, script_name(cls), dict(getattr(cls, "trl_equivalents", {})))
     settings, mapped, kept, ignored = [], {}, [], []
+    refused: dict[str, str] = {}
+    reads: dict[str, tuple] = {}  # the other keys a refusal's test read
     for key, value in data.items():
-        entry, ctx.key, where = TABLE.get(key), key, f"--config {path}: key {key!r}"
+        entry, ctx.key = TABLE.get(key), key
         if entry is None:
             settings.append((key, key, value))
         elif isinstance(entry, Ignored) or (
@@ -695,18 +726,24 @@ def translate(data: dict, cls, path: str) -> tuple[list[tuple[str, str, object]]
             ignored.append(key)
         elif isinstance(entry, Refused) or entry.flag not in flags:
             if not accepts(entry.unless, value, ctx):
-                raise SystemExit(f"{where}: {_yaml(value)} {_refusal(entry, ctx)}")
+                refused[key] = f"{where(key)}: {_yaml(value)} {_refusal(entry, ctx)}"
+                reads[key] = getattr(entry.unless, "reads", ())
+                continue
             kept.append(f"{key} {_yaml(value)}")
         else:
             try:
                 out = entry.convert(value, ctx) if entry.convert else {entry.flag: value}
             except Refusal as why:
-                raise SystemExit(f"{where}: {why}") from None
+                refused[key] = f"{where(key)}: {why}"
+                reads[key] = getattr(entry.convert, "reads", ())
+                continue
             missing = [flag for flag in out if flag not in flags]
             if missing and not accepts(entry.unless, value, ctx):
-                raise SystemExit(
-                    f"{where}: {_yaml(value)} needs --{missing[0]}, which {ctx.script} has not"
+                refused[key] = (
+                    f"{where(key)}: {_yaml(value)} needs --{missing[0]}, which {ctx.script} has not"
                 )
+                reads[key] = getattr(entry.unless, "reads", ())
+                continue
             if missing:
                 kept.append(f"{key} {_yaml(value)}")
                 continue
@@ -720,12 +757,22 @@ def translate(data: dict, cls, path: str) -> tuple[list[tuple[str, str, object]]
     notes = []
     if mapped:
         pairs = [f"{', '.join(keys)} -> {shown}" for shown, keys in mapped.items()]
-        notes.append(f"--config {path}: TRL keys read as flags: {'; '.join(pairs)}")
+        became = "read as flags" if noun == "keys" else "became"
+        notes.append(f"{heading}: TRL {noun} {became}: {'; '.join(pairs)}")
     if kept:
-        notes.append(f"--config {path}: TRL keys as {ctx.script} does already: {', '.join(kept)}")
+        notes.append(f"{heading}: TRL {noun} as {ctx.script} does already: {', '.join(kept)}")
     if ignored:
-        notes.append(f"--config {path}: TRL keys ignored (no effect here): {', '.join(ignored)}")
-    return settings, notes
+        notes.append(f"{heading}: TRL {noun} ignored (no effect here): {', '.join(ignored)}")
+    order = list(refused)
+
+    def follows(key: str, other: str) -> bool:  # key's refusal is other's (the first of two)
+        mutual = key in reads.get(other, ())
+        return other in reads.get(key, ()) and (not mutual or order.index(other) < order.index(key))
+
+    problems = [
+        line for key, line in refused.items() if not any(follows(key, o) for o in order if o != key)
+    ]
+    return settings, notes, problems
 
 
 def _refusal(entry, ctx: Context) -> str:

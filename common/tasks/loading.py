@@ -8,7 +8,6 @@ survives across steps, epochs and resumes.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
@@ -343,40 +342,3 @@ class PromptSampler:
             )
         self.seed, self.epoch, self.pos = s["seed"], s["epoch"], s["pos"]
         self._perm = self._permutation()
-
-
-def make_task(args, tokenizer, log=print) -> Task:
-    """The run's task: the embedded Countdown task or a real dataset; with --reward_funcs /
-    --eval_reward_funcs their functions (common/tasks/rewards.py, imported only then) score it
-    instead of the built-in rewards."""
-    if args.dataset_name == "countdown":  # the embedded demo task, imported only here
-        from common.demo.countdown import countdown_task
-
-        task = countdown_task(
-            "binary" if args.reward == "auto" else args.reward, args.eval_prompts, args.prompt_pool
-        )
-    else:
-        task = hf_task(args, tokenizer, log)
-    task.success_reward = 1.0 if args.success_reward is None else args.success_reward
-    if args.success_reward is None and getattr(args, "positive_threshold", None) is not None:
-        # ada_seq / ada_est unset: reward > --positive_threshold (>= the next float up), training
-        # and evaluation
-        task.success_reward = math.nextafter(args.positive_threshold, math.inf)
-    task.warn, task.max_new_tokens = log, args.max_completion_length
-    task.mask_truncated = bool(getattr(args, "mask_truncated_completions", False))
-    if args.reward_funcs or args.eval_reward_funcs:
-        from common.tasks.rewards import RewardFuncs
-
-        task.reward_funcs = (
-            RewardFuncs(args.reward_funcs, args.reward_weights, dtype=args.dtype)
-            if args.reward_funcs
-            else None
-        )
-        task.eval_reward_funcs = (
-            RewardFuncs(args.eval_reward_funcs, None, "--eval_reward_funcs", args.dtype)
-            if args.eval_reward_funcs
-            else task.reward_funcs
-        )
-        for funcs in {id(f): f for f in (task.reward_funcs, task.eval_reward_funcs) if f}.values():
-            funcs.fill_state(args, len(task.train), log)
-    return task

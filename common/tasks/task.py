@@ -1,7 +1,7 @@
 """The run's task, as every script builds it: its training and held-out `Example`s and how a
-completion is scored (`Task.score`) and passes (`Task.passes`). `make_task` builds the embedded
-Countdown task (common/demo/countdown.py, imported only for it) or a real dataset
-(common/tasks/loading.py), scored by the built-in rewards or by your --reward_funcs
+completion is scored (`Task.score`) and passes (`Task.passes`). `make_task` (common/run/setup.py)
+builds the embedded Countdown task (common/demo/countdown.py, imported only for it) or a real
+dataset (common/tasks/loading.py), scored by the built-in rewards or by your --reward_funcs
 (common/tasks/rewards.py, imported only with them).
 """
 

@@ -241,12 +241,13 @@ def across_tasks(countdown: list[Claim], words: list[Claim]) -> str:
 
 
 def default_steps(script: str) -> int:
-    """A script's default --max_steps, read from its source (its Args, else common/run/flags.py's BaseArgs)."""
+    """A script's default --max_steps, read from its source (its Args, else the shared flag group of
+    common/run/flags.py that declares it)."""
     import ast
 
-    for path, cls in ((ROOT / script, "Args"), (ROOT / "common" / "run" / "flags.py", "BaseArgs")):
+    for path, cls in ((ROOT / script, "Args"), (ROOT / "common" / "run" / "flags.py", None)):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ClassDef) and node.name == cls:
+            if isinstance(node, ast.ClassDef) and cls in (None, node.name):
                 for item in node.body:
                     if (
                         isinstance(item, ast.AnnAssign)

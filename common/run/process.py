@@ -1,0 +1,105 @@
+"""A run's process: the graceful stop on SIGINT / SIGTERM that every rank agrees on, the one-line
+exit of a rank whose collective timed out, and the end of the run (process group, trackers, output
+folder)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from datetime import timedelta
+
+from common.distributed.ranks import (
+    end_process_group,
+    is_collective_error,
+    reduce_sums,
+    timeout_line,
+)
+from common.run.folder_lock import release_all
+
+
+class GracefulStop:
+    """First Ctrl-C / SIGTERM: finish the current step, then stop (the script saves a checkpoint,
+    and its process exits with `exit_status()`: 128 + the signal's number, as a shell reports a
+    process the signal ended). A second signal raises KeyboardInterrupt at once."""
+
+    received: list[int] = []
+    """every signal any GracefulStop of this process took: a program that runs a script's main() in
+    its own process learns from it that a stop was asked for while the script held the signals"""
+    stopped = 0
+    """the exit status of a run that a signal stopped (0: none did), for the script's process"""
+
+    def __init__(self, log=print):
+        self.requested = False
+        GracefulStop.stopped = 0
+        self.log = log
+        self.previous = {
+            sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)
+        }
+
+    def close(self) -> None:
+        """Give the signals back to their previous handlers (a script's main() may run inside
+        another program)."""
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum, frame) -> None:
+        GracefulStop.received.append(signum)
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.log(
+            f"\nsignal {signum}: saving a checkpoint after this step, then stopping (again to "
+            "abort)"
+        )
+
+    def agreed(self, accelerator) -> bool:
+        """True on every rank when any rank was signalled (all must stop together, or a collective
+        hangs)."""
+        if reduce_sums(accelerator, {"stop": float(self.requested)})["stop"] == 0:
+            return False
+        # this rank's signal, or (another rank was signalled) the scheduler's usual one
+        GracefulStop.stopped = 128 + (
+            GracefulStop.received[-1] if self.requested else signal.SIGTERM
+        )
+        return True
+
+    @staticmethod
+    def exit_status() -> int:
+        """0 for a finished run, 128 + the signal's number (130 SIGINT, 143 SIGTERM) for one a
+        signal stopped."""
+        return GracefulStop.stopped
+
+
+def end_processes(accelerator, settle_s: float = 0.2) -> None:
+    """Finish the trackers, destroy the process group (common/distributed/ranks.py
+    `end_process_group`, which says why it waits `settle_s`) and give back the output folder, at
+    the end of a run."""
+    end_process_group(accelerator, settle_s)
+    release_all()
+
+
+def collective_timeout(seconds: int) -> list:
+    """`Accelerator(kwargs_handlers=...)` for a process group whose collectives give up after
+    `seconds` (--collective_timeout), and a `sys.excepthook` for what a rank raises then: one line
+    naming the step and the phase (`timeout_line`) and exit status 1, not a traceback per rank (any
+    other error, or one process, keeps its traceback). The exit skips the interpreter's teardown,
+    which would wait on the broken group; a checkpoint is written to a temporary folder and renamed
+    whole, so the last one stays whole."""
+    from accelerate.utils import InitProcessGroupKwargs
+
+    previous = sys.excepthook
+
+    def hook(kind, error, trace):
+        if int(os.environ.get("WORLD_SIZE", "1")) < 2 or not is_collective_error(error):
+            return previous(kind, error, trace)
+        # the process's own stderr: torch.distributed's hook, installed over this one with the
+        # group, calls it with sys.stderr swapped for a buffer that it prints only after this hook
+        # returns, and this hook does not return
+        print(timeout_line(error, trace, seconds), file=sys.__stderr__, flush=True)
+        sys.stdout.flush()
+        release_all(every_thread=True)
+        os._exit(1)
+
+    sys.excepthook = hook
+    return [InitProcessGroupKwargs(timeout=timedelta(seconds=seconds))]
