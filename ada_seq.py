@@ -616,8 +616,9 @@ def main(args: Args) -> None:
                     exit_rounds += [1 if done(pool) else None for pool in refill]
                 # at most this rank's share: the first sampled are the first kept
                 train_ids = train_ids[:share]
-        # vLLM on a GPU: its memory goes to training; the push brings the weights back
-        generator.sleep()
+        with steps.phase("gen"):
+            # vLLM on a GPU: its memory goes to training; the push brings the weights back
+            generator.sleep()
         # every generated response of every round (NaN: no function scored it, out of reward_mean
         # / _std); the GRPO-n counterfactual: would the first n responses alone have had signal?
         rewards = [reward for pool in pools for reward in pool]
@@ -646,7 +647,9 @@ def main(args: Args) -> None:
             kept_rewards.append(kept)
             trained += [rounds.responses[i][j] for j in keep]
             group_of += [i] * len(keep)
-        steps.add(seqs=len(adv_list))
+        # clip_sum from the start: a rank with nothing to train on (DAPO may keep no group there)
+        # still packs the same names into the reduce as the others
+        steps.add(seqs=len(adv_list), clip_sum=0.0)
         # [ADA] every pool's record: its size, exit round, whether its kept group has no spread
         # (groups not trained on, which DAPO drops, count as False) and its prompt's tag
         kept_zero_var = []
