@@ -477,7 +477,9 @@ def ada_seq_metrics(
     (size of its pool, exit round, whether its kept group has no spread, tag), gathered from all
     ranks (names: docs/ada_seq.md)."""
     n = args.num_generations
-    records = gather_list(accelerator, pool_records)
+    # one gather of both record lists: every rank's, in rank order
+    ranks = gather_list(accelerator, [(pool_records, trained_records)])
+    records = [record for pools, _ in ranks for record in pools]
     row = {
         "ada_clip_frac": totals["clip_sum"] / max(1.0, totals["tok"]),
         # [ADA] sampling dynamics
@@ -490,7 +492,7 @@ def ada_seq_metrics(
             [record[3] for record in records],
         ),
         # [ADA] how many responses trained, their mean advantage per level
-        **trained_advantage_metrics(gather_list(accelerator, trained_records)),
+        **trained_advantage_metrics([record for _, trained in ranks for record in trained]),
     }
     # [DAPO] the dynamic-sampling baseline's cost and yield
     if args.dynamic_sampling:
