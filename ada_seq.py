@@ -393,7 +393,7 @@ class Response:
 class RoundSampler:
     """[ADA] (also in GRPO-n: its one round) `sample_round` of `multi_round_sampling`: m responses
     for each active prompt, scored, each kept in its prompt's pool (`responses`) and each round's
-    scores in `scores`. `add` brings the step's prompts in (and [DAPO] each refill's)."""
+    `Scored` in `scored`. `add` brings the step's prompts in (and [DAPO] each refill's)."""
 
     def __init__(self, generator, tokenizer, task, encode, sampling, step: int, steps):
         self.generator = generator
@@ -408,7 +408,7 @@ class RoundSampler:
         self.prompts: list[list[int]] = []
         self.responses: list[list[Response]] = []
         # an empty batch first: every rank logs the same reward names, whatever it sampled
-        self.scores: list[Scored] = [task.score([], [], [], [], step)]
+        self.scored: list[Scored] = [task.score([], [], [], [], step)]
 
     def add(self, examples: list) -> list[int]:
         """New prompts for this step; returns their indices."""
@@ -435,7 +435,7 @@ class RoundSampler:
             gen_tokens=sum(map(len, gens.completion_ids)),
             truncated=sum(truncated),
         )
-        self.scores.append(scored)
+        self.scored.append(scored)
         rewards = []
         for j, i in enumerate(active):
             rows = range(j * m, (j + 1) * m)
@@ -736,7 +736,7 @@ def main(args: Args) -> None:
 
         # ================ metrics: one reduce over ranks, the shared keys, then the method's =====
         # the reward keys of every round's responses
-        row = steps.finish(step, scheduler.get_last_lr()[0], Scored.join(rounds.scores))
+        row = steps.finish(step, scheduler.get_last_lr()[0], Scored.join(rounds.scored))
         row |= ada_seq_metrics(
             steps.totals, accelerator, pool_records, trained_records, args, dapo_rounds
         )
