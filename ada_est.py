@@ -45,11 +45,9 @@ alpha_x is the prompt's scale); its baseline is GRPO-n8 (`ada_seq.py --max_round
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Annotated, ClassVar, Literal, Optional
 
-import numpy as np
 import torch
 
 from common.distributed.ranks import (
@@ -57,18 +55,16 @@ from common.distributed.ranks import (
     gathered,
     micro_batches,
     my_slice,
-    reduce_sums,
 )
-from common.model.policy import autocast
 from common.rl.ada import (
     count_positive,
     success_threshold,
     trained_advantage_metrics,
     uses_sampler_logprobs,
 )
-from common.rl.logprobs import token_logprobs
+from common.rl.logprobs import Forward
 from common.rl.losses import clipped_surrogate, kl_k3
-from common.rl.masking import pad_sequences, right_align
+from common.rl.masking import right_align
 from common.run.checkpoint import Checkpoints
 from common.run.export import export_model
 from common.run.flags import (
@@ -99,10 +95,10 @@ from common.run.setup import (
     shard_models,
     start_run,
 )
+from common.run.step_metrics import StepMetrics
 from common.run.summary import run_summary
 from common.tasks.evaluation import evaluate_policy
 from common.tasks.loading import PromptEncoder, PromptSampler
-from common.tasks.scoring import reward_moments, reward_sums
 
 
 @dataclass
@@ -298,86 +294,26 @@ def sample_rows(
 
 
 def ada_est_metrics(
+    totals: dict,
     accelerator,
-    step: int,
-    counters: dict,
-    sums: dict,
-    grad_norms: list[float],
-    lr: float,
-    times: dict,
-    scored,
-    groups: list[list[float]],
-    completions: list[list[int]],
-    truncated: torch.Tensor,
-    alphas: list[float],
-    adv_list: list[float],
-    tags: list[str],
-    threshold: float,
+    trained_records: list,
     p_hats: list[float],
     had_history: list[bool],
     allocation: list[int],
     visits: list[tuple],
     counts: dict,
 ) -> dict:
-    """The step's row: one reduce of named sums over ranks, then each metric from them (names:
-    docs/ada_est.md)."""
-    world = accelerator.num_processes
-    rewards = scored.total
-    totals = reduce_sums(
-        accelerator,
-        {
-            "groups": len(groups),
-            "rollouts": len(completions),
-            "gen_tokens": sum(map(len, completions)),
-            **reward_sums(rewards),  # NaN (no function scored it): out of reward_mean / _std
-            "success": count_positive(rewards, threshold),
-            "zero_var": float(zero_variance_lists(groups)),
-            "truncated": int(truncated.sum()),
-            "seqs": len(completions),
-            **sums,
-            "alpha_sum": sum(alphas),
-            **times,
-        },
-    )
-    counters["rollouts"] += int(totals["rollouts"])
-    counters["gen_tokens"] += int(totals["gen_tokens"])
-    samples = max(1.0, totals["rollouts"])
-    tokens = max(1.0, totals["tok"])
-    # over the completions given a reward
-    reward_mean, reward_std = reward_moments(totals, totals["rollouts"])
-    reward_metrics = scored.metrics(accelerator)
-    # [EST] |p_hat - the step's pass rate| of the prompts the estimator had seen before
+    """[EST] the mechanism's figures, from the step's sums over ranks and the global batch's
+    estimates, allocation and visits (the same on every rank); each trained response's (advantage,
+    tag) is gathered from all ranks (names: docs/ada_est.md)."""
+    # |p_hat - the step's pass rate| of the prompts the estimator had seen before
     calibration = []
     for (_, n_t, k_t), p_hat, seen in zip(visits, p_hats, had_history):
         if seen and n_t:
             calibration.append(abs(p_hat - k_t / n_t))
-    calibration_error = sum(calibration) / len(calibration) if calibration else None
-    trained = gather_list(accelerator, list(zip(adv_list, tags)))
-    row = {
-        "step": step,
-        "rollouts": counters["rollouts"],
-        "gen_tokens": counters["gen_tokens"],
-        "reward_mean": reward_mean,
-        "reward_std": reward_std,
-        "pass_rate": totals["success"] / samples,
-        **reward_metrics,
-        "frac_zero_var_groups": totals["zero_var"] / max(1.0, totals["groups"]),
-        "completion_len_mean": totals["gen_tokens"] / samples,
-        # responses cut by --max_completion_length
-        "clipped_ratio": totals["truncated"] / samples,
-        # the surrogate / (responses x max_completion_length)
-        "loss": totals["loss_sum"] / max(1.0, totals["seqs"]),
-        "kl": totals["kl_sum"] / tokens,
-        "entropy": totals["ent_sum"] / tokens,
-        "grad_norm": float(np.mean(grad_norms)),
-        "lr": lr,
-        "time_gen_s": totals["t_gen"] / world,
-        "time_train_s": totals["t_train"] / world,
-        "sampler_logp_diff": totals["gap_sum"] / totals["gap_tok"] if totals["gap_tok"] else None,
-        # [EST] mechanism metrics (allocation, p_hat, history: the global batch, the same on every
-        # rank)
+    return {
         "est_p_hat_mean": sum(p_hats) / len(p_hats),
-        "est_calibration_error": calibration_error,
+        "est_calibration_error": sum(calibration) / len(calibration) if calibration else None,
         "est_frac_prompts_with_history": sum(had_history) / len(had_history),
         "est_alloc_min": min(allocation),
         "est_alloc_mean": sum(allocation) / len(allocation),
@@ -385,11 +321,10 @@ def ada_est_metrics(
         "est_samples_step": sum(allocation),
         "est_residual_weight_mean": totals["alpha_sum"] / max(1.0, totals["groups"]),
         "est_prompts_tracked": len(counts),
-        "est_clip_frac": totals["clip_sum"] / tokens,
+        "est_clip_frac": totals["clip_sum"] / max(1.0, totals["tok"]),
         # [ADA] every response trains: their mean advantage per level
-        **trained_advantage_metrics(trained),
+        **trained_advantage_metrics(gather_list(accelerator, trained_records)),
     }
-    return row
 
 
 def main(args: Args) -> None:
@@ -451,8 +386,13 @@ def main(args: Args) -> None:
     # --max_completion_length: no length bias
     normaliser = total_budget / accelerator.num_processes * args.max_completion_length
 
+    # the step's sums, recorded where computed, and its phase times; `loss` is per response
+    # clip_sum is added in the micro-batch loop, which a rank with no responses skips
+    steps = StepMetrics(accelerator, counters, loss_per="seqs", method_sums=("clip_sum",))
+    forward = Forward(tokenizer.pad_token_id, device, args.dtype, temperature, pack, compiled)
+
     for step in range(start_step + 1, args.max_steps + 1):
-        t_start = time.time()
+        steps.begin()
         # a shared CPU: fit the free cores
         threads = cpu_threads.count(torch.get_num_threads())
         torch.set_num_threads(threads)
@@ -476,25 +416,37 @@ def main(args: Args) -> None:
         flat_prompts = [prompt for prompt, size in zip(prompts, sizes) for _ in range(size)]
         # each response's prompt: its index in this rank's slice
         owner = [i for i, size in enumerate(sizes) for _ in range(size)]
-        # FSDP + HF generate: whole weights
-        with gathered(policy, enabled=generator.reads_policy):
-            gens = generator.generate(flat_prompts, 1, sampling)
-        # vLLM on a GPU: its memory goes to training; the push brings the weights back
-        generator.sleep()
-        t_gen = time.time() - t_start
+        with steps.phase("gen"):
+            # FSDP + HF generate: whole weights
+            with gathered(policy, enabled=generator.reads_policy):
+                gens = generator.generate(flat_prompts, 1, sampling)
+            # vLLM on a GPU: its memory goes to training; the push brings the weights back
+            generator.sleep()
         completions = [list(completion) for completion in gens.completion_ids]
 
         # ======== verify: a cut completion gets 0 from the built-in rewards, its total from yours
-        texts = [
-            tokenizer.decode(completion, skip_special_tokens=True) for completion in completions
-        ]
         truncated = torch.tensor(
             [reason == "length" for reason in gens.finish_reasons], dtype=torch.bool
         )
-        prompt_of = [examples[i] for i in owner]
-        scored = task.score(texts, prompt_of, completions, truncated, step)
+        with steps.phase("reward"):
+            texts = [
+                tokenizer.decode(completion, skip_special_tokens=True) for completion in completions
+            ]
+            prompt_of = [examples[i] for i in owner]
+            scored = task.score(texts, prompt_of, completions, truncated, step)
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
         groups = [scored.total[start : start + size] for start, size in zip(starts, sizes)]
+        # NaN (no function scored it): out of reward_mean / _std
+        steps.add_rewards(scored.total)
+        steps.add(
+            groups=len(groups),
+            rollouts=len(completions),
+            gen_tokens=sum(map(len, completions)),
+            success=count_positive(scored.total, threshold),
+            zero_var=zero_variance_lists(groups),
+            truncated=truncated.sum(),
+            seqs=len(completions),
+        )
 
         # ======== [EST] advantages from each prompt's own step mean, x the residual weight alpha_x
         adv_list = []
@@ -503,6 +455,8 @@ def main(args: Args) -> None:
             group_adv, alpha = est_advantages(group_rewards, args.weighting, args.eps, threshold)
             adv_list += group_adv
             alphas.append(alpha)
+        steps.add(alpha_sum=sum(alphas))
+        trained_records = list(zip(adv_list, [examples[i].tag for i in owner]))
         advantages = torch.tensor(adv_list, dtype=torch.float32, device=device)
         # --mask_truncated_completions: cut completions get no gradient
         keep = torch.ones(len(texts), dtype=torch.bool)
@@ -510,82 +464,65 @@ def main(args: Args) -> None:
             keep = ~truncated
 
         # ======== update: GRPO-style clipped surrogate on ALL responses; pi_old = the sampler
-        t_train_start = time.time()
-        sums = dict.fromkeys(
-            ("loss_sum", "kl_sum", "ent_sum", "tok", "clip_sum", "gap_sum", "gap_tok"), 0.0
-        )
-        grad_norms = []
-        lengths = [
-            len(prompt) + len(completion) for prompt, completion in zip(flat_prompts, completions)
-        ]
-        for epoch in range(args.num_iterations):
-            micro = micro_batches(
-                len(completions),
-                args.micro_batch_size,
-                accelerator,
-                model,
-                peers=(ref_model,),
-                lengths=lengths,
-                max_tokens=args.max_tokens_per_microbatch,
-            )
-            for rows in micro:
-                batch = pad_sequences(
-                    [flat_prompts[r] for r in rows],
-                    [completions[r] for r in rows],
-                    tokenizer.pad_token_id,
-                    pack_tokens=pack,
-                ).to(device)
-                # bf16 compute over fp32 weights with --dtype bfloat16
-                with autocast(device, args.dtype):
-                    logp, entropy = token_logprobs(
-                        model,
-                        batch,
-                        temperature,
-                        entropy_grad=args.entropy_coef > 0,
-                        compiled=compiled,
-                    )
-                mask = batch.loss_mask * keep[rows].to(device)[:, None]
-                if sampler_logprobs:
-                    sampler_logps = [gens.logprobs[r] for r in rows]
-                    old_logp = right_align(sampler_logps, batch.completion_width).to(device)
-                else:
-                    # one epoch with the HF weights: pi_old is this very pass (exact, ratio 1)
-                    old_logp = logp.detach()
-                per_token, clipped = clipped_surrogate(
-                    logp, old_logp, advantages[rows, None], args.epsilon, args.epsilon_high
+        with steps.phase("update"):
+            lengths = [
+                len(prompt) + len(completion)
+                for prompt, completion in zip(flat_prompts, completions)
+            ]
+            for epoch in range(args.num_iterations):
+                micro = micro_batches(
+                    len(completions),
+                    args.micro_batch_size,
+                    accelerator,
+                    model,
+                    peers=(ref_model,),
+                    lengths=lengths,
+                    max_tokens=args.max_tokens_per_microbatch,
                 )
-                surrogate_sum = (per_token * mask).sum()
-                entropy_sum = (entropy * mask).sum()
-                # the entropy bonus of the paper's set-up (Sec. 4)
-                loss = (surrogate_sum - args.entropy_coef * entropy_sum) / normaliser
-                if ref_model is not None:
-                    with torch.no_grad(), autocast(device, args.dtype):
-                        ref_logp, _ = token_logprobs(
-                            ref_model, batch, temperature, compiled=compiled
-                        )
-                    kl = kl_k3(logp, ref_logp) * mask
-                    # one constant for the policy gradient and the KL
-                    loss = loss + args.beta * kl.sum() / normaliser
-                accelerator.backward(loss)
-                # the on-policy epoch's numbers are the ones logged
-                if epoch == 0:
-                    sums["loss_sum"] += surrogate_sum.item() / args.max_completion_length
-                    sums["ent_sum"] += entropy_sum.item()
-                    sums["tok"] += mask.sum().item()
-                    sums["clip_sum"] += (clipped * mask).sum().item()
+                for rows in micro:
+                    mb = forward.rows(
+                        [flat_prompts[r] for r in rows], [completions[r] for r in rows]
+                    )
+                    # the entropy bonus of the paper's set-up (Sec. 4) needs its gradient
+                    logp, entropy = forward(model, mb, entropy_grad=args.entropy_coef > 0)
+                    mask = mb.loss_mask * keep[rows].to(device)[:, None]
+                    if sampler_logprobs:
+                        sampler_logps = [gens.logprobs[r] for r in rows]
+                        old_logp = right_align(sampler_logps, mb.completion_width).to(device)
+                    else:
+                        # one epoch with the HF weights: pi_old is this very pass (exact, ratio 1)
+                        old_logp = logp.detach()
+                    per_token, clipped = clipped_surrogate(
+                        logp, old_logp, advantages[rows, None], args.epsilon, args.epsilon_high
+                    )
+                    surrogate_sum = (per_token * mask).sum()
+                    entropy_sum = (entropy * mask).sum()
+                    loss = (surrogate_sum - args.entropy_coef * entropy_sum) / normaliser
                     if ref_model is not None:
-                        sums["kl_sum"] += kl.sum().item()
-                # sampler/trainer agreement, before any update (this pass is the first)
-                if epoch == 0 and sampler_logprobs:
-                    gap = (logp.detach() - old_logp).abs() * batch.loss_mask
-                    sums["gap_sum"] += gap.sum().item()
-                    sums["gap_tok"] += batch.loss_mask.sum().item()
-            grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-            grad_norms.append(float(grad_norm))
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-        t_train = time.time() - t_train_start
+                        ref_logp, _ = forward(ref_model, mb, grad=False)
+                        kl = kl_k3(logp, ref_logp) * mask
+                        # one constant for the policy gradient and the KL
+                        loss = loss + args.beta * kl.sum() / normaliser
+                    accelerator.backward(loss)
+                    # the on-policy epoch's numbers are the ones logged; `loss`: the surrogate /
+                    # (responses x max_completion_length), in float64 as the sum is kept
+                    if epoch == 0:
+                        steps.add(
+                            loss_sum=surrogate_sum.detach().double() / args.max_completion_length,
+                            ent_sum=entropy_sum,
+                            tok=mask.sum(),
+                            clip_sum=(clipped * mask).sum(),
+                        )
+                        if ref_model is not None:
+                            steps.add(kl_sum=kl.sum())
+                    # sampler/trainer agreement, before any update (this pass is the first)
+                    if epoch == 0 and sampler_logprobs:
+                        gap = (logp.detach() - old_logp).abs() * mb.loss_mask
+                        steps.add(gap_sum=gap.sum(), gap_tok=mb.loss_mask.sum())
+                steps.grad_norm(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
 
         # ======== push the new weights to the generator, once per update phase (no-op for HF) =====
         generator.sync_weights(policy)
@@ -603,24 +540,12 @@ def main(args: Args) -> None:
         for prompt_id, n_t, k_t in visits:
             counts[prompt_id] = update_counts(counts.get(prompt_id), n_t, k_t, args.lam)
 
-        # ================ metrics ================
-        times = {"t_gen": t_gen, "t_train": t_train}
-        row = ada_est_metrics(
+        # ================ metrics: one reduce over ranks, the shared keys, then the method's =====
+        row = steps.finish(step, scheduler.get_last_lr()[0], scored)
+        row |= ada_est_metrics(
+            steps.totals,
             accelerator,
-            step,
-            counters,
-            sums,
-            grad_norms,
-            scheduler.get_last_lr()[0],
-            times,
-            scored,
-            groups,
-            completions,
-            truncated,
-            alphas,
-            adv_list,
-            [examples[i].tag for i in owner],
-            threshold,
+            trained_records,
             p_hats,
             had_history,
             allocation,
@@ -648,8 +573,9 @@ def main(args: Args) -> None:
             )
             run_log.samples.log(step, logged)
         if evaluating:
-            row.update(run_eval())
-        run_log.end_step(row, time.time() - t_start, threads, compiled)
+            with steps.phase("eval"):
+                row.update(run_eval())
+        run_log.end_step(row, steps.end(row), threads, compiled)
         stopping = stop.agreed(accelerator)
         if checkpoints.due(step, stopping):
             # the method's state: the estimator's counts

@@ -108,7 +108,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Annotated, Callable, ClassVar, Literal, Optional
@@ -123,7 +122,6 @@ from common.distributed.ranks import (
     my_slice,
     reduce_sums,
 )
-from common.model.policy import autocast
 from common.rl.ada import (
     count_positive,
     success_threshold,
@@ -131,9 +129,9 @@ from common.rl.ada import (
     uses_sampler_logprobs,
 )
 from common.rl.advantages import zero_variance
-from common.rl.logprobs import token_logprobs
+from common.rl.logprobs import Forward
 from common.rl.losses import clipped_surrogate, kl_k3
-from common.rl.masking import pad_sequences, right_align
+from common.rl.masking import right_align
 from common.run.checkpoint import Checkpoints
 from common.run.export import export_model
 from common.run.flags import (
@@ -164,10 +162,11 @@ from common.run.setup import (
     shard_models,
     start_run,
 )
+from common.run.step_metrics import StepMetrics
 from common.run.summary import run_summary
 from common.tasks.evaluation import evaluate_policy
 from common.tasks.loading import PromptEncoder, PromptSampler
-from common.tasks.scoring import Scored, reward_moments, reward_sums
+from common.tasks.scoring import Scored
 
 
 @dataclass
@@ -416,20 +415,22 @@ class Response:
 class RoundSampler:
     """[ADA] (also in GRPO-n: its one round) `sample_round` of `multi_round_sampling`: m responses
     for each active prompt, scored, each kept in its prompt's pool (`responses`) and each round's
-    scores in `scores`. `add` brings the step's prompts in (and [DAPO] each refill's)."""
+    `Scored` in `scored`. `add` brings the step's prompts in (and [DAPO] each refill's)."""
 
-    def __init__(self, generator, tokenizer, task, encode, sampling, step: int):
+    def __init__(self, generator, tokenizer, task, encode, sampling, step: int, steps):
         self.generator = generator
         self.tokenizer = tokenizer
         self.task = task
         self.encode = encode
         self.sampling = sampling
         self.step = step
+        # the step's collector: each round's generation and scoring timed as they happen
+        self.steps = steps
         self.examples = []
         self.prompts: list[list[int]] = []
         self.responses: list[list[Response]] = []
         # an empty batch first: every rank logs the same reward names, whatever it sampled
-        self.scores: list[Scored] = [task.score([], [], [], [], step)]
+        self.scored: list[Scored] = [task.score([], [], [], [], step)]
 
     def add(self, examples: list) -> list[int]:
         """New prompts for this step; returns their indices."""
@@ -440,16 +441,23 @@ class RoundSampler:
         return list(range(first, len(self.examples)))
 
     def __call__(self, active: list[int], m: int) -> list[list[float]]:
-        gens = self.generator.generate([self.prompts[i] for i in active], m, self.sampling)
-        texts = [
-            self.tokenizer.decode(ids, skip_special_tokens=True) for ids in gens.completion_ids
-        ]
+        with self.steps.phase("gen"):
+            gens = self.generator.generate([self.prompts[i] for i in active], m, self.sampling)
         truncated = [reason == "length" for reason in gens.finish_reasons]
-        prompt_of = [self.examples[i] for i in active for _ in range(m)]
-        # a cut completion scores 0 under the built-in rewards, its functions' total under
-        # --reward_funcs
-        scored = self.task.score(texts, prompt_of, gens.completion_ids, truncated, self.step)
-        self.scores.append(scored)
+        with self.steps.phase("reward"):
+            texts = [
+                self.tokenizer.decode(ids, skip_special_tokens=True) for ids in gens.completion_ids
+            ]
+            prompt_of = [self.examples[i] for i in active for _ in range(m)]
+            # a cut completion scores 0 under the built-in rewards, its functions' total under
+            # --reward_funcs
+            scored = self.task.score(texts, prompt_of, gens.completion_ids, truncated, self.step)
+        self.steps.add(
+            rollouts=len(truncated),
+            gen_tokens=sum(map(len, gens.completion_ids)),
+            truncated=sum(truncated),
+        )
+        self.scored.append(scored)
         rewards = []
         for j, i in enumerate(active):
             rows = range(j * m, (j + 1) * m)
@@ -485,93 +493,17 @@ def sample_rows(
 
 
 def ada_seq_metrics(
-    accelerator,
-    args: Args,
-    step: int,
-    counters: dict,
-    sums: dict,
-    grad_norms: list[float],
-    lr: float,
-    times: dict,
-    rounds: RoundSampler,
-    pools: list[list[float]],
-    exit_rounds: list[Optional[int]],
-    train_ids: list[int],
-    kept_rewards: list[list[float]],
-    group_of: list[int],
-    adv_list: list[float],
-    threshold: float,
-    dapo_rounds: int,
+    totals: dict, accelerator, pool_records: list, trained_records: list, args, dapo_rounds: int
 ) -> dict:
-    """The step's row: one reduce of named sums over ranks, then each metric from them (names:
-    docs/ada_seq.md)."""
+    """[ADA] the mechanism's figures, from the step's sums over ranks and every prompt's record
+    (size of its pool, exit round, whether its kept group has no spread, tag), gathered from all
+    ranks (names: docs/ada_seq.md)."""
     n = args.num_generations
-    world = accelerator.num_processes
-    responses = [response for pool in rounds.responses for response in pool]
-    all_rewards = [reward for pool in pools for reward in pool]
-    # the GRPO-n counterfactual: would the first n responses alone have had any signal?
-    first_n = torch.tensor([pool[:n] for pool in pools]).view(-1, n)
-    totals = reduce_sums(
-        accelerator,
-        {
-            "groups": len(rounds.examples),
-            "rollouts": len(all_rewards),
-            "gen_tokens": sum(len(response.ids) for response in responses),
-            **reward_sums(all_rewards),  # NaN (no function scored it): out of reward_mean / _std
-            "success": count_positive(all_rewards, threshold),
-            "zero_var": zero_variance(first_n).sum().item(),
-            "truncated": sum(response.truncated for response in responses),
-            "seqs": len(adv_list),
-            **sums,
-            **times,
-            "kept_groups": len(train_ids),
-        },
-    )
-    counters["rollouts"] += int(totals["rollouts"])
-    counters["gen_tokens"] += int(totals["gen_tokens"])
-    samples = max(1.0, totals["rollouts"])
-    tokens = max(1.0, totals["tok"])
-    # over the completions given a reward
-    reward_mean, reward_std = reward_moments(totals, totals["rollouts"])
-    reward_metrics = Scored.join(rounds.scores).metrics(accelerator)
-    # [ADA] every prompt's pool (all ranks): its size, its exit round, whether its kept group has
-    # no spread
-    kept_zero_var = []
-    if kept_rewards:
-        kept_zero_var = zero_variance(torch.tensor(kept_rewards).view(-1, n)).tolist()
-    # groups not trained on (DAPO drops them) count as False
-    post_zero_var = dict(zip(train_ids, kept_zero_var))
-    pool_records = [
-        (len(pool), exit_rounds[i], post_zero_var.get(i, False), rounds.examples[i].tag)
-        for i, pool in enumerate(pools)
-    ]
-    records = gather_list(accelerator, pool_records)
-    trained_records = [(adv, rounds.examples[i].tag) for adv, i in zip(adv_list, group_of)]
-    trained = gather_list(accelerator, trained_records)
+    # one gather of both record lists: every rank's, in rank order
+    ranks = gather_list(accelerator, [(pool_records, trained_records)])
+    records = [record for pools, _ in ranks for record in pools]
     row = {
-        "step": step,
-        "rollouts": counters["rollouts"],
-        "gen_tokens": counters["gen_tokens"],
-        # every generated response of every round
-        "reward_mean": reward_mean,
-        "reward_std": reward_std,
-        "pass_rate": totals["success"] / samples,
-        **reward_metrics,
-        # the first n responses of each pool
-        "frac_zero_var_groups": totals["zero_var"] / max(1.0, totals["groups"]),
-        "completion_len_mean": totals["gen_tokens"] / samples,
-        # responses cut by --max_completion_length
-        "clipped_ratio": totals["truncated"] / samples,
-        # the surrogate / (kept responses x max_completion_length)
-        "loss": totals["loss_sum"] / max(1.0, totals["seqs"]),
-        "kl": totals["kl_sum"] / tokens,
-        "entropy": totals["ent_sum"] / tokens,
-        "grad_norm": float(np.mean(grad_norms)),
-        "lr": lr,
-        "time_gen_s": totals["t_gen"] / world,
-        "time_train_s": totals["t_train"] / world,
-        "sampler_logp_diff": totals["gap_sum"] / totals["gap_tok"] if totals["gap_tok"] else None,
-        "ada_clip_frac": totals["clip_sum"] / tokens,
+        "ada_clip_frac": totals["clip_sum"] / max(1.0, totals["tok"]),
         # [ADA] sampling dynamics
         **seq_metrics(
             [record[0] for record in records],
@@ -582,7 +514,7 @@ def ada_seq_metrics(
             [record[3] for record in records],
         ),
         # [ADA] how many responses trained, their mean advantage per level
-        **trained_advantage_metrics(trained),
+        **trained_advantage_metrics([record for _, trained in ranks for record in trained]),
     }
     # [DAPO] the dynamic-sampling baseline's cost and yield
     if args.dynamic_sampling:
@@ -593,7 +525,6 @@ def ada_seq_metrics(
         # a full one
         row["dapo_batch_fill"] = totals["kept_groups"] / args.prompts_per_step
         row["ada_inference_cost_rel"] = totals["rollouts"] / (args.prompts_per_step * n)
-
     return row
 
 
@@ -655,15 +586,21 @@ def main(args: Args) -> None:
     normaliser = args.prompts_per_step * n / accelerator.num_processes * args.max_completion_length
     warned_partial = False
 
+    # the step's sums, recorded where computed, and its phase times; `loss` is per kept response
+    # clip_sum is added in the micro-batch loop, which a rank with nothing to train on skips (DAPO
+    # may keep no group there)
+    steps = StepMetrics(accelerator, counters, loss_per="seqs", method_sums=("clip_sum",))
+    forward = Forward(tokenizer.pad_token_id, device, args.dtype, temperature, pack, compiled)
+
     for step in range(start_step + 1, args.max_steps + 1):
-        t_start = time.time()
+        steps.begin()
         # a shared CPU: fit the free cores
         threads = cpu_threads.count(torch.get_num_threads())
         torch.set_num_threads(threads)
 
         # ======== sample + verify: [ADA] rounds of M for the still-active prompts (Alg. 2 l. 3-12)
         batch_ids = my_slice(sampler.next_ids(args.prompts_per_step), accelerator)
-        rounds = RoundSampler(generator, tokenizer, task, encode, sampling, step)
+        rounds = RoundSampler(generator, tokenizer, task, encode, sampling, step, steps)
         first_batch = rounds.add([task.train[i] for i in batch_ids])
         # [DAPO] (also in GRPO-n: all 0) the extra round that sampled each group
         origin = [0] * len(first_batch)
@@ -705,9 +642,19 @@ def main(args: Args) -> None:
                     exit_rounds += [1 if done(pool) else None for pool in refill]
                 # at most this rank's share: the first sampled are the first kept
                 train_ids = train_ids[:share]
-        # vLLM on a GPU: its memory goes to training; the push brings the weights back
-        generator.sleep()
-        t_gen = time.time() - t_start
+        with steps.phase("gen"):
+            # vLLM on a GPU: its memory goes to training; the push brings the weights back
+            generator.sleep()
+        # every generated response of every round (NaN: no function scored it, out of reward_mean
+        # / _std); the GRPO-n counterfactual: would the first n responses alone have had signal?
+        rewards = [reward for pool in pools for reward in pool]
+        steps.add_rewards(rewards)
+        steps.add(
+            groups=len(pools),
+            success=count_positive(rewards, threshold),
+            zero_var=zero_variance(torch.tensor([pool[:n] for pool in pools]).view(-1, n)).sum(),
+            kept_groups=len(train_ids),
+        )
 
         # ===== [ADA] downsample every pool to n; advantages from the whole pool (Alg. 2 l. 14-20)
         # per trained group: its n kept rewards; per kept response: its advantage, the response, its
@@ -726,6 +673,18 @@ def main(args: Args) -> None:
             kept_rewards.append(kept)
             trained += [rounds.responses[i][j] for j in keep]
             group_of += [i] * len(keep)
+        steps.add(seqs=len(adv_list))
+        # [ADA] every pool's record: its size, exit round, whether its kept group has no spread
+        # (groups not trained on, which DAPO drops, count as False) and its prompt's tag
+        kept_zero_var = []
+        if kept_rewards:
+            kept_zero_var = zero_variance(torch.tensor(kept_rewards).view(-1, n)).tolist()
+        post_zero_var = dict(zip(train_ids, kept_zero_var))
+        pool_records = [
+            (len(pool), exit_rounds[i], post_zero_var.get(i, False), rounds.examples[i].tag)
+            for i, pool in enumerate(pools)
+        ]
+        trained_records = [(adv, rounds.examples[i].tag) for adv, i in zip(adv_list, group_of)]
         flat_prompts = [rounds.prompts[i] for i in group_of]
         completions = [response.ids for response in trained]
         advantages = torch.tensor(adv_list, dtype=torch.float32, device=device)
@@ -734,106 +693,74 @@ def main(args: Args) -> None:
         unmasked = torch.tensor([not cut for cut in masked], dtype=torch.bool)
 
         # ======== update: GRPO-style clipped surrogate on the kept responses; pi_old = the sampler
-        t_train_start = time.time()
-        sums = dict.fromkeys(
-            ("loss_sum", "kl_sum", "ent_sum", "tok", "clip_sum", "gap_sum", "gap_tok"), 0.0
-        )
-        grad_norms = []
-        lengths = [
-            len(prompt) + len(completion) for prompt, completion in zip(flat_prompts, completions)
-        ]
-        for epoch in range(args.num_iterations):
-            micro = micro_batches(
-                len(completions),
-                args.micro_batch_size,
-                accelerator,
-                model,
-                peers=(ref_model,),
-                lengths=lengths,
-                max_tokens=args.max_tokens_per_microbatch,
-            )
-            for rows in micro:
-                batch = pad_sequences(
-                    [flat_prompts[r] for r in rows],
-                    [completions[r] for r in rows],
-                    tokenizer.pad_token_id,
-                    pack_tokens=pack,
-                ).to(device)
-                # bf16 compute over fp32 weights with --dtype bfloat16
-                with autocast(device, args.dtype):
-                    logp, entropy = token_logprobs(
-                        model,
-                        batch,
-                        temperature,
-                        entropy_grad=args.entropy_coef > 0,
-                        compiled=compiled,
-                    )
-                mask = batch.loss_mask * unmasked[rows].to(device)[:, None]
-                if sampler_logprobs:
-                    sampler_logps = [trained[r].logprobs for r in rows]
-                    old_logp = right_align(sampler_logps, batch.completion_width).to(device)
-                else:
-                    # one epoch with the HF weights: pi_old is this very pass (exact, ratio 1)
-                    old_logp = logp.detach()
-                per_token, clipped = clipped_surrogate(
-                    logp, old_logp, advantages[rows, None], args.epsilon, args.epsilon_high
+        with steps.phase("update"):
+            lengths = [
+                len(prompt) + len(completion)
+                for prompt, completion in zip(flat_prompts, completions)
+            ]
+            for epoch in range(args.num_iterations):
+                micro = micro_batches(
+                    len(completions),
+                    args.micro_batch_size,
+                    accelerator,
+                    model,
+                    peers=(ref_model,),
+                    lengths=lengths,
+                    max_tokens=args.max_tokens_per_microbatch,
                 )
-                surrogate_sum = (per_token * mask).sum()
-                entropy_sum = (entropy * mask).sum()
-                # the entropy bonus of the paper's set-up (Sec. 4)
-                loss = (surrogate_sum - args.entropy_coef * entropy_sum) / normaliser
-                if ref_model is not None:
-                    with torch.no_grad(), autocast(device, args.dtype):
-                        ref_logp, _ = token_logprobs(
-                            ref_model, batch, temperature, compiled=compiled
-                        )
-                    kl = kl_k3(logp, ref_logp) * mask
-                    # one constant for the policy gradient and the KL
-                    loss = loss + args.beta * kl.sum() / normaliser
-                accelerator.backward(loss)
-                # the on-policy epoch's numbers are the ones logged
-                if epoch == 0:
-                    sums["loss_sum"] += surrogate_sum.item() / args.max_completion_length
-                    sums["ent_sum"] += entropy_sum.item()
-                    sums["tok"] += mask.sum().item()
-                    sums["clip_sum"] += (clipped * mask).sum().item()
+                for rows in micro:
+                    mb = forward.rows(
+                        [flat_prompts[r] for r in rows], [completions[r] for r in rows]
+                    )
+                    # the entropy bonus of the paper's set-up (Sec. 4) needs its gradient
+                    logp, entropy = forward(model, mb, entropy_grad=args.entropy_coef > 0)
+                    mask = mb.loss_mask * unmasked[rows].to(device)[:, None]
+                    if sampler_logprobs:
+                        sampler_logps = [trained[r].logprobs for r in rows]
+                        old_logp = right_align(sampler_logps, mb.completion_width).to(device)
+                    else:
+                        # one epoch with the HF weights: pi_old is this very pass (exact, ratio 1)
+                        old_logp = logp.detach()
+                    per_token, clipped = clipped_surrogate(
+                        logp, old_logp, advantages[rows, None], args.epsilon, args.epsilon_high
+                    )
+                    surrogate_sum = (per_token * mask).sum()
+                    entropy_sum = (entropy * mask).sum()
+                    loss = (surrogate_sum - args.entropy_coef * entropy_sum) / normaliser
                     if ref_model is not None:
-                        sums["kl_sum"] += kl.sum().item()
-                # sampler/trainer agreement, before any update (this pass is the first)
-                if epoch == 0 and sampler_logprobs:
-                    gap = (logp.detach() - old_logp).abs() * batch.loss_mask
-                    sums["gap_sum"] += gap.sum().item()
-                    sums["gap_tok"] += batch.loss_mask.sum().item()
-            grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-            grad_norms.append(float(grad_norm))
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-        t_train = time.time() - t_train_start
+                        ref_logp, _ = forward(ref_model, mb, grad=False)
+                        kl = kl_k3(logp, ref_logp) * mask
+                        # one constant for the policy gradient and the KL
+                        loss = loss + args.beta * kl.sum() / normaliser
+                    accelerator.backward(loss)
+                    # the on-policy epoch's numbers are the ones logged; `loss`: the surrogate /
+                    # (kept responses x max_completion_length), in float64 as the sum is kept
+                    if epoch == 0:
+                        steps.add(
+                            loss_sum=surrogate_sum.detach().double() / args.max_completion_length,
+                            ent_sum=entropy_sum,
+                            tok=mask.sum(),
+                            clip_sum=(clipped * mask).sum(),
+                        )
+                        if ref_model is not None:
+                            steps.add(kl_sum=kl.sum())
+                    # sampler/trainer agreement, before any update (this pass is the first)
+                    if epoch == 0 and sampler_logprobs:
+                        gap = (logp.detach() - old_logp).abs() * mb.loss_mask
+                        steps.add(gap_sum=gap.sum(), gap_tok=mb.loss_mask.sum())
+                steps.grad_norm(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
 
         # ======== push the new weights to the generator, once per update phase (no-op for HF) =====
         generator.sync_weights(policy)
 
-        # ================ metrics ================
-        times = {"t_gen": t_gen, "t_train": t_train}
-        row = ada_seq_metrics(
-            accelerator,
-            args,
-            step,
-            counters,
-            sums,
-            grad_norms,
-            scheduler.get_last_lr()[0],
-            times,
-            rounds,
-            pools,
-            exit_rounds,
-            train_ids,
-            kept_rewards,
-            group_of,
-            adv_list,
-            threshold,
-            dapo_rounds,
+        # ================ metrics: one reduce over ranks, the shared keys, then the method's =====
+        # the reward keys of every round's responses
+        row = steps.finish(step, scheduler.get_last_lr()[0], Scored.join(rounds.scored))
+        row |= ada_seq_metrics(
+            steps.totals, accelerator, pool_records, trained_records, args, dapo_rounds
         )
         # [DAPO] once a run: a step trained on fewer groups than a full batch
         if args.dynamic_sampling and not warned_partial and row["dapo_batch_fill"] < 1:
@@ -865,8 +792,9 @@ def main(args: Args) -> None:
             )
             run_log.samples.log(step, logged)
         if evaluating:
-            row.update(run_eval())
-        run_log.end_step(row, time.time() - t_start, threads, compiled)
+            with steps.phase("eval"):
+                row.update(run_eval())
+        run_log.end_step(row, steps.end(row), threads, compiled)
         stopping = stop.agreed(accelerator)
         if checkpoints.due(step, stopping):
             state = {"sampler": sampler.state_dict(), "counters": counters, "method": {}}
