@@ -165,6 +165,13 @@ def run_script(
         "grad_norm_mean": sum(r["grad_norm"] for r in rows) / len(rows),
         "compiled_graphs": _compiled_graphs() - graphs,
     }
+    if "time/other_s" in rows[0]:
+        # the script's own step split (docs/metrics.md): its parts add up to time_step_s
+        phases = ("gen", "logprob", "reward", "update", "eval", "other")
+        split = {name: sum(r[f"time/{name}_s"] for r in rows) / len(rows) for name in phases}
+        result["split_s_per_step"] = split
+        result["other_s_per_step"] = split["other"]
+        result["other_share"] = split["other"] / max(result["step_s"], 1e-9)
     if "ps_trained_groups" in rows[0]:
         result["groups_kept"] = int(sum(r["ps_trained_groups"] for r in rows))
     ckpt = out / f"checkpoint-{done}"

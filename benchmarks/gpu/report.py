@@ -84,6 +84,18 @@ def table(report: dict) -> str:
             f"{r.get('groups_kept', '')} | {r['gen_tokens_per_s']:,.0f} | {r['gen_s_per_step']:.2f} / "
             f"{r['train_s_per_step']:.2f} / {r['other_s_per_step']:.2f} | {peak} |"
         )
+    split_runs = [r for r in runs if "split_s_per_step" in r]
+    if split_runs:
+        lines += [
+            "",
+            "Each step's split (the scripts' time/ keys, seconds a step; they add up to it):",
+            "",
+        ]
+        for r in split_runs:
+            parts = " / ".join(f"{name} {sec:.3f}" for name, sec in r["split_s_per_step"].items())
+            lines.append(
+                f"- {r['script']} {r['variant']}: {parts}; other {r['other_share']:.1%} of the step"
+            )
     lines += ["", f"**{verdict(runs)}**"]
     learning = report.get("learning")
     if learning and "start" in learning:
