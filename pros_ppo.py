@@ -940,7 +940,7 @@ def main(args: Args) -> None:
         correct = torch.tensor(scored.success, dtype=torch.bool).view(-1, k)  # [groups, K]
         # False: no reward (no gradient, no critic target, not a trial)
         has_reward = torch.tensor(scored.scored, dtype=torch.bool)  # [rollouts]
-        # a NaN reward: out of reward_mean / _std
+        # scored on prefix + continuation; a NaN reward: out of reward_mean / _std
         steps.add_rewards(rewards)
         steps.add(
             groups=len(rewards),
