@@ -51,9 +51,9 @@ from common.generation.hf import SamplingConfig
 from common.model.policy import autocast, library_bars_off
 from common.rl.advantages import grpo_advantages, zero_variance
 from common.rl.gibbs import calibration_excess, gibbs_sweeps, update_counts
-from common.rl.logprobs import token_logprobs
+from common.rl.logprobs import Forward
 from common.rl.losses import clipped_surrogate, kl_k3
-from common.rl.masking import pad_sequences, right_align
+from common.rl.masking import right_align
 from common.run.checkpoint import Checkpoints
 from common.run.export import export_model
 from common.run.flags import (
@@ -84,10 +84,10 @@ from common.run.setup import (
     shard_models,
     start_run,
 )
+from common.run.step_metrics import StepMetrics
 from common.run.summary import run_summary
 from common.tasks.evaluation import evaluate_policy
 from common.tasks.loading import PromptEncoder, PromptSampler
-from common.tasks.scoring import reward_moments, reward_sums
 
 
 @dataclass
@@ -229,18 +229,6 @@ class RolloutScores:
     ref_logp: torch.Tensor | None
 
 
-@dataclass
-class UpdateStats:
-    """What the update's optimizer steps leave for the metrics, one entry per step (the KL: summed
-    over the first epoch's steps)."""
-
-    policy_losses: list[float] = field(default_factory=list)
-    clip_fracs: list[float] = field(default_factory=list)
-    grad_norms: list[float] = field(default_factory=list)
-    value_losses: list[float] = field(default_factory=list)
-    kl_sum: float = 0.0
-
-
 # ---------------- [PROS] Augmented query construction (Section 3) ----------------
 
 
@@ -313,26 +301,26 @@ def group_outcomes(
     completions: list[list[int]],
     correct: torch.Tensor,
     truncated: torch.Tensor,
-    rated: torch.Tensor,
-    scores: RolloutScores,
+    has_reward: torch.Tensor,
+    old: RolloutScores,
     stop_ids: set[int],
     value_top_frac: float,
 ) -> list[GroupOutcome]:
     """[PROS] This rank's groups (`correct`: [groups, K]), each with the cuts of its correct
     rollouts (Sec. 3); a rollout cut by --max_completion_length spawns no child."""
     k = correct.shape[1]
-    width = scores.mask.shape[1]
+    width = old.mask.shape[1]
     cut_short = truncated.view(-1, k)
-    trials = rated.view(-1, k).sum(-1).tolist()
+    trials = has_reward.view(-1, k).sum(-1).tolist()
     outcomes = []
     for group, j in enumerate(my_indices):
         rows = range(group * k, (group + 1) * k)
         # the continuations are right-aligned
         starts = [width - len(completions[i]) for i in rows]
-        entropies = [scores.entropy[i, start:].numpy() for i, start in zip(rows, starts)]
+        entropies = [old.entropy[i, start:].numpy() for i, start in zip(rows, starts)]
         values = None
-        if scores.value is not None:
-            values = [scores.value[i, start:].numpy() for i, start in zip(rows, starts)]
+        if old.value is not None:
+            values = [old.value[i, start:].numpy() for i, start in zip(rows, starts)]
         sources = (correct[group] & ~cut_short[group]).tolist()
         candidates = child_candidates(
             queries[j].prefix,
@@ -596,21 +584,17 @@ def score_rollouts(
     policy,
     critic,
     ref_model,
-    tokenizer,
+    forward: Forward,
     prompts: list[list[int]],
     completions: list[list[int]],
     micro_batch_size: int,
-    temperature: float,
-    device,
     accelerator,
-    pack: int = 0,
-    compiled=None,
 ) -> RolloutScores:
     """One no-grad pass: pi_old's log-probs and entropies (policy), values (critic, if any),
     reference log-probs (if any), all as right-aligned [N, Rmax] CPU tensors zeroed outside the
     completion mask. PROS reads t* from these same entropies. Under --fsdp the models stay sharded
     (a layer is gathered only while it runs): `micro_batches` gives every rank the same number of
-    passes. `compiled`: --torch_compile's (common/generation/compile.py)."""
+    passes."""
     num = len(prompts)
     width = max([1] + [len(c) for c in completions])
     logp = torch.zeros(num, width)
@@ -622,19 +606,18 @@ def score_rollouts(
         num, micro_batch_size, accelerator, policy, peers=(critic, ref_model)
     ):
         rows = slice(chunk[0], chunk[-1] + 1)
-        batch = pad_sequences(
-            prompts[rows], completions[rows], tokenizer.pad_token_id, pack_tokens=pack
-        ).to(device)
-        cols = slice(width - batch.completion_width, width)
-        chunk_logp, chunk_entropy = token_logprobs(policy, batch, temperature, compiled=compiled)
-        logp[rows, cols] = chunk_logp.cpu()
-        entropy[rows, cols] = chunk_entropy.cpu()
-        mask[rows, cols] = batch.loss_mask.cpu()
+        mb = forward.rows(prompts[rows], completions[rows])
+        cols = slice(width - mb.completion_width, width)
+        mb_logp, mb_entropy = forward(policy, mb, grad=False)
+        logp[rows, cols] = mb_logp.cpu()
+        entropy[rows, cols] = mb_entropy.cpu()
+        mask[rows, cols] = mb.loss_mask.cpu()
         if critic is not None:
-            value[rows, cols] = critic(batch).cpu()
+            with autocast(forward.device, forward.dtype):
+                value[rows, cols] = critic(mb).cpu()
         if ref_model is not None:
-            chunk_ref, _ = token_logprobs(ref_model, batch, temperature, compiled=compiled)
-            ref_logp[rows, cols] = chunk_ref.cpu()
+            mb_ref_logp, _ = forward(ref_model, mb, grad=False)
+            ref_logp[rows, cols] = mb_ref_logp.cpu()
     return RolloutScores(
         logp=logp * mask,
         entropy=entropy * mask,
@@ -705,22 +688,6 @@ def value_loss(
     """Per-token clipped value loss 0.5·max((V - R)², (V_old + clip(V - V_old, ±c) - R)²) (PPO)."""
     v_clipped = v_old + (v - v_old).clamp(-clip, clip)
     return 0.5 * torch.max((v - returns) ** 2, (v_clipped - returns) ** 2)
-
-
-def pad_rows(
-    prompts: list[list[int]],
-    completions: list[list[int]],
-    ids: list[int],
-    pad_id: int,
-    pack: int,
-    device,
-):
-    """The rollouts `ids` as one training batch on `device`: padded, or packed into rows of `pack`
-    tokens (--padding_free)."""
-    batch = pad_sequences(
-        [prompts[i] for i in ids], [completions[i] for i in ids], pad_id, pack_tokens=pack
-    )
-    return batch.to(device)
 
 
 def critic_state(critic, critic_optimizer, sharded: bool) -> tuple[dict, dict | None]:
@@ -841,101 +808,29 @@ def pros_mechanism_metrics(
 
 
 def pros_ppo_metrics(
-    accelerator,
-    args: Args,
-    step: int,
-    counters: dict,
-    completions: list[list[int]],
-    rewards: torch.Tensor,
-    correct: torch.Tensor,
-    truncated: torch.Tensor,
-    scores: RolloutScores,
-    sampler_logp: torch.Tensor | None,
-    stats: UpdateStats,
-    lr: float,
-    times: dict,
-    scored,
+    totals: dict,
+    critic: bool,
+    pros: bool,
     queries: list[Query],
     tree: QueryTree,
     tree_update: TreeUpdate,
+    k: int,
 ) -> dict:
-    """The step's row: one reduce of named sums over ranks, then each ratio by its name. `loss` and
-    `ppo_clip_frac` are token means of each optimizer step (their parts of the global means summed
-    over ranks), averaged over the update's steps."""
-    world = accelerator.num_processes
-    mask = scores.mask
-    gap_tok = 0.0
-    gap_sum = 0.0
-    if sampler_logp is not None:
-        gap_tok = float(mask.sum())
-        gap_sum = float(((scores.logp - sampler_logp).abs() * mask).sum())
-    value_loss_sum = 0.0
-    if stats.value_losses:
-        value_loss_sum = float(np.mean(stats.value_losses)) / world
-    totals = reduce_sums(
-        accelerator,
-        {
-            "groups": rewards.shape[0],
-            "rollouts": len(completions),
-            "gen_tokens": sum(map(len, completions)),
-            # NaN (no function scored it): out of reward_mean / _std
-            **reward_sums(rewards),
-            "success": float(correct.sum()),
-            "zero_var": float(zero_variance(rewards).sum()),
-            "truncated": float(truncated.sum()),
-            "gap_tok": gap_tok,
-            "gap_sum": gap_sum,
-            "loss_sum": np.mean(stats.policy_losses) / world,
-            "clip_sum": np.mean(stats.clip_fracs) / world,
-            "value_loss_sum": value_loss_sum,
-            "kl_sum": stats.kl_sum,
-            "ent_sum": float((scores.entropy * mask).sum()),
-            "tok": float(mask.sum()),
-            **times,
-        },
-    )
-    counters["rollouts"] += int(totals["rollouts"])
-    counters["gen_tokens"] += int(totals["gen_tokens"])
-    samples = max(1.0, totals["rollouts"])
-    tokens = max(1.0, totals["tok"])
-    # over the completions given a reward
-    reward_mean, reward_std = reward_moments(totals, totals["rollouts"])
-    sampler_gap = totals["gap_sum"] / totals["gap_tok"] if totals["gap_tok"] else None
-    row = {
-        "step": step,
-        "rollouts": counters["rollouts"],
-        "gen_tokens": counters["gen_tokens"],
-        # scored on prefix + continuation
-        "reward_mean": reward_mean,
-        "reward_std": reward_std,
-        # reward >= --success_reward
-        "pass_rate": totals["success"] / samples,
-        **scored.metrics(accelerator),
-        "frac_zero_var_groups": totals["zero_var"] / max(1.0, totals["groups"]),
-        # generated tokens (a child's prefix excluded)
-        "completion_len_mean": totals["gen_tokens"] / samples,
-        # completions cut by --max_completion_length
-        "clipped_ratio": totals["truncated"] / samples,
-        # per-token clipped surrogate, mean over the optimizer steps
-        "loss": totals["loss_sum"],
-        "kl": totals["kl_sum"] / tokens,
-        "entropy": totals["ent_sum"] / tokens,
-        "grad_norm": float(np.mean(stats.grad_norms)),
-        "lr": lr,
-        "time_gen_s": totals["t_gen"] / world,
-        "time_train_s": totals["t_train"] / world,
-        # clipped tokens / tokens, mean over the optimizer steps
-        "ppo_clip_frac": totals["clip_sum"],
-        "sampler_logp_diff": sampler_gap,
-    }
-    # the critic's per-token value loss, mean over the optimizer steps
-    if stats.value_losses:
+    """[PPO] the clipped share of tokens and (with a critic) the per-token value loss, each a token
+    mean of an optimizer step averaged over the update's steps (summed over ranks: each rank adds
+    its part of the global mean); [PROS] the mechanism's figures (docs/pros_ppo.md)."""
+    row = {"ppo_clip_frac": totals["clip_sum"]}
+    if critic:
         row["ppo_value_loss"] = totals["value_loss_sum"]
-    # [PROS] mechanism metrics
-    if args.pros != "off":
-        row.update(pros_mechanism_metrics(queries, tree, tree_update, k=args.num_generations))
-
+    # [PROS]
+    if pros:
+        row |= pros_mechanism_metrics(queries, tree, tree_update, k)
     return row
+
+
+def update_mean(values: list[torch.Tensor]) -> float:
+    """The mean over the update's optimizer steps of one value each (one copy to the host)."""
+    return float(np.mean(torch.stack(values).tolist()))
 
 
 def main(args: Args) -> None:
@@ -1017,9 +912,12 @@ def main(args: Args) -> None:
     stop = GracefulStop(log)
     if start_step == 0:
         run_log.first_row(run_eval(), compiled)
+    # the step's sums, recorded where computed, and its phase times; `loss` is added as its value
+    steps = StepMetrics(accelerator, counters, loss_per=None)
+    forward = Forward(tokenizer.pad_token_id, device, args.dtype, temperature, pack, compiled)
 
     for step in range(start_step + 1, args.max_steps + 1):
-        t_start = time.time()
+        steps.begin()
         # a shared CPU: fit the free cores
         threads = cpu_threads.count(torch.get_num_threads())
         torch.set_num_threads(threads)
@@ -1039,60 +937,68 @@ def main(args: Args) -> None:
         query_tokens = [
             encode(example.prompt) + prefix for example, prefix in zip(examples, prefixes)
         ]
-        # FSDP + HF generate: whole weights (else a no-op)
-        with gathered(policy, enabled=generator.reads_policy):
-            gens = generator.generate(query_tokens, k, sampling)
-        # vLLM on a GPU: its memory goes to training; the push brings the weights back
-        generator.sleep()
-        t_gen = time.time() - t_start
+        with steps.phase("gen"):
+            # FSDP + HF generate: whole weights (else a no-op)
+            with gathered(policy, enabled=generator.reads_policy):
+                gens = generator.generate(query_tokens, k, sampling)
+            # vLLM on a GPU: its memory goes to training; the push brings the weights back
+            generator.sleep()
         completions = [list(completion) for completion in gens.completion_ids]
         prompts = [tokens for tokens in query_tokens for _ in range(k)]
         num_rollouts = len(completions)
 
         # ================ verify: the reward reads prefix + continuation (PROS Sec. 3) ===========
-        whole = [prefixes[i // k] + completion for i, completion in enumerate(completions)]
-        texts = [tokenizer.decode(tokens, skip_special_tokens=True) for tokens in whole]
-        truncated = torch.tensor(
-            [reason == "length" for reason in gens.finish_reasons], dtype=torch.bool
-        )
-        prompt_of = [examples[i // k] for i in range(len(texts))]
-        scored = task.score(texts, prompt_of, whole, truncated, step)
+        with steps.phase("reward"):
+            whole = [prefixes[i // k] + completion for i, completion in enumerate(completions)]
+            texts = [tokenizer.decode(tokens, skip_special_tokens=True) for tokens in whole]
+            truncated = torch.tensor(
+                [reason == "length" for reason in gens.finish_reasons], dtype=torch.bool
+            )
+            prompt_of = [examples[i // k] for i in range(len(texts))]
+            scored = task.score(texts, prompt_of, whole, truncated, step)
         # NaN: no function scored it
         rewards = torch.tensor(scored.total, dtype=torch.float32).view(-1, k)  # [groups, K]
         # the task's rule (`Task.passes`)
         correct = torch.tensor(scored.success, dtype=torch.bool).view(-1, k)  # [groups, K]
         # False: no reward (no gradient, no critic target, not a trial)
-        rated = torch.tensor(scored.scored, dtype=torch.bool)  # [rollouts]
+        has_reward = torch.tensor(scored.scored, dtype=torch.bool)  # [rollouts]
+        # scored on prefix + continuation; a NaN reward: out of reward_mean / _std
+        steps.add_rewards(rewards)
+        steps.add(
+            groups=len(rewards),
+            rollouts=num_rollouts,
+            # generated tokens (a child's prefix excluded)
+            gen_tokens=sum(map(len, completions)),
+            success=correct.sum(),
+            zero_var=zero_variance(rewards).sum(),
+            truncated=truncated.sum(),
+        )
 
         # ================ pi_old's log-probs, entropies, values, reference log-probs: one pass ===
-        t_score_start = time.time()
         # FSDP: sharded, in lock-step (no whole model gathered)
-        with autocast(device, args.dtype):
-            scores = score_rollouts(
+        with steps.phase("logprob"):
+            old = score_rollouts(
                 policy,
                 critic,
                 ref_model,
-                tokenizer,
+                forward,
                 prompts,
                 completions,
                 args.micro_batch_size,
-                temperature,
-                device,
                 accelerator,
-                pack,
-                compiled,
             )
-        mask = scores.mask  # [rollouts, Rmax]
-        t_score = time.time() - t_score_start
+        mask = old.mask  # [rollouts, Rmax]
+        steps.add(ent_sum=(old.entropy * mask).sum(), tok=mask.sum())
         # --mask_truncated_completions: cut rollouts get no policy gradient (the critic still fits
         # their returns); rollouts with no reward get none either
         policy_mask = mask
         if args.mask_truncated_completions:
             policy_mask = mask * ~truncated[:, None]
-        policy_mask = policy_mask * rated[:, None]
-        sampler_logp = None
+        policy_mask = policy_mask * has_reward[:, None]
+        # sampler/trainer agreement, where the generator returns log-probs
         if any(gens.logprobs):
             sampler_logp = right_align(gens.logprobs, mask.shape[1])
+            steps.add(gap_sum=((old.logp - sampler_logp).abs() * mask).sum(), gap_tok=mask.sum())
 
         # ================ [PROS] the tree: child candidates (Sec. 3); observe, add, Gibbs (Sec. 4)
         # [PROS] (also in PPO / GRPO: empty) what the tree's update leaves for the metrics
@@ -1106,8 +1012,8 @@ def main(args: Args) -> None:
                 completions,
                 correct,
                 truncated,
-                rated,
-                scores,
+                has_reward,
+                old,
                 stop_ids,
                 args.value_top_frac,
             )
@@ -1138,138 +1044,130 @@ def main(args: Args) -> None:
             token_rewards = torch.zeros_like(mask)
             token_rewards[:, -1] = rewards.flatten().nan_to_num(0.0)
             advantages, returns = gae_advantages(
-                token_rewards, scores.value, mask, args.gamma, args.gae_lambda
+                token_rewards, old.value, mask, args.gamma, args.gae_lambda
             )
             # whitened over the rewarded rows' tokens only (global: all ranks)
-            rated_mask = mask * rated[:, None]
+            reward_mask = mask * has_reward[:, None]
             if args.whiten_advantages:
-                advantages = masked_whiten(advantages, rated_mask, accelerator)
-            advantages = advantages * rated_mask
+                advantages = masked_whiten(advantages, reward_mask, accelerator)
+            advantages = advantages * reward_mask
         else:
             # GRPO: the group-normalised outcome advantage on every token of the rollout
             advantages = grpo_advantages(rewards).flatten()[:, None] * mask
 
         # ================ update: clipped steps of the policy, the critic alongside ==============
-        # num_iterations passes, each of num_mini_batches optimizer steps
-        t_update_start = time.time()
-        stats = UpdateStats()
-        for epoch in range(args.num_iterations):
-            order = torch.randperm(num_rollouts).tolist()
-            for part in range(args.num_mini_batches):
-                start = part * num_rollouts // args.num_mini_batches
-                end = (part + 1) * num_rollouts // args.num_mini_batches
-                minibatch = order[start:end]
-                # token means of the whole minibatch on every rank: DDP / FSDP average the ranks'
-                # gradients, so each rank divides by the global count / world (see rank_mean)
-                local_counts = {
-                    "policy": float(policy_mask[minibatch].sum()),
-                    "all": float(mask[minibatch].sum()),
-                }
-                token_counts = reduce_sums(accelerator, local_counts)
-                policy_tokens = token_divisor(token_counts["policy"], world)
-                minibatch_tokens = token_divisor(token_counts["all"], world)
-                # --max_tokens_per_microbatch
-                lengths = [len(prompts[i]) + len(completions[i]) for i in minibatch]
-                surrogate_sum = 0.0
-                clipped_sum = 0.0
-                minibatch_kl = 0.0
-                micro = micro_batches(
-                    len(minibatch),
-                    args.micro_batch_size,
-                    accelerator,
-                    model,
-                    lengths=lengths,
-                    max_tokens=args.max_tokens_per_microbatch,
-                )
-                for rows in micro:
-                    ids = [minibatch[r] for r in rows]
-                    batch = pad_rows(
-                        prompts, completions, ids, tokenizer.pad_token_id, pack, device
+        # num_iterations passes, each of num_mini_batches optimizer steps; each step's loss, clipped
+        # share and value loss (float64 on the device: host copies once the update ends)
+        losses, clip_fracs, value_losses = [], [], []
+        with steps.phase("update"):
+            for epoch in range(args.num_iterations):
+                order = torch.randperm(num_rollouts).tolist()
+                for part in range(args.num_mini_batches):
+                    start = part * num_rollouts // args.num_mini_batches
+                    end = (part + 1) * num_rollouts // args.num_mini_batches
+                    minibatch = order[start:end]
+                    # token means of the whole minibatch on every rank (see token_divisor)
+                    local_counts = {
+                        "policy": float(policy_mask[minibatch].sum()),
+                        "all": float(mask[minibatch].sum()),
+                    }
+                    token_counts = reduce_sums(accelerator, local_counts)
+                    policy_tokens = token_divisor(token_counts["policy"], world)
+                    minibatch_tokens = token_divisor(token_counts["all"], world)
+                    # --max_tokens_per_microbatch
+                    lengths = [len(prompts[i]) + len(completions[i]) for i in minibatch]
+                    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+                    clipped_sum = torch.zeros((), dtype=torch.float64, device=device)
+                    kl_sum = torch.zeros((), dtype=torch.float64, device=device)
+                    micro = micro_batches(
+                        len(minibatch),
+                        args.micro_batch_size,
+                        accelerator,
+                        model,
+                        lengths=lengths,
+                        max_tokens=args.max_tokens_per_microbatch,
                     )
-                    cols = slice(-batch.completion_width, None)
-                    token_mask = policy_mask[ids, cols].to(device)
-                    with autocast(device, args.dtype):
-                        logp, _ = token_logprobs(model, batch, temperature, compiled=compiled)
-                    old_logp = scores.logp[ids, cols].to(device)
-                    adv = advantages[ids, cols].to(device)
-                    per_token, clipped = clipped_surrogate(
-                        logp, old_logp, adv, args.epsilon, args.epsilon_high
+                    for rows in micro:
+                        # mb_: the micro-batch's part of a step-level tensor
+                        mb_ids = [minibatch[r] for r in rows]
+                        mb = forward.rows(
+                            [prompts[i] for i in mb_ids], [completions[i] for i in mb_ids]
+                        )
+                        cols = slice(-mb.completion_width, None)
+                        mb_mask = policy_mask[mb_ids, cols].to(device)
+                        logp, _ = forward(model, mb)
+                        per_token, clipped = clipped_surrogate(
+                            logp,
+                            old.logp[mb_ids, cols].to(device),
+                            advantages[mb_ids, cols].to(device),
+                            args.epsilon,
+                            args.epsilon_high,
+                        )
+                        loss = (per_token * mb_mask).sum() / policy_tokens
+                        # logged `loss`: the clipped surrogate, the KL excluded
+                        loss_sum += loss.detach()
+                        clipped_sum += (clipped * mb_mask).sum()
+                        if ref_model is not None:
+                            kl = kl_k3(logp, old.ref_logp[mb_ids, cols].to(device)) * mb_mask
+                            loss = loss + args.beta * kl.sum() / policy_tokens
+                            kl_sum += kl.detach().sum()
+                        accelerator.backward(loss)
+                    norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                    steps.grad_norm(norm)
+                    optimizer.step()
+                    scheduler.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    losses.append(loss_sum)
+                    clip_fracs.append(clipped_sum / policy_tokens)
+                    # the on-policy epoch's KL is the one logged
+                    if epoch == 0:
+                        steps.add(kl_sum=kl_sum)
+                    if critic is None:
+                        continue
+                    # the critic: the clipped value loss against the GAE returns, its own step
+                    value_loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+                    micro = micro_batches(
+                        len(minibatch),
+                        args.micro_batch_size,
+                        accelerator,
+                        critic_model,
+                        lengths=lengths,
+                        max_tokens=args.max_tokens_per_microbatch,
                     )
-                    loss = (per_token * token_mask).sum() / policy_tokens
-                    surrogate_sum += loss.item()
-                    clipped_sum += (clipped * token_mask).sum().item()
-                    if ref_model is not None:
-                        ref_logp = scores.ref_logp[ids, cols].to(device)
-                        kl = kl_k3(logp, ref_logp) * token_mask
-                        loss = loss + args.beta * kl.sum() / policy_tokens
-                        minibatch_kl += kl.sum().item()
-                    accelerator.backward(loss)
-                grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad(set_to_none=True)
-                stats.grad_norms.append(float(grad_norm))
-                stats.policy_losses.append(surrogate_sum)
-                stats.clip_fracs.append(clipped_sum / policy_tokens)
-                # the on-policy epoch's KL is the one logged
-                if epoch == 0:
-                    stats.kl_sum += minibatch_kl
-                if critic is None:
-                    continue
-                # the critic: the clipped value loss against the GAE returns, its own step
-                value_loss_sum = 0.0
-                micro = micro_batches(
-                    len(minibatch),
-                    args.micro_batch_size,
-                    accelerator,
-                    critic_model,
-                    lengths=lengths,
-                    max_tokens=args.max_tokens_per_microbatch,
-                )
-                for rows in micro:
-                    ids = [minibatch[r] for r in rows]
-                    batch = pad_rows(
-                        prompts, completions, ids, tokenizer.pad_token_id, pack, device
-                    )
-                    cols = slice(-batch.completion_width, None)
-                    with autocast(device, args.dtype):
-                        values = critic_model(batch)
-                    old_values = scores.value[ids, cols].to(device)
-                    targets = returns[ids, cols].to(device)
-                    per_token = value_loss(values, old_values, targets, args.cliprange_value)
-                    value_mask = batch.loss_mask * rated[ids, None].to(device)
-                    loss = (per_token * value_mask).sum() / minibatch_tokens
-                    accelerator.backward(loss)
-                    value_loss_sum += loss.item()
-                accelerator.clip_grad_norm_(critic_model.parameters(), args.max_grad_norm)
-                critic_optimizer.step()
-                critic_optimizer.zero_grad(set_to_none=True)
-                stats.value_losses.append(value_loss_sum)
-        t_train = t_score + time.time() - t_update_start
+                    for rows in micro:
+                        mb_ids = [minibatch[r] for r in rows]
+                        mb = forward.rows(
+                            [prompts[i] for i in mb_ids], [completions[i] for i in mb_ids]
+                        )
+                        cols = slice(-mb.completion_width, None)
+                        with autocast(device, args.dtype):
+                            mb_values = critic_model(mb)
+                        per_token = value_loss(
+                            mb_values,
+                            old.value[mb_ids, cols].to(device),
+                            returns[mb_ids, cols].to(device),
+                            args.cliprange_value,
+                        )
+                        mb_mask = mb.loss_mask * has_reward[mb_ids, None].to(device)
+                        loss = (per_token * mb_mask).sum() / minibatch_tokens
+                        accelerator.backward(loss)
+                        value_loss_sum += loss.detach()
+                    accelerator.clip_grad_norm_(critic_model.parameters(), args.max_grad_norm)
+                    critic_optimizer.step()
+                    critic_optimizer.zero_grad(set_to_none=True)
+                    value_losses.append(value_loss_sum)
+        # each rank's part of the global token means (the sum over ranks: the global mean)
+        steps.add(loss_sum=update_mean(losses) / world, clip_sum=update_mean(clip_fracs) / world)
+        if critic is not None:
+            steps.add(value_loss_sum=update_mean(value_losses) / world)
 
         # ================ push the new weights to the generator (a no-op for HF generate) ========
         generator.sync_weights(policy)
 
-        # ================ metrics ================
-        times = {"t_gen": t_gen, "t_train": t_train}
-        row = pros_ppo_metrics(
-            accelerator,
-            args,
-            step,
-            counters,
-            completions,
-            rewards,
-            correct,
-            truncated,
-            scores,
-            sampler_logp,
-            stats,
-            scheduler.get_last_lr()[0],
-            times,
-            scored,
-            queries,
-            tree,
-            tree_update,
+        # ================ metrics: one reduce over ranks, the shared keys, then the method's =====
+        row = steps.finish(step, scheduler.get_last_lr()[0], scored)
+        row |= pros_ppo_metrics(
+            steps.totals, critic is not None, pros, queries, tree, tree_update, k
         )
 
         # ================ sample log, evaluation, the row, checkpoint, stop ================
@@ -1294,8 +1192,9 @@ def main(args: Args) -> None:
             )
             run_log.samples.log(step, sample_log_rows)
         if evaluating:
-            row.update(run_eval())
-        run_log.end_step(row, time.time() - t_start, threads, compiled)
+            with steps.phase("eval"):
+                row.update(run_eval())
+        run_log.end_step(row, steps.end(row), threads, compiled)
         stopping = stop.agreed(accelerator)
         if checkpoints.due(step, stopping):
             # [PROS] (also in PPO / GRPO: the empty tree and its RNG)
