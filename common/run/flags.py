@@ -436,7 +436,10 @@ def flag_groups(cls) -> list[tuple[str, str, list[str]]]:
     for klass in cls.__mro__:
         if klass is Flags or klass not in owners:
             continue
-        if klass is cls or not issubclass(klass, Flags):
+        if not issubclass(cls, Flags):
+            # a tool's own dataclass (the benchmarks'): its flags, not a method's
+            title, about = script_of(cls), "its flags"
+        elif klass is cls or not issubclass(klass, Flags):
             title, about = f"method ({script_of(cls)})", "the method's own flags"
         else:
             title, _, about = (klass.__doc__ or klass.__name__).partition(": ")
