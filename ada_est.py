@@ -171,14 +171,18 @@ class Args(
 
     def validate(self) -> None:
         """Combinations of flags (single values: their declarations, common/run/flags.py)."""
+        problems = []
         p, b = self.prompts_per_step, self.budget()
         if self.n_min > self.n_max:
-            raise SystemExit(f"--n_min {self.n_min} / --n_max {self.n_max}: need n_min <= n_max")
-        if not self.n_min * p <= b <= self.n_max * p:
-            raise SystemExit(
+            problems.append(f"--n_min {self.n_min} / --n_max {self.n_max}: need n_min <= n_max")
+        # (with n_min > n_max no budget fits: that one line says why)
+        elif not self.n_min * p <= b <= self.n_max * p:
+            problems.append(
                 f"--total_budget {b}: must lie in [n_min * prompts_per_step, n_max * "
                 f"prompts_per_step] = [{self.n_min * p}, {self.n_max * p}]"
             )
+        if problems:
+            raise SystemExit("\n".join(problems))
 
 
 def zero_variance_lists(groups: list[list[float]]) -> int:

@@ -260,18 +260,21 @@ class Args(
 
     def validate(self) -> None:
         """Combinations of flags (single values: their declarations, common/run/flags.py)."""
+        problems = []
         n = self.num_generations
         if self.round_repeat < n:
-            raise SystemExit(
+            problems.append(
                 f"--round_repeat {self.round_repeat}: must be >= --num_generations {n} "
                 "(Alg. 2: M >= n)"
             )
         # [DAPO] a fixed group size: GRPO-n's one round
         if self.dynamic_sampling and self.max_rounds != 1:
-            raise SystemExit(
+            problems.append(
                 "--dynamic_sampling samples one round of --round_repeat responses per prompt "
                 f"(DAPO); it needs --max_rounds 1, got --max_rounds {self.max_rounds}"
             )
+        if problems:
+            raise SystemExit("\n".join(problems))
 
 
 def exit_reached(rewards: list[float], rule: str, k_pos: int, k_neg: int, threshold: float) -> bool:

@@ -175,10 +175,13 @@ class Args(
 
     def validate(self) -> None:
         # single values: their declarations (common/run/flags.py); here, combinations
+        problems = []
         if self.pool_capacity < 2 * self.prompts_per_step:
-            raise SystemExit(
+            problems.append(
                 f"--pool_capacity {self.pool_capacity}: must be >= 2 x --prompts_per_step"
             )
+        if problems:
+            raise SystemExit("\n".join(problems))
 
 
 @dataclass

@@ -215,35 +215,38 @@ class Args(
 
     def validate(self) -> None:
         """The flags' combinations (single values: their declarations, common/run/flags.py)."""
+        problems = []
         pairs = (("low", "high"), ("ratio_min", "ratio_max"), ("deadzone_low", "deadzone_high"))
         for lo, hi in pairs:
             if getattr(self, lo) > getattr(self, hi):
-                raise SystemExit(
+                problems.append(
                     f"--{lo} {getattr(self, lo)} --{hi} {getattr(self, hi)}: need {lo} <= {hi}"
                 )
         # 10: the default, unused unless drawing numbers
         if self.env_max_number != 10 and not (self.multiturn and self.env_numbers):
-            raise SystemExit(
+            problems.append(
                 f"--env_max_number {self.env_max_number}: applies to multiturn with "
                 "--env_numbers > 0"
             )
         if self.max_turns < (self.env_numbers or 5) - 1:
-            raise SystemExit(
+            problems.append(
                 f"--max_turns {self.max_turns}: {self.env_numbers} numbers need more turns"
             )
         if self.multiturn:
             if self.dataset_name != "countdown":
-                raise SystemExit(
+                problems.append(
                     f"--mode multiturn needs --dataset_name countdown, got {self.dataset_name}: "
                     "use --mode text"
                 )
             # they apply to --mode text
             if self.reward not in ("auto", "binary") or self.reward_funcs or self.eval_reward_funcs:
-                raise SystemExit(
+                problems.append(
                     f"--reward {self.reward} / --reward_funcs: multi-turn keeps its binary reward"
                 )
         elif self.env_numbers:
-            raise SystemExit(f"--env_numbers {self.env_numbers}: applies to --mode multiturn only")
+            problems.append(f"--env_numbers {self.env_numbers}: applies to --mode multiturn only")
+        if problems:
+            raise SystemExit("\n".join(problems))
 
     @property
     def multiturn(self) -> bool:

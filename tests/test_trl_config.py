@@ -292,3 +292,18 @@ def test_every_problem_is_reported_at_once_each_on_its_own_key(tmp_path):
     assert len(lines) == len(starts), lines
     assert all(line.startswith(start) for line, start in zip(lines, starts)), lines
     assert not [line for line in lines if "epsilon" in line or "delta" in line], lines
+
+
+def test_a_scripts_own_combinations_are_reported_with_the_other_problems():
+    # ps_grpo's validate() finds two combinations it refuses; a range problem stands beside them
+    from ps_grpo import Args
+
+    argv = ["--low", "0.9", "--high", "0.1", "--mode", "text", "--env_numbers", "3"]
+    with pytest.raises(SystemExit) as stop:
+        parse_args(Args, [*argv, "--learning_rate", "-1"])
+    lines = str(stop.value).splitlines()
+    assert lines == [
+        "--learning_rate -1.0: must be >= 0",
+        "--low 0.9 --high 0.1: need low <= high",
+        "--env_numbers 3: applies to --mode multiturn only",
+    ], lines

@@ -532,10 +532,14 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
     if getattr(args, "eval_train_prompts", 0) is None:  # recorded in args.json as the count used
         args.eval_train_prompts = args.eval_prompts
     problems += combination_problems(args)
+    if hasattr(args, "validate"):
+        # the script's own combinations, reported with every other problem
+        try:
+            args.validate()
+        except SystemExit as refused:
+            problems += str(refused.code).splitlines()
     if problems:
         raise SystemExit("\n".join(dict.fromkeys(problems)))
-    if hasattr(args, "validate"):
-        args.validate()
     return args
 
 
