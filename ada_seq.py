@@ -528,6 +528,7 @@ def ada_seq_metrics(
         # a full one
         row["dapo_batch_fill"] = totals["kept_groups"] / args.prompts_per_step
         row["ada_inference_cost_rel"] = totals["rollouts"] / (args.prompts_per_step * n)
+
     return row
 
 

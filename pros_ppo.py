@@ -828,6 +828,7 @@ def pros_ppo_metrics(
     # [PROS]
     if pros:
         row |= pros_mechanism_metrics(queries, tree, tree_update, k)
+
     return row
 
 

@@ -524,7 +524,7 @@ def main(args: Args) -> None:
                 accelerator.backward(loss)
                 # logged `loss`: -A log pi(y|x) per sequence, the KL excluded
                 steps.add(loss_sum=pg_sum, ent_sum=(entropy * mask).sum(), tok=mask.sum())
-                # [RA-RLOO] the replays' mean importance weight
+                # [RA-RLOO] (also in RLOO: 0, no replay) the replays' mean importance weight
                 steps.add(w_sum=torch.where(rep, weight, torch.zeros_like(weight)).sum())
                 steps.add(w_n=rep.sum())
                 # sampler/trainer agreement on fresh rollouts, before any update (this pass is

@@ -192,13 +192,26 @@ def changed_flags(args) -> dict:
     defaults = parse_args(type(args), [])
     given = given_flags(args)
     return {
-        field.name: getattr(args, field.name)
-        for field in fields(args)
-        if field.name not in SAME_RUN
-        and getattr(args, field.name) != getattr(defaults, field.name)
-        and getattr(args, field.name) is not None
-        and (not given or field.name in given or field.name in FROM_LAUNCH)
+        name: getattr(args, name)
+        for name in flag_order(type(args))
+        if name not in SAME_RUN
+        and getattr(args, name) != getattr(defaults, name)
+        and getattr(args, name) is not None
+        and (not given or name in given or name in FROM_LAUNCH)
     }
+
+
+def flag_order(cls) -> list[str]:
+    """The flags of `cls` as its class line reads: each shared group in turn (model, data, ...),
+    then the method's own (a dataclass lists the last base's fields first)."""
+    names = {field.name for field in fields(cls)}
+    own = [name for name in cls.__dict__.get("__annotations__", {}) if name in names]
+    shared = []
+    for klass in cls.__mro__[1:]:
+        for name in klass.__dict__.get("__annotations__", {}):
+            if name in names and name not in own and name not in shared:
+                shared.append(name)
+    return shared + own
 
 
 def shareable(value):
