@@ -599,3 +599,18 @@ def test_a_launch_that_lost_its_folder_stops_before_removing_anything(tmp_path, 
         assert json.loads((folder / LOCK).read_text())["launch"] == "theirs"
     finally:
         other.communicate("", timeout=30)
+
+
+def test_a_run_recorded_before_the_auto_cache_resumes_under_it(two_steps, tiny_base, tmp_path):
+    # checkpoints written while the KV cache defaulted to None record that value; the cache is a
+    # speed setting, so today's default `auto` continues them without --accept_changed_flags
+    out = _copy(two_steps, tmp_path)
+    for record in [out / "checkpoint-2" / "run.json", out / ".run.json", out / "args.json"]:
+        data = json.loads(record.read_text())
+        flags = data.get("args", data)
+        assert flags["cache_implementation"] == "auto", record
+        flags["cache_implementation"] = None
+        record.write_text(json.dumps(data))
+    argv = ["ra_rloo.py", "--model_name_or_path", tiny_base, "--output_dir", str(out)]
+    run_main([*argv, "--resume_from_checkpoint", "auto", "--max_steps", "3", *SMALL])
+    assert (out / "checkpoint-3").is_dir()

@@ -66,7 +66,10 @@ FREE = (
     "lora_merged_export",
     "save_dtype",
     "collective_timeout",
-)  # length, logging, patience: free
+    # the KV cache of HF generate: how fast a step samples, as the thread count (a checkpoint
+    # recorded before `auto` became the default holds None)
+    "cache_implementation",
+)  # length, logging, patience, speed: free
 
 
 def claim_output_dir(args, accelerator, log=print) -> None:
