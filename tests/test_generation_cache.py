@@ -53,8 +53,8 @@ def test_cache_implementation_reaches_generate(script, tiny_base, tmp_path, monk
         script == "ra_rloo"
     ):  # seeding scores demonstrations before the first generate: not needed here
         argv += ["--seed_buffer", "false"]
-        # unset (auto) on CPU: transformers' own default (no keyword at all), as before `auto`
-        # existed; the flag is read in one place
+        # unset (auto) on CPU: transformers' own default (no keyword at all); the flag is read
+        # in one place
         cases.append(([], "<absent>"))
     for case, (flags, expected) in enumerate(cases):
         seen.clear()
