@@ -466,6 +466,7 @@ def main(args: Args) -> None:
         keep = torch.ones(len(texts), dtype=torch.bool)
         if args.mask_truncated_completions:
             keep = ~truncated
+        keep = keep.to(device)
 
         # ======== update: GRPO-style clipped surrogate on ALL responses; pi_old = the sampler
         with steps.phase("update"):
@@ -489,7 +490,7 @@ def main(args: Args) -> None:
                     )
                     # the entropy bonus of the paper's set-up (Sec. 4) needs its gradient
                     logp, entropy = forward(model, mb, entropy_grad=args.entropy_coef > 0)
-                    mask = mb.loss_mask * keep[rows].to(device)[:, None]
+                    mask = mb.loss_mask * keep[rows][:, None]
                     if sampler_logprobs:
                         sampler_logps = [gens.logprobs[r] for r in rows]
                         old_logp = right_align(sampler_logps, mb.completion_width).to(device)

@@ -630,9 +630,9 @@ def main(args: Args) -> None:
                     ]
                     # the count that decides is global: every rank runs the same rounds
                     counted = {"kept": min(len(train_ids), share)}
-                    kept_groups = reduce_sums(accelerator, counted)["kept"]
+                    global_kept = reduce_sums(accelerator, counted)["kept"]
                     if (
-                        kept_groups >= args.prompts_per_step
+                        global_kept >= args.prompts_per_step
                         or dapo_rounds == args.max_dynamic_rounds
                     ):
                         break
@@ -694,7 +694,7 @@ def main(args: Args) -> None:
         advantages = torch.tensor(adv_list, dtype=torch.float32, device=device)
         # --mask_truncated_completions: kept responses cut by the length limit get no gradient
         masked = [response.truncated and args.mask_truncated_completions for response in trained]
-        unmasked = torch.tensor([not cut for cut in masked], dtype=torch.bool)
+        unmasked = torch.tensor([not cut for cut in masked], dtype=torch.bool, device=device)
 
         # ======== update: GRPO-style clipped surrogate on the kept responses; pi_old = the sampler
         with steps.phase("update"):
@@ -718,7 +718,7 @@ def main(args: Args) -> None:
                     )
                     # the entropy bonus of the paper's set-up (Sec. 4) needs its gradient
                     logp, entropy = forward(model, mb, entropy_grad=args.entropy_coef > 0)
-                    mask = mb.loss_mask * unmasked[rows].to(device)[:, None]
+                    mask = mb.loss_mask * unmasked[rows][:, None]
                     if sampler_logprobs:
                         sampler_logps = [trained[r].logprobs for r in rows]
                         old_logp = right_align(sampler_logps, mb.completion_width).to(device)

@@ -600,11 +600,13 @@ def score_rollouts(
     passes."""
     num = len(prompts)
     width = max([1] + [len(c) for c in completions])
-    logp = torch.zeros(num, width)
-    entropy = torch.zeros(num, width)
-    mask = torch.zeros(num, width)
-    value = None if critic is None else torch.zeros(num, width)
-    ref_logp = None if ref_model is None else torch.zeros(num, width)
+    # filled on the device, copied to the host once at the end (no sync per micro-batch)
+    on_device = dict(device=forward.device)
+    logp = torch.zeros(num, width, **on_device)
+    entropy = torch.zeros(num, width, **on_device)
+    mask = torch.zeros(num, width, **on_device)
+    value = None if critic is None else torch.zeros(num, width, **on_device)
+    ref_logp = None if ref_model is None else torch.zeros(num, width, **on_device)
     for chunk in micro_batches(
         num, micro_batch_size, accelerator, policy, peers=(critic, ref_model)
     ):
@@ -612,21 +614,21 @@ def score_rollouts(
         mb = forward.rows(prompts[rows], completions[rows])
         cols = slice(width - mb.completion_width, width)
         mb_logp, mb_entropy = forward(policy, mb, grad=False)
-        logp[rows, cols] = mb_logp.cpu()
-        entropy[rows, cols] = mb_entropy.cpu()
-        mask[rows, cols] = mb.loss_mask.cpu()
+        logp[rows, cols] = mb_logp
+        entropy[rows, cols] = mb_entropy
+        mask[rows, cols] = mb.loss_mask
         if critic is not None:
             with autocast(forward.device, forward.dtype):
-                value[rows, cols] = critic(mb).cpu()
+                value[rows, cols] = critic(mb)
         if ref_model is not None:
             mb_ref_logp, _ = forward(ref_model, mb, grad=False)
-            ref_logp[rows, cols] = mb_ref_logp.cpu()
+            ref_logp[rows, cols] = mb_ref_logp
     return RolloutScores(
-        logp=logp * mask,
-        entropy=entropy * mask,
-        mask=mask,
-        value=None if value is None else value * mask,
-        ref_logp=None if ref_logp is None else ref_logp * mask,
+        logp=(logp * mask).cpu(),
+        entropy=(entropy * mask).cpu(),
+        mask=mask.cpu(),
+        value=None if value is None else (value * mask).cpu(),
+        ref_logp=None if ref_logp is None else (ref_logp * mask).cpu(),
     )
 
 
@@ -812,7 +814,7 @@ def pros_mechanism_metrics(
 
 def pros_ppo_metrics(
     totals: dict,
-    critic: bool,
+    has_critic: bool,
     pros: bool,
     queries: list[Query],
     tree: QueryTree,
@@ -823,7 +825,7 @@ def pros_ppo_metrics(
     mean of an optimizer step averaged over the update's steps (summed over ranks: each rank adds
     its part of the global mean); [PROS] the mechanism's figures (docs/pros_ppo.md)."""
     row = {"ppo_clip_frac": totals["clip_sum"]}
-    if critic:
+    if has_critic:
         row["ppo_value_loss"] = totals["value_loss_sum"]
     # [PROS]
     if pros:
@@ -1080,7 +1082,7 @@ def main(args: Args) -> None:
                     minibatch_tokens = token_divisor(token_counts["all"], world)
                     # --max_tokens_per_microbatch
                     lengths = [len(prompts[i]) + len(completions[i]) for i in minibatch]
-                    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+                    minibatch_loss = torch.zeros((), dtype=torch.float64, device=device)
                     clipped_sum = torch.zeros((), dtype=torch.float64, device=device)
                     kl_sum = torch.zeros((), dtype=torch.float64, device=device)
                     micro = micro_batches(
@@ -1109,7 +1111,7 @@ def main(args: Args) -> None:
                         )
                         loss = (per_token * mb_mask).sum() / policy_tokens
                         # logged `loss`: the clipped surrogate, the KL excluded
-                        loss_sum += loss.detach()
+                        minibatch_loss += loss.detach()
                         clipped_sum += (clipped * mb_mask).sum()
                         if ref_model is not None:
                             kl = kl_k3(logp, old.ref_logp[mb_ids, cols].to(device)) * mb_mask
@@ -1121,7 +1123,7 @@ def main(args: Args) -> None:
                     optimizer.step()
                     scheduler.step()
                     optimizer.zero_grad(set_to_none=True)
-                    losses.append(loss_sum)
+                    losses.append(minibatch_loss)
                     clip_fracs.append(clipped_sum / policy_tokens)
                     # the on-policy epoch's KL is the one logged
                     if epoch == 0:
@@ -1129,7 +1131,7 @@ def main(args: Args) -> None:
                     if critic is None:
                         continue
                     # the critic: the clipped value loss against the GAE returns, its own step
-                    value_loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+                    minibatch_value_loss = torch.zeros((), dtype=torch.float64, device=device)
                     micro = micro_batches(
                         len(minibatch),
                         args.micro_batch_size,
@@ -1155,11 +1157,11 @@ def main(args: Args) -> None:
                         mb_mask = mb.loss_mask * has_reward[mb_ids, None].to(device)
                         loss = (per_token * mb_mask).sum() / minibatch_tokens
                         accelerator.backward(loss)
-                        value_loss_sum += loss.detach()
+                        minibatch_value_loss += loss.detach()
                     accelerator.clip_grad_norm_(critic_model.parameters(), args.max_grad_norm)
                     critic_optimizer.step()
                     critic_optimizer.zero_grad(set_to_none=True)
-                    value_losses.append(value_loss_sum)
+                    value_losses.append(minibatch_value_loss)
         # each rank's part of the global token means (the sum over ranks: the global mean)
         steps.add(loss_sum=update_mean(losses) / world, clip_sum=update_mean(clip_fracs) / world)
         if critic is not None:

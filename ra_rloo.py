@@ -480,6 +480,7 @@ def main(args: Args) -> None:
         advantages = rloo_advantages(rewards).flatten().to(device)
         replay_logp_old = replay_logp_old.flatten().to(device)
         replayed = is_replay.flatten().to(device)
+        keep = keep.to(device)
 
         # ================ update: REINFORCE with the LOO baseline + k3 KL to the reference ========
         with steps.phase("update"):
@@ -505,7 +506,7 @@ def main(args: Args) -> None:
             for rows in micro:
                 mb = forward.rows([flat_prompts[r] for r in rows], [completions[r] for r in rows])
                 logp, entropy = forward(model, mb)
-                mask = mb.loss_mask * keep[rows].to(device)[:, None]  # [rows, width]
+                mask = mb.loss_mask * keep[rows][:, None]  # [rows, width]
                 seq_logp = (logp * mask).sum(-1)  # [rows]
                 adv = advantages[rows]
                 rep = replayed[rows]

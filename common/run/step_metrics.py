@@ -194,9 +194,14 @@ class StepMetrics:
         """Every named sum over ranks in one float64 all-reduce and one copy to the host."""
         device = self.accelerator.device
         names = list(sums)
-        numbers = [i for i, name in enumerate(names) if not torch.is_tensor(sums[name])]
+        # numbers and host tensors go to the device in one copy; device tensors are stacked there
+        numbers = [
+            i
+            for i, name in enumerate(names)
+            if not torch.is_tensor(sums[name]) or sums[name].device.type == "cpu"
+        ]
         packed = [None] * len(names)
-        cpu = torch.tensor([sums[names[i]] for i in numbers], dtype=torch.float64)
+        cpu = torch.tensor([float(sums[names[i]]) for i in numbers], dtype=torch.float64)
         for i, value in zip(numbers, cpu.to(device).unbind()):
             packed[i] = value
         for i, name in enumerate(names):
