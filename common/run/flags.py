@@ -19,6 +19,7 @@ import inspect
 import json
 import math
 import os
+import re
 import sys
 import textwrap
 import typing
@@ -525,19 +526,27 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
         **{name: f"--config {config}" for name in from_config if name != "config"},
         **{name: "the command line" for name in (*typed, *from_trl) if name != "config"},
     }
+    out_of_range = []
     for name, declaration in declared(cls).items():  # before anything is loaded or written
         why = refusal(declaration, getattr(args, name))
         if why:
             problems.append(f"--{name} {getattr(args, name)}: {why}")
+            out_of_range.append(name)
     if getattr(args, "eval_train_prompts", 0) is None:  # recorded in args.json as the count used
         args.eval_train_prompts = args.eval_prompts
-    problems += combination_problems(args)
+    combinations = combination_problems(args)
     if hasattr(args, "validate"):
         # the script's own combinations, reported with every other problem
         try:
             args.validate()
         except SystemExit as refused:
-            problems += str(refused.code).splitlines()
+            combinations += str(refused.code).splitlines()
+    # a combination with a flag whose own value is refused follows from that one line
+    problems += [
+        line
+        for line in combinations
+        if not any(re.search(rf"\b{name}\b", line) for name in out_of_range)
+    ]
     if problems:
         raise SystemExit("\n".join(dict.fromkeys(problems)))
     return args
