@@ -397,6 +397,9 @@ def ps_step(toy: Toy, prefix_sampling: bool = True, n: int = 8, scale: bool = Fa
             record.add_turn([a], [], None if d < len(task.steps) else [0.0])
         return record
 
+    # per replayed length K: the rollout's mask (the same for every leaf)
+    masks = {K: episode(ps_grpo.BatchTask(0, steps=[None] * K), 0).mask for K in range(toy.T)}
+
     def step(rng):
         queue = []
         if prefix_sampling:
@@ -418,18 +421,17 @@ def ps_step(toy: Toy, prefix_sampling: bool = True, n: int = 8, scale: bool = Fa
         rewards = torch.tensor(np.stack([r for _, r in batch]))
         keep = ~zero_variance(rewards)
         adv = grpo_advantages(rewards, scale=scale).numpy()
-        rows = [
-            (i, y, episode(tasks[i], y)) for i in np.flatnonzero(keep.numpy()) for y in batch[i][0]
-        ]
+        rows = [(i, y) for i in np.flatnonzero(keep.numpy()) for y in batch[i][0]]
+        mask = [masks[len(tasks[i].steps)] for i, _ in rows]
         # the DAPO token mean: the batch's trained (mask 1) tokens
-        n_tok = sum(sum(record.mask) for _, _, record in rows)
+        n_tok = sum(map(sum, mask))
         g = np.zeros_like(toy.pi)
         toy.add_scores(
             g,
-            [tasks[i].prompt_id for i, _, _ in rows],
-            [y for _, y, _ in rows],
-            adv[[i for i, _, _ in rows], np.tile(np.arange(n), len(rows) // n)] / n_tok,
-            [record.mask.index(1) for _, _, record in rows],
+            [tasks[i].prompt_id for i, _ in rows],
+            [y for _, y in rows],
+            adv[[i for i, _ in rows], np.tile(np.arange(n), len(rows) // n)] / n_tok,
+            [m.index(1) for m in mask],
         )
         return g, len(tasks) * n
 
