@@ -140,6 +140,20 @@ class Toy:
             np.add.at(grad, (xs[on], node), -w[:, None] * self.pi[xs[on], node])
 
 
+def group_weight(p: float, n: int, advantages) -> float:
+    """The exact expected update of one group of n rollouts, as a multiple of grad p: for 0/1
+    rewards E[sum_i A_i grad log pi(y_i)] = w(p) grad p with w(p) = E[sum_i A_i (r_i / p - (1 - r_i)
+    / (1 - p))] (a success's score averages grad p / p, a failure's -grad p / (1 - p)), summed here
+    over the number of successes s with `advantages` ([1, n] rewards -> [1, n]) itself."""
+    total = 0.0
+    for s in range(n + 1):
+        rewards = torch.tensor([[1.0] * s + [0.0] * (n - s)], dtype=torch.float64)
+        adv = advantages(rewards)[0].numpy()
+        score = rewards[0].numpy() / p - (1 - rewards[0].numpy()) / (1 - p)
+        total += math.comb(n, s) * p**s * (1 - p) ** (n - s) * float(adv @ score)
+    return total
+
+
 @dataclass
 class Estimate:
     """Many independent steps' updates: their mean and, for intervals, batch means."""
@@ -179,6 +193,27 @@ class Estimate:
             out[name] = point[i]
             out[name + "_ci"] = (float(lo[i]), float(hi[i]))
         return out
+
+    def prompt_weights(self, grad_p: np.ndarray) -> np.ndarray:
+        """Per prompt x, the update's component along grad p_x as a multiple of it: the weight
+        w_x of sum_x w_x grad p_x, which is the whole expected update where each prompt's
+        responses are exchangeable given their reward (no prefix, no stale replay)."""
+        return (grad_p @ self.mean) / (grad_p**2).sum(1)
+
+    def relative_weights(self, grad_p: np.ndarray, ref: int, seed: int = 0) -> tuple:
+        """`prompt_weights` / that of prompt `ref`, with a 95% bootstrap interval over the batch
+        means: (point [P], low [P], high [P])."""
+        norm = (grad_p**2).sum(1)
+
+        def rel(g):
+            w = (grad_p @ g) / norm
+            return w / w[ref]
+
+        rng = np.random.default_rng(seed)
+        k = len(self.batch_means)
+        boot = np.array([rel(self.batch_means[rng.integers(0, k, k)].mean(0)) for _ in range(400)])
+        lo, hi = np.percentile(boot, [2.5, 97.5], axis=0)
+        return rel(self.mean), lo, hi
 
 
 def monte_carlo(step, steps: int, seed: int, batches: int = 40) -> Estimate:
