@@ -103,6 +103,13 @@ class Toy:
         OBJECTIVES[objective](self.pass_rates(theta)).mean().backward()
         return theta.grad.numpy().ravel().copy()
 
+    def first_step(self) -> np.ndarray:
+        """Flat bool: the logits of each prompt's first step (the root node), which a replayed
+        prefix never reaches."""
+        keep = np.zeros(self.theta.shape, bool)
+        keep[:, 0] = True
+        return keep.ravel()
+
     def grad_p(self) -> np.ndarray:
         """[P, D]: each prompt's grad p_x (zero outside its own logits)."""
         theta = self.theta.clone().requires_grad_(True)
@@ -166,33 +173,46 @@ class Estimate:
 
     def compare(self, target: np.ndarray, const: float | None = None, seed: int = 0) -> dict:
         """Against c x target: `scale` = <g, t> / (c |t|^2) (1 when the update matches the target
-        along it), `rel_bias` = |g - c t| / |c t|, `cos`, each with a 95% bootstrap interval over
-        the batch means; `max_z`: the largest per-coordinate |g - c t| / se. c: `const`, or the
-        least-squares scale (then rel_bias measures the direction only)."""
+        along it), `rel_bias` = |E g - c t| / |c t| with the noise's share of |g - c t|^2 taken out
+        (sum of se^2), `cos`, each with a 95% basic-bootstrap interval over the batch means (a
+        resampled mean carries the noise twice: its own share is taken out twice); `max_z`: the
+        largest per-coordinate |g - c t| / se. c: `const`, or the least-squares scale (then
+        rel_bias measures the direction only)."""
+        noise = float((self.se**2).sum())
 
-        def stats(g):
+        def stats(g, extra):
             c = const if const is not None else float(g @ target / (target @ target))
+            miss = float(((g - c * target) ** 2).sum()) - extra * noise
             return (
                 float(g @ target / (c * (target @ target))),
-                float(np.linalg.norm(g - c * target) / np.linalg.norm(c * target)),
+                math.sqrt(max(miss, 0.0)) / float(np.linalg.norm(c * target)),
                 float(g @ target / (np.linalg.norm(g) * np.linalg.norm(target))),
             )
 
-        point = stats(self.mean)
+        point = np.array(stats(self.mean, 1))
         rng = np.random.default_rng(seed)
         k = len(self.batch_means)
         boot = np.array(
-            [stats(self.batch_means[rng.integers(0, k, k)].mean(0)) for _ in range(400)]
+            [stats(self.batch_means[rng.integers(0, k, k)].mean(0), 2) for _ in range(400)]
         )
-        lo, hi = np.percentile(boot, [2.5, 97.5], axis=0)
+        q_lo, q_hi = np.percentile(boot, [2.5, 97.5], axis=0)
+        lo, hi = 2 * point - q_hi, 2 * point - q_lo
+        lo[1], hi[1] = max(lo[1], 0.0), max(hi[1], 0.0)
+        hi[2] = min(hi[2], 1.0)
         c = const if const is not None else float(self.mean @ target / (target @ target))
         live = self.se > 0
         z = np.abs(self.mean - c * target)[live] / self.se[live]
         out = {"max_z": float(z.max()) if z.size else 0.0}
         for i, name in enumerate(("scale", "rel_bias", "cos")):
-            out[name] = point[i]
+            out[name] = float(point[i])
             out[name + "_ci"] = (float(lo[i]), float(hi[i]))
         return out
+
+    def restrict(self, keep: np.ndarray) -> Estimate:
+        """The same steps seen on the coordinates where `keep` (flat bool) is true."""
+        return Estimate(
+            self.mean[keep], self.batch_means[:, keep], self.se[keep], self.var, self.rollouts
+        )
 
     def prompt_weights(self, grad_p: np.ndarray) -> np.ndarray:
         """Per prompt x, the update's component along grad p_x as a multiple of it: the weight
