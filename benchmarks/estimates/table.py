@@ -10,6 +10,7 @@ stored figures.
     python benchmarks/estimates/table.py            # the table (about a minute on one core)
     python benchmarks/estimates/table.py --write    # ... and the JSON and the pages' blocks
     python benchmarks/estimates/table.py --check    # the pages against the stored figures
+    python benchmarks/estimates/table.py --pages    # the pages' blocks from the stored figures
 """
 
 from __future__ import annotations
@@ -410,7 +411,13 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--write", action="store_true", help="store the figures and the pages")
     parser.add_argument("--check", action="store_true", help="the pages against the stored figures")
+    parser.add_argument(
+        "--pages", action="store_true", help="rewrite the pages' blocks from the stored figures"
+    )
     args = parser.parse_args(argv)
+    if args.pages:
+        write_pages(json.loads(RESULTS.read_text()))
+        return 0
     if args.check:
         stale = stale_pages(json.loads(RESULTS.read_text()))
         if stale:

@@ -174,8 +174,8 @@ class Estimate:
     def compare(self, target: np.ndarray, const: float | None = None, seed: int = 0) -> dict:
         """Against c x target: `scale` = <g, t> / (c |t|^2) (1 when the update matches the target
         along it), `rel_bias` = |E g - c t| / |c t| with the noise's share of |g - c t|^2 taken out
-        (sum of se^2), `cos`, each with a 95% basic-bootstrap interval over the batch means (a
-        resampled mean carries the noise twice: its own share is taken out twice); `max_z`: the
+        (sum of se^2), `cos`, each bias-corrected with a 95% basic-bootstrap interval over the batch
+        means (a resampled mean carries the noise twice: its own share is taken out twice); `max_z`: the
         largest per-coordinate |g - c t| / se. c: `const`, or the least-squares scale (then
         rel_bias measures the direction only)."""
         noise = float((self.se**2).sum())
@@ -189,16 +189,18 @@ class Estimate:
                 float(g @ target / (np.linalg.norm(g) * np.linalg.norm(target))),
             )
 
-        point = np.array(stats(self.mean, 1))
+        raw = np.array(stats(self.mean, 1))
         rng = np.random.default_rng(seed)
         k = len(self.batch_means)
         boot = np.array(
             [stats(self.batch_means[rng.integers(0, k, k)].mean(0), 2) for _ in range(400)]
         )
         q_lo, q_hi = np.percentile(boot, [2.5, 97.5], axis=0)
-        lo, hi = 2 * point - q_hi, 2 * point - q_lo
-        lo[1], hi[1] = max(lo[1], 0.0), max(hi[1], 0.0)
-        hi[2] = min(hi[2], 1.0)
+        # the bootstrap's bias correction (noise lowers a cosine) and basic intervals
+        point = 2 * raw - boot.mean(0)
+        lo, hi = 2 * raw - q_hi, 2 * raw - q_lo
+        point[1], lo[1], hi[1] = max(point[1], 0.0), max(lo[1], 0.0), max(hi[1], 0.0)
+        point[2], hi[2] = min(point[2], 1.0), min(hi[2], 1.0)
         c = const if const is not None else float(self.mean @ target / (target @ target))
         live = self.se > 0
         z = np.abs(self.mean - c * target)[live] / self.se[live]
