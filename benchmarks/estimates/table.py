@@ -7,7 +7,7 @@ averaged over many independent steps at a fixed policy and compared with exact g
 block of each method page; `--check` (no sampling, a second) says whether the pages match the
 stored figures.
 
-    python benchmarks/estimates/table.py            # the table (about a minute on one core)
+    python benchmarks/estimates/table.py            # the table (two to three minutes on one core)
     python benchmarks/estimates/table.py --write    # ... and the JSON and the pages' blocks
     python benchmarks/estimates/table.py --check    # the pages against the stored figures
     python benchmarks/estimates/table.py --pages    # the pages' blocks from the stored figures
