@@ -63,7 +63,8 @@ class Row:
 
 
 ROWS = [
-    Row("rloo", "RLOO, K = 4 (`--replay none`)", "ra_rloo", "flat", lambda T, toy: T.rloo_step(toy), "p", RLOO_C),
+    Row("rloo", "RLOO, K = 4 (`--replay none`)", "ra_rloo", "flat",
+        lambda T, toy: T.rloo_step(toy), "p", RLOO_C),
     Row("ra_w5", "RA-RLOO, w_max 5 (default), stale buffer", "ra_rloo", "flat",
         lambda T, toy: T.ra_rloo_step(toy, 5.0, STALENESS), "p", RLOO_C, "rloo"),
     Row("ra_w10", "RA-RLOO, w_max 10", "ra_rloo", "flat",
@@ -76,21 +77,22 @@ ROWS = [
         lambda T, toy: T.grpo_step(toy, 4, True), "2 arcsin sqrt p"),
     Row("drgrpo4", "Dr. GRPO-4 (... `--scale_rewards false`)", "ada_seq", "flat",
         lambda T, toy: T.grpo_step(toy, 4, False), "p", lambda toy: 3 / 4 / toy.T),
-    Row("seq_bal", "Ada-Seq balanced (default)", "ada_seq", "flat", lambda T, toy: T.ada_seq_step(toy), "log p",
-        baseline="grpo4"),
+    Row("seq_bal", "Ada-Seq balanced (default)", "ada_seq", "flat",
+        lambda T, toy: T.ada_seq_step(toy), "log p", baseline="grpo4"),
     Row("seq_pos", "Ada-Seq positive (`--exit_condition positive`)", "ada_seq", "flat",
         lambda T, toy: T.ada_seq_step(toy, rule="positive"), "log p", baseline="grpo4"),
     Row("seq_invp", "Ada-Seq balanced, `--prompt_weight inv_p` (Sec. 3.2)", "ada_seq", "flat",
         lambda T, toy: T.ada_seq_step(toy, weight="inv_p"), "log p", baseline="grpo4"),
     Row("grpo8", "GRPO-8 (`ada_seq.py --max_rounds 1 --round_repeat 8 --num_generations 8`)",
         "ada_est", "flat", lambda T, toy: T.grpo_step(toy, 8, True), "2 arcsin sqrt p"),
-    Row("est_hybrid", "Ada-Est hybrid (default)", "ada_est", "flat", lambda T, toy: T.ada_est_step(toy), "log p",
-        baseline="grpo8"),
+    Row("est_hybrid", "Ada-Est hybrid (default)", "ada_est", "flat",
+        lambda T, toy: T.ada_est_step(toy), "log p", baseline="grpo8"),
     Row("est_implicit", "Ada-Est `--weighting implicit`", "ada_est", "flat",
         lambda T, toy: T.ada_est_step(toy, "implicit"), "log p", baseline="grpo8"),
     Row("ps_off", "GRPO-8 + rejection (`--prefix_sampling false`)", "ps_grpo", "tree",
         lambda T, toy: T.ps_step(toy, False), "p"),
-    Row("ps", "PS, fixed ratios (default)", "ps_grpo", "tree", lambda T, toy: T.ps_step(toy), "p", baseline="ps_off"),
+    Row("ps", "PS, fixed ratios (default)", "ps_grpo", "tree",
+        lambda T, toy: T.ps_step(toy), "p", baseline="ps_off"),
     Row("pros_off", "GRPO-4 (`--adv grpo --pros off`)", "pros_ppo", "tree",
         lambda T, toy: T.pros_step(toy, "off"), "p"),
     Row("pros_random", "PROS, random selection (`--adv grpo --pros random`)", "pros_ppo", "tree",
@@ -219,7 +221,8 @@ def table(results: dict, keys: list[str]) -> str:
         same = row.objective == "p"
         noise = f"{r['noise_vs_baseline']:.2f}" if "noise_vs_baseline" in r else "(baseline)"
         lines.append(
-            f"| {row.label} | {r['rollouts']:g} | {ci(p, 'cos')} | {bias_p} | {NAMES[row.objective]} "
+            f"| {row.label} | {r['rollouts']:g} | {ci(p, 'cos')} | {bias_p} "
+            f"| {NAMES[row.objective]} "
             f"| {'=' if same else ci(paper, 'cos')} | {'=' if same else bias_paper} "
             f"| {weights_cell(r)} | {noise} |"
         )
@@ -240,10 +243,12 @@ def legend(results: dict, problem: str) -> str:
             "rates " + " / ".join(f"{p:g}" for p in results["tree_pass_rates"])
         )
     return (
-        f"Toy problem ([benchmarks/estimates](../benchmarks/estimates/README.md)): {what}. Each row "
+        "Toy problem ([benchmarks/estimates](../benchmarks/estimates/README.md)): "
+        f"{what}. Each row "
         f"averages {n:,} independent steps of the script's own functions and normaliser at a fixed "
         "policy (95% intervals from 40 batch means). *cos*: cosine with the exact gradient; *rel. "
-        "bias*: |E[update] - c ∇J| / |c ∇J|, with the paper's constant c where it states one, else "
+        "bias*: |E[update] - c ∇J| / |c ∇J|, with the paper's constant c where it states one, "
+        "else "
         "(\\*) the best-fitting c (then it measures the direction only). *weights*: each prompt's "
         "component along its own ∇p_x (the whole update where responses are exchangeable given "
         "their reward), relative to the p = 0.5 prompt's. *noise / rollout*: trace of the step's "
@@ -268,17 +273,21 @@ def prose(results: dict, page: str) -> str:
         s = R["rloo"]["p"]
         bias = {key: R[key]["p"]["rel_bias"] for key in ("ra_w1", "ra_w5", "ra_w10", "ra_always")}
         order = bias["ra_w1"] < bias["ra_w5"] < bias["ra_w10"]
+        trigger = ", the paper's case for the on-demand trigger"
         return (
             f"- RLOO is unbiased for ∇E_x[p]: its update is {ci(s, 'scale')} times ∇E_x[p] / "
             f"max_completion_length along it, every coordinate within {s['max_z']:.1f} standard "
             "errors, and its per-prompt weights are flat.\n"
-            f"- RA-RLOO is biased by design, and the bias grows with w_max on a buffer from a stale "
-            f"policy (its logits moved by {STALENESS:g} x N(0, 1)): {bias['ra_w1']:.2f} at w_max 1, "
+            "- RA-RLOO is biased by design, and the bias grows with w_max on a buffer from a "
+            "stale "
+            f"policy (its logits moved by {STALENESS:g} x N(0, 1)): {bias['ra_w1']:.2f} at "
+            "w_max 1, "
             f"{bias['ra_w5']:.2f} at 5, {bias['ra_w10']:.2f} at 10 (relative to ∇E_x[p] with "
-            "RLOO's constant). The paper's reading of its E1 runs, tighter clipping less off-policy "
+            "RLOO's constant). The paper's reading of its E1 runs, tighter clipping less "
+            "off-policy "
             f"bias, {'holds' if order else 'does not hold'} here. Splicing into every group "
             f"(`--replay always`) raises it to {bias['ra_always']:.2f}"
-            f"{', the paper' + chr(39) + 's case for the on-demand trigger' if bias['ra_always'] > bias['ra_w5'] else ''}.\n"
+            f"{trigger if bias['ra_always'] > bias['ra_w5'] else ''}.\n"
             f"- The bias is mostly a reweighting toward hard prompts: at w_max 5 the p = {rare:g} "
             f"prompt weighs {weights_ci(R['ra_w5'], 0)} times the p = 0.5 one (E_x[log p] would "
             f"ask {asks_['log p'][0]:.2f}). The splice adds, in a group with no success, +w to the "
@@ -304,12 +313,15 @@ def prose(results: dict, page: str) -> str:
             "each worth grad p / p, give a prompt about (n/2)((1 - p)/p + p/(1 - p)), symmetric in "
             f"p and 1 - p. The default (no explicit weight) gives {fmt_w(bal['weights']['point'])} "
             f"(the p = {rare:g} prompt held down by N_max = 32: no success in 32 draws "
-            f"{(1 - rare) ** 32:.0%} of the time), the paper's emphasis on pass rates near 0 and 1. With `--prompt_weight inv_p` "
+            f"{(1 - rare) ** 32:.0%} of the time), the paper's emphasis on pass rates near 0 and "
+            "1. "
+            "With `--prompt_weight inv_p` "
             f"the weights are {fmt_w(inv['weights']['point'])}: the rarest prompt gets "
             f"{inv['weights']['point'][0] / asks_['log p'][0]:.1f}x what E_x[log p] asks, so the "
             "stated estimator is not that objective's gradient here (cosine "
             f"{inv['paper']['cos']:.3f}, against {bal['paper']['cos']:.3f} without the weight).\n"
-            "- Noise per rollout is against GRPO-4 at the rollouts each actually drew (Ada-Seq draws "
+            "- Noise per rollout is against GRPO-4 at the rollouts each actually drew (Ada-Seq "
+            "draws "
             f"{bal['rollouts']:g} per step for GRPO-4's 16)."
         )
     if page == "ada_est":
@@ -436,7 +448,8 @@ def main(argv=None) -> int:
         stale = stale_pages(json.loads(RESULTS.read_text()))
         if stale:
             print(
-                f"out of date: {', '.join(f'docs/{p}.md' for p in stale)}; run python benchmarks/estimates/table.py --write"
+                f"out of date: {', '.join(f'docs/{p}.md' for p in stale)}; "
+                "run python benchmarks/estimates/table.py --write"
             )
             return 1
         print("the pages match the stored figures")
