@@ -176,8 +176,8 @@ class Estimate:
         along it), `rel_bias` = |E g - c t| / |c t| with the noise's share of |g - c t|^2 taken out
         (sum of se^2), `cos`, each bias-corrected with a 95% basic-bootstrap interval over the batch
         means (a resampled mean carries the noise twice: its own share is taken out twice);
-        `max_z`: the largest per-coordinate |g - c t| / se. c: `const`, or the least-squares scale (then
-        rel_bias measures the direction only)."""
+        `max_z`: the largest per-coordinate |g - c t| / se. c: `const`, or the least-squares scale
+        (then rel_bias measures the direction only)."""
         noise = float((self.se**2).sum())
 
         def stats(g, extra):
