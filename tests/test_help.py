@@ -20,7 +20,10 @@ def entry_points() -> list[str]:
     """`path.py` or `-m module` for every command the README and docs name, every method script and every
     `benchmarks/` script with a `__main__` block."""
     found = set(METHOD_SCRIPTS)
-    rooms = [ROOT / "benchmarks" / room / "README.md" for room in ("", "sweep", "speed", "gpu")]
+    rooms = [
+        ROOT / "benchmarks" / room / "README.md"
+        for room in ("", "sweep", "speed", "gpu", "estimates")
+    ]
     for page in [ROOT / "README.md", *rooms, *sorted((ROOT / "docs").glob("*.md"))]:
         found.update(COMMAND.findall(page.read_text()))
     found.update(
