@@ -313,7 +313,9 @@ def ra_rloo_sums(fresh_rewards, rewards, fresh_success, is_replay, truncated, ge
     """The step's sums: the fresh rollouts' (`rollout_sums`, before the splice: a NaN reward is out
     of reward_mean / _std) and [RA-RLOO] (also in RLOO: as before the splice) the groups' after it;
     the replays' importance weights start at 0 (the update adds them). All [groups, K]."""
-    return rollout_sums(fresh_rewards, fresh_success, truncated, gens.completion_ids) | {
+    success, zero_var = fresh_success.sum(), zero_variance(fresh_rewards).sum()
+    groups, cut = len(fresh_rewards), truncated.sum()
+    return rollout_sums(groups, fresh_rewards, success, zero_var, cut, gens.completion_ids) | {
         "zero_var_post": zero_variance(rewards).sum(),
         "fired": is_replay.any(-1).sum(),
         "no_success_post": (~(fresh_success | is_replay).any(-1)).sum(),

@@ -202,22 +202,21 @@ class StepClock:
         return times | {"time_step_s": step_seconds}
 
 
-def rollout_sums(rewards, success, truncated, completion_ids) -> dict:
-    """The step's rollouts as sums: groups (`rewards` is [groups, K], or a list per group),
-    rollouts, gen_tokens, success, zero_var (groups whose rewards are all equal), truncated, and the
-    reward sums behind reward_mean / reward_std (NaN: no function scored it)."""
-    from common.rl.advantages import zero_variance
-
+def rollout_sums(groups, rewards, success, zero_var, truncated, completion_ids) -> dict:
+    """The step's rollouts as the sums the shared keys read: `groups` (a count), every rollout's
+    reward (`rewards`, a tensor or list of any shape: rollouts; NaN where no function scored it,
+    out of reward_mean / _std), the counts `success`, `zero_var` (groups whose rewards are all
+    equal) and `truncated`, and the generated tokens of `completion_ids`."""
     values = np.asarray(
         rewards.tolist() if hasattr(rewards, "tolist") else rewards, dtype=np.float64
     ).ravel()
     return {
-        "groups": len(rewards),
+        "groups": groups,
         "rollouts": values.size,
         "gen_tokens": sum(map(len, completion_ids)),
-        "success": success.sum(),
-        "zero_var": zero_variance(rewards).sum(),
-        "truncated": truncated.sum(),
+        "success": success,
+        "zero_var": zero_var,
+        "truncated": truncated,
         "reward_n": values.size,
         **reward_sums(values),
     }
