@@ -281,23 +281,36 @@ def test_the_report_package_reads_along_its_pipeline():
         assert imported <= set(order[:i]), (name, imported - set(order[:i]))
 
 
-def micro_batch_loops(main: ast.FunctionDef) -> list[ast.For]:
-    """main's loops over `micro_batches(...)`, called in the loop's head or bound to a name first."""
+def micro_batch_loops(tree: ast.AST, module: ast.Module) -> list[ast.For]:
+    """The loops over micro-batches in `tree`: over `micro_batches(...)`, called in the loop's head
+    or bound to a name first, or over a generator of the file that deals them (pros_ppo's
+    `minibatch_rows`, shared by the policy's loop and the critic's)."""
+    dealers = {"micro_batches"}
+    for node in module.body:
+        if isinstance(node, ast.FunctionDef) and any(
+            isinstance(inner, ast.Yield) for inner in ast.walk(node)
+        ):
+            if any(
+                getattr(call.func, "id", None) == "micro_batches"
+                for call in ast.walk(node)
+                if isinstance(call, ast.Call)
+            ):
+                dealers.add(node.name)
     names = {
         target.id
-        for node in ast.walk(main)
+        for node in ast.walk(tree)
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
-        if getattr(node.value.func, "id", None) == "micro_batches"
+        if getattr(node.value.func, "id", None) in dealers
         for target in node.targets
         if isinstance(target, ast.Name)
     }
     return [
         node
-        for node in ast.walk(main)
+        for node in ast.walk(tree)
         if isinstance(node, ast.For)
         and (
             (isinstance(node.iter, ast.Name) and node.iter.id in names)
-            or getattr(getattr(node.iter, "func", None), "id", None) == "micro_batches"
+            or getattr(getattr(node.iter, "func", None), "id", None) in dealers
         )
     ]
 
@@ -308,8 +321,10 @@ def test_step_metrics_are_recorded_where_computed_and_the_method_keeps_its_own(s
     # sync per row batch on a GPU; the shared keys are derived once (common/run/step_metrics.py),
     # so a method's metrics function holds only its mechanism
     main = main_function(script)
-    loops = micro_batch_loops(main)
-    assert loops, (script, "no loop over micro_batches(...) found in main")
+    module = ast.parse((ROOT / script).read_text())
+    assert micro_batch_loops(main, module), (script, "no loop over micro-batches found in main")
+    # main's and the file's functions' (a critic's step, a scoring pass)
+    loops = micro_batch_loops(module, module)
     syncs = sorted(
         f"line {node.lineno}: .{node.func.attr}()"
         for loop in loops
