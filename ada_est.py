@@ -64,7 +64,6 @@ from common.rl.ada import (
 )
 from common.rl.logprobs import Forward
 from common.rl.losses import clipped_surrogate, kl_k3
-from common.rl.masking import right_align
 from common.run.checkpoint import Checkpoints
 from common.run.export import export_model
 from common.run.flags import (
@@ -80,7 +79,7 @@ from common.run.flags import (
     TrainingFlags,
     parse_args,
 )
-from common.run.logs import RunLog
+from common.run.logs import RunLog, first_of_each_kind
 from common.run.process import GracefulStop, end_processes
 from common.run.setup import (
     load_training_policy,
@@ -95,7 +94,7 @@ from common.run.setup import (
     shard_models,
     start_run,
 )
-from common.run.step_metrics import StepMetrics
+from common.run.step_metrics import rollout_sums
 from common.run.summary import run_summary
 from common.tasks.evaluation import evaluate_policy
 from common.tasks.loading import PromptEncoder, PromptSampler
@@ -275,13 +274,40 @@ def est_advantages(
     return advantages, alpha
 
 
+def update_estimator(counts, examples, groups, threshold, lam, accelerator) -> list[tuple]:
+    """[EST] Add this step's trials and successes to each prompt's Beta counts (Alg. 1 line 19),
+    every rank the same. Returns the global batch's visits, per prompt: its id, trials n_t (the
+    responses given a reward: NaN, none from any function, is left out) and successes k_t."""
+    my_visits = []
+    for example, group_rewards in zip(examples, groups):
+        n_t = sum(not math.isnan(reward) for reward in group_rewards)
+        k_t = count_positive(group_rewards, threshold)
+        my_visits.append((example.id, n_t, k_t))
+    visits = gather_list(accelerator, my_visits)
+    # in global batch order, so that every rank applies the same updates
+    for prompt_id, n_t, k_t in visits:
+        counts[prompt_id] = update_counts(counts.get(prompt_id), n_t, k_t, lam)
+    return visits
+
+
+def ada_est_sums(groups, scored, truncated, completions, alphas, threshold) -> dict:
+    """The step's sums: the responses' (`rollout_sums`; a NaN reward is out of reward_mean / _std),
+    the responses trained on (`seqs`, the loss's divisor) and [EST] the residual weights; the clip
+    count starts at 0 (the update adds it)."""
+    success, zero_var = count_positive(scored.total, threshold), zero_variance_lists(groups)
+    rollouts = rollout_sums(
+        len(groups), scored.total, success, zero_var, truncated.sum(), completions
+    )
+    return rollouts | {"seqs": len(completions), "alpha_sum": sum(alphas), "clip_sum": 0.0}
+
+
 def sample_rows(
-    tokenizer, flat_prompts, completions, scored, advantages, truncated, budgets, p_hats, picks
+    tokenizer, flat_prompts, completions, scored, advantages, truncated, budgets, p_hats, args
 ) -> list[dict]:
-    """samples.jsonl rows of the picked responses, with their prompt's budget N_x and estimate
-    p_hat."""
+    """samples.jsonl rows of the first --log_samples_per_kind responses, with their prompt's budget
+    N_x and estimate p_hat."""
     rows = []
-    for g in picks:
+    for g in first_of_each_kind(["fresh"] * len(completions), args.log_samples_per_kind):
         row = {
             "kind": "fresh",
             "prompt": tokenizer.decode(flat_prompts[g]),
@@ -390,16 +416,11 @@ def main(args: Args) -> None:
     # --max_completion_length: no length bias
     normaliser = total_budget / accelerator.num_processes * args.max_completion_length
 
-    # the step's sums, recorded where computed, and its phase times; `loss` is per response
-    # clip_sum is added in the micro-batch loop, which a rank with no responses skips
-    steps = StepMetrics(accelerator, counters, loss_per="seqs", method_sums=("clip_sum",))
     forward = Forward(tokenizer.pad_token_id, device, args.dtype, temperature, pack, compiled)
 
     for step in range(start_step + 1, args.max_steps + 1):
-        steps.begin()
-        # a shared CPU: fit the free cores
-        threads = cpu_threads.count(torch.get_num_threads())
-        torch.set_num_threads(threads)
+        # a shared CPU: torch's threads fit the cores other processes leave free (--num_threads)
+        run_log.start_step(cpu_threads)
         # the global batch: every rank allocates all of it
         batch_ids = sampler.next_ids(args.prompts_per_step)
 
@@ -420,7 +441,7 @@ def main(args: Args) -> None:
         flat_prompts = [prompt for prompt, size in zip(prompts, sizes) for _ in range(size)]
         # each response's prompt: its index in this rank's slice
         owner = [i for i, size in enumerate(sizes) for _ in range(size)]
-        with steps.phase("gen"):
+        with run_log.timing("gen"):
             # FSDP + HF generate: whole weights
             with gathered(policy, enabled=generator.reads_policy):
                 gens = generator.generate(flat_prompts, 1, sampling)
@@ -429,28 +450,13 @@ def main(args: Args) -> None:
         completions = [list(completion) for completion in gens.completion_ids]
 
         # ======== verify: a cut completion gets 0 from the built-in rewards, its total from yours
-        truncated = torch.tensor(
-            [reason == "length" for reason in gens.finish_reasons], dtype=torch.bool
-        )
-        with steps.phase("reward"):
-            texts = [
-                tokenizer.decode(completion, skip_special_tokens=True) for completion in completions
-            ]
+        truncated = torch.tensor([reason == "length" for reason in gens.finish_reasons])
+        with run_log.timing("reward"):
+            texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in completions]
             prompt_of = [examples[i] for i in owner]
             scored = task.score(texts, prompt_of, completions, truncated, step)
         starts = [sum(sizes[:i]) for i in range(len(sizes))]
         groups = [scored.total[start : start + size] for start, size in zip(starts, sizes)]
-        # NaN (no function scored it): out of reward_mean / _std
-        steps.add_rewards(scored.total)
-        steps.add(
-            groups=len(groups),
-            rollouts=len(completions),
-            gen_tokens=sum(map(len, completions)),
-            success=count_positive(scored.total, threshold),
-            zero_var=zero_variance_lists(groups),
-            truncated=truncated.sum(),
-            seqs=len(completions),
-        )
 
         # ======== [EST] advantages from each prompt's own step mean, x the residual weight alpha_x
         adv_list = []
@@ -459,72 +465,62 @@ def main(args: Args) -> None:
             group_adv, alpha = est_advantages(group_rewards, args.weighting, args.eps, threshold)
             adv_list += group_adv
             alphas.append(alpha)
-        steps.add(alpha_sum=sum(alphas))
         trained_records = list(zip(adv_list, [examples[i].tag for i in owner]))
         advantages = torch.tensor(adv_list, dtype=torch.float32, device=device)
         # --mask_truncated_completions: cut completions get no gradient
-        keep = torch.ones(len(texts), dtype=torch.bool)
-        if args.mask_truncated_completions:
-            keep = ~truncated
+        keep = ~truncated if args.mask_truncated_completions else torch.ones_like(truncated)
         keep = keep.to(device)
 
         # ======== update: GRPO-style clipped surrogate on ALL responses; pi_old = the sampler
-        with steps.phase("update"):
-            lengths = [
-                len(prompt) + len(completion)
-                for prompt, completion in zip(flat_prompts, completions)
-            ]
+        with run_log.timing("update"):
+            lengths = [len(prompt) + len(ids) for prompt, ids in zip(flat_prompts, completions)]
+            old_logprobs = gens.logprobs if sampler_logprobs else None
+            budget = args.micro_batch_size, args.max_tokens_per_microbatch
+            update_sums, grad_norms = [], []
             for epoch in range(args.num_iterations):
                 micro = micro_batches(
                     len(completions),
-                    args.micro_batch_size,
+                    budget[0],
                     accelerator,
                     model,
-                    peers=(ref_model,),
-                    lengths=lengths,
-                    max_tokens=args.max_tokens_per_microbatch,
+                    (ref_model,),
+                    lengths,
+                    budget[1],
                 )
                 for rows in micro:
-                    mb = forward.rows(
-                        [flat_prompts[r] for r in rows], [completions[r] for r in rows]
-                    )
+                    mb = forward.rows_at(rows, flat_prompts, completions, old_logprobs)
                     # the entropy bonus of the paper's set-up (Sec. 4) needs its gradient
                     logp, entropy = forward(model, mb, entropy_grad=args.entropy_coef > 0)
                     mask = mb.loss_mask * keep[rows][:, None]
-                    if sampler_logprobs:
-                        sampler_logps = [gens.logprobs[r] for r in rows]
-                        old_logp = right_align(sampler_logps, mb.completion_width).to(device)
-                    else:
-                        # one epoch with the HF weights: pi_old is this very pass (exact, ratio 1)
-                        old_logp = logp.detach()
+                    # one epoch with the HF weights: pi_old is this very pass (exact, ratio 1)
+                    old_logp = mb.sampler_logp if sampler_logprobs else logp.detach()
                     per_token, clipped = clipped_surrogate(
                         logp, old_logp, advantages[rows, None], args.epsilon, args.epsilon_high
                     )
                     surrogate_sum = (per_token * mask).sum()
                     entropy_sum = (entropy * mask).sum()
                     loss = (surrogate_sum - args.entropy_coef * entropy_sum) / normaliser
+                    kl_sum = 0.0
                     if ref_model is not None:
                         ref_logp, _ = forward(ref_model, mb, grad=False)
-                        kl = kl_k3(logp, ref_logp) * mask
+                        kl_sum = (kl_k3(logp, ref_logp) * mask).sum()
                         # one constant for the policy gradient and the KL
-                        loss = loss + args.beta * kl.sum() / normaliser
+                        loss = loss + args.beta * kl_sum / normaliser
                     accelerator.backward(loss)
                     # the on-policy epoch's numbers are the ones logged; `loss`: the surrogate /
                     # (responses x max_completion_length), in float64 as the sum is kept
                     if epoch == 0:
-                        steps.add(
-                            loss_sum=surrogate_sum.detach().double() / args.max_completion_length,
-                            ent_sum=entropy_sum,
-                            tok=mask.sum(),
-                            clip_sum=(clipped * mask).sum(),
-                        )
-                        if ref_model is not None:
-                            steps.add(kl_sum=kl.sum())
-                    # sampler/trainer agreement, before any update (this pass is the first)
-                    if epoch == 0 and sampler_logprobs:
-                        gap = (logp.detach() - old_logp).abs() * mb.loss_mask
-                        steps.add(gap_sum=gap.sum(), gap_tok=mb.loss_mask.sum())
-                steps.grad_norm(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+                        loss_sum = surrogate_sum.detach().double() / args.max_completion_length
+                        sums = dict(loss_sum=loss_sum, ent_sum=entropy_sum, tok=mask.sum())
+                        sums |= dict(clip_sum=(clipped * mask).sum(), kl_sum=kl_sum)
+                        # sampler/trainer agreement, before any update (this pass is the first)
+                        if sampler_logprobs:
+                            gap = (logp.detach() - old_logp).abs() * mb.loss_mask
+                            sums |= dict(gap_sum=gap.sum(), gap_tok=mb.loss_mask.sum())
+                        update_sums.append(sums)
+                grad_norms.append(
+                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                )
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -533,55 +529,29 @@ def main(args: Args) -> None:
         generator.sync_weights(policy)
 
         # ======== [EST] update the estimator with this step's counts (Alg. 1 line 19), all ranks
-        # per prompt: its id, trials n_t (the responses given a reward: NaN, none from any
-        # function, is left out of the Beta counts) and successes k_t
-        my_visits = []
-        for example, group_rewards in zip(examples, groups):
-            n_t = sum(not math.isnan(reward) for reward in group_rewards)
-            k_t = count_positive(group_rewards, threshold)
-            my_visits.append((example.id, n_t, k_t))
-        visits = gather_list(accelerator, my_visits)
-        # in global batch order, so that every rank applies the same updates
-        for prompt_id, n_t, k_t in visits:
-            counts[prompt_id] = update_counts(counts.get(prompt_id), n_t, k_t, args.lam)
+        visits = update_estimator(counts, examples, groups, threshold, args.lam, accelerator)
 
-        # ================ metrics: one reduce over ranks, the shared keys, then the method's =====
-        row = steps.finish(step, scheduler.get_last_lr()[0], scored)
-        row |= ada_est_metrics(
-            steps.totals,
-            accelerator,
-            trained_records,
-            p_hats,
-            had_history,
-            allocation,
-            visits,
-            counts,
+        # ================ metrics: the step's sums over ranks, the shared keys, the method's ======
+        sums = ada_est_sums(groups, scored, truncated, completions, alphas, threshold)
+        lr = scheduler.get_last_lr()[0]
+        row, totals = run_log.step_metrics(
+            step, counters, scored, sums, update_sums, grad_norms, lr, loss_per="seqs"
         )
+        estimator = p_hats, had_history, allocation, visits, counts
+        row |= ada_est_metrics(totals, accelerator, trained_records, *estimator)
 
-        # ================ sample log, evaluation, the row, checkpoint, stop ================
-        evaluating = run_log.evaluation_due(step)
-        # a few responses with [EST] N_x and p_hat
-        if run_log.samples.due(step, evaluating):
-            budgets = [sizes[i] for i in owner]
-            response_p_hats = [p_hats[mine[i]] for i in owner]
-            picks = run_log.samples.pick(["fresh"] * len(completions))
-            logged = sample_rows(
-                tokenizer,
-                flat_prompts,
-                completions,
-                scored,
-                advantages,
-                truncated,
-                budgets,
-                response_p_hats,
-                picks,
-            )
-            run_log.samples.log(step, logged)
-        if evaluating:
-            with steps.phase("eval"):
+        # ================ evaluation, sample log, the row, checkpoint, stop ================
+        if run_log.evaluation_due(step):
+            with run_log.timing("eval"):
                 row.update(run_eval())
-        run_log.end_step(row, steps.end(row), threads, compiled)
-        stopping = stop.agreed(accelerator)
+        # a few responses with [EST] N_x and p_hat
+        if run_log.samples_due(step):
+            budgets, response_p_hats = [sizes[i] for i in owner], [p_hats[mine[i]] for i in owner]
+            rollouts = flat_prompts, completions, scored, advantages, truncated
+            picked = sample_rows(tokenizer, *rollouts, budgets, response_p_hats, args)
+            run_log.write_samples(step, picked)
+        run_log.write_row(row, compiled)
+        stopping = stop.any_rank_signalled(accelerator)
         if checkpoints.due(step, stopping):
             # the method's state: the estimator's counts
             method = {"counts": dict(counts)}

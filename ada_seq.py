@@ -131,7 +131,6 @@ from common.rl.ada import (
 from common.rl.advantages import zero_variance
 from common.rl.logprobs import Forward
 from common.rl.losses import clipped_surrogate, kl_k3
-from common.rl.masking import right_align
 from common.run.checkpoint import Checkpoints
 from common.run.export import export_model
 from common.run.flags import (
@@ -147,7 +146,7 @@ from common.run.flags import (
     TrainingFlags,
     parse_args,
 )
-from common.run.logs import RunLog
+from common.run.logs import RunLog, first_of_each_kind
 from common.run.process import GracefulStop, end_processes
 from common.run.setup import (
     load_training_policy,
@@ -162,7 +161,7 @@ from common.run.setup import (
     shard_models,
     start_run,
 )
-from common.run.step_metrics import StepMetrics
+from common.run.step_metrics import rollout_sums
 from common.run.summary import run_summary
 from common.tasks.evaluation import evaluate_policy
 from common.tasks.loading import PromptEncoder, PromptSampler
@@ -420,15 +419,15 @@ class RoundSampler:
     for each active prompt, scored, each kept in its prompt's pool (`responses`) and each round's
     `Scored` in `scored`. `add` brings the step's prompts in (and [DAPO] each refill's)."""
 
-    def __init__(self, generator, tokenizer, task, encode, sampling, step: int, steps):
+    def __init__(self, generator, tokenizer, task, encode, sampling, step: int, run_log):
         self.generator = generator
         self.tokenizer = tokenizer
         self.task = task
         self.encode = encode
         self.sampling = sampling
         self.step = step
-        # the step's collector: each round's generation and scoring timed as they happen
-        self.steps = steps
+        # each round's generation and scoring timed as they happen
+        self.run_log = run_log
         self.examples = []
         self.prompts: list[list[int]] = []
         self.responses: list[list[Response]] = []
@@ -444,10 +443,10 @@ class RoundSampler:
         return list(range(first, len(self.examples)))
 
     def __call__(self, active: list[int], m: int) -> list[list[float]]:
-        with self.steps.phase("gen"):
+        with self.run_log.timing("gen"):
             gens = self.generator.generate([self.prompts[i] for i in active], m, self.sampling)
         truncated = [reason == "length" for reason in gens.finish_reasons]
-        with self.steps.phase("reward"):
+        with self.run_log.timing("reward"):
             texts = [
                 self.tokenizer.decode(ids, skip_special_tokens=True) for ids in gens.completion_ids
             ]
@@ -455,11 +454,6 @@ class RoundSampler:
             # a cut completion scores 0 under the built-in rewards, its functions' total under
             # --reward_funcs
             scored = self.task.score(texts, prompt_of, gens.completion_ids, truncated, self.step)
-        self.steps.add(
-            rollouts=len(truncated),
-            gen_tokens=sum(map(len, gens.completion_ids)),
-            truncated=sum(truncated),
-        )
         self.scored.append(scored)
         rewards = []
         for j, i in enumerate(active):
@@ -472,13 +466,78 @@ class RoundSampler:
         return rewards
 
 
+def dynamic_sampling(rounds, pools, exit_rounds, sampler, done, args, accelerator):
+    """[DAPO] Keep the groups with signal and refill with new prompts, n responses each, until the
+    global batch is full or --max_dynamic_rounds extra rounds ran; `pools` and `exit_rounds` grow by
+    the refills. Returns the groups to train on (at most this rank's share, the first sampled
+    first), each group's extra round (0: the step's batch) and the extra rounds run."""
+    origin = [0] * len(pools)
+    dapo_rounds = 0
+    # this rank's part of the batch
+    share = len(my_slice(range(args.prompts_per_step), accelerator))
+    while True:
+        train_ids = [
+            i for i, pool in enumerate(pools) if not zero_variance(torch.tensor([pool])).item()
+        ]
+        # the count that decides is global: every rank runs the same rounds
+        global_kept = reduce_sums(accelerator, {"kept": min(len(train_ids), share)})["kept"]
+        if global_kept >= args.prompts_per_step or dapo_rounds == args.max_dynamic_rounds:
+            break
+        # one extra round: a new batch of prompts, n responses each
+        dapo_rounds += 1
+        new_ids = my_slice(sampler.next_ids(args.prompts_per_step), accelerator)
+        new = rounds.add([rounds.task.train[i] for i in new_ids])
+        origin += [dapo_rounds] * len(new)
+        refill = rounds(new, args.round_repeat)
+        pools += refill
+        exit_rounds += [1 if done(pool) else None for pool in refill]
+    return train_ids[:share], origin, dapo_rounds
+
+
+def ada_seq_sums(pools, rounds, train_ids, seqs: int, threshold: float, n: int) -> dict:
+    """The step's sums: every generated response of every round (`rollout_sums`; NaN: no function
+    scored it, out of reward_mean / _std), with zero_var the GRPO-n counterfactual (would the first
+    n responses alone have had signal?), the groups and responses trained on (`seqs`, the loss's
+    divisor); the clip count starts at 0 (the update adds it)."""
+    rewards = [reward for pool in pools for reward in pool]
+    responses = [response for pool in rounds.responses for response in pool]
+    zero_var = zero_variance(torch.tensor([pool[:n] for pool in pools]).view(-1, n)).sum()
+    success, cut = count_positive(rewards, threshold), sum(r.truncated for r in responses)
+    sums = rollout_sums(len(pools), rewards, success, zero_var, cut, [r.ids for r in responses])
+    return sums | {"kept_groups": len(train_ids), "seqs": seqs, "clip_sum": 0.0}
+
+
+def ada_pool_records(pools, exit_rounds, train_ids, kept_rewards, rounds, n: int) -> list[tuple]:
+    """[ADA] Every pool's record: its size, exit round, whether its kept group has no spread
+    (groups not trained on, which DAPO drops, count as False) and its prompt's tag."""
+    kept_zero_var = []
+    if kept_rewards:
+        kept_zero_var = zero_variance(torch.tensor(kept_rewards).view(-1, n)).tolist()
+    post_zero_var = dict(zip(train_ids, kept_zero_var))
+    return [
+        (len(pool), exit_rounds[i], post_zero_var.get(i, False), rounds.examples[i].tag)
+        for i, pool in enumerate(pools)
+    ]
+
+
+def partial_batch_note(step: int, row: dict, args) -> str:
+    """[DAPO] The note for a step that trained on fewer groups than a full batch."""
+    return (
+        f"note: step {step} trained on {row['dapo_kept_groups']} of "
+        f"{args.prompts_per_step} groups: --max_dynamic_rounds {args.max_dynamic_rounds} "
+        "extra rounds did not fill the batch; the loss keeps a full batch's normaliser, so "
+        "such a step is `dapo_batch_fill` of a full one"
+    )
+
+
 def sample_rows(
-    tokenizer, rounds, pools, exit_rounds, trained, group_of, kept_rewards, adv_list, kinds, picks
+    tokenizer, rounds, pools, exit_rounds, trained, group_of, kept_rewards, adv_list, kinds, args
 ) -> list[dict]:
-    """samples.jsonl rows of the picked kept responses, with their pool's size and exit round."""
+    """samples.jsonl rows of the first --log_samples_per_kind kept responses of each kind, with
+    their pool's size and exit round."""
     flat_rewards = [reward for kept in kept_rewards for reward in kept]
     rows = []
-    for k in picks:
+    for k in first_of_each_kind(kinds, args.log_samples_per_kind):
         group = group_of[k]
         row = {
             "kind": kinds[k],
@@ -590,75 +649,33 @@ def main(args: Args) -> None:
     normaliser = args.prompts_per_step * n / accelerator.num_processes * args.max_completion_length
     warned_partial = False
 
-    # the step's sums, recorded where computed, and its phase times; `loss` is per kept response
-    # clip_sum is added in the micro-batch loop, which a rank with nothing to train on skips (DAPO
-    # may keep no group there)
-    steps = StepMetrics(accelerator, counters, loss_per="seqs", method_sums=("clip_sum",))
     forward = Forward(tokenizer.pad_token_id, device, args.dtype, temperature, pack, compiled)
 
     for step in range(start_step + 1, args.max_steps + 1):
-        steps.begin()
-        # a shared CPU: fit the free cores
-        threads = cpu_threads.count(torch.get_num_threads())
-        torch.set_num_threads(threads)
+        # a shared CPU: torch's threads fit the cores other processes leave free (--num_threads)
+        run_log.start_step(cpu_threads)
 
         # ======== sample + verify: [ADA] rounds of M for the still-active prompts (Alg. 2 l. 3-12)
         batch_ids = my_slice(sampler.next_ids(args.prompts_per_step), accelerator)
-        rounds = RoundSampler(generator, tokenizer, task, encode, sampling, step, steps)
+        rounds = RoundSampler(generator, tokenizer, task, encode, sampling, step, run_log)
         first_batch = rounds.add([task.train[i] for i in batch_ids])
-        # [DAPO] (also in GRPO-n: all 0) the extra round that sampled each group
-        origin = [0] * len(first_batch)
-        # the groups trained on: all of them, unless DAPO's filter drops some
-        train_ids = list(range(len(first_batch)))
-        dapo_rounds = 0
         # FSDP + HF generate: whole weights, as ranks run different numbers of rounds (vLLM: its
         # own copy)
         with gathered(policy, enabled=generator.reads_policy):
             pools, exit_rounds = multi_round_sampling(
                 len(first_batch), rounds, done, args.max_rounds, args.round_repeat
             )
+            # [DAPO] (also in GRPO-n: every group trained, from the step's batch, no extra round)
+            train_ids, origin, dapo_rounds = list(range(len(first_batch))), [0] * len(pools), 0
             # [DAPO] dynamic sampling baseline (Yu et al., 2025; Reinforce-Ada Table 2)
             if args.dynamic_sampling:
-                # this rank's part of the batch
-                share = len(my_slice(range(args.prompts_per_step), accelerator))
-                # keep the groups with signal; refill with new prompts until the batch is full
-                while True:
-                    train_ids = [
-                        i
-                        for i, pool in enumerate(pools)
-                        if not zero_variance(torch.tensor([pool])).item()
-                    ]
-                    # the count that decides is global: every rank runs the same rounds
-                    counted = {"kept": min(len(train_ids), share)}
-                    global_kept = reduce_sums(accelerator, counted)["kept"]
-                    if (
-                        global_kept >= args.prompts_per_step
-                        or dapo_rounds == args.max_dynamic_rounds
-                    ):
-                        break
-                    # one extra round: a new batch of prompts, n responses each
-                    dapo_rounds += 1
-                    new_ids = my_slice(sampler.next_ids(args.prompts_per_step), accelerator)
-                    new = rounds.add([task.train[i] for i in new_ids])
-                    origin += [dapo_rounds] * len(new)
-                    refill = rounds(new, args.round_repeat)
-                    pools += refill
-                    exit_rounds += [1 if done(pool) else None for pool in refill]
-                # at most this rank's share: the first sampled are the first kept
-                train_ids = train_ids[:share]
-        with steps.phase("gen"):
+                refill = dynamic_sampling(
+                    rounds, pools, exit_rounds, sampler, done, args, accelerator
+                )
+                train_ids, origin, dapo_rounds = refill
+        with run_log.timing("gen"):
             # vLLM on a GPU: its memory goes to training; the push brings the weights back
             generator.sleep()
-        # every generated response of every round (NaN: no function scored it, out of reward_mean
-        # / _std); the GRPO-n counterfactual: would the first n responses alone have had signal?
-        rewards = [reward for pool in pools for reward in pool]
-        steps.add_rewards(rewards)
-        steps.add(
-            groups=len(pools),
-            success=count_positive(rewards, threshold),
-            zero_var=zero_variance(torch.tensor([pool[:n] for pool in pools]).view(-1, n)).sum(),
-            kept_groups=len(train_ids),
-        )
 
         # ===== [ADA] downsample every pool to n; advantages from the whole pool (Alg. 2 l. 14-20)
         # per trained group: its n kept rewards; per kept response: its advantage, the response, its
@@ -677,18 +694,6 @@ def main(args: Args) -> None:
             kept_rewards.append(kept)
             trained += [rounds.responses[i][j] for j in keep]
             group_of += [i] * len(keep)
-        steps.add(seqs=len(adv_list))
-        # [ADA] every pool's record: its size, exit round, whether its kept group has no spread
-        # (groups not trained on, which DAPO drops, count as False) and its prompt's tag
-        kept_zero_var = []
-        if kept_rewards:
-            kept_zero_var = zero_variance(torch.tensor(kept_rewards).view(-1, n)).tolist()
-        post_zero_var = dict(zip(train_ids, kept_zero_var))
-        pool_records = [
-            (len(pool), exit_rounds[i], post_zero_var.get(i, False), rounds.examples[i].tag)
-            for i, pool in enumerate(pools)
-        ]
-        trained_records = [(adv, rounds.examples[i].tag) for adv, i in zip(adv_list, group_of)]
         flat_prompts = [rounds.prompts[i] for i in group_of]
         completions = [response.ids for response in trained]
         advantages = torch.tensor(adv_list, dtype=torch.float32, device=device)
@@ -697,62 +702,55 @@ def main(args: Args) -> None:
         unmasked = torch.tensor([not cut for cut in masked], dtype=torch.bool, device=device)
 
         # ======== update: GRPO-style clipped surrogate on the kept responses; pi_old = the sampler
-        with steps.phase("update"):
-            lengths = [
-                len(prompt) + len(completion)
-                for prompt, completion in zip(flat_prompts, completions)
-            ]
+        with run_log.timing("update"):
+            lengths = [len(prompt) + len(ids) for prompt, ids in zip(flat_prompts, completions)]
+            old_logprobs = [response.logprobs for response in trained] if sampler_logprobs else None
+            budget = args.micro_batch_size, args.max_tokens_per_microbatch
+            update_sums, grad_norms = [], []
             for epoch in range(args.num_iterations):
                 micro = micro_batches(
                     len(completions),
-                    args.micro_batch_size,
+                    budget[0],
                     accelerator,
                     model,
-                    peers=(ref_model,),
-                    lengths=lengths,
-                    max_tokens=args.max_tokens_per_microbatch,
+                    (ref_model,),
+                    lengths,
+                    budget[1],
                 )
                 for rows in micro:
-                    mb = forward.rows(
-                        [flat_prompts[r] for r in rows], [completions[r] for r in rows]
-                    )
+                    mb = forward.rows_at(rows, flat_prompts, completions, old_logprobs)
                     # the entropy bonus of the paper's set-up (Sec. 4) needs its gradient
                     logp, entropy = forward(model, mb, entropy_grad=args.entropy_coef > 0)
                     mask = mb.loss_mask * unmasked[rows][:, None]
-                    if sampler_logprobs:
-                        sampler_logps = [trained[r].logprobs for r in rows]
-                        old_logp = right_align(sampler_logps, mb.completion_width).to(device)
-                    else:
-                        # one epoch with the HF weights: pi_old is this very pass (exact, ratio 1)
-                        old_logp = logp.detach()
+                    # one epoch with the HF weights: pi_old is this very pass (exact, ratio 1)
+                    old_logp = mb.sampler_logp if sampler_logprobs else logp.detach()
                     per_token, clipped = clipped_surrogate(
                         logp, old_logp, advantages[rows, None], args.epsilon, args.epsilon_high
                     )
                     surrogate_sum = (per_token * mask).sum()
                     entropy_sum = (entropy * mask).sum()
                     loss = (surrogate_sum - args.entropy_coef * entropy_sum) / normaliser
+                    kl_sum = 0.0
                     if ref_model is not None:
                         ref_logp, _ = forward(ref_model, mb, grad=False)
-                        kl = kl_k3(logp, ref_logp) * mask
+                        kl_sum = (kl_k3(logp, ref_logp) * mask).sum()
                         # one constant for the policy gradient and the KL
-                        loss = loss + args.beta * kl.sum() / normaliser
+                        loss = loss + args.beta * kl_sum / normaliser
                     accelerator.backward(loss)
                     # the on-policy epoch's numbers are the ones logged; `loss`: the surrogate /
                     # (kept responses x max_completion_length), in float64 as the sum is kept
                     if epoch == 0:
-                        steps.add(
-                            loss_sum=surrogate_sum.detach().double() / args.max_completion_length,
-                            ent_sum=entropy_sum,
-                            tok=mask.sum(),
-                            clip_sum=(clipped * mask).sum(),
-                        )
-                        if ref_model is not None:
-                            steps.add(kl_sum=kl.sum())
-                    # sampler/trainer agreement, before any update (this pass is the first)
-                    if epoch == 0 and sampler_logprobs:
-                        gap = (logp.detach() - old_logp).abs() * mb.loss_mask
-                        steps.add(gap_sum=gap.sum(), gap_tok=mb.loss_mask.sum())
-                steps.grad_norm(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+                        loss_sum = surrogate_sum.detach().double() / args.max_completion_length
+                        sums = dict(loss_sum=loss_sum, ent_sum=entropy_sum, tok=mask.sum())
+                        sums |= dict(clip_sum=(clipped * mask).sum(), kl_sum=kl_sum)
+                        # sampler/trainer agreement, before any update (this pass is the first)
+                        if sampler_logprobs:
+                            gap = (logp.detach() - old_logp).abs() * mb.loss_mask
+                            sums |= dict(gap_sum=gap.sum(), gap_tok=mb.loss_mask.sum())
+                        update_sums.append(sums)
+                grad_norms.append(
+                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                )
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
@@ -760,46 +758,36 @@ def main(args: Args) -> None:
         # ======== push the new weights to the generator, once per update phase (no-op for HF) =====
         generator.sync_weights(policy)
 
-        # ================ metrics: one reduce over ranks, the shared keys, then the method's =====
-        # the reward keys of every round's responses
-        row = steps.finish(step, scheduler.get_last_lr()[0], Scored.join(rounds.scored))
+        # ================ metrics: the step's sums over ranks, the shared keys, the method's ======
+        sums = ada_seq_sums(pools, rounds, train_ids, len(adv_list), threshold, n)
+        lr, scored = scheduler.get_last_lr()[0], Scored.join(rounds.scored)
+        row, totals = run_log.step_metrics(
+            step, counters, scored, sums, update_sums, grad_norms, lr, loss_per="seqs"
+        )
+        # [ADA] every pool's record (size, exit round, whether its kept group has no spread, tag)
+        # and every trained response's (advantage, tag)
+        pool_records = ada_pool_records(pools, exit_rounds, train_ids, kept_rewards, rounds, n)
+        trained_records = [(adv, rounds.examples[i].tag) for adv, i in zip(adv_list, group_of)]
         row |= ada_seq_metrics(
-            steps.totals, accelerator, pool_records, trained_records, args, dapo_rounds
+            totals, accelerator, pool_records, trained_records, args, dapo_rounds
         )
         # [DAPO] once a run: a step trained on fewer groups than a full batch
         if args.dynamic_sampling and not warned_partial and row["dapo_batch_fill"] < 1:
             warned_partial = True
-            log(
-                f"note: step {step} trained on {row['dapo_kept_groups']} of "
-                f"{args.prompts_per_step} groups: --max_dynamic_rounds {args.max_dynamic_rounds} "
-                "extra rounds did not fill the batch; the loss keeps a full batch's normaliser, so "
-                "such a step is `dapo_batch_fill` of a full one"
-            )
+            log(partial_batch_note(step, row, args))
 
-        # ================ sample log, evaluation, the row, checkpoint, stop ================
-        evaluating = run_log.evaluation_due(step)
-        # a few kept rollouts (DAPO's refills apart)
-        if run_log.samples.due(step, evaluating):
-            kinds = ["dynamic_refill" if origin[group] else "fresh" for group in group_of]
-            picks = run_log.samples.pick(kinds)
-            logged = sample_rows(
-                tokenizer,
-                rounds,
-                pools,
-                exit_rounds,
-                trained,
-                group_of,
-                kept_rewards,
-                adv_list,
-                kinds,
-                picks,
-            )
-            run_log.samples.log(step, logged)
-        if evaluating:
-            with steps.phase("eval"):
+        # ================ evaluation, sample log, the row, checkpoint, stop ================
+        if run_log.evaluation_due(step):
+            with run_log.timing("eval"):
                 row.update(run_eval())
-        run_log.end_step(row, steps.end(row), threads, compiled)
-        stopping = stop.agreed(accelerator)
+        # a few kept rollouts (DAPO's refills apart)
+        if run_log.samples_due(step):
+            kinds = ["dynamic_refill" if origin[group] else "fresh" for group in group_of]
+            kept = trained, group_of, kept_rewards, adv_list, kinds
+            picked = sample_rows(tokenizer, rounds, pools, exit_rounds, *kept, args)
+            run_log.write_samples(step, picked)
+        run_log.write_row(row, compiled)
+        stopping = stop.any_rank_signalled(accelerator)
         if checkpoints.due(step, stopping):
             state = {"sampler": sampler.state_dict(), "counters": counters, "method": {}}
             checkpoints.save(step, state, stopping)

@@ -69,7 +69,7 @@ from common.run.flags import (
     TrainingFlags,
     parse_args,
 )
-from common.run.logs import RunLog
+from common.run.logs import RunLog, first_of_each_kind
 from common.run.process import GracefulStop, end_processes
 from common.run.setup import (
     load_training_policy,
@@ -84,7 +84,7 @@ from common.run.setup import (
     shard_models,
     start_run,
 )
-from common.run.step_metrics import StepMetrics
+from common.run.step_metrics import rollout_sums
 from common.run.summary import run_summary
 from common.tasks.evaluation import evaluate_policy
 from common.tasks.loading import PromptEncoder, PromptSampler
@@ -738,15 +738,16 @@ def sample_rows(
     scored,
     k: int,
     pros: bool,
-    picks: list[int],
+    args,
 ) -> list[dict]:
-    """samples.jsonl rows of the picked rollouts: the root query, the reused prefix (PROS: with its
-    tree node and root), the continuation, its reward and its sequence-level advantage (GAE: the
-    first token's; GRPO: any token's)."""
+    """samples.jsonl rows of the first --log_samples_per_kind rollouts of each kind: the root query,
+    the reused prefix (PROS: with its tree node and root), the continuation, its reward and its
+    sequence-level advantage (GAE: the first token's; GRPO: any token's)."""
     first_token = mask.cumsum(-1) == 1
     seq_adv = (advantages * first_token).sum(-1)
+    kinds = ["augmented" if my_queries[i // k].prefix else "root" for i in range(len(completions))]
     rows = []
-    for i in picks:
+    for i in first_of_each_kind(kinds, args.log_samples_per_kind):
         query = my_queries[i // k]
         kind = "augmented" if query.prefix else "root"
         root_prompt = prompts[i][: len(prompts[i]) - len(query.prefix)]
@@ -839,6 +840,143 @@ def update_mean(values: list[torch.Tensor]) -> float:
     return float(np.mean(torch.stack(values).tolist()))
 
 
+def update_query_tree(
+    tree,
+    queries,
+    my_indices,
+    completions,
+    correct,
+    truncated,
+    has_reward,
+    old,
+    stop_ids,
+    step,
+    args,
+    rng,
+    accelerator,
+) -> TreeUpdate:
+    """[PROS] The tree's update from this step's outcomes: each query's successes and trials
+    observed (Sec. 4), every distinct new cut of a correct rollout added as a child (Sec. 3, capped
+    if asked), the pool evicted to --pool_capacity and the Gibbs sampler run. The outcomes are
+    gathered from every rank in query order, so the tree stays the same on every rank. Returns what
+    the update leaves for the metrics."""
+    my_outcomes = group_outcomes(
+        my_indices,
+        queries,
+        completions,
+        correct,
+        truncated,
+        has_reward,
+        old,
+        stop_ids,
+        args.value_top_frac,
+    )
+    outcomes = sorted(gather_list(accelerator, my_outcomes), key=lambda outcome: outcome.query)
+    nodes = [queries[outcome.query].node for outcome in outcomes]
+    successes = [outcome.successes for outcome in outcomes]
+    # trials: the rollouts given a reward
+    trials = [outcome.trials for outcome in outcomes]
+    tree.observe(nodes, successes, trials, args.forget, step, args.forget_on)
+    update = TreeUpdate(outcomes=outcomes)
+    for outcome in outcomes:
+        prompt_id = queries[outcome.query].prompt_id
+        update.children_created += tree.add_children(
+            prompt_id, outcome.candidates, step, args.prior_mu, args.max_children_per_group
+        )
+    tree.evict(args.pool_capacity)
+    gibbs_start = time.time()
+    tree.gibbs(args, rng)
+    update.gibbs_seconds = time.time() - gibbs_start
+    return update
+
+
+def minibatch_rows(minibatch, model, prompts, completions, forward, accelerator, args):
+    """Each micro-batch of a minibatch (rollout indices) through `model`, as `micro_batches` deals
+    them (every rank as many): its rollout indices, its padded rows and its completion columns of a
+    step-level [rollouts, Rmax] tensor."""
+    lengths = [len(prompts[i]) + len(completions[i]) for i in minibatch]
+    budget = args.micro_batch_size, args.max_tokens_per_microbatch
+    micro = micro_batches(
+        len(minibatch), budget[0], accelerator, model, lengths=lengths, max_tokens=budget[1]
+    )
+    for rows in micro:
+        mb_ids = [minibatch[r] for r in rows]
+        mb = forward.rows_at(mb_ids, prompts, completions)
+        yield mb_ids, mb, slice(-mb.completion_width, None)
+
+
+def minibatch_divisors(minibatch, policy_mask, mask, accelerator) -> tuple[float, float]:
+    """Each rank's divisors for token means over the whole minibatch (see token_divisor): the
+    policy's tokens and all tokens (the critic's), counted over every rank."""
+    local_counts = {
+        "policy": float(policy_mask[minibatch].sum()),
+        "all": float(mask[minibatch].sum()),
+    }
+    token_counts = reduce_sums(accelerator, local_counts)
+    world = accelerator.num_processes
+    return token_divisor(token_counts["policy"], world), token_divisor(token_counts["all"], world)
+
+
+def critic_step(
+    critic_model,
+    critic_optimizer,
+    minibatch,
+    old,
+    returns,
+    has_reward,
+    minibatch_tokens,
+    prompts,
+    completions,
+    forward,
+    accelerator,
+    args,
+) -> torch.Tensor:
+    """[PPO] The critic's step on one minibatch: the clipped value loss against the GAE returns, a
+    token mean over the whole minibatch's rewarded rollouts, its backward, clipping and its own
+    optimizer step. Returns the minibatch's value loss (float64, on the device)."""
+    device = forward.device
+    minibatch_value_loss = torch.zeros((), dtype=torch.float64, device=device)
+    step_rows = prompts, completions, forward, accelerator, args
+    for mb_ids, mb, cols in minibatch_rows(minibatch, critic_model, *step_rows):
+        with autocast(device, args.dtype):
+            mb_values = critic_model(mb)
+        per_token = value_loss(
+            mb_values,
+            old.value[mb_ids, cols].to(device),
+            returns[mb_ids, cols].to(device),
+            args.cliprange_value,
+        )
+        mb_mask = mb.loss_mask * has_reward[mb_ids, None].to(device)
+        loss = (per_token * mb_mask).sum() / minibatch_tokens
+        accelerator.backward(loss)
+        minibatch_value_loss += loss.detach()
+    accelerator.clip_grad_norm_(critic_model.parameters(), args.max_grad_norm)
+    critic_optimizer.step()
+    critic_optimizer.zero_grad(set_to_none=True)
+    return minibatch_value_loss
+
+
+def pros_ppo_sums(
+    rewards, correct, truncated, completions, old, gens, losses, clip_fracs, value_losses, world
+) -> dict:
+    """The step's sums: the rollouts' (`rollout_sums`, scored on prefix + continuation; a NaN
+    reward is out of reward_mean / _std; generated tokens, a child's prefix excluded), pi_old's
+    entropy, the sampler/trainer agreement where the generator returns log-probs, and each rank's
+    part of the update's global token means (the loss, the clipped share, the value loss; summed
+    over ranks: the global mean)."""
+    success, zero_var = correct.sum(), zero_variance(rewards).sum()
+    sums = rollout_sums(len(rewards), rewards, success, zero_var, truncated.sum(), completions)
+    sums |= {"ent_sum": (old.entropy * old.mask).sum(), "tok": old.mask.sum()}
+    if any(gens.logprobs):
+        sampler_logp = right_align(gens.logprobs, old.mask.shape[1])
+        gap = (old.logp - sampler_logp).abs() * old.mask
+        sums |= {"gap_sum": gap.sum(), "gap_tok": old.mask.sum()}
+    sums |= {"loss_sum": update_mean(losses) / world, "clip_sum": update_mean(clip_fracs) / world}
+    if value_losses:
+        sums["value_loss_sum"] = update_mean(value_losses) / world
+    return sums
+
+
 def main(args: Args) -> None:
     # ---------------- set-up: launch, policy, reference, critic, optimizers, generator -----------
     accelerator, cpu_threads, log = start_run(args, "pros_ppo")
@@ -918,15 +1056,11 @@ def main(args: Args) -> None:
     stop = GracefulStop(log)
     if start_step == 0:
         run_log.first_row(run_eval(), compiled)
-    # the step's sums, recorded where computed, and its phase times; `loss` is added as its value
-    steps = StepMetrics(accelerator, counters, loss_per=None)
     forward = Forward(tokenizer.pad_token_id, device, args.dtype, temperature, pack, compiled)
 
     for step in range(start_step + 1, args.max_steps + 1):
-        steps.begin()
-        # a shared CPU: fit the free cores
-        threads = cpu_threads.count(torch.get_num_threads())
-        torch.set_num_threads(threads)
+        # a shared CPU: torch's threads fit the cores other processes leave free (--num_threads)
+        run_log.start_step(cpu_threads)
 
         # ================ the batch: one query per group, the same on every rank ================
         # [PROS] Sec. 4: part data stream, the rest from the pool by |θ̃ - 0.5|
@@ -943,7 +1077,7 @@ def main(args: Args) -> None:
         query_tokens = [
             encode(example.prompt) + prefix for example, prefix in zip(examples, prefixes)
         ]
-        with steps.phase("gen"):
+        with run_log.timing("gen"):
             # FSDP + HF generate: whole weights (else a no-op)
             with gathered(policy, enabled=generator.reads_policy):
                 gens = generator.generate(query_tokens, k, sampling)
@@ -954,12 +1088,10 @@ def main(args: Args) -> None:
         num_rollouts = len(completions)
 
         # ================ verify: the reward reads prefix + continuation (PROS Sec. 3) ===========
-        with steps.phase("reward"):
+        with run_log.timing("reward"):
             whole = [prefixes[i // k] + completion for i, completion in enumerate(completions)]
             texts = [tokenizer.decode(tokens, skip_special_tokens=True) for tokens in whole]
-            truncated = torch.tensor(
-                [reason == "length" for reason in gens.finish_reasons], dtype=torch.bool
-            )
+            truncated = torch.tensor([reason == "length" for reason in gens.finish_reasons])
             prompt_of = [examples[i // k] for i in range(len(texts))]
             scored = task.score(texts, prompt_of, whole, truncated, step)
         # NaN: no function scored it
@@ -968,79 +1100,38 @@ def main(args: Args) -> None:
         correct = torch.tensor(scored.success, dtype=torch.bool).view(-1, k)  # [groups, K]
         # False: no reward (no gradient, no critic target, not a trial)
         has_reward = torch.tensor(scored.scored, dtype=torch.bool)  # [rollouts]
-        # scored on prefix + continuation; a NaN reward: out of reward_mean / _std
-        steps.add_rewards(rewards)
-        steps.add(
-            groups=len(rewards),
-            rollouts=num_rollouts,
-            # generated tokens (a child's prefix excluded)
-            gen_tokens=sum(map(len, completions)),
-            success=correct.sum(),
-            zero_var=zero_variance(rewards).sum(),
-            truncated=truncated.sum(),
-        )
 
         # ================ pi_old's log-probs, entropies, values, reference log-probs: one pass ===
         # FSDP: sharded, in lock-step (no whole model gathered)
-        with steps.phase("logprob"):
-            old = score_rollouts(
-                policy,
-                critic,
-                ref_model,
-                forward,
-                prompts,
-                completions,
-                args.micro_batch_size,
-                accelerator,
-            )
+        with run_log.timing("logprob"):
+            models = policy, critic, ref_model, forward
+            old = score_rollouts(*models, prompts, completions, args.micro_batch_size, accelerator)
         mask = old.mask  # [rollouts, Rmax]
-        steps.add(ent_sum=(old.entropy * mask).sum(), tok=mask.sum())
         # --mask_truncated_completions: cut rollouts get no policy gradient (the critic still fits
         # their returns); rollouts with no reward get none either
-        policy_mask = mask
-        if args.mask_truncated_completions:
-            policy_mask = mask * ~truncated[:, None]
+        policy_mask = mask * ~truncated[:, None] if args.mask_truncated_completions else mask
         policy_mask = policy_mask * has_reward[:, None]
-        # sampler/trainer agreement, where the generator returns log-probs
-        if any(gens.logprobs):
-            sampler_logp = right_align(gens.logprobs, mask.shape[1])
-            steps.add(gap_sum=((old.logp - sampler_logp).abs() * mask).sum(), gap_tok=mask.sum())
 
         # ================ [PROS] the tree: child candidates (Sec. 3); observe, add, Gibbs (Sec. 4)
         # [PROS] (also in PPO / GRPO: empty) what the tree's update leaves for the metrics
         tree_update = TreeUpdate()
-        # [PROS] from every rank's gathered outcomes, in query order: the tree stays the same on
-        # every rank
+        # [PROS]
         if pros:
-            my_outcomes = group_outcomes(
-                my_indices,
+            tree_update = update_query_tree(
+                tree,
                 queries,
+                my_indices,
                 completions,
                 correct,
                 truncated,
                 has_reward,
                 old,
                 stop_ids,
-                args.value_top_frac,
+                step,
+                args,
+                pros_rng,
+                accelerator,
             )
-            outcomes = gather_list(accelerator, my_outcomes)
-            outcomes = sorted(outcomes, key=lambda outcome: outcome.query)
-            nodes = [queries[outcome.query].node for outcome in outcomes]
-            successes = [outcome.successes for outcome in outcomes]
-            # trials: the rollouts given a reward
-            trials = [outcome.trials for outcome in outcomes]
-            tree.observe(nodes, successes, trials, args.forget, step, args.forget_on)
-            # every distinct new cut of a correct rollout (capped if asked)
-            for outcome in outcomes:
-                prompt_id = queries[outcome.query].prompt_id
-                tree_update.children_created += tree.add_children(
-                    prompt_id, outcome.candidates, step, args.prior_mu, args.max_children_per_group
-                )
-            tree.evict(args.pool_capacity)
-            gibbs_start = time.time()
-            tree.gibbs(args, pros_rng)
-            tree_update.gibbs_seconds = time.time() - gibbs_start
-            tree_update.outcomes = outcomes
 
         # ================ advantages ================
         returns = None
@@ -1063,9 +1154,10 @@ def main(args: Args) -> None:
 
         # ================ update: clipped steps of the policy, the critic alongside ==============
         # num_iterations passes, each of num_mini_batches optimizer steps; each step's loss, clipped
-        # share and value loss (float64 on the device: host copies once the update ends)
-        losses, clip_fracs, value_losses = [], [], []
-        with steps.phase("update"):
+        # share, value loss and KL (float64 on the device: host copies once the update ends)
+        losses, clip_fracs, value_losses, update_sums, grad_norms = [], [], [], [], []
+        step_rows = prompts, completions, forward, accelerator, args
+        with run_log.timing("update"):
             for epoch in range(args.num_iterations):
                 order = torch.randperm(num_rollouts).tolist()
                 for part in range(args.num_mini_batches):
@@ -1073,38 +1165,18 @@ def main(args: Args) -> None:
                     end = (part + 1) * num_rollouts // args.num_mini_batches
                     minibatch = order[start:end]
                     # token means of the whole minibatch on every rank (see token_divisor)
-                    local_counts = {
-                        "policy": float(policy_mask[minibatch].sum()),
-                        "all": float(mask[minibatch].sum()),
-                    }
-                    token_counts = reduce_sums(accelerator, local_counts)
-                    policy_tokens = token_divisor(token_counts["policy"], world)
-                    minibatch_tokens = token_divisor(token_counts["all"], world)
-                    # --max_tokens_per_microbatch
-                    lengths = [len(prompts[i]) + len(completions[i]) for i in minibatch]
+                    divisors = minibatch_divisors(minibatch, policy_mask, mask, accelerator)
+                    policy_tokens, minibatch_tokens = divisors
                     minibatch_loss = torch.zeros((), dtype=torch.float64, device=device)
                     clipped_sum = torch.zeros((), dtype=torch.float64, device=device)
                     kl_sum = torch.zeros((), dtype=torch.float64, device=device)
-                    micro = micro_batches(
-                        len(minibatch),
-                        args.micro_batch_size,
-                        accelerator,
-                        model,
-                        lengths=lengths,
-                        max_tokens=args.max_tokens_per_microbatch,
-                    )
-                    for rows in micro:
-                        # mb_: the micro-batch's part of a step-level tensor
-                        mb_ids = [minibatch[r] for r in rows]
-                        mb = forward.rows(
-                            [prompts[i] for i in mb_ids], [completions[i] for i in mb_ids]
-                        )
-                        cols = slice(-mb.completion_width, None)
+                    for mb_ids, mb, cols in minibatch_rows(minibatch, model, *step_rows):
                         mb_mask = policy_mask[mb_ids, cols].to(device)
                         logp, _ = forward(model, mb)
+                        old_logp = old.logp[mb_ids, cols].to(device)
                         per_token, clipped = clipped_surrogate(
                             logp,
-                            old.logp[mb_ids, cols].to(device),
+                            old_logp,
                             advantages[mb_ids, cols].to(device),
                             args.epsilon,
                             args.epsilon_high,
@@ -1119,7 +1191,7 @@ def main(args: Args) -> None:
                             kl_sum += kl.detach().sum()
                         accelerator.backward(loss)
                     norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
-                    steps.grad_norm(norm)
+                    grad_norms.append(norm)
                     optimizer.step()
                     scheduler.step()
                     optimizer.zero_grad(set_to_none=True)
@@ -1127,81 +1199,46 @@ def main(args: Args) -> None:
                     clip_fracs.append(clipped_sum / policy_tokens)
                     # the on-policy epoch's KL is the one logged
                     if epoch == 0:
-                        steps.add(kl_sum=kl_sum)
-                    if critic is None:
-                        continue
+                        update_sums.append({"kl_sum": kl_sum})
                     # the critic: the clipped value loss against the GAE returns, its own step
-                    minibatch_value_loss = torch.zeros((), dtype=torch.float64, device=device)
-                    micro = micro_batches(
-                        len(minibatch),
-                        args.micro_batch_size,
-                        accelerator,
-                        critic_model,
-                        lengths=lengths,
-                        max_tokens=args.max_tokens_per_microbatch,
-                    )
-                    for rows in micro:
-                        mb_ids = [minibatch[r] for r in rows]
-                        mb = forward.rows(
-                            [prompts[i] for i in mb_ids], [completions[i] for i in mb_ids]
+                    if critic is not None:
+                        minibatch_value_loss = critic_step(
+                            critic_model,
+                            critic_optimizer,
+                            minibatch,
+                            old,
+                            returns,
+                            has_reward,
+                            minibatch_tokens,
+                            *step_rows,
                         )
-                        cols = slice(-mb.completion_width, None)
-                        with autocast(device, args.dtype):
-                            mb_values = critic_model(mb)
-                        per_token = value_loss(
-                            mb_values,
-                            old.value[mb_ids, cols].to(device),
-                            returns[mb_ids, cols].to(device),
-                            args.cliprange_value,
-                        )
-                        mb_mask = mb.loss_mask * has_reward[mb_ids, None].to(device)
-                        loss = (per_token * mb_mask).sum() / minibatch_tokens
-                        accelerator.backward(loss)
-                        minibatch_value_loss += loss.detach()
-                    accelerator.clip_grad_norm_(critic_model.parameters(), args.max_grad_norm)
-                    critic_optimizer.step()
-                    critic_optimizer.zero_grad(set_to_none=True)
-                    value_losses.append(minibatch_value_loss)
-        # each rank's part of the global token means (the sum over ranks: the global mean)
-        steps.add(loss_sum=update_mean(losses) / world, clip_sum=update_mean(clip_fracs) / world)
-        if critic is not None:
-            steps.add(value_loss_sum=update_mean(value_losses) / world)
+                        value_losses.append(minibatch_value_loss)
 
         # ================ push the new weights to the generator (a no-op for HF generate) ========
         generator.sync_weights(policy)
 
-        # ================ metrics: one reduce over ranks, the shared keys, then the method's =====
-        row = steps.finish(step, scheduler.get_last_lr()[0], scored)
-        row |= pros_ppo_metrics(
-            steps.totals, critic is not None, pros, queries, tree, tree_update, k
+        # ================ metrics: the step's sums over ranks, the shared keys, the method's ======
+        update_means = losses, clip_fracs, value_losses
+        sums = pros_ppo_sums(
+            rewards, correct, truncated, completions, old, gens, *update_means, world
         )
+        lr = scheduler.get_last_lr()[0]
+        row, totals = run_log.step_metrics(
+            step, counters, scored, sums, update_sums, grad_norms, lr, loss_per=None
+        )
+        row |= pros_ppo_metrics(totals, critic is not None, pros, queries, tree, tree_update, k)
 
-        # ================ sample log, evaluation, the row, checkpoint, stop ================
-        evaluating = run_log.evaluation_due(step)
-        # a few root and (with PROS) augmented rollouts
-        if run_log.samples.due(step, evaluating):
-            kinds = ["augmented" if prefixes[i // k] else "root" for i in range(num_rollouts)]
-            picks = run_log.samples.pick(kinds)
-            sample_log_rows = sample_rows(
-                tokenizer,
-                my_queries,
-                prompts,
-                completions,
-                rewards,
-                truncated,
-                advantages,
-                mask,
-                scored,
-                k,
-                pros,
-                picks,
-            )
-            run_log.samples.log(step, sample_log_rows)
-        if evaluating:
-            with steps.phase("eval"):
+        # ================ evaluation, sample log, the row, checkpoint, stop ================
+        if run_log.evaluation_due(step):
+            with run_log.timing("eval"):
                 row.update(run_eval())
-        run_log.end_step(row, steps.end(row), threads, compiled)
-        stopping = stop.agreed(accelerator)
+        # a few root and (with PROS) augmented rollouts
+        if run_log.samples_due(step):
+            rollouts = my_queries, prompts, completions, rewards, truncated, advantages, mask
+            picked = sample_rows(tokenizer, *rollouts, scored, k, pros, args)
+            run_log.write_samples(step, picked)
+        run_log.write_row(row, compiled)
+        stopping = stop.any_rank_signalled(accelerator)
         if checkpoints.due(step, stopping):
             # [PROS] (also in PPO / GRPO: the empty tree and its RNG)
             method_state = {"tree": tree.state_dict(), "rng": pros_rng.bit_generator.state}

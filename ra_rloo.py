@@ -60,7 +60,6 @@ from common.model.policy import autocast
 from common.rl.advantages import zero_variance
 from common.rl.logprobs import Forward, score_completions
 from common.rl.losses import kl_k3
-from common.rl.masking import right_align
 from common.run.checkpoint import Checkpoints
 from common.run.export import export_model
 from common.run.flags import (
@@ -76,7 +75,7 @@ from common.run.flags import (
     TrainingFlags,
     parse_args,
 )
-from common.run.logs import RunLog
+from common.run.logs import RunLog, first_of_each_kind
 from common.run.process import GracefulStop, end_processes
 from common.run.setup import (
     load_training_policy,
@@ -91,7 +90,7 @@ from common.run.setup import (
     shard_models,
     start_run,
 )
-from common.run.step_metrics import StepMetrics
+from common.run.step_metrics import rollout_sums
 from common.run.summary import run_summary
 from common.tasks.evaluation import evaluate, evaluate_policy
 from common.tasks.loading import PromptEncoder, PromptSampler
@@ -296,24 +295,67 @@ def rloo_normaliser(prompts_per_step: int, k: int, world: int, max_completion_le
     return prompts_per_step * k / world * max_completion_length
 
 
-def sample_rows(step_samples: dict, tokenizer, picks: list[int]) -> list[dict]:
-    """samples.jsonl rows of the picked rollouts: fresh ones with their reward columns, replayed
-    ones with their importance weight."""
+def keep_successes(buffers, examples, gens, fresh_success, scored, args, accelerator) -> None:
+    """[RA-RLOO] Append each fresh success, with its log pi_old(y|x) from the generator, to its
+    prompt's FIFO; gathered over ranks, so every rank keeps the same buffers."""
+    k = args.num_generations
+    new_successes = []
+    for i, ids in enumerate(gens.completion_ids):
+        if fresh_success.view(-1)[i]:
+            logp_old = float(sum(gens.logprobs[i]))
+            new_successes.append((examples[i // k].id, list(ids), logp_old, scored.total[i]))
+    for prompt_id, response, logp_old, reward in gather_list(accelerator, new_successes):
+        buffer = buffers.setdefault(prompt_id, deque(maxlen=args.buffer_capacity))
+        buffer.append((np.asarray(response, np.int32), logp_old, float(reward)))
+
+
+def ra_rloo_sums(fresh_rewards, rewards, fresh_success, is_replay, truncated, gens) -> dict:
+    """The step's sums: the fresh rollouts' (`rollout_sums`, before the splice: a NaN reward is out
+    of reward_mean / _std) and [RA-RLOO] (also in RLOO: as before the splice) the groups' after it;
+    the replays' importance weights start at 0 (the update adds them). All [groups, K]."""
+    success, zero_var = fresh_success.sum(), zero_variance(fresh_rewards).sum()
+    groups, cut = len(fresh_rewards), truncated.sum()
+    return rollout_sums(groups, fresh_rewards, success, zero_var, cut, gens.completion_ids) | {
+        "zero_var_post": zero_variance(rewards).sum(),
+        "fired": is_replay.any(-1).sum(),
+        "no_success_post": (~(fresh_success | is_replay).any(-1)).sum(),
+        "w_sum": 0.0,
+        "w_n": 0.0,
+    }
+
+
+def sample_rows(
+    prompts,
+    completions,
+    rewards,
+    advantages,
+    truncated,
+    scored,
+    is_replay,
+    is_weights,
+    tokenizer,
+    args,
+) -> list[dict]:
+    """samples.jsonl rows of the first --log_samples_per_kind rollouts of each kind: fresh ones with
+    their reward columns, replayed ones with their importance weight. One entry per rollout
+    (`rewards`, `is_replay`: [groups, K])."""
+    rewards, is_replay = rewards.view(-1), is_replay.flatten()
+    kinds = ["replayed" if replay else "fresh" for replay in is_replay.tolist()]
     rows = []
-    for i in picks:
-        replayed = bool(step_samples["is_replay"][i])
+    for i in first_of_each_kind(kinds, args.log_samples_per_kind):
+        replayed = bool(is_replay[i])
         row = {
-            "kind": "replayed" if replayed else "fresh",
-            "prompt": tokenizer.decode(step_samples["prompts"][i]),
-            "completion": tokenizer.decode(step_samples["completions"][i]),
-            "reward": step_samples["rewards"][i].item(),
-            "advantage": step_samples["advantages"][i].item(),
-            "truncated": bool(step_samples["truncated"][i]) and not replayed,
+            "kind": kinds[i],
+            "prompt": tokenizer.decode(prompts[i]),
+            "completion": tokenizer.decode(completions[i]),
+            "reward": rewards[i].item(),
+            "advantage": advantages[i].item(),
+            "truncated": bool(truncated[i]) and not replayed,
         }
         if replayed:
-            row["is_weight"] = step_samples["is_weights"][i].item()
+            row["is_weight"] = is_weights[i].item()
         else:
-            row.update(step_samples["scored"].columns(i))
+            row.update(scored.columns(i))
         rows.append(row)
     return rows
 
@@ -410,19 +452,18 @@ def main(args: Args) -> None:
     if start_step == 0:
         run_log.first_row(run_eval(), compiled)
     k = args.num_generations
-    # the step's sums, recorded where computed, and its phase times; `loss` is per sequence
-    # the replay's sums are added in the micro-batch loop, which a rank with no rows skips
-    steps = StepMetrics(accelerator, counters, loss_per="rollouts", method_sums=("w_sum", "w_n"))
     forward = Forward(tokenizer.pad_token_id, device, args.dtype, temperature, pack, compiled)
+    # one constant normaliser, samples x max tokens over all ranks: no length bias
+    normaliser = rloo_normaliser(
+        args.prompts_per_step, k, accelerator.num_processes, args.max_completion_length
+    )
 
     for step in range(start_step + 1, args.max_steps + 1):
-        steps.begin()
-        # a shared CPU: fit the cores the other processes leave free (fixed by --num_threads)
-        threads = cpu_threads.count(torch.get_num_threads())
-        torch.set_num_threads(threads)
+        # a shared CPU: torch's threads fit the cores other processes leave free (--num_threads)
+        run_log.start_step(cpu_threads)
 
         # ================ sample: K rollouts for each of this rank's prompts ================
-        with steps.phase("gen"):
+        with run_log.timing("gen"):
             # strided: rank r takes every world-th prompt of the step
             prompt_ids = my_slice(sampler.next_ids(args.prompts_per_step), accelerator)
             examples = [task.train[i] for i in prompt_ids]
@@ -434,27 +475,18 @@ def main(args: Args) -> None:
         completions = [list(completion) for completion in gens.completion_ids]
 
         # ================ verify: cut completions get 0 from the built-in rewards ================
-        with steps.phase("reward"):
+        with run_log.timing("reward"):
             texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in completions]
             truncated = torch.tensor([reason == "length" for reason in gens.finish_reasons])
             prompt_of = [examples[i // k] for i in range(len(texts))]
             scored = task.score(texts, prompt_of, completions, truncated, step)
         # NaN: no reward function scored the completion
-        rewards = torch.tensor(scored.total).view(-1, k).float()  # [groups, K]
+        fresh_rewards = torch.tensor(scored.total).view(-1, k).float()  # [groups, K]
         fresh_success = torch.tensor(scored.success, dtype=torch.bool).view(-1, k)  # [groups, K]
-        # the fresh rollouts' figures, before the splice (a NaN reward: out of reward_mean / _std)
-        steps.add_rewards(rewards)
-        steps.add(
-            groups=len(rewards),
-            rollouts=rewards.numel(),
-            gen_tokens=sum(map(len, gens.completion_ids)),
-            success=fresh_success.sum(),
-            zero_var=zero_variance(rewards).sum(),
-            truncated=truncated.sum(),
-        )
 
         # ================ [RA-RLOO] splice a stored success into groups that need one (Sec. 3.1)
-        # [RA-RLOO] (also in RLOO: NaN everywhere, no replay)
+        # [RA-RLOO] (also in RLOO: the fresh rewards, NaN everywhere, no replay)
+        rewards = fresh_rewards.clone()
         replay_logp_old = torch.full(rewards.shape, float("nan"))
         # [RA-RLOO]
         if args.replay != "none":
@@ -462,14 +494,7 @@ def main(args: Args) -> None:
             replay_logp_old = splice_replays(
                 group_prompt_ids, completions, rewards, fresh_success, buffers, args.replay, random
             )
-
         is_replay = ~torch.isnan(replay_logp_old)
-        # [RA-RLOO] (also in RLOO: as before the splice) the groups after it
-        steps.add(
-            zero_var_post=zero_variance(rewards).sum(),
-            fired=is_replay.any(-1).sum(),
-            no_success_post=(~(fresh_success | is_replay).any(-1)).sum(),
-        )
         # --mask_truncated_completions: cut completions get no gradient (a replay is a whole
         # success)
         keep = torch.ones(len(texts), dtype=torch.bool)
@@ -483,28 +508,21 @@ def main(args: Args) -> None:
         keep = keep.to(device)
 
         # ================ update: REINFORCE with the LOO baseline + k3 KL to the reference ========
-        with steps.phase("update"):
+        with run_log.timing("update"):
             flat_prompts = [prompt for prompt in prompts for _ in range(k)]
-            # one constant normaliser, samples x max tokens over all ranks: no length bias
-            normaliser = rloo_normaliser(
-                args.prompts_per_step, k, accelerator.num_processes, args.max_completion_length
-            )
             # [RA-RLOO] (also in RLOO: all 1) each row's importance weight, for the sample log
             is_weights = torch.ones(len(completions), device=device)
-            # a host list: which rows are replays, read per row without a device sync
-            replay_rows = is_replay.flatten().tolist()
+            # the generator's log-probs of the fresh rollouts (a replay has none)
+            replays = is_replay.flatten().tolist()
+            sampler_logprobs = [[] if rep else lps for rep, lps in zip(replays, gens.logprobs)]
             lengths = [len(prompt) + len(ids) for prompt, ids in zip(flat_prompts, completions)]
+            budget = args.micro_batch_size, args.max_tokens_per_microbatch
             micro = micro_batches(
-                len(completions),
-                args.micro_batch_size,
-                accelerator,
-                model,
-                peers=(ref_model,),
-                lengths=lengths,
-                max_tokens=args.max_tokens_per_microbatch,
+                len(completions), budget[0], accelerator, model, (ref_model,), lengths, budget[1]
             )
+            update_sums = []
             for rows in micro:
-                mb = forward.rows([flat_prompts[r] for r in rows], [completions[r] for r in rows])
+                mb = forward.rows_at(rows, flat_prompts, completions, sampler_logprobs)
                 logp, entropy = forward(model, mb)
                 mask = mb.loss_mask * keep[rows][:, None]  # [rows, width]
                 seq_logp = (logp * mask).sum(-1)  # [rows]
@@ -520,22 +538,18 @@ def main(args: Args) -> None:
                 if ref_model is not None:
                     ref_logp, _ = forward(ref_model, mb, grad=False)
                     kl_sum = (kl_k3(logp, ref_logp) * mask).sum()
-                    steps.add(kl_sum=kl_sum)
-                loss = rloo_loss(pg_sum, kl_sum, args.beta, normaliser)
-                accelerator.backward(loss)
-                # logged `loss`: -A log pi(y|x) per sequence, the KL excluded
-                steps.add(loss_sum=pg_sum, ent_sum=(entropy * mask).sum(), tok=mask.sum())
-                # [RA-RLOO] (also in RLOO: 0, no replay) the replays' mean importance weight
-                steps.add(w_sum=torch.where(rep, weight, torch.zeros_like(weight)).sum())
-                steps.add(w_n=rep.sum())
+                accelerator.backward(rloo_loss(pg_sum, kl_sum, args.beta, normaliser))
                 # sampler/trainer agreement on fresh rollouts, before any update (this pass is
                 # the first)
                 fresh_mask = mb.loss_mask * (~rep)[:, None]
-                fresh_logprobs = [[] if replay_rows[r] else gens.logprobs[r] for r in rows]
-                sampler_logp = right_align(fresh_logprobs, mb.completion_width).to(device)
-                gap = (logp.detach() - sampler_logp).abs() * fresh_mask
-                steps.add(gap_sum=gap.sum(), gap_tok=fresh_mask.sum())
-            steps.grad_norm(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+                gap = (logp.detach() - mb.sampler_logp).abs() * fresh_mask
+                # logged `loss`: -A log pi(y|x) per sequence, the KL excluded
+                sums = dict(loss_sum=pg_sum, kl_sum=kl_sum, ent_sum=(entropy * mask).sum())
+                sums |= dict(tok=mask.sum(), gap_sum=gap.sum(), gap_tok=fresh_mask.sum())
+                # [RA-RLOO] (also in RLOO: 0, no replay) the replays' importance weights
+                sums |= dict(w_sum=torch.where(rep, weight, 0.0).sum(), w_n=rep.sum())
+                update_sums.append(sums)
+            grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -544,44 +558,27 @@ def main(args: Args) -> None:
         generator.sync_weights(policy)
 
         # ================ [RA-RLOO] append each fresh success to its prompt's FIFO ================
-        # [RA-RLOO] (also in RLOO: nothing to keep) gathered: every rank keeps the same buffers
-        new_successes = []
+        # [RA-RLOO]
         if args.replay != "none":
-            for i, ids in enumerate(gens.completion_ids):
-                if fresh_success.view(-1)[i]:
-                    logp_old = float(sum(gens.logprobs[i]))
-                    new_successes.append(
-                        (examples[i // k].id, list(ids), logp_old, scored.total[i])
-                    )
-        for prompt_id, response, logp_old, reward in gather_list(accelerator, new_successes):
-            buffer = buffers.setdefault(prompt_id, deque(maxlen=args.buffer_capacity))
-            buffer.append((np.asarray(response, np.int32), logp_old, float(reward)))
+            keep_successes(buffers, examples, gens, fresh_success, scored, args, accelerator)
 
-        # ================ metrics: one reduce over ranks, the shared keys, then the method's =====
-        row = steps.finish(step, scheduler.get_last_lr()[0], scored)
-        row |= ra_rloo_metrics(steps.totals, buffers)
-        # ================ sample log, evaluation, the row, checkpoint, stop ================
-        evaluating = run_log.evaluation_due(step)
-        # a few fresh and (with replay) replayed rollouts to samples.jsonl
-        if run_log.samples.due(step, evaluating):
-            kinds = ["replayed" if rep else "fresh" for rep in is_replay.flatten().tolist()]
-            step_samples = {
-                "prompts": flat_prompts,
-                "completions": completions,
-                "rewards": rewards.view(-1),
-                "advantages": advantages,
-                "truncated": truncated,
-                "is_replay": is_replay.flatten(),
-                "is_weights": is_weights,
-                "scored": scored,
-            }
-            picks = run_log.samples.pick(kinds)
-            run_log.samples.log(step, sample_rows(step_samples, tokenizer, picks))
-        if evaluating:
-            with steps.phase("eval"):
+        # ================ metrics: the step's sums over ranks, the shared keys, the method's ======
+        sums = ra_rloo_sums(fresh_rewards, rewards, fresh_success, is_replay, truncated, gens)
+        lr, norms = scheduler.get_last_lr()[0], [grad_norm]
+        row, totals = run_log.step_metrics(step, counters, scored, sums, update_sums, norms, lr)
+        row |= ra_rloo_metrics(totals, buffers)
+
+        # ================ evaluation, sample log, the row, checkpoint, stop ================
+        if run_log.evaluation_due(step):
+            with run_log.timing("eval"):
                 row.update(run_eval())
-        run_log.end_step(row, steps.end(row), threads, compiled)
-        stopping = stop.agreed(accelerator)
+        if run_log.samples_due(step):
+            rollouts = flat_prompts, completions, rewards, advantages, truncated, scored
+            run_log.write_samples(
+                step, sample_rows(*rollouts, is_replay, is_weights, tokenizer, args)
+            )
+        run_log.write_row(row, compiled)
+        stopping = stop.any_rank_signalled(accelerator)
         if checkpoints.due(step, stopping):
             # [RA-RLOO] (also in RLOO: empty) the buffers
             method_state = {"buffers": buffers_state(buffers)}

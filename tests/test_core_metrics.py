@@ -152,3 +152,45 @@ def test_every_optimizer_steps_on_gradients_clipped_to_max_grad_norm(short_run, 
     over = [norm for _, norm in steps if norm > max_norm * (1 + 1e-5)]
     assert not over, f"optimizer steps on gradient norms {over} > --max_grad_norm {max_norm}"
     assert max(policy_steps) > 0.5 * max_norm  # the spy saw real gradients, clipped
+
+
+def test_micro_batch_sums_added_up_equal_python_sums_of_items_bit_for_bit():
+    """`add_up` of one dict per micro-batch reproduces the float64 sum of `.item()`s in loop order,
+    and `step_totals` + `step_metrics` give what the collector gives for the same values."""
+    from common.run.step_metrics import StepClock, add_up, step_metrics, step_totals
+
+    rng = random.Random(0)
+    values = [torch.tensor([rng.uniform(-1e3, 1e3) for _ in range(7)]).sum() for _ in range(50)]
+    by_items = 0.0
+    for value in values:
+        by_items += value.item()
+    assert add_up([{"loss_sum": value} for value in values])["loss_sum"] == by_items
+    steps = StepMetrics(_OneRank(), {"rollouts": 0, "gen_tokens": 0})
+    for value in values:
+        steps.add(loss_sum=value, rollouts=1)
+    old = steps.finish(1, 0.1, _NoRewardKeys())
+    clock = StepClock(torch.device("cpu"))
+    totals = step_totals(_OneRank(), clock, {"rollouts": 50}, [{"loss_sum": v} for v in values])
+    counters = {"rollouts": 0, "gen_tokens": 0}
+    new = step_metrics(1, totals, counters, [], 0.1, _NoRewardKeys(), _OneRank(), "rollouts")
+    assert totals["loss_sum"] == by_items and new["loss"] == old["loss"] == by_items / 50
+    same = lambda a, b: a == b or (a != a and b != b)  # noqa: E731 (NaN: no gradient norm)
+    assert list(new) == list(old) and all(same(new[key], old[key]) for key in old), (old, new)
+    assert counters == {"rollouts": 50, "gen_tokens": 0}
+
+
+def test_the_step_clock_adds_up_to_the_step_and_its_phases_do_not_nest():
+    from common.run.step_metrics import StepClock
+
+    clock = StepClock(torch.device("cpu"))
+    with clock.timing("gen"):
+        time.sleep(0.01)
+    with pytest.raises(ValueError, match="phase 'sampling': one of gen"):
+        clock.timing("sampling").__enter__()
+    with pytest.raises(RuntimeError, match="phase 'reward' entered inside phase 'gen'"):
+        with clock.timing("gen"):
+            with clock.timing("reward"):
+                pass
+    times = clock.times()
+    assert times["time/gen_s"] >= 0.01 and times["time/eval_s"] == 0
+    assert sum(times[key] for key in TIME_SPLIT) == pytest.approx(times["time_step_s"], abs=1e-12)

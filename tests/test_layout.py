@@ -28,9 +28,14 @@ LOOP_ORDER = (
     ("optimizer step", r"optimizer\.step\(\)"),
     ("push weights", r"generator\.sync_weights\(policy\)"),
     ("metrics", r"= \w+_metrics\("),
-    ("the row", r"run_log\.end_step\("),
+    ("evaluation", r"run_log\.evaluation_due\("),
+    ("the row", r"run_log\.(end_step|write_row)\("),
     ("checkpoint", r"checkpoints\.save\("),
+    ("stop", r"if stopping:"),
 )
+# the scripts whose step statistics come from the step's tensors in one call at the step's end
+# (`run_log.step_metrics`), none fed through the update to a collector
+ONE_CALL_METRICS = ("ra_rloo.py", "ada_est.py", "ada_seq.py", "pros_ppo.py")
 # the common/ modules one script alone imports, and why they are not in that script
 SINGLE_USER = {
     "common.rl.gibbs": "PROS's Polya-Gamma Gibbs sampler: the method's own primitive, tested on its own",
@@ -276,35 +281,50 @@ def test_the_report_package_reads_along_its_pipeline():
         assert imported <= set(order[:i]), (name, imported - set(order[:i]))
 
 
-def micro_batch_loops(main: ast.FunctionDef) -> list[ast.For]:
-    """main's loops over `micro_batches(...)`, called in the loop's head or bound to a name first."""
+def micro_batch_loops(tree: ast.AST, module: ast.Module) -> list[ast.For]:
+    """The loops over micro-batches in `tree`: over `micro_batches(...)`, called in the loop's head
+    or bound to a name first, or over a generator of the file that deals them (pros_ppo's
+    `minibatch_rows`, shared by the policy's loop and the critic's)."""
+    dealers = {"micro_batches"}
+    for node in module.body:
+        if isinstance(node, ast.FunctionDef) and any(
+            isinstance(inner, ast.Yield) for inner in ast.walk(node)
+        ):
+            if any(
+                getattr(call.func, "id", None) == "micro_batches"
+                for call in ast.walk(node)
+                if isinstance(call, ast.Call)
+            ):
+                dealers.add(node.name)
     names = {
         target.id
-        for node in ast.walk(main)
+        for node in ast.walk(tree)
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
-        if getattr(node.value.func, "id", None) == "micro_batches"
+        if getattr(node.value.func, "id", None) in dealers
         for target in node.targets
         if isinstance(target, ast.Name)
     }
     return [
         node
-        for node in ast.walk(main)
+        for node in ast.walk(tree)
         if isinstance(node, ast.For)
         and (
             (isinstance(node.iter, ast.Name) and node.iter.id in names)
-            or getattr(getattr(node.iter, "func", None), "id", None) == "micro_batches"
+            or getattr(getattr(node.iter, "func", None), "id", None) in dealers
         )
     ]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_step_metrics_are_recorded_where_computed_and_the_method_keeps_its_own(script):
-    # a value is fed to the step's collector as a tensor: `.item()` / `.tolist()` per micro-batch is
-    # a host-device sync per row batch on a GPU; the shared keys are derived once
-    # (common/run/step_metrics.py), so a method's metrics function holds only its mechanism
+    # a micro-batch's sums stay tensors: `.item()` / `.tolist()` per micro-batch is a host-device
+    # sync per row batch on a GPU; the shared keys are derived once (common/run/step_metrics.py),
+    # so a method's metrics function holds only its mechanism
     main = main_function(script)
-    loops = micro_batch_loops(main)
-    assert loops, (script, "no loop over micro_batches(...) found in main")
+    module = ast.parse((ROOT / script).read_text())
+    assert micro_batch_loops(main, module), (script, "no loop over micro-batches found in main")
+    # main's and the file's functions' (a critic's step, a scoring pass)
+    loops = micro_batch_loops(module, module)
     syncs = sorted(
         f"line {node.lineno}: .{node.func.attr}()"
         for loop in loops
@@ -328,3 +348,26 @@ def test_step_metrics_are_recorded_where_computed_and_the_method_keeps_its_own(s
         script,
         f"{method}_metrics: {lines} lines, {params} params",
     )
+
+
+@pytest.mark.parametrize("script", ONE_CALL_METRICS)
+def test_the_step_statistics_are_computed_in_one_call_at_the_step_end(script):
+    # the update records its micro-batches' sums as data; the statistics come from the step's
+    # tensors in one call after the weight push, not from a collector fed through the update
+    main = main_function(script)
+    source = (ROOT / script).read_text()
+    assert "StepMetrics" not in source and "steps.add" not in source, script
+    calls = [
+        node
+        for node in ast.walk(main)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "step_metrics"
+    ]
+    assert len(calls) == 1, (script, "one call of run_log.step_metrics")
+    push = next(
+        node.lineno
+        for node in ast.walk(main)
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "sync_weights"
+    )
+    assert calls[0].lineno > push, (script, "the statistics come after the weight push")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from common.model.policy import autocast
-from common.rl.masking import Batch, pad_sequences, unpad_completion
+from common.rl.masking import Batch, pad_sequences, right_align, unpad_completion
 
 # tokens per chunk: a few float32 [chunk, V] temporaries (0.3 GB each at V = 152k)
 CHUNK_TOKENS = 512
@@ -271,13 +271,24 @@ class Forward:
         self.pad_id, self.device, self.dtype = pad_id, device, dtype
         self.temperature, self.pack_tokens, self.compiled = temperature, pack_tokens, compiled
 
-    def rows(self, prompts, completions, completion_masks=None) -> Batch:
+    def rows(self, prompts, completions, completion_masks=None, sampler_logprobs=None) -> Batch:
         """The rows padded (`pad_sequences`) on the device; a 0 in `completion_masks` leaves that
-        completion token out of `loss_mask`."""
+        completion token out of `loss_mask`; `sampler_logprobs` (the generator's per-token
+        log-probs, one list per row) become `sampler_logp`, aligned with the completion tokens."""
         batch = pad_sequences(
             prompts, completions, self.pad_id, completion_masks, pack_tokens=self.pack_tokens
         )
+        if sampler_logprobs is not None:
+            batch.sampler_logp = right_align(sampler_logprobs, batch.completion_width)
         return batch.to(self.device)
+
+    def rows_at(self, rows: list[int], prompts, completions, sampler_logprobs=None) -> Batch:
+        """`rows` (indices) of the step's prompts, completions and, when given, the generator's
+        log-probs, as `rows` pads them."""
+        pick = [[values[r] for r in rows] for values in (prompts, completions)]
+        if sampler_logprobs is not None:
+            return self.rows(*pick, sampler_logprobs=[sampler_logprobs[r] for r in rows])
+        return self.rows(*pick)
 
     def __call__(self, model, batch: Batch, grad: bool = True, entropy_grad: bool = False):
         """(log p, entropy) under `model`; `grad=False` without autograd (a frozen or old policy),

@@ -26,6 +26,9 @@ class Batch:
     # completion column (b, j) of the padded layout, -1 where that column is padding; every [B, R]
     # result keeps the padded layout
     gather_index: torch.Tensor | None = None
+    # [B, R] the generator's log-prob of each completion token, in the completion region's columns
+    # (0 where it gave none); None unless asked for (`Forward.rows`)
+    sampler_logp: torch.Tensor | None = None
 
     def to(self, device) -> "Batch":
         move = lambda t: None if t is None else t.to(device)  # noqa: E731
@@ -37,6 +40,7 @@ class Batch:
             self.completion_width,
             self.completion_lens,
             move(self.gather_index),
+            move(self.sampler_logp),
         )
 
     def completion_states(self, per_position: torch.Tensor) -> torch.Tensor:

@@ -237,6 +237,18 @@ def written_on_main(accelerator, output_dir, write) -> None:
         stop_every_rank(accelerator, reason)
 
 
+def first_of_each_kind(kinds: list[str], per_kind: int) -> list[int]:
+    """Indices of the first `per_kind` items of each kind (the rollouts worth decoding for
+    samples.jsonl)."""
+    seen: dict[str, int] = {}
+    chosen = []
+    for i, kind in enumerate(kinds):
+        if seen.get(kind, 0) < per_kind:
+            seen[kind] = seen.get(kind, 0) + 1
+            chosen.append(i)
+    return chosen
+
+
 class SampleLogger:
     """samples.jsonl: at chosen steps, up to `per_kind` rollouts of each kind (fresh, replayed,
     prefix...) as JSON rows (step, kind, prompt, completion, reward, advantage and the method's
@@ -265,13 +277,7 @@ class SampleLogger:
 
     def pick(self, kinds: list[str]) -> list[int]:
         """Indices of the first `per_kind` items of each kind (the rows worth decoding)."""
-        seen: dict[str, int] = {}
-        chosen = []
-        for i, kind in enumerate(kinds):
-            if seen.get(kind, 0) < self.per_kind:
-                seen[kind] = seen.get(kind, 0) + 1
-                chosen.append(i)
-        return chosen
+        return first_of_each_kind(kinds, self.per_kind)
 
     def log(self, step: int, rows: list[dict]) -> None:
         from accelerate.utils import gather_object
@@ -349,9 +355,64 @@ class RunLog:
             resume_step,
         )
         self.warned_sampler_gap = False
-        self.script, self.start_step, self.progress = script, start_step, None
+        self.script, self.initial_step, self.progress = script, start_step, None
         if resumed:  # a fresh run opens the bar after its step-0 line (`first_row`)
             self._open_progress()
+
+    def start_step(self, cpu_threads) -> None:
+        """A step begins: torch's thread count fitted to the cores free now (fixed by
+        --num_threads), the step's clock started."""
+        import torch
+
+        from common.run.step_metrics import StepClock
+
+        self.threads = cpu_threads.count(torch.get_num_threads())
+        torch.set_num_threads(self.threads)
+        self.clock = StepClock(self.accelerator.device)
+
+    def timing(self, phase: str):
+        """Context: the block's seconds count as the step's `phase` (time/<phase>_s)."""
+        return self.clock.timing(phase)
+
+    def step_metrics(
+        self,
+        step: int,
+        counters: dict,
+        scored,
+        sums: dict,
+        update: list[dict],
+        grad_norms: list,
+        lr: float,
+        loss_per: str | None = "rollouts",
+    ) -> tuple[dict, dict]:
+        """The step's row of the keys every script logs (docs/metrics.md) and the step's totals over
+        ranks (one all-reduce), from the step's `sums` (`rollout_sums` and the method's) and the
+        update's (one dict per micro-batch); `counters` (the run's rollouts and gen_tokens) grows by
+        the step's. Call on every rank, with the same names."""
+        from common.run.step_metrics import step_metrics, step_totals
+
+        totals = step_totals(self.accelerator, self.clock, sums, update)
+        row = step_metrics(
+            step, totals, counters, grad_norms, lr, scored, self.accelerator, loss_per
+        )
+        return row, totals
+
+    def samples_due(self, step: int) -> bool:
+        """Whether this step writes rollouts to samples.jsonl (--log_samples_every, by default at
+        each evaluation)."""
+        return self.samples.due(step, self.evaluation_due(step))
+
+    def write_samples(self, step: int, rows: list[dict]) -> None:
+        """This rank's rollout rows to samples.jsonl, at most --log_samples_per_kind of each kind
+        over all ranks. Call on every rank."""
+        self.samples.log(step, rows)
+
+    def write_row(self, row: dict, compiled) -> None:
+        """The step's row, with its times, thread count and compile figures, to metrics.jsonl and
+        the tracker; the progress bar moves. Call on every rank."""
+        times = self.clock.times()
+        step_seconds = times.pop("time_step_s")
+        self.end_step(row | times, step_seconds, self.threads, compiled)
 
     def evaluation_due(self, step: int) -> bool:
         """Every --eval_steps steps and at the last step."""
@@ -396,7 +457,7 @@ class RunLog:
 
         self.progress = tqdm(
             total=self.args.max_steps,
-            initial=self.start_step,
+            initial=self.initial_step,
             desc=self.script,
             disable=not self.accelerator.is_main_process,
         )

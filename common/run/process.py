@@ -53,7 +53,7 @@ class GracefulStop:
             "abort)"
         )
 
-    def agreed(self, accelerator) -> bool:
+    def any_rank_signalled(self, accelerator) -> bool:
         """True on every rank when any rank was signalled (all must stop together, or a collective
         hangs)."""
         if reduce_sums(accelerator, {"stop": float(self.requested)})["stop"] == 0:
@@ -63,6 +63,8 @@ class GracefulStop:
             GracefulStop.received[-1] if self.requested else signal.SIGTERM
         )
         return True
+
+    agreed = any_rank_signalled  # the name ps_grpo.py still calls
 
     @staticmethod
     def exit_status() -> int:

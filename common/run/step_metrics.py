@@ -1,24 +1,26 @@
-"""A step's metrics, recorded where each value is computed and reduced over ranks once.
+"""A step's metrics: its sums, reduced over ranks once, and the keys every script logs.
 
-The loop feeds named sums as it goes (tensors stay on the device: no host sync per micro-batch),
-times its phases where they happen, and at the step's end one packed reduction gives every rank the
-same totals, from which the keys every script logs are derived here (docs/metrics.md); a method's
-own figures come from the same totals (`StepMetrics.totals`).
+The step's statistics come from its tensors at the step's end: the rollouts' sums (`rollout_sums`)
+and the method's, the update's sums as one dict of tensors per micro-batch (no host sync per
+micro-batch), and the phase times (`StepClock`). One packed all-reduce gives every rank the same
+totals (`step_totals`), from which the keys every script logs are derived (`step_metrics`,
+docs/metrics.md); a method's own figures come from the same totals. `RunLog.step_metrics`
+(common/run/logs.py) makes the call:
 
-    steps = StepMetrics(accelerator, counters, loss_per="rollouts")
-    for step in ...:
-        steps.begin()
-        with steps.phase("gen"):
-            ...
-        steps.add(rollouts=len(completions), truncated=n_cut, ...)
-        steps.add_rewards(rewards)
-        for rows in micro:
-            ...
-            steps.add(loss_sum=pg_sum, tok=mask.sum())
-        steps.grad_norm(norm)
-        row = steps.finish(step, lr, scored)
-        row |= method_metrics(steps.totals, ...)
-        run_log.end_step(row, steps.end(row), threads, compiled)
+    run_log.start_step(cpu_threads)
+    with run_log.timing("gen"):
+        ...
+    update_sums = []
+    for rows in micro:
+        ...
+        update_sums.append(dict(loss_sum=pg_sum, ent_sum=(entropy * mask).sum(), tok=mask.sum()))
+    ...
+    sums = rollout_sums(rewards, success, truncated, completion_ids) | method_sums
+    row, totals = run_log.step_metrics(step, counters, scored, sums, update_sums, [norm], lr)
+    row |= method_metrics(totals, ...)
+    run_log.write_row(row, compiled)
+
+`StepMetrics` is the same arithmetic as a collector fed during the step (`add`, `phase`, `finish`).
 """
 
 from __future__ import annotations
@@ -140,41 +142,10 @@ class StepMetrics:
         # the method's names sorted: the same packing on every rank, whatever order they came in
         sums.update(sorted(self.sums.items()))
         sums["t_gen"], sums["t_train"] = self.seconds["gen"], self.seconds["update"]
-        self.totals = totals = self._reduce(sums)
-        world = self.accelerator.num_processes
-        self.counters["rollouts"] += int(totals["rollouts"])
-        self.counters["gen_tokens"] += int(totals["gen_tokens"])
-        samples = max(1.0, totals["rollouts"])
-        tokens = max(1.0, totals["tok"])
-        reward_mean, reward_std = reward_moments(totals, totals["reward_n"])
-        loss = totals["loss_sum"]
-        if self.loss_per is not None:
-            if self.loss_per not in totals:
-                raise KeyError(f"loss_per={self.loss_per!r}: no sum of that name was added")
-            loss /= max(1.0, totals[self.loss_per])
-        norms = [float(norm) for norm in self.norms]
-        return {
-            "step": step,
-            "rollouts": self.counters["rollouts"],
-            "gen_tokens": self.counters["gen_tokens"],
-            "reward_mean": reward_mean,
-            "reward_std": reward_std,
-            "pass_rate": totals["success"] / max(1.0, totals["reward_n"]),
-            **scored.metrics(self.accelerator),
-            "frac_zero_var_groups": totals["zero_var"] / max(1.0, totals["groups"]),
-            "completion_len_mean": totals["gen_tokens"] / samples,
-            "clipped_ratio": totals["truncated"] / samples,
-            "loss": loss,
-            "kl": totals["kl_sum"] / tokens,
-            "entropy": totals["ent_sum"] / tokens,
-            "grad_norm": float(np.mean(norms)) if norms else math.nan,
-            "lr": lr,
-            "time_gen_s": totals["t_gen"] / world,
-            "time_train_s": totals["t_train"] / world,
-            "sampler_logp_diff": totals["gap_sum"] / totals["gap_tok"]
-            if totals["gap_tok"]
-            else None,
-        }
+        self.totals = totals = sum_over_ranks(self.accelerator, sums)
+        return step_metrics(
+            step, totals, self.counters, self.norms, lr, scored, self.accelerator, self.loss_per
+        )
 
     def end(self, row: dict) -> float:
         """Add this rank's phase times to `row` (time/<phase>_s, and time/other_s: the step less
@@ -190,24 +161,148 @@ class StepMetrics:
             torch.cuda.synchronize(self.accelerator.device)
         return time.perf_counter()
 
-    def _reduce(self, sums: dict) -> dict:
-        """Every named sum over ranks in one float64 all-reduce and one copy to the host."""
-        device = self.accelerator.device
-        names = list(sums)
-        # numbers and host tensors go to the device in one copy; device tensors are stacked there
-        numbers = [
-            i
-            for i, name in enumerate(names)
-            if not torch.is_tensor(sums[name]) or sums[name].device.type == "cpu"
-        ]
-        packed = [None] * len(names)
-        cpu = torch.tensor([float(sums[names[i]]) for i in numbers], dtype=torch.float64)
-        for i, value in zip(numbers, cpu.to(device).unbind()):
-            packed[i] = value
-        for i, name in enumerate(names):
-            if packed[i] is None:
-                packed[i] = sums[name].to(device).reshape(())
-        total = torch.stack(packed)
-        if self.accelerator.num_processes > 1:
-            total = self.accelerator.reduce(total, reduction="sum")
-        return dict(zip(names, total.tolist()))
+
+class StepClock:
+    """One step's wall clock: the seconds of each phase (time/<phase>_s), the rest (time/other_s)
+    and the whole step (time_step_s). On a GPU the queued work belongs to the phase that queued it:
+    one sync per boundary."""
+
+    def __init__(self, device):
+        self.sync = device.type == "cuda"
+        self.device = device
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self.open = None
+        self.start = self.now()
+
+    def now(self) -> float:
+        if self.sync:
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    @contextmanager
+    def timing(self, phase: str):
+        """Add the block's seconds to `phase`."""
+        if phase not in self.seconds:
+            raise ValueError(f"phase {phase!r}: one of {', '.join(PHASES)}")
+        if self.open:
+            # a phase inside another would count its seconds twice
+            raise RuntimeError(f"phase {phase!r} entered inside phase {self.open!r}")
+        self.open, start = phase, self.now()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += self.now() - start
+            self.open = None
+
+    def times(self) -> dict:
+        """time/<phase>_s for each phase, time/other_s and time_step_s, up to now."""
+        step_seconds = self.now() - self.start
+        times = {f"time/{name}_s": seconds for name, seconds in self.seconds.items()}
+        times["time/other_s"] = step_seconds - sum(self.seconds.values())
+        return times | {"time_step_s": step_seconds}
+
+
+def rollout_sums(groups, rewards, success, zero_var, truncated, completion_ids) -> dict:
+    """The step's rollouts as the sums the shared keys read: `groups` (a count), every rollout's
+    reward (`rewards`, a tensor or list of any shape: rollouts; NaN where no function scored it,
+    out of reward_mean / _std), the counts `success`, `zero_var` (groups whose rewards are all
+    equal) and `truncated`, and the generated tokens of `completion_ids`."""
+    values = np.asarray(
+        rewards.tolist() if hasattr(rewards, "tolist") else rewards, dtype=np.float64
+    ).ravel()
+    return {
+        "groups": groups,
+        "rollouts": values.size,
+        "gen_tokens": sum(map(len, completion_ids)),
+        "success": success,
+        "zero_var": zero_var,
+        "truncated": truncated,
+        "reward_n": values.size,
+        **reward_sums(values),
+    }
+
+
+def add_up(per_micro_batch: list[dict]) -> dict:
+    """Each name's sum over the micro-batches, in their order, in float64 (tensors stay on their
+    device)."""
+    sums: dict = {}
+    for values in per_micro_batch:
+        for name, value in values.items():
+            value = _exact(value)
+            # value + total, not total + value: a tensor then keeps the sum on its device
+            sums[name] = value + sums[name] if name in sums else value + 0.0
+    return sums
+
+
+def step_totals(accelerator, clock: StepClock, sums: dict, update: list[dict]) -> dict:
+    """Every sum of the step over ranks, in one float64 all-reduce: the step's `sums` (e.g.
+    `rollout_sums` and the method's), the update's (one dict per micro-batch, added in their
+    order), and the sampling and update seconds. Every rank gives the same names."""
+    added = add_up([sums, *update])
+    # the shared names first, then the method's sorted: the same packing on every rank
+    packed = {name: added.get(name, 0.0) for name in GENERIC_SUMS}
+    packed |= {name: added[name] for name in sorted(added) if name not in packed}
+    packed["t_gen"], packed["t_train"] = clock.seconds["gen"], clock.seconds["update"]
+    return sum_over_ranks(accelerator, packed)
+
+
+def step_metrics(step, totals, counters, grad_norms, lr, scored, accelerator, loss_per) -> dict:
+    """The keys every script logs (docs/metrics.md), from the step's `totals` over ranks;
+    `counters` (the run's rollouts and gen_tokens so far, kept in the checkpoint) grows by the
+    step's. `loss_per` names the total the summed loss is divided by (None: the loss was summed as
+    its final value)."""
+    world = accelerator.num_processes
+    counters["rollouts"] += int(totals["rollouts"])
+    counters["gen_tokens"] += int(totals["gen_tokens"])
+    samples = max(1.0, totals["rollouts"])
+    tokens = max(1.0, totals["tok"])
+    reward_mean, reward_std = reward_moments(totals, totals["reward_n"])
+    loss = totals["loss_sum"]
+    if loss_per is not None:
+        if loss_per not in totals:
+            raise KeyError(f"loss_per={loss_per!r}: no sum of that name was added")
+        loss /= max(1.0, totals[loss_per])
+    norms = [float(norm) for norm in grad_norms]
+    return {
+        "step": step,
+        "rollouts": counters["rollouts"],
+        "gen_tokens": counters["gen_tokens"],
+        "reward_mean": reward_mean,
+        "reward_std": reward_std,
+        "pass_rate": totals["success"] / max(1.0, totals["reward_n"]),
+        **scored.metrics(accelerator),
+        "frac_zero_var_groups": totals["zero_var"] / max(1.0, totals["groups"]),
+        "completion_len_mean": totals["gen_tokens"] / samples,
+        "clipped_ratio": totals["truncated"] / samples,
+        "loss": loss,
+        "kl": totals["kl_sum"] / tokens,
+        "entropy": totals["ent_sum"] / tokens,
+        "grad_norm": float(np.mean(norms)) if norms else math.nan,
+        "lr": lr,
+        "time_gen_s": totals["t_gen"] / world,
+        "time_train_s": totals["t_train"] / world,
+        "sampler_logp_diff": totals["gap_sum"] / totals["gap_tok"] if totals["gap_tok"] else None,
+    }
+
+
+def sum_over_ranks(accelerator, sums: dict) -> dict:
+    """Every named sum over ranks in one float64 all-reduce and one copy to the host."""
+    device = accelerator.device
+    names = list(sums)
+    # numbers and host tensors go to the device in one copy; device tensors are stacked there
+    numbers = [
+        i
+        for i, name in enumerate(names)
+        if not torch.is_tensor(sums[name]) or sums[name].device.type == "cpu"
+    ]
+    packed = [None] * len(names)
+    cpu = torch.tensor([float(sums[names[i]]) for i in numbers], dtype=torch.float64)
+    for i, value in zip(numbers, cpu.to(device).unbind()):
+        packed[i] = value
+    for i, name in enumerate(names):
+        if packed[i] is None:
+            packed[i] = sums[name].to(device).reshape(())
+    total = torch.stack(packed)
+    if accelerator.num_processes > 1:
+        total = accelerator.reduce(total, reduction="sum")
+    return dict(zip(names, total.tolist()))
