@@ -44,6 +44,7 @@ class Context:
     script: str
     declared: dict = field(default_factory=dict)
     key: str = ""
+    given: set = field(default_factory=set)  # this script's flags the user set elsewhere
 
     def value(self, flag: str):
         """The flag's value as the file sets it, else the script's default (None: no such flag)."""
@@ -263,6 +264,8 @@ def _max_steps(value, ctx: Context) -> dict:
 @says("ignored beside max_steps (as in TRL); alone refused: give max_steps", reads=("max_steps",))
 def _epochs(value, ctx: Context) -> dict:
     if isinstance(ctx.config.get("max_steps"), int) and ctx.config["max_steps"] > 0:
+        return {}
+    if "max_steps" in ctx.given:  # --max_steps beside it, on the command line or in the file
         return {}
     raise Refusal("this script counts policy updates: give max_steps (a step = prompts_per_step)")
 
@@ -696,7 +699,7 @@ def script_name(cls) -> str:
 
 
 def translate(
-    data: dict, cls, heading: str, where=None, known=None
+    data: dict, cls, heading: str, where=None, known=None, given=()
 ) -> tuple[list[tuple[str, str, object]], list[str], list[str]]:
     """The keys of `data` (a --config file's, or TRL names typed on the command line) as (key, flag,
     value) settings, TRL's keys through TABLE (any other key is left for the caller to check as a
@@ -704,7 +707,8 @@ def translate(
     each key this script cannot honour, blamed on that key alone (a refusal that follows from
     another refused key, as epsilon's from num_iterations', is that key's). `where(key)` names a
     key in those lines (default: `heading: key 'name'`); converters also read `known`, the script's
-    flag values so far (default: its defaults)."""
+    flag values so far (default: its defaults), and `given`, the flags the user set outside
+    `data`."""
     flags = {
         f.name: None if f.default is dataclasses.MISSING else f.default
         for f in dataclasses.fields(cls)
@@ -712,7 +716,9 @@ def translate(
     flags.update(known or {})
     noun = "flags" if where else "keys"  # the command line's names, or a file's
     where = where or (lambda key: f"{heading}: key {key!r}")
-    ctx = Context(data, flags, script_name(cls), dict(getattr(cls, "trl_equivalents", {})))
+    ctx = Context(
+        data, flags, script_name(cls), dict(getattr(cls, "trl_equivalents", {})), given=set(given)
+    )
     settings, mapped, kept, ignored = [], {}, [], []
     refused: dict[str, str] = {}
     reads: dict[str, tuple] = {}  # the other keys a refusal's test read
