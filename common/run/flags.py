@@ -709,7 +709,7 @@ def load_config(path: str, parser: argparse.ArgumentParser, cls, problems=None, 
     name the file and the key, every one of them (appended to `problems`, else raised together)."""
     import yaml  # PyYAML (a dependency of transformers and accelerate); JSON is YAML
 
-    from common.run.trl_config import translate
+    from common.run.trl_config import left_out_defaults, translate
 
     try:
         data = yaml.safe_load(Path(path).read_text())
@@ -723,6 +723,8 @@ def load_config(path: str, parser: argparse.ArgumentParser, cls, problems=None, 
     found: list[str] = []
     # `given`: the flags the command line sets (they win over the file's keys)
     settings, notes, refused = translate(data, cls, f"--config {path}", given=given)
+    defaults = left_out_defaults(data, cls, f"--config {path}", given)
+    notes += [defaults] if defaults else []
     found += refused
     if os.environ.get("RANK", "0") == "0":  # the run's first lines, once a run
         for note in notes:

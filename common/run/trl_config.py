@@ -692,6 +692,52 @@ TABLE: dict[str, Flag | Refused | Ignored] = {
 
 # ---------------------------------------------------------------- reading a file
 
+# TRL 1.16 GRPOConfig's defaults of the keys whose default here differs in some script: a file
+# that leaves one out trains with this script's value, which its first lines name
+TRL_GRPO_DEFAULTS = {
+    "beta": 0.0,
+    "learning_rate": 1e-6,
+    "num_generations": 8,
+    "max_completion_length": 512,
+    "lr_scheduler_type": "linear",
+    "warmup_steps": 0,
+    "epsilon_high": None,
+    "scale_rewards": "group",
+    "seed": 42,
+    "gradient_checkpointing": True,
+}
+
+
+def left_out_defaults(data: dict, cls, heading: str, given=()) -> str | None:
+    """The line naming the TRL GRPOConfig defaults that differ here, for the keys a TRL file
+    (one with a key that is no flag of this script) leaves out and the command line does not set;
+    None for any other file (a run's args.json) or when none differs."""
+    flags = {
+        f.name: None if f.default is dataclasses.MISSING else f.default
+        for f in dataclasses.fields(cls)
+    }
+    if not any(key in TABLE and key not in flags for key in data):
+        return None
+    ctx = Context(data, flags, script_name(cls), dict(getattr(cls, "trl_equivalents", {})))
+    differ = []
+    for key, trl in TRL_GRPO_DEFAULTS.items():
+        entry = TABLE[key]
+        if key in data or entry.flag in given or entry.flag not in flags:
+            continue
+        try:
+            ours = entry.convert(trl, ctx) if entry.convert else {entry.flag: trl}
+        except Refusal:
+            continue
+        if entry.flag in ours and not _same(ours[entry.flag], flags[entry.flag]):
+            theirs = "epsilon's" if key == "epsilon_high" else _yaml(trl)  # TRL's None: = epsilon
+            differ.append(f"{key} {_yaml(flags[entry.flag])} (TRL {theirs})")
+    if not differ:
+        return None
+    return (
+        f"{heading}: keys it leaves out keep {ctx.script}'s defaults, not TRL GRPOConfig's: "
+        + ", ".join(differ)
+    )
+
 
 def script_name(cls) -> str:
     module = sys.modules.get(cls.__module__)
