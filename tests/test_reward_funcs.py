@@ -290,7 +290,8 @@ def test_bad_reward_functions_get_one_line(tmp_path, monkeypatch, capsys):
             r"cannot import .*broken.py \(ModuleNotFoundError: No module named",
         ),
         ("no_such_package.mod:g", r"cannot import no_such_package.mod \(ModuleNotFoundError"),
-        (f"{f}:missing", r"f.py has no function missing"),
+        (f"{f}:missing", r"f.py has no function missing$"),
+        (f"{f}:chat_lenght", r"f.py has no function chat_lenght; the nearest is chat_length$"),
         ("./no_such_model_dir", "no_such_model_dir: directory not found"),
         (f"{tmp_path / 'nope.py'}:g", "file .*nope.py not found"),
     ]

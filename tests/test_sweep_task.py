@@ -70,6 +70,27 @@ def test_task_file_errors_name_the_key(tmp_path, text, says):
     assert says in str(err.value) and "task.yaml" in str(err.value)
 
 
+def test_every_problem_of_a_task_file_is_reported_at_once_with_the_nearest_name(tmp_path):
+    text = "max_stepz: 3\nlearning_rat: 1.0e-5\nflags:\n  dataset_nam: d.jsonl\n  dtype: half\n"
+    with pytest.raises(SystemExit) as err:
+        _apply(tmp_path, text)
+    lines = str(err.value).splitlines()
+    assert len(lines) == 4, lines
+    for line, says in zip(
+        lines,
+        [
+            "key 'max_stepz': not a task key (script flags go under `flags:`); the nearest is "
+            "'max_steps'",
+            "key 'learning_rat': not a task key (script flags go under `flags:`); the nearest is "
+            "'learning_rate'",
+            "flags.dataset_nam: not a flag the five scripts share (common/run/flags.py BaseArgs); "
+            "the nearest is 'dataset_name'",
+            "flags.dtype: 'half' is not one of",
+        ],
+    ):
+        assert line.startswith(f"--task {tmp_path / 'task.yaml'}: {says}"), line
+
+
 def test_task_sweep_configs_are_the_text_ones():
     task = configs.task_configs()
     # every config a claim reads runs, each in one data regime

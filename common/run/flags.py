@@ -759,11 +759,16 @@ def check_settings(settings, parser, cls, problems: list[str], file, values=None
         if key == "resumes":  # a saved args.json's record of flag changes at resumes: not a flag
             continue
         if key not in actions:
-            names = list(actions)
             import difflib
 
-            near = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
-            hint = f"; the nearest flag is --{near[0]}" if near else ""
+            from common.run.trl_config import TABLE
+
+            # TRL's keys are candidates too: a misspelt TRL key is named by its TRL spelling
+            trl = [name for name in TABLE if name not in actions] if issubclass(cls, Flags) else []
+            near = difflib.get_close_matches(key, [*actions, *trl], n=1, cutoff=0.6)
+            hint = ""
+            if near:
+                hint = f"; the nearest {'TRL key is ' if near[0] in trl else 'flag is --'}{near[0]}"
             problems.append(
                 f"{where(source, key)} is not a flag of this script nor a TRL GRPOConfig key (see "
                 f"--help and docs/custom_task.md){hint}"
