@@ -174,6 +174,14 @@ def test_a_missing_data_file_stops_before_any_run_naming_where_it_looked(tmp_pat
     with pytest.raises(SystemExit) as err:
         _main(path, tmp_path)
     assert f"model_name_or_path: {folder.parent / 'no_model'}: no such folder" in str(err.value)
+    # the held-out file is checked as the training one is
+    flags = "  dataset_name: '{word_problems}/train.jsonl'\n  eval_dataset: data/held_out.jsonl\n"
+    folder, path = _task_dir(tmp_path / "e", flags)
+    with pytest.raises(SystemExit) as err:
+        _main(path, tmp_path)
+    line = str(err.value)
+    assert "\n" not in line and f"flags.eval_dataset: {folder / 'data' / 'held_out.jsonl'}" in line
+    assert not (tmp_path / "runs").exists()
 
 
 def test_relative_paths_are_read_from_the_task_files_folder(tmp_path):
