@@ -380,7 +380,7 @@ def test_a_raising_function_stops_the_run_and_the_checkpoint_before_resumes(
     with pytest.raises(
         SystemExit,
         match="reward function raises raised at step 2 on completion 0: ZeroDivisionError",
-    ):
+    ) as stopped:
         _run(
             "ra_rloo.py",
             chat_base,
@@ -394,6 +394,11 @@ def test_a_raising_function_stops_the_run_and_the_checkpoint_before_resumes(
             f"{chat_base / 'funcs.py'}:fixed",
         )
     assert [row["step"] for row in _rows(out / "metrics.jsonl")] == [0, 1]
+    # the interpreter writes the message to sys.stderr as it exits: on a line of its own, not glued
+    # to the progress bar's (a log file keeps the bar's carriage returns)
+    sys.stderr.write(f"{stopped.value}\n")
+    err = capsys.readouterr().err
+    assert "ra_rloo: " in err and f"\n{stopped.value}\n" in err, err[-300:]
     # the fixed function is another flag value: the resume says so and records it (a function fixed in place is not)
     rows, _ = _run(
         "ra_rloo.py",
