@@ -9,15 +9,22 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+
 # inductor's on-disk kernel cache does not key on ATEN_CPU_CAPABILITY: kernels built while the suite ran as on another
 # CPU (docs/development.md) were reused by a native run and gave wrong tokens and a corrupted heap. One cache per
 # capability, unless the caller chose a folder.
-if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+def inductor_cache_dir(capability: str | None) -> str:
+    """The suite's inductor kernel cache for an ATEN_CPU_CAPABILITY value (None: native kernels)."""
     import tempfile
 
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(
-        tempfile.gettempdir(),
-        f"torchinductor-{os.getuid()}-{os.environ.get('ATEN_CPU_CAPABILITY') or 'native'}",
+    return os.path.join(
+        tempfile.gettempdir(), f"torchinductor-{os.getuid()}-{capability or 'native'}"
+    )
+
+
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache_dir(
+        os.environ.get("ATEN_CPU_CAPABILITY")
     )
 
 
@@ -249,6 +256,7 @@ def pytest_collection_modifyitems(items):
 # serial group of two-process launches, then the tests that take a minute or more on 2 cores
 # (`--durations`); the rest keeps its order (sort is stable)
 LONG_TESTS = (
+    "test_kernel_paths.py",
     "test_sweep_task.py::test_quick_task_sweep",
     "test_golden_metrics.py",
     "test_gpu_smoke_image.py",

@@ -11,6 +11,7 @@ from conftest import ROOT, run_script
 
 from common.run.launch import (
     accelerate_sharding,
+    collapsed_launch,
     resolve_accelerate_precision,
     resolve_accelerate_sharding,
 )
@@ -346,3 +347,47 @@ def test_accelerate_gradient_accumulation_is_refused_in_one_line_before_anything
     refuse_accelerate_accumulation(
         {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "1"}
     )  # 1 changes nothing
+
+
+PROBE = """import sys
+sys.path.insert(0, {root!r})
+from common.run.launch import collapsed_launch
+print("LINE", collapsed_launch())
+"""
+
+
+def test_a_launch_of_two_processes_that_started_one_names_the_flag_that_fixes_it(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE.format(root=str(ROOT)))
+    launch = ["-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1"]
+    launch += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "0"]
+    # without --multi_gpu on a machine with no GPU: one process, which says so and names the flag
+    lines = [
+        line for line in run_script([*launch, str(probe)]).stdout.splitlines() if "LINE" in line
+    ]
+    assert len(lines) == 1 and lines[0].startswith(
+        "LINE accelerate launch started 1 process, not the --num_processes asked for: add "
+        "--multi_gpu (`accelerate launch --multi_gpu --num_processes 2"
+    ), lines
+    # with it, each of the two processes has WORLD_SIZE (as under torchrun): nothing to say
+    launched = {"ACCELERATE_DYNAMO_BACKEND": "NO", "MASTER_PORT": "29500", "WORLD_SIZE": "2"}
+    assert collapsed_launch(launched) is None
+
+
+def test_start_run_says_when_a_launch_of_several_processes_started_one(
+    tmp_path, monkeypatch, capsys
+):
+    # what accelerate's simple launcher exports for `--num_processes 2` without --multi_gpu
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29500",
+        "ACCELERATE_DYNAMO_BACKEND": "NO",
+    }.items():
+        monkeypatch.setenv(name, value)
+    _, lines = _start(["--output_dir", str(tmp_path / "a")], capsys)
+    assert [line for line in lines if "add --multi_gpu" in line], lines
+    monkeypatch.delenv("MASTER_PORT")  # a launch of one process asked for
+    _, lines = _start(["--output_dir", str(tmp_path / "b")], capsys)
+    assert not [line for line in lines if "multi_gpu" in line], lines

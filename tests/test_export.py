@@ -261,6 +261,14 @@ def test_the_card_carries_hub_metadata_the_set_flags_and_no_local_path(tmp_path)
     card = model_card(args, "ra_rloo", ra_rloo.__doc__, tokenizer, [2], 1, adapter=False)
     assert "/nowhere" not in card and "base_model" not in card and "datasets:" not in card
     assert "python ra_rloo.py --model_name_or_path base --dataset_name d.jsonl" in card
+    # and the card says so, naming the flags cut
+    assert (
+        "Local paths in it are cut to their last part (`--model_name_or_path`, `--dataset_name`): "
+        "give the paths of those files and folders on your machine to run it." in card
+    )
+    args = parse_args(ra_rloo.Args, ["--output_dir", str(tmp_path / "out")])
+    card = model_card(args, "ra_rloo", ra_rloo.__doc__, tokenizer, [2], 1, adapter=False)
+    assert "Local paths" not in card  # nothing cut: it runs as written
 
 
 @pytest.mark.parametrize("script", sorted(SHORT_RUN_FLAGS))

@@ -402,7 +402,7 @@ def test_ra_rloo_gathers_the_policy_for_seeding_only_where_it_seeds(
 def test_fsdp_ada_seq_rounds_differ_per_rank_without_deadlock(tiny_base, tmp_path):
     # Ada-Seq's ranks run different numbers of sampling rounds and micro-batches: the case FSDP's lock-step breaks
     # (it deadlocked before generation ran outside lock-step). Equality with DDP is tested above; here: it finishes.
-    run_script(
+    r = run_script(
         [
             *LAUNCH,
             "ada_seq.py",
@@ -419,6 +419,8 @@ def test_fsdp_ada_seq_rounds_differ_per_rank_without_deadlock(tiny_base, tmp_pat
         ],
         timeout=600,
     )
+    # the first lines say how the two processes share the training
+    assert "processes: 2 on cpu, FSDP (--fsdp): weights, gradients and optimizer state" in r.stdout
     rows = _rows(tmp_path / "fsdp")
     assert [r["step"] for r in rows] == [0, 1, 2] and all(r["grad_norm"] >= 0 for r in rows[1:])
 

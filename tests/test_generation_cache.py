@@ -128,3 +128,44 @@ def test_cache_implementation_with_vllm_is_refused():
         parse_args(ra_rloo.Args, ["--use_vllm", "--cache_implementation", "static"])
     with pytest.raises(SystemExit):
         parse_args(ra_rloo.Args, ["--cache_implementation", "paged"])  # not a choice
+
+
+@pytest.mark.parametrize("fsdp", [True, False])
+def test_the_generators_set_up_gives_fsdp_to_the_cache_resolver(fsdp, monkeypatch):
+    """auto keeps the dynamic cache under --fsdp on CUDA: make_generator must pass the flag on. The
+    resolver sees a CUDA device here (this machine may have none), so its line shows the choice."""
+    from types import SimpleNamespace
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from common.demo.tiny_model import build_char_tokenizer
+    from common.generation import hf
+    from common.run import setup
+
+    def on_cuda(requested, device_type, model, fsdp=False):
+        return hf.resolve_cache_implementation(requested, "cuda", model, fsdp=fsdp)
+
+    monkeypatch.setattr(setup, "resolve_cache_implementation", on_cuda)
+    tokenizer = build_char_tokenizer()
+    config = LlamaConfig(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=32,
+        vocab_size=len(tokenizer),
+    )
+    args = SimpleNamespace(
+        use_vllm=False,
+        cache_implementation="auto",
+        fsdp=fsdp,
+        gen_batch_size=4,
+        dtype="float32",
+        stop_token_ids=None,
+    )
+    lines = []
+    generator = setup.make_generator(
+        args, "", LlamaForCausalLM(config), tokenizer, None, None, lines.append
+    )
+    expected = None if fsdp else "static"
+    assert generator.cache_implementation == expected and ("with --fsdp" in lines[0]) == fsdp, lines

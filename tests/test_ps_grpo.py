@@ -449,11 +449,43 @@ def _rows(path):
     return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.fixture
+def built_outcomes(monkeypatch):
+    """The environment's outcomes replaced by a pattern that gives every step what the end-to-end
+    tests check, whatever trajectory this CPU's kernels sample: of the fresh tasks, in order, one in
+    three too hard (only its longest episode passes), one in three too easy (only its longest fails),
+    one in three normal (4 of 8 pass), so each step trains a group and, when the longest episode has
+    a proper prefix (2 steps or more; else the task is normal), queues prefix tasks; a prefix task
+    passes 6 of 8 (a pass rate above the dead zone: the adaptive controller moves)."""
+    from common.tasks.scoring import Scored
+    from ps_grpo import MultiTurnEnv
+
+    def score(self, episodes, examples, truncated, step):
+        groups: dict[int, list[int]] = {}
+        for i, episode in enumerate(episodes):
+            groups.setdefault(episode.group, []).append(i)
+        success, fresh = [False] * len(episodes), 0
+        for members in groups.values():
+            if any(episodes[i].replayed_steps for i in members):  # a prefix task
+                passing = members[:6]
+            else:
+                longest = max(members, key=lambda i: len(episodes[i].steps))
+                kind = fresh % 3 if len(episodes[longest].steps) >= 2 else 2
+                fresh += 1
+                passing = [[longest], [i for i in members if i != longest], members[:4]][kind]
+            for i in passing:
+                success[i] = True
+        return Scored([float(ok) for ok in success], {}, 0.0, success)
+
+    monkeypatch.setattr(MultiTurnEnv, "score", score)
+
+
 def _strip(rows):
     return [{k: v for k, v in r.items() if not k.startswith(("time_", "time/"))} for r in rows]
 
 
-def test_prefix_sampling_on_and_off(mt_base, tmp_path):
+@pytest.mark.kernel_paths
+def test_prefix_sampling_on_and_off(mt_base, built_outcomes, tmp_path):
     run_main(
         [
             "ps_grpo.py",
@@ -534,7 +566,8 @@ def test_prefix_sampling_on_and_off(mt_base, tmp_path):
     assert all(r["ps_prefix_tasks"] == r["ps_queued"] == r["ps_replayed_tokens"] == 0 for r in base)
 
 
-def test_resume_restores_queue_and_controller(mt_base, tmp_path):
+@pytest.mark.kernel_paths
+def test_resume_restores_queue_and_controller(mt_base, built_outcomes, tmp_path):
     full, part = tmp_path / "full", tmp_path / "part"
     base = [
         "ps_grpo.py",

@@ -186,6 +186,35 @@ def test_a_resume_by_another_script_or_into_another_shape_is_refused_before_any_
     assert _snapshot(out) == before
 
 
+def test_a_resume_with_fewer_flags_names_the_command_that_works_and_another_model_stops_in_a_line(
+    two_steps, tiny_base, tmp_path
+):
+    from common.demo.tiny_model import BaseRecipe, build_tiny_model
+
+    out = _copy(two_steps, tmp_path)
+    resume = ["--output_dir", str(out), "--resume_from_checkpoint", "auto"]
+    # the run's own flags left out: the line names the flags that resume it as it was
+    _refused(
+        ["ra_rloo.py", *resume, "--max_steps", "3"],
+        re.escape(f"resume with the run's values (--config {out / 'args.json'} ")
+        + r"--resume_from_checkpoint auto\), or add --accept_changed_flags",
+    )
+    # a model of another size, accepted as a changed flag: one line, not a size-mismatch traceback
+    other = tmp_path / "narrow"
+    shutil.copytree(tiny_base, other)
+    vocab = json.loads((other / "config.json").read_text())["vocab_size"]
+    build_tiny_model(BaseRecipe(hidden_size=64), vocab).save_pretrained(other)
+    changed = ["--model_name_or_path", str(other), "--accept_changed_flags", "--max_steps", "3"]
+    _refused(
+        ["ra_rloo.py", *resume, *changed, *SMALL],
+        r"checkpoint-2: the checkpoint's weights do not fit this model \(\d+ differ in shape, "
+        r"e\.g\. .*\): resume with the run's --model_name_or_path \(--config .*args\.json",
+    )
+    # the named command resumes (its args.json names the folder copied here: --output_dir too)
+    run_main(["ra_rloo.py", "--config", str(out / "args.json"), *resume, "--max_steps", "3"])
+    assert _steps(out) == [0, 1, 2, 3]
+
+
 def test_changed_flags_stop_unless_accepted_and_are_recorded_with_their_step(
     two_steps, tiny_base, tmp_path, capsys
 ):

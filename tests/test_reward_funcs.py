@@ -290,7 +290,8 @@ def test_bad_reward_functions_get_one_line(tmp_path, monkeypatch, capsys):
             r"cannot import .*broken.py \(ModuleNotFoundError: No module named",
         ),
         ("no_such_package.mod:g", r"cannot import no_such_package.mod \(ModuleNotFoundError"),
-        (f"{f}:missing", r"f.py has no function missing"),
+        (f"{f}:missing", r"f.py has no function missing$"),
+        (f"{f}:chat_lenght", r"f.py has no function chat_lenght; the nearest is chat_length$"),
         ("./no_such_model_dir", "no_such_model_dir: directory not found"),
         (f"{tmp_path / 'nope.py'}:g", "file .*nope.py not found"),
     ]
@@ -379,7 +380,7 @@ def test_a_raising_function_stops_the_run_and_the_checkpoint_before_resumes(
     with pytest.raises(
         SystemExit,
         match="reward function raises raised at step 2 on completion 0: ZeroDivisionError",
-    ):
+    ) as stopped:
         _run(
             "ra_rloo.py",
             chat_base,
@@ -393,6 +394,11 @@ def test_a_raising_function_stops_the_run_and_the_checkpoint_before_resumes(
             f"{chat_base / 'funcs.py'}:fixed",
         )
     assert [row["step"] for row in _rows(out / "metrics.jsonl")] == [0, 1]
+    # the interpreter writes the message to sys.stderr as it exits: on a line of its own, not glued
+    # to the progress bar's (a log file keeps the bar's carriage returns)
+    sys.stderr.write(f"{stopped.value}\n")
+    err = capsys.readouterr().err
+    assert "ra_rloo: " in err and f"\n{stopped.value}\n" in err, err[-300:]
     # the fixed function is another flag value: the resume says so and records it (a function fixed in place is not)
     rows, _ = _run(
         "ra_rloo.py",

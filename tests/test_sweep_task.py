@@ -70,6 +70,27 @@ def test_task_file_errors_name_the_key(tmp_path, text, says):
     assert says in str(err.value) and "task.yaml" in str(err.value)
 
 
+def test_every_problem_of_a_task_file_is_reported_at_once_with_the_nearest_name(tmp_path):
+    text = "max_stepz: 3\nlearning_rat: 1.0e-5\nflags:\n  dataset_nam: d.jsonl\n  dtype: half\n"
+    with pytest.raises(SystemExit) as err:
+        _apply(tmp_path, text)
+    lines = str(err.value).splitlines()
+    assert len(lines) == 4, lines
+    for line, says in zip(
+        lines,
+        [
+            "key 'max_stepz': not a task key (script flags go under `flags:`); the nearest is "
+            "'max_steps'",
+            "key 'learning_rat': not a task key (script flags go under `flags:`); the nearest is "
+            "'learning_rate'",
+            "flags.dataset_nam: not a flag the five scripts share (common/run/flags.py BaseArgs); "
+            "the nearest is 'dataset_name'",
+            "flags.dtype: 'half' is not one of",
+        ],
+    ):
+        assert line.startswith(f"--task {tmp_path / 'task.yaml'}: {says}"), line
+
+
 def test_task_sweep_configs_are_the_text_ones():
     task = configs.task_configs()
     # every config a claim reads runs, each in one data regime
@@ -153,6 +174,14 @@ def test_a_missing_data_file_stops_before_any_run_naming_where_it_looked(tmp_pat
     with pytest.raises(SystemExit) as err:
         _main(path, tmp_path)
     assert f"model_name_or_path: {folder.parent / 'no_model'}: no such folder" in str(err.value)
+    # the held-out file is checked as the training one is
+    flags = "  dataset_name: '{word_problems}/train.jsonl'\n  eval_dataset: data/held_out.jsonl\n"
+    folder, path = _task_dir(tmp_path / "e", flags)
+    with pytest.raises(SystemExit) as err:
+        _main(path, tmp_path)
+    line = str(err.value)
+    assert "\n" not in line and f"flags.eval_dataset: {folder / 'data' / 'held_out.jsonl'}" in line
+    assert not (tmp_path / "runs").exists()
 
 
 def test_relative_paths_are_read_from_the_task_files_folder(tmp_path):
@@ -304,3 +333,41 @@ def test_quick_mode_on_a_task_has_its_own_budget_folder_and_page(tmp_path):
     settings, runs_dir = run.resolve(args, task)
     assert (settings.max_steps, settings.seeds) == (configs.QUICK["max_steps"], [0])
     assert str(runs_dir).endswith("out-quick") and task.report_dir is None
+
+
+def test_the_task_page_states_the_sizes_the_runs_used_and_a_config_that_never_earned_a_reward(
+    tmp_path,
+):
+    import shutil
+
+    from benchmarks.sweep.report.page import render_report
+
+    runs_dir = tmp_path / "runs"
+    shutil.copytree(ROOT / "benchmarks" / "sweep" / "runs-word_problems_funcs", runs_dir)
+    log = "64 training prompts from d.jsonl; 16 held-out prompts from the last 16 rows of d.jsonl\n"
+    for bench in runs_dir.glob("*/seed*/bench.json"):  # what the runner reads from each run's log
+        (bench.parent / "log.txt").write_text(f"compute dtype float32\n{log}step 0 ...\n")
+        meta = json.loads(bench.read_text())
+        meta["data"] = run.used_data(bench.parent / "log.txt")
+        bench.write_text(json.dumps(meta))
+    for metrics in (runs_dir / "rloo").glob("seed*/metrics.jsonl"):  # rloo never earned a reward
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+        rows = [{**row, "reward_mean": 0.0} if "reward_mean" in row else row for row in rows]
+        metrics.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    page, _ = render_report(runs_dir, tmp_path / "out", plots=False, draw=False)
+    setting = next(line for line in page.splitlines() if line.startswith("**Setting**"))
+    assert (
+        "pool of 64 training prompts (what the data gave; --prompt_pool asked for 128)" in setting
+    )
+    assert "on 16 prompts (what the data gave; --eval_prompts asked for 128) x 4 samples" in setting
+    assert (
+        "**No reward**: These configs (`rloo`) earned a training reward of 0 at every step" in page
+    )
+    # the committed runs used what they asked for, and earned rewards: neither note
+    page, _ = render_report(
+        ROOT / "benchmarks" / "sweep" / "runs-word_problems_funcs",
+        tmp_path / "out2",
+        plots=False,
+        draw=False,
+    )
+    assert "what the data gave" not in page and "**No reward**" not in page

@@ -307,3 +307,65 @@ def test_a_scripts_own_combinations_are_reported_with_the_other_problems():
         "--low 0.9 --high 0.1: need low <= high",
         "--env_numbers 3: applies to --mode multiturn only",
     ], lines
+
+
+def test_num_train_epochs_beside_max_steps_is_ignored_on_the_command_line_as_in_a_file(
+    tmp_path, capsys
+):
+    from ra_rloo import Args
+
+    args = parse_args(Args, ["--num_train_epochs", "1", "--max_steps", "2"])
+    assert args.max_steps == 2
+    assert capsys.readouterr().out.splitlines() == [
+        "the command line: TRL flags ignored (no effect here): num_train_epochs"
+    ]
+    config = _write(tmp_path, "num_train_epochs: 1\n")  # max_steps on the command line
+    assert parse_args(Args, ["--config", config, "--max_steps", "2"]).max_steps == 2
+    with pytest.raises(SystemExit, match="^--num_train_epochs: this script counts policy updates"):
+        parse_args(Args, ["--num_train_epochs", "1"])
+
+
+def test_a_trl_file_names_the_trl_defaults_that_differ_here_for_the_keys_it_leaves_out(
+    tmp_path, capsys
+):
+    from ra_rloo import Args
+
+    config = _write(tmp_path, "per_device_train_batch_size: 8\nlearning_rate: 1.0e-6\n")
+    parse_args(Args, ["--config", config, "--seed", "42"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if "leaves out" in line]
+    # learning_rate is in the file and seed on the command line: neither is named
+    assert lines == [
+        f"--config {config}: keys it leaves out keep ra_rloo.py's defaults, not TRL GRPOConfig's: "
+        "beta 0.05 (TRL 0), num_generations 4 (TRL 8), max_completion_length 48 (TRL 512), "
+        "lr_scheduler_type warmup_constant (TRL linear), warmup_steps 5 (TRL 0), "
+        "gradient_checkpointing false (TRL true)"
+    ]
+    # a run's args.json (no TRL-only key) gets no such line
+    parse_args(Args, ["--config", _write(tmp_path, "max_steps: 3\n", "args.json")])
+    assert "leaves out" not in capsys.readouterr().out
+
+
+def test_every_unknown_flag_and_misspelt_trl_name_is_reported_with_its_nearest_name(tmp_path):
+    from ra_rloo import Args
+
+    argv = "--per_device_train_batchsize 8 --frobnicate --lerning_rate 3 --num_generatons 2"
+    with pytest.raises(SystemExit) as stop:
+        parse_args(Args, argv.split())
+    assert str(stop.value).splitlines() == [
+        "--per_device_train_batchsize: not a flag of ra_rloo.py nor a TRL GRPOConfig name; the "
+        "nearest is --per_device_train_batch_size",
+        "--frobnicate: not a flag of ra_rloo.py nor a TRL GRPOConfig name (--help lists every "
+        "flag)",
+        "--lerning_rate: not a flag of ra_rloo.py nor a TRL GRPOConfig name; the nearest is "
+        "--learning_rate",
+        "--num_generatons: not a flag of ra_rloo.py nor a TRL GRPOConfig name; the nearest is "
+        "--num_generations",
+    ]
+    # a file's keys likewise, TRL's spellings among the candidates
+    config = _write(tmp_path, "per_device_train_batchsize: 8\nmax_step: 3\n")
+    with pytest.raises(SystemExit) as stop:
+        parse_args(Args, ["--config", config])
+    lines = str(stop.value).splitlines()
+    assert len(lines) == 2, lines
+    assert lines[0].endswith("; the nearest TRL key is per_device_train_batch_size"), lines
+    assert lines[1].endswith("; the nearest flag is --max_steps"), lines

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -285,6 +286,20 @@ def _eval_summary(rows: list[dict]) -> str:
     )
 
 
+# the line a script prints once its task is loaded (common/tasks/loading.py): the counts it uses
+USED_DATA = re.compile(r"(\d+) training prompts from .*; (\d+) held-out prompts from ")
+
+
+def used_data(log: Path) -> dict:
+    """{"train_prompts", "eval_prompts"}: what the run's task used, from the last such line of its
+    log (the data can give fewer than --prompt_pool / --eval_prompts ask); {} when none."""
+    try:
+        found = USED_DATA.findall(log.read_text(errors="replace"))
+    except OSError:
+        return {}
+    return {"train_prompts": int(found[-1][0]), "eval_prompts": int(found[-1][1])} if found else {}
+
+
 def execute(
     cfg: Config,
     s: Settings,
@@ -362,6 +377,9 @@ def execute(
     rows = read_rows(run_dir)
     finished = is_finished(rows, s.max_steps)
     meta["finished"] = finished
+    data = used_data(run_dir / "log.txt")
+    if data:
+        meta["data"] = data
     meta_path.write_text(json.dumps(meta, indent=2))
     if rc == "interrupted":
         return "interrupted"

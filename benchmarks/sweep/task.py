@@ -171,48 +171,78 @@ def load_task(path: str, runner_fields: dict[str, type]) -> TaskFile:
     if report_dir:
         report_dir = str((file.parent / Path(str(report_dir)).expanduser()).resolve())
     task = TaskFile(file, name, report_dir=report_dir)
+    problems: list[str] = []  # every problem of the file, a line each, reported together
     for key, value in data.items():
         where = f"--task {path}: key {key!r}"
         if key in TASK_KEYS:
             continue
         if key in RUNNER_ONLY or key not in runner_fields:
             known = sorted(set(runner_fields) - set(RUNNER_ONLY)) + list(TASK_KEYS)
-            raise SystemExit(
-                f"{where}: not a task key (script flags go under `flags:`); known: {', '.join(known)}"
+            problems.append(
+                f"{where}: not a task key (script flags go under `flags:`){_nearest(key, known)}; "
+                f"known: {', '.join(known)}"
             )
-        if isinstance(value, str):
-            expanded = _expand(value, where)
-            # a placeholder gives a path from the repository; the rest, from the file's folder
-            if key in ("runs_dir", "report_dir") and expanded == value:  # the runner's own folders
-                expanded = str((file.parent / Path(value).expanduser()).resolve())
-            elif key in PATH_KEYS and expanded == value:
-                expanded = resolve_path(value, file.parent)
-            value = expanded
-        task.runner[key] = value
+            continue
+        try:
+            task.runner[key] = _runner_value(key, value, where, file)
+        except SystemExit as refused:
+            problems.append(str(refused))
     flags = data.get("flags") or {}
     if not isinstance(flags, dict):
-        raise SystemExit(f"--task {path}: key 'flags': expected a mapping of flag to value")
+        problems.append(f"--task {path}: key 'flags': expected a mapping of flag to value")
+        flags = {}
     shared = _shared_script_flags()
     for key, value in flags.items():
-        where = f"--task {path}: flags.{key}"
-        if key not in shared:
-            raise SystemExit(
-                f"{where}: not a flag the five scripts share (common/run/flags.py BaseArgs); "
-                "a method's own flag belongs to its config"
+        try:
+            task.script_flags += _script_flag(
+                key, value, f"--task {path}: flags.{key}", shared, file
             )
-        if key in ("seed", "output_dir", "max_steps", "prompts_per_step", "model_name_or_path"):
-            raise SystemExit(f"{where}: set by the sweep; give it as the top-level key {key!r}")
-        raw = _flag_text(value)
-        text = _expand(raw, where)
-        if text == raw and key in PATH_FLAGS:
-            text = resolve_path(text, file.parent)
-        elif text == raw and key in ("reward_funcs", "eval_reward_funcs"):
-            text = _resolve_reward_specs(text, file.parent)
-        choices = shared[key]
-        if choices is not None and text not in [str(c) for c in choices]:
-            raise SystemExit(f"{where}: {text!r} is not one of {choices}")
-        task.script_flags += [f"--{key}", text]
+        except SystemExit as refused:
+            problems.append(str(refused))
+    if problems:
+        raise SystemExit("\n".join(problems))
     return task
+
+
+def _nearest(name: str, known) -> str:
+    import difflib
+
+    near = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f"; the nearest is {near[0]!r}" if near else ""
+
+
+def _runner_value(key: str, value, where: str, file: Path):
+    """A top-level key's value, its placeholders expanded and its path read from the file's folder."""
+    if isinstance(value, str):
+        expanded = _expand(value, where)
+        # a placeholder gives a path from the repository; the rest, from the file's folder
+        if key in ("runs_dir", "report_dir") and expanded == value:  # the runner's own folders
+            expanded = str((file.parent / Path(value).expanduser()).resolve())
+        elif key in PATH_KEYS and expanded == value:
+            expanded = resolve_path(value, file.parent)
+        value = expanded
+    return value
+
+
+def _script_flag(key: str, value, where: str, shared: dict, file: Path) -> list[str]:
+    """`--key value` of the file's `flags:` mapping, checked against the flags the scripts share."""
+    if key not in shared:
+        raise SystemExit(
+            f"{where}: not a flag the five scripts share (common/run/flags.py BaseArgs)"
+            f"{_nearest(key, shared)}; a method's own flag belongs to its config"
+        )
+    if key in ("seed", "output_dir", "max_steps", "prompts_per_step", "model_name_or_path"):
+        raise SystemExit(f"{where}: set by the sweep; give it as the top-level key {key!r}")
+    raw = _flag_text(value)
+    text = _expand(raw, where)
+    if text == raw and key in PATH_FLAGS:
+        text = resolve_path(text, file.parent)
+    elif text == raw and key in ("reward_funcs", "eval_reward_funcs"):
+        text = _resolve_reward_specs(text, file.parent)
+    choices = shared[key]
+    if choices is not None and text not in [str(c) for c in choices]:
+        raise SystemExit(f"{where}: {text!r} is not one of {choices}")
+    return [f"--{key}", text]
 
 
 def runner_types(args_cls) -> dict[str, type]:

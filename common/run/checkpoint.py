@@ -369,6 +369,20 @@ def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tup
             weights.update(safe_load(path / shard))
     else:
         weights = safe_load(path / "model.safetensors")
+    # another model than the run's (a changed --model_name_or_path): one line, not load_state_dict's
+    # size-mismatch traceback
+    own = unwrapped.state_dict()
+    other = [
+        f"{key} {list(weights[key].shape)} vs {list(own[key].shape)}"
+        for key in weights
+        if key in own and tuple(weights[key].shape) != tuple(own[key].shape)
+    ]
+    if other:
+        raise SystemExit(
+            f"--resume_from_checkpoint {path}: the checkpoint's weights do not fit this model "
+            f"({len(other)} differ in shape, e.g. {other[0]}): resume with the run's "
+            f"--model_name_or_path (--config {path.parent / 'args.json'} gives every flag it used)"
+        )
     if sharded:  # --fsdp: every rank reads the whole weights and keeps its shards
         from common.distributed.fsdp import load_full_state_dict
     missing, unexpected = (

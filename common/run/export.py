@@ -334,6 +334,13 @@ def model_card(
     else:
         lines += ["none"]
     lines += ["", "The command:", "", "```bash", command(script, flags, processes), "```", ""]
+    cut = [f"`--{name}`" for name, value in flags.items() if shareable(value) != value]
+    if cut:  # local paths of the training machine: the command runs once they are given again
+        lines += [
+            f"Local paths in it are cut to their last part ({', '.join(cut)}): give the paths "
+            "of those files and folders on your machine to run it.",
+            "",
+        ]
 
     lines += ["## Held-out evaluation", ""]
     found = evaluations(rows)

@@ -505,14 +505,15 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
     pre.add_argument("--config")
     config = pre.parse_known_args(argv)[0].config
     problems: list[str] = []
-    from_config = load_config(config, parser, cls, problems) if config else {}
+    typed = typed_flags(cls, argv)
+    from_config = load_config(config, parser, cls, problems, typed) if config else {}
     parser.set_defaults(**from_config)
     ns, extras = parser.parse_known_args(argv)
     problems += unknown_flags(cls, parser, extras)
-    typed = typed_flags(cls, argv)
     from_trl = {}
     if trl_typed:
-        from_trl = command_line_trl(trl_typed, parser, cls, problems, vars(ns))
+        given = typed | set(from_config)
+        from_trl = command_line_trl(trl_typed, parser, cls, problems, vars(ns), given)
     for flag, value in from_trl.items():
         if flag in typed and getattr(ns, flag) != value:
             problems.append(
@@ -662,14 +663,14 @@ def unknown_flags(cls, parser, extras: list[str]) -> list[str]:
     return lines
 
 
-def command_line_trl(typed: dict, parser, cls, problems: list[str], known: dict) -> dict:
+def command_line_trl(typed: dict, parser, cls, problems: list[str], known: dict, given=()) -> dict:
     """{flag: value} of the TRL names typed on the command line, through the --config table
     (common/run/trl_config.py), checked like the flags; the run's first lines say what each
     became. `.source[flag]` is the TRL name that set it."""
     from common.run.trl_config import translate
 
     settings, notes, refused = translate(
-        typed, cls, "the command line", where=lambda key: f"--{key}", known=known
+        typed, cls, "the command line", where=lambda key: f"--{key}", known=known, given=given
     )
     problems += refused
     if os.environ.get("RANK", "0") == "0":
@@ -701,14 +702,14 @@ def typed_flags(cls, argv: list[str]) -> set[str]:
     return set(vars(parser.parse_known_args(argv)[0]))
 
 
-def load_config(path: str, parser: argparse.ArgumentParser, cls, problems=None) -> dict:
+def load_config(path: str, parser: argparse.ArgumentParser, cls, problems=None, given=()) -> dict:
     """Flag values from a YAML/JSON file (a run's args.json works, and a TRL GRPOConfig file: its
     keys through common/run/trl_config.py's table), checked like the command line: every key must
     be a flag, every value of the flag's type, among its choices and in its declared range; errors
     name the file and the key, every one of them (appended to `problems`, else raised together)."""
     import yaml  # PyYAML (a dependency of transformers and accelerate); JSON is YAML
 
-    from common.run.trl_config import translate
+    from common.run.trl_config import left_out_defaults, translate
 
     try:
         data = yaml.safe_load(Path(path).read_text())
@@ -720,7 +721,10 @@ def load_config(path: str, parser: argparse.ArgumentParser, cls, problems=None) 
             f"{type(data).__name__}"
         )
     found: list[str] = []
-    settings, notes, refused = translate(data, cls, f"--config {path}")
+    # `given`: the flags the command line sets (they win over the file's keys)
+    settings, notes, refused = translate(data, cls, f"--config {path}", given=given)
+    defaults = left_out_defaults(data, cls, f"--config {path}", given)
+    notes += [defaults] if defaults else []
     found += refused
     if os.environ.get("RANK", "0") == "0":  # the run's first lines, once a run
         for note in notes:
@@ -755,11 +759,16 @@ def check_settings(settings, parser, cls, problems: list[str], file, values=None
         if key == "resumes":  # a saved args.json's record of flag changes at resumes: not a flag
             continue
         if key not in actions:
-            names = list(actions)
             import difflib
 
-            near = difflib.get_close_matches(key, names, n=1, cutoff=0.6)
-            hint = f"; the nearest flag is --{near[0]}" if near else ""
+            from common.run.trl_config import TABLE
+
+            # TRL's keys are candidates too: a misspelt TRL key is named by its TRL spelling
+            trl = [name for name in TABLE if name not in actions] if issubclass(cls, Flags) else []
+            near = difflib.get_close_matches(key, [*actions, *trl], n=1, cutoff=0.6)
+            hint = ""
+            if near:
+                hint = f"; the nearest {'TRL key is ' if near[0] in trl else 'flag is --'}{near[0]}"
             problems.append(
                 f"{where(source, key)} is not a flag of this script nor a TRL GRPOConfig key (see "
                 f"--help and docs/custom_task.md){hint}"

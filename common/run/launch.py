@@ -26,6 +26,29 @@ def accelerate_sharding(environ) -> str | None:
     return None
 
 
+# Open MPI's and MPICH's rank variables: accelerate's `--mpirun_hostfile` launch starts its
+# processes through mpirun, which sets these instead of WORLD_SIZE
+MPI_WORLD = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def collapsed_launch(environ=None) -> str | None:
+    """The line for an `accelerate launch --num_processes N` (N > 1) that started one process, else
+    None. Without --multi_gpu (or a multi-GPU `accelerate config`) on a machine with no GPU,
+    accelerate's simple launcher starts the script once: it exports the rendezvous address for the
+    processes it was asked for (MASTER_ADDR / MASTER_PORT, 1.15 utils/launch.py) but no WORLD_SIZE,
+    which a launch of several processes (torchrun, accelerate's multi-GPU launcher) always sets."""
+    environ = os.environ if environ is None else environ
+    by_accelerate = "ACCELERATE_DYNAMO_BACKEND" in environ  # set by every accelerate launch
+    several = "MASTER_PORT" in environ and "WORLD_SIZE" not in environ
+    if not (by_accelerate and several) or any(name in environ for name in MPI_WORLD):
+        return None
+    return (
+        "accelerate launch started 1 process, not the --num_processes asked for: add --multi_gpu "
+        "(`accelerate launch --multi_gpu --num_processes 2 --num_machines 1 --mixed_precision no "
+        "--dynamo_backend no <script> ...`, on CPU too; docs/scaling.md)"
+    )
+
+
 def resolve_accelerate_sharding(
     args_fsdp: bool, environ=None, log=print, given: str | None = None
 ) -> bool:

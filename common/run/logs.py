@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -451,6 +452,7 @@ class RunLog:
     def close(self) -> None:
         if self.progress is not None:
             self.progress.close()
+            BarLine.uninstall()
 
     def _open_progress(self) -> None:
         from tqdm.auto import tqdm
@@ -460,6 +462,7 @@ class RunLog:
             initial=self.initial_step,
             desc=self.script,
             disable=not self.accelerator.is_main_process,
+            file=BarLine.install(),
         )
 
     def _warn_sampler_gap(self, gap) -> None:
@@ -474,6 +477,45 @@ class RunLog:
             "generator does not sample from the policy being trained (stale weights, dtype, "
             "temperature?)"
         )
+
+
+class BarLine:
+    """The progress bar's line on stderr, ended before anything else is written there. The bar
+    redraws its line with a carriage return and leaves it open; in a log file (where a carriage
+    return does not clear the line) a warning or the error that stops the run would be glued to its
+    end. While the bar is open sys.stderr is a stream that first ends the bar's line."""
+
+    open = False  # the bar's last write left its line open
+    stream = None  # the stderr the bar was opened on
+
+    def __init__(self, stream, bar: bool):
+        self._stream, self._bar = stream, bar
+
+    def write(self, text: str) -> int:
+        if self._bar:
+            if text:
+                BarLine.open = not text.endswith("\n")
+        elif text:
+            if BarLine.open and not text.startswith(("\r", "\n")):
+                self._stream.write("\n")
+            BarLine.open = False
+        return self._stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+    @classmethod
+    def install(cls) -> "BarLine":
+        """The bar's file; sys.stderr guarded until `uninstall`."""
+        if not isinstance(sys.stderr, BarLine):
+            cls.stream, cls.open = sys.stderr, False
+            sys.stderr = BarLine(cls.stream, bar=False)
+        return BarLine(cls.stream, bar=True)
+
+    @classmethod
+    def uninstall(cls) -> None:
+        if isinstance(sys.stderr, BarLine):
+            sys.stderr = cls.stream
 
 
 def _threads() -> int:

@@ -397,8 +397,8 @@ def _compare(
                 + ", ".join(
                     f"--{key} {changed[key][0]!r} -> {changed[key][1]!r}" for key in computing
                 )
-                + ": resume with the run's values, or add --accept_changed_flags to continue with "
-                "the new ones (recorded in args.json)"
+                + f": resume with the run's values ({_same_command(args, source, origin)}), or "
+                "add --accept_changed_flags to continue with the new ones (recorded in args.json)"
             ),
             [],
             before,
@@ -415,6 +415,14 @@ def _compare(
             + " (in args.json)"
         )
     return None, history + ([{"from_step": start, "changed": changed}] if changed else []), before
+
+
+def _same_command(args, source: Path, origin: Path) -> str:
+    """The flags that resume the run exactly as it was: its args.json, then where to."""
+    same = f"--config {origin / 'args.json'}"
+    if origin.resolve() != Path(args.output_dir).resolve():  # into another folder
+        return f"{same} --output_dir {args.output_dir} --resume_from_checkpoint {source}"
+    return f"{same} --resume_from_checkpoint {args.resume_from_checkpoint}"
 
 
 def schedule_reads_max_steps(flags: dict) -> bool:

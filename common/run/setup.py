@@ -19,6 +19,7 @@ from common.model.policy import frozen_reference, load_policy
 from common.run.flags import given_flags
 from common.run.launch import (
     CpuThreads,
+    collapsed_launch,
     refuse_accelerate_accumulation,
     resolve_accelerate_precision,
     resolve_accelerate_sharding,
@@ -58,6 +59,9 @@ def start_run(args, script: str):
     seed_everything(args.seed + accelerator.process_index)  # ranks sample different rollouts
     claim_output_dir(args, accelerator, log)  # refuses a used or unshared folder
     log(launch_line(accelerator.num_processes, args.fsdp, accelerator.device.type))
+    collapsed = collapsed_launch() if accelerator.num_processes == 1 else None
+    if collapsed:
+        log(collapsed)
     return accelerator, cpu_threads, log
 
 

@@ -11,7 +11,8 @@ Every key TRL knows has one entry in `TABLE`:
   the key, unless its value is in `unless` (TRL's "off" value, or what the script's method is).
 - `Ignored`: no effect on what is trained (hub, logging, dataloader niceties).
 The run's first lines say which keys became which flags and which were ignored. Keys the file
-leaves out keep this script's defaults, not TRL's. docs/custom_task.md holds the table as
+leaves out keep this script's defaults, not TRL's (a line names those that differ, `left_out_defaults`).
+docs/custom_task.md holds the table as
 `python -m common.run.trl_config` prints it.
 """
 
@@ -44,6 +45,7 @@ class Context:
     script: str
     declared: dict = field(default_factory=dict)
     key: str = ""
+    given: set = field(default_factory=set)  # this script's flags the user set elsewhere
 
     def value(self, flag: str):
         """The flag's value as the file sets it, else the script's default (None: no such flag)."""
@@ -263,6 +265,8 @@ def _max_steps(value, ctx: Context) -> dict:
 @says("ignored beside max_steps (as in TRL); alone refused: give max_steps", reads=("max_steps",))
 def _epochs(value, ctx: Context) -> dict:
     if isinstance(ctx.config.get("max_steps"), int) and ctx.config["max_steps"] > 0:
+        return {}
+    if "max_steps" in ctx.given:  # --max_steps beside it, on the command line or in the file
         return {}
     raise Refusal("this script counts policy updates: give max_steps (a step = prompts_per_step)")
 
@@ -689,6 +693,52 @@ TABLE: dict[str, Flag | Refused | Ignored] = {
 
 # ---------------------------------------------------------------- reading a file
 
+# TRL 1.16 GRPOConfig's defaults of the keys whose default here differs in some script: a file
+# that leaves one out trains with this script's value, which its first lines name
+TRL_GRPO_DEFAULTS = {
+    "beta": 0.0,
+    "learning_rate": 1e-6,
+    "num_generations": 8,
+    "max_completion_length": 512,
+    "lr_scheduler_type": "linear",
+    "warmup_steps": 0,
+    "epsilon_high": None,
+    "scale_rewards": "group",
+    "seed": 42,
+    "gradient_checkpointing": True,
+}
+
+
+def left_out_defaults(data: dict, cls, heading: str, given=()) -> str | None:
+    """The line naming the TRL GRPOConfig defaults that differ here, for the keys a TRL file
+    (one with a key that is no flag of this script) leaves out and the command line does not set;
+    None for any other file (a run's args.json) or when none differs."""
+    flags = {
+        f.name: None if f.default is dataclasses.MISSING else f.default
+        for f in dataclasses.fields(cls)
+    }
+    if not any(key in TABLE and key not in flags for key in data):
+        return None
+    ctx = Context(data, flags, script_name(cls), dict(getattr(cls, "trl_equivalents", {})))
+    differ = []
+    for key, trl in TRL_GRPO_DEFAULTS.items():
+        entry = TABLE[key]
+        if key in data or entry.flag in given or entry.flag not in flags:
+            continue
+        try:
+            ours = entry.convert(trl, ctx) if entry.convert else {entry.flag: trl}
+        except Refusal:
+            continue
+        if entry.flag in ours and not _same(ours[entry.flag], flags[entry.flag]):
+            theirs = "epsilon's" if key == "epsilon_high" else _yaml(trl)  # TRL's None: = epsilon
+            differ.append(f"{key} {_yaml(flags[entry.flag])} (TRL {theirs})")
+    if not differ:
+        return None
+    return (
+        f"{heading}: keys it leaves out keep {ctx.script}'s defaults, not TRL GRPOConfig's: "
+        + ", ".join(differ)
+    )
+
 
 def script_name(cls) -> str:
     module = sys.modules.get(cls.__module__)
@@ -696,7 +746,7 @@ def script_name(cls) -> str:
 
 
 def translate(
-    data: dict, cls, heading: str, where=None, known=None
+    data: dict, cls, heading: str, where=None, known=None, given=()
 ) -> tuple[list[tuple[str, str, object]], list[str], list[str]]:
     """The keys of `data` (a --config file's, or TRL names typed on the command line) as (key, flag,
     value) settings, TRL's keys through TABLE (any other key is left for the caller to check as a
@@ -704,7 +754,8 @@ def translate(
     each key this script cannot honour, blamed on that key alone (a refusal that follows from
     another refused key, as epsilon's from num_iterations', is that key's). `where(key)` names a
     key in those lines (default: `heading: key 'name'`); converters also read `known`, the script's
-    flag values so far (default: its defaults)."""
+    flag values so far (default: its defaults), and `given`, the flags the user set outside
+    `data`."""
     flags = {
         f.name: None if f.default is dataclasses.MISSING else f.default
         for f in dataclasses.fields(cls)
@@ -712,7 +763,9 @@ def translate(
     flags.update(known or {})
     noun = "flags" if where else "keys"  # the command line's names, or a file's
     where = where or (lambda key: f"{heading}: key {key!r}")
-    ctx = Context(data, flags, script_name(cls), dict(getattr(cls, "trl_equivalents", {})))
+    ctx = Context(
+        data, flags, script_name(cls), dict(getattr(cls, "trl_equivalents", {})), given=set(given)
+    )
     settings, mapped, kept, ignored = [], {}, [], []
     refused: dict[str, str] = {}
     reads: dict[str, tuple] = {}  # the other keys a refusal's test read

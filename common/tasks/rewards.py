@@ -69,7 +69,12 @@ def _load_one(spec: str, flag: str):
         ) from None
     func = getattr(module, name, None)
     if not callable(func):
-        raise SystemExit(f"{flag} {spec}: {target} has no function {name}")
+        import difflib
+
+        functions = [key for key, value in vars(module).items() if callable(value)]
+        near = difflib.get_close_matches(name, functions, n=1, cutoff=0.6)
+        hint = f"; the nearest is {near[0]}" if near else ""
+        raise SystemExit(f"{flag} {spec}: {target} has no function {name}{hint}")
     return func
 
 

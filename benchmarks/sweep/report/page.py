@@ -113,7 +113,7 @@ def render_report(
         ),
     ]
     if task:
-        md += _task_preamble(runs_dir, aggs, sweep)
+        md += _task_preamble(runs_dir, aggs, sweep, runs)
     recorded = [
         st
         for st in (recorded_settings(r) for c in runs.values() for r in c.values())
@@ -130,15 +130,16 @@ def render_report(
             if st["num_threads"]
             else "the thread policy"
         )
+        (pool, pool_note), (held_out, held_out_note) = _used_sizes(runs, st)
         md.append(
             f"**Setting** ({'every run' if same else 'the first run; the commands below give each'}): "
             f"{st['max_steps']} steps x {st['prompts_per_step']} prompts "
-            "from a pool of "
-            f"{st['prompt_pool'] or 'all'} training prompts"
+            f"from a pool of {pool} training prompts{pool_note}"
             f"{'' if task else ' (the `_pool2048` configs: 2,048)'}, completions <= "
             f"{st['max_completion_length']} tokens, lr {st['learning_rate'] or 'script default'}, base policy "
             f"`{st['model_name_or_path']}`, seeds {_seeds_seen(runs_dir)} (per config: the table's `seeds` "
-            f"column); held-out evaluation every {st['eval_steps']} steps on {st['eval_prompts']} prompts x "
+            f"column); held-out evaluation every {st['eval_steps']} steps on {held_out} prompts"
+            f"{held_out_note} x "
             f"{st['eval_samples']} samples (temperature 1), {threads}.\n"
         )
     task_file = sweep.get("task", {}).get("file")
@@ -315,10 +316,50 @@ def last_log_line(run_dir: Path) -> str:
     return lines[-1].replace("`", "'")[:200] if lines else ""
 
 
-def _task_preamble(runs_dir: Path, aggs: dict, sweep: dict) -> list[str]:
-    """What a reader must know before the tables: runs that did not finish, and one seed's lack of
-    a verdict."""
+def _used_sizes(runs: dict, st: dict) -> list[tuple[str, str]]:
+    """The training pool and held-out prompt counts the runs used (their bench.json `data`, which
+    the runner reads from a run's log), as the Setting line states them: the requested count where
+    no run records one or where the runs used it, else the used count with the request beside it
+    (a small data file gives fewer): (count, note) for each."""
+    used = [r.meta.get("data") or {} for by_seed in runs.values() for r in by_seed.values()]
+    asked = {"train_prompts": st["prompt_pool"] or "all", "eval_prompts": st["eval_prompts"]}
+    flag = {"train_prompts": "--prompt_pool", "eval_prompts": "--eval_prompts"}
     out = []
+    for key in ("train_prompts", "eval_prompts"):
+        counts = sorted({u[key] for u in used if key in u})
+        if not counts or counts == [asked[key]]:
+            out.append((str(asked[key]), ""))
+            continue
+        text = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+        out.append((text, f" (what the data gave; {flag[key]} asked for {asked[key]})"))
+    return out
+
+
+def never_rewarded(runs: dict) -> list[str]:
+    """The configs whose finished runs never earned a nonzero training reward, at any step of any
+    seed."""
+    out = []
+    for name, by_seed in runs.items():
+        done = [r for r in by_seed.values() if r.finished]
+        rewards = [row["reward_mean"] for r in done for row in r.rows if "reward_mean" in row]
+        if done and rewards and not any(value for value in rewards):
+            out.append(name)
+    return sorted(out)
+
+
+def _task_preamble(runs_dir: Path, aggs: dict, sweep: dict, runs: dict) -> list[str]:
+    """What a reader must know before the tables: runs that did not finish, configs that never
+    earned a reward, and one seed's lack of a verdict."""
+    out = []
+    silent = never_rewarded(runs)
+    if silent:
+        every = "Every config" if len(silent) == len(runs) else "These configs"
+        out.append(
+            f"**No reward**: {every} ({', '.join(f'`{name}`' for name in silent)}) earned a "
+            "training reward of 0 at every step of every seed: nothing was learnt, so their rows "
+            "and the claims that read them compare runs without signal. Check the reward on the "
+            "model's own completions (the task's reward functions, --max_completion_length).\n"
+        )
     finished = sum(len(a.finished) for a in aggs.values())
     unfinished = sum(len(a.unfinished) for a in aggs.values())
     if unfinished:
