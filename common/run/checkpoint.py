@@ -15,10 +15,12 @@ anything is written.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
 import shutil
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -70,11 +72,15 @@ def set_rng_state(s: dict) -> None:
 
 def plain(obj):
     """`obj` as what `torch.load(weights_only=True)` reads back with no allowlist: numpy arrays
-    become tensors and numpy scalars Python numbers; any other object fails here, when saving,
-    rather than at resume."""
+    become tensors, numpy scalars Python numbers, deques lists and dataclasses dicts of their
+    fields; any other object fails here, when saving, rather than at resume. A method gives its
+    state as such containers and gets them back at resume: no method writes its own
+    serialisation."""
     if isinstance(obj, dict):
         return {plain(key): plain(value) for key, value in obj.items()}
-    if isinstance(obj, (list, tuple)):
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # its fields, as a dict
+        return plain(dataclasses.asdict(obj))
+    if isinstance(obj, (list, tuple, deque)):  # a deque (a FIFO) is saved as a list
         return tuple(map(plain, obj)) if isinstance(obj, tuple) else list(map(plain, obj))
     if isinstance(obj, (np.ndarray, np.generic)):
         return torch.from_numpy(obj.copy()) if isinstance(obj, np.ndarray) else obj.item()
@@ -404,12 +410,39 @@ def _tied_keys(model) -> set[str]:
     return {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
 
 
+def _older_layouts(method: dict) -> None:
+    """Method state saved in an older layout, read as the method now gives it: ra_rloo.py's replay
+    buffers were packed into five tensors (every response back to back, with their lengths)."""
+    packed = method.get("buffers", {})
+    if not {"prompt_ids", "logp_old", "rewards", "lengths", "tokens"} <= set(packed):
+        return
+    ends = packed["lengths"].cumsum(0).tolist()
+    buffers: dict[int, list] = {}
+    for prompt_id, end, length, logp_old, reward in zip(
+        packed["prompt_ids"].tolist(),
+        ends,
+        packed["lengths"].tolist(),
+        packed["logp_old"].tolist(),
+        packed["rewards"].tolist(),
+    ):
+        response = packed["tokens"][end - length : end].to(torch.int32).clone()
+        buffers.setdefault(prompt_id, []).append((response, logp_old, reward))
+    method["buffers"] = buffers
+
+
 class Checkpoints:
     """The run's checkpoints, the same in every method script: the resume at set-up, a save every
     --save_steps steps, at the last step and when a stop (Ctrl-C / SIGTERM) is agreed."""
 
-    def __init__(self, args, accelerator, model, tokenizer, optimizer, scheduler, log=print):
+    def __init__(
+        self, args, accelerator, model, tokenizer, optimizer, scheduler, log=print, models=None
+    ):
+        """`models`: {name: (module, its optimizer)} a method trains besides the policy (PPO's
+        critic), saved and restored with it: the weights under `name` and the optimizer under
+        `<name>_opt` in the method state (under --fsdp: whole weights, and each rank's optimizer
+        shard in its own file)."""
         self.args, self.accelerator, self.log = args, accelerator, log
+        self.models = dict(models or {})
         self.model, self.tokenizer, self.optimizer, self.scheduler = (
             model,
             tokenizer,
@@ -428,6 +461,16 @@ class Checkpoints:
             self.resumed_from, self.accelerator, self.model, self.optimizer, self.scheduler
         )
         sampler.load_state_dict(state["sampler"])
+        _older_layouts(state.get("method", {}))
+        for name, (module, optimizer) in self.models.items():
+            if isinstance(module, FSDPModule):
+                from common.distributed import fsdp
+
+                fsdp.load_full_state_dict(module, state["method"][name])
+                fsdp.load_local_optimizer_state(optimizer, state["rank_state"][f"{name}_opt"])
+            else:
+                module.load_state_dict(state["method"][name])
+                optimizer.load_state_dict(state["method"][f"{name}_opt"])
         generator.sync_weights(policy)
         self.log(f"resumed from {self.resumed_from} at step {step}")
         return step, state
@@ -437,9 +480,21 @@ class Checkpoints:
         return bool(every and step % every == 0) or step == self.args.max_steps or stopping
 
     def save(self, step: int, state: dict, stopping: bool, rank_state: dict | None = None) -> Path:
-        """Every rank; `state` (the sampler, counters and the method's own state) goes to
-        trainer_state.pt, `rank_state` (this rank's optimizer shards under --fsdp) to its own file.
-        """
+        """Every rank; `state` (the sampler, counters and the method's own state, plain containers)
+        goes to trainer_state.pt with the weights and optimizer state of `models`, `rank_state`
+        (this rank's optimizer shards under --fsdp) to its own file."""
+        for name, (module, optimizer) in self.models.items():
+            if isinstance(module, FSDPModule):  # every rank gathers; rank 0 gets whole weights
+                from common.distributed import fsdp
+
+                state["method"][name] = fsdp.full_state_dict(module)
+                rank_state = {
+                    **(rank_state or {}),
+                    f"{name}_opt": fsdp.local_optimizer_state(optimizer),
+                }
+            else:
+                state["method"][name] = module.state_dict()
+                state["method"][f"{name}_opt"] = optimizer.state_dict()
         path = save_checkpoint(
             self.args.output_dir,
             step,
