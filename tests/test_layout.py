@@ -266,6 +266,11 @@ def test_real_data_path_loads_no_demo_code(tmp_path):
     for script in SCRIPTS:
         modules = import_footprint.footprint(script, model_dir, data, tmp_path)
         assert not set(import_footprint.DEMO_MODULES) & set(modules), (script, sorted(modules))
+        # nor what only a flag asks for: the TRL names' table (--config, a TRL flag name), vLLM,
+        # compiling, FSDP, LoRA, reward functions
+        asked = set(import_footprint.ONLY_WHEN_ASKED) & set(modules)
+        assert not asked, (script, sorted(asked))
+        assert sum(modules.values()) <= import_footprint.MAX_LINES, (script, sum(modules.values()))
         assert (
             "common.rl.verifiers" in modules
         )  # it did take the real-data path (math-verify rewards)
