@@ -316,10 +316,11 @@ def test_resume_after_sigkill_and_cut_lines_reproduces_an_uninterrupted_run(tiny
     saved = torch.load(part / "checkpoint-2" / "trainer_state.pt", weights_only=True)["state"][
         "method"
     ]["buffers"]
-    assert (
-        saved["tokens"].dtype == torch.int32
-    )  # the buffers as tensors, some full (a FIFO that evicts)
-    assert max(saved["prompt_ids"].bincount()) == 2
+    # the buffers as they are: prompt id -> FIFO of (int32 tensor, float, float), some full (a
+    # FIFO that evicts)
+    entries = [entry for buffer in saved.values() for entry in buffer]
+    assert entries and all(response.dtype == torch.int32 for response, _, _ in entries)
+    assert max(map(len, saved.values())) == 2
     assert not (part / "metrics.jsonl").read_text().endswith("\n")  # step 3's row, cut in half
     samples = (
         part / "samples.jsonl"
@@ -346,7 +347,8 @@ def test_buffers_store_int32_and_save_and_load_a_million_tokens_fast_and_exactly
     # float)); common/run/checkpoint.py's `plain` and `safe_load` carry them
     import time
 
-    from common.run.checkpoint import _older_layouts, plain, safe_load
+    from common.run.checkpoint import plain
+    from common.run.resume import older_layouts, safe_load
 
     generator = torch.Generator().manual_seed(0)
     # 125 prompts x 16 successes x 500 tokens: 1M tokens, a full buffer everywhere
@@ -400,7 +402,7 @@ def test_buffers_store_int32_and_save_and_load_a_million_tokens_fast_and_exactly
         "tokens": torch.cat([entry[1] for entry in entries]),
     }
     method = {"buffers": older}
-    _older_layouts(method)
+    older_layouts(method)
     resumed = {key: deque(items, maxlen=16) for key, items in method["buffers"].items()}
     assert same(resumed, buffers)
 
