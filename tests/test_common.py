@@ -369,11 +369,22 @@ def test_checkpoint_files_are_plain_data_and_a_bad_file_stops_the_resume_with_on
     model = AutoModelForCausalLM.from_pretrained(random_model_dir)
     opt = torch.optim.AdamW(model.parameters())
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    import collections
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Task:
+        prompt_id: int
+        steps: list
+
     state = {
         "tree": np.arange(3.0),
         "p": np.float64(0.25),
         "pair": (1, 2),
         "buf": {7: [[1, 2]]},
+        # a FIFO and a dataclass, as the scripts keep them: saved as a list and a dict of fields
+        "fifo": collections.deque([(torch.tensor([3, 4], dtype=torch.int32), -0.5)], maxlen=2),
+        "queue": [Task(5, [(1, 2)])],
     }  # what scripts keep
     path = ck.save_checkpoint(
         str(tmp_path),
@@ -394,6 +405,9 @@ def test_checkpoint_files_are_plain_data_and_a_bad_file_stops_the_resume_with_on
         and type(loaded["p"]) is float
     )
     assert loaded["pair"] == (1, 2) and loaded["buf"] == {7: [[1, 2]]}
+    [(response, logp)] = loaded["fifo"]
+    assert response.dtype == torch.int32 and response.tolist() == [3, 4] and logp == -0.5
+    assert loaded["queue"] == [{"prompt_id": 5, "steps": [(1, 2)]}]
     with pytest.raises(TypeError, match="holds a set"):  # refused when saving, not at resume
         ck.plain({"seen": {1, 2}})
 
