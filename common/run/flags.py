@@ -464,7 +464,12 @@ def build_parser(cls, description: str = "") -> argparse.ArgumentParser:
     for title, about, names in flag_groups(cls):
         group = parser.add_argument_group(title, about)
         group_of.update(dict.fromkeys(names, group))
-    for f in dataclasses.fields(cls):
+    # --help lists a script's own flags in the order its Args declares them (a field it redeclares
+    # keeps its base class's place among the dataclass's fields)
+    own = list(vars(cls).get("__annotations__", {}))
+    for f in sorted(
+        dataclasses.fields(cls), key=lambda f: own.index(f.name) if f.name in own else -1
+    ):
         hint = hints[f.name]
         origin, targs = typing.get_origin(hint), typing.get_args(hint)
         optional = origin is typing.Union and type(None) in targs
