@@ -37,6 +37,7 @@ ONLY_WHEN_ASKED = (
     "common.distributed.fsdp",  # --fsdp
     "common.model.lora",  # --lora_r
     "common.tasks.rewards",  # --reward_funcs
+    "common.run.resume",  # --resume_from_checkpoint
 )
 MAX_LINES = 6000
 """the most lines of common/ a one-step real-data run of a script may load (tests/test_layout.py)"""
