@@ -182,6 +182,25 @@ class Args(
 ):
     # TRL's names for what this file does: a constant normaliser (samples x max tokens)
     trl_equivalents: ClassVar[dict] = {"loss_type": "dr_grpo"}
+    # the step's hyperparameters (the same names in every script): its length, batch and update
+    max_steps: Annotated[int, Range(1)] = 300
+    """number of policy updates (one batch of prompts each)"""
+    prompts_per_step: Annotated[int, Range(1)] = 32
+    """prompts per step across all processes (every rank takes every world-th one; with fewer
+    prompts than processes the ranks without one idle through the step)"""
+    max_completion_length: Annotated[int, Range(1)] = 48
+    """maximum completion length; a completion cut by it gets reward 0 from the built-in rewards
+    (never a success), its functions' total from --reward_funcs"""
+    mask_truncated_completions: bool = False
+    """completions cut by the length limit get no gradient (TRL's flag); `clipped_ratio` is logged
+    either way"""
+    micro_batch_size: Annotated[int, Range(1)] = 64
+    """sequences per forward/backward pass (gradients are accumulated over the step's batch)"""
+    max_tokens_per_microbatch: Annotated[int, Range(0, zero="off")] = 0
+    """if > 0, micro-batches are cut by this many prompt + completion tokens instead of
+    --micro_batch_size sequences, so long and short completions cost what they are"""
+    max_grad_norm: Annotated[float, Range(0, lo_open=True)] = 1.0
+    """gradient clipping norm"""
     num_generations: Annotated[int, Range(2)] = 4
     """[ADA] update group size n: each prompt's pool is downsampled to exactly n responses (backward
     cost = GRPO-n)"""

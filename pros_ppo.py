@@ -104,9 +104,26 @@ class Args(
 ):
     # TRL's names for what this file does: a token mean per mini-batch
     trl_equivalents: ClassVar[dict] = {"loss_type": "dapo"}
+    # the step's hyperparameters (the same names in every script): its length, batch and update
     max_steps: Annotated[int, Range(1)] = 200
     """number of iterations (each: one batch of queries, then num_iterations x num_mini_batches
     updates)"""
+    prompts_per_step: Annotated[int, Range(1)] = 32
+    """prompts per step across all processes (every rank takes every world-th one; with fewer
+    prompts than processes the ranks without one idle through the step)"""
+    max_completion_length: Annotated[int, Range(1)] = 48
+    """maximum completion length; a completion cut by it gets reward 0 from the built-in rewards
+    (never a success), its functions' total from --reward_funcs"""
+    mask_truncated_completions: bool = False
+    """completions cut by the length limit get no gradient (TRL's flag); `clipped_ratio` is logged
+    either way"""
+    micro_batch_size: Annotated[int, Range(1)] = 64
+    """sequences per forward/backward pass (gradients are accumulated over the step's batch)"""
+    max_tokens_per_microbatch: Annotated[int, Range(0, zero="off")] = 0
+    """if > 0, micro-batches are cut by this many prompt + completion tokens instead of
+    --micro_batch_size sequences, so long and short completions cost what they are"""
+    max_grad_norm: Annotated[float, Range(0, lo_open=True)] = 1.0
+    """gradient clipping norm"""
     num_generations: Annotated[int, Range(2)] = 4
     """rollouts per query (group size; GRPO's baseline and PROS's per-node pass-rate observations
     need >= 2)"""
@@ -695,34 +712,6 @@ def value_loss(
     return 0.5 * torch.max((v - returns) ** 2, (v_clipped - returns) ** 2)
 
 
-def critic_state(critic, critic_optimizer, sharded: bool) -> tuple[dict, dict | None]:
-    """The critic's part of a checkpoint: (entries of the method state, this rank's `rank_state`).
-    Under --fsdp the whole weights are gathered to rank 0 (every rank calls this) and each rank
-    keeps its optimizer shard in its own file; without it, both go to the method state. ({}, None)
-    without a critic."""
-    if critic is None:
-        return {}, None
-    if not sharded:
-        return {"critic": critic.state_dict(), "critic_opt": critic_optimizer.state_dict()}, None
-    from common.distributed import fsdp
-
-    rank_state = {"critic_opt": fsdp.local_optimizer_state(critic_optimizer)}
-    return {"critic": fsdp.full_state_dict(critic)}, rank_state
-
-
-def load_critic(critic, critic_optimizer, saved: dict, sharded: bool) -> None:
-    """Inverse of `critic_state`, from a resumed checkpoint's state (under --fsdp: whole weights,
-    and this rank's optimizer shard from its `rank_state`)."""
-    if sharded:
-        from common.distributed import fsdp
-
-        fsdp.load_full_state_dict(critic, saved["method"]["critic"])
-        fsdp.load_local_optimizer_state(critic_optimizer, saved["rank_state"]["critic_opt"])
-    else:
-        critic.load_state_dict(saved["method"]["critic"])
-        critic_optimizer.load_state_dict(saved["method"]["critic_opt"])
-
-
 # ---------------- the step's sample log and metrics ----------------
 
 
@@ -938,7 +927,7 @@ def critic_step(
     minibatch_value_loss = torch.zeros((), dtype=torch.float64, device=device)
     step_rows = prompts, completions, forward, accelerator, args
     for mb_ids, mb, cols in minibatch_rows(minibatch, critic_model, *step_rows):
-        with autocast(device, args.dtype):
+        with autocast(device, forward.dtype):
             mb_values = critic_model(mb)
         per_token = value_loss(
             mb_values,
@@ -1039,11 +1028,13 @@ def main(args: Args) -> None:
             )
 
     # ---------------- resume, the query tree, logs, step-0 evaluation ----------------
-    checkpoints = Checkpoints(args, accelerator, model, tokenizer, optimizer, scheduler, log)
+    # the critic and its optimizer are saved and restored with the policy's
+    trained = {"critic": (critic, critic_optimizer)} if critic is not None else {}
+    checkpoints = Checkpoints(
+        args, accelerator, model, tokenizer, optimizer, scheduler, log, models=trained
+    )
     start_step, saved = checkpoints.resume(sampler, generator, policy)
     counters = saved["counters"] if saved else {"rollouts": 0, "gen_tokens": 0}
-    if saved and critic is not None:
-        load_critic(critic, critic_optimizer, saved, args.fsdp)
     # [PROS] (also in PPO / GRPO: empty, unused) the query tree, the Gibbs/selection RNG (one seed:
     # identical pools)
     tree = QueryTree(saved["method"]["tree"] if saved else None)
@@ -1242,10 +1233,8 @@ def main(args: Args) -> None:
         if checkpoints.due(step, stopping):
             # [PROS] (also in PPO / GRPO: the empty tree and its RNG)
             method_state = {"tree": tree.state_dict(), "rng": pros_rng.bit_generator.state}
-            critic_entries, rank_state = critic_state(critic, critic_optimizer, args.fsdp)
-            method_state.update(critic_entries)
             state = {"sampler": sampler.state_dict(), "counters": counters, "method": method_state}
-            checkpoints.save(step, state, stopping, rank_state)
+            checkpoints.save(step, state, stopping)
         if stopping:
             break
     run_log.close()

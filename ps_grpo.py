@@ -136,8 +136,25 @@ class Args(
 ):
     # TRL's names for what this file does: the loss divides by the batch's completion tokens
     trl_equivalents: ClassVar[dict] = {"loss_type": "dapo"}
+    # the step's hyperparameters (the same names in every script): its length, batch and update
     max_steps: Annotated[int, Range(1)] = 150
     """number of policy updates (one batch of tasks each)"""
+    prompts_per_step: Annotated[int, Range(1)] = 32
+    """prompts per step across all processes (every rank takes every world-th one; with fewer
+    prompts than processes the ranks without one idle through the step)"""
+    max_completion_length: Annotated[int, Range(1)] = 48
+    """maximum completion length; a completion cut by it gets reward 0 from the built-in rewards
+    (never a success), its functions' total from --reward_funcs"""
+    mask_truncated_completions: bool = False
+    """completions cut by the length limit get no gradient (TRL's flag); `clipped_ratio` is logged
+    either way"""
+    micro_batch_size: Annotated[int, Range(1)] = 64
+    """sequences per forward/backward pass (gradients are accumulated over the step's batch)"""
+    max_tokens_per_microbatch: Annotated[int, Range(0, zero="off")] = 0
+    """if > 0, micro-batches are cut by this many prompt + completion tokens instead of
+    --micro_batch_size sequences, so long and short completions cost what they are"""
+    max_grad_norm: Annotated[float, Range(0, lo_open=True)] = 1.0
+    """gradient clipping norm"""
     num_generations: Annotated[int, Range(2)] = 8
     """rollouts per task (N); the group for GRPO advantages and for the pass rate k/N"""
     epsilon: Annotated[float, Range(0, 1, hi_open=True)] = 0.2
@@ -467,16 +484,6 @@ def controller_input(totals: dict) -> dict[str, Attributed]:
             *(totals[f"ctrl_{category}_{name}"] for name in ("tasks", "success", "stale"))
         )
         for category in CATEGORIES
-    }
-
-
-def method_state(queue: list[BatchTask], controllers: dict) -> dict:
-    """[PS] (also in GRPO: an empty queue, unmoved controllers) What a resume needs of the method:
-    the queued prefix tasks and the controllers, as plain data (checkpoints load with torch's
-    restricted unpickler)."""
-    return {
-        "queue": [asdict(task) for task in queue],
-        "ctrl": {category: asdict(controllers[category]) for category in CATEGORIES},
     }
 
 
@@ -1112,7 +1119,8 @@ def main(args: Args) -> None:
             state = {
                 "sampler": sampler.state_dict(),
                 "counters": counters,
-                "method": method_state(queue, controllers),
+                # [PS] (also in GRPO: an empty queue, unmoved controllers) as plain data
+                "method": {"queue": queue, "ctrl": controllers},
             }
             checkpoints.save(step, state, stopping)
         if stopping:

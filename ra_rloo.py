@@ -46,7 +46,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Annotated, ClassVar, Literal
 
-import numpy as np
 import torch
 
 from common.distributed.ranks import (
@@ -111,6 +110,25 @@ class Args(
     # the method in TRL GRPOConfig's terms, so that a --config GRPOConfig file may say so: the loss
     # divides by samples x max_completion_length (rloo_loss), the advantages are not std-scaled
     trl_equivalents: ClassVar[dict] = {"loss_type": "dr_grpo", "scale_rewards": "none"}
+    # the step's hyperparameters (the same names in every script): its length, batch and update
+    max_steps: Annotated[int, Range(1)] = 300
+    """number of policy updates (one batch of prompts each)"""
+    prompts_per_step: Annotated[int, Range(1)] = 32
+    """prompts per step across all processes (every rank takes every world-th one; with fewer
+    prompts than processes the ranks without one idle through the step)"""
+    max_completion_length: Annotated[int, Range(1)] = 48
+    """maximum completion length; a completion cut by it gets reward 0 from the built-in rewards
+    (never a success), its functions' total from --reward_funcs"""
+    mask_truncated_completions: bool = False
+    """completions cut by the length limit get no gradient (TRL's flag); `clipped_ratio` is logged
+    either way"""
+    micro_batch_size: Annotated[int, Range(1)] = 64
+    """sequences per forward/backward pass (gradients are accumulated over the step's batch)"""
+    max_tokens_per_microbatch: Annotated[int, Range(0, zero="off")] = 0
+    """if > 0, micro-batches are cut by this many prompt + completion tokens instead of
+    --micro_batch_size sequences, so long and short completions cost what they are"""
+    max_grad_norm: Annotated[float, Range(0, lo_open=True)] = 1.0
+    """gradient clipping norm"""
     num_generations: Annotated[int, Range(2)] = 4
     """rollouts per prompt (K); RLOO needs K >= 2"""
     beta: Annotated[float, Range(0, zero="off, no reference model")] = 0.05
@@ -182,64 +200,12 @@ def seed_buffers(
     for example, demo, token_lps in zip(task.train, demos, logprobs):
         # a verified solution: the built-in reward 1 (or --success_reward when higher, so that it
         # counts as one)
-        buffers[example.id] = deque(
-            [(np.asarray(demo, np.int32), sum(token_lps), max(1.0, task.success_reward))],
-            maxlen=args.buffer_capacity,
+        entry = (
+            torch.tensor(demo, dtype=torch.int32),
+            sum(token_lps),
+            max(1.0, task.success_reward),
         )
-    return buffers
-
-
-def buffers_state(buffers: dict[int, deque]) -> dict:
-    """The replay buffers (also in RLOO: empty) as tensors for the checkpoint, in FIFO order: per
-    entry its prompt id, log pi_old (float64, the value itself), stored reward and length, and every
-    response back to back in int32."""
-    entries = [
-        (prompt_id, response, logp_old, reward)
-        for prompt_id, buffer in buffers.items()
-        for response, logp_old, reward in buffer
-    ]
-    tokens = np.concatenate([entry[1] for entry in entries]) if entries else np.zeros(0, np.int32)
-    return {
-        "prompt_ids": torch.tensor([entry[0] for entry in entries], dtype=torch.int64),
-        "logp_old": torch.tensor([entry[2] for entry in entries], dtype=torch.float64),
-        "rewards": torch.tensor([entry[3] for entry in entries], dtype=torch.float64),
-        "lengths": torch.tensor([len(entry[1]) for entry in entries], dtype=torch.int64),
-        "tokens": torch.from_numpy(tokens).to(torch.int32),
-    }
-
-
-def load_buffers(saved: dict, capacity: int, where: str) -> dict[int, deque]:
-    """Inverse of `buffers_state`; a damaged one stops the run with one line naming `where`. Each
-    response is its own int32 array, so one the FIFO drops frees its memory."""
-    if not saved:
-        return {}
-    keys = ("prompt_ids", "logp_old", "rewards", "lengths", "tokens")
-    ids, logps, rewards, lengths, tokens = (saved.get(key) for key in keys)
-    problem = ""
-    if not all(
-        torch.is_tensor(value) and value.dim() == 1
-        for value in (ids, logps, rewards, lengths, tokens)
-    ):
-        problem = "prompt_ids, logp_old, rewards, lengths and tokens are not five 1-D tensors"
-    elif any(value.is_floating_point() for value in (ids, lengths, tokens)) or not (
-        logps.is_floating_point() and rewards.is_floating_point()
-    ):
-        problem = "integer prompt_ids, lengths and tokens and float logp_old and rewards expected"
-    elif not ids.numel() == logps.numel() == rewards.numel() == lengths.numel():
-        problem = "prompt_ids, logp_old, rewards and lengths differ in length"
-    elif (lengths < 0).any() or (tokens.numel() and tokens.min() < 0):
-        problem = "a negative length or token id"
-    elif int(lengths.sum()) != tokens.numel():
-        problem = f"lengths adding up to {int(lengths.sum())} for {tokens.numel()} tokens"
-    if problem:
-        raise SystemExit(f"{where}: damaged ({problem}); resume from another checkpoint")
-    buffers: dict[int, deque] = {}
-    flat = tokens.to(torch.int32).numpy()
-    ends = np.cumsum(lengths.numpy()).tolist()
-    entries = zip(ids.tolist(), ends, lengths.tolist(), logps.tolist(), rewards.tolist())
-    for prompt_id, end, length, logp_old, reward in entries:
-        buffer = buffers.setdefault(prompt_id, deque(maxlen=capacity))
-        buffer.append((flat[end - length : end].copy(), logp_old, reward))
+        buffers[example.id] = deque([entry], maxlen=args.buffer_capacity)
     return buffers
 
 
@@ -267,7 +233,7 @@ def splice_replays(
         if needed and buffers.get(prompt_id):
             response, logp_old, reward = rng.choice(buffers[prompt_id])
             slot = k - 1  # rollouts are i.i.d., so which slot is replaced does not matter
-            completions[group * k + slot] = np.asarray(response).tolist()
+            completions[group * k + slot] = response.tolist()
             rewards[group, slot] = reward
             replay_logp_old[group, slot] = logp_old
     return replay_logp_old
@@ -306,7 +272,7 @@ def keep_successes(buffers, examples, gens, fresh_success, scored, args, acceler
             new_successes.append((examples[i // k].id, list(ids), logp_old, scored.total[i]))
     for prompt_id, response, logp_old, reward in gather_list(accelerator, new_successes):
         buffer = buffers.setdefault(prompt_id, deque(maxlen=args.buffer_capacity))
-        buffer.append((np.asarray(response, np.int32), logp_old, float(reward)))
+        buffer.append((torch.tensor(response, dtype=torch.int32), logp_old, float(reward)))
 
 
 def ra_rloo_sums(fresh_rewards, rewards, fresh_success, is_replay, truncated, gens) -> dict:
@@ -437,8 +403,10 @@ def main(args: Args) -> None:
     # [RA-RLOO] (also in RLOO: empty) prompt id -> FIFO of (int32 response, log pi_old(y|x),
     # reward), the same on every rank
     saved_buffers = saved["method"]["buffers"] if saved else {}
-    where = f"{saved and checkpoints.resumed_from.name}/trainer_state.pt replay buffers"
-    buffers = load_buffers(saved_buffers, args.buffer_capacity, where)
+    buffers = {
+        prompt_id: deque(entries, maxlen=args.buffer_capacity)
+        for prompt_id, entries in saved_buffers.items()
+    }
     # [RA-RLOO] demonstrations; under FSDP whole weights only where they are scored (the embedded
     # task: real datasets seed nothing)
     if start_step == 0 and args.replay != "none" and args.seed_buffer:
@@ -581,7 +549,7 @@ def main(args: Args) -> None:
         stopping = stop.any_rank_signalled(accelerator)
         if checkpoints.due(step, stopping):
             # [RA-RLOO] (also in RLOO: empty) the buffers
-            method_state = {"buffers": buffers_state(buffers)}
+            method_state = {"buffers": buffers}
             state = {"sampler": sampler.state_dict(), "counters": counters, "method": method_state}
             checkpoints.save(step, state, stopping)
         if stopping:

@@ -308,6 +308,7 @@ def test_checkpoint_round_trip_and_auto_resume(tmp_path, random_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from common.run import checkpoint as ck
+    from common.run import resume
 
     acc = Accelerator(cpu=True)
     tok = AutoTokenizer.from_pretrained(random_model_dir)
@@ -339,7 +340,7 @@ def test_checkpoint_round_trip_and_auto_resume(tmp_path, random_model_dir):
     o2 = torch.optim.AdamW(m2.parameters(), lr=1e-3)
     s2 = torch.optim.lr_scheduler.LambdaLR(o2, lambda s: 0.5)
     torch.manual_seed(123)
-    step, state = ck.load_checkpoint(latest, acc, m2, o2, s2)
+    step, state = resume.load_checkpoint(latest, acc, m2, o2, s2)
     assert step == 3 and state == {"buf": {7: [[1, 2]]}, "s": 3}
     assert all(torch.equal(want[k], v) for k, v in m2.state_dict().items())
     assert torch.equal(
@@ -362,16 +363,28 @@ def test_checkpoint_files_are_plain_data_and_a_bad_file_stops_the_resume_with_on
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from common.run import checkpoint as ck
+    from common.run import resume
 
     acc = Accelerator(cpu=True)
     model = AutoModelForCausalLM.from_pretrained(random_model_dir)
     opt = torch.optim.AdamW(model.parameters())
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    import collections
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Task:
+        prompt_id: int
+        steps: list
+
     state = {
         "tree": np.arange(3.0),
         "p": np.float64(0.25),
         "pair": (1, 2),
         "buf": {7: [[1, 2]]},
+        # a FIFO and a dataclass, as the scripts keep them: saved as a list and a dict of fields
+        "fifo": collections.deque([(torch.tensor([3, 4], dtype=torch.int32), -0.5)], maxlen=2),
+        "queue": [Task(5, [(1, 2)])],
     }  # what scripts keep
     path = ck.save_checkpoint(
         str(tmp_path),
@@ -386,12 +399,15 @@ def test_checkpoint_files_are_plain_data_and_a_bad_file_stops_the_resume_with_on
     )
     for name in ("trainer_state.pt", "rng_rank0.pt"):  # nothing for the restricted loader to refuse
         assert torch.serialization.get_unsafe_globals_in_checkpoint(path / name) == []
-    _, loaded = ck.load_checkpoint(path, acc, model, opt, sched)
+    _, loaded = resume.load_checkpoint(path, acc, model, opt, sched)
     assert (
         torch.equal(loaded["tree"], torch.arange(3.0, dtype=torch.float64))
         and type(loaded["p"]) is float
     )
     assert loaded["pair"] == (1, 2) and loaded["buf"] == {7: [[1, 2]]}
+    [(response, logp)] = loaded["fifo"]
+    assert response.dtype == torch.int32 and response.tolist() == [3, 4] and logp == -0.5
+    assert loaded["queue"] == [{"prompt_id": 5, "steps": [(1, 2)]}]
     with pytest.raises(TypeError, match="holds a set"):  # refused when saving, not at resume
         ck.plain({"seen": {1, 2}})
 
@@ -399,7 +415,7 @@ def test_checkpoint_files_are_plain_data_and_a_bad_file_stops_the_resume_with_on
         good = (path / name).read_bytes()
         (path / name).write_bytes(content)
         with pytest.raises(SystemExit, match=match) as info:
-            ck.load_checkpoint(path, acc, model, opt, sched)
+            resume.load_checkpoint(path, acc, model, opt, sched)
         (path / name).write_bytes(good)
         assert "\n" not in str(info.value)  # one line
 
@@ -503,6 +519,7 @@ def test_checkpoint_loads_sharded_weights(tmp_path, random_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from common.run import checkpoint as ck
+    from common.run import resume
 
     acc = Accelerator(cpu=True)
     model = AutoModelForCausalLM.from_pretrained(random_model_dir)
@@ -526,7 +543,7 @@ def test_checkpoint_loads_sharded_weights(tmp_path, random_model_dir):
     model.save_pretrained(path, max_shard_size="300KB")  # how big models are saved
     assert (path / "model.safetensors.index.json").exists()
     m2 = AutoModelForCausalLM.from_pretrained(random_model_dir)
-    ck.load_checkpoint(path, acc, m2, torch.optim.AdamW(m2.parameters()), sched)
+    resume.load_checkpoint(path, acc, m2, torch.optim.AdamW(m2.parameters()), sched)
     assert all(
         torch.equal(a, b) for a, b in zip(model.state_dict().values(), m2.state_dict().values())
     )

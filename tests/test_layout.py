@@ -231,6 +231,37 @@ def test_one_flag_name_per_concept_across_the_scripts():
     assert not differing, differing
 
 
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_flag_a_step_loop_reads_is_declared_in_its_files_args(script):
+    # a reader finds each hyperparameter of the loop in the file's own Args, with its docstring:
+    # the flag stays declared there, not only in one of common/run/flags.py's shared groups
+    tree = ast.parse((ROOT / script).read_text())
+    args = next(
+        node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "Args"
+    )
+    body = list(args.body)
+    declared = {
+        node.target.id
+        for node, after in zip(body, body[1:] + [None])
+        if isinstance(node, ast.AnnAssign)
+        and isinstance(after, ast.Expr)
+        and isinstance(after.value, ast.Constant)
+        and isinstance(after.value.value, str)
+    }
+    loop = next(
+        node
+        for node in ast.walk(main_function(script))
+        if isinstance(node, ast.For) and getattr(node.target, "id", None) == "step"
+    )
+    read = {
+        node.attr
+        for node in ast.walk(loop)
+        if isinstance(node, ast.Attribute) and getattr(node.value, "id", None) == "args"
+    }
+    assert read, script
+    assert read <= declared, (script, sorted(read - declared))
+
+
 def test_real_data_path_loads_no_demo_code(tmp_path):
     # what a user copies with one method for a real dataset never loads the embedded demo (Countdown, its
     # environment, the tiny-model builder) nor the user reward functions' loader
@@ -240,6 +271,11 @@ def test_real_data_path_loads_no_demo_code(tmp_path):
     for script in SCRIPTS:
         modules = import_footprint.footprint(script, model_dir, data, tmp_path)
         assert not set(import_footprint.DEMO_MODULES) & set(modules), (script, sorted(modules))
+        # nor what only a flag asks for: the TRL names' table (--config, a TRL flag name), vLLM,
+        # compiling, FSDP, LoRA, reward functions, the resume
+        asked = set(import_footprint.ONLY_WHEN_ASKED) & set(modules)
+        assert not asked, (script, sorted(asked))
+        assert sum(modules.values()) <= import_footprint.MAX_LINES, (script, sum(modules.values()))
         assert (
             "common.rl.verifiers" in modules
         )  # it did take the real-data path (math-verify rewards)

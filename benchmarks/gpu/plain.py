@@ -50,7 +50,7 @@ def critic_changed(model_dir: Path, ckpt: Path) -> float | None:
     import torch
     from safetensors.torch import load_file
 
-    from common.run.checkpoint import safe_load
+    from common.run.resume import safe_load
 
     critic = (
         safe_load(ckpt / "trainer_state.pt", ("state",))["state"].get("method", {}).get("critic")

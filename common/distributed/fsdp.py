@@ -175,7 +175,7 @@ def save_shards(model, optimizer, rank_state: dict | None, path, skip=()) -> dic
 
 def load_shards(optimizer, shards: dict) -> dict:
     """Inverse of `save_shards` for the optimizer, given the file's content (read by
-    `common.run.checkpoint.safe_load`); returns the `rank_state` saved with it."""
+    `common.run.resume.safe_load`); returns the `rank_state` saved with it."""
     load_local_optimizer_state(optimizer, shards.pop("optimizer"))
     return shards
 

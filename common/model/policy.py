@@ -88,3 +88,8 @@ def frozen_reference(policy: torch.nn.Module, dtype: str, fsdp: bool = False) ->
     for param in params:
         param.data = param.data.to(DTYPES[dtype])
     return reference
+
+
+def tied_keys(model) -> set[str]:
+    """The weights a model with tied embeddings does not save apart (the output head's)."""
+    return {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()

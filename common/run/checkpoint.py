@@ -2,33 +2,34 @@
 by `from_pretrained` and vLLM), `trainer_state.pt` (optimizer, scheduler, step, sampler position,
 the method's state such as replay buffers) and `rng_rank<r>.pt` (each process's RNGs); under
 `--fsdp` the model dir still holds the whole weights, and each rank's optimizer shard (and
-`rank_state`) is in `shards_rank<r>.pt`. The .pt files hold only tensors and plain containers, read
-back with no allowlist, so a resume runs no code from a checkpoint. It is written to a temporary dir
-and renamed when complete, so an interrupted save never leaves a half-written checkpoint behind; a
-failed write (a full disk, no permission) stops every rank with one line and leaves the earlier
-checkpoints whole. Objects registered with `accelerator.register_for_checkpointing` (the vLLM
-generator's request-seed counter) keep their `state_dict()` in each rank's `rng_rank<r>.pt`,
-restored on resume. `run.json` records the run that wrote it (its id, script, settings and flags;
-common/run/output_dir.py): rotation removes only that run's own, and a resume checks it before
-anything is written.
+`rank_state`) is in `shards_rank<r>.pt`. The .pt files hold only tensors and plain containers,
+read back with no allowlist by common/run/resume.py, so a resume runs no code from a checkpoint.
+It is written to a temporary dir and renamed when complete, so an interrupted save never leaves a
+half-written checkpoint behind; a failed write (a full disk, no permission) stops every rank with
+one line and leaves the earlier checkpoints whole. Objects registered with
+`accelerator.register_for_checkpointing` (the vLLM generator's request-seed counter) keep their
+`state_dict()` in each rank's `rng_rank<r>.pt`, restored on resume. `run.json` records the run
+that wrote it (its id, script, settings and flags; common/run/output_dir.py): rotation removes only
+that run's own, and a resume checks it before anything is written.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
 import shutil
+from collections import deque
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file
 from torch.distributed.fsdp import FSDPModule
 
-from common.distributed.ranks import first_failure, gather_list, stop_every_rank
-from common.model.policy import library_bars_off
+from common.distributed.ranks import first_failure, stop_every_rank
+from common.model.policy import library_bars_off, tied_keys
 from common.run.folder_lock import lost_hold
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
@@ -60,21 +61,17 @@ def rng_state() -> dict:
     return s
 
 
-def set_rng_state(s: dict) -> None:
-    random.setstate(s["python"])
-    np.random.set_state(s["numpy"])
-    torch.set_rng_state(s["torch"])
-    if "cuda" in s and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(s["cuda"])
-
-
 def plain(obj):
     """`obj` as what `torch.load(weights_only=True)` reads back with no allowlist: numpy arrays
-    become tensors and numpy scalars Python numbers; any other object fails here, when saving,
-    rather than at resume."""
+    become tensors, numpy scalars Python numbers, deques lists and dataclasses dicts of their
+    fields; any other object fails here, when saving, rather than at resume. A method gives its
+    state as such containers and gets them back at resume: no method writes its own
+    serialisation."""
     if isinstance(obj, dict):
         return {plain(key): plain(value) for key, value in obj.items()}
-    if isinstance(obj, (list, tuple)):
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # its fields, as a dict
+        return plain(dataclasses.asdict(obj))
+    if isinstance(obj, (list, tuple, deque)):  # a deque (a FIFO) is saved as a list
         return tuple(map(plain, obj)) if isinstance(obj, tuple) else list(map(plain, obj))
     if isinstance(obj, (np.ndarray, np.generic)):
         return torch.from_numpy(obj.copy()) if isinstance(obj, np.ndarray) else obj.item()
@@ -84,49 +81,6 @@ def plain(obj):
         f"checkpoint state holds a {type(obj).__name__}: keep to numbers, strings, tensors and "
         "containers"
     )
-
-
-def safe_load(path: Path, keys: tuple[str, ...] = ()) -> dict:
-    """One checkpoint file read as data (safetensors, or tensors and plain containers: a tampered
-    file cannot run code); a missing, truncated, tampered or foreign file stops the run with one
-    line naming it."""
-    where = f"{path.parent.name}/{path.name}"
-    try:
-        content = (
-            load_file(str(path))
-            if path.suffix == ".safetensors"
-            else torch.load(path, weights_only=True)
-        )
-    except (
-        Exception
-    ) as error:  # whatever failed, the file is at fault: name it, without torch's traceback
-        try:
-            found = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-        except Exception:
-            found = []
-        if found and all(
-            name.startswith("numpy.") for name in found
-        ):  # older checkpoints pickled numpy objects
-            raise SystemExit(
-                f"{where}: an older checkpoint format (numpy objects) that a resume no longer "
-                "unpickles; "
-                f"restart from its weights with --model_name_or_path {path.parent}"
-            )
-        reason = (
-            f"it calls {', '.join(found)}"
-            if found
-            else str(error).split(". ")[0].strip() or "empty or cut short"
-        )
-        raise SystemExit(
-            f"{where}: not a checkpoint written by this project (unsafe or unreadable content): "
-            f"{reason}"
-        )
-    if not isinstance(content, dict) or not set(keys) <= set(content):
-        raise SystemExit(
-            f"{where}: not a checkpoint written by this project (expected the keys "
-            f"{', '.join(keys)})"
-        )
-    return content
 
 
 def list_checkpoints(output_dir: str) -> list[Path]:
@@ -214,7 +168,7 @@ def save_checkpoint(
                 optimizer,
                 plain(rank_state),
                 tmp / f"shards_rank{accelerator.process_index}.pt",
-                skip=_tied_keys(unwrapped),
+                skip=tied_keys(unwrapped),
             )
         except _WRITE_ERRORS as error:
             failed.append(str(error))
@@ -307,123 +261,19 @@ def _stop_if_failed(accelerator, failed: list, tmp: Path, step: int) -> None:
     )
 
 
-def load_checkpoint(path: Path, accelerator, model, optimizer, scheduler) -> tuple[int, dict]:
-    """Restore weights, optimizer, scheduler and this rank's RNG (each file checked by `safe_load`);
-    returns (step, method state). Under `--fsdp` the method state also holds this rank's
-    `rank_state` under the key "rank_state"."""
-    ts = safe_load(
-        path / "trainer_state.pt", ("step", "optimizer", "scheduler", "state", "world_size")
-    )
-    if ts["world_size"] != accelerator.num_processes:
-        raise SystemExit(
-            f"--resume_from_checkpoint {path}: saved with {ts['world_size']} processes, now "
-            f"{accelerator.num_processes}"
-        )
-    unwrapped = accelerator.unwrap_model(model)
-    sharded = isinstance(unwrapped, FSDPModule)
-    if sharded != (ts["optimizer"] is None):
-        raise SystemExit(
-            f"--resume_from_checkpoint {path}: saved {'without' if sharded else 'with'} --fsdp, "
-            "resumed "
-            f"{'with' if sharded else 'without'} it (the optimizer state is laid out differently)"
-        )
-    saved_lora = (path / "adapter_model.safetensors").exists()
-    if saved_lora != hasattr(unwrapped, "get_base_model"):
-        raise SystemExit(
-            f"--resume_from_checkpoint {path}: saved {'with' if saved_lora else 'without'} LoRA "
-            "adapters, resumed "
-            f"{'without' if saved_lora else 'with'} them (match --lora_r)"
-        )
-    rank, refused = accelerator.process_index, []
-    # this rank's own files: all ranks stop if one is refused (a rank leaving alone would hang the
-    # others)
-    try:
-        rng = safe_load(path / f"rng_rank{rank}.pt", ("python", "numpy", "torch"))
-        shards = safe_load(path / f"shards_rank{rank}.pt", ("optimizer",)) if sharded else None
-    except SystemExit as error:
-        refused.append(str(error))
-    if refused := gather_list(accelerator, refused):
-        raise SystemExit("; ".join(refused))
-    for obj, saved in zip(getattr(accelerator, "_custom_objects", []), rng.get("objects", [])):
-        obj.load_state_dict(
-            saved
-        )  # registered for checkpointing: the vLLM generator's seed counter
-    if hasattr(
-        unwrapped, "get_base_model"
-    ):  # LoRA: the adapters are the trained weights, the base is unchanged
-        from peft import set_peft_model_state_dict
-
-        result = set_peft_model_state_dict(unwrapped, safe_load(path / "adapter_model.safetensors"))
-        if result.unexpected_keys:
-            raise SystemExit(
-                f"--resume_from_checkpoint {path}: adapter does not match the model "
-                f"({result.unexpected_keys[:3]})"
-            )
-        return _finish_load(ts, rng, shards, optimizer, scheduler)
-    index = path / "model.safetensors.index.json"
-    if index.exists():  # large models are saved in shards
-        import json
-
-        weights = {}
-        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-            weights.update(safe_load(path / shard))
-    else:
-        weights = safe_load(path / "model.safetensors")
-    # another model than the run's (a changed --model_name_or_path): one line, not load_state_dict's
-    # size-mismatch traceback
-    own = unwrapped.state_dict()
-    other = [
-        f"{key} {list(weights[key].shape)} vs {list(own[key].shape)}"
-        for key in weights
-        if key in own and tuple(weights[key].shape) != tuple(own[key].shape)
-    ]
-    if other:
-        raise SystemExit(
-            f"--resume_from_checkpoint {path}: the checkpoint's weights do not fit this model "
-            f"({len(other)} differ in shape, e.g. {other[0]}): resume with the run's "
-            f"--model_name_or_path (--config {path.parent / 'args.json'} gives every flag it used)"
-        )
-    if sharded:  # --fsdp: every rank reads the whole weights and keeps its shards
-        from common.distributed.fsdp import load_full_state_dict
-    missing, unexpected = (
-        load_full_state_dict(unwrapped, weights)
-        if sharded
-        else unwrapped.load_state_dict(weights, strict=False)
-    )
-    missing = [k for k in missing if k not in _tied_keys(unwrapped)]
-    if missing or unexpected:
-        raise SystemExit(
-            f"--resume_from_checkpoint {path}: weights do not match the model (missing "
-            f"{missing[:3]}, "
-            f"unexpected {unexpected[:3]})"
-        )
-    return _finish_load(ts, rng, shards, optimizer, scheduler)
-
-
-def _finish_load(
-    ts: dict, rng: dict, shards: dict | None, optimizer, scheduler
-) -> tuple[int, dict]:
-    if shards is not None:  # --fsdp: this rank's optimizer shard
-        from common.distributed.fsdp import load_shards
-
-        ts["state"]["rank_state"] = load_shards(optimizer, shards)
-    else:
-        optimizer.load_state_dict(ts["optimizer"])
-    scheduler.load_state_dict(ts["scheduler"])
-    set_rng_state(rng)
-    return ts["step"], ts["state"]
-
-
-def _tied_keys(model) -> set[str]:
-    return {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
-
-
 class Checkpoints:
     """The run's checkpoints, the same in every method script: the resume at set-up, a save every
     --save_steps steps, at the last step and when a stop (Ctrl-C / SIGTERM) is agreed."""
 
-    def __init__(self, args, accelerator, model, tokenizer, optimizer, scheduler, log=print):
+    def __init__(
+        self, args, accelerator, model, tokenizer, optimizer, scheduler, log=print, models=None
+    ):
+        """`models`: {name: (module, its optimizer)} a method trains besides the policy (PPO's
+        critic), saved and restored with it: the weights under `name` and the optimizer under
+        `<name>_opt` in the method state (under --fsdp: whole weights, and each rank's optimizer
+        shard in its own file)."""
         self.args, self.accelerator, self.log = args, accelerator, log
+        self.models = dict(models or {})
         self.model, self.tokenizer, self.optimizer, self.scheduler = (
             model,
             tokenizer,
@@ -438,10 +288,14 @@ class Checkpoints:
         """
         if self.resumed_from is None:
             return 0, None
+        from common.run.resume import load_checkpoint, older_layouts, restore_models
+
         step, state = load_checkpoint(
             self.resumed_from, self.accelerator, self.model, self.optimizer, self.scheduler
         )
         sampler.load_state_dict(state["sampler"])
+        older_layouts(state.get("method", {}))
+        restore_models(self.models, state)
         generator.sync_weights(policy)
         self.log(f"resumed from {self.resumed_from} at step {step}")
         return step, state
@@ -451,9 +305,21 @@ class Checkpoints:
         return bool(every and step % every == 0) or step == self.args.max_steps or stopping
 
     def save(self, step: int, state: dict, stopping: bool, rank_state: dict | None = None) -> Path:
-        """Every rank; `state` (the sampler, counters and the method's own state) goes to
-        trainer_state.pt, `rank_state` (this rank's optimizer shards under --fsdp) to its own file.
-        """
+        """Every rank; `state` (the sampler, counters and the method's own state, plain containers)
+        goes to trainer_state.pt with the weights and optimizer state of `models`, `rank_state`
+        (this rank's optimizer shards under --fsdp) to its own file."""
+        for name, (module, optimizer) in self.models.items():
+            if isinstance(module, FSDPModule):  # every rank gathers; rank 0 gets whole weights
+                from common.distributed import fsdp
+
+                state["method"][name] = fsdp.full_state_dict(module)
+                rank_state = {
+                    **(rank_state or {}),
+                    f"{name}_opt": fsdp.local_optimizer_state(optimizer),
+                }
+            else:
+                state["method"][name] = module.state_dict()
+                state["method"][f"{name}_opt"] = optimizer.state_dict()
         path = save_checkpoint(
             self.args.output_dir,
             step,

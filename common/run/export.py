@@ -33,8 +33,7 @@ from safetensors import SafetensorError
 from torch.distributed.fsdp import FSDPModule
 
 from common.distributed.ranks import first_failure, stop_every_rank
-from common.model.policy import DTYPES, library_bars_off
-from common.run.checkpoint import _tied_keys
+from common.model.policy import DTYPES, library_bars_off, tied_keys
 from common.run.flags import given_flags, parse_args
 from common.run.folder_lock import lost_hold
 from common.run.output_dir import EXPORT, EXPORT_MERGED, SAME_RUN
@@ -144,7 +143,7 @@ def _cast(weights: dict | None, dtype, model) -> dict | None:
     (gathered, cast or merged) save_pretrained would store it twice."""
     if weights is None:
         return None
-    tied = _tied_keys(model)
+    tied = tied_keys(model)
     return {
         key: value.to(dtype) if dtype is not None and torch.is_floating_point(value) else value
         for key, value in weights.items()

@@ -464,7 +464,12 @@ def build_parser(cls, description: str = "") -> argparse.ArgumentParser:
     for title, about, names in flag_groups(cls):
         group = parser.add_argument_group(title, about)
         group_of.update(dict.fromkeys(names, group))
-    for f in dataclasses.fields(cls):
+    # --help lists a script's own flags in the order its Args declares them (a field it redeclares
+    # keeps its base class's place among the dataclass's fields)
+    own = list(vars(cls).get("__annotations__", {}))
+    for f in sorted(
+        dataclasses.fields(cls), key=lambda f: own.index(f.name) if f.name in own else -1
+    ):
         hint = hints[f.name]
         origin, targs = typing.get_origin(hint), typing.get_args(hint)
         optional = origin is typing.Union and type(None) in targs
@@ -596,11 +601,12 @@ def trl_flags(cls, parser, argv: list[str]) -> tuple[list[str], dict]:
     that are not this script's flags, spelled in full (`--bf16`, `--bf16 false`, `--report_to a b`,
     `--name=value`); a value is read as TRL's parser reads one: true / false, a number, else text,
     several values a list, none `true`. Only for a script's flags (the classes of this module)."""
-    if not issubclass(cls, Flags):
+    own = {s.lstrip("-") for action in parser._actions for s in action.option_strings}
+    others = [a for a in argv if a.startswith("--") and a[2:].partition("=")[0] not in own]
+    if not issubclass(cls, Flags) or not others:  # the table loads only for a name not the script's
         return argv, {}
     from common.run.trl_config import TABLE
 
-    own = {s.lstrip("-") for action in parser._actions for s in action.option_strings}
     rest, found, i = [], {}, 0
     while i < len(argv):
         name, eq, text = argv[i].partition("=")
@@ -642,6 +648,8 @@ def _cli_value(text: str):
 def unknown_flags(cls, parser, extras: list[str]) -> list[str]:
     """A line for each command-line word argparse did not take: a flag this script does not have,
     named with the nearest one it has (or the nearest TRL GRPOConfig name)."""
+    if not extras:
+        return []
     import difflib
 
     names = [s[2:] for action in parser._actions for s in action.option_strings if s[:2] == "--"]

@@ -11,7 +11,8 @@ Every key TRL knows has one entry in `TABLE`:
   the key, unless its value is in `unless` (TRL's "off" value, or what the script's method is).
 - `Ignored`: no effect on what is trained (hub, logging, dataloader niceties).
 The run's first lines say which keys became which flags and which were ignored. Keys the file
-leaves out keep this script's defaults, not TRL's (a line names those that differ, `left_out_defaults`).
+leaves out keep this script's defaults, not TRL's (a line names those that differ:
+`left_out_defaults`).
 docs/custom_task.md holds the table as
 `python -m common.run.trl_config` prints it.
 """
