@@ -80,11 +80,12 @@ class MergeGame:
 
 
 class NoisyMergeGame(MergeGame):
-    """The same game, each observation led by a random tag: not deterministic, so a prefix cannot
-    be replayed by executing its moves again."""
+    """The same game, each observation led by a random tag of 0 to 2 spaces (the embedded model
+    plays on through spaces; a visible tag such as a digit stops it after the first move): not
+    deterministic, so a prefix cannot be replayed by executing its moves again."""
 
     def tag(self, observation: str) -> str:
-        return f"{random.randint(0, 9)}" + observation
+        return " " * random.randint(0, 2) + observation
 
 
 if __name__ == "__main__":
