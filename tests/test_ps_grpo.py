@@ -620,8 +620,8 @@ def test_text_mode_runs(mt_base, tmp_path):
 def test_episode_eval_gives_pass_at_every_power_of_two_at_the_eval_temperature():
     from types import SimpleNamespace
 
-    from common.run.flags import parse_args
     from common.envs.tasks import EnvTask
+    from common.run.flags import parse_args
     from ps_grpo import AgentEnv, evaluate_episodes, turn_config
 
     class Gen(ScriptedGenerator):
