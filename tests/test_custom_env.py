@@ -58,8 +58,8 @@ class NoisyWalk(Walk):
 
 class Broken(Walk):
     def step(self, action):
-        if self.goal == 3:
-            raise KeyError("no such square")  # the line the fault names
+        if self.goal > 2:
+            raise KeyError(f"no square {self.goal}")  # the line the fault names
         return super().step(action)
 
 
@@ -164,10 +164,11 @@ def test_a_step_that_raises_ends_its_episode_with_one_line_naming_the_file(capsy
     play = runner(Broken, lines=lines).play
     gen = Scripted(lambda p: ENC("+\n"))
     for _ in range(2):
-        out = play(gen, [{"seed": 0}, {"seed": 1}], [Prefix(), Prefix()], 2, CFG)
-        assert out.errors == 2 and [e.reward for e in out.episodes] == [1.0, 1.0, 0.0, 0.0]
+        out = play(gen, [{"seed": 0}, {"seed": 1}, {"seed": 2}], [Prefix()] * 3, 1, CFG)
+        assert out.errors == 2 and [e.reward for e in out.episodes] == [1.0, 0.0, 0.0]
+    # two messages from one place: said once
     assert len(lines) == 1, lines
-    assert "Broken.step raised KeyError: 'no such square'" in lines[0]
+    assert "Broken.step raised KeyError: 'no square 3'" in lines[0]
     assert f"{__file__}:{Broken.step.__code__.co_firstlineno + 2}" in lines[0]
     assert "Traceback" not in capsys.readouterr().err
     # every episode raising stops the run with one line

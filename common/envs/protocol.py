@@ -32,7 +32,12 @@ NOT_TOOLS = ("reset", "get_reward", "step", "snapshot", "restore")
 
 
 class EnvFault(Exception):
-    """Your environment raised during one episode; `str()` is the one line that says so."""
+    """Your environment raised during one episode; `str()` is the one line that says so, `key`
+    what the same fault shares (the method, the exception's type and where it was raised)."""
+
+    def __init__(self, line: str, key: tuple = ()):
+        super().__init__(line)
+        self.key = key or (line,)
 
 
 def load_class(spec: str, flag: str = "--environment"):
@@ -130,7 +135,8 @@ class Environment:
         try:
             return function(*args, **kwargs)
         except Exception as error:  # noqa: BLE001 - the user's code: one line, the episode ends
-            raise EnvFault(self.fault_line(what, error)) from error
+            key = (what, type(error).__name__, raised_at(error, self.file))
+            raise EnvFault(self.fault_line(what, error), key) from error
 
     def fault_line(self, what: str, error: BaseException) -> str:
         """The one line of an exception your code raised in `what` (the traceback too with
@@ -143,7 +149,7 @@ class Environment:
         )
         return (
             f"environment {self.name}.{what} raised {type(error).__name__}: {error} "
-            f"({'; '.join(notes)})"
+            f"({'; '.join(notes)}; said once, each such episode counts in env_errors)"
         )
 
     def _wrong(self, what: str, got, expected: str):

@@ -155,13 +155,15 @@ class EnvRunner:
                 "whose chat template takes tools (this one has no chat template)"
             )
         self.env, self.renderer, self.max_turns, self.log = env, renderer, max_turns, log
-        self.said: set[str] = set()
+        self.said: set = set()
         self.last = ""
 
-    def say(self, line: str) -> None:
+    def say(self, line: str, key=None) -> None:
+        """`line` once per run: the same fault (`key`) or the same line again is not said again."""
         self.last = line
-        if line not in self.said:
-            self.said.add(line)
+        key = key or (line,)
+        if key not in self.said:
+            self.said.add(key)
             self.log(line)
 
     # ---------------- one episode's start ----------------
@@ -195,7 +197,7 @@ class EnvRunner:
                     return None
                 episode.add_turn(action_ids, obs_ids)
         except EnvFault as fault:
-            self.say(str(fault))
+            self.say(str(fault), fault.key)
             errors.append(episode)
             return episode, instance, False
         return episode, instance, True
@@ -268,7 +270,7 @@ class EnvRunner:
                     if env.restores and not done:
                         episodes[i].snapshots.append(env.snapshot(instances[i]))
                 except EnvFault as fault:
-                    self.say(str(fault))
+                    self.say(str(fault), fault.key)
                     failed.add(id(episodes[i]))
                     obs_ids, rewards[i], done = [], 0.0, True
                 # the action: mask 1; the observation: mask 0
@@ -280,7 +282,7 @@ class EnvRunner:
                 try:  # TRL's convention: the environment's own reward, when it has one
                     reward = env.reward(instance) or 0.0
                 except EnvFault as fault:
-                    self.say(str(fault))
+                    self.say(str(fault), fault.key)
                     failed.add(id(episode))
                     reward = 0.0
             episode.reward = reward
