@@ -969,8 +969,8 @@ def main(args: Args) -> None:
             batch_tasks = queue[:n_prefix] + [BatchTask(prompt_id) for prompt_id in fresh_ids]
             # strided: every rank gets prefix and fresh tasks
             tasks = my_slice(batch_tasks, accelerator)
-            # FSDP + HF generate: whole weights (else a no-op); [PS] a prefix task whose replay
-            # diverged from its stored trajectory is dropped from `tasks`
+            # FSDP + HF generate: whole weights (else a no-op); a prefix task whose replay diverged
+            # from its stored trajectory is dropped from `tasks`
             with gathered(policy, enabled=generator.reads_policy):
                 episodes, truncated, tasks = env.rollout_batch(generator, tasks, n)
             steps.add(**env.counts)
