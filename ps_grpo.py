@@ -242,11 +242,15 @@ class Args(
                 problems.append(f"--environment {self.environment}: not with --mode text")
             if self.env_numbers or self.env_invalid != "end":
                 problems.append("--env_numbers / --env_invalid: the embedded environment's only")
+            if self.eval_reward_funcs:
+                problems.append(
+                    "--eval_reward_funcs: with --environment the evaluation scores as training does"
+                )
         elif self.multiturn:
             if self.dataset_name != "countdown":
                 problems.append(
                     f"--mode multiturn needs --dataset_name countdown, got {self.dataset_name}: "
-                    "use --mode text"
+                    "use --mode text, or --environment for your own environment"
                 )
             # they apply to --mode text
             if self.reward not in ("auto", "binary") or self.reward_funcs or self.eval_reward_funcs:

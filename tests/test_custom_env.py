@@ -313,3 +313,33 @@ def test_ps_grpo_on_a_user_environment_end_to_end(tiny_base, tmp_path):
     assert len(steps) == 3
     assert all(row["ps_replay_mismatch_frac"] == 0.0 and row["env_errors"] == 0 for row in steps)
     assert all("rewards/MergeGame/mean" in row for row in steps)
+
+
+def test_flags_and_a_sweep_task_file_that_names_an_environment(tmp_path):
+    from benchmarks.sweep.configs import task_configs
+    from benchmarks.sweep.run import Args as SweepArgs
+    from benchmarks.sweep.task import check_task, load_task, runner_types
+    from common.run.flags import parse_args
+    from ps_grpo import Args
+
+    with pytest.raises(SystemExit, match="--environment g.py:G: not with --mode text"):
+        parse_args(Args, ["--environment", "g.py:G", "--mode", "text"])
+    assert parse_args(Args, ["--environment", "g.py:G"]).multiturn
+    (tmp_path / "game.py").write_text(
+        "class Game:\n    def reset(self, seed):\n        return 'hi'\n"
+        "    def step(self, action):\n        return '', 1.0, True\n"
+        "class Bad(Game):\n    def reset(self, seed):\n        raise OSError('no board')\n"
+    )
+    lines = []
+    (tmp_path / "t.yaml").write_text("max_steps: 2\nenvironment: game.py:Game\n")
+    task = load_task(str(tmp_path / "t.yaml"), runner_types(SweepArgs))
+    assert task.script_flags[-2:] == ["--environment", str(tmp_path / "game.py") + ":Game"]
+    check_task(task, "embedded", lines.append)
+    assert lines == [f"  checked: environment {task.environment} builds and resets"]
+    # Prefix Sampling's multi-turn configs only, as they are
+    assert set(task_configs(True)) == {"ps_off", "ps_fixed", "ps_adaptive", "ps_adaptive_reset"}
+    assert all("multiturn" in c.flags for c in task_configs(True).values())
+    (tmp_path / "b.yaml").write_text("max_steps: 2\nenvironment: game.py:Bad\n")
+    bad = load_task(str(tmp_path / "b.yaml"), runner_types(SweepArgs))
+    with pytest.raises(SystemExit, match=r"Bad\.reset raised OSError: no board \(at .*game\.py:8"):
+        check_task(bad, "embedded", lines.append)
