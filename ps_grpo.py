@@ -21,6 +21,8 @@ GRPO: ...)".
 
 Default task: multi-turn Countdown (common/demo/countdown_env.py), one arithmetic step per turn, the
 environment answers with the remaining numbers; observation tokens are context with loss mask 0.
+`--environment path.py:ClassName` plays your own environment the same way (common/envs,
+docs/custom_env.md).
 Real math datasets use the single-turn text mode, where a step is a line of the response and a
 prefix is its first K lines.
 
@@ -51,6 +53,7 @@ Design choices the paper leaves open (each is a flag or documented at its functi
     python ps_grpo.py                                   # PS (fixed ratios), multi-turn Countdown
     python ps_grpo.py --adaptive                        # PS with adaptive prefix control
     python ps_grpo.py --prefix_sampling false           # GRPO + rejection sampling baseline
+    python ps_grpo.py --environment my_env.py:MyGame    # your own agent environment
     accelerate launch ps_grpo.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \
         --dataset_name openai/gsm8k --dataset_config main --use_vllm --dtype bfloat16 \
         --learning_rate 1e-6 --max_completion_length 512

@@ -1,6 +1,6 @@
 """The token-level record of one rollout: prompt + interleaved (action, observation) turns, with the
-loss mask and the sampling log-probs. Used by the multi-turn environment
-(common/demo/countdown_env.py) and by ps_grpo.py's single-turn text mode, where a "turn" is a line
+loss mask and the sampling log-probs. Used by the multi-turn rollouts (common/envs/rollout.py)
+and by ps_grpo.py's single-turn text mode, where a "turn" is a line
 of the completion and there is no observation."""
 
 from __future__ import annotations
