@@ -167,14 +167,14 @@ class Args(
     env_max_number: Annotated[int, Range(2)] = 10
     """[multiturn] with --env_numbers > 0, problem numbers are drawn from 1..env_max_number"""
     max_turns: Annotated[int, Range(1)] = 4
-    """[multiturn] turn budget of an episode (it also ends with one number left, an invalid action
-    or a stop)"""
+    """[multiturn] turn budget of an episode (it also ends when the environment says done:
+    Countdown's at one number left, an invalid action or a stop)"""
     env_invalid: Literal["end", "retry"] = "end"
     """[multiturn] an invalid action: `end` the episode (reward 0), or `retry` (answered with an
     error + the state)"""
     max_action_tokens: Annotated[int, Range(1)] = 16
-    """[multiturn] token cap of one action (a turn ends at a newline or EOS); text mode:
-    --max_completion_length"""
+    """[multiturn] token cap of one action (a turn ends at EOS / end of turn, or at a newline
+    without a chat template); text mode: --max_completion_length"""
     mt_sft_steps: Annotated[int, Range(0, zero="none")] = 400
     """[multiturn] embedded model: SFT steps on solver-built episodes before RL (built once,
     cached)"""

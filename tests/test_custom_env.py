@@ -282,6 +282,21 @@ def test_a_trl_environment_factory_class_calls_its_tools_through_the_chat_templa
     assert again.kept == [0] and again.episodes[0].ids == episode.ids
 
 
+def test_text_protocol_observations_go_through_the_chat_template_as_user_messages():
+    tok = chat_tokenizer()
+    gen = Scripted(lambda p: tok("+", add_special_tokens=False).input_ids + [tok.eos_token_id])
+    out = runner(Walk, tokenizer=tok, chat=True).play(
+        gen, [{"seed": 0}], [Prefix()], 1, SamplingConfig(max_new_tokens=4)
+    )
+    episode = out.episodes[0]
+    assert tok.decode(episode.prompt) == "U:at 0 goal 2\n</s>A:"
+    assert tok.decode(episode.ids) == "+</s>U:at 1\n</s>A:+</s>U:at 2\n</s>A:"
+    # the end-of-turn token was generated (mask 1); the template's user turn is context
+    action, observation = episode.steps[0]
+    assert episode.mask[: len(action) + len(observation)] == [1, 1] + [0] * len(observation)
+    assert episode.reward == 1.0
+
+
 # ---------------- end to end, on the embedded model ----------------
 def test_ps_grpo_on_a_user_environment_end_to_end(tiny_base, tmp_path):
     out = tmp_path / "run"
