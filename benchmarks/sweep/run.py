@@ -437,6 +437,8 @@ def record_invocation(
     data["settings"] = asdict(s)
     if task:
         data["task"] = {"name": task.name, "file": str(_portable(task.path))}
+        if task.environment:
+            data["task"]["environment"] = task.environment
     data["machine"] = machine_info()
     data["invocations"].append(
         {
