@@ -21,6 +21,8 @@ GRPO: ...)".
 
 Default task: multi-turn Countdown (common/demo/countdown_env.py), one arithmetic step per turn, the
 environment answers with the remaining numbers; observation tokens are context with loss mask 0.
+`--environment path.py:ClassName` plays your own environment the same way (common/envs,
+docs/custom_env.md).
 Real math datasets use the single-turn text mode, where a step is a line of the response and a
 prefix is its first K lines.
 
@@ -51,6 +53,7 @@ Design choices the paper leaves open (each is a flag or documented at its functi
     python ps_grpo.py                                   # PS (fixed ratios), multi-turn Countdown
     python ps_grpo.py --adaptive                        # PS with adaptive prefix control
     python ps_grpo.py --prefix_sampling false           # GRPO + rejection sampling baseline
+    python ps_grpo.py --environment my_env.py:MyGame    # your own agent environment
     accelerate launch ps_grpo.py --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \
         --dataset_name openai/gsm8k --dataset_config main --use_vllm --dtype bfloat16 \
         --learning_rate 1e-6 --max_completion_length 512
@@ -60,8 +63,9 @@ from __future__ import annotations
 
 import functools
 import random
-from dataclasses import asdict, dataclass, field
-from typing import Annotated, ClassVar, Literal
+import time
+from dataclasses import asdict, dataclass, field, replace
+from typing import Annotated, ClassVar, Literal, Optional
 
 import torch
 
@@ -166,8 +170,12 @@ class Args(
     signal PS raises); true = (r - mean) / std (original GRPO, DeepSeekMath: every mixed group gets
     Var(A) = 1)"""
     mode: Literal["auto", "multiturn", "text"] = "auto"
-    """`multiturn`: the Countdown environment, a step per turn; `text`: a line per step; `auto`: by
-    --dataset_name (multiturn for countdown)"""
+    """`multiturn`: an environment, a step per turn (--environment's, else Countdown's); `text`: a
+    line per step; `auto`: multiturn with --environment or for --dataset_name countdown"""
+    environment: Optional[str] = None
+    """[multiturn] your environment class, `path/to/file.py:ClassName` or `package.module:ClassName`
+    (docs/custom_env.md): one instance per episode, `reset(**row)` with --dataset_name's rows, else
+    `reset(seed=i)` for task i of --prompt_pool tasks (1024 when 0)"""
     env_numbers: Annotated[
         int, Range(2, zero="the embedded task's level mix of 2, 3 and 5 numbers")
     ] = 0
@@ -176,14 +184,14 @@ class Args(
     env_max_number: Annotated[int, Range(2)] = 10
     """[multiturn] with --env_numbers > 0, problem numbers are drawn from 1..env_max_number"""
     max_turns: Annotated[int, Range(1)] = 4
-    """[multiturn] turn budget of an episode (it also ends with one number left, an invalid action
-    or a stop)"""
+    """[multiturn] turn budget of an episode (it also ends when the environment says done:
+    Countdown's at one number left, an invalid action or a stop)"""
     env_invalid: Literal["end", "retry"] = "end"
     """[multiturn] an invalid action: `end` the episode (reward 0), or `retry` (answered with an
     error + the state)"""
     max_action_tokens: Annotated[int, Range(1)] = 16
-    """[multiturn] token cap of one action (a turn ends at a newline or EOS); text mode:
-    --max_completion_length"""
+    """[multiturn] token cap of one action (a turn ends at EOS / end of turn, or at a newline
+    without a chat template); text mode: --max_completion_length"""
     mt_sft_steps: Annotated[int, Range(0, zero="none")] = 400
     """[multiturn] embedded model: SFT steps on solver-built episodes before RL (built once,
     cached)"""
@@ -245,15 +253,24 @@ class Args(
                 f"--env_max_number {self.env_max_number}: applies to multiturn with "
                 "--env_numbers > 0"
             )
-        if self.max_turns < (self.env_numbers or 5) - 1:
+        if not self.environment and self.max_turns < (self.env_numbers or 5) - 1:
             problems.append(
                 f"--max_turns {self.max_turns}: {self.env_numbers} numbers need more turns"
             )
-        if self.multiturn:
+        if self.environment:
+            if self.mode == "text":
+                problems.append(f"--environment {self.environment}: not with --mode text")
+            if self.env_numbers or self.env_invalid != "end":
+                problems.append("--env_numbers / --env_invalid: the embedded environment's only")
+            if self.eval_reward_funcs:
+                problems.append(
+                    "--eval_reward_funcs: with --environment the evaluation scores as training does"
+                )
+        elif self.multiturn:
             if self.dataset_name != "countdown":
                 problems.append(
                     f"--mode multiturn needs --dataset_name countdown, got {self.dataset_name}: "
-                    "use --mode text"
+                    "use --mode text, or --environment for your own environment"
                 )
             # they apply to --mode text
             if self.reward not in ("auto", "binary") or self.reward_funcs or self.eval_reward_funcs:
@@ -268,7 +285,7 @@ class Args(
     @property
     def multiturn(self) -> bool:
         if self.mode == "auto":
-            return self.dataset_name == "countdown"
+            return self.dataset_name == "countdown" or self.environment is not None
         return self.mode == "multiturn"
 
 
@@ -288,6 +305,8 @@ class BatchTask:
     steps: list = field(default_factory=list)  # [PS] the K (action ids, observation ids) replayed
     source_steps: int = 0  # [PS] T, the length of the trajectory the prefix was cut from
     ratio: float | None = None  # [PS] the category's ratio that built it (`attributed`)
+    prompt: list = field(default_factory=list)  # [PS] the first observation's tokens, checked
+    snapshot: object = None  # [PS] the environment's snapshot() at step K (never checkpointed)
 
     @property
     def kind(self) -> str:
@@ -350,7 +369,10 @@ def make_prefix_task(
         steps = prefix_steps(total, "prefix", ratio, args.prefix_cap)
     if steps is None:
         return None
-    return BatchTask(task.prompt_id, category, source.steps[:steps], total, ratio)
+    # an environment with snapshot() / restore(): its state after step K, restored on replay
+    snapshot = source.snapshots[steps - 1] if len(source.snapshots) >= steps else None
+    prefix = source.steps[:steps]
+    return BatchTask(task.prompt_id, category, prefix, total, ratio, source.prompt, snapshot)
 
 
 @dataclass
@@ -492,54 +514,26 @@ def controller_input(totals: dict) -> dict[str, Attributed]:
 # ----------------------------------------------------------------------------------------------
 
 
-def rollout_multiturn(
-    generator,
-    tokenizer,
-    prompts: list[list[int]],
-    problems: list,
-    prefixes: list[list],
-    n: int,
-    cfg: SamplingConfig,
-    max_turns: int,
-    invalid: str,
-) -> tuple[list[Episode], list[bool]]:
-    """n episodes per task, played turn by turn; one generate call per turn for every live episode.
+def env_rollouts(
+    env, generator, tasks: list, n: int, cfg
+) -> tuple[list[Episode], list[bool], list]:
+    """n episodes per task in an `AgentEnv`, played turn by turn (common/envs/rollout.py).
 
-    [PS] Prefix replay: each episode of a prefix task starts from a fresh environment that
-    re-executes the stored actions (restoring the numbers, the turn count and the conversation);
-    those tokens are context with mask 0 and cost no generation. Observations are context with mask
-    0 too. Returns (episodes, clipped): clipped[i] is True when an action of episode i hit
-    cfg.max_new_tokens.
-    """
-    from common.demo.countdown_env import replay_episode
+    [PS] Prefix replay: each episode of a prefix task starts on a fresh instance restored to the
+    stored trajectory's step K (`restore(snapshot)`, else `reset` and the first K actions executed
+    again, each observation checked); those tokens are context with mask 0 and cost no generation.
+    A prefix task whose replay diverged is dropped. Returns (episodes, clipped, the kept tasks)."""
+    from common.envs.rollout import Prefix
 
-    def encode(text: str) -> list[int]:
-        return tokenizer(text, add_special_tokens=False).input_ids
-
-    def decode(ids: list[int]) -> str:
-        return tokenizer.decode(ids, skip_special_tokens=True)
-
-    episodes = []
-    for group in range(len(prompts)):
-        for _ in range(n):
-            episode = replay_episode(
-                problems[group], prefixes[group], group, decode, encode, max_turns, invalid
-            )
-            episodes.append(episode)
-    clipped = [False] * len(episodes)
-    while live := [i for i, episode in enumerate(episodes) if not episode.env.done]:
-        contexts = [prompts[episodes[i].group] + episodes[i].ids for i in live]
-        gens = generator.generate(contexts, 1, cfg)
-        turns = zip(live, gens.completion_ids, gens.logprobs, gens.finish_reasons)
-        for i, ids, logprobs, reason in turns:
-            final = bool(ids) and ids[-1] in generator.end_ids
-            result = episodes[i].env.step(decode(ids), final=final)
-            # the action: mask 1; the observation: mask 0
-            episodes[i].add_turn(ids, encode(result.observation), logprobs)
-            clipped[i] = clipped[i] or reason == "length"
-    for episode in episodes:
-        episode.reward = episode.env.reward
-    return episodes, clipped
+    rows = [env.train[task.prompt_id].row for task in tasks]
+    prefixes = [Prefix(task.steps, task.prompt, task.snapshot) for task in tasks]
+    out = env.runner.play(generator, rows, prefixes, n, cfg)
+    env.counts = {
+        "env_errors": out.errors,
+        "replay_tasks": out.replayed,
+        "replay_mismatch": out.mismatched,
+    }
+    return out.episodes, out.truncated, [tasks[task] for task in out.kept]
 
 
 def split_lines(ids: list[int], is_break) -> list[list[int]]:
@@ -610,12 +604,12 @@ def rollout_text(
     return episodes, clipped
 
 
-def turn_config(tokenizer, args: Args, temperature: float) -> SamplingConfig:
-    """Sampling for one turn at `temperature`: an action ends at the end of its line (or EOS),
-    max_action_tokens."""
-    newline = tokenizer("\n", add_special_tokens=False).input_ids[-1]
+def turn_config(tokenizer, args: Args, temperature: float, lines: bool = True) -> SamplingConfig:
+    """Sampling for one turn at `temperature`: an action ends at an end token (EOS, end of turn),
+    at the end of its line with `lines` (raw text: one action per line), or at max_action_tokens."""
+    stops = [tokenizer("\n", add_special_tokens=False).input_ids[-1]] if lines else []
     return SamplingConfig(
-        max_new_tokens=args.max_action_tokens, temperature=temperature, stop_token_ids=[newline]
+        max_new_tokens=args.max_action_tokens, temperature=temperature, stop_token_ids=stops
     )
 
 
@@ -623,7 +617,8 @@ def multiturn_warm_up(args: Args, accelerator, log) -> str | None:
     """[multiturn] The embedded model warmed up on solver-built episodes of the environment (built
     once by rank 0, cached: the others find it); None when the run loads --model_name_or_path as it
     is."""
-    if args.model_name_or_path != "embedded" or not args.multiturn or args.mt_sft_steps <= 0:
+    countdown = args.multiturn and not args.environment
+    if args.model_name_or_path != "embedded" or not countdown or args.mt_sft_steps <= 0:
         return None
     from common.demo.countdown_env import MultiTurnRecipe, ensure_multiturn_policy
     from common.demo.tiny_model import ensure_embedded_base
@@ -642,33 +637,18 @@ def fixed_scored(rewards: list[float], truncated: list[bool], success_reward: fl
     return Scored(total, {}, 0.0, success)
 
 
-def evaluate_episodes(
-    generator, tokenizer, encode, examples: list, args: Args, accelerator, cfg
-) -> dict:
+def evaluate_episodes(env, generator, tasks: list, args: Args, accelerator, cfg) -> dict:
     """Held-out pass@1 / pass@k (every power of two k <= --eval_samples) of whole episodes in the
-    environment, turns sampled with `cfg` (prompts split across ranks)."""
+    environment `env`, turns sampled with `cfg` (tasks split across ranks)."""
     samples = args.eval_samples
-    mine = examples[accelerator.process_index :: accelerator.num_processes]
+    mine = tasks[accelerator.process_index :: accelerator.num_processes]
     counts = []
     if mine:
-        prompts = [encode(example.prompt) for example in mine]
-        problems = [example.answer for example in mine]
-        no_prefixes = [[] for _ in mine]
-        episodes, clipped = rollout_multiturn(
-            generator,
-            tokenizer,
-            prompts,
-            problems,
-            no_prefixes,
-            samples,
-            cfg,
-            args.max_turns,
-            args.env_invalid,
-        )
-        # a success at reward 1 (the default --success_reward); a cut episode never passes
-        passed = [episode.reward >= 1.0 and not cut for episode, cut in zip(episodes, clipped)]
-        for i, example in enumerate(mine):
-            counts.append((sum(passed[i * samples : (i + 1) * samples]), example.tag))
+        rows = [task.row for task in mine]
+        episodes, clipped, _ = env.play(generator, rows, samples, cfg)
+        passed = env.score(episodes, mine, clipped, None).success
+        for i, task in enumerate(mine):
+            counts.append((sum(passed[i * samples : (i + 1) * samples]), task.tag))
     counts = gather_list(accelerator, counts)
     return pass_metrics([count for count, _ in counts], samples, [tag for _, tag in counts])
 
@@ -678,60 +658,85 @@ def evaluate_episodes(
 # ----------------------------------------------------------------------------------------------
 
 
-class MultiTurnEnv:
-    """--mode multiturn: the Countdown environment, one action per turn; the environment's reward
-    (an episode succeeds at >= --success_reward, default 1); the evaluation plays whole episodes."""
+class AgentEnv:
+    """--mode multiturn: an environment played a turn at a time (common/envs), yours
+    (--environment, docs/custom_env.md) or the embedded Countdown one; the environment's reward
+    (plus --reward_funcs' on the whole conversation), an episode succeeds at >= --success_reward
+    (default 1); the evaluation plays whole episodes."""
 
-    def __init__(self, args: Args, tokenizer):
-        from common.demo.countdown_env import make_env_task
+    def __init__(self, args: Args, tokenizer, log):
+        from common.envs.protocol import Environment, load_class
+        from common.envs.rollout import EnvRunner, Renderer
+        from common.envs.tasks import dataset_tasks, reward_funcs, seed_tasks
 
         self.args, self.tokenizer = args, tokenizer
-        self.train, self.held_out = make_env_task(
-            args.env_numbers, args.env_max_number, args.eval_prompts, args.prompt_pool
-        )
-        # the prompts: the environment's reset observations
-        self.encode = PromptEncoder(tokenizer, templated=False)
+        if args.environment:
+            factory = load_class(args.environment)
+            if args.dataset_name == "countdown":
+                self.train, self.held_out = seed_tasks(args.prompt_pool, args.eval_prompts)
+            else:
+                self.train, self.held_out = dataset_tasks(args, log)
+        else:
+            from common.demo.countdown_env import CountdownGame
+
+            factory = functools.partial(CountdownGame, args.max_turns, args.env_invalid)
+            self.train, self.held_out = countdown_tasks(args)
+        self.env = Environment(factory)
+        # [multiturn] observations through the chat template when the tokenizer has one
+        chat = args.use_chat_template != "no" and getattr(tokenizer, "chat_template", None)
+        self.runner = EnvRunner(self.env, Renderer(tokenizer, bool(chat)), args.max_turns, log)
         self.success_reward = 1.0 if args.success_reward is None else args.success_reward
-        # one action per generate call
-        self.sampling = turn_config(tokenizer, args, args.temperature)
-        self.eval_sampling = turn_config(tokenizer, args, sampling_configs(args)[1].temperature)
+        # the environment's reward under its class's name (TRL's), with --reward_funcs' own
+        self.name = self.env.name if args.environment else None
+        # --reward_funcs: scored on the whole conversation, added to the environment's reward
+        self.funcs = reward_funcs(args, len(self.train), log) if args.reward_funcs else None
+        # one action per generate call (raw text: a line)
+        self.sampling = turn_config(tokenizer, args, args.temperature, not chat)
+        eval_temperature = sampling_configs(args)[1].temperature
+        self.eval_sampling = turn_config(tokenizer, args, eval_temperature, not chat)
+        self.counts = {}
 
-    def rollout_batch(self, generator, prompts, examples, prefixes, n):
-        """n episodes per task (`rollout_multiturn`): (episodes, truncated)."""
-        problems = [example.answer for example in examples]
-        args = self.args
-        return rollout_multiturn(
-            generator,
-            self.tokenizer,
-            prompts,
-            problems,
-            prefixes,
-            n,
-            self.sampling,
-            args.max_turns,
-            args.env_invalid,
-        )
+    def play(self, generator, rows, n, cfg):
+        """n fresh episodes per row: (episodes, truncated, kept)."""
+        from common.envs.rollout import Prefix
 
-    def score(self, episodes, examples, truncated, step) -> Scored:
-        """The environment's rewards (`fixed_scored`)."""
+        out = self.runner.play(generator, rows, [Prefix() for _ in rows], n, cfg)
+        return out.episodes, out.truncated, out.kept
+
+    def rollout_batch(self, generator, tasks, n):
+        """n episodes per task (`env_rollouts`): (episodes, truncated, the kept tasks)."""
+        return env_rollouts(self, generator, tasks, n, self.sampling)
+
+    def score(self, episodes, tasks, truncated, step) -> Scored:
+        """The environment's rewards (`fixed_scored`), plus --reward_funcs' on the conversations."""
+        from common.envs.tasks import conversation_rewards
+
         rewards = [episode.reward for episode in episodes]
-        return fixed_scored(rewards, truncated, self.success_reward)
+        if self.name is None and self.funcs is None:
+            return fixed_scored(rewards, truncated, self.success_reward)
+        total = [0.0 if cut else reward for reward, cut in zip(rewards, truncated)]
+        values = {self.name: total} if self.name else {}
+        seconds = 0.0
+        if self.funcs is not None:
+            started = time.perf_counter()
+            rows = [tasks[episode.group].row for episode in episodes]
+            funcs_total, funcs_values = conversation_rewards(
+                self.funcs, self.tokenizer, episodes, rows, step
+            )
+            # a NaN total: no function scored it, the environment's reward alone
+            total = [t + f if f == f else t for t, f in zip(total, funcs_total)]
+            values.update(funcs_values)
+            seconds = time.perf_counter() - started
+        success = [not cut and t >= self.success_reward for t, cut in zip(total, truncated)]
+        return Scored(total, values, seconds, success)
 
     def evaluate(self, generator, accelerator) -> dict:
-        """eval_* on the held-out problems and eval_train_* on a fixed sample of the training pool,
-        of whole episodes."""
+        """eval_* on the held-out tasks and eval_train_* on a fixed sample of the training pool, of
+        whole episodes."""
         args = self.args
 
-        def score(examples):
-            return evaluate_episodes(
-                generator,
-                self.tokenizer,
-                self.encode,
-                examples,
-                args,
-                accelerator,
-                self.eval_sampling,
-            )
+        def score(tasks):
+            return evaluate_episodes(self, generator, tasks, args, accelerator, self.eval_sampling)
 
         # the training-pool sample first: it runs on a copy of the random state, so both draw from
         # the same state (`evaluate_policy`'s train_prompts_first)
@@ -740,6 +745,34 @@ class MultiTurnEnv:
         out = score(self.held_out)
         out.update(train_fit)
         return out
+
+    def metrics(self, totals: dict) -> dict:
+        """With --environment: env_errors and ps_replay_mismatch_frac (0 with no prefix task)."""
+        if self.name is None:
+            return {}
+        replayed = totals["replay_tasks"]
+        return {
+            "env_errors": totals["env_errors"],
+            "ps_replay_mismatch_frac": totals["replay_mismatch"] / replayed if replayed else 0.0,
+        }
+
+
+def countdown_tasks(args: Args) -> tuple[list, list]:
+    """[multiturn] The embedded environment's (train, held-out) tasks: rows of its problems, tagged
+    by level."""
+    from common.demo.countdown_env import make_env_task
+    from common.envs.tasks import EnvTask
+
+    train, held_out = make_env_task(
+        args.env_numbers, args.env_max_number, args.eval_prompts, args.prompt_pool
+    )
+
+    def task(example):
+        return EnvTask(
+            {"nums": list(example.answer.nums), "target": example.answer.target}, example.tag
+        )
+
+    return [task(example) for example in train], [task(example) for example in held_out]
 
 
 class TextEnv:
@@ -754,17 +787,23 @@ class TextEnv:
         # whole completions
         self.sampling, self.eval_sampling = sampling_configs(args)
         self.is_break = line_breaks(tokenizer)
+        self.counts = {}
 
-    def rollout_batch(self, generator, prompts, examples, prefixes, n):
-        """n completions per task (`rollout_text`): (episodes, truncated)."""
-        return rollout_text(
+    def rollout_batch(self, generator, tasks, n):
+        """n completions per task (`rollout_text`): (episodes, truncated, tasks)."""
+        prompts = [self.encode(self.train[task.prompt_id].prompt) for task in tasks]
+        prefixes = [task.steps for task in tasks]
+        episodes, truncated = rollout_text(
             generator, self.tokenizer, prompts, prefixes, n, self.sampling, self.is_break
         )
+        for episode in episodes:
+            episode.prompt = prompts[episode.group]
+        return episodes, truncated, tasks
 
-    def score(self, episodes, examples, truncated, step) -> Scored:
+    def score(self, episodes, tasks, truncated, step) -> Scored:
         """The task's rewards of the whole texts; a cut rollout gets 0 from the built-in rewards."""
         texts = [self.tokenizer.decode(ep.ids, skip_special_tokens=True) for ep in episodes]
-        rollout_examples = [examples[episode.group] for episode in episodes]
+        rollout_examples = [self.train[tasks[episode.group].prompt_id] for episode in episodes]
         completions = [episode.ids for episode in episodes]
         return self.task.score(texts, rollout_examples, completions, truncated, step)
 
@@ -780,6 +819,9 @@ class TextEnv:
             accelerator,
             train_prompts_first=True,
         )
+
+    def metrics(self, totals: dict) -> dict:
+        return {}
 
 
 def batch_order(built: list[tuple[int, int, BatchTask]], world: int) -> list[BatchTask]:
@@ -806,7 +848,7 @@ def ps_loss(
 
 
 def sample_rows(
-    tasks, episodes, prompts, advantages, keep, truncated, scored, n, tokenizer, picks
+    tasks, episodes, advantages, keep, truncated, scored, n, tokenizer, picks
 ) -> list[dict]:
     """samples.jsonl rows of the picked rollouts; advantage 0 and trained False: a group dropped by
     rejection sampling."""
@@ -816,7 +858,7 @@ def sample_rows(
         trained = bool(keep[i // n])
         row = {
             "kind": task.kind,
-            "prompt": tokenizer.decode(prompts[i // n]),
+            "prompt": tokenizer.decode(episodes[i].prompt),
             "completion": tokenizer.decode(episodes[i].ids),
             "reward": episodes[i].reward,
             "advantage": advantages.flatten()[i].item() if trained else 0.0,
@@ -887,7 +929,7 @@ def main(args: Args) -> None:
     # `model`: DDP-wrapped for the backward pass
     model, optimizer = prepare_training(accelerator, policy, optimizer, args.fsdp)
     # the one place the task is chosen: its prompts, rollouts, rewards and evaluation
-    env = MultiTurnEnv(args, tokenizer) if args.multiturn else TextEnv(args, tokenizer, log)
+    env = AgentEnv(args, tokenizer, log) if args.multiturn else TextEnv(args, tokenizer, log)
     sampler = PromptSampler(len(env.train), args.seed)
     compiled = make_compiled(args, log)
     generator = make_generator(args, model_path, policy, tokenizer, accelerator, compiled, log)
@@ -940,19 +982,18 @@ def main(args: Args) -> None:
             batch_tasks = queue[:n_prefix] + [BatchTask(prompt_id) for prompt_id in fresh_ids]
             # strided: every rank gets prefix and fresh tasks
             tasks = my_slice(batch_tasks, accelerator)
-            examples = [env.train[task.prompt_id] for task in tasks]
-            prefixes = [task.steps for task in tasks]
-            prompts = [env.encode(example.prompt) for example in examples]
-            # FSDP + HF generate: whole weights (else a no-op)
+            # FSDP + HF generate: whole weights (else a no-op); a prefix task whose replay diverged
+            # from its stored trajectory is dropped from `tasks`
             with gathered(policy, enabled=generator.reads_policy):
-                episodes, truncated = env.rollout_batch(generator, prompts, examples, prefixes, n)
+                episodes, truncated, tasks = env.rollout_batch(generator, tasks, n)
+            steps.add(**env.counts)
             # vLLM on a GPU: its memory goes to training; the push brings the weights back
             generator.sleep()
 
         # ================ verify: the environment's or the task's reward of the whole text; a cut
         #                  rollout gets 0 from the built-in rewards
         with steps.phase("reward"):
-            scored = env.score(episodes, examples, truncated, step)
+            scored = env.score(episodes, tasks, truncated, step)
         # NaN: no function scored it (advantage 0)
         for episode, total in zip(episodes, scored.total):
             episode.reward = total
@@ -1031,7 +1072,7 @@ def main(args: Args) -> None:
 
         # ================ update: clipped surrogate on generated tokens only (replayed: mask 0)
         with steps.phase("update"):
-            lengths = [len(prompts[episode.group]) + len(episode.ids) for episode in trained]
+            lengths = [len(episode.prompt) + len(episode.ids) for episode in trained]
             micro = micro_batches(
                 len(trained),
                 args.micro_batch_size,
@@ -1042,7 +1083,7 @@ def main(args: Args) -> None:
             )
             for rows in micro:
                 mb = forward.rows(
-                    [prompts[trained[r].group] for r in rows],
+                    [trained[r].prompt for r in rows],
                     [trained[r].ids for r in rows],
                     [masks[r] for r in rows],
                 )
@@ -1099,6 +1140,8 @@ def main(args: Args) -> None:
         row |= ps_grpo_metrics(
             steps.totals, n, control, controllers, args.ema_alpha, len(queue), dropped
         )
+        # --environment: env_errors, ps_replay_mismatch_frac
+        row |= env.metrics(steps.totals)
 
         # ================ sample log, evaluation, the row, checkpoint, stop ================
         evaluating = run_log.evaluation_due(step)
@@ -1107,7 +1150,7 @@ def main(args: Args) -> None:
             kinds = [task.kind for task in tasks for _ in range(n)]
             picks = run_log.samples.pick(kinds)
             step_samples = sample_rows(
-                tasks, episodes, prompts, advantages, keep, truncated, scored, n, tokenizer, picks
+                tasks, episodes, advantages, keep, truncated, scored, n, tokenizer, picks
             )
             run_log.samples.log(step, step_samples)
         if evaluating:
@@ -1119,8 +1162,12 @@ def main(args: Args) -> None:
             state = {
                 "sampler": sampler.state_dict(),
                 "counters": counters,
-                # [PS] (also in GRPO: an empty queue, unmoved controllers) as plain data
-                "method": {"queue": queue, "ctrl": controllers},
+                # [PS] (also in GRPO: an empty queue, unmoved controllers) as plain data; a snapshot
+                # is the environment's own object: a resumed prefix task re-executes its actions
+                "method": {
+                    "queue": [replace(task, snapshot=None) for task in queue],
+                    "ctrl": controllers,
+                },
             }
             checkpoints.save(step, state, stopping)
         if stopping:

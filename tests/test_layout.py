@@ -40,6 +40,9 @@ ONE_CALL_METRICS = ("ra_rloo.py", "ada_est.py", "ada_seq.py", "pros_ppo.py")
 SINGLE_USER = {
     "common.rl.gibbs": "PROS's Polya-Gamma Gibbs sampler: the method's own primitive, tested on its own",
     "common.demo.countdown_env": "the embedded multi-turn environment (a task, with its warm-up build)",
+    "common.envs.protocol": "Prefix Sampling's agentic setting: your environment class and its calls",
+    "common.envs.rollout": "Prefix Sampling's agentic setting: multi-turn rollouts and prefix replay",
+    "common.envs.tasks": "Prefix Sampling's agentic setting: an environment's tasks and rewards",
     "common.demo.countdown": "the embedded task, whose solver writes RA-RLOO's seeded demonstrations",
     "common.rl.episode": "the multi-turn rollout record, filled by the environment (common/demo)",
     "common.demo.tiny_model": "the embedded base, which ps_grpo.py's multi-turn warm-up starts from",

@@ -25,7 +25,6 @@ from ps_grpo import (
     batch_order,
     prefix_steps,
     ps_loss,
-    rollout_multiturn,
     rollout_text,
     route,
     split_lines,
@@ -225,9 +224,19 @@ def test_multiturn_rollouts_batch_turns_and_replay_prefixes():
     prefixes = [[], stored.steps[:2]]  # task 1 replays 2 of its 3 steps
     gen = ScriptedGenerator()
     cfg = SamplingConfig(max_new_tokens=16, stop_token_ids=[NL])
-    eps, clipped = rollout_multiturn(
-        gen, TOK, prompts, probs, prefixes, 3, cfg, max_turns=4, invalid="end"
+    from functools import partial
+
+    from common.demo.countdown_env import CountdownGame
+    from common.envs.protocol import Environment
+    from common.envs.rollout import EnvRunner, Prefix, Renderer
+
+    env = Environment(partial(CountdownGame, 4, "end"))
+    rows = [{"nums": list(p.nums), "target": p.target} for p in probs]
+    out = EnvRunner(env, Renderer(TOK, False), 4).play(
+        gen, rows, [Prefix(steps) for steps in prefixes], 3, cfg
     )
+    eps, clipped = out.episodes, out.truncated
+    assert [e.prompt for e in eps] == [prompts[0]] * 3 + [prompts[1]] * 3
     assert clipped == [False] * 6  # every action ended at its newline
     # one generate call per turn over all live episodes: turn 1 has all 6, turn 2 only task 0's 3
     assert [c[:2] for c in gen.calls] == [(6, 1), (3, 1)] and gen.calls[0][2] == [NL]
@@ -458,7 +467,7 @@ def built_outcomes(monkeypatch):
     a proper prefix (2 steps or more; else the task is normal), queues prefix tasks; a prefix task
     passes 6 of 8 (a pass rate above the dead zone: the adaptive controller moves)."""
     from common.tasks.scoring import Scored
-    from ps_grpo import MultiTurnEnv
+    from ps_grpo import AgentEnv
 
     def score(self, episodes, examples, truncated, step):
         groups: dict[int, list[int]] = {}
@@ -477,7 +486,7 @@ def built_outcomes(monkeypatch):
                 success[i] = True
         return Scored([float(ok) for ok in success], {}, 0.0, success)
 
-    monkeypatch.setattr(MultiTurnEnv, "score", score)
+    monkeypatch.setattr(AgentEnv, "score", score)
 
 
 def _strip(rows):
@@ -644,9 +653,9 @@ def test_text_mode_runs(mt_base, tmp_path):
 def test_episode_eval_gives_pass_at_every_power_of_two_at_the_eval_temperature():
     from types import SimpleNamespace
 
+    from common.envs.tasks import EnvTask
     from common.run.flags import parse_args
-    from common.tasks.task import Example
-    from ps_grpo import evaluate_episodes, turn_config
+    from ps_grpo import AgentEnv, evaluate_episodes, turn_config
 
     class Gen(ScriptedGenerator):
         def generate(self, prompts, n, cfg):
@@ -655,9 +664,10 @@ def test_episode_eval_gives_pass_at_every_power_of_two_at_the_eval_temperature()
 
     args = parse_args(Args, ["--eval_samples", "8", "--env_numbers", "3", "--max_turns", "3"])
     probs = [Problem((14, 1, 10), 5), Problem((3, 4, 5), 7)]
-    examples = [Example(i, countdown.prompt_text(p), p) for i, p in enumerate(probs)]
+    tasks = [EnvTask({"nums": list(p.nums), "target": p.target}) for p in probs]
     gen, acc = Gen(), SimpleNamespace(process_index=0, num_processes=1)
-    out = evaluate_episodes(gen, TOK, ENC, examples, args, acc, turn_config(TOK, args, 0.0))
+    env = AgentEnv(args, TOK, print)
+    out = evaluate_episodes(env, gen, tasks, args, acc, turn_config(TOK, args, 0.0))
     assert out == {f"eval_pass@{k}": 1.0 for k in (1, 2, 4, 8)} and set(gen.temperatures) == {0.0}
 
 

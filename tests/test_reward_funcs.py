@@ -751,12 +751,13 @@ def test_a_cut_correct_answer_never_passes_the_evaluation(tiny_base, tmp_path):
         ["a", "b"], [example] * 2, [[1], [1]], [False, True], 1
     ).success == [True, True]
     # ps_grpo.py's multi-turn episodes: the one whose solving action was cut does not pass
+    from common.envs.tasks import EnvTask
+
     args = ps_grpo.Args(eval_samples=2)
     out = ps_grpo.evaluate_episodes(
+        ps_grpo.AgentEnv(args, tok, print),
         _Answers(tok, "3+4=7"),
-        tok,
-        encode,
-        [example],
+        [EnvTask({"nums": list(problem.nums), "target": problem.target})],
         args,
         one,
         ps_grpo.turn_config(tok, args, 1.0),

@@ -505,9 +505,18 @@ def on_text_task(cfg: Config) -> Config:
     )
 
 
-def task_configs() -> dict[str, Config]:
+def task_configs(environment: bool = False) -> dict[str, Config]:
     """{name: config} of a task sweep, in the harness's order: every config a paper claim reads,
-    on one data regime (the task's own pool)."""
+    on one data regime (the task's own pool); with your environment (a task file's `environment`),
+    Prefix Sampling's multi-turn configs, the only ones that play an environment."""
+    if environment:
+        return {
+            c.name: c
+            for c in CONFIGS
+            if c.script == "ps_grpo.py"
+            and "multiturn" in c.flags
+            and not c.name.endswith("_pool2048")
+        }
     return {
         c.name: on_text_task(c)
         for c in CONFIGS
@@ -515,6 +524,6 @@ def task_configs() -> dict[str, Config]:
     }
 
 
-def task_config(name: str) -> Config:
+def task_config(name: str, environment: bool = False) -> Config:
     """One config as a task sweep runs it (also those left out by default, e.g. dr_grpo_n4)."""
-    return on_text_task(BY_NAME[name])
+    return BY_NAME[name] if environment else on_text_task(BY_NAME[name])

@@ -178,7 +178,7 @@ def apply_task(args: Args, argv: list[str]) -> Optional[TaskFile]:
         args.runs_dir += "-quick"
     if args.quick:
         task.report_dir = None  # the page goes to <runs_dir>/results, not over the full sweep's
-    known = task_configs()
+    known = task_configs(bool(task.environment))
     for name in args.only_names():
         if name in known or name in TASK_LEFT_OUT:
             continue
@@ -413,9 +413,10 @@ def _portable(path: Path) -> Path:
 def sweep_configs(args: Args, task: Optional[TaskFile]) -> dict[str, Config]:
     """{name: config} this invocation runs: --only's, or every config (of a task sweep: those that
     apply to a text task)."""
-    every = task_configs() if task else {c.name: c for c in CONFIGS}
+    environment = bool(task and task.environment)
+    every = task_configs(environment) if task else {c.name: c for c in CONFIGS}
     names = args.only_names() or list(every)
-    return {n: task_config(n) if task else BY_NAME[n] for n in names}
+    return {n: task_config(n, environment) if task else BY_NAME[n] for n in names}
 
 
 def plan(args: Args, s: Settings, runs_dir: Path, task: Optional[TaskFile] = None) -> list[dict]:
@@ -454,6 +455,8 @@ def record_invocation(
     data["settings"] = asdict(s)
     if task:
         data["task"] = {"name": task.name, "file": str(_portable(task.path))}
+        if task.environment:
+            data["task"]["environment"] = task.environment
     data["machine"] = machine_info()
     data["invocations"].append(
         {
@@ -482,7 +485,7 @@ def write_task_report(task: TaskFile, runs_dir: Path) -> Path:
 def main(args: Args, argv: list[str]) -> int:
     task = apply_task(args, argv)
     if args.only == "list":
-        for c in task_configs().values() if task else CONFIGS:
+        for c in task_configs(bool(task.environment)).values() if task else CONFIGS:
             print(
                 f"{c.name:12s} {c.label:20s} {c.script} {' '.join(c.flags)}   (baseline: {c.baseline or '-'})"
             )
@@ -493,8 +496,9 @@ def main(args: Args, argv: list[str]) -> int:
         check_task(task, s.model_name_or_path)
     items = plan(args, s, runs_dir, task)
     if task:
-        print(f"task {task.name} ({args.task}): the configs that apply to a text task", flush=True)
-        for line in left_out_lines():
+        what = "play its environment" if task.environment else "apply to a text task"
+        print(f"task {task.name} ({args.task}): the configs that {what}", flush=True)
+        for line in left_out_lines(bool(task.environment)):
             print(f"  left out: {line.replace('`', '')}", flush=True)
     print(
         f"benchmark: {len(items)} runs in {runs_dir} (steps {s.max_steps}, prompts/step {s.prompts_per_step}, "

@@ -15,6 +15,10 @@ the report (the papers' claims, each method against its baseline) is written for
       reward_funcs: my_rewards.py:correctness
       success_reward: 1
 
+`environment: my_env.py:MyGame` (a top-level key) names your agent environment
+(docs/custom_env.md): the sweep then runs Prefix Sampling's multi-turn configs on it (PS against
+GRPO, `ps_grpo.py --environment`), and its check builds one instance and calls `reset` first.
+
 Top-level keys are run.py's own flags (`python benchmarks/sweep/run.py --help`) plus `name`,
 `report_dir` and `flags`; a flag given on the command line wins over the file. Two placeholders
 stand for the shipped word-problem task: `{word_problems}` (the folder its .jsonl files are written
@@ -46,7 +50,7 @@ from typing import Any, Optional
 ROOT = Path(__file__).resolve().parents[2]
 WORD_PROBLEMS_DATA = "runs/word_problems/data"
 PLACEHOLDER = re.compile(r"\{(word_problems(?:_base)?)\}")
-TASK_KEYS = ("name", "report_dir", "flags")
+TASK_KEYS = ("name", "report_dir", "flags", "environment")
 # run.py flags a task file cannot set (they choose what to do, not the task)
 RUNNER_ONLY = ("task", "dry_run", "quick", "python", "progress_every", "lock", "keep_checkpoints")
 
@@ -60,6 +64,7 @@ class TaskFile:
     runner: dict[str, Any] = field(default_factory=dict)
     script_flags: list[str] = field(default_factory=list)
     report_dir: Optional[str] = None
+    environment: Optional[str] = None  # `file.py:ClassName`, from the repository or absolute
 
 
 def _shared_script_flags() -> dict[str, Optional[list]]:
@@ -172,6 +177,8 @@ def load_task(path: str, runner_fields: dict[str, type]) -> TaskFile:
         report_dir = str((file.parent / Path(str(report_dir)).expanduser()).resolve())
     task = TaskFile(file, name, report_dir=report_dir)
     problems: list[str] = []  # every problem of the file, a line each, reported together
+    if data.get("environment"):
+        task.environment = _resolve_reward_specs(str(data["environment"]), file.parent)
     for key, value in data.items():
         where = f"--task {path}: key {key!r}"
         if key in TASK_KEYS:
@@ -201,6 +208,8 @@ def load_task(path: str, runner_fields: dict[str, type]) -> TaskFile:
             problems.append(str(refused))
     if problems:
         raise SystemExit("\n".join(problems))
+    if task.environment:
+        task.script_flags += ["--environment", task.environment]
     return task
 
 
@@ -250,10 +259,16 @@ def runner_types(args_cls) -> dict[str, type]:
     return {f.name: f.type for f in dataclasses.fields(args_cls)}
 
 
-def left_out_lines() -> list[str]:
+def left_out_lines(environment: bool = False) -> list[str]:
     """The configs a task sweep leaves out, each with why (the runner prints them, the page lists
     them)."""
     from benchmarks.sweep.configs import TASK_LEFT_OUT
+
+    if environment:
+        return [
+            "every method but Prefix Sampling: the others train on single-turn completions, "
+            "not in an environment"
+        ]
 
     lines = [
         "Prefix Sampling's multi-turn configs (`ps_off`, `ps_fixed`, `ps_adaptive`, "
@@ -331,6 +346,40 @@ def check_task(task: TaskFile, model: str, log=print) -> None:
     funcs = _flag(flags, "--reward_funcs")
     if funcs:
         _check_rewards(task, funcs, _flag(flags, "--reward_weights"), data, flags, log)
+    if task.environment:
+        _check_environment(task, data, log)
+
+
+def _check_environment(task: TaskFile, data: dict, log) -> None:
+    """One instance of the task's environment built and reset (on the first training row, else
+    with seed 0), as the runs will; one line naming the class and the fault otherwise."""
+    from common.envs.protocol import EnvFault, Environment, load_class
+
+    head = f"--task {task.path}: environment"
+    spec = task.environment
+    target, _, name = spec.rpartition(":")
+    if (target.endswith(".py") or "/" in target) and not (ROOT / target).is_file():
+        raise SystemExit(f"{head}: {ROOT / target}: no such file ({_where(task)})")
+    try:
+        env = Environment(
+            load_class(
+                str(ROOT / target) + ":" + name
+                if "/" in target or target.endswith(".py")
+                else spec,
+                head,
+            )
+        )
+        train = data.get("dataset_name")
+        rows = _read_rows(train, 1) if train else None
+        row = rows[0] if rows else {"seed": 0}
+        env.reset(env.new(), row)
+    except EnvFault as fault:
+        raise SystemExit(f"{head}: {fault}") from None
+    except SystemExit as stop:
+        raise SystemExit(
+            f"{head}: {stop}" if not str(stop).startswith(head) else str(stop)
+        ) from None
+    log(f"  checked: environment {spec} builds and resets")
 
 
 def _check_rewards(task, funcs, weights, data, flags, log) -> None:

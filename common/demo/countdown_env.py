@@ -136,6 +136,28 @@ class CountdownEnv:
         return StepResult(obs, self.done, self.reward, self.status)
 
 
+class CountdownGame:
+    """The environment in the text protocol of `--environment` (docs/custom_env.md), as ps_grpo.py
+    plays it by default: `reset(nums, target)` (a task row) returns the problem, `step(action,
+    final)` returns (observation, reward, done); `final` is the protocol's optional keyword (the
+    policy ended its turn with EOS: it considers itself finished)."""
+
+    def __init__(self, max_turns: int = 4, invalid: str = "end"):
+        self.max_turns, self.invalid = max_turns, invalid
+
+    def reset(self, nums, target) -> str:
+        self.env = CountdownEnv(Problem(tuple(nums), int(target)), self.max_turns, self.invalid)
+        return countdown.prompt_text(self.env.problem)
+
+    def step(self, action: str, final: bool = False) -> tuple[str, float, bool]:
+        result = self.env.step(action, final=final)
+        return result.observation, result.reward, result.done
+
+    @property
+    def status(self) -> str:
+        return self.env.status
+
+
 def replay(
     problem: Problem, actions: list[str], max_turns: int = 4, invalid: str = "end"
 ) -> CountdownEnv:

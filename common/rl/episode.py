@@ -1,6 +1,6 @@
 """The token-level record of one rollout: prompt + interleaved (action, observation) turns, with the
-loss mask and the sampling log-probs. Used by the multi-turn environment
-(common/demo/countdown_env.py) and by ps_grpo.py's single-turn text mode, where a "turn" is a line
+loss mask and the sampling log-probs. Used by the multi-turn rollouts (common/envs/rollout.py)
+and by ps_grpo.py's single-turn text mode, where a "turn" is a line
 of the completion and there is no observation."""
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ class Episode:
     replayed_steps: int = 0
     reward: float = 0.0
     env: object = None  # the environment being played (multi-turn), None for single-turn text
+    prompt: list[int] = field(default_factory=list)  # the context the turns follow
+    # [PS] the environment's snapshot() after each turn, when it has one (prefix replay restores it)
+    snapshots: list = field(default_factory=list)
 
     def add_turn(
         self, action_ids: list[int], obs_ids: list[int], logps: list[float] | None = None

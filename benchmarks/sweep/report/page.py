@@ -84,7 +84,9 @@ def render_report(
     sweep_path = runs_dir / "sweep.json"
     sweep = json.loads(sweep_path.read_text()) if sweep_path.exists() else {}
     task = task or sweep.get("task", {}).get("name")
-    order, aggs = build_aggs(runs, task_configs() if task else None)
+    # a task file's environment: Prefix Sampling's multi-turn configs ran on it
+    environment = bool(sweep.get("task", {}).get("environment"))
+    order, aggs = build_aggs(runs, task_configs(environment) if task else None)
     pngs, doc_pngs, plot_note = [], [], ""
     if plots and any(a.curve for a in aggs.values()):
         if not draw:
@@ -209,7 +211,7 @@ def render_report(
     md.append("")
     if task:
         md.append("Left out of a task sweep (`run.py --task` prints these too):\n")
-        md += [f"- {line}" for line in left_out_lines()]
+        md += [f"- {line}" for line in left_out_lines(environment)]
         md.append("")
     md.append("## The papers' claims: verdicts\n")
     md.append(TASK_VERDICT_RULES if task else VERDICT_RULES)
@@ -427,10 +429,9 @@ def task_command(task_file: str, runs_dir: Path, runs: dict, recorded: list) -> 
         return shlex.join(head), f"(The task file cannot be read here: {e}.)"
     flags, note = [], ""
     names = sorted(runs)
-    if set(names) != set(task_configs()):
-        order = [n for n in task_configs() if n in runs] + [
-            n for n in names if n not in task_configs()
-        ]
+    configs = task_configs(bool(task.environment))
+    if set(names) != set(configs):
+        order = [n for n in configs if n in runs] + [n for n in names if n not in configs]
         flags += ["--only", ",".join(order)]
     seeds = _seeds_seen(runs_dir)
     if seeds != base.seeds:

@@ -1,0 +1,234 @@
+"""Your environment class (`--environment PATH.py:ClassName` or `package.module:ClassName`), called
+through one of two conventions (docs/custom_env.md):
+
+- the text protocol: `reset(**row) -> str` (the first observation), `step(action) -> (observation,
+  reward, done)`, optional `snapshot() -> state` and `restore(state)` (prefix replay uses them);
+- TRL's `environment_factory` convention (a class without `step`): `reset(**row) -> str | None`,
+  public methods the model calls as tools through the chat template, optional `get_reward()`.
+
+Every call of your code goes through `Environment`: what it raises becomes an `EnvFault` with one
+line naming the exception and the file:line in your file (that episode ends with reward 0); a call
+that returns the wrong type stops the run with one line naming the class and what it returned.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import inspect
+import json
+import numbers
+import os
+import sys
+import traceback
+from pathlib import Path
+
+# set (to anything but "" or "0") to print the whole traceback of an environment that raises
+TRACEBACK_ENV = "RLVR_ENV_TRACEBACK"
+# methods of a TRL-convention class that are not tools (TRL leaves out reset and get_reward; the
+# text protocol's replay methods are not tools either)
+NOT_TOOLS = ("reset", "get_reward", "step", "snapshot", "restore")
+
+
+class EnvFault(Exception):
+    """Your environment raised during one episode; `str()` is the one line that says so, `key`
+    what the same fault shares (the method, the exception's type and where it was raised)."""
+
+    def __init__(self, line: str, key: tuple = ()):
+        super().__init__(line)
+        self.key = key or (line,)
+
+
+def load_class(spec: str, flag: str = "--environment"):
+    """`path/to/file.py:ClassName` or `package.module:ClassName` -> the class (one line naming the
+    spec on failure)."""
+    target, sep, name = spec.rpartition(":")
+    if not sep or not target or not name.isidentifier():
+        raise SystemExit(
+            f"{flag} {spec!r}: expected `path/to/file.py:ClassName` or `package.module:ClassName`"
+        )
+    try:
+        if target.endswith(".py") or "/" in target or "\\" in target:
+            path = Path(target)
+            if not path.is_file():
+                raise SystemExit(f"{flag} {spec}: file {target} not found")
+            # one module name per file: two files with the same stem do not replace each other
+            module_name = f"rlvr_env_{abs(hash(str(path.resolve())))}"
+            module_spec = importlib.util.spec_from_file_location(module_name, path)
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[module_name] = module
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(target)
+    except SystemExit:
+        raise
+    except BaseException as error:  # noqa: BLE001 - whatever the user's module raises on import
+        raise SystemExit(
+            f"{flag} {spec}: cannot import {target} ({type(error).__name__}: {error})"
+        ) from None
+    cls = getattr(module, name, None)
+    if not inspect.isclass(cls):
+        raise SystemExit(f"{flag} {spec}: {target} has no class {name}")
+    return cls
+
+
+def raised_at(error: BaseException, file: str | None) -> str | None:
+    """`file:line` where `error` was raised: the deepest frame in `file` (the class's own file),
+    else the deepest frame outside this package (None without a traceback)."""
+    frames = traceback.extract_tb(error.__traceback__)
+    here = Path(__file__).resolve().parent
+    own = Path(file).resolve() if file else None
+    mine = [f for f in frames if own is not None and Path(f.filename).resolve() == own]
+    others = [f for f in frames if Path(f.filename).resolve().parent != here]
+    frame = (mine or others or [None])[-1]
+    return None if frame is None else f"{frame.filename}:{frame.lineno}"
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+class Environment:
+    """One environment class behind one interface: `new()` builds an instance (one per episode),
+    then `reset`, `step` (text protocol) or `tool_calls` (TRL's convention), `snapshot` /
+    `restore` and `reward`, each with the faults and the type checks of the module's docstring.
+
+    `factory` builds an instance with no arguments (the class itself, or a `functools.partial` of
+    it, as the embedded demo does); `name` is what the reward is logged under (TRL: the class's
+    name)."""
+
+    def __init__(self, factory, name: str | None = None):
+        cls = factory
+        while isinstance(cls, functools.partial):
+            cls = cls.func
+        self.factory, self.cls = factory, cls
+        self.name = name or cls.__name__
+        try:
+            self.file = inspect.getsourcefile(cls)
+        except TypeError:  # a class without a source file (built-in)
+            self.file = None
+        if not callable(getattr(cls, "reset", None)):
+            raise SystemExit(f"environment {self.name}: no method reset(**row)")
+        self.text = callable(getattr(cls, "step", None))
+        self.restores = callable(getattr(cls, "snapshot", None)) and callable(
+            getattr(cls, "restore", None)
+        )
+        # the text protocol's optional keyword: the policy ended its turn with an end token
+        self.step_takes_final = self.text and "final" in inspect.signature(cls.step).parameters
+        self.tool_names = [
+            member
+            for member, _ in inspect.getmembers(cls, predicate=inspect.isfunction)
+            if member not in NOT_TOOLS and not member.startswith("_")
+        ]
+        self.has_reward = callable(getattr(cls, "get_reward", None))
+        if not self.text and not self.tool_names:
+            raise SystemExit(
+                f"environment {self.name}: neither step(action) (the text protocol) nor public "
+                "tool methods (TRL's environment_factory convention)"
+            )
+        self.traceback = os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
+
+    # ---------------- calls of your code ----------------
+    def _call(self, what: str, function, *args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except Exception as error:  # noqa: BLE001 - the user's code: one line, the episode ends
+            key = (what, type(error).__name__, raised_at(error, self.file))
+            raise EnvFault(self.fault_line(what, error), key) from error
+
+    def fault_line(self, what: str, error: BaseException) -> str:
+        """The one line of an exception your code raised in `what` (the traceback too with
+        RLVR_ENV_TRACEBACK=1)."""
+        if self.traceback:
+            traceback.print_exception(error, file=sys.stderr)
+        place = raised_at(error, self.file)
+        notes = ([f"at {place}"] if place else []) + (
+            [] if self.traceback else [f"{TRACEBACK_ENV}=1 prints the traceback"]
+        )
+        return (
+            f"environment {self.name}.{what} raised {type(error).__name__}: {error} "
+            f"({'; '.join(notes)}; said once, each such episode counts in env_errors)"
+        )
+
+    def _wrong(self, what: str, got, expected: str):
+        raise SystemExit(
+            f"environment {self.name}.{what} returned {_shown(got)} ({type(got).__name__}); "
+            f"expected {expected}"
+        )
+
+    def new(self):
+        """A fresh instance (built with no arguments)."""
+        return self._call("__init__", self.factory)
+
+    def reset(self, instance, row: dict) -> str | None:
+        """The first observation: a `str` (TRL's convention: a `str` or None)."""
+        observation = self._call("reset", instance.reset, **row)
+        if isinstance(observation, str) or (observation is None and not self.text):
+            return observation
+        return self._wrong("reset", observation, "a str" if self.text else "a str or None")
+
+    def step(self, instance, action: str, final: bool) -> tuple[str, float, bool]:
+        """The text protocol's step, checked: (observation: str, reward: a number, done: bool)."""
+        keywords = {"final": final} if self.step_takes_final else {}
+        out = self._call("step", instance.step, action, **keywords)
+        expected = "(observation: str, reward: float, done: bool)"
+        if not isinstance(out, (tuple, list)) or len(out) != 3:
+            self._wrong("step", out, expected)
+        observation, reward, done = out
+        if not isinstance(observation, str):
+            self._wrong(
+                "step", out, expected + f": the observation is a {type(observation).__name__}"
+            )
+        if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
+            self._wrong("step", out, expected + f": the reward is a {type(reward).__name__}")
+        if not isinstance(done, bool) and type(done).__name__ != "bool_":  # numpy's bool too
+            self._wrong("step", out, expected + f": done is a {type(done).__name__}")
+        return observation, float(reward), bool(done)
+
+    def snapshot(self, instance):
+        return self._call("snapshot", instance.snapshot)
+
+    def restore(self, instance, state) -> None:
+        self._call("restore", instance.restore, state)
+
+    def reward(self, instance) -> float | None:
+        """TRL's convention: get_reward() when the class has it (None: no reward of its own)."""
+        if not self.has_reward:
+            return None
+        value = self._call("get_reward", instance.get_reward)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            self._wrong("get_reward", value, "a float")
+        return float(value)
+
+    # ---------------- TRL's convention: tools ----------------
+    def tools(self, instance) -> list:
+        """The instance's tool methods, as the chat template's `tools` takes them."""
+        return [getattr(instance, name) for name in self.tool_names]
+
+    def tool_calls(self, instance, calls: list[dict]) -> list[dict]:
+        """Run the parsed tool calls in order; a tool message each, as TRL builds them: an unknown
+        tool or a tool that raises answers {"error": ...} (the episode goes on), a result is
+        stringified."""
+        messages = []
+        for call in calls:
+            function = call.get("function", call)
+            name = function.get("name", "unknown")
+            arguments = function.get("arguments") or {}
+            if isinstance(arguments, str):  # some parsers leave the arguments as JSON text
+                try:
+                    arguments = json.loads(arguments)
+                except ValueError:
+                    arguments = None
+            if name not in self.tool_names:
+                result = {"error": f"Tool {name} not found."}
+            elif not isinstance(arguments, dict):
+                result = {"error": f"Tool {name}: arguments are not a JSON object."}
+            else:
+                try:
+                    result = getattr(instance, name)(**arguments)
+                except Exception as error:  # noqa: BLE001 - TRL answers the model with the error
+                    result = {"error": str(error)}
+            messages.append({"role": "tool", "name": name, "content": str(result)})
+        return messages

@@ -1,0 +1,297 @@
+"""Multi-turn rollouts in an `Environment` (common/envs/protocol.py), and [PS] prefix replay.
+
+A turn: the policy generates an action (it ends at an end token, at a newline in raw-text mode --
+one action per line -- or at the sampling config's max_new_tokens), the environment answers with an
+observation. Observations enter the context as the tokenizer expects them: as a user message (text
+protocol) or tool messages (TRL's convention) through the chat template when it has one, as raw
+text otherwise; their tokens have loss mask 0, the policy's tokens mask 1. One generate call per
+turn covers every live episode of the batch.
+
+Prefix replay: a prefix task starts from step K of a stored trajectory on a fresh instance, by
+`restore(snapshot)` when the environment offers it, else by `reset` with the same row and the first
+K stored actions executed again; each re-executed observation (and the first one) is compared with
+the stored tokens. A difference drops the task (`Rollouts.kept` leaves it out) and is said once.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from dataclasses import dataclass, field
+
+from common.envs.protocol import EnvFault, Environment
+from common.rl.episode import Episode
+
+# Hermes-style tool calls (Qwen's templates): what transformers' response schemas parse
+TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+
+
+@dataclass
+class Prefix:
+    """[PS] What a prefix task replays: K stored (action ids, observation ids) turns, the stored
+    prompt (the first observation's tokens; empty: not checked) and the environment's snapshot after
+    turn K (None: re-execute the actions)."""
+
+    steps: list = field(default_factory=list)
+    prompt: list = field(default_factory=list)
+    snapshot: object = None
+
+
+@dataclass
+class Rollouts:
+    """A batch's episodes (n per kept task, `group` indexing `kept`), which tasks were kept (a
+    prefix task whose replay diverged is not), and the counts behind env_errors and
+    ps_replay_mismatch_frac."""
+
+    episodes: list[Episode]
+    truncated: list[bool]
+    kept: list[int]
+    errors: int = 0
+    replayed: int = 0  # prefix tasks replayed
+    mismatched: int = 0  # of those, dropped: a replayed observation differed
+
+
+class Renderer:
+    """How text enters the context: through the chat template (`chat`) or as raw text."""
+
+    def __init__(self, tokenizer, chat: bool, end_ids=()):
+        self.tokenizer, self.chat, self.end_ids = tokenizer, chat, set(end_ids)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
+    def action_text(self, ids: list[int]) -> str:
+        """The action as the environment gets it: its text without special tokens (raw text: less
+        the newline that ended it)."""
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return text if self.chat else text.removesuffix("\n")
+
+    def prompt(self, messages: list[dict], tools=None) -> list[int]:
+        """The context before the first turn (raw text: the last message's text, with the
+        tokenizer's special tokens, as a text prompt)."""
+        if not self.chat:
+            return self.tokenizer(messages[-1]["content"], add_special_tokens=True).input_ids
+        return list(
+            self.tokenizer.apply_chat_template(
+                messages,
+                tools=tools or None,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+            )
+        )
+
+    def observation(self, messages: list[dict], action_ids: list[int]) -> list[int]:
+        """The tokens after an action: the observation's message(s) and the next turn's opening (a
+        turn that did not end with an end token is closed first)."""
+        if not self.chat:
+            return self.encode("".join(message["content"] for message in messages))
+        close = [] if action_ids and action_ids[-1] in self.end_ids else [self.eos]
+        return close + self._suffix(messages)
+
+    @property
+    def eos(self) -> int:
+        return self.tokenizer.eos_token_id
+
+    def _suffix(self, messages: list[dict]) -> list[int]:
+        # the messages' tokens as the template renders them after an assistant turn: the rendering
+        # of a short conversation with them, less the same conversation without them (cut after its
+        # last end token, where a generated turn stops), as TRL renders tool results
+        assistant = {"role": "assistant", "content": ""}
+        if messages[0]["role"] == "tool":
+            call = {"name": messages[0].get("name", "tool"), "arguments": {}}
+            assistant["tool_calls"] = [{"type": "function", "function": call}]
+        head = [{"role": "user", "content": "x"}, assistant]
+        render = self.tokenizer.apply_chat_template
+        before = list(render(head, tokenize=True, return_dict=False))
+        after = list(
+            render(head + messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        )
+        ends = [i for i, token in enumerate(before) if token == self.eos]
+        if ends:
+            before = before[: ends[-1] + 1]
+        if after[: len(before)] != before:
+            raise SystemExit(
+                "the chat template renders an assistant turn differently when a message follows "
+                "it: cannot put observations into the context"
+            )
+        return after[len(before) :]
+
+    def tool_calls(self, ids: list[int], prefix: list[int], tools) -> list[dict]:
+        """The tool calls of a generated turn, parsed as transformers parses them (the tokenizer's
+        response schema) when it has one, else Hermes-style `<tool_call>{json}</tool_call>`
+        blocks; a malformed call is no call (the turn is plain text)."""
+        tokenizer = self.tokenizer
+        schema = getattr(tokenizer, "response_template", None) or getattr(
+            tokenizer, "response_schema", None
+        )
+        if schema is not None:
+            try:
+                message = tokenizer.parse_response(ids, prefix=prefix, tools=tools)
+            except Exception:  # noqa: BLE001 - TRL's fallback: the turn as plain text
+                return []
+            calls = message.get("tool_calls") if isinstance(message, dict) else None
+            return [call for call in calls or [] if isinstance(call, dict)]
+        calls = []
+        for block in TOOL_CALL_RE.findall(tokenizer.decode(ids, skip_special_tokens=False)):
+            try:
+                call = json.loads(block)
+            except ValueError:
+                continue
+            if isinstance(call, dict) and isinstance(call.get("name"), str):
+                calls.append({"type": "function", "function": call})
+        return calls
+
+
+class EnvRunner:
+    """Plays an `Environment` with a generator: fresh episodes from `reset(**row)`, prefix tasks
+    from a replayed step K; faults end an episode with reward 0 (said once per distinct line)."""
+
+    def __init__(self, env: Environment, renderer: Renderer, max_turns: int, log=print):
+        if not env.text and not renderer.chat:
+            raise SystemExit(
+                f"environment {env.name}: TRL's environment_factory convention needs a tokenizer "
+                "whose chat template takes tools (this one has no chat template)"
+            )
+        self.env, self.renderer, self.max_turns, self.log = env, renderer, max_turns, log
+        self.said: set = set()
+        self.last = ""
+
+    def say(self, line: str, key=None) -> None:
+        """`line` once per run: the same fault (`key`) or the same line again is not said again."""
+        self.last = line
+        key = key or (line,)
+        if key not in self.said:
+            self.said.add(key)
+            self.log(line)
+
+    # ---------------- one episode's start ----------------
+    def _start(self, row: dict, prefix: Prefix, group: int, errors: list):
+        """A fresh instance at the prefix's step K: (episode, instance, live), or None when the
+        replay diverged from the stored trajectory."""
+        env, renderer = self.env, self.renderer
+        episode = Episode(group)
+        instance = None
+        try:
+            instance = env.new()
+            if prefix.snapshot is not None and prefix.prompt and env.restores:
+                # [PS] restore(snapshot): the stored state; the conversation is the stored one
+                env.restore(instance, copy.deepcopy(prefix.snapshot))
+                episode.prompt = list(prefix.prompt)
+                for action_ids, obs_ids in prefix.steps:
+                    episode.add_turn(action_ids, obs_ids)
+                return episode, instance, True
+            first = env.reset(instance, row)
+            messages = self._first_messages(row, first)
+            tools = env.tools(instance) if not env.text else None
+            episode.prompt = renderer.prompt(messages, tools)
+            if prefix.prompt and episode.prompt != list(prefix.prompt):
+                return None
+            done = False
+            for action_ids, stored in prefix.steps:
+                # [PS] re-execute a stored action; its observation must be the stored one
+                obs_ids, _, done = self._act(instance, action_ids, episode.prompt + episode.ids)
+                # a stored prefix never ends its episode: a replay that does diverged too
+                if obs_ids != list(stored) or done:
+                    return None
+                episode.add_turn(action_ids, obs_ids)
+        except EnvFault as fault:
+            self.say(str(fault), fault.key)
+            errors.append(episode)
+            return episode, instance, False
+        return episode, instance, True
+
+    def _first_messages(self, row: dict, first: str | None) -> list[dict]:
+        """The conversation before the first turn: the first observation as a user message (TRL's
+        convention: appended to the row's prompt messages, when it has them)."""
+        prompt = row.get("prompt") if not self.env.text else None
+        if isinstance(prompt, list) and prompt and isinstance(prompt[-1], dict):
+            last = prompt[-1]
+            return prompt[:-1] + [{**last, "content": last.get("content", "") + (first or "")}]
+        if isinstance(prompt, str):
+            return [{"role": "user", "content": prompt + (first or "")}]
+        return [{"role": "user", "content": first or ""}]
+
+    def _act(self, instance, action_ids: list[int], context: list[int]):
+        """One action applied: (observation ids, reward, done); TRL's convention: the turn's tool
+        calls run, a turn without one ends the episode."""
+        env, renderer = self.env, self.renderer
+        if env.text:
+            final = not renderer.chat and bool(action_ids) and action_ids[-1] in renderer.end_ids
+            text, reward, done = env.step(instance, renderer.action_text(action_ids), final)
+            return (
+                renderer.observation([{"role": "user", "content": text}], action_ids),
+                reward,
+                done,
+            )
+        calls = renderer.tool_calls(action_ids, context, env.tools(instance))
+        if not calls:
+            return [], 0.0, True
+        messages = env.tool_calls(instance, calls)
+        return renderer.observation(messages, action_ids), 0.0, False
+
+    # ---------------- a batch ----------------
+    def play(self, generator, rows: list[dict], prefixes: list[Prefix], n: int, cfg) -> Rollouts:
+        """n episodes per task, turn by turn; one generate call per turn for every live episode.
+        Returns the kept tasks' episodes (a prefix task whose replay diverged is dropped)."""
+        env = self.env
+        self.renderer.end_ids = set(generator.end_ids)
+        episodes, instances, live, errors, kept, mismatched = [], [], [], [], [], 0
+        for task, (row, prefix) in enumerate(zip(rows, prefixes)):
+            starts = [self._start(row, prefix, len(kept), errors) for _ in range(n)]
+            if any(start is None for start in starts):
+                mismatched += 1
+                self.say(
+                    f"prefix replay: environment {env.name} gave another observation than the "
+                    "stored trajectory (it is not deterministic): such prefix tasks are dropped, "
+                    "counted in ps_replay_mismatch_frac; define snapshot() / restore(state), or "
+                    "make reset and step deterministic (docs/custom_env.md)"
+                )
+                continue
+            kept.append(task)
+            for episode, instance, alive in starts:
+                episodes.append(episode)
+                instances.append(instance)
+                live.append(alive)
+        rewards = [0.0] * len(episodes)
+        clipped = [False] * len(episodes)
+        failed = set(map(id, errors))
+        for i, episode in enumerate(episodes):
+            live[i] = live[i] and len(episode.steps) < self.max_turns
+        while active := [i for i, alive in enumerate(live) if alive]:
+            contexts = [episodes[i].prompt + episodes[i].ids for i in active]
+            gens = generator.generate(contexts, 1, cfg)
+            turns = zip(active, contexts, gens.completion_ids, gens.logprobs, gens.finish_reasons)
+            for i, context, ids, logprobs, reason in turns:
+                clipped[i] = clipped[i] or reason == "length"
+                try:
+                    obs_ids, rewards[i], done = self._act(instances[i], ids, context)
+                    if env.restores and not done:
+                        episodes[i].snapshots.append(env.snapshot(instances[i]))
+                except EnvFault as fault:
+                    self.say(str(fault), fault.key)
+                    failed.add(id(episodes[i]))
+                    obs_ids, rewards[i], done = [], 0.0, True
+                # the action: mask 1; the observation: mask 0
+                episodes[i].add_turn(ids, obs_ids, logprobs)
+                live[i] = not done and len(episodes[i].steps) < self.max_turns
+        for i, (episode, instance) in enumerate(zip(episodes, instances)):
+            reward = 0.0 if id(episode) in failed else rewards[i]
+            if not env.text and id(episode) not in failed:
+                try:  # TRL's convention: the environment's own reward, when it has one
+                    reward = env.reward(instance) or 0.0
+                except EnvFault as fault:
+                    self.say(str(fault), fault.key)
+                    failed.add(id(episode))
+                    reward = 0.0
+            episode.reward = reward
+            episode.env = instance
+        if episodes and len(failed) == len(episodes):
+            raise SystemExit(
+                f"environment {env.name} failed in every episode of the batch, stopping: "
+                + self.last
+            )
+        return Rollouts(
+            episodes, clipped, kept, len(failed), sum(1 for p in prefixes if p.steps), mismatched
+        )

@@ -1,0 +1,94 @@
+"""The tasks of an environment: what `reset(**row)` gets. With a dataset, its rows (every column a
+keyword); without one, `reset(seed=i)` for task i of a pool, the held-out tasks being the seeds that
+follow the pool, so that a task is the same in every run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# the training pool without a dataset and without --prompt_pool
+SEED_POOL = 1024
+
+
+@dataclass
+class EnvTask:
+    """One task: the keywords of `reset`, and a tag (eval_pass@1_<tag>; "" for none)."""
+
+    row: dict = field(default_factory=dict)
+    tag: str = ""
+
+
+def seed_tasks(pool: int, n_eval: int) -> tuple[list[EnvTask], list[EnvTask]]:
+    """(train, held out): seeds 0..pool-1 (SEED_POOL for pool 0), then the next n_eval seeds."""
+    pool = pool or SEED_POOL
+    train = [EnvTask({"seed": i}) for i in range(pool)]
+    return train, [EnvTask({"seed": pool + i}) for i in range(n_eval)]
+
+
+def dataset_tasks(args, log=print) -> tuple[list[EnvTask], list[EnvTask]]:
+    """(train, held out) rows of --dataset_name (first --prompt_pool rows when > 0): the held-out
+    rows from --eval_dataset or the dataset's test split, else the last min(--eval_prompts,
+    rows / 5) rows of a one-split source."""
+    from common.tasks.loading import _load_split
+
+    train = list(
+        _load_split(
+            args.dataset_name, args.dataset_config, args.dataset_train_split, "--dataset_name", True
+        )
+    )
+    if args.eval_dataset:
+        split = args.dataset_test_split or "test"
+        held = list(
+            _load_split(args.eval_dataset, args.dataset_config, split, "--eval_dataset", True)
+        )
+    else:
+        held = None
+        if args.dataset_test_split:
+            held = _load_split(
+                args.dataset_name,
+                args.dataset_config,
+                args.dataset_test_split,
+                "--dataset_name",
+                False,
+            )
+        if held is None or len(held) == 0:
+            cut = min(args.eval_prompts, len(train) // 5)
+            train, held = train[: len(train) - cut], train[len(train) - cut :]
+            log(f"--dataset_name {args.dataset_name}: its last {cut} rows held out for evaluation")
+        held = list(held)
+    if args.prompt_pool > 0:
+        train = train[: args.prompt_pool]
+    if not train:
+        raise SystemExit(f"--dataset_name {args.dataset_name}: no training row")
+    return [EnvTask(dict(row)) for row in train], [
+        EnvTask(dict(row)) for row in held[: args.eval_prompts]
+    ]
+
+
+def reward_funcs(args, train_size: int, log=print):
+    """--reward_funcs loaded as TRL calls them (common/tasks/rewards.py), trainer_state filled."""
+    from common.tasks.rewards import RewardFuncs
+
+    funcs = RewardFuncs(args.reward_funcs, args.reward_weights, dtype=args.dtype)
+    funcs.fill_state(args, train_size, log)
+    return funcs
+
+
+def conversation_rewards(funcs, tokenizer, episodes: list, rows: list[dict], step):
+    """`funcs` on whole conversations, with TRL's keywords: `prompts` the first observation's text,
+    `completions` the text of every turn after it (actions and observations), `completion_ids`
+    their tokens, and every column of the task's row but `prompt`. Returns (totals, values)."""
+
+    def decode(ids):
+        return tokenizer.decode(ids, skip_special_tokens=True)
+
+    columns = {key: [row.get(key) for row in rows] for key in (rows[0] if rows else {})}
+    for dropped in ("prompt", "completion", "completion_ids"):
+        columns.pop(dropped, None)
+    return funcs(
+        [decode(episode.prompt) for episode in episodes],
+        [decode(episode.ids) for episode in episodes],
+        [list(episode.ids) for episode in episodes],
+        columns,
+        step,
+    )
