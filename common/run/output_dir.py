@@ -26,9 +26,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from common.distributed.ranks import stop_every_rank
-from common.run.checkpoint import MARKER, resolve_resume, run_id
+from common.run.checkpoint import MARKER, resolve_resume
 from common.run.folder_lock import LOCK, defer_writes, hold, release
-from common.run.logs import read_rows
 
 # a run's files besides its checkpoints
 LOGS = ("metrics.jsonl", "samples.jsonl", "args.json", "curves.png")
@@ -52,39 +51,22 @@ SAME_RUN = (
     "accept_changed_flags",
     "discard_later_checkpoints",
 )  # how a command reaches the run, not what it computes: not recorded
-FREE = (
-    "max_steps",
-    "eval_steps",
-    "save_steps",
-    "save_total_limit",
-    "log_samples_every",
-    "log_samples_per_kind",
-    "report_to",
-    "project",
-    "run_name",
-    "num_threads",
-    "lora_merged_export",
-    "save_dtype",
-    "collective_timeout",
-    # the KV cache of HF generate: how fast a step samples, as the thread count (a checkpoint
-    # recorded before `auto` became the default holds None)
-    "cache_implementation",
-)  # length, logging, patience, speed: free
 
 
-def claim_output_dir(args, accelerator, log=print) -> None:
+def claim_output_dir(args, accelerator, log=print, check_resume=None) -> None:
     """Every rank, after the Accelerator exists and before any model is loaded. Rank 0 holds the
-    folder (`.run.lock`), decides whether the run may write there (`--resume_from_checkpoint`,
-    `--overwrite_output_dir`), writes `.run.json` and `args.json`; then every rank checks that it
-    reads rank 0's token from the same folder. A refusal stops every rank with one line and leaves
-    every file of the folder as it was."""
+    folder (`.run.lock`), decides whether the run may write there (`--resume_from_checkpoint`, whose
+    checks `check_resume` makes: common/run/resume_checks.py's; `--overwrite_output_dir`), writes
+    `.run.json` and `args.json`; then every rank checks that it reads rank 0's token from the same
+    folder. A refusal stops every rank with one line and leaves every file of the folder as it
+    was."""
     token, verdict = secrets.token_hex(8), None
     if accelerator.is_main_process:
         folder = Path(args.output_dir)
         existed = folder.exists()
         try:
             hold(folder, token, _script(args), log)
-            verdict = _claim(args, accelerator.num_processes, log)
+            verdict = _claim(args, accelerator.num_processes, log, check_resume)
         # e.g. --resume_from_checkpoint naming no checkpoint: every rank must stop, not only this
         # one
         except SystemExit as refusal:
@@ -233,7 +215,7 @@ def _record(args, world_size: int) -> dict:
     }
 
 
-def _claim(args, world_size: int, log) -> str | None:
+def _claim(args, world_size: int, log, check_resume) -> str | None:
     """Rank 0, holding the folder: the refusal line, or None after writing `.run.json` and
     `args.json` (a resume's only once its checkpoint has loaded)."""
     folder = Path(args.output_dir)
@@ -261,56 +243,10 @@ def _claim(args, world_size: int, log) -> str | None:
             "--output_dir, or add --overwrite_output_dir to remove that run first"
         )
     history = []
-    if source is not None:
-        saved = _read(source / "run.json")
-        this_run = saved.get("run_id", "")
-        others = {run_id(folder / name / "run.json") for name in held(folder)[0]} - {this_run}
-        if not inside and used and not overwrite and (others or not held(folder)[0]):
-            return (
-                f"--resume_from_checkpoint {args.resume_from_checkpoint} continues another run "
-                f"than the one in --output_dir {folder} "
-                f"({describe(folder)}): resume into an empty --output_dir, or add "
-                "--overwrite_output_dir to "
-                "remove that run first"
-            )
-        refusal, history, before = _compare(
-            args, source, saved, mine, folder if inside else source.parent, log
-        )
+    if source is not None:  # the resume's checks (common/run/resume_checks.py)
+        refusal, this_run, history = check_resume(args, source, mine, used, log)
         if refusal:
             return refusal
-        # how this command reached the run is no change to it: the records keep the run's own (a
-        # resume that changes nothing rewrites nothing)
-        mine["args"].update(
-            {
-                key: before[key]
-                for key in SAME_RUN
-                if key in before and (inside or key != "output_dir")
-            }
-        )
-        later = [
-            folder / name for name in held(folder)[0] if inside and _step(name) > _step(source.name)
-        ]
-        if later and not args.discard_later_checkpoints:
-            return (
-                f"--resume_from_checkpoint {source}: --output_dir {folder} holds later checkpoints "
-                "of this run "
-                f"({', '.join(path.name for path in later)}): add --discard_later_checkpoints to "
-                "remove them "
-                "(and the logged rows after it) and continue from it, or resume with "
-                "--resume_from_checkpoint auto"
-            )
-        # a damaged row stops the resume now, before any write
-        for name in ("metrics.jsonl", "samples.jsonl"):
-            if inside and (folder / name).is_file():
-                read_rows(folder / name, announce=lambda message: None)
-        if later:
-            check_removable(folder, later, "--discard_later_checkpoints")
-            for path in later:
-                shutil.rmtree(path)
-            log(
-                f"--discard_later_checkpoints: removed {', '.join(path.name for path in later)} "
-                f"from {folder}"
-            )
     else:
         this_run = secrets.token_hex(8)  # a new run
         if args.resume_from_checkpoint == "auto" and used:
@@ -355,107 +291,6 @@ def _claim(args, world_size: int, log) -> str | None:
         defer_writes(
             folder, {path: text for path, text in records.items() if _read_text(path) != text}
         )
-    return None
-
-
-def _compare(
-    args, source: Path, saved: dict, mine: dict, origin: Path, log
-) -> tuple[str | None, list, dict]:
-    """A resume from `source` against the run that wrote it: (the refusal line or None, the run's
-    history of flag changes with this resume's appended, the run's recorded flags). The script and
-    the checkpoint's shape must match; a changed flag that alters what the run computes needs
-    --accept_changed_flags; length and logging flags change freely."""
-    if saved.get("script", mine["script"]) != mine["script"]:
-        return (
-            (
-                f"--resume_from_checkpoint {source}: written by {saved['script']}.py, not "
-                f"{mine['script']}.py: a run continues only "
-                "with the script that started it"
-            ),
-            [],
-            {},
-        )
-    shape = _shape_change(saved, mine)
-    if shape:
-        return f"--resume_from_checkpoint {source}: {shape}", [], {}
-    recorded = _read(origin / "args.json")
-    before = saved.get("args") or {key: value for key, value in recorded.items() if key != RESUMES}
-    changed = {
-        key: [before[key], value]
-        for key, value in mine["args"].items()
-        if key in before and before[key] != value and key not in SAME_RUN
-    }
-    computing = [
-        key
-        for key in changed
-        if key not in FREE or key == "max_steps" and schedule_reads_max_steps(mine["args"])
-    ]
-    if computing and not args.accept_changed_flags:
-        return (
-            (
-                f"--resume_from_checkpoint {source}: flags differ from the run's: "
-                + ", ".join(
-                    f"--{key} {changed[key][0]!r} -> {changed[key][1]!r}" for key in computing
-                )
-                + f": resume with the run's values ({_same_command(args, source, origin)}), or "
-                "add --accept_changed_flags to continue with the new ones (recorded in args.json)"
-            ),
-            [],
-            before,
-        )
-    # the first step the new flags compute; a discarded branch's changes go
-    start = _step(source.name) + 1
-    history = [
-        entry for entry in recorded.get(RESUMES, []) if entry.get("from_step", 0) <= start - 1
-    ]
-    if changed:
-        log(
-            f"--resume_from_checkpoint {source}: from step {start} with "
-            + ", ".join(f"--{key} {old!r} -> {new!r}" for key, (old, new) in changed.items())
-            + " (in args.json)"
-        )
-    return None, history + ([{"from_step": start, "changed": changed}] if changed else []), before
-
-
-def _same_command(args, source: Path, origin: Path) -> str:
-    """The flags that resume the run exactly as it was: its args.json, then where to."""
-    same = f"--config {origin / 'args.json'}"
-    if origin.resolve() != Path(args.output_dir).resolve():  # into another folder
-        return f"{same} --output_dir {args.output_dir} --resume_from_checkpoint {source}"
-    return f"{same} --resume_from_checkpoint {args.resume_from_checkpoint}"
-
-
-def schedule_reads_max_steps(flags: dict) -> bool:
-    """Whether the learning-rate schedule is laid over --max_steps (transformers' decaying ones, or
-    a warm-up given as --warmup_ratio of it): there a new --max_steps changes every later step's
-    rate, so a resume treats it as a flag that changes what the run computes."""
-    fixed = ("warmup_constant", "constant", "constant_with_warmup", "inverse_sqrt")
-    schedule = flags.get("lr_scheduler_type", "warmup_constant")
-    return flags.get("warmup_ratio", 0) > 0 or schedule not in fixed
-
-
-def _shape_change(saved: dict, mine: dict) -> str | None:
-    """How the checkpoint's shape (processes, --fsdp, LoRA) differs from this launch's; None when it
-    does not (or a checkpoint records none of it: common/run/checkpoint.py checks those while
-    loading)."""
-    if saved.get("world_size", mine["world_size"]) != mine["world_size"]:
-        return f"saved with {saved['world_size']} processes, now {mine['world_size']}"
-    if bool(saved.get("fsdp", mine["fsdp"])) != bool(mine["fsdp"]):
-        was, now = ("with" if flag else "without" for flag in (saved["fsdp"], mine["fsdp"]))
-        return f"saved {was} --fsdp, resumed {now} it (the optimizer state is laid out differently)"
-    before, now = saved.get("lora_r", mine["lora_r"]), mine["lora_r"]
-    if bool(before) != bool(now):
-        return (
-            f"saved {'with' if before else 'without'} LoRA adapters, resumed "
-            f"{'with' if now else 'without'} "
-            "them (match --lora_r)"
-        )
-    for key in ("lora_r", "lora_target_modules") if now else ():
-        if saved.get(key, mine[key]) != mine[key]:
-            return (
-                f"saved with --{key} {saved[key]}, resumed with {mine[key]}: the adapters differ "
-                "(match it)"
-            )
     return None
 
 
