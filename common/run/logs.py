@@ -88,9 +88,7 @@ class MetricsLogger:
             )
 
     def _start(self, resume_step: int | None) -> None:
-        write_deferred(
-            self.path.parent
-        )  # a resume's records of its flags: its checkpoint has loaded
+        write_deferred(self.path.parent)  # a resume's records of its flags: its checkpoint loaded
         # a resume drops rows written after its checkpoint (the file reads as one run)
         _keep_rows_until(self.path, resume_step)  # a new run: none
 
@@ -219,9 +217,7 @@ class RunLog:
     from the policy being trained."""
 
     def __init__(self, args, accelerator, script: str, start_step: int, resumed: bool, log=print):
-        resume_step = (
-            start_step if resumed else None
-        )  # a resume drops rows written after its checkpoint
+        resume_step = start_step if resumed else None  # a resume drops rows after its checkpoint
         self.args, self.accelerator, self.log_line = args, accelerator, log
         self.metrics = MetricsLogger(
             args.output_dir,
@@ -316,9 +312,7 @@ class RunLog:
         """The step's row, completed (compile figures, time, threads), written on every rank's call;
         the bar moves."""
         self._warn_sampler_gap(row.get("sampler_logp_diff"))
-        row.update(
-            compiled.metrics(self.accelerator) if compiled else {}
-        )  # compile time, recompiles
+        row.update(compiled.metrics(self.accelerator) if compiled else {})  # compile figures
         row["time_step_s"] = step_seconds
         row["num_threads"] = threads  # with a fixed count the run repeats exactly
         self.metrics.log(row)
