@@ -1,9 +1,9 @@
 """The output folder holds one run. Before any model is loaded, `claim_output_dir` (every rank calls
 it) holds the folder for this launch, refuses a fresh run into a folder that holds a run's files,
 refuses a resume that would mix runs (another script's, another checkpoint shape, changed flags, a
-checkpoint older than the folder's latest), clears a run with `--overwrite_output_dir`, records
-which run now writes there, and checks that every process of the launch sees the folder rank 0
-writes in (machines without a shared folder would otherwise fail at the first checkpoint).
+checkpoint older than the folder's latest: common/run/resume_checks.py), clears a run with
+`--overwrite_output_dir`, records which run now writes there, and checks that every process of the
+launch sees the folder rank 0 writes in (common/run/shared_folder.py).
 
 `<output_dir>/.run.lock` is held (an exclusive lock) by the launch writing there and records it;
 `.run.json` holds the id of the run writing there (new for a fresh run, the checkpoint's for a
@@ -19,15 +19,12 @@ import os
 import re
 import secrets
 import shutil
-import socket
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 
-from common.distributed.ranks import stop_every_rank
 from common.run.checkpoint import MARKER, resolve_resume
-from common.run.folder_lock import LOCK, defer_writes, hold, release
+from common.run.folder_lock import defer_writes, hold, release
 
 # a run's files besides its checkpoints
 LOGS = ("metrics.jsonl", "samples.jsonl", "args.json", "curves.png")
@@ -81,25 +78,9 @@ def claim_output_dir(args, accelerator, log=print, check_resume=None) -> None:
         if verdict:
             raise SystemExit(verdict)
         return
-    from accelerate.utils import broadcast_object_list, gather_object
+    from common.run.shared_folder import every_rank_sees
 
-    # after rank 0 wrote the marker: a barrier too
-    verdict, token = broadcast_object_list([verdict, token])
-    if verdict:
-        stop_every_rank(accelerator, verdict)
-    seen = _sees(Path(args.output_dir), token)
-    # the machine's rank (set by torchrun / accelerate launch)
-    node = os.environ.get("GROUP_RANK", "?")
-    views = gather_object([(node, socket.gethostname(), seen)])
-    blind = sorted({(node, host) for node, host, ok in views if not ok})
-    if blind:
-        names = ", ".join(f"node rank {node} (host {host})" for node, host in blind)
-        stop_every_rank(
-            accelerator,
-            f"--output_dir {args.output_dir}: the machine with {names} does not see the "
-            "folder rank 0 writes in; --output_dir must be a folder every machine shares (a "
-            "network filesystem mounted at the same path, best given as an absolute path)",
-        )
+    every_rank_sees(args, accelerator, verdict, token)
 
 
 def held(folder: Path) -> tuple[list[str], int | None, list[str]]:
@@ -312,18 +293,3 @@ def _read_text(path: Path) -> str | None:
         return path.read_text()
     except OSError:
         return None
-
-
-def _sees(folder: Path, token: str, wait_s: float = 2.0) -> bool:
-    """Whether this process reads `token` in `folder`'s lock record (read again for `wait_s`: an NFS
-    may lag)."""
-    deadline = time.time() + wait_s
-    while True:
-        try:
-            if json.loads((folder / LOCK).read_text()).get("launch") == token:
-                return True
-        except (OSError, ValueError, AttributeError):
-            pass
-        if time.time() > deadline:
-            return False
-        time.sleep(0.2)
