@@ -1,8 +1,9 @@
-"""The output folder's checks of a resume (only with --resume_from_checkpoint; the set-up gives
-them to common/run/output_dir.py `claim_output_dir`): the checkpoint must be of the run in the
-folder, of this script and shape (processes, --fsdp, LoRA), with the flags that change what the
-run computes unchanged (or --accept_changed_flags), and the latest in the folder (or
---discard_later_checkpoints). Every check is made before anything is written."""
+"""The output folder's checks of a resume (only with --resume_from_checkpoint, made by
+common/run/output_dir.py `claim_output_dir`): the checkpoint must be of the run in the folder, of
+this script and shape (processes, --fsdp, LoRA), with the flags that change what the run computes
+unchanged (or --accept_changed_flags), and the latest in the folder (or
+--discard_later_checkpoints). Every check is made before anything is written. Also the logs
+rewound to the checkpoint."""
 
 from __future__ import annotations
 
@@ -12,14 +13,14 @@ import shutil
 from pathlib import Path
 
 from common.run.checkpoint import run_id
-from common.run.output_dir import (
+from common.run.clear_run import check_removable
+from common.run.run_folder import (
     RESUMES,
     SAME_RUN,
-    _read,
-    _step,
-    check_removable,
+    checkpoint_step,
     describe,
     held,
+    read_record,
 )
 
 FREE = (
@@ -51,7 +52,7 @@ def check_resume(args, source: Path, mine: dict, used: bool, log) -> tuple[str |
     folder = Path(args.output_dir)
     overwrite = getattr(args, "overwrite_output_dir", False)
     inside = source.resolve().parent == folder.resolve()
-    saved = _read(source / "run.json")
+    saved = read_record(source / "run.json")
     this_run = saved.get("run_id", "")
     others = {run_id(folder / name / "run.json") for name in held(folder)[0]} - {this_run}
     if not inside and used and not overwrite and (others or not held(folder)[0]):
@@ -77,7 +78,9 @@ def check_resume(args, source: Path, mine: dict, used: bool, log) -> tuple[str |
         {key: before[key] for key in SAME_RUN if key in before and (inside or key != "output_dir")}
     )
     later = [
-        folder / name for name in held(folder)[0] if inside and _step(name) > _step(source.name)
+        folder / name
+        for name in held(folder)[0]
+        if inside and checkpoint_step(name) > checkpoint_step(source.name)
     ]
     if later and not args.discard_later_checkpoints:
         return (
@@ -127,7 +130,7 @@ def _compare(
     shape = _shape_change(saved, mine)
     if shape:
         return f"--resume_from_checkpoint {source}: {shape}", [], {}
-    recorded = _read(origin / "args.json")
+    recorded = read_record(origin / "args.json")
     before = saved.get("args") or {key: value for key, value in recorded.items() if key != RESUMES}
     changed = {
         key: [before[key], value]
@@ -153,7 +156,7 @@ def _compare(
             before,
         )
     # the first step the new flags compute; a discarded branch's changes go
-    start = _step(source.name) + 1
+    start = checkpoint_step(source.name) + 1
     history = [
         entry for entry in recorded.get(RESUMES, []) if entry.get("from_step", 0) <= start - 1
     ]

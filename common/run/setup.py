@@ -59,10 +59,7 @@ def start_run(args, script: str):
     )
     log = main_process_log(accelerator)
     seed_everything(args.seed + accelerator.process_index)  # ranks sample different rollouts
-    check_resume = None
-    if args.resume_from_checkpoint:  # the resume's checks load only for one
-        from common.run.resume_checks import check_resume
-    claim_output_dir(args, accelerator, log, check_resume)  # refuses a used or unshared folder
+    claim_output_dir(args, accelerator, log)  # refuses a used or unshared folder
     log(launch_line(accelerator.num_processes, args.fsdp, accelerator.device.type))
     collapsed = collapsed_launch() if launched and accelerator.num_processes == 1 else None
     if collapsed:
