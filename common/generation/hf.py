@@ -167,8 +167,7 @@ class HFGenerator:
             ]
             warnings.warn(
                 f"--cache_implementation {cache_implementation} on CPU: the cache already lives in "
-                "host "
-                f"memory (offloading needs CUDA); using {self.cache_implementation}"
+                f"host memory (offloading needs CUDA); using {self.cache_implementation}"
             )
 
     def sync_weights(self, model) -> None:
@@ -197,8 +196,7 @@ class HFGenerator:
         if cfg.logprobs and cfg.temperature > 0 and (cfg.top_p < 1 or cfg.top_k > 0):
             raise ValueError(
                 f"HFGenerator: log-probs with top_p={cfg.top_p} / top_k={cfg.top_k} would not be "
-                "those of "
-                "the sampled distribution (pi_old); top-p / top-k are for evaluation "
+                "those of the sampled distribution (pi_old); top-p / top-k are for evaluation "
                 "(logprobs=False)"
             )
         stop_ids = self.end_ids + [t for t in cfg.stop_token_ids if t not in self.end_ids]

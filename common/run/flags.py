@@ -521,8 +521,7 @@ def combination_problems(args) -> list[str]:
     if getattr(args, "use_vllm", False) and chosen_cache:
         problems.append(
             f"--cache_implementation {args.cache_implementation}: applies to HF generate only; "
-            "vLLM "
-            "(--use_vllm) manages its own KV cache: drop one of the two flags"
+            "vLLM (--use_vllm) manages its own KV cache: drop one of the two flags"
         )
     clash = [flag for flag in ("use_vllm", "fsdp") if getattr(args, flag, None)]
     clash += ["cache_implementation"] if chosen_cache else []

@@ -133,8 +133,7 @@ def written_on_main(accelerator, output_dir, write) -> None:
         except OSError as error:
             failed.append(
                 f"--output_dir {output_dir}: could not write its logs ({error}); the run stops "
-                "here: make "
-                "room (or fix the folder's permissions), then run the same command again"
+                "here: make room (or fix the folder's permissions), then run the same command again"
             )
     if (reason := first_failure(accelerator, failed)) is not None:
         stop_every_rank(accelerator, reason)
@@ -351,8 +350,7 @@ class RunLog:
         self.warned_sampler_gap = True
         self.log_line(
             f"warning: sampler_logp_diff {gap:.4f} >= --logp_diff_warn {self.args.logp_diff_warn}: "
-            "the "
-            "generator does not sample from the policy being trained (stale weights, dtype, "
+            "the generator does not sample from the policy being trained (stale weights, dtype, "
             "temperature?)"
         )
 

@@ -93,17 +93,14 @@ def _claim(args, world_size: int, log) -> str | None:
     ):
         return (
             f"--overwrite_output_dir starts the run in {folder} over and --resume_from_checkpoint "
-            f"{args.resume_from_checkpoint} continues it: "
-            "drop one of the two flags"
+            f"{args.resume_from_checkpoint} continues it: drop one of the two flags"
         )
     mine, marker = _record(args, world_size), read_record(folder / MARKER)
     if used and not overwrite and marker.get("script", mine["script"]) != mine["script"]:
         return (
             f"--output_dir {folder} holds a run of {marker['script']}.py ({describe(folder)}), not "
-            "of "
-            f"{mine['script']}.py: a run continues only with the script that started it; choose "
-            "another "
-            "--output_dir, or add --overwrite_output_dir to remove that run first"
+            f"of {mine['script']}.py: a run continues only with the script that started it; choose "
+            "another --output_dir, or add --overwrite_output_dir to remove that run first"
         )
     history = []
     if source is not None:  # the resume's checks (common/run/resume_checks.py)
@@ -124,8 +121,7 @@ def _claim(args, world_size: int, log) -> str | None:
                 f"--output_dir {folder} holds a run ({describe(folder)}): add "
                 "--resume_from_checkpoint auto to continue it, "
                 "--overwrite_output_dir to start over (removes its checkpoints and logs), or "
-                "choose another "
-                "--output_dir"
+                "choose another --output_dir"
             )
     if overwrite and used:  # common/run/clear_run.py
         from common.run.clear_run import overwrite_run
