@@ -9,12 +9,12 @@ import sys
 import pytest
 from conftest import ROOT, run_script
 
-from common.run.launch import (
+from common.run.accelerate_env import (
     accelerate_sharding,
     collapsed_launch,
-    resolve_accelerate_precision,
     resolve_accelerate_sharding,
 )
+from common.run.launch import resolve_accelerate_precision
 
 SCRIPTS = ("ra_rloo.py", "ps_grpo.py", "pros_ppo.py", "ada_seq.py", "ada_est.py")
 # what accelerate 1.x's launcher exports (accelerate/utils/launch.py: prepare_multi_gpu_env for --use_fsdp,
@@ -342,7 +342,7 @@ def test_accelerate_gradient_accumulation_is_refused_in_one_line_before_anything
     )
     assert "\n" not in str(stopped.value) and "unset it" in str(stopped.value)
     assert not (tmp_path / "out").exists()  # refused before the folder was claimed
-    from common.run.launch import refuse_accelerate_accumulation
+    from common.run.accelerate_env import refuse_accelerate_accumulation
 
     refuse_accelerate_accumulation(
         {"ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "1"}
@@ -351,7 +351,7 @@ def test_accelerate_gradient_accumulation_is_refused_in_one_line_before_anything
 
 PROBE = """import sys
 sys.path.insert(0, {root!r})
-from common.run.launch import collapsed_launch
+from common.run.accelerate_env import collapsed_launch
 print("LINE", collapsed_launch())
 """
 

@@ -69,7 +69,8 @@ def _rows(out):
 def test_a_finished_run_leaves_a_model_that_serves_as_trained(chat_base, tmp_path, capsys):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from common.run.output_dir import clear_run, describe
+    from common.run.clear_run import clear_run
+    from common.run.run_folder import describe
 
     equals = _equals_id(chat_base)
     out = tmp_path / "run"

@@ -77,7 +77,8 @@ def test_auto_cache_resolution():
     is an argument, so the CUDA branch is checked without a GPU."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from common.generation.hf import resolve_cache_implementation, static_cache_supported
+    from common.generation.hf import resolve_cache_implementation
+    from common.generation.static_cache import static_cache_supported
 
     config = Qwen2Config(
         hidden_size=16,

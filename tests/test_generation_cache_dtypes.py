@@ -10,7 +10,8 @@ import pytest
 import torch
 from transformers.generation.utils import GenerationMixin
 
-from common.generation.hf import ComputeDtypeStaticCache, HFGenerator, SamplingConfig
+from common.generation.hf import HFGenerator, SamplingConfig
+from common.generation.static_cache import ComputeDtypeStaticCache
 from common.model.policy import load_policy
 from common.run.flags import parse_args
 

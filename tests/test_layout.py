@@ -275,7 +275,8 @@ def test_real_data_path_loads_no_demo_code(tmp_path):
         modules = import_footprint.footprint(script, model_dir, data, tmp_path)
         assert not set(import_footprint.DEMO_MODULES) & set(modules), (script, sorted(modules))
         # nor what only a flag asks for: the TRL names' table (--config, a TRL flag name), vLLM,
-        # compiling, FSDP, LoRA, reward functions, the resume
+        # compiling, FSDP, LoRA, reward functions, the resume and its checks, trackers, accelerate's
+        # settings, several processes' checks
         asked = set(import_footprint.ONLY_WHEN_ASKED) & set(modules)
         assert not asked, (script, sorted(asked))
         assert sum(modules.values()) <= import_footprint.MAX_LINES, (script, sum(modules.values()))

@@ -408,7 +408,7 @@ def test_buffers_store_int32_and_save_and_load_a_million_tokens_fast_and_exactly
 
 
 def test_a_damaged_row_before_the_last_stops_the_resume_with_its_line_number(tmp_path):
-    from common.run.logs import read_rows
+    from common.run.resume_checks import read_rows
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 0}\n{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')

@@ -110,7 +110,7 @@ def test_report_to_names_a_tracker_accelerate_supports_and_installed(monkeypatch
 
 def test_a_resume_continues_the_tracker_run(tmp_path, monkeypatch):
     from common.run.checkpoint import MARKER
-    from common.run.logs import tracker_init_kwargs
+    from common.run.trackers import tracker_init_kwargs
 
     (tmp_path / MARKER).write_text(json.dumps({"run_id": "0123abcd4567ef89"}))
     fresh = tracker_init_kwargs(tmp_path, "r1", resumed=False)

@@ -38,8 +38,15 @@ ONLY_WHEN_ASKED = (
     "common.model.lora",  # --lora_r
     "common.tasks.rewards",  # --reward_funcs
     "common.run.resume",  # --resume_from_checkpoint
+    "common.run.resume_checks",  # --resume_from_checkpoint
+    "common.run.clear_run",  # --overwrite_output_dir, --discard_later_checkpoints
+    "common.run.flag_sources",  # --config, a TRL name, or a word that is not a flag
+    "common.run.trackers",  # --report_to
+    "common.run.accelerate_env",  # accelerate launch (its ACCELERATE_* variables)
+    "common.run.shared_folder",  # several processes
+    "common.distributed.timeouts",  # a collective that timed out, in several processes
 )
-MAX_LINES = 6000
+MAX_LINES = 5300
 """the most lines of common/ a one-step real-data run of a script may load (tests/test_layout.py)"""
 
 PROBE = """

@@ -14,7 +14,6 @@ import warnings
 from dataclasses import dataclass, field
 
 import torch
-from transformers import StaticCache
 
 from common.model.policy import DTYPES, autocast
 from common.rl.logprobs import score_completions
@@ -23,32 +22,13 @@ from common.rl.logprobs import score_completions
 STATIC_CACHES = ("static", "offloaded_static")
 
 
-class ComputeDtypeStaticCache(StaticCache):
-    """transformers' `StaticCache` holding `--dtype`: under bf16 autocast over fp32 weights, keys
-    come out of the rotary embedding in fp32 and values in bf16, which transformers' own static
-    cache cannot store (docs/scaling.md)."""
-
-    def __init__(
-        self, config, max_cache_len: int, compute_dtype: torch.dtype, offloading: bool = False
-    ):
-        super().__init__(config=config, max_cache_len=max_cache_len, offloading=offloading)
-        self.compute_dtype = compute_dtype
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        return super().update(
-            key_states.to(self.compute_dtype),
-            value_states.to(self.compute_dtype),
-            layer_idx,
-            *args,
-            **kwargs,
-        )
-
-
 def cache_kwargs(model, cache_implementation: str | None, dtype: str, max_cache_len: int) -> dict:
     """`generate`'s keywords for `--cache_implementation`: none (the default dynamic cache), the
     name, or a static cache built in the compute dtype (still one transformers compiles the decoding
     step for on a GPU)."""
     if cache_implementation in STATIC_CACHES:
+        from common.generation.static_cache import ComputeDtypeStaticCache
+
         cache = ComputeDtypeStaticCache(
             model.config,
             max_cache_len,
@@ -57,33 +37,6 @@ def cache_kwargs(model, cache_implementation: str | None, dtype: str, max_cache_
         )
         return {"past_key_values": cache}
     return {"cache_implementation": cache_implementation} if cache_implementation else {}
-
-
-def static_cache_supported(model_or_config) -> bool:
-    """Whether transformers can generate with (and, on a GPU, compile the decoding step on) a static
-    KV cache for this model: its class says it compiles whole-graph and takes `Cache` objects, and
-    no quantizer rules compiling out. A config is looked up as the causal-LM class it builds."""
-    from transformers import PretrainedConfig
-
-    if isinstance(model_or_config, PretrainedConfig):
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-        try:
-            cls = MODEL_FOR_CAUSAL_LM_MAPPING[type(model_or_config)]
-        except KeyError:
-            return False
-        quantizer = None
-    else:
-        model = model_or_config
-        if hasattr(model, "get_base_model"):  # a PEFT wrapper: the class that generates is inside
-            model = model.get_base_model()
-        cls, quantizer = type(model), getattr(model, "hf_quantizer", None)
-    supports_cache = getattr(cls, "_supports_default_dynamic_cache", None)
-    return (
-        bool(getattr(cls, "_can_compile_fullgraph", False))
-        and (supports_cache is None or bool(supports_cache()))
-        and (quantizer is None or bool(getattr(quantizer, "is_compileable", False)))
-    )
 
 
 def resolve_cache_implementation(
@@ -104,6 +57,8 @@ def resolve_cache_implementation(
             "KV cache: dynamic (--cache_implementation auto with --fsdp; "
             "--cache_implementation static to try the static cache)"
         )
+    from common.generation.static_cache import static_cache_supported
+
     if not static_cache_supported(model_or_config):
         name = getattr(model_or_config, "model_type", None) or type(model_or_config).__name__
         return None, (
@@ -212,8 +167,7 @@ class HFGenerator:
             ]
             warnings.warn(
                 f"--cache_implementation {cache_implementation} on CPU: the cache already lives in "
-                "host "
-                f"memory (offloading needs CUDA); using {self.cache_implementation}"
+                f"host memory (offloading needs CUDA); using {self.cache_implementation}"
             )
 
     def sync_weights(self, model) -> None:
@@ -242,8 +196,7 @@ class HFGenerator:
         if cfg.logprobs and cfg.temperature > 0 and (cfg.top_p < 1 or cfg.top_k > 0):
             raise ValueError(
                 f"HFGenerator: log-probs with top_p={cfg.top_p} / top_k={cfg.top_k} would not be "
-                "those of "
-                "the sampled distribution (pi_old); top-p / top-k are for evaluation "
+                "those of the sampled distribution (pi_old); top-p / top-k are for evaluation "
                 "(logprobs=False)"
             )
         stop_ids = self.end_ids + [t for t in cfg.stop_token_ids if t not in self.end_ids]

@@ -131,10 +131,8 @@ def save_checkpoint(
     with one line naming the folder and the error."""
     final = Path(output_dir) / f"checkpoint-{step}"
     tmp = Path(output_dir) / f".tmp-checkpoint-{step}"
-    main, failed = (
-        accelerator.is_main_process,
-        [],
-    )  # messages: an error object would keep its open file (traceback)
+    # failed: messages (an error object would keep its open file through its traceback)
+    main, failed = accelerator.is_main_process, []
     _stop_if_not_held(accelerator, output_dir)
     if main:
         try:
@@ -142,9 +140,7 @@ def save_checkpoint(
             tmp.mkdir(parents=True)
         except OSError as error:
             failed.append(str(error))
-    _stop_if_failed(
-        accelerator, failed, tmp, step
-    )  # a collective: also the barrier before the ranks write
+    _stop_if_failed(accelerator, failed, tmp, step)  # a collective: the barrier before writing
     try:
         objects = [
             obj.state_dict() for obj in getattr(accelerator, "_custom_objects", [])
@@ -156,9 +152,8 @@ def save_checkpoint(
     except _WRITE_ERRORS as error:
         failed.append(str(error))
     unwrapped, weights = accelerator.unwrap_model(model), None
-    sharded = isinstance(
-        unwrapped, FSDPModule
-    )  # --fsdp (common.distributed.fsdp is imported only then)
+    # --fsdp (common.distributed.fsdp is imported only then)
+    sharded = isinstance(unwrapped, FSDPModule)
     if sharded:  # every rank takes part; rank 0 receives the whole fp32 weights
         from common.distributed.fsdp import save_shards
 
@@ -203,9 +198,8 @@ def save_checkpoint(
         except _WRITE_ERRORS as error:
             failed.append(str(error))
     _stop_if_failed(accelerator, failed, tmp, step)
-    _stop_if_not_held(
-        accelerator, output_dir
-    )  # writing took minutes on a large model: the rename and rotation delete
+    # writing took minutes on a large model: the rename and rotation delete
+    _stop_if_not_held(accelerator, output_dir)
     if main:
         try:
             shutil.rmtree(final, ignore_errors=True)
@@ -213,9 +207,8 @@ def save_checkpoint(
         except OSError as error:
             failed.append(str(error))
     _stop_if_failed(accelerator, failed, tmp, step)
-    if (
-        main and keep > 0
-    ):  # this run's older checkpoints, never the one just written nor another run's
+    # this run's older checkpoints, never the one just written nor another run's
+    if main and keep > 0:
         mine = [
             path
             for path in list_checkpoints(output_dir)

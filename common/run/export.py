@@ -36,7 +36,7 @@ from common.distributed.ranks import first_failure, stop_every_rank
 from common.model.policy import DTYPES, library_bars_off, tied_keys
 from common.run.flags import given_flags, parse_args
 from common.run.folder_lock import lost_hold
-from common.run.output_dir import EXPORT, EXPORT_MERGED, SAME_RUN
+from common.run.run_folder import EXPORT, EXPORT_MERGED, SAME_RUN
 from common.run.summary import evaluations, read_metrics
 
 PROJECT = "rlvr-sampling"

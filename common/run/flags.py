@@ -17,8 +17,6 @@ import dataclasses
 import functools
 import inspect
 import json
-import math
-import os
 import re
 import sys
 import textwrap
@@ -27,59 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal, Optional
 
-
-@dataclasses.dataclass(frozen=True)
-class Range:
-    """lo <= value <= hi (None: no bound; `lo_open` / `hi_open`: strict); `zero`, when given, is
-    what 0 means, and 0 is then accepted too (`Range(1, zero="off")`: 0 or >= 1)."""
-
-    lo: float | None = None
-    hi: float | None = None
-    lo_open: bool = False
-    hi_open: bool = False
-    zero: str = ""
-
-    def accepts(self, value) -> bool:
-        if value is None or (self.zero and value == 0):  # None: an Optional flag's default
-            return True
-        above = self.lo is None or value > self.lo or (value == self.lo and not self.lo_open)
-        below = self.hi is None or value < self.hi or (value == self.hi and not self.hi_open)
-        return math.isfinite(value) and above and below
-
-    def __str__(self) -> str:
-        lo, hi = (None if bound is None else f"{bound:g}" for bound in (self.lo, self.hi))
-        if lo and hi:
-            text = f"in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
-        elif lo or hi:
-            text = (
-                f"{'>' if self.lo_open else '>='} {lo}"
-                if lo
-                else f"{'<' if self.hi_open else '<='} {hi}"
-            )
-        else:
-            text = "finite"
-        return text + (f"; 0 = {self.zero}" if self.zero else "")
-
-
-def declared(cls) -> dict[str, Range | None]:
-    """{field: its Range, or None} for every field of the dataclass `cls` (`Annotated[type,
-    Range(...)]`)."""
-    hints = typing.get_type_hints(cls, include_extras=True)
-    return {
-        f.name: next(
-            (m for m in getattr(hints[f.name], "__metadata__", ()) if isinstance(m, Range)), None
-        )
-        for f in dataclasses.fields(cls)
-    }
-
-
-def refusal(declaration: Range | None, value) -> str | None:
-    """Why `value` is refused ("must be ..."), or None when it is accepted."""
-    if declaration is not None and not declaration.accepts(value):
-        return f"must be {declaration}"
-    return (
-        "must be a finite number" if isinstance(value, float) and not math.isfinite(value) else None
-    )
+from common.run.ranges import Range, declared, refusal
 
 
 @dataclass
@@ -511,12 +457,21 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
     config = pre.parse_known_args(argv)[0].config
     problems: list[str] = []
     typed = typed_flags(cls, argv)
-    from_config = load_config(config, parser, cls, problems, typed) if config else {}
+    from_config = {}
+    if config:  # a file of flag values, checked and its lines printed (common/run/flag_sources.py)
+        from common.run.flag_sources import load_config
+
+        from_config = load_config(config, parser, cls, problems, typed, issubclass(cls, Flags))
     parser.set_defaults(**from_config)
     ns, extras = parser.parse_known_args(argv)
-    problems += unknown_flags(cls, parser, extras)
+    if extras:
+        from common.run.flag_sources import unknown_flags
+
+        problems += unknown_flags(parser, extras, script_of(cls), issubclass(cls, Flags))
     from_trl = {}
     if trl_typed:
+        from common.run.flag_sources import command_line_trl
+
         given = typed | set(from_config)
         from_trl = command_line_trl(trl_typed, parser, cls, problems, vars(ns), given)
     for flag, value in from_trl.items():
@@ -566,8 +521,7 @@ def combination_problems(args) -> list[str]:
     if getattr(args, "use_vllm", False) and chosen_cache:
         problems.append(
             f"--cache_implementation {args.cache_implementation}: applies to HF generate only; "
-            "vLLM "
-            "(--use_vllm) manages its own KV cache: drop one of the two flags"
+            "vLLM (--use_vllm) manages its own KV cache: drop one of the two flags"
         )
     clash = [flag for flag in ("use_vllm", "fsdp") if getattr(args, flag, None)]
     clash += ["cache_implementation"] if chosen_cache else []
@@ -605,94 +559,9 @@ def trl_flags(cls, parser, argv: list[str]) -> tuple[list[str], dict]:
     others = [a for a in argv if a.startswith("--") and a[2:].partition("=")[0] not in own]
     if not issubclass(cls, Flags) or not others:  # the table loads only for a name not the script's
         return argv, {}
-    from common.run.trl_config import TABLE
+    from common.run.flag_sources import trl_names
 
-    rest, found, i = [], {}, 0
-    while i < len(argv):
-        name, eq, text = argv[i].partition("=")
-        key = name[2:] if name.startswith("--") else ""
-        if key not in TABLE or key in own:
-            rest.append(argv[i])
-            i += 1
-            continue
-        values, i = ([text] if eq else []), i + 1
-        while not eq and i < len(argv) and not _looks_like_flag(argv[i]):
-            values.append(argv[i])
-            i += 1
-        read = [_cli_value(v) for v in values]
-        found[key] = True if not read else read[0] if len(read) == 1 else read
-    return rest, found
-
-
-def _looks_like_flag(token: str) -> bool:
-    if not token.startswith("-"):
-        return False
-    try:
-        float(token)  # a negative number is a value
-        return False
-    except ValueError:
-        return True
-
-
-def _cli_value(text: str):
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def unknown_flags(cls, parser, extras: list[str]) -> list[str]:
-    """A line for each command-line word argparse did not take: a flag this script does not have,
-    named with the nearest one it has (or the nearest TRL GRPOConfig name)."""
-    if not extras:
-        return []
-    import difflib
-
-    names = [s[2:] for action in parser._actions for s in action.option_strings if s[:2] == "--"]
-    if issubclass(cls, Flags):
-        from common.run.trl_config import TABLE
-
-        names += [key for key in TABLE if key not in names]
-    lines, script = [], script_of(cls)
-    for i, word in enumerate(extras):
-        if not _looks_like_flag(word):
-            if i == 0 or not _looks_like_flag(extras[i - 1]):
-                lines.append(f"{word}: not a flag (flags start with --; --help lists every flag)")
-            continue
-        name = word.split("=")[0].lstrip("-")
-        near = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
-        hint = f"; the nearest is --{near[0]}" if near else " (--help lists every flag)"
-        trl = " nor a TRL GRPOConfig name" if issubclass(cls, Flags) else ""
-        lines.append(f"--{name}: not a flag of {script}{trl}{hint}")
-    return lines
-
-
-def command_line_trl(typed: dict, parser, cls, problems: list[str], known: dict, given=()) -> dict:
-    """{flag: value} of the TRL names typed on the command line, through the --config table
-    (common/run/trl_config.py), checked like the flags; the run's first lines say what each
-    became. `.source[flag]` is the TRL name that set it."""
-    from common.run.trl_config import translate
-
-    settings, notes, refused = translate(
-        typed, cls, "the command line", where=lambda key: f"--{key}", known=known, given=given
-    )
-    problems += refused
-    if os.environ.get("RANK", "0") == "0":
-        for note in notes:
-            print(note, flush=True)
-    return check_settings(settings, parser, cls, problems, None, _SetBy())
-
-
-class _SetBy(dict):
-    """A dict of flag values that remembers which name set each one (`.source`)."""
-
-    def __init__(self):
-        super().__init__()
-        self.source: dict[str, str] = {}
+    return trl_names(argv, own)
 
 
 def given_flags(args) -> dict[str, str]:
@@ -708,131 +577,3 @@ def typed_flags(cls, argv: list[str]) -> set[str]:
     for action in parser._actions:
         action.default = argparse.SUPPRESS
     return set(vars(parser.parse_known_args(argv)[0]))
-
-
-def load_config(path: str, parser: argparse.ArgumentParser, cls, problems=None, given=()) -> dict:
-    """Flag values from a YAML/JSON file (a run's args.json works, and a TRL GRPOConfig file: its
-    keys through common/run/trl_config.py's table), checked like the command line: every key must
-    be a flag, every value of the flag's type, among its choices and in its declared range; errors
-    name the file and the key, every one of them (appended to `problems`, else raised together)."""
-    import yaml  # PyYAML (a dependency of transformers and accelerate); JSON is YAML
-
-    from common.run.trl_config import left_out_defaults, translate
-
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise SystemExit(f"--config {path}: cannot read it ({e})") from None
-    if not isinstance(data, dict):
-        raise SystemExit(
-            f"--config {path}: expected a mapping of flag names to values, got "
-            f"{type(data).__name__}"
-        )
-    found: list[str] = []
-    # `given`: the flags the command line sets (they win over the file's keys)
-    settings, notes, refused = translate(data, cls, f"--config {path}", given=given)
-    defaults = left_out_defaults(data, cls, f"--config {path}", given)
-    notes += [defaults] if defaults else []
-    found += refused
-    if os.environ.get("RANK", "0") == "0":  # the run's first lines, once a run
-        for note in notes:
-            print(note, flush=True)
-
-    values = check_settings(settings, parser, cls, found, f"--config {path}")
-    if problems is None and found:
-        raise SystemExit("\n".join(found))
-    if problems is not None:
-        problems += found
-    return values
-
-
-def check_settings(settings, parser, cls, problems: list[str], file, values=None) -> dict:
-    """{flag: value} of (name, flag, value) settings, each checked as the command line checks a
-    flag (a flag of this script, of its type, among its choices, in its range); a line per problem
-    is appended to `problems` and the setting left out. `file`: the `--config FILE` they come from
-    (None: the command line)."""
-
-    def where(source: str, key: str) -> str:
-        named = f"{file}: key {source!r}" if file else f"--{source}"
-        return named + (f" (--{key})" if key != source else "")
-
-    actions = {action.dest: action for action in parser._actions if action.dest != "help"}
-    hints = typing.get_type_hints(cls)
-    # Optional[...] flags
-    optional = {name for name, hint in hints.items() if type(None) in typing.get_args(hint)}
-    ranges = declared(cls)
-    values = {} if values is None else values
-    set_by = getattr(values, "source", {})
-    for source, key, value in settings:
-        if key == "resumes":  # a saved args.json's record of flag changes at resumes: not a flag
-            continue
-        if key not in actions:
-            import difflib
-
-            from common.run.trl_config import TABLE
-
-            # TRL's keys are candidates too: a misspelt TRL key is named by its TRL spelling
-            trl = [name for name in TABLE if name not in actions] if issubclass(cls, Flags) else []
-            near = difflib.get_close_matches(key, [*actions, *trl], n=1, cutoff=0.6)
-            hint = ""
-            if near:
-                hint = f"; the nearest {'TRL key is ' if near[0] in trl else 'flag is --'}{near[0]}"
-            problems.append(
-                f"{where(source, key)} is not a flag of this script nor a TRL GRPOConfig key (see "
-                f"--help and docs/custom_task.md){hint}"
-            )
-            continue
-        # a saved args.json names the config it was made from; it is not followed
-        if key == "config":
-            continue
-        try:
-            value = _checked(where(source, key), actions[key], value, key in optional, hints[key])
-            why = None if value is None else refusal(ranges[key], value)
-            if why:
-                raise SystemExit(f"{where(source, key)}: {value!r} {why}")
-        except SystemExit as e:
-            problems.append(str(e))
-            continue
-        if key in values and values[key] != value:  # two names, one flag
-            first = set_by.get(key, key)
-            both = f"{file}: keys {first!r} and {source!r}" if file else f"--{first} and --{source}"
-            problems.append(f"{both} set --{key} to {values[key]!r} and {value!r}: keep one")
-            continue
-        values[key], set_by[key] = value, source
-    return values
-
-
-def _checked(where: str, action, value, optional: bool, hint):
-    """A setting's value of the flag's type and among its choices (SystemExit naming it, if not)."""
-    if value is None:
-        if not optional:
-            raise SystemExit(
-                f"{where}: null is not allowed (the flag has a default of {action.default!r})"
-            )
-        return None
-    if action.nargs == "*":
-        if not isinstance(value, list):
-            raise SystemExit(f"{where}: expected a list, got {type(value).__name__}")
-        return [_convert(where, action.type, item, False) for item in value]
-    value = _convert(where, action.type, value, bool in (hint, *typing.get_args(hint)))
-    if action.choices is not None and value not in action.choices:
-        raise SystemExit(f"{where}: {value!r} is not one of {list(action.choices)}")
-    return value
-
-
-def _convert(where: str, kind, value, is_bool: bool):
-    """A YAML value for a flag parsed by `kind`: strings go through the flag's own parser (YAML
-    reads 1e-6 as a string, for one), other YAML types must already fit the flag."""
-    fits = (bool,) if is_bool else {str: (str,), int: (int,), float: (int, float)}.get(kind, ())
-    name = "true/false" if is_bool else getattr(kind, "__name__", str(kind))
-    if isinstance(value, bool) and not is_bool or not isinstance(value, (str, *fits)):
-        hint = " (quote it)" if kind is str else ""
-        raise SystemExit(
-            f"{where}: expected {name}, got the YAML {type(value).__name__} {value!r}{hint}"
-        )
-    if not isinstance(value, str):
-        return float(value) if kind is float else value
-    try:
-        return kind(value)
-    except (ValueError, TypeError, argparse.ArgumentTypeError) as e:
-        raise SystemExit(f"{where}: {value!r} is not a valid {name} ({e})") from None

@@ -45,8 +45,7 @@ def hold(folder: Path, token: str, script: str, log=print) -> None:
             os.close(descriptor)
             raise SystemExit(
                 f"--output_dir {folder}: another launch writes there ({holder}); wait for it to "
-                "end, "
-                "stop it, or choose another --output_dir"
+                "end, stop it, or choose another --output_dir"
             ) from None
         # the lock file may have been released (removed) between the open and the lock: lock the new
         # one
@@ -60,8 +59,7 @@ def hold(folder: Path, token: str, script: str, log=print) -> None:
     if left.strip():
         log(
             f"--output_dir {folder}: the launch that held it ({_holder(left)}) ended without "
-            "releasing it (killed, or "
-            "its machine went down); this launch takes the folder over"
+            "releasing it (killed, or its machine went down); this launch takes the folder over"
         )
     record = {
         "pid": os.getpid(),
@@ -93,8 +91,7 @@ def lost_hold(folder: Path) -> str | None:
     holder = f"now held by {_holder(now)}" if now.strip() else f"its {LOCK} was removed"
     return (
         f"--output_dir {folder}: this launch no longer holds it ({holder}); the run stops before "
-        "removing anything "
-        "there"
+        "removing anything there"
     )
 
 

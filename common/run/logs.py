@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -21,110 +20,17 @@ import numpy as np
 from common.distributed.ranks import first_failure, stop_every_rank
 from common.run.folder_lock import lost_hold, write_deferred
 
-# the trackers accelerate supports, each with the modules one of which must be installed for it
-TRACKERS = {
-    "tensorboard": ("tensorboard", "tensorboardX"),
-    "wandb": ("wandb",),
-    "trackio": ("trackio",),
-    "mlflow": ("mlflow",),
-    "comet_ml": ("comet_ml",),
-    "aim": ("aim",),
-    "clearml": ("clearml",),
-    "dvclive": ("dvclive",),
-    "swanlab": ("swanlab",),
-}
-# the keyword each tracker's start takes for the run's name (the others have no such name)
-RUN_NAME_KEY = {
-    "wandb": "name",
-    "trackio": "name",
-    "mlflow": "run_name",
-    "clearml": "task_name",
-    "swanlab": "experiment_name",
-}
-
 
 def check_tracker(report_to: str) -> list[str] | None:
     """The trackers `--report_to` names, as accelerate's `log_with` (None for `none`), checked
     before anything starts: an unknown name or a tracker that is not installed stops with one
     line."""
-    import importlib.util
-
     names = [name.strip() for name in report_to.split(",") if name.strip()]
     if names in ([], ["none"]):
         return None
-    if names == ["all"]:  # accelerate's own: every tracker installed (none installed: none)
-        return names
-    for name in names:
-        if name not in TRACKERS:
-            raise SystemExit(
-                f"--report_to {report_to}: {name!r} is not a tracker accelerate supports (one of "
-                f"{', '.join(TRACKERS)}, several comma-separated, `all` or `none`)"
-            )
-        if not any(importlib.util.find_spec(module) for module in TRACKERS[name]):
-            raise SystemExit(f"--report_to {name}: install it first (pip install {name})")
-    return names
+    from common.run.trackers import check_names
 
-
-def tracker_keys(tracker: str, values: dict) -> dict:
-    """`values` under the names `tracker` accepts: MLflow takes letters, digits and `_-. :/` only,
-    so there eval_pass@1 is eval_pass_at_1 (any other character becomes `_`); the others take
-    metrics.jsonl's names."""
-    if tracker != "mlflow":
-        return values
-    return {re.sub(r"[^\w\-. :/]", "_", key.replace("@", "_at_")): v for key, v in values.items()}
-
-
-def tracker_init_kwargs(output_dir, run_name: str, resumed: bool) -> dict:
-    """Each tracker's start keywords: the run's name; a resume continues the tracker's run where the
-    tracker can: wandb's run id is the output folder's run id (kept by a resume), trackio continues
-    the run of that name in the project. The others start a new run at each launch."""
-    from common.run.checkpoint import MARKER, run_id
-
-    kwargs = {name: {key: run_name} for name, key in RUN_NAME_KEY.items()}
-    folder_run = run_id(Path(output_dir) / MARKER)
-    if folder_run:
-        kwargs["wandb"].update(id=folder_run, resume="allow")
-    if resumed:  # a fresh run never appends to an older run of the same name
-        kwargs["trackio"]["resume"] = "allow"
-    return kwargs
-
-
-def tracker_config(flags: dict) -> dict:
-    """The run's flags as every tracker stores them: numbers, strings, booleans and None as they
-    are, anything else (a list) as its text; `_private` attributes left out."""
-    return {
-        key: value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
-        for key, value in flags.items()
-        if not key.startswith("_")
-    }
-
-
-def read_rows(path: Path, announce=lambda message: print(message, flush=True)) -> list[str]:
-    """The rows of a log file (`metrics.jsonl`, `samples.jsonl`) as their JSON lines, for a resume.
-    A last line cut short (a run killed, or a disk filled, while writing it) is dropped and
-    `announce`d in one line; a damaged line before it stops the run with one line naming the file
-    and line number (the file is left as it is)."""
-    lines = path.read_bytes().decode("utf-8", errors="replace").split("\n")
-    numbered = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
-    kept = []
-    for index, (number, line) in enumerate(numbered):
-        try:
-            row = json.loads(line)
-            int(row["step"])
-        except (ValueError, KeyError, TypeError) as error:
-            if index < len(numbered) - 1:
-                raise SystemExit(
-                    f"{path} line {number}: not a row this project writes ({type(error).__name__}: "
-                    f"{str(error)[:80]}); repair or delete that line, then resume"
-                )
-            announce(
-                f"{path}: dropped its last line (line {number}), cut short at {len(line.encode())} "
-                "bytes by an "
-                "interrupted write"
-            )
-            continue
-        kept.append(line)
-    return kept
+    return check_names(report_to, names)
 
 
 def append_rows(path: Path, rows: list[dict]) -> None:
@@ -155,19 +61,6 @@ def append_rows(path: Path, rows: list[dict]) -> None:
         ) from None
 
 
-def keep_rows_until(path: Path, resume_step: int | None) -> None:
-    """Rewrite `path` with its rows up to `resume_step` (None: none), replacing the file whole, so
-    that a crash while rewriting never loses the rows a resume keeps."""
-    kept = (
-        []
-        if resume_step is None
-        else [line for line in read_rows(path) if json.loads(line)["step"] <= resume_step]
-    )
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    os.replace(tmp, path)
-
-
 class MetricsLogger:
     def __init__(
         self,
@@ -184,6 +77,8 @@ class MetricsLogger:
         self.trackers = report_to != "none"
         written_on_main(accelerator, output_dir, lambda: self._start(resume_step))
         if self.trackers and accelerator.is_main_process:
+            from common.run.trackers import tracker_config, tracker_init_kwargs
+
             # the run's name: the output folder's unless --run_name gives one
             run_name = run_name or Path(output_dir).resolve().name
             accelerator.init_trackers(
@@ -193,13 +88,9 @@ class MetricsLogger:
             )
 
     def _start(self, resume_step: int | None) -> None:
-        write_deferred(
-            self.path.parent
-        )  # a resume's records of its flags: its checkpoint has loaded
-        if (
-            self.path.exists()
-        ):  # a resume drops rows written after its checkpoint (the file reads as one run)
-            keep_rows_until(self.path, resume_step)  # a new run: none
+        write_deferred(self.path.parent)  # a resume's records of its flags: its checkpoint loaded
+        # a resume drops rows written after its checkpoint (the file reads as one run)
+        _keep_rows_until(self.path, resume_step)  # a new run: none
 
     def log(self, metrics: dict) -> None:
         """Every rank (a failed write stops them all); the main process writes the row."""
@@ -210,9 +101,20 @@ class MetricsLogger:
         written_on_main(self.acc, self.path.parent, lambda: append_rows(self.path, [clean]))
         if self.trackers and self.acc.is_main_process:
             # the numbers of the row (None: not measured), at its step (the x axis, not a value)
+            from common.run.trackers import tracker_keys
+
             values = {k: v for k, v in clean.items() if isinstance(v, (int, float)) and k != "step"}
             for tracker in self.acc.trackers:
                 tracker.log(tracker_keys(tracker.name, values), step=clean["step"])
+
+
+def _keep_rows_until(path: Path, resume_step: int | None) -> None:
+    """A log file's rows up to `resume_step` (None: none) kept, when the folder holds one (a
+    resume's, or a run's that --resume_from_checkpoint auto starts over)."""
+    if path.exists():
+        from common.run.resume_checks import keep_rows_until
+
+        keep_rows_until(path, resume_step)
 
 
 def written_on_main(accelerator, output_dir, write) -> None:
@@ -231,8 +133,7 @@ def written_on_main(accelerator, output_dir, write) -> None:
         except OSError as error:
             failed.append(
                 f"--output_dir {output_dir}: could not write its logs ({error}); the run stops "
-                "here: make "
-                "room (or fix the folder's permissions), then run the same command again"
+                "here: make room (or fix the folder's permissions), then run the same command again"
             )
     if (reason := first_failure(accelerator, failed)) is not None:
         stop_every_rank(accelerator, reason)
@@ -269,7 +170,7 @@ class SampleLogger:
         written_on_main(
             accelerator,
             output_dir,  # as metrics.jsonl: rows past the checkpoint go
-            lambda: keep_rows_until(self.path, resume_step) if self.path.exists() else None,
+            lambda: _keep_rows_until(self.path, resume_step),
         )
 
     def due(self, step: int, evaluating: bool) -> bool:
@@ -302,30 +203,10 @@ class SampleLogger:
         )
         if not self.acc.is_main_process or not rows:
             return
-        for tracker in self.acc.trackers:
-            columns = sorted({key for row in clean for key in row})
-            if tracker.name == "wandb":
-                import wandb
+        if self.acc.trackers:
+            from common.run.trackers import log_sample_table
 
-                tracker.log(
-                    {
-                        "samples": wandb.Table(
-                            columns=columns, data=[[row.get(c) for c in columns] for row in clean]
-                        )
-                    },
-                    step=step,
-                )
-            elif tracker.name == "trackio":
-                import trackio
-
-                table = trackio.Table(
-                    columns=columns, data=[[row.get(c) for c in columns] for row in clean]
-                )
-                tracker.log({"samples": table}, step=step)
-            elif tracker.name == "tensorboard":
-                tracker.writer.add_text(
-                    "samples", "\n\n".join(f"    {json.dumps(row)}" for row in clean), step
-                )
+            log_sample_table(self.acc.trackers, step, clean)
 
 
 class RunLog:
@@ -335,9 +216,7 @@ class RunLog:
     from the policy being trained."""
 
     def __init__(self, args, accelerator, script: str, start_step: int, resumed: bool, log=print):
-        resume_step = (
-            start_step if resumed else None
-        )  # a resume drops rows written after its checkpoint
+        resume_step = start_step if resumed else None  # a resume drops rows after its checkpoint
         self.args, self.accelerator, self.log_line = args, accelerator, log
         self.metrics = MetricsLogger(
             args.output_dir,
@@ -432,9 +311,7 @@ class RunLog:
         """The step's row, completed (compile figures, time, threads), written on every rank's call;
         the bar moves."""
         self._warn_sampler_gap(row.get("sampler_logp_diff"))
-        row.update(
-            compiled.metrics(self.accelerator) if compiled else {}
-        )  # compile time, recompiles
+        row.update(compiled.metrics(self.accelerator) if compiled else {})  # compile figures
         row["time_step_s"] = step_seconds
         row["num_threads"] = threads  # with a fixed count the run repeats exactly
         self.metrics.log(row)
@@ -473,8 +350,7 @@ class RunLog:
         self.warned_sampler_gap = True
         self.log_line(
             f"warning: sampler_logp_diff {gap:.4f} >= --logp_diff_warn {self.args.logp_diff_warn}: "
-            "the "
-            "generator does not sample from the policy being trained (stale weights, dtype, "
+            "the generator does not sample from the policy being trained (stale weights, dtype, "
             "temperature?)"
         )
 

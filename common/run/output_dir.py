@@ -1,9 +1,9 @@
 """The output folder holds one run. Before any model is loaded, `claim_output_dir` (every rank calls
 it) holds the folder for this launch, refuses a fresh run into a folder that holds a run's files,
 refuses a resume that would mix runs (another script's, another checkpoint shape, changed flags, a
-checkpoint older than the folder's latest), clears a run with `--overwrite_output_dir`, records
-which run now writes there, and checks that every process of the launch sees the folder rank 0
-writes in (machines without a shared folder would otherwise fail at the first checkpoint).
+checkpoint older than the folder's latest: common/run/resume_checks.py), clears a run with
+`--overwrite_output_dir` (common/run/clear_run.py), records which run now writes there, and checks
+that every process of the launch sees the folder rank 0 writes in (common/run/shared_folder.py).
 
 `<output_dir>/.run.lock` is held (an exclusive lock) by the launch writing there and records it;
 `.run.json` holds the id of the run writing there (new for a fresh run, the checkpoint's for a
@@ -15,61 +15,17 @@ is writing and a resume knows what wrote it.
 from __future__ import annotations
 
 import json
-import os
-import re
 import secrets
-import shutil
-import socket
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 
-from common.distributed.ranks import stop_every_rank
-from common.run.checkpoint import MARKER, resolve_resume, run_id
-from common.run.folder_lock import LOCK, defer_writes, hold, release
-from common.run.logs import read_rows
+from common.run.checkpoint import MARKER, resolve_resume
+from common.run.folder_lock import defer_writes, hold, release
+from common.run.run_folder import RESUMES, describe, read_record
 
-# a run's files besides its checkpoints
-LOGS = ("metrics.jsonl", "samples.jsonl", "args.json", "curves.png")
-# --report_to tensorboard's events: the folder named by --project (this its default)
-TRACKER_DIR = "rlvr-sampling"
-# the trained model the run leaves at its end (common/run/export.py), and its folder while written
-EXPORT = "model"
-# under LoRA with --lora_merged_export: the adapters folded into the base, a plain model
-EXPORT_MERGED = "model-merged"
-_EXPORT_DIRS = (EXPORT, EXPORT_MERGED, f".tmp-{EXPORT}")
-_CHECKPOINT_DIR = re.compile(r"^(\.tmp-)?checkpoint-(\d+)$")
-# args.json's key for the run's flag changes: [{"from_step": N, "changed": {flag: [old, new]}}]
-RESUMES = "resumes"
 # flags that shape a checkpoint's contents: never changed on resume
 SHAPE = ("fsdp", "lora_r", "lora_target_modules")
-SAME_RUN = (
-    "output_dir",
-    "resume_from_checkpoint",
-    "overwrite_output_dir",
-    "config",
-    "accept_changed_flags",
-    "discard_later_checkpoints",
-)  # how a command reaches the run, not what it computes: not recorded
-FREE = (
-    "max_steps",
-    "eval_steps",
-    "save_steps",
-    "save_total_limit",
-    "log_samples_every",
-    "log_samples_per_kind",
-    "report_to",
-    "project",
-    "run_name",
-    "num_threads",
-    "lora_merged_export",
-    "save_dtype",
-    "collective_timeout",
-    # the KV cache of HF generate: how fast a step samples, as the thread count (a checkpoint
-    # recorded before `auto` became the default holds None)
-    "cache_implementation",
-)  # length, logging, patience, speed: free
 
 
 def claim_output_dir(args, accelerator, log=print) -> None:
@@ -99,120 +55,9 @@ def claim_output_dir(args, accelerator, log=print) -> None:
         if verdict:
             raise SystemExit(verdict)
         return
-    from accelerate.utils import broadcast_object_list, gather_object
+    from common.run.shared_folder import every_rank_sees
 
-    # after rank 0 wrote the marker: a barrier too
-    verdict, token = broadcast_object_list([verdict, token])
-    if verdict:
-        stop_every_rank(accelerator, verdict)
-    seen = _sees(Path(args.output_dir), token)
-    # the machine's rank (set by torchrun / accelerate launch)
-    node = os.environ.get("GROUP_RANK", "?")
-    views = gather_object([(node, socket.gethostname(), seen)])
-    blind = sorted({(node, host) for node, host, ok in views if not ok})
-    if blind:
-        names = ", ".join(f"node rank {node} (host {host})" for node, host in blind)
-        stop_every_rank(
-            accelerator,
-            f"--output_dir {args.output_dir}: the machine with {names} does not see the "
-            "folder rank 0 writes in; --output_dir must be a folder every machine shares (a "
-            "network filesystem mounted at the same path, best given as an absolute path)",
-        )
-
-
-def held(folder: Path) -> tuple[list[str], int | None, list[str]]:
-    """What `folder` holds of a run: its checkpoint dirs (by step), the last step in metrics.jsonl
-    (None: no row) and its log files that are not empty."""
-    if not folder.is_dir():
-        return [], None, []
-    dirs = sorted(
-        (int(m.group(2)), p.name)
-        for p in folder.iterdir()
-        if p.is_dir() and (m := _CHECKPOINT_DIR.match(p.name)) and not m.group(1)
-    )
-    logs = [
-        name
-        for name in LOGS[:2]
-        if (folder / name).is_file() and (folder / name).stat().st_size > 0
-    ]
-    last = None
-    if "metrics.jsonl" in logs:
-        for line in (folder / "metrics.jsonl").read_text(errors="replace").splitlines():
-            try:
-                last = int(json.loads(line)["step"])
-            # a cut or damaged row: the resume will say which
-            except (ValueError, KeyError, TypeError):
-                continue
-    return [name for _, name in dirs], last, logs
-
-
-def describe(folder: Path) -> str:
-    """`metrics.jsonl to step 300, checkpoint-250, checkpoint-300`: what a used folder holds, for a
-    refusal."""
-    checkpoints, last, logs = held(folder)
-    # samples.jsonl: only when alone
-    parts = [f"metrics.jsonl to step {last}"] if last is not None else logs
-    model = [f"{name}/" for name in (EXPORT, EXPORT_MERGED) if (folder / name).is_dir()]
-    return ", ".join(parts + checkpoints + model)
-
-
-def run_files(folder: Path, tracker_dir: str = TRACKER_DIR) -> list[Path]:
-    """The run's files in `folder`: checkpoints (half-written ones too), logs, marker, tracker
-    events (in `tracker_dir`, the run's --project) and the trained model (`model/`,
-    `model-merged/`); a user's other files are not among them."""
-    return [
-        path
-        for path in (sorted(folder.iterdir()) if folder.is_dir() else [])
-        if (
-            _CHECKPOINT_DIR.match(path.name)
-            or path.name in (TRACKER_DIR, tracker_dir)
-            or path.name in _EXPORT_DIRS
-        )
-        and (path.is_dir() or path.is_symlink())
-        or path.name in (*LOGS, MARKER)
-        and (path.is_file() or path.is_symlink())
-    ]
-
-
-def clear_run(folder: Path, tracker_dir: str = TRACKER_DIR) -> list[str]:
-    """Remove a run's files from `folder` (`run_files`); other files stay. Everything is checked
-    first: a link among them (or inside a checkpoint) stops with one line naming it and nothing is
-    removed, since the run never writes links and removing through one would reach outside the
-    folder. Returns the names removed."""
-    doomed = run_files(folder, tracker_dir)
-    check_removable(folder, doomed, "--overwrite_output_dir")
-    for path in doomed:
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-    return [path.name for path in doomed if path.name != MARKER]
-
-
-def check_removable(folder: Path, paths: list[Path], flag: str) -> None:
-    """Stop with one line, before anything is removed, when one of `paths` is, or holds, a link, or
-    when a folder they lie in is not writable."""
-    links = [path for path in paths if path.is_symlink()]
-    links += [
-        inner
-        for path in paths
-        if path.is_dir() and not path.is_symlink()
-        for inner in path.rglob("*")
-        if inner.is_symlink()
-    ]
-    if links:
-        raise SystemExit(
-            f"{flag}: {links[0]} is a link, which this project never writes: nothing was removed "
-            "from "
-            f"{folder}; remove or replace the link{'s' if len(links) > 1 else ''} "
-            f"({', '.join(str(link.relative_to(folder)) for link in links[:3])}) first"
-        )
-    parents = {folder} | {
-        inner.parent for path in paths if path.is_dir() for inner in path.rglob("*")
-    }
-    locked = sorted(str(parent) for parent in parents if not os.access(parent, os.W_OK | os.X_OK))
-    if locked:
-        raise SystemExit(
-            f"{flag}: no permission to remove files in {locked[0]}: nothing was removed from "
-            f"{folder}"
-        )
+    every_rank_sees(args, accelerator, verdict, token)
 
 
 def _script(args) -> str:
@@ -248,69 +93,22 @@ def _claim(args, world_size: int, log) -> str | None:
     ):
         return (
             f"--overwrite_output_dir starts the run in {folder} over and --resume_from_checkpoint "
-            f"{args.resume_from_checkpoint} continues it: "
-            "drop one of the two flags"
+            f"{args.resume_from_checkpoint} continues it: drop one of the two flags"
         )
-    mine, marker = _record(args, world_size), _read(folder / MARKER)
+    mine, marker = _record(args, world_size), read_record(folder / MARKER)
     if used and not overwrite and marker.get("script", mine["script"]) != mine["script"]:
         return (
             f"--output_dir {folder} holds a run of {marker['script']}.py ({describe(folder)}), not "
-            "of "
-            f"{mine['script']}.py: a run continues only with the script that started it; choose "
-            "another "
-            "--output_dir, or add --overwrite_output_dir to remove that run first"
+            f"of {mine['script']}.py: a run continues only with the script that started it; choose "
+            "another --output_dir, or add --overwrite_output_dir to remove that run first"
         )
     history = []
-    if source is not None:
-        saved = _read(source / "run.json")
-        this_run = saved.get("run_id", "")
-        others = {run_id(folder / name / "run.json") for name in held(folder)[0]} - {this_run}
-        if not inside and used and not overwrite and (others or not held(folder)[0]):
-            return (
-                f"--resume_from_checkpoint {args.resume_from_checkpoint} continues another run "
-                f"than the one in --output_dir {folder} "
-                f"({describe(folder)}): resume into an empty --output_dir, or add "
-                "--overwrite_output_dir to "
-                "remove that run first"
-            )
-        refusal, history, before = _compare(
-            args, source, saved, mine, folder if inside else source.parent, log
-        )
+    if source is not None:  # the resume's checks (common/run/resume_checks.py)
+        from common.run.resume_checks import check_resume
+
+        refusal, this_run, history = check_resume(args, source, mine, used, log)
         if refusal:
             return refusal
-        # how this command reached the run is no change to it: the records keep the run's own (a
-        # resume that changes nothing rewrites nothing)
-        mine["args"].update(
-            {
-                key: before[key]
-                for key in SAME_RUN
-                if key in before and (inside or key != "output_dir")
-            }
-        )
-        later = [
-            folder / name for name in held(folder)[0] if inside and _step(name) > _step(source.name)
-        ]
-        if later and not args.discard_later_checkpoints:
-            return (
-                f"--resume_from_checkpoint {source}: --output_dir {folder} holds later checkpoints "
-                "of this run "
-                f"({', '.join(path.name for path in later)}): add --discard_later_checkpoints to "
-                "remove them "
-                "(and the logged rows after it) and continue from it, or resume with "
-                "--resume_from_checkpoint auto"
-            )
-        # a damaged row stops the resume now, before any write
-        for name in ("metrics.jsonl", "samples.jsonl"):
-            if inside and (folder / name).is_file():
-                read_rows(folder / name, announce=lambda message: None)
-        if later:
-            check_removable(folder, later, "--discard_later_checkpoints")
-            for path in later:
-                shutil.rmtree(path)
-            log(
-                f"--discard_later_checkpoints: removed {', '.join(path.name for path in later)} "
-                f"from {folder}"
-            )
     else:
         this_run = secrets.token_hex(8)  # a new run
         if args.resume_from_checkpoint == "auto" and used:
@@ -323,23 +121,14 @@ def _claim(args, world_size: int, log) -> str | None:
                 f"--output_dir {folder} holds a run ({describe(folder)}): add "
                 "--resume_from_checkpoint auto to continue it, "
                 "--overwrite_output_dir to start over (removes its checkpoints and logs), or "
-                "choose another "
-                "--output_dir"
+                "choose another --output_dir"
             )
-    if overwrite and used:
-        # e.g. training on from the run's own trained model, in the same folder
-        source_model = Path(args.model_name_or_path).resolve()
-        for path in run_files(folder):
-            if source_model == path.resolve() or path.resolve() in source_model.parents:
-                return (
-                    f"--overwrite_output_dir would remove --model_name_or_path "
-                    f"{args.model_name_or_path} ({path.name} is a file of the run in {folder}): "
-                    "copy it out of the folder first, or choose another --output_dir"
-                )
-        log(
-            f"--overwrite_output_dir: removed the earlier run from {folder}: "
-            f"{', '.join(clear_run(folder, getattr(args, 'project', TRACKER_DIR)))}"
-        )
+    if overwrite and used:  # common/run/clear_run.py
+        from common.run.clear_run import overwrite_run
+
+        refusal = overwrite_run(args, folder, log)
+        if refusal:
+            return refusal
     records = {
         folder / MARKER: json.dumps({"run_id": this_run, **mine}),
         folder / "args.json": json.dumps(
@@ -358,137 +147,8 @@ def _claim(args, world_size: int, log) -> str | None:
     return None
 
 
-def _compare(
-    args, source: Path, saved: dict, mine: dict, origin: Path, log
-) -> tuple[str | None, list, dict]:
-    """A resume from `source` against the run that wrote it: (the refusal line or None, the run's
-    history of flag changes with this resume's appended, the run's recorded flags). The script and
-    the checkpoint's shape must match; a changed flag that alters what the run computes needs
-    --accept_changed_flags; length and logging flags change freely."""
-    if saved.get("script", mine["script"]) != mine["script"]:
-        return (
-            (
-                f"--resume_from_checkpoint {source}: written by {saved['script']}.py, not "
-                f"{mine['script']}.py: a run continues only "
-                "with the script that started it"
-            ),
-            [],
-            {},
-        )
-    shape = _shape_change(saved, mine)
-    if shape:
-        return f"--resume_from_checkpoint {source}: {shape}", [], {}
-    recorded = _read(origin / "args.json")
-    before = saved.get("args") or {key: value for key, value in recorded.items() if key != RESUMES}
-    changed = {
-        key: [before[key], value]
-        for key, value in mine["args"].items()
-        if key in before and before[key] != value and key not in SAME_RUN
-    }
-    computing = [
-        key
-        for key in changed
-        if key not in FREE or key == "max_steps" and schedule_reads_max_steps(mine["args"])
-    ]
-    if computing and not args.accept_changed_flags:
-        return (
-            (
-                f"--resume_from_checkpoint {source}: flags differ from the run's: "
-                + ", ".join(
-                    f"--{key} {changed[key][0]!r} -> {changed[key][1]!r}" for key in computing
-                )
-                + f": resume with the run's values ({_same_command(args, source, origin)}), or "
-                "add --accept_changed_flags to continue with the new ones (recorded in args.json)"
-            ),
-            [],
-            before,
-        )
-    # the first step the new flags compute; a discarded branch's changes go
-    start = _step(source.name) + 1
-    history = [
-        entry for entry in recorded.get(RESUMES, []) if entry.get("from_step", 0) <= start - 1
-    ]
-    if changed:
-        log(
-            f"--resume_from_checkpoint {source}: from step {start} with "
-            + ", ".join(f"--{key} {old!r} -> {new!r}" for key, (old, new) in changed.items())
-            + " (in args.json)"
-        )
-    return None, history + ([{"from_step": start, "changed": changed}] if changed else []), before
-
-
-def _same_command(args, source: Path, origin: Path) -> str:
-    """The flags that resume the run exactly as it was: its args.json, then where to."""
-    same = f"--config {origin / 'args.json'}"
-    if origin.resolve() != Path(args.output_dir).resolve():  # into another folder
-        return f"{same} --output_dir {args.output_dir} --resume_from_checkpoint {source}"
-    return f"{same} --resume_from_checkpoint {args.resume_from_checkpoint}"
-
-
-def schedule_reads_max_steps(flags: dict) -> bool:
-    """Whether the learning-rate schedule is laid over --max_steps (transformers' decaying ones, or
-    a warm-up given as --warmup_ratio of it): there a new --max_steps changes every later step's
-    rate, so a resume treats it as a flag that changes what the run computes."""
-    fixed = ("warmup_constant", "constant", "constant_with_warmup", "inverse_sqrt")
-    schedule = flags.get("lr_scheduler_type", "warmup_constant")
-    return flags.get("warmup_ratio", 0) > 0 or schedule not in fixed
-
-
-def _shape_change(saved: dict, mine: dict) -> str | None:
-    """How the checkpoint's shape (processes, --fsdp, LoRA) differs from this launch's; None when it
-    does not (or a checkpoint records none of it: common/run/checkpoint.py checks those while
-    loading)."""
-    if saved.get("world_size", mine["world_size"]) != mine["world_size"]:
-        return f"saved with {saved['world_size']} processes, now {mine['world_size']}"
-    if bool(saved.get("fsdp", mine["fsdp"])) != bool(mine["fsdp"]):
-        was, now = ("with" if flag else "without" for flag in (saved["fsdp"], mine["fsdp"]))
-        return f"saved {was} --fsdp, resumed {now} it (the optimizer state is laid out differently)"
-    before, now = saved.get("lora_r", mine["lora_r"]), mine["lora_r"]
-    if bool(before) != bool(now):
-        return (
-            f"saved {'with' if before else 'without'} LoRA adapters, resumed "
-            f"{'with' if now else 'without'} "
-            "them (match --lora_r)"
-        )
-    for key in ("lora_r", "lora_target_modules") if now else ():
-        if saved.get(key, mine[key]) != mine[key]:
-            return (
-                f"saved with --{key} {saved[key]}, resumed with {mine[key]}: the adapters differ "
-                "(match it)"
-            )
-    return None
-
-
-def _read(record: Path) -> dict:
-    try:
-        content = json.loads(record.read_text())
-    except (OSError, ValueError):
-        return {}
-    return content if isinstance(content, dict) else {}
-
-
-def _step(name: str) -> int:
-    match = _CHECKPOINT_DIR.match(name)
-    return int(match.group(2)) if match else -1
-
-
 def _read_text(path: Path) -> str | None:
     try:
         return path.read_text()
     except OSError:
         return None
-
-
-def _sees(folder: Path, token: str, wait_s: float = 2.0) -> bool:
-    """Whether this process reads `token` in `folder`'s lock record (read again for `wait_s`: an NFS
-    may lag)."""
-    deadline = time.time() + wait_s
-    while True:
-        try:
-            if json.loads((folder / LOCK).read_text()).get("launch") == token:
-                return True
-        except (OSError, ValueError, AttributeError):
-            pass
-        if time.time() > deadline:
-            return False
-        time.sleep(0.2)

@@ -9,12 +9,7 @@ import signal
 import sys
 from datetime import timedelta
 
-from common.distributed.ranks import (
-    end_process_group,
-    is_collective_error,
-    reduce_sums,
-    timeout_line,
-)
+from common.distributed.ranks import end_process_group, reduce_sums
 from common.run.folder_lock import release_all
 
 
@@ -93,7 +88,11 @@ def collective_timeout(seconds: int) -> list:
     previous = sys.excepthook
 
     def hook(kind, error, trace):
-        if int(os.environ.get("WORLD_SIZE", "1")) < 2 or not is_collective_error(error):
+        if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+            return previous(kind, error, trace)
+        from common.distributed.timeouts import is_collective_error, timeout_line
+
+        if not is_collective_error(error):
             return previous(kind, error, trace)
         # the process's own stderr: torch.distributed's hook, installed over this one with the
         # group, calls it with sys.stderr swapped for a buffer that it prints only after this hook

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 
 import numpy as np
@@ -17,13 +18,7 @@ from accelerate import Accelerator
 from common.generation.hf import HFGenerator, end_token_ids, resolve_cache_implementation
 from common.model.policy import frozen_reference, load_policy
 from common.run.flags import given_flags
-from common.run.launch import (
-    CpuThreads,
-    collapsed_launch,
-    refuse_accelerate_accumulation,
-    resolve_accelerate_precision,
-    resolve_accelerate_sharding,
-)
+from common.run.launch import CpuThreads, resolve_accelerate_precision
 from common.run.logs import check_tracker
 from common.run.output_dir import claim_output_dir
 from common.run.process import collective_timeout
@@ -40,12 +35,19 @@ def start_run(args, script: str):
     if args.reward == "auto":  # a method with its own training reward has set it before this
         args.reward = "binary"
     given = given_flags(args)  # a flag the user set wins over accelerate's environment
-    args.fsdp = resolve_accelerate_sharding(args.fsdp, given=given.get("fsdp"))
+    launched = any(name.startswith("ACCELERATE_") for name in os.environ)  # accelerate's settings
+    if launched:
+        from common.run.accelerate_env import (
+            collapsed_launch,
+            refuse_accelerate_accumulation,
+            resolve_accelerate_sharding,
+        )
+
+        args.fsdp = resolve_accelerate_sharding(args.fsdp, given=given.get("fsdp"))
     args.dtype = resolve_accelerate_precision(args.dtype, given=given.get("dtype"))
-    refuse_accelerate_accumulation()
-    cpu_threads = CpuThreads(
-        args.num_threads, hold=args.torch_compile
-    )  # --num_threads, or the free cores
+    if launched:
+        refuse_accelerate_accumulation()
+    cpu_threads = CpuThreads(args.num_threads, hold=args.torch_compile)  # or the free cores
     torch.set_num_threads(cpu_threads.count(torch.get_num_threads(), settle=0.2))
     trackers = check_tracker(args.report_to)
     args.output_dir = args.output_dir or f"runs/{script}-seed{args.seed}"
@@ -59,7 +61,7 @@ def start_run(args, script: str):
     seed_everything(args.seed + accelerator.process_index)  # ranks sample different rollouts
     claim_output_dir(args, accelerator, log)  # refuses a used or unshared folder
     log(launch_line(accelerator.num_processes, args.fsdp, accelerator.device.type))
-    collapsed = collapsed_launch() if accelerator.num_processes == 1 else None
+    collapsed = collapsed_launch() if launched and accelerator.num_processes == 1 else None
     if collapsed:
         log(collapsed)
     return accelerator, cpu_threads, log
@@ -111,9 +113,8 @@ def load_training_policy(args, accelerator, log, model_path: str | None = None):
     ).train()  # from_pretrained returns eval mode (checkpointing needs train)
     if args.gradient_checkpointing:  # training passes only; generate runs in eval mode
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if (
-        args.lora_r
-    ):  # only the adapters train (fp32); the frozen base is stored in the compute dtype
+    # only the adapters train (fp32); the frozen base is stored in the compute dtype
+    if args.lora_r:
         from common.model.lora import add_lora
 
         policy = add_lora(

@@ -7,7 +7,7 @@ import json
 import shlex
 from pathlib import Path
 
-from common.run.output_dir import EXPORT, EXPORT_MERGED
+from common.run.run_folder import EXPORT, EXPORT_MERGED
 
 LEVELS = ("easy", "mid", "hard")
 

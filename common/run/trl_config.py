@@ -1,7 +1,7 @@
 """A TRL `GRPOConfig` file read as this script's flags: the YAML or JSON a `trl grpo --config` user
 writes (GRPOConfig's and TrainingArguments' keys, with the CLI's ScriptArguments and ModelConfig
-ones), given to `--config` (common/run/flags.py load_config), or TRL's names typed as flags on the
-command line (common/run/flags.py parse_args): the same table, the same lines.
+ones), given to `--config`, or TRL's names typed as flags on the command line (both read by
+common/run/flag_sources.py): the same table, the same lines.
 
 Every key TRL knows has one entry in `TABLE`:
 - `Flag`: the key sets this script's flag (most names coincide; a converter where TRL's value

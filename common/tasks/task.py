@@ -85,8 +85,7 @@ class Task:
             )
             self.warn(
                 f"warning: {sum(cut)} of {len(texts)} completions hit --max_completion_length "
-                f"{self.max_new_tokens} "
-                f"(cut: {rule}); raise it if answers need more room"
+                f"{self.max_new_tokens} (cut: {rule}); raise it if answers need more room"
             )
         logged, extra = {}, {}
         if self.reward_funcs is None:
