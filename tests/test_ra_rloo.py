@@ -456,7 +456,7 @@ def test_two_processes_on_cpu(tiny_base, tmp_path):
     state = torch.load(out / "checkpoint-2" / "trainer_state.pt", weights_only=True)
     assert (
         state["world_size"] == 2
-        and len(set(state["state"]["method"]["buffers"]["prompt_ids"].tolist())) == 48
+        and sum(1 for entries in state["state"]["method"]["buffers"].values() if entries) == 48
     )
     # only rank 1's RNG file refused: rank 0 stops too (no hang) before its loggers touch metrics.jsonl
     (out / "metrics.jsonl").open("a").write(
