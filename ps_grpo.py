@@ -517,9 +517,9 @@ def ps_grpo_sums(
         # every rollout, prefix tasks' too; generated tokens only (a replayed prefix costs none)
         "rollouts": len(episodes),
         "gen_tokens": sum(episode.generated_tokens for episode in episodes),
-        "replayed_tokens": sum(episode.replayed_tokens for episode in episodes),
+        "ps_replayed_tokens": sum(episode.replayed_tokens for episode in episodes),
         # [PS] (also in GRPO) every task of the batch, prefix tasks too
-        "solve_partial": sum(0 < k < n for k in passes),
+        "ps_solve_partial": sum(0 < k < n for k in passes),
         "trained_groups": keep.sum(),
         "adv_sq_sum": (trained_advantages**2).sum(),
         "clip_sum": 0.0,
@@ -529,7 +529,7 @@ def ps_grpo_sums(
         sums[f"prefix_{category}_tasks"] = len(groups)
         sums[f"prefix_{category}_success"] = success[groups].sum()
         sums[f"prefix_{category}_steps"] = sum(len(tasks[group].steps) for group in groups)
-    sums |= {f"route_{name}": sum(routes[group] == name for group in fresh) for name in ROUTES}
+    sums |= {f"ps_route_{name}": sum(routes[group] == name for group in fresh) for name in ROUTES}
     return sums | controller_counts(tasks, passes, controllers)
 
 
@@ -920,7 +920,7 @@ def ps_grpo_metrics(totals: dict, n: int, control, controllers, ema_alpha, queue
     tasks = {c: totals[f"prefix_{c}_tasks"] for c in CATEGORIES}
     success = {c: totals[f"prefix_{c}_success"] for c in CATEGORIES}
     return {
-        "ps_solve_partial": totals["solve_partial"],
+        "ps_solve_partial": totals["ps_solve_partial"],
         "ps_prefix_tasks": tasks["hard"] + tasks["easy"],
         "ps_prefix_pass_rate": share(
             success["hard"] + success["easy"], tasks["hard"] * n + tasks["easy"] * n
@@ -936,7 +936,7 @@ def ps_grpo_metrics(totals: dict, n: int, control, controllers, ema_alpha, queue
         # after this step's update: the ratios the next prefix tasks are built with
         **{f"ps_ratio_{c}": controllers[c].ratio for c in CATEGORIES},
         **{f"ps_ema_{c}": controllers[c].ema(ema_alpha) for c in CATEGORIES},
-        "ps_replayed_tokens": totals["replayed_tokens"],
+        "ps_replayed_tokens": totals["ps_replayed_tokens"],
         "ps_generated_tokens": totals["gen_tokens"],
         "ps_fresh_pass_rate": totals["success"] / max(1.0, totals["reward_n"]),
         "ps_trained_groups": totals["trained_groups"],
@@ -947,7 +947,7 @@ def ps_grpo_metrics(totals: dict, n: int, control, controllers, ema_alpha, queue
         "ps_queued": queued,
         "ps_dropped": dropped,
         # fresh tasks
-        **{f"ps_route_{name}": totals[f"route_{name}"] for name in ROUTES},
+        **{f"ps_route_{name}": totals[f"ps_route_{name}"] for name in ROUTES},
     }
 
 

@@ -15,7 +15,7 @@ docs/metrics.md); a method's own figures come from the same totals. `RunLog.step
         ...
         update_sums.append(dict(loss_sum=pg_sum, ent_sum=(entropy * mask).sum(), tok=mask.sum()))
     ...
-    sums = rollout_sums(rewards, success, truncated, completion_ids) | method_sums
+    sums = rollout_sums(groups, rewards, success, zero_var, truncated, completion_ids) | method_sums
     row, totals = run_log.step_metrics(step, counters, scored, sums, update_sums, [norm], lr)
     row |= method_metrics(totals, ...)
     run_log.write_row(row, compiled)
@@ -41,9 +41,9 @@ GENERIC_SUMS = (
     "groups",
     "rollouts",
     "gen_tokens",
-    "truncated",
+    "clipped",
     "success",
-    "zero_var",
+    "zero_var_groups",
     "reward_n",
     "reward_sum",
     "reward_sq_sum",
@@ -109,7 +109,8 @@ def rollout_sums(groups, rewards, success, zero_var, truncated, completion_ids) 
     """The step's rollouts as the sums the shared keys read: `groups` (a count), every rollout's
     reward (`rewards`, a tensor or list of any shape: rollouts; NaN where no function scored it,
     out of reward_mean / _std), the counts `success`, `zero_var` (groups whose rewards are all
-    equal) and `truncated`, and the generated tokens of `completion_ids`."""
+    equal: `zero_var_groups`, over `groups` frac_zero_var_groups) and `truncated` (`clipped`, over
+    the rollouts clipped_ratio), and the generated tokens of `completion_ids`."""
     values = np.asarray(
         rewards.tolist() if hasattr(rewards, "tolist") else rewards, dtype=np.float64
     ).ravel()
@@ -118,8 +119,8 @@ def rollout_sums(groups, rewards, success, zero_var, truncated, completion_ids) 
         "rollouts": values.size,
         "gen_tokens": sum(map(len, completion_ids)),
         "success": success,
-        "zero_var": zero_var,
-        "truncated": truncated,
+        "zero_var_groups": zero_var,
+        "clipped": truncated,
         "reward_n": values.size,
         **reward_sums(values),
     }
@@ -174,9 +175,9 @@ def step_metrics(step, totals, counters, grad_norms, lr, scored, accelerator, lo
         "reward_std": reward_std,
         "pass_rate": totals["success"] / max(1.0, totals["reward_n"]),
         **scored.metrics(accelerator),
-        "frac_zero_var_groups": totals["zero_var"] / max(1.0, totals["groups"]),
+        "frac_zero_var_groups": totals["zero_var_groups"] / max(1.0, totals["groups"]),
         "completion_len_mean": totals["gen_tokens"] / samples,
-        "clipped_ratio": totals["truncated"] / samples,
+        "clipped_ratio": totals["clipped"] / samples,
         "loss": loss,
         "kl": totals["kl_sum"] / tokens,
         "entropy": totals["ent_sum"] / tokens,
