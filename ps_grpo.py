@@ -81,7 +81,6 @@ from common.rl.advantages import grpo_advantages, zero_variance
 from common.rl.episode import Episode
 from common.rl.logprobs import Forward
 from common.rl.losses import clipped_surrogate
-from common.rl.masking import right_align
 from common.run.checkpoint import Checkpoints
 from common.run.export import export_model
 from common.run.flags import (
@@ -97,7 +96,7 @@ from common.run.flags import (
     TrainingFlags,
     parse_args,
 )
-from common.run.logs import RunLog
+from common.run.logs import RunLog, first_of_each_kind
 from common.run.process import GracefulStop, end_processes
 from common.run.setup import (
     load_training_policy,
@@ -111,7 +110,7 @@ from common.run.setup import (
     shard_models,
     start_run,
 )
-from common.run.step_metrics import StepMetrics
+from common.run.step_metrics import rollout_sums
 from common.run.summary import run_summary
 from common.tasks.evaluation import (
     evaluate_policy,
@@ -490,12 +489,48 @@ def attributed(
 
 def controller_counts(tasks: list[BatchTask], passes: list[int], controllers: dict) -> dict:
     """[PS] (also in GRPO: all 0) This rank's `attributed` counts of each category at its
-    controller's current ratio, as named sums of the step (`StepMetrics.add`)."""
+    controller's current ratio, as named sums of the step."""
     counts = {}
     for category in CATEGORIES:
         mine = attributed(tasks, passes, category, controllers[category].ratio)
         counts.update({f"ctrl_{category}_{name}": value for name, value in asdict(mine).items()})
     return counts
+
+
+def ps_grpo_sums(
+    tasks, episodes, rewards, success, truncated, routes, keep, trained_advantages, controllers
+) -> dict:
+    """The step's sums (`rewards`, `success`: [tasks, N]). reward_mean / _std, pass_rate and
+    frac_zero_var_groups count fresh tasks only (the paper's training score, `rollout_sums`); the
+    rest covers every rollout. [PS] (also in GRPO: all 0 but the routes) the prefix tasks' counts,
+    the fresh tasks' routes, the trained groups and their A^2 (the appendix's signal strength), and
+    the controllers' input (`controller_counts`). clip_sum starts at 0: the update adds it, and a
+    rank with no trained row runs no micro-batch."""
+    n = rewards.shape[1]
+    passes = success.sum(-1).tolist()
+    fresh = [group for group, task in enumerate(tasks) if task.category is None]
+    zero_var = zero_variance(rewards[fresh]).sum()
+    sums = rollout_sums(
+        len(fresh), rewards[fresh], success[fresh].sum(), zero_var, sum(truncated), []
+    )
+    sums |= {
+        # every rollout, prefix tasks' too; generated tokens only (a replayed prefix costs none)
+        "rollouts": len(episodes),
+        "gen_tokens": sum(episode.generated_tokens for episode in episodes),
+        "ps_replayed_tokens": sum(episode.replayed_tokens for episode in episodes),
+        # [PS] (also in GRPO) every task of the batch, prefix tasks too
+        "ps_solve_partial": sum(0 < k < n for k in passes),
+        "trained_groups": keep.sum(),
+        "adv_sq_sum": (trained_advantages**2).sum(),
+        "clip_sum": 0.0,
+    }
+    for category in CATEGORIES:
+        groups = [group for group, task in enumerate(tasks) if task.category == category]
+        sums[f"prefix_{category}_tasks"] = len(groups)
+        sums[f"prefix_{category}_success"] = success[groups].sum()
+        sums[f"prefix_{category}_steps"] = sum(len(tasks[group].steps) for group in groups)
+    sums |= {f"ps_route_{name}": sum(routes[group] == name for group in fresh) for name in ROUTES}
+    return sums | controller_counts(tasks, passes, controllers)
 
 
 def controller_input(totals: dict) -> dict[str, Attributed]:
@@ -848,12 +883,13 @@ def ps_loss(
 
 
 def sample_rows(
-    tasks, episodes, advantages, keep, truncated, scored, n, tokenizer, picks
+    tasks, episodes, advantages, keep, truncated, scored, n, tokenizer, args
 ) -> list[dict]:
-    """samples.jsonl rows of the picked rollouts; advantage 0 and trained False: a group dropped by
-    rejection sampling."""
+    """samples.jsonl rows of the first --log_samples_per_kind rollouts of each kind (fresh, prefix);
+    advantage 0 and trained False: a group dropped by rejection sampling."""
+    kinds = [task.kind for task in tasks for _ in range(n)]
     rows = []
-    for i in picks:
+    for i in first_of_each_kind(kinds, args.log_samples_per_kind):
         task = tasks[i // n]
         trained = bool(keep[i // n])
         row = {
@@ -884,7 +920,7 @@ def ps_grpo_metrics(totals: dict, n: int, control, controllers, ema_alpha, queue
     tasks = {c: totals[f"prefix_{c}_tasks"] for c in CATEGORIES}
     success = {c: totals[f"prefix_{c}_success"] for c in CATEGORIES}
     return {
-        "ps_solve_partial": totals["solve_partial"],
+        "ps_solve_partial": totals["ps_solve_partial"],
         "ps_prefix_tasks": tasks["hard"] + tasks["easy"],
         "ps_prefix_pass_rate": share(
             success["hard"] + success["easy"], tasks["hard"] * n + tasks["easy"] * n
@@ -900,7 +936,7 @@ def ps_grpo_metrics(totals: dict, n: int, control, controllers, ema_alpha, queue
         # after this step's update: the ratios the next prefix tasks are built with
         **{f"ps_ratio_{c}": controllers[c].ratio for c in CATEGORIES},
         **{f"ps_ema_{c}": controllers[c].ema(ema_alpha) for c in CATEGORIES},
-        "ps_replayed_tokens": totals["replayed_tokens"],
+        "ps_replayed_tokens": totals["ps_replayed_tokens"],
         "ps_generated_tokens": totals["gen_tokens"],
         "ps_fresh_pass_rate": totals["success"] / max(1.0, totals["reward_n"]),
         "ps_trained_groups": totals["trained_groups"],
@@ -911,7 +947,7 @@ def ps_grpo_metrics(totals: dict, n: int, control, controllers, ema_alpha, queue
         "ps_queued": queued,
         "ps_dropped": dropped,
         # fresh tasks
-        **{f"ps_route_{name}": totals[f"route_{name}"] for name in ROUTES},
+        **{f"ps_route_{name}": totals[f"ps_route_{name}"] for name in ROUTES},
     }
 
 
@@ -959,20 +995,15 @@ def main(args: Args) -> None:
     if start_step == 0:
         run_log.first_row(run_eval(), compiled)
     n = args.num_generations
-    # the step's sums, recorded where computed, and its phase times; `loss` is per trained token
-    # clip_sum is added in the micro-batch loop, which a rank with no trained row skips
-    steps = StepMetrics(accelerator, counters, loss_per="tok", method_sums=("clip_sum",))
     forward = Forward(tokenizer.pad_token_id, device, args.dtype, temperature, pack, compiled)
 
     for step in range(start_step + 1, args.max_steps + 1):
-        steps.begin()
-        # a shared CPU: fit the free cores
-        threads = cpu_threads.count(torch.get_num_threads())
-        torch.set_num_threads(threads)
+        # a shared CPU: torch's threads fit the cores other processes leave free (--num_threads)
+        run_log.start_step(cpu_threads)
 
         # ================ sample: N rollouts per task (a prefix task replays its prefix, then
         #                  generates the rest)
-        with steps.phase("gen"):
+        with run_log.timing("gen"):
             # [PS] (also in GRPO: all fresh) the batch: prefix tasks (at most --max_prefix_frac of
             # it), then fresh tasks
             n_prefix = min(len(queue), int(args.max_prefix_frac * args.prompts_per_step))
@@ -986,13 +1017,12 @@ def main(args: Args) -> None:
             # from its stored trajectory is dropped from `tasks`
             with gathered(policy, enabled=generator.reads_policy):
                 episodes, truncated, tasks = env.rollout_batch(generator, tasks, n)
-            steps.add(**env.counts)
             # vLLM on a GPU: its memory goes to training; the push brings the weights back
             generator.sleep()
 
         # ================ verify: the environment's or the task's reward of the whole text; a cut
         #                  rollout gets 0 from the built-in rewards
-        with steps.phase("reward"):
+        with run_log.timing("reward"):
             scored = env.score(episodes, tasks, truncated, step)
         # NaN: no function scored it (advantage 0)
         for episode, total in zip(episodes, scored.total):
@@ -1001,35 +1031,10 @@ def main(args: Args) -> None:
         success = torch.tensor(scored.success, dtype=torch.bool).view(-1, n)  # [tasks, N]
         # k of N, per task
         passes = success.sum(-1).tolist()
-        # reward_mean, reward_std, pass_rate, frac_zero_var_groups: fresh tasks only (the paper's
-        # training score); the rest of the row covers every rollout
-        fresh = [group for group, task in enumerate(tasks) if task.category is None]
-        steps.add_rewards(rewards[fresh])
-        steps.add(
-            groups=len(fresh),
-            rollouts=len(episodes),
-            gen_tokens=sum(episode.generated_tokens for episode in episodes),
-            replayed_tokens=sum(episode.replayed_tokens for episode in episodes),
-            success=success[fresh].sum(),
-            zero_var=zero_variance(rewards[fresh]).sum(),
-            truncated=sum(truncated),
-            # [PS] (also in GRPO) every task of the batch, prefix tasks too
-            solve_partial=sum(0 < k < n for k in passes),
-        )
-        for category in CATEGORIES:
-            groups = [group for group, task in enumerate(tasks) if task.category == category]
-            steps.add(
-                **{
-                    f"prefix_{category}_tasks": len(groups),
-                    f"prefix_{category}_success": success[groups].sum(),
-                    f"prefix_{category}_steps": sum(len(tasks[g].steps) for g in groups),
-                }
-            )
 
         # ================ [PS] (also in GRPO: skips all) route fresh tasks; too-hard / too-easy ->
         #                  Prefix & Mask, queued for the next batch
         routes = [route(k, n, args.low, args.high) for k in passes]
-        steps.add(**{f"route_{name}": sum(routes[g] == name for g in fresh) for name in ROUTES})
         built = []
         for group, task in enumerate(tasks):
             # prefix tasks are not routed again
@@ -1039,10 +1044,9 @@ def main(args: Args) -> None:
             # [PS] one of its trajectories, cut to a prefix, makes a task of the next batch
             category = "hard" if routes[group] == "too_hard" else "easy"
             group_episodes = episodes[group * n : (group + 1) * n]
-            group_success = success[group].tolist()
             ratio = controllers[category].ratio
             prefix_task = make_prefix_task(
-                task, category, group_episodes, group_success, ratio, args
+                task, category, group_episodes, success[group].tolist(), ratio, args
             )
             if prefix_task is not None:
                 built.append((accelerator.process_index, group, prefix_task))
@@ -1058,57 +1062,39 @@ def main(args: Args) -> None:
         trained_ids = keep.repeat_interleave(n).nonzero().flatten().tolist()
         trained_advantages = advantages.flatten()[trained_ids].to(device)
         trained = [episodes[i] for i in trained_ids]
-        # [PS] (also in GRPO) the appendix's signal strength (ps_signal_strength)
-        steps.add(trained_groups=keep.sum(), adv_sq_sum=(trained_advantages**2).sum())
         # --mask_truncated_completions: rollouts cut by a length limit get no gradient
-        masks = []
-        for i in trained_ids:
-            if args.mask_truncated_completions and truncated[i]:
-                masks.append([0] * len(episodes[i].mask))
-            else:
-                masks.append(episodes[i].mask)
+        cut = [args.mask_truncated_completions and truncated[i] for i in trained_ids]
+        masks = [[0] * len(e.mask) if no else e.mask for e, no in zip(trained, cut)]
         # the DAPO token mean over the whole batch
         n_tokens = rank_mean(accelerator, sum(map(sum, masks)))
 
         # ================ update: clipped surrogate on generated tokens only (replayed: mask 0)
-        with steps.phase("update"):
-            lengths = [len(episode.prompt) + len(episode.ids) for episode in trained]
+        with run_log.timing("update"):
+            prompts, completions = [e.prompt for e in trained], [e.ids for e in trained]
+            # the generator's log-probs: the old policy of the ratio
+            old_logprobs = [e.old_logp for e in trained]
+            lengths = [len(prompt) + len(ids) for prompt, ids in zip(prompts, completions)]
+            budget = args.micro_batch_size, args.max_tokens_per_microbatch
             micro = micro_batches(
-                len(trained),
-                args.micro_batch_size,
-                accelerator,
-                model,
-                lengths=lengths,
-                max_tokens=args.max_tokens_per_microbatch,
+                len(trained), budget[0], accelerator, model, (), lengths, budget[1]
             )
+            update_sums = []
             for rows in micro:
-                mb = forward.rows(
-                    [trained[r].prompt for r in rows],
-                    [trained[r].ids for r in rows],
-                    [masks[r] for r in rows],
-                )
+                mb = forward.rows_at(rows, prompts, completions, old_logprobs, masks)
                 logp, entropy = forward(model, mb)
-                mask = mb.loss_mask
-                old_logps = [trained[r].old_logp for r in rows]
-                old_logp = right_align(old_logps, mb.completion_width).to(device)
-                loss, clipped_tokens = ps_loss(
-                    logp,
-                    old_logp,
-                    trained_advantages[rows],
-                    mask,
-                    n_tokens,
-                    args.epsilon,
-                    args.epsilon_high,
-                )
+                mask, adv = mb.loss_mask, trained_advantages[rows]
+                eps = args.epsilon, args.epsilon_high
+                loss, clipped = ps_loss(logp, mb.sampler_logp, adv, mask, n_tokens, *eps)
                 accelerator.backward(loss)
                 # back to a sum: the row divides it by the ranks' trained tokens
                 loss_sum = loss.detach().double() * (n_tokens or 1)
-                steps.add(loss_sum=loss_sum, ent_sum=(entropy * mask).sum(), tok=mask.sum())
-                steps.add(clip_sum=clipped_tokens)
                 # sampler vs the first training pass
-                gap = (logp.detach() - old_logp).abs() * mask
-                steps.add(gap_sum=gap.sum(), gap_tok=mask.sum())
-            steps.grad_norm(accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm))
+                gap = (logp.detach() - mb.sampler_logp).abs() * mask
+                sums = dict(loss_sum=loss_sum, ent_sum=(entropy * mask).sum(), tok=mask.sum())
+                update_sums.append(
+                    sums | dict(clip_sum=clipped, gap_sum=gap.sum(), gap_tok=mask.sum())
+                )
+            grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -1116,11 +1102,17 @@ def main(args: Args) -> None:
         # ================ push the new weights to the generator (a no-op for HF generate) ========
         generator.sync_weights(policy)
 
-        # ================ [PS] (also in GRPO: no pass rate, never moved) adaptive prefix control:
-        #                  fed the prefix tasks built with the current ratio, summed over ranks
-        steps.add(**controller_counts(tasks, passes, controllers))
-        row = steps.finish(step, scheduler.get_last_lr()[0], scored)
-        control = controller_input(steps.totals)
+        # ================ metrics: the step's sums over ranks, the shared keys, the method's ======
+        outcome = tasks, episodes, rewards, success, truncated, routes, keep, trained_advantages
+        # --environment: the rollouts' env_errors and replay counts
+        sums = ps_grpo_sums(*outcome, controllers) | env.counts
+        lr, norms = scheduler.get_last_lr()[0], [grad_norm]
+        row, totals = run_log.step_metrics(
+            step, counters, scored, sums, update_sums, norms, lr, loss_per="tok"
+        )
+        # [PS] (also in GRPO: no pass rate, never moved) each controller's input: the prefix tasks
+        # built with its current ratio, summed over ranks
+        control = controller_input(totals)
         # [PS] --adaptive: each controller moves its category's ratio toward a 50% pass rate
         if args.prefix_sampling and args.adaptive:
             for category in CATEGORIES:
@@ -1135,40 +1127,26 @@ def main(args: Args) -> None:
                     args.ratio_max,
                     args.ema_reset,
                 )
-
-        # ================ metrics: the shared keys (above), then the method's ================
-        row |= ps_grpo_metrics(
-            steps.totals, n, control, controllers, args.ema_alpha, len(queue), dropped
-        )
+        row |= ps_grpo_metrics(totals, n, control, controllers, args.ema_alpha, len(queue), dropped)
         # --environment: env_errors, ps_replay_mismatch_frac
-        row |= env.metrics(steps.totals)
+        row |= env.metrics(totals)
 
-        # ================ sample log, evaluation, the row, checkpoint, stop ================
-        evaluating = run_log.evaluation_due(step)
-        # a few fresh and (with PS) prefix-task rollouts
-        if run_log.samples.due(step, evaluating):
-            kinds = [task.kind for task in tasks for _ in range(n)]
-            picks = run_log.samples.pick(kinds)
-            step_samples = sample_rows(
-                tasks, episodes, advantages, keep, truncated, scored, n, tokenizer, picks
-            )
-            run_log.samples.log(step, step_samples)
-        if evaluating:
-            with steps.phase("eval"):
+        # ================ evaluation, sample log, the row, checkpoint, stop ================
+        if run_log.evaluation_due(step):
+            with run_log.timing("eval"):
                 row.update(run_eval())
-        run_log.end_step(row, steps.end(row), threads, compiled)
-        stopping = stop.agreed(accelerator)
+        # a few fresh and (with PS) prefix-task rollouts
+        if run_log.samples_due(step):
+            rollouts = tasks, episodes, advantages, keep, truncated, scored
+            run_log.write_samples(step, sample_rows(*rollouts, n, tokenizer, args))
+        run_log.write_row(row, compiled)
+        stopping = stop.any_rank_signalled(accelerator)
         if checkpoints.due(step, stopping):
-            state = {
-                "sampler": sampler.state_dict(),
-                "counters": counters,
-                # [PS] (also in GRPO: an empty queue, unmoved controllers) as plain data; a snapshot
-                # is the environment's own object: a resumed prefix task re-executes its actions
-                "method": {
-                    "queue": [replace(task, snapshot=None) for task in queue],
-                    "ctrl": controllers,
-                },
-            }
+            # [PS] (also in GRPO: an empty queue, unmoved controllers) as plain data; a snapshot is
+            # the environment's own object: a resumed prefix task re-executes its actions
+            queued = [replace(task, snapshot=None) for task in queue]
+            method_state = {"queue": queued, "ctrl": controllers}
+            state = {"sampler": sampler.state_dict(), "counters": counters, "method": method_state}
             checkpoints.save(step, state, stopping)
         if stopping:
             break

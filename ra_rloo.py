@@ -282,9 +282,9 @@ def ra_rloo_sums(fresh_rewards, rewards, fresh_success, is_replay, truncated, ge
     success, zero_var = fresh_success.sum(), zero_variance(fresh_rewards).sum()
     groups, cut = len(fresh_rewards), truncated.sum()
     return rollout_sums(groups, fresh_rewards, success, zero_var, cut, gens.completion_ids) | {
-        "zero_var_post": zero_variance(rewards).sum(),
-        "fired": is_replay.any(-1).sum(),
-        "no_success_post": (~(fresh_success | is_replay).any(-1)).sum(),
+        "zero_var_groups_post": zero_variance(rewards).sum(),
+        "replay_fired_groups": is_replay.any(-1).sum(),
+        "no_success_groups_post": (~(fresh_success | is_replay).any(-1)).sum(),
         "w_sum": 0.0,
         "w_n": 0.0,
     }
@@ -331,11 +331,11 @@ def ra_rloo_metrics(totals: dict, buffers: dict[int, deque]) -> dict:
     over ranks (docs/ra_rloo.md)."""
     groups = max(1.0, totals["groups"])
     return {
-        "ra_zero_var_frac_post": totals["zero_var_post"] / groups,
-        "ra_replay_fired_frac": totals["fired"] / groups,
+        "ra_zero_var_frac_post": totals["zero_var_groups_post"] / groups,
+        "ra_replay_fired_frac": totals["replay_fired_groups"] / groups,
         # the paper's degenerate groups (no success); all-pass groups are zero-variance too but
         # never spliced
-        "ra_no_success_frac_post": totals["no_success_post"] / groups,
+        "ra_no_success_frac_post": totals["no_success_groups_post"] / groups,
         "ra_is_weight_mean": totals["w_sum"] / totals["w_n"] if totals["w_n"] else None,
         "ra_buffer_prompts": sum(1 for buffer in buffers.values() if buffer),
     }

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from common.run.step_metrics import PHASES, StepMetrics
+from common.run.step_metrics import PHASES
 
 CORE = {
     "step",
@@ -98,39 +98,6 @@ class _NoRewardKeys:
         return {}
 
 
-def test_tensor_sums_equal_python_sums_of_items_bit_for_bit():
-    """The collector's float64 tensor sums reproduce the float64 sum of `.item()`s in loop order."""
-    rng = random.Random(0)
-    steps = StepMetrics(_OneRank(), {"rollouts": 0, "gen_tokens": 0})
-    by_items = 0.0
-    for _ in range(50):
-        value = torch.tensor([rng.uniform(-1e3, 1e3) for _ in range(7)]).sum()  # float32
-        by_items += value.item()
-        steps.add(loss_sum=value, rollouts=1)
-    row = steps.finish(1, 0.1, _NoRewardKeys())
-    assert steps.totals["loss_sum"] == by_items and row["loss"] == by_items / 50
-    assert row["rollouts"] == 50 and math.isnan(row["grad_norm"])
-
-
-def test_phases_and_the_rest_add_up_to_the_step_and_do_not_nest():
-    steps = StepMetrics(_OneRank(), {"rollouts": 0, "gen_tokens": 0})
-    with steps.phase("gen"):
-        time.sleep(0.01)
-    with steps.phase("update"):
-        time.sleep(0.01)
-    with pytest.raises(ValueError, match="phase 'sampling': one of gen"):
-        steps.phase("sampling").__enter__()
-    with pytest.raises(RuntimeError, match="phase 'reward' entered inside phase 'gen'"):
-        with steps.phase("gen"):
-            with steps.phase("reward"):
-                pass
-    row = {}
-    seconds = steps.end(row)
-    assert row["time/gen_s"] >= 0.01 and row["time/update_s"] >= 0.01 and row["time/eval_s"] == 0
-    assert sum(row[key] for key in TIME_SPLIT) == pytest.approx(seconds, abs=1e-12)
-    assert row["time/other_s"] >= 0.0
-
-
 @pytest.mark.parametrize("script,opt_steps", SCRIPTS, ids=[s for s, _ in SCRIPTS])
 def test_every_optimizer_steps_on_gradients_clipped_to_max_grad_norm(short_run, script, opt_steps):
     """The gradients each optimizer step sees (the short run's spy, conftest.THREAD_SPY) have a
@@ -156,7 +123,7 @@ def test_every_optimizer_steps_on_gradients_clipped_to_max_grad_norm(short_run, 
 
 def test_micro_batch_sums_added_up_equal_python_sums_of_items_bit_for_bit():
     """`add_up` of one dict per micro-batch reproduces the float64 sum of `.item()`s in loop order,
-    and `step_totals` + `step_metrics` give what the collector gives for the same values."""
+    and `step_totals` + `step_metrics` carry it to the row."""
     from common.run.step_metrics import StepClock, add_up, step_metrics, step_totals
 
     rng = random.Random(0)
@@ -165,17 +132,12 @@ def test_micro_batch_sums_added_up_equal_python_sums_of_items_bit_for_bit():
     for value in values:
         by_items += value.item()
     assert add_up([{"loss_sum": value} for value in values])["loss_sum"] == by_items
-    steps = StepMetrics(_OneRank(), {"rollouts": 0, "gen_tokens": 0})
-    for value in values:
-        steps.add(loss_sum=value, rollouts=1)
-    old = steps.finish(1, 0.1, _NoRewardKeys())
     clock = StepClock(torch.device("cpu"))
     totals = step_totals(_OneRank(), clock, {"rollouts": 50}, [{"loss_sum": v} for v in values])
     counters = {"rollouts": 0, "gen_tokens": 0}
     new = step_metrics(1, totals, counters, [], 0.1, _NoRewardKeys(), _OneRank(), "rollouts")
-    assert totals["loss_sum"] == by_items and new["loss"] == old["loss"] == by_items / 50
-    same = lambda a, b: a == b or (a != a and b != b)  # noqa: E731 (NaN: no gradient norm)
-    assert list(new) == list(old) and all(same(new[key], old[key]) for key in old), (old, new)
+    assert totals["loss_sum"] == by_items and new["loss"] == by_items / 50
+    assert new["rollouts"] == 50 and math.isnan(new["grad_norm"])
     assert counters == {"rollouts": 50, "gen_tokens": 0}
 
 

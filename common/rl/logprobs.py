@@ -282,13 +282,15 @@ class Forward:
             batch.sampler_logp = right_align(sampler_logprobs, batch.completion_width)
         return batch.to(self.device)
 
-    def rows_at(self, rows: list[int], prompts, completions, sampler_logprobs=None) -> Batch:
+    def rows_at(
+        self, rows: list[int], prompts, completions, sampler_logprobs=None, completion_masks=None
+    ) -> Batch:
         """`rows` (indices) of the step's prompts, completions and, when given, the generator's
-        log-probs, as `rows` pads them."""
-        pick = [[values[r] for r in rows] for values in (prompts, completions)]
-        if sampler_logprobs is not None:
-            return self.rows(*pick, sampler_logprobs=[sampler_logprobs[r] for r in rows])
-        return self.rows(*pick)
+        log-probs and the completions' masks, as `rows` pads them."""
+        pick = lambda values: None if values is None else [values[r] for r in rows]  # noqa: E731
+        return self.rows(
+            pick(prompts), pick(completions), pick(completion_masks), pick(sampler_logprobs)
+        )
 
     def __call__(self, model, batch: Batch, grad: bool = True, entropy_grad: bool = False):
         """(log p, entropy) under `model`; `grad=False` without autograd (a frozen or old policy),

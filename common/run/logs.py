@@ -154,8 +154,8 @@ def first_of_each_kind(kinds: list[str], per_kind: int) -> list[int]:
 class SampleLogger:
     """samples.jsonl: at chosen steps, up to `per_kind` rollouts of each kind (fresh, replayed,
     prefix...) as JSON rows (step, kind, prompt, completion, reward, advantage and the method's
-    tags), also sent to the tracker as a table (wandb, trackio) or text (tensorboard). `due` and
-    `log` must be called on every rank (rows are gathered)."""
+    tags), also sent to the tracker as a table (wandb, trackio) or text (tensorboard). `write` must
+    be called on every rank (rows are gathered)."""
 
     def __init__(
         self,
@@ -173,21 +173,12 @@ class SampleLogger:
             lambda: _keep_rows_until(self.path, resume_step),
         )
 
-    def due(self, step: int, evaluating: bool) -> bool:
-        """At each evaluation by default (`every` None), else every `every` steps (0: never)."""
-        return evaluating if self.every is None else self.every > 0 and step % self.every == 0
-
-    def pick(self, kinds: list[str]) -> list[int]:
-        """Indices of the first `per_kind` items of each kind (the rows worth decoding)."""
-        return first_of_each_kind(kinds, self.per_kind)
-
-    def log(self, step: int, rows: list[dict]) -> None:
+    def write(self, step: int, rows: list[dict]) -> None:
         from accelerate.utils import gather_object
 
         rows = gather_object(rows) if self.acc.num_processes > 1 else rows
-        rows = [
-            rows[i] for i in self.pick([row["kind"] for row in rows])
-        ]  # the bound holds over all ranks
+        # the bound holds over all ranks
+        rows = [rows[i] for i in first_of_each_kind([row["kind"] for row in rows], self.per_kind)]
         clean = [
             {
                 "step": step,
@@ -280,19 +271,36 @@ class RunLog:
     def samples_due(self, step: int) -> bool:
         """Whether this step writes rollouts to samples.jsonl (--log_samples_every, by default at
         each evaluation)."""
-        return self.samples.due(step, self.evaluation_due(step))
+        every = self.samples.every
+        return self.evaluation_due(step) if every is None else every > 0 and step % every == 0
 
     def write_samples(self, step: int, rows: list[dict]) -> None:
         """This rank's rollout rows to samples.jsonl, at most --log_samples_per_kind of each kind
         over all ranks. Call on every rank."""
-        self.samples.log(step, rows)
+        self.samples.write(step, rows)
 
     def write_row(self, row: dict, compiled) -> None:
         """The step's row, with its times, thread count and compile figures, to metrics.jsonl and
         the tracker; the progress bar moves. Call on every rank."""
         times = self.clock.times()
         step_seconds = times.pop("time_step_s")
-        self.end_step(row | times, step_seconds, self.threads, compiled)
+        row = row | times
+        self._warn_sampler_gap(row.get("sampler_logp_diff"))
+        # compile time, recompiles
+        row.update(compiled.metrics(self.accelerator) if compiled else {})
+        row["time_step_s"] = step_seconds
+        row["num_threads"] = self.threads  # with a fixed count the run repeats exactly
+        self.metrics.log(row)
+        if self.progress is None:
+            self._open_progress()
+        self.progress.update(1)
+        postfix = {
+            "reward": f"{row['reward_mean']:.3f}",
+            "zero_var": f"{row['frac_zero_var_groups']:.2f}",
+        }
+        if "eval_pass@1" in row:
+            postfix["eval"] = f"{row['eval_pass@1']:.3f}"
+        self.progress.set_postfix(postfix)
 
     def evaluation_due(self, step: int) -> bool:
         """Every --eval_steps steps and at the last step."""
@@ -306,25 +314,6 @@ class RunLog:
         self.metrics.log(row)
         self.log_line(f"step 0 (starting policy): {row}")
         self._open_progress()
-
-    def end_step(self, row: dict, step_seconds: float, threads: int, compiled) -> None:
-        """The step's row, completed (compile figures, time, threads), written on every rank's call;
-        the bar moves."""
-        self._warn_sampler_gap(row.get("sampler_logp_diff"))
-        row.update(compiled.metrics(self.accelerator) if compiled else {})  # compile figures
-        row["time_step_s"] = step_seconds
-        row["num_threads"] = threads  # with a fixed count the run repeats exactly
-        self.metrics.log(row)
-        if self.progress is None:
-            self._open_progress()
-        self.progress.update(1)
-        postfix = {
-            "reward": f"{row['reward_mean']:.3f}",
-            "zero_var": f"{row['frac_zero_var_groups']:.2f}",
-        }
-        if "eval_pass@1" in row:
-            postfix["eval"] = f"{row['eval_pass@1']:.3f}"
-        self.progress.set_postfix(postfix)
 
     def close(self) -> None:
         if self.progress is not None:

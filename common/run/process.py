@@ -59,8 +59,6 @@ class GracefulStop:
         )
         return True
 
-    agreed = any_rank_signalled  # the name ps_grpo.py still calls
-
     @staticmethod
     def exit_status() -> int:
         """0 for a finished run, 128 + the signal's number (130 SIGINT, 143 SIGTERM) for one a

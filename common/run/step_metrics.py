@@ -15,12 +15,10 @@ docs/metrics.md); a method's own figures come from the same totals. `RunLog.step
         ...
         update_sums.append(dict(loss_sum=pg_sum, ent_sum=(entropy * mask).sum(), tok=mask.sum()))
     ...
-    sums = rollout_sums(rewards, success, truncated, completion_ids) | method_sums
+    sums = rollout_sums(groups, rewards, success, zero_var, truncated, completion_ids) | method_sums
     row, totals = run_log.step_metrics(step, counters, scored, sums, update_sums, [norm], lr)
     row |= method_metrics(totals, ...)
     run_log.write_row(row, compiled)
-
-`StepMetrics` is the same arithmetic as a collector fed during the step (`add`, `phase`, `finish`).
 """
 
 from __future__ import annotations
@@ -43,9 +41,9 @@ GENERIC_SUMS = (
     "groups",
     "rollouts",
     "gen_tokens",
-    "truncated",
+    "clipped",
     "success",
-    "zero_var",
+    "zero_var_groups",
     "reward_n",
     "reward_sum",
     "reward_sq_sum",
@@ -65,101 +63,6 @@ def _exact(value):
     if torch.is_tensor(value):
         return value.detach().to(torch.float64)
     return float(value)
-
-
-class StepMetrics:
-    """One step's sums and phase times; `finish` reduces them over ranks (one collective) and
-    returns the keys every script logs. `counters` (the run's rollouts and gen_tokens so far, kept
-    in the checkpoint) grows at each `finish`. `loss_per` names the total the summed loss is divided
-    by (None: the loss is added as its final value, summed over ranks). `method_sums` names the
-    method's sums that a rank may never add in a step (e.g. inside a micro-batch loop, which a rank
-    with no rows skips): they start at 0, so every rank packs the same names."""
-
-    def __init__(
-        self,
-        accelerator,
-        counters: dict,
-        loss_per: str | None = "rollouts",
-        method_sums: tuple[str, ...] = (),
-    ):
-        self.accelerator = accelerator
-        self.counters = counters
-        self.loss_per = loss_per
-        self.method_sums = tuple(method_sums)
-        self.sync = accelerator.device.type == "cuda"
-        self.totals: dict = {}
-        self.begin()
-
-    # ---------------- feeding ----------------
-    def begin(self) -> None:
-        """A new step: its clock starts, its sums and times are empty."""
-        self.sums: dict = {}
-        self.norms: list = []
-        self.seconds = dict.fromkeys(PHASES, 0.0)
-        self.open = None
-        self.start = self._clock()
-
-    def add(self, **values) -> None:
-        """Add to named sums, in the order the values come (a float64 sum, as Python floats add).
-        Tensors stay where they are until `finish`. Every rank adds the same names."""
-        for name, value in values.items():
-            value = _exact(value)
-            # value + total, not total + value: a tensor then keeps the sum on its device
-            self.sums[name] = value + self.sums[name] if name in self.sums else value + 0.0
-
-    def add_rewards(self, rewards) -> None:
-        """The rewards behind reward_mean / reward_std / pass_rate (NaN: no function scored it, left
-        out of the mean and std)."""
-        values = np.asarray(
-            rewards.tolist() if hasattr(rewards, "tolist") else rewards, dtype=np.float64
-        ).ravel()
-        self.add(reward_n=values.size, **reward_sums(values))
-
-    def grad_norm(self, norm) -> None:
-        """An optimizer step's gradient norm (grad_norm: their mean)."""
-        self.norms.append(norm)
-
-    @contextmanager
-    def phase(self, name: str):
-        """Time the block as phase `name` (added up when entered again within the step)."""
-        if name not in self.seconds:
-            raise ValueError(f"phase {name!r}: one of {', '.join(PHASES)}")
-        if self.open:
-            # a phase inside another would count its seconds twice
-            raise RuntimeError(f"phase {name!r} entered inside phase {self.open!r}")
-        self.open, start = name, self._clock()
-        try:
-            yield
-        finally:
-            self.seconds[name] += self._clock() - start
-            self.open = None
-
-    # ---------------- the step's end ----------------
-    def finish(self, step: int, lr: float, scored) -> dict:
-        """One packed sum over ranks of every named sum (kept in `totals`), then the keys every
-        script logs; `scored` (the step's `Scored`) adds its reward keys. Call on every rank."""
-        sums = {name: self.sums.get(name, 0.0) for name in GENERIC_SUMS + self.method_sums}
-        # the method's names sorted: the same packing on every rank, whatever order they came in
-        sums.update(sorted(self.sums.items()))
-        sums["t_gen"], sums["t_train"] = self.seconds["gen"], self.seconds["update"]
-        self.totals = totals = sum_over_ranks(self.accelerator, sums)
-        return step_metrics(
-            step, totals, self.counters, self.norms, lr, scored, self.accelerator, self.loss_per
-        )
-
-    def end(self, row: dict) -> float:
-        """Add this rank's phase times to `row` (time/<phase>_s, and time/other_s: the step less
-        them) and return the step's seconds (its time_step_s)."""
-        step_seconds = self._clock() - self.start
-        row.update({f"time/{name}_s": seconds for name, seconds in self.seconds.items()})
-        row["time/other_s"] = step_seconds - sum(self.seconds.values())
-        return step_seconds
-
-    def _clock(self) -> float:
-        # on a GPU the queued work belongs to the phase that queued it: one sync per boundary
-        if self.sync:
-            torch.cuda.synchronize(self.accelerator.device)
-        return time.perf_counter()
 
 
 class StepClock:
@@ -206,7 +109,8 @@ def rollout_sums(groups, rewards, success, zero_var, truncated, completion_ids) 
     """The step's rollouts as the sums the shared keys read: `groups` (a count), every rollout's
     reward (`rewards`, a tensor or list of any shape: rollouts; NaN where no function scored it,
     out of reward_mean / _std), the counts `success`, `zero_var` (groups whose rewards are all
-    equal) and `truncated`, and the generated tokens of `completion_ids`."""
+    equal: `zero_var_groups`, over `groups` frac_zero_var_groups) and `truncated` (`clipped`, over
+    the rollouts clipped_ratio), and the generated tokens of `completion_ids`."""
     values = np.asarray(
         rewards.tolist() if hasattr(rewards, "tolist") else rewards, dtype=np.float64
     ).ravel()
@@ -215,8 +119,8 @@ def rollout_sums(groups, rewards, success, zero_var, truncated, completion_ids) 
         "rollouts": values.size,
         "gen_tokens": sum(map(len, completion_ids)),
         "success": success,
-        "zero_var": zero_var,
-        "truncated": truncated,
+        "zero_var_groups": zero_var,
+        "clipped": truncated,
         "reward_n": values.size,
         **reward_sums(values),
     }
@@ -271,9 +175,9 @@ def step_metrics(step, totals, counters, grad_norms, lr, scored, accelerator, lo
         "reward_std": reward_std,
         "pass_rate": totals["success"] / max(1.0, totals["reward_n"]),
         **scored.metrics(accelerator),
-        "frac_zero_var_groups": totals["zero_var"] / max(1.0, totals["groups"]),
+        "frac_zero_var_groups": totals["zero_var_groups"] / max(1.0, totals["groups"]),
         "completion_len_mean": totals["gen_tokens"] / samples,
-        "clipped_ratio": totals["truncated"] / samples,
+        "clipped_ratio": totals["clipped"] / samples,
         "loss": loss,
         "kl": totals["kl_sum"] / tokens,
         "entropy": totals["ent_sum"] / tokens,
