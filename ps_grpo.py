@@ -1127,6 +1127,7 @@ def main(args: Args) -> None:
                     args.ratio_max,
                     args.ema_reset,
                 )
+
         row |= ps_grpo_metrics(totals, n, control, controllers, args.ema_alpha, len(queue), dropped)
         # --environment: env_errors, ps_replay_mismatch_frac
         row |= env.metrics(totals)

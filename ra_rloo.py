@@ -233,7 +233,7 @@ def splice_replays(
         if needed and buffers.get(prompt_id):
             response, logp_old, reward = rng.choice(buffers[prompt_id])
             slot = k - 1  # rollouts are i.i.d., so which slot is replaced does not matter
-            completions[group * k + slot] = response.tolist()
+            completions[group * k + slot] = torch.as_tensor(response).tolist()
             rewards[group, slot] = reward
             replay_logp_old[group, slot] = logp_old
     return replay_logp_old
@@ -462,6 +462,7 @@ def main(args: Args) -> None:
             replay_logp_old = splice_replays(
                 group_prompt_ids, completions, rewards, fresh_success, buffers, args.replay, random
             )
+
         is_replay = ~torch.isnan(replay_logp_old)
         # --mask_truncated_completions: cut completions get no gradient (a replay is a whole
         # success)

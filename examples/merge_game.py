@@ -89,9 +89,15 @@ class NoisyMergeGame(MergeGame):
 
 
 if __name__ == "__main__":
-    # the checks of docs/custom_env.md: one episode played twice gives the same observations, and
-    # every call returns what the protocol says
-    for seed in range(3):
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        description="Check MergeGame as docs/custom_env.md says: each seed's episode played twice "
+        "gives the same observations, and every call returns what the protocol says."
+    )
+    parser.add_argument("--seeds", type=int, default=3, help="how many seeds to check (0, 1, ...)")
+    checked = parser.parse_args()
+    for seed in range(checked.seeds):
         runs = []
         for _ in range(2):
             game = MergeGame()
