@@ -14,8 +14,6 @@ that returns the wrong type stops the run with one line naming the class and wha
 from __future__ import annotations
 
 import functools
-import importlib
-import importlib.util
 import inspect
 import json
 import numbers
@@ -23,6 +21,8 @@ import os
 import sys
 import traceback
 from pathlib import Path
+
+from common.tasks.user_code import import_named
 
 # set (to anything but "" or "0") to print the whole traceback of an environment that raises
 TRACEBACK_ENV = "RLVR_ENV_TRACEBACK"
@@ -43,30 +43,8 @@ class EnvFault(Exception):
 def load_class(spec: str, flag: str = "--environment"):
     """`path/to/file.py:ClassName` or `package.module:ClassName` -> the class (one line naming the
     spec on failure)."""
-    target, sep, name = spec.rpartition(":")
-    if not sep or not target or not name.isidentifier():
-        raise SystemExit(
-            f"{flag} {spec!r}: expected `path/to/file.py:ClassName` or `package.module:ClassName`"
-        )
-    try:
-        if target.endswith(".py") or "/" in target or "\\" in target:
-            path = Path(target)
-            if not path.is_file():
-                raise SystemExit(f"{flag} {spec}: file {target} not found")
-            # one module name per file: two files with the same stem do not replace each other
-            module_name = f"rlvr_env_{abs(hash(str(path.resolve())))}"
-            module_spec = importlib.util.spec_from_file_location(module_name, path)
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[module_name] = module
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(target)
-    except SystemExit:
-        raise
-    except BaseException as error:  # noqa: BLE001 - whatever the user's module raises on import
-        raise SystemExit(
-            f"{flag} {spec}: cannot import {target} ({type(error).__name__}: {error})"
-        ) from None
+    form = "`path/to/file.py:ClassName` or `package.module:ClassName`"
+    module, target, name = import_named(spec, flag, form, "rlvr_env")
     cls = getattr(module, name, None)
     if not inspect.isclass(cls):
         raise SystemExit(f"{flag} {spec}: {target} has no class {name}")

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
-import importlib.util
 import inspect
 import math
 import numbers
@@ -22,6 +20,8 @@ import traceback
 from pathlib import Path
 
 from transformers import TrainerState
+
+from common.tasks.user_code import import_named
 
 # set (to anything but "" or "0") to print the whole traceback of a reward function that raises
 TRACEBACK_ENV = "RLVR_REWARD_TRACEBACK"
@@ -42,31 +42,8 @@ TRL_KEYWORDS = (
 def _load_one(spec: str, flag: str):
     """`package.module:function` or `path/to/file.py:function` -> the function (one line naming it
     on failure)."""
-    target, sep, name = spec.rpartition(":")
-    if not sep or not target or not name.isidentifier():
-        raise SystemExit(
-            f"{flag} {spec!r}: expected `package.module:function` or `path/to/file.py:function`"
-        )
-    try:
-        if target.endswith(".py") or "/" in target or "\\" in target:
-            path = Path(target)
-            if not path.is_file():
-                raise SystemExit(f"{flag} {spec}: file {target} not found")
-            # a module name of its own per file, so two files with the same stem do not replace each
-            # other
-            module_name = f"rlvr_reward_{abs(hash(str(path.resolve())))}"
-            module_spec = importlib.util.spec_from_file_location(module_name, path)
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[module_name] = module
-            module_spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(target)
-    except SystemExit:
-        raise
-    except BaseException as error:  # noqa: BLE001 - whatever the user's module raises while importing
-        raise SystemExit(
-            f"{flag} {spec}: cannot import {target} ({type(error).__name__}: {error})"
-        ) from None
+    form = "`package.module:function` or `path/to/file.py:function`"
+    module, target, name = import_named(spec, flag, form, "rlvr_reward")
     func = getattr(module, name, None)
     if not callable(func):
         import difflib
