@@ -1,9 +1,7 @@
-"""The output folder held by one launch: an exclusive lock on `<output_dir>/.run.lock`, taken before
-anything is written there (common/run/output_dir.py) and given back when the run ends
-(common/run/process.py `end_processes`) or its process exits. The lock is the operating
-system's (flock): it dies with its process, so a launch that was killed leaves only the file, which
-the next launch recognises and reports. Also a resume's records, kept until its checkpoint has
-loaded (`defer_writes`)."""
+"""The output folder held by one launch: an operating-system lock (flock) on
+`<output_dir>/.run.lock`, taken before anything is written there and given back when the run ends
+or its process exits; a killed launch leaves only the file, which the next launch reports. Also a
+resume's records, kept until its checkpoint has loaded (`defer_writes`)."""
 
 from __future__ import annotations
 
@@ -25,11 +23,10 @@ _DEFERRED: dict[str, dict] = {}
 
 def hold(folder: Path, token: str, script: str, log=print) -> None:
     """Hold `folder` for this launch: an exclusive lock on `<folder>/.run.lock` (which records this
-    launch: process, host, script, token), kept until the run ends or its process exits. A folder
-    another live launch holds stops this one with one line naming it; a lock file left by a launch
-    that died without releasing it is reported, then taken over (the lock died with its process). A
-    second claim from the same thread of this process means its earlier main() has returned or
-    raised: that hold is released first."""
+    launch: process, host, script, token) until the run ends or its process exits. A folder another
+    live launch holds stops this one with one line naming it; a lock file left by a dead launch is
+    reported, then taken over. A second claim from the same thread (its earlier main() has returned
+    or raised) releases the earlier hold first."""
     folder.mkdir(parents=True, exist_ok=True)
     path, key = folder / LOCK, str(folder.resolve())
     if key in _HOLDS:
@@ -47,8 +44,7 @@ def hold(folder: Path, token: str, script: str, log=print) -> None:
                 f"--output_dir {folder}: another launch writes there ({holder}); wait for it to "
                 "end, stop it, or choose another --output_dir"
             ) from None
-        # the lock file may have been released (removed) between the open and the lock: lock the new
-        # one
+        # the lock file may have been removed between the open and the lock: lock the new one
         try:
             if os.stat(path).st_ino == os.fstat(descriptor).st_ino:
                 break

@@ -17,6 +17,40 @@ from torch.distributed.fsdp import FSDPModule
 
 from common.distributed.ranks import gather_list
 from common.model.policy import tied_keys
+from common.run.checkpoint import list_checkpoints
+
+
+def named_checkpoint(resume: str, output_dir: str) -> Path | None:
+    """The checkpoint --resume_from_checkpoint names: "auto" is `output_dir`'s latest (None when
+    there is none yet: the run starts fresh)."""
+    if resume == "auto":
+        ckpts = list_checkpoints(output_dir)
+        return ckpts[-1] if ckpts else None
+    p = Path(resume)
+    if not (p / "trainer_state.pt").exists():
+        raise SystemExit(
+            f"--resume_from_checkpoint {resume}: not a checkpoint dir (no trainer_state.pt)"
+        )
+    return p
+
+
+def resume_run(checkpoints, sampler, generator, policy) -> tuple[int, dict]:
+    """`Checkpoints.resume` of a resumed run: (step, saved state), with the weights, optimizer,
+    scheduler, RNGs and prompt sampler restored and the generator given the weights."""
+    path = checkpoints.resumed_from
+    step, state = load_checkpoint(
+        path,
+        checkpoints.accelerator,
+        checkpoints.model,
+        checkpoints.optimizer,
+        checkpoints.scheduler,
+    )
+    sampler.load_state_dict(state["sampler"])
+    older_layouts(state.get("method", {}))
+    restore_models(checkpoints.models, state)
+    generator.sync_weights(policy)
+    checkpoints.log(f"resumed from {path} at step {step}")
+    return step, state
 
 
 def set_rng_state(s: dict) -> None:

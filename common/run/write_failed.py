@@ -1,0 +1,50 @@
+"""The one line a run stops with when it cannot write in its output folder (a full disk, no
+permission); loaded only when a write has failed."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from common.distributed.ranks import stop_every_rank
+from common.run.checkpoint import list_checkpoints
+
+
+def stop_checkpoint(accelerator, reason: str, tmp: Path, step: int) -> None:
+    """Every rank: the partial checkpoint `tmp` removed, every rank stopped with one line naming
+    the folder, the error and the checkpoint a resume starts from."""
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+    found = list_checkpoints(str(tmp.parent))
+    try:
+        room = f" ({shutil.disk_usage(tmp.parent).free / 2**20:,.0f} MiB free there)"
+    except OSError:
+        room = ""
+    stop_every_rank(
+        accelerator,
+        f"checkpoint-{step}: could not write it in {tmp.parent}: {reason}{room}; the run "
+        f"stops here. "
+        + (
+            f"{found[-1].name} is whole: make room (or fix the folder's "
+            "permissions), then continue with --resume_from_checkpoint auto"
+            if found
+            else "There is no earlier checkpoint: fix the folder, then start the run again"
+        ),
+    )
+
+
+def row_not_written(path: Path, error: OSError) -> str:
+    """A log row that could not be appended to `path` (common/run/logs.py `append_rows`)."""
+    return (
+        f"{path}: could not append a row ({error}); the run stops here: make room (or fix the "
+        "folder's permissions), then continue from its last checkpoint with "
+        "--resume_from_checkpoint auto"
+    )
+
+
+def logs_not_written(output_dir, error: OSError) -> str:
+    """A log file in `output_dir` that could not be written (common/run/logs.py)."""
+    return (
+        f"--output_dir {output_dir}: could not write its logs ({error}); the run stops "
+        "here: make room (or fix the folder's permissions), then run the same command again"
+    )
