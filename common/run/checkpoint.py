@@ -209,7 +209,7 @@ def _stop_if_failed(accelerator, failed: list, tmp: Path, step: int) -> None:
     rank with one line naming the folder, the error and the checkpoint a resume starts from."""
     reason = first_failure(accelerator, failed)
     if reason is not None:
-        from common.run.write_failed import stop_checkpoint
+        from common.run.folder_errors import stop_checkpoint
 
         stop_checkpoint(accelerator, reason, tmp, step)
 

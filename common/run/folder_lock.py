@@ -38,12 +38,11 @@ def hold(folder: Path, token: str, script: str, log=print) -> None:
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _holder(os.read(descriptor, 1 << 16))
+            from common.run.folder_errors import held_elsewhere
+
+            record = os.read(descriptor, 1 << 16)
             os.close(descriptor)
-            raise SystemExit(
-                f"--output_dir {folder}: another launch writes there ({holder}); wait for it to "
-                "end, stop it, or choose another --output_dir"
-            ) from None
+            raise SystemExit(held_elsewhere(folder, record)) from None
         # the lock file may have been removed between the open and the lock: lock the new one
         try:
             if os.stat(path).st_ino == os.fstat(descriptor).st_ino:
@@ -52,11 +51,10 @@ def hold(folder: Path, token: str, script: str, log=print) -> None:
             pass
         os.close(descriptor)
     left = os.read(descriptor, 1 << 16)
-    if left.strip():
-        log(
-            f"--output_dir {folder}: the launch that held it ({_holder(left)}) ended without "
-            "releasing it (killed, or its machine went down); this launch takes the folder over"
-        )
+    if left.strip():  # the record of a launch that died holding the folder
+        from common.run.folder_errors import taken_over
+
+        log(taken_over(folder, left))
     record = {
         "pid": os.getpid(),
         "host": socket.gethostname(),
@@ -84,11 +82,9 @@ def lost_hold(folder: Path) -> str | None:
         inode, now = None, b""
     if inode == os.fstat(descriptor).st_ino:
         return None
-    holder = f"now held by {_holder(now)}" if now.strip() else f"its {LOCK} was removed"
-    return (
-        f"--output_dir {folder}: this launch no longer holds it ({holder}); the run stops before "
-        "removing anything there"
-    )
+    from common.run.folder_errors import no_longer_held
+
+    return no_longer_held(folder, now)
 
 
 def release(folder: Path) -> None:
@@ -126,15 +122,6 @@ def release_all(every_thread: bool = False) -> None:
     for key, (_, thread, _) in list(_HOLDS.items()):
         if every_thread or thread == threading.get_ident():
             _release(key)
-
-
-def _holder(raw: bytes) -> str:
-    try:
-        record = json.loads(raw)
-        host, since = record["host"], record["since"]
-        return f"{record['script']}, process {record['pid']} on {host}, since {since}"
-    except (ValueError, KeyError, TypeError):
-        return "an unreadable lock record"
 
 
 # a run that stopped with one line: its process exits

@@ -24,17 +24,9 @@ def resolve_accelerate_precision(
         if accelerate_set:
             source += f"; accelerate's ACCELERATE_MIXED_PRECISION={mode} is not applied"
     elif accelerate_set:
-        if mode != "bf16":
-            raise SystemExit(
-                f"ACCELERATE_MIXED_PRECISION={mode} (from `accelerate config` or "
-                "--mixed_precision) is not supported: relaunch with --mixed_precision no and pass "
-                "--dtype bfloat16 for bf16 compute"
-            )
-        dtype = "bfloat16"
-        source = (
-            "accelerate's ACCELERATE_MIXED_PRECISION=bf16 (from `accelerate config` or "
-            "--mixed_precision), as --dtype bfloat16: fp32 master weights"
-        )
+        from common.run.mixed_precision import accelerate_dtype
+
+        dtype, source = accelerate_dtype(mode)
     else:
         dtype, source = args_dtype, "--dtype's default"
     if environ.get("RANK", "0") == "0":  # one line, not one per rank

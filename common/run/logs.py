@@ -45,7 +45,7 @@ def append_rows(path: Path, rows: list[dict]) -> None:
         finally:
             os.close(fd)
     except OSError as error:
-        from common.run.write_failed import row_not_written
+        from common.run.folder_errors import row_not_written
 
         raise SystemExit(row_not_written(path, error)) from None
 
@@ -71,15 +71,10 @@ class MetricsLogger:
         self.trackers = report_to != "none"
         written_on_main(accelerator, output_dir, lambda: self._start(resume_step))
         if self.trackers and accelerator.is_main_process:
-            from common.run.trackers import tracker_config, tracker_init_kwargs
+            from common.run.trackers import start_trackers
 
-            # the run's name: the output folder's unless --run_name gives one
-            run_name = run_name or Path(output_dir).resolve().name
-            accelerator.init_trackers(
-                project,
-                config=tracker_config(config or {}),
-                init_kwargs=tracker_init_kwargs(output_dir, run_name, resume_step is not None),
-            )
+            resumed = resume_step is not None
+            start_trackers(accelerator, project, config or {}, output_dir, run_name, resumed)
 
     def _start(self, resume_step: int | None) -> None:
         write_deferred(self.path.parent)  # a resume's records of its flags: its checkpoint loaded
@@ -91,12 +86,9 @@ class MetricsLogger:
         clean = _numbers(metrics)
         written_on_main(self.acc, self.path.parent, lambda: append_rows(self.path, [clean]))
         if self.trackers and self.acc.is_main_process:
-            # the numbers of the row (None: not measured), at its step (the x axis, not a value)
-            from common.run.trackers import tracker_keys
+            from common.run.trackers import log_row
 
-            values = {k: v for k, v in clean.items() if isinstance(v, (int, float)) and k != "step"}
-            for tracker in self.acc.trackers:
-                tracker.log(tracker_keys(tracker.name, values), step=clean["step"])
+            log_row(self.acc.trackers, clean)
 
 
 def _keep_rows_until(path: Path, resume_step: int | None) -> None:
@@ -122,7 +114,7 @@ def written_on_main(accelerator, output_dir, write) -> None:
         except SystemExit as stop:  # append_rows's line, or the lost hold's
             failed.append(str(stop))
         except OSError as error:
-            from common.run.write_failed import logs_not_written
+            from common.run.folder_errors import logs_not_written
 
             failed.append(logs_not_written(output_dir, error))
     if (reason := first_failure(accelerator, failed)) is not None:

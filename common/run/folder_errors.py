@@ -1,13 +1,49 @@
-"""The one line a run stops with when it cannot write in its output folder (a full disk, no
-permission); loaded only when a write has failed."""
+"""The lines a run reports when it cannot write in its output folder (a full disk, no permission,
+another launch holding it) or finds a launch that died holding it; loaded only then."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 from common.distributed.ranks import stop_every_rank
 from common.run.checkpoint import list_checkpoints
+from common.run.folder_lock import LOCK
+
+
+def held_elsewhere(folder: Path, record: bytes) -> str:
+    """`folder` is held by another live launch, whose lock file holds `record`."""
+    return (
+        f"--output_dir {folder}: another launch writes there ({_holder(record)}); wait for it to "
+        "end, stop it, or choose another --output_dir"
+    )
+
+
+def taken_over(folder: Path, record: bytes) -> str:
+    """`folder`'s lock file was left by a launch that died (its lock died with its process)."""
+    return (
+        f"--output_dir {folder}: the launch that held it ({_holder(record)}) ended without "
+        "releasing it (killed, or its machine went down); this launch takes the folder over"
+    )
+
+
+def no_longer_held(folder: Path, now: bytes) -> str:
+    """`folder`'s lock file is no longer the one this launch locked (`now`: what it holds now)."""
+    holder = f"now held by {_holder(now)}" if now.strip() else f"its {LOCK} was removed"
+    return (
+        f"--output_dir {folder}: this launch no longer holds it ({holder}); the run stops before "
+        "removing anything there"
+    )
+
+
+def _holder(raw: bytes) -> str:
+    try:
+        record = json.loads(raw)
+        host, since = record["host"], record["since"]
+        return f"{record['script']}, process {record['pid']} on {host}, since {since}"
+    except (ValueError, KeyError, TypeError):
+        return "an unreadable lock record"
 
 
 def stop_checkpoint(accelerator, reason: str, tmp: Path, step: int) -> None:
