@@ -162,9 +162,7 @@ class SampleLogger:
         written_on_main(
             self.acc, self.path.parent, lambda: append_rows(self.path, clean) if clean else None
         )
-        if not self.acc.is_main_process or not rows:
-            return
-        if self.acc.trackers:
+        if self.acc.is_main_process and rows and self.acc.trackers:
             from common.run.trackers import log_sample_table
 
             log_sample_table(self.acc.trackers, step, clean)

@@ -53,9 +53,8 @@ class GracefulStop:
         if reduce_sums(accelerator, {"stop": float(self.requested)})["stop"] == 0:
             return False
         # this rank's signal, or (another rank was signalled) the scheduler's usual one
-        GracefulStop.stopped = 128 + (
-            GracefulStop.received[-1] if self.requested else signal.SIGTERM
-        )
+        signum = GracefulStop.received[-1] if self.requested else signal.SIGTERM
+        GracefulStop.stopped = 128 + signum
         return True
 
     @staticmethod

@@ -84,9 +84,8 @@ def rollout_sums(groups, rewards, success, zero_var, truncated, completion_ids) 
     out of reward_mean / _std), the counts `success`, `zero_var` (groups whose rewards are all
     equal: `zero_var_groups`, over `groups` frac_zero_var_groups) and `truncated` (`clipped`, over
     the rollouts clipped_ratio), and the generated tokens of `completion_ids`."""
-    values = np.asarray(
-        rewards.tolist() if hasattr(rewards, "tolist") else rewards, dtype=np.float64
-    ).ravel()
+    rewards = rewards.tolist() if hasattr(rewards, "tolist") else rewards
+    values = np.asarray(rewards, dtype=np.float64).ravel()
     return {
         "groups": groups,
         "rollouts": values.size,
