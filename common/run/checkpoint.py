@@ -86,12 +86,17 @@ def list_checkpoints(output_dir: str) -> list[Path]:
 
 
 def resolve_resume(resume: str | None, output_dir: str) -> Path | None:
-    """The checkpoint --resume_from_checkpoint names; None for a fresh run."""
     if not resume:
         return None
-    from common.run.resume import named_checkpoint
-
-    return named_checkpoint(resume, output_dir)
+    if resume == "auto":
+        ckpts = list_checkpoints(output_dir)
+        return ckpts[-1] if ckpts else None  # nothing yet: start fresh
+    p = Path(resume)
+    if not (p / "trainer_state.pt").exists():
+        raise SystemExit(
+            f"--resume_from_checkpoint {resume}: not a checkpoint dir (no trainer_state.pt)"
+        )
+    return p
 
 
 # transformers' "Writing model shards" bar: the step bar stays the run's only bar
@@ -211,7 +216,7 @@ def _stop_if_failed(accelerator, failed: list, tmp: Path, step: int) -> None:
     if reason is not None:
         from common.run.folder_errors import stop_checkpoint
 
-        stop_checkpoint(accelerator, reason, tmp, step)
+        stop_checkpoint(accelerator, reason, tmp, step, list_checkpoints(str(tmp.parent)))
 
 
 class Checkpoints:

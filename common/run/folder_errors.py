@@ -8,8 +8,6 @@ import shutil
 from pathlib import Path
 
 from common.distributed.ranks import stop_every_rank
-from common.run.checkpoint import list_checkpoints
-from common.run.folder_lock import LOCK
 
 
 def held_elsewhere(folder: Path, record: bytes) -> str:
@@ -28,9 +26,10 @@ def taken_over(folder: Path, record: bytes) -> str:
     )
 
 
-def no_longer_held(folder: Path, now: bytes) -> str:
-    """`folder`'s lock file is no longer the one this launch locked (`now`: what it holds now)."""
-    holder = f"now held by {_holder(now)}" if now.strip() else f"its {LOCK} was removed"
+def no_longer_held(folder: Path, lock: Path, now: bytes) -> str:
+    """`folder`'s lock file `lock` is no longer the one this launch locked (`now`: what it holds
+    now)."""
+    holder = f"now held by {_holder(now)}" if now.strip() else f"its {lock.name} was removed"
     return (
         f"--output_dir {folder}: this launch no longer holds it ({holder}); the run stops before "
         "removing anything there"
@@ -46,12 +45,11 @@ def _holder(raw: bytes) -> str:
         return "an unreadable lock record"
 
 
-def stop_checkpoint(accelerator, reason: str, tmp: Path, step: int) -> None:
+def stop_checkpoint(accelerator, reason: str, tmp: Path, step: int, found: list[Path]) -> None:
     """Every rank: the partial checkpoint `tmp` removed, every rank stopped with one line naming
-    the folder, the error and the checkpoint a resume starts from."""
+    the folder, the error and the checkpoint a resume starts from (the last of `found`)."""
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
-    found = list_checkpoints(str(tmp.parent))
     try:
         room = f" ({shutil.disk_usage(tmp.parent).free / 2**20:,.0f} MiB free there)"
     except OSError:

@@ -84,7 +84,7 @@ def lost_hold(folder: Path) -> str | None:
         return None
     from common.run.folder_errors import no_longer_held
 
-    return no_longer_held(folder, now)
+    return no_longer_held(folder, path, now)
 
 
 def release(folder: Path) -> None:

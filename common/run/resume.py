@@ -17,21 +17,6 @@ from torch.distributed.fsdp import FSDPModule
 
 from common.distributed.ranks import gather_list
 from common.model.policy import tied_keys
-from common.run.checkpoint import list_checkpoints
-
-
-def named_checkpoint(resume: str, output_dir: str) -> Path | None:
-    """The checkpoint --resume_from_checkpoint names: "auto" is `output_dir`'s latest (None when
-    there is none yet: the run starts fresh)."""
-    if resume == "auto":
-        ckpts = list_checkpoints(output_dir)
-        return ckpts[-1] if ckpts else None
-    p = Path(resume)
-    if not (p / "trainer_state.pt").exists():
-        raise SystemExit(
-            f"--resume_from_checkpoint {resume}: not a checkpoint dir (no trainer_state.pt)"
-        )
-    return p
 
 
 def resume_run(checkpoints, sampler, generator, policy) -> tuple[int, dict]:
