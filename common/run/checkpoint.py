@@ -1,16 +1,11 @@
-"""Checkpoints: <output_dir>/checkpoint-<step>/ holds an HF model dir (model + tokenizer, loadable
-by `from_pretrained` and vLLM), `trainer_state.pt` (optimizer, scheduler, step, sampler position,
-the method's state such as replay buffers) and `rng_rank<r>.pt` (each process's RNGs); under
-`--fsdp` the model dir still holds the whole weights, and each rank's optimizer shard (and
-`rank_state`) is in `shards_rank<r>.pt`. The .pt files hold only tensors and plain containers,
-read back with no allowlist by common/run/resume.py, so a resume runs no code from a checkpoint.
-It is written to a temporary dir and renamed when complete, so an interrupted save never leaves a
-half-written checkpoint behind; a failed write (a full disk, no permission) stops every rank with
-one line and leaves the earlier checkpoints whole. Objects registered with
-`accelerator.register_for_checkpointing` (the vLLM generator's request-seed counter) keep their
-`state_dict()` in each rank's `rng_rank<r>.pt`, restored on resume. `run.json` records the run
-that wrote it (its id, script, settings and flags; common/run/output_dir.py): rotation removes only
-that run's own, and a resume checks it before anything is written.
+"""Checkpoints: <output_dir>/checkpoint-<step>/ holds an HF model dir (model + tokenizer, whole
+weights even under --fsdp), `trainer_state.pt` (step, optimizer, scheduler, sampler position, the
+method's state), `rng_rank<r>.pt` (each process's RNGs and the state of objects registered with
+`accelerator.register_for_checkpointing`) and under --fsdp `shards_rank<r>.pt` (each rank's
+optimizer shard). The .pt files hold only tensors and plain containers, so a resume
+(common/run/resume.py) runs no code from a checkpoint. A checkpoint is written to a temporary dir
+and renamed when whole; a failed write stops every rank with one line. `run.json` records the run
+that wrote it (common/run/output_dir.py): rotation removes only that run's own.
 """
 
 from __future__ import annotations
@@ -33,11 +28,8 @@ from common.model.policy import library_bars_off, tied_keys
 from common.run.folder_lock import lost_hold
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
-MARKER = ".run.json"
-"""in the output dir: the id of the run writing there and this launch's token
-(common/run/output_dir.py)"""
-# a failed write (a full disk, no permission): torch.save raises a RuntimeError, safetensors its own
-# error type
+MARKER = ".run.json"  # in the output dir: the id of the run writing there (output_dir.py)
+# a failed write (a full disk, no permission): OSError, torch.save's RuntimeError, safetensors' own
 _WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
 
 
@@ -64,9 +56,7 @@ def rng_state() -> dict:
 def plain(obj):
     """`obj` as what `torch.load(weights_only=True)` reads back with no allowlist: numpy arrays
     become tensors, numpy scalars Python numbers, deques lists and dataclasses dicts of their
-    fields; any other object fails here, when saving, rather than at resume. A method gives its
-    state as such containers and gets them back at resume: no method writes its own
-    serialisation."""
+    fields; any other object fails here, when saving, rather than at resume."""
     if isinstance(obj, dict):
         return {plain(key): plain(value) for key, value in obj.items()}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # its fields, as a dict
@@ -132,7 +122,7 @@ def save_checkpoint(
     final = Path(output_dir) / f"checkpoint-{step}"
     tmp = Path(output_dir) / f".tmp-checkpoint-{step}"
     # failed: messages (an error object would keep its open file through its traceback)
-    main, failed = accelerator.is_main_process, []
+    main, rank, failed = accelerator.is_main_process, accelerator.process_index, []
     _stop_if_not_held(accelerator, output_dir)
     if main:
         try:
@@ -141,14 +131,9 @@ def save_checkpoint(
         except OSError as error:
             failed.append(str(error))
     _stop_if_failed(accelerator, failed, tmp, step)  # a collective: the barrier before writing
-    try:
-        objects = [
-            obj.state_dict() for obj in getattr(accelerator, "_custom_objects", [])
-        ]  # this rank's
-        torch.save(
-            plain({**rng_state(), "objects": objects}),
-            tmp / f"rng_rank{accelerator.process_index}.pt",
-        )
+    try:  # this rank's objects registered for checkpointing (the vLLM generator's seed counter)
+        objects = [obj.state_dict() for obj in getattr(accelerator, "_custom_objects", [])]
+        torch.save(plain({**rng_state(), "objects": objects}), tmp / f"rng_rank{rank}.pt")
     except _WRITE_ERRORS as error:
         failed.append(str(error))
     unwrapped, weights = accelerator.unwrap_model(model), None
@@ -157,18 +142,14 @@ def save_checkpoint(
     if sharded:  # every rank takes part; rank 0 receives the whole fp32 weights
         from common.distributed.fsdp import save_shards
 
+        shards = tmp / f"shards_rank{rank}.pt"
         try:
             weights = save_shards(
-                unwrapped,
-                optimizer,
-                plain(rank_state),
-                tmp / f"shards_rank{accelerator.process_index}.pt",
-                skip=tied_keys(unwrapped),
+                unwrapped, optimizer, plain(rank_state), shards, tied_keys(unwrapped)
             )
         except _WRITE_ERRORS as error:
             failed.append(str(error))
-    # the run writing here (common/run/output_dir.py): its id, script, settings and flags go into
-    # run.json
+    # run.json: the id, script, settings and flags of the run writing here (output_dir.py)
     try:
         record = json.loads((Path(output_dir) / MARKER).read_text())
     except (OSError, ValueError):
@@ -232,26 +213,10 @@ def _stop_if_failed(accelerator, failed: list, tmp: Path, step: int) -> None:
     """Every rank: when a write failed on any rank, remove the partial checkpoint and stop every
     rank with one line naming the folder, the error and the checkpoint a resume starts from."""
     reason = first_failure(accelerator, failed)
-    if reason is None:
-        return
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-    found = list_checkpoints(str(tmp.parent))
-    try:
-        room = f" ({shutil.disk_usage(tmp.parent).free / 2**20:,.0f} MiB free there)"
-    except OSError:
-        room = ""
-    stop_every_rank(
-        accelerator,
-        f"checkpoint-{step}: could not write it in {tmp.parent}: {reason}{room}; the run "
-        f"stops here. "
-        + (
-            f"{found[-1].name} is whole: make room (or fix the folder's "
-            "permissions), then continue with --resume_from_checkpoint auto"
-            if found
-            else "There is no earlier checkpoint: fix the folder, then start the run again"
-        ),
-    )
+    if reason is not None:
+        from common.run.folder_errors import stop_checkpoint
+
+        stop_checkpoint(accelerator, reason, tmp, step, list_checkpoints(str(tmp.parent)))
 
 
 class Checkpoints:
@@ -267,12 +232,8 @@ class Checkpoints:
         shard in its own file)."""
         self.args, self.accelerator, self.log = args, accelerator, log
         self.models = dict(models or {})
-        self.model, self.tokenizer, self.optimizer, self.scheduler = (
-            model,
-            tokenizer,
-            optimizer,
-            scheduler,
-        )
+        self.model, self.tokenizer = model, tokenizer
+        self.optimizer, self.scheduler = optimizer, scheduler
         self.resumed_from = resolve_resume(args.resume_from_checkpoint, args.output_dir)
 
     def resume(self, sampler, generator, policy) -> tuple[int, dict | None]:
@@ -281,17 +242,9 @@ class Checkpoints:
         """
         if self.resumed_from is None:
             return 0, None
-        from common.run.resume import load_checkpoint, older_layouts, restore_models
+        from common.run.resume import resume_run
 
-        step, state = load_checkpoint(
-            self.resumed_from, self.accelerator, self.model, self.optimizer, self.scheduler
-        )
-        sampler.load_state_dict(state["sampler"])
-        older_layouts(state.get("method", {}))
-        restore_models(self.models, state)
-        generator.sync_weights(policy)
-        self.log(f"resumed from {self.resumed_from} at step {step}")
-        return step, state
+        return resume_run(self, sampler, generator, policy)
 
     def due(self, step: int, stopping: bool) -> bool:
         every = self.args.save_steps
@@ -306,10 +259,8 @@ class Checkpoints:
                 from common.distributed import fsdp
 
                 state["method"][name] = fsdp.full_state_dict(module)
-                rank_state = {
-                    **(rank_state or {}),
-                    f"{name}_opt": fsdp.local_optimizer_state(optimizer),
-                }
+                shard = fsdp.local_optimizer_state(optimizer)
+                rank_state = {**(rank_state or {}), f"{name}_opt": shard}
             else:
                 state["method"][name] = module.state_dict()
                 state["method"][f"{name}_opt"] = optimizer.state_dict()

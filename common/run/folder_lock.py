@@ -1,9 +1,7 @@
-"""The output folder held by one launch: an exclusive lock on `<output_dir>/.run.lock`, taken before
-anything is written there (common/run/output_dir.py) and given back when the run ends
-(common/run/process.py `end_processes`) or its process exits. The lock is the operating
-system's (flock): it dies with its process, so a launch that was killed leaves only the file, which
-the next launch recognises and reports. Also a resume's records, kept until its checkpoint has
-loaded (`defer_writes`)."""
+"""The output folder held by one launch: an operating-system lock (flock) on
+`<output_dir>/.run.lock`, taken before anything is written there and given back when the run ends
+or its process exits; a killed launch leaves only the file, which the next launch reports. Also a
+resume's records, kept until its checkpoint has loaded (`defer_writes`)."""
 
 from __future__ import annotations
 
@@ -25,11 +23,10 @@ _DEFERRED: dict[str, dict] = {}
 
 def hold(folder: Path, token: str, script: str, log=print) -> None:
     """Hold `folder` for this launch: an exclusive lock on `<folder>/.run.lock` (which records this
-    launch: process, host, script, token), kept until the run ends or its process exits. A folder
-    another live launch holds stops this one with one line naming it; a lock file left by a launch
-    that died without releasing it is reported, then taken over (the lock died with its process). A
-    second claim from the same thread of this process means its earlier main() has returned or
-    raised: that hold is released first."""
+    launch: process, host, script, token) until the run ends or its process exits. A folder another
+    live launch holds stops this one with one line naming it; a lock file left by a dead launch is
+    reported, then taken over. A second claim from the same thread (its earlier main() has returned
+    or raised) releases the earlier hold first."""
     folder.mkdir(parents=True, exist_ok=True)
     path, key = folder / LOCK, str(folder.resolve())
     if key in _HOLDS:
@@ -41,14 +38,12 @@ def hold(folder: Path, token: str, script: str, log=print) -> None:
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _holder(os.read(descriptor, 1 << 16))
+            from common.run.folder_errors import held_elsewhere
+
+            record = os.read(descriptor, 1 << 16)
             os.close(descriptor)
-            raise SystemExit(
-                f"--output_dir {folder}: another launch writes there ({holder}); wait for it to "
-                "end, stop it, or choose another --output_dir"
-            ) from None
-        # the lock file may have been released (removed) between the open and the lock: lock the new
-        # one
+            raise SystemExit(held_elsewhere(folder, record)) from None
+        # the lock file may have been removed between the open and the lock: lock the new one
         try:
             if os.stat(path).st_ino == os.fstat(descriptor).st_ino:
                 break
@@ -56,11 +51,10 @@ def hold(folder: Path, token: str, script: str, log=print) -> None:
             pass
         os.close(descriptor)
     left = os.read(descriptor, 1 << 16)
-    if left.strip():
-        log(
-            f"--output_dir {folder}: the launch that held it ({_holder(left)}) ended without "
-            "releasing it (killed, or its machine went down); this launch takes the folder over"
-        )
+    if left.strip():  # the record of a launch that died holding the folder
+        from common.run.folder_errors import taken_over
+
+        log(taken_over(folder, left))
     record = {
         "pid": os.getpid(),
         "host": socket.gethostname(),
@@ -88,11 +82,9 @@ def lost_hold(folder: Path) -> str | None:
         inode, now = None, b""
     if inode == os.fstat(descriptor).st_ino:
         return None
-    holder = f"now held by {_holder(now)}" if now.strip() else f"its {LOCK} was removed"
-    return (
-        f"--output_dir {folder}: this launch no longer holds it ({holder}); the run stops before "
-        "removing anything there"
-    )
+    from common.run.folder_errors import no_longer_held
+
+    return no_longer_held(folder, path, now)
 
 
 def release(folder: Path) -> None:
@@ -130,15 +122,6 @@ def release_all(every_thread: bool = False) -> None:
     for key, (_, thread, _) in list(_HOLDS.items()):
         if every_thread or thread == threading.get_ident():
             _release(key)
-
-
-def _holder(raw: bytes) -> str:
-    try:
-        record = json.loads(raw)
-        host, since = record["host"], record["since"]
-        return f"{record['script']}, process {record['pid']} on {host}, since {since}"
-    except (ValueError, KeyError, TypeError):
-        return "an unreadable lock record"
 
 
 # a run that stopped with one line: its process exits

@@ -13,11 +13,9 @@ def resolve_accelerate_precision(
 ) -> str:
     """The `--dtype` to run with, named in one line with the source that set it: --dtype set
     explicitly (`given`: where), else `accelerate config`'s mixed precision
-    (ACCELERATE_MIXED_PRECISION), else --dtype's default. accelerate's setting would make
-    `accelerator.prepare` wrap the policy's forward in autocast, under the DDP path only, while the
-    reference, the critic's copy and vLLM stay in --dtype: bf16 becomes `--dtype bfloat16` (our
-    autocast, fp32 master weights, every path alike), fp16 / fp8 stop here; the variable is deleted
-    so the Accelerator keeps full precision."""
+    (ACCELERATE_MIXED_PRECISION), else --dtype's default. accelerate would autocast only the DDP
+    policy's forward: bf16 becomes `--dtype bfloat16` (every path alike), fp16 / fp8 stop here, and
+    the variable is deleted so the Accelerator keeps full precision."""
     environ = os.environ if environ is None else environ
     mode = environ.pop("ACCELERATE_MIXED_PRECISION", "no").strip().lower()
     accelerate_set = mode not in ("", "no")
@@ -26,17 +24,9 @@ def resolve_accelerate_precision(
         if accelerate_set:
             source += f"; accelerate's ACCELERATE_MIXED_PRECISION={mode} is not applied"
     elif accelerate_set:
-        if mode != "bf16":
-            raise SystemExit(
-                f"ACCELERATE_MIXED_PRECISION={mode} (from `accelerate config` or "
-                "--mixed_precision) is not supported: relaunch with --mixed_precision no and pass "
-                "--dtype bfloat16 for bf16 compute"
-            )
-        dtype = "bfloat16"
-        source = (
-            "accelerate's ACCELERATE_MIXED_PRECISION=bf16 (from `accelerate config` or "
-            "--mixed_precision), as --dtype bfloat16: fp32 master weights"
-        )
+        from common.run.mixed_precision import accelerate_dtype
+
+        dtype, source = accelerate_dtype(mode)
     else:
         dtype, source = args_dtype, "--dtype's default"
     if environ.get("RANK", "0") == "0":  # one line, not one per rank
@@ -45,32 +35,18 @@ def resolve_accelerate_precision(
 
 
 class CpuThreads:
-    """The torch thread count of a run (docs/cpu_threads.md). `--num_threads N` > 0 fixes it at N,
-    from the first line of main() on. With 0 (the default) it follows the cores the rest of the
-    machine leaves free, measured at set-up and re-read before every step and evaluation from
-    /proc/stat: cores - (busy cores not ours), at least 1. Why: OpenMP's threads wait for each other
-    at every parallel region, so one more runnable thread than cores (an editor, a second run, a
-    busy process) stalls every region on a descheduled thread: on 2 cores torch's default ran 3.5x
-    slower beside one busy process and two runs side by side collapsed, while a thread count that
-    fits the free cores keeps a run at one-core speed. Without /proc (not Linux) it keeps torch's
-    default. `hold=True` (`--torch_compile`) keeps the first count it gives for the rest of the run:
-    torch.compile's graphs are guarded on the thread count, so each change would compile every graph
-    again (on a GPU machine, 16 cores measured 15 and then 16: three recompilations of 35-100 s
-    each)."""
+    """The torch thread count of a run (docs/cpu_threads.md). `--num_threads N` > 0 fixes it at N.
+    With 0 (the default) it follows the cores the rest of the machine leaves free, read from
+    /proc/stat at set-up and before every step and evaluation: cores - (busy cores not ours), at
+    least 1. Why: OpenMP's threads wait for each other at every parallel region, so one runnable
+    thread more than the free cores stalls every region (on 2 cores torch's default ran 3.5x slower
+    beside one busy process). Without /proc it keeps torch's default. `hold=True`
+    (`--torch_compile`) keeps the first count: compiled graphs are guarded on the thread count, so
+    each change would compile every graph again."""
 
-    def __init__(
-        self,
-        num_threads: int = 0,
-        cores: int | None = None,
-        proc: str = "/proc",
-        hold: bool = False,
-    ):
-        self.fixed, self.cores, self.proc, self.hold = (
-            num_threads,
-            cores or os.cpu_count() or 1,
-            proc,
-            hold,
-        )
+    def __init__(self, num_threads: int = 0, cores: int | None = None, proc="/proc", hold=False):
+        self.fixed, self.cores = num_threads, cores or os.cpu_count() or 1
+        self.proc, self.hold = proc, hold
         self.last = None if num_threads > 0 else self._sample()
 
     def _sample(self) -> tuple[int, int, int] | None:

@@ -1,11 +1,6 @@
-"""One JSON object per step in <output_dir>/metrics.jsonl (main process), plus optional trackers,
-and a few sampled rollouts per kind in <output_dir>/samples.jsonl (`SampleLogger`). Core names every
-script logs (each script computes them where it logs them): step, rollouts, gen_tokens, reward_mean,
-reward_std, pass_rate, frac_zero_var_groups, completion_len_mean, clipped_ratio, loss, kl, entropy,
-grad_norm, lr, time_step_s, time_gen_s, time_train_s; eval_pass@1 / eval_pass@k when evaluating, and
-the same measured on a fixed sample of training-pool prompts as eval_train_pass@1 /
-eval_train_pass@k.
-"""
+"""A run's logs: one JSON row per step in <output_dir>/metrics.jsonl (main process; the keys:
+docs/metrics.md), optionally sent to trackers, a few sampled rollouts per kind in
+<output_dir>/samples.jsonl, and the progress bar (`RunLog`, the same in every method script)."""
 
 from __future__ import annotations
 
@@ -42,23 +37,22 @@ def append_rows(path: Path, rows: list[dict]) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             for row in rows:
-                row = {
-                    key: None
-                    if isinstance(value, float) and value != value
-                    else value  # NaN (no reward): null
-                    for key, value in row.items()
-                }
+                # NaN (no reward): null
+                row = {k: None if isinstance(v, float) and v != v else v for k, v in row.items()}
                 data = (json.dumps(row) + "\n").encode()
                 while data:  # a regular file takes it in one call; the loop covers a short write
                     data = data[os.write(fd, data) :]
         finally:
             os.close(fd)
     except OSError as error:
-        raise SystemExit(
-            f"{path}: could not append a row ({error}); the run stops here: make room (or fix the "
-            "folder's permissions), then continue from its last checkpoint with "
-            "--resume_from_checkpoint auto"
-        ) from None
+        from common.run.folder_errors import row_not_written
+
+        raise SystemExit(row_not_written(path, error)) from None
+
+
+def _numbers(row: dict) -> dict:
+    """`row` with numpy numbers as Python floats (JSON writes them)."""
+    return {k: float(v) if isinstance(v, (np.floating, np.integer)) else v for k, v in row.items()}
 
 
 class MetricsLogger:
@@ -77,15 +71,10 @@ class MetricsLogger:
         self.trackers = report_to != "none"
         written_on_main(accelerator, output_dir, lambda: self._start(resume_step))
         if self.trackers and accelerator.is_main_process:
-            from common.run.trackers import tracker_config, tracker_init_kwargs
+            from common.run.trackers import start_trackers
 
-            # the run's name: the output folder's unless --run_name gives one
-            run_name = run_name or Path(output_dir).resolve().name
-            accelerator.init_trackers(
-                project,
-                config=tracker_config(config or {}),
-                init_kwargs=tracker_init_kwargs(output_dir, run_name, resume_step is not None),
-            )
+            resumed = resume_step is not None
+            start_trackers(accelerator, project, config or {}, output_dir, run_name, resumed)
 
     def _start(self, resume_step: int | None) -> None:
         write_deferred(self.path.parent)  # a resume's records of its flags: its checkpoint loaded
@@ -94,18 +83,12 @@ class MetricsLogger:
 
     def log(self, metrics: dict) -> None:
         """Every rank (a failed write stops them all); the main process writes the row."""
-        clean = {
-            k: (float(v) if isinstance(v, (np.floating, np.integer)) else v)
-            for k, v in metrics.items()
-        }
+        clean = _numbers(metrics)
         written_on_main(self.acc, self.path.parent, lambda: append_rows(self.path, [clean]))
         if self.trackers and self.acc.is_main_process:
-            # the numbers of the row (None: not measured), at its step (the x axis, not a value)
-            from common.run.trackers import tracker_keys
+            from common.run.trackers import log_row
 
-            values = {k: v for k, v in clean.items() if isinstance(v, (int, float)) and k != "step"}
-            for tracker in self.acc.trackers:
-                tracker.log(tracker_keys(tracker.name, values), step=clean["step"])
+            log_row(self.acc.trackers, clean)
 
 
 def _keep_rows_until(path: Path, resume_step: int | None) -> None:
@@ -131,10 +114,9 @@ def written_on_main(accelerator, output_dir, write) -> None:
         except SystemExit as stop:  # append_rows's line, or the lost hold's
             failed.append(str(stop))
         except OSError as error:
-            failed.append(
-                f"--output_dir {output_dir}: could not write its logs ({error}); the run stops "
-                "here: make room (or fix the folder's permissions), then run the same command again"
-            )
+            from common.run.folder_errors import logs_not_written
+
+            failed.append(logs_not_written(output_dir, error))
     if (reason := first_failure(accelerator, failed)) is not None:
         stop_every_rank(accelerator, reason)
 
@@ -167,11 +149,8 @@ class SampleLogger:
     ):
         self.acc, self.every, self.per_kind = accelerator, every, per_kind
         self.path = Path(output_dir) / "samples.jsonl"
-        written_on_main(
-            accelerator,
-            output_dir,  # as metrics.jsonl: rows past the checkpoint go
-            lambda: _keep_rows_until(self.path, resume_step),
-        )
+        # as metrics.jsonl: rows past the checkpoint go
+        written_on_main(accelerator, output_dir, lambda: _keep_rows_until(self.path, resume_step))
 
     def write(self, step: int, rows: list[dict]) -> None:
         from accelerate.utils import gather_object
@@ -179,22 +158,11 @@ class SampleLogger:
         rows = gather_object(rows) if self.acc.num_processes > 1 else rows
         # the bound holds over all ranks
         rows = [rows[i] for i in first_of_each_kind([row["kind"] for row in rows], self.per_kind)]
-        clean = [
-            {
-                "step": step,
-                **{
-                    k: float(v) if isinstance(v, (np.floating, np.integer)) else v
-                    for k, v in row.items()
-                },
-            }
-            for row in rows
-        ]
+        clean = [{"step": step, **_numbers(row)} for row in rows]
         written_on_main(
             self.acc, self.path.parent, lambda: append_rows(self.path, clean) if clean else None
         )
-        if not self.acc.is_main_process or not rows:
-            return
-        if self.acc.trackers:
+        if self.acc.is_main_process and rows and self.acc.trackers:
             from common.run.trackers import log_sample_table
 
             log_sample_table(self.acc.trackers, step, clean)
@@ -309,7 +277,9 @@ class RunLog:
 
     def first_row(self, evaluation: dict, compiled) -> None:
         """Step 0: the starting policy's evaluation."""
-        row = {"step": 0, **evaluation, "num_threads": _threads()}
+        import torch
+
+        row = {"step": 0, **evaluation, "num_threads": torch.get_num_threads()}
         row.update(compiled.metrics(self.accelerator) if compiled else {})
         self.metrics.log(row)
         self.log_line(f"step 0 (starting policy): {row}")
@@ -345,10 +315,9 @@ class RunLog:
 
 
 class BarLine:
-    """The progress bar's line on stderr, ended before anything else is written there. The bar
-    redraws its line with a carriage return and leaves it open; in a log file (where a carriage
-    return does not clear the line) a warning or the error that stops the run would be glued to its
-    end. While the bar is open sys.stderr is a stream that first ends the bar's line."""
+    """The progress bar's line on stderr, ended before anything else is written there: the bar
+    leaves its line open (it redraws it with a carriage return), and in a log file a warning or the
+    error that stops the run would be glued to its end."""
 
     open = False  # the bar's last write left its line open
     stream = None  # the stderr the bar was opened on
@@ -381,9 +350,3 @@ class BarLine:
     def uninstall(cls) -> None:
         if isinstance(sys.stderr, BarLine):
             sys.stderr = cls.stream
-
-
-def _threads() -> int:
-    import torch
-
-    return torch.get_num_threads()

@@ -25,9 +25,8 @@ class GracefulStop:
     """the exit status of a run that a signal stopped (0: none did), for the script's process"""
 
     def __init__(self, log=print):
-        self.requested = False
+        self.requested, self.log = False, log
         GracefulStop.stopped = 0
-        self.log = log
         self.previous = {
             sig: signal.signal(sig, self._handle) for sig in (signal.SIGINT, signal.SIGTERM)
         }
@@ -54,9 +53,8 @@ class GracefulStop:
         if reduce_sums(accelerator, {"stop": float(self.requested)})["stop"] == 0:
             return False
         # this rank's signal, or (another rank was signalled) the scheduler's usual one
-        GracefulStop.stopped = 128 + (
-            GracefulStop.received[-1] if self.requested else signal.SIGTERM
-        )
+        signum = GracefulStop.received[-1] if self.requested else signal.SIGTERM
+        GracefulStop.stopped = 128 + signum
         return True
 
     @staticmethod
@@ -67,9 +65,8 @@ class GracefulStop:
 
 
 def end_processes(accelerator, settle_s: float = 0.2) -> None:
-    """Finish the trackers, destroy the process group (common/distributed/ranks.py
-    `end_process_group`, which says why it waits `settle_s`) and give back the output folder, at
-    the end of a run."""
+    """At the end of a run: the trackers finished, the process group destroyed (`settle_s`:
+    common/distributed/ranks.py `end_process_group`) and the output folder given back."""
     end_process_group(accelerator, settle_s)
     release_all()
 
@@ -77,10 +74,8 @@ def end_processes(accelerator, settle_s: float = 0.2) -> None:
 def collective_timeout(seconds: int) -> list:
     """`Accelerator(kwargs_handlers=...)` for a process group whose collectives give up after
     `seconds` (--collective_timeout), and a `sys.excepthook` for what a rank raises then: one line
-    naming the step and the phase (`timeout_line`) and exit status 1, not a traceback per rank (any
-    other error, or one process, keeps its traceback). The exit skips the interpreter's teardown,
-    which would wait on the broken group; a checkpoint is written to a temporary folder and renamed
-    whole, so the last one stays whole."""
+    naming the step and the phase and exit status 1, not a traceback per rank (any other error, or
+    one process, keeps its traceback). The exit skips the teardown: it would hang on the group."""
     from accelerate.utils import InitProcessGroupKwargs
 
     previous = sys.excepthook
@@ -92,9 +87,8 @@ def collective_timeout(seconds: int) -> list:
 
         if not is_collective_error(error):
             return previous(kind, error, trace)
-        # the process's own stderr: torch.distributed's hook, installed over this one with the
-        # group, calls it with sys.stderr swapped for a buffer that it prints only after this hook
-        # returns, and this hook does not return
+        # the process's own stderr: torch.distributed's hook, installed over this one, swaps
+        # sys.stderr for a buffer printed only after this hook returns, and it does not return
         print(timeout_line(error, trace, seconds), file=sys.__stderr__, flush=True)
         sys.stdout.flush()
         release_all(every_thread=True)

@@ -19,6 +19,25 @@ from common.distributed.ranks import gather_list
 from common.model.policy import tied_keys
 
 
+def resume_run(checkpoints, sampler, generator, policy) -> tuple[int, dict]:
+    """`Checkpoints.resume` of a resumed run: (step, saved state), with the weights, optimizer,
+    scheduler, RNGs and prompt sampler restored and the generator given the weights."""
+    path = checkpoints.resumed_from
+    step, state = load_checkpoint(
+        path,
+        checkpoints.accelerator,
+        checkpoints.model,
+        checkpoints.optimizer,
+        checkpoints.scheduler,
+    )
+    sampler.load_state_dict(state["sampler"])
+    older_layouts(state.get("method", {}))
+    restore_models(checkpoints.models, state)
+    generator.sync_weights(policy)
+    checkpoints.log(f"resumed from {path} at step {step}")
+    return step, state
+
+
 def set_rng_state(s: dict) -> None:
     random.setstate(s["python"])
     np.random.set_state(s["numpy"])

@@ -1,24 +1,10 @@
 """A step's metrics: its sums, reduced over ranks once, and the keys every script logs.
 
-The step's statistics come from its tensors at the step's end: the rollouts' sums (`rollout_sums`)
-and the method's, the update's sums as one dict of tensors per micro-batch (no host sync per
-micro-batch), and the phase times (`StepClock`). One packed all-reduce gives every rank the same
-totals (`step_totals`), from which the keys every script logs are derived (`step_metrics`,
-docs/metrics.md); a method's own figures come from the same totals. `RunLog.step_metrics`
-(common/run/logs.py) makes the call:
-
-    run_log.start_step(cpu_threads)
-    with run_log.timing("gen"):
-        ...
-    update_sums = []
-    for rows in micro:
-        ...
-        update_sums.append(dict(loss_sum=pg_sum, ent_sum=(entropy * mask).sum(), tok=mask.sum()))
-    ...
-    sums = rollout_sums(groups, rewards, success, zero_var, truncated, completion_ids) | method_sums
-    row, totals = run_log.step_metrics(step, counters, scored, sums, update_sums, [norm], lr)
-    row |= method_metrics(totals, ...)
-    run_log.write_row(row, compiled)
+The step's sums are taken at its end: the rollouts' (`rollout_sums`) and the method's, the update's
+as one dict of tensors per micro-batch (no host sync per micro-batch), and the phase times
+(`StepClock`). One packed all-reduce gives every rank the same totals (`step_totals`), from which
+the shared keys (`step_metrics`, docs/metrics.md) and a method's own figures are derived; the
+scripts call them through `RunLog` (common/run/logs.py).
 """
 
 from __future__ import annotations
@@ -37,23 +23,10 @@ from common.tasks.scoring import reward_moments, reward_sums
 # rewards; the update (forward, backward, optimizer step); the evaluation; the rest is time/other_s
 PHASES = ("gen", "logprob", "reward", "update", "eval")
 # the sums the generic keys read, packed first (0 when a script adds none, e.g. kl_sum without KL)
-GENERIC_SUMS = (
-    "groups",
-    "rollouts",
-    "gen_tokens",
-    "clipped",
-    "success",
-    "zero_var_groups",
-    "reward_n",
-    "reward_sum",
-    "reward_sq_sum",
-    "unscored",
-    "loss_sum",
-    "kl_sum",
-    "ent_sum",
-    "tok",
-    "gap_sum",
-    "gap_tok",
+GENERIC_SUMS = tuple(
+    "groups rollouts gen_tokens clipped success zero_var_groups "
+    "reward_n reward_sum reward_sq_sum unscored "
+    "loss_sum kl_sum ent_sum tok gap_sum gap_tok".split()
 )
 
 
@@ -111,9 +84,8 @@ def rollout_sums(groups, rewards, success, zero_var, truncated, completion_ids) 
     out of reward_mean / _std), the counts `success`, `zero_var` (groups whose rewards are all
     equal: `zero_var_groups`, over `groups` frac_zero_var_groups) and `truncated` (`clipped`, over
     the rollouts clipped_ratio), and the generated tokens of `completion_ids`."""
-    values = np.asarray(
-        rewards.tolist() if hasattr(rewards, "tolist") else rewards, dtype=np.float64
-    ).ravel()
+    rewards = rewards.tolist() if hasattr(rewards, "tolist") else rewards
+    values = np.asarray(rewards, dtype=np.float64).ravel()
     return {
         "groups": groups,
         "rollouts": values.size,
@@ -192,20 +164,12 @@ def step_metrics(step, totals, counters, grad_norms, lr, scored, accelerator, lo
 def sum_over_ranks(accelerator, sums: dict) -> dict:
     """Every named sum over ranks in one float64 all-reduce and one copy to the host."""
     device = accelerator.device
-    names = list(sums)
+    names, values = list(sums), list(sums.values())
     # numbers and host tensors go to the device in one copy; device tensors are stacked there
-    numbers = [
-        i
-        for i, name in enumerate(names)
-        if not torch.is_tensor(sums[name]) or sums[name].device.type == "cpu"
-    ]
-    packed = [None] * len(names)
-    cpu = torch.tensor([float(sums[names[i]]) for i in numbers], dtype=torch.float64)
-    for i, value in zip(numbers, cpu.to(device).unbind()):
-        packed[i] = value
-    for i, name in enumerate(names):
-        if packed[i] is None:
-            packed[i] = sums[name].to(device).reshape(())
+    on_host = [i for i, v in enumerate(values) if not torch.is_tensor(v) or v.device.type == "cpu"]
+    cpu = torch.tensor([float(values[i]) for i in on_host], dtype=torch.float64)
+    copied = dict(zip(on_host, cpu.to(device).unbind()))
+    packed = [copied[i] if i in copied else v.to(device).reshape(()) for i, v in enumerate(values)]
     total = torch.stack(packed)
     if accelerator.num_processes > 1:
         total = accelerator.reduce(total, reduction="sum")

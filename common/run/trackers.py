@@ -47,6 +47,25 @@ def check_names(report_to: str, names: list[str]) -> list[str]:
     return names
 
 
+def start_trackers(accelerator, project: str, flags: dict, output_dir, run_name, resumed: bool):
+    """The trackers started for the run (main process), named `run_name` or else after the output
+    folder, with the run's flags as their config."""
+    run_name = run_name or Path(output_dir).resolve().name
+    accelerator.init_trackers(
+        project,
+        config=tracker_config(flags),
+        init_kwargs=tracker_init_kwargs(output_dir, run_name, resumed),
+    )
+
+
+def log_row(trackers, row: dict) -> None:
+    """A metrics.jsonl row to each tracker: its numbers (None: not measured), at its step (the x
+    axis, not a value)."""
+    values = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
+    for tracker in trackers:
+        tracker.log(tracker_keys(tracker.name, values), step=row["step"])
+
+
 def tracker_keys(tracker: str, values: dict) -> dict:
     """`values` under the names `tracker` accepts: MLflow takes letters, digits and `_-. :/` only,
     so there eval_pass@1 is eval_pass_at_1 (any other character becomes `_`); the others take
