@@ -45,6 +45,8 @@ ONLY_WHEN_ASKED = (
     "common.run.accelerate_env",  # accelerate launch (its ACCELERATE_* variables)
     "common.run.shared_folder",  # several processes
     "common.distributed.timeouts",  # a collective that timed out, in several processes
+    "common.run.folder_errors",  # a failed write in the output folder, or another launch holding it
+    "common.run.mixed_precision",  # ACCELERATE_MIXED_PRECISION set (accelerate config)
 )
 MAX_LINES = 5300
 """the most lines of common/ a one-step real-data run of a script may load (tests/test_layout.py)"""
