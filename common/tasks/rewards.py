@@ -373,6 +373,23 @@ def _check(out, n: int, name: str, when: str) -> list:
     return clean
 
 
+def add_reward_funcs(task, args, log) -> None:
+    """`task` scored by --reward_funcs in training and by --eval_reward_funcs (default: the same
+    functions) in evaluation, instead of the built-in rewards; each set's trainer state filled."""
+    task.reward_funcs = (
+        RewardFuncs(args.reward_funcs, args.reward_weights, dtype=args.dtype)
+        if args.reward_funcs
+        else None
+    )
+    task.eval_reward_funcs = (
+        RewardFuncs(args.eval_reward_funcs, None, "--eval_reward_funcs", args.dtype)
+        if args.eval_reward_funcs
+        else task.reward_funcs
+    )
+    for funcs in {id(f): f for f in (task.reward_funcs, task.eval_reward_funcs) if f}.values():
+        funcs.fill_state(args, len(task.train), log)
+
+
 def reward_metrics(accelerator, scored) -> dict:
     """A batch's `Scored.metrics` with functions' values: time_reward_s, rewards/<name>/mean and
     /std (sample std) over every rank's completions (TRL's names), leaving out those a function
