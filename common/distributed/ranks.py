@@ -1,7 +1,6 @@
 """Multi-process helpers: this rank's share of a batch, sums and lists over ranks, micro-batches
-whose gradient all-reduce happens once (every rank joining it whatever its share), whole weights of
-FSDP-sharded models for generation, and an end of the process group that exits cleanly (a run's
-signals and exit: common/run/process.py; a collective that timed out: timeouts.py)."""
+every rank joins whatever its share, whole weights of FSDP-sharded models for generation, and an
+end of the process group that exits cleanly."""
 
 from __future__ import annotations
 
@@ -102,17 +101,12 @@ def micro_batches(
 ):
     """Yield the row indices of each micro-batch (`size` rows, or with `max_tokens` > 0 as many rows
     as fit that many of their `lengths` tokens); the loop body runs the forward and `backward`.
-    Under DDP the all-reduce is skipped (`no_sync`) on all but the last, so gradients are summed
-    locally and synced once. With no rows nothing is yielded. A wrapped model (DDP or `--fsdp`)
-    communicates in its forwards (DDP: buffer broadcasts; FSDP: all-gathers) and backward, so every
-    rank runs the same number of micro-batches, the largest rank's (at least one;
-    `common.distributed.fsdp.sharded_micro_batches`): a rank with fewer rows, or none, makes
-    zero-weight passes through `model` (and `peers`, the sharded frozen models the body also runs,
-    e.g. the reference: FSDP only) for the rest. Also under no_grad (scoring: no backward; FSDP
-    gathers one layer at a time). An unwrapped model (one process, or no-grad scoring through the
-    bare policy under DDP) runs only its own micro-batches; with none, a zero loss is
-    back-propagated here (grad mode), so the optimizer steps on zero gradients as every rank of
-    several processes does then (Adam's momentum carries on)."""
+    A wrapped model (DDP or `--fsdp`) communicates in its forwards and backward, so every rank runs
+    the largest rank's number of micro-batches (at least one), the missing ones as zero-weight
+    passes through `model` and `peers` (the sharded frozen models the body also runs: FSDP only;
+    common/distributed/fsdp.py `sharded_micro_batches`), gradients synced once. An unwrapped model
+    runs only its own micro-batches; with none, a zero loss is back-propagated here (grad mode), so
+    the optimizer steps on zero gradients as every rank of several processes does then."""
     starts = (
         token_budget_cuts(lengths, max_tokens) if max_tokens > 0 else list(range(0, num_rows, size))
     )
@@ -136,11 +130,9 @@ def micro_batches(
 
 
 def gathered(*models, enabled: bool = True):
-    """Context: whole weights of the FSDP-sharded `models` inside the block (HF generation, the
-    demo's seed scoring: see common/distributed/fsdp.py); a no-op for unsharded models and None, and
-    with `enabled=False`: the scripts pass `enabled=generator.reads_policy` around generation, since
-    a vLLM engine samples from its own pushed copy and gathering would only put the whole policy
-    next to vLLM's weights and KV cache on every rank."""
+    """Context: whole weights of the FSDP-sharded `models` inside the block (HF generation:
+    common/distributed/fsdp.py); a no-op for unsharded models, None, and `enabled=False` (the
+    scripts pass `generator.reads_policy`: a vLLM engine samples from its own pushed copy)."""
     sharded = [model for model in models if isinstance(model, FSDPModule)] if enabled else []
     if not sharded:
         return contextlib.nullcontext()
@@ -150,14 +142,9 @@ def gathered(*models, enabled: bool = True):
 
 
 def end_process_group(accelerator, settle_s: float = 0.2) -> None:
-    """Finish the trackers and destroy the process group.
-
-    The group is destroyed here, not at interpreter exit (a gloo group alive at exit can abort the
-    process). Its last reference may go later, with the DDP/FSDP model, and that destructor joins
-    gloo's worker threads while holding the GIL. A worker still dropping its last collective's
-    tensors needs the GIL for that (torch keeps a tensor's Python object alive while C++ holds the
-    tensor), so the join would wait forever: a hang after the run's last line. Sleeping `settle_s`
-    first releases the GIL so every worker finishes; no collective starts after it."""
+    """Finish the trackers and destroy the process group (a gloo group alive at exit can abort the
+    process). Sleeping `settle_s` first releases the GIL so that gloo's workers drop their last
+    collective's tensors: the group's destructor joins them holding the GIL, a hang otherwise."""
     if accelerator.num_processes > 1:
         time.sleep(settle_s)
     accelerator.end_training()

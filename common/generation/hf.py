@@ -1,21 +1,18 @@
 """Generation backends with one output format: prompts as token-id lists in, `n` samples per prompt
 out, prompt-major, each with its token ids, the log-prob of each sampled token under the *sampling*
 distribution (logits / temperature) and a finish reason ("stop": a stop token ended it, "length":
-max_new_tokens did). Stop tokens: the generator's `end_ids` (`end_token_ids`: EOS, the model's
-generation_config list, --stop_token_ids) and the call's own `SamplingConfig.stop_token_ids`.
-`HFGenerator` (default) runs `model.generate` on the training model itself; `VLLMGenerator`
-(common/generation/vllm_backend.py) is a colocated in-process vLLM engine, to which the scripts push
-the weights once per update (`sync_weights`).
+max_new_tokens did). `HFGenerator` runs `model.generate` on the training model itself;
+`VLLMGenerator` (common/generation/vllm_backend.py) is a colocated vLLM engine, to which the scripts
+push the weights once per update (`sync_weights`).
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 
 import torch
 
-from common.model.policy import DTYPES, autocast
+from common.model.policy import autocast
 from common.rl.logprobs import score_completions
 
 # the preallocated caches (transformers' StaticCache)
@@ -27,15 +24,9 @@ def cache_kwargs(model, cache_implementation: str | None, dtype: str, max_cache_
     name, or a static cache built in the compute dtype (still one transformers compiles the decoding
     step for on a GPU)."""
     if cache_implementation in STATIC_CACHES:
-        from common.generation.static_cache import ComputeDtypeStaticCache
+        from common.generation.static_cache import static_cache_kwargs
 
-        cache = ComputeDtypeStaticCache(
-            model.config,
-            max_cache_len,
-            DTYPES[dtype],
-            offloading=cache_implementation == "offloaded_static",
-        )
-        return {"past_key_values": cache}
+        return static_cache_kwargs(model, cache_implementation, dtype, max_cache_len)
     return {"cache_implementation": cache_implementation} if cache_implementation else {}
 
 
@@ -43,29 +34,16 @@ def resolve_cache_implementation(
     requested: str | None, device_type: str, model_or_config, fsdp: bool = False
 ) -> tuple[str | None, str]:
     """`--cache_implementation` as HF generate gets it, and one line saying which cache and why.
-    `auto`: the static cache on CUDA where transformers supports it for the model (it compiles the
-    decoding step there: several times faster than the dynamic cache), else transformers' default
-    dynamic cache (None: generate's own default, so CPU runs are unchanged). Under `fsdp` auto
-    keeps the dynamic cache: the static one has not been run with FSDP on a GPU. Any other value is
-    kept as given."""
+    `auto`: on CUDA, the static cache where transformers supports it for the model and FSDP is off
+    (common/generation/static_cache.py `auto_on_cuda`), else transformers' default dynamic cache
+    (None: generate's own default, so CPU runs are unchanged). Any other value is kept as given."""
     if requested != "auto":
         return requested, f"KV cache: {requested or 'dynamic (transformers default)'}"
     if device_type != "cuda":
         return None, f"KV cache: dynamic (--cache_implementation auto on {device_type})"
-    if fsdp:
-        return None, (
-            "KV cache: dynamic (--cache_implementation auto with --fsdp; "
-            "--cache_implementation static to try the static cache)"
-        )
-    from common.generation.static_cache import static_cache_supported
+    from common.generation.static_cache import auto_on_cuda
 
-    if not static_cache_supported(model_or_config):
-        name = getattr(model_or_config, "model_type", None) or type(model_or_config).__name__
-        return None, (
-            f"KV cache: dynamic (--cache_implementation auto on cuda: transformers does not "
-            f"support a static cache for {name})"
-        )
-    return "static", "KV cache: static (--cache_implementation auto on cuda)"
+    return auto_on_cuda(model_or_config, fsdp)
 
 
 def end_token_ids(
@@ -74,21 +52,11 @@ def end_token_ids(
     """The ids that end every completion, once each: the tokenizer's EOS, every id of the model's
     `generation_config.eos_token_id` (a chat model's end-of-turn token besides its EOS, e.g. Gemma's
     `<end_of_turn>`) and the user's `stop_token_ids` (ids, or --stop_token_ids's comma-separated
-    text). `log`: one line naming them."""
-    if isinstance(stop_token_ids, str):
-        try:
-            stop_token_ids = [int(token) for token in stop_token_ids.split(",") if token.strip()]
-        except ValueError:
-            raise SystemExit(
-                f"--stop_token_ids {stop_token_ids!r}: expected comma-separated token ids"
-            ) from None
+    text, read in common/generation/stop_tokens.py). `log`: one line naming them."""
     if stop_token_ids:
-        vocab = getattr(model.config.get_text_config(), "vocab_size", None) or len(tokenizer)
-        for token in stop_token_ids:
-            if not 0 <= token < vocab:
-                raise SystemExit(
-                    f"--stop_token_ids {token}: not a token id of this model (0 to {vocab - 1})"
-                )
+        from common.generation.stop_tokens import checked_stop_token_ids
+
+        stop_token_ids = checked_stop_token_ids(stop_token_ids, tokenizer, model)
     listed = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     sources = {
         "the tokenizer's EOS": [tokenizer.eos_token_id],
@@ -160,15 +128,10 @@ class HFGenerator:
         # compiled on a static cache; None: eager
         self.compiled = compiled
         on_cpu = next(model.parameters()).device.type == "cpu"
-        # they move layers with CUDA streams
         if on_cpu and cache_implementation in ("offloaded", "offloaded_static"):
-            self.cache_implementation = {"offloaded": "dynamic", "offloaded_static": "static"}[
-                cache_implementation
-            ]
-            warnings.warn(
-                f"--cache_implementation {cache_implementation} on CPU: the cache already lives in "
-                f"host memory (offloading needs CUDA); using {self.cache_implementation}"
-            )
+            from common.generation.static_cache import without_offloading
+
+            self.cache_implementation = without_offloading(cache_implementation)
 
     def sync_weights(self, model) -> None:
         self.model = model
@@ -200,8 +163,6 @@ class HFGenerator:
                 "(logprobs=False)"
             )
         stop_ids = self.end_ids + [t for t in cfg.stop_token_ids if t not in self.end_ids]
-        was_training = self.model.training
-        self.model.eval()
         device = next(self.model.parameters()).device
         flat = [p for p in prompt_ids for _ in range(n)]
         out_ids, out_reasons = [], []
@@ -256,7 +217,6 @@ class HFGenerator:
                 device,
                 cfg.temperature if cfg.temperature > 0 else 1.0,
             )
-        self.model.train(was_training)
         return Generations(
             prompt_ids=[list(p) for p in prompt_ids],
             completion_ids=out_ids,

@@ -1,10 +1,8 @@
-"""Per-token log-probs and entropies of the completion region, log p(token) = logit[token] -
-logsumexp(logits), a chunk of tokens at a time (`ChunkedLogProbs`), each chunk recomputed in
-backward from the saved input: autograd keeps H values per token, not 4 x V bytes (8 x V with the
-entropy bonus) of float32 softmax. With a plain linear head (`head_of`) the model returns its last
-hidden states and no logits, and the head runs here a chunk at a time, so no [tokens, V] tensor
-exists; otherwise (a LoRA'd or scaled head, FSDP's no-grad scoring, the compiled packed forward) the
-model's logits are the input, kept for backward in the model's dtype.
+"""Per-token log-probs and entropies of the completion region, a chunk of tokens at a time
+(`ChunkedLogProbs`), each chunk recomputed in backward: autograd keeps H values per token, not 4 x V
+bytes of float32 softmax. With a plain linear head (`head_of`) the model returns its last hidden
+states and the head runs here by chunks, so no [tokens, V] tensor exists; otherwise (a LoRA'd or
+scaled head, FSDP's no-grad scoring, the compiled packed forward) the model's logits are the input.
 """
 
 from __future__ import annotations
@@ -39,10 +37,8 @@ class ChunkedLogProbs(torch.autograd.Function):
     def forward(
         ctx, inputs, weight, targets, temperature: float, chunk: int, entropy_grad: bool, dtype
     ):
-        lps, ents = (
-            [inputs.new_zeros(0, dtype=torch.float32)],
-            [inputs.new_zeros(0, dtype=torch.float32)],
-        )
+        empty = inputs.new_zeros(0, dtype=torch.float32)  # what torch.cat gives for no token
+        lps, ents = [empty], [empty]
         # the compute dtype is explicit: `dtype`
         with torch.autocast(inputs.device.type, enabled=False):
             head = None if weight is None else weight.to(dtype)
@@ -88,15 +84,9 @@ class ChunkedLogProbs(torch.autograd.Function):
                         grad_weight += grad.T @ inputs[start:end].to(dtype)
                 if need_inputs:
                     grad_inputs[start:end] = grad if weight is None else grad @ head
-        return (
-            grad_inputs,
-            None if grad_weight is None else grad_weight.to(weight.dtype),
-            None,
-            None,
-            None,
-            None,
-            None,
-        )
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        return grad_inputs, grad_weight, None, None, None, None, None
 
 
 def logprobs_from_logits(
@@ -141,14 +131,7 @@ def head_of(model):
 
 
 def _hidden_logprobs(
-    model,
-    head,
-    kwargs: dict,
-    pick,
-    targets: torch.Tensor,
-    temperature: float,
-    chunk: int,
-    entropy_grad: bool,
+    model, head, kwargs: dict, pick, targets, temperature: float, chunk: int, entropy_grad: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`ChunkedLogProbs` through `head` (in autocast's dtype) on the model's last hidden states,
     `pick`ed to [N, H] (the model computes no logits: an empty `logits_to_keep`)."""
@@ -201,15 +184,9 @@ def token_logprobs(
             kwargs = dict(
                 input_ids=batch.input_ids, attention_mask=None, position_ids=batch.position_ids
             )
+            pick = lambda hidden: hidden.flatten(0, 1)[flat]  # noqa: E731
             lp, ent = _hidden_logprobs(
-                model,
-                head,
-                kwargs,
-                lambda hidden: hidden.flatten(0, 1)[flat],
-                targets,
-                temperature,
-                chunk_size,
-                entropy_grad,
+                model, head, kwargs, pick, targets, temperature, chunk_size, entropy_grad
             )
         else:
             # every position's logits: one graph for all micro-batches
@@ -239,15 +216,9 @@ def token_logprobs(
     )
     targets = batch.input_ids[:, -r:]
     if head is not None:  # position t predicts token t+1
+        pick = lambda hidden: hidden[:, -r - 1 : -1].flatten(0, 1)  # noqa: E731
         lp, ent = _hidden_logprobs(
-            model,
-            head,
-            kwargs,
-            lambda hidden: hidden[:, -r - 1 : -1].flatten(0, 1),
-            targets.reshape(-1),
-            temperature,
-            chunk_size,
-            entropy_grad,
+            model, head, kwargs, pick, targets.reshape(-1), temperature, chunk_size, entropy_grad
         )
         return lp.view(targets.shape), ent.view(targets.shape)
     out = model(**kwargs, logits_to_keep=r + 1, use_cache=False)

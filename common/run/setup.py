@@ -1,12 +1,9 @@
-"""A run's set-up, one call per piece, the same in every method script: the launch (accelerator,
-threads, seeds, output folder), the trainable policy, the frozen KL reference, the optimizer and its
-schedule, the wrapped model, the generator and the task (the embedded demo imported only for it).
-Each takes what it needs as arguments; the method's own pieces (a critic, an environment) stay in
-its file."""
+"""A run's set-up, one call per piece, the same in every method script: the launch, the policy, the
+frozen KL reference, the optimizer and its schedule, the wrapped model, the generator and the task.
+The method's own pieces (a critic, an environment) stay in its file."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -27,11 +24,10 @@ from common.tasks.task import Task
 
 
 def start_run(args, script: str):
-    """The launch: --reward `auto` resolved, accelerate's settings mapped onto --fsdp / --dtype
-    (a flag the user set wins; its gradient accumulation refused), torch's CPU threads (before any
-    torch work), the trackers checked, the Accelerator, per-rank seeds and the output folder claimed
-    before any model loads. Returns (accelerator, cpu_threads, log); `log` prints once a run (main
-    process)."""
+    """The launch: --reward `auto` resolved, accelerate's settings mapped onto --fsdp / --dtype (a
+    flag the user set wins; its gradient accumulation refused), torch's CPU threads, the trackers
+    checked, the Accelerator, per-rank seeds and the output folder claimed before any model loads.
+    Returns (accelerator, cpu_threads, log); `log` prints on the main process."""
     if args.reward == "auto":  # a method with its own training reward has set it before this
         args.reward = "binary"
     given = given_flags(args)  # a flag the user set wins over accelerate's environment
@@ -108,9 +104,8 @@ def load_training_policy(args, accelerator, log, model_path: str | None = None):
         with accelerator.main_process_first():
             model_path = str(ensure_embedded_base(log=log))
     policy, tokenizer = load_policy(model_path)
-    policy.to(
-        accelerator.device
-    ).train()  # from_pretrained returns eval mode (checkpointing needs train)
+    # from_pretrained returns eval mode (checkpointing needs train)
+    policy.to(accelerator.device).train()
     if args.gradient_checkpointing:  # training passes only; generate runs in eval mode
         policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     # only the adapters train (fp32); the frozen base is stored in the compute dtype
@@ -161,27 +156,12 @@ def make_scheduler(optimizer, args):
     warmup = args.warmup_steps
     if args.warmup_ratio > 0:
         warmup = math.ceil(args.warmup_ratio * args.max_steps)
-    if args.lr_scheduler_type == "warmup_constant":
-        ramp = max(1, warmup)
-        return torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: min(1.0, (step + 1) / ramp)
-        )
-    from transformers import get_scheduler
+    if args.lr_scheduler_type != "warmup_constant":
+        from common.run.schedulers import transformers_scheduler
 
-    settings = json.loads(args.lr_scheduler_kwargs or "{}")
-    try:
-        return get_scheduler(
-            args.lr_scheduler_type,
-            optimizer,
-            num_warmup_steps=warmup,
-            num_training_steps=args.max_steps,
-            scheduler_specific_kwargs=settings,
-        )
-    except (TypeError, ValueError) as error:  # a setting it lacks, or one it does not take
-        raise SystemExit(
-            f"--lr_scheduler_type {args.lr_scheduler_type} with --lr_scheduler_kwargs "
-            f"{args.lr_scheduler_kwargs}: {error}"
-        ) from None
+        return transformers_scheduler(optimizer, args, warmup)
+    ramp = max(1, warmup)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / ramp))
 
 
 def prepare_training(accelerator, model, optimizer, fsdp: bool):
@@ -220,11 +200,9 @@ def make_generator(args, model_path: str, policy, tokenizer, accelerator, compil
             accelerator=accelerator,
         )
     else:
+        device_type = next(policy.parameters()).device.type
         cache, line = resolve_cache_implementation(
-            args.cache_implementation,
-            next(policy.parameters()).device.type,
-            policy,
-            fsdp=getattr(args, "fsdp", False),
+            args.cache_implementation, device_type, policy, fsdp=getattr(args, "fsdp", False)
         )
         if compiled is not None:  # --torch_compile decodes on a static cache of its own
             cache, line = None, "KV cache: static (--torch_compile's own)"
@@ -285,18 +263,7 @@ def make_task(args, tokenizer, log=print) -> Task:
     task.warn, task.max_new_tokens = log, args.max_completion_length
     task.mask_truncated = bool(getattr(args, "mask_truncated_completions", False))
     if args.reward_funcs or args.eval_reward_funcs:
-        from common.tasks.rewards import RewardFuncs
+        from common.tasks.rewards import add_reward_funcs
 
-        task.reward_funcs = (
-            RewardFuncs(args.reward_funcs, args.reward_weights, dtype=args.dtype)
-            if args.reward_funcs
-            else None
-        )
-        task.eval_reward_funcs = (
-            RewardFuncs(args.eval_reward_funcs, None, "--eval_reward_funcs", args.dtype)
-            if args.eval_reward_funcs
-            else task.reward_funcs
-        )
-        for funcs in {id(f): f for f in (task.reward_funcs, task.eval_reward_funcs) if f}.values():
-            funcs.fill_state(args, len(task.train), log)
+        add_reward_funcs(task, args, log)
     return task

@@ -39,15 +39,7 @@ def pass_metrics(counts: list[int], n_samples: int, tags: list[str] | None = Non
 
 
 def evaluate(
-    generator,
-    tokenizer,
-    examples,
-    encode,
-    success_fn,
-    sampling,
-    n_samples: int,
-    accelerator,
-    ks=None,
+    generator, tokenizer, examples, encode, success_fn, sampling, n_samples, accelerator, ks=None
 ) -> dict:
     """Held-out pass@1 (mean over n_samples), unbiased pass@k (default: every power of two k <=
     n_samples) and pass@1 per difficulty tag; prompts are split across ranks. `success_fn(texts,
@@ -89,10 +81,8 @@ def train_prompt_sample(train: list, count: int) -> list:
 
 def evaluate_train_prompts(score, examples: list) -> dict:
     """`score(examples)` (the held-out evaluation's own function) on training-pool prompts, renamed
-    eval_train_*: the gap to eval_* is how much of the training pool's fit carries over to new
-    prompts. Its sampling runs on a copy of the random state (torch, CUDA, numpy, Python), so a
-    run's training steps are the same with or without it (HF generation; vLLM's per-call request
-    seeds still advance)."""
+    eval_train_*, sampled on a copy of the random state (torch, CUDA, numpy, Python): the run's
+    training steps are the same with or without it (HF generation; vLLM's request seeds advance)."""
     if not examples:
         return {}
     import torch
@@ -110,11 +100,9 @@ def evaluate_policy(
     generator, tokenizer, task, encode, sampling, args, accelerator, train_prompts_first=False
 ) -> dict:
     """The evaluation every script logs: held-out pass@1 / pass@k (eval_*) and the same on a fixed
-    sample of --eval_train_prompts training prompts (eval_train_*), the gap between the two being
-    how much of the training pool's fit carries over to new prompts. The training prompts sample
-    from a copy of the random state as it is when they start, so the order decides their samples:
-    `train_prompts_first` samples them before the held-out prompts (the order some scripts' runs
-    were recorded with)."""
+    sample of --eval_train_prompts training prompts (eval_train_*: the gap shows how much of the
+    pool's fit carries over to new prompts). `train_prompts_first` samples those first (their
+    samples depend on the order: the order some scripts' runs were recorded with)."""
 
     def score(examples):
         return evaluate(

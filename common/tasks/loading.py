@@ -1,8 +1,6 @@
-"""Prompts of a real dataset through `datasets` (the embedded Countdown task:
-common/demo/countdown.py): the training and held-out `Example`s, the prompt encoder and the sampler
-that walks the training prompts in epochs. Every prompt is an `Example` with a stable integer `id`
-(its index in the training list), so that per-prompt state (replay buffers, pass-rate estimates)
-survives across steps, epochs and resumes.
+"""A real dataset's prompts as `Example`s (training and held-out), the prompt encoder and the
+sampler that walks the training prompts in epochs. An `Example`'s `id` is its index in the training
+list, so per-prompt state (replay buffers, pass-rate estimates) survives steps, epochs and resumes.
 """
 
 from __future__ import annotations
@@ -16,8 +14,6 @@ from common.tasks.task import Example, Task
 
 # local files and their loaders
 LOCAL = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-
-
 MATH_SUFFIX = " Please reason step by step, and put your final answer within \\boxed{}."
 
 
@@ -38,73 +34,41 @@ def _check_jsonl(path: Path) -> None:
                 )
 
 
-def saved_to_disk(name: str) -> str | None:
-    """`dataset` or `dict` when `name` is a folder written by `save_to_disk` (of one `Dataset`, of
-    a `DatasetDict`), else None."""
-    path = Path(name)
-    if (path / "dataset_dict.json").is_file():
-        return "dict"
-    if (path / "state.json").is_file() and (path / "dataset_info.json").is_file():
-        return "dataset"
-    return None
-
-
 def one_split(name: str) -> bool:
     """A source that holds one split: a local file or a saved `Dataset` (a `DatasetDict` has its
     own splits)."""
-    return Path(name).suffix in LOCAL or saved_to_disk(name) == "dataset"
+    if Path(name).suffix in LOCAL:
+        return True
+    from common.tasks.hub_datasets import saved_to_disk
+
+    return saved_to_disk(name) == "dataset"
 
 
 def _load_split(name: str, config, split: str, flag: str, required: bool):
-    """`split` of a hub dataset, of a local file or of a folder written by `save_to_disk` (a file
-    or a saved `Dataset` holds one split: any `split` reads it whole); None when it is not
-    `required` and absent. A hub name that cannot be reached stops the run with one line."""
+    """`split` of a local file (it holds one split: any `split` reads it whole), or of a hub dataset
+    or a `save_to_disk` folder (common/tasks/hub_datasets.py); None when it is not `required` and
+    absent."""
+    path = Path(name)
+    if path.suffix not in LOCAL:
+        from common.tasks.hub_datasets import load_split
+
+        return load_split(name, config, split, flag, required)
     import datasets
 
     from common.model.policy import library_bars_off
 
-    path = Path(name)
-    if path.suffix in LOCAL:
-        if not path.exists():
-            raise SystemExit(f"{flag} {name}: file not found")
-        if path.suffix == ".jsonl":
-            _check_jsonl(path)
-        kind = LOCAL[path.suffix]
-        try:
-            with library_bars_off(datasets):
-                return datasets.load_dataset(kind, data_files=str(path), split="train")
-        except Exception as error:  # noqa: BLE001 - a damaged file: one line, not the library's traceback chain
-            cause = error.__cause__ or error
-            raise SystemExit(
-                f"{flag} {name}: cannot read it ({type(cause).__name__}: {str(cause)[:200]})"
-            ) from None
-    saved = saved_to_disk(name)
-    if saved:
-        loaded = datasets.load_from_disk(str(path))
-        if saved == "dataset":
-            return loaded
-        if split in loaded:
-            return loaded[split]
-        if required:
-            raise SystemExit(f"{flag} {name}: no split {split!r} (splits: {list(loaded)})")
-        return None
-    if name.startswith(("./", "../", "/", "~")) and not path.exists():  # a path, not a hub name
-        raise SystemExit(f"{flag} {name}: no such file or folder")
+    if not path.exists():
+        raise SystemExit(f"{flag} {name}: file not found")
+    if path.suffix == ".jsonl":
+        _check_jsonl(path)
     try:
         with library_bars_off(datasets):
-            return datasets.load_dataset(name, config, split=split)
-    except ConnectionError as error:  # no network, or the hub down: the cause in a few words
+            return datasets.load_dataset(LOCAL[path.suffix], data_files=str(path), split="train")
+    except Exception as error:  # noqa: BLE001 - a damaged file: one line, not the library's traceback chain
+        cause = error.__cause__ or error
         raise SystemExit(
-            f"{flag} {name}: cannot reach the Hugging Face hub ({str(error)[:120]}); without a "
-            "network, name a local copy: a .jsonl / .json / .parquet / .csv file, or a folder "
-            "written by `datasets`' save_to_disk (e.g. `--dataset_name data/train.jsonl`)"
+            f"{flag} {name}: cannot read it ({type(cause).__name__}: {str(cause)[:200]})"
         ) from None
-    except datasets.exceptions.DatasetNotFoundError as error:
-        raise SystemExit(f"{flag} {name}: not a local file or folder, nor a hub dataset ({error})")
-    except ValueError as e:  # unknown split
-        if required:
-            raise SystemExit(f"{flag} {name}: cannot load split {split!r} ({e})")
-        return None
 
 
 def hf_task(args, tokenizer, log=print) -> Task:
@@ -114,29 +78,18 @@ def hf_task(args, tokenizer, log=print) -> Task:
         raise SystemExit(
             f"--reward {args.reward} is defined for the Countdown task only; use --reward binary"
         )
-    single_file = one_split(args.dataset_name)
     train_ds = _load_split(
         args.dataset_name, args.dataset_config, args.dataset_train_split, "--dataset_name", True
     )
+    eval_ds = None  # a single local file holds no evaluation split: rows are held out of it instead
     if args.eval_dataset:
+        eval_split = args.dataset_test_split or "test"
         eval_ds = _load_split(
-            args.eval_dataset,
-            args.dataset_config,
-            args.dataset_test_split or "test",
-            "--eval_dataset",
-            True,
+            args.eval_dataset, args.dataset_config, eval_split, "--eval_dataset", True
         )
-    else:  # a single local file holds no evaluation split: rows are held out of it instead
-        eval_ds = (
-            _load_split(
-                args.dataset_name,
-                args.dataset_config,
-                args.dataset_test_split,
-                "--dataset_name",
-                False,
-            )
-            if args.dataset_test_split and not single_file
-            else None
+    elif args.dataset_test_split and not one_split(args.dataset_name):
+        eval_ds = _load_split(
+            args.dataset_name, args.dataset_config, args.dataset_test_split, "--dataset_name", False
         )
     need_answer = not args.reward_funcs  # only the built-in math reward reads the answer column
     prompt_column = args.prompt_column or prompt_column_of(train_ds)
@@ -153,11 +106,9 @@ def hf_task(args, tokenizer, log=print) -> Task:
     chat = args.use_chat_template == "yes" or (
         args.use_chat_template == "auto" and tokenizer.chat_template
     )
-    suffix = (
-        args.prompt_suffix
-        if args.prompt_suffix is not None
-        else ("" if args.reward_funcs else MATH_SUFFIX)
-    )
+    suffix = args.prompt_suffix
+    if suffix is None:  # the built-in math reward asks for a boxed answer
+        suffix = "" if args.reward_funcs else MATH_SUFFIX
     system = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
 
     def is_messages(q) -> bool:
@@ -241,13 +192,7 @@ def hf_task(args, tokenizer, log=print) -> Task:
     )
     fn = lambda text, ex: math_reward(text, ex.answer)  # noqa: E731
     return Task(
-        train,
-        evals,
-        fn,
-        fn,
-        args.dataset_name,
-        templated=bool(chat),
-        prompt_column=prompt_column,
+        train, evals, fn, fn, args.dataset_name, templated=bool(chat), prompt_column=prompt_column
     )
 
 
@@ -292,9 +237,8 @@ def prompt_rendering(
             )
             added.append(f"--prompt_suffix {suffix!r} appended{default}")
         parts.append(how + "; added: " + ("; ".join(added) if added else "nothing"))
-    return f"prompts: column {column!r} ({source}), {', '.join(kinds) or 'no rows'}: " + "; ".join(
-        parts
-    )
+    head = f"prompts: column {column!r} ({source}), {', '.join(kinds) or 'no rows'}: "
+    return head + "; ".join(parts)
 
 
 class PromptEncoder:

@@ -373,6 +373,63 @@ def _check(out, n: int, name: str, when: str) -> list:
     return clean
 
 
+def add_reward_funcs(task, args, log) -> None:
+    """`task` scored by --reward_funcs in training and by --eval_reward_funcs (default: the same
+    functions) in evaluation, instead of the built-in rewards; each set's trainer state filled."""
+    task.reward_funcs = (
+        RewardFuncs(args.reward_funcs, args.reward_weights, dtype=args.dtype)
+        if args.reward_funcs
+        else None
+    )
+    task.eval_reward_funcs = (
+        RewardFuncs(args.eval_reward_funcs, None, "--eval_reward_funcs", args.dtype)
+        if args.eval_reward_funcs
+        else task.reward_funcs
+    )
+    for funcs in {id(f): f for f in (task.reward_funcs, task.eval_reward_funcs) if f}.values():
+        funcs.fill_state(args, len(task.train), log)
+
+
+def reward_metrics(accelerator, scored) -> dict:
+    """A batch's `Scored.metrics` with functions' values: time_reward_s, rewards/<name>/mean and
+    /std (sample std) over every rank's completions (TRL's names), leaving out those a function
+    returned None for, reward_none_frac and each `log_metric` name (`logged_metrics`). Call on every
+    rank."""
+    from common.distributed.ranks import reduce_sums
+
+    sums = {
+        "seconds": scored.seconds,
+        "none": sum(1 for ok in scored.scored if not ok),
+        "n": len(scored.total),
+    }
+    for name, values in scored.values.items():
+        given = [value for value in values if value is not None]
+        sums.update(
+            {
+                f"{name}:n": len(given),
+                f"{name}:sum": sum(given),
+                f"{name}:sq": sum(v * v for v in given),
+            }
+        )
+    sums = reduce_sums(accelerator, sums)
+    out = {"time_reward_s": sums["seconds"] / accelerator.num_processes}
+    for name in scored.values:
+        count = sums[f"{name}:n"]
+        mean = sums[f"{name}:sum"] / count if count else None
+        out[f"rewards/{name}/mean"] = mean
+        # the sample std (Bessel's correction), as TRL logs it; None below two values
+        out[f"rewards/{name}/std"] = (
+            math.sqrt(max(0.0, (sums[f"{name}:sq"] - count * mean**2) / (count - 1)))
+            if count > 1
+            else None
+        )
+    out.update(
+        reward_none_frac=sums["none"] / max(1.0, sums["n"]),
+        **logged_metrics(accelerator, scored.logged),
+    )
+    return out
+
+
 def logged_metrics(accelerator, logged: dict[str, list[float]]) -> dict:
     """`log_metric`'s values as reward_fn/<name>: each name's mean over every rank's calls (call on
     every rank)."""

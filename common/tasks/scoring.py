@@ -27,46 +27,17 @@ class Scored:
         return [not math.isnan(value) for value in self.total]
 
     def metrics(self, accelerator) -> dict:
-        """time_reward_s, rewards/<name>/mean and /std (sample std) over every rank's completions
-        (TRL's names), leaving out those a function returned None for; with
-        --reward_funcs also reward_none_frac and each `log_metric` name (common/tasks/rewards.py
-        `logged_metrics`). Call on every rank."""
+        """time_reward_s over every rank; with functions' `values` (--reward_funcs) also their
+        means and stds, reward_none_frac and each `log_metric` name (common/tasks/rewards.py
+        `reward_metrics`). Call on every rank."""
+        if self.values:  # on every rank alike
+            from common.tasks.rewards import reward_metrics
+
+            return reward_metrics(accelerator, self)
         from common.distributed.ranks import reduce_sums
 
-        sums = {
-            "seconds": self.seconds,
-            "none": sum(1 for ok in self.scored if not ok),
-            "n": len(self.total),
-        }
-        for name, values in self.values.items():
-            given = [value for value in values if value is not None]
-            sums.update(
-                {
-                    f"{name}:n": len(given),
-                    f"{name}:sum": sum(given),
-                    f"{name}:sq": sum(v * v for v in given),
-                }
-            )
-        sums = reduce_sums(accelerator, sums)
-        out = {"time_reward_s": sums["seconds"] / accelerator.num_processes}
-        for name in self.values:
-            count = sums[f"{name}:n"]
-            mean = sums[f"{name}:sum"] / count if count else None
-            out[f"rewards/{name}/mean"] = mean
-            # the sample std (Bessel's correction), as TRL logs it; None below two values
-            out[f"rewards/{name}/std"] = (
-                math.sqrt(max(0.0, (sums[f"{name}:sq"] - count * mean**2) / (count - 1)))
-                if count > 1
-                else None
-            )
-        if self.values:  # --reward_funcs (on every rank alike)
-            from common.tasks.rewards import logged_metrics
-
-            out.update(
-                reward_none_frac=sums["none"] / max(1.0, sums["n"]),
-                **logged_metrics(accelerator, self.logged),
-            )
-        return out
+        seconds = reduce_sums(accelerator, {"seconds": self.seconds})["seconds"]
+        return {"time_reward_s": seconds / accelerator.num_processes}
 
     @staticmethod
     def join(parts: list[Scored]) -> Scored:

@@ -1,9 +1,6 @@
-"""The run's task, as every script builds it: its training and held-out `Example`s and how a
-completion is scored (`Task.score`) and passes (`Task.passes`). `make_task` (common/run/setup.py)
-builds the embedded Countdown task (common/demo/countdown.py, imported only for it) or a real
-dataset (common/tasks/loading.py), scored by the built-in rewards or by your --reward_funcs
-(common/tasks/rewards.py, imported only with them).
-"""
+"""The run's task (`make_task`, common/run/setup.py): its training and held-out `Example`s, how a
+completion is scored (`Task.score`: the built-in rewards, or your --reward_funcs) and when it passes
+(`Task.passes`)."""
 
 from __future__ import annotations
 
@@ -48,14 +45,8 @@ class Task:
     def _call(self, funcs, texts: list[str], examples: list[Example], completion_ids: list, step):
         from common.tasks.rewards import call_reward_funcs
 
-        return call_reward_funcs(
-            funcs,
-            texts,
-            [example.columns for example in examples],
-            completion_ids,
-            self.prompt_column,
-            step,
-        )
+        rows = [example.columns for example in examples]
+        return call_reward_funcs(funcs, texts, rows, completion_ids, self.prompt_column, step)
 
     def passes(self, total: float) -> bool:
         """The one success rule, training and evaluation: total >= success_reward (NaN: never; a cut
@@ -73,29 +64,22 @@ class Task:
         cut = [bool(c) for c in truncated]
         if self.warn and not self.warned_truncation and sum(cut) > len(texts) / 4:
             self.warned_truncation = True
-            rule = (
-                "reward 0, never a success"
-                if self.reward_funcs is None
-                else "they keep their functions' reward"
-                + (
-                    ""
-                    if self.mask_truncated
-                    else "; --mask_truncated_completions leaves them out of the loss"
-                )
-            )
+            rule = "reward 0, never a success"
+            if self.reward_funcs is not None:
+                rule = "they keep their functions' reward"
+                if not self.mask_truncated:
+                    rule += "; --mask_truncated_completions leaves them out of the loss"
             self.warn(
                 f"warning: {sum(cut)} of {len(texts)} completions hit --max_completion_length "
                 f"{self.max_new_tokens} (cut: {rule}); raise it if answers need more room"
             )
         logged, extra = {}, {}
         if self.reward_funcs is None:
-            total, values = (
-                [
-                    0.0 if cut[i] else float(self.reward_fn(t, examples[i]))
-                    for i, t in enumerate(texts)
-                ],
-                {},
-            )
+            total = [
+                0.0 if cut[i] else float(self.reward_fn(t, examples[i]))
+                for i, t in enumerate(texts)
+            ]
+            values = {}
         # nothing to score on this rank: the same metric names as the others', no call
         elif not texts:
             total, values = [], {name: [] for name in self.reward_funcs.names}
