@@ -47,6 +47,9 @@ ONLY_WHEN_ASKED = (
     "common.distributed.timeouts",  # a collective that timed out, in several processes
     "common.run.folder_errors",  # a failed write in the output folder, or another launch holding it
     "common.run.mixed_precision",  # ACCELERATE_MIXED_PRECISION set (accelerate config)
+    "common.tasks.hub_datasets",  # a hub dataset or a save_to_disk folder (not a local file)
+    "common.generation.stop_tokens",  # --stop_token_ids
+    "common.run.schedulers",  # --lr_scheduler_type other than warmup_constant
 )
 MAX_LINES = 5300
 """the most lines of common/ a one-step real-data run of a script may load (tests/test_layout.py)"""
