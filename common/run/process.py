@@ -83,16 +83,10 @@ def collective_timeout(seconds: int) -> list:
     def hook(kind, error, trace):
         if int(os.environ.get("WORLD_SIZE", "1")) < 2:
             return previous(kind, error, trace)
-        from common.distributed.timeouts import is_collective_error, timeout_line
+        from common.distributed.timeouts import exit_if_collective_error
 
-        if not is_collective_error(error):
-            return previous(kind, error, trace)
-        # the process's own stderr: torch.distributed's hook, installed over this one, swaps
-        # sys.stderr for a buffer printed only after this hook returns, and it does not return
-        print(timeout_line(error, trace, seconds), file=sys.__stderr__, flush=True)
-        sys.stdout.flush()
-        release_all(every_thread=True)
-        os._exit(1)
+        exit_if_collective_error(error, trace, seconds)
+        return previous(kind, error, trace)
 
     sys.excepthook = hook
     return [InitProcessGroupKwargs(timeout=timedelta(seconds=seconds))]
