@@ -11,13 +11,13 @@ import functools
 import inspect
 import textwrap
 
-from common.run.flags import Flags, flag_arguments, script_of
 from common.run.ranges import declared
 
 
-def documented_parser(shown: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def documented_parser(shown, arguments: dict, script: str, base: type) -> argparse.ArgumentParser:
     """`shown` (common/run/flags.py `build_parser`, with its defaults as they are now) again with
-    each flag's help text, in the groups `--help` shows."""
+    each flag's help text, in the groups `--help` shows; `arguments`: its add_argument keywords,
+    `script`: the file of its class, `base`: the class every group of flags derives from."""
     cls = shown.flags_class
     parser = argparse.ArgumentParser(
         description=shown.description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
@@ -25,10 +25,10 @@ def documented_parser(shown: argparse.ArgumentParser) -> argparse.ArgumentParser
     docs, ranges = field_docs(cls), declared(cls)
     defaults = {action.dest: action.default for action in shown._actions}
     group_of = {}
-    for title, about, names in flag_groups(cls):
+    for title, about, names in flag_groups(cls, script, base):
         group = parser.add_argument_group(title, about)
         group_of.update(dict.fromkeys(names, group))
-    for name, kw in flag_arguments(cls).items():
+    for name, kw in arguments.items():
         accepts = f" [{ranges[name]}]" if ranges[name] else ""
         # argparse %-formats every help string (for `%(default)s`): a docstring's own `%` is escaped
         kw.update(default=defaults[name], help=(docs.get(name, "") + accepts).replace("%", "%%"))
@@ -65,7 +65,7 @@ def _own_docs(klass) -> dict[str, str]:
     }
 
 
-def flag_groups(cls) -> list[tuple[str, str, list[str]]]:
+def flag_groups(cls, script: str, base: type) -> list[tuple[str, str, list[str]]]:
     """(title, description, fields) of each group of `cls`'s flags, as `--help` shows them: the
     method's own (the fields `cls` declares itself) first, then each group class it composes, in
     the order of its class line (a group's docstring is `title: description`). `--config` is in no
@@ -76,13 +76,13 @@ def flag_groups(cls) -> list[tuple[str, str, list[str]]]:
         owners.setdefault(owner, []).append(f.name)
     groups = []
     for klass in cls.__mro__:
-        if klass is Flags or klass not in owners:
+        if klass is base or klass not in owners:
             continue
-        if not issubclass(cls, Flags):
+        if not issubclass(cls, base):
             # a tool's own dataclass (the benchmarks'): its flags, not a method's
-            title, about = script_of(cls), "its flags"
-        elif klass is cls or not issubclass(klass, Flags):
-            title, about = f"method ({script_of(cls)})", "the method's own flags"
+            title, about = script, "its flags"
+        elif klass is cls or not issubclass(klass, base):
+            title, about = f"method ({script})", "the method's own flags"
         else:
             title, _, about = (klass.__doc__ or klass.__name__).partition(": ")
         groups.append((title, " ".join(about.split()), owners[klass]))

@@ -386,7 +386,9 @@ class _Parser(argparse.ArgumentParser):
     def format_help(self) -> str:
         from common.run.flag_help import documented_parser
 
-        return documented_parser(self).format_help()
+        cls = self.flags_class
+        parser = documented_parser(self, flag_arguments(cls), script_of(cls), Flags)
+        return parser.format_help()
 
 
 def parse_args(cls, argv: list[str] | None = None, description: str = ""):
