@@ -254,13 +254,7 @@ def _on_hub(name: str) -> bool:
 
 
 def model_card(
-    args,
-    script: str,
-    method_doc: str,
-    tokenizer,
-    end_ids: list[int],
-    processes: int,
-    adapter: bool,
+    args, script: str, method_doc: str, tokenizer, end_ids: list[int], processes: int, adapter: bool
 ) -> str:
     """README.md of the trained model (`adapter`: the LoRA adapter, else a whole model): metadata
     for the Hub, then what a user needs to know."""
