@@ -37,11 +37,9 @@ _WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
 def export_model(
     args, accelerator, policy, tokenizer, end_ids: list[int], script: str, method_doc: str
 ) -> Path:
-    """Write `<args.output_dir>/model/`; every rank calls it (under --fsdp each takes part in
-    gathering the whole weights), the main process writes. `end_ids`: the generator's end ids;
-    `script` and `method_doc`: the script's name (`ra_rloo`) and module docstring (its method and
-    paper). A failed write stops every rank with one line (the checkpoints stay whole). Returns the
-    folder."""
+    """Write `<args.output_dir>/model/` and return it; every rank calls it (under --fsdp each takes
+    part in gathering the whole weights), the main process writes. `script` and `method_doc`: the
+    script's name (`ra_rloo`) and module docstring. A failed write stops every rank (one line)."""
     output_dir = Path(args.output_dir)
     folder, tmp = output_dir / EXPORT, output_dir / f".tmp-{EXPORT}"
     model = accelerator.unwrap_model(policy)
