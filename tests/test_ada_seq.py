@@ -298,7 +298,7 @@ def test_args_validation_and_defaults():
 def test_every_flag_is_documented():
     from dataclasses import fields
 
-    from common.run.flags import field_docs
+    from common.run.flag_help import field_docs
 
     docs = field_docs(Args)
     assert not [f.name for f in fields(Args) if not docs.get(f.name)]

@@ -180,7 +180,7 @@ def test_budget_flags_are_shared_and_quick_overrides():
 
 
 def test_every_runner_and_report_flag_is_documented():
-    from common.run.flags import field_docs
+    from common.run.flag_help import field_docs
 
     for cls in (run.Args, report.Args, floor.Args):
         docs = field_docs(cls)

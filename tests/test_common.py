@@ -13,7 +13,8 @@ import torch
 from common.rl.advantages import grpo_advantages, zero_variance
 from common.rl.logprobs import logprobs_from_logits, score_completions, token_logprobs
 from common.rl.masking import pad_sequences, unpad_completion
-from common.run.flags import build_parser, field_docs, parse_args
+from common.run.flag_help import field_docs
+from common.run.flags import build_parser, parse_args
 from common.tasks.evaluation import pass_at_k
 from ra_rloo import rloo_advantages
 

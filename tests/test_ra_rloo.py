@@ -55,7 +55,7 @@ def test_replay_weight_is_clipped_ratio():
 def test_every_flag_is_documented():
     from dataclasses import fields
 
-    from common.run.flags import field_docs
+    from common.run.flag_help import field_docs
 
     docs = field_docs(Args)
     missing = [f.name for f in fields(Args) if not docs.get(f.name)]

@@ -325,7 +325,7 @@ def test_compile_speed_block_renders_every_part(tmp_path):
     from dataclasses import fields
 
     from benchmarks.speed.compile_speed import Args, docs_block
-    from common.run.flags import field_docs
+    from common.run.flag_help import field_docs
 
     assert not [
         f.name for f in fields(Args) if not field_docs(Args).get(f.name)

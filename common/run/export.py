@@ -1,21 +1,9 @@
-"""The trained model, ready to serve: at the end of a run (finished, or stopped by Ctrl-C / SIGTERM
-after its checkpoint) `<output_dir>/model/` holds a Hugging Face model directory: the weights in
---save_dtype (default: the dtype they train in), the tokenizer with its chat template, a
-generation_config.json whose `eos_token_id` lists every id that ended a completion in training (the
-tokenizer's EOS, the model's end-of-turn ids, --stop_token_ids) and a model card, README.md (base
-model, dataset, method and paper, the flags that differ from the defaults, steps, held-out pass@1 /
-pass@k at the first and last evaluation, the command, the project). Under LoRA it holds the adapter
-(loads with peft's AutoPeftModelForCausalLM), and with --lora_merged_export `model-merged/` beside
-it holds the plain model with the adapters folded in (its own folder: a Hub repo is one model, and
-transformers reads a folder with an adapter at its root as that adapter).
-
-A subfolder, not the output folder itself: the folder also holds the checkpoints (weights beside
-optimizer state twice their size), the logs and the run's lock and records; `model/` is exactly
-what one serves or uploads (`hf upload <repo-id> <output_dir>/model`), and it is one of the run's
-files, refused by a fresh run and removed with the run by --overwrite_output_dir
-(common/run/output_dir.py). It is written to `.tmp-model/` and renamed when complete, so a stop
-while it is written never leaves half a model under the name.
-"""
+"""The trained model, ready to serve: at a run's end (finished, or stopped after its checkpoint)
+`<output_dir>/model/` holds a Hugging Face model directory: the weights in --save_dtype, the
+tokenizer, a generation_config.json whose `eos_token_id` lists every id that ended a completion in
+training, and a model card (README.md). Under LoRA it holds the adapter, and with
+--lora_merged_export `model-merged/` beside it holds the plain model with the adapters folded in.
+Written to `.tmp-model/` and renamed when complete: a stop never leaves half a model there."""
 
 from __future__ import annotations
 
@@ -49,11 +37,9 @@ _WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
 def export_model(
     args, accelerator, policy, tokenizer, end_ids: list[int], script: str, method_doc: str
 ) -> Path:
-    """Write `<args.output_dir>/model/`; every rank calls it (under --fsdp each takes part in
-    gathering the whole weights), the main process writes. `end_ids`: the generator's end ids;
-    `script` and `method_doc`: the script's name (`ra_rloo`) and module docstring (its method and
-    paper). A failed write stops every rank with one line (the checkpoints stay whole). Returns the
-    folder."""
+    """Write `<args.output_dir>/model/` and return it; every rank calls it (under --fsdp each takes
+    part in gathering the whole weights), the main process writes. `script` and `method_doc`: the
+    script's name (`ra_rloo`) and module docstring. A failed write stops every rank (one line)."""
     output_dir = Path(args.output_dir)
     folder, tmp = output_dir / EXPORT, output_dir / f".tmp-{EXPORT}"
     model = accelerator.unwrap_model(policy)
@@ -183,11 +169,9 @@ FROM_LAUNCH = ("fsdp", "dtype")
 
 
 def changed_flags(args) -> dict:
-    """{flag: value} of every flag the user set (command line or --config) to a value other than
-    the script's default, plus those accelerate's settings changed; values the script derived
-    itself (`--reward auto` resolved, ...) and how the command reached the run (--output_dir,
-    --config, resume flags) left out. For `args` built in code (no record of what was set), every
-    flag that differs from the default."""
+    """{flag: value} of every flag the user (or accelerate's settings) set to a value other than
+    the script's default, but how the command reached the run (--output_dir, --config, resume
+    flags); for `args` built in code, every flag that differs from the default."""
     defaults = parse_args(type(args), [])
     given = given_flags(args)
     return {
@@ -268,13 +252,7 @@ def _on_hub(name: str) -> bool:
 
 
 def model_card(
-    args,
-    script: str,
-    method_doc: str,
-    tokenizer,
-    end_ids: list[int],
-    processes: int,
-    adapter: bool,
+    args, script: str, method_doc: str, tokenizer, end_ids: list[int], processes: int, adapter: bool
 ) -> str:
     """README.md of the trained model (`adapter`: the LoRA adapter, else a whole model): metadata
     for the Hub, then what a user needs to know."""

@@ -1,25 +1,16 @@
-"""Flags: the flags the five scripts share, in groups by purpose (`ModelFlags`, `DataFlags`,
-`RewardFlags`, `GenerationFlags`, `TrainingFlags`, `EvalFlags`, `ScaleFlags`, `OutputFlags`,
-`LogFlags`, with the same names in every script), that each script's `Args` composes by name beside
-its own fields; the command line is built from the dataclass: every field is a `--flag` and the
-string literal under it (CleanRL's convention, read with `ast`) its help, so a flag, its default,
-its meaning and what it accepts (`Annotated[int, Range(1)]`: checked right after parsing, shown in
-the help) are written in one place; `--help` shows the method's own flags first, then each group.
-`--config FILE` gives flag values from YAML or JSON (a run's args.json works), checked like the
-command line.
-"""
+"""The flags the five scripts share, in groups by purpose (`ModelFlags`, ... `LogFlags`) that each
+script's `Args` composes beside its own fields. Every field is a `--flag`, the string under it its
+help, and `Annotated[int, Range(1)]` what it accepts (checked right after parsing), so a flag is
+written in one place. `--config FILE` gives flag values from YAML or JSON (a run's args.json
+works), checked like the command line."""
 
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
-import functools
-import inspect
 import json
 import re
 import sys
-import textwrap
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -333,35 +324,6 @@ class BaseArgs(
     benchmarks)."""
 
 
-def field_docs(cls) -> dict[str, str]:
-    """{field: docstring} for a dataclass and its bases (a subclass's docstring wins)."""
-    docs: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if klass is not object:
-            docs.update(_own_docs(klass))
-    return docs
-
-
-@functools.lru_cache(maxsize=None)
-def _own_docs(klass) -> dict[str, str]:
-    """{field: docstring} of the fields `klass` itself declares (read once a class: finding a
-    class's source parses its whole file)."""
-    try:
-        src = textwrap.dedent(inspect.getsource(klass))
-    except (OSError, TypeError):
-        return {}
-    body = ast.parse(src).body[0].body
-    return {
-        node.target.id: " ".join(nxt.value.value.split())
-        for node, nxt in zip(body, body[1:] + [None])
-        if isinstance(node, ast.AnnAssign)
-        and isinstance(node.target, ast.Name)
-        and isinstance(nxt, ast.Expr)
-        and isinstance(getattr(nxt, "value", None), ast.Constant)
-        and isinstance(nxt.value.value, str)
-    }
-
-
 def _str2bool(v: str) -> bool:
     if v.lower() in ("1", "true", "yes", "y", "on"):
         return True
@@ -370,61 +332,27 @@ def _str2bool(v: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true/false, got {v!r}")
 
 
-def flag_groups(cls) -> list[tuple[str, str, list[str]]]:
-    """(title, description, fields) of each group of `cls`'s flags, as `--help` shows them: the
-    method's own (the fields `cls` declares itself) first, then each group class it composes, in
-    the order of its class line (a group's docstring is `title: description`). `--config` is in no
-    group: argparse's own `options` show it beside `--help`."""
-    owners: dict[type, list[str]] = {}
-    for f in dataclasses.fields(cls):
-        owner = next(k for k in cls.__mro__ if f.name in k.__dict__.get("__annotations__", {}))
-        owners.setdefault(owner, []).append(f.name)
-    groups = []
-    for klass in cls.__mro__:
-        if klass is Flags or klass not in owners:
-            continue
-        if not issubclass(cls, Flags):
-            # a tool's own dataclass (the benchmarks'): its flags, not a method's
-            title, about = script_of(cls), "its flags"
-        elif klass is cls or not issubclass(klass, Flags):
-            title, about = f"method ({script_of(cls)})", "the method's own flags"
-        else:
-            title, _, about = (klass.__doc__ or klass.__name__).partition(": ")
-        groups.append((title, " ".join(about.split()), owners[klass]))
-    return groups
-
-
 def script_of(cls) -> str:
     """The file that defines `cls` (`ra_rloo.py`), also when it runs as `__main__`."""
     module = sys.modules.get(cls.__module__)
     return Path(getattr(module, "__file__", None) or f"{cls.__module__}.py").name
 
 
-def build_parser(cls, description: str = "") -> argparse.ArgumentParser:
-    docs = field_docs(cls)
-    parser = _Parser(
-        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
-    hints, ranges = typing.get_type_hints(cls), declared(cls)
-    group_of = {}
-    for title, about, names in flag_groups(cls):
-        group = parser.add_argument_group(title, about)
-        group_of.update(dict.fromkeys(names, group))
-    # --help lists a script's own flags in the order its Args declares them (a field it redeclares
-    # keeps its base class's place among the dataclass's fields)
+def flag_arguments(cls) -> dict[str, dict]:
+    """{field: argparse's add_argument keywords but the help} for every field of `cls`, the
+    fields it declares itself in its own order (a field it redeclares keeps its base's place)."""
+    hints = typing.get_type_hints(cls)
     own = list(vars(cls).get("__annotations__", {}))
+    arguments = {}
     for f in sorted(
         dataclasses.fields(cls), key=lambda f: own.index(f.name) if f.name in own else -1
     ):
         hint = hints[f.name]
         origin, targs = typing.get_origin(hint), typing.get_args(hint)
-        optional = origin is typing.Union and type(None) in targs
-        if optional:
+        if origin is typing.Union and type(None) in targs:  # Optional[...]
             hint = next(a for a in targs if a is not type(None))
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        accepts = f" [{ranges[f.name]}]" if ranges[f.name] else ""
-        # argparse %-formats every help string (for `%(default)s`): a docstring's own `%` is escaped
-        kw: dict = {"default": default, "help": (docs.get(f.name, "") + accepts).replace("%", "%%")}
+        kw: dict = {"default": default}
         if hint is bool:
             kw.update(type=_str2bool, nargs="?", const=True, metavar="BOOL")
         elif typing.get_origin(hint) is typing.Literal:
@@ -433,15 +361,34 @@ def build_parser(cls, description: str = "") -> argparse.ArgumentParser:
             kw.update(nargs="*", type=typing.get_args(hint)[0])
         else:
             kw.update(type=hint)
-        group_of.get(f.name, parser).add_argument(f"--{f.name}", **kw)
+        arguments[f.name] = kw
+    return arguments
+
+
+def build_parser(cls, description: str = "") -> argparse.ArgumentParser:
+    """A `--flag` per field of `cls`; its `--help` text is put together only when shown."""
+    parser = _Parser(
+        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    parser.flags_class = cls
+    for name, kw in flag_arguments(cls).items():
+        parser.add_argument(f"--{name}", **kw)
     return parser
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad value stops with one line (the usage is --help's)."""
+    """argparse, but a bad value stops with one line (the usage is --help's), and the help (each
+    field's docstring, the flags in groups: common/run/flag_help.py) is read only when shown."""
 
     def error(self, message: str):
         raise SystemExit(f"{message} (--help lists every flag)")
+
+    def format_help(self) -> str:
+        from common.run.flag_help import documented_parser
+
+        cls = self.flags_class
+        parser = documented_parser(self, flag_arguments(cls), script_of(cls), Flags)
+        return parser.format_help()
 
 
 def parse_args(cls, argv: list[str] | None = None, description: str = ""):

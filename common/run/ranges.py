@@ -31,12 +31,10 @@ class Range:
         lo, hi = (None if bound is None else f"{bound:g}" for bound in (self.lo, self.hi))
         if lo and hi:
             text = f"in {'(' if self.lo_open else '['}{lo}, {hi}{')' if self.hi_open else ']'}"
-        elif lo or hi:
-            text = (
-                f"{'>' if self.lo_open else '>='} {lo}"
-                if lo
-                else f"{'<' if self.hi_open else '<='} {hi}"
-            )
+        elif lo:
+            text = f"{'>' if self.lo_open else '>='} {lo}"
+        elif hi:
+            text = f"{'<' if self.hi_open else '<='} {hi}"
         else:
             text = "finite"
         return text + (f"; 0 = {self.zero}" if self.zero else "")

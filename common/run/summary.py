@@ -63,13 +63,9 @@ def run_summary(output_dir: str, mechanism: list[str]) -> str:
         for label, key in names
     ]
     lines.append(f"  {repeatability(rows, output_dir)}")
-    files = ", ".join(
-        sorted(
-            p.name + "/" * p.is_dir()
-            for p in Path(output_dir).iterdir()
-            if not p.name.startswith(".")
-        )
-    )  # dot files: the run's marker, temporary files
+    # dot files (the run's marker, temporary files) left out
+    shown = [p for p in Path(output_dir).iterdir() if not p.name.startswith(".")]
+    files = ", ".join(sorted(p.name + "/" * p.is_dir() for p in shown))
     lines.append(f"  outputs: {files} (metrics.jsonl: one row per step; the keys: docs/metrics.md)")
     lines += export_lines(output_dir)
     # a baseline: none
@@ -133,16 +129,14 @@ def repeatability(rows: list[dict], output_dir: str) -> str:
     if not changes:
         return (
             "repeatable on a machine with the same free cores: the thread count followed them and "
-            "held at "
-            f"{counts[0]}; pass --num_threads {counts[0]} for the same rows on a quiet or a busy "
-            "machine"
+            f"held at {counts[0]}; pass --num_threads {counts[0]} for the same rows on a quiet or "
+            "a busy machine"
         )
     more = (
         f" ({len(changes)} changes in all, {counts[0]}..{counts[-1]})" if len(changes) > 1 else ""
     )
     return (
         "not repeatable: the thread count followed the free cores and changed from "
-        f"{changes[0][1]} to "
-        f"{changes[0][2]} at step {changes[0][0]}{more}; pass --num_threads N (e.g. --num_threads "
-        f"{logged[0][1]}) for a fixed count"
+        f"{changes[0][1]} to {changes[0][2]} at step {changes[0][0]}{more}; pass --num_threads N "
+        f"(e.g. --num_threads {logged[0][1]}) for a fixed count"
     )
