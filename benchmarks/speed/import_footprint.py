@@ -50,6 +50,8 @@ ONLY_WHEN_ASKED = (
     "common.tasks.hub_datasets",  # a hub dataset or a save_to_disk folder (not a local file)
     "common.generation.stop_tokens",  # --stop_token_ids
     "common.run.schedulers",  # --lr_scheduler_type other than warmup_constant
+    "common.run.flag_help",  # --help
+    "common.run.used_folder",  # --resume_from_checkpoint, or an --output_dir that holds a run
 )
 MAX_LINES = 5300
 """the most lines of common/ a one-step real-data run of a script may load (tests/test_layout.py)"""
