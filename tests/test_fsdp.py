@@ -491,7 +491,8 @@ def test_sharded_models_keep_their_reshard_settings_and_a_frozen_one_frees_its_r
     import torch.distributed as dist
 
     from common.distributed.fsdp import shard, whole_weights
-    from common.model.policy import frozen_reference, load_policy
+    from common.model.policy import load_policy
+    from common.model.reference import frozen_reference
 
     policy, _ = load_policy(random_model_dir)
     reference = frozen_reference(policy, "float32", True)

@@ -3,6 +3,7 @@ common/ shelved by purpose (no import cycle, none a single script's private help
 real-data run that never loads the embedded demo."""
 
 import ast
+import importlib
 import re
 from pathlib import Path
 
@@ -280,6 +281,9 @@ def test_real_data_path_loads_no_demo_code(tmp_path):
         # settings, several processes' checks
         asked = set(import_footprint.ONLY_WHEN_ASKED) & set(modules)
         assert not asked, (script, sorted(asked))
+        # the KL reference model only where --beta's default asks for one
+        beta = importlib.import_module(script.removesuffix(".py")).Args.beta
+        assert (import_footprint.KL_REFERENCE in modules) == (beta > 0), (script, beta)
         assert sum(modules.values()) <= import_footprint.MAX_LINES, (script, sum(modules.values()))
         assert (
             "common.rl.verifiers" in modules

@@ -53,6 +53,8 @@ ONLY_WHEN_ASKED = (
     "common.run.flag_help",  # --help
     "common.run.used_folder",  # --resume_from_checkpoint, or an --output_dir that holds a run
 )
+KL_REFERENCE = "common.model.reference"
+"""loaded only with --beta > 0 (the default of ra_rloo.py alone)"""
 MAX_LINES = 5300
 """the most lines of common/ a one-step real-data run of a script may load (tests/test_layout.py)"""
 

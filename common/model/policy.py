@@ -4,7 +4,6 @@ forward passes."""
 from __future__ import annotations
 
 import contextlib
-import copy
 
 import torch
 
@@ -55,39 +54,6 @@ def autocast(device: torch.device, dtype: str):
     """The compute dtype of forward passes over fp32 weights: torch autocast on CPU or CUDA
     (`float32`: a no-op)."""
     return torch.autocast(device.type, dtype=DTYPES[dtype], enabled=dtype != "float32")
-
-
-def frozen_reference(policy: torch.nn.Module, dtype: str, fsdp: bool = False) -> torch.nn.Module:
-    """The KL reference: a frozen copy of the initial `policy` that computes exactly as the policy
-    does at step 0 (under the same autocast), so the KL before any update is 0. Stored in `dtype`
-    only where the policy's forward rounds to it anyway: with `fsdp`, every parameter (FSDP's mixed
-    precision gathers the policy's in `dtype`); without, the weights of linear layers (autocast
-    casts them at each forward), while embeddings, norms and every buffer (e.g. rotary frequencies)
-    stay fp32 as the policy keeps them."""
-    reference = copy.deepcopy(policy).eval().requires_grad_(False)
-    if dtype == "float32":
-        return reference
-    if fsdp:
-        params = list(reference.parameters())
-    # a weight shared with another module (tied embeddings and head) is read outside autocast too:
-    # kept fp32
-    else:
-        others = {
-            id(param)
-            for module in reference.modules()
-            if not isinstance(module, torch.nn.Linear)
-            for param in module.parameters(recurse=False)
-        }
-        params = [
-            param
-            for module in reference.modules()
-            if isinstance(module, torch.nn.Linear)
-            for param in module.parameters(recurse=False)
-            if id(param) not in others
-        ]
-    for param in params:
-        param.data = param.data.to(DTYPES[dtype])
-    return reference
 
 
 def tied_keys(model) -> set[str]:

@@ -13,7 +13,7 @@ import torch
 from accelerate import Accelerator
 
 from common.generation.hf import HFGenerator, end_token_ids, resolve_cache_implementation
-from common.model.policy import frozen_reference, load_policy
+from common.model.policy import load_policy
 from common.run.flags import given_flags
 from common.run.launch import CpuThreads, resolve_accelerate_precision
 from common.run.logs import check_tracker
@@ -127,6 +127,8 @@ def make_reference(policy, args):
         from common.model.lora import AdaptersOff
 
         return AdaptersOff(policy)
+    from common.model.reference import frozen_reference
+
     return frozen_reference(policy, args.dtype, args.fsdp)
 
 
