@@ -60,9 +60,8 @@ def export_model(
             _stop_if_lost(output_dir)
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
-            _write_model(
-                tmp / EXPORT, model, tokenizer, end_ids, weights, dtype, card(adapter=lora)
-            )
+            text = card(adapter=lora)
+            _write_model(tmp / EXPORT, model, tokenizer, end_ids, weights, dtype, text)
             if lora and args.lora_merged_export:  # the adapters folded into the base weights
                 from common.model.lora import merged_state_dict
 
