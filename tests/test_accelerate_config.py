@@ -158,26 +158,45 @@ def _run(args, env):
     )
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_deepspeed_launch_stops_every_script_before_loading(script, tmp_path):
+# Runs each argv as `python <argv>` would (as __main__), one after another in one interpreter (the
+# imports paid once): prints, per script, SAID [script, its SystemExit message, another exception's type]
+SAY_HOW_IT_STOPPED = """
+import json, os, runpy, sys
+sys.path.insert(0, os.getcwd())
+for argv in json.loads(sys.argv[1]):
+    sys.argv, said = argv, [argv[0], None, None]
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as stop:
+        said[1] = stop.code if isinstance(stop.code, str) else f"exit status {stop.code}"
+    except BaseException as error:
+        said[2] = type(error).__name__
+    print("SAID", json.dumps(said), flush=True)
+"""
+
+
+def test_deepspeed_launch_stops_every_script_before_loading(tmp_path):
     # a model path that does not exist: a script that went on to load it would fail with another message
-    r = _run(
+    runs = [
         [
             script,
             "--model_name_or_path",
             str(tmp_path / "no-model"),
             "--output_dir",
-            str(tmp_path / "out"),
+            str(tmp_path / script),
             *SMALL,
-        ],
-        DEEPSPEED,
-    )
-    assert r.returncode != 0
-    assert "ACCELERATE_USE_DEEPSPEED" in r.stderr and "--fsdp" in r.stderr, r.stderr[-3000:]
-    assert "Traceback" not in r.stderr, r.stderr[-3000:]  # a clean SystemExit message, not a crash
-    assert not (
-        tmp_path / "out"
-    ).exists()  # stopped before the output dir (and args.json) was written
+        ]
+        for script in SCRIPTS
+    ]
+    r = _run(["-c", SAY_HOW_IT_STOPPED, json.dumps(runs)], DEEPSPEED)
+    said = [json.loads(line[5:]) for line in r.stdout.splitlines() if line.startswith("SAID [")]
+    assert [script for script, *_ in said] == list(SCRIPTS), r.stdout[-2000:] + r.stderr[-3000:]
+    for script, message, error in said:
+        # a clean SystemExit message (what `python <script>` prints without a traceback), not a crash
+        assert error is None and message is not None, (script, error, r.stderr[-3000:])
+        assert "ACCELERATE_USE_DEEPSPEED" in message and "--fsdp" in message, (script, message)
+        # stopped before the output dir (and args.json) was written
+        assert not (tmp_path / script).exists(), script
 
 
 def _assert_mapped(stdout: str, out):

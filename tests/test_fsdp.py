@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import loss_tolerance, run_script
+from conftest import loss_tolerance, run_main, run_script
 
 # two-process launches share accelerate's default rendezvous port: one at a time (pytest-xdist group)
 pytestmark = pytest.mark.xdist_group("distributed")
@@ -438,9 +438,8 @@ def test_one_process_fsdp_runs_and_resume_refuses_a_layout_change(tiny_base, tmp
         "--output_dir",
         str(tmp_path / "one"),
     ]
-    run_script(
-        [*base, "--fsdp"]
-    )  # a world of one: FSDP still wraps the model (how gpu_smoke runs it on one GPU)
+    # a world of one, in this process: FSDP still wraps the model (how gpu_smoke runs it on one GPU)
+    run_main([*base, "--fsdp"])
     assert (tmp_path / "one" / "checkpoint-1" / "shards_rank0.pt").exists()
     with pytest.raises(AssertionError, match="saved with --fsdp, resumed without it"):
         run_script(
@@ -596,7 +595,7 @@ def test_resume_refuses_a_pickle_payload_in_every_file_it_reads_and_runs_none(ti
         "--output_dir",
         str(out),
     ]
-    run_script([*base, "--max_steps", "1"])
+    run_main([*base, "--max_steps", "1"])  # in this process: main() ends its world-of-one group
     pickle.loads(pickle.dumps(_Payload(tmp_path / "control")))
     assert (tmp_path / "control").exists()  # the payload is live: unpickled unrestricted, it runs
     for name in (

@@ -3,6 +3,7 @@ vllm, datasets, math-verify or latex2sympy2_extended: run here with those four m
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -157,7 +158,11 @@ def test_gpu_smoke_every_part_on_the_image_without_vllm_datasets_or_math_verify(
     assert all(x["critic_changed_frac"] > 0 for x in pros)  # PPO's critic trains too
     assert all(x["groups_kept"] > 0 for x in plain["runs"] if x["script"] == "ps_grpo")
 
+    # the second command starts from the first one's warm-start folder (its pass rate measured once, as
+    # a repeated command on the GPU machine finds it)
+    shutil.copytree(tmp_path / "plain" / "model-tiny-warm", tmp_path / "parts" / "model-tiny-warm")
     report = _smoke(env, tmp_path / "parts", "fsdp,gc_lora,learning,speed,peer", "ra_rloo")
+    assert report["warm_start"] == plain["warm_start"]
     assert [x["variant"] for x in report["runs"]] == ["fsdp", "gradient_checkpointing", "lora"]
     learning = report["learning"]
     (pair,) = learning["methods"]

@@ -5,6 +5,7 @@ import json
 import os
 import random
 from itertools import pairwise
+from pathlib import Path
 
 import pytest
 import torch
@@ -409,33 +410,53 @@ def test_bad_flags_exit_with_a_message():
             parse_args(Args, argv)
 
 
-@pytest.fixture(scope="session")  # built once per worker (its tests share one, conftest.py)
+@pytest.fixture(scope="session")  # one per worker (its tests share one, conftest.py)
 def mt_base(tiny_base, tmp_path_factory) -> str:
-    """tiny_base after a short multi-turn warm-up on a tiny problem space (numbers 1..3): mixed outcomes."""
+    """The multi-turn warm-up ps_grpo.py starts from by default, copied from assets/ (no SFT: the
+    build path is test_the_multiturn_warmup_builds_from_its_recipe). The end-to-end tests build
+    their outcomes (built_outcomes): they need its multi-step episodes, not its pass rates."""
     from common.demo.countdown_env import MultiTurnRecipe, ensure_multiturn_policy
+    from common.demo.tiny_model import SHIPPED
 
-    old, threads = os.environ.get("RLVR_CACHE"), torch.get_num_threads()
+    ps = Args()
+    recipe = MultiTurnRecipe(ps.env_numbers, ps.env_max_number, ps.mt_sft_steps)
+    saved = {key: os.environ.pop(key, None) for key in ("RLVR_CACHE", "RLVR_NO_SHIPPED")}
     os.environ["RLVR_CACHE"] = str(tmp_path_factory.mktemp("mtcache"))
-    torch.set_num_threads(
-        1
-    )  # beside the other worker's tests on 2 cores: two threads each stall one another
     try:
-        return str(
-            ensure_multiturn_policy(
-                tiny_base,
-                MultiTurnRecipe(3, SMALL, sft_steps=MT_STEPS, lr=3e-3, batch_size=32),
-                log=lambda *_: None,
-            )
-        )
+        path = ensure_multiturn_policy(tiny_base, recipe, log=lambda *_: None)
+    finally:
+        os.environ.pop("RLVR_CACHE")
+        os.environ.update({key: value for key, value in saved.items() if value is not None})
+    assert (SHIPPED / path.name).is_dir(), f"assets/ holds no multi-turn warm-up {path.name}"
+    return str(path)
+
+
+def test_the_multiturn_warmup_builds_from_its_recipe(tiny_base, tmp_path, monkeypatch):
+    """ensure_multiturn_policy's build (SFT on solver episodes, saved with its build_info.json) for a
+    recipe assets/ does not hold, in a few steps."""
+    import dataclasses
+
+    from common.demo.countdown_env import MultiTurnRecipe, ensure_multiturn_policy
+    from common.demo.tiny_model import SHIPPED, weights_sha256
+
+    monkeypatch.setenv("RLVR_CACHE", str(tmp_path))
+    recipe = MultiTurnRecipe(3, SMALL, sft_steps=4, lr=3e-3, batch_size=32)
+    logs, threads = [], torch.get_num_threads()
+    torch.set_num_threads(1)  # beside the other worker's tests on 2 cores: 20x slower at 2 threads
+    try:
+        path = ensure_multiturn_policy(tiny_base, recipe, log=logs.append)
     finally:
         torch.set_num_threads(threads)
-        if old is None:
-            os.environ.pop("RLVR_CACHE")
-        else:
-            os.environ["RLVR_CACHE"] = old
+    assert not (SHIPPED / path.name).exists() and any("SFT steps" in line for line in logs)
+    info = json.loads((path / "build_info.json").read_text())
+    assert info["recipe"] == dataclasses.asdict(recipe) and info["base"] == tiny_base
+    assert info["weights_sha256"] == weights_sha256(path) != weights_sha256(Path(tiny_base))
+    assert 0 < info["mt_sft_final_loss"] < 10
+    # built once: a second call finds it
+    assert ensure_multiturn_policy(tiny_base, recipe, log=logs.append) == path
 
 
-SMALL, MT_STEPS = 3, 100
+SMALL = 3
 COMMON = [
     "--env_max_number",
     str(SMALL),

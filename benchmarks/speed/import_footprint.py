@@ -48,6 +48,7 @@ ONLY_WHEN_ASKED = (
     "common.run.folder_errors",  # a failed write in the output folder, or another launch holding it
     "common.run.mixed_precision",  # ACCELERATE_MIXED_PRECISION set (accelerate config)
     "common.tasks.hub_datasets",  # a hub dataset or a save_to_disk folder (not a local file)
+    "common.tasks.dataset_errors",  # a dataset column or row the run cannot use
     "common.generation.stop_tokens",  # --stop_token_ids
     "common.run.schedulers",  # --lr_scheduler_type other than warmup_constant
     "common.run.flag_help",  # --help

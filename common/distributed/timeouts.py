@@ -10,19 +10,17 @@ from pathlib import Path
 
 import torch
 
-from common.run.folder_lock import release_all
 
-
-def exit_if_collective_error(error: BaseException, trace, seconds: int) -> None:
-    """For a collective that failed: its line, the output folder given back and exit status 1 at
-    once (the teardown would hang on the group); any other error returns."""
+def exit_if_collective_error(error: BaseException, trace, seconds: int, release) -> None:
+    """For a collective that failed: its line, `release()` (the output folder given back) and exit
+    status 1 at once (the teardown would hang on the group); any other error returns."""
     if not is_collective_error(error):
         return
     # the process's own stderr: torch.distributed's hook, installed over this one, swaps
     # sys.stderr for a buffer printed only after this hook returns, and it does not return
     print(timeout_line(error, trace, seconds), file=sys.__stderr__, flush=True)
     sys.stdout.flush()
-    release_all(every_thread=True)
+    release()
     os._exit(1)
 
 

@@ -67,11 +67,10 @@ def end_token_ids(
     for source, tokens in sources.items():
         new = [token for token in dict.fromkeys(tokens) if token is not None and token not in ids]
         ids += new
-        named += (
-            [f"{token} {tokenizer.convert_ids_to_tokens(token)!r} ({source})" for token in new]
-            if log
-            else []
-        )
+        if log is not None:
+            named += [
+                f"{token} {tokenizer.convert_ids_to_tokens(token)!r} ({source})" for token in new
+            ]
     if log is not None:
         log(f"generation stops at token ids {', '.join(named)}")
     return ids
@@ -117,8 +116,7 @@ class HFGenerator:
         compiled=None,
     ):
         self.model = model  # the (unwrapped) training model: always current, nothing to sync
-        self.tokenizer = tokenizer
-        self.batch_size = batch_size
+        self.tokenizer, self.batch_size = tokenizer, batch_size
         self.dtype = dtype  # compute dtype (autocast over the fp32 weights)
         # None: transformers' default (a dynamic cache)
         self.cache_implementation = cache_implementation
@@ -199,23 +197,14 @@ class HFGenerator:
             )[:rows, width:].tolist()
             for row in gen:
                 cut = next((j for j, t in enumerate(row) if t in stop_ids), None)
-                if cut is None:
-                    out_ids.append(row)
-                    out_reasons.append("length")
-                else:
-                    out_ids.append(row[: cut + 1])
-                    out_reasons.append("stop")
+                out_ids.append(row if cut is None else row[: cut + 1])
+                out_reasons.append("length" if cut is None else "stop")
         logps = [[] for _ in out_ids]
         # under logits / T, by one extra pass (keeping generate's scores holds [B, V] per token)
         if cfg.logprobs:
+            temperature = cfg.temperature if cfg.temperature > 0 else 1.0
             logps = score_completions(
-                self.model,
-                flat,
-                out_ids,
-                tok.pad_token_id,
-                self.batch_size,
-                device,
-                cfg.temperature if cfg.temperature > 0 else 1.0,
+                self.model, flat, out_ids, tok.pad_token_id, self.batch_size, device, temperature
             )
         return Generations(
             prompt_ids=[list(p) for p in prompt_ids],

@@ -322,3 +322,17 @@ class VLLMGenerator:
             finish_reasons=reasons,
             n=n,
         )
+
+
+def vllm_generator(args, model_path: str, policy, tokenizer, accelerator) -> VLLMGenerator:
+    """--use_vllm: the run's engine, on the policy's weights, from the script's flags."""
+    return VLLMGenerator(
+        model_path,
+        policy,
+        tokenizer,
+        seed=args.seed,
+        dtype=args.dtype,
+        max_model_len=args.vllm_max_model_length,
+        gpu_memory_utilization=args.vllm_gpu_memory_utilization,
+        accelerator=accelerator,
+    )

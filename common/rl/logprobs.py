@@ -98,14 +98,9 @@ def logprobs_from_logits(
 ):
     """logits [B, R, V], targets [B, R] -> (log p(target), entropy), each [B, R]; backward keeps
     only `logits`. `entropy_grad` keeps the entropy in the graph (an entropy bonus)."""
+    flat = logits.reshape(-1, logits.shape[-1])
     lp, ent = ChunkedLogProbs.apply(
-        logits.reshape(-1, logits.shape[-1]),
-        None,
-        targets.reshape(-1),
-        temperature,
-        chunk_size,
-        entropy_grad,
-        logits.dtype,
+        flat, None, targets.reshape(-1), temperature, chunk_size, entropy_grad, logits.dtype
     )
     return lp.view(targets.shape), ent.view(targets.shape)
 
@@ -266,15 +261,11 @@ class Forward:
     def __call__(self, model, batch: Batch, grad: bool = True, entropy_grad: bool = False):
         """(log p, entropy) under `model`; `grad=False` without autograd (a frozen or old policy),
         `entropy_grad` keeps the entropy in the graph (an entropy bonus)."""
-        with torch.set_grad_enabled(grad and torch.is_grad_enabled()):
-            with autocast(self.device, self.dtype):
-                return token_logprobs(
-                    model,
-                    batch,
-                    self.temperature,
-                    entropy_grad=entropy_grad,
-                    compiled=self.compiled,
-                )
+        enabled = grad and torch.is_grad_enabled()
+        with torch.set_grad_enabled(enabled), autocast(self.device, self.dtype):
+            return token_logprobs(
+                model, batch, self.temperature, entropy_grad=entropy_grad, compiled=self.compiled
+            )
 
 
 @torch.no_grad()

@@ -26,6 +26,7 @@ from torch.distributed.fsdp import FSDPModule
 from common.distributed.ranks import first_failure, stop_every_rank
 from common.model.policy import library_bars_off, tied_keys
 from common.run.folder_lock import lost_hold
+from common.run.run_folder import read_record
 
 _NAME = re.compile(r"^checkpoint-(\d+)$")
 MARKER = ".run.json"  # in the output dir: the id of the run writing there (output_dir.py)
@@ -36,10 +37,7 @@ _WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)
 def run_id(record: Path) -> str:
     """The run id in `record`: a checkpoint's `run.json` (the run that wrote it) or the output dir's
     marker (the run writing there); "" when none is recorded."""
-    try:
-        return str(json.loads(Path(record).read_text())["run_id"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return ""
+    return str(read_record(Path(record)).get("run_id", ""))
 
 
 def rng_state() -> dict:
@@ -150,11 +148,7 @@ def save_checkpoint(
         except _WRITE_ERRORS as error:
             failed.append(str(error))
     # run.json: the id, script, settings and flags of the run writing here (output_dir.py)
-    try:
-        record = json.loads((Path(output_dir) / MARKER).read_text())
-    except (OSError, ValueError):
-        record = {}
-    record = record if isinstance(record, dict) else {}
+    record = read_record(Path(output_dir) / MARKER)
     writing = str(record.get("run_id", ""))
     if main and not failed:
         try:

@@ -85,7 +85,7 @@ def collective_timeout(seconds: int) -> list:
             return previous(kind, error, trace)
         from common.distributed.timeouts import exit_if_collective_error
 
-        exit_if_collective_error(error, trace, seconds)
+        exit_if_collective_error(error, trace, seconds, lambda: release_all(every_thread=True))
         return previous(kind, error, trace)
 
     sys.excepthook = hook

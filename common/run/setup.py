@@ -189,18 +189,9 @@ def make_generator(args, model_path: str, policy, tokenizer, accelerator, compil
     every stop token (EOS, the model's end-of-turn ids, --stop_token_ids), which the run's first
     lines name."""
     if args.use_vllm:
-        from common.generation.vllm_backend import VLLMGenerator
+        from common.generation.vllm_backend import vllm_generator
 
-        generator = VLLMGenerator(
-            model_path,
-            policy,
-            tokenizer,
-            seed=args.seed,
-            dtype=args.dtype,
-            max_model_len=args.vllm_max_model_length,
-            gpu_memory_utilization=args.vllm_gpu_memory_utilization,
-            accelerator=accelerator,
-        )
+        generator = vllm_generator(args, model_path, policy, tokenizer, accelerator)
     else:
         device_type = next(policy.parameters()).device.type
         cache, line = resolve_cache_implementation(

@@ -96,13 +96,9 @@ def hf_task(args, tokenizer, log=print) -> Task:
     for ds, flag in ((train_ds, "--dataset_name"), (eval_ds, "--eval_dataset")):
         for col in (prompt_column, *([args.answer_column] if need_answer else [])):
             if ds is not None and col not in ds.column_names:
-                named = repr(col)
-                if col == prompt_column and not args.prompt_column:  # neither default column
-                    named = "'prompt' or 'question'"
-                raise SystemExit(
-                    f"--prompt_column/--answer_column: column {named} not in {flag} "
-                    f"(columns: {ds.column_names})"
-                )
+                from common.tasks.dataset_errors import missing_column
+
+                raise SystemExit(missing_column(args, col, prompt_column, flag, ds.column_names))
     chat = args.use_chat_template == "yes" or (
         args.use_chat_template == "auto" and tokenizer.chat_template
     )
@@ -112,10 +108,10 @@ def hf_task(args, tokenizer, log=print) -> Task:
     system = [{"role": "system", "content": args.system_prompt}] if args.system_prompt else []
 
     def is_messages(q) -> bool:
-        return bool(
+        return (
             isinstance(q, list)
+            and bool(q)
             and all(isinstance(m, dict) and {"role", "content"} <= set(m) for m in q)
-            and q
         )
 
     as_messages = sum(map(is_messages, train_ds[prompt_column]))
@@ -128,12 +124,9 @@ def hf_task(args, tokenizer, log=print) -> Task:
         for row_i, row in enumerate(ds):
             q, a = row[prompt_column], row.get(args.answer_column)
             if not (isinstance(q, str) or is_messages(q)) or (need_answer and a is None):
-                raise SystemExit(
-                    f"{name} row {row_i}: {prompt_column!r} must be text or a list of "
-                    f"{{role, content}} messages"
-                    + (f" and {args.answer_column!r} present" if need_answer else "")
-                    + f" (got {q!r:.80}, {a!r:.40})"
-                )
+                from common.tasks.dataset_errors import bad_row
+
+                raise SystemExit(bad_row(args, name, row_i, prompt_column, need_answer, q, a))
             if isinstance(q, str):
                 messages = [*system, {"role": "user", "content": q + suffix}]
             else:
@@ -145,14 +138,9 @@ def hf_task(args, tokenizer, log=print) -> Task:
             elif isinstance(q, str):
                 text = (args.system_prompt + "\n\n" if args.system_prompt else "") + q + suffix
             else:
-                raise SystemExit(
-                    f"{name} row {row_i}: a message-format prompt needs a chat template: "
-                    + (
-                        "--use_chat_template no leaves it out (auto or yes to use it)"
-                        if tokenizer.chat_template
-                        else f"the tokenizer of {args.model_name_or_path} has none"
-                    )
-                )
+                from common.tasks.dataset_errors import needs_chat_template
+
+                raise SystemExit(needs_chat_template(args, name, row_i, tokenizer))
             if len(tokenizer(text, add_special_tokens=False).input_ids) > args.max_prompt_length:
                 dropped += 1
                 continue
