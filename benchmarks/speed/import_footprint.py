@@ -50,7 +50,7 @@ ONLY_WHEN_ASKED = (
     "common.tasks.hub_datasets",  # a hub dataset or a save_to_disk folder (not a local file)
     "common.tasks.dataset_errors",  # a dataset column or row the run cannot use
     "common.generation.stop_tokens",  # --stop_token_ids
-    "common.run.schedulers",  # --lr_scheduler_type other than warmup_constant
+    "common.run.schedulers",  # --lr_scheduler_type other than warmup_constant, or --lr_scheduler_kwargs
     "common.run.flag_help",  # --help
     "common.run.used_folder",  # --resume_from_checkpoint, or an --output_dir that holds a run
 )
