@@ -50,13 +50,13 @@ ONLY_WHEN_ASKED = (
     "common.tasks.hub_datasets",  # a hub dataset or a save_to_disk folder (not a local file)
     "common.tasks.dataset_errors",  # a dataset column or row the run cannot use
     "common.generation.stop_tokens",  # --stop_token_ids
-    "common.run.schedulers",  # --lr_scheduler_type other than warmup_constant
+    "common.run.schedulers",  # --lr_scheduler_type other than warmup_constant, or --lr_scheduler_kwargs
     "common.run.flag_help",  # --help
     "common.run.used_folder",  # --resume_from_checkpoint, or an --output_dir that holds a run
 )
 KL_REFERENCE = "common.model.reference"
 """loaded only with --beta > 0 (the default of ra_rloo.py alone)"""
-MAX_LINES = 5300
+MAX_LINES = 4500
 """the most lines of common/ a one-step real-data run of a script may load (tests/test_layout.py)"""
 
 PROBE = """

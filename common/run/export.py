@@ -60,11 +60,14 @@ def export_model(
             _stop_if_lost(output_dir)
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
-            _write_model(tmp / EXPORT, model, tokenizer, end_ids, weights, dtype)
-            (tmp / EXPORT / "README.md").write_text(card(adapter=lora))
-            if lora and args.lora_merged_export:
-                _write_merged(tmp / EXPORT_MERGED, model, tokenizer, end_ids, dtype)
-                (tmp / EXPORT_MERGED / "README.md").write_text(card(adapter=False))
+            text = card(adapter=lora)
+            _write_model(tmp / EXPORT, model, tokenizer, end_ids, weights, dtype, text)
+            if lora and args.lora_merged_export:  # the adapters folded into the base weights
+                from common.model.lora import merged_state_dict
+
+                base, whole = model.get_base_model(), merged_state_dict(model)
+                text = card(adapter=False)
+                _write_model(tmp / EXPORT_MERGED, base, tokenizer, end_ids, whole, dtype, text)
             # a long write: another launch may have taken the folder meanwhile
             _stop_if_lost(output_dir)
             # an earlier end's export (a resumed run) is replaced whole
@@ -75,8 +78,7 @@ def export_model(
             tmp.rmdir()
         except (*_WRITE_ERRORS, _Lost) as error:
             failed.append(str(error))
-    reason = first_failure(accelerator, failed)
-    if reason is not None:
+    if (reason := first_failure(accelerator, failed)) is not None:
         if accelerator.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
         stop_every_rank(
@@ -92,15 +94,14 @@ class _Lost(Exception):
 
 
 def _stop_if_lost(output_dir: Path) -> None:
-    lost = lost_hold(output_dir)
-    if lost:
+    if lost := lost_hold(output_dir):
         raise _Lost(lost)
 
 
-def _write_model(folder: Path, model, tokenizer, end_ids, weights, dtype) -> None:
-    """The model dir (main process): the weights (`weights`: the whole ones under --fsdp, else the
-    model's own; LoRA: the adapter) in `dtype` (None: as they are), the tokenizer and
-    generation_config.json."""
+def _write_model(folder: Path, model, tokenizer, end_ids, weights, dtype, card: str) -> None:
+    """The model dir (main process): the weights (`weights`: the whole ones under --fsdp, the merged
+    ones, else the model's own; LoRA: the adapter) in `dtype` (None: as they are), the tokenizer,
+    generation_config.json and the model card."""
     lora = hasattr(model, "get_base_model")
     if weights is None and dtype is not None:
         # LoRA: the adapters only (peft saves no more), not a cast copy of the whole base
@@ -111,17 +112,7 @@ def _write_model(folder: Path, model, tokenizer, end_ids, weights, dtype) -> Non
     generation_config(base, tokenizer, end_ids).save_pretrained(folder)
     if not lora:
         _set_config_dtype(folder, dtype)
-
-
-def _write_merged(folder: Path, model, tokenizer, end_ids, dtype) -> None:
-    """A LoRA policy as a plain model dir: the adapters folded into the base weights."""
-    from common.model.lora import merged_state_dict
-
-    base = model.get_base_model()
-    base.save_pretrained(folder, state_dict=_cast(merged_state_dict(model), dtype, base))
-    tokenizer.save_pretrained(folder)
-    generation_config(base, tokenizer, end_ids).save_pretrained(folder)
-    _set_config_dtype(folder, dtype)
+    (folder / "README.md").write_text(card)
 
 
 def _cast(weights: dict | None, dtype, model) -> dict | None:

@@ -77,10 +77,14 @@ def unknown_flags(parser, extras: list[str], script: str, trl_names: bool) -> li
     return lines
 
 
-def command_line_trl(typed: dict, parser, cls, problems: list[str], known: dict, given=()) -> dict:
+def command_line_trl(
+    typed: dict, parser, cls, problems: list[str], known: dict, own: set, from_config: dict
+) -> dict:
     """{flag: value} of the TRL names typed on the command line, through the --config table
     (common/run/trl_config.py), checked like the flags; the run's first lines say what each
-    became. `.source[flag]` is the TRL name that set it."""
+    became. Each value is set in `known` (the parsed flags) unless the command line sets that flag
+    itself (`own`): a different value there is a problem."""
+    given = own | set(from_config)
     settings, notes, refused = translate(
         typed, cls, "the command line", where=lambda key: f"--{key}", known=known, given=given
     )
@@ -88,7 +92,16 @@ def command_line_trl(typed: dict, parser, cls, problems: list[str], known: dict,
     if os.environ.get("RANK", "0") == "0":
         for note in notes:
             print(note, flush=True)
-    return check_settings(settings, parser, cls, problems, None, True, _SetBy())
+    values = check_settings(settings, parser, cls, problems, None, True, _SetBy())
+    for flag, value in values.items():
+        if flag not in own:
+            known[flag] = value
+        elif known[flag] != value:
+            problems.append(
+                f"--{values.source[flag]} and --{flag} set --{flag} to {value!r} and "
+                f"{known[flag]!r}: keep one"
+            )
+    return values
 
 
 class _SetBy(dict):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import re
 import sys
 import typing
@@ -416,18 +415,10 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
 
         problems += unknown_flags(parser, extras, script_of(cls), issubclass(cls, Flags))
     from_trl = {}
-    if trl_typed:
+    if trl_typed:  # set in `ns` where the command line does not set the flag itself
         from common.run.flag_sources import command_line_trl
 
-        given = typed | set(from_config)
-        from_trl = command_line_trl(trl_typed, parser, cls, problems, vars(ns), given)
-    for flag, value in from_trl.items():
-        if flag in typed and getattr(ns, flag) != value:
-            problems.append(
-                f"--{from_trl.source[flag]} and --{flag} set --{flag} to {value!r} and "
-                f"{getattr(ns, flag)!r}: keep one"
-            )
-        setattr(ns, flag, getattr(ns, flag) if flag in typed else value)
+        from_trl = command_line_trl(trl_typed, parser, cls, problems, vars(ns), typed, from_config)
     args = cls(**vars(ns))
     # which flags the user set, and where: such a flag wins over accelerate's environment
     args._given = {
@@ -485,15 +476,9 @@ def combination_problems(args) -> list[str]:
             "the warm-up: give one of the two"
         )
     if getattr(args, "lr_scheduler_kwargs", None) is not None:
-        try:
-            settings = json.loads(args.lr_scheduler_kwargs)
-        except ValueError:
-            settings = None
-        if not isinstance(settings, dict):
-            problems.append(
-                f"--lr_scheduler_kwargs {args.lr_scheduler_kwargs}: must be a JSON object, e.g. "
-                "'{\"min_lr_rate\": 0.1}'"
-            )
+        from common.run.schedulers import kwargs_problems
+
+        problems += kwargs_problems(args.lr_scheduler_kwargs)
     return problems
 
 

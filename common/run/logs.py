@@ -56,25 +56,17 @@ def _numbers(row: dict) -> dict:
 
 
 class MetricsLogger:
-    def __init__(
-        self,
-        output_dir: str,
-        accelerator,
-        report_to: str = "none",
-        config: dict | None = None,
-        resume_step: int | None = None,
-        project: str = "rlvr-sampling",
-        run_name: str | None = None,
-    ):
+    def __init__(self, output_dir: str, accelerator, resume_step: int | None = None, args=None):
+        """`args`: the run's flags, for the trackers --report_to names (None: no tracker)."""
         self.acc = accelerator
         self.path = Path(output_dir) / "metrics.jsonl"
-        self.trackers = report_to != "none"
+        self.trackers = args is not None and args.report_to != "none"
         written_on_main(accelerator, output_dir, lambda: self._start(resume_step))
         if self.trackers and accelerator.is_main_process:
             from common.run.trackers import start_trackers
 
-            resumed = resume_step is not None
-            start_trackers(accelerator, project, config or {}, output_dir, run_name, resumed)
+            config, resumed = dataclasses.asdict(args), resume_step is not None
+            start_trackers(accelerator, args.project, config, output_dir, args.run_name, resumed)
 
     def _start(self, resume_step: int | None) -> None:
         write_deferred(self.path.parent)  # a resume's records of its flags: its checkpoint loaded
@@ -134,23 +126,18 @@ def first_of_each_kind(kinds: list[str], per_kind: int) -> list[int]:
 
 
 class SampleLogger:
-    """samples.jsonl: at chosen steps, up to `per_kind` rollouts of each kind (fresh, replayed,
-    prefix...) as JSON rows (step, kind, prompt, completion, reward, advantage and the method's
-    tags), also sent to the tracker as a table (wandb, trackio) or text (tensorboard). `write` must
-    be called on every rank (rows are gathered)."""
+    """samples.jsonl: at chosen steps, up to --log_samples_per_kind rollouts of each kind (fresh,
+    replayed, prefix...) as JSON rows (step, kind, prompt, completion, reward, advantage and the
+    method's tags), also sent to the tracker as a table (wandb, trackio) or text (tensorboard).
+    `write` must be called on every rank (rows are gathered)."""
 
-    def __init__(
-        self,
-        output_dir: str,
-        accelerator,
-        every: int | None,
-        per_kind: int,
-        resume_step: int | None,
-    ):
-        self.acc, self.every, self.per_kind = accelerator, every, per_kind
-        self.path = Path(output_dir) / "samples.jsonl"
+    def __init__(self, args, accelerator, resume_step: int | None):
+        self.acc, self.path = accelerator, Path(args.output_dir) / "samples.jsonl"
+        self.every, self.per_kind = args.log_samples_every, args.log_samples_per_kind
         # as metrics.jsonl: rows past the checkpoint go
-        written_on_main(accelerator, output_dir, lambda: _keep_rows_until(self.path, resume_step))
+        written_on_main(
+            accelerator, args.output_dir, lambda: _keep_rows_until(self.path, resume_step)
+        )
 
     def write(self, step: int, rows: list[dict]) -> None:
         from accelerate.utils import gather_object
@@ -177,22 +164,8 @@ class RunLog:
     def __init__(self, args, accelerator, script: str, start_step: int, resumed: bool, log=print):
         resume_step = start_step if resumed else None  # a resume drops rows after its checkpoint
         self.args, self.accelerator, self.log_line = args, accelerator, log
-        self.metrics = MetricsLogger(
-            args.output_dir,
-            accelerator,
-            args.report_to,
-            dataclasses.asdict(args),
-            resume_step,
-            args.project,
-            args.run_name,
-        )
-        self.samples = SampleLogger(
-            args.output_dir,
-            accelerator,
-            args.log_samples_every,
-            args.log_samples_per_kind,
-            resume_step,
-        )
+        self.metrics = MetricsLogger(args.output_dir, accelerator, resume_step, args)
+        self.samples = SampleLogger(args, accelerator, resume_step)
         self.warned_sampler_gap = False
         self.script, self.initial_step, self.progress = script, start_step, None
         if resumed:  # a fresh run opens the bar after its step-0 line (`first_row`)

@@ -1,5 +1,5 @@
 """transformers' learning-rate schedules, loaded only for a --lr_scheduler_type other than
-`warmup_constant` (common/run/setup.py `make_scheduler`)."""
+`warmup_constant` (common/run/setup.py `make_scheduler`) or an --lr_scheduler_kwargs."""
 
 from __future__ import annotations
 
@@ -26,3 +26,14 @@ def transformers_scheduler(optimizer, args, warmup: int):
             f"--lr_scheduler_type {args.lr_scheduler_type} with --lr_scheduler_kwargs "
             f"{args.lr_scheduler_kwargs}: {error}"
         ) from None
+
+
+def kwargs_problems(text: str) -> list[str]:
+    """The line for an --lr_scheduler_kwargs that is not a JSON object (checked with the flags)."""
+    try:
+        settings = json.loads(text)
+    except ValueError:
+        settings = None
+    if isinstance(settings, dict):
+        return []
+    return [f"--lr_scheduler_kwargs {text}: must be a JSON object, e.g. '{{\"min_lr_rate\": 0.1}}'"]

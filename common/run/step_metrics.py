@@ -30,14 +30,6 @@ GENERIC_SUMS = tuple(
 )
 
 
-def _exact(value):
-    """A value to add: a tensor as float64 (exact for float32 and integer counts), detached, on its
-    device; a number as a Python float."""
-    if torch.is_tensor(value):
-        return value.detach().to(torch.float64)
-    return float(value)
-
-
 class StepClock:
     """One step's wall clock: the seconds of each phase (time/<phase>_s), the rest (time/other_s)
     and the whole step (time_step_s). On a GPU the queued work belongs to the phase that queued it:
@@ -99,12 +91,12 @@ def rollout_sums(groups, rewards, success, zero_var, truncated, completion_ids) 
 
 
 def add_up(per_micro_batch: list[dict]) -> dict:
-    """Each name's sum over the micro-batches, in their order, in float64 (tensors stay on their
-    device)."""
+    """Each name's sum over the micro-batches, in their order, in float64 (exact for float32 and
+    integer counts; tensors detached, on their device)."""
     sums: dict = {}
     for values in per_micro_batch:
         for name, value in values.items():
-            value = _exact(value)
+            value = value.detach().to(torch.float64) if torch.is_tensor(value) else float(value)
             # value + total, not total + value: a tensor then keeps the sum on its device
             sums[name] = value + sums[name] if name in sums else value + 0.0
     return sums
@@ -130,8 +122,7 @@ def step_metrics(step, totals, counters, grad_norms, lr, scored, accelerator, lo
     world = accelerator.num_processes
     counters["rollouts"] += int(totals["rollouts"])
     counters["gen_tokens"] += int(totals["gen_tokens"])
-    samples = max(1.0, totals["rollouts"])
-    tokens = max(1.0, totals["tok"])
+    samples, tokens = max(1.0, totals["rollouts"]), max(1.0, totals["tok"])
     reward_mean, reward_std = reward_moments(totals, totals["reward_n"])
     loss = totals["loss_sum"]
     if loss_per is not None:

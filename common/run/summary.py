@@ -120,11 +120,7 @@ def repeatability(rows: list[dict], output_dir: str) -> str:
         return (
             "repeatable: unknown (no row logs num_threads); pass --num_threads N for a fixed count"
         )
-    changes = [
-        (step, before, after)
-        for (_, before), (step, after) in zip(logged, logged[1:])
-        if before != after
-    ]
+    changes = [(step, old, new) for (_, old), (step, new) in zip(logged, logged[1:]) if old != new]
     counts = sorted({count for _, count in logged})
     if not changes:
         return (
