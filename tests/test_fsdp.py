@@ -161,13 +161,29 @@ def _spy_on_unshard(set_attribute, watched: dict, peak: dict) -> None:
     set_attribute(FSDPParamGroup, "unshard", spy)
 
 
+class Tee:
+    def __init__(self, *streams):
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for stream in self.streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self.streams:
+            stream.flush()
+
+
 def _scoring_spy_main(runs: str) -> None:
-    """This file under `accelerate launch` (the next test): each (mode, flags) of `runs` is one pros_ppo.main whose
-    scoring is watched; "gathered" scores under `gathered(...)` as the script once did. Per run and rank, a JSON
-    report: per model (and over "all" of them) its FSDP units, the most gathered at once while scoring and those
+    """This file under `accelerate launch` (fsdp_launch): each (script, mode, flags) of `runs` is one main() of that
+    script, its stdout also written per rank; pros_ppo.py's scoring is watched, "gathered" scoring under
+    `gathered(...)` as the script once did. Per run and rank, a JSON report: per model (and over "all" of them) its FSDP units, the most gathered at once while scoring and those
     still gathered after it, the largest |score - score with whole weights| (same batch), the scoring calls and the
     dummy passes made while scoring."""
     import contextlib
+    import importlib
+    import io
 
     from accelerate.state import AcceleratorState
 
@@ -213,7 +229,7 @@ def _scoring_spy_main(runs: str) -> None:
         return scores
 
     fsdp.dummy_pass, pros_ppo.score_rollouts = spy_dummy_pass, spy_score
-    for i, (mode, flags) in enumerate(json.loads(runs)):
+    for i, (script, mode, flags) in enumerate(json.loads(runs)):
         if i:  # main() destroyed its process group: the next one meets afresh, at its own store on the next port
             AcceleratorState._reset_state(True)
             os.environ.update(
@@ -222,20 +238,23 @@ def _scoring_spy_main(runs: str) -> None:
             )
         report["peak"].clear()
         report.update(mode=mode, after={}, diff={}, calls=0, dummy_passes=0)
-        args = parse_args(pros_ppo.Args, flags)
-        pros_ppo.main(args)
-        Path(args.output_dir, f"scoring_spy_rank{os.environ['RANK']}.json").write_text(
-            json.dumps(report)
-        )
+        module = importlib.import_module(script)
+        args = parse_args(module.Args, flags)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(
+            Tee(out, sys.stdout)
+        ):  # shown as it comes: a hang shows where
+            module.main(args)
+        rank = os.environ["RANK"]
+        Path(args.output_dir, f"stdout_rank{rank}.txt").write_text(out.getvalue())
+        Path(args.output_dir, f"scoring_spy_rank{rank}.json").write_text(json.dumps(report))
 
 
-def test_fsdp_pros_ppo_scores_sharded_as_the_whole_weights_do(tiny_base, tmp_path):
-    # The no-grad scoring pass (old log-probs, entropies, values, reference log-probs) runs sharded: no model ever has
-    # all its units gathered (the root, the running layer and one prefetched are allowed), the models in turn (each
-    # root freed after its forward, none left gathered after scoring), the scores equal those of the whole weights,
-    # and so do the weights after 2 steps. 5 queries over 2 ranks (12 and 8 rollouts, micro-batches of 8): rank 1
-    # joins rank 0's second scoring pass with a dummy one. One launch, three runs: PPO+PROS, the same with scoring
-    # under gathered(...) (the spy must see that), and --adv grpo; all with a reference (--beta).
+@pytest.fixture(scope="module")
+def fsdp_launch(tiny_base, tmp_path_factory):
+    """One two-process launch, four --fsdp runs: pros_ppo.py's three (the next test) and ada_seq.py's (the test after
+    it), each in its own folder of the returned one (the launch's start-up paid once)."""
+    tmp_path = tmp_path_factory.mktemp("fsdp_launch")
     flags = [
         "--model_name_or_path",
         tiny_base,
@@ -259,16 +278,33 @@ def test_fsdp_pros_ppo_scores_sharded_as_the_whole_weights_do(tiny_base, tmp_pat
         "0.05",
         "--fsdp",
     ]
-    runs = {
-        "ppo": ("sharded", []),
-        "gathered": ("gathered", []),
-        "grpo": ("sharded", ["--adv", "grpo"]),
-    }
     plan = [
-        (mode, [*flags, *extra, "--output_dir", str(tmp_path / name)])
-        for name, (mode, extra) in runs.items()
+        ("pros_ppo", mode, [*flags, *extra, "--output_dir", str(tmp_path / name)])
+        for name, (mode, extra) in PROS_RUNS.items()
     ]
-    run_script([*LAUNCH, "tests/test_fsdp.py", json.dumps(plan)], timeout=600)
+    ada_seq = ["--model_name_or_path", tiny_base, *SMALL, "--eval_steps", "2", "--max_steps", "2"]
+    plan.append(
+        ("ada_seq", "plain", [*ada_seq, "--fsdp", "--output_dir", str(tmp_path / "ada_seq")])
+    )
+    run_script([*LAUNCH, "tests/test_fsdp.py", json.dumps(plan)], timeout=900)
+    return tmp_path
+
+
+PROS_RUNS = {
+    "ppo": ("sharded", []),
+    "gathered": ("gathered", []),
+    "grpo": ("sharded", ["--adv", "grpo"]),
+}
+
+
+def test_fsdp_pros_ppo_scores_sharded_as_the_whole_weights_do(fsdp_launch):
+    # The no-grad scoring pass (old log-probs, entropies, values, reference log-probs) runs sharded: no model ever has
+    # all its units gathered (the root, the running layer and one prefetched are allowed), the models in turn (each
+    # root freed after its forward, none left gathered after scoring), the scores equal those of the whole weights,
+    # and so do the weights after 2 steps. 5 queries over 2 ranks (12 and 8 rollouts, micro-batches of 8): rank 1
+    # joins rank 0's second scoring pass with a dummy one. Three runs of the launch: PPO+PROS, the same with scoring
+    # under gathered(...) (the spy must see that), and --adv grpo; all with a reference (--beta).
+    tmp_path, runs = fsdp_launch, PROS_RUNS
     spies = {
         name: [
             json.loads((tmp_path / name / f"scoring_spy_rank{rank}.json").read_text())
@@ -399,29 +435,15 @@ def test_ra_rloo_gathers_the_policy_for_seeding_only_where_it_seeds(
     assert entry == units and seeded == 48, seen
 
 
-def test_fsdp_ada_seq_rounds_differ_per_rank_without_deadlock(tiny_base, tmp_path):
+def test_fsdp_ada_seq_rounds_differ_per_rank_without_deadlock(fsdp_launch):
     # Ada-Seq's ranks run different numbers of sampling rounds and micro-batches: the case FSDP's lock-step breaks
-    # (it deadlocked before generation ran outside lock-step). Equality with DDP is tested above; here: it finishes.
-    r = run_script(
-        [
-            *LAUNCH,
-            "ada_seq.py",
-            "--model_name_or_path",
-            tiny_base,
-            *SMALL,
-            "--eval_steps",
-            "2",
-            "--max_steps",
-            "2",
-            "--fsdp",
-            "--output_dir",
-            str(tmp_path / "fsdp"),
-        ],
-        timeout=600,
-    )
+    # (it deadlocked before generation ran outside lock-step). Equality with DDP is tested above; here: it finishes
+    # (its run is the last of fsdp_launch's, after three others in the same processes).
+    out = fsdp_launch / "ada_seq"
     # the first lines say how the two processes share the training
-    assert "processes: 2 on cpu, FSDP (--fsdp): weights, gradients and optimizer state" in r.stdout
-    rows = _rows(tmp_path / "fsdp")
+    stdout = (out / "stdout_rank0.txt").read_text()
+    assert "processes: 2 on cpu, FSDP (--fsdp): weights, gradients and optimizer state" in stdout
+    rows = _rows(out)
     assert [r["step"] for r in rows] == [0, 1, 2] and all(r["grad_norm"] >= 0 for r in rows[1:])
 
 
@@ -656,7 +678,5 @@ def test_resume_refuses_a_pickle_payload_in_every_file_it_reads_and_runs_none(ti
         )  # metrics.jsonl, samples.jsonl and the checkpoint as they were, nothing new
 
 
-if (
-    __name__ == "__main__"
-):  # the payload of test_fsdp_pros_ppo_scores_sharded_as_the_whole_weights_do
+if __name__ == "__main__":  # the payload of fsdp_launch
     _scoring_spy_main(sys.argv[1])
