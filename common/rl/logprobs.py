@@ -126,7 +126,14 @@ def head_of(model):
 
 
 def _hidden_logprobs(
-    model, head, kwargs: dict, pick, targets, temperature: float, chunk: int, entropy_grad: bool
+    model,
+    head,
+    kwargs: dict,
+    pick,
+    targets: torch.Tensor,
+    temperature: float,
+    chunk: int,
+    entropy_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`ChunkedLogProbs` through `head` (in autocast's dtype) on the model's last hidden states,
     `pick`ed to [N, H] (the model computes no logits: an empty `logits_to_keep`)."""

@@ -39,7 +39,15 @@ def pass_metrics(counts: list[int], n_samples: int, tags: list[str] | None = Non
 
 
 def evaluate(
-    generator, tokenizer, examples, encode, success_fn, sampling, n_samples, accelerator, ks=None
+    generator,
+    tokenizer,
+    examples,
+    encode,
+    success_fn,
+    sampling,
+    n_samples: int,
+    accelerator,
+    ks=None,
 ) -> dict:
     """Held-out pass@1 (mean over n_samples), unbiased pass@k (default: every power of two k <=
     n_samples) and pass@1 per difficulty tag; prompts are split across ranks. `success_fn(texts,
