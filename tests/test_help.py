@@ -2,11 +2,16 @@
 commands the README and docs name (`python -m common.run.plot_run`, the report), each through its own `__main__`, exits 0
 and prints its usage and flags; a field docstring with any character (`%` included) shows as written."""
 
+import contextlib
+import dataclasses
+import importlib
+import io
 import re
 import subprocess
 import sys
 from dataclasses import dataclass
 
+import pytest
 from conftest import ROOT
 
 from common.run.flags import build_parser, parse_args
@@ -159,3 +164,84 @@ def test_help_shows_the_flags_in_named_groups_the_methods_own_first():
             assert flags[title] == [n for n in base.__annotations__ if n not in own], title
         listed = sorted(name for names in flags.values() for name in names)
         assert listed == sorted(["help", *(f.name for f in dataclasses.fields(args))]), script
+
+
+# Every command whose flags come from common/run/flags.py: the five scripts and the benchmarks that parse an `Args`.
+PARSED_COMMANDS = tuple(s.removesuffix(".py") for s in METHOD_SCRIPTS) + tuple(
+    sorted(
+        ".".join(p.relative_to(ROOT).with_suffix("").parts)
+        for p in (ROOT / "benchmarks").rglob("*.py")
+        if "parse_args(Args" in p.read_text()
+    )
+)
+ENTRY = re.compile(r"^  (?:-h, )?--(\w+)(.*?)(?=^  -|^\S|\Z)", re.M | re.S)
+
+
+@pytest.fixture(scope="module")
+def shown_help() -> dict[str, tuple[type, str, dict[str, str]]]:
+    """{module: (its Args, its --help as `python X --help` prints it, {flag: its entry on one line})}: each
+    command's own parse of `--help` (common/run/flags.py `parse_args`, as its `__main__` calls it), in this
+    process."""
+    shown = {}
+    for name in PARSED_COMMANDS:
+        module = importlib.import_module(name)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as stop:
+            parse_args(module.Args, ["--help"], description=module.__doc__.split("\n\n")[0])
+        assert stop.value.code in (0, None), (name, stop.value.code)
+        text = out.getvalue()
+        entries = {flag: " ".join(rest.split()) for flag, rest in ENTRY.findall(text)}
+        shown[name] = module.Args, text, entries
+    return shown
+
+
+def test_every_value_flag_states_its_default(shown_help):
+    # a flag with a value shows it as `(default: X)`; one without (None, "") shows `(default: None)` or says
+    # in words what it then is (`(default: --temperature)`)
+    assert len(PARSED_COMMANDS) >= 10, PARSED_COMMANDS
+    for name, (cls, text, entries) in shown_help.items():
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        assert sorted(entries) == sorted(["help", *fields]), name
+        # the command's description (its docstring's first paragraph) heads the flags
+        description = " ".join(importlib.import_module(name).__doc__.split("\n\n")[0].split())
+        assert " ".join(text.split("\n\n")[1].split()) == description, name
+        silent = [
+            flag
+            for flag, entry in entries.items()
+            if flag != "help"
+            and "(default: " not in entry
+            and not (
+                fields[flag].default in (None, "") and re.search(r"\bdefault\b", entry, re.I)
+            )
+        ]
+        assert not silent, f"{name} --help: no default for {silent}"
+
+
+def test_a_shown_default_is_the_default_used(shown_help):
+    # every `(default: X)` at an entry's end is the value `Args()` holds, and the flags a reader looks
+    # for first show theirs
+    checked = listed = 0
+    for name, (cls, _, entries) in shown_help.items():
+        used, unset = cls(), {f.name for f in dataclasses.fields(cls) if f.default in (None, "")}
+        shown = {
+            flag: entry.rpartition("(default: ")[2].removesuffix(")")
+            for flag, entry in entries.items()
+            if flag != "help"
+            and entry.endswith(")")
+            and "(default: " in entry
+            # a flag without a value may say in words what it then is: `(default: --temperature)`
+            and (flag not in unset or entry.endswith("(default: None)"))
+        }
+        checked, listed = checked + len(shown), listed + len(entries)
+        wrong = {f: (s, getattr(used, f)) for f, s in shown.items() if s != str(getattr(used, f))}
+        assert not wrong, f"{name} --help shows (shown, used): {wrong}"
+    assert checked > 0.8 * listed, (checked, listed)
+    expected = {
+        "ps_grpo": {"scale_rewards": "False", "num_generations": "8", "max_steps": "150"},
+        "ra_rloo": {"num_generations": "4", "learning_rate": "5e-05", "max_steps": "300", "w_max": "5.0"},
+    }
+    for name, flags in expected.items():
+        cls, _, entries = shown_help[name]
+        for flag, value in flags.items():
+            assert str(getattr(cls(), flag)) == value, (name, flag)
+            assert entries[flag].endswith(f"(default: {value})"), (name, entries[flag])

@@ -364,10 +364,12 @@ def flag_arguments(cls) -> dict[str, dict]:
     return arguments
 
 
-def build_parser(cls, description: str = "") -> argparse.ArgumentParser:
+def build_parser(cls, description: str = "", add_help: bool = True) -> argparse.ArgumentParser:
     """A `--flag` per field of `cls`; its `--help` text is put together only when shown."""
     parser = _Parser(
-        description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        description=description,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        add_help=add_help,
     )
     parser.flags_class = cls
     for name, kw in flag_arguments(cls).items():
@@ -504,8 +506,9 @@ def given_flags(args) -> dict[str, str]:
 
 def typed_flags(cls, argv: list[str]) -> set[str]:
     """The flags `argv` itself sets (abbreviations included): parsed again with no defaults, so
-    that only the flags it names are in the result."""
-    parser = build_parser(cls)
+    that only the flags it names are in the result. It has no `--help`: the help is the full
+    parser's, which shows every default."""
+    parser = build_parser(cls, add_help=False)
     for action in parser._actions:
         action.default = argparse.SUPPRESS
     return set(vars(parser.parse_known_args(argv)[0]))
