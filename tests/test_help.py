@@ -210,9 +210,7 @@ def test_every_value_flag_states_its_default(shown_help):
             for flag, entry in entries.items()
             if flag != "help"
             and "(default: " not in entry
-            and not (
-                fields[flag].default in (None, "") and re.search(r"\bdefault\b", entry, re.I)
-            )
+            and not (fields[flag].default in (None, "") and re.search(r"\bdefault\b", entry, re.I))
         ]
         assert not silent, f"{name} --help: no default for {silent}"
 
@@ -238,7 +236,12 @@ def test_a_shown_default_is_the_default_used(shown_help):
     assert checked > 0.8 * listed, (checked, listed)
     expected = {
         "ps_grpo": {"scale_rewards": "False", "num_generations": "8", "max_steps": "150"},
-        "ra_rloo": {"num_generations": "4", "learning_rate": "5e-05", "max_steps": "300", "w_max": "5.0"},
+        "ra_rloo": {
+            "num_generations": "4",
+            "learning_rate": "5e-05",
+            "max_steps": "300",
+            "w_max": "5.0",
+        },
     }
     for name, flags in expected.items():
         cls, _, entries = shown_help[name]
