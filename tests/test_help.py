@@ -202,9 +202,6 @@ def test_every_value_flag_states_its_default(shown_help):
     for name, (cls, text, entries) in shown_help.items():
         fields = {f.name: f for f in dataclasses.fields(cls)}
         assert sorted(entries) == sorted(["help", *fields]), name
-        # the command's description (its docstring's first paragraph) heads the flags
-        description = " ".join(importlib.import_module(name).__doc__.split("\n\n")[0].split())
-        assert " ".join(text.split("\n\n")[1].split()) == description, name
         silent = [
             flag
             for flag, entry in entries.items()
@@ -213,26 +210,31 @@ def test_every_value_flag_states_its_default(shown_help):
             and not (fields[flag].default in (None, "") and re.search(r"\bdefault\b", entry, re.I))
         ]
         assert not silent, f"{name} --help: no default for {silent}"
+        # the command's description (its docstring's first paragraph) heads the flags
+        description = " ".join(importlib.import_module(name).__doc__.split("\n\n")[0].split())
+        assert " ".join(text.split("\n\n")[1].split()) == description, name
 
 
 def test_a_shown_default_is_the_default_used(shown_help):
-    # every `(default: X)` at an entry's end is the value `Args()` holds, and the flags a reader looks
-    # for first show theirs
+    # every entry ends with `(default: X)`, X the value `Args()` holds, but that of a flag without a value
+    # whose help says in words what it then is; and the flags a reader looks for first show theirs
     checked = listed = 0
     for name, (cls, _, entries) in shown_help.items():
         used, unset = cls(), {f.name for f in dataclasses.fields(cls) if f.default in (None, "")}
-        shown = {
-            flag: entry.rpartition("(default: ")[2].removesuffix(")")
-            for flag, entry in entries.items()
-            if flag != "help"
-            and entry.endswith(")")
-            and "(default: " in entry
-            # a flag without a value may say in words what it then is: `(default: --temperature)`
-            and (flag not in unset or entry.endswith("(default: None)"))
-        }
-        checked, listed = checked + len(shown), listed + len(entries)
-        wrong = {f: (s, getattr(used, f)) for f, s in shown.items() if s != str(getattr(used, f))}
-        assert not wrong, f"{name} --help shows (shown, used): {wrong}"
+        wrong = {}
+        for flag, entry in entries.items():
+            if flag == "help" or (flag in unset and not entry.endswith("(default: None)")):
+                continue
+            checked += 1
+            shown = (
+                entry.rpartition(" (default: ")[2].removesuffix(")")
+                if entry.endswith(")")
+                else None
+            )
+            if shown != str(getattr(used, flag)):
+                wrong[flag] = (entry[-50:], getattr(used, flag))
+        listed += len(entries)
+        assert not wrong, f"{name} --help ends with (shown, used): {wrong}"
     assert checked > 0.8 * listed, (checked, listed)
     expected = {
         "ps_grpo": {"scale_rewards": "False", "num_generations": "8", "max_steps": "150"},

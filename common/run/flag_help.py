@@ -39,7 +39,10 @@ def documented_parser(shown, arguments: dict, script: str, base: type) -> argpar
 
 def default_note(doc: str, default) -> str:
     """` (default: X)`, after the accepted values; nothing for a flag without a value (None, "")
-    whose docstring says in words what it then is (`(default: --temperature)`)."""
+    whose docstring says in words what it then is (`(default: --temperature)`), or one whose
+    default is not to be shown (argparse's SUPPRESS)."""
+    if default is argparse.SUPPRESS:
+        return ""
     if default in (None, "") and re.search(r"\bdefault\b", doc, re.I):
         return ""
     return " (default: %(default)s)"
