@@ -9,7 +9,6 @@ import ast
 import dataclasses
 import functools
 import inspect
-import re
 import textwrap
 
 from common.run.ranges import declared
@@ -20,7 +19,9 @@ def documented_parser(shown, arguments: dict, script: str, base: type) -> argpar
     each flag's help text, in the groups `--help` shows; `arguments`: its add_argument keywords,
     `script`: the file of its class, `base`: the class every group of flags derives from."""
     cls = shown.flags_class
-    parser = argparse.ArgumentParser(description=shown.description)
+    parser = argparse.ArgumentParser(
+        description=shown.description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     docs, ranges = field_docs(cls), declared(cls)
     defaults = {action.dest: action.default for action in shown._actions}
     group_of = {}
@@ -28,24 +29,11 @@ def documented_parser(shown, arguments: dict, script: str, base: type) -> argpar
         group = parser.add_argument_group(title, about)
         group_of.update(dict.fromkeys(names, group))
     for name, kw in arguments.items():
-        doc, default = docs.get(name, ""), defaults[name]
         accepts = f" [{ranges[name]}]" if ranges[name] else ""
         # argparse %-formats every help string (for `%(default)s`): a docstring's own `%` is escaped
-        text = (doc + accepts).replace("%", "%%") + default_note(doc, default)
-        kw.update(default=default, help=text)
+        kw.update(default=defaults[name], help=(docs.get(name, "") + accepts).replace("%", "%%"))
         group_of.get(name, parser).add_argument(f"--{name}", **kw)
     return parser
-
-
-def default_note(doc: str, default) -> str:
-    """` (default: X)`, after the accepted values; nothing for a flag without a value (None, "")
-    whose docstring says in words what it then is (`(default: --temperature)`), or one whose
-    default is not to be shown (argparse's SUPPRESS)."""
-    if default is argparse.SUPPRESS:
-        return ""
-    if default in (None, "") and re.search(r"\bdefault\b", doc, re.I):
-        return ""
-    return " (default: %(default)s)"
 
 
 def field_docs(cls) -> dict[str, str]:
