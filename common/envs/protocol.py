@@ -4,7 +4,9 @@ through one of two conventions (docs/custom_env.md):
 - the text protocol: `reset(**row) -> str` (the first observation), `step(action) -> (observation,
   reward, done)`, optional `snapshot() -> state` and `restore(state)` (prefix replay uses them);
 - TRL's `environment_factory` convention (a class without `step`): `reset(**row) -> str | None`,
-  public methods the model calls as tools through the chat template, optional `get_reward()`.
+  public methods the model calls as tools through the chat template (each needs the type hints and
+  docstring its JSON schema is built from: checked when the class is loaded), optional
+  `get_reward()`; an `async def` tool or get_reward is awaited, as TRL awaits them.
 
 Every call of your code goes through `Environment`: what it raises becomes an `EnvFault` with one
 line naming the exception and the file:line in your file (that episode ends with reward 0); a call
