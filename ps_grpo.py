@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import functools
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Annotated, ClassVar, Literal, Optional
@@ -188,9 +189,13 @@ class Args(
     env_invalid: Literal["end", "retry"] = "end"
     """[multiturn] an invalid action: `end` the episode (reward 0), or `retry` (answered with an
     error + the state)"""
-    max_action_tokens: Annotated[int, Range(1)] = 16
+    max_action_tokens: Annotated[
+        int, Range(1, zero="16 tokens for the text protocol, 256 for TRL's environment_factory")
+    ] = 0
     """[multiturn] token cap of one action (a turn ends at EOS / end of turn, or at a newline
-    without a chat template); text mode: --max_completion_length"""
+    without a chat template); by default 16 for the text protocol (Countdown's steps) and 256 in
+    TRL's environment_factory convention, where an action is a whole tool call; text mode:
+    --max_completion_length"""
     mt_sft_steps: Annotated[int, Range(0, zero="none")] = 400
     """[multiturn] embedded model: SFT steps on solver-built episodes before RL (built once,
     cached)"""
@@ -306,6 +311,7 @@ class BatchTask:
     ratio: float | None = None  # [PS] the category's ratio that built it (`attributed`)
     prompt: list = field(default_factory=list)  # [PS] the first observation's tokens, checked
     snapshot: object = None  # [PS] the environment's snapshot() at step K (never checkpointed)
+    chat: list = field(default_factory=list)  # [PS] with the snapshot: its turns' chat messages
 
     @property
     def kind(self) -> str:
@@ -371,7 +377,9 @@ def make_prefix_task(
     # an environment with snapshot() / restore(): its state after step K, restored on replay
     snapshot = source.snapshots[steps - 1] if len(source.snapshots) >= steps else None
     prefix = source.steps[:steps]
-    return BatchTask(task.prompt_id, category, prefix, total, ratio, source.prompt, snapshot)
+    # TRL's convention: the stored turns' chat messages, for the reward functions
+    chat = source.chat[: steps + 1] if snapshot is not None else []
+    return BatchTask(task.prompt_id, category, prefix, total, ratio, source.prompt, snapshot, chat)
 
 
 @dataclass
@@ -561,12 +569,16 @@ def env_rollouts(
     from common.envs.rollout import Prefix
 
     rows = [env.train[task.prompt_id].row for task in tasks]
-    prefixes = [Prefix(task.steps, task.prompt, task.snapshot) for task in tasks]
+    prefixes = [Prefix(task.steps, task.prompt, task.snapshot, task.chat) for task in tasks]
     out = env.runner.play(generator, rows, prefixes, n, cfg)
     env.counts = {
         "env_errors": out.errors,
         "replay_tasks": out.replayed,
         "replay_mismatch": out.mismatched,
+        "actions": out.actions,
+        "actions_cut": out.actions_cut,
+        "tool_calls": out.tool_calls,
+        "tool_failures": out.tool_failures,
     }
     return out.episodes, out.truncated, [tasks[task] for task in out.kept]
 
@@ -639,13 +651,19 @@ def rollout_text(
     return episodes, clipped
 
 
-def turn_config(tokenizer, args: Args, temperature: float, lines: bool = True) -> SamplingConfig:
+# --max_action_tokens 0: an action's cap by convention (a tool call needs far more than a line)
+ACTION_TOKENS = {"text": 16, "tools": 256}
+
+
+def turn_config(
+    tokenizer, args: Args, temperature: float, lines: bool = True, tools: bool = False
+) -> SamplingConfig:
     """Sampling for one turn at `temperature`: an action ends at an end token (EOS, end of turn),
-    at the end of its line with `lines` (raw text: one action per line), or at max_action_tokens."""
+    at the end of its line with `lines` (raw text: one action per line), or at max_action_tokens
+    (0: ACTION_TOKENS of the convention, `tools`: TRL's environment_factory)."""
     stops = [tokenizer("\n", add_special_tokens=False).input_ids[-1]] if lines else []
-    return SamplingConfig(
-        max_new_tokens=args.max_action_tokens, temperature=temperature, stop_token_ids=stops
-    )
+    cap = args.max_action_tokens or ACTION_TOKENS["tools" if tools else "text"]
+    return SamplingConfig(max_new_tokens=cap, temperature=temperature, stop_token_ids=stops)
 
 
 def multiturn_warm_up(args: Args, accelerator, log) -> str | None:
@@ -725,11 +743,13 @@ class AgentEnv:
         self.name = self.env.name if args.environment else None
         # --reward_funcs: scored on the whole conversation, added to the environment's reward
         self.funcs = reward_funcs(args, len(self.train), log) if args.reward_funcs else None
-        # one action per generate call (raw text: a line)
-        self.sampling = turn_config(tokenizer, args, args.temperature, not chat)
+        # one action per generate call (raw text: a line); TRL's convention: a tool call
+        tools = not self.env.text
+        self.sampling = turn_config(tokenizer, args, args.temperature, not chat, tools)
         eval_temperature = sampling_configs(args)[1].temperature
-        self.eval_sampling = turn_config(tokenizer, args, eval_temperature, not chat)
+        self.eval_sampling = turn_config(tokenizer, args, eval_temperature, not chat, tools)
         self.counts = {}
+        self.warned_cut = False
 
     def play(self, generator, rows, n, cfg):
         """n fresh episodes per row: (episodes, truncated, kept)."""
@@ -782,14 +802,40 @@ class AgentEnv:
         return out
 
     def metrics(self, totals: dict) -> dict:
-        """With --environment: env_errors and ps_replay_mismatch_frac (0 with no prefix task)."""
+        """With --environment: env_errors and ps_replay_mismatch_frac (0 with no prefix task); TRL's
+        convention: tools/call_frequency (tool calls per rollout) and tools/failure_frequency (of
+        those calls, answered with an error; 0 without a call), TRL's. Says once a run when every
+        action of a step hit the token cap."""
+        cut, actions = totals["actions_cut"], totals["actions"]
+        if actions and cut == actions and not self.warned_cut:
+            self.warned_cut = True
+            self.warn(
+                f"warning: every action of this step hit --max_action_tokens "
+                f"{self.sampling.max_new_tokens} (clipped_ratio 1.0): no turn ended by itself"
+                + ("" if self.env.text else ", so no tool call could parse")
+                + "; raise --max_action_tokens"
+            )
         if self.name is None:
             return {}
         replayed = totals["replay_tasks"]
-        return {
+        out = {
             "env_errors": totals["env_errors"],
             "ps_replay_mismatch_frac": totals["replay_mismatch"] / replayed if replayed else 0.0,
         }
+        if not self.env.text:
+            calls = totals["tool_calls"]
+            out["tools/call_frequency"] = calls / max(1.0, totals["rollouts"])
+            out["tools/failure_frequency"] = totals["tool_failures"] / calls if calls else 0.0
+        return out
+
+    @staticmethod
+    def warn(line: str) -> None:
+        """A warning on the main process, on stderr: a line of its own, never glued to the progress
+        bar's (common/run/logs.py's BarLine)."""
+        from accelerate import PartialState
+
+        if PartialState().is_main_process:
+            print(line, file=sys.stderr, flush=True)
 
 
 def countdown_tasks(args: Args) -> tuple[list, list]:
@@ -1145,7 +1191,7 @@ def main(args: Args) -> None:
         if checkpoints.due(step, stopping):
             # [PS] (also in GRPO: an empty queue, unmoved controllers) as plain data; a snapshot is
             # the environment's own object: a resumed prefix task re-executes its actions
-            queued = [replace(task, snapshot=None) for task in queue]
+            queued = [replace(task, snapshot=None, chat=[]) for task in queue]
             method_state = {"queue": queued, "ctrl": controllers}
             state = {"sampler": sampler.state_dict(), "counters": counters, "method": method_state}
             checkpoints.save(step, state, stopping)

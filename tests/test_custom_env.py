@@ -282,6 +282,238 @@ def test_a_trl_environment_factory_class_calls_its_tools_through_the_chat_templa
     assert again.kept == [0] and again.episodes[0].ids == episode.ids
 
 
+# ---------------- TRL's convention: what TRL's trainer does that a class relies on ----------------
+def trl_play(cls, turns, n=1, tok=None, row=None, max_new_tokens=80, prefix=None):
+    """`cls` played by a scripted model writing `turns[k]` (text, then EOS) as its k-th turn."""
+    tok = tok or chat_tokenizer()
+
+    def turn(prompt):
+        made = tok.decode(prompt).count("A:") - 1
+        return tok(turns[made], add_special_tokens=False).input_ids + [tok.eos_token_id]
+
+    gen = Scripted(turn)
+    gen.end_ids = [tok.eos_token_id]
+    runner = EnvRunner(Environment(cls), Renderer(tok, True), 6, print)
+    row = row or {"prompt": [{"role": "user", "content": "Go:"}], "goal": 3}
+    cfg = SamplingConfig(max_new_tokens=max_new_tokens)
+    return runner.play(gen, [row], [prefix or Prefix()], n, cfg), tok
+
+
+def call(name, **arguments):
+    return f'<tool_call>{{"name": "{name}", "arguments": {json.dumps(arguments)}}}</tool_call>'
+
+
+def test_a_chat_template_that_drops_tools_or_tool_calls_is_refused_in_one_line():
+    tok = chat_tokenizer()
+    tok.name_or_path = "tiny/chat-model"
+    no_tools = TEMPLATE.replace("{%- if tools %}", "{%- if false %}")
+    no_calls = TEMPLATE.replace("<tool_call>{{ c.function | tojson }}</tool_call>", "")
+    for template, reason in ((no_tools, "ignores `tools`"), (no_calls, "tool calls")):
+        tok.chat_template = template
+        with pytest.raises(SystemExit, match=f"Counter: .*tiny/chat-model: .*{reason}") as stop:
+            EnvRunner(Environment(Counter), Renderer(tok, True), 4)
+        assert "\n" not in str(stop.value)
+    # the text protocol needs no tools
+    EnvRunner(Environment(Walk), Renderer(tok, True), 4)
+
+
+def test_a_trl_class_is_refused_at_start_up_when_the_tokenizer_cannot_take_tools():
+    from common.run.flags import parse_args
+    from ps_grpo import AgentEnv, Args
+
+    # ps_grpo.py builds its AgentEnv before the generator and the first step
+    flags = ["--environment", f"{__file__}:Counter"]
+    chat = chat_tokenizer()
+    chat.name_or_path = "tiny/chat-model"
+    for tok, more in ((chat, ["--use_chat_template", "no"]), (TOK, [])):
+        with pytest.raises(SystemExit, match="^environment Counter: TRL's environment_factory"):
+            AgentEnv(parse_args(Args, flags + more), tok, print)
+    with pytest.raises(SystemExit, match="tiny/chat-model: it has none"):
+        AgentEnv(parse_args(Args, flags + ["--use_chat_template", "no"]), chat, print)
+
+
+def test_a_tool_without_a_usable_docstring_is_refused_in_one_line_naming_the_method():
+    class NoDoc(Counter):
+        def move(self, steps: int) -> str:
+            return "moved"
+
+    class NoArgs(Counter):
+        def move(self, steps: int) -> str:
+            """Move."""
+
+    for cls in (NoDoc, NoArgs):
+        with pytest.raises(SystemExit, match=rf"^environment {cls.__name__}: tool method "):
+            Environment(cls)
+    with pytest.raises(SystemExit, match=r"NoDoc\.move has no usable schema: .*no docstring"):
+        Environment(NoDoc)
+
+
+def test_async_tools_and_an_async_get_reward_are_awaited():
+    class AsyncCounter(Counter):
+        async def add(self, n: int) -> str:
+            """Add to the count.
+
+            Args:
+                n: how much to add
+            """
+            return Counter.add(self, n)
+
+        async def get_reward(self) -> float:
+            return Counter.get_reward(self)
+
+    out, tok = trl_play(AsyncCounter, [call("add", n=2), call("add", n=-1), call("add", n=1), "ok"])
+    text = tok.decode(out.episodes[0].ids)
+    assert (
+        "R:total 2</s>" in text and "R:{'error': 'only up'}</s>" in text and "coroutine" not in text
+    )
+    assert out.episodes[0].reward == 1.0 and out.errors == 0
+
+
+def test_tool_calls_counted_as_trl_counts_them_and_logged_as_its_metrics():
+    from common.run.flags import parse_args
+    from ps_grpo import AgentEnv, Args
+
+    # per episode: 2 calls answered, 1 raising, 1 unknown tool
+    turns = [call("add", n=2), call("add", n=-1) + call("nope"), call("add", n=1), "ok"]
+    out, tok = trl_play(Counter, turns, n=2, max_new_tokens=200)
+    assert (out.tool_calls, out.tool_failures, out.actions, out.actions_cut) == (8, 4, 8, 0)
+    args = parse_args(Args, ["--environment", f"{__file__}:Counter"])
+    env = AgentEnv(args, tok, print)
+    totals = {"env_errors": 0, "replay_tasks": 0, "replay_mismatch": 0, "rollouts": 2}
+    totals |= {"actions": 8, "actions_cut": 0, "tool_calls": 8, "tool_failures": 4}
+    row = env.metrics(totals)
+    assert row["tools/call_frequency"] == 4.0 and row["tools/failure_frequency"] == 0.5
+    assert env.metrics(totals | {"tool_calls": 0})["tools/failure_frequency"] == 0.0
+
+
+def test_the_action_cap_fits_a_tool_call_by_default_and_a_step_of_cut_actions_is_said(capsys):
+    from common.run.flags import parse_args
+    from common.run.logs import BarLine
+    from ps_grpo import ACTION_TOKENS, AgentEnv, Args
+
+    tok = chat_tokenizer()
+    args = parse_args(Args, ["--environment", f"{__file__}:Counter"])
+    env = AgentEnv(args, tok, print)
+    hermes = tok(call("add", n=12), add_special_tokens=False).input_ids  # a character a token
+    assert env.sampling.max_new_tokens == ACTION_TOKENS["tools"] > len(hermes) + 1
+    text = AgentEnv(parse_args(Args, ["--environment", f"{__file__}:Walk"]), TOK, print)
+    assert text.sampling.max_new_tokens == ACTION_TOKENS["text"] == 16
+    fixed = parse_args(Args, ["--environment", f"{__file__}:Counter", "--max_action_tokens", "9"])
+    assert AgentEnv(fixed, tok, print).sampling.max_new_tokens == 9
+    # every action of a step cut: one line on stderr, after the progress bar's open line
+    totals = {"env_errors": 0, "replay_tasks": 0, "replay_mismatch": 0, "rollouts": 4}
+    totals |= {"actions": 4, "actions_cut": 4, "tool_calls": 0, "tool_failures": 0}
+    bar = BarLine.install()
+    try:
+        bar.write("\rps_grpo: 1/3")
+        env.metrics(totals)
+        env.metrics(totals)  # once a run
+        env.metrics(totals | {"actions_cut": 3})
+    finally:
+        BarLine.uninstall()
+    err = capsys.readouterr().err
+    assert err.startswith("\rps_grpo: 1/3\nwarning: every action of this step hit ")
+    assert err.count("warning") == 1 and "--max_action_tokens 256" in err and err.endswith("\n")
+
+
+REWARD_FILE = """
+SEEN = []
+
+
+def seen(prompts, completions, environments, **kwargs):
+    SEEN.append((prompts, completions, environments))
+    return [environment.total / 3 for environment in environments]
+"""
+
+
+def test_reward_funcs_get_the_environments_and_trl_conversational_completions(tmp_path):
+    from common.envs.tasks import conversation_rewards
+    from common.tasks.rewards import RewardFuncs
+
+    class SnapCounter(Counter):
+        def snapshot(self):
+            return self.total
+
+        def restore(self, state):
+            self.total = state
+
+    (tmp_path / "r.py").write_text(REWARD_FILE)
+    funcs = RewardFuncs(f"{tmp_path / 'r.py'}:seen")
+    turns = [call("add", n=2), call("add", n=-1), "<tool_call>{bad</tool_call>no"]
+    out, tok = trl_play(SnapCounter, turns)
+    episode, row = out.episodes[0], {"goal": 3}
+    totals, values = conversation_rewards(funcs, tok, out.episodes, [row], 1)
+    prompts, completions, environments = funcs.funcs[0].__globals__["SEEN"][-1]
+    assert environments == [episode.env] and totals == [2 / 3]
+    assert prompts == [[{"role": "user", "content": "Go: count to 3"}]]
+
+    def asked(n):
+        fn = {"name": "add", "arguments": {"n": n}}
+        return {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": fn}],
+        }
+
+    assert completions == [
+        [
+            asked(2),
+            {"role": "tool", "name": "add", "content": "total 2"},
+            asked(-1),
+            {"role": "tool", "name": "add", "content": "{'error': 'only up'}"},
+            {"role": "assistant", "content": "<tool_call>{bad</tool_call>no"},
+        ]
+    ]
+    # a prefix task restored from a snapshot starts from the stored conversation's messages
+    prefix = Prefix(episode.steps[:1], episode.prompt, episode.snapshots[0], episode.chat[:2])
+    again, _ = trl_play(SnapCounter, turns, prefix=prefix)
+    assert again.episodes[0].chat == episode.chat and again.episodes[0].ids == episode.ids
+
+
+def test_the_model_calls_only_tools_with_a_name_and_json_arguments_never_reset_or_get_reward():
+    env, tok = Environment(Counter), chat_tokenizer()
+    instance = env.new()
+    env.reset(instance, {"goal": 3})
+    instance.total = 2
+    calls = [
+        {"type": "function", "function": {"name": "reset", "arguments": {"goal": 1}}},
+        {"type": "function", "function": {"name": "get_reward", "arguments": {}}},
+        {"type": "function", "function": {"name": "add", "arguments": '{"n": 1}'}},
+    ]
+    messages, failures = env.tool_calls(instance, calls)
+    assert [m["content"] for m in messages] == [
+        "{'error': 'Tool reset not found.'}",
+        "{'error': 'Tool get_reward not found.'}",
+        "total 3",  # JSON-text arguments decoded
+    ]
+    assert failures == 2 and instance.total == 3
+    assert [s["function"]["name"] for s in env.schemas] == ["add"]
+    # a Hermes block whose `name` is not a string is no call
+    renderer = Renderer(tok, True)
+    for block in ('{"arguments": {"n": 1}}', '{"name": 7, "arguments": {"n": 1}}'):
+        ids = tok(f"<tool_call>{block}</tool_call>", add_special_tokens=False).input_ids
+        assert "tool_calls" not in renderer.assistant(ids, [], env.schemas)
+    ids = tok(call("add", n=1), add_special_tokens=False).input_ids
+    assert renderer.assistant(ids, [], env.schemas)["tool_calls"][0]["function"]["name"] == "add"
+
+
+def test_an_observation_of_the_wrong_type_stops_and_a_cut_chat_turn_is_closed():
+    class NumberObservation(Walk):
+        def step(self, action):
+            return 5, 1.0, True
+
+    gen = Scripted(lambda p: ENC("+\n"))
+    with pytest.raises(SystemExit, match="NumberObservation.step .*the observation is a int"):
+        runner(NumberObservation).play(gen, [{"seed": 0}], [Prefix()], 1, CFG)
+    tok = chat_tokenizer()
+    renderer = Renderer(tok, True, [tok.eos_token_id])
+    user = [{"role": "user", "content": "at 1"}]
+    ended = renderer.observation(user, ENC("+") + [tok.eos_token_id])
+    cut = renderer.observation(user, ENC("++"))
+    # a turn cut by the token cap gets the end token the template puts after a turn
+    assert tok.decode(ended) == "U:at 1</s>A:" and cut == [tok.eos_token_id] + ended
+
+
 def test_text_protocol_observations_go_through_the_chat_template_as_user_messages():
     tok = chat_tokenizer()
     gen = Scripted(lambda p: tok("+", add_special_tokens=False).input_ids + [tok.eos_token_id])

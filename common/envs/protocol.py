@@ -4,7 +4,9 @@ through one of two conventions (docs/custom_env.md):
 - the text protocol: `reset(**row) -> str` (the first observation), `step(action) -> (observation,
   reward, done)`, optional `snapshot() -> state` and `restore(state)` (prefix replay uses them);
 - TRL's `environment_factory` convention (a class without `step`): `reset(**row) -> str | None`,
-  public methods the model calls as tools through the chat template, optional `get_reward()`.
+  public methods the model calls as tools through the chat template (each needs the type hints and
+  docstring its JSON schema is built from: checked when the class is loaded), optional
+  `get_reward()`; an `async def` tool or get_reward is awaited, as TRL awaits them.
 
 Every call of your code goes through `Environment`: what it raises becomes an `EnvFault` with one
 line naming the exception and the file:line in your file (that episode ends with reward 0); a call
@@ -13,6 +15,7 @@ that returns the wrong type stops the run with one line naming the class and wha
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import json
@@ -106,7 +109,37 @@ class Environment:
                 f"environment {self.name}: neither step(action) (the text protocol) nor public "
                 "tool methods (TRL's environment_factory convention)"
             )
+        # TRL's convention: each tool's JSON schema, what the chat template's `tools` renders
+        self.schemas = [] if self.text else [self._schema(name) for name in self.tool_names]
         self.traceback = os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
+        self._loop = None  # one event loop for the async tools and get_reward, made on first use
+
+    def _schema(self, tool: str) -> dict:
+        """A tool's JSON schema as transformers builds it from the method (its type hints and
+        docstring); one line naming the method when it cannot."""
+        from transformers.utils import get_json_schema
+
+        try:
+            return get_json_schema(getattr(self.cls, tool))
+        except Exception as error:  # noqa: BLE001 - transformers' reason, in one line
+            raise SystemExit(
+                f"environment {self.name}: tool method {self.name}.{tool} has no usable schema: "
+                f"{error} (a tool needs a type hint per argument and a docstring with a summary "
+                "and an `Args:` line per argument; a method that is not a tool: name it _{tool})"
+            ) from None
+
+    def _awaited(self, value):
+        """`value`, awaited when it is awaitable (an `async def` tool or get_reward, as TRL awaits
+        them)."""
+        if not inspect.isawaitable(value):
+            return value
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+
+        async def wait():
+            return await value
+
+        return self._loop.run_until_complete(wait())
 
     # ---------------- calls of your code ----------------
     def _call(self, what: str, function, *args, **kwargs):
@@ -175,21 +208,17 @@ class Environment:
         """TRL's convention: get_reward() when the class has it (None: no reward of its own)."""
         if not self.has_reward:
             return None
-        value = self._call("get_reward", instance.get_reward)
+        value = self._call("get_reward", lambda: self._awaited(instance.get_reward()))
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             self._wrong("get_reward", value, "a float")
         return float(value)
 
     # ---------------- TRL's convention: tools ----------------
-    def tools(self, instance) -> list:
-        """The instance's tool methods, as the chat template's `tools` takes them."""
-        return [getattr(instance, name) for name in self.tool_names]
-
-    def tool_calls(self, instance, calls: list[dict]) -> list[dict]:
-        """Run the parsed tool calls in order; a tool message each, as TRL builds them: an unknown
-        tool or a tool that raises answers {"error": ...} (the episode goes on), a result is
-        stringified."""
-        messages = []
+    def tool_calls(self, instance, calls: list[dict]) -> tuple[list[dict], int]:
+        """Run the parsed tool calls in order (an `async def` tool awaited); a tool message each, as
+        TRL builds them: an unknown tool or a tool that raises answers {"error": ...} (the episode
+        goes on), a result is stringified. Returns (the messages, how many calls failed)."""
+        messages, failures = [], 0
         for call in calls:
             function = call.get("function", call)
             name = function.get("name", "unknown")
@@ -199,14 +228,19 @@ class Environment:
                     arguments = json.loads(arguments)
                 except ValueError:
                     arguments = None
-            if name not in self.tool_names:
+            failed = True  # TRL's tools/failure_frequency: the calls answered with an error
+            if call.get("type", "function") != "function":
+                result = {"error": f"Unsupported tool call type: {call.get('type')}"}
+            elif name not in self.tool_names:
                 result = {"error": f"Tool {name} not found."}
             elif not isinstance(arguments, dict):
                 result = {"error": f"Tool {name}: arguments are not a JSON object."}
             else:
                 try:
-                    result = getattr(instance, name)(**arguments)
+                    result = self._awaited(getattr(instance, name)(**arguments))
+                    failed = False
                 except Exception as error:  # noqa: BLE001 - TRL answers the model with the error
                     result = {"error": str(error)}
+            failures += failed
             messages.append({"role": "tool", "name": name, "content": str(result)})
-        return messages
+        return messages, failures

@@ -31,11 +31,13 @@ TOOL_CALL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 class Prefix:
     """[PS] What a prefix task replays: K stored (action ids, observation ids) turns, the stored
     prompt (the first observation's tokens; empty: not checked) and the environment's snapshot after
-    turn K (None: re-execute the actions)."""
+    turn K (None: re-execute the actions), with the stored conversation's chat messages (TRL's
+    convention: `Episode.chat`, what a restored episode starts from)."""
 
     steps: list = field(default_factory=list)
     prompt: list = field(default_factory=list)
     snapshot: object = None
+    chat: list = field(default_factory=list)
 
 
 @dataclass
@@ -50,6 +52,23 @@ class Rollouts:
     errors: int = 0
     replayed: int = 0  # prefix tasks replayed
     mismatched: int = 0  # of those, dropped: a replayed observation differed
+    actions: int = 0  # turns the policy generated
+    actions_cut: int = 0  # of those, cut by the token cap (max_new_tokens)
+    tool_calls: int = 0  # TRL's convention: the tool calls of the generated turns
+    tool_failures: int = 0  # of those, answered with an error
+
+
+@dataclass
+class Act:
+    """One action applied: the observation's tokens, the reward and done (text protocol), and in
+    TRL's convention the turn as chat messages (the assistant's, then its tool results) and how
+    many of its tool calls failed."""
+
+    observation: list[int]
+    reward: float = 0.0
+    done: bool = False
+    messages: list = field(default_factory=list)
+    failures: int = 0
 
 
 class Renderer:
@@ -118,11 +137,13 @@ class Renderer:
             )
         return after[len(before) :]
 
-    def tool_calls(self, ids: list[int], prefix: list[int], tools) -> list[dict]:
-        """The tool calls of a generated turn, parsed as transformers parses them (the tokenizer's
-        response schema) when it has one, else Hermes-style `<tool_call>{json}</tool_call>`
-        blocks; a malformed call is no call (the turn is plain text)."""
+    def assistant(self, ids: list[int], prefix: list[int], tools) -> dict:
+        """A generated turn as TRL's assistant message: its text and tool calls, parsed as
+        transformers parses them (the tokenizer's response schema) when it has one, else
+        Hermes-style `<tool_call>{json}</tool_call>` blocks; a malformed call is no call (the
+        turn is plain text)."""
         tokenizer = self.tokenizer
+        text = tokenizer.decode(ids, skip_special_tokens=True)
         schema = getattr(tokenizer, "response_template", None) or getattr(
             tokenizer, "response_schema", None
         )
@@ -130,9 +151,16 @@ class Renderer:
             try:
                 message = tokenizer.parse_response(ids, prefix=prefix, tools=tools)
             except Exception:  # noqa: BLE001 - TRL's fallback: the turn as plain text
-                return []
-            calls = message.get("tool_calls") if isinstance(message, dict) else None
-            return [call for call in calls or [] if isinstance(call, dict)]
+                message = None
+            if not isinstance(message, dict):
+                return {"role": "assistant", "content": text}
+            content = message.get("content")
+            if isinstance(content, str) and tokenizer.eos_token:
+                content = content.removesuffix(tokenizer.eos_token)
+            calls = [call for call in message.get("tool_calls") or [] if isinstance(call, dict)]
+            parsed = {key: value for key, value in message.items() if key != "tool_calls"}
+            parsed.update(role="assistant", content=content or "")
+            return parsed | ({"tool_calls": calls} if calls else {})
         calls = []
         for block in TOOL_CALL_RE.findall(tokenizer.decode(ids, skip_special_tokens=False)):
             try:
@@ -141,7 +169,55 @@ class Renderer:
                 continue
             if isinstance(call, dict) and isinstance(call.get("name"), str):
                 calls.append({"type": "function", "function": call})
-        return calls
+        if not calls:
+            return {"role": "assistant", "content": text}
+        return {
+            "role": "assistant",
+            "content": TOOL_CALL_RE.sub("", text).strip(),
+            "tool_calls": calls,
+        }
+
+    def tool_template_problem(self) -> str | None:
+        """Why the chat template cannot carry TRL's convention, None when it can: TRL's test (a
+        user -> assistant with tool calls -> tool conversation renders the call's name, its argument
+        and the tool's result), and the tools' schema reaching the prompt."""
+        render = self.tokenizer.apply_chat_template
+        name, key, value, result = (
+            f"probe_{part}_7c1e" for part in ("tool", "key", "value", "out")
+        )
+        call = {"type": "function", "function": {"name": name, "arguments": {key: value}}}
+        messages = [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "name": name, "content": result},
+        ]
+        try:
+            try:
+                text = render(messages, tokenize=False)
+            except TypeError:  # templates that take the arguments as JSON text only (TRL retries)
+                call["function"]["arguments"] = json.dumps({key: value})
+                text = render(messages, tokenize=False)
+        except Exception as error:  # noqa: BLE001 - the template's own error, in one line
+            return f"it fails on a tool call and its result ({type(error).__name__}: {error})"
+        dropped = [part for part in (name, key, value, result) if part not in text]
+        if dropped:
+            what = "the tool's result" if dropped == [result] else "the assistant's tool calls"
+            return f"it drops {what}"
+        schema = {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": "probe",
+                "parameters": {"type": "object", "properties": {}},
+            },
+        }
+        try:
+            text = render([{"role": "user", "content": "hi"}], tools=[schema], tokenize=False)
+        except Exception as error:  # noqa: BLE001
+            return f"it fails on `tools` ({type(error).__name__}: {error})"
+        if name not in text:
+            return "it ignores `tools` (the model would never see the tools' schema)"
+        return None
 
 
 class EnvRunner:
@@ -149,11 +225,20 @@ class EnvRunner:
     from a replayed step K; faults end an episode with reward 0 (said once per distinct line)."""
 
     def __init__(self, env: Environment, renderer: Renderer, max_turns: int, log=print):
-        if not env.text and not renderer.chat:
-            raise SystemExit(
-                f"environment {env.name}: TRL's environment_factory convention needs a tokenizer "
-                "whose chat template takes tools (this one has no chat template)"
+        if not env.text:
+            # TRL refuses such a tokenizer too: the model would never see the tools or its calls
+            tokenizer = getattr(renderer.tokenizer, "name_or_path", "") or "the tokenizer"
+            problem = (
+                renderer.tool_template_problem()
+                if renderer.chat
+                else "it has none (or --use_chat_template no)"
             )
+            if problem:
+                raise SystemExit(
+                    f"environment {env.name}: TRL's environment_factory convention needs a chat "
+                    f"template that renders tools, tool calls and their results; the chat "
+                    f"template of {tokenizer}: {problem}"
+                )
         self.env, self.renderer, self.max_turns, self.log = env, renderer, max_turns, log
         self.said: set = set()
         self.last = ""
@@ -179,23 +264,25 @@ class EnvRunner:
                 # [PS] restore(snapshot): the stored state; the conversation is the stored one
                 env.restore(instance, copy.deepcopy(prefix.snapshot))
                 episode.prompt = list(prefix.prompt)
+                episode.chat = copy.deepcopy(prefix.chat)
                 for action_ids, obs_ids in prefix.steps:
                     episode.add_turn(action_ids, obs_ids)
                 return episode, instance, True
             first = env.reset(instance, row)
             messages = self._first_messages(row, first)
-            tools = env.tools(instance) if not env.text else None
-            episode.prompt = renderer.prompt(messages, tools)
+            episode.prompt = renderer.prompt(messages, env.schemas)
             if prefix.prompt and episode.prompt != list(prefix.prompt):
                 return None
-            done = False
+            episode.chat = [] if env.text else [messages]
             for action_ids, stored in prefix.steps:
                 # [PS] re-execute a stored action; its observation must be the stored one
-                obs_ids, _, done = self._act(instance, action_ids, episode.prompt + episode.ids)
+                act = self._act(instance, action_ids, episode.prompt + episode.ids)
                 # a stored prefix never ends its episode: a replay that does diverged too
-                if obs_ids != list(stored) or done:
+                if act.observation != list(stored) or act.done:
                     return None
-                episode.add_turn(action_ids, obs_ids)
+                episode.add_turn(action_ids, act.observation)
+                if not env.text:
+                    episode.chat.append(act.messages)
         except EnvFault as fault:
             self.say(str(fault), fault.key)
             errors.append(episode)
@@ -213,23 +300,22 @@ class EnvRunner:
             return [{"role": "user", "content": prompt + (first or "")}]
         return [{"role": "user", "content": first or ""}]
 
-    def _act(self, instance, action_ids: list[int], context: list[int]):
-        """One action applied: (observation ids, reward, done); TRL's convention: the turn's tool
-        calls run, a turn without one ends the episode."""
+    def _act(self, instance, action_ids: list[int], context: list[int]) -> Act:
+        """One action applied; TRL's convention: the turn's tool calls run, a turn without one ends
+        the episode."""
         env, renderer = self.env, self.renderer
         if env.text:
             final = not renderer.chat and bool(action_ids) and action_ids[-1] in renderer.end_ids
             text, reward, done = env.step(instance, renderer.action_text(action_ids), final)
-            return (
-                renderer.observation([{"role": "user", "content": text}], action_ids),
-                reward,
-                done,
-            )
-        calls = renderer.tool_calls(action_ids, context, env.tools(instance))
+            observation = renderer.observation([{"role": "user", "content": text}], action_ids)
+            return Act(observation, reward, done)
+        message = renderer.assistant(action_ids, context, env.schemas)
+        calls = message.get("tool_calls") or []
         if not calls:
-            return [], 0.0, True
-        messages = env.tool_calls(instance, calls)
-        return renderer.observation(messages, action_ids), 0.0, False
+            return Act([], done=True, messages=[message])
+        results, failures = env.tool_calls(instance, calls)
+        observation = renderer.observation(results, action_ids)
+        return Act(observation, messages=[message, *results], failures=failures)
 
     # ---------------- a batch ----------------
     def play(self, generator, rows: list[dict], prefixes: list[Prefix], n: int, cfg) -> Rollouts:
@@ -256,6 +342,8 @@ class EnvRunner:
                 live.append(alive)
         rewards = [0.0] * len(episodes)
         clipped = [False] * len(episodes)
+        # the generated turns: Rollouts' counts
+        counts = dict(actions=0, actions_cut=0, tool_calls=0, tool_failures=0)
         failed = set(map(id, errors))
         for i, episode in enumerate(episodes):
             live[i] = live[i] and len(episode.steps) < self.max_turns
@@ -265,16 +353,23 @@ class EnvRunner:
             turns = zip(active, contexts, gens.completion_ids, gens.logprobs, gens.finish_reasons)
             for i, context, ids, logprobs, reason in turns:
                 clipped[i] = clipped[i] or reason == "length"
+                counts["actions"] += 1
+                counts["actions_cut"] += reason == "length"
                 try:
-                    obs_ids, rewards[i], done = self._act(instances[i], ids, context)
-                    if env.restores and not done:
+                    act = self._act(instances[i], ids, context)
+                    if env.restores and not act.done:
                         episodes[i].snapshots.append(env.snapshot(instances[i]))
                 except EnvFault as fault:
                     self.say(str(fault), fault.key)
                     failed.add(id(episodes[i]))
-                    obs_ids, rewards[i], done = [], 0.0, True
+                    act = Act([], done=True)
+                rewards[i], done = act.reward, act.done
                 # the action: mask 1; the observation: mask 0
-                episodes[i].add_turn(ids, obs_ids, logprobs)
+                episodes[i].add_turn(ids, act.observation, logprobs)
+                if not env.text:
+                    episodes[i].chat.append(act.messages)
+                    counts["tool_calls"] += sum(m["role"] == "tool" for m in act.messages)
+                    counts["tool_failures"] += act.failures
                 live[i] = not done and len(episodes[i].steps) < self.max_turns
         for i, (episode, instance) in enumerate(zip(episodes, instances)):
             reward = 0.0 if id(episode) in failed else rewards[i]
@@ -292,6 +387,5 @@ class EnvRunner:
                 f"environment {env.name} failed in every episode of the batch, stopping: "
                 + self.last
             )
-        return Rollouts(
-            episodes, clipped, kept, len(failed), sum(1 for p in prefixes if p.steps), mismatched
-        )
+        replayed = sum(1 for p in prefixes if p.steps)
+        return Rollouts(episodes, clipped, kept, len(failed), replayed, mismatched, **counts)

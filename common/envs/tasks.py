@@ -75,9 +75,12 @@ def reward_funcs(args, train_size: int, log=print):
 
 
 def conversation_rewards(funcs, tokenizer, episodes: list, rows: list[dict], step):
-    """`funcs` on whole conversations, with TRL's keywords: `prompts` the first observation's text,
-    `completions` the text of every turn after it (actions and observations), `completion_ids`
-    their tokens, and every column of the task's row but `prompt`. Returns (totals, values)."""
+    """`funcs` on whole conversations, with TRL's keywords: `prompts` and `completions` in TRL's
+    conversational format in its environment_factory convention (the prompt's messages; the
+    assistant's messages and tool results after them), else as text (the first observation; every
+    turn after it, actions and observations), `completion_ids` their tokens, `environments` the
+    episodes' instances, and every column of the task's row but `prompt`. Returns (totals,
+    values)."""
 
     def decode(ids):
         return tokenizer.decode(ids, skip_special_tokens=True)
@@ -85,10 +88,12 @@ def conversation_rewards(funcs, tokenizer, episodes: list, rows: list[dict], ste
     columns = {key: [row.get(key) for row in rows] for key in (rows[0] if rows else {})}
     for dropped in ("prompt", "completion", "completion_ids"):
         columns.pop(dropped, None)
-    return funcs(
-        [decode(episode.prompt) for episode in episodes],
-        [decode(episode.ids) for episode in episodes],
-        [list(episode.ids) for episode in episodes],
-        columns,
-        step,
-    )
+    columns["environments"] = [episode.env for episode in episodes]
+    chats = [episode.chat for episode in episodes]
+    if chats and all(chats):
+        prompts = [chat[0] for chat in chats]
+        completions = [[message for turn in chat[1:] for message in turn] for chat in chats]
+    else:
+        prompts = [decode(episode.prompt) for episode in episodes]
+        completions = [decode(episode.ids) for episode in episodes]
+    return funcs(prompts, completions, [list(episode.ids) for episode in episodes], columns, step)

@@ -29,6 +29,9 @@ class Episode:
     prompt: list[int] = field(default_factory=list)  # the context the turns follow
     # [PS] the environment's snapshot() after each turn, when it has one (prefix replay restores it)
     snapshots: list = field(default_factory=list)
+    # TRL's environment_factory convention: the conversation as chat messages, the prompt's
+    # (`chat[0]`) then one list per turn (the assistant's message, its tool results)
+    chat: list = field(default_factory=list)
 
     def add_turn(
         self, action_ids: list[int], obs_ids: list[int], logps: list[float] | None = None
