@@ -42,8 +42,8 @@ PROMPTS = 32
 FLAT = tuple(float(p) for p in np.geomspace(0.02, 0.85, PROMPTS))
 TREE = tuple(float(p) for p in np.geomspace(0.04, 0.85, PROMPTS))
 BUDGET = 32 * 4 * 120  # generated rollouts per arm: 120 steps of GRPO-4 on 32 prompts
-# SGD on the logits (the updates carry the scripts' normalisers, 1 / (prompts x n x T)): per problem,
-# so that the baselines reach about two thirds of the way up at half the budget
+# SGD on the logits (the updates carry the scripts' normalisers, 1 / (prompts x n x T)), one rate
+# per problem, chosen so that the baselines are still climbing at half the budget
 LR = {"flat": 8.0, "tree": 40.0}
 CHECKPOINTS = (0.25, 0.5, 1.0)  # fractions of the budget shown in the table
 # Ada-Est's budgets are rebuilt from its estimator every this many steps (its EMA lags anyway)
@@ -330,7 +330,8 @@ def table(results: dict, page: str) -> str:
     names = {"p": "E[p]", "log p": "E[log p]"}
     marks = " / ".join(f"{f * budget:,.0f}" for f in CHECKPOINTS)
     lines = [
-        f"| arm | lr | steps | rollouts to mean p = {result['target']:.3f} [95%] | ratio to baseline "
+        f"| arm | lr | steps | rollouts to mean p = {result['target']:.3f} [95%] "
+        "| ratio to baseline "
         f"[95%] | mean p at {marks} rollouts | {names[comparison.objective]} at {budget:,} | "
         "share of groups of 4 with no success, at the start / the end |",
         "|---|---|---|---|---|---|---|---|",
@@ -423,7 +424,8 @@ def block(results: dict, page: str) -> str:
         "rollouts / the method's (above 1: fewer); 95% bootstrap intervals over the seeds "
         "(normal intervals for the columns at a budget). *step size matched*: the method again "
         "with its learning rate scaled so that its expected update at the start has the "
-        "baseline's norm (the scripts' normalisers differ in scale). One learning rate per problem, plain SGD, one policy per prompt (no generalisation between "
+        "baseline's norm (the scripts' normalisers differ in scale). One learning rate per "
+        "problem, plain SGD, one policy per prompt (no generalisation between "
         "prompts): the toy shows what the update does to learning, not benchmark accuracy."
     )
     return "\n".join(

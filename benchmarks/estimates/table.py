@@ -182,9 +182,9 @@ def trained_rollouts(row: Row, toy, steps: int = 100, seed: int = 0) -> float:
 
 
 def relative_mse(est, target: np.ndarray, rollouts_per_step: float, budget: float = BUDGET):
-    """E|c g_bar - t|^2 / |t|^2 at the best scale c, g_bar the mean of the budget / rollouts_per_step
-    steps a budget buys: 1 - cos(E g, t)^2 |E g|^2 / (|E g|^2 + tr Cov / m). Bias (a direction off
-    the target) keeps it above 0 at any budget; noise shrinks with the budget."""
+    """E|c g_bar - t|^2 / |t|^2 at the best scale c, g_bar the mean of the m = budget /
+    rollouts_per_step steps a budget buys: 1 - cos(E g, t)^2 |E g|^2 / (|E g|^2 + tr Cov / m).
+    Bias (a direction off the target) keeps it above 0 at any budget; noise shrinks with it."""
     mean_sq = float(est.mean @ est.mean)
     cos_sq = float(est.mean @ target) ** 2 / (mean_sq * float(target @ target))
     steps = budget / rollouts_per_step
@@ -386,7 +386,8 @@ def legend(results: dict, problem: str) -> str:
         "else "
         "(\\*) the best-fitting c (then it measures the direction only). *weights*: each prompt's "
         "component along its own ∇p_x (the whole update where responses are exchangeable given "
-        "their reward), relative to the p = 0.5 prompt's. *noise / rollout ÷ own |E[update]|²*: trace "
+        "their reward), relative to the p = 0.5 prompt's. *noise / rollout ÷ own |E[update]|²*: "
+        "trace "
         "of the step's covariance / |E[update]|² x rollouts per step, against the baseline's (a "
         "biased update with a larger |E[update]|² looks quieter here: see the raw noise below)."
     )
@@ -478,7 +479,8 @@ def staleness_table(results: dict) -> str:
         f"policies with a 95% t-interval over them ({results['rows']['rloo']['steps'] // 6:,} "
         "steps per policy).",
         "",
-        "| staleness | w_max | rel. bias vs ∇E[p] | weight of the p = 0.03 prompt (rel. to p = 0.5) |",
+        "| staleness | w_max | rel. bias vs ∇E[p] "
+        "| weight of the p = 0.03 prompt (rel. to p = 0.5) |",
         "|---|---|---|---|",
     ]
     rows = results["rows"]
@@ -549,8 +551,8 @@ def ra_rloo_prose(results: dict) -> str:
         f"- RLOO is unbiased for ∇E_x[p]: its update is {ci(s, 'scale')} times ∇E_x[p] / "
         f"max_completion_length along it, every coordinate within {s['max_z']:.1f} standard "
         "errors, and its per-prompt weights are flat.\n"
-        "- The trigger alone reweighs. With an on-policy buffer every importance weight is "
-        "exactly 1 (w_max plays no part), yet the relative bias is "
+        "- The trigger alone reweighs. With an on-policy buffer every importance weight is 1 "
+        "(pi = pi_old: w_max plays no part), yet the relative bias is "
         f"{ci(onp['p'], 'rel_bias')}: a group with no success gets +1 on the spliced success "
         "and -1/(K-1) on each fresh failure, so the rarest prompt, whose groups fail most often, "
         f"weighs {weights_ci(onp, 0)} times the p = 0.5 one (E_x[log p] would ask "
