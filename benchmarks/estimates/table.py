@@ -546,6 +546,9 @@ def ra_rloo_prose(results: dict) -> str:
         return f"{m:.2f} [{lo:.2f}, {hi:.2f}]"
 
     raw5, sq5 = raw_vs(R, "ra_w5")
+    means = {w: [st[f"{lv}/{w}"]["rel_bias"][0] for lv in levels] for w in (1, 5)}
+    clip_below = max(means[1]) <= onp["p"]["rel_bias_ci"][1]
+    grows = all(x < y for x, y in zip(means[5], means[5][1:]))
     trigger = ", the paper's case for the on-demand trigger (Sec. 4.3, E3)"
     return (
         f"- RLOO is unbiased for ∇E_x[p]: its update is {ci(s, 'scale')} times ∇E_x[p] / "
@@ -561,12 +564,14 @@ def ra_rloo_prose(results: dict) -> str:
         'repair") and does not state an objective '
         "for it; against ∇E_x[p] this reweighting is a bias.\n"
         "- Staleness and the clip, separately (the staleness table; the rows above are one of its "
-        f"stale policies at level {STALENESS:g}): at w_max 1 the bias stays at or below the "
-        "trigger's (a weight clipped at 1 can only shrink the spliced +1) "
-        f"({', '.join(span(lv, 1) for lv in levels)} at staleness {', '.join(levels)}), at "
-        f"w_max 5 it grows with staleness ({', '.join(span(lv, 5) for lv in levels)}) and varies "
-        "from one stale policy to the next: a replay's weight pi / pi_old, clipped, multiplies "
-        "the +1. On the level-1 policy above: "
+        f"stale policies at level {STALENESS:g}). At w_max 1 the bias is "
+        f"{', '.join(span(lv, 1) for lv in levels)} at staleness {', '.join(levels)}: "
+        f"{'at or below' if clip_below else 'not always below'} the trigger's own "
+        f"{onp['p']['rel_bias']:.2f} (a weight clipped at 1 can only shrink the spliced +1). At "
+        f"w_max 5 it is {', '.join(span(lv, 5) for lv in levels)}: "
+        f"{'its mean grows' if grows else 'its mean does not grow monotonically'} with staleness, "
+        "and it varies widely from one stale policy to the next (a replay's weight pi / pi_old, "
+        "clipped, multiplies the +1). On the level-1 policy above: "
         f"{bias['ra_w1']:.2f} at w_max 1, {bias['ra_w5']:.2f} at 5, {bias['ra_w10']:.2f} at "
         "10. The paper's reading of its E1 runs (Sec. 4.3, IS-clip tightening), tighter clipping "
         "less off-policy "
@@ -579,7 +584,8 @@ def ra_rloo_prose(results: dict) -> str:
         f"only because |E[update]|² is {sq5:.1f}x RLOO's, mostly the bias. Bias-aware: "
         f"{efficiency_line(R, 'ra_w5', 'rloo')} (on-policy buffer "
         f"{R['ra_onpolicy']['mse_generated']:.2f}). Its p = {rare:g} prompt's larger weight is "
-        "what E_x[log p] would want; against ∇E_x[p] it costs accuracy at every budget."
+        "what E_x[log p] would want; against ∇E_x[p] it is a direction error no budget averages "
+        "away (how it learns: see Learning on the toy below)."
     )
 
 
@@ -639,6 +645,17 @@ def ada_est_prose(results: dict) -> str:
     gap = results["ada_est_gap"]
     between = asks_["sqrt p"][0] < hyb["weights"]["point"][0] < asks_["log p"][0]
     raw_h, sq_h = raw_vs(R, "est_hybrid")
+    stages = ["log_p", "eps", "integer_budget", "estimator_budget", "own_mean"]
+    names = {
+        "eps": "the eps",
+        "integer_budget": "the integer budget",
+        "estimator_budget": "the estimator's budget",
+        "own_mean": "the step's own mean",
+    }
+    factors = {
+        names[b]: gap[a][0] / gap[b][0] for a, b in zip(stages, stages[1:])
+    }  # fmt: skip
+    largest = max(factors, key=factors.get)
     return (
         "- The paper (Sec. 2.2, Hybrid Strategy; Alg. 1 lines 5 and 15) splits E_x[log p]'s "
         "weight 1/p into budgets N_x ∝ 1/sqrt(p_hat + eps) and the residual weight 1/sqrt(mean_x "
@@ -657,9 +674,9 @@ def ada_est_prose(results: dict) -> str:
         f"decayed counts; N_x {' / '.join(map(str, gap['sizes_est']))}) "
         f"{gap['estimator_budget'][0]:.2f}; the residual weight from the step's own mean "
         f"instead of p {gap['own_mean'][0]:.2f}, the script's expected update (the "
-        f"Monte Carlo row: {hyb['weights']['point'][0]:.2f}). The step's own mean costs most: "
-        "one success among a rare prompt's N_x responses sets mean_x = 1/N_x, above p, and no "
-        "success gives the prompt no gradient at all.\n"
+        f"Monte Carlo row: {hyb['weights']['point'][0]:.2f}). The largest factor is {largest} "
+        f"({factors[largest]:.2f}x). The step's own mean: one success among a rare prompt's N_x "
+        "responses sets mean_x = 1/N_x, above p, and no success gives the prompt no gradient.\n"
         f"- `--weighting implicit` (N_x ∝ 1/p_hat, no residual) comes closer: "
         f"{fmt_w(imp['weights']['point'])}, cosine {imp['paper']['cos']:.3f}.\n"
         f"- The baseline GRPO-8's own weights are {fmt_w(g8['weights']['point'])} (the "
