@@ -5,11 +5,13 @@ relation the paper describes. Seconds on one core: no model, no generation."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from benchmarks.estimates import table
+from benchmarks.estimates import ascent, table
 from benchmarks.estimates import toy as T
 from common.rl.advantages import grpo_advantages
 
@@ -55,7 +57,8 @@ def test_grpo_std_estimates_its_enumerated_expectation_not_appendix_b_at_small_n
     )
     est = T.monte_carlo(T.grpo_step(flat, n, scale=True), 3000, seed=0)
     assert unbiased(est.compare(exact, const=1.0)), est.compare(exact, const=1.0)
-    # Appendix B: the std makes the weight 1 / sqrt(p (1 - p)); with the group's own std it only
+    # Appendix B's advantage at a fixed n with the population std would weigh 1 / sqrt(p (1 - p))
+    # (a corollary, not stated in the paper); with the group's own std it only
     # appears as n grows
     appendix_b = 1 / np.sqrt(flat.p * (1 - flat.p))
     for size, close in ((4, False), (256, True)):
@@ -123,3 +126,91 @@ def test_the_pages_show_the_stored_table():
     results = json.loads(table.RESULTS.read_text())
     assert set(results["rows"]) == {row.key for row in table.ROWS}
     assert table.stale_pages(results) == []
+
+
+def test_an_on_policy_buffer_reweighs_through_the_trigger_alone(flat):
+    # every importance weight pi / pi_old is 1 (up to the stored log-probability's rounding): the
+    # clip has nothing to clip, so w_max 1 and 5 give the same steps, and what bias remains is the trigger's reweighting (a splice into
+    # a no-success group only), which puts the rarest prompt far above the p = 0.5 one
+    def run(w_max):
+        return T.monte_carlo(T.ra_rloo_step(flat, w_max, 0.0), 500, seed=0)
+
+    one, five = run(1.0), run(5.0)
+    assert np.allclose(one.mean, five.mean, rtol=1e-6, atol=1e-9)
+    stats = five.compare(flat.target("p"), const=1 / flat.T)
+    assert stats["rel_bias_ci"][0] > 0.5, stats
+    _, lo, _ = five.relative_weights(flat.grad_p(), table.REF)
+    assert lo[0] > 4.0, lo
+
+
+def test_relative_mse_separates_bias_from_noise():
+    # an unbiased update's MSE falls toward 0 as the budget grows; a biased one's stays at 1 - cos²
+    target = np.array([1.0, 0.0])
+    batches = np.zeros((40, 2))
+
+    def estimate(mean, var):
+        return T.Estimate(np.array(mean), batches, np.zeros(2), var, 16.0)
+
+    unbiased_ = estimate([0.5, 0.0], 1.0)
+    # one step (m = 1): 1 - 0.25 / (0.25 + 1); a hundred steps: 1 - 0.25 / (0.25 + 0.01)
+    small, large = (table.relative_mse(unbiased_, target, 16.0, b) for b in (16.0, 1600.0))
+    assert small == pytest.approx(0.8) and large == pytest.approx(1 / 26), (small, large)
+    biased = estimate([1.0, 1.0], 0.0)
+    assert table.relative_mse(biased, target, 16.0) == pytest.approx(0.5)
+
+
+def test_ada_est_gap_ends_at_the_scripts_update(flat):
+    # the decomposition's last stage (the step's own mean) is the script's expected update,
+    # enumerated: it lies within the Monte Carlo interval of the hybrid's weights
+    gap = table.ada_est_gap(flat)
+    est = T.monte_carlo(T.ada_est_step(flat), 2000, seed=0)
+    _, lo, hi = est.relative_weights(flat.grad_p(), table.REF)
+    assert np.all(lo - 0.05 <= gap["own_mean"]) and np.all(gap["own_mean"] <= hi + 0.05)
+    assert gap["log_p"][0] > gap["eps"][0] > gap["own_mean"][0]
+
+
+@pytest.mark.parametrize("script", ["table.py", "ascent.py"])
+def test_check_commands_pass_on_the_stored_figures(script):
+    # the pages' generated blocks match results/*.json, as a user runs it (no sampling)
+    path = table.ROOT / "benchmarks" / "estimates" / script
+    done = subprocess.run(
+        [sys.executable, str(path), "--check"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_ascent_pages_show_the_stored_runs():
+    results = json.loads(ascent.RESULTS.read_text())
+    assert set(results["comparisons"]) == {c.page for c in ascent.COMPARISONS}
+    assert ascent.stale_pages(results) == []
+
+
+def test_ascent_reads_a_built_speed_up():
+    # a method whose curve rises twice as fast as its baseline's reaches the baseline's
+    # half-budget level in half the rollouts: ratio 2, interval above 1, "fewer"; a method that
+    # never gets there reads so
+    grid = np.linspace(0, 1000, 97)
+    rng = np.random.default_rng(0)
+    base = np.clip(grid / 1000, 0, 1) + rng.normal(0, 0.002, (8, grid.size))
+    fast = np.clip(2 * grid / 1000, 0, 1) + rng.normal(0, 0.002, (8, grid.size))
+    flat_ = np.full((8, grid.size), 0.1)
+    curves = {"b": {"mean_p": base}, "m": {"mean_p": fast}, "s": {"mean_p": flat_}}
+    for key in ("m@matched", "s@matched"):
+        curves[key] = curves[key[0]]
+    comparison = ascent.Comparison("page", "m", "b", "p", "", "", ("s",))
+    out = ascent.compare(curves, grid, comparison)["arms"]
+    assert out["m"]["ratio"] == pytest.approx(2.0, rel=0.05)
+    assert out["m"]["ratio_ci"][0] > 1.0
+    assert "fewer" in ascent.verdict_of(out["m"]["ratio"], *out["m"]["ratio_ci"])
+    assert out["s"]["to_target"] == float("inf")
+    assert "does not reach" in ascent.verdict_of(out["s"]["ratio"], *out["s"]["ratio_ci"])
+    assert "more" in ascent.verdict_of(0.5, 0.4, 0.6)
+
+
+def test_ascent_training_raises_the_mean_pass_rate():
+    # SGD on the script's update goes uphill: after 20 GRPO-4 steps on the ascent toy the exact
+    # mean pass rate has risen well beyond what noise could give, and no prompt got worse by much
+    start = T.Toy(ascent.FLAT)
+    run = ascent.train(ascent.ARMS["grpo4"], start, 0, 32 * 4 * 20, ascent.LR["flat"])
+    assert run["p"][-1].mean() > start.p.mean() + 0.05
+    assert np.allclose(start.p, T.Toy(ascent.FLAT).p)  # the start was left untouched

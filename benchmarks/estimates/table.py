@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import random
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +43,13 @@ NAMES = {
     "p": "E[p]",
     "log p": "E[log p]",
     "sqrt p": "E[sqrt p]",
-    "2 arcsin sqrt p": "E[2 asin sqrt p]",
+    "2 arcsin sqrt p": "E[2 asin sqrt p] †",
 }
+# the RA-RLOO buffer's staleness, several stale policies per level (the noise's seed)
+STALE_LEVELS = (0.5, 1.0, 2.0)
+STALE_SEEDS = (1234, 1, 2, 3, 4, 5)
+# the efficiency columns: the best-scaled mean of the steps this many rollouts buy, against ∇E[p]
+BUDGET = 256
 
 
 def RLOO_C(toy):
@@ -65,6 +72,8 @@ class Row:
 ROWS = [
     Row("rloo", "RLOO, K = 4 (`--replay none`)", "ra_rloo", "flat",
         lambda T, toy: T.rloo_step(toy), "p", RLOO_C),
+    Row("ra_onpolicy", "RA-RLOO, on-policy buffer (w = 1: the trigger alone)", "ra_rloo", "flat",
+        lambda T, toy: T.ra_rloo_step(toy, 5.0, 0.0), "p", RLOO_C, "rloo"),
     Row("ra_w5", "RA-RLOO, w_max 5 (default), stale buffer", "ra_rloo", "flat",
         lambda T, toy: T.ra_rloo_step(toy, 5.0, STALENESS), "p", RLOO_C, "rloo"),
     Row("ra_w10", "RA-RLOO, w_max 10", "ra_rloo", "flat",
@@ -142,6 +151,81 @@ def measure(row: Row, toy, steps: int, seed: int) -> dict:
     if row.problem == "flat":
         point, lo, hi = est.relative_weights(toy.grad_p(), REF)
         out["weights"] = {"point": rounded(point, 2), "low": rounded(lo, 2), "high": rounded(hi, 2)}
+    out.update(noise_columns(est, toy.target("p"), trained_rollouts(row, toy, seed=seed)))
+    out["mse_by_objective"] = {
+        objective: rounded(relative_mse(est, toy.target(objective), est.rollouts))
+        for objective in T.OBJECTIVES
+    }
+    out["mse_paper_generated"] = out["mse_by_objective"][row.objective]
+    return out
+
+
+def trained_rollouts(row: Row, toy, steps: int = 100, seed: int = 0) -> float:
+    """Rollouts per step that enter the loss (the rows a step scores: a rejected group's do not),
+    counted on a copy of the toy over `steps` steps."""
+    T = toy_module()
+
+    class Counting(T.Toy):
+        def add_scores(self, grad, xs, leaves, weights, start=None) -> None:
+            self.trained += len(np.asarray(xs))
+            super().add_scores(grad, xs, leaves, weights, start)
+
+    counting = Counting.__new__(Counting)
+    counting.__dict__.update(toy.__dict__)
+    counting.trained = 0
+    step = row.make(T, counting)
+    rng = np.random.default_rng(seed)
+    random.seed(seed)
+    for _ in range(steps):
+        step(rng)
+    return counting.trained / steps
+
+
+def relative_mse(est, target: np.ndarray, rollouts_per_step: float, budget: float = BUDGET):
+    """E|c g_bar - t|^2 / |t|^2 at the best scale c, g_bar the mean of the m = budget /
+    rollouts_per_step steps a budget buys: 1 - cos(E g, t)^2 |E g|^2 / (|E g|^2 + tr Cov / m).
+    Bias (a direction off the target) keeps it above 0 at any budget; noise shrinks with it."""
+    mean_sq = float(est.mean @ est.mean)
+    cos_sq = float(est.mean @ target) ** 2 / (mean_sq * float(target @ target))
+    steps = budget / rollouts_per_step
+    return 1.0 - cos_sq * mean_sq / (mean_sq + est.var / steps)
+
+
+def noise_columns(est, target: np.ndarray, trained: float) -> dict:
+    """The raw noise (trace of one step's covariance per generated rollout, unnormalised) and the
+    bias-aware efficiency (relative MSE to ∇E[p] at BUDGET generated / trained rollouts)."""
+    return {
+        "trained": rounded(trained, 1),
+        "raw_noise_per_rollout": float(f"{est.var * est.rollouts:.4g}"),
+        "mse_generated": rounded(relative_mse(est, target, est.rollouts)),
+        "mse_trained": rounded(relative_mse(est, target, trained)),
+    }
+
+
+def staleness_sweep(toy, steps: int, seed: int) -> dict:
+    """RA-RLOO's bias against ∇E[p] (RLOO's constant) and the rarest prompt's weight (relative to
+    the p = 0.5 prompt) per staleness level and w_max, over the stale policies of STALE_SEEDS: mean
+    and a 95% t-interval over those policies (the same fresh draws for each)."""
+    T = toy_module()
+    target, grad_p = toy.target("p"), toy.grad_p()
+    t_crit = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57}.get(len(STALE_SEEDS), 2.0)
+    out = {}
+    for level in STALE_LEVELS:
+        for w_max in (1.0, 5.0):
+            bias, rare = [], []
+            for stale_seed in STALE_SEEDS:
+                step = T.ra_rloo_step(toy, w_max, level, stale_seed=stale_seed)
+                est = T.monte_carlo(step, steps, seed)
+                bias.append(est.compare(target, const=RLOO_C(toy))["rel_bias"])
+                w = est.prompt_weights(grad_p)
+                rare.append(w[0] / w[REF])
+            cell = {}
+            for name, values in (("rel_bias", bias), ("rare_weight", rare)):
+                values = np.array(values)
+                half = t_crit * values.std(ddof=1) / math.sqrt(len(values))
+                low = values.mean() - half
+                cell[name] = rounded([values.mean(), max(low, 0.0), values.mean() + half])
+            out[f"{level:g}/{w_max:g}"] = cell
     return out
 
 
@@ -181,6 +265,10 @@ def run(steps: int, seed: int) -> dict:
             rows[row.key]["noise_vs_baseline"] = rounded(
                 rows[row.key]["noise_per_rollout"] / base, 2
             )
+            raw_base = rows[row.baseline]["raw_noise_per_rollout"]
+            rows[row.key]["raw_noise_vs_baseline"] = rounded(
+                rows[row.key]["raw_noise_per_rollout"] / raw_base, 2
+            )
     flat, tree = toys["flat"], toys["tree"]
     return {
         "flat_pass_rates": rounded(flat.p),
@@ -189,7 +277,53 @@ def run(steps: int, seed: int) -> dict:
         "rows": rows,
         "grpo_exact_weights": exact_grpo_weights(),
         "asks": {objective: asks(objective) for objective in NAMES},
+        "staleness": staleness_sweep(toys["flat"], steps // 6, seed),
+        "ada_est_gap": ada_est_gap(toys["flat"]),
     }
+
+
+def ada_est_gap(toy) -> dict:
+    """Ada-Est hybrid's exact weights (relative to the p = 0.5 prompt), from what E_x[log p] asks
+    (1/p) to the script's step, one departure at a time: the eps in both halves (N_x ∝ 1/sqrt(p +
+    eps), alpha = 1/sqrt(p + eps)), the integer budget in [n_min, n_max] from the true p, the budget
+    from the estimator's p_hat (its Beta prior and decayed counts), and alpha from the step's own
+    mean (Alg. 1 line 15). Each stage's expected update is enumerated (`group_weight`)."""
+    import torch
+
+    import ada_est
+
+    T = toy_module()
+    args = ada_est.Args(prompts_per_step=toy.P)
+    p = np.array(toy.p)
+    eps = args.eps
+
+    def sizes(p_est):
+        weights = ada_est.allocation_weights(list(p_est), "hybrid", eps)
+        return np.array(allocate(weights))
+
+    def allocate(weights):
+        return ada_est.allocate_budget(weights, args.budget(), args.n_min, args.n_max)
+
+    def own_mean(rewards):
+        adv, _ = ada_est.est_advantages(rewards[0].tolist(), "hybrid", eps, 0.5)
+        return torch.tensor([adv])
+
+    counts = T.ada_est_counts(toy, args)
+    p_hats = np.array([ada_est.estimate(c, args.prior_alpha, args.prior_beta) for c in counts])
+    stages = {
+        "log_p": 1 / p,
+        "eps": (1 / np.sqrt(p + eps)) ** 2,
+        "integer_budget": sizes(p) / np.sqrt(p + eps),
+        "estimator_budget": sizes(p_hats) / np.sqrt(p + eps),
+        "own_mean": np.array(
+            [T.group_weight(px, int(n), own_mean) for px, n in zip(p, sizes(p_hats))]
+        ),
+    }
+    out = {name: rounded(w / w[REF], 2) for name, w in stages.items()}
+    out["sizes_true"] = [int(n) for n in sizes(p)]
+    out["sizes_est"] = [int(n) for n in sizes(p_hats)]
+    out["p_hats"] = rounded(p_hats)
+    return out
 
 
 # ---------------- rendering ----------------
@@ -210,7 +344,8 @@ def table(results: dict, keys: list[str]) -> str:
     by_key = {row.key: row for row in ROWS}
     lines = [
         "| update | rollouts / step | vs ∇E[p]: cos | rel. bias | paper's objective | cos | "
-        "rel. bias | weights x (rel. to p = 0.5) | noise / rollout vs baseline |",
+        "rel. bias | weights x (rel. to p = 0.5) | noise / rollout ÷ own \\|E[update]\\|², vs "
+        "baseline |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for key in keys:
@@ -251,8 +386,10 @@ def legend(results: dict, problem: str) -> str:
         "else "
         "(\\*) the best-fitting c (then it measures the direction only). *weights*: each prompt's "
         "component along its own ∇p_x (the whole update where responses are exchangeable given "
-        "their reward), relative to the p = 0.5 prompt's. *noise / rollout*: trace of the step's "
-        "covariance / |E[update]|² x rollouts per step, against the baseline's."
+        "their reward), relative to the p = 0.5 prompt's. *noise / rollout ÷ own |E[update]|²*: "
+        "trace "
+        "of the step's covariance / |E[update]|² x rollouts per step, against the baseline's (a "
+        "biased update with a larger |E[update]|² looks quieter here: see the raw noise below)."
     )
 
 
@@ -267,84 +404,13 @@ def weights_ci(r: dict, i: int) -> str:
 
 def prose(results: dict, page: str) -> str:
     """The page's reading of its rows: each paper's claim, and whether the toy bears it out."""
-    R, asks_, exact = results["rows"], results["asks"], results["grpo_exact_weights"]
-    rare = results["flat_pass_rates"][0]
+    R = results["rows"]
     if page == "ra_rloo":
-        s = R["rloo"]["p"]
-        bias = {key: R[key]["p"]["rel_bias"] for key in ("ra_w1", "ra_w5", "ra_w10", "ra_always")}
-        order = bias["ra_w1"] < bias["ra_w5"] < bias["ra_w10"]
-        trigger = ", the paper's case for the on-demand trigger"
-        return (
-            f"- RLOO is unbiased for ∇E_x[p]: its update is {ci(s, 'scale')} times ∇E_x[p] / "
-            f"max_completion_length along it, every coordinate within {s['max_z']:.1f} standard "
-            "errors, and its per-prompt weights are flat.\n"
-            "- RA-RLOO is biased by design, and the bias grows with w_max on a buffer from a "
-            "stale "
-            f"policy (its logits moved by {STALENESS:g} x N(0, 1)): {bias['ra_w1']:.2f} at "
-            "w_max 1, "
-            f"{bias['ra_w5']:.2f} at 5, {bias['ra_w10']:.2f} at 10 (relative to ∇E_x[p] with "
-            "RLOO's constant). The paper's reading of its E1 runs, tighter clipping less "
-            "off-policy "
-            f"bias, {'holds' if order else 'does not hold'} here. Splicing into every group "
-            f"(`--replay always`) raises it to {bias['ra_always']:.2f}"
-            f"{trigger if bias['ra_always'] > bias['ra_w5'] else ''}.\n"
-            f"- The bias is mostly a reweighting toward hard prompts: at w_max 5 the p = {rare:g} "
-            f"prompt weighs {weights_ci(R['ra_w5'], 0)} times the p = 0.5 one (E_x[log p] would "
-            f"ask {asks_['log p'][0]:.2f}). The splice adds, in a group with no success, +w to the "
-            "replay and -1/(K-1) to each fresh failure; the clip bounds the first term only."
-        )
+        return ra_rloo_prose(results)
     if page == "ada_seq":
-        g4, d4, bal, inv = R["grpo4"], R["drgrpo4"], R["seq_bal"], R["seq_invp"]
-        holds_b = exact["4"][0] > 0.8 * asks_["2 arcsin sqrt p"][0]
-        return (
-            f"- Dr. GRPO-4 is unbiased for ∇E_x[p] up to its constant (n - 1) / n: scale "
-            f"{ci(d4['p'], 'scale')}.\n"
-            "- GRPO-4 with the std (eq. 2): Appendix B reads the std as the weight 1 / sqrt(p (1 - "
-            "p)), the gradient of E_x[2 arcsin sqrt p], which would weigh the prompts "
-            f"{fmt_w(asks_['2 arcsin sqrt p'])}. With n = 4 the group's own std cancels it: the "
-            f"weights are {fmt_w(g4['weights']['point'])} (exactly, by enumerating the group: "
-            f"{fmt_w(exact['4'])}), so the update estimates ∇E_x[p] (cosine "
-            f"{g4['p']['cos']:.3f}). Appendix B's weight {'holds' if holds_b else 'does not hold'} "
-            f"at n = 4; it appears as the group grows: {fmt_w(exact['16'])} at n = 16, "
-            f"{fmt_w(exact['64'])} at 64, {fmt_w(exact['256'])} at 256.\n"
-            "- Ada-Seq (Sec. 3.2) says the sequential pool and the re-introduced weight 1 / p_hat "
-            "recover ∇E_x[log p] (for these prompts, weights "
-            f"{fmt_w(asks_['log p'])}). The balanced downsample already reweighs: n/2 positives, "
-            "each worth grad p / p, give a prompt about (n/2)((1 - p)/p + p/(1 - p)), symmetric in "
-            f"p and 1 - p. The default (no explicit weight) gives {fmt_w(bal['weights']['point'])} "
-            f"(the p = {rare:g} prompt held down by N_max = 32: no success in 32 draws "
-            f"{(1 - rare) ** 32:.0%} of the time), the paper's emphasis on pass rates near 0 and "
-            "1. "
-            "With `--prompt_weight inv_p` "
-            f"the weights are {fmt_w(inv['weights']['point'])}: the rarest prompt gets "
-            f"{inv['weights']['point'][0] / asks_['log p'][0]:.1f}x what E_x[log p] asks, so the "
-            "stated estimator is not that objective's gradient here (cosine "
-            f"{inv['paper']['cos']:.3f}, against {bal['paper']['cos']:.3f} without the weight).\n"
-            "- Noise per rollout is against GRPO-4 at the rollouts each actually drew (Ada-Seq "
-            "draws "
-            f"{bal['rollouts']:g} per step for GRPO-4's 16)."
-        )
+        return ada_seq_prose(results)
     if page == "ada_est":
-        hyb, imp, g8 = R["est_hybrid"], R["est_implicit"], R["grpo8"]
-        between = asks_["sqrt p"][0] < hyb["weights"]["point"][0] < asks_["log p"][0]
-        return (
-            "- The paper (Sec. 2.2, Alg. 1) splits E_x[log p]'s weight 1/p into budgets N_x ∝ "
-            "1/sqrt(p_hat) and the residual weight 1/sqrt(mean_x + eps). On the toy, with each "
-            "prompt's estimator state as after 30 visits at its pass rate, the hybrid weighs the "
-            f"prompts {fmt_w(hyb['weights']['point'])} (p = {rare:g}: "
-            f"{weights_ci(hyb, 0)}); E_x[log p] asks {fmt_w(asks_['log p'])}, E_x[sqrt p] "
-            f"{fmt_w(asks_['sqrt p'])}. The hybrid lands "
-            f"{'between the two' if between else 'outside them'}: the residual weight reads the "
-            "step's own mean, which one success among a rare prompt's N_x responses overstates "
-            "(1/N_x against p), so the claim holds only in part: by cosine the update is as near "
-            f"∇E_x[sqrt p] ({hyb['cos_all']['sqrt p']:.3f}) as ∇E_x[log p] "
-            f"({hyb['paper']['cos']:.3f}).\n"
-            f"- `--weighting implicit` (N_x ∝ 1/p_hat, no residual) comes closer: "
-            f"{fmt_w(imp['weights']['point'])}, cosine {imp['paper']['cos']:.3f}.\n"
-            f"- The baseline GRPO-8's own weights are {fmt_w(g8['weights']['point'])} (Appendix "
-            f"B's 1 / sqrt(p (1 - p)) would be {fmt_w(asks_['2 arcsin sqrt p'])}; see "
-            "[ada_seq.md](ada_seq.md#what-the-update-estimates))."
-        )
+        return ada_est_prose(results)
     if page == "ps_grpo":
         off, ps = R["ps_off"], R["ps"]
         return (
@@ -376,6 +442,253 @@ def prose(results: dict, page: str) -> str:
     return ""
 
 
+def noise_table(results: dict, keys: list[str]) -> str:
+    """The raw noise and the bias-aware efficiency of each row."""
+    by_key = {row.key: row for row in ROWS}
+    lines = [
+        f"*Noise and efficiency.* *raw noise / rollout*: trace of one step's covariance x "
+        "generated rollouts per step, against the baseline's (the same normaliser, so the same "
+        "units). *rel. MSE*: E|c ḡ - ∇E[p]|² / |∇E[p]|² at the best scale c, ḡ the mean of the "
+        f"steps that {BUDGET} generated (or trained, i.e. scored by the loss) rollouts buy: 0 is "
+        "exact, 1 no better than no update; bias keeps it above 0 at any budget, noise shrinks "
+        "with the budget. The last column: the same against the gradient of the paper's "
+        "objective.",
+        "",
+        "| update | rollouts / step: generated | trained | raw noise / rollout | vs baseline | "
+        f"rel. MSE, {BUDGET} generated | rel. MSE, {BUDGET} trained | paper's objective: rel. MSE, "
+        f"{BUDGET} generated |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for key in keys:
+        r = results["rows"][key]
+        vs = f"{r['raw_noise_vs_baseline']:.2f}" if "raw_noise_vs_baseline" in r else "(baseline)"
+        lines.append(
+            f"| {by_key[key].label} | {r['rollouts']:g} | {r['trained']:g} "
+            f"| {r['raw_noise_per_rollout']:.3g} | {vs} | {r['mse_generated']:.3f} "
+            f"| {r['mse_trained']:.3f} | {r['mse_paper_generated']:.3f} |"
+        )
+    return "\n".join(lines)
+
+
+def staleness_table(results: dict) -> str:
+    st = results["staleness"]
+    n = len(STALE_SEEDS)
+    lines = [
+        f"*Staleness.* The buffer written by {n} stale policies per level (logits theta + level x "
+        "N(0, 1), one noise draw per policy), the same fresh rollouts for each: mean over the "
+        f"policies with a 95% t-interval over them ({results['rows']['rloo']['steps'] // 6:,} "
+        "steps per policy).",
+        "",
+        "| staleness | w_max | rel. bias vs ∇E[p] "
+        "| weight of the p = 0.03 prompt (rel. to p = 0.5) |",
+        "|---|---|---|---|",
+    ]
+    rows = results["rows"]
+    onp = rows["ra_onpolicy"]
+    lines.append(
+        f"| 0 (on-policy) | any (w = 1) | {ci(onp['p'], 'rel_bias')} | {weights_ci(onp, 0)} |"
+    )
+    for key, cell in st.items():
+        level, w_max = key.split("/")
+        b, w = cell["rel_bias"], cell["rare_weight"]
+        lines.append(
+            f"| {level} | {w_max} | {b[0]:.3f} [{b[1]:.3f}, {b[2]:.3f}] "
+            f"| {w[0]:.2f} [{w[1]:.2f}, {w[2]:.2f}] |"
+        )
+    return "\n".join(lines)
+
+
+DAGGER = (
+    "† E_x[2 arcsin sqrt p] is not an objective the paper states: it is what Appendix B's "
+    "advantage (r - p) / sqrt(p (1 - p)) gives for a fixed group size n with the population std "
+    "(the large-n limit of GRPO's group std), a corollary of Appendix B."
+)
+
+
+def extra_tables(results: dict, page: str) -> list[str]:
+    parts = []
+    if any(row.page == page and row.objective == "2 arcsin sqrt p" for row in ROWS):
+        parts += [DAGGER, ""]
+    if page == "ra_rloo":
+        parts += [staleness_table(results), ""]
+    return parts
+
+
+def raw_vs(R: dict, key: str) -> tuple[float, float]:
+    """(raw noise per rollout, |E[update]|²) of a row, each as a multiple of its baseline's."""
+    base = next(row.baseline for row in ROWS if row.key == key)
+
+    def mean_sq(r):
+        return r["raw_noise_per_rollout"] / r["noise_per_rollout"]
+
+    return R[key]["raw_noise_vs_baseline"], mean_sq(R[key]) / mean_sq(R[base])
+
+
+def efficiency_line(R: dict, key: str, base: str) -> str:
+    return (
+        f"relative MSE to ∇E_x[p] at {BUDGET} generated rollouts {R[key]['mse_generated']:.2f} "
+        f"against {R[base]['mse_generated']:.2f}, at {BUDGET} trained "
+        f"{R[key]['mse_trained']:.2f} against {R[base]['mse_trained']:.2f}"
+    )
+
+
+def ra_rloo_prose(results: dict) -> str:
+    R, asks_ = results["rows"], results["asks"]
+    rare = results["flat_pass_rates"][0]
+    s, onp = R["rloo"]["p"], R["ra_onpolicy"]
+    bias = {key: R[key]["p"]["rel_bias"] for key in ("ra_w1", "ra_w5", "ra_w10", "ra_always")}
+    order = bias["ra_w1"] < bias["ra_w5"] < bias["ra_w10"]
+    st = results["staleness"]
+    levels = [f"{level:g}" for level in STALE_LEVELS]
+
+    def span(level, w_max, name="rel_bias"):
+        m, lo, hi = st[f"{level}/{w_max}"][name]
+        return f"{m:.2f} [{lo:.2f}, {hi:.2f}]"
+
+    raw5, sq5 = raw_vs(R, "ra_w5")
+    means = {w: [st[f"{lv}/{w}"]["rel_bias"][0] for lv in levels] for w in (1, 5)}
+    clip_below = max(means[1]) <= onp["p"]["rel_bias_ci"][1]
+    grows = all(x < y for x, y in zip(means[5], means[5][1:]))
+    trigger = ", the paper's case for the on-demand trigger (Sec. 4.3, E3)"
+    return (
+        f"- RLOO is unbiased for ∇E_x[p]: its update is {ci(s, 'scale')} times ∇E_x[p] / "
+        f"max_completion_length along it, every coordinate within {s['max_z']:.1f} standard "
+        "errors, and its per-prompt weights are flat.\n"
+        "- The trigger alone reweighs. With an on-policy buffer every importance weight is 1 "
+        "(pi = pi_old: w_max plays no part), yet the relative bias is "
+        f"{ci(onp['p'], 'rel_bias')}: a group with no success gets +1 on the spliced success "
+        "and -1/(K-1) on each fresh failure, so the rarest prompt, whose groups fail most often, "
+        f"weighs {weights_ci(onp, 0)} times the p = 0.5 one (E_x[log p] would ask "
+        f"{asks_['log p'][0]:.2f}); weights {fmt_w(onp['weights']['point'])}. The paper "
+        'frames the splice as variance repair (Sec. 1; Sec. 2: "my motivation is variance '
+        'repair") and does not state an objective '
+        "for it; against ∇E_x[p] this reweighting is a bias.\n"
+        "- Staleness and the clip, separately (the staleness table; the rows above are one of its "
+        f"stale policies at level {STALENESS:g}). At w_max 1 the bias is "
+        f"{', '.join(span(lv, 1) for lv in levels)} at staleness {', '.join(levels)}: "
+        f"{'at or below' if clip_below else 'not always below'} the trigger's own "
+        f"{onp['p']['rel_bias']:.2f} (a weight clipped at 1 can only shrink the spliced +1). At "
+        f"w_max 5 it is {', '.join(span(lv, 5) for lv in levels)}: "
+        f"{'its mean grows' if grows else 'its mean does not grow monotonically'} with staleness, "
+        "and it varies widely from one stale policy to the next (a replay's weight pi / pi_old, "
+        "clipped, multiplies the +1). On the level-1 policy above: "
+        f"{bias['ra_w1']:.2f} at w_max 1, {bias['ra_w5']:.2f} at 5, {bias['ra_w10']:.2f} at "
+        "10. The paper's reading of its E1 runs (Sec. 4.3, IS-clip tightening), tighter clipping "
+        "less off-policy "
+        f"bias, {'holds' if order else 'does not hold'} there, but w_max 1 does not remove the "
+        "trigger's own share. Splicing into every group "
+        f"(`--replay always`) raises it to {bias['ra_always']:.2f}"
+        f"{trigger if bias['ra_always'] > bias['ra_w5'] else ''}.\n"
+        f"- Noise: at w_max 5 the raw noise per rollout is {raw5:.2f}x RLOO's; the column "
+        f"divided by the update's own |E[update]|² reads {R['ra_w5']['noise_vs_baseline']:.2f} "
+        f"only because |E[update]|² is {sq5:.1f}x RLOO's, mostly the bias. Bias-aware: "
+        f"{efficiency_line(R, 'ra_w5', 'rloo')} (on-policy buffer "
+        f"{R['ra_onpolicy']['mse_generated']:.2f}). Its p = {rare:g} prompt's larger weight is "
+        "what E_x[log p] would want; against ∇E_x[p] it is a direction error no budget averages "
+        "away (how it learns: see Learning on the toy below)."
+    )
+
+
+def ada_seq_prose(results: dict) -> str:
+    R, asks_, exact = results["rows"], results["asks"], results["grpo_exact_weights"]
+    rare = results["flat_pass_rates"][0]
+    g4, d4, bal, inv = R["grpo4"], R["drgrpo4"], R["seq_bal"], R["seq_invp"]
+    holds_b = exact["4"][0] > 0.8 * asks_["2 arcsin sqrt p"][0]
+    closer = inv["paper"]["cos"] > bal["paper"]["cos"]
+    raw_bal, sq_bal = raw_vs(R, "seq_bal")
+    return (
+        f"- Dr. GRPO-4 is unbiased for ∇E_x[p] up to its constant (n - 1) / n: scale "
+        f"{ci(d4['p'], 'scale')}.\n"
+        "- GRPO-4 with the std (eq. 2). Appendix B (B.1, eq. 7 and Remark 1) derives the "
+        "advantage (r - p) / sqrt(p (1 - p)) for E_x[log p], with the true pass rate p and its "
+        "variance-optimal budget n_x ∝ sqrt((1 - p) / p): the prompt's total weight n_x / (n_x p) "
+        "is 1 / p, the gradient of E_x[log p]. For a fixed n with the population std the same "
+        "advantage weighs a prompt 1 / sqrt(p (1 - p)), the derivative of 2 arcsin sqrt p (†): "
+        "a corollary for large n that the paper does not state, which would weigh these prompts "
+        f"{fmt_w(asks_['2 arcsin sqrt p'])}. With n = 4 the group's own std cancels it: the "
+        f"weights are {fmt_w(g4['weights']['point'])} (exactly, by enumerating the group: "
+        f"{fmt_w(exact['4'])}), so the update estimates ∇E_x[p] (cosine "
+        f"{g4['p']['cos']:.3f}). The corollary's weight "
+        f"{'holds' if holds_b else 'does not hold'} at n = 4; it appears as the group grows: "
+        f"{fmt_w(exact['16'])} at n = 16, {fmt_w(exact['64'])} at 64, {fmt_w(exact['256'])} at "
+        "256.\n"
+        "- Ada-Seq: Sec. 3.2 (Practical Implementation via Static Batches) says the re-introduced "
+        "weight 1 / p_hat recovers the log-objective (for these prompts, weights "
+        f"{fmt_w(asks_['log p'])}). The balanced downsample already reweighs: n/2 positives, "
+        "each worth grad p / p, give a prompt about (n/2)((1 - p)/p + p/(1 - p)), symmetric in "
+        f"p and 1 - p. The default (no explicit weight) gives {fmt_w(bal['weights']['point'])} "
+        f"(the p = {rare:g} prompt held down by N_max = 32: no success in 32 draws "
+        f"{(1 - rare) ** 32:.0%} of the time), the emphasis on pass rates near 0 and 1 that Sec. "
+        "3.2 ascribes to the balanced exit.\n"
+        "- `--prompt_weight inv_p`: Sec. 3.2 states the weighted estimator (1 / p_hat) x (1/n) "
+        "sum grad log pi (r - p_hat), while Algorithm 2 (line 19) computes A_i = r_i - mean_x with "
+        "no weight; the default follows Algorithm 2. By cosine with ∇E_x[log p] the weight "
+        f"brings the update {'closer' if closer else 'no closer'}: {inv['paper']['cos']:.3f} "
+        f"against {bal['paper']['cos']:.3f} for the default. Per prompt it overshoots: "
+        f"{fmt_w(inv['weights']['point'])}, the rarest prompt "
+        f"{inv['weights']['point'][0] / asks_['log p'][0]:.1f}x what E_x[log p] asks, because "
+        "the 1 / p_hat comes on top of the balanced downsample's own reweighting (about 1 / p² "
+        "in all).\n"
+        "- Noise: rows are against GRPO-4 at the rollouts each generated (Ada-Seq draws "
+        f"{bal['rollouts']:g} per step for GRPO-4's 16, trains {bal['trained']:g}). The raw "
+        f"noise per generated rollout of the default is {raw_bal:.2f}x GRPO-4's (|E[update]|² "
+        f"{sq_bal:.1f}x); {efficiency_line(R, 'seq_bal', 'grpo4')}; against ∇E_x[log p] "
+        f"{bal['mse_paper_generated']:.2f} (`inv_p` {inv['mse_paper_generated']:.2f}) against "
+        f"GRPO-4's {g4['mse_by_objective']['log p']:.2f} at {BUDGET} generated."
+    )
+
+
+def ada_est_prose(results: dict) -> str:
+    R, asks_ = results["rows"], results["asks"]
+    rare = results["flat_pass_rates"][0]
+    hyb, imp, g8 = R["est_hybrid"], R["est_implicit"], R["grpo8"]
+    gap = results["ada_est_gap"]
+    between = asks_["sqrt p"][0] < hyb["weights"]["point"][0] < asks_["log p"][0]
+    raw_h, sq_h = raw_vs(R, "est_hybrid")
+    stages = ["log_p", "eps", "integer_budget", "estimator_budget", "own_mean"]
+    names = {
+        "eps": "the eps",
+        "integer_budget": "the integer budget",
+        "estimator_budget": "the estimator's budget",
+        "own_mean": "the step's own mean",
+    }
+    factors = {
+        names[b]: gap[a][0] / gap[b][0] for a, b in zip(stages, stages[1:])
+    }  # fmt: skip
+    largest = max(factors, key=factors.get)
+    return (
+        "- The paper (Sec. 2.2, Hybrid Strategy; Alg. 1 lines 5 and 15) splits E_x[log p]'s "
+        "weight 1/p into budgets N_x ∝ 1/sqrt(p_hat + eps) and the residual weight 1/sqrt(mean_x "
+        "+ eps). On the toy, with each prompt's estimator state as after 30 visits at its pass "
+        f"rate, the hybrid weighs the prompts {fmt_w(hyb['weights']['point'])} (p = {rare:g}: "
+        f"{weights_ci(hyb, 0)}); E_x[log p] asks {fmt_w(asks_['log p'])}, E_x[sqrt p] "
+        f"{fmt_w(asks_['sqrt p'])}. The hybrid lands "
+        f"{'between the two' if between else 'outside them'}; by cosine the update is as near "
+        f"∇E_x[sqrt p] ({hyb['cos_all']['sqrt p']:.3f}) as ∇E_x[log p] "
+        f"({hyb['paper']['cos']:.3f}).\n"
+        f"- The gap on the p = {rare:g} prompt, one departure at a time (exact weights, "
+        f"enumerated): 1/p asks {gap['log_p'][0]:.2f}; the eps = 0.01 in both halves "
+        f"gives 1/(p + eps), {gap['eps'][0]:.2f}; the integer budget within [n_min, n_max] "
+        f"(N_x {' / '.join(map(str, gap['sizes_true']))}) {gap['integer_budget'][0]:.2f}; the "
+        f"budget from the estimator's p_hat ({fmt_w(gap['p_hats'])} after its Beta prior and "
+        f"decayed counts; N_x {' / '.join(map(str, gap['sizes_est']))}) "
+        f"{gap['estimator_budget'][0]:.2f}; the residual weight from the step's own mean "
+        f"instead of p {gap['own_mean'][0]:.2f}, the script's expected update (the "
+        f"Monte Carlo row: {hyb['weights']['point'][0]:.2f}). The largest factor is {largest} "
+        f"({factors[largest]:.2f}x). The step's own mean: one success among a rare prompt's N_x "
+        "responses sets mean_x = 1/N_x, above p, and no success gives the prompt no gradient.\n"
+        f"- `--weighting implicit` (N_x ∝ 1/p_hat, no residual) comes closer: "
+        f"{fmt_w(imp['weights']['point'])}, cosine {imp['paper']['cos']:.3f}.\n"
+        f"- The baseline GRPO-8's own weights are {fmt_w(g8['weights']['point'])} (the "
+        f"large-n corollary 1 / sqrt(p (1 - p)) would be {fmt_w(asks_['2 arcsin sqrt p'])}; see "
+        "[ada_seq.md](ada_seq.md#what-the-update-estimates)).\n"
+        f"- Noise: the raw noise per rollout is {raw_h:.2f}x GRPO-8's (|E[update]|² "
+        f"{sq_h:.1f}x) at the same budget; {efficiency_line(R, 'est_hybrid', 'grpo8')}; against "
+        f"∇E_x[log p] {hyb['mse_paper_generated']:.2f} against GRPO-8's "
+        f"{g8['mse_by_objective']['log p']:.2f}."
+    )
+
+
 def block(results: dict, page: str) -> str:
     keys = [row.key for row in ROWS if row.page == page]
     problem = next(row.problem for row in ROWS if row.page == page)
@@ -386,6 +699,9 @@ def block(results: dict, page: str) -> str:
         "",
         table(results, keys),
         "",
+        noise_table(results, keys),
+        "",
+        *extra_tables(results, page),
         prose(results, page),
         "",
         END,
@@ -457,6 +773,7 @@ def main(argv=None) -> int:
     results = run(args.steps, args.seed)
     keys = [row.key for row in ROWS]
     print(legend(results, "flat"))
+    print(DAGGER)
     print(
         table(results, [k for k in keys if next(r for r in ROWS if r.key == k).problem == "flat"])
     )
@@ -464,6 +781,10 @@ def main(argv=None) -> int:
     print(
         table(results, [k for k in keys if next(r for r in ROWS if r.key == k).problem == "tree"])
     )
+    print()
+    print(noise_table(results, keys))
+    print()
+    print(staleness_table(results))
     print("\nGRPO's exact per-prompt weights by group size:", results["grpo_exact_weights"])
     print("the weights each objective asks for:", results["asks"])
     if args.write:

@@ -32,7 +32,8 @@ OBJECTIVES = {
     "p": lambda p: p,
     "log p": torch.log,
     "sqrt p": torch.sqrt,
-    # Appendix B's weight 1 / sqrt(p (1 - p)) is this objective's derivative
+    # its derivative is 1 / sqrt(p (1 - p)), the weight Appendix B's advantage (r - p) / std
+    # gives at a fixed group size with the population std (a corollary; the paper does not state it)
     "2 arcsin sqrt p": lambda p: 2 * torch.asin(torch.sqrt(p)),
 }
 
@@ -287,11 +288,13 @@ def ra_rloo_step(
     mode: str = "on_demand",
     capacity: int = 16,
     weights=ra_rloo.replay_weights,
+    stale_seed: int = 1234,
 ):
     """RA-RLOO: each prompt's FIFO holds `capacity` successes drawn from a stale policy pi_old
-    (theta + staleness x fixed noise) with their log pi_old; `splice_replays` puts one into the
-    groups that need it, weighted by `replay_weights` (min(pi / pi_old, w_max))."""
-    noise = np.random.default_rng(1234).normal(size=toy.theta.shape)
+    (theta + staleness x fixed noise, the noise drawn from `stale_seed`) with their log pi_old;
+    `splice_replays` puts one into the groups that need it, weighted by `replay_weights`
+    (min(pi / pi_old, w_max))."""
+    noise = np.random.default_rng(stale_seed).normal(size=toy.theta.shape)
     old_leaf_logp = toy.leaf_logp(toy.theta + staleness * torch.tensor(noise)).numpy()
     leaf_logp = toy.leaf_logp(toy.theta).numpy()
     old_success = np.exp(old_leaf_logp) * toy.rewards
