@@ -2,6 +2,7 @@
 environment_factory convention with a scripted generator, prefix replay (restore and re-execution,
 a nondeterministic environment dropped), faults in one line, and one short run end to end."""
 
+import copy
 import json
 import random
 
@@ -166,6 +167,7 @@ def test_a_step_that_raises_ends_its_episode_with_one_line_naming_the_file(capsy
     for _ in range(2):
         out = play(gen, [{"seed": 0}, {"seed": 1}, {"seed": 2}], [Prefix()] * 3, 1, CFG)
         assert out.errors == 2 and [e.reward for e in out.episodes] == [1.0, 0.0, 0.0]
+        assert [e.env_error for e in out.episodes] == [False, True, True]
     # two messages from one place: said once
     assert len(lines) == 1, lines
     assert "Broken.step raised KeyError: 'no square 3'" in lines[0]
@@ -174,6 +176,134 @@ def test_a_step_that_raises_ends_its_episode_with_one_line_naming_the_file(capsy
     # every episode raising stops the run with one line
     with pytest.raises(SystemExit, match="failed in every episode.*KeyError"):
         play(gen, [{"seed": 1}], [Prefix()], 2, CFG)
+
+
+class Trail(Walk):
+    """Its state is a list it keeps appending to; snapshot() returns that live list (no copy) and
+    restore(state) keeps the object it is given: the two mistakes a copy on each side absorbs."""
+
+    restored: list = []
+
+    def reset(self, seed):
+        self.trail = []
+        return super().reset(seed)
+
+    def step(self, action):
+        self.trail.append(action)
+        observation, reward, done = super().step(action)
+        return f"{len(self.trail)} {observation}", reward, done
+
+    def snapshot(self):
+        return {"trail": self.trail, "pos": self.pos, "goal": self.goal}
+
+    def restore(self, state):
+        Trail.restored.append(len(state["trail"]))
+        self.trail, self.pos, self.goal = state["trail"], state["pos"], state["goal"]
+
+
+class LiveDict(Walk):
+    """snapshot() returns the instance's own __dict__, which every later step changes."""
+
+    def snapshot(self):
+        return self.__dict__
+
+    def restore(self, state):
+        self.__dict__.update(state)
+
+
+def test_a_snapshot_is_the_state_after_its_turn_and_each_restore_gets_a_copy():
+    gen = Scripted(lambda p: ENC("+\n"))
+    for cls in (Trail, LiveDict):
+        play = runner(cls).play
+        fresh = play(gen, [{"seed": 2}], [Prefix()], 1, CFG).episodes[0]
+        # goal 4: a snapshot after each of the first three turns (none after the last), each the
+        # state of its own turn although the environment went on changing what it returned
+        assert [state["pos"] for state in fresh.snapshots] == [1, 2, 3]
+        k = 2
+        stored = fresh.snapshots[k - 1]
+        kept = copy.deepcopy(stored)
+        Trail.restored.clear()
+        out = play(gen, [{"seed": 2}], [Prefix(fresh.steps[:k], fresh.prompt, stored)], 3, CFG)
+        assert out.kept == [0] and out.errors == 0
+        # every episode starts from turn K's state: the same conversation as the fresh one
+        assert all(episode.ids == fresh.ids for episode in out.episodes)
+        if cls is Trail:
+            assert Trail.restored == [k, k, k]
+        # no episode changed the stored snapshot (restore got a copy)
+        assert stored == kept
+
+
+class Drifting(Walk):
+    """Walk whose first observation gets `banner` and whose episode ends at `end_at` (class
+    switches a test turns between the stored trajectory and its replay)."""
+
+    banner, end_at = "", None
+
+    def reset(self, seed):
+        return Drifting.banner + super().reset(seed)
+
+    def step(self, action):
+        observation, reward, done = super().step(action)
+        return observation, reward, done or self.pos == Drifting.end_at
+
+
+@pytest.fixture
+def drifting():
+    yield Drifting
+    Drifting.banner, Drifting.end_at = "", None
+
+
+@pytest.mark.parametrize("change", ["first observation", "done inside the prefix"])
+def test_a_replay_that_diverges_drops_its_task_and_counts_in_the_mismatch(drifting, change):
+    from types import SimpleNamespace
+
+    from common.envs.tasks import EnvTask
+    from ps_grpo import AgentEnv, BatchTask, env_rollouts
+
+    gen = Scripted(lambda p: ENC("+\n"))
+    env = SimpleNamespace(
+        train=[EnvTask({"seed": 1}), EnvTask({"seed": 2})], runner=runner(Drifting)
+    )
+    fresh = env.runner.play(gen, [{"seed": 2}], [Prefix()], 1, CFG).episodes[0]
+    assert len(fresh.steps) == 4
+    prefix_task = BatchTask(1, "easy", fresh.steps[:2], 4, 0.5, fresh.prompt)
+    tasks = [prefix_task, BatchTask(0)]
+    # the stored trajectory replays as it was
+    episodes, _, kept = env_rollouts(env, gen, tasks, 2, CFG)
+    assert kept == tasks and len(episodes) == 4 and env.counts["replay_mismatch"] == 0
+    if change == "first observation":
+        # the same steps' observations, another first observation
+        drifting.banner = "!"
+    else:
+        # the same observations, but the environment ends the episode at turn 1 of the prefix
+        drifting.end_at = 1
+    episodes, _, kept = env_rollouts(env, gen, tasks, 2, CFG)
+    # the diverged prefix task is dropped: only the fresh task's episodes come back, counted
+    assert kept == [tasks[1]] and [e.group for e in episodes] == [0, 0]
+    assert env.counts == {"env_errors": 0, "replay_tasks": 1, "replay_mismatch": 1}
+    totals = {"env_errors": 0, "replay_tasks": 2, "replay_mismatch": 1}
+    metrics = AgentEnv.metrics(SimpleNamespace(name="Drifting"), totals)
+    assert metrics["ps_replay_mismatch_frac"] == 0.5
+
+
+def test_a_prefix_task_carries_the_snapshot_of_its_turn_k_and_never_a_failed_episode():
+    from types import SimpleNamespace
+
+    from ps_grpo import BatchTask, make_prefix_task
+
+    gen = Scripted(lambda p: ENC("+\n"))
+    play = runner(Trail).play
+    fresh = play(gen, [{"seed": 2}], [Prefix()], 1, CFG).episodes[0]
+    caps = SimpleNamespace(prefix_cap=8, remaining_cap=8)
+    for category, ratio, k in (("easy", 0.5, 2), ("easy", 0.25, 1), ("hard", 0.25, 3)):
+        task = make_prefix_task(BatchTask(0), category, [fresh], [category == "hard"], ratio, caps)
+        assert len(task.steps) == k and task.snapshot["pos"] == k
+        # restored from it, the replay goes on as the stored trajectory did
+        replay = play(gen, [{"seed": 2}], [Prefix(task.steps, task.prompt, task.snapshot)], 1, CFG)
+        assert replay.mismatched == 0 and replay.episodes[0].ids == fresh.ids
+    # an episode the environment failed is no failure to replay
+    fresh.env_error = True
+    assert make_prefix_task(BatchTask(0), "easy", [fresh], [False], 0.5, caps) is None
 
 
 def test_a_wrong_return_type_stops_with_one_line_naming_the_class():

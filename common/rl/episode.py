@@ -29,6 +29,8 @@ class Episode:
     prompt: list[int] = field(default_factory=list)  # the context the turns follow
     # [PS] the environment's snapshot() after each turn, when it has one (prefix replay restores it)
     snapshots: list = field(default_factory=list)
+    # the environment failed (it raised): no reward, left out of the update and of every count
+    env_error: bool = False
 
     def add_turn(
         self, action_ids: list[int], obs_ids: list[int], logps: list[float] | None = None
