@@ -803,7 +803,9 @@ class AgentEnv:
         seconds = 0.0
         if self.funcs is not None:
             started = time.perf_counter()
-            rows = [tasks[episode.group].row for episode in episodes]
+            # training's tasks are `BatchTask`s (a row of the pool by its index), evaluation's rows
+            own = [tasks[episode.group] for episode in episodes]
+            rows = [t.row if hasattr(t, "row") else self.train[t.prompt_id].row for t in own]
             funcs_total, funcs_values = conversation_rewards(
                 self.funcs, self.tokenizer, episodes, rows, step
             )

@@ -460,6 +460,93 @@ def test_ps_grpo_on_a_user_environment_end_to_end(tiny_base, tmp_path):
     assert all("rewards/MergeGame/mean" in row for row in steps)
 
 
+FLAKY = """
+class Flaky:
+    # a task's episodes start one after another: the first raises in step, the second wins
+    last, count = None, 0
+
+    def reset(self, seed):
+        Flaky.count = Flaky.count + 1 if seed == Flaky.last else 0
+        Flaky.last = seed
+        self.place = Flaky.count % 4
+        return f"seed {seed}\\n"
+
+    def step(self, action):
+        if self.place == 0:
+            raise RuntimeError("the board fell over")
+        return ("won" if self.place == 1 else "lost") + "\\n", 0.0, True
+
+
+def won(completions, **kwargs):
+    # the last observation, whatever the action was (a cut action gets the environment's 0)
+    return [1.0 if text.endswith("won\\n") else 0.0 for text in completions]
+"""
+
+
+def test_episodes_the_environment_failed_are_left_out_of_the_update(tiny_base, tmp_path, capsys):
+    (tmp_path / "flaky.py").write_text(FLAKY)
+    out = tmp_path / "run"
+    n, tasks = 4, 3
+    run_main(
+        [
+            "ps_grpo.py",
+            "--environment",
+            f"{tmp_path}/flaky.py:Flaky",
+            "--reward_funcs",
+            f"{tmp_path}/flaky.py:won",
+            "--max_steps",
+            "2",
+            "--prompts_per_step",
+            str(tasks),
+            "--num_generations",
+            str(n),
+            "--max_action_tokens",
+            "64",
+            "--eval_prompts",
+            "2",
+            "--eval_samples",
+            "2",
+            "--eval_train_prompts",
+            "0",
+            "--log_samples_every",
+            "1",
+            "--log_samples_per_kind",
+            str(n * tasks),
+            "--num_threads",
+            "1",
+            "--output_dir",
+            str(out),
+        ]
+    )
+    printed = capsys.readouterr()
+    # the run went on, with the fault said once and no traceback
+    assert "Traceback" not in printed.err + printed.out
+    assert (printed.err + printed.out).count("Flaky.step raised RuntimeError") == 1
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [row for row in metrics if row.get("step", 0) > 0 and "loss" in row]
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(steps) == 2 and len(samples) == 2 * n * tasks
+    for row in steps:
+        rows = [sample for sample in samples if sample["step"] == row["step"]]
+        assert row["env_errors"] == tasks
+        passing = 0
+        for group in range(tasks):
+            failed, *played = rows[group * n : (group + 1) * n]
+            # marked, no reward, advantage 0
+            assert failed["env_error"] is True and failed["reward"] is None
+            assert failed["advantage"] == 0.0
+            assert not any("env_error" in sample for sample in played)
+            # the baseline is the mean of the 3 episodes played (1, 0, 0): 1/3, not 1/4
+            assert [sample["reward"] for sample in played] == [1.0, 0.0, 0.0]
+            advantages = [sample["advantage"] for sample in played]
+            assert advantages == pytest.approx([2 / 3, -1 / 3, -1 / 3], abs=1e-6)
+            # the winner passes unless its action was cut: 1 of 3 (normal), not 1 of 4 (too hard)
+            passing += not played[0]["truncated"]
+        assert row["ps_route_normal"] == row["ps_solve_partial"] == passing
+        assert row["ps_route_all_fail"] == tasks - passing and row["ps_route_too_hard"] == 0
+    assert any(row["ps_route_normal"] > 0 for row in steps)
+
+
 def test_flags_and_a_sweep_task_file_that_names_an_environment(tmp_path):
     from benchmarks.sweep.configs import task_configs
     from benchmarks.sweep.run import Args as SweepArgs
