@@ -167,7 +167,8 @@ class Renderer:
 
 class EnvRunner:
     """Plays an `Environment` with a generator: fresh episodes from `reset(**row)`, prefix tasks
-    from a replayed step K; faults end an episode with reward 0 (said once per distinct line)."""
+    from a replayed step K; a fault ends its episode, marked `env_error` (said once per distinct
+    line)."""
 
     def __init__(self, env: Environment, renderer: Renderer, max_turns: int, log=print):
         if not env.text and not renderer.chat:
