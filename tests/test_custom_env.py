@@ -233,6 +233,21 @@ def test_a_snapshot_is_the_state_after_its_turn_and_each_restore_gets_a_copy():
         assert stored == kept
 
 
+def test_a_snapshot_that_cannot_be_copied_is_the_environments_fault_in_one_line():
+    import threading
+
+    class Locked(Walk):
+        def snapshot(self):
+            return {"pos": self.pos, "lock": threading.Lock()}
+
+        def restore(self, state):
+            self.pos = state["pos"]
+
+    gen = Scripted(lambda p: ENC("+\n"))
+    with pytest.raises(SystemExit, match=r"Locked\.snapshot: copy\.deepcopy cannot copy the state"):
+        runner(Locked).play(gen, [{"seed": 2}], [Prefix()], 2, CFG)
+
+
 class Drifting(Walk):
     """Walk whose first observation gets `banner` and whose episode ends at `end_at` (class
     switches a test turns between the stored trajectory and its replay)."""

@@ -64,7 +64,7 @@ def state_copy(env: Environment, state, what: str = "snapshot"):
     environment's fault (`EnvFault`)."""
     try:
         return copy.deepcopy(state)
-    except Exception as error:  # noqa: BLE001 - what the user's state holds: one line, the episode ends
+    except Exception as error:  # noqa: BLE001 - the user's state: one line, the episode ends
         line = (
             f"environment {env.name}.{what}: copy.deepcopy cannot copy the state snapshot() "
             f"returned ({type(error).__name__}: {error}); return plain data, or define "
