@@ -62,6 +62,7 @@ Design choices the paper leaves open (each is a flag or documented at its functi
 from __future__ import annotations
 
 import functools
+import math
 import random
 import sys
 import time
@@ -323,7 +324,10 @@ class BatchTask:
 
 def route(k: int, n: int, low: float, high: float) -> str:
     """[PS] (also in GRPO: counted in `ps_route_*`) The paper's five paths for k of n rollouts
-    passing (Figure 2)."""
+    passing (Figure 2); n counts the rollouts the environment did not fail ("none" when it failed
+    every one: the task takes no path)."""
+    if n == 0:
+        return "none"
     # discarded: no success (all_fail) / no failure (all_pass) to build a prefix from
     if k == 0:
         return "all_fail"
@@ -361,11 +365,19 @@ def make_prefix_task(
 ) -> BatchTask | None:
     """[PS] Prefix & Mask (Figure 2) for a skewed fresh task: one of its trajectories, drawn at
     random, cut to its first K steps at the category's current `ratio` (`prefix_steps`), as a task
-    for the next batch; None when that trajectory has no proper prefix. Too-hard: a success, K by
-    the steps left (--remaining_ratio, --remaining_cap); too-easy: a failure, K replayed
-    (--prefix_ratio, --prefix_cap). An unscored rollout is not a success."""
+    for the next batch; None when that trajectory has no proper prefix (or none fits). Too-hard: a
+    success, K by the steps left (--remaining_ratio, --remaining_cap); too-easy: a failure, K
+    replayed (--prefix_ratio, --prefix_cap). An unscored rollout is not a success; an episode the
+    environment failed (`Episode.env_error`) is neither: never a prefix. The snapshot is the one
+    taken after turn K (`Episode.snapshots[K - 1]`)."""
     want_success = category == "hard"
-    sources = [episode for episode, ok in zip(group, passed) if ok == want_success]
+    sources = [
+        episode
+        for episode, ok in zip(group, passed)
+        if ok == want_success and not episode.env_error
+    ]
+    if not sources:
+        return None
     source = random.choice(sources)
     total = len(source.steps)
     if category == "hard":
@@ -464,45 +476,59 @@ def make_controllers(args: Args, saved: dict | None) -> dict[str, PrefixControll
 @dataclass
 class Attributed:
     """[PS] (also in GRPO: all 0) A controller's input (`attributed`): its category's prefix tasks
-    built with its current ratio, their passing rollouts, and the stale ones built with an earlier
-    ratio (counted, never fed)."""
+    built with its current ratio, their passing rollouts, the stale ones built with an earlier
+    ratio (counted, never fed), and the attributed tasks' rollouts the environment failed (out of
+    the pass rate)."""
 
     tasks: float
     success: float
     stale: float
+    failed: float = 0.0
 
     def pass_rate(self, n: int) -> float | None:
-        """Passing rollouts per rollout of the attributed tasks, n each (None: no such task)."""
-        if not self.tasks:
+        """Passing rollouts per rollout of the attributed tasks, n each, less those the environment
+        failed (None: no such task, or no rollout left)."""
+        counted = self.tasks * n - self.failed
+        if not self.tasks or counted <= 0:
             return None
-        return self.success / (self.tasks * n)
+        return self.success / counted
 
 
 def attributed(
-    tasks: list[BatchTask], passes: list[int], category: str, ratio: float
+    tasks: list[BatchTask], passes: list[int], category: str, ratio: float, failed=None
 ) -> Attributed:
     """[PS] (also in GRPO: counts none) `category`'s prefix tasks built with `ratio`, its current
     one.
 
     A prefix task is built at step t with the ratio before the controller's update at the end of
     step t, and runs at step t + 1; after a move its pass rate measures the old ratio. Such stale
-    tasks are counted but discarded, never attributed to the new ratio. This rank's counts; the
-    caller sums them over ranks (`controller_input`).
+    tasks are counted but discarded, never attributed to the new ratio. `failed`: each task's
+    rollouts the environment failed (None: none). This rank's counts; the caller sums them over
+    ranks (`controller_input`).
     """
     mine = [group for group, task in enumerate(tasks) if task.category == category]
     current = [group for group in mine if tasks[group].ratio == ratio]
     success = sum(passes[group] for group in current)
-    return Attributed(len(current), success, len(mine) - len(current))
+    lost = sum(failed[group] for group in current) if failed is not None else 0
+    return Attributed(len(current), success, len(mine) - len(current), lost)
 
 
-def controller_counts(tasks: list[BatchTask], passes: list[int], controllers: dict) -> dict:
+def controller_counts(
+    tasks: list[BatchTask], passes: list[int], controllers: dict, failed=None
+) -> dict:
     """[PS] (also in GRPO: all 0) This rank's `attributed` counts of each category at its
     controller's current ratio, as named sums of the step."""
     counts = {}
     for category in CATEGORIES:
-        mine = attributed(tasks, passes, category, controllers[category].ratio)
+        mine = attributed(tasks, passes, category, controllers[category].ratio, failed)
         counts.update({f"ctrl_{category}_{name}": value for name, value in asdict(mine).items()})
     return counts
+
+
+def env_failed(episodes: list[Episode], n: int) -> list[int]:
+    """Each task's rollouts (n each) the environment failed (`Episode.env_error`): they have no
+    reward and count in no pass rate."""
+    return [sum(e.env_error for e in episodes[i : i + n]) for i in range(0, len(episodes), n)]
 
 
 def ps_grpo_sums(
@@ -513,9 +539,11 @@ def ps_grpo_sums(
     rest covers every rollout. [PS] (also in GRPO: all 0 but the routes) the prefix tasks' counts,
     the fresh tasks' routes, the trained groups and their A^2 (the appendix's signal strength), and
     the controllers' input (`controller_counts`). clip_sum starts at 0: the update adds it, and a
-    rank with no trained row runs no micro-batch."""
+    rank with no trained row runs no micro-batch. A rollout the environment failed
+    (`Episode.env_error`) counts in no pass rate."""
     n = rewards.shape[1]
     passes = success.sum(-1).tolist()
+    failed = env_failed(episodes, n)
     fresh = [group for group, task in enumerate(tasks) if task.category is None]
     zero_var = zero_variance(rewards[fresh]).sum()
     sums = rollout_sums(
@@ -527,7 +555,7 @@ def ps_grpo_sums(
         "gen_tokens": sum(episode.generated_tokens for episode in episodes),
         "ps_replayed_tokens": sum(episode.replayed_tokens for episode in episodes),
         # [PS] (also in GRPO) every task of the batch, prefix tasks too
-        "ps_solve_partial": sum(0 < k < n for k in passes),
+        "ps_solve_partial": sum(0 < k < n - lost for k, lost in zip(passes, failed)),
         "trained_groups": keep.sum(),
         "adv_sq_sum": (trained_advantages**2).sum(),
         "clip_sum": 0.0,
@@ -537,8 +565,9 @@ def ps_grpo_sums(
         sums[f"prefix_{category}_tasks"] = len(groups)
         sums[f"prefix_{category}_success"] = success[groups].sum()
         sums[f"prefix_{category}_steps"] = sum(len(tasks[group].steps) for group in groups)
+        sums[f"prefix_{category}_failed"] = sum(failed[group] for group in groups)
     sums |= {f"ps_route_{name}": sum(routes[group] == name for group in fresh) for name in ROUTES}
-    return sums | controller_counts(tasks, passes, controllers)
+    return sums | controller_counts(tasks, passes, controllers, failed)
 
 
 def controller_input(totals: dict) -> dict[str, Attributed]:
@@ -546,7 +575,7 @@ def controller_input(totals: dict) -> dict[str, Attributed]:
     totals: the same on every rank)."""
     return {
         category: Attributed(
-            *(totals[f"ctrl_{category}_{name}"] for name in ("tasks", "success", "stale"))
+            *(totals[f"ctrl_{category}_{name}"] for name in ("tasks", "success", "stale", "failed"))
         )
         for category in CATEGORIES
     }
@@ -690,6 +719,21 @@ def fixed_scored(rewards: list[float], truncated: list[bool], success_reward: fl
     return Scored(total, {}, 0.0, success)
 
 
+def without_failed(scored: Scored, failed: list[bool]) -> Scored:
+    """`scored` less the rewards of the episodes the environment failed: a NaN total, as a
+    completion no function scored (advantage 0, out of its group's mean and std), no function's
+    value, never a success."""
+    if not any(failed):
+        return scored
+    scored.total = [math.nan if bad else total for total, bad in zip(scored.total, failed)]
+    scored.values = {
+        name: [None if bad else value for value, bad in zip(values, failed)]
+        for name, values in scored.values.items()
+    }
+    scored.success = [ok and not bad for ok, bad in zip(scored.success, failed)]
+    return scored
+
+
 def evaluate_episodes(env, generator, tasks: list, args: Args, accelerator, cfg) -> dict:
     """Held-out pass@1 / pass@k (every power of two k <= --eval_samples) of whole episodes in the
     environment `env`, turns sampled with `cfg` (tasks split across ranks)."""
@@ -763,7 +807,12 @@ class AgentEnv:
         return env_rollouts(self, generator, tasks, n, self.sampling)
 
     def score(self, episodes, tasks, truncated, step) -> Scored:
-        """The environment's rewards (`fixed_scored`), plus --reward_funcs' on the conversations."""
+        """The environment's rewards (`fixed_scored`), plus --reward_funcs' on the conversations;
+        none for an episode the environment failed (`without_failed`)."""
+        failed = [episode.env_error for episode in episodes]
+        return without_failed(self._score(episodes, tasks, truncated, step), failed)
+
+    def _score(self, episodes, tasks, truncated, step) -> Scored:
         from common.envs.tasks import conversation_rewards
 
         rewards = [episode.reward for episode in episodes]
@@ -774,7 +823,9 @@ class AgentEnv:
         seconds = 0.0
         if self.funcs is not None:
             started = time.perf_counter()
-            rows = [tasks[episode.group].row for episode in episodes]
+            # training's tasks are `BatchTask`s (a row of the pool by its index), evaluation's rows
+            own = [tasks[episode.group] for episode in episodes]
+            rows = [t.row if hasattr(t, "row") else self.train[t.prompt_id].row for t in own]
             funcs_total, funcs_values = conversation_rewards(
                 self.funcs, self.tokenizer, episodes, rows, step
             )
@@ -932,7 +983,8 @@ def sample_rows(
     tasks, episodes, advantages, keep, truncated, scored, n, tokenizer, args
 ) -> list[dict]:
     """samples.jsonl rows of the first --log_samples_per_kind rollouts of each kind (fresh, prefix);
-    advantage 0 and trained False: a group dropped by rejection sampling."""
+    advantage 0 and trained False: a group dropped by rejection sampling; env_error true: an
+    episode the environment failed (reward null, advantage 0)."""
     kinds = [task.kind for task in tasks for _ in range(n)]
     rows = []
     for i in first_of_each_kind(kinds, args.log_samples_per_kind):
@@ -948,6 +1000,8 @@ def sample_rows(
             "truncated": truncated[i],
             "ps_prefix_steps": len(task.steps),
         }
+        if episodes[i].env_error:  # the environment failed: no reward, advantage 0
+            row.update(reward=None, env_error=True)
         if task.category is not None:
             row["ps_ratio"] = task.ratio
         row.update(scored.columns(i))
@@ -965,13 +1019,13 @@ def ps_grpo_metrics(totals: dict, n: int, control, controllers, ema_alpha, queue
     ranks (docs/ps_grpo.md); `control`: the controllers' input (`controller_input`)."""
     tasks = {c: totals[f"prefix_{c}_tasks"] for c in CATEGORIES}
     success = {c: totals[f"prefix_{c}_success"] for c in CATEGORIES}
+    # a prefix task's rollouts, less those the environment failed
+    counted = {c: tasks[c] * n - totals[f"prefix_{c}_failed"] for c in CATEGORIES}
     return {
         "ps_solve_partial": totals["ps_solve_partial"],
         "ps_prefix_tasks": tasks["hard"] + tasks["easy"],
-        "ps_prefix_pass_rate": share(
-            success["hard"] + success["easy"], tasks["hard"] * n + tasks["easy"] * n
-        ),
-        **{f"ps_prefix_pass_rate_{c}": share(success[c], tasks[c] * n) for c in CATEGORIES},
+        "ps_prefix_pass_rate": share(success["hard"] + success["easy"], sum(counted.values())),
+        **{f"ps_prefix_pass_rate_{c}": share(success[c], counted[c]) for c in CATEGORIES},
         # the controllers' input: prefix tasks built with the ratio they ran at
         **{f"ps_ctrl_pass_rate_{c}": control[c].pass_rate(n) for c in CATEGORIES},
         **{f"ps_ctrl_stale_{c}": control[c].stale for c in CATEGORIES},
@@ -1070,17 +1124,18 @@ def main(args: Args) -> None:
         #                  rollout gets 0 from the built-in rewards
         with run_log.timing("reward"):
             scored = env.score(episodes, tasks, truncated, step)
-        # NaN: no function scored it (advantage 0)
+        # NaN: no function scored it, or the environment failed (advantage 0, out of the baseline)
         for episode, total in zip(episodes, scored.total):
             episode.reward = total
         rewards = torch.tensor([episode.reward for episode in episodes]).view(-1, n).float()
         success = torch.tensor(scored.success, dtype=torch.bool).view(-1, n)  # [tasks, N]
-        # k of N, per task
+        # k of N, per task; N less the rollouts the environment failed (they count nowhere)
         passes = success.sum(-1).tolist()
+        counted = [n - failed for failed in env_failed(episodes, n)]
 
         # ================ [PS] (also in GRPO: skips all) route fresh tasks; too-hard / too-easy ->
         #                  Prefix & Mask, queued for the next batch
-        routes = [route(k, n, args.low, args.high) for k in passes]
+        routes = [route(k, m, args.low, args.high) for k, m in zip(passes, counted)]
         built = []
         for group, task in enumerate(tasks):
             # prefix tasks are not routed again

@@ -2,6 +2,7 @@
 environment_factory convention with a scripted generator, prefix replay (restore and re-execution,
 a nondeterministic environment dropped), faults in one line, and one short run end to end."""
 
+import copy
 import json
 import random
 
@@ -166,6 +167,7 @@ def test_a_step_that_raises_ends_its_episode_with_one_line_naming_the_file(capsy
     for _ in range(2):
         out = play(gen, [{"seed": 0}, {"seed": 1}, {"seed": 2}], [Prefix()] * 3, 1, CFG)
         assert out.errors == 2 and [e.reward for e in out.episodes] == [1.0, 0.0, 0.0]
+        assert [e.env_error for e in out.episodes] == [False, True, True]
     # two messages from one place: said once
     assert len(lines) == 1, lines
     assert "Broken.step raised KeyError: 'no square 3'" in lines[0]
@@ -174,6 +176,149 @@ def test_a_step_that_raises_ends_its_episode_with_one_line_naming_the_file(capsy
     # every episode raising stops the run with one line
     with pytest.raises(SystemExit, match="failed in every episode.*KeyError"):
         play(gen, [{"seed": 1}], [Prefix()], 2, CFG)
+
+
+class Trail(Walk):
+    """Its state is a list it keeps appending to; snapshot() returns that live list (no copy) and
+    restore(state) keeps the object it is given: the two mistakes a copy on each side absorbs."""
+
+    restored: list = []
+
+    def reset(self, seed):
+        self.trail = []
+        return super().reset(seed)
+
+    def step(self, action):
+        self.trail.append(action)
+        observation, reward, done = super().step(action)
+        return f"{len(self.trail)} {observation}", reward, done
+
+    def snapshot(self):
+        return {"trail": self.trail, "pos": self.pos, "goal": self.goal}
+
+    def restore(self, state):
+        Trail.restored.append(len(state["trail"]))
+        self.trail, self.pos, self.goal = state["trail"], state["pos"], state["goal"]
+
+
+class LiveDict(Walk):
+    """snapshot() returns the instance's own __dict__, which every later step changes."""
+
+    def snapshot(self):
+        return self.__dict__
+
+    def restore(self, state):
+        self.__dict__.update(state)
+
+
+def test_a_snapshot_is_the_state_after_its_turn_and_each_restore_gets_a_copy():
+    gen = Scripted(lambda p: ENC("+\n"))
+    for cls in (Trail, LiveDict):
+        play = runner(cls).play
+        fresh = play(gen, [{"seed": 2}], [Prefix()], 1, CFG).episodes[0]
+        # goal 4: a snapshot after each of the first three turns (none after the last), each the
+        # state of its own turn although the environment went on changing what it returned
+        assert [state["pos"] for state in fresh.snapshots] == [1, 2, 3]
+        k = 2
+        stored = fresh.snapshots[k - 1]
+        kept = copy.deepcopy(stored)
+        Trail.restored.clear()
+        out = play(gen, [{"seed": 2}], [Prefix(fresh.steps[:k], fresh.prompt, stored)], 3, CFG)
+        assert out.kept == [0] and out.errors == 0
+        # every episode starts from turn K's state: the same conversation as the fresh one
+        assert all(episode.ids == fresh.ids for episode in out.episodes)
+        if cls is Trail:
+            assert Trail.restored == [k, k, k]
+        # no episode changed the stored snapshot (restore got a copy)
+        assert stored == kept
+
+
+def test_a_snapshot_that_cannot_be_copied_is_the_environments_fault_in_one_line():
+    import threading
+
+    class Locked(Walk):
+        def snapshot(self):
+            return {"pos": self.pos, "lock": threading.Lock()}
+
+        def restore(self, state):
+            self.pos = state["pos"]
+
+    gen = Scripted(lambda p: ENC("+\n"))
+    with pytest.raises(SystemExit, match=r"Locked\.snapshot: copy\.deepcopy cannot copy the state"):
+        runner(Locked).play(gen, [{"seed": 2}], [Prefix()], 2, CFG)
+
+
+class Drifting(Walk):
+    """Walk whose first observation gets `banner` and whose episode ends at `end_at` (class
+    switches a test turns between the stored trajectory and its replay)."""
+
+    banner, end_at = "", None
+
+    def reset(self, seed):
+        return Drifting.banner + super().reset(seed)
+
+    def step(self, action):
+        observation, reward, done = super().step(action)
+        return observation, reward, done or self.pos == Drifting.end_at
+
+
+@pytest.fixture
+def drifting():
+    yield Drifting
+    Drifting.banner, Drifting.end_at = "", None
+
+
+@pytest.mark.parametrize("change", ["first observation", "done inside the prefix"])
+def test_a_replay_that_diverges_drops_its_task_and_counts_in_the_mismatch(drifting, change):
+    from types import SimpleNamespace
+
+    from common.envs.tasks import EnvTask
+    from ps_grpo import AgentEnv, BatchTask, env_rollouts
+
+    gen = Scripted(lambda p: ENC("+\n"))
+    env = SimpleNamespace(
+        train=[EnvTask({"seed": 1}), EnvTask({"seed": 2})], runner=runner(Drifting)
+    )
+    fresh = env.runner.play(gen, [{"seed": 2}], [Prefix()], 1, CFG).episodes[0]
+    assert len(fresh.steps) == 4
+    prefix_task = BatchTask(1, "easy", fresh.steps[:2], 4, 0.5, fresh.prompt)
+    tasks = [prefix_task, BatchTask(0)]
+    # the stored trajectory replays as it was
+    episodes, _, kept = env_rollouts(env, gen, tasks, 2, CFG)
+    assert kept == tasks and len(episodes) == 4 and env.counts["replay_mismatch"] == 0
+    if change == "first observation":
+        # the same steps' observations, another first observation
+        drifting.banner = "!"
+    else:
+        # the same observations, but the environment ends the episode at turn 1 of the prefix
+        drifting.end_at = 1
+    episodes, _, kept = env_rollouts(env, gen, tasks, 2, CFG)
+    # the diverged prefix task is dropped: only the fresh task's episodes come back, counted
+    assert kept == [tasks[1]] and [e.group for e in episodes] == [0, 0]
+    assert env.counts == {"env_errors": 0, "replay_tasks": 1, "replay_mismatch": 1}
+    totals = {"env_errors": 0, "replay_tasks": 2, "replay_mismatch": 1}
+    metrics = AgentEnv.metrics(SimpleNamespace(name="Drifting"), totals)
+    assert metrics["ps_replay_mismatch_frac"] == 0.5
+
+
+def test_a_prefix_task_carries_the_snapshot_of_its_turn_k_and_never_a_failed_episode():
+    from types import SimpleNamespace
+
+    from ps_grpo import BatchTask, make_prefix_task
+
+    gen = Scripted(lambda p: ENC("+\n"))
+    play = runner(Trail).play
+    fresh = play(gen, [{"seed": 2}], [Prefix()], 1, CFG).episodes[0]
+    caps = SimpleNamespace(prefix_cap=8, remaining_cap=8)
+    for category, ratio, k in (("easy", 0.5, 2), ("easy", 0.25, 1), ("hard", 0.25, 3)):
+        task = make_prefix_task(BatchTask(0), category, [fresh], [category == "hard"], ratio, caps)
+        assert len(task.steps) == k and task.snapshot["pos"] == k
+        # restored from it, the replay goes on as the stored trajectory did
+        replay = play(gen, [{"seed": 2}], [Prefix(task.steps, task.prompt, task.snapshot)], 1, CFG)
+        assert replay.mismatched == 0 and replay.episodes[0].ids == fresh.ids
+    # an episode the environment failed is no failure to replay
+    fresh.env_error = True
+    assert make_prefix_task(BatchTask(0), "easy", [fresh], [False], 0.5, caps) is None
 
 
 def test_a_wrong_return_type_stops_with_one_line_naming_the_class():
@@ -560,6 +705,93 @@ def test_ps_grpo_on_a_user_environment_end_to_end(tiny_base, tmp_path):
     assert len(steps) == 3
     assert all(row["ps_replay_mismatch_frac"] == 0.0 and row["env_errors"] == 0 for row in steps)
     assert all("rewards/MergeGame/mean" in row for row in steps)
+
+
+FLAKY = """
+class Flaky:
+    # a task's episodes start one after another: the first raises in step, the second wins
+    last, count = None, 0
+
+    def reset(self, seed):
+        Flaky.count = Flaky.count + 1 if seed == Flaky.last else 0
+        Flaky.last = seed
+        self.place = Flaky.count % 4
+        return f"seed {seed}\\n"
+
+    def step(self, action):
+        if self.place == 0:
+            raise RuntimeError("the board fell over")
+        return ("won" if self.place == 1 else "lost") + "\\n", 0.0, True
+
+
+def won(completions, **kwargs):
+    # the last observation, whatever the action was (a cut action gets the environment's 0)
+    return [1.0 if text.endswith("won\\n") else 0.0 for text in completions]
+"""
+
+
+def test_episodes_the_environment_failed_are_left_out_of_the_update(tiny_base, tmp_path, capsys):
+    (tmp_path / "flaky.py").write_text(FLAKY)
+    out = tmp_path / "run"
+    n, tasks = 4, 3
+    run_main(
+        [
+            "ps_grpo.py",
+            "--environment",
+            f"{tmp_path}/flaky.py:Flaky",
+            "--reward_funcs",
+            f"{tmp_path}/flaky.py:won",
+            "--max_steps",
+            "2",
+            "--prompts_per_step",
+            str(tasks),
+            "--num_generations",
+            str(n),
+            "--max_action_tokens",
+            "64",
+            "--eval_prompts",
+            "2",
+            "--eval_samples",
+            "2",
+            "--eval_train_prompts",
+            "0",
+            "--log_samples_every",
+            "1",
+            "--log_samples_per_kind",
+            str(n * tasks),
+            "--num_threads",
+            "1",
+            "--output_dir",
+            str(out),
+        ]
+    )
+    printed = capsys.readouterr()
+    # the run went on, with the fault said once and no traceback
+    assert "Traceback" not in printed.err + printed.out
+    assert (printed.err + printed.out).count("Flaky.step raised RuntimeError") == 1
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [row for row in metrics if row.get("step", 0) > 0 and "loss" in row]
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(steps) == 2 and len(samples) == 2 * n * tasks
+    for row in steps:
+        rows = [sample for sample in samples if sample["step"] == row["step"]]
+        assert row["env_errors"] == tasks
+        passing = 0
+        for group in range(tasks):
+            failed, *played = rows[group * n : (group + 1) * n]
+            # marked, no reward, advantage 0
+            assert failed["env_error"] is True and failed["reward"] is None
+            assert failed["advantage"] == 0.0
+            assert not any("env_error" in sample for sample in played)
+            # the baseline is the mean of the 3 episodes played (1, 0, 0): 1/3, not 1/4
+            assert [sample["reward"] for sample in played] == [1.0, 0.0, 0.0]
+            advantages = [sample["advantage"] for sample in played]
+            assert advantages == pytest.approx([2 / 3, -1 / 3, -1 / 3], abs=1e-6)
+            # the winner passes unless its action was cut: 1 of 3 (normal), not 1 of 4 (too hard)
+            passing += not played[0]["truncated"]
+        assert row["ps_route_normal"] == row["ps_solve_partial"] == passing
+        assert row["ps_route_all_fail"] == tasks - passing and row["ps_route_too_hard"] == 0
+    assert any(row["ps_route_normal"] > 0 for row in steps)
 
 
 def test_flags_and_a_sweep_task_file_that_names_an_environment(tmp_path):

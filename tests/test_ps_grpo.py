@@ -189,6 +189,50 @@ def test_controller_is_fed_only_prefix_tasks_built_with_its_current_ratio():
     assert got.tasks == 1 and c.ema(0.05) == pytest.approx(0.5) and c.ratio == pytest.approx(0.30)
 
 
+def test_rollouts_the_environment_failed_count_in_no_pass_rate():
+    """An episode whose environment raised (`env_error`, reward NaN) is out of k and N alike: in
+    the controller's input, the prefix pass rates, the routing and the partially solved count."""
+    from common.rl.advantages import grpo_advantages, zero_variance
+    from common.rl.episode import Episode
+    from ps_grpo import (
+        controller_input,
+        env_failed,
+        make_controllers,
+        ps_grpo_metrics,
+        ps_grpo_sums,
+    )
+
+    n, nan = 4, float("nan")
+    args = parse_args(Args, [])
+    controllers = make_controllers(args, None)
+    ratio = controllers["easy"].ratio
+    tasks = [BatchTask(0, "easy", [([1], [2])], 2, ratio), BatchTask(1)]
+    episodes = [Episode(group) for group in (0, 0, 0, 0, 1, 1, 1, 1)]
+    episodes[0].env_error = episodes[4].env_error = True
+    # the prefix task: 1 of the 3 played passes; the fresh task: all 3 played pass
+    rewards = torch.tensor([[nan, 1.0, 0.0, 0.0], [nan, 1.0, 1.0, 1.0]])
+    success = torch.tensor([[False, True, False, False], [False, True, True, True]])
+    counted = [n - failed for failed in env_failed(episodes, n)]
+    assert counted == [3, 3]
+    routes = [route(k, m, args.low, args.high) for k, m in zip(success.sum(-1).tolist(), counted)]
+    assert routes == ["normal", "all_pass"] and route(0, 0, args.low, args.high) == "none"
+    keep = ~zero_variance(rewards)
+    advantages = grpo_advantages(rewards, scale=False)
+    assert keep.tolist() == [True, False]
+    assert advantages[0].tolist() == pytest.approx([0.0, 2 / 3, -1 / 3, -1 / 3])
+    sums = ps_grpo_sums(
+        tasks, episodes, rewards, success, [False] * 8, routes, keep, advantages[keep], controllers
+    )
+    totals = {name: float(value) for name, value in sums.items()} | {"tok": 0.0}
+    control = controller_input(totals)
+    assert control["easy"].pass_rate(n) == pytest.approx(1 / 3)
+    metrics = ps_grpo_metrics(totals, n, control, controllers, args.ema_alpha, 0, 0)
+    assert metrics["ps_prefix_pass_rate_easy"] == pytest.approx(1 / 3)
+    assert metrics["ps_ctrl_pass_rate_easy"] == pytest.approx(1 / 3)
+    # the fresh task passed every played episode: not partially solved
+    assert metrics["ps_solve_partial"] == 1
+
+
 # ---------------- rollouts with a scripted policy ----------------
 class ScriptedGenerator:
     """Plays the first solver step for the state in its context's last line; records every call."""

@@ -11,6 +11,10 @@ Prefix replay: a prefix task starts from step K of a stored trajectory on a fres
 `restore(snapshot)` when the environment offers it, else by `reset` with the same row and the first
 K stored actions executed again; each re-executed observation (and the first one) is compared with
 the stored tokens. A difference drops the task (`Rollouts.kept` leaves it out) and is said once.
+A snapshot is copied when it is taken and again for each restore (`state_copy`).
+
+An episode whose environment raised (an `EnvFault`) ends there, marked `Episode.env_error`: the
+trainer leaves it out of the update and of Prefix Sampling's counts.
 """
 
 from __future__ import annotations
@@ -69,6 +73,23 @@ class Act:
     done: bool = False
     messages: list = field(default_factory=list)
     failures: int = 0
+
+
+def state_copy(env: Environment, state, what: str = "snapshot"):
+    """A deep copy of a snapshot (`copy.deepcopy`, which uses the state's own `__deepcopy__` when
+    its class defines one): taken when `snapshot()` returns, the stored state stays the state after
+    its turn even when the environment goes on changing the object it returned; taken again for
+    each `restore`, no episode changes the stored one. A state that cannot be copied is the
+    environment's fault (`EnvFault`)."""
+    try:
+        return copy.deepcopy(state)
+    except Exception as error:  # noqa: BLE001 - the user's state: one line, the episode ends
+        line = (
+            f"environment {env.name}.{what}: copy.deepcopy cannot copy the state snapshot() "
+            f"returned ({type(error).__name__}: {error}); return plain data, or define "
+            "__deepcopy__ on the state's class (docs/custom_env.md)"
+        )
+        raise EnvFault(line, (what, "deepcopy", type(error).__name__)) from error
 
 
 class Renderer:
@@ -222,7 +243,8 @@ class Renderer:
 
 class EnvRunner:
     """Plays an `Environment` with a generator: fresh episodes from `reset(**row)`, prefix tasks
-    from a replayed step K; faults end an episode with reward 0 (said once per distinct line)."""
+    from a replayed step K; a fault ends its episode, marked `env_error` (said once per distinct
+    line)."""
 
     def __init__(self, env: Environment, renderer: Renderer, max_turns: int, log=print):
         if not env.text:
@@ -262,7 +284,7 @@ class EnvRunner:
             instance = env.new()
             if prefix.snapshot is not None and prefix.prompt and env.restores:
                 # [PS] restore(snapshot): the stored state; the conversation is the stored one
-                env.restore(instance, copy.deepcopy(prefix.snapshot))
+                env.restore(instance, state_copy(env, prefix.snapshot, "restore"))
                 episode.prompt = list(prefix.prompt)
                 episode.chat = copy.deepcopy(prefix.chat)
                 for action_ids, obs_ids in prefix.steps:
@@ -358,7 +380,9 @@ class EnvRunner:
                 try:
                     act = self._act(instances[i], ids, context)
                     if env.restores and not act.done:
-                        episodes[i].snapshots.append(env.snapshot(instances[i]))
+                        # copied now: the state after this turn, not the object as it ends up
+                        state = state_copy(env, env.snapshot(instances[i]))
+                        episodes[i].snapshots.append(state)
                 except EnvFault as fault:
                     self.say(str(fault), fault.key)
                     failed.add(id(episodes[i]))
@@ -382,6 +406,7 @@ class EnvRunner:
                     reward = 0.0
             episode.reward = reward
             episode.env = instance
+            episode.env_error = id(episode) in failed
         if episodes and len(failed) == len(episodes):
             raise SystemExit(
                 f"environment {env.name} failed in every episode of the batch, stopping: "

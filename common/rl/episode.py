@@ -32,6 +32,8 @@ class Episode:
     # TRL's environment_factory convention: the conversation as chat messages, the prompt's
     # (`chat[0]`) then one list per turn (the assistant's message, its tool results)
     chat: list = field(default_factory=list)
+    # the environment failed (it raised): no reward, left out of the update and of every count
+    env_error: bool = False
 
     def add_turn(
         self, action_ids: list[int], obs_ids: list[int], logps: list[float] | None = None
