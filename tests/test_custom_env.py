@@ -295,9 +295,14 @@ def test_a_replay_that_diverges_drops_its_task_and_counts_in_the_mismatch(drifti
     episodes, _, kept = env_rollouts(env, gen, tasks, 2, CFG)
     # the diverged prefix task is dropped: only the fresh task's episodes come back, counted
     assert kept == [tasks[1]] and [e.group for e in episodes] == [0, 0]
-    assert env.counts == {"env_errors": 0, "replay_tasks": 1, "replay_mismatch": 1}
-    totals = {"env_errors": 0, "replay_tasks": 2, "replay_mismatch": 1}
-    metrics = AgentEnv.metrics(SimpleNamespace(name="Drifting"), totals)
+    replay_counts = {
+        key: env.counts[key] for key in ("env_errors", "replay_tasks", "replay_mismatch")
+    }
+    assert replay_counts == {"env_errors": 0, "replay_tasks": 1, "replay_mismatch": 1}
+    totals = {"env_errors": 0, "replay_tasks": 2, "replay_mismatch": 1, "actions": 6}
+    totals["actions_cut"] = 0
+    owner = SimpleNamespace(name="Drifting", env=SimpleNamespace(text=True))
+    metrics = AgentEnv.metrics(owner, totals)
     assert metrics["ps_replay_mismatch_frac"] == 0.5
 
 
