@@ -174,7 +174,9 @@ class Args(
     environment: Optional[str] = None
     """[multiturn] your environment class, `path/to/file.py:ClassName` or `package.module:ClassName`
     (docs/custom_env.md): one instance per episode, `reset(**row)` with --dataset_name's rows, else
-    `reset(seed=i)` for task i of --prompt_pool tasks (1024 when 0)"""
+    `reset(seed=i)` for task i of --prompt_pool tasks (1024 when 0); held out: the rows a text task
+    holds out (a one-file dataset's last rows), else the seeds after the pool; checked, and its
+    convention and split stated, before the model loads"""
     env_numbers: Annotated[
         int, Range(2, zero="the embedded task's level mix of 2, 3 and 5 numbers")
     ] = 0
