@@ -176,7 +176,9 @@ class Args(
     environment: Optional[str] = None
     """[multiturn] your environment class, `path/to/file.py:ClassName` or `package.module:ClassName`
     (docs/custom_env.md): one instance per episode, `reset(**row)` with --dataset_name's rows, else
-    `reset(seed=i)` for task i of --prompt_pool tasks (1024 when 0)"""
+    `reset(seed=i)` for task i of --prompt_pool tasks (1024 when 0); held out: the rows a text task
+    holds out (a one-file dataset's last rows), else the seeds after the pool; checked, and its
+    convention and split stated, before the model loads"""
     env_numbers: Annotated[
         int, Range(2, zero="the embedded task's level mix of 2, 3 and 5 numbers")
     ] = 0
@@ -761,24 +763,25 @@ class AgentEnv:
     (plus --reward_funcs' on the whole conversation), an episode succeeds at >= --success_reward
     (default 1); the evaluation plays whole episodes."""
 
-    def __init__(self, args: Args, tokenizer, log):
-        from common.envs.protocol import Environment, load_class
+    def __init__(self, args: Args, tokenizer, log, opened=None):
+        from common.envs.protocol import Environment
         from common.envs.rollout import EnvRunner, Renderer
-        from common.envs.tasks import dataset_tasks, reward_funcs, seed_tasks
+        from common.envs.tasks import reward_funcs
 
         self.args, self.tokenizer = args, tokenizer
         if args.environment:
-            factory = load_class(args.environment)
-            if args.dataset_name == "countdown":
-                self.train, self.held_out = seed_tasks(args.prompt_pool, args.eval_prompts)
-            else:
-                self.train, self.held_out = dataset_tasks(args, log)
+            # (environment, train, held out): `open_environment`'s, before the model loaded
+            if opened is None:
+                from common.envs.startup import open_environment
+
+                opened = open_environment(args, log)
+            self.env, self.train, self.held_out = opened
         else:
             from common.demo.countdown_env import CountdownGame
 
             factory = functools.partial(CountdownGame, args.max_turns, args.env_invalid)
             self.train, self.held_out = countdown_tasks(args)
-        self.env = Environment(factory)
+            self.env = Environment(factory)
         # [multiturn] observations through the chat template when the tokenizer has one
         chat = args.use_chat_template != "no" and getattr(tokenizer, "chat_template", None)
         self.runner = EnvRunner(self.env, Renderer(tokenizer, bool(chat)), args.max_turns, log)
@@ -1056,6 +1059,13 @@ def main(args: Args) -> None:
     accelerator, cpu_threads, log = start_run(args, "ps_grpo")
     device = accelerator.device
     world = accelerator.num_processes
+    # --environment: your class, its convention and its tasks, checked and stated before the model
+    # loads (common/envs/startup.py)
+    opened = None
+    if args.environment:
+        from common.envs.startup import open_environment
+
+        opened = open_environment(args, log)
     # [multiturn] the embedded model starts from its warm-up on the environment's episodes
     warmed_up = multiturn_warm_up(args, accelerator, log)
     policy, tokenizer, model_path = load_training_policy(args, accelerator, log, warmed_up)
@@ -1065,7 +1075,9 @@ def main(args: Args) -> None:
     # `model`: DDP-wrapped for the backward pass
     model, optimizer = prepare_training(accelerator, policy, optimizer, args.fsdp)
     # the one place the task is chosen: its prompts, rollouts, rewards and evaluation
-    env = AgentEnv(args, tokenizer, log) if args.multiturn else TextEnv(args, tokenizer, log)
+    env = (
+        AgentEnv(args, tokenizer, log, opened) if args.multiturn else TextEnv(args, tokenizer, log)
+    )
     sampler = PromptSampler(len(env.train), args.seed)
     compiled = make_compiled(args, log)
     generator = make_generator(args, model_path, policy, tokenizer, accelerator, compiled, log)

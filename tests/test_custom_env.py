@@ -828,3 +828,130 @@ def test_flags_and_a_sweep_task_file_that_names_an_environment(tmp_path):
     bad = load_task(str(tmp_path / "b.yaml"), runner_types(SweepArgs))
     with pytest.raises(SystemExit, match=r"Bad\.reset raised OSError: no board \(at .*game\.py:8"):
         check_task(bad, "embedded", lines.append)
+
+
+# ---------------- start-up: the class, its convention, its tasks' split, before the model --------
+MERGE = "examples/merge_game.py:MergeGame"
+
+
+def _opened(flags: list[str]):
+    """(environment, train, held out, the lines said) of `open_environment` for ps_grpo's flags."""
+    from common.envs.startup import open_environment
+    from common.run.flags import parse_args
+    from ps_grpo import Args
+
+    lines = []
+    env, train, held_out = open_environment(parse_args(Args, flags), lines.append)
+    return env, train, held_out, lines
+
+
+def test_a_one_file_dataset_holds_out_its_last_rows_never_trained_on_and_says_so(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"seed": i}) + "\n" for i in range(40)))
+    flags = ["--environment", MERGE, "--dataset_name", str(rows), "--eval_prompts", "4"]
+    _, train, held_out, lines = _opened(flags)
+    # the text path's rule: the last min(--eval_prompts, rows / 5) rows, out of training
+    assert [task.row["seed"] for task in train] == list(range(36))
+    assert [task.row["seed"] for task in held_out] == [36, 37, 38, 39]
+    assert lines[0].startswith("environment MergeGame (") and "the text protocol" in lines[0]
+    assert lines[1] == (
+        f"36 training tasks from {rows}, reset(**row) on each row; 4 held-out tasks from the last "
+        f"4 rows of {rows} (at most --eval_prompts, at most a fifth of the rows)"
+    )
+    # --prompt_pool takes the first training rows; --eval_dataset gives the held-out rows
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join(json.dumps({"seed": 100 + i}) + "\n" for i in range(3)))
+    flags += ["--prompt_pool", "8", "--eval_dataset", str(held)]
+    _, train, held_out, lines = _opened(flags)
+    assert [task.row["seed"] for task in train] == list(range(8))
+    assert [task.row["seed"] for task in held_out] == [100, 101, 102]
+    assert lines[1].endswith(f"; 3 held-out tasks from {held}")
+
+
+def test_seed_tasks_hold_out_the_seeds_after_the_pool_and_say_so():
+    from common.envs.tasks import SEED_POOL
+
+    for pool, n_eval in ((0, 4), (8, 16), (SEED_POOL, 1)):
+        flags = ["--environment", MERGE, "--prompt_pool", str(pool), "--eval_prompts", str(n_eval)]
+        _, train, held_out, lines = _opened(flags)
+        seeds = [task.row["seed"] for task in train]
+        held = [task.row["seed"] for task in held_out]
+        size = pool or SEED_POOL
+        assert seeds == list(range(size)) and held == list(range(size, size + n_eval))
+        assert not set(seeds) & set(held)
+        assert lines[1].startswith(f"{size} training tasks from reset(seed=i), seeds 0-{size - 1}")
+        assert f"; {n_eval} held-out tasks from the seeds after them, {size}-" in lines[1]
+
+
+def test_the_class_and_reset_are_checked_before_the_model_loads_in_one_line(tmp_path):
+    # a misspelt class: the nearest names of the file, and the model (a folder that does not
+    # exist) never reached
+    flags = ["--model_name_or_path", str(tmp_path / "no-model"), "--num_threads", "1"]
+    with pytest.raises(SystemExit) as stop:
+        run_main(["ps_grpo.py", "--environment", MERGE[:-1], *flags, "--output_dir", str(tmp_path)])
+    assert str(stop.value) == (
+        f"--environment {MERGE[:-1]}: examples/merge_game.py has no class MergeGam; the nearest "
+        "are MergeGame, NoisyMergeGame"
+    )
+    with pytest.raises(SystemExit, match=r"file nope\.py not found$"):
+        run_main(
+            ["ps_grpo.py", "--environment", "nope.py:Game", *flags, "--output_dir", str(tmp_path)]
+        )
+    # reset's keywords against a seed and a dataset row
+    (tmp_path / "game.py").write_text(
+        "class Board:\n    def reset(self, board):\n        return board\n"
+        "    def step(self, action):\n        return '', 1.0, True\n"
+    )
+    spec = f"{tmp_path / 'game.py'}:Board"
+    with pytest.raises(SystemExit) as stop:
+        run_main(["ps_grpo.py", "--environment", spec, *flags, "--output_dir", str(tmp_path)])
+    assert str(stop.value) == (
+        f"--environment {spec}: Board.reset(board) cannot take the first training task's keywords "
+        "(seed): missing a required argument: 'board'"
+    )
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"board": "x", "size": 3}) + "\n" for _ in range(10)))
+    with pytest.raises(SystemExit, match=r"Board\.reset\(board\) cannot take .*\(board, size\)"):
+        _opened(["--environment", spec, "--dataset_name", str(rows)])
+
+
+def test_the_start_up_line_names_trl_s_convention_and_its_tools(tmp_path):
+    (tmp_path / "counter.py").write_text(
+        "class Counter:\n    def reset(self, **row):\n        return None\n"
+        "    def add(self, n: int) -> str:\n        return str(n)\n"
+    )
+    spec = f"{tmp_path / 'counter.py'}:Counter"
+    _, _, _, lines = _opened(["--environment", spec])
+    assert lines[0] == (
+        f"environment Counter ({tmp_path / 'counter.py'}): TRL's environment_factory convention "
+        "(no step); tools, through the chat template: add; reward: none of its own (no "
+        "get_reward(): 0)"
+    )
+
+
+def test_a_line_the_run_prints_starts_on_its_own_line_after_the_progress_bar(capsys):
+    from types import SimpleNamespace
+
+    from common.run.logs import BarLine
+    from common.run.setup import main_process_log
+
+    bar = BarLine.install()
+    try:
+        bar.write("\rps_grpo:  50%|#####     | 1/2")  # the bar leaves its line open
+        main_process_log(SimpleNamespace(is_main_process=True))("stopped at step 1")
+    finally:
+        BarLine.uninstall()
+        BarLine.open = False
+    captured = capsys.readouterr()
+    assert (
+        captured.err == "\rps_grpo:  50%|#####     | 1/2\n"
+        and captured.out == "stopped at step 1\n"
+    )
+
+
+def test_the_reward_funcs_help_says_they_work_with_an_environment():
+    from common.run.flag_help import field_docs
+    from ps_grpo import Args
+
+    help_text = " ".join(field_docs(Args)["reward_funcs"].split())
+    assert "not the multi-turn mode" not in help_text and "with --environment" in help_text

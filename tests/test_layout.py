@@ -43,6 +43,8 @@ SINGLE_USER = {
     "common.envs.protocol": "Prefix Sampling's agentic setting: your environment class and its calls",
     "common.envs.rollout": "Prefix Sampling's agentic setting: multi-turn rollouts and prefix replay",
     "common.envs.tasks": "Prefix Sampling's agentic setting: an environment's tasks and rewards",
+    "common.envs.startup": "Prefix Sampling's agentic setting: your environment checked and "
+    "stated before the model loads",
     "common.demo.countdown": "the embedded task, whose solver writes RA-RLOO's seeded demonstrations",
     "common.rl.episode": "the multi-turn rollout record, filled by the environment (common/demo)",
     "common.demo.tiny_model": "the embedded base, which ps_grpo.py's multi-turn warm-up starts from",

@@ -400,3 +400,44 @@ def test_the_task_page_states_the_sizes_the_runs_used_and_a_config_that_never_ea
         draw=False,
     )
     assert "what the data gave" not in page and "**No reward**" not in page
+
+
+def test_an_environment_sweep_page_names_its_environment_and_reward(tmp_path):
+    """A sweep of a task file's `environment`: the page names the class and its reward, not the
+    math reward nor the Countdown environment, and only the claims its configs answer."""
+    import shutil
+
+    runs = tmp_path / "runs"
+    spec = "examples/merge_game.py:MergeGame"
+    for source, name in (("rloo", "ps_off"), ("ra_rloo", "ps_fixed")):  # stand-in curves
+        for seed in (0, 1):
+            dst = runs / name / f"seed{seed}"
+            src = ROOT / "benchmarks/sweep/runs-word_problems_funcs" / source / f"seed{seed}"
+            shutil.copytree(src, dst)
+            meta = json.loads((dst / "bench.json").read_text())
+            meta.update(config=name, script="ps_grpo.py")
+            meta["settings"]["task_flags"] = ["--environment", spec]
+            (dst / "bench.json").write_text(json.dumps(meta))
+    sweep = json.loads((ROOT / "benchmarks/sweep/runs-word_problems_funcs/sweep.json").read_text())
+    sweep["settings"]["task_flags"] = ["--environment", spec]
+    sweep["task"] = {"name": "merge", "environment": spec}
+    (runs / "sweep.json").write_text(json.dumps(sweep))
+    page = _page(runs, tmp_path)
+    assert f"**Environment**: `MergeGame` (`{spec}`)" in page.split("## Table")[0]
+    assert (
+        "Reward on this task: the environment's own reward (`MergeGame`'s: the reward of its last "
+        "`step`, or `get_reward()` in TRL's convention; logged as `rewards/MergeGame/mean`)."
+    ) in page
+    assert "Prefix Sampling's baseline in your environment (one action per turn)" in page
+    assert "math reward" not in page and "Countdown environment" not in page
+    assert "warm-up" not in page
+    # Prefix Sampling's claims only: the other methods never run in an environment
+    assert "**Prefix Sampling**" in page
+    assert all(f"**{paper}**" not in page for paper in ("RA-RLOO", "Reinforce-Ada", "PROS"))
+    # the sizes an environment's runs used, as for a text task's prompts
+    log = tmp_path / "log.txt"
+    log.write_text(
+        "36 training tasks from rows.jsonl, reset(**row) on each row; 4 held-out tasks from the "
+        "last 4 rows of rows.jsonl (at most --eval_prompts, at most a fifth of the rows)\n"
+    )
+    assert run.used_data(log) == {"train_prompts": 36, "eval_prompts": 4}

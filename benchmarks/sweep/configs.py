@@ -505,13 +505,27 @@ def on_text_task(cfg: Config) -> Config:
     )
 
 
+# Your environment (a task file's `environment`): the notes that name the embedded Countdown one
+ENV_NOTES = {
+    "ps_off": "Prefix Sampling's baseline in your environment (one action per turn): GRPO with "
+    "A = r - mean (the paper's appendix), all-fail / all-pass groups dropped; episodes are evaluated "
+    "whole",
+}
+
+
+def in_environment(cfg: Config) -> Config:
+    """A multi-turn config as it runs in your environment (`ps_grpo.py --environment`): the same
+    flags, a note that does not name the embedded Countdown environment."""
+    return replace(cfg, note=ENV_NOTES.get(cfg.name, cfg.note))
+
+
 def task_configs(environment: bool = False) -> dict[str, Config]:
     """{name: config} of a task sweep, in the harness's order: every config a paper claim reads,
     on one data regime (the task's own pool); with your environment (a task file's `environment`),
     Prefix Sampling's multi-turn configs, the only ones that play an environment."""
     if environment:
         return {
-            c.name: c
+            c.name: in_environment(c)
             for c in CONFIGS
             if c.script == "ps_grpo.py"
             and "multiturn" in c.flags
@@ -526,4 +540,4 @@ def task_configs(environment: bool = False) -> dict[str, Config]:
 
 def task_config(name: str, environment: bool = False) -> Config:
     """One config as a task sweep runs it (also those left out by default, e.g. dr_grpo_n4)."""
-    return BY_NAME[name] if environment else on_text_task(BY_NAME[name])
+    return in_environment(BY_NAME[name]) if environment else on_text_task(BY_NAME[name])

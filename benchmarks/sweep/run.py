@@ -286,8 +286,11 @@ def _eval_summary(rows: list[dict]) -> str:
     )
 
 
-# the line a script prints once its task is loaded (common/tasks/loading.py): the counts it uses
-USED_DATA = re.compile(r"(\d+) training prompts from .*; (\d+) held-out prompts from ")
+# the line a script prints once its task is loaded: the counts it uses (a text task's prompts,
+# common/tasks/loading.py, or an environment's tasks, common/envs/tasks.py)
+USED_DATA = re.compile(
+    r"(\d+) training (?:prompts|tasks) from .*; (\d+) held-out (?:prompts|tasks) from "
+)
 
 
 def used_data(log: Path) -> dict:

@@ -50,8 +50,23 @@ def load_class(spec: str, flag: str = "--environment"):
     module, target, name = import_named(spec, flag, form, "rlvr_env")
     cls = getattr(module, name, None)
     if not inspect.isclass(cls):
-        raise SystemExit(f"{flag} {spec}: {target} has no class {name}")
+        raise SystemExit(f"{flag} {spec}: {target} has no class {name}{nearest(module, name)}")
     return cls
+
+
+def nearest(module, name: str) -> str:
+    """The refusal's hint: the classes defined in `module` nearest to `name`, else all of them."""
+    import difflib
+
+    classes = [
+        key
+        for key, value in vars(module).items()
+        if inspect.isclass(value) and value.__module__ == module.__name__
+    ]
+    near = difflib.get_close_matches(name, classes, n=3, cutoff=0.6)
+    if near:
+        return f"; the nearest {'is' if len(near) == 1 else 'are'} {', '.join(near)}"
+    return f"; its classes: {', '.join(classes)}" if classes else "; it defines no class"
 
 
 def raised_at(error: BaseException, file: str | None) -> str | None:

@@ -19,50 +19,45 @@ class EnvTask:
 
 
 def seed_tasks(pool: int, n_eval: int) -> tuple[list[EnvTask], list[EnvTask]]:
-    """(train, held out): seeds 0..pool-1 (SEED_POOL for pool 0), then the next n_eval seeds."""
+    """(train, held out): seeds 0..pool-1 (SEED_POOL for pool 0), then the next n_eval seeds, so
+    no held-out seed is a training seed."""
     pool = pool or SEED_POOL
     train = [EnvTask({"seed": i}) for i in range(pool)]
     return train, [EnvTask({"seed": pool + i}) for i in range(n_eval)]
 
 
-def dataset_tasks(args, log=print) -> tuple[list[EnvTask], list[EnvTask]]:
-    """(train, held out) rows of --dataset_name (first --prompt_pool rows when > 0): the held-out
-    rows from --eval_dataset or the dataset's test split, else the last min(--eval_prompts,
-    rows / 5) rows of a one-split source."""
-    from common.tasks.loading import _load_split
-
-    train = list(
-        _load_split(
-            args.dataset_name, args.dataset_config, args.dataset_train_split, "--dataset_name", True
-        )
+def seed_split_line(train: list[EnvTask], held_out: list[EnvTask]) -> str:
+    """The start-up line of `seed_tasks`' split."""
+    first = held_out[0].row["seed"] if held_out else len(train)
+    return (
+        f"{len(train)} training tasks from reset(seed=i), seeds 0-{len(train) - 1} (--prompt_pool; "
+        f"no --dataset_name); {len(held_out)} held-out tasks from the seeds after them, "
+        f"{first}-{first + len(held_out) - 1} (--eval_prompts)"
     )
-    if args.eval_dataset:
-        split = args.dataset_test_split or "test"
-        held = list(
-            _load_split(args.eval_dataset, args.dataset_config, split, "--eval_dataset", True)
-        )
+
+
+def dataset_tasks(args, log=print) -> tuple[list[EnvTask], list[EnvTask]]:
+    """(train, held out) rows of --dataset_name, split as a text task's prompts are
+    (common/tasks/loading.py): the held-out rows from --eval_dataset or the dataset's test split,
+    else the last min(--eval_prompts, rows / 5) rows of a one-split source (a local file), kept
+    out of training; then the first --prompt_pool training rows (when > 0). One line states it."""
+    from common.tasks.loading import held_out_source, hold_out_last, load_splits
+
+    train, held = load_splits(args)
+    train = list(train)
+    if held is not None:
+        held, source = list(held)[: args.eval_prompts], held_out_source(args)
     else:
-        held = None
-        if args.dataset_test_split:
-            held = _load_split(
-                args.dataset_name,
-                args.dataset_config,
-                args.dataset_test_split,
-                "--dataset_name",
-                False,
-            )
-        if held is None or len(held) == 0:
-            cut = min(args.eval_prompts, len(train) // 5)
-            train, held = train[: len(train) - cut], train[len(train) - cut :]
-            log(f"--dataset_name {args.dataset_name}: its last {cut} rows held out for evaluation")
-        held = list(held)
-    if args.prompt_pool > 0:
-        train = train[: args.prompt_pool]
+        train, held, source = hold_out_last(train, args)
     if not train:
         raise SystemExit(f"--dataset_name {args.dataset_name}: no training row")
-    return [EnvTask(dict(row)) for row in train], [
-        EnvTask(dict(row)) for row in held[: args.eval_prompts]
-    ]
+    if args.prompt_pool > 0:
+        train = train[: args.prompt_pool]
+    log(
+        f"{len(train)} training tasks from {args.dataset_name}, reset(**row) on each row; "
+        f"{len(held)} held-out tasks from {source}"
+    )
+    return [EnvTask(dict(row)) for row in train], [EnvTask(dict(row)) for row in held]
 
 
 def reward_funcs(args, train_size: int, log=print):

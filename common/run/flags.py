@@ -94,7 +94,9 @@ class RewardFlags(Flags):
     reward_funcs: Optional[str] = None
     """your reward functions (TRL's calling convention, `async def` too), comma-separated
     `package.module:function` or `path/to/file.py:function`, or a reward model's directory or hub id
-    (no `:`), replacing the built-in reward (docs/custom_task.md); not the multi-turn mode"""
+    (no `:`), replacing the built-in reward (docs/custom_task.md); in ps_grpo.py's multi-turn mode,
+    with --environment only: scored on the whole conversation, added to the environment's reward
+    (docs/custom_env.md)"""
     reward_weights: Optional[str] = None
     """comma-separated weights of --reward_funcs (default 1.0 each); the reward is the weighted sum
     of the values that are not None (none at all: no reward, advantage 0, never a success)"""

@@ -320,6 +320,14 @@ class BarLine:
         return BarLine(cls.stream, bar=True)
 
     @classmethod
+    def end_line(cls) -> None:
+        """End the bar's open line before a line written to stdout (the run's own lines): in a
+        terminal or a log of both streams it starts on a line of its own."""
+        if cls.open and isinstance(sys.stderr, BarLine):
+            cls.stream.write("\n")
+            cls.open = False
+
+    @classmethod
     def uninstall(cls) -> None:
         if isinstance(sys.stderr, BarLine):
             sys.stderr = cls.stream

@@ -16,7 +16,7 @@ from common.generation.hf import HFGenerator, end_token_ids, resolve_cache_imple
 from common.model.policy import load_policy
 from common.run.flags import given_flags
 from common.run.launch import CpuThreads, resolve_accelerate_precision
-from common.run.logs import check_tracker
+from common.run.logs import BarLine, check_tracker
 from common.run.output_dir import claim_output_dir
 from common.run.process import collective_timeout
 from common.tasks.loading import hf_task
@@ -80,6 +80,7 @@ def main_process_log(accelerator):
 
     def log(message: str) -> None:
         if accelerator.is_main_process:
+            BarLine.end_line()  # not glued to the progress bar's line
             print(message, flush=True)
 
     return log

@@ -71,13 +71,11 @@ def _load_split(name: str, config, split: str, flag: str, required: bool):
         ) from None
 
 
-def hf_task(args, tokenizer, log=print) -> Task:
-    from common.rl.verifiers import gsm8k_gold, math_reward
-
-    if args.reward not in ("auto", "binary"):
-        raise SystemExit(
-            f"--reward {args.reward} is defined for the Countdown task only; use --reward binary"
-        )
+def load_splits(args):
+    """(training rows, held-out rows) of --dataset_name: the held-out rows are --eval_dataset's
+    (its --dataset_test_split, else `test`), else --dataset_test_split of a source that has splits;
+    None for a one-split source (a local file, a saved `Dataset`: any split reads it whole) or an
+    absent split: its last rows are held out instead (`hold_out_last`)."""
     train_ds = _load_split(
         args.dataset_name, args.dataset_config, args.dataset_train_split, "--dataset_name", True
     )
@@ -91,6 +89,34 @@ def hf_task(args, tokenizer, log=print) -> Task:
         eval_ds = _load_split(
             args.dataset_name, args.dataset_config, args.dataset_test_split, "--dataset_name", False
         )
+    return train_ds, eval_ds
+
+
+def held_out_source(args) -> str:
+    """Where `load_splits`' held-out rows come from, as the start-up line says it."""
+    name = args.eval_dataset or args.dataset_name
+    return name if one_split(name) else f"{name} split {args.dataset_test_split or 'test'}"
+
+
+def hold_out_last(train: list, args) -> tuple[list, list, str]:
+    """(training, held out, where from) of a source without held-out rows: its last
+    min(--eval_prompts, rows / 5) rows are held out, deterministically, and kept out of training."""
+    n_hold = min(args.eval_prompts, len(train) // 5)  # at most a fifth of a small file
+    source = (
+        f"the last {n_hold} rows of {args.dataset_name} (at most --eval_prompts, at most a "
+        "fifth of the rows)"
+    )
+    return train[: len(train) - n_hold], train[len(train) - n_hold :], source
+
+
+def hf_task(args, tokenizer, log=print) -> Task:
+    from common.rl.verifiers import gsm8k_gold, math_reward
+
+    if args.reward not in ("auto", "binary"):
+        raise SystemExit(
+            f"--reward {args.reward} is defined for the Countdown task only; use --reward binary"
+        )
+    train_ds, eval_ds = load_splits(args)
     need_answer = not args.reward_funcs  # only the built-in math reward reads the answer column
     prompt_column = args.prompt_column or prompt_column_of(train_ds)
     for ds, flag in ((train_ds, "--dataset_name"), (eval_ds, "--eval_dataset")):
@@ -157,19 +183,10 @@ def hf_task(args, tokenizer, log=print) -> Task:
     train = to_examples(train_ds, args.dataset_name)
     if eval_ds is not None:
         evals = to_examples(eval_ds, args.eval_dataset or args.dataset_name)[: args.eval_prompts]
-        name = args.eval_dataset or args.dataset_name
-        source = name if one_split(name) else f"{name} split {args.dataset_test_split or 'test'}"
+        source = held_out_source(args)
     else:  # hold out the last rows, deterministically, and keep them out of training
-        n_hold = min(args.eval_prompts, len(train) // 5)  # at most a fifth of a small file
-        evals = [
-            Example(i, e.prompt, e.answer, columns=e.columns)
-            for i, e in enumerate(train[len(train) - n_hold :])
-        ]
-        train = train[: len(train) - n_hold]
-        source = (
-            f"the last {n_hold} rows of {args.dataset_name} (at most --eval_prompts, at most a "
-            "fifth of the rows)"
-        )
+        train, held, source = hold_out_last(train, args)
+        evals = [Example(i, e.prompt, e.answer, columns=e.columns) for i, e in enumerate(held)]
     if not train:
         raise SystemExit(f"--dataset_name {args.dataset_name}: no usable training prompts")
     if args.prompt_pool > 0:

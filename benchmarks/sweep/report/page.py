@@ -85,7 +85,8 @@ def render_report(
     sweep = json.loads(sweep_path.read_text()) if sweep_path.exists() else {}
     task = task or sweep.get("task", {}).get("name")
     # a task file's environment: Prefix Sampling's multi-turn configs ran on it
-    environment = bool(sweep.get("task", {}).get("environment"))
+    env_spec = sweep.get("task", {}).get("environment")
+    environment = bool(env_spec)
     order, aggs = build_aggs(runs, task_configs(environment) if task else None)
     pngs, doc_pngs, plot_note = [], [], ""
     if plots and any(a.curve for a in aggs.values()):
@@ -114,6 +115,8 @@ def render_report(
             + ". Only finished runs are counted.\n"
         ),
     ]
+    if env_spec:
+        md.append(environment_line(env_spec))
     if task:
         md += _task_preamble(runs_dir, aggs, sweep, runs)
     recorded = [
@@ -198,7 +201,7 @@ def render_report(
     md.append(difference_table(order, aggs) if order else "No runs found.\n")
     md.append("\nConfigs:\n")
     if task:
-        md.append(f"Reward on this task: {task_reward(recorded)}.\n")
+        md.append(f"Reward on this task: {task_reward(recorded, env_spec)}.\n")
     for n in order:
         c = aggs[n].cfg
         # a note's reward is the Countdown task's; on a task, the line above gives the task's own
@@ -218,7 +221,8 @@ def render_report(
     if task:
         pool = (recorded[0].prompt_pool if recorded else 0) or "all"
         regimes = (Regime(str(pool), ""),)
-        md.append(claims_table(aggs, regimes))
+        # an environment sweep: the claims its configs can answer
+        md.append(claims_table(aggs, regimes, set(task_configs(True)) if environment else None))
         md.append("### Mechanism metrics\n")
         md.append(mechanism_tables(order, aggs, regimes))
     else:
@@ -381,22 +385,41 @@ def _task_preamble(runs_dir: Path, aggs: dict, sweep: dict, runs: dict) -> list[
     return out
 
 
-def task_reward(recorded: list) -> str:
-    """The reward of a task sweep's runs, from their flags."""
+def environment_line(spec: str) -> str:
+    """What an environment sweep (a task file's `environment`) played, and how."""
+    return (
+        f"**Environment**: `{spec.rpartition(':')[2]}` (`{spec}`), an agent environment played a "
+        "turn at a time by Prefix Sampling's multi-turn configs (`ps_grpo.py --environment`, "
+        "docs/custom_env.md): a task is a `reset` (a dataset row, else a seed), a prompt on this "
+        "page a task, and the held-out evaluation plays whole episodes.\n"
+    )
+
+
+def task_reward(recorded: list, environment: Optional[str] = None) -> str:
+    """The reward of a task sweep's runs, from their flags (`environment`: the task file's)."""
     flags = recorded[0].task_flags + recorded[0].extra if recorded else []
 
     def value(name: str) -> Optional[str]:
         return flags[flags.index(name) + 1] if name in flags[:-1] else None
 
     funcs = value("--reward_funcs")
-    if not funcs:
+    spec = value("--environment") or environment
+    if not funcs and not spec:
         return "the built-in math reward (1 for a correct final answer, else 0)"
-    names = [f.rpartition(":")[2] or f for f in funcs.split(",")]
-    weights = (value("--reward_weights") or "").split(",")
-    weights = weights if len(weights) == len(names) else ["1"] * len(names)
-    text = " + ".join(f"{w} x `{n}`" for n, w in zip(names, weights))
+    parts = []
+    if spec:
+        name = spec.rpartition(":")[2]
+        parts.append(
+            f"the environment's own reward (`{name}`'s: the reward of its last `step`, or "
+            f"`get_reward()` in TRL's convention; logged as `rewards/{name}/mean`)"
+        )
+    if funcs:
+        names = [f.rpartition(":")[2] or f for f in funcs.split(",")]
+        weights = (value("--reward_weights") or "").split(",")
+        weights = weights if len(weights) == len(names) else ["1"] * len(names)
+        parts += [f"{w} x `{n}`" for n, w in zip(names, weights)]
     success = value("--success_reward")
-    return text + (f", a success at a total >= {success}" if success else "")
+    return " + ".join(parts) + (f", a success at a total >= {success}" if success else "")
 
 
 def _override_flags(s, base) -> list[str]:

@@ -306,9 +306,14 @@ def cell_text(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def claims_table(aggs: dict[str, Agg], regimes: tuple[Regime, ...] = REGIMES) -> str:
-    """One table per paper: each claim's row in each regime, with the compared configs' train - held-out gaps."""
+def claims_table(
+    aggs: dict[str, Agg], regimes: tuple[Regime, ...] = REGIMES, only: set | None = None
+) -> str:
+    """One table per paper: each claim's row in each regime, with the compared configs' train - held-out gaps;
+    `only`: the claims that read these configs alone (an environment sweep's)."""
     per_regime = [claim_rows(aggs, r) for r in regimes]
+    if only is not None:
+        per_regime = [[c for c in rows if set(c.configs) <= only] for rows in per_regime]
     head = (
         "| claim | pool | verdict | measured | train − held-out gap: first config (seeds) | second config |\n"
         "|---|---|---|---|---|---|"
