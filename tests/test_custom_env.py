@@ -918,7 +918,9 @@ def test_the_class_and_reset_are_checked_before_the_model_loads_in_one_line(tmp_
 def test_the_start_up_line_names_trl_s_convention_and_its_tools(tmp_path):
     (tmp_path / "counter.py").write_text(
         "class Counter:\n    def reset(self, **row):\n        return None\n"
-        "    def add(self, n: int) -> str:\n        return str(n)\n"
+        "    def add(self, n: int) -> str:\n"
+        '        """Adds n.\n\n        Args:\n            n: how much\n        """\n'
+        "        return str(n)\n"
     )
     spec = f"{tmp_path / 'counter.py'}:Counter"
     _, _, _, lines = _opened(["--environment", spec])
