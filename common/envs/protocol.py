@@ -9,8 +9,8 @@ through one of two conventions (docs/custom_env.md):
   `get_reward()`; an `async def` tool or get_reward is awaited, as TRL awaits them.
 
 Every call of your code goes through `Environment`: what it raises becomes an `EnvFault` with one
-line naming the exception and the file:line in your file (that episode ends with reward 0); a call
-that returns the wrong type stops the run with one line naming the class and what it returned.
+line naming the exception and the file:line in your file (that episode ends, marked `env_error`,
+and is left out of the update); a call that returns the wrong type stops the run with one line naming the class and what it returned.
 """
 
 from __future__ import annotations
