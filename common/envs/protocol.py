@@ -10,7 +10,8 @@ through one of two conventions (docs/custom_env.md):
 
 Every call of your code goes through `Environment`: what it raises becomes an `EnvFault` with one
 line naming the exception and the file:line in your file (that episode ends, marked `env_error`,
-and is left out of the update); a call that returns the wrong type stops the run with one line naming the class and what it returned.
+and is left out of the update); a call that returns the wrong type stops the run with one line
+naming the class and what it returned.
 """
 
 from __future__ import annotations
