@@ -293,6 +293,26 @@ def est_advantages(
     return advantages, alpha
 
 
+def est_normaliser(total_budget: int, world: int, max_completion_length: int) -> float:
+    """The loss's one constant on each rank: the step's responses (the total budget) / world (DDP
+    and FSDP average the ranks' gradients) x max_completion_length, so no length bias."""
+    return total_budget / world * max_completion_length
+
+
+def est_loss(
+    surrogate_sum: torch.Tensor,
+    entropy_sum: torch.Tensor,
+    kl_sum: torch.Tensor | float,
+    entropy_coef: float,
+    beta: float,
+    normaliser: float,
+) -> torch.Tensor:
+    """The optimised loss: the clipped surrogate's sum less entropy_coef x the entropy's, plus beta
+    x the k3 KL's, all over the same tokens and divided by one constant (`est_normaliser`)."""
+    loss = (surrogate_sum - entropy_coef * entropy_sum) / normaliser
+    return loss + beta * kl_sum / normaliser
+
+
 def update_estimator(counts, examples, groups, threshold, lam, accelerator) -> list[tuple]:
     """[EST] Add this step's trials and successes to each prompt's Beta counts (Alg. 1 line 19),
     every rank the same. Returns the global batch's visits, per prompt: its id, trials n_t (the
@@ -433,7 +453,7 @@ def main(args: Args) -> None:
     total_budget = args.budget()
     # one constant normaliser, the global sample count / world (DDP averages) x
     # --max_completion_length: no length bias
-    normaliser = total_budget / accelerator.num_processes * args.max_completion_length
+    normaliser = est_normaliser(total_budget, accelerator.num_processes, args.max_completion_length)
 
     forward = Forward(tokenizer.pad_token_id, device, args.dtype, temperature, pack, compiled)
 
@@ -518,13 +538,14 @@ def main(args: Args) -> None:
                     )
                     surrogate_sum = (per_token * mask).sum()
                     entropy_sum = (entropy * mask).sum()
-                    loss = (surrogate_sum - args.entropy_coef * entropy_sum) / normaliser
                     kl_sum = 0.0
                     if ref_model is not None:
                         ref_logp, _ = forward(ref_model, mb, grad=False)
                         kl_sum = (kl_k3(logp, ref_logp) * mask).sum()
-                        # one constant for the policy gradient and the KL
-                        loss = loss + args.beta * kl_sum / normaliser
+                    # one constant for the policy gradient, the entropy and the KL
+                    loss = est_loss(
+                        surrogate_sum, entropy_sum, kl_sum, args.entropy_coef, args.beta, normaliser
+                    )
                     accelerator.backward(loss)
                     # the on-policy epoch's numbers are the ones logged; `loss`: the surrogate /
                     # (responses x max_completion_length), in float64 as the sum is kept

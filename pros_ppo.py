@@ -704,6 +704,22 @@ def token_divisor(global_tokens: float, world: int) -> float:
     return global_tokens / world or 1.0
 
 
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    divisor: float,
+    eps_low: float,
+    eps_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The policy's clipped surrogate over the tokens with mask 1, divided by the minibatch's
+    token count (`token_divisor`), and the clipped tokens' count. [PROS] a query's prefix is part
+    of its prompt: no completion token of it, no gradient."""
+    per_token, clipped = clipped_surrogate(logp, old_logp, advantages, eps_low, eps_high)
+    return (per_token * mask).sum() / divisor, (clipped * mask).sum()
+
+
 def value_loss(
     v: torch.Tensor, v_old: torch.Tensor, returns: torch.Tensor, clip: float
 ) -> torch.Tensor:
@@ -1165,17 +1181,14 @@ def main(args: Args) -> None:
                         mb_mask = policy_mask[mb_ids, cols].to(device)
                         logp, _ = forward(model, mb)
                         old_logp = old.logp[mb_ids, cols].to(device)
-                        per_token, clipped = clipped_surrogate(
-                            logp,
-                            old_logp,
-                            advantages[mb_ids, cols].to(device),
-                            args.epsilon,
-                            args.epsilon_high,
+                        mb_advantages = advantages[mb_ids, cols].to(device)
+                        eps = args.epsilon, args.epsilon_high
+                        loss, clipped = policy_loss(
+                            logp, old_logp, mb_advantages, mb_mask, policy_tokens, *eps
                         )
-                        loss = (per_token * mb_mask).sum() / policy_tokens
                         # logged `loss`: the clipped surrogate, the KL excluded
                         minibatch_loss += loss.detach()
-                        clipped_sum += (clipped * mb_mask).sum()
+                        clipped_sum += clipped
                         if ref_model is not None:
                             kl = kl_k3(logp, old.ref_logp[mb_ids, cols].to(device)) * mb_mask
                             loss = loss + args.beta * kl.sum() / policy_tokens

@@ -245,6 +245,20 @@ def replay_weights(seq_logp: torch.Tensor, logp_old: torch.Tensor, w_max: float)
     return torch.exp(seq_logp.detach() - logp_old).clamp(max=w_max)
 
 
+def weigh_replays(
+    advantages: torch.Tensor,
+    is_replay: torch.Tensor,
+    seq_logp: torch.Tensor,
+    logp_old: torch.Tensor,
+    w_max: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[RA-RLOO] (also in RLOO: no row is a replay, the advantages unchanged) each replayed row's
+    advantage x w = min(pi_theta / pi_old, w_max) (`replay_weights`, no gradient through w), and
+    the weights. All [rows]."""
+    weight = replay_weights(seq_logp, logp_old, w_max)
+    return torch.where(is_replay, advantages * weight, advantages), weight
+
+
 def rloo_loss(
     pg_sum: torch.Tensor, kl_sum: torch.Tensor | float, beta: float, normaliser: float
 ) -> torch.Tensor:
@@ -495,12 +509,11 @@ def main(args: Args) -> None:
                 logp, entropy = forward(model, mb)
                 mask = mb.loss_mask * keep[rows][:, None]  # [rows, width]
                 seq_logp = (logp * mask).sum(-1)  # [rows]
-                adv = advantages[rows]
                 rep = replayed[rows]
-                # [RA-RLOO] (also in RLOO: no row is a replay, `adv` unchanged) the replayed slot's
-                # advantage x w = min(pi_theta / pi_old, w_max), no gradient through w
-                weight = replay_weights(seq_logp, replay_logp_old[rows], args.w_max)
-                adv = torch.where(rep, adv * weight, adv)
+                # [RA-RLOO] (also in RLOO: `adv` unchanged) the replayed slot's advantage x w
+                adv, weight = weigh_replays(
+                    advantages[rows], rep, seq_logp, replay_logp_old[rows], args.w_max
+                )
                 is_weights[rows] = torch.where(rep, weight, torch.ones_like(weight))
                 pg_sum = -(adv * seq_logp).sum()
                 kl_sum = 0.0
