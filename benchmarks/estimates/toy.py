@@ -684,3 +684,45 @@ def pros_step(toy: Toy, pros: str = "random", k: int = 4, fresh_frac: float = 0.
         return pros_update(toy, args, queries, batch), len(queries) * k
 
     return step
+
+
+# ---------------- exact expected updates, beside the Monte Carlo ----------------
+
+
+def exact_update(toy: Toy, weights, scale: float = 1.0) -> np.ndarray:
+    """sum_x weights[x] grad p_x x scale, flat: the expected update where each prompt's rollouts
+    are exchangeable given their reward (no prefix, no stale replay)."""
+    return scale * (np.asarray(weights)[:, None] * toy.grad_p()).sum(0)
+
+
+def kept_share(p: float, n: int) -> float:
+    """The chance that a group of n 0/1 rewards at pass rate p has two rewards (is not rejected)."""
+    return 1 - p**n - (1 - p) ** n
+
+
+def ps_off_exact(toy: Toy, n: int = 8, scale: bool = False) -> np.ndarray:
+    """GRPO-n with rejection and the DAPO token mean (ps_grpo.py --prefix_sampling false), each
+    prompt once per batch: its group's sum_i A_i grad log pi is independent of the other groups,
+    whose kept count sets the token mean's divisor T n (1 + kept others). Both enumerated."""
+    kept = [kept_share(p, n) for p in toy.p]
+    weights = []
+    for x, p in enumerate(toy.p):
+        others = [kept[y] for y in range(toy.P) if y != x]
+        divisor = 0.0
+        for pattern in range(2 ** len(others)):
+            prob, count = 1.0, 0
+            for j, share in enumerate(others):
+                hit = pattern >> j & 1
+                prob *= share if hit else 1 - share
+                count += hit
+            divisor += prob / (toy.T * n * (1 + count))
+        advantages = lambda r: ps_grpo.reject_groups(r, scale)[1]  # noqa: E731
+        weights.append(group_weight(p, n, advantages) * divisor)
+    return exact_update(toy, weights)
+
+
+def pros_off_exact(toy: Toy, k: int = 4) -> np.ndarray:
+    """GRPO-k on the roots (pros_ppo.py --adv grpo --pros off), one minibatch: the token mean's
+    divisor is every rollout's T tokens."""
+    weights = [group_weight(p, k, grpo_advantages) for p in toy.p]
+    return exact_update(toy, weights, 1 / (toy.P * k * toy.T))
