@@ -537,6 +537,19 @@ def choose_batch(
     return from_stream + from_pool
 
 
+def query_prompts(encode, examples: list, prefixes: list[list[int]]) -> list[list[int]]:
+    """[PROS] (also in PPO / GRPO: no prefix) Each query as the generator's prompt: the encoded
+    prompt, then its prefix (Sec. 3), which is thus context, never a completion token: no
+    gradient reaches it."""
+    return [encode(example.prompt) + prefix for example, prefix in zip(examples, prefixes)]
+
+
+def outcome_advantages(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """--adv grpo: the group-normalised outcome advantage (`grpo_advantages`, [groups, K]) on every
+    completion token of its rollout, [rollouts, R]."""
+    return grpo_advantages(rewards).flatten()[:, None] * mask
+
+
 # ---------------- PPO pieces ----------------
 
 
@@ -1081,9 +1094,7 @@ def main(args: Args) -> None:
         my_queries = [queries[j] for j in my_indices]
         examples = [task.train[query.prompt_id] for query in my_queries]
         prefixes = [list(query.prefix) for query in my_queries]
-        query_tokens = [
-            encode(example.prompt) + prefix for example, prefix in zip(examples, prefixes)
-        ]
+        query_tokens = query_prompts(encode, examples, prefixes)
         with run_log.timing("gen"):
             # FSDP + HF generate: whole weights (else a no-op)
             with gathered(policy, enabled=generator.reads_policy):
@@ -1156,8 +1167,7 @@ def main(args: Args) -> None:
                 advantages = masked_whiten(advantages, reward_mask, accelerator)
             advantages = advantages * reward_mask
         else:
-            # GRPO: the group-normalised outcome advantage on every token of the rollout
-            advantages = grpo_advantages(rewards).flatten()[:, None] * mask
+            advantages = outcome_advantages(rewards, mask)
 
         # ================ update: clipped steps of the policy, the critic alongside ==============
         # num_iterations passes, each of num_mini_batches optimizer steps; each step's loss, clipped

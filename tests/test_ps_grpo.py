@@ -26,6 +26,7 @@ from ps_grpo import (
     attributed,
     batch_order,
     prefix_steps,
+    prefix_tasks,
     ps_loss,
     reject_groups,
     rollout_text,
@@ -913,3 +914,32 @@ def test_rejection_drops_the_groups_with_one_reward():
     assert keep.tolist() == [True, False, False, True]
     assert trained_ids == [0, 1, 2, 9, 10, 11]
     assert torch.allclose(advantages[0], torch.tensor([2 / 3, -1 / 3, -1 / 3]))
+
+
+def test_skewed_fresh_tasks_become_prefix_tasks_of_their_category():
+    from common.rl.episode import Episode as Rollout
+
+    n, steps = 8, 4
+    passes = [1, 7, 4, 1]  # too hard, too easy, normal, and a prefix task (not routed again)
+    tasks = [BatchTask(0), BatchTask(1), BatchTask(2), BatchTask(3, "hard", steps=[None])]
+    success = torch.tensor([[i < k for i in range(n)] for k in passes])
+    episodes = []
+    for group in range(len(tasks)):
+        for i in range(n):
+            rollout = Rollout(group)
+            for d in range(steps):
+                rollout.add_turn([100 * group + 10 * i + d], [], [0.0])
+            episodes.append(rollout)
+    routes = [route(k, n, 0.3, 0.7) for k in passes]
+    controllers = {"hard": PrefixController(0.25), "easy": PrefixController(0.25)}
+    args = Args()
+    built = prefix_tasks(tasks, routes, episodes, success, controllers, args)
+    assert [(group, task.category) for group, task in built] == [(0, "hard"), (1, "easy")]
+    hard, easy = built[0][1], built[1][1]
+    # too hard: the one success's first T - int(T x 0.25) steps; too easy: one failure's first step
+    assert [action for action, _ in hard.steps] == [[0], [1], [2]]
+    assert len(easy.steps) == 1 and easy.steps[0][0][0] // 10 == 17
+    assert (
+        prefix_tasks(tasks, routes, episodes, success, controllers, Args(prefix_sampling=False))
+        == []
+    )

@@ -633,15 +633,18 @@ def ps_step(toy: Toy, prefix_sampling: bool = True, n: int = 8, scale: bool = Fa
 
 def pros_update(toy: Toy, args, queries, batch, old_theta=None):
     """pros_ppo's update (--adv grpo, one minibatch) on one batch (`batch[i]`: query i's k
-    leaves): `grpo_advantages` on every token, the prefix in the prompt (its steps are no
-    completion tokens: mask 0), `minibatch_divisors` and `policy_loss`."""
+    leaves): each query's prompt by `query_prompts` (a toy prompt has no token of its own, so what
+    it holds is the replayed steps: context, mask 0), `outcome_advantages`, `minibatch_divisors`
+    and `policy_loss`."""
     k = args.num_generations
     rewards = torch.tensor(np.stack([toy.rewards[q.prompt_id, y] for q, y in zip(queries, batch)]))
+    prompts = [SimpleNamespace(prompt=None) for _ in queries]
+    query_tokens = pros_ppo.query_prompts(lambda _: [], prompts, [list(q.prefix) for q in queries])
     xs = [q.prompt_id for q in queries for _ in range(k)]
     leaves = np.concatenate(batch)
-    starts = [len(q.prefix) for q in queries for _ in range(k)]
-    mask = torch.tensor([[float(d >= start) for d in range(toy.T)] for start in starts])
-    advantages = grpo_advantages(rewards).flatten()[:, None] * mask
+    context = [len(tokens) for tokens in query_tokens for _ in range(k)]
+    mask = torch.tensor([[float(d >= steps) for d in range(toy.T)] for steps in context])
+    advantages = pros_ppo.outcome_advantages(rewards, mask)
     minibatch = list(range(len(xs)))
     policy_tokens, _ = pros_ppo.minibatch_divisors(minibatch, mask, mask, ONE_PROCESS)
 
