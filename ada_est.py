@@ -402,7 +402,8 @@ def main(args: Args) -> None:
     device = accelerator.device
     policy, tokenizer, model_path = load_training_policy(args, accelerator, log)
     # Countdown or a dataset; --reward_funcs: yours (docs/custom_task.md)
-    task = make_task(args, tokenizer, log)
+    # [ADA] a success: a reward above --positive_threshold (unless --success_reward)
+    task = make_task(args, tokenizer, log, args.positive_threshold)
     ref_model = make_reference(policy, args)
     policy, ref_model = shard_models(args, policy, ref_model)
     optimizer, scheduler = make_optimizer(policy, args)
@@ -514,17 +515,17 @@ def main(args: Args) -> None:
         with run_log.timing("update"):
             lengths = [len(prompt) + len(ids) for prompt, ids in zip(flat_prompts, completions)]
             old_logprobs = gens.logprobs if sampler_logprobs else None
-            budget = args.micro_batch_size, args.max_tokens_per_microbatch
+            max_rows, max_tokens = args.micro_batch_size, args.max_tokens_per_microbatch
             update_sums, grad_norms = [], []
             for epoch in range(args.num_iterations):
                 micro = micro_batches(
                     len(completions),
-                    budget[0],
+                    max_rows,
                     accelerator,
                     model,
                     (ref_model,),
                     lengths,
-                    budget[1],
+                    max_tokens,
                 )
                 for rows in micro:
                     mb = forward.rows_at(rows, flat_prompts, completions, old_logprobs)
@@ -551,13 +552,13 @@ def main(args: Args) -> None:
                     # (responses x max_completion_length), in float64 as the sum is kept
                     if epoch == 0:
                         loss_sum = surrogate_sum.detach().double() / args.max_completion_length
-                        sums = dict(loss_sum=loss_sum, ent_sum=entropy_sum, tok=mask.sum())
-                        sums |= dict(clip_sum=(clipped * mask).sum(), kl_sum=kl_sum)
+                        mb_sums = dict(loss_sum=loss_sum, ent_sum=entropy_sum, tok=mask.sum())
+                        mb_sums |= dict(clip_sum=(clipped * mask).sum(), kl_sum=kl_sum)
                         # sampler/trainer agreement, before any update (this pass is the first)
                         if sampler_logprobs:
                             gap = (logp.detach() - old_logp).abs() * mb.loss_mask
-                            sums |= dict(gap_sum=gap.sum(), gap_tok=mb.loss_mask.sum())
-                        update_sums.append(sums)
+                            mb_sums |= dict(gap_sum=gap.sum(), gap_tok=mb.loss_mask.sum())
+                        update_sums.append(mb_sums)
                 grad_norms.append(
                     accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                 )

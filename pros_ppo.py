@@ -50,7 +50,7 @@ from common.distributed.ranks import (
 from common.generation.hf import SamplingConfig
 from common.model.policy import autocast, library_bars_off
 from common.rl.advantages import grpo_advantages, zero_variance
-from common.rl.gibbs import calibration_excess, gibbs_sweeps, update_counts
+from common.rl.gibbs import calibration_excess, pg_gibbs, update_counts
 from common.rl.logprobs import Forward
 from common.rl.losses import clipped_surrogate, kl_k3
 from common.rl.masking import right_align
@@ -106,7 +106,7 @@ class Args(
     trl_equivalents: ClassVar[dict] = {"loss_type": "dapo"}
     # the step's hyperparameters (the same names in every script): its length, batch and update
     max_steps: Annotated[int, Range(1)] = 200
-    """number of iterations (each: one batch of queries, then num_iterations x num_mini_batches
+    """number of steps (each: one batch of queries, then num_iterations epochs x num_mini_batches
     updates)"""
     prompts_per_step: Annotated[int, Range(1)] = 32
     """prompts per step across all processes (every rank takes every world-th one; with fewer
@@ -452,10 +452,10 @@ class QueryTree:
         return int(gone.sum())
 
     def gibbs(self, args, rng: np.random.Generator) -> None:
-        """Sec. 4, Props. 4.1/4.2: `gibbs_sweeps` PG-augmented sweeps over the whole tree,
+        """Sec. 4, Props. 4.1/4.2: --gibbs_sweeps PG-augmented sweeps over the whole tree,
         warm-started."""
         if len(self):
-            self.psi, self.theta_hat = gibbs_sweeps(
+            self.psi, self.theta_hat = pg_gibbs(
                 self.psi,
                 self.parent,
                 self.s,
@@ -913,9 +913,9 @@ def minibatch_rows(minibatch, model, prompts, completions, forward, accelerator,
     them (every rank as many): its rollout indices, its padded rows and its completion columns of a
     step-level [rollouts, Rmax] tensor."""
     lengths = [len(prompts[i]) + len(completions[i]) for i in minibatch]
-    budget = args.micro_batch_size, args.max_tokens_per_microbatch
+    max_rows, max_tokens = args.micro_batch_size, args.max_tokens_per_microbatch
     micro = micro_batches(
-        len(minibatch), budget[0], accelerator, model, lengths=lengths, max_tokens=budget[1]
+        len(minibatch), max_rows, accelerator, model, lengths=lengths, max_tokens=max_tokens
     )
     for rows in micro:
         mb_ids = [minibatch[r] for r in rows]
@@ -1122,8 +1122,16 @@ def main(args: Args) -> None:
         # ================ pi_old's log-probs, entropies, values, reference log-probs: one pass ===
         # FSDP: sharded, in lock-step (no whole model gathered)
         with run_log.timing("logprob"):
-            models = policy, critic, ref_model, forward
-            old = score_rollouts(*models, prompts, completions, args.micro_batch_size, accelerator)
+            old = score_rollouts(
+                policy,
+                critic,
+                ref_model,
+                forward,
+                prompts,
+                completions,
+                args.micro_batch_size,
+                accelerator,
+            )
         mask = old.mask  # [rollouts, Rmax]
         # --mask_truncated_completions: cut rollouts get no policy gradient (the critic still fits
         # their returns); rollouts with no reward get none either

@@ -906,7 +906,7 @@ def assemble_batch(
     return batch, len(queue) - n_prefix
 
 
-def reject_groups(rewards: torch.Tensor, scale: bool) -> tuple[torch.Tensor, torch.Tensor, list]:
+def kept_advantages(rewards: torch.Tensor, scale: bool) -> tuple[torch.Tensor, torch.Tensor, list]:
     """GRPO advantages r - mean (appendix, Perspective 2; `scale`: / std) with rejection sampling
     (the DeepSWE baseline): groups whose rollouts all fail or all pass are dropped. Returns the
     kept groups [tasks], the advantages [tasks, N] and the kept rollouts' indices (one host list,
@@ -1102,7 +1102,7 @@ def main(args: Args) -> None:
         # ================ advantages: GRPO r - mean (appendix, Perspective 2; --scale_rewards: /
         #                  std); rejection sampling drops groups whose rollouts all fail or all pass
         #                  (the DeepSWE baseline)
-        keep, advantages, trained_ids = reject_groups(rewards, args.scale_rewards)
+        keep, advantages, trained_ids = kept_advantages(rewards, args.scale_rewards)
         trained_advantages = advantages.flatten()[trained_ids].to(device)
         trained = [episodes[i] for i in trained_ids]
         # --mask_truncated_completions: rollouts cut by a length limit get no gradient
@@ -1117,9 +1117,9 @@ def main(args: Args) -> None:
             # the generator's log-probs: the old policy of the ratio
             old_logprobs = [e.old_logp for e in trained]
             lengths = [len(prompt) + len(ids) for prompt, ids in zip(prompts, completions)]
-            budget = args.micro_batch_size, args.max_tokens_per_microbatch
+            max_rows, max_tokens = args.micro_batch_size, args.max_tokens_per_microbatch
             micro = micro_batches(
-                len(trained), budget[0], accelerator, model, (), lengths, budget[1]
+                len(trained), max_rows, accelerator, model, (), lengths, max_tokens
             )
             update_sums = []
             for rows in micro:
@@ -1133,9 +1133,9 @@ def main(args: Args) -> None:
                 loss_sum = loss.detach().double() * (n_tokens or 1)
                 # sampler vs the first training pass
                 gap = (logp.detach() - mb.sampler_logp).abs() * mask
-                sums = dict(loss_sum=loss_sum, ent_sum=(entropy * mask).sum(), tok=mask.sum())
+                mb_sums = dict(loss_sum=loss_sum, ent_sum=(entropy * mask).sum(), tok=mask.sum())
                 update_sums.append(
-                    sums | dict(clip_sum=clipped, gap_sum=gap.sum(), gap_tok=mask.sum())
+                    mb_sums | dict(clip_sum=clipped, gap_sum=gap.sum(), gap_tok=mask.sum())
                 )
             grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             optimizer.step()

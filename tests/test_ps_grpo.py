@@ -25,10 +25,10 @@ from ps_grpo import (
     assemble_batch,
     attributed,
     batch_order,
+    kept_advantages,
     prefix_steps,
     prefix_tasks,
     ps_loss,
-    reject_groups,
     rollout_text,
     route,
     split_lines,
@@ -386,7 +386,7 @@ def test_default_advantage_is_the_papers_r_minus_mean():
     rewards = torch.tensor([[1.0] + [0.0] * 7, [1.0] * 4 + [0.0] * 4])  # p = 1/8 and 1/2
     args = parse_args(Args, [])
     assert args.scale_rewards is False
-    _, adv, _ = reject_groups(rewards, args.scale_rewards)  # main()'s call
+    _, adv, _ = kept_advantages(rewards, args.scale_rewards)  # main()'s call
     assert torch.equal(adv, rewards - rewards.mean(-1, keepdim=True))
     p = rewards.mean(-1)
     assert torch.allclose(
@@ -910,7 +910,7 @@ def test_the_batch_caps_prefix_tasks_drops_the_rest_and_fills_with_fresh_tasks()
 
 def test_rejection_drops_the_groups_with_one_reward():
     rewards = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.0, 1.0, 1.0]])
-    keep, advantages, trained_ids = reject_groups(rewards, False)
+    keep, advantages, trained_ids = kept_advantages(rewards, False)
     assert keep.tolist() == [True, False, False, True]
     assert trained_ids == [0, 1, 2, 9, 10, 11]
     assert torch.allclose(advantages[0], torch.tensor([2 / 3, -1 / 3, -1 / 3]))

@@ -415,7 +415,7 @@ def ada_seq_step(
     scale: bool = False,
     unfinished: str = "balanced",
 ):
-    """Reinforce-Ada-Seq: `multi_round_sampling` with `exit_reached`, `downsample_pools` (each pool
+    """Reinforce-Ada-Seq: `multi_round_sampling` with `exit_reached`, `pool_advantages` (each pool
     downsampled to n, `global_advantages` from the pool), the clipped surrogate and `seq_loss` over
     `seq_normaliser` (prompts x n x max tokens)."""
     args = ada_seq_args(
@@ -445,7 +445,7 @@ def ada_seq_step(
 
         pools, exit_rounds = ada_seq.multi_round_sampling(toy.P, sample_round, done, max_rounds, m)
         train_ids = list(range(toy.P))
-        keeps, _, adv = ada_seq.downsample_pools(train_ids, pools, exit_rounds, n, threshold, args)
+        keeps, _, adv = ada_seq.pool_advantages(train_ids, pools, exit_rounds, n, threshold, args)
         xs = [x for x, keep in zip(train_ids, keeps) for _ in keep]
         leaves = [drawn[x][j] for x, keep in zip(train_ids, keeps) for j in keep]
         return toy.update(xs, leaves, loss(torch.tensor(adv))), sum(map(len, pools))
@@ -573,12 +573,12 @@ def ps_episode(toy: Toy, task, leaf: int) -> Episode:
 
 
 def ps_update(toy: Toy, args, tasks, batch, old_theta=None):
-    """ps_grpo's update on one batch (`batch[i]`: task i's n leaves): `reject_groups`, each kept
+    """ps_grpo's update on one batch (`batch[i]`: task i's n leaves): `kept_advantages`, each kept
     rollout's episode mask, `ps_normaliser` and `ps_loss`."""
     rewards = torch.tensor(
         np.stack([toy.rewards[task.prompt_id, y] for task, y in zip(tasks, batch)])
     )
-    _, advantages, trained_ids = ps_grpo.reject_groups(rewards, args.scale_rewards)
+    _, advantages, trained_ids = ps_grpo.kept_advantages(rewards, args.scale_rewards)
     n = rewards.shape[1]
     xs = [tasks[i // n].prompt_id for i in trained_ids]
     leaves = [batch[i // n][i % n] for i in trained_ids]
@@ -719,7 +719,7 @@ def ps_off_exact(toy: Toy, n: int = 8, scale: bool = False) -> np.ndarray:
                 prob *= share if hit else 1 - share
                 count += hit
             divisor += prob / (toy.T * n * (1 + count))
-        advantages = lambda r: ps_grpo.reject_groups(r, scale)[1]  # noqa: E731
+        advantages = lambda r: ps_grpo.kept_advantages(r, scale)[1]  # noqa: E731
         weights.append(group_weight(p, n, advantages) * divisor)
     return exact_update(toy, weights)
 
