@@ -4,10 +4,11 @@ Every prompt x has a tabular softmax policy over a tree of `depth` steps with `b
 step (depth 1: a plain softmax over `branch` responses), and a fixed 0/1 reward per leaf, so its
 pass rate p_x(theta) and every objective E_x[f(p_x)] have a closed form whose gradient autograd
 gives exactly (`Toy.target`). A method's update is one step of the method built from its script's
-own functions (advantages, splicing and importance weights, rounds and downsampling, budgets, prefix
-routing and masking, the query tree), divided by the script's normaliser: the gradient the script's
-loss would take, with pi_old = pi_theta (one epoch: every PPO ratio is 1, so the clipped surrogate's
-gradient is A x grad log pi). `monte_carlo` averages many independent steps.
+own functions (advantages, splicing and importance weights, rounds and downsampling, budgets, the
+batch, prefix routing and masking, the query tree) and the script's own loss function over its
+normaliser, differentiated by `backward` through the tabular policy (`Toy.update`; pi_old = pi_theta
+by default: one epoch, every PPO ratio is 1). `monte_carlo` averages many independent steps; where
+the expectation has a closed form or a finite enumeration, the functions at the end compute it.
 """
 
 from __future__ import annotations
