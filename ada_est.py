@@ -293,6 +293,26 @@ def est_advantages(
     return advantages, alpha
 
 
+def est_normaliser(total_budget: int, world: int, max_completion_length: int) -> float:
+    """The loss's one constant on each rank: the step's responses (the total budget) / world (DDP
+    and FSDP average the ranks' gradients) x max_completion_length, so no length bias."""
+    return total_budget / world * max_completion_length
+
+
+def est_loss(
+    surrogate_sum: torch.Tensor,
+    entropy_sum: torch.Tensor,
+    kl_sum: torch.Tensor | float,
+    entropy_coef: float,
+    beta: float,
+    normaliser: float,
+) -> torch.Tensor:
+    """The optimised loss: the clipped surrogate's sum less entropy_coef x the entropy's, plus beta
+    x the k3 KL's, all over the same tokens and divided by one constant (`est_normaliser`)."""
+    loss = (surrogate_sum - entropy_coef * entropy_sum) / normaliser
+    return loss + beta * kl_sum / normaliser
+
+
 def update_estimator(counts, examples, groups, threshold, lam, accelerator) -> list[tuple]:
     """[EST] Add this step's trials and successes to each prompt's Beta counts (Alg. 1 line 19),
     every rank the same. Returns the global batch's visits, per prompt: its id, trials n_t (the
@@ -382,7 +402,8 @@ def main(args: Args) -> None:
     device = accelerator.device
     policy, tokenizer, model_path = load_training_policy(args, accelerator, log)
     # Countdown or a dataset; --reward_funcs: yours (docs/custom_task.md)
-    task = make_task(args, tokenizer, log)
+    # [ADA] a success: a reward above --positive_threshold (unless --success_reward)
+    task = make_task(args, tokenizer, log, args.positive_threshold)
     ref_model = make_reference(policy, args)
     policy, ref_model = shard_models(args, policy, ref_model)
     optimizer, scheduler = make_optimizer(policy, args)
@@ -433,7 +454,7 @@ def main(args: Args) -> None:
     total_budget = args.budget()
     # one constant normaliser, the global sample count / world (DDP averages) x
     # --max_completion_length: no length bias
-    normaliser = total_budget / accelerator.num_processes * args.max_completion_length
+    normaliser = est_normaliser(total_budget, accelerator.num_processes, args.max_completion_length)
 
     forward = Forward(tokenizer.pad_token_id, device, args.dtype, temperature, pack, compiled)
 
@@ -494,17 +515,17 @@ def main(args: Args) -> None:
         with run_log.timing("update"):
             lengths = [len(prompt) + len(ids) for prompt, ids in zip(flat_prompts, completions)]
             old_logprobs = gens.logprobs if sampler_logprobs else None
-            budget = args.micro_batch_size, args.max_tokens_per_microbatch
+            max_rows, max_tokens = args.micro_batch_size, args.max_tokens_per_microbatch
             update_sums, grad_norms = [], []
             for epoch in range(args.num_iterations):
                 micro = micro_batches(
                     len(completions),
-                    budget[0],
+                    max_rows,
                     accelerator,
                     model,
                     (ref_model,),
                     lengths,
-                    budget[1],
+                    max_tokens,
                 )
                 for rows in micro:
                     mb = forward.rows_at(rows, flat_prompts, completions, old_logprobs)
@@ -518,25 +539,26 @@ def main(args: Args) -> None:
                     )
                     surrogate_sum = (per_token * mask).sum()
                     entropy_sum = (entropy * mask).sum()
-                    loss = (surrogate_sum - args.entropy_coef * entropy_sum) / normaliser
                     kl_sum = 0.0
                     if ref_model is not None:
                         ref_logp, _ = forward(ref_model, mb, grad=False)
                         kl_sum = (kl_k3(logp, ref_logp) * mask).sum()
-                        # one constant for the policy gradient and the KL
-                        loss = loss + args.beta * kl_sum / normaliser
+                    # one constant for the policy gradient, the entropy and the KL
+                    loss = est_loss(
+                        surrogate_sum, entropy_sum, kl_sum, args.entropy_coef, args.beta, normaliser
+                    )
                     accelerator.backward(loss)
                     # the on-policy epoch's numbers are the ones logged; `loss`: the surrogate /
                     # (responses x max_completion_length), in float64 as the sum is kept
                     if epoch == 0:
                         loss_sum = surrogate_sum.detach().double() / args.max_completion_length
-                        sums = dict(loss_sum=loss_sum, ent_sum=entropy_sum, tok=mask.sum())
-                        sums |= dict(clip_sum=(clipped * mask).sum(), kl_sum=kl_sum)
+                        mb_sums = dict(loss_sum=loss_sum, ent_sum=entropy_sum, tok=mask.sum())
+                        mb_sums |= dict(clip_sum=(clipped * mask).sum(), kl_sum=kl_sum)
                         # sampler/trainer agreement, before any update (this pass is the first)
                         if sampler_logprobs:
                             gap = (logp.detach() - old_logp).abs() * mb.loss_mask
-                            sums |= dict(gap_sum=gap.sum(), gap_tok=mb.loss_mask.sum())
-                        update_sums.append(sums)
+                            mb_sums |= dict(gap_sum=gap.sum(), gap_tok=mb.loss_mask.sum())
+                        update_sums.append(mb_sums)
                 grad_norms.append(
                     accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                 )

@@ -392,6 +392,46 @@ def global_advantages(
     return [w * a for a in adv]
 
 
+def pool_advantages(
+    train_ids: list[int], pools: list[list[float]], exit_rounds, n: int, threshold: float, args
+) -> tuple[list[list[int]], list[list[float]], list[float]]:
+    """[ADA] Alg. 2 l. 14-20 for each trained group: its pool `downsample`d to n (balanced once it
+    met the exit condition, --unfinished_downsample otherwise) and the kept responses'
+    `global_advantages` from the whole pool. Returns per group the kept indices and rewards, and
+    the advantages of all kept responses in order."""
+    keeps, kept_rewards, advantages = [], [], []
+    for i in train_ids:
+        rule = "balanced" if exit_rounds[i] is not None else args.unfinished_downsample
+        keep = downsample(pools[i], n, threshold, random, rule)
+        kept = [pools[i][j] for j in keep]
+        advantages += global_advantages(
+            kept, pools[i], threshold, args.scale_rewards, args.prompt_weight
+        )
+        keeps.append(keep)
+        kept_rewards.append(kept)
+    return keeps, kept_rewards, advantages
+
+
+def seq_normaliser(prompts_per_step: int, n: int, world: int, max_completion_length: int) -> float:
+    """The loss's one constant on each rank: a full batch's responses (prompts x n) / world (DDP
+    and FSDP average the ranks' gradients) x max_completion_length, so no length bias."""
+    return prompts_per_step * n / world * max_completion_length
+
+
+def seq_loss(
+    surrogate_sum: torch.Tensor,
+    entropy_sum: torch.Tensor,
+    kl_sum: torch.Tensor | float,
+    entropy_coef: float,
+    beta: float,
+    normaliser: float,
+) -> torch.Tensor:
+    """The optimised loss: the clipped surrogate's sum less entropy_coef x the entropy's, plus beta
+    x the k3 KL's, all over the same tokens and divided by one constant (`seq_normaliser`)."""
+    loss = (surrogate_sum - entropy_coef * entropy_sum) / normaliser
+    return loss + beta * kl_sum / normaliser
+
+
 def seq_metrics(
     n_samples: list[int],
     exit_rounds: list[Optional[int]],
@@ -616,7 +656,8 @@ def main(args: Args) -> None:
     device = accelerator.device
     policy, tokenizer, model_path = load_training_policy(args, accelerator, log)
     # Countdown or a dataset; --reward_funcs: yours (docs/custom_task.md)
-    task = make_task(args, tokenizer, log)
+    # [ADA] a success: a reward above --positive_threshold (unless --success_reward)
+    task = make_task(args, tokenizer, log, args.positive_threshold)
     ref_model = make_reference(policy, args)
     policy, ref_model = shard_models(args, policy, ref_model)
     optimizer, scheduler = make_optimizer(policy, args)
@@ -665,7 +706,9 @@ def main(args: Args) -> None:
     )
     # one constant normaliser, the global kept count / world (DDP averages) x
     # --max_completion_length: no length bias
-    normaliser = args.prompts_per_step * n / accelerator.num_processes * args.max_completion_length
+    normaliser = seq_normaliser(
+        args.prompts_per_step, n, accelerator.num_processes, args.max_completion_length
+    )
     warned_partial = False
 
     forward = Forward(tokenizer.pad_token_id, device, args.dtype, temperature, pack, compiled)
@@ -699,20 +742,11 @@ def main(args: Args) -> None:
         # ===== [ADA] downsample every pool to n; advantages from the whole pool (Alg. 2 l. 14-20)
         # per trained group: its n kept rewards; per kept response: its advantage, the response, its
         # prompt's index
-        kept_rewards = []
-        adv_list = []
-        trained = []
-        group_of = []
-        for i in train_ids:
-            rule = "balanced" if exit_rounds[i] is not None else args.unfinished_downsample
-            keep = downsample(pools[i], n, threshold, random, rule)
-            kept = [pools[i][j] for j in keep]
-            adv_list += global_advantages(
-                kept, pools[i], threshold, args.scale_rewards, args.prompt_weight
-            )
-            kept_rewards.append(kept)
-            trained += [rounds.responses[i][j] for j in keep]
-            group_of += [i] * len(keep)
+        keeps, kept_rewards, adv_list = pool_advantages(
+            train_ids, pools, exit_rounds, n, threshold, args
+        )
+        trained = [rounds.responses[i][j] for i, keep in zip(train_ids, keeps) for j in keep]
+        group_of = [i for i, keep in zip(train_ids, keeps) for _ in keep]
         flat_prompts = [rounds.prompts[i] for i in group_of]
         completions = [response.ids for response in trained]
         advantages = torch.tensor(adv_list, dtype=torch.float32, device=device)
@@ -724,17 +758,17 @@ def main(args: Args) -> None:
         with run_log.timing("update"):
             lengths = [len(prompt) + len(ids) for prompt, ids in zip(flat_prompts, completions)]
             old_logprobs = [response.logprobs for response in trained] if sampler_logprobs else None
-            budget = args.micro_batch_size, args.max_tokens_per_microbatch
+            max_rows, max_tokens = args.micro_batch_size, args.max_tokens_per_microbatch
             update_sums, grad_norms = [], []
             for epoch in range(args.num_iterations):
                 micro = micro_batches(
                     len(completions),
-                    budget[0],
+                    max_rows,
                     accelerator,
                     model,
                     (ref_model,),
                     lengths,
-                    budget[1],
+                    max_tokens,
                 )
                 for rows in micro:
                     mb = forward.rows_at(rows, flat_prompts, completions, old_logprobs)
@@ -748,25 +782,26 @@ def main(args: Args) -> None:
                     )
                     surrogate_sum = (per_token * mask).sum()
                     entropy_sum = (entropy * mask).sum()
-                    loss = (surrogate_sum - args.entropy_coef * entropy_sum) / normaliser
                     kl_sum = 0.0
                     if ref_model is not None:
                         ref_logp, _ = forward(ref_model, mb, grad=False)
                         kl_sum = (kl_k3(logp, ref_logp) * mask).sum()
-                        # one constant for the policy gradient and the KL
-                        loss = loss + args.beta * kl_sum / normaliser
+                    # one constant for the policy gradient, the entropy and the KL
+                    loss = seq_loss(
+                        surrogate_sum, entropy_sum, kl_sum, args.entropy_coef, args.beta, normaliser
+                    )
                     accelerator.backward(loss)
                     # the on-policy epoch's numbers are the ones logged; `loss`: the surrogate /
                     # (kept responses x max_completion_length), in float64 as the sum is kept
                     if epoch == 0:
                         loss_sum = surrogate_sum.detach().double() / args.max_completion_length
-                        sums = dict(loss_sum=loss_sum, ent_sum=entropy_sum, tok=mask.sum())
-                        sums |= dict(clip_sum=(clipped * mask).sum(), kl_sum=kl_sum)
+                        mb_sums = dict(loss_sum=loss_sum, ent_sum=entropy_sum, tok=mask.sum())
+                        mb_sums |= dict(clip_sum=(clipped * mask).sum(), kl_sum=kl_sum)
                         # sampler/trainer agreement, before any update (this pass is the first)
                         if sampler_logprobs:
                             gap = (logp.detach() - old_logp).abs() * mb.loss_mask
-                            sums |= dict(gap_sum=gap.sum(), gap_tok=mb.loss_mask.sum())
-                        update_sums.append(sums)
+                            mb_sums |= dict(gap_sum=gap.sum(), gap_tok=mb.loss_mask.sum())
+                        update_sums.append(mb_sums)
                 grad_norms.append(
                     accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                 )

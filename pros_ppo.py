@@ -50,7 +50,7 @@ from common.distributed.ranks import (
 from common.generation.hf import SamplingConfig
 from common.model.policy import autocast, library_bars_off
 from common.rl.advantages import grpo_advantages, zero_variance
-from common.rl.gibbs import calibration_excess, gibbs_sweeps, update_counts
+from common.rl.gibbs import calibration_excess, pg_gibbs, update_counts
 from common.rl.logprobs import Forward
 from common.rl.losses import clipped_surrogate, kl_k3
 from common.rl.masking import right_align
@@ -106,7 +106,7 @@ class Args(
     trl_equivalents: ClassVar[dict] = {"loss_type": "dapo"}
     # the step's hyperparameters (the same names in every script): its length, batch and update
     max_steps: Annotated[int, Range(1)] = 200
-    """number of iterations (each: one batch of queries, then num_iterations x num_mini_batches
+    """number of steps (each: one batch of queries, then num_iterations epochs x num_mini_batches
     updates)"""
     prompts_per_step: Annotated[int, Range(1)] = 32
     """prompts per step across all processes (every rank takes every world-th one; with fewer
@@ -452,10 +452,10 @@ class QueryTree:
         return int(gone.sum())
 
     def gibbs(self, args, rng: np.random.Generator) -> None:
-        """Sec. 4, Props. 4.1/4.2: `gibbs_sweeps` PG-augmented sweeps over the whole tree,
+        """Sec. 4, Props. 4.1/4.2: --gibbs_sweeps PG-augmented sweeps over the whole tree,
         warm-started."""
         if len(self):
-            self.psi, self.theta_hat = gibbs_sweeps(
+            self.psi, self.theta_hat = pg_gibbs(
                 self.psi,
                 self.parent,
                 self.s,
@@ -535,6 +535,19 @@ def choose_batch(
     from_stream = [tree.query(node, from_pool=False) for node in roots]
     from_pool = [tree.query(node, from_pool=True) for node in picked]
     return from_stream + from_pool
+
+
+def query_prompts(encode, examples: list, prefixes: list[list[int]]) -> list[list[int]]:
+    """[PROS] (also in PPO / GRPO: no prefix) Each query as the generator's prompt: the encoded
+    prompt, then its prefix (Sec. 3), which is thus context, never a completion token: no
+    gradient reaches it."""
+    return [encode(example.prompt) + prefix for example, prefix in zip(examples, prefixes)]
+
+
+def outcome_advantages(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """--adv grpo: the group-normalised outcome advantage (`grpo_advantages`, [groups, K]) on every
+    completion token of its rollout, [rollouts, R]."""
+    return grpo_advantages(rewards).flatten()[:, None] * mask
 
 
 # ---------------- PPO pieces ----------------
@@ -702,6 +715,22 @@ def token_divisor(global_tokens: float, world: int) -> float:
     gradients, so the global count / world gives the global mean (a minibatch with no token anywhere
     has sums of 0: any divisor will do)."""
     return global_tokens / world or 1.0
+
+
+def policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    divisor: float,
+    eps_low: float,
+    eps_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The policy's clipped surrogate over the tokens with mask 1, divided by the minibatch's
+    token count (`token_divisor`), and the clipped tokens' count. [PROS] a query's prefix is part
+    of its prompt: no completion token of it, no gradient."""
+    per_token, clipped = clipped_surrogate(logp, old_logp, advantages, eps_low, eps_high)
+    return (per_token * mask).sum() / divisor, (clipped * mask).sum()
 
 
 def value_loss(
@@ -884,9 +913,9 @@ def minibatch_rows(minibatch, model, prompts, completions, forward, accelerator,
     them (every rank as many): its rollout indices, its padded rows and its completion columns of a
     step-level [rollouts, Rmax] tensor."""
     lengths = [len(prompts[i]) + len(completions[i]) for i in minibatch]
-    budget = args.micro_batch_size, args.max_tokens_per_microbatch
+    max_rows, max_tokens = args.micro_batch_size, args.max_tokens_per_microbatch
     micro = micro_batches(
-        len(minibatch), budget[0], accelerator, model, lengths=lengths, max_tokens=budget[1]
+        len(minibatch), max_rows, accelerator, model, lengths=lengths, max_tokens=max_tokens
     )
     for rows in micro:
         mb_ids = [minibatch[r] for r in rows]
@@ -1065,9 +1094,7 @@ def main(args: Args) -> None:
         my_queries = [queries[j] for j in my_indices]
         examples = [task.train[query.prompt_id] for query in my_queries]
         prefixes = [list(query.prefix) for query in my_queries]
-        query_tokens = [
-            encode(example.prompt) + prefix for example, prefix in zip(examples, prefixes)
-        ]
+        query_tokens = query_prompts(encode, examples, prefixes)
         with run_log.timing("gen"):
             # FSDP + HF generate: whole weights (else a no-op)
             with gathered(policy, enabled=generator.reads_policy):
@@ -1095,8 +1122,16 @@ def main(args: Args) -> None:
         # ================ pi_old's log-probs, entropies, values, reference log-probs: one pass ===
         # FSDP: sharded, in lock-step (no whole model gathered)
         with run_log.timing("logprob"):
-            models = policy, critic, ref_model, forward
-            old = score_rollouts(*models, prompts, completions, args.micro_batch_size, accelerator)
+            old = score_rollouts(
+                policy,
+                critic,
+                ref_model,
+                forward,
+                prompts,
+                completions,
+                args.micro_batch_size,
+                accelerator,
+            )
         mask = old.mask  # [rollouts, Rmax]
         # --mask_truncated_completions: cut rollouts get no policy gradient (the critic still fits
         # their returns); rollouts with no reward get none either
@@ -1140,8 +1175,7 @@ def main(args: Args) -> None:
                 advantages = masked_whiten(advantages, reward_mask, accelerator)
             advantages = advantages * reward_mask
         else:
-            # GRPO: the group-normalised outcome advantage on every token of the rollout
-            advantages = grpo_advantages(rewards).flatten()[:, None] * mask
+            advantages = outcome_advantages(rewards, mask)
 
         # ================ update: clipped steps of the policy, the critic alongside ==============
         # num_iterations passes, each of num_mini_batches optimizer steps; each step's loss, clipped
@@ -1165,17 +1199,14 @@ def main(args: Args) -> None:
                         mb_mask = policy_mask[mb_ids, cols].to(device)
                         logp, _ = forward(model, mb)
                         old_logp = old.logp[mb_ids, cols].to(device)
-                        per_token, clipped = clipped_surrogate(
-                            logp,
-                            old_logp,
-                            advantages[mb_ids, cols].to(device),
-                            args.epsilon,
-                            args.epsilon_high,
+                        mb_advantages = advantages[mb_ids, cols].to(device)
+                        eps = args.epsilon, args.epsilon_high
+                        loss, clipped = policy_loss(
+                            logp, old_logp, mb_advantages, mb_mask, policy_tokens, *eps
                         )
-                        loss = (per_token * mb_mask).sum() / policy_tokens
                         # logged `loss`: the clipped surrogate, the KL excluded
                         minibatch_loss += loss.detach()
-                        clipped_sum += (clipped * mb_mask).sum()
+                        clipped_sum += clipped
                         if ref_model is not None:
                             kl = kl_k3(logp, old.ref_logp[mb_ids, cols].to(device)) * mb_mask
                             loss = loss + args.beta * kl.sum() / policy_tokens

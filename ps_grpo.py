@@ -966,6 +966,63 @@ def batch_order(built: list[tuple[int, int, BatchTask]], world: int) -> list[Bat
     return [task for _, task in sorted((group * world + rank, task) for rank, group, task in built)]
 
 
+def prefix_tasks(
+    tasks: list[BatchTask],
+    routes: list[str],
+    episodes: list[Episode],
+    success: torch.Tensor,
+    controllers: dict[str, PrefixController],
+    args,
+) -> list[tuple[int, BatchTask]]:
+    """[PS] (also in GRPO: none) Prefix & Mask for each skewed fresh task (prefix tasks are not
+    routed again): one of its trajectories, cut to a prefix at its category's current ratio
+    (`make_prefix_task`), makes a task of the next batch. Returns (group, prefix task) pairs."""
+    n = success.shape[1]
+    built = []
+    for group, task in enumerate(tasks):
+        skewed = task.category is None and routes[group] in ("too_hard", "too_easy")
+        if not (args.prefix_sampling and skewed):
+            continue
+        category = "hard" if routes[group] == "too_hard" else "easy"
+        group_episodes = episodes[group * n : (group + 1) * n]
+        ratio = controllers[category].ratio
+        prefix_task = make_prefix_task(
+            task, category, group_episodes, success[group].tolist(), ratio, args
+        )
+        if prefix_task is not None:
+            built.append((group, prefix_task))
+    return built
+
+
+def assemble_batch(
+    queue: list[BatchTask], next_ids, prompts_per_step: int, max_prefix_frac: float
+) -> tuple[list[BatchTask], int]:
+    """[PS] (also in GRPO: all fresh) The step's batch: the queued prefix tasks, at most
+    --max_prefix_frac of it, then fresh tasks from `next_ids(count)`; and how many queued tasks
+    were over the cap (dynamic on-policy: dropped, never carried over)."""
+    n_prefix = min(len(queue), int(max_prefix_frac * prompts_per_step))
+    fresh_ids = next_ids(prompts_per_step - n_prefix)
+    batch = queue[:n_prefix] + [BatchTask(prompt_id) for prompt_id in fresh_ids]
+    return batch, len(queue) - n_prefix
+
+
+def kept_advantages(rewards: torch.Tensor, scale: bool) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """GRPO advantages r - mean (appendix, Perspective 2; `scale`: / std) with rejection sampling
+    (the DeepSWE baseline): groups whose rollouts all fail or all pass are dropped. Returns the
+    kept groups [tasks], the advantages [tasks, N] and the kept rollouts' indices (one host list,
+    no tensor read element by element)."""
+    keep = ~zero_variance(rewards)
+    advantages = grpo_advantages(rewards, scale=scale)
+    trained_ids = keep.repeat_interleave(rewards.shape[1]).nonzero().flatten().tolist()
+    return keep, advantages, trained_ids
+
+
+def ps_normaliser(masks: list[list[int]], accelerator) -> float:
+    """The DAPO token mean's divisor on each rank: the batch's trained (mask 1) tokens, their mean
+    over ranks (DDP and FSDP average the ranks' gradients)."""
+    return rank_mean(accelerator, sum(map(sum, masks)))
+
+
 def ps_loss(
     logp: torch.Tensor,
     old_logp: torch.Tensor,
@@ -1118,11 +1175,9 @@ def main(args: Args) -> None:
         with run_log.timing("gen"):
             # [PS] (also in GRPO: all fresh) the batch: prefix tasks (at most --max_prefix_frac of
             # it), then fresh tasks
-            n_prefix = min(len(queue), int(args.max_prefix_frac * args.prompts_per_step))
-            # dynamic on-policy: prefix tasks over the cap are dropped, never carried over
-            dropped = len(queue) - n_prefix
-            fresh_ids = sampler.next_ids(args.prompts_per_step - n_prefix)
-            batch_tasks = queue[:n_prefix] + [BatchTask(prompt_id) for prompt_id in fresh_ids]
+            batch_tasks, dropped = assemble_batch(
+                queue, sampler.next_ids, args.prompts_per_step, args.max_prefix_frac
+            )
             # strided: every rank gets prefix and fresh tasks
             tasks = my_slice(batch_tasks, accelerator)
             # FSDP + HF generate: whole weights (else a no-op); a prefix task whose replay diverged
@@ -1148,38 +1203,26 @@ def main(args: Args) -> None:
         # ================ [PS] (also in GRPO: skips all) route fresh tasks; too-hard / too-easy ->
         #                  Prefix & Mask, queued for the next batch
         routes = [route(k, m, args.low, args.high) for k, m in zip(passes, counted)]
-        built = []
-        for group, task in enumerate(tasks):
-            # prefix tasks are not routed again
-            skewed = task.category is None and routes[group] in ("too_hard", "too_easy")
-            if not (args.prefix_sampling and skewed):
-                continue
-            # [PS] one of its trajectories, cut to a prefix, makes a task of the next batch
-            category = "hard" if routes[group] == "too_hard" else "easy"
-            group_episodes = episodes[group * n : (group + 1) * n]
-            ratio = controllers[category].ratio
-            prefix_task = make_prefix_task(
-                task, category, group_episodes, success[group].tolist(), ratio, args
+        built = [
+            (accelerator.process_index, group, prefix_task)
+            for group, prefix_task in prefix_tasks(
+                tasks, routes, episodes, success, controllers, args
             )
-            if prefix_task is not None:
-                built.append((accelerator.process_index, group, prefix_task))
+        ]
         # every rank's, by place in the batch: the same queue on every rank
         queue = batch_order(gather_list(accelerator, built), world)
 
         # ================ advantages: GRPO r - mean (appendix, Perspective 2; --scale_rewards: /
         #                  std); rejection sampling drops groups whose rollouts all fail or all pass
         #                  (the DeepSWE baseline)
-        keep = ~zero_variance(rewards)  # [tasks]
-        advantages = grpo_advantages(rewards, scale=args.scale_rewards)  # [tasks, N]
-        # the rollouts of the kept groups, as one host list (no tensor read element by element)
-        trained_ids = keep.repeat_interleave(n).nonzero().flatten().tolist()
+        keep, advantages, trained_ids = kept_advantages(rewards, args.scale_rewards)
         trained_advantages = advantages.flatten()[trained_ids].to(device)
         trained = [episodes[i] for i in trained_ids]
         # --mask_truncated_completions: rollouts cut by a length limit get no gradient
         cut = [args.mask_truncated_completions and truncated[i] for i in trained_ids]
         masks = [[0] * len(e.mask) if no else e.mask for e, no in zip(trained, cut)]
         # the DAPO token mean over the whole batch
-        n_tokens = rank_mean(accelerator, sum(map(sum, masks)))
+        n_tokens = ps_normaliser(masks, accelerator)
 
         # ================ update: clipped surrogate on generated tokens only (replayed: mask 0)
         with run_log.timing("update"):
@@ -1187,9 +1230,9 @@ def main(args: Args) -> None:
             # the generator's log-probs: the old policy of the ratio
             old_logprobs = [e.old_logp for e in trained]
             lengths = [len(prompt) + len(ids) for prompt, ids in zip(prompts, completions)]
-            budget = args.micro_batch_size, args.max_tokens_per_microbatch
+            max_rows, max_tokens = args.micro_batch_size, args.max_tokens_per_microbatch
             micro = micro_batches(
-                len(trained), budget[0], accelerator, model, (), lengths, budget[1]
+                len(trained), max_rows, accelerator, model, (), lengths, max_tokens
             )
             update_sums = []
             for rows in micro:
@@ -1203,9 +1246,9 @@ def main(args: Args) -> None:
                 loss_sum = loss.detach().double() * (n_tokens or 1)
                 # sampler vs the first training pass
                 gap = (logp.detach() - mb.sampler_logp).abs() * mask
-                sums = dict(loss_sum=loss_sum, ent_sum=(entropy * mask).sum(), tok=mask.sum())
+                mb_sums = dict(loss_sum=loss_sum, ent_sum=(entropy * mask).sum(), tok=mask.sum())
                 update_sums.append(
-                    sums | dict(clip_sum=clipped, gap_sum=gap.sum(), gap_tok=mask.sum())
+                    mb_sums | dict(clip_sum=clipped, gap_sum=gap.sum(), gap_tok=mask.sum())
                 )
             grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             optimizer.step()

@@ -209,6 +209,26 @@ def seed_buffers(
     return buffers
 
 
+def restore_buffers(saved: dict, capacity: int) -> dict[int, deque]:
+    """[RA-RLOO] (also in RLOO: empty) A checkpoint's buffers as FIFOs of `capacity`: prompt id ->
+    (int32 response, log pi_old(y|x), reward) entries; a checkpoint of the older layout (five
+    tensors: every response back to back, with their lengths) is unpacked first."""
+    if {"prompt_ids", "logp_old", "rewards", "lengths", "tokens"} <= set(saved):
+        ends = saved["lengths"].cumsum(0).tolist()
+        unpacked: dict[int, list] = {}
+        for prompt_id, end, length, logp_old, reward in zip(
+            saved["prompt_ids"].tolist(),
+            ends,
+            saved["lengths"].tolist(),
+            saved["logp_old"].tolist(),
+            saved["rewards"].tolist(),
+        ):
+            response = saved["tokens"][end - length : end].to(torch.int32).clone()
+            unpacked.setdefault(prompt_id, []).append((response, logp_old, reward))
+        saved = unpacked
+    return {prompt_id: deque(entries, maxlen=capacity) for prompt_id, entries in saved.items()}
+
+
 def splice_replays(
     prompt_ids: list[int],
     completions: list[list[int]],
@@ -243,6 +263,20 @@ def replay_weights(seq_logp: torch.Tensor, logp_old: torch.Tensor, w_max: float)
     """[RA-RLOO] (also in RLOO: computed, unused: no row is a replay) w = min(exp(log pi_theta(y|x)
     - log pi_old(y|x)), w_max); sequence-level IS, no gradient."""
     return torch.exp(seq_logp.detach() - logp_old).clamp(max=w_max)
+
+
+def weigh_replays(
+    advantages: torch.Tensor,
+    is_replay: torch.Tensor,
+    seq_logp: torch.Tensor,
+    logp_old: torch.Tensor,
+    w_max: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[RA-RLOO] (also in RLOO: no row is a replay, the advantages unchanged) each replayed row's
+    advantage x w = min(pi_theta / pi_old, w_max) (`replay_weights`, no gradient through w), and
+    the weights. All [rows]."""
+    weight = replay_weights(seq_logp, logp_old, w_max)
+    return torch.where(is_replay, advantages * weight, advantages), weight
 
 
 def rloo_loss(
@@ -402,11 +436,7 @@ def main(args: Args) -> None:
     counters = saved["counters"] if saved else {"rollouts": 0, "gen_tokens": 0}
     # [RA-RLOO] (also in RLOO: empty) prompt id -> FIFO of (int32 response, log pi_old(y|x),
     # reward), the same on every rank
-    saved_buffers = saved["method"]["buffers"] if saved else {}
-    buffers = {
-        prompt_id: deque(entries, maxlen=args.buffer_capacity)
-        for prompt_id, entries in saved_buffers.items()
-    }
+    buffers = restore_buffers(saved["method"]["buffers"] if saved else {}, args.buffer_capacity)
     # [RA-RLOO] demonstrations; under FSDP whole weights only where they are scored (the embedded
     # task: real datasets seed nothing)
     if start_step == 0 and args.replay != "none" and args.seed_buffer:
@@ -473,7 +503,6 @@ def main(args: Args) -> None:
         # ================ advantages: leave-one-out baseline on the (possibly mixed) group, eq. (1)
         advantages = rloo_advantages(rewards).flatten().to(device)
         replay_logp_old = replay_logp_old.flatten().to(device)
-        replayed = is_replay.flatten().to(device)
         keep = keep.to(device)
 
         # ================ update: REINFORCE with the LOO baseline + k3 KL to the reference ========
@@ -482,12 +511,12 @@ def main(args: Args) -> None:
             # [RA-RLOO] (also in RLOO: all 1) each row's importance weight, for the sample log
             is_weights = torch.ones(len(completions), device=device)
             # the generator's log-probs of the fresh rollouts (a replay has none)
-            replays = is_replay.flatten().tolist()
-            sampler_logprobs = [[] if rep else lps for rep, lps in zip(replays, gens.logprobs)]
+            fresh_logprobs = zip(is_replay.flatten().tolist(), gens.logprobs)
+            sampler_logprobs = [[] if replay else lps for replay, lps in fresh_logprobs]
             lengths = [len(prompt) + len(ids) for prompt, ids in zip(flat_prompts, completions)]
-            budget = args.micro_batch_size, args.max_tokens_per_microbatch
+            max_rows, max_tokens = args.micro_batch_size, args.max_tokens_per_microbatch
             micro = micro_batches(
-                len(completions), budget[0], accelerator, model, (ref_model,), lengths, budget[1]
+                len(completions), max_rows, accelerator, model, (ref_model,), lengths, max_tokens
             )
             update_sums = []
             for rows in micro:
@@ -495,13 +524,12 @@ def main(args: Args) -> None:
                 logp, entropy = forward(model, mb)
                 mask = mb.loss_mask * keep[rows][:, None]  # [rows, width]
                 seq_logp = (logp * mask).sum(-1)  # [rows]
-                adv = advantages[rows]
-                rep = replayed[rows]
-                # [RA-RLOO] (also in RLOO: no row is a replay, `adv` unchanged) the replayed slot's
-                # advantage x w = min(pi_theta / pi_old, w_max), no gradient through w
-                weight = replay_weights(seq_logp, replay_logp_old[rows], args.w_max)
-                adv = torch.where(rep, adv * weight, adv)
-                is_weights[rows] = torch.where(rep, weight, torch.ones_like(weight))
+                is_replay_rows = is_replay.view(-1)[rows].to(device)
+                # [RA-RLOO] (also in RLOO: `adv` unchanged) the replayed slot's advantage x w
+                adv, weight = weigh_replays(
+                    advantages[rows], is_replay_rows, seq_logp, replay_logp_old[rows], args.w_max
+                )
+                is_weights[rows] = torch.where(is_replay_rows, weight, torch.ones_like(weight))
                 pg_sum = -(adv * seq_logp).sum()
                 kl_sum = 0.0
                 if ref_model is not None:
@@ -510,14 +538,15 @@ def main(args: Args) -> None:
                 accelerator.backward(rloo_loss(pg_sum, kl_sum, args.beta, normaliser))
                 # sampler/trainer agreement on fresh rollouts, before any update (this pass is
                 # the first)
-                fresh_mask = mb.loss_mask * (~rep)[:, None]
+                fresh_mask = mb.loss_mask * (~is_replay_rows)[:, None]
                 gap = (logp.detach() - mb.sampler_logp).abs() * fresh_mask
                 # logged `loss`: -A log pi(y|x) per sequence, the KL excluded
-                sums = dict(loss_sum=pg_sum, kl_sum=kl_sum, ent_sum=(entropy * mask).sum())
-                sums |= dict(tok=mask.sum(), gap_sum=gap.sum(), gap_tok=fresh_mask.sum())
+                mb_sums = dict(loss_sum=pg_sum, kl_sum=kl_sum, ent_sum=(entropy * mask).sum())
+                mb_sums |= dict(tok=mask.sum(), gap_sum=gap.sum(), gap_tok=fresh_mask.sum())
                 # [RA-RLOO] (also in RLOO: 0, no replay) the replays' importance weights
-                sums |= dict(w_sum=torch.where(rep, weight, 0.0).sum(), w_n=rep.sum())
-                update_sums.append(sums)
+                replay_weight = torch.where(is_replay_rows, weight, 0.0)
+                mb_sums |= dict(w_sum=replay_weight.sum(), w_n=is_replay_rows.sum())
+                update_sums.append(mb_sums)
             grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             optimizer.step()
             scheduler.step()

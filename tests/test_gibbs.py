@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from common.rl.gibbs import _PI2, gibbs_sweeps, pg_moment_sums, sample_pg, update_counts
+from common.rl.gibbs import _PI2, pg_gibbs, pg_moment_sums, sample_pg, update_counts
 
 
 def pg_mean(b, c) -> np.ndarray:
@@ -68,7 +68,7 @@ def _chains(parent_one, s_one, n_one, copies, mu0, tau0, sigma, sweeps=300, burn
     psi = np.zeros(m * copies)
     draws = []
     for t in range(sweeps):
-        psi, _ = gibbs_sweeps(psi, parent, s, n, mu0, tau0, sigma, 1, rng)
+        psi, _ = pg_gibbs(psi, parent, s, n, mu0, tau0, sigma, 1, rng)
         if t >= burn:
             draws.append(psi.reshape(copies, m))
     d = np.stack(draws)  # [T, copies, m]
@@ -125,7 +125,7 @@ def test_roots_with_different_numbers_of_children_in_one_sweep():
     est, _ = _chains(parent, s, n, copies=300, mu0=0.0, tau0=2.0, sigma=1.0, sweeps=200)
     assert est[0] > est[4] + 0.5
     with pytest.raises(ValueError):
-        gibbs_sweeps(
+        pg_gibbs(
             np.zeros(3),
             np.array([-1, 0, 1]),
             np.zeros(3),

@@ -22,9 +22,12 @@ from ps_grpo import (
     Attributed,
     BatchTask,
     PrefixController,
+    assemble_batch,
     attributed,
     batch_order,
+    kept_advantages,
     prefix_steps,
+    prefix_tasks,
     ps_loss,
     rollout_text,
     route,
@@ -427,7 +430,7 @@ def test_default_advantage_is_the_papers_r_minus_mean():
     rewards = torch.tensor([[1.0] + [0.0] * 7, [1.0] * 4 + [0.0] * 4])  # p = 1/8 and 1/2
     args = parse_args(Args, [])
     assert args.scale_rewards is False
-    adv = grpo_advantages(rewards, scale=args.scale_rewards)  # main()'s call
+    _, adv, _ = kept_advantages(rewards, args.scale_rewards)  # main()'s call
     assert torch.equal(adv, rewards - rewards.mean(-1, keepdim=True))
     p = rewards.mean(-1)
     assert torch.allclose(
@@ -932,3 +935,55 @@ def test_queued_tasks_come_back_in_the_order_they_were_dealt_on_every_rank():
                     ]
                 queue = [task.prompt_id for task in batch_order(built, world)]
                 assert queue == sorted(skewed), (world, num, skewed, queue)
+
+
+def test_the_batch_caps_prefix_tasks_drops_the_rest_and_fills_with_fresh_tasks():
+    queue = [BatchTask(i, "hard", steps=[None]) for i in range(5)]
+    fresh = iter(range(100, 200))
+
+    def next_ids(count):
+        return [next(fresh) for _ in range(count)]
+
+    batch, dropped = assemble_batch(queue, next_ids, 8, 0.5)
+    assert [task.prompt_id for task in batch] == [0, 1, 2, 3, 100, 101, 102, 103]
+    assert [task.category for task in batch[4:]] == [None] * 4 and dropped == 1
+    batch, dropped = assemble_batch(queue[:2], next_ids, 8, 0.5)
+    assert [task.prompt_id for task in batch] == [0, 1, 104, 105, 106, 107, 108, 109]
+    assert dropped == 0
+
+
+def test_rejection_drops_the_groups_with_one_reward():
+    rewards = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.0, 1.0, 1.0]])
+    keep, advantages, trained_ids = kept_advantages(rewards, False)
+    assert keep.tolist() == [True, False, False, True]
+    assert trained_ids == [0, 1, 2, 9, 10, 11]
+    assert torch.allclose(advantages[0], torch.tensor([2 / 3, -1 / 3, -1 / 3]))
+
+
+def test_skewed_fresh_tasks_become_prefix_tasks_of_their_category():
+    from common.rl.episode import Episode as Rollout
+
+    n, steps = 8, 4
+    passes = [1, 7, 4, 1]  # too hard, too easy, normal, and a prefix task (not routed again)
+    tasks = [BatchTask(0), BatchTask(1), BatchTask(2), BatchTask(3, "hard", steps=[None])]
+    success = torch.tensor([[i < k for i in range(n)] for k in passes])
+    episodes = []
+    for group in range(len(tasks)):
+        for i in range(n):
+            rollout = Rollout(group)
+            for d in range(steps):
+                rollout.add_turn([100 * group + 10 * i + d], [], [0.0])
+            episodes.append(rollout)
+    routes = [route(k, n, 0.3, 0.7) for k in passes]
+    controllers = {"hard": PrefixController(0.25), "easy": PrefixController(0.25)}
+    args = Args()
+    built = prefix_tasks(tasks, routes, episodes, success, controllers, args)
+    assert [(group, task.category) for group, task in built] == [(0, "hard"), (1, "easy")]
+    hard, easy = built[0][1], built[1][1]
+    # too hard: the one success's first T - int(T x 0.25) steps; too easy: one failure's first step
+    assert [action for action, _ in hard.steps] == [[0], [1], [2]]
+    assert len(easy.steps) == 1 and easy.steps[0][0][0] // 10 == 17
+    assert (
+        prefix_tasks(tasks, routes, episodes, success, controllers, Args(prefix_sampling=False))
+        == []
+    )

@@ -348,7 +348,8 @@ def test_buffers_store_int32_and_save_and_load_a_million_tokens_fast_and_exactly
     import time
 
     from common.run.checkpoint import plain
-    from common.run.resume import older_layouts, safe_load
+    from common.run.resume import safe_load
+    from ra_rloo import restore_buffers
 
     generator = torch.Generator().manual_seed(0)
     # 125 prompts x 16 successes x 500 tokens: 1M tokens, a full buffer everywhere
@@ -372,7 +373,7 @@ def test_buffers_store_int32_and_save_and_load_a_million_tokens_fast_and_exactly
     save_s = time.perf_counter() - started
     started = time.perf_counter()
     saved = safe_load(tmp_path / "trainer_state.pt")["state"]["method"]["buffers"]
-    loaded = {prompt_id: deque(entries, maxlen=16) for prompt_id, entries in saved.items()}
+    loaded = restore_buffers(saved, 16)
     load_s = time.perf_counter() - started
     # measured 0.11-0.13 s / 0.26-0.44 s (a tensor object per entry) on a busy 2-core box; lists of
     # ints pickled took 0.47 s / 0.69 s
@@ -401,10 +402,7 @@ def test_buffers_store_int32_and_save_and_load_a_million_tokens_fast_and_exactly
         "lengths": torch.tensor([len(entry[1]) for entry in entries]),
         "tokens": torch.cat([entry[1] for entry in entries]),
     }
-    method = {"buffers": older}
-    older_layouts(method)
-    resumed = {key: deque(items, maxlen=16) for key, items in method["buffers"].items()}
-    assert same(resumed, buffers)
+    assert same(restore_buffers(older, 16), buffers)
 
 
 def test_a_damaged_row_before_the_last_stops_the_resume_with_its_line_number(tmp_path):

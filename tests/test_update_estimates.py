@@ -11,9 +11,10 @@ import sys
 import numpy as np
 import pytest
 
+import pros_ppo
+import ps_grpo
 from benchmarks.estimates import ascent, table
 from benchmarks.estimates import toy as T
-from common.rl.advantages import grpo_advantages
 
 # a coordinate more than this many standard errors off fails (24 coordinates: P(any) ~ 1e-4)
 Z = 4.5
@@ -51,7 +52,8 @@ def test_dr_grpo_is_unbiased_up_to_its_constant(flat):
 
 def test_grpo_std_estimates_its_enumerated_expectation_not_appendix_b_at_small_n(flat):
     n = 4
-    adv = lambda r: grpo_advantages(r, True)  # noqa: E731
+    # ada_seq's own advantages over one pool (GRPO-n: the group)
+    adv = T.grpo_advantages_of(True)
     exact = sum(T.group_weight(p, n, adv) * g for p, g in zip(flat.p, flat.grad_p())) / (
         flat.P * n * flat.T
     )
@@ -104,6 +106,81 @@ def test_ada_seq_balanced_weighs_both_ends_and_the_sec_3_2_weight_overshoots_log
     inv_p = T.monte_carlo(T.ada_seq_step(flat, weight="inv_p"), 1000, seed=0)
     _, lo, _ = inv_p.relative_weights(grad_p, 2)
     assert lo[0] > 2 * table.asks("log p")[0], lo
+
+
+def test_ra_rloo_on_policy_splice_matches_its_enumeration(flat):
+    # a buffer written by the current policy: w = 1, and the splice adds, in a group with no fresh
+    # success, a success's score and takes the failures' baseline: w(p) = K + (1 - p)^K / (p (1 - p))
+    k = 4
+    weights = [T.splice_weight(p, k) for p in flat.p]
+    closed = [k + (1 - p) ** k / (p * (1 - p)) for p in flat.p]
+    assert np.allclose(weights, closed, rtol=1e-9), (weights, closed)
+    exact = T.exact_update(flat, weights, 1 / (flat.P * k * flat.T))
+    est = T.monte_carlo(T.ra_rloo_step(flat, 5.0, staleness=0.0), 3000, seed=0)
+    stats = est.compare(exact, const=1.0)
+    assert unbiased(stats), stats
+
+
+@pytest.mark.parametrize("weight", ["none", "inv_p"])
+def test_ada_seq_matches_its_exact_chain(flat, weight):
+    # the rounds as a chain over the pool's successes, stopped by the exit rule, downsampled, with
+    # the pool's advantages: the Monte Carlo of the script's loop function estimates it
+    args = T.ada_seq_args(4, 8, 4, prompt_weight=weight, scale_rewards=False)
+    weights = np.array([T.ada_seq_weight(p, args) for p in flat.p])
+    rel = weights / weights[2]
+    assert np.allclose(rel[1], rel[3]) == (weight == "none"), rel  # balanced: symmetric in p, 1 - p
+    exact = T.exact_update(flat, weights, 1 / (flat.P * 4 * flat.T))
+    est = T.monte_carlo(T.ada_seq_step(flat, weight=weight), 1500, seed=0)
+    stats = est.compare(exact, const=1.0)
+    assert unbiased(stats), stats
+
+
+def test_ada_est_matches_its_enumeration(flat):
+    # each prompt's N_x is fixed by the estimates: its group's expected update enumerates Bin(N_x, p)
+    step = T.ada_est_step(flat)
+    advantages = T.est_advantages_of(step.args)
+    weights = [T.group_weight(p, size, advantages) for p, size in zip(flat.p, step.sizes)]
+    exact = T.exact_update(flat, weights, 1 / (step.args.budget() * flat.T))
+    stats = T.monte_carlo(step, 2000, seed=0).compare(exact, const=1.0)
+    assert unbiased(stats), stats
+
+
+@pytest.mark.parametrize("method", ["ps", "pros"])
+def test_prefix_free_baselines_match_their_enumeration(tree, method):
+    # no prefix task: the rejection and the token mean's divisor (PS), the token mean (PROS)
+    if method == "ps":
+        exact, step = T.ps_off_exact(tree, 8), T.ps_step(tree, False)
+    else:
+        exact, step = T.pros_off_exact(tree, 4), T.pros_step(tree, "off")
+    stats = T.monte_carlo(step, 1500, seed=0).compare(exact, const=1.0)
+    assert unbiased(stats), stats
+
+
+@pytest.mark.parametrize("method", ["ps", "pros"])
+def test_a_replayed_prefix_gets_no_gradient(tree, method):
+    # one group replaying the first action toward its successes, every continuation once, and a
+    # sampler that put less mass on that action: the ratio on the prefix token is past the clip, so
+    # the rows with A > 0 are clipped there and those with A < 0 are not. Their advantages no longer
+    # cancel on the prefix token: only its mask keeps the root's logits out of the update
+    x = 1
+    good = int(np.flatnonzero(tree.rewards[x])[0])
+    first = tree.actions(good)[0]
+    span = tree.B ** (tree.T - 1)
+    leaves = first * span + np.arange(span)
+    assert 0 < tree.rewards[x, leaves].sum() < span  # the group has signal
+    old_theta = tree.theta.clone()
+    old_theta[x, 0, first] -= 2.0
+    if method == "ps":
+        args = ps_grpo.Args(num_generations=span)
+        task = ps_grpo.BatchTask(x, "hard", steps=[([first], [])], source_steps=tree.T)
+        update = T.ps_update(tree, args, [task], [leaves], old_theta)
+    else:
+        args = pros_ppo.Args(adv="grpo", num_generations=span)
+        query = pros_ppo.Query(x, prefix=(first,))
+        update = T.pros_update(tree, args, [query], [leaves], old_theta)
+    assert np.all(update[x, 0] == 0), update[x, 0]
+    # the continuation's logits do move
+    assert np.abs(update[x, 1:]).max() > 1e-3, update[x]
 
 
 @pytest.mark.parametrize("method, steps", [("ps", 400), ("pros", 800)])

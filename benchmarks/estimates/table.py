@@ -166,9 +166,9 @@ def trained_rollouts(row: Row, toy, steps: int = 100, seed: int = 0) -> float:
     T = toy_module()
 
     class Counting(T.Toy):
-        def add_scores(self, grad, xs, leaves, weights, start=None) -> None:
+        def update(self, xs, leaves, loss, mask=None, old_theta=None) -> np.ndarray:
             self.trained += len(np.asarray(xs))
-            super().add_scores(grad, xs, leaves, weights, start)
+            return super().update(xs, leaves, loss, mask, old_theta)
 
     counting = Counting.__new__(Counting)
     counting.__dict__.update(toy.__dict__)

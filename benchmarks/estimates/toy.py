@@ -4,10 +4,11 @@ Every prompt x has a tabular softmax policy over a tree of `depth` steps with `b
 step (depth 1: a plain softmax over `branch` responses), and a fixed 0/1 reward per leaf, so its
 pass rate p_x(theta) and every objective E_x[f(p_x)] have a closed form whose gradient autograd
 gives exactly (`Toy.target`). A method's update is one step of the method built from its script's
-own functions (advantages, splicing and importance weights, rounds and downsampling, budgets, prefix
-routing and masking, the query tree), divided by the script's normaliser: the gradient the script's
-loss would take, with pi_old = pi_theta (one epoch: every PPO ratio is 1, so the clipped surrogate's
-gradient is A x grad log pi). `monte_carlo` averages many independent steps.
+own functions (advantages, splicing and importance weights, rounds and downsampling, budgets, the
+batch, prefix routing and masking, the query tree) and the script's own loss function over its
+normaliser, differentiated by `backward` through the tabular policy (`Toy.update`; pi_old = pi_theta
+by default: one epoch, every PPO ratio is 1). `monte_carlo` averages many independent steps; where
+the expectation has a closed form or a finite enumeration, the functions at the end compute it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import math
 import random
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -25,8 +28,11 @@ import ada_seq
 import pros_ppo
 import ps_grpo
 import ra_rloo
-from common.rl.advantages import grpo_advantages, zero_variance
+from common.rl.ada import success_threshold
+from common.rl.advantages import grpo_advantages
 from common.rl.episode import Episode
+from common.rl.losses import clipped_surrogate
+from common.tasks.loading import PromptSampler
 
 OBJECTIVES = {
     "p": lambda p: p,
@@ -120,7 +126,7 @@ class Toy:
             rows.append(g.numpy().ravel())
         return np.stack(rows)
 
-    # ---- sampling and scores ----
+    # ---- sampling and the scripts' losses ----
     def sample(self, x: int, n: int, rng, prefix: tuple = ()) -> np.ndarray:
         """n leaves of prompt x drawn from pi given the replayed `prefix` of actions."""
         span = self.B ** (self.T - len(prefix))
@@ -134,18 +140,31 @@ class Toy:
     def leaf(self, actions) -> int:
         return int(sum(a * self.B ** (self.T - 1 - i) for i, a in enumerate(actions)))
 
-    def add_scores(self, grad, xs, leaves, weights, start=None) -> None:
-        """grad[x] += w x grad log pi(steps start.. of leaf | x) for each row; a replayed prefix
-        (its first `start` steps) gets no gradient."""
+    def token_logp(self, theta: torch.Tensor, xs, leaves) -> torch.Tensor:
+        """[rows, T]: log pi of each step's action (a step is one token) of each row's leaf."""
         xs, leaves = np.asarray(xs, int), np.asarray(leaves, int)
-        weights = np.asarray(weights, float)
-        start = np.zeros(len(xs), int) if start is None else np.asarray(start, int)
-        for d in range(self.T):
-            on = start <= d
-            node, act = self.node_of[d, leaves[on]], self.action_of[d, leaves[on]]
-            w = weights[on]
-            np.add.at(grad, (xs[on], node, act), w)
-            np.add.at(grad, (xs[on], node), -w[:, None] * self.pi[xs[on], node])
+        logpi = torch.log_softmax(theta, -1)
+        steps = [
+            logpi[xs, self.node_of[d, leaves], self.action_of[d, leaves]] for d in range(self.T)
+        ]
+        return torch.stack(steps, 1)
+
+    def update(self, xs, leaves, loss, mask=None, old_theta=None) -> np.ndarray:
+        """The step a script's loss takes on the tabular policy: -grad of `loss(logp, old_logp,
+        mask)` at theta by its backward, [P, nodes, B]. logp [rows, T] is each row's per-step log pi
+        (the graph), old_logp the sampler's (`old_theta`; by default logp detached: one epoch, every
+        ratio 1), mask [rows, T] (default: every step trained)."""
+        theta = self.theta.clone().requires_grad_(True)
+        if len(xs) == 0:
+            return np.zeros(tuple(theta.shape))
+        logp = self.token_logp(theta, xs, leaves)
+        old_logp = logp.detach() if old_theta is None else self.token_logp(old_theta, xs, leaves)
+        mask = torch.ones_like(logp) if mask is None else torch.as_tensor(mask, dtype=logp.dtype)
+        value = loss(logp, old_logp, mask)
+        if not value.requires_grad:  # nothing trained: no gradient
+            return np.zeros(tuple(theta.shape))
+        value.backward()
+        return -theta.grad.numpy()
 
 
 def group_weight(p: float, n: int, advantages) -> float:
@@ -264,18 +283,40 @@ def monte_carlo(step, steps: int, seed: int, batches: int = 40) -> Estimate:
 
 # ---------------- the methods' updates, one step each ----------------
 
+# what rank_mean / reduce_sums / minibatch_divisors read of the accelerator: one process
+ONE_PROCESS = SimpleNamespace(num_processes=1, process_index=0)
+
+
+def rloo_loss(normaliser: float, w_max: float | None = None, logp_old=None):
+    """ra_rloo's loss on the toy's rows: the sequence log-prob, [RA-RLOO] `weigh_replays` where
+    `logp_old` (per row, NaN: fresh) says a row is a replay, the policy-gradient sum and
+    `rloo_loss` (no KL: beta x 0)."""
+
+    def loss(advantages):
+        def of(logp, old_logp, mask):
+            seq_logp = (logp * mask).sum(-1)
+            adv = advantages
+            if logp_old is not None:
+                is_replay = ~torch.isnan(logp_old)
+                adv, _ = ra_rloo.weigh_replays(adv, is_replay, seq_logp, logp_old, w_max)
+            pg_sum = -(adv * seq_logp).sum()
+            return ra_rloo.rloo_loss(pg_sum, 0.0, 0.0, normaliser)
+
+        return of
+
+    return loss
+
 
 def rloo_step(toy: Toy, k: int = 4, advantages=ra_rloo.rloo_advantages):
     """RLOO (ra_rloo.py --replay none): k rollouts per prompt, leave-one-out advantages."""
-    norm = ra_rloo.rloo_normaliser(toy.P, k, 1, toy.T)
+    loss = rloo_loss(ra_rloo.rloo_normaliser(toy.P, k, 1, toy.T))
 
     def step(rng):
         leaves = np.stack([toy.sample(x, k, rng) for x in range(toy.P)])
         rewards = torch.tensor(toy.rewards[np.arange(toy.P)[:, None], leaves])
-        adv = advantages(rewards).numpy()
-        g = np.zeros_like(toy.pi)
-        toy.add_scores(g, np.repeat(np.arange(toy.P), k), leaves.ravel(), adv.ravel() / norm)
-        return g, toy.P * k
+        adv = advantages(rewards).flatten()
+        xs = np.repeat(np.arange(toy.P), k)
+        return toy.update(xs, leaves.ravel(), loss(adv)), toy.P * k
 
     return step
 
@@ -287,19 +328,17 @@ def ra_rloo_step(
     k: int = 4,
     mode: str = "on_demand",
     capacity: int = 16,
-    weights=ra_rloo.replay_weights,
     stale_seed: int = 1234,
 ):
     """RA-RLOO: each prompt's FIFO holds `capacity` successes drawn from a stale policy pi_old
     (theta + staleness x fixed noise, the noise drawn from `stale_seed`) with their log pi_old;
-    `splice_replays` puts one into the groups that need it, weighted by `replay_weights`
-    (min(pi / pi_old, w_max))."""
+    `splice_replays` puts one into the groups that need it, `weigh_replays` weighs it by
+    min(pi / pi_old, w_max) inside the loss."""
     noise = np.random.default_rng(stale_seed).normal(size=toy.theta.shape)
     old_leaf_logp = toy.leaf_logp(toy.theta + staleness * torch.tensor(noise)).numpy()
-    leaf_logp = toy.leaf_logp(toy.theta).numpy()
     old_success = np.exp(old_leaf_logp) * toy.rewards
     old_success /= old_success.sum(-1, keepdims=True)
-    norm = ra_rloo.rloo_normaliser(toy.P, k, 1, toy.T)
+    normaliser = ra_rloo.rloo_normaliser(toy.P, k, 1, toy.T)
 
     def step(rng):
         buffers = {}
@@ -318,33 +357,56 @@ def ra_rloo_step(
         )
         flat = np.array([toy.leaf(c) for c in completions])
         xs = np.repeat(np.arange(toy.P), k)
-        seq_logp = torch.tensor(leaf_logp[xs, flat])
         adv = ra_rloo.rloo_advantages(rewards).flatten()
-        rep = ~torch.isnan(logp_old.flatten())
-        w = weights(seq_logp, logp_old.flatten(), w_max)
-        adv = torch.where(rep, adv * w, adv).numpy()
-        g = np.zeros_like(toy.pi)
-        toy.add_scores(g, xs, flat, adv / norm)
+        loss = rloo_loss(normaliser, w_max, logp_old.flatten().double())
         # the fresh rollouts drawn (a replaced one was drawn too)
-        return g, toy.P * k
+        return toy.update(xs, flat, loss(adv)), toy.P * k
 
     return step
 
 
-def grpo_step(toy: Toy, n: int = 4, scale: bool = True):
-    """GRPO-n (ada_seq.py --max_rounds 1 --round_repeat n): `grpo_advantages` over the group,
-    divided by ada_seq's constant (prompts x n x max tokens)."""
-    norm = toy.P * n * toy.T
+def splice_weight(p: float, k: int = 4, mode: str = "on_demand") -> float:
+    """RA-RLOO's exact expected update of one group with an on-policy buffer (its successes drawn
+    from pi given success, log pi_old = log pi: w = 1), as a multiple of grad p (`group_weight`'s
+    argument): every pattern of the k fresh rewards, spliced by `splice_replays`, advantages by
+    `rloo_advantages` and `weigh_replays`; a replay scores as a success."""
+    total = 0.0
+    for pattern in range(2**k):
+        fresh = [float(pattern >> i & 1) for i in range(k)]
+        prob = math.prod(p if r else 1 - p for r in fresh)
+        rewards = torch.tensor([fresh], dtype=torch.float64)
+        buffers = {0: deque([(np.zeros(1, np.int32), 0.0, 1.0)])}
+        completions = [[0] for _ in range(k)]
+        logp_old = ra_rloo.splice_replays(
+            [0], completions, rewards, rewards > 0.5, buffers, mode, random
+        )[0].double()
+        is_replay = ~torch.isnan(logp_old)
+        adv = ra_rloo.rloo_advantages(rewards)[0]
+        adv, _ = ra_rloo.weigh_replays(adv, is_replay, logp_old.nan_to_num(0.0), logp_old, 5.0)
+        score = rewards[0] / p - (1 - rewards[0]) / (1 - p)
+        total += prob * float(adv @ score)
+    return total
 
-    def step(rng):
-        leaves = np.stack([toy.sample(x, n, rng) for x in range(toy.P)])
-        rewards = torch.tensor(toy.rewards[np.arange(toy.P)[:, None], leaves])
-        adv = grpo_advantages(rewards, scale=scale).numpy()
-        g = np.zeros_like(toy.pi)
-        toy.add_scores(g, np.repeat(np.arange(toy.P), n), leaves.ravel(), adv.ravel() / norm)
-        return g, toy.P * n
 
-    return step
+def ada_seq_args(n: int, m: int, max_rounds: int, **flags):
+    return ada_seq.Args(num_generations=n, round_repeat=m, max_rounds=max_rounds, **flags)
+
+
+def ada_loss(surrogate_loss, normaliser: float, args):
+    """ada_seq's / ada_est's loss on the toy's rows: `clipped_surrogate` over the trained tokens
+    and the script's loss function (`seq_loss`, `est_loss`), no entropy or KL term (sums of 0)."""
+
+    def loss(advantages):
+        def of(logp, old_logp, mask):
+            per_token, _ = clipped_surrogate(
+                logp, old_logp, advantages[:, None], args.epsilon, args.epsilon_high
+            )
+            surrogate_sum = (per_token * mask).sum()
+            return surrogate_loss(surrogate_sum, 0.0, 0.0, args.entropy_coef, args.beta, normaliser)
+
+        return of
+
+    return loss
 
 
 def ada_seq_step(
@@ -357,18 +419,22 @@ def ada_seq_step(
     scale: bool = False,
     unfinished: str = "balanced",
 ):
-    """Reinforce-Ada-Seq: `multi_round_sampling` with `exit_reached`, `downsample` to n,
-    `global_advantages` from the pool; ada_seq's constant normaliser (prompts x n x max tokens)."""
-    args = ada_seq.Args(
-        num_generations=n, round_repeat=m, max_rounds=max_rounds, exit_condition=rule
+    """Reinforce-Ada-Seq: `multi_round_sampling` with `exit_reached`, `pool_advantages` (each pool
+    downsampled to n, `global_advantages` from the pool), the clipped surrogate and `seq_loss` over
+    `seq_normaliser` (prompts x n x max tokens)."""
+    args = ada_seq_args(
+        n,
+        m,
+        max_rounds,
+        exit_condition=rule,
+        prompt_weight=weight,
+        scale_rewards=scale,
+        unfinished_downsample=unfinished,
     )
     k_pos, k_neg = args.quotas()
-    threshold = 0.5
-
-    def done(rewards):
-        return ada_seq.exit_reached(rewards, rule, k_pos, k_neg, threshold)
-
-    norm = toy.P * n * toy.T
+    threshold = success_threshold(args)
+    done = partial(ada_seq.exit_reached, rule=rule, k_pos=k_pos, k_neg=k_neg, threshold=threshold)
+    loss = ada_loss(ada_seq.seq_loss, ada_seq.seq_normaliser(toy.P, n, 1, toy.T), args)
 
     def step(rng):
         drawn = [[] for _ in range(toy.P)]
@@ -382,16 +448,67 @@ def ada_seq_step(
             return out
 
         pools, exit_rounds = ada_seq.multi_round_sampling(toy.P, sample_round, done, max_rounds, m)
-        g = np.zeros_like(toy.pi)
-        for x in range(toy.P):
-            kept_rule = "balanced" if exit_rounds[x] is not None else unfinished
-            keep = ada_seq.downsample(pools[x], n, threshold, random, kept_rule)
-            kept = [pools[x][j] for j in keep]
-            adv = ada_seq.global_advantages(kept, pools[x], threshold, scale, weight)
-            toy.add_scores(g, [x] * n, [drawn[x][j] for j in keep], np.array(adv) / norm)
-        return g, sum(map(len, pools))
+        train_ids = list(range(toy.P))
+        keeps, _, adv = ada_seq.pool_advantages(train_ids, pools, exit_rounds, n, threshold, args)
+        xs = [x for x, keep in zip(train_ids, keeps) for _ in keep]
+        leaves = [drawn[x][j] for x, keep in zip(train_ids, keeps) for j in keep]
+        return toy.update(xs, leaves, loss(torch.tensor(adv))), sum(map(len, pools))
 
     return step
+
+
+def grpo_step(toy: Toy, n: int = 4, scale: bool = True):
+    """GRPO-n (ada_seq.py --max_rounds 1 --round_repeat n): one round of n, every response kept,
+    advantages from the group (`global_advantages`, std-scaled with `scale`)."""
+    return ada_seq_step(toy, n, n, 1, scale=scale)
+
+
+def grpo_advantages_of(scale: bool = True):
+    """GRPO-n's advantages as ada_seq computes them (one pool = the group), [1, n] -> [1, n]:
+    `group_weight`'s argument."""
+
+    def advantages(rewards):
+        group = rewards[0].tolist()
+        adv = ada_seq.global_advantages(group, group, 0.5, scale, "none")
+        return torch.tensor([adv], dtype=torch.float64)
+
+    return advantages
+
+
+def ada_seq_weight(p: float, args) -> float:
+    """Reinforce-Ada-Seq's exact expected update of one prompt, as a multiple of grad p: the rounds
+    as a chain over the pool's (successes, size), stopped by `exit_reached`, then the kept counts
+    (`downsample`) and `global_advantages` of the final pool; a kept success scores grad p / p, a
+    kept failure -grad p / (1 - p) (responses are exchangeable given their reward)."""
+    n, m, threshold = args.num_generations, args.round_repeat, success_threshold(args)
+    k_pos, k_neg = args.quotas()
+    active, final = {0: 1.0}, {}
+    for r in range(1, args.max_rounds + 1):
+        grown = {}
+        for s, prob in active.items():
+            for new in range(m + 1):
+                grown[s + new] = grown.get(s + new, 0.0) + prob * math.comb(m, new) * p**new * (
+                    1 - p
+                ) ** (m - new)
+        active = {}
+        for s, prob in grown.items():
+            pool = [1.0] * s + [0.0] * (r * m - s)
+            if ada_seq.exit_reached(pool, args.exit_condition, k_pos, k_neg, threshold):
+                final[(s, r * m, True)] = prob
+            elif r == args.max_rounds:
+                final[(s, r * m, False)] = prob
+            else:
+                active[s] = prob
+    total = 0.0
+    for (s, size, finished), prob in final.items():
+        pool = [1.0] * s + [0.0] * (size - s)
+        rule = "balanced" if finished else args.unfinished_downsample
+        kept = [pool[j] for j in ada_seq.downsample(pool, n, threshold, random, rule)]
+        adv = ada_seq.global_advantages(
+            kept, pool, threshold, args.scale_rewards, args.prompt_weight
+        )
+        total += prob * sum(a * (r / p - (1 - r) / (1 - p)) for a, r in zip(adv, kept))
+    return total
 
 
 def ada_est_counts(toy: Toy, args, visits: int = 30) -> list:
@@ -411,133 +528,208 @@ def ada_est_counts(toy: Toy, args, visits: int = 30) -> list:
 
 def ada_est_step(toy: Toy, weighting: str = "hybrid", advantages=ada_est.est_advantages):
     """Reinforce-Ada-Est: the budget from the estimates (`estimate`, `allocation_weights`,
-    `allocate_budget`), all N_x responses trained with `est_advantages`; ada_est's constant
-    normaliser (total budget x max tokens)."""
+    `allocate_budget`), all N_x responses trained with `est_advantages`, the clipped surrogate and
+    `est_loss` over `est_normaliser` (total budget x max tokens)."""
     args = ada_est.Args(prompts_per_step=toy.P, weighting=weighting)
     counts = ada_est_counts(toy, args)
     p_hats = [ada_est.estimate(c, args.prior_alpha, args.prior_beta) for c in counts]
     weights = ada_est.allocation_weights(p_hats, args.weighting, args.eps)
     sizes = ada_est.allocate_budget(weights, args.budget(), args.n_min, args.n_max)
-    norm = args.budget() * toy.T
+    threshold = success_threshold(args)
+    loss = ada_loss(ada_est.est_loss, ada_est.est_normaliser(args.budget(), 1, toy.T), args)
 
     def step(rng):
-        g = np.zeros_like(toy.pi)
+        xs, leaves, adv = [], [], []
         for x, size in enumerate(sizes):
-            leaves = toy.sample(x, size, rng)
-            adv, _ = advantages(toy.rewards[x, leaves].tolist(), weighting, args.eps, 0.5)
-            toy.add_scores(g, [x] * size, leaves, np.array(adv) / norm)
-        return g, sum(sizes)
+            drawn = toy.sample(x, size, rng)
+            group_adv, _ = advantages(
+                toy.rewards[x, drawn].tolist(), weighting, args.eps, threshold
+            )
+            xs += [x] * size
+            leaves += drawn.tolist()
+            adv += group_adv
+        return toy.update(xs, leaves, loss(torch.tensor(adv))), sum(sizes)
 
     step.sizes = sizes
     step.p_hats = p_hats
+    step.args = args
     return step
+
+
+def est_advantages_of(args):
+    """Ada-Est's advantages of one prompt's group, [1, N] -> [1, N]: `group_weight`'s argument."""
+
+    def advantages(rewards):
+        threshold = success_threshold(args)
+        adv, _ = ada_est.est_advantages(rewards[0].tolist(), args.weighting, args.eps, threshold)
+        return torch.tensor([adv], dtype=torch.float64)
+
+    return advantages
+
+
+def ps_episode(toy: Toy, task, leaf: int) -> Episode:
+    """The rollout as ps_grpo's environment records it: one action token per step, the replayed
+    prefix's turns with mask 0."""
+    record = Episode(0)
+    for d, a in enumerate(toy.actions(leaf)):
+        record.add_turn([a], [], None if d < len(task.steps) else [0.0])
+    return record
+
+
+def ps_update(toy: Toy, args, tasks, batch, old_theta=None):
+    """ps_grpo's update on one batch (`batch[i]`: task i's n leaves): `kept_advantages`, each kept
+    rollout's episode mask, `ps_normaliser` and `ps_loss`."""
+    rewards = torch.tensor(
+        np.stack([toy.rewards[task.prompt_id, y] for task, y in zip(tasks, batch)])
+    )
+    _, advantages, trained_ids = ps_grpo.kept_advantages(rewards, args.scale_rewards)
+    n = rewards.shape[1]
+    xs = [tasks[i // n].prompt_id for i in trained_ids]
+    leaves = [batch[i // n][i % n] for i in trained_ids]
+    masks = [ps_episode(toy, tasks[i // n], leaf).mask for i, leaf in zip(trained_ids, leaves)]
+    n_tokens = ps_grpo.ps_normaliser(masks, ONE_PROCESS)
+    trained_advantages = advantages.flatten()[trained_ids]
+
+    def loss(logp, old_logp, mask):
+        eps = args.epsilon, args.epsilon_high
+        return ps_grpo.ps_loss(logp, old_logp, trained_advantages, mask, n_tokens, *eps)[0]
+
+    return toy.update(xs, leaves, loss, masks, old_theta)
 
 
 def ps_step(toy: Toy, prefix_sampling: bool = True, n: int = 8, scale: bool = False):
-    """Prefix Sampling on GRPO (ps_grpo.py): a step trains on the previous step's prefix tasks (at
-    most max_prefix_frac of the batch) and fresh tasks. The previous step is drawn first: its fresh
-    tasks are `route`d and too-hard / too-easy ones turned into prefix tasks by `make_prefix_task`.
-    Groups with one reward are rejected, advantages `grpo_advantages` (r - mean), replayed steps get
-    no gradient, and the loss is the DAPO token mean over the trained tokens."""
-    args = ps_grpo.Args()
-    cap = int(args.max_prefix_frac * toy.P)
+    """Prefix Sampling on GRPO (ps_grpo.py): a step trains on the previous step's prefix tasks and
+    fresh tasks (`assemble_batch`). The previous step is drawn first: its fresh tasks are `route`d
+    and the skewed ones turned into prefix tasks (`prefix_tasks`). Then `ps_update`: rejection,
+    r - mean advantages, replayed steps masked, the DAPO token mean."""
+    args = ps_grpo.Args(
+        prompts_per_step=toy.P,
+        num_generations=n,
+        prefix_sampling=prefix_sampling,
+        scale_rewards=scale,
+    )
+    controllers = ps_grpo.make_controllers(args, None)
 
     def rollouts(task, rng):
         prefix = [a[0] for a, _ in task.steps]
-        leaves = toy.sample(task.prompt_id, n, rng, tuple(prefix))
-        return leaves, toy.rewards[task.prompt_id, leaves]
-
-    def fresh(rng):
-        return [ps_grpo.BatchTask(int(x)) for x in rng.permutation(toy.P)]
-
-    def episode(task, leaf):
-        """The rollout as ps_grpo's environment records it: replayed turns get mask 0."""
-        record = Episode(0)
-        for d, a in enumerate(toy.actions(leaf)):
-            record.add_turn([a], [], None if d < len(task.steps) else [0.0])
-        return record
-
-    # per replayed length K: the rollout's mask (the same for every leaf)
-    masks = {K: episode(ps_grpo.BatchTask(0, steps=[None] * K), 0).mask for K in range(toy.T)}
+        return toy.sample(task.prompt_id, n, rng, tuple(prefix))
 
     def step(rng):
-        queue = []
-        if prefix_sampling:
-            for task in fresh(rng):
-                leaves, rewards = rollouts(task, rng)
-                path = ps_grpo.route(int(rewards.sum()), n, args.low, args.high)
-                if path not in ("too_hard", "too_easy"):
-                    continue
-                category = "hard" if path == "too_hard" else "easy"
-                episodes = [episode(task, y) for y in leaves]
-                ratio = args.remaining_ratio if category == "hard" else args.prefix_ratio
-                built = ps_grpo.make_prefix_task(
-                    task, category, episodes, (rewards > 0.5).tolist(), ratio, args
-                )
-                if built is not None:
-                    queue.append(built)
-        tasks = queue[:cap] + fresh(rng)[: toy.P - min(cap, len(queue))]
-        batch = [rollouts(task, rng) for task in tasks]
-        rewards = torch.tensor(np.stack([r for _, r in batch]))
-        keep = ~zero_variance(rewards)
-        adv = grpo_advantages(rewards, scale=scale).numpy()
-        rows = [(i, y) for i in np.flatnonzero(keep.numpy()) for y in batch[i][0]]
-        mask = [masks[len(tasks[i].steps)] for i, _ in rows]
-        # the DAPO token mean: the batch's trained (mask 1) tokens
-        n_tok = sum(map(sum, mask))
-        g = np.zeros_like(toy.pi)
-        toy.add_scores(
-            g,
-            [tasks[i].prompt_id for i, _ in rows],
-            [y for _, y in rows],
-            adv[[i for i, _ in rows], np.tile(np.arange(n), len(rows) // n)] / n_tok,
-            [m.index(1) for m in mask],
+        sampler = PromptSampler(toy.P, int(rng.integers(1 << 31)))
+        previous = [ps_grpo.BatchTask(x) for x in sampler.next_ids(toy.P)]
+        leaves = [rollouts(task, rng) for task in previous]
+        rewards = np.stack([toy.rewards[task.prompt_id, y] for task, y in zip(previous, leaves)])
+        success = torch.tensor(rewards > 0.5)
+        routes = [ps_grpo.route(k, n, args.low, args.high) for k in success.sum(-1).tolist()]
+        episodes = [
+            ps_episode(toy, task, y) for task, group in zip(previous, leaves) for y in group
+        ]
+        built = ps_grpo.prefix_tasks(previous, routes, episodes, success, controllers, args)
+        queue = [task for _, task in built]
+        tasks, _ = ps_grpo.assemble_batch(
+            queue, sampler.next_ids, args.prompts_per_step, args.max_prefix_frac
         )
-        return g, len(tasks) * n
+        batch = [rollouts(task, rng) for task in tasks]
+        return ps_update(toy, args, tasks, batch), len(tasks) * n
 
     return step
+
+
+def pros_update(toy: Toy, args, queries, batch, old_theta=None):
+    """pros_ppo's update (--adv grpo, one minibatch) on one batch (`batch[i]`: query i's k
+    leaves): each query's prompt by `query_prompts` (a toy prompt has no token of its own, so what
+    it holds is the replayed steps: context, mask 0), `outcome_advantages`, `minibatch_divisors`
+    and `policy_loss`."""
+    k = args.num_generations
+    rewards = torch.tensor(np.stack([toy.rewards[q.prompt_id, y] for q, y in zip(queries, batch)]))
+    prompts = [SimpleNamespace(prompt=None) for _ in queries]
+    query_tokens = pros_ppo.query_prompts(lambda _: [], prompts, [list(q.prefix) for q in queries])
+    xs = [q.prompt_id for q in queries for _ in range(k)]
+    leaves = np.concatenate(batch)
+    context = [len(tokens) for tokens in query_tokens for _ in range(k)]
+    mask = torch.tensor([[float(d >= steps) for d in range(toy.T)] for steps in context])
+    advantages = pros_ppo.outcome_advantages(rewards, mask)
+    minibatch = list(range(len(xs)))
+    policy_tokens, _ = pros_ppo.minibatch_divisors(minibatch, mask, mask, ONE_PROCESS)
+
+    def loss(logp, old_logp, mb_mask):
+        eps = args.epsilon, args.epsilon_high
+        return pros_ppo.policy_loss(logp, old_logp, advantages, mb_mask, policy_tokens, *eps)[0]
+
+    return toy.update(xs, leaves, loss, mask, old_theta)
 
 
 def pros_step(toy: Toy, pros: str = "random", k: int = 4, fresh_frac: float = 0.5):
     """PROS on GRPO (pros_ppo.py --adv grpo, one minibatch): the query tree holds the previous
     iteration's children (each correct rollout of a root cut at the entropy argmax by
-    `child_candidates`); a batch takes ceil(fresh_frac P) roots from the stream and the rest by
-    `select_nodes` (`random`: the paper's prefix-reuse ablation; `off`: roots only). GRPO
-    advantages (`grpo_advantages`, std-scaled), the prefix gets no gradient, token mean."""
+    `child_candidates`); `choose_batch` takes ceil(fresh_frac P) roots from the stream and the rest
+    by `select_nodes` (`random`: the paper's prefix-reuse ablation; `off`: roots only, the
+    script's `Query` per streamed prompt). Then `pros_update`."""
+    args = pros_ppo.Args(
+        adv="grpo", pros=pros, prompts_per_step=toy.P, num_generations=k, fresh_frac=fresh_frac
+    )
     entropy = -(toy.pi * np.log(toy.pi)).sum(-1)  # [P, nodes]
 
     def step(rng):
-        tree = pros_ppo.QueryTree()
-        stream = [int(x) for x in rng.permutation(toy.P)]
-        n_stream = math.ceil(fresh_frac * toy.P) if pros != "off" else toy.P
-        if pros != "off":
+        sampler = PromptSampler(toy.P, int(rng.integers(1 << 31)))
+        if pros == "off":
+            queries = [pros_ppo.Query(x) for x in sampler.next_ids(args.prompts_per_step)]
+        else:
+            tree = pros_ppo.QueryTree()
             for x in range(toy.P):
-                tree.add(x, (), 0, 0.0)
+                tree.add(x, (), 0, args.prior_mu)
                 leaves = toy.sample(x, k, rng)
                 correct = (toy.rewards[x, leaves] > 0.5).tolist()
                 ents = [entropy[x, toy.node_of[:, y]] for y in leaves]
                 cands = pros_ppo.child_candidates(
                     (), [toy.actions(y) for y in leaves], correct, ents, None, set(), 0.1
                 )
-                tree.add_children(x, cands, 0, 0.0)
-        roots = stream[:n_stream]
-        theta = np.full(len(tree), 0.5)
-        picked = pros_ppo.select_nodes(
-            theta,
-            tree.pid,
-            toy.P - n_stream,
-            set(roots),
-            "random",
-            np.random.default_rng(rng.integers(1 << 31)),
-        )
-        queries = [(x, ()) for x in roots] + [(int(tree.pid[i]), tree.prefix[i]) for i in picked]
-        batch = [toy.sample(x, k, rng, tuple(prefix)) for x, prefix in queries]
-        rewards = torch.tensor(np.stack([toy.rewards[x, y] for (x, _), y in zip(queries, batch)]))
-        adv = grpo_advantages(rewards).numpy()
-        tokens = sum((toy.T - len(prefix)) * k for _, prefix in queries)
-        g = np.zeros_like(toy.pi)
-        for i, (x, prefix) in enumerate(queries):
-            toy.add_scores(g, [x] * k, batch[i], adv[i] / tokens, [len(prefix)] * k)
-        return g, len(queries) * k
+                tree.add_children(x, cands, 0, args.prior_mu)
+            pros_rng = np.random.default_rng(rng.integers(1 << 31))
+            queries = pros_ppo.choose_batch(tree, sampler, args, 1, pros_rng, toy.P)
+        batch = [toy.sample(q.prompt_id, k, rng, tuple(q.prefix)) for q in queries]
+        return pros_update(toy, args, queries, batch), len(queries) * k
 
     return step
+
+
+# ---------------- exact expected updates, beside the Monte Carlo ----------------
+
+
+def exact_update(toy: Toy, weights, scale: float = 1.0) -> np.ndarray:
+    """sum_x weights[x] grad p_x x scale, flat: the expected update where each prompt's rollouts
+    are exchangeable given their reward (no prefix, no stale replay)."""
+    return scale * (np.asarray(weights)[:, None] * toy.grad_p()).sum(0)
+
+
+def kept_share(p: float, n: int) -> float:
+    """The chance that a group of n 0/1 rewards at pass rate p has two rewards (is not rejected)."""
+    return 1 - p**n - (1 - p) ** n
+
+
+def ps_off_exact(toy: Toy, n: int = 8, scale: bool = False) -> np.ndarray:
+    """GRPO-n with rejection and the DAPO token mean (ps_grpo.py --prefix_sampling false), each
+    prompt once per batch: its group's sum_i A_i grad log pi is independent of the other groups,
+    whose kept count sets the token mean's divisor T n (1 + kept others). Both enumerated."""
+    kept = [kept_share(p, n) for p in toy.p]
+    weights = []
+    for x, p in enumerate(toy.p):
+        others = [kept[y] for y in range(toy.P) if y != x]
+        divisor = 0.0
+        for pattern in range(2 ** len(others)):
+            prob, count = 1.0, 0
+            for j, share in enumerate(others):
+                hit = pattern >> j & 1
+                prob *= share if hit else 1 - share
+                count += hit
+            divisor += prob / (toy.T * n * (1 + count))
+        advantages = lambda r: ps_grpo.kept_advantages(r, scale)[1]  # noqa: E731
+        weights.append(group_weight(p, n, advantages) * divisor)
+    return exact_update(toy, weights)
+
+
+def pros_off_exact(toy: Toy, k: int = 4) -> np.ndarray:
+    """GRPO-k on the roots (pros_ppo.py --adv grpo --pros off), one minibatch: the token mean's
+    divisor is every rollout's T tokens."""
+    weights = [group_weight(p, k, grpo_advantages) for p in toy.p]
+    return exact_update(toy, weights, 1 / (toy.P * k * toy.T))

@@ -1,6 +1,6 @@
 """Time of one PROS Gibbs update (`--gibbs_sweeps` sweeps over the whole tree) at a given pool size.
 
-pros_ppo.py runs `gibbs_sweeps` once per iteration over every node of the query tree. This builds a tree of
+pros_ppo.py runs `pg_gibbs` once per iteration over every node of the query tree. This builds a tree of
 `--nodes` nodes (roots with `--children_per_root` children each) whose counts look like a pool after many
 iterations (pass rates drawn from the model's own prior, forgetting-weighted counts, real-valued), warm-starts
 the chain once, then times `--repeats` updates and prints the median. With `--metrics` (a pros_ppo.py run's
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from common.rl.gibbs import gibbs_sweeps  # noqa: E402
+from common.rl.gibbs import pg_gibbs  # noqa: E402
 from common.run.flags import parse_args  # noqa: E402
 
 
@@ -65,13 +65,13 @@ def main(args: Args) -> dict:
     rng = np.random.default_rng(args.seed)
     parent, s, n = synthetic_pool(args.nodes, args.children_per_root, rng)
     psi = np.zeros(args.nodes)
-    psi, _ = gibbs_sweeps(
+    psi, _ = pg_gibbs(
         psi, parent, s, n, 0.0, 2.0, 1.0, args.sweeps, rng, args.pg_terms
     )  # warm start
     times = []
     for _ in range(args.repeats):
         t = time.perf_counter()
-        psi, _ = gibbs_sweeps(psi, parent, s, n, 0.0, 2.0, 1.0, args.sweeps, rng, args.pg_terms)
+        psi, _ = pg_gibbs(psi, parent, s, n, 0.0, 2.0, 1.0, args.sweeps, rng, args.pg_terms)
         times.append(time.perf_counter() - t)
     out = {"nodes": args.nodes, "sweeps": args.sweeps, "gibbs_update_s": statistics.median(times)}
     print(

@@ -85,7 +85,7 @@ def update_counts(
     return s, n
 
 
-def gibbs_sweeps(
+def pg_gibbs(
     psi: np.ndarray,
     parent: np.ndarray,
     s: np.ndarray,
@@ -112,7 +112,7 @@ def gibbs_sweeps(
     rt = np.flatnonzero(parent < 0)
     par = parent[ch]
     if len(ch) and np.any(parent[par] >= 0):
-        raise ValueError("gibbs_sweeps: a child's parent must be a root (two-layer tree)")
+        raise ValueError("pg_gibbs: a child's parent must be a root (two-layer tree)")
     n_child = np.bincount(par, minlength=num)[rt].astype(np.float64)
     kappa = s - n / 2
     inv_s2, inv_t2 = 1.0 / sigma**2, 1.0 / tau0**2

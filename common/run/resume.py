@@ -31,7 +31,6 @@ def resume_run(checkpoints, sampler, generator, policy) -> tuple[int, dict]:
         checkpoints.scheduler,
     )
     sampler.load_state_dict(state["sampler"])
-    older_layouts(state.get("method", {}))
     restore_models(checkpoints.models, state)
     generator.sync_weights(policy)
     checkpoints.log(f"resumed from {path} at step {step}")
@@ -194,26 +193,6 @@ def _finish_load(
     scheduler.load_state_dict(ts["scheduler"])
     set_rng_state(rng)
     return ts["step"], ts["state"]
-
-
-def older_layouts(method: dict) -> None:
-    """Method state saved in an older layout, read as the method now gives it: ra_rloo.py's replay
-    buffers were packed into five tensors (every response back to back, with their lengths)."""
-    packed = method.get("buffers", {})
-    if not {"prompt_ids", "logp_old", "rewards", "lengths", "tokens"} <= set(packed):
-        return
-    ends = packed["lengths"].cumsum(0).tolist()
-    buffers: dict[int, list] = {}
-    for prompt_id, end, length, logp_old, reward in zip(
-        packed["prompt_ids"].tolist(),
-        ends,
-        packed["lengths"].tolist(),
-        packed["logp_old"].tolist(),
-        packed["rewards"].tolist(),
-    ):
-        response = packed["tokens"][end - length : end].to(torch.int32).clone()
-        buffers.setdefault(prompt_id, []).append((response, logp_old, reward))
-    method["buffers"] = buffers
 
 
 def restore_models(models: dict, state: dict) -> None:

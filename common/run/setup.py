@@ -237,10 +237,11 @@ def sampling_configs(args, logprobs: bool = True):
     return sampling, eval_sampling
 
 
-def make_task(args, tokenizer, log=print) -> Task:
+def make_task(args, tokenizer, log=print, positive_threshold: float | None = None) -> Task:
     """The run's task: the embedded Countdown task or a real dataset; with --reward_funcs /
     --eval_reward_funcs their functions (common/tasks/rewards.py, imported only then) score it
-    instead of the built-in rewards."""
+    instead of the built-in rewards. `positive_threshold` (a script whose success rule is a reward
+    above a threshold): without --success_reward, a success is a reward above it."""
     if args.dataset_name == "countdown":  # the embedded demo task, imported only here
         from common.demo.countdown import countdown_task
 
@@ -250,10 +251,9 @@ def make_task(args, tokenizer, log=print) -> Task:
     else:
         task = hf_task(args, tokenizer, log)
     task.success_reward = 1.0 if args.success_reward is None else args.success_reward
-    if args.success_reward is None and getattr(args, "positive_threshold", None) is not None:
-        # ada_seq / ada_est unset: reward > --positive_threshold (>= the next float up), training
-        # and evaluation
-        task.success_reward = math.nextafter(args.positive_threshold, math.inf)
+    if args.success_reward is None and positive_threshold is not None:
+        # reward > the threshold (>= the next float up), training and evaluation
+        task.success_reward = math.nextafter(positive_threshold, math.inf)
     task.warn, task.max_new_tokens = log, args.max_completion_length
     task.mask_truncated = bool(getattr(args, "mask_truncated_completions", False))
     if args.reward_funcs or args.eval_reward_funcs:
