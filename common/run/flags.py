@@ -400,9 +400,12 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
     parser = build_parser(cls, description)
     argv = sys.argv[1:] if argv is None else list(argv)
     argv, trl_typed = trl_flags(cls, parser, argv)
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--config")
-    config = pre.parse_known_args(argv)[0].config
+    config = None
+    if any(f.name == "config" for f in dataclasses.fields(cls)):  # only a class that takes one
+        # its one-line error: `--config` without a file (`--help --config` too)
+        pre = _Parser(add_help=False)
+        pre.add_argument("--config")
+        config = pre.parse_known_args(argv)[0].config
     problems: list[str] = []
     typed = typed_flags(cls, argv)
     from_config = {}
@@ -411,7 +414,12 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
 
         from_config = load_config(config, parser, cls, problems, typed, issubclass(cls, Flags))
     parser.set_defaults(**from_config)
-    ns, extras = parser.parse_known_args(argv)
+    try:
+        ns, extras = parser.parse_known_args(argv)
+    except SystemExit as stop:
+        if problems and stop.code in (0, None):  # --help shown: the file's problems, as a run's
+            raise SystemExit("\n".join(dict.fromkeys(problems))) from None
+        raise
     if extras:
         from common.run.flag_sources import unknown_flags
 
