@@ -176,7 +176,8 @@ class Args(
     environment: Optional[str] = None
     """[multiturn] your environment class, `path/to/file.py:ClassName` or `package.module:ClassName`
     (docs/custom_env.md): one instance per episode, `reset(**row)` with --dataset_name's rows, else
-    `reset(seed=i)` for task i of --prompt_pool tasks (1024 when 0)"""
+    `reset(seed=i)` for task i of --prompt_pool tasks (1024 when 0) (default: none, Countdown's
+    environment)"""
     env_numbers: Annotated[
         int, Range(2, zero="the embedded task's level mix of 2, 3 and 5 numbers")
     ] = 0
