@@ -299,3 +299,18 @@ def test_help_with_a_bad_config_file_reports_its_problems_as_a_run_does(tmp_path
     with pytest.raises(SystemExit) as bare:
         parse_args(ada_est.Args, ["--help", "--config"])
     assert bare.value.code == "argument --config: expected one argument (--help lists every flag)"
+
+
+def test_a_default_that_accelerate_changes_says_so():
+    # `accelerate launch` (its `accelerate config`) changes these defaults (common/run/launch.py,
+    # common/run/accelerate_env.py): their help names the variable
+    from common.run.flag_help import field_docs
+    from common.run.flags import ScaleFlags
+
+    docs = field_docs(ScaleFlags)
+    for flag, variable, code in [
+        ("dtype", "ACCELERATE_MIXED_PRECISION=bf16", "common/run/mixed_precision.py"),
+        ("fsdp", "ACCELERATE_USE_FSDP", "common/run/accelerate_env.py"),
+    ]:
+        assert variable.partition("=")[0] in (ROOT / code).read_text(), code
+        assert variable in docs[flag], (flag, docs[flag])

@@ -226,7 +226,9 @@ class ScaleFlags(Flags):
     """compute dtype: `bfloat16` runs the forward passes (generation, log-probs, critic) under
     autocast; the trained weights and optimizer state stay fp32 (master weights, saved as such in
     checkpoints); the frozen KL reference stores in it only what the policy's forward rounds to it,
-    so that it computes as the policy did at step 0"""
+    so that it computes as the policy did at step 0; when --dtype is not given, `accelerate
+    launch` with ACCELERATE_MIXED_PRECISION=bf16 (`accelerate config`'s bf16, or --mixed_precision
+    bf16) makes it `bfloat16` (fp16 and fp8 are refused), and the run's first lines say so"""
     micro_batch_size: Annotated[int, Range(1)] = 64
     """sequences per forward/backward pass (gradients are accumulated over the step's batch)"""
     max_tokens_per_microbatch: Annotated[int, Range(0, zero="off")] = 0
@@ -251,7 +253,10 @@ class ScaleFlags(Flags):
     fsdp: bool = False
     """shard the policy, the reference and the critic over the processes with FSDP2 (one unit per
     decoder layer): each rank keeps 1/world of the weights, gradients and AdamW state; checkpoints
-    still hold full fp32 weights"""
+    still hold full fp32 weights; when --fsdp is not given, `accelerate launch` with
+    ACCELERATE_USE_FSDP (`accelerate config`'s FSDP, or --use_fsdp) makes it true, and the run's
+    first lines say so (accelerate's FSDP_* options are ignored; its mixed precision is
+    --dtype's)"""
     collective_timeout: Annotated[int, Range(1)] = 1800
     """seconds a collective (gradient all-reduce, gather, metric sums) may wait for the other
     processes before every rank stops with one line naming the step and phase (a stalled or dead
