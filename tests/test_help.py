@@ -116,6 +116,22 @@ def test_help_of_every_command_exits_0_and_prints_its_flags():
         or not (re.search(r"--(?!help\b)\w", got[c]) or c in FLAGLESS)
     }
     assert not bad, bad
+    # a parser of a command's own: each flag that takes a value (`[--out OUT]` in its usage) ends its entry with
+    # one default, never `None` or empty
+    silent = {}
+    for command in own:
+        usage = got[command].split("\n\n")[0]
+        entries = {flag: " ".join(rest.split()) for flag, rest in ENTRY.findall(got[command])}
+        for flag in re.findall(r"\[--(\w+) [^\]-]", usage):
+            entry = entries[flag]
+            if not re.search(r" \(default: [^\n]+\)$", entry) or entry.count("(default: ") != 1:
+                silent[f"{command} --{flag}"] = entry
+            elif "(default: None)" in entry:
+                silent[f"{command} --{flag}"] = entry
+    assert not silent, silent
+    assert {"benchmarks/estimates/table.py --steps", "-m common.run.plot_run --out"} <= {
+        f"{c} --{flag}" for c in own for flag in re.findall(r"\[--(\w+) ", got[c])
+    }
 
 
 @dataclass
