@@ -216,15 +216,15 @@ class Args(
     """[ADA] K_pos, positives needed to exit (default: 1 under `positive`, as the authors' code;
     n//2 under `balanced`)"""
     k_neg: Annotated[Optional[int], Range(0)] = None
-    """[ADA] K_neg, negatives needed to exit under `balanced` (default n - n//2)"""
+    """[ADA] K_neg, negatives needed to exit under `balanced` (default: n - n//2)"""
     positive_threshold: Annotated[float, Range(None, 1, hi_open=True)] = 0.7
     """[ADA] a response is positive when its training reward (in [0, 1], may be shaped) > this; < 0:
     every response"""
     scale_rewards: Optional[bool] = None
-    """divide advantages by the std of the prompt's pool (eq. 2). Default (unset): true for GRPO-n
-    (`--max_rounds 1`, eq. 2; false there = Dr. GRPO-n), false for Reinforce-Ada (`--max_rounds` >
-    1: A = r - mean(pool), Alg. 2 line 19, as the authors' run script); the value used is written to
-    args.json"""
+    """divide advantages by the std of the prompt's pool (eq. 2); the value used is written to
+    args.json (default: true for GRPO-n (`--max_rounds 1`, eq. 2; false there = Dr. GRPO-n), false
+    for Reinforce-Ada (`--max_rounds` > 1: A = r - mean(pool), Alg. 2 line 19, as the authors' run
+    script))"""
     unfinished_downsample: Literal["balanced", "pass_ratio"] = "balanced"
     """[ADA] prompts still active after the last round: the balanced rule of Alg. 2 line 18 (as
     finished ones), or `pass_ratio`: about n x the pool's pass ratio positives (at least 1 if any),

@@ -150,8 +150,8 @@ class Args(
     critic_lr: Annotated[float, Range(0)] = 5e-4
     """critic AdamW learning rate (constant)"""
     critic_model_name_or_path: Optional[str] = None
-    """critic backbone; default (None): a copy of the policy's backbone + a zero-initialised scalar
-    head"""
+    """critic backbone (default: a copy of the policy's backbone + a zero-initialised scalar
+    head)"""
     beta: Annotated[float, Range(0, zero="off, no reference model")] = 0.0
     """per-token k3 KL penalty to the initial policy, added to the policy loss"""
     pros: Literal["bayes", "random", "off"] = "bayes"

@@ -178,7 +178,7 @@ class Args(
     (docs/custom_env.md): one instance per episode, `reset(**row)` with --dataset_name's rows, else
     `reset(seed=i)` for task i of --prompt_pool tasks (1024 when 0); held out: the rows a text task
     holds out (a one-file dataset's last rows), else the seeds after the pool; checked, and its
-    convention and split stated, before the model loads"""
+    convention and split stated, before the model loads (default: none, Countdown's environment)"""
     env_numbers: Annotated[
         int, Range(2, zero="the embedded task's level mix of 2, 3 and 5 numbers")
     ] = 0

@@ -95,7 +95,12 @@ if __name__ == "__main__":
         description="Check MergeGame as docs/custom_env.md says: each seed's episode played twice "
         "gives the same observations, and every call returns what the protocol says."
     )
-    parser.add_argument("--seeds", type=int, default=3, help="how many seeds to check (0, 1, ...)")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=3,
+        help="how many seeds to check (0, 1, ...) (default: %(default)s)",
+    )
     checked = parser.parse_args()
     for seed in range(checked.seeds):
         runs = []

@@ -4,6 +4,7 @@ outside that stops the run at once with one line naming the flag, before anythin
 import importlib
 import math
 import os
+import re
 import subprocess
 import sys
 import typing
@@ -40,9 +41,21 @@ def test_every_numeric_flag_declares_its_range_and_help_states_it(script):
     assert not [name for name in numeric if ranges[name] is None], (
         "numeric flags without a declaration"
     )
-    text = " ".join(build_parser(cls).format_help().split())
+    text = build_parser(cls).format_help()
+    entries = {
+        flag: " ".join(rest.split())
+        for flag, rest in re.findall(r"^  --(\w+)(.*?)(?=^  -|^\S|\Z)", text, re.M | re.S)
+    }
     for name in numeric:
-        assert f"[{ranges[name]}] (default:" in text, name
+        # what it accepts, then exactly one default, the entry's last words
+        assert re.search(
+            rf"\[{re.escape(str(ranges[name]))}\] \(default: [^()]*(\(.*\))?[^()]*\)$",
+            entries[name],
+        ), (
+            name,
+            entries[name],
+        )
+        assert entries[name].count("(default: ") == 1, (name, entries[name])
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

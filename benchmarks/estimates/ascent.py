@@ -475,11 +475,17 @@ def write_pages(results: dict) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, default=12, help="runs per arm")
-    parser.add_argument("--budget", type=int, default=BUDGET, help="generated rollouts per run")
+    parser.add_argument("--seeds", type=int, default=12, help="runs per arm (default: %(default)s)")
+    parser.add_argument(
+        "--budget",
+        type=int,
+        default=BUDGET,
+        help="generated rollouts per run (default: %(default)s)",
+    )
     parser.add_argument(
         "--lr", type=float, nargs=2, default=None, metavar=("FLAT", "TREE"),
-        help="SGD step sizes on the logits (flat and tree problems)",
+        help="SGD step sizes on the logits (flat and tree problems) "
+        f"(default: {LR['flat']} {LR['tree']})",
     )  # fmt: skip
     parser.add_argument("--write", action="store_true", help="store the figures and the pages")
     parser.add_argument("--check", action="store_true", help="the pages against the stored figures")

@@ -749,8 +749,15 @@ def write_pages(results: dict) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=4000, help="independent steps per row")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--steps", type=int, default=4000, help="independent steps per row (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the rows' Monte Carlo sampling (default: %(default)s)",
+    )
     parser.add_argument("--write", action="store_true", help="store the figures and the pages")
     parser.add_argument("--check", action="store_true", help="the pages against the stored figures")
     parser.add_argument(

@@ -45,7 +45,11 @@ def summarize(metrics: Path, wall_s: float, command: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default=str(RESULT), help="where the record goes")
+    parser.add_argument(
+        "--out",
+        default=str(RESULT),
+        help=f"where the record goes (default: {RESULT.relative_to(ROOT)})",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "ra_rloo-default"

@@ -68,7 +68,7 @@ class Args:
     seed: int = 0
     """prompt choice and sampling seed"""
     out_dir: str = ""
-    """where floor.md / floor.json go (default benchmarks/speed/results)"""
+    """where floor.md / floor.json go (default: benchmarks/speed/results)"""
     write: bool = True
     """write floor.md and floor.json (false: print only)"""
     torch_compile: bool = False

@@ -42,7 +42,8 @@ class Args:
     repeats: int = 20
     """timed updates; the median is reported"""
     metrics: Optional[str] = None
-    """a pros_ppo.py metrics.jsonl: report the update's time as a fraction of its median time_step_s"""
+    """a pros_ppo.py metrics.jsonl: report the update's time as a fraction of its median time_step_s (default:
+    none, the update's time only)"""
     seed: int = 0
     """RNG seed for the synthetic pool and the chain"""
 

@@ -85,7 +85,8 @@ class Args:
     out: str = "benchmarks/speed/results/trl_peer.md"
     """where the full run writes its results page (relative to the repo root)"""
     json: str = ""
-    """also write the full run's figures (and the definition check) as JSON to this path (empty: no JSON)"""
+    """also write the full run's figures (and the definition check) as JSON to this path (default: none, no
+    JSON)"""
     device: Literal["cpu", "cuda"] = "cpu"
     """where both trainers and the definition check run (`cuda`: the first GPU)"""
     model_name_or_path: str = "embedded"

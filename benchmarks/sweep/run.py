@@ -72,11 +72,11 @@ class Args:
     task: str = ""
     """a task file (YAML: your model, data, reward and budget; format in benchmarks/sweep/task.py):
     runs every method and baseline that applies to a single-turn text task on it, then writes their
-    report; flags given here win over the file"""
+    report; flags given here win over the file (default: none, the embedded Countdown task)"""
     only: str = ""
     """comma-separated config names to run (default: all); `--only list` prints the configs and exits"""
     seeds: Optional[list[int]] = None
-    """seeds to run (default 0 1 2 3 4; --quick: 0)"""
+    """seeds to run (default: 0 1 2 3 4; --quick: 0)"""
     quick: bool = False
     """smoke-check setting: 1 seed, 20 steps of 8 prompts, 2 small evaluations (its duration: docs/benchmark.md); its
     runs go to benchmarks/sweep/runs-quick (with --task: over the file's budget, into its runs
@@ -84,17 +84,17 @@ class Args:
     dry_run: bool = False
     """print each run's state and command, run nothing"""
     runs_dir: str = ""
-    """where runs go (default benchmarks/sweep/runs, or benchmarks/sweep/runs-quick with --quick)"""
+    """where runs go (default: benchmarks/sweep/runs, or benchmarks/sweep/runs-quick with --quick)"""
     max_steps: Optional[int] = None
-    """policy updates per run, the same for every config (default 200; --quick: 20)"""
+    """policy updates per run, the same for every config (default: 200; --quick: 20)"""
     prompts_per_step: Optional[int] = None
-    """prompts per step, the same for every config (default 32; --quick: 8)"""
+    """prompts per step, the same for every config (default: 32; --quick: 8)"""
     eval_steps: Optional[int] = None
-    """held-out evaluation every N steps, plus step 0 and the last (default 25; --quick: 20)"""
+    """held-out evaluation every N steps, plus step 0 and the last (default: 25; --quick: 20)"""
     eval_prompts: Optional[int] = None
-    """held-out prompts per evaluation (default 256; --quick: 32)"""
+    """held-out prompts per evaluation (default: 256; --quick: 32)"""
     eval_samples: Optional[int] = None
-    """samples per held-out prompt (default 8; --quick: 2)"""
+    """samples per held-out prompt (default: 8; --quick: 2)"""
     max_completion_length: int = 48
     """completion length cap, the same for every config (answers take up to 4 lines)"""
     prompt_pool: int = 256
@@ -113,12 +113,13 @@ class Args:
     """torch CPU threads per run (OMP_NUM_THREADS is set to the same); 0 = each run's own policy, a count that
     follows the free cores (docs/cpu_threads.md); two runners side by side: 1 each"""
     extra: str = ""
-    """extra flags appended to every run, space-separated (they become part of each run's recorded command)"""
+    """extra flags appended to every run, space-separated (they become part of each run's recorded command)
+    (default: none)"""
     lock: str = ""
-    """a lock file taken (flock) around each run, so other heavy jobs on a shared machine interleave; empty = no
-    lock (do not also wrap the runner itself in flock on the same file: it would wait for itself)"""
+    """a lock file taken (flock) around each run, so other heavy jobs on a shared machine interleave (do not also
+    wrap the runner itself in flock on the same file: it would wait for itself) (default: none, no lock)"""
     keep_checkpoints: bool = False
-    """keep the final checkpoint and samples.jsonl of finished runs (default: deleted once finished; only
+    """keep the final checkpoint and samples.jsonl of finished runs (false: deleted once finished; only
     metrics.jsonl, args.json and bench.json are needed)"""
     progress_every: float = 60.0
     """seconds between progress lines of a running run (0 = only start and end)"""

@@ -432,7 +432,9 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--out", default="runs/word_problems", help="folder for the four .jsonl files"
+        "--out",
+        default="runs/word_problems",
+        help="folder for the four .jsonl files (default: %(default)s)",
     )
     parser.add_argument("--no_model", action="store_true", help="write the data only")
     flags = parser.parse_args()

@@ -9,6 +9,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import re
 import textwrap
 
 from common.run.ranges import declared
@@ -29,11 +30,32 @@ def documented_parser(shown, arguments: dict, script: str, base: type) -> argpar
         group = parser.add_argument_group(title, about)
         group_of.update(dict.fromkeys(names, group))
     for name, kw in arguments.items():
+        about, default = docs.get(name, ""), defaults[name]
+        if default is None or default == "":  # no value: its docstring says what the run then does
+            about, default = worded_default(about, default)
         accepts = f" [{ranges[name]}]" if ranges[name] else ""
         # argparse %-formats every help string (for `%(default)s`): a docstring's own `%` is escaped
-        kw.update(default=defaults[name], help=(docs.get(name, "") + accepts).replace("%", "%%"))
+        kw.update(default=default, help=(about + accepts).replace("%", "%%"))
         group_of.get(name, parser).add_argument(f"--{name}", **kw)
     return parser
+
+
+def worded_default(about: str, default):
+    """(the docstring without it, the words) of a docstring's `(default: words)`, which `--help`
+    shows last, where a flag with a value shows that value; (about, default) when it has none."""
+    start = about.find("(default: ")
+    if start < 0:
+        return about, default
+    depth = 0
+    for end in range(start, len(about)):
+        depth += {"(": 1, ")": -1}.get(about[end], 0)
+        if depth == 0:
+            break
+    else:
+        return about, default
+    words = about[start + len("(default: ") : end]
+    rest = (about[:start].rstrip() + " " + about[end + 1 :].lstrip()).strip()
+    return re.sub(r" ([;,.:])", r"\1", rest), words
 
 
 def field_docs(cls) -> dict[str, str]:

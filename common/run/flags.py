@@ -24,7 +24,7 @@ class Flags:
 
     config: Optional[str] = None
     """YAML or JSON file of flag values (keys = flag names, e.g. a run's args.json); flags given on
-    the command line win over it"""
+    the command line win over it (default: none, each flag's own default)"""
 
 
 @dataclass
@@ -55,7 +55,8 @@ class DataFlags(Flags):
     """`countdown` (the embedded task), a hub dataset name, a local .json/.jsonl/.parquet/.csv file,
     or a folder written by `datasets`' save_to_disk (a `Dataset` or a `DatasetDict`)"""
     dataset_config: Optional[str] = None
-    """config name passed to `datasets.load_dataset` (e.g. `main` for gsm8k)"""
+    """config name passed to `datasets.load_dataset` (e.g. `main` for gsm8k) (default: the
+    dataset's default configuration)"""
     dataset_train_split: str = "train"
     """dataset split used for training"""
     dataset_test_split: Optional[str] = "test"
@@ -63,7 +64,8 @@ class DataFlags(Flags):
     `Dataset` has none: then the last min(--eval_prompts, rows / 5) rows are held out of training
     (the run logs the split)"""
     eval_dataset: Optional[str] = None
-    """a separate evaluation dataset (what --dataset_name takes, with the same columns)"""
+    """a separate evaluation dataset (what --dataset_name takes, with the same columns) (default:
+    none, the held-out split of --dataset_name)"""
     prompt_column: Optional[str] = None
     """column holding the prompt (real datasets): text, or a list of {"role", "content"} messages
     (default: `prompt`, TRL's name, when the dataset has one, else `question`)"""
@@ -75,7 +77,7 @@ class DataFlags(Flags):
     step, and put your final answer within \\boxed{}." without --reward_funcs, nothing with them)"""
     system_prompt: Optional[str] = None
     """a system message put before every real-dataset text prompt (message prompts keep their own)
-    """
+    (default: none, no system message)"""
     use_chat_template: Literal["auto", "yes", "no"] = "auto"
     """put real-dataset text prompts through the tokenizer's chat template (`auto`: when it has one;
     TRL leaves text prompts as they are: `no`); message prompts always go through it; the run's
@@ -96,18 +98,18 @@ class RewardFlags(Flags):
     `package.module:function` or `path/to/file.py:function`, or a reward model's directory or hub id
     (no `:`), replacing the built-in reward (docs/custom_task.md); in ps_grpo.py's multi-turn mode,
     with --environment only: scored on the whole conversation, added to the environment's reward
-    (docs/custom_env.md)"""
+    (docs/custom_env.md) (default: none, the built-in reward)"""
     reward_weights: Optional[str] = None
-    """comma-separated weights of --reward_funcs (default 1.0 each); the reward is the weighted sum
-    of the values that are not None (none at all: no reward, advantage 0, never a success)"""
+    """comma-separated weights of --reward_funcs; the reward is the weighted sum of the values that
+    are not None (none at all: no reward, advantage 0, never a success) (default: 1.0 each)"""
     eval_reward_funcs: Optional[str] = None
     """reward functions of the evaluation, as --reward_funcs, weight 1 each (default: the training
     functions with their weights, or the built-in binary verifier without them); a sample passes at
     a total >= --success_reward"""
     success_reward: Annotated[Optional[float], Range()] = None
     """a completion is a success (it 'passes') when its total reward >= this, in training and
-    evaluation (unset: 1.0; ada_seq / ada_est: above --positive_threshold); a cut completion never
-    passes under the built-in rewards"""
+    evaluation; a cut completion never passes under the built-in rewards (default: 1.0; ada_seq /
+    ada_est: above --positive_threshold)"""
     reward: Literal["auto", "binary", "tinyzero", "shaped"] = "auto"
     """training reward of the embedded Countdown task (evaluation always uses the binary verifier):
     `auto` is the method's (RA-RLOO: the paper's {0, 0.1, 1}, `tinyzero`; the others: `binary`);
@@ -126,7 +128,8 @@ class GenerationFlags(Flags):
     stop_token_ids: Optional[str] = None
     """comma-separated token ids that also end a completion (e.g. `151645,151643`), besides the
     tokenizer's EOS and every id of the model's generation_config `eos_token_id`: the token is kept
-    and the finish reason is "stop" (not cut); the run's first lines name every stop token"""
+    and the finish reason is "stop" (not cut); the run's first lines name every stop token
+    (default: none, the tokenizer's and the model's EOS only)"""
     gen_batch_size: Annotated[int, Range(1)] = 256
     """sequences per HF generate call"""
     cache_implementation: Optional[
@@ -187,7 +190,7 @@ class TrainingFlags(Flags):
     lr_scheduler_kwargs: Optional[str] = None
     """the schedule's own settings as a JSON object (transformers' `lr_scheduler_kwargs`), e.g.
     `{"min_lr_rate": 0.1}` for cosine_with_min_lr, `{"num_decay_steps": 50}` for
-    warmup_stable_decay"""
+    warmup_stable_decay (default: none, the schedule's own defaults)"""
     weight_decay: Annotated[float, Range(0)] = 0.0
     """AdamW weight decay"""
     max_grad_norm: Annotated[float, Range(0, lo_open=True)] = 1.0
@@ -224,7 +227,9 @@ class ScaleFlags(Flags):
     """compute dtype: `bfloat16` runs the forward passes (generation, log-probs, critic) under
     autocast; the trained weights and optimizer state stay fp32 (master weights, saved as such in
     checkpoints); the frozen KL reference stores in it only what the policy's forward rounds to it,
-    so that it computes as the policy did at step 0"""
+    so that it computes as the policy did at step 0; when --dtype is not given, `accelerate
+    launch` with ACCELERATE_MIXED_PRECISION=bf16 (`accelerate config`'s bf16, or --mixed_precision
+    bf16) makes it `bfloat16` (fp16 and fp8 are refused), and the run's first lines say so"""
     micro_batch_size: Annotated[int, Range(1)] = 64
     """sequences per forward/backward pass (gradients are accumulated over the step's batch)"""
     max_tokens_per_microbatch: Annotated[int, Range(0, zero="off")] = 0
@@ -249,7 +254,10 @@ class ScaleFlags(Flags):
     fsdp: bool = False
     """shard the policy, the reference and the critic over the processes with FSDP2 (one unit per
     decoder layer): each rank keeps 1/world of the weights, gradients and AdamW state; checkpoints
-    still hold full fp32 weights"""
+    still hold full fp32 weights; when --fsdp is not given, `accelerate launch` with
+    ACCELERATE_USE_FSDP (`accelerate config`'s FSDP, or --use_fsdp) makes it true, and the run's
+    first lines say so (accelerate's FSDP_* options are ignored; its mixed precision is
+    --dtype's)"""
     collective_timeout: Annotated[int, Range(1)] = 1800
     """seconds a collective (gradient all-reduce, gather, metric sums) may wait for the other
     processes before every rank stops with one line naming the step and phase (a stalled or dead
@@ -279,7 +287,8 @@ class OutputFlags(Flags):
     """dtype of the weights in the trained model the run leaves in <output_dir>/model/ (default: the
     dtype they train in, fp32 master weights; checkpoints always keep that)"""
     resume_from_checkpoint: Optional[str] = None
-    """checkpoint dir to resume from, or `auto` for the latest in output_dir"""
+    """checkpoint dir to resume from, or `auto` for the latest in output_dir (default: none, a
+    fresh run)"""
     accept_changed_flags: bool = False
     """with --resume_from_checkpoint: continue although flags that change what the run computes
     differ from the run's (each change is recorded in args.json under `resumes` with the step it
@@ -301,7 +310,7 @@ class LogFlags(Flags):
     """the trackers' project (wandb's and trackio's project, mlflow's experiment; tensorboard: the
     events folder inside --output_dir)"""
     run_name: Optional[str] = None
-    """the run's name in the trackers (unset: the name of --output_dir's folder)"""
+    """the run's name in the trackers (default: the name of --output_dir's folder)"""
     log_samples_every: Annotated[Optional[int], Range(0, zero="never")] = None
     """append a few rollouts of each kind (fresh, replayed, prefix, augmented...) to samples.jsonl
     and the tracker every N steps (default: at each evaluation)"""
@@ -402,9 +411,12 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
     parser = build_parser(cls, description)
     argv = sys.argv[1:] if argv is None else list(argv)
     argv, trl_typed = trl_flags(cls, parser, argv)
-    pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--config")
-    config = pre.parse_known_args(argv)[0].config
+    config = None
+    if any(f.name == "config" for f in dataclasses.fields(cls)):  # only a class that takes one
+        # its one-line error: `--config` without a file (`--help --config` too)
+        pre = _Parser(add_help=False)
+        pre.add_argument("--config")
+        config = pre.parse_known_args(argv)[0].config
     problems: list[str] = []
     typed = typed_flags(cls, argv)
     from_config = {}
@@ -413,7 +425,12 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
 
         from_config = load_config(config, parser, cls, problems, typed, issubclass(cls, Flags))
     parser.set_defaults(**from_config)
-    ns, extras = parser.parse_known_args(argv)
+    try:
+        ns, extras = parser.parse_known_args(argv)
+    except SystemExit as stop:
+        if problems and stop.code in (0, None):  # --help shown: the file's problems, as a run's
+            raise SystemExit("\n".join(dict.fromkeys(problems))) from None
+        raise
     if extras:
         from common.run.flag_sources import unknown_flags
 

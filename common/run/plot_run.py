@@ -107,7 +107,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("output_dir", help="a run's --output_dir (holds metrics.jsonl)")
     parser.add_argument(
-        "--metrics", default="", help="comma-separated metric names, one panel each over the steps"
+        "--metrics",
+        default="",
+        help="comma-separated metric names, one panel each over the steps, after the pass@k panel "
+        "(default: none, the pass@k panel only)",
     )
     parser.add_argument("--out", default=None, help="PNG path (default: <output_dir>/curves.png)")
     args = parser.parse_args(argv)

@@ -31,13 +31,13 @@ from common.run.flags import parse_args
 @dataclass
 class Args:
     runs_dir: str = ""
-    """the runs to report (default benchmarks/sweep/runs)"""
+    """the runs to report (default: benchmarks/sweep/runs)"""
     out_dir: str = ""
-    """where README.md and the PNGs go (default benchmarks/sweep/results)"""
+    """where README.md and the PNGs go (default: benchmarks/sweep/results)"""
     plots: bool = True
     """draw the PNG plots (needs matplotlib)"""
     figures_dir: str = ""
-    """where the per-method learning curves <script>.png go (default docs/figures for the default --out_dir, else
+    """where the per-method learning curves <script>.png go (default: docs/figures for the default --out_dir, else
     <out_dir>/figures, so a report on other runs leaves the docs' figures alone)"""
     write_docs: bool = False
     """only rewrite the generated blocks of the docs pages (each method page's results, the README's claim list) from
