@@ -111,3 +111,16 @@ def test_an_optional_bool_flag_reads_a_yaml_bool(tmp_path):
         assert (
             parse_args(ada_seq.Args, ["--config", _write(tmp_path, text)]).scale_rewards is expected
         )
+
+
+def test_only_the_flags_the_user_set_count_as_given(tmp_path):
+    # the flags typed (an abbreviation too) and the file's keys; every other flag keeps its default's place
+    from common.run.flags import given_flags
+
+    config = _write(tmp_path, "learning_rate: 1e-6\n")
+    args = parse_args(Args, ["--config", config, "--num_gen", "5"])
+    assert args.num_generations == 5
+    assert given_flags(args) == {
+        "learning_rate": f"--config {config}",
+        "num_generations": "the command line",
+    }

@@ -124,3 +124,15 @@ def test_a_bad_value_stops_the_run_with_one_line(tmp_path, script, flag, value):
         float(value)
     )  # the value as parsed (-1.0 for -1)
     assert not out.exists()  # no step, no metrics.jsonl, no args.json
+
+
+def test_a_range_reads_as_the_values_it_accepts():
+    # --help and the refusal show it: an open end is a parenthesis, a closed one a bracket
+    from common.run.ranges import Range
+
+    assert str(Range(0, 1, lo_open=True)) == "in (0, 1]"
+    assert str(Range(0, 1, hi_open=True)) == "in [0, 1)"
+    assert str(Range(0, lo_open=True)) == "> 0"
+    assert str(Range(hi=1, hi_open=True)) == "< 1"
+    assert str(Range(1, zero="off")) == ">= 1; 0 = off"
+    assert str(Range()) == "finite"

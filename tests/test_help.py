@@ -330,3 +330,33 @@ def test_a_default_that_accelerate_changes_says_so():
     ]:
         assert variable.partition("=")[0] in (ROOT / code).read_text(), code
         assert variable in docs[flag], (flag, docs[flag])
+
+
+def test_help_after_a_config_file_shows_the_files_values_as_defaults(tmp_path):
+    # `--config FILE --help`: a flag the file sets shows the file's value, the value the run would use
+    import ra_rloo
+
+    config = tmp_path / "run.yaml"
+    config.write_text("learning_rate: 1e-6\nnum_generations: 6\n")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as stop:
+        parse_args(ra_rloo.Args, ["--config", str(config), "--help"])
+    assert stop.value.code in (0, None), stop.value.code
+    entries = {flag: " ".join(rest.split()) for flag, rest in ENTRY.findall(out.getvalue())}
+    assert entries["learning_rate"].endswith("(default: 1e-06)"), entries["learning_rate"]
+    assert entries["num_generations"].endswith("(default: 6)"), entries["num_generations"]
+    assert entries["max_steps"].endswith("(default: 300)"), entries["max_steps"]
+
+
+def test_a_flag_a_script_redeclares_shows_the_scripts_own_docstring(shown_help):
+    # e.g. ps_grpo's --max_steps counts batches of tasks: its docstring, not TrainingFlags', is the help
+    from common.run.flag_help import _own_docs
+
+    redeclared = 0
+    for name, (cls, _, entries) in shown_help.items():
+        for flag, doc in _own_docs(cls).items():
+            if any(_own_docs(base).get(flag, doc) != doc for base in cls.__mro__[1:-1]):
+                redeclared += 1
+                # compared without spaces: argparse may wrap a line at a hyphen
+                assert doc.replace(" ", "") in entries[flag].replace(" ", ""), (name, flag)
+    assert redeclared >= 3, redeclared
