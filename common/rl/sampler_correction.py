@@ -27,6 +27,8 @@ MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 # the per-micro-batch values reduced by max over micro-batches and ranks (a minimum is kept as
 # the max of its negation), not summed
 EXTREMES = ("is_ratio_max", "is_ratio_neg_min", "is_diff_max")
+# the summed ones, on every rank (zeros where a rank trained no row: the same packing everywhere)
+SUMS = ("is_n", "is_ratio_sum", "is_outside", "is_diff_sum", "is_diff_tok")
 
 
 def correction_on(args) -> bool:
@@ -88,10 +90,11 @@ def sampler_is_weights(
 
 
 def split_extremes(update: list[dict]) -> tuple[list[dict], dict]:
-    """The update's per-micro-batch dicts without the extremes, and this rank's extremes (the max
-    over its micro-batches; -inf where it has none)."""
+    """The update's per-micro-batch dicts without the extremes (and one of zero sums, so that a
+    rank without rows packs the same names), and this rank's extremes (the max over its
+    micro-batches; -inf where it has none)."""
     extremes = {name: -math.inf for name in EXTREMES}
-    sums = []
+    sums = [dict.fromkeys(SUMS, 0.0)]
     for values in update:
         for name in EXTREMES:
             if name in values:
