@@ -134,15 +134,16 @@ class Toy:
         return int(sum(a * self.B ** (self.T - 1 - i) for i, a in enumerate(actions)))
 
     def add_scores(self, grad, xs, leaves, weights, start=None) -> None:
-        """grad[x] += w x grad log pi(steps start.. of leaf | x) for each row; a replayed prefix
-        (its first `start` steps) gets no gradient."""
+        """grad[x] += w x grad log pi(steps start.. of leaf | x) for each row (`weights` [rows], or
+        [rows, depth]: one per step); a replayed prefix (its first `start` steps) gets no
+        gradient."""
         xs, leaves = np.asarray(xs, int), np.asarray(leaves, int)
         weights = np.asarray(weights, float)
         start = np.zeros(len(xs), int) if start is None else np.asarray(start, int)
         for d in range(self.T):
             on = start <= d
             node, act = self.node_of[d, leaves[on]], self.action_of[d, leaves[on]]
-            w = weights[on]
+            w = weights[on] if weights.ndim == 1 else weights[on, d]
             np.add.at(grad, (xs[on], node, act), w)
             np.add.at(grad, (xs[on], node), -w[:, None] * self.pi[xs[on], node])
 
@@ -536,5 +537,55 @@ def pros_step(toy: Toy, pros: str = "random", k: int = 4, fresh_frac: float = 0.
         for i, (x, prefix) in enumerate(queries):
             toy.add_scores(g, [x] * k, batch[i], adv[i] / tokens, [len(prefix)] * k)
         return g, len(queries) * k
+
+    return step
+
+
+def sampler_gap_step(
+    toy: Toy,
+    mode: str | None,
+    clip_max: float | None = 3.0,
+    clip_min: float | None = None,
+    gap: float = 0.5,
+    k: int = 4,
+):
+    """RLOO (ra_rloo.py's advantages and normaliser) whose rollouts come from a sampler that is not
+    the policy: logits theta + gap x fixed N(0, 1) noise, as a generator's kernels differ from the
+    trainer's. Each token's trainer and sampler log-probs go through the scripts' correction
+    (`sampler_is_weights`, TRL's `mode` with its bounds; None: uncorrected, every weight 1), whose
+    weights multiply each token's score."""
+    from common.rl.sampler_correction import sampler_is_weights
+
+    noise = np.random.default_rng(4321).normal(size=toy.theta.shape)
+    sampler_theta = toy.theta + gap * torch.tensor(noise)
+    sampler_leaf_p = toy.leaf_probs(sampler_theta).numpy()
+    logpi = torch.log_softmax(toy.theta, -1).numpy()
+    sampler_logpi = torch.log_softmax(sampler_theta, -1).numpy()
+    norm = ra_rloo.rloo_normaliser(toy.P, k, 1, toy.T)
+
+    def token_logps(table, xs, leaves):
+        return torch.tensor(
+            np.stack(
+                [table[xs, toy.node_of[d, leaves], toy.action_of[d, leaves]] for d in range(toy.T)],
+                -1,
+            )
+        )
+
+    def step(rng):
+        leaves = np.stack(
+            [rng.choice(toy.leaves, size=k, p=sampler_leaf_p[x]) for x in range(toy.P)]
+        )
+        rewards = torch.tensor(toy.rewards[np.arange(toy.P)[:, None], leaves])
+        adv = ra_rloo.rloo_advantages(rewards).numpy().ravel()
+        xs, flat = np.repeat(np.arange(toy.P), k), leaves.ravel()
+        weight = np.ones((len(flat), toy.T))
+        if mode is not None:
+            trainer, sampler = token_logps(logpi, xs, flat), token_logps(sampler_logpi, xs, flat)
+            known = torch.ones_like(trainer)
+            weight, _ = sampler_is_weights(trainer, sampler, known, mode, clip_min, clip_max)
+            weight = weight.numpy()
+        g = np.zeros_like(toy.pi)
+        toy.add_scores(g, xs, flat, adv[:, None] * weight / norm)
+        return g, toy.P * k
 
     return step
