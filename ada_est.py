@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Annotated, ClassVar, Literal, Optional
 
 import torch
@@ -453,16 +454,18 @@ def main(args: Args) -> None:
 
     forward = Forward(tokenizer.pad_token_id, device, args.dtype, temperature, pack, compiled)
 
-    # sampler correction (TRL's vllm_importance_sampling_*, on by default with vLLM): the module
-    # loads only then
+    # sampler correction (TRL's vllm_importance_sampling_*, on by default with vLLM): (trainer
+    # log-probs, sampler log-probs, known tokens) -> (weights, sums); the module loads only then
     correct_sampler = None
     if args.vllm_importance_sampling_correction:
-        from common.rl.sampler_correction import sampler_is_weights as correct_sampler
-    is_flags = (
-        args.vllm_importance_sampling_mode,
-        args.vllm_importance_sampling_clip_min,
-        args.vllm_importance_sampling_clip_max,
-    )
+        from common.rl.sampler_correction import sampler_is_weights
+
+        correct_sampler = partial(
+            sampler_is_weights,
+            mode=args.vllm_importance_sampling_mode,
+            clip_min=args.vllm_importance_sampling_clip_min,
+            clip_max=args.vllm_importance_sampling_clip_max,
+        )
 
     for step in range(start_step + 1, args.max_steps + 1):
         # a shared CPU: torch's threads fit the cores other processes leave free (--num_threads)
@@ -545,14 +548,10 @@ def main(args: Args) -> None:
                     # sampler correction: pi_old is the trainer's epoch-0 pass (the weights that
                     # sampled), kept for later epochs with rho = pi_old / pi_sampler per token;
                     # TRL's rule: rho multiplies the clipped surrogate
-                    sampler_weight, is_sums = 1.0, {}
-                    if correct_sampler:
-                        if epoch == 0:
-                            trainer_old[index] = (
-                                logp.detach(),
-                                *correct_sampler(logp, mb.sampler_logp, mb.loss_mask, *is_flags),
-                            )
-                        old_logp, sampler_weight, is_sums = trainer_old[index]
+                    if correct_sampler and epoch == 0:
+                        weights_and_sums = correct_sampler(logp, mb.sampler_logp, mb.loss_mask)
+                        trainer_old[index] = (logp.detach(), *weights_and_sums)
+                    old_logp, sampler_weight, is_sums = trainer_old.get(index, (old_logp, 1.0, {}))
                     per_token, clipped = clipped_surrogate(
                         logp, old_logp, advantages[rows, None], args.epsilon, args.epsilon_high
                     )

@@ -34,7 +34,8 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import field, partial
 from typing import Annotated, ClassVar, Literal, Optional
 
 import numpy as np
@@ -1067,16 +1068,18 @@ def main(args: Args) -> None:
         run_log.first_row(run_eval(), compiled)
     forward = Forward(tokenizer.pad_token_id, device, args.dtype, temperature, pack, compiled)
 
-    # sampler correction (TRL's vllm_importance_sampling_*, on by default with vLLM): the module
-    # loads only then
+    # sampler correction (TRL's vllm_importance_sampling_*, on by default with vLLM): (trainer
+    # log-probs, sampler log-probs, known tokens) -> (weights, sums); the module loads only then
     correct_sampler = None
     if args.vllm_importance_sampling_correction:
-        from common.rl.sampler_correction import sampler_is_weights as correct_sampler
-    is_flags = (
-        args.vllm_importance_sampling_mode,
-        args.vllm_importance_sampling_clip_min,
-        args.vllm_importance_sampling_clip_max,
-    )
+        from common.rl.sampler_correction import sampler_is_weights
+
+        correct_sampler = partial(
+            sampler_is_weights,
+            mode=args.vllm_importance_sampling_mode,
+            clip_min=args.vllm_importance_sampling_clip_min,
+            clip_max=args.vllm_importance_sampling_clip_max,
+        )
 
     for step in range(start_step + 1, args.max_steps + 1):
         # a shared CPU: torch's threads fit the cores other processes leave free (--num_threads)
@@ -1178,7 +1181,7 @@ def main(args: Args) -> None:
         sampler_weight, is_sums = torch.ones_like(old.logp), {}
         if correct_sampler:
             sampler_logp = right_align(gens.logprobs, mask.shape[1])
-            sampler_weight, is_sums = correct_sampler(old.logp, sampler_logp, mask, *is_flags)
+            sampler_weight, is_sums = correct_sampler(old.logp, sampler_logp, mask)
 
         # ================ update: clipped steps of the policy, the critic alongside ==============
         # num_iterations passes, each of num_mini_batches optimizer steps; each step's loss, clipped

@@ -1016,16 +1016,18 @@ def main(args: Args) -> None:
     n = args.num_generations
     forward = Forward(tokenizer.pad_token_id, device, args.dtype, temperature, pack, compiled)
 
-    # sampler correction (TRL's vllm_importance_sampling_*, on by default with vLLM): the module
-    # loads only then
+    # sampler correction (TRL's vllm_importance_sampling_*, on by default with vLLM): (trainer
+    # log-probs, sampler log-probs, known tokens) -> (weights, sums); the module loads only then
     correct_sampler = None
     if args.vllm_importance_sampling_correction:
-        from common.rl.sampler_correction import sampler_is_weights as correct_sampler
-    is_flags = (
-        args.vllm_importance_sampling_mode,
-        args.vllm_importance_sampling_clip_min,
-        args.vllm_importance_sampling_clip_max,
-    )
+        from common.rl.sampler_correction import sampler_is_weights
+
+        correct_sampler = functools.partial(
+            sampler_is_weights,
+            mode=args.vllm_importance_sampling_mode,
+            clip_min=args.vllm_importance_sampling_clip_min,
+            clip_max=args.vllm_importance_sampling_clip_max,
+        )
 
     for step in range(start_step + 1, args.max_steps + 1):
         # a shared CPU: torch's threads fit the cores other processes leave free (--num_threads)
@@ -1120,9 +1122,7 @@ def main(args: Args) -> None:
                 old_logp, sampler_weight, is_sums = mb.sampler_logp, None, {}
                 if correct_sampler:
                     old_logp = logp.detach()
-                    sampler_weight, is_sums = correct_sampler(
-                        logp, mb.sampler_logp, mask, *is_flags
-                    )
+                    sampler_weight, is_sums = correct_sampler(logp, mb.sampler_logp, mask)
                 loss, clipped = ps_loss(logp, old_logp, adv, mask, n_tokens, *eps, sampler_weight)
                 accelerator.backward(loss)
                 # back to a sum: the row divides it by the ranks' trained tokens

@@ -44,6 +44,7 @@ from __future__ import annotations
 import random
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 from typing import Annotated, ClassVar, Literal, Optional
 
 import torch
@@ -441,16 +442,18 @@ def main(args: Args) -> None:
         args.prompts_per_step, k, accelerator.num_processes, args.max_completion_length
     )
 
-    # sampler correction (TRL's vllm_importance_sampling_*, on by default with vLLM): the module
-    # loads only then
+    # sampler correction (TRL's vllm_importance_sampling_*, on by default with vLLM): (trainer
+    # log-probs, sampler log-probs, known tokens) -> (weights, sums); the module loads only then
     correct_sampler = None
     if args.vllm_importance_sampling_correction:
-        from common.rl.sampler_correction import sampler_is_weights as correct_sampler
-    is_flags = (
-        args.vllm_importance_sampling_mode,
-        args.vllm_importance_sampling_clip_min,
-        args.vllm_importance_sampling_clip_max,
-    )
+        from common.rl.sampler_correction import sampler_is_weights
+
+        correct_sampler = partial(
+            sampler_is_weights,
+            mode=args.vllm_importance_sampling_mode,
+            clip_min=args.vllm_importance_sampling_clip_min,
+            clip_max=args.vllm_importance_sampling_clip_max,
+        )
 
     for step in range(start_step + 1, args.max_steps + 1):
         # a shared CPU: torch's threads fit the cores other processes leave free (--num_threads)
@@ -535,9 +538,7 @@ def main(args: Args) -> None:
                 # gets rho = 1
                 sampler_weight, is_sums = 1.0, {}
                 if correct_sampler:
-                    sampler_weight, is_sums = correct_sampler(
-                        logp, mb.sampler_logp, fresh_mask, *is_flags
-                    )
+                    sampler_weight, is_sums = correct_sampler(logp, mb.sampler_logp, fresh_mask)
                 pg_sum = -(adv * (logp * mask * sampler_weight).sum(-1)).sum()
                 kl_sum = 0.0
                 if ref_model is not None:
