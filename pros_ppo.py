@@ -34,8 +34,8 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import dataclass
-from functools import field, partial
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Annotated, ClassVar, Literal, Optional
 
 import numpy as np

@@ -165,3 +165,17 @@ def test_a_step_whose_every_ratio_is_masked_has_no_policy_gradient(script, tiny_
     # the trainer and HF generate's cached decode agree: the ratio is a check here, not a correction
     assert row["sampling/sampling_logp_difference/max"] < 1e-3, row
     assert row["loss"] == 0.0 and row["grad_norm"] == 0.0, row
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_help_lists_the_four_flags_with_trls_defaults(script, capsys):
+    module = __import__(script[:-3])
+    with pytest.raises(SystemExit) as stop:
+        parse_args(module.Args, ["--help"])
+    assert stop.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--vllm_importance_sampling_correction [BOOL] reweight each sampled token" in text
+    assert "unset: on with --use_vllm, as TRL, off with HF generate" in text
+    assert "(`truncate`) (default: sequence_mask)" in text
+    assert "file: none) [> 0] (default: 3.0)" in text
+    assert "--vllm_importance_sampling_clip_max [>= 0] (default: None)" in text

@@ -518,4 +518,6 @@ def typed_flags(cls, argv: list[str]) -> set[str]:
     parser = build_parser(cls)
     for action in parser._actions:
         action.default = argparse.SUPPRESS
+    # --help is shown by the parser with the defaults (this one has none)
+    argv = [arg for arg in argv if arg not in ("-h", "--help")]
     return set(vars(parser.parse_known_args(argv)[0]))
