@@ -526,7 +526,7 @@ def main(args: Args) -> None:
             old_logprobs = gens.logprobs if sampler_logprobs else None
             budget = args.micro_batch_size, args.max_tokens_per_microbatch
             update_sums, grad_norms = [], []
-            # sampler correction: each micro-batch's (pi_old, rho, sums), from epoch 0
+            # sampler correction: each micro-batch's (pi_old, rho, sums) by its rows, from epoch 0
             trainer_old = {}
             for epoch in range(args.num_iterations):
                 micro = micro_batches(
@@ -538,7 +538,7 @@ def main(args: Args) -> None:
                     lengths,
                     budget[1],
                 )
-                for index, rows in enumerate(micro):
+                for rows in micro:
                     mb = forward.rows_at(rows, flat_prompts, completions, old_logprobs)
                     # the entropy bonus of the paper's set-up (Sec. 4) needs its gradient
                     logp, entropy = forward(model, mb, entropy_grad=args.entropy_coef > 0)
@@ -550,8 +550,10 @@ def main(args: Args) -> None:
                     # TRL's rule: rho multiplies the clipped surrogate
                     if correct_sampler and epoch == 0:
                         weights_and_sums = correct_sampler(logp, mb.sampler_logp, mb.loss_mask)
-                        trainer_old[index] = (logp.detach(), *weights_and_sums)
-                    old_logp, sampler_weight, is_sums = trainer_old.get(index, (old_logp, 1.0, {}))
+                        trainer_old[tuple(rows)] = (logp.detach(), *weights_and_sums)
+                    old_logp, sampler_weight, is_sums = trainer_old.get(
+                        tuple(rows), (old_logp, 1.0, {})
+                    )
                     per_token, clipped = clipped_surrogate(
                         logp, old_logp, advantages[rows, None], args.epsilon, args.epsilon_high
                     )
