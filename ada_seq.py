@@ -755,8 +755,8 @@ def main(args: Args) -> None:
             old_logprobs = [response.logprobs for response in trained] if sampler_logprobs else None
             budget = args.micro_batch_size, args.max_tokens_per_microbatch
             update_sums, grad_norms = [], []
-            # sampler correction: each micro-batch's (pi_old, rho, sums) by its rows, from epoch 0
-            trainer_old = {}
+            # sampler correction: each micro-batch's (pi_old, rho, sums) from epoch 0, by first row
+            epoch0 = {}
             for epoch in range(args.num_iterations):
                 micro = micro_batches(
                     len(completions),
@@ -779,10 +779,8 @@ def main(args: Args) -> None:
                     # TRL's rule: rho multiplies the clipped surrogate
                     if correct_sampler and epoch == 0:
                         weights_and_sums = correct_sampler(logp, mb.sampler_logp, mb.loss_mask)
-                        trainer_old[tuple(rows)] = (logp.detach(), *weights_and_sums)
-                    old_logp, sampler_weight, is_sums = trainer_old.get(
-                        tuple(rows), (old_logp, 1.0, {})
-                    )
+                        epoch0[rows[0]] = (logp.detach(), *weights_and_sums)
+                    old_logp, sampler_weight, is_sums = epoch0.get(rows[0], (old_logp, 1.0, {}))
                     per_token, clipped = clipped_surrogate(
                         logp, old_logp, advantages[rows, None], args.epsilon, args.epsilon_high
                     )
@@ -804,7 +802,7 @@ def main(args: Args) -> None:
                         sums |= dict(clip_sum=(clipped * mask).sum(), kl_sum=kl_sum)
                         # sampler/trainer agreement, before any update (this pass is the first)
                         if sampler_logprobs:
-                            gap = (logp.detach() - old_logp).abs() * mb.loss_mask
+                            gap = (logp.detach() - mb.sampler_logp).abs() * mb.loss_mask
                             sums |= dict(gap_sum=gap.sum(), gap_tok=mb.loss_mask.sum())
                         update_sums.append(sums | is_sums)
                 grad_norms.append(

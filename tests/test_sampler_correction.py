@@ -126,8 +126,12 @@ TINY = [
 ]
 OWN = {
     "ps_grpo.py": ["--mode", "text"],
-    "ada_seq.py": ["--max_rounds", "1", "--round_repeat", "4", "--entropy_coef", "0"],
-    "ada_est.py": ["--entropy_coef", "0"],
+    # two epochs: the second reads the first's weights
+    "ada_seq.py": [
+        *("--max_rounds", "1", "--round_repeat", "4", "--entropy_coef", "0"),
+        *("--num_iterations", "2"),
+    ],
+    "ada_est.py": ["--entropy_coef", "0", "--num_iterations", "2"],
     "ra_rloo.py": [],
     "pros_ppo.py": [],
 }
@@ -164,6 +168,10 @@ def test_a_step_whose_every_ratio_is_masked_has_no_policy_gradient(script, tiny_
     assert row["sampling/importance_sampling_ratio/max"] == 0.0, row
     # the trainer and HF generate's cached decode agree: the ratio is a check here, not a correction
     assert row["sampling/sampling_logp_difference/max"] < 1e-3, row
+    # the gap is the sampler's, against the trainer's first pass (not against pi_old)
+    assert row["sampler_logp_diff"] == pytest.approx(
+        row["sampling/sampling_logp_difference/mean"], rel=1e-6
+    )
     assert row["loss"] == 0.0 and row["grad_norm"] == 0.0, row
 
 
