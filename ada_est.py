@@ -198,7 +198,9 @@ class Args(
     """where pi_old's log-probs come from: `auto` = the update's own first forward pass when that is
     exact (HF backend, one epoch: the weights that sampled are the weights being updated), else the
     sampler; `sampler` = always the generator's log-probs (an extra scoring pass with the HF
-    backend)"""
+    backend). With the sampler correction on (--vllm_importance_sampling_correction, the default
+    with vLLM) pi_old is the trainer's epoch-0 pass and the sampler's log-probs enter through its
+    ratio"""
 
     def budget(self) -> int:
         return self.total_budget or 8 * self.prompts_per_step

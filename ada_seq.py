@@ -74,7 +74,9 @@ Choices made here (the paper leaves them open):
 - pi_old is the sampling policy; one optimizer step per batch by default, so the clipped surrogate
   equals the policy gradient unless `--num_iterations` > 1 or the backends disagree. With the HF
   backend and one epoch pi_old's log-probs are read from the update's own forward pass (no extra
-  scoring pass after sampling); with vLLM or more epochs they are the sampler's (`--old_logprobs`).
+  scoring pass after sampling); with vLLM or more epochs they are the sampler's (`--old_logprobs`),
+  unless the sampler correction is on (the default with vLLM): then pi_old is the trainer's
+  epoch-0 pass and rho = pi_old / pi_sampler weights each token (docs/ada_seq.md).
 - Logged `loss`: the clipped surrogate summed over tokens and divided by (kept responses x
 max_completion_length), the constant the optimised loss uses too (no length bias). The entropy
 bonus, entropy_coef x the token entropies summed and divided by the same constant, is subtracted in
@@ -266,7 +268,9 @@ class Args(
     """where pi_old's log-probs come from: `auto` = the update's own first forward pass when that is
     exact (HF backend, one epoch: the weights that sampled are the weights being updated), else the
     sampler; `sampler` = always the generator's log-probs (an extra scoring pass with the HF
-    backend)"""
+    backend). With the sampler correction on (--vllm_importance_sampling_correction, the default
+    with vLLM) pi_old is the trainer's epoch-0 pass and the sampler's log-probs enter through its
+    ratio"""
     warmup_steps: Annotated[int, Range(0)] = 10
     """linear warm-up steps, then constant (the paper's set-up, Sec. 4: a 10-step warm-up)"""
     dynamic_sampling: bool = False

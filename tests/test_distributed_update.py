@@ -152,11 +152,16 @@ def _harness_main(plan: str) -> None:
         completions = [c for part in parts for c in part.completion_ids]
         logprobs = [lp for part in parts for lp in part.logprobs]
         if perturbed:
-            # a sampler that is not the trainer: each token's log-prob moved by 0.05 x (id mod 7 - 3),
-            # the same on every rank (with clip bounds 0.9 / 1.1: 3 of 7 token ids masked, none near a bound)
+            # a sampler that is not the trainer: each token's log-prob moved by scale x (id mod 7 - 3), the scale
+            # (0.04 to 0.07) set by the prompt, so that the step's extremes come from one prompt's rows, on one rank
+            scales = [
+                0.04 + 0.03 * (sum(prompt) * 0.6180339887 % 1)
+                for prompt in prompt_ids
+                for _ in range(n)
+            ]
             logprobs = [
-                [lp + 0.05 * (token % 7 - 3) for lp, token in zip(lps, ids)]
-                for lps, ids in zip(logprobs, completions)
+                [lp + scale * (token % 7 - 3) for lp, token in zip(lps, ids)]
+                for lps, ids, scale in zip(logprobs, completions, scales)
             ]
         return generation.Generations(
             [p for part in parts for p in part.prompt_ids],
