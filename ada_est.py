@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Annotated, ClassVar, Literal, Optional
 
 import torch
@@ -126,6 +127,21 @@ class Args(
     mask_truncated_completions: bool = False
     """completions cut by the length limit get no gradient (TRL's flag); `clipped_ratio` is logged
     either way"""
+    vllm_importance_sampling_correction: Optional[bool] = None
+    """reweight each sampled token by rho = pi_trainer / pi_sampler under the sampling weights
+    (TRL's flag; unset: on with --use_vllm, as TRL, off with HF generate, whose log-probs come
+    from its own cached decode: rho is then about 1, a check rather than a correction)"""
+    vllm_importance_sampling_mode: Literal[
+        "sequence_mask", "sequence_truncate", "token_mask", "token_truncate"
+    ] = "sequence_mask"
+    """how the ratio enters the policy-gradient term (TRL's modes): per `token` or one per
+    `sequence` (the product over its sampled tokens); ratios outside [clip_min, clip_max] are
+    zeroed (`mask`) or clipped to the range (`truncate`)"""
+    vllm_importance_sampling_clip_max: Annotated[Optional[float], Range(0, lo_open=True)] = 3.0
+    """upper bound C_max of the ratio (null in a --config file: none)"""
+    vllm_importance_sampling_clip_min: Annotated[Optional[float], Range(0)] = None
+    """lower bound C_min of the ratio (unset: none), below
+    --vllm_importance_sampling_clip_max"""
     micro_batch_size: Annotated[int, Range(1)] = 64
     """sequences per forward/backward pass (gradients are accumulated over the step's batch)"""
     max_tokens_per_microbatch: Annotated[int, Range(0, zero="off")] = 0
@@ -182,7 +198,9 @@ class Args(
     """where pi_old's log-probs come from: `auto` = the update's own first forward pass when that is
     exact (HF backend, one epoch: the weights that sampled are the weights being updated), else the
     sampler; `sampler` = always the generator's log-probs (an extra scoring pass with the HF
-    backend)"""
+    backend). With the sampler correction on (--vllm_importance_sampling_correction, the default
+    with vLLM) pi_old is the trainer's epoch-0 pass and the sampler's log-probs enter through its
+    ratio"""
 
     def budget(self) -> int:
         return self.total_budget or 8 * self.prompts_per_step
@@ -414,7 +432,8 @@ def main(args: Args) -> None:
     compiled = make_compiled(args, log)
     generator = make_generator(args, model_path, policy, tokenizer, accelerator, compiled, log)
     # pi_old's log-probs from the sampler only where the update's own first pass differs
-    sampler_logprobs = uses_sampler_logprobs(args)
+    # the sampler correction reads the generator's log-probs (with HF generate too, when asked)
+    sampler_logprobs = uses_sampler_logprobs(args) or args.vllm_importance_sampling_correction
     sampling, eval_sampling = sampling_configs(args, logprobs=sampler_logprobs)
     # greedy samples are scored at T = 1
     temperature = args.temperature if args.temperature > 0 else 1.0
@@ -457,6 +476,19 @@ def main(args: Args) -> None:
     normaliser = est_normaliser(total_budget, accelerator.num_processes, args.max_completion_length)
 
     forward = Forward(tokenizer.pad_token_id, device, args.dtype, temperature, pack, compiled)
+
+    # sampler correction (TRL's vllm_importance_sampling_*, on by default with vLLM): (trainer
+    # log-probs, sampler log-probs, known tokens) -> (weights, sums); the module loads only then
+    correct_sampler = None
+    if args.vllm_importance_sampling_correction:
+        from common.rl.sampler_correction import sampler_is_weights
+
+        correct_sampler = partial(
+            sampler_is_weights,
+            mode=args.vllm_importance_sampling_mode,
+            clip_min=args.vllm_importance_sampling_clip_min,
+            clip_max=args.vllm_importance_sampling_clip_max,
+        )
 
     for step in range(start_step + 1, args.max_steps + 1):
         # a shared CPU: torch's threads fit the cores other processes leave free (--num_threads)
@@ -517,6 +549,8 @@ def main(args: Args) -> None:
             old_logprobs = gens.logprobs if sampler_logprobs else None
             max_rows, max_tokens = args.micro_batch_size, args.max_tokens_per_microbatch
             update_sums, grad_norms = [], []
+            # sampler correction: each micro-batch's (pi_old, rho, sums) from epoch 0, by first row
+            epoch0 = {}
             for epoch in range(args.num_iterations):
                 micro = micro_batches(
                     len(completions),
@@ -534,10 +568,17 @@ def main(args: Args) -> None:
                     mask = mb.loss_mask * keep[rows][:, None]
                     # one epoch with the HF weights: pi_old is this very pass (exact, ratio 1)
                     old_logp = mb.sampler_logp if sampler_logprobs else logp.detach()
+                    # sampler correction: pi_old is the trainer's epoch-0 pass (the weights that
+                    # sampled), kept for later epochs with rho = pi_old / pi_sampler per token;
+                    # TRL's rule: rho multiplies the clipped surrogate
+                    if correct_sampler and epoch == 0:
+                        weights_and_sums = correct_sampler(logp, mb.sampler_logp, mb.loss_mask)
+                        epoch0[rows[0]] = (logp.detach(), *weights_and_sums)
+                    old_logp, sampler_weight, is_sums = epoch0.get(rows[0], (old_logp, 1.0, {}))
                     per_token, clipped = clipped_surrogate(
                         logp, old_logp, advantages[rows, None], args.epsilon, args.epsilon_high
                     )
-                    surrogate_sum = (per_token * mask).sum()
+                    surrogate_sum = (per_token * sampler_weight * mask).sum()
                     entropy_sum = (entropy * mask).sum()
                     kl_sum = 0.0
                     if ref_model is not None:
@@ -556,9 +597,9 @@ def main(args: Args) -> None:
                         mb_sums |= dict(clip_sum=(clipped * mask).sum(), kl_sum=kl_sum)
                         # sampler/trainer agreement, before any update (this pass is the first)
                         if sampler_logprobs:
-                            gap = (logp.detach() - old_logp).abs() * mb.loss_mask
+                            gap = (logp.detach() - mb.sampler_logp).abs() * mb.loss_mask
                             mb_sums |= dict(gap_sum=gap.sum(), gap_tok=mb.loss_mask.sum())
-                        update_sums.append(mb_sums)
+                        update_sums.append(mb_sums | is_sums)
                 grad_norms.append(
                     accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
                 )

@@ -35,6 +35,7 @@ import copy
 import math
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Annotated, ClassVar, Literal, Optional
 
 import numpy as np
@@ -117,6 +118,21 @@ class Args(
     mask_truncated_completions: bool = False
     """completions cut by the length limit get no gradient (TRL's flag); `clipped_ratio` is logged
     either way"""
+    vllm_importance_sampling_correction: Optional[bool] = None
+    """reweight each sampled token by rho = pi_trainer / pi_sampler under the sampling weights
+    (TRL's flag; unset: on with --use_vllm, as TRL, off with HF generate, whose log-probs come
+    from its own cached decode: rho is then about 1, a check rather than a correction)"""
+    vllm_importance_sampling_mode: Literal[
+        "sequence_mask", "sequence_truncate", "token_mask", "token_truncate"
+    ] = "sequence_mask"
+    """how the ratio enters the policy-gradient term (TRL's modes): per `token` or one per
+    `sequence` (the product over its sampled tokens); ratios outside [clip_min, clip_max] are
+    zeroed (`mask`) or clipped to the range (`truncate`)"""
+    vllm_importance_sampling_clip_max: Annotated[Optional[float], Range(0, lo_open=True)] = 3.0
+    """upper bound C_max of the ratio (null in a --config file: none)"""
+    vllm_importance_sampling_clip_min: Annotated[Optional[float], Range(0)] = None
+    """lower bound C_min of the ratio (unset: none), below
+    --vllm_importance_sampling_clip_max"""
     micro_batch_size: Annotated[int, Range(1)] = 64
     """sequences per forward/backward pass (gradients are accumulated over the step's batch)"""
     max_tokens_per_microbatch: Annotated[int, Range(0, zero="off")] = 0
@@ -725,11 +741,15 @@ def policy_loss(
     divisor: float,
     eps_low: float,
     eps_high: float,
+    sampler_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The policy's clipped surrogate over the tokens with mask 1, divided by the minibatch's
     token count (`token_divisor`), and the clipped tokens' count. [PROS] a query's prefix is part
-    of its prompt: no completion token of it, no gradient."""
+    of its prompt: no completion token of it, no gradient. `sampler_weight`: the sampler
+    correction's rho per token (TRL's rule: it multiplies the clipped surrogate)."""
     per_token, clipped = clipped_surrogate(logp, old_logp, advantages, eps_low, eps_high)
+    if sampler_weight is not None:
+        per_token = per_token * sampler_weight  # sampler correction
     return (per_token * mask).sum() / divisor, (clipped * mask).sum()
 
 
@@ -1029,9 +1049,12 @@ def main(args: Args) -> None:
     compiled = make_compiled(args, log)
     generator = make_generator(args, model_path, policy, tokenizer, accelerator, compiled, log)
     _, eval_sampling = sampling_configs(args)
-    # no sampler log-probs: pi_old's come from score_rollouts, with the entropies PROS needs
+    # pi_old's log-probs come from score_rollouts, with the entropies PROS needs; the sampler's
+    # only for its correction
     sampling = SamplingConfig(
-        max_new_tokens=args.max_completion_length, temperature=args.temperature, logprobs=False
+        max_new_tokens=args.max_completion_length,
+        temperature=args.temperature,
+        logprobs=bool(args.vllm_importance_sampling_correction),
     )
     # greedy samples are scored at T = 1
     temperature = args.temperature if args.temperature > 0 else 1.0
@@ -1077,6 +1100,19 @@ def main(args: Args) -> None:
     if start_step == 0:
         run_log.first_row(run_eval(), compiled)
     forward = Forward(tokenizer.pad_token_id, device, args.dtype, temperature, pack, compiled)
+
+    # sampler correction (TRL's vllm_importance_sampling_*, on by default with vLLM): (trainer
+    # log-probs, sampler log-probs, known tokens) -> (weights, sums); the module loads only then
+    correct_sampler = None
+    if args.vllm_importance_sampling_correction:
+        from common.rl.sampler_correction import sampler_is_weights
+
+        correct_sampler = partial(
+            sampler_is_weights,
+            mode=args.vllm_importance_sampling_mode,
+            clip_min=args.vllm_importance_sampling_clip_min,
+            clip_max=args.vllm_importance_sampling_clip_max,
+        )
 
     for step in range(start_step + 1, args.max_steps + 1):
         # a shared CPU: torch's threads fit the cores other processes leave free (--num_threads)
@@ -1177,6 +1213,14 @@ def main(args: Args) -> None:
         else:
             advantages = outcome_advantages(rewards, mask)
 
+        # sampler correction: rho = pi_old / pi_sampler per token, pi_old being the trainer's pass
+        # above (the weights that sampled), taken once per step; TRL's rule: it multiplies the
+        # clipped surrogate of every epoch (the ratio pi_theta / pi_old stays the trainer's)
+        sampler_weight, is_sums = torch.ones_like(old.logp), {}
+        if correct_sampler:
+            sampler_logp = right_align(gens.logprobs, mask.shape[1])
+            sampler_weight, is_sums = correct_sampler(old.logp, sampler_logp, mask)
+
         # ================ update: clipped steps of the policy, the critic alongside ==============
         # num_iterations passes, each of num_mini_batches optimizer steps; each step's loss, clipped
         # share, value loss and KL (float64 on the device: host copies once the update ends)
@@ -1201,8 +1245,16 @@ def main(args: Args) -> None:
                         old_logp = old.logp[mb_ids, cols].to(device)
                         mb_advantages = advantages[mb_ids, cols].to(device)
                         eps = args.epsilon, args.epsilon_high
+                        # sampler correction (x 1 when off)
+                        mb_sampler_weight = sampler_weight[mb_ids, cols].to(device)
                         loss, clipped = policy_loss(
-                            logp, old_logp, mb_advantages, mb_mask, policy_tokens, *eps
+                            logp,
+                            old_logp,
+                            mb_advantages,
+                            mb_mask,
+                            policy_tokens,
+                            *eps,
+                            mb_sampler_weight,
                         )
                         # logged `loss`: the clipped surrogate, the KL excluded
                         minibatch_loss += loss.detach()
@@ -1240,6 +1292,7 @@ def main(args: Args) -> None:
         generator.sync_weights(policy)
 
         # ================ metrics: the step's sums over ranks, the shared keys, the method's ======
+        update_sums.append(is_sums)
         update_means = losses, clip_fracs, value_losses
         sums = pros_ppo_sums(
             rewards, correct, truncated, completions, old, gens, *update_means, world

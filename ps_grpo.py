@@ -153,6 +153,21 @@ class Args(
     mask_truncated_completions: bool = False
     """completions cut by the length limit get no gradient (TRL's flag); `clipped_ratio` is logged
     either way"""
+    vllm_importance_sampling_correction: Optional[bool] = None
+    """reweight each sampled token by rho = pi_trainer / pi_sampler under the sampling weights
+    (TRL's flag; unset: on with --use_vllm, as TRL, off with HF generate, whose log-probs come
+    from its own cached decode: rho is then about 1, a check rather than a correction)"""
+    vllm_importance_sampling_mode: Literal[
+        "sequence_mask", "sequence_truncate", "token_mask", "token_truncate"
+    ] = "sequence_mask"
+    """how the ratio enters the policy-gradient term (TRL's modes): per `token` or one per
+    `sequence` (the product over its sampled tokens); ratios outside [clip_min, clip_max] are
+    zeroed (`mask`) or clipped to the range (`truncate`)"""
+    vllm_importance_sampling_clip_max: Annotated[Optional[float], Range(0, lo_open=True)] = 3.0
+    """upper bound C_max of the ratio (null in a --config file: none)"""
+    vllm_importance_sampling_clip_min: Annotated[Optional[float], Range(0)] = None
+    """lower bound C_min of the ratio (unset: none), below
+    --vllm_importance_sampling_clip_max"""
     micro_batch_size: Annotated[int, Range(1)] = 64
     """sequences per forward/backward pass (gradients are accumulated over the step's batch)"""
     max_tokens_per_microbatch: Annotated[int, Range(0, zero="off")] = 0
@@ -1031,11 +1046,15 @@ def ps_loss(
     n_tok: float,
     eps_low: float,
     eps_high: float,
+    sampler_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-level GRPO clipped surrogate over tokens with mask 1 (DAPO token mean: n_tok, the
     batch's tokens per rank), and the number of clipped tokens. [PS] Prefix masking: replayed prefix
-    tokens (and observations) have mask 0, so they get no gradient."""
+    tokens (and observations) have mask 0, so they get no gradient. `sampler_weight`: the sampler
+    correction's rho per token (TRL's rule: it multiplies the clipped surrogate)."""
     per_token, clipped = clipped_surrogate(logp, old_logp, adv[:, None], eps_low, eps_high)
+    if sampler_weight is not None:
+        per_token = per_token * sampler_weight  # sampler correction
     return (per_token * mask).sum() / (n_tok or 1), (clipped * mask).sum()
 
 
@@ -1166,6 +1185,19 @@ def main(args: Args) -> None:
     n = args.num_generations
     forward = Forward(tokenizer.pad_token_id, device, args.dtype, temperature, pack, compiled)
 
+    # sampler correction (TRL's vllm_importance_sampling_*, on by default with vLLM): (trainer
+    # log-probs, sampler log-probs, known tokens) -> (weights, sums); the module loads only then
+    correct_sampler = None
+    if args.vllm_importance_sampling_correction:
+        from common.rl.sampler_correction import sampler_is_weights
+
+        correct_sampler = functools.partial(
+            sampler_is_weights,
+            mode=args.vllm_importance_sampling_mode,
+            clip_min=args.vllm_importance_sampling_clip_min,
+            clip_max=args.vllm_importance_sampling_clip_max,
+        )
+
     for step in range(start_step + 1, args.max_steps + 1):
         # a shared CPU: torch's threads fit the cores other processes leave free (--num_threads)
         run_log.start_step(cpu_threads)
@@ -1240,7 +1272,14 @@ def main(args: Args) -> None:
                 logp, entropy = forward(model, mb)
                 mask, adv = mb.loss_mask, trained_advantages[rows]
                 eps = args.epsilon, args.epsilon_high
-                loss, clipped = ps_loss(logp, mb.sampler_logp, adv, mask, n_tokens, *eps)
+                # sampler correction: pi_old is this first pass (the weights that sampled) and
+                # rho = pi_trainer / pi_sampler weighs the sampled tokens; replayed prefix tokens
+                # (mask 0) are conditioning, out of the ratio and the gradient
+                old_logp, sampler_weight, is_sums = mb.sampler_logp, None, {}
+                if correct_sampler:
+                    old_logp = logp.detach()
+                    sampler_weight, is_sums = correct_sampler(logp, mb.sampler_logp, mask)
+                loss, clipped = ps_loss(logp, old_logp, adv, mask, n_tokens, *eps, sampler_weight)
                 accelerator.backward(loss)
                 # back to a sum: the row divides it by the ranks' trained tokens
                 loss_sum = loss.detach().double() * (n_tokens or 1)
@@ -1248,7 +1287,9 @@ def main(args: Args) -> None:
                 gap = (logp.detach() - mb.sampler_logp).abs() * mask
                 mb_sums = dict(loss_sum=loss_sum, ent_sum=(entropy * mask).sum(), tok=mask.sum())
                 update_sums.append(
-                    mb_sums | dict(clip_sum=clipped, gap_sum=gap.sum(), gap_tok=mask.sum())
+                    mb_sums
+                    | dict(clip_sum=clipped, gap_sum=gap.sum(), gap_tok=mask.sum())
+                    | is_sums
                 )
             grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             optimizer.step()

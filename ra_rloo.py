@@ -44,7 +44,8 @@ from __future__ import annotations
 import random
 from collections import deque
 from dataclasses import dataclass
-from typing import Annotated, ClassVar, Literal
+from functools import partial
+from typing import Annotated, ClassVar, Literal, Optional
 
 import torch
 
@@ -122,6 +123,21 @@ class Args(
     mask_truncated_completions: bool = False
     """completions cut by the length limit get no gradient (TRL's flag); `clipped_ratio` is logged
     either way"""
+    vllm_importance_sampling_correction: Optional[bool] = None
+    """reweight each sampled token by rho = pi_trainer / pi_sampler under the sampling weights
+    (TRL's flag; unset: on with --use_vllm, as TRL, off with HF generate, whose log-probs come
+    from its own cached decode: rho is then about 1, a check rather than a correction)"""
+    vllm_importance_sampling_mode: Literal[
+        "sequence_mask", "sequence_truncate", "token_mask", "token_truncate"
+    ] = "sequence_mask"
+    """how the ratio enters the policy-gradient term (TRL's modes): per `token` or one per
+    `sequence` (the product over its sampled tokens); ratios outside [clip_min, clip_max] are
+    zeroed (`mask`) or clipped to the range (`truncate`)"""
+    vllm_importance_sampling_clip_max: Annotated[Optional[float], Range(0, lo_open=True)] = 3.0
+    """upper bound C_max of the ratio (null in a --config file: none)"""
+    vllm_importance_sampling_clip_min: Annotated[Optional[float], Range(0)] = None
+    """lower bound C_min of the ratio (unset: none), below
+    --vllm_importance_sampling_clip_max"""
     micro_batch_size: Annotated[int, Range(1)] = 64
     """sequences per forward/backward pass (gradients are accumulated over the step's batch)"""
     max_tokens_per_microbatch: Annotated[int, Range(0, zero="off")] = 0
@@ -456,6 +472,19 @@ def main(args: Args) -> None:
         args.prompts_per_step, k, accelerator.num_processes, args.max_completion_length
     )
 
+    # sampler correction (TRL's vllm_importance_sampling_*, on by default with vLLM): (trainer
+    # log-probs, sampler log-probs, known tokens) -> (weights, sums); the module loads only then
+    correct_sampler = None
+    if args.vllm_importance_sampling_correction:
+        from common.rl.sampler_correction import sampler_is_weights
+
+        correct_sampler = partial(
+            sampler_is_weights,
+            mode=args.vllm_importance_sampling_mode,
+            clip_min=args.vllm_importance_sampling_clip_min,
+            clip_max=args.vllm_importance_sampling_clip_max,
+        )
+
     for step in range(start_step + 1, args.max_steps + 1):
         # a shared CPU: torch's threads fit the cores other processes leave free (--num_threads)
         run_log.start_step(cpu_threads)
@@ -530,7 +559,15 @@ def main(args: Args) -> None:
                     advantages[rows], is_replay_rows, seq_logp, replay_logp_old[rows], args.w_max
                 )
                 is_weights[rows] = torch.where(is_replay_rows, weight, torch.ones_like(weight))
-                pg_sum = -(adv * seq_logp).sum()
+                # the fresh rollouts' tokens, whose generator log-probs are known (not a replay's)
+                fresh_mask = mb.loss_mask * (~is_replay_rows)[:, None]
+                # sampler correction: x rho = pi_trainer / pi_sampler per token (this pass is the
+                # first: the weights that sampled); a replayed row has its own clipped w above and
+                # gets rho = 1
+                sampler_weight, is_sums = 1.0, {}
+                if correct_sampler:
+                    sampler_weight, is_sums = correct_sampler(logp, mb.sampler_logp, fresh_mask)
+                pg_sum = -(adv * (logp * mask * sampler_weight).sum(-1)).sum()
                 kl_sum = 0.0
                 if ref_model is not None:
                     ref_logp, _ = forward(ref_model, mb, grad=False)
@@ -538,7 +575,6 @@ def main(args: Args) -> None:
                 accelerator.backward(rloo_loss(pg_sum, kl_sum, args.beta, normaliser))
                 # sampler/trainer agreement on fresh rollouts, before any update (this pass is
                 # the first)
-                fresh_mask = mb.loss_mask * (~is_replay_rows)[:, None]
                 gap = (logp.detach() - mb.sampler_logp).abs() * fresh_mask
                 # logged `loss`: -A log pi(y|x) per sequence, the KL excluded
                 mb_sums = dict(loss_sum=pg_sum, kl_sum=kl_sum, ent_sum=(entropy * mask).sum())
@@ -546,7 +582,7 @@ def main(args: Args) -> None:
                 # [RA-RLOO] (also in RLOO: 0, no replay) the replays' importance weights
                 replay_weight = torch.where(is_replay_rows, weight, 0.0)
                 mb_sums |= dict(w_sum=replay_weight.sum(), w_n=is_replay_rows.sum())
-                update_sums.append(mb_sums)
+                update_sums.append(mb_sums | is_sums)
             grad_norm = accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
             optimizer.step()
             scheduler.step()

@@ -127,6 +127,7 @@ def _harness_main(plan: str) -> None:
     from common.run.flags import parse_args
 
     generate, seen, grads, whole = generation.HFGenerator.generate, {}, [], []
+    perturbed = []  # [True] in a run of the sampler correction: the generator's log-probs moved
     sharded = weakref.WeakSet()  # every FSDP unit that ran a forward
 
     def per_prompt(self, prompt_ids, n, cfg):
@@ -148,10 +149,24 @@ def _harness_main(plan: str) -> None:
                     hash((key, seen[key])) % 2**31
                 )  # a tuple of ints hashes the same in every run
                 parts.append(generate(self, [prompt], n, cfg))
+        completions = [c for part in parts for c in part.completion_ids]
+        logprobs = [lp for part in parts for lp in part.logprobs]
+        if perturbed:
+            # a sampler that is not the trainer: each token's log-prob moved by scale x (id mod 7 - 3), the scale
+            # (0.04 to 0.07) set by the prompt, so that the step's extremes come from one prompt's rows, on one rank
+            scales = [
+                0.04 + 0.03 * (sum(prompt) * 0.6180339887 % 1)
+                for prompt in prompt_ids
+                for _ in range(n)
+            ]
+            logprobs = [
+                [lp + scale * (token % 7 - 3) for lp, token in zip(lps, ids)]
+                for lps, ids, scale in zip(logprobs, completions, scales)
+            ]
         return generation.Generations(
             [p for part in parts for p in part.prompt_ids],
-            [c for part in parts for c in part.completion_ids],
-            [lp for part in parts for lp in part.logprobs],
+            completions,
+            logprobs,
             [f for part in parts for f in part.finish_reasons],
             n,
         )
@@ -198,6 +213,7 @@ def _harness_main(plan: str) -> None:
                 TORCHELASTIC_USE_AGENT_STORE="0",
             )
         seen.clear()
+        perturbed[:] = [True] if "--vllm_importance_sampling_correction" in argv else []
         grads.clear()
         whole.clear()
         sharded.clear()
@@ -256,6 +272,32 @@ ALONE = {
 DROP = ("ps_grpo", "ada_seq")
 
 
+# the launches' plain runs apply the sampler correction to log-probs the harness moves off the trainer's
+CORRECTION = [
+    "--vllm_importance_sampling_correction",
+    "--vllm_importance_sampling_mode",
+    "token_mask",
+    "--vllm_importance_sampling_clip_min",
+    "0.9",
+    "--vllm_importance_sampling_clip_max",
+    "1.1",
+]
+CORRECTION_KEYS = (
+    "sampling/sampling_logp_difference/mean",
+    "sampling/sampling_logp_difference/max",
+    "sampling/importance_sampling_ratio/min",
+    "sampling/importance_sampling_ratio/mean",
+    "sampling/importance_sampling_ratio/max",
+    "sampling/importance_sampling_outside_frac",
+)
+
+
+def _rows(tmp_path, tag, name):
+    """The run's training rows (step 0 is the evaluation)."""
+    lines = (tmp_path / f"{tag}-{name}" / "metrics.jsonl").read_text().splitlines()
+    return [row for row in map(json.loads, lines) if row["step"] > 0]
+
+
 def _load(tmp_path, tag, name):
     return torch.load(tmp_path / f"{tag}-{name}" / "grads.pt")
 
@@ -270,13 +312,13 @@ def test_one_update_has_the_same_gradient_on_one_and_two_processes(tiny_base, tm
     mb = ["--micro_batch_size", "4"]
     fsdp = [*mb, "--fsdp"]
     one = [
-        *_plan(tiny_base, tmp_path, "one", mb),
+        *_plan(tiny_base, tmp_path, "one", [*mb, *CORRECTION]),
         *_plan(tiny_base, tmp_path, "alone1", mb, 1, 1),
         *_plan(tiny_base, tmp_path, "drop1", mb, 1, 2, DROP),
     ]
-    layout = _plan(tiny_base, tmp_path, "layout", ["--micro_batch_size", "64"])
+    layout = _plan(tiny_base, tmp_path, "layout", ["--micro_batch_size", "64", *CORRECTION])
     two = [
-        *_plan(tiny_base, tmp_path, "two", mb),
+        *_plan(tiny_base, tmp_path, "two", [*mb, *CORRECTION]),
         *_plan(tiny_base, tmp_path, "alone2", mb, 1, 1),
         *_plan(tiny_base, tmp_path, "fsdp-alone2", fsdp, 1, 1),
         *_plan(tiny_base, tmp_path, "fsdp-drop2", fsdp, 1, 2, DROP),
@@ -361,6 +403,14 @@ def test_one_update_has_the_same_gradient_on_one_and_two_processes(tiny_base, tm
                 assert float((dist - ref).norm()) <= bound, (name, two_tag)
             # no sharded model (the frozen reference included) keeps a whole parameter between steps
             assert set(twos["whole"]) == {0}, (name, two_tag, twos["whole"])
+        # the sampler correction's statistics: sums and extremes over all ranks' tokens, the same on 1 and 2
+        # processes (a per-rank mean, min or max would differ: the ranks hold different rows)
+        one_rows, two_rows = (_rows(tmp_path, tag, name) for tag in ("one", "two"))
+        assert len(one_rows) == len(two_rows) >= STEPS[name], name
+        for one_row, two_row in zip(one_rows, two_rows):
+            assert 0 < one_row["sampling/importance_sampling_outside_frac"] < 1, (name, one_row)
+            for key in CORRECTION_KEYS:
+                assert two_row[key] == pytest.approx(one_row[key], rel=1e-5, abs=1e-6), (name, key)
     for name, key in (("ps_grpo", "ps_trained_groups"), ("ada_seq", "dapo_kept_groups")):
         rows = (tmp_path / f"drop1-{name}" / "metrics.jsonl").read_text().splitlines()
         # one of the two groups trained: rank 0's (rank 1's dropped)

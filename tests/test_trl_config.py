@@ -369,3 +369,48 @@ def test_every_unknown_flag_and_misspelt_trl_name_is_reported_with_its_nearest_n
     assert len(lines) == 2, lines
     assert lines[0].endswith("; the nearest TRL key is per_device_train_batch_size"), lines
     assert lines[1].endswith("; the nearest flag is --max_steps"), lines
+
+
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        # TRL's default (correction true) with vLLM: on, sequence_mask, clip_max 3, no clip_min
+        ("use_vllm: true\n", (True, "sequence_mask", 3.0, None)),
+        # HF generate: off unless asked
+        ("use_vllm: false\n", (False, "sequence_mask", 3.0, None)),
+        (
+            "use_vllm: true\nvllm_importance_sampling_correction: false\n",
+            (False, "sequence_mask", 3.0, None),
+        ),
+        (
+            "vllm_importance_sampling_correction: true\nvllm_importance_sampling_mode: token_truncate\n"
+            "vllm_importance_sampling_clip_max: 2.0\nvllm_importance_sampling_clip_min: 0.5\n",
+            (True, "token_truncate", 2.0, 0.5),
+        ),
+        # the deprecated cap is clip_max; null clip_max: no upper bound
+        ("use_vllm: true\nvllm_importance_sampling_cap: 1.5\n", (True, "sequence_mask", 1.5, None)),
+        (
+            "use_vllm: true\nvllm_importance_sampling_clip_max: null\n",
+            (True, "sequence_mask", None, None),
+        ),
+    ],
+)
+def test_trl_sampler_correction_keys_set_the_flags(tmp_path, text, want):
+    from ra_rloo import Args
+
+    args = parse_args(Args, ["--config", _write(tmp_path, text)])
+    got = (
+        args.vllm_importance_sampling_correction,
+        args.vllm_importance_sampling_mode,
+        args.vllm_importance_sampling_clip_max,
+        args.vllm_importance_sampling_clip_min,
+    )
+    assert got == want
+
+
+def test_a_sampler_correction_clip_min_above_clip_max_is_refused(tmp_path):
+    from ra_rloo import Args
+
+    text = "vllm_importance_sampling_clip_min: 3.0\nvllm_importance_sampling_clip_max: 2.0\n"
+    with pytest.raises(SystemExit, match="--vllm_importance_sampling_clip_min 3.0: must be below"):
+        parse_args(Args, ["--config", _write(tmp_path, text)])

@@ -291,3 +291,32 @@ def test_ascent_training_raises_the_mean_pass_rate():
     run = ascent.train(ascent.ARMS["grpo4"], start, 0, 32 * 4 * 20, ascent.LR["flat"])
     assert run["p"][-1].mean() > start.p.mean() + 0.05
     assert np.allclose(start.p, T.Toy(ascent.FLAT).p)  # the start was left untouched
+
+
+def test_the_sampler_correction_recovers_the_on_policy_update_and_its_bounds_leave_a_bias(tree):
+    # rollouts from a sampler whose logits are moved off the policy's (table.SAMPLER_GAP): the same
+    # seed draws the same rollouts in every row, only the correction's weights differ
+    target = tree.target("p")
+
+    def stats(mode, clip_max=3.0):
+        step = T.sampler_gap_step(tree, mode, clip_max, None, table.SAMPLER_GAP)
+        return T.monte_carlo(step, 1000, seed=0).compare(target, const=1 / tree.T)
+
+    uncorrected = stats(None)
+    assert uncorrected["max_z"] > Z and uncorrected["rel_bias_ci"][0] > 0.3, uncorrected
+    # the sequence ratio, untruncated: the on-policy expected update within its interval (its
+    # heavy tail makes a coordinate's standard error unreliable at this many steps: no z test)
+    full = stats("sequence_truncate", None)
+    lo, hi = full["scale_ci"]
+    assert lo <= 1.0 <= hi and full["rel_bias"] < 0.05, full
+    bias = {mode: stats(mode)["rel_bias"] for mode in ("sequence_truncate", "sequence_mask")}
+    bias |= {mode: stats(mode)["rel_bias"] for mode in ("token_truncate", "token_mask")}
+    # at clip_max 3: the sequence modes keep a smaller bias than the token modes, all below none
+    assert bias["sequence_truncate"] < bias["sequence_mask"] < bias["token_truncate"], bias
+    assert max(bias.values()) < uncorrected["rel_bias"], (bias, uncorrected)
+
+
+def test_the_scaling_page_shows_the_stored_sampler_rows():
+    results = json.loads(table.SAMPLER_RESULTS.read_text())
+    assert [key for key, *_ in table.SAMPLER_ROWS] == list(results["rows"])
+    assert not table.sampler_stale(results)

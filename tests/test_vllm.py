@@ -370,6 +370,19 @@ def test_ra_rloo_end_to_end_with_vllm_and_an_exact_resume(tiny_base, tmp_path):
     # after each weight push too (a stale engine would drift away as the policy trains)
     diffs = [r["sampler_logp_diff"] for r in rows[1:]]
     assert all(isinstance(d, float) and d < 1e-3 for d in diffs), diffs
+    # the sampler correction, on by default with vLLM (TRL's sequence_mask at clip_max 3): TRL's keys on every
+    # step, the gap they measure the one above, and at fp32 a ratio within 1e-2 of 1 that masks nothing
+    assert (
+        json.loads((out / "args.json").read_text())["vllm_importance_sampling_correction"] is True
+    )
+    for r in rows[1:]:
+        assert r["sampling/sampling_logp_difference/mean"] == pytest.approx(
+            r["sampler_logp_diff"], rel=1e-6
+        )
+        assert r["sampling/sampling_logp_difference/max"] < 1e-2, r
+        for key in ("min", "mean", "max"):
+            assert abs(r[f"sampling/importance_sampling_ratio/{key}"] - 1) < 1e-2, (key, r)
+        assert r["sampling/importance_sampling_outside_frac"] == 0.0, r
 
 
 SPY = """
@@ -476,6 +489,9 @@ def test_ra_rloo_on_two_ranks_each_with_its_own_engine(tiny_base, tmp_path, fsdp
     assert json.loads((out / "args.json").read_text())["fsdp"] is fsdp
     diffs = [r["sampler_logp_diff"] for r in rows[1:]]
     assert all(isinstance(d, float) and d < 1e-3 for d in diffs), diffs
+    # the sampler correction's statistics, over both ranks' tokens (on by default with vLLM)
+    means = [r["sampling/importance_sampling_ratio/mean"] for r in rows[1:]]
+    assert all(abs(mean - 1) < 1e-2 for mean in means), means
     assert max(r["grad_norm"] for r in rows[1:]) > 0  # the policy did move between the pushes
     # every rank generated (step-0 eval, 3 steps, final eval) with the policy sharded under --fsdp
     spied = [(tmp_path / f"spy-rank{rank}.txt").read_text() for rank in (0, 1)]

@@ -287,10 +287,11 @@ def monte_carlo(step, steps: int, seed: int, batches: int = 40) -> Estimate:
 ONE_PROCESS = SimpleNamespace(num_processes=1, process_index=0)
 
 
-def rloo_loss(normaliser: float, w_max: float | None = None, logp_old=None):
+def rloo_loss(normaliser: float, w_max: float | None = None, logp_old=None, correct=None):
     """ra_rloo's loss on the toy's rows: the sequence log-prob, [RA-RLOO] `weigh_replays` where
-    `logp_old` (per row, NaN: fresh) says a row is a replay, the policy-gradient sum and
-    `rloo_loss` (no KL: beta x 0)."""
+    `logp_old` (per row, NaN: fresh) says a row is a replay, the policy-gradient sum with the
+    sampler correction's weight per token (`correct(trainer_logp)`; None: 1) and `rloo_loss` (no
+    KL: beta x 0)."""
 
     def loss(advantages):
         def of(logp, old_logp, mask):
@@ -299,7 +300,8 @@ def rloo_loss(normaliser: float, w_max: float | None = None, logp_old=None):
             if logp_old is not None:
                 is_replay = ~torch.isnan(logp_old)
                 adv, _ = ra_rloo.weigh_replays(adv, is_replay, seq_logp, logp_old, w_max)
-            pg_sum = -(adv * seq_logp).sum()
+            sampler_weight = 1.0 if correct is None else correct(logp.detach())
+            pg_sum = -(adv * (logp * mask * sampler_weight).sum(-1)).sum()
             return ra_rloo.rloo_loss(pg_sum, 0.0, 0.0, normaliser)
 
         return of
@@ -733,3 +735,46 @@ def pros_off_exact(toy: Toy, k: int = 4) -> np.ndarray:
     divisor is every rollout's T tokens."""
     weights = [group_weight(p, k, grpo_advantages) for p in toy.p]
     return exact_update(toy, weights, 1 / (toy.P * k * toy.T))
+
+
+def sampler_gap_step(
+    toy: Toy,
+    mode: str | None,
+    clip_max: float | None = 3.0,
+    clip_min: float | None = None,
+    gap: float = 0.5,
+    k: int = 4,
+):
+    """RLOO (ra_rloo.py's advantages, normaliser and loss) whose rollouts come from a sampler that
+    is not the policy: logits theta + gap x fixed N(0, 1) noise, as a generator's kernels differ
+    from the trainer's. Each token's trainer and sampler log-probs go through the scripts'
+    correction (`sampler_is_weights`, TRL's `mode` with its bounds; None: uncorrected, every weight
+    1), whose weights multiply each token's term of the loss."""
+    from common.rl.sampler_correction import sampler_is_weights
+
+    noise = np.random.default_rng(4321).normal(size=toy.theta.shape)
+    sampler_theta = toy.theta + gap * torch.tensor(noise)
+    sampler_leaf_p = toy.leaf_probs(sampler_theta).numpy()
+    normaliser = ra_rloo.rloo_normaliser(toy.P, k, 1, toy.T)
+
+    def step(rng):
+        leaves = np.stack(
+            [rng.choice(toy.leaves, size=k, p=sampler_leaf_p[x]) for x in range(toy.P)]
+        )
+        rewards = torch.tensor(toy.rewards[np.arange(toy.P)[:, None], leaves])
+        adv = ra_rloo.rloo_advantages(rewards).flatten()
+        xs, flat = np.repeat(np.arange(toy.P), k), leaves.ravel()
+        correct = None
+        if mode is not None:
+            sampler_logp = toy.token_logp(sampler_theta, xs, flat)
+
+            def correct(trainer_logp):
+                known = torch.ones_like(trainer_logp)
+                bounds = clip_min, clip_max
+                weight, _ = sampler_is_weights(trainer_logp, sampler_logp, known, mode, *bounds)
+                return weight
+
+        loss = rloo_loss(normaliser, correct=correct)
+        return toy.update(xs, flat, loss(adv)), toy.P * k
+
+    return step

@@ -33,6 +33,7 @@ DEMO_MODULES = (
 ONLY_WHEN_ASKED = (
     "common.run.trl_config",  # --config, or a TRL GRPOConfig name on the command line
     "common.generation.vllm_backend",  # --use_vllm
+    "common.rl.sampler_correction",  # --vllm_importance_sampling_correction (on with --use_vllm)
     "common.generation.compile",  # --torch_compile
     "common.distributed.fsdp",  # --fsdp
     "common.model.lora",  # --lora_r

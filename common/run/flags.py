@@ -454,6 +454,9 @@ def parse_args(cls, argv: list[str] | None = None, description: str = ""):
             out_of_range.append(name)
     if getattr(args, "eval_train_prompts", 0) is None:  # recorded in args.json as the count used
         args.eval_train_prompts = args.eval_prompts
+    if hasattr(args, "vllm_importance_sampling_correction"):  # unset: TRL's, on with vLLM
+        if args.vllm_importance_sampling_correction is None:
+            args.vllm_importance_sampling_correction = args.use_vllm
     combinations = combination_problems(args)
     if hasattr(args, "validate"):
         # the script's own combinations, reported with every other problem
@@ -489,6 +492,13 @@ def combination_problems(args) -> list[str]:
         problems.append(
             f"--torch_compile: not with --{clash[0]} (it compiles HF generate's decoding step on a "
             "static KV cache of its own, on whole weights): drop one of the two flags"
+        )
+    low = getattr(args, "vllm_importance_sampling_clip_min", None)
+    high = getattr(args, "vllm_importance_sampling_clip_max", None)
+    if low is not None and high is not None and low >= high:
+        problems.append(
+            f"--vllm_importance_sampling_clip_min {low}: must be below "
+            f"--vllm_importance_sampling_clip_max {high}"
         )
     both = {"warmup_steps", "warmup_ratio"} <= set(args._given)
     if both and getattr(args, "warmup_steps", 0) > 0 and getattr(args, "warmup_ratio", 0) > 0:

@@ -203,10 +203,18 @@ class RunLog:
         the step's. Call on every rank, with the same names."""
         from common.run.step_metrics import step_metrics, step_totals
 
+        # the sampler correction's extremes are reduced by max, its sums with the others
+        correction = getattr(self.args, "vllm_importance_sampling_correction", False)
+        if correction:
+            from common.rl.sampler_correction import correction_metrics, split_extremes
+
+            update, extremes = split_extremes(update)
         totals = step_totals(self.accelerator, self.clock, sums, update)
         row = step_metrics(
             step, totals, counters, grad_norms, lr, scored, self.accelerator, loss_per
         )
+        if correction:
+            row |= correction_metrics(self.accelerator, totals, extremes)
         return row, totals
 
     def samples_due(self, step: int) -> bool:

@@ -193,11 +193,6 @@ KL_AS_K3 = When(
     lambda value, ctx: value is False or _same(ctx.value("beta") or 0, 0),
     ("beta",),
 )
-NO_VLLM_WEIGHTS = When(
-    "`false`, or without use_vllm",
-    lambda value, ctx: value is False or ctx.value("use_vllm") is not True,
-    ("use_vllm",),
-)
 ANY = When("ignored", lambda value, ctx: True)
 
 
@@ -582,13 +577,14 @@ TABLE: dict[str, Flag | Refused | Ignored] = {
         "vllm_max_model_length", _renamed("vllm_max_model_length", " (null: 2048 here)")
     ),
     "vllm_tensor_parallel_size": Refused("one vLLM engine per process", (1,)),
-    "vllm_importance_sampling_correction": Refused(
-        "vLLM's samples are not reweighted (the gap is logged: sampler_logp_diff)", NO_VLLM_WEIGHTS
+    "vllm_importance_sampling_correction": Flag("vllm_importance_sampling_correction"),
+    "vllm_importance_sampling_mode": Flag("vllm_importance_sampling_mode"),
+    "vllm_importance_sampling_clip_max": Flag("vllm_importance_sampling_clip_max"),
+    "vllm_importance_sampling_clip_min": Flag("vllm_importance_sampling_clip_min"),
+    "vllm_importance_sampling_cap": Flag(
+        "vllm_importance_sampling_clip_max",
+        _renamed("vllm_importance_sampling_clip_max", " (TRL's deprecated name for it)"),
     ),
-    "vllm_importance_sampling_mode": Ignored(ONLY_WITH.format("the vLLM correction")),
-    "vllm_importance_sampling_clip_max": Ignored(ONLY_WITH.format("the vLLM correction")),
-    "vllm_importance_sampling_clip_min": Ignored(ONLY_WITH.format("the vLLM correction")),
-    "vllm_importance_sampling_cap": Ignored(ONLY_WITH.format("the vLLM correction")),
     # ---- precision, memory, compilation, processes
     "bf16": Flag("dtype", _precision),
     "fp16": Flag("dtype", _precision),
