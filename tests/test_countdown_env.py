@@ -176,3 +176,22 @@ def test_state_text_and_task_match_the_single_turn_task():
     ]
     assert [(e.id, e.prompt) for e in train[:50]] == [(e.id, e.prompt) for e in ref.train[:50]]
     assert len(make_env_task(prompt_pool=48)[0]) == 48
+
+
+def test_the_text_protocol_class_passes_final_on_to_the_game():
+    """CountdownGame, what ps_grpo plays through the text protocol: an action that ended with EOS
+    (`final`) ends the episode there, as CountdownEnv's own step does."""
+    from common.demo.countdown_env import CountdownGame
+    from common.envs.protocol import Environment
+
+    env = Environment(CountdownGame)
+    assert env.step_takes_final
+    row = {"nums": list(P.nums), "target": P.target}
+    for final, expected in ((True, ("stopped\n", 0.0, True)), (False, ("1 4 t5\n", 0.0, False))):
+        game = env.new()
+        env.reset(game, row)
+        assert env.step(game, "14-10=4", final) == expected
+    # retry mode: an invalid action still ends the episode when the agent said it was done
+    game = CountdownGame(invalid="retry")
+    game.reset(**row)
+    assert game.step("14-10=5", final=True) == ("invalid\n", 0.0, True)

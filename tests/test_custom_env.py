@@ -337,6 +337,15 @@ def test_a_wrong_return_type_stops_with_one_line_naming_the_class():
 
     with pytest.raises(SystemExit, match=r"NoText\.reset returned 7 \(int\); expected a str"):
         runner(NoText).play(gen, [{"seed": 0}], [Prefix()], 1, CFG)
+
+    class NoPrompt(Walk):  # None is a first observation in TRL's convention only
+        def reset(self, seed):
+            return None
+
+    with pytest.raises(
+        SystemExit, match=r"NoPrompt\.reset returned None \(NoneType\); expected a str$"
+    ):
+        runner(NoPrompt).play(gen, [{"seed": 0}], [Prefix()], 1, CFG)
     with pytest.raises(SystemExit, match="no class Nope"):
         load_class(f"{__file__}:Nope")
     assert load_class("examples/merge_game.py:MergeGame").__name__ == "MergeGame"
@@ -913,6 +922,26 @@ def test_the_class_and_reset_are_checked_before_the_model_loads_in_one_line(tmp_
     rows.write_text("".join(json.dumps({"board": "x", "size": 3}) + "\n" for _ in range(10)))
     with pytest.raises(SystemExit, match=r"Board\.reset\(board\) cannot take .*\(board, size\)"):
         _opened(["--environment", spec, "--dataset_name", str(rows)])
+
+
+def test_reset_is_checked_against_the_first_held_out_task_too(tmp_path):
+    """Held-out rows from another file can have other columns than the training rows: reset's
+    signature is checked against them before the model loads, not at the first evaluation."""
+    (tmp_path / "game.py").write_text(
+        "class Board:\n    def reset(self, board):\n        return board\n"
+        "    def step(self, action):\n        return '', 1.0, True\n"
+    )
+    spec = f"{tmp_path / 'game.py'}:Board"
+    train, held = tmp_path / "train.jsonl", tmp_path / "held.jsonl"
+    train.write_text("".join(json.dumps({"board": "x"}) + "\n" for _ in range(10)))
+    held.write_text("".join(json.dumps({"grid": "y"}) + "\n" for _ in range(3)))
+    flags = ["--environment", spec, "--dataset_name", str(train), "--eval_dataset", str(held)]
+    with pytest.raises(SystemExit) as stop:
+        _opened(flags)
+    assert str(stop.value).startswith(
+        f"--environment {spec}: Board.reset(board) cannot take the first held-out task's keywords "
+        "(grid): "
+    )
 
 
 def test_the_start_up_line_names_trl_s_convention_and_its_tools(tmp_path):

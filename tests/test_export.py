@@ -299,3 +299,12 @@ def test_every_script_exports_its_model(short_run, script):
     trained = load_file(str(out / f"checkpoint-{steps}" / "model.safetensors"))
     assert saved.keys() == trained.keys()
     assert all(saved[k].dtype == torch.float32 and torch.equal(saved[k], trained[k]) for k in saved)
+
+
+def test_a_home_relative_path_is_cut_like_an_absolute_one():
+    """`~/...` names a file of the training machine's home as much as `/...` does."""
+    from common.run.export import shareable
+
+    assert shareable("~/data/d.jsonl") == "d.jsonl"
+    assert shareable("~/rewards/mine.py:accuracy,/abs/fmt.py:fmt") == "mine.py:accuracy,fmt.py:fmt"
+    assert shareable("openai/gsm8k") == "openai/gsm8k"  # a Hub id stays

@@ -508,3 +508,48 @@ def test_truncated_completions_get_reward_zero_and_spawn_no_child(tiny_base, tmp
     assert samples and all(
         s["truncated"] and s["reward"] == 0.0 for s in samples
     )  # logged at the final eval step
+
+
+def test_the_critics_value_loss_counts_only_the_rewarded_rollouts():
+    """A rollout with no reward (NaN: no function scored it) has no return to fit: the critic's
+    value loss leaves its tokens out, however far its (meaningless) return lies."""
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+
+    from common.rl.logprobs import Forward
+    from pros_ppo import critic_step
+
+    class FlatCritic(torch.nn.Module):  # V = 0 on every completion token
+        def __init__(self):
+            super().__init__()
+            self.value = torch.nn.Parameter(torch.zeros(()))
+
+        def forward(self, batch):
+            return self.value.expand(batch.input_ids.shape[0], batch.completion_width)
+
+    critic = FlatCritic()
+    prompts, completions = [[5, 6], [5, 6]], [[7, 8, 9], [7, 8, 9]]
+    old = SimpleNamespace(value=torch.zeros(2, 3))
+    returns = torch.tensor([[1.0, 1.0, 1.0], [100.0, 100.0, 100.0]])
+    has_reward = torch.tensor([True, False])
+    args = SimpleNamespace(
+        micro_batch_size=2, max_tokens_per_microbatch=0, cliprange_value=0.2, max_grad_norm=1.0
+    )
+    forward = Forward(0, torch.device("cpu"), "float32")
+    loss = critic_step(
+        critic,
+        torch.optim.SGD(critic.parameters(), lr=0.0),
+        [0, 1],
+        old,
+        returns,
+        has_reward,
+        3.0,  # the rewarded rollout's tokens
+        prompts,
+        completions,
+        forward,
+        Accelerator(cpu=True),
+        args,
+    )
+    # 0.5 (V - R)^2 = 0.5 on each of the rewarded rollout's 3 tokens, over its 3 tokens
+    assert loss.item() == pytest.approx(0.5)

@@ -441,3 +441,20 @@ def test_an_environment_sweep_page_names_its_environment_and_reward(tmp_path):
         "last 4 rows of rows.jsonl (at most --eval_prompts, at most a fifth of the rows)\n"
     )
     assert run.used_data(log) == {"train_prompts": 36, "eval_prompts": 4}
+
+
+def test_no_reward_reads_only_the_runs_that_finished():
+    """A run cut short says nothing of whether its config earns a reward: the "No reward" line
+    reads finished runs only, and a config none of whose runs finished is not named."""
+    from benchmarks.sweep.report.load import RunData
+    from benchmarks.sweep.report.page import never_rewarded
+
+    def run(name, seed, finished, reward):
+        return RunData(name, seed, [{"step": 0, "reward_mean": reward}], 4, finished, {})
+
+    runs = {
+        "silent": {0: run("silent", 0, True, 0.0), 1: run("silent", 1, False, 0.5)},
+        "cut": {0: run("cut", 0, False, 0.0)},
+        "learns": {0: run("learns", 0, True, 0.0), 1: run("learns", 1, True, 0.25)},
+    }
+    assert never_rewarded(runs) == ["silent"]
