@@ -57,7 +57,7 @@ ONLY_WHEN_ASKED = (
 )
 KL_REFERENCE = "common.model.reference"
 """loaded only with --beta > 0 (the default of ra_rloo.py alone)"""
-MAX_LINES = 4500
+MAX_LINES = 4550
 """the most lines of common/ a one-step real-data run of a script may load (tests/test_layout.py)"""
 
 PROBE = """
