@@ -155,8 +155,9 @@ class Args(
     either way"""
     vllm_importance_sampling_correction: Optional[bool] = None
     """reweight each sampled token by rho = pi_trainer / pi_sampler under the sampling weights
-    (TRL's flag; unset: on with --use_vllm, as TRL, off with HF generate, whose log-probs come
-    from its own cached decode: rho is then about 1, a check rather than a correction)"""
+    (TRL's flag); asked for with HF generate, whose log-probs come from its own cached decode, rho
+    is about 1: a check rather than a correction (default: on with --use_vllm, as TRL, off with HF
+    generate)"""
     vllm_importance_sampling_mode: Literal[
         "sequence_mask", "sequence_truncate", "token_mask", "token_truncate"
     ] = "sequence_mask"
@@ -166,8 +167,7 @@ class Args(
     vllm_importance_sampling_clip_max: Annotated[Optional[float], Range(0, lo_open=True)] = 3.0
     """upper bound C_max of the ratio (null in a --config file: none)"""
     vllm_importance_sampling_clip_min: Annotated[Optional[float], Range(0)] = None
-    """lower bound C_min of the ratio (unset: none), below
-    --vllm_importance_sampling_clip_max"""
+    """lower bound C_min of the ratio, below --vllm_importance_sampling_clip_max (default: none)"""
     micro_batch_size: Annotated[int, Range(1)] = 64
     """sequences per forward/backward pass (gradients are accumulated over the step's batch)"""
     max_tokens_per_microbatch: Annotated[int, Range(0, zero="off")] = 0

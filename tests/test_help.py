@@ -253,7 +253,8 @@ def test_a_shown_default_is_the_default_used(shown_help):
             if shown != str(value):
                 wrong[f.name] = (shown, value)
         assert not wrong, f"{name} --help shows (shown, used): {wrong}"
-    assert checked > 4 * worded > 0, (checked, worded)
+    # most defaults are values, checked against Args(); the worded ones are the few unset flags
+    assert checked > 3 * worded > 0, (checked, worded)
     expected = {
         "ps_grpo": {"scale_rewards": "False", "num_generations": "8", "max_steps": "150"},
         "ra_rloo": {

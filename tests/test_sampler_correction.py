@@ -183,7 +183,7 @@ def test_help_lists_the_four_flags_with_trls_defaults(script, capsys):
     assert stop.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "--vllm_importance_sampling_correction [BOOL] reweight each sampled token" in text
-    assert "unset: on with --use_vllm, as TRL, off with HF generate" in text
+    assert "(default: on with --use_vllm, as TRL, off with HF generate)" in " ".join(text.split())
     assert "(`truncate`) (default: sequence_mask)" in text
     assert "file: none) [> 0] (default: 3.0)" in text
-    assert "--vllm_importance_sampling_clip_max [>= 0] (default: None)" in text
+    assert "below --vllm_importance_sampling_clip_max [>= 0] (default: none)" in text
