@@ -178,6 +178,31 @@ def test_a_step_that_raises_ends_its_episode_with_one_line_naming_the_file(capsy
         play(gen, [{"seed": 1}], [Prefix()], 2, CFG)
 
 
+class Hoard:
+    """Keeps the row's list as its own and appends to it, as a user's class may."""
+
+    def reset(self, seed, items):
+        self.items = items
+        self.items.append(seed)
+        return f"have {len(self.items)}\n"
+
+    def step(self, action):
+        self.items.append(0)
+        return f"have {len(self.items)}\n", 0.0, len(self.items) > 3
+
+
+def test_each_episode_gets_its_own_copy_of_the_rows_values():
+    row = {"seed": 7, "items": [1, [2]]}
+    play = runner(Hoard).play
+    out = play(Scripted(lambda p: ENC("+\n")), [row], [Prefix()], 3, CFG)
+    # every episode starts from the row as the dataset gave it; the row (what later steps, the
+    # evaluation and the reward functions' columns read) is unchanged
+    assert [e.prompt for e in out.episodes] == [ENC("have 3\n")] * 3
+    assert row == {"seed": 7, "items": [1, [2]]}
+    again = play(Scripted(lambda p: ENC("+\n")), [row], [Prefix()], 1, CFG)
+    assert again.episodes[0].prompt == ENC("have 3\n") and row["items"] == [1, [2]]
+
+
 class Trail(Walk):
     """Its state is a list it keeps appending to; snapshot() returns that live list (no copy) and
     restore(state) keeps the object it is given: the two mistakes a copy on each side absorbs."""
@@ -495,6 +520,9 @@ def test_a_tool_without_a_usable_docstring_is_refused_in_one_line_naming_the_met
         with pytest.raises(SystemExit, match=rf"^environment {cls.__name__}: tool method "):
             Environment(cls)
     with pytest.raises(SystemExit, match=r"NoDoc\.move has no usable schema: .*no docstring"):
+        Environment(NoDoc)
+    # the way out names the method itself
+    with pytest.raises(SystemExit, match=r"a method that is not a tool: name it _move\)$"):
         Environment(NoDoc)
 
 

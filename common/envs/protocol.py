@@ -17,6 +17,7 @@ naming the class and what it returned.
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import inspect
 import json
@@ -141,7 +142,8 @@ class Environment:
             raise SystemExit(
                 f"environment {self.name}: tool method {self.name}.{tool} has no usable schema: "
                 f"{error} (a tool needs a type hint per argument and a docstring with a summary "
-                "and an `Args:` line per argument; a method that is not a tool: name it _{tool})"
+                "and an `Args:` line per argument; "
+                f"a method that is not a tool: name it _{tool})"
             ) from None
 
     def _awaited(self, value):
@@ -190,8 +192,11 @@ class Environment:
         return self._call("__init__", self.factory)
 
     def reset(self, instance, row: dict) -> str | None:
-        """The first observation: a `str` (TRL's convention: a `str` or None)."""
-        observation = self._call("reset", instance.reset, **row)
+        """The first observation: a `str` (TRL's convention: a `str` or None). The instance gets
+        its own copy of the row's values, as a fresh read of the dataset would give it: what it
+        changes in them (`self.items = items`, then appending) reaches no other episode, no later
+        step and no reward function."""
+        observation = self._call("reset", instance.reset, **copy.deepcopy(row))
         if isinstance(observation, str) or (observation is None and not self.text):
             return observation
         return self._wrong("reset", observation, "a str" if self.text else "a str or None")
