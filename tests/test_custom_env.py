@@ -488,8 +488,29 @@ def test_a_chat_template_that_drops_tools_or_tool_calls_is_refused_in_one_line()
         with pytest.raises(SystemExit, match=f"Counter: .*tiny/chat-model: .*{reason}") as stop:
             EnvRunner(Environment(Counter), Renderer(tok, True), 4)
         assert "\n" not in str(stop.value)
+    # a template that drops only the arguments says so
+    tok.chat_template = TEMPLATE.replace("c.function | tojson", "c.function.name")
+    with pytest.raises(SystemExit) as stop:
+        EnvRunner(Environment(Counter), Renderer(tok, True), 4)
+    assert str(stop.value).endswith(
+        "its chat template drops the tool call's argument names and the tool call's argument values"
+    )
     # the text protocol needs no tools
     EnvRunner(Environment(Walk), Renderer(tok, True), 4)
+
+
+def test_a_tokenizer_that_cannot_encode_a_tool_call_is_refused_naming_the_characters():
+    # the embedded char-level tokenizer, given a template that renders tools: it has no { } " _
+    tok = build_char_tokenizer()
+    tok.chat_template = TEMPLATE
+    tok.name_or_path = "char-tokenizer"
+    with pytest.raises(SystemExit) as stop:
+        EnvRunner(Environment(Counter), Renderer(tok, True), 4)
+    line = str(stop.value)
+    assert "\n" not in line and line.startswith("environment Counter: ")
+    assert 'char-tokenizer: it cannot encode " _ { }' in line
+    # a tokenizer that has every character passes
+    EnvRunner(Environment(Counter), Renderer(chat_tokenizer(), True), 4)
 
 
 def test_a_trl_class_is_refused_at_start_up_when_the_tokenizer_cannot_take_tools():
@@ -503,8 +524,11 @@ def test_a_trl_class_is_refused_at_start_up_when_the_tokenizer_cannot_take_tools
     for tok, more in ((chat, ["--use_chat_template", "no"]), (TOK, [])):
         with pytest.raises(SystemExit, match="^environment Counter: TRL's environment_factory"):
             AgentEnv(parse_args(Args, flags + more), tok, print)
-    with pytest.raises(SystemExit, match="tiny/chat-model: it has none"):
+    # which of the two it is: the flag turned the template off, or there is none
+    with pytest.raises(SystemExit, match="tiny/chat-model: --use_chat_template no turns its chat"):
         AgentEnv(parse_args(Args, flags + ["--use_chat_template", "no"]), chat, print)
+    with pytest.raises(SystemExit, match=r": it has no chat template$"):
+        AgentEnv(parse_args(Args, flags), TOK, print)
 
 
 def test_a_tool_without_a_usable_docstring_is_refused_in_one_line_naming_the_method():

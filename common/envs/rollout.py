@@ -201,7 +201,8 @@ class Renderer:
     def tool_template_problem(self) -> str | None:
         """Why the chat template cannot carry TRL's convention, None when it can: TRL's test (a
         user -> assistant with tool calls -> tool conversation renders the call's name, its argument
-        and the tool's result), and the tools' schema reaching the prompt."""
+        and the tool's result), the tools' schema reaching the prompt, and the tokenizer encoding
+        the characters of both (encoded then decoded, none of them is lost)."""
         render = self.tokenizer.apply_chat_template
         name, key, value, result = (
             f"probe_{part}_7c1e" for part in ("tool", "key", "value", "out")
@@ -222,8 +223,8 @@ class Renderer:
             return f"it fails on a tool call and its result ({type(error).__name__}: {error})"
         dropped = [part for part in (name, key, value, result) if part not in text]
         if dropped:
-            what = "the tool's result" if dropped == [result] else "the assistant's tool calls"
-            return f"it drops {what}"
+            return f"its chat template drops {dropped_parts(dropped, name, key, value, result)}"
+        conversation = text
         schema = {
             "type": "function",
             "function": {
@@ -235,10 +236,48 @@ class Renderer:
         try:
             text = render([{"role": "user", "content": "hi"}], tools=[schema], tokenize=False)
         except Exception as error:  # noqa: BLE001
-            return f"it fails on `tools` ({type(error).__name__}: {error})"
+            return f"its chat template fails on `tools` ({type(error).__name__}: {error})"
         if name not in text:
-            return "it ignores `tools` (the model would never see the tools' schema)"
+            return "its chat template ignores `tools` (the model would never see the tools' schema)"
+        # the rendered text as the model reads it: encoded, then decoded
+        needed = set(json.dumps(call) + json.dumps(schema))
+        lost = sorted(
+            set(
+                lost_characters(self.tokenizer, conversation)
+                + lost_characters(self.tokenizer, text)
+            )
+            & needed
+        )
+        if lost:
+            return (
+                f"it cannot encode {' '.join(lost)} (characters of a tool call or the tools' "
+                "schema, which the prompt would then read as unknown tokens, so no call could "
+                "parse)"
+            )
         return None
+
+
+def dropped_parts(dropped: list[str], name: str, key: str, value: str, result: str) -> str:
+    """What a chat template leaves out of the probe conversation, in words."""
+    if dropped == [result]:
+        return "the tool's result"
+    if {name, key, value} <= set(dropped):
+        return "the assistant's tool calls"
+    words = {
+        name: "the tool call's name",
+        key: "the tool call's argument names",
+        value: "the tool call's argument values",
+        result: "the tool's result",
+    }
+    return " and ".join(words[part] for part in dropped)
+
+
+def lost_characters(tokenizer, text: str) -> list[str]:
+    """The characters of `text` that its encoding and decoding lose (a tokenizer without them
+    encodes them as its unknown token)."""
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    decoded = tokenizer.decode(ids, skip_special_tokens=False)
+    return sorted(set(text) - set(decoded))
 
 
 class EnvRunner:
@@ -250,16 +289,17 @@ class EnvRunner:
         if not env.text:
             # TRL refuses such a tokenizer too: the model would never see the tools or its calls
             tokenizer = getattr(renderer.tokenizer, "name_or_path", "") or "the tokenizer"
-            problem = (
-                renderer.tool_template_problem()
-                if renderer.chat
-                else "it has none (or --use_chat_template no)"
-            )
+            if renderer.chat:
+                problem = renderer.tool_template_problem()
+            elif getattr(renderer.tokenizer, "chat_template", None):
+                problem = "--use_chat_template no turns its chat template off"
+            else:
+                problem = "it has no chat template"
             if problem:
                 raise SystemExit(
                     f"environment {env.name}: TRL's environment_factory convention needs a chat "
-                    f"template that renders tools, tool calls and their results; the chat "
-                    f"template of {tokenizer}: {problem}"
+                    f"template that renders tools, tool calls and their results, and a tokenizer "
+                    f"that encodes them; {tokenizer}: {problem}"
                 )
         self.env, self.renderer, self.max_turns, self.log = env, renderer, max_turns, log
         self.said: set = set()
