@@ -173,9 +173,102 @@ def test_a_step_that_raises_ends_its_episode_with_one_line_naming_the_file(capsy
     assert "Broken.step raised KeyError: 'no square 3'" in lines[0]
     assert f"{__file__}:{Broken.step.__code__.co_firstlineno + 2}" in lines[0]
     assert "Traceback" not in capsys.readouterr().err
-    # every episode raising stops the run with one line
-    with pytest.raises(SystemExit, match="failed in every episode.*KeyError"):
-        play(gen, [{"seed": 1}], [Prefix()], 2, CFG)
+
+    # every episode of a training batch raising stops the run with one sentence quoting that
+    # batch's fault (not an earlier batch's), without the per-episode notes of the fault line
+    class Fragile(Broken):
+        def reset(self, seed):
+            if seed == 5:
+                raise ValueError("no board 5")
+            return super().reset(seed)
+
+    play = runner(Fragile, lines=lines).play
+    play(gen, [{"seed": 0}, {"seed": 1}], [Prefix()] * 2, 1, CFG)  # a step fault, then:
+    with pytest.raises(SystemExit) as stop:
+        play(gen, [{"seed": 5}], [Prefix()], 2, CFG)
+    place = f"{__file__}:{Fragile.reset.__code__.co_firstlineno + 2}"
+    assert str(stop.value) == (
+        "environment Fragile failed in all 2 episodes of a training batch, so the run stops; the "
+        f"batch's first fault: Fragile.reset raised ValueError: no board 5 (at {place})"
+    )
+
+
+class HeldOutFails(Walk):
+    """Its held-out tasks (seeds 100 and up) cannot start."""
+
+    def reset(self, seed):
+        if seed >= 100:
+            raise KeyError(f"no level {seed}")
+        return super().reset(seed)
+
+
+def test_a_held_out_evaluation_whose_every_episode_failed_is_nan_said_once_and_the_run_goes_on(
+    capsys,
+):
+    from types import SimpleNamespace
+
+    from common.envs.tasks import EnvTask
+    from common.run.flags import parse_args
+    from ps_grpo import AgentEnv, Args, evaluate_episodes, turn_config
+
+    args = parse_args(Args, ["--environment", f"{__file__}:HeldOutFails", "--eval_samples", "2"])
+    opened = (Environment(HeldOutFails), [EnvTask({"seed": 0})], [EnvTask({"seed": 100})])
+    env = AgentEnv(args, TOK, print, opened)
+    gen, one = Scripted(lambda p: ENC("+\n")), SimpleNamespace(process_index=0, num_processes=1)
+    cfg = turn_config(TOK, args, 0.0)
+    # a training batch's fault first: the evaluation's line quotes its own
+    env.runner.play(gen, [{"seed": 0}], [Prefix()], 1, CFG)
+    out = evaluate_episodes(env, gen, env.held_out, args, one, cfg)
+    assert out and all(value != value for value in out.values())  # NaN, not a pass rate of 0
+    err = capsys.readouterr().err
+    assert (
+        "the held-out evaluation (eval_*): environment HeldOutFails failed in all 2 episodes, so "
+        "it is recorded as NaN this time and the run goes on; its first fault: "
+        "HeldOutFails.reset raised KeyError: 'no level 100'"
+    ) in err
+    # the tasks that do start are evaluated as before
+    assert evaluate_episodes(env, gen, env.train, args, one, cfg)["eval_pass@1"] == 1.0
+
+
+def test_too_few_rows_for_a_held_out_task_say_there_is_no_evaluation_and_skip_it(tmp_path):
+    import warnings
+    from types import SimpleNamespace
+
+    from common.run.flags import parse_args
+    from ps_grpo import AgentEnv, Args
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"seed": i}) + "\n" for i in range(4)))
+    flags = ["--environment", MERGE, "--dataset_name", str(rows), "--eval_train_prompts", "0"]
+    opened = _opened(flags)
+    assert opened[2] == [] and opened[3][1] == (
+        f"4 training tasks from {rows}, reset(**row) on each row; no held-out evaluation: a "
+        f"one-split source holds out at most a fifth of its rows, and the 4 rows of {rows} give "
+        "none (give it 5 rows or more, or held-out rows with --eval_dataset)"
+    )
+    env = AgentEnv(parse_args(Args, flags), TOK, print, opened[:3])
+    one = SimpleNamespace(process_index=0, num_processes=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "Mean of empty slice"
+        assert env.evaluate(Scripted(lambda p: ENC("+\n")), one) == {}
+
+
+def test_a_samples_row_of_a_failed_episode_names_its_task():
+    import torch
+
+    from common.tasks.scoring import Scored
+    from ps_grpo import Args, BatchTask, sample_rows
+
+    out = runner(HeldOutFails).play(
+        Scripted(lambda p: ENC("+\n")), [{"seed": 0}, {"seed": 100}], [Prefix()] * 2, 1, CFG
+    )
+    tasks = [BatchTask(0), BatchTask(100)]
+    scored = Scored([1.0, 0.0], {}, 0.0, [True, False])
+    rows = sample_rows(
+        tasks, out.episodes, torch.zeros(2), [True, True], out.truncated, scored, 1, TOK, Args()
+    )
+    assert rows[1]["env_error"] is True and rows[1]["prompt"] == "" and rows[1]["prompt_id"] == 100
+    assert "env_error" not in rows[0]
 
 
 class Hoard:

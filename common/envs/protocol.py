@@ -38,11 +38,13 @@ NOT_TOOLS = ("reset", "get_reward", "step", "snapshot", "restore")
 
 class EnvFault(Exception):
     """Your environment raised during one episode; `str()` is the one line that says so, `key`
-    what the same fault shares (the method, the exception's type and where it was raised)."""
+    what the same fault shares (the method, the exception's type and where it was raised), `short`
+    the fault alone (what raised what, and where), without the line's notes."""
 
-    def __init__(self, line: str, key: tuple = ()):
+    def __init__(self, line: str, key: tuple = (), short: str = ""):
         super().__init__(line)
         self.key = key or (line,)
+        self.short = short or line
 
 
 def load_class(spec: str, flag: str = "--environment"):
@@ -164,8 +166,12 @@ class Environment:
         try:
             return function(*args, **kwargs)
         except Exception as error:  # noqa: BLE001 - the user's code: one line, the episode ends
-            key = (what, type(error).__name__, raised_at(error, self.file))
-            raise EnvFault(self.fault_line(what, error), key) from error
+            place = raised_at(error, self.file)
+            key = (what, type(error).__name__, place)
+            short = f"{self.name}.{what} raised {type(error).__name__}: {error}" + (
+                f" (at {place})" if place else ""
+            )
+            raise EnvFault(self.fault_line(what, error), key, short) from error
 
     def fault_line(self, what: str, error: BaseException) -> str:
         """The one line of an exception your code raised in `what` (the traceback too with

@@ -60,6 +60,7 @@ class Rollouts:
     actions_cut: int = 0  # of those, cut by the token cap (max_new_tokens)
     tool_calls: int = 0  # TRL's convention: the tool calls of the generated turns
     tool_failures: int = 0  # of those, answered with an error
+    faults: list = field(default_factory=list)  # this batch's faults (`EnvFault.short`), in order
 
 
 @dataclass
@@ -303,15 +304,19 @@ class EnvRunner:
                 )
         self.env, self.renderer, self.max_turns, self.log = env, renderer, max_turns, log
         self.said: set = set()
-        self.last = ""
+        self.faults: list[str] = []  # the faults of the batch being played
 
     def say(self, line: str, key=None) -> None:
         """`line` once per run: the same fault (`key`) or the same line again is not said again."""
-        self.last = line
         key = key or (line,)
         if key not in self.said:
             self.said.add(key)
             self.log(line)
+
+    def fault(self, fault: EnvFault) -> None:
+        """A fault of this batch: said once per run, kept for the batch's stop line."""
+        self.say(str(fault), fault.key)
+        self.faults.append(fault.short)
 
     # ---------------- one episode's start ----------------
     def _start(self, row: dict, prefix: Prefix, group: int, errors: list):
@@ -346,7 +351,7 @@ class EnvRunner:
                 if not env.text:
                     episode.chat.append(act.messages)
         except EnvFault as fault:
-            self.say(str(fault), fault.key)
+            self.fault(fault)
             errors.append(episode)
             return episode, instance, False
         return episode, instance, True
@@ -380,10 +385,15 @@ class EnvRunner:
         return Act(observation, messages=[message, *results], failures=failures)
 
     # ---------------- a batch ----------------
-    def play(self, generator, rows: list[dict], prefixes: list[Prefix], n: int, cfg) -> Rollouts:
+    def play(
+        self, generator, rows: list[dict], prefixes: list[Prefix], n: int, cfg, evaluation=False
+    ) -> Rollouts:
         """n episodes per task, turn by turn; one generate call per turn for every live episode.
-        Returns the kept tasks' episodes (a prefix task whose replay diverged is dropped)."""
+        Returns the kept tasks' episodes (a prefix task whose replay diverged is dropped). A
+        training batch whose every episode failed stops the run, quoting the batch's first fault;
+        an `evaluation`'s is returned (its caller says so)."""
         env = self.env
+        self.faults = []
         self.renderer.end_ids = set(generator.end_ids)
         episodes, instances, live, errors, kept, mismatched = [], [], [], [], [], 0
         for task, (row, prefix) in enumerate(zip(rows, prefixes)):
@@ -424,7 +434,7 @@ class EnvRunner:
                         state = state_copy(env, env.snapshot(instances[i]))
                         episodes[i].snapshots.append(state)
                 except EnvFault as fault:
-                    self.say(str(fault), fault.key)
+                    self.fault(fault)
                     failed.add(id(episodes[i]))
                     act = Act([], done=True)
                 rewards[i], done = act.reward, act.done
@@ -441,16 +451,18 @@ class EnvRunner:
                 try:  # TRL's convention: the environment's own reward, when it has one
                     reward = env.reward(instance) or 0.0
                 except EnvFault as fault:
-                    self.say(str(fault), fault.key)
+                    self.fault(fault)
                     failed.add(id(episode))
                     reward = 0.0
             episode.reward = reward
             episode.env = instance
             episode.env_error = id(episode) in failed
-        if episodes and len(failed) == len(episodes):
+        if episodes and len(failed) == len(episodes) and not evaluation:
             raise SystemExit(
-                f"environment {env.name} failed in every episode of the batch, stopping: "
-                + self.last
+                f"environment {env.name} failed in all {len(episodes)} episodes of a training "
+                f"batch, so the run stops; the batch's first fault: {self.faults[0]}"
             )
         replayed = sum(1 for p in prefixes if p.steps)
-        return Rollouts(episodes, clipped, kept, len(failed), replayed, mismatched, **counts)
+        return Rollouts(
+            episodes, clipped, kept, len(failed), replayed, mismatched, **counts, faults=self.faults
+        )
