@@ -971,7 +971,9 @@ def test_flags_and_a_sweep_task_file_that_names_an_environment(tmp_path):
     assert all("multiturn" in c.flags for c in task_configs(True).values())
     (tmp_path / "b.yaml").write_text("max_steps: 2\nenvironment: game.py:Bad\n")
     bad = load_task(str(tmp_path / "b.yaml"), runner_types(SweepArgs))
-    with pytest.raises(SystemExit, match=r"Bad\.reset raised OSError: no board \(at .*game\.py:8"):
+    with pytest.raises(
+        SystemExit, match=r"Bad\.reset raised OSError: no board \(at .*game\.py:8\)$"
+    ):
         check_task(bad, "embedded", lines.append)
 
 
