@@ -751,20 +751,36 @@ def without_failed(scored: Scored, failed: list[bool]) -> Scored:
     return scored
 
 
-def evaluate_episodes(env, generator, tasks: list, args: Args, accelerator, cfg) -> dict:
+def evaluate_episodes(
+    env, generator, tasks: list, args: Args, accelerator, cfg, what="held-out evaluation (eval_*)"
+) -> dict:
     """Held-out pass@1 / pass@k (every power of two k <= --eval_samples) of whole episodes in the
-    environment `env`, turns sampled with `cfg` (tasks split across ranks)."""
+    environment `env`, turns sampled with `cfg` (tasks split across ranks). An evaluation (`what`)
+    whose every episode the environment failed measured nothing: its metrics are NaN, said in one
+    line quoting its first fault, and the run goes on (a training batch's would stop it)."""
     samples = args.eval_samples
     mine = tasks[accelerator.process_index :: accelerator.num_processes]
     counts = []
     if mine:
         rows = [task.row for task in mine]
-        episodes, clipped, _ = env.play(generator, rows, samples, cfg)
-        passed = env.score(episodes, mine, clipped, None).success
+        out = env.play(generator, rows, samples, cfg)
+        passed = env.score(out.episodes, mine, out.truncated, None).success
         for i, task in enumerate(mine):
-            counts.append((sum(passed[i * samples : (i + 1) * samples]), task.tag))
+            episodes = out.episodes[i * samples : (i + 1) * samples]
+            failed = sum(episode.env_error for episode in episodes)
+            fault = out.faults[0] if out.faults else ""
+            counts.append((sum(passed[i * samples : (i + 1) * samples]), task.tag, failed, fault))
     counts = gather_list(accelerator, counts)
-    return pass_metrics([count for count, _ in counts], samples, [tag for _, tag in counts])
+    metrics = pass_metrics([c[0] for c in counts], samples, [c[1] for c in counts])
+    if counts and sum(c[2] for c in counts) == len(counts) * samples:
+        fault = next(c[3] for c in counts if c[3])
+        env.warn(
+            f"the {what}: environment {env.env.name} failed in all {len(counts) * samples} "
+            f"episodes, so it is recorded as NaN this time and the run goes on; its first fault: "
+            f"{fault}"
+        )
+        metrics = {name: math.nan for name in metrics}
+    return metrics
 
 
 # ----------------------------------------------------------------------------------------------
@@ -814,11 +830,11 @@ class AgentEnv:
         self.warned_cut = False
 
     def play(self, generator, rows, n, cfg):
-        """n fresh episodes per row: (episodes, truncated, kept)."""
+        """n fresh episodes per row of an evaluation: their `Rollouts` (every one failed does not
+        stop the run: `evaluate_episodes` says so)."""
         from common.envs.rollout import Prefix
 
-        out = self.runner.play(generator, rows, [Prefix() for _ in rows], n, cfg)
-        return out.episodes, out.truncated, out.kept
+        return self.runner.play(generator, rows, [Prefix() for _ in rows], n, cfg, evaluation=True)
 
     def rollout_batch(self, generator, tasks, n):
         """n episodes per task (`env_rollouts`): (episodes, truncated, the kept tasks)."""
@@ -859,14 +875,16 @@ class AgentEnv:
         whole episodes."""
         args = self.args
 
-        def score(tasks):
-            return evaluate_episodes(self, generator, tasks, args, accelerator, self.eval_sampling)
+        def score(tasks, what="training-pool evaluation (eval_train_*)"):
+            cfg = self.eval_sampling
+            return evaluate_episodes(self, generator, tasks, args, accelerator, cfg, what)
 
         # the training-pool sample first: it runs on a copy of the random state, so both draw from
         # the same state (`evaluate_policy`'s train_prompts_first)
         sample = train_prompt_sample(self.train, args.eval_train_prompts)
         train_fit = evaluate_train_prompts(score, sample)
-        out = score(self.held_out)
+        # no held-out task (said at start-up): no held-out evaluation
+        out = score(self.held_out, "held-out evaluation (eval_*)") if self.held_out else {}
         out.update(train_fit)
         return out
 
@@ -1063,7 +1081,7 @@ def sample_rows(
 ) -> list[dict]:
     """samples.jsonl rows of the first --log_samples_per_kind rollouts of each kind (fresh, prefix);
     advantage 0 and trained False: a group dropped by rejection sampling; env_error true: an
-    episode the environment failed (reward null, advantage 0)."""
+    episode the environment failed (reward null, advantage 0, prompt_id its task)."""
     kinds = [task.kind for task in tasks for _ in range(n)]
     rows = []
     for i in first_of_each_kind(kinds, args.log_samples_per_kind):
@@ -1080,7 +1098,8 @@ def sample_rows(
             "ps_prefix_steps": len(task.steps),
         }
         if episodes[i].env_error:  # the environment failed: no reward, advantage 0
-            row.update(reward=None, env_error=True)
+            # which task: its index in the training pool (its row's; without a dataset, its seed)
+            row.update(reward=None, env_error=True, prompt_id=task.prompt_id)
         if task.category is not None:
             row["ps_ratio"] = task.ratio
         row.update(scored.columns(i))

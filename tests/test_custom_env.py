@@ -173,9 +173,127 @@ def test_a_step_that_raises_ends_its_episode_with_one_line_naming_the_file(capsy
     assert "Broken.step raised KeyError: 'no square 3'" in lines[0]
     assert f"{__file__}:{Broken.step.__code__.co_firstlineno + 2}" in lines[0]
     assert "Traceback" not in capsys.readouterr().err
-    # every episode raising stops the run with one line
-    with pytest.raises(SystemExit, match="failed in every episode.*KeyError"):
-        play(gen, [{"seed": 1}], [Prefix()], 2, CFG)
+
+    # every episode of a training batch raising stops the run with one sentence quoting that
+    # batch's fault (not an earlier batch's), without the per-episode notes of the fault line
+    class Fragile(Broken):
+        def reset(self, seed):
+            if seed == 5:
+                raise ValueError("no board 5")
+            return super().reset(seed)
+
+    play = runner(Fragile, lines=lines).play
+    play(gen, [{"seed": 0}, {"seed": 1}], [Prefix()] * 2, 1, CFG)  # a step fault, then:
+    with pytest.raises(SystemExit) as stop:
+        play(gen, [{"seed": 5}], [Prefix()], 2, CFG)
+    place = f"{__file__}:{Fragile.reset.__code__.co_firstlineno + 2}"
+    assert str(stop.value) == (
+        "environment Fragile failed in all 2 episodes of a training batch, so the run stops; the "
+        f"batch's first fault: Fragile.reset raised ValueError: no board 5 (at {place})"
+    )
+
+
+class HeldOutFails(Walk):
+    """Its held-out tasks (seeds 100 and up) cannot start."""
+
+    def reset(self, seed):
+        if seed >= 100:
+            raise KeyError(f"no level {seed}")
+        return super().reset(seed)
+
+
+def test_a_held_out_evaluation_whose_every_episode_failed_is_nan_said_once_and_the_run_goes_on(
+    capsys,
+):
+    from types import SimpleNamespace
+
+    from common.envs.tasks import EnvTask
+    from common.run.flags import parse_args
+    from ps_grpo import AgentEnv, Args, evaluate_episodes, turn_config
+
+    args = parse_args(Args, ["--environment", f"{__file__}:HeldOutFails", "--eval_samples", "2"])
+    opened = (Environment(HeldOutFails), [EnvTask({"seed": 0})], [EnvTask({"seed": 100})])
+    env = AgentEnv(args, TOK, print, opened)
+    gen, one = Scripted(lambda p: ENC("+\n")), SimpleNamespace(process_index=0, num_processes=1)
+    cfg = turn_config(TOK, args, 0.0)
+    # a training batch's fault first: the evaluation's line quotes its own
+    env.runner.play(gen, [{"seed": 0}], [Prefix()], 1, CFG)
+    out = evaluate_episodes(env, gen, env.held_out, args, one, cfg)
+    assert out and all(value != value for value in out.values())  # NaN, not a pass rate of 0
+    err = capsys.readouterr().err
+    assert (
+        "the held-out evaluation (eval_*): environment HeldOutFails failed in all 2 episodes, so "
+        "it is recorded as NaN this time and the run goes on; its first fault: "
+        "HeldOutFails.reset raised KeyError: 'no level 100'"
+    ) in err
+    # the tasks that do start are evaluated as before
+    assert evaluate_episodes(env, gen, env.train, args, one, cfg)["eval_pass@1"] == 1.0
+
+
+def test_too_few_rows_for_a_held_out_task_say_there_is_no_evaluation_and_skip_it(tmp_path):
+    import warnings
+    from types import SimpleNamespace
+
+    from common.run.flags import parse_args
+    from ps_grpo import AgentEnv, Args
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps({"seed": i}) + "\n" for i in range(4)))
+    flags = ["--environment", MERGE, "--dataset_name", str(rows), "--eval_train_prompts", "0"]
+    opened = _opened(flags)
+    assert opened[2] == [] and opened[3][1] == (
+        f"4 training tasks from {rows}, reset(**row) on each row; no held-out evaluation: a "
+        f"one-split source holds out at most a fifth of its rows, and the 4 rows of {rows} give "
+        "none (give it 5 rows or more, or held-out rows with --eval_dataset)"
+    )
+    env = AgentEnv(parse_args(Args, flags), TOK, print, opened[:3])
+    one = SimpleNamespace(process_index=0, num_processes=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "Mean of empty slice"
+        assert env.evaluate(Scripted(lambda p: ENC("+\n")), one) == {}
+
+
+def test_a_samples_row_of_a_failed_episode_names_its_task():
+    import torch
+
+    from common.tasks.scoring import Scored
+    from ps_grpo import Args, BatchTask, sample_rows
+
+    out = runner(HeldOutFails).play(
+        Scripted(lambda p: ENC("+\n")), [{"seed": 0}, {"seed": 100}], [Prefix()] * 2, 1, CFG
+    )
+    tasks = [BatchTask(0), BatchTask(100)]
+    scored = Scored([1.0, 0.0], {}, 0.0, [True, False])
+    rows = sample_rows(
+        tasks, out.episodes, torch.zeros(2), [True, True], out.truncated, scored, 1, TOK, Args()
+    )
+    assert rows[1]["env_error"] is True and rows[1]["prompt"] == "" and rows[1]["prompt_id"] == 100
+    assert "env_error" not in rows[0]
+
+
+class Hoard:
+    """Keeps the row's list as its own and appends to it, as a user's class may."""
+
+    def reset(self, seed, items):
+        self.items = items
+        self.items.append(seed)
+        return f"have {len(self.items)}\n"
+
+    def step(self, action):
+        self.items.append(0)
+        return f"have {len(self.items)}\n", 0.0, len(self.items) > 3
+
+
+def test_each_episode_gets_its_own_copy_of_the_rows_values():
+    row = {"seed": 7, "items": [1, [2]]}
+    play = runner(Hoard).play
+    out = play(Scripted(lambda p: ENC("+\n")), [row], [Prefix()], 3, CFG)
+    # every episode starts from the row as the dataset gave it; the row (what later steps, the
+    # evaluation and the reward functions' columns read) is unchanged
+    assert [e.prompt for e in out.episodes] == [ENC("have 3\n")] * 3
+    assert row == {"seed": 7, "items": [1, [2]]}
+    again = play(Scripted(lambda p: ENC("+\n")), [row], [Prefix()], 1, CFG)
+    assert again.episodes[0].prompt == ENC("have 3\n") and row["items"] == [1, [2]]
 
 
 class Trail(Walk):
@@ -472,8 +590,29 @@ def test_a_chat_template_that_drops_tools_or_tool_calls_is_refused_in_one_line()
         with pytest.raises(SystemExit, match=f"Counter: .*tiny/chat-model: .*{reason}") as stop:
             EnvRunner(Environment(Counter), Renderer(tok, True), 4)
         assert "\n" not in str(stop.value)
+    # a template that drops only the arguments says so
+    tok.chat_template = TEMPLATE.replace("c.function | tojson", "c.function.name")
+    with pytest.raises(SystemExit) as stop:
+        EnvRunner(Environment(Counter), Renderer(tok, True), 4)
+    assert str(stop.value).endswith(
+        "its chat template drops the tool call's argument names and the tool call's argument values"
+    )
     # the text protocol needs no tools
     EnvRunner(Environment(Walk), Renderer(tok, True), 4)
+
+
+def test_a_tokenizer_that_cannot_encode_a_tool_call_is_refused_naming_the_characters():
+    # the embedded char-level tokenizer, given a template that renders tools: it has no { } " _
+    tok = build_char_tokenizer()
+    tok.chat_template = TEMPLATE
+    tok.name_or_path = "char-tokenizer"
+    with pytest.raises(SystemExit) as stop:
+        EnvRunner(Environment(Counter), Renderer(tok, True), 4)
+    line = str(stop.value)
+    assert "\n" not in line and line.startswith("environment Counter: ")
+    assert 'char-tokenizer: it cannot encode " _ { }' in line
+    # a tokenizer that has every character passes
+    EnvRunner(Environment(Counter), Renderer(chat_tokenizer(), True), 4)
 
 
 def test_a_trl_class_is_refused_at_start_up_when_the_tokenizer_cannot_take_tools():
@@ -487,8 +626,11 @@ def test_a_trl_class_is_refused_at_start_up_when_the_tokenizer_cannot_take_tools
     for tok, more in ((chat, ["--use_chat_template", "no"]), (TOK, [])):
         with pytest.raises(SystemExit, match="^environment Counter: TRL's environment_factory"):
             AgentEnv(parse_args(Args, flags + more), tok, print)
-    with pytest.raises(SystemExit, match="tiny/chat-model: it has none"):
+    # which of the two it is: the flag turned the template off, or there is none
+    with pytest.raises(SystemExit, match="tiny/chat-model: --use_chat_template no turns its chat"):
         AgentEnv(parse_args(Args, flags + ["--use_chat_template", "no"]), chat, print)
+    with pytest.raises(SystemExit, match=r": it has no chat template$"):
+        AgentEnv(parse_args(Args, flags), TOK, print)
 
 
 def test_a_tool_without_a_usable_docstring_is_refused_in_one_line_naming_the_method():
@@ -504,6 +646,9 @@ def test_a_tool_without_a_usable_docstring_is_refused_in_one_line_naming_the_met
         with pytest.raises(SystemExit, match=rf"^environment {cls.__name__}: tool method "):
             Environment(cls)
     with pytest.raises(SystemExit, match=r"NoDoc\.move has no usable schema: .*no docstring"):
+        Environment(NoDoc)
+    # the way out names the method itself
+    with pytest.raises(SystemExit, match=r"a method that is not a tool: name it _move\)$"):
         Environment(NoDoc)
 
 
@@ -835,7 +980,9 @@ def test_flags_and_a_sweep_task_file_that_names_an_environment(tmp_path):
     assert all("multiturn" in c.flags for c in task_configs(True).values())
     (tmp_path / "b.yaml").write_text("max_steps: 2\nenvironment: game.py:Bad\n")
     bad = load_task(str(tmp_path / "b.yaml"), runner_types(SweepArgs))
-    with pytest.raises(SystemExit, match=r"Bad\.reset raised OSError: no board \(at .*game\.py:8"):
+    with pytest.raises(
+        SystemExit, match=r"Bad\.reset raised OSError: no board \(at .*game\.py:8\)$"
+    ):
         check_task(bad, "embedded", lines.append)
 
 

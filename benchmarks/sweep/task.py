@@ -374,7 +374,7 @@ def _check_environment(task: TaskFile, data: dict, log) -> None:
         row = rows[0] if rows else {"seed": 0}
         env.reset(env.new(), row)
     except EnvFault as fault:
-        raise SystemExit(f"{head}: {fault}") from None
+        raise SystemExit(f"{head}: {fault.short}") from None
     except SystemExit as stop:
         raise SystemExit(
             f"{head}: {stop}" if not str(stop).startswith(head) else str(stop)

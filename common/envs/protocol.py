@@ -17,6 +17,7 @@ naming the class and what it returned.
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import inspect
 import json
@@ -37,11 +38,13 @@ NOT_TOOLS = ("reset", "get_reward", "step", "snapshot", "restore")
 
 class EnvFault(Exception):
     """Your environment raised during one episode; `str()` is the one line that says so, `key`
-    what the same fault shares (the method, the exception's type and where it was raised)."""
+    what the same fault shares (the method, the exception's type and where it was raised), `short`
+    the fault alone (what raised what, and where), without the line's notes."""
 
-    def __init__(self, line: str, key: tuple = ()):
+    def __init__(self, line: str, key: tuple = (), short: str = ""):
         super().__init__(line)
         self.key = key or (line,)
+        self.short = short or line
 
 
 def load_class(spec: str, flag: str = "--environment"):
@@ -141,7 +144,8 @@ class Environment:
             raise SystemExit(
                 f"environment {self.name}: tool method {self.name}.{tool} has no usable schema: "
                 f"{error} (a tool needs a type hint per argument and a docstring with a summary "
-                "and an `Args:` line per argument; a method that is not a tool: name it _{tool})"
+                "and an `Args:` line per argument; "
+                f"a method that is not a tool: name it _{tool})"
             ) from None
 
     def _awaited(self, value):
@@ -162,8 +166,12 @@ class Environment:
         try:
             return function(*args, **kwargs)
         except Exception as error:  # noqa: BLE001 - the user's code: one line, the episode ends
-            key = (what, type(error).__name__, raised_at(error, self.file))
-            raise EnvFault(self.fault_line(what, error), key) from error
+            place = raised_at(error, self.file)
+            key = (what, type(error).__name__, place)
+            short = f"{self.name}.{what} raised {type(error).__name__}: {error}" + (
+                f" (at {place})" if place else ""
+            )
+            raise EnvFault(self.fault_line(what, error), key, short) from error
 
     def fault_line(self, what: str, error: BaseException) -> str:
         """The one line of an exception your code raised in `what` (the traceback too with
@@ -190,8 +198,11 @@ class Environment:
         return self._call("__init__", self.factory)
 
     def reset(self, instance, row: dict) -> str | None:
-        """The first observation: a `str` (TRL's convention: a `str` or None)."""
-        observation = self._call("reset", instance.reset, **row)
+        """The first observation: a `str` (TRL's convention: a `str` or None). The instance gets
+        its own copy of the row's values, as a fresh read of the dataset would give it: what it
+        changes in them (`self.items = items`, then appending) reaches no other episode, no later
+        step and no reward function."""
+        observation = self._call("reset", instance.reset, **copy.deepcopy(row))
         if isinstance(observation, str) or (observation is None and not self.text):
             return observation
         return self._wrong("reset", observation, "a str" if self.text else "a str or None")

@@ -60,6 +60,7 @@ class Rollouts:
     actions_cut: int = 0  # of those, cut by the token cap (max_new_tokens)
     tool_calls: int = 0  # TRL's convention: the tool calls of the generated turns
     tool_failures: int = 0  # of those, answered with an error
+    faults: list = field(default_factory=list)  # this batch's faults (`EnvFault.short`), in order
 
 
 @dataclass
@@ -201,7 +202,8 @@ class Renderer:
     def tool_template_problem(self) -> str | None:
         """Why the chat template cannot carry TRL's convention, None when it can: TRL's test (a
         user -> assistant with tool calls -> tool conversation renders the call's name, its argument
-        and the tool's result), and the tools' schema reaching the prompt."""
+        and the tool's result), the tools' schema reaching the prompt, and the tokenizer encoding
+        the characters of both (encoded then decoded, none of them is lost)."""
         render = self.tokenizer.apply_chat_template
         name, key, value, result = (
             f"probe_{part}_7c1e" for part in ("tool", "key", "value", "out")
@@ -222,8 +224,8 @@ class Renderer:
             return f"it fails on a tool call and its result ({type(error).__name__}: {error})"
         dropped = [part for part in (name, key, value, result) if part not in text]
         if dropped:
-            what = "the tool's result" if dropped == [result] else "the assistant's tool calls"
-            return f"it drops {what}"
+            return f"its chat template drops {dropped_parts(dropped, name, key, value, result)}"
+        conversation = text
         schema = {
             "type": "function",
             "function": {
@@ -235,10 +237,48 @@ class Renderer:
         try:
             text = render([{"role": "user", "content": "hi"}], tools=[schema], tokenize=False)
         except Exception as error:  # noqa: BLE001
-            return f"it fails on `tools` ({type(error).__name__}: {error})"
+            return f"its chat template fails on `tools` ({type(error).__name__}: {error})"
         if name not in text:
-            return "it ignores `tools` (the model would never see the tools' schema)"
+            return "its chat template ignores `tools` (the model would never see the tools' schema)"
+        # the rendered text as the model reads it: encoded, then decoded
+        needed = set(json.dumps(call) + json.dumps(schema))
+        lost = sorted(
+            set(
+                lost_characters(self.tokenizer, conversation)
+                + lost_characters(self.tokenizer, text)
+            )
+            & needed
+        )
+        if lost:
+            return (
+                f"it cannot encode {' '.join(lost)} (characters of a tool call or the tools' "
+                "schema, which the prompt would then read as unknown tokens, so no call could "
+                "parse)"
+            )
         return None
+
+
+def dropped_parts(dropped: list[str], name: str, key: str, value: str, result: str) -> str:
+    """What a chat template leaves out of the probe conversation, in words."""
+    if dropped == [result]:
+        return "the tool's result"
+    if {name, key, value} <= set(dropped):
+        return "the assistant's tool calls"
+    words = {
+        name: "the tool call's name",
+        key: "the tool call's argument names",
+        value: "the tool call's argument values",
+        result: "the tool's result",
+    }
+    return " and ".join(words[part] for part in dropped)
+
+
+def lost_characters(tokenizer, text: str) -> list[str]:
+    """The characters of `text` that its encoding and decoding lose (a tokenizer without them
+    encodes them as its unknown token)."""
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    decoded = tokenizer.decode(ids, skip_special_tokens=False)
+    return sorted(set(text) - set(decoded))
 
 
 class EnvRunner:
@@ -250,28 +290,33 @@ class EnvRunner:
         if not env.text:
             # TRL refuses such a tokenizer too: the model would never see the tools or its calls
             tokenizer = getattr(renderer.tokenizer, "name_or_path", "") or "the tokenizer"
-            problem = (
-                renderer.tool_template_problem()
-                if renderer.chat
-                else "it has none (or --use_chat_template no)"
-            )
+            if renderer.chat:
+                problem = renderer.tool_template_problem()
+            elif getattr(renderer.tokenizer, "chat_template", None):
+                problem = "--use_chat_template no turns its chat template off"
+            else:
+                problem = "it has no chat template"
             if problem:
                 raise SystemExit(
                     f"environment {env.name}: TRL's environment_factory convention needs a chat "
-                    f"template that renders tools, tool calls and their results; the chat "
-                    f"template of {tokenizer}: {problem}"
+                    f"template that renders tools, tool calls and their results, and a tokenizer "
+                    f"that encodes them; {tokenizer}: {problem}"
                 )
         self.env, self.renderer, self.max_turns, self.log = env, renderer, max_turns, log
         self.said: set = set()
-        self.last = ""
+        self.faults: list[str] = []  # the faults of the batch being played
 
     def say(self, line: str, key=None) -> None:
         """`line` once per run: the same fault (`key`) or the same line again is not said again."""
-        self.last = line
         key = key or (line,)
         if key not in self.said:
             self.said.add(key)
             self.log(line)
+
+    def fault(self, fault: EnvFault) -> None:
+        """A fault of this batch: said once per run, kept for the batch's stop line."""
+        self.say(str(fault), fault.key)
+        self.faults.append(fault.short)
 
     # ---------------- one episode's start ----------------
     def _start(self, row: dict, prefix: Prefix, group: int, errors: list):
@@ -306,7 +351,7 @@ class EnvRunner:
                 if not env.text:
                     episode.chat.append(act.messages)
         except EnvFault as fault:
-            self.say(str(fault), fault.key)
+            self.fault(fault)
             errors.append(episode)
             return episode, instance, False
         return episode, instance, True
@@ -340,10 +385,15 @@ class EnvRunner:
         return Act(observation, messages=[message, *results], failures=failures)
 
     # ---------------- a batch ----------------
-    def play(self, generator, rows: list[dict], prefixes: list[Prefix], n: int, cfg) -> Rollouts:
+    def play(
+        self, generator, rows: list[dict], prefixes: list[Prefix], n: int, cfg, evaluation=False
+    ) -> Rollouts:
         """n episodes per task, turn by turn; one generate call per turn for every live episode.
-        Returns the kept tasks' episodes (a prefix task whose replay diverged is dropped)."""
+        Returns the kept tasks' episodes (a prefix task whose replay diverged is dropped). A
+        training batch whose every episode failed stops the run, quoting the batch's first fault;
+        an `evaluation`'s is returned (its caller says so)."""
         env = self.env
+        self.faults = []
         self.renderer.end_ids = set(generator.end_ids)
         episodes, instances, live, errors, kept, mismatched = [], [], [], [], [], 0
         for task, (row, prefix) in enumerate(zip(rows, prefixes)):
@@ -384,7 +434,7 @@ class EnvRunner:
                         state = state_copy(env, env.snapshot(instances[i]))
                         episodes[i].snapshots.append(state)
                 except EnvFault as fault:
-                    self.say(str(fault), fault.key)
+                    self.fault(fault)
                     failed.add(id(episodes[i]))
                     act = Act([], done=True)
                 rewards[i], done = act.reward, act.done
@@ -401,16 +451,18 @@ class EnvRunner:
                 try:  # TRL's convention: the environment's own reward, when it has one
                     reward = env.reward(instance) or 0.0
                 except EnvFault as fault:
-                    self.say(str(fault), fault.key)
+                    self.fault(fault)
                     failed.add(id(episode))
                     reward = 0.0
             episode.reward = reward
             episode.env = instance
             episode.env_error = id(episode) in failed
-        if episodes and len(failed) == len(episodes):
+        if episodes and len(failed) == len(episodes) and not evaluation:
             raise SystemExit(
-                f"environment {env.name} failed in every episode of the batch, stopping: "
-                + self.last
+                f"environment {env.name} failed in all {len(episodes)} episodes of a training "
+                f"batch, so the run stops; the batch's first fault: {self.faults[0]}"
             )
         replayed = sum(1 for p in prefixes if p.steps)
-        return Rollouts(episodes, clipped, kept, len(failed), replayed, mismatched, **counts)
+        return Rollouts(
+            episodes, clipped, kept, len(failed), replayed, mismatched, **counts, faults=self.faults
+        )

@@ -45,19 +45,37 @@ def dataset_tasks(args, log=print) -> tuple[list[EnvTask], list[EnvTask]]:
 
     train, held = load_splits(args)
     train = list(train)
-    if held is not None:
+    split = held is not None
+    if split:
         held, source = list(held)[: args.eval_prompts], held_out_source(args)
     else:
         train, held, source = hold_out_last(train, args)
+    rows = len(train) + len(held)
     if not train:
         raise SystemExit(f"--dataset_name {args.dataset_name}: no training row")
     if args.prompt_pool > 0:
         train = train[: args.prompt_pool]
-    log(
-        f"{len(train)} training tasks from {args.dataset_name}, reset(**row) on each row; "
-        f"{len(held)} held-out tasks from {source}"
+    trained = f"{len(train)} training tasks from {args.dataset_name}, reset(**row) on each row"
+    held_line = (
+        f"{len(held)} held-out tasks from {source}" if held else no_held_out(args, split, rows)
     )
+    log(f"{trained}; {held_line}")
     return [EnvTask(dict(row)) for row in train], [EnvTask(dict(row)) for row in held]
+
+
+def no_held_out(args, split: bool, rows: int) -> str:
+    """The start-up line's end when no row is held out: there is no held-out evaluation, and how
+    to get one (`split`: the held-out rows were to come from a split or --eval_dataset, else from
+    the last of the training source's `rows` rows)."""
+    from common.tasks.loading import held_out_source
+
+    if split:
+        return f"no held-out evaluation: {held_out_source(args)} has no row"
+    return (
+        f"no held-out evaluation: a one-split source holds out at most a fifth of its rows, and "
+        f"the {rows} rows of {args.dataset_name} give none (give it 5 rows or more, or held-out "
+        "rows with --eval_dataset)"
+    )
 
 
 def reward_funcs(args, train_size: int, log=print):
