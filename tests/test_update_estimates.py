@@ -281,7 +281,10 @@ def test_ascent_reads_a_built_speed_up():
     for key in ("m@matched", "s@matched"):
         curves[key] = curves[key[0]]
     comparison = ascent.Comparison("page", "m", "b", "p", "", "", ("s",))
-    out = ascent.compare(curves, grid, comparison)["arms"]
+    compared = ascent.compare(curves, grid, comparison)
+    # the target: the baseline's mean pass rate at half the budget
+    assert compared["target"] == pytest.approx(0.5, abs=0.01)
+    out = compared["arms"]
     assert out["m"]["ratio"] == pytest.approx(2.0, rel=0.05)
     assert out["m"]["ratio_ci"][0] > 1.0
     assert "fewer" in ascent.verdict_of(out["m"]["ratio"], *out["m"]["ratio_ci"])
