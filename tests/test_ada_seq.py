@@ -15,6 +15,7 @@ from ada_seq import (
     exit_reached,
     global_advantages,
     multi_round_sampling,
+    pool_advantages,
     seq_metrics,
 )
 from common.rl.advantages import grpo_advantages
@@ -704,3 +705,13 @@ def test_sample_log_pass_at_k_and_sampler_logp_diff(tiny_base, tmp_path, monkeyp
         assert s["ada_exit_round"] in (None, 1, 2) and s["ada_pool_size"] == 4 * (
             s["ada_exit_round"] or 2
         )
+
+
+def test_pool_advantages_downsample_by_whether_the_pool_met_the_exit_condition():
+    # Alg. 2 l. 18 downsamples a pool that met the exit condition balanced, and only an unfinished
+    # one by --unfinished_downsample: the same pool of 6 successes in 8 keeps 2 + 2 when finished,
+    # 3 + 1 (its pass ratio) when not
+    args = Args(num_generations=4, round_repeat=8, unfinished_downsample="pass_ratio")
+    pool = [1.0] * 6 + [0.0] * 2
+    _, kept, _ = pool_advantages([0, 1], [pool, pool], [1, None], 4, 0.5, args)
+    assert [sum(rewards) for rewards in kept] == [2.0, 3.0], kept

@@ -1,13 +1,16 @@
 """PROS on PPO: cut selection, the query tree, selection, GAE, prefix masking, and the script end to end."""
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from conftest import run_main, run_script
 
+import pros_ppo
 from common.run.flags import parse_args
+from common.tasks.loading import PromptSampler
 from pros_ppo import (
     Args,
     QueryTree,
@@ -553,3 +556,35 @@ def test_the_critics_value_loss_counts_only_the_rewarded_rollouts():
     )
     # 0.5 (V - R)^2 = 0.5 on each of the rewarded rollout's 3 tokens, over its 3 tokens
     assert loss.item() == pytest.approx(0.5)
+
+
+def test_choose_batch_takes_the_ceiling_of_fresh_frac_from_the_stream():
+    # Sec. 3's ⌈fresh_frac·P⌉ stream prompts: an odd batch of 5 at fresh_frac 0.5 has 3 from the
+    # stream and 2 from the pool (the tree's other roots), whatever is drawn
+    args = pros_ppo.Args(adv="grpo", pros="random", prompts_per_step=5, fresh_frac=0.5)
+    tree = pros_ppo.QueryTree()
+    for prompt_id in range(8):
+        tree.add(prompt_id, (), 0, args.prior_mu)
+    for seed in range(3):
+        sampler = PromptSampler(8, seed)
+        queries = pros_ppo.choose_batch(tree, sampler, args, 1, np.random.default_rng(seed), 8)
+        assert [q.from_pool for q in queries] == [False] * 3 + [True] * 2, queries
+        assert len({q.prompt_id for q in queries}) == 5
+
+
+def test_the_policy_divisor_and_loss_count_the_policy_tokens_only():
+    # a row out of the policy's mask (truncated under --mask_truncated_completions, or unscored):
+    # the policy's token mean neither trains nor counts it; the critic's divisor still counts it
+    mask = torch.ones(3, 4)
+    policy_mask = mask.clone()
+    policy_mask[1] = 0.0
+    one = SimpleNamespace(num_processes=1, process_index=0)
+    policy_tokens, all_tokens = pros_ppo.minibatch_divisors([0, 1, 2], policy_mask, mask, one)
+    assert (policy_tokens, all_tokens) == (8.0, 12.0)
+    logp = torch.zeros(3, 4, requires_grad=True)
+    advantages = torch.ones(3, 4)  # nonzero on the row the policy mask drops
+    loss, _ = pros_ppo.policy_loss(
+        logp, logp.detach(), advantages, policy_mask, policy_tokens, 0.2, 0.28
+    )
+    loss.backward()
+    assert torch.all(logp.grad[1] == 0) and torch.allclose(logp.grad[0], torch.full((4,), -1 / 8))

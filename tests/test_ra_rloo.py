@@ -36,6 +36,18 @@ def test_on_demand_splices_only_groups_without_a_success():
     assert rloo_advantages(rewards[:1]).tolist()[0] == pytest.approx([-0.3, -0.3, -0.3, 0.9])
 
 
+def test_the_replay_is_a_uniform_draw_from_the_buffer():
+    # the paper samples a stored success at random: over 400 splices each of 4 stored successes
+    # comes back about 100 times (binomial sd ~9), never always the newest or the oldest
+    buffers = {0: deque([([i], -float(i), 1.0) for i in range(4)], maxlen=4)}
+    rng, counts = random.Random(0), [0] * 4
+    for _ in range(400):
+        comps, rewards = [[9]] * 4, torch.zeros(1, 4)
+        splice_replays([0], comps, rewards, rewards > 0.5, buffers, "on_demand", rng)
+        counts[comps[3][0]] += 1
+    assert all(60 < count < 140 for count in counts), counts
+
+
 def test_always_mode_splices_every_group_with_a_buffer():
     comps, rewards, buffers = _setup()
     lp_old = splice_replays(

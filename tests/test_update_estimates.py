@@ -5,11 +5,13 @@ relation the paper describes. Seconds on one core: no model, no generation."""
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+import torch
 
 import pros_ppo
 import ps_grpo
@@ -234,6 +236,10 @@ def test_relative_mse_separates_bias_from_noise():
     assert small == pytest.approx(0.8) and large == pytest.approx(1 / 26), (small, large)
     biased = estimate([1.0, 1.0], 0.0)
     assert table.relative_mse(biased, target, 16.0) == pytest.approx(0.5)
+    # the trained column spends the budget on the trained rollouts: 4 a step buy 4x the steps
+    columns = table.noise_columns(unbiased_, target, 4.0)
+    assert columns["mse_generated"] == pytest.approx(0.2, abs=1e-3)
+    assert columns["mse_trained"] == pytest.approx(1 - 0.25 / (0.25 + 1 / 64), abs=1e-3)
 
 
 def test_ada_est_gap_ends_at_the_scripts_update(flat):
@@ -275,7 +281,10 @@ def test_ascent_reads_a_built_speed_up():
     for key in ("m@matched", "s@matched"):
         curves[key] = curves[key[0]]
     comparison = ascent.Comparison("page", "m", "b", "p", "", "", ("s",))
-    out = ascent.compare(curves, grid, comparison)["arms"]
+    compared = ascent.compare(curves, grid, comparison)
+    # the target: the baseline's mean pass rate at half the budget
+    assert compared["target"] == pytest.approx(0.5, abs=0.01)
+    out = compared["arms"]
     assert out["m"]["ratio"] == pytest.approx(2.0, rel=0.05)
     assert out["m"]["ratio_ci"][0] > 1.0
     assert "fewer" in ascent.verdict_of(out["m"]["ratio"], *out["m"]["ratio_ci"])
@@ -320,3 +329,43 @@ def test_the_scaling_page_shows_the_stored_sampler_rows():
     results = json.loads(table.SAMPLER_RESULTS.read_text())
     assert [key for key, *_ in table.SAMPLER_ROWS] == list(results["rows"])
     assert not table.sampler_stale(results)
+
+
+def test_a_prefix_tasks_token_mean_counts_its_trained_tokens_only(tree):
+    # DAPO's token mean divides by the trained tokens: a group replaying its first step trains
+    # T - 1 tokens a rollout, so (ratio 1) its update is sum_i A_i grad log pi(continuation_i) over
+    # n (T - 1), the replayed prefix in neither the sum nor the divisor
+    x = 1
+    first = tree.actions(int(np.flatnonzero(tree.rewards[x])[0]))[0]
+    span = tree.B ** (tree.T - 1)
+    leaves = first * span + np.arange(span)
+    args = ps_grpo.Args(num_generations=span)
+    task = ps_grpo.BatchTask(x, "hard", steps=[([first], [])], source_steps=tree.T)
+    update = T.ps_update(tree, args, [task], [leaves])
+    rewards = torch.tensor(tree.rewards[x, leaves])
+    advantages = rewards - rewards.mean()
+    theta = tree.theta.clone().requires_grad_(True)
+    continuation = tree.token_logp(theta, [x] * span, leaves)[:, 1:].sum(1)
+    (advantages @ continuation / (span * (tree.T - 1))).backward()
+    assert np.abs(update).max() > 1e-3
+    assert np.allclose(update, theta.grad.numpy(), rtol=1e-9, atol=1e-12)
+
+
+def test_each_stale_seed_draws_its_own_stale_policy(flat):
+    # the staleness rows average over the stale policies of STALE_SEEDS: the same fresh draws give
+    # the same step under one seed and another step under another (its buffers' log pi_old)
+    def update(stale_seed):
+        random.seed(0)
+        step = T.ra_rloo_step(flat, 5.0, 1.0, stale_seed=stale_seed)
+        return step(np.random.default_rng(0))[0]
+
+    assert np.array_equal(update(1), update(1))
+    assert not np.allclose(update(1), update(2))
+
+
+def test_ascent_counts_generated_rollouts():
+    # the curves' x axis: every step adds the rollouts it generated (GRPO-4: 4 per prompt)
+    start = T.Toy(ascent.FLAT)
+    per_step = len(ascent.FLAT) * 4
+    run = ascent.train(ascent.ARMS["grpo4"], start, 0, 3 * per_step, ascent.LR["flat"])
+    assert np.array_equal(run["rollouts"], per_step * np.arange(4)), run["rollouts"]
