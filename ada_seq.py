@@ -816,7 +816,7 @@ def main(args: Args) -> None:
                     # sampled), kept for later epochs with rho = pi_old / pi_sampler per token;
                     # TRL's rule: rho multiplies the clipped surrogate
                     if correct_sampler and epoch == 0:
-                        weights_and_sums = correct_sampler(logp, mb.sampler_logp, mb.loss_mask)
+                        weights_and_sums = correct_sampler(logp, mb.sampler_logp, mask)
                         epoch0[rows[0]] = (logp.detach(), *weights_and_sums)
                     old_logp, sampler_weight, is_sums = epoch0.get(rows[0], (old_logp, 1.0, {}))
                     per_token, clipped = clipped_surrogate(

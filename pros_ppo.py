@@ -1219,7 +1219,8 @@ def main(args: Args) -> None:
         sampler_weight, is_sums = torch.ones_like(old.logp), {}
         if correct_sampler:
             sampler_logp = right_align(gens.logprobs, mask.shape[1])
-            sampler_weight, is_sums = correct_sampler(old.logp, sampler_logp, mask)
+            # the trained tokens only (a cut or unscored rollout's are not)
+            sampler_weight, is_sums = correct_sampler(old.logp, sampler_logp, policy_mask)
 
         # ================ update: clipped steps of the policy, the critic alongside ==============
         # num_iterations passes, each of num_mini_batches optimizer steps; each step's loss, clipped

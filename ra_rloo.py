@@ -566,7 +566,9 @@ def main(args: Args) -> None:
                 # gets rho = 1
                 sampler_weight, is_sums = 1.0, {}
                 if correct_sampler:
-                    sampler_weight, is_sums = correct_sampler(logp, mb.sampler_logp, fresh_mask)
+                    # the trained fresh tokens (not a row --mask_truncated_completions drops)
+                    trained_fresh = mask * (~is_replay_rows)[:, None]
+                    sampler_weight, is_sums = correct_sampler(logp, mb.sampler_logp, trained_fresh)
                 pg_sum = -(adv * (logp * mask * sampler_weight).sum(-1)).sum()
                 kl_sum = 0.0
                 if ref_model is not None:

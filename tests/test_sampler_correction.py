@@ -187,3 +187,30 @@ def test_help_lists_the_four_flags_with_trls_defaults(script, capsys):
     assert "(`truncate`) (default: sequence_mask)" in text
     assert "file: none) [> 0] (default: 3.0)" in text
     assert "below --vllm_importance_sampling_clip_max [>= 0] (default: none)" in text
+
+
+@pytest.mark.parametrize("script", ["ra_rloo.py", "pros_ppo.py", "ada_seq.py", "ada_est.py"])
+def test_the_ratio_metrics_count_only_the_trained_tokens(script, tiny_base, tmp_path):
+    # every completion cut at one token and dropped by --mask_truncated_completions: no token is
+    # trained, so no ratio is counted (as ps_grpo and TRL leave masked tokens out)
+    out = tmp_path / "run"
+    run_main(
+        [
+            script,
+            "--model_name_or_path",
+            tiny_base,
+            "--output_dir",
+            str(out),
+            *TINY,
+            *OWN[script],
+            "--max_completion_length",
+            "1",
+            "--mask_truncated_completions",
+            "true",
+            "--vllm_importance_sampling_correction",
+        ]
+    )
+    row = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()][-1]
+    assert row["clipped_ratio"] == 1.0, row  # the condition: every completion was cut
+    assert row["sampling/importance_sampling_ratio/mean"] is None, row
+    assert row["sampling/importance_sampling_outside_frac"] is None, row
