@@ -156,7 +156,8 @@ class Args(
     vllm_importance_sampling_correction: Optional[bool] = None
     """reweight each sampled token by rho = pi_trainer / pi_sampler under the sampling weights
     (TRL's flag); asked for with HF generate, whose log-probs come from its own cached decode, rho
-    is about 1: a check rather than a correction (default: on with --use_vllm, as TRL, off with HF
+    is about 1 in fp32 (a check rather than a correction; under --dtype bfloat16 the two passes
+    differ by up to a few hundredths of a nat) (default: on with --use_vllm, as TRL, off with HF
     generate)"""
     vllm_importance_sampling_mode: Literal[
         "sequence_mask", "sequence_truncate", "token_mask", "token_truncate"

@@ -383,10 +383,13 @@ def test_every_unknown_flag_and_misspelt_trl_name_is_reported_with_its_nearest_n
             (False, "sequence_mask", 3.0, None),
         ),
         (
-            "vllm_importance_sampling_correction: true\nvllm_importance_sampling_mode: token_truncate\n"
+            "use_vllm: true\nvllm_importance_sampling_correction: true\n"
+            "vllm_importance_sampling_mode: token_truncate\n"
             "vllm_importance_sampling_clip_max: 2.0\nvllm_importance_sampling_clip_min: 0.5\n",
             (True, "token_truncate", 2.0, 0.5),
         ),
+        # TRL ignores the correction without vLLM (its GRPOConfig default is true): off here too
+        ("vllm_importance_sampling_correction: true\n", (False, "sequence_mask", 3.0, None)),
         # the deprecated cap is clip_max; null clip_max: no upper bound
         ("use_vllm: true\nvllm_importance_sampling_cap: 1.5\n", (True, "sequence_mask", 1.5, None)),
         (

@@ -419,6 +419,15 @@ def _renamed(flag: str, what: str = "") -> Callable:
     return convert
 
 
+@says(
+    "`--vllm_importance_sampling_correction`, as TRL reads it: true applies with vLLM only (unset: "
+    "on with `use_vllm`), false turns it off"
+)
+def _sampler_correction(value, ctx: Context) -> dict:
+    # GRPOConfig's default is true, and TRL ignores it without vLLM: unset follows --use_vllm
+    return {} if value is None or value is True else {"vllm_importance_sampling_correction": value}
+
+
 @says("`--max_prompt_length`: a longer prompt is dropped (counted in the log), where TRL cut it")
 def _prompt_length(value, ctx: Context) -> dict:
     return {"max_prompt_length": value}
@@ -577,7 +586,9 @@ TABLE: dict[str, Flag | Refused | Ignored] = {
         "vllm_max_model_length", _renamed("vllm_max_model_length", " (null: 2048 here)")
     ),
     "vllm_tensor_parallel_size": Refused("one vLLM engine per process", (1,)),
-    "vllm_importance_sampling_correction": Flag("vllm_importance_sampling_correction"),
+    "vllm_importance_sampling_correction": Flag(
+        "vllm_importance_sampling_correction", _sampler_correction
+    ),
     "vllm_importance_sampling_mode": Flag("vllm_importance_sampling_mode"),
     "vllm_importance_sampling_clip_max": Flag("vllm_importance_sampling_clip_max"),
     "vllm_importance_sampling_clip_min": Flag("vllm_importance_sampling_clip_min"),
