@@ -187,3 +187,36 @@ def test_help_lists_the_four_flags_with_trls_defaults(script, capsys):
     assert "(`truncate`) (default: sequence_mask)" in text
     assert "file: none) [> 0] (default: 3.0)" in text
     assert "below --vllm_importance_sampling_clip_max [>= 0] (default: none)" in text
+
+
+def test_the_weights_carry_no_gradient():
+    # rho is a fixed reweighting of each token's term: the gradient of (weight x log pi) is weight x grad log pi,
+    # with no term from differentiating the weight itself (which would double a truncated token's pull)
+    trainer, sampler, known, _ = _batch()
+    trainer = trainer.clone().requires_grad_(True)
+    for mode in ("token_truncate", "sequence_truncate"):
+        weight, _ = sampler_is_weights(trainer, sampler, known, mode, None, None)
+        assert not weight.requires_grad, mode
+        (weight * trainer).sum().backward()
+        assert torch.allclose(trainer.grad, weight), mode
+        trainer.grad = None
+
+
+def test_the_sequence_modes_metrics_count_sequences_and_the_gap_counts_tokens():
+    # sequence_truncate at clip_max 3: row 0's ratio exp(1.8) clipped to 3, row 1's exp(-1.6) kept; the ratio
+    # mean and outside share are over the 2 sequences, the log-prob gap over the 6 known tokens
+    trainer, sampler, known, _ = _batch()
+    _, sums = sampler_is_weights(trainer, sampler, known, "sequence_truncate", None, 3.0)
+    update, extremes = split_extremes([sums])
+    totals = {name: sum(float(d.get(name, 0.0)) for d in update) for name in sums}
+
+    class One:
+        num_processes = 1
+
+    row = correction_metrics(One(), totals, extremes)
+    assert row["sampling/importance_sampling_ratio/mean"] == pytest.approx(
+        (3.0 + math.exp(-1.6)) / 2
+    )
+    assert row["sampling/importance_sampling_outside_frac"] == pytest.approx(1 / 2)
+    assert row["sampling/sampling_logp_difference/mean"] == pytest.approx(4.6 / 6)
+    assert row["sampling/importance_sampling_ratio/min"] == pytest.approx(math.exp(-1.6))
