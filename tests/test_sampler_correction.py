@@ -137,8 +137,17 @@ OWN = {
 }
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
-def test_a_step_whose_every_ratio_is_masked_has_no_policy_gradient(script, tiny_base, tmp_path):
+# ada_seq with HF generate and one epoch takes pi_old from the update's own pass: the correction still
+# needs the generator's log-probs
+ADA_SEQ_ONE_EPOCH = [*OWN["ada_seq.py"][:-2], "--num_iterations", "1"]
+MASKED_RUNS = [pytest.param(script, OWN[script], id=script) for script in SCRIPTS]
+MASKED_RUNS += [pytest.param("ada_seq.py", ADA_SEQ_ONE_EPOCH, id="ada_seq.py-one_epoch")]
+
+
+@pytest.mark.parametrize("script, own", MASKED_RUNS)
+def test_a_step_whose_every_ratio_is_masked_has_no_policy_gradient(
+    script, own, tiny_base, tmp_path
+):
     # HF generate scores its samples with the trainer's weights: every token's ratio is within ~1e-5 of 1, so
     # token_mask with clip_max 0.5 masks every token: the policy-gradient term, and with beta 0 the whole
     # gradient, is zero. Without the weights in the loss the step trains on the rewards' spread.
@@ -152,7 +161,7 @@ def test_a_step_whose_every_ratio_is_masked_has_no_policy_gradient(script, tiny_
             "--output_dir",
             str(out),
             *TINY,
-            *OWN[script],
+            *own,
             "--reward_funcs",
             f"{tmp_path / 'spread.py'}:spread",
             "--vllm_importance_sampling_correction",
@@ -214,3 +223,36 @@ def test_the_ratio_metrics_count_only_the_trained_tokens(script, tiny_base, tmp_
     assert row["clipped_ratio"] == 1.0, row  # the condition: every completion was cut
     assert row["sampling/importance_sampling_ratio/mean"] is None, row
     assert row["sampling/importance_sampling_outside_frac"] is None, row
+
+
+def test_the_weights_carry_no_gradient():
+    # rho is a fixed reweighting of each token's term: the gradient of (weight x log pi) is weight x grad log pi,
+    # with no term from differentiating the weight itself (which would double a truncated token's pull)
+    trainer, sampler, known, _ = _batch()
+    trainer = trainer.clone().requires_grad_(True)
+    for mode in ("token_truncate", "sequence_truncate"):
+        weight, _ = sampler_is_weights(trainer, sampler, known, mode, None, None)
+        assert not weight.requires_grad, mode
+        (weight * trainer).sum().backward()
+        assert torch.allclose(trainer.grad, weight), mode
+        trainer.grad = None
+
+
+def test_the_sequence_modes_metrics_count_sequences_and_the_gap_counts_tokens():
+    # sequence_truncate at clip_max 3: row 0's ratio exp(1.8) clipped to 3, row 1's exp(-1.6) kept; the ratio
+    # mean and outside share are over the 2 sequences, the log-prob gap over the 6 known tokens
+    trainer, sampler, known, _ = _batch()
+    _, sums = sampler_is_weights(trainer, sampler, known, "sequence_truncate", None, 3.0)
+    update, extremes = split_extremes([sums])
+    totals = {name: sum(float(d.get(name, 0.0)) for d in update) for name in sums}
+
+    class One:
+        num_processes = 1
+
+    row = correction_metrics(One(), totals, extremes)
+    assert row["sampling/importance_sampling_ratio/mean"] == pytest.approx(
+        (3.0 + math.exp(-1.6)) / 2
+    )
+    assert row["sampling/importance_sampling_outside_frac"] == pytest.approx(1 / 2)
+    assert row["sampling/sampling_logp_difference/mean"] == pytest.approx(4.6 / 6)
+    assert row["sampling/importance_sampling_ratio/min"] == pytest.approx(math.exp(-1.6))

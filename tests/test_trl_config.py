@@ -417,3 +417,12 @@ def test_a_sampler_correction_clip_min_above_clip_max_is_refused(tmp_path):
     text = "vllm_importance_sampling_clip_min: 3.0\nvllm_importance_sampling_clip_max: 2.0\n"
     with pytest.raises(SystemExit, match="--vllm_importance_sampling_clip_min 3.0: must be below"):
         parse_args(Args, ["--config", _write(tmp_path, text)])
+
+
+def test_a_sampler_correction_clip_min_equal_to_clip_max_is_refused(tmp_path):
+    from ra_rloo import Args
+
+    # an empty interval [2, 2): token_mask and sequence_mask would zero every ratio
+    text = "vllm_importance_sampling_clip_min: 2.0\nvllm_importance_sampling_clip_max: 2.0\n"
+    with pytest.raises(SystemExit, match="--vllm_importance_sampling_clip_min 2.0: must be below"):
+        parse_args(Args, ["--config", _write(tmp_path, text)])
