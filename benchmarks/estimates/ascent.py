@@ -403,8 +403,8 @@ def at_budget(results: dict, r: dict, base: dict) -> str:
         )
 
     return (
-        f"{text}; the seed-mean curves cross between {marks[change - 1]} and {marks[change]} rollouts: "
-        f"{side(change - 1)}, {side(change)}"
+        f"{text}; the seed-mean curves cross between {marks[change - 1]} and {marks[change]} "
+        f"rollouts: {side(change - 1)}, {side(change)}"
     )
 
 
