@@ -11,7 +11,7 @@ budget), its ratio to the baseline's, 95% bootstrap intervals over the seeds, an
 beside it where the toy can speak to it. `--write` stores results/ascent.json and the "Learning on
 the toy" block of each method page; `--check` (no training) says whether the pages match it.
 
-    python benchmarks/estimates/ascent.py            # the comparison (about a minute and a half on one core)
+    python benchmarks/estimates/ascent.py            # the comparison (about 1.5 min on one core)
     python benchmarks/estimates/ascent.py --write    # ... and the JSON and the pages' blocks
     python benchmarks/estimates/ascent.py --check    # the pages against the stored figures
     python benchmarks/estimates/ascent.py --pages    # the pages' blocks from the stored figures
@@ -382,30 +382,32 @@ def verdict_of(ratio: float, low: float, high: float) -> str:
 
 
 def at_budget(results: dict, r: dict, base: dict) -> str:
-    """An arm's mean pass rate against the baseline's at the full budget, and whether the curves
-    cross at the checkpoints (ahead or behind by the seed means)."""
+    """An arm's mean pass rate against the baseline's at the full budget, and at each checkpoint
+    whether it is ahead, behind or level (the two normal intervals overlap): the curves cross
+    where it is ahead at one checkpoint and behind at another."""
     budget, last = results["budget"], len(CHECKPOINTS) - 1
     marks = [f"{f * budget:,.0f}" for f in CHECKPOINTS]
-    ahead = [m > b for m, b in zip(r["mean_p"]["mean"], base["mean_p"]["mean"])]
+    m, b = r["mean_p"], base["mean_p"]
+    states = [
+        "ahead"
+        if m["low"][i] > b["high"][i]
+        else "behind"
+        if m["high"][i] < b["low"][i]
+        else "level"
+        for i in range(len(CHECKPOINTS))
+    ]
     text = (
-        f"mean p at the full budget {interval(r['mean_p'], last)} against the baseline's "
-        f"{interval(base['mean_p'], last)}"
+        f"mean p at the full budget {interval(m, last)} against the baseline's {interval(b, last)}"
     )
-    if all(ahead) or not any(ahead):
-        where = "ahead of" if ahead[0] else "behind"
+    if len(set(states)) == 1:
+        where = {"ahead": "ahead of", "behind": "behind", "level": "level with"}[states[0]]
         return f"{text}, {where} the baseline at every checkpoint ({' / '.join(marks)})"
-    change = next(i for i, a in enumerate(ahead) if a != ahead[0])
-
-    def side(i):
-        return (
-            f"{'ahead' if ahead[i] else 'behind'} at {marks[i]} "
-            f"({r['mean_p']['mean'][i]:.3f} against {base['mean_p']['mean'][i]:.3f})"
-        )
-
-    return (
-        f"{text}; the seed-mean curves cross between {marks[change - 1]} and {marks[change]} "
-        f"rollouts: {side(change - 1)}, {side(change)}"
+    sides = ", ".join(
+        f"{state} at {mark} ({m['mean'][i]:.3f} against {b['mean'][i]:.3f})"
+        for i, (state, mark) in enumerate(zip(states, marks))
     )
+    crosses = "ahead" in states and "behind" in states
+    return f"{text}; {'the curves cross: ' if crosses else ''}{sides}"
 
 
 def reading(results: dict, page: str) -> str:
@@ -465,7 +467,9 @@ def legend(results: dict, page: str) -> str:
         "reaches at half the budget (never: not within the budget); *steps*: the steps the budget "
         "bought (a method that generates more per step takes fewer); *ratio*: the baseline's "
         "rollouts / the method's (above 1: fewer); 95% bootstrap intervals over the seeds "
-        "(normal intervals for the columns at a budget). *step size matched*: the method again "
+        "(normal intervals for the columns at a budget; ahead or behind at a checkpoint: the "
+        "two normal intervals do not overlap, level otherwise). *step size matched*: the method "
+        "again "
         "with its learning rate scaled so that its expected update at the start has the "
         "baseline's norm (the scripts' normalisers differ in scale). One learning rate per "
         "problem, plain SGD, one policy per prompt (no generalisation between "

@@ -570,9 +570,9 @@ def ra_rloo_prose(results: dict) -> str:
         f"weighs {weights_ci(onp, 0)} times the p = 0.5 one (E_x[log p] would ask "
         f"{asks_['log p'][0]:.2f}); weights {fmt_w(onp['weights']['point'])}. The paper "
         'frames the splice as variance repair (Sec. 1; Sec. 2: "my motivation is variance '
-        'repair") and a variance-reduction mechanism (Extended Abstract; Sec. 4.2) and does '
-        "not state an objective for it; against ∇E_x[p] this reweighting is a bias. Nor does it "
-        "lower the noise here: the covariance trace per rollout is "
+        'repair"), calls it a variance-reduction mechanism (Extended Abstract; Sec. 4.2), and '
+        "does not state an objective for it; against ∇E_x[p] this reweighting is a bias. On the "
+        "toy the splice does not lower the noise either: the covariance trace per rollout is "
         f"{onp['raw_noise_vs_baseline']:.2f}x RLOO's from the trigger alone and {raw5:.2f}x with "
         "the stale buffer at w_max 5.\n"
         "- Staleness and the clip, separately (the staleness table; the rows above are one of its "
@@ -586,7 +586,7 @@ def ra_rloo_prose(results: dict) -> str:
         "the bias varies widely from one stale policy to the next (a replay's weight pi / "
         "pi_old, clipped, multiplies the +1). On the level-1 policy above (one stale policy, "
         f"seed {STALE_SEEDS[0]}, its interval in the main table Monte Carlo for that policy only, "
-        "near the top of the six-policy spread): "
+        f"near the top of the {len(STALE_SEEDS)}-policy spread): "
         f"{bias['ra_w1']:.2f} at w_max 1, {bias['ra_w5']:.2f} at 5, {bias['ra_w10']:.2f} at "
         "10. The paper's reading of its E1 runs (Sec. 4.3, IS-clip tightening), tighter clipping "
         "less off-policy "
