@@ -293,6 +293,32 @@ def test_ascent_reads_a_built_speed_up():
     assert "more" in ascent.verdict_of(0.5, 0.4, 0.6)
 
 
+def test_ascent_reads_where_the_curves_cross():
+    # behind at the first checkpoint, level (intervals overlap) at the second, ahead at the
+    # budget: the reading says the curves cross and names each checkpoint's side; an arm ahead
+    # at every checkpoint reads so, without a crossing
+    def cell(means, half):
+        return {
+            "mean": means,
+            "low": [m - half for m in means],
+            "high": [m + half for m in means],
+        }
+
+    results = {"budget": 1000}
+    base = {"mean_p": cell([0.40, 0.53, 0.73], 0.01)}
+    crossing = {"mean_p": cell([0.36, 0.532, 0.83], 0.002)}
+    text = ascent.at_budget(results, crossing, base)
+    assert "the curves cross" in text
+    assert "behind at 250 (0.360 against 0.400)" in text
+    assert "level at 500" in text
+    assert "ahead at 1,000 (0.830 against 0.730)" in text
+    assert "0.830 [0.828, 0.832] against the baseline's 0.730 [0.720, 0.740]" in text
+    ahead = {"mean_p": cell([0.50, 0.63, 0.83], 0.002)}
+    text = ascent.at_budget(results, ahead, base)
+    assert "ahead of the baseline at every checkpoint" in text
+    assert "cross" not in text
+
+
 def test_ascent_training_raises_the_mean_pass_rate():
     # SGD on the script's update goes uphill: after 20 GRPO-4 steps on the ascent toy the exact
     # mean pass rate has risen well beyond what noise could give, and no prompt got worse by much

@@ -385,7 +385,9 @@ def legend(results: dict, problem: str) -> str:
         "policy (95% intervals from 40 batch means). *cos*: cosine with the exact gradient; *rel. "
         "bias*: |E[update] - c ∇J| / |c ∇J|, with the paper's constant c where it states one, "
         "else "
-        "(\\*) the best-fitting c (then it measures the direction only). *weights*: each prompt's "
+        "(\\*) the best-fitting c (then it measures the direction only); the bias and its "
+        "bounds are clipped at 0, so 0.000 [0.000, 0.000] means below the noise, not exactly "
+        "unbiased. *weights*: each prompt's "
         "component along its own ∇p_x (the whole update where responses are exchangeable given "
         "their reward), relative to the p = 0.5 prompt's. *noise / rollout ÷ own |E[update]|²*: "
         "trace "
@@ -423,10 +425,15 @@ def prose(results: dict, page: str) -> str:
             f"cosine {ps['p']['cos']:.3f} with ∇E_x[p], relative bias {ps['p']['rel_bias']:.2f} "
             "in direction. That bias stays off the first step's logits, which no prefix task "
             f"generates: there the cosine with ∇E_x[p] is {ps['first_step']['cos']:.3f} "
-            f"(baseline {off['first_step']['cos']:.3f}), the paper's \"pure RL given a starting "
-            'state". The prefix mask itself changes the expected update only through the token '
+            f"(baseline {off['first_step']['cos']:.3f}): the paper's \"the training objective "
+            'remains pure RL: … given a particular starting state" (Prefix Masking). The prefix '
+            "mask itself changes the expected update only through the token "
             "mean's divisor: a prefix task's n rollouts share the replayed tokens, and r - mean "
-            "advantages sum to 0 over the group, so those tokens' gradient would cancel unmasked."
+            "advantages sum to 0 over the group, so those tokens' gradient would cancel unmasked.\n"
+            f"- Noise: PS's raw noise per rollout is {ps['raw_noise_vs_baseline']:.2f}x the "
+            "baseline's; raw noise scales with the update's size and PS's update is a different "
+            "objective, so compare by the relative MSE: "
+            f"{efficiency_line(R, 'ps', 'ps_off')}."
         )
     if page == "pros_ppo":
         off, pr = R["pros_off"], R["pros_random"]
@@ -453,7 +460,8 @@ def noise_table(results: dict, keys: list[str]) -> str:
         f"steps that {BUDGET} generated (or trained, i.e. scored by the loss) rollouts buy: 0 is "
         "exact, 1 no better than no update; bias keeps it above 0 at any budget, noise shrinks "
         "with the budget. The last column: the same against the gradient of the paper's "
-        "objective.",
+        "objective. Raw noise scales with the update's size (a smaller |E[update]| reads "
+        "quieter): compare rows by the relative MSE.",
         "",
         "| update | rollouts / step: generated | trained | raw noise / rollout | vs baseline | "
         f"rel. MSE, {BUDGET} generated | rel. MSE, {BUDGET} trained | paper's objective: rel. MSE, "
@@ -477,8 +485,8 @@ def staleness_table(results: dict) -> str:
     lines = [
         f"*Staleness.* The buffer written by {n} stale policies per level (logits theta + level x "
         "N(0, 1), one noise draw per policy), the same fresh rollouts for each: mean over the "
-        f"policies with a 95% t-interval over them ({results['rows']['rloo']['steps'] // 6:,} "
-        "steps per policy).",
+        f"policies with a 95% t-interval over them, its lower bound clipped at 0 "
+        f"({results['rows']['rloo']['steps'] // 6:,} steps per policy).",
         "",
         "| staleness | w_max | rel. bias vs ∇E[p] "
         "| weight of the p = 0.03 prompt (rel. to p = 0.5) |",
@@ -562,17 +570,23 @@ def ra_rloo_prose(results: dict) -> str:
         f"weighs {weights_ci(onp, 0)} times the p = 0.5 one (E_x[log p] would ask "
         f"{asks_['log p'][0]:.2f}); weights {fmt_w(onp['weights']['point'])}. The paper "
         'frames the splice as variance repair (Sec. 1; Sec. 2: "my motivation is variance '
-        'repair") and does not state an objective '
-        "for it; against ∇E_x[p] this reweighting is a bias.\n"
+        'repair"), calls it a variance-reduction mechanism (Extended Abstract; Sec. 4.2), and '
+        "does not state an objective for it; against ∇E_x[p] this reweighting is a bias. On the "
+        "toy the splice does not lower the noise either: the covariance trace per rollout is "
+        f"{onp['raw_noise_vs_baseline']:.2f}x RLOO's from the trigger alone and {raw5:.2f}x with "
+        "the stale buffer at w_max 5.\n"
         "- Staleness and the clip, separately (the staleness table; the rows above are one of its "
         f"stale policies at level {STALENESS:g}). At w_max 1 the bias is "
         f"{', '.join(span(lv, 1) for lv in levels)} at staleness {', '.join(levels)}: "
         f"{'at or below' if clip_below else 'not always below'} the trigger's own "
         f"{onp['p']['rel_bias']:.2f} (a weight clipped at 1 can only shrink the spliced +1). At "
         f"w_max 5 it is {', '.join(span(lv, 5) for lv in levels)}: "
-        f"{'its mean grows' if grows else 'its mean does not grow monotonically'} with staleness, "
-        "and it varies widely from one stale policy to the next (a replay's weight pi / pi_old, "
-        "clipped, multiplies the +1). On the level-1 policy above: "
+        f"{'the means rise' if grows else 'the means do not rise monotonically'} with staleness, "
+        f"but {len(STALE_SEEDS)} policies a level do not resolve it (the intervals overlap), and "
+        "the bias varies widely from one stale policy to the next (a replay's weight pi / "
+        "pi_old, clipped, multiplies the +1). On the level-1 policy above (one stale policy, "
+        f"seed {STALE_SEEDS[0]}, its interval in the main table Monte Carlo for that policy only, "
+        f"near the top of the {len(STALE_SEEDS)}-policy spread): "
         f"{bias['ra_w1']:.2f} at w_max 1, {bias['ra_w5']:.2f} at 5, {bias['ra_w10']:.2f} at "
         "10. The paper's reading of its E1 runs (Sec. 4.3, IS-clip tightening), tighter clipping "
         "less off-policy "
@@ -584,9 +598,13 @@ def ra_rloo_prose(results: dict) -> str:
         f"divided by the update's own |E[update]|² reads {R['ra_w5']['noise_vs_baseline']:.2f} "
         f"only because |E[update]|² is {sq5:.1f}x RLOO's, mostly the bias. Bias-aware: "
         f"{efficiency_line(R, 'ra_w5', 'rloo')} (on-policy buffer "
-        f"{R['ra_onpolicy']['mse_generated']:.2f}). Its p = {rare:g} prompt's larger weight is "
-        "what E_x[log p] would want; against ∇E_x[p] it is a direction error no budget averages "
-        "away (how it learns: see Learning on the toy below)."
+        f"{R['ra_onpolicy']['mse_generated']:.2f}). Its weights lean toward E_x[log p]'s "
+        f"emphasis, overshooting on the p = {rare:g} prompt "
+        f"({R['ra_w5']['weights']['point'][0]:.2f} "
+        f"against {asks_['log p'][0]:.2f}) and under it on p = {results['flat_pass_rates'][1]:g} "
+        f"({R['ra_w5']['weights']['point'][1]:.2f} against {asks_['log p'][1]:.2f}); against "
+        "∇E_x[p] they are a direction error no budget averages away (how it learns: see Learning "
+        "on the toy below)."
     )
 
 
@@ -633,7 +651,10 @@ def ada_seq_prose(results: dict) -> str:
         "- Noise: rows are against GRPO-4 at the rollouts each generated (Ada-Seq draws "
         f"{bal['rollouts']:g} per step for GRPO-4's 16, trains {bal['trained']:g}). The raw "
         f"noise per generated rollout of the default is {raw_bal:.2f}x GRPO-4's (|E[update]|² "
-        f"{sq_bal:.1f}x); {efficiency_line(R, 'seq_bal', 'grpo4')}; against ∇E_x[log p] "
+        f"{sq_bal:.1f}x), `inv_p`'s {inv['raw_noise_vs_baseline']:.1f}x (its 1 / p_hat "
+        "weights scale the rare prompts' noise with them; raw noise scales with the update, "
+        "so compare by the relative MSE); "
+        f"{efficiency_line(R, 'seq_bal', 'grpo4')}; against ∇E_x[log p] "
         f"{bal['mse_paper_generated']:.2f} (`inv_p` {inv['mse_paper_generated']:.2f}) against "
         f"GRPO-4's {g4['mse_by_objective']['log p']:.2f} at {BUDGET} generated."
     )
@@ -684,7 +705,10 @@ def ada_est_prose(results: dict) -> str:
         f"large-n corollary 1 / sqrt(p (1 - p)) would be {fmt_w(asks_['2 arcsin sqrt p'])}; see "
         "[ada_seq.md](ada_seq.md#what-the-update-estimates)).\n"
         f"- Noise: the raw noise per rollout is {raw_h:.2f}x GRPO-8's (|E[update]|² "
-        f"{sq_h:.1f}x) at the same budget; {efficiency_line(R, 'est_hybrid', 'grpo8')}; against "
+        f"{sq_h:.1f}x; `implicit` {R['est_implicit']['raw_noise_vs_baseline']:.2f}x) at the "
+        "same budget: raw noise scales with the update's size, so a smaller update reads "
+        "quieter; compare by the relative MSE: "
+        f"{efficiency_line(R, 'est_hybrid', 'grpo8')}; against "
         f"∇E_x[log p] {hyb['mse_paper_generated']:.2f} against GRPO-8's "
         f"{g8['mse_by_objective']['log p']:.2f}."
     )
