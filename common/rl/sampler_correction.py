@@ -31,13 +31,6 @@ EXTREMES = ("is_ratio_max", "is_ratio_neg_min", "is_diff_max")
 SUMS = ("is_n", "is_ratio_sum", "is_outside", "is_diff_sum", "is_diff_tok")
 
 
-def correction_on(args) -> bool:
-    """Whether the run applies the correction (--vllm_importance_sampling_correction; unset: on
-    with --use_vllm, TRL's behaviour, off with HF generate)."""
-    asked = getattr(args, "vllm_importance_sampling_correction", None)
-    return bool(getattr(args, "use_vllm", False) if asked is None else asked)
-
-
 def sampler_is_weights(
     trainer_logp: torch.Tensor,
     sampler_logp: torch.Tensor,
