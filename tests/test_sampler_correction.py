@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 from conftest import run_main
+from safetensors.torch import load_file
 
 from common.rl.sampler_correction import correction_metrics, sampler_is_weights, split_extremes
 from common.run.flags import parse_args
@@ -256,3 +257,42 @@ def test_the_sequence_modes_metrics_count_sequences_and_the_gap_counts_tokens():
     assert row["sampling/importance_sampling_outside_frac"] == pytest.approx(1 / 2)
     assert row["sampling/sampling_logp_difference/mean"] == pytest.approx(4.6 / 6)
     assert row["sampling/importance_sampling_ratio/min"] == pytest.approx(math.exp(-1.6))
+
+
+def _flat(weights: dict) -> torch.Tensor:
+    return torch.cat([weights[name].flatten().double() for name in sorted(weights)])
+
+
+@pytest.mark.parametrize("script", ["ada_seq.py", "ada_est.py"])
+def test_pi_old_is_each_micro_batchs_first_epoch_pass(script, tiny_base, tmp_path):
+    # two epochs at a large learning rate over several micro-batches (2 rows each): the second
+    # epoch's ratios against pi_old leave the clip range. HF generate scores its samples with the
+    # trainer's weights (rho within ~1e-5 of 1), so the correction, kept right, moves the trained
+    # weights by ~1e-5 of the update (measured 2e-5 to 5e-5); pi_old recomputed in the second
+    # epoch (ratio 1, nothing clipped) or a micro-batch reading another's cached pass moves them
+    # by ~0.4 to 0.6 of it
+    (tmp_path / "spread.py").write_text(SPREAD)
+    trained = {}
+    for correction in ("false", "true"):
+        out = tmp_path / correction
+        run_main(
+            [
+                script,
+                "--model_name_or_path",
+                tiny_base,
+                "--output_dir",
+                str(out),
+                *TINY,
+                *OWN[script],
+                *("--learning_rate", "1e-2", "--micro_batch_size", "2"),
+                "--reward_funcs",
+                f"{tmp_path / 'spread.py'}:spread",
+                "--vllm_importance_sampling_correction",
+                correction,
+            ]
+        )
+        trained[correction] = _flat(load_file(out / "model" / "model.safetensors"))
+    update = (trained["false"] - _flat(load_file(f"{tiny_base}/model.safetensors"))).norm()
+    assert update > 0  # the condition: the step trained
+    gap = float((trained["true"] - trained["false"]).norm() / update)
+    assert gap < 3e-3, gap
