@@ -1,4 +1,5 @@
 import time
+import warnings
 from collections import Counter
 
 import pytest
@@ -280,6 +281,9 @@ def test_countdown_task_tags_and_per_level_eval_metrics():
         "eval_pass@1",
         "eval_pass@2",
     }  # untagged: no level metrics
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's "Mean of empty slice" would be one
+        assert pass_metrics([], 4, []) == {}  # no held-out prompt: no figure, not NaN
 
 
 def test_level_splits_are_kept_on_disk_and_read_back_equal(tmp_path, monkeypatch):

@@ -136,3 +136,12 @@ def test_a_range_reads_as_the_values_it_accepts():
     assert str(Range(hi=1, hi_open=True)) == "< 1"
     assert str(Range(1, zero="off")) == ">= 1; 0 = off"
     assert str(Range()) == "finite"
+
+
+def test_an_infinite_value_is_refused_as_not_finite_with_its_range():
+    from common.run.ranges import Range, refusal
+
+    # `inf` passes a one-sided range's comparison: the line says what is wrong with it
+    assert refusal(Range(0, lo_open=True), float("inf")) == "must be a finite number > 0"
+    assert refusal(None, float("nan")) == "must be a finite number"
+    assert refusal(Range(0, lo_open=True), 0.0) == "must be > 0"

@@ -54,8 +54,8 @@ def declared(cls) -> dict[str, Range | None]:
 
 def refusal(declaration: Range | None, value) -> str | None:
     """Why `value` is refused ("must be ..."), or None when it is accepted."""
+    if isinstance(value, float) and not math.isfinite(value):  # inf or nan, whatever the range
+        return "must be a finite number" + (f" {declaration}" if declaration is not None else "")
     if declaration is not None and not declaration.accepts(value):
         return f"must be {declaration}"
-    return (
-        "must be a finite number" if isinstance(value, float) and not math.isfinite(value) else None
-    )
+    return None

@@ -26,6 +26,8 @@ def powers_of_two(n: int) -> list[int]:
 def pass_metrics(counts: list[int], n_samples: int, tags: list[str] | None = None, ks=None) -> dict:
     """eval_pass@k (unbiased; default every power of two k <= n_samples) from per-prompt success
     counts, and eval_pass@1_<tag> per difficulty level when the prompts carry tags."""
+    if not counts:  # no held-out prompt: nothing to average (no NaN, no numpy warning)
+        return {}
     out = {
         f"eval_pass@{k}": float(np.mean([pass_at_k(n_samples, c, k) for c in counts]))
         for k in (powers_of_two(n_samples) if ks is None else ks)
