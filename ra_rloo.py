@@ -560,16 +560,15 @@ def main(args: Args) -> None:
                     advantages[rows], is_replay_rows, seq_logp, replay_logp_old[rows], args.w_max
                 )
                 is_weights[rows] = torch.where(is_replay_rows, weight, torch.ones_like(weight))
-                # the fresh rollouts' tokens, whose generator log-probs are known (not a replay's)
-                fresh_mask = mb.loss_mask * (~is_replay_rows)[:, None]
+                # the trained fresh rollouts' tokens, whose generator log-probs are known (not a
+                # replay's, nor a row --mask_truncated_completions drops)
+                fresh_mask = mask * (~is_replay_rows)[:, None]
                 # sampler correction: x rho = pi_trainer / pi_sampler per token (this pass is the
                 # first: the weights that sampled); a replayed row has its own clipped w above and
                 # gets rho = 1
                 sampler_weight, is_sums = 1.0, {}
                 if correct_sampler:
-                    # the trained fresh tokens (not a row --mask_truncated_completions drops)
-                    trained_fresh = mask * (~is_replay_rows)[:, None]
-                    sampler_weight, is_sums = correct_sampler(logp, mb.sampler_logp, trained_fresh)
+                    sampler_weight, is_sums = correct_sampler(logp, mb.sampler_logp, fresh_mask)
                 pg_sum = -(adv * (logp * mask * sampler_weight).sum(-1)).sum()
                 kl_sum = 0.0
                 if ref_model is not None:

@@ -15,14 +15,19 @@ import textwrap
 from common.run.ranges import declared
 
 
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's, with lines broken at spaces only: a path or a name with a hyphen stays whole."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 def documented_parser(shown, arguments: dict, script: str, base: type) -> argparse.ArgumentParser:
     """`shown` (common/run/flags.py `build_parser`, with its defaults as they are now) again with
     each flag's help text, in the groups `--help` shows; `arguments`: its add_argument keywords,
     `script`: the file of its class, `base`: the class every group of flags derives from."""
     cls = shown.flags_class
-    parser = argparse.ArgumentParser(
-        description=shown.description, formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=shown.description, formatter_class=_Formatter)
     docs, ranges = field_docs(cls), declared(cls)
     defaults = {action.dest: action.default for action in shown._actions}
     group_of = {}
