@@ -70,9 +70,12 @@ def test_a_runs_args_json_repeats_the_run(tmp_path):
             "prompts_per_step: 0\n",
             "key 'prompts_per_step': 0 must be >= 1",
         ),  # the flag's declared range
-        ("temperature: .nan\n", "key 'temperature': nan must be >= 0; 0 = greedy"),
+        ("temperature: .nan\n", "key 'temperature': nan must be a finite number >= 0; 0 = greedy"),
         ("learning_rate: -1e-6\n", "key 'learning_rate': -1e-06 must be >= 0"),
-        ("eval_temperature: .inf\n", "key 'eval_temperature': inf must be >= 0; 0 = greedy"),
+        (
+            "eval_temperature: .inf\n",
+            "key 'eval_temperature': inf must be a finite number >= 0; 0 = greedy",
+        ),
         ("- k\n", "expected a mapping of flag names to values, got list"),
         ("k: [1\n", "cannot read it"),
     ],

@@ -72,7 +72,8 @@ def test_boundary_values_of_every_numeric_flag(script):
                 message = str(e)
                 assert "\n" not in message and f"--{name} " in message, (name, value, message)
             if not ranges[name].accepts(value):
-                assert message == f"--{name} {value}: must be {ranges[name]}", (name, value)
+                finite = "a finite number " if not math.isfinite(value) else ""
+                assert message == f"--{name} {value}: must be {finite}{ranges[name]}", (name, value)
             elif message is not None:
                 refused_together.append((name, value, message))
     assert {(name, value) for name, value, _ in refused_together} == COMBINATIONS.get(
